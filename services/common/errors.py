@@ -1,0 +1,49 @@
+"""Typed errors that cross service boundaries.
+
+Each error maps to one gRPC status code, so a server turns it into a status with a message that tells
+the caller what to fix. Internal invariants use ``assert``; user input is validated with ``if ... raise``.
+"""
+
+from __future__ import annotations
+
+
+class SeawallError(Exception):
+    """Base of all errors Seawall reports to a caller. ``grpc_code`` names a ``grpc.StatusCode`` member."""
+
+    grpc_code = "INTERNAL"
+    http_status = 500
+
+
+class InvalidArgument(SeawallError):
+    """The caller sent something wrong: the message says which field and what would be accepted."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    http_status = 400
+
+
+class NotFound(SeawallError):
+    """A named thing (model directory, request id, worker) does not exist."""
+
+    grpc_code = "NOT_FOUND"
+    http_status = 404
+
+
+class ResourceExhausted(SeawallError):
+    """Overload: the queue or the KV pool is full. The caller may retry later."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    http_status = 429
+
+
+class ModelLoadError(SeawallError):
+    """A checkpoint directory exists but cannot be loaded (missing or malformed files)."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    http_status = 400
+
+
+class Unavailable(SeawallError):
+    """A worker or service cannot be reached; the request may be retried elsewhere."""
+
+    grpc_code = "UNAVAILABLE"
+    http_status = 503
