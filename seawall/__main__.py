@@ -1,0 +1,5 @@
+import sys
+
+from seawall.cli import main
+
+sys.exit(main())

@@ -1,0 +1,63 @@
+"""``seawall run-batch``: an OpenAI batch file through one in-process engine, all lines concurrently."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from services.common.errors import InvalidArgument, NotFound
+from services.engine.config import EngineConfig
+from services.scheduler.core.scheduler import SchedulerConfig
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run-batch", help="run an OpenAI batch file (JSON lines) through the engine",
+                       description=__doc__)
+    p.add_argument("-i", "--input", required=True, help="input JSONL file ('-' for stdin)")
+    p.add_argument("-o", "--output", required=True, help="output JSONL file ('-' for stdout)")
+    p.add_argument("--model", default=None, help="Hugging Face checkpoint dir (default: the built-in model)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="prompt tokens per step (the chunked-prefill budget; default: whole prompts)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens (decodes + prompt chunks) per step (default: no limit)")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step (default 256)")
+    p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from seawall.offline.batch import run_batch
+    from seawall.offline.engine import OfflineEngine
+
+    lines = _read_lines(args.input)
+    try:
+        sched = SchedulerConfig(args.max_num_batched_tokens, args.chunk_size, args.max_num_seqs)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from exc
+    engine = OfflineEngine(
+        EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+                     kv_cache_bytes=args.kv_cache_bytes),
+        sched,
+    )
+    model_name = args.model or "seawall-builtin-tiny"
+    results = run_batch(engine, lines, model_name)
+    text = "".join(json.dumps(r) + "\n" for r in results)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+    return 0
+
+
+def _read_lines(path: str) -> list[str]:
+    if path == "-":
+        return sys.stdin.read().splitlines()
+    try:
+        return Path(path).read_text().splitlines()
+    except FileNotFoundError as exc:
+        raise NotFound(f"input file {path!r} does not exist") from exc

@@ -1,0 +1,106 @@
+"""``OfflineEngine``: continuous batching with chunked prefill in one process.
+
+Drives the same scheduler core the live scheduler service uses, with a ``ModelRunner`` in place of a remote
+worker, and detokenizes outputs (stop strings are matched on text, so they end requests here).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.sampling_params import FinishReason, SamplingParams
+from services.common.step import SampledToken
+from services.engine.config import EngineConfig
+from services.engine.detokenizer import IncrementalDetokenizer
+from services.engine.runner import ModelRunner
+from services.scheduler.core.block_manager import BlockManager
+from services.scheduler.core.request import Request
+from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
+
+
+@dataclass
+class Completion:
+    """One finished request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[SampledToken] = field(default_factory=list)
+    num_preemptions: int = 0
+
+
+class OfflineEngine:
+    def __init__(self, engine_config: EngineConfig, scheduler_config: SchedulerConfig | None = None) -> None:
+        self.runner = ModelRunner(engine_config)
+        self.checkpoint = self.runner.checkpoint
+        self.tokenizer = self.checkpoint.tokenizer
+        config = replace(scheduler_config or SchedulerConfig(), max_model_len=self.runner.max_model_len)
+        self.blocks = BlockManager(self.runner.kv.num_blocks, engine_config.block_size)
+        self.scheduler = Scheduler(config, self.blocks)
+        self._ids = itertools.count()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raises InvalidArgument for what the model cannot run, ResourceExhausted for what the pool cannot hold."""
+        n = len(prompt_token_ids)
+        vocab = self.checkpoint.config.vocab_size
+        if n == 0:
+            raise InvalidArgument("prompt is empty; send at least one token")
+        bad = next((t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidArgument(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
+        limit = self.scheduler.config.max_model_len
+        if n >= limit:
+            raise InvalidArgument(f"prompt has {n} tokens; the model's context is {limit}, leaving no room to "
+                                  "generate: shorten the prompt")
+        if self.blocks.blocks_needed(n + 1, 0) > self.blocks.num_blocks:
+            raise ResourceExhausted(f"prompt of {n} tokens needs more KV blocks than the pool holds "
+                                    f"({self.blocks.num_blocks}); raise --kv-cache-bytes")
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[Completion]:
+        """Runs all prompts together to completion; validate them first."""
+        done: dict[str, Completion] = {}
+        detoks: dict[str, IncrementalDetokenizer] = {}
+        reqs: dict[str, Request] = {}
+        order = []
+        for prompt, p in zip(prompts, params, strict=True):
+            rid = f"req-{next(self._ids)}"
+            order.append(rid)
+            done[rid] = Completion(rid, list(prompt))
+            detoks[rid] = IncrementalDetokenizer(self.tokenizer, p, prompt_token_ids=prompt)
+            reqs[rid] = Request(rid, list(prompt), p, arrival_time=0.0, eos_token_ids=self.checkpoint.eos_token_ids)
+            self.scheduler.add(reqs[rid])
+        while self.scheduler.has_work:
+            plan = self.scheduler.schedule()
+            if not plan.num_scheduled_tokens and not self.scheduler.running:
+                # Nothing fits and nothing runs: the head request can never be scheduled.
+                head = self.scheduler.waiting[0]
+                done[head.request_id].finish_reason = FinishReason.ERROR
+                self.scheduler.finish(head.request_id, FinishReason.ERROR)
+                continue
+            result = self.runner.execute(plan)
+            for event in self.scheduler.on_result(plan, result):
+                self._apply(event, done[event.request_id], detoks[event.request_id])
+        for rid, comp in done.items():
+            comp.text = detoks[rid].text
+            comp.num_preemptions = reqs[rid].num_preemptions
+        return [done[rid] for rid in order]
+
+    def _apply(self, event, comp: Completion, detok: IncrementalDetokenizer) -> None:
+        comp.token_ids.append(event.token.token_id)
+        comp.logprobs.append(event.token)
+        detok.push(event.token.token_id)
+        reason = event.finish_reason
+        if reason is None and detok.finished_by_stop_string is not None:
+            reason = FinishReason.STOP
+            self.scheduler.finish(event.request_id, reason)
+        if reason is not None:
+            detok.flush()
+            comp.finish_reason = reason

@@ -1,0 +1,246 @@
+"""How one request wants its tokens chosen and when it stops: pure data, shared by every service.
+
+This module imports no torch: the scheduler core carries ``SamplingParams`` and calls ``check_stop``.
+The engine's ``Sampler`` (services/engine/sampler.py) turns the params into logits processing, and the
+``IncrementalDetokenizer`` (services/engine/detokenizer.py) handles stop *strings*; ``check_stop`` here
+handles the token-level stops (eos, ``stop_token_ids``, ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.errors import InvalidArgument
+
+MAX_LOGPROBS = 20
+MAX_SEED = 2**63
+# Temperatures below this are treated as greedy: dividing logits by them overflows fp32.
+GREEDY_TEMPERATURE = 1e-5
+
+
+class FinishReason:
+    """Why a request finished, as the OpenAI API spells it."""
+
+    STOP = "stop"  # eos, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens (or the model's context) reached
+    ABORT = "abort"  # cancelled by the client or the server
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling and stopping options. Invalid values raise ``InvalidArgument`` on construction."""
+
+    # Most tokens to generate, >= 1.
+    max_tokens: int = 16
+    # Softmax temperature, >= 0; 0 (anything below 1e-5) means greedy and ignores top_k/top_p/min_p.
+    temperature: float = 1.0
+    # Keep only the k most likely tokens (ties at the k-th logit are kept); 0 or -1 turns it off.
+    top_k: int = 0
+    # Keep the smallest set of most likely tokens whose probability sums to >= top_p, in (0, 1].
+    top_p: float = 1.0
+    # Drop tokens whose probability is below min_p times the top token's, in [0, 1].
+    min_p: float = 0.0
+    # Makes sampling reproducible: the k-th output token depends only on (seed, k, logits). 0 <= seed < 2**63.
+    seed: int | None = None
+    # Hugging Face semantics over prompt + output tokens: positive logits divided, negative multiplied. > 0.
+    repetition_penalty: float = 1.0
+    # OpenAI semantics over output tokens: logit -= presence_penalty if the token occurred. In [-2, 2].
+    presence_penalty: float = 0.0
+    # OpenAI semantics over output tokens: logit -= frequency_penalty * count. In [-2, 2].
+    frequency_penalty: float = 0.0
+    # Stop strings; the output text ends before the first one (see include_stop_str_in_output). Non-empty.
+    stop: tuple[str, ...] = ()
+    # Token ids that end the request (the token itself is part of the output token ids).
+    stop_token_ids: tuple[int, ...] = ()
+    # Keep generating past the model's eos token(s).
+    ignore_eos: bool = False
+    # eos and stop_token_ids are suppressed (and stop strings ignored) until this many tokens exist. <= max_tokens.
+    min_tokens: int = 0
+    # Return this many top logprobs per sampled token (plus the sampled token's own), 0..20; None = none.
+    logprobs: int | None = None
+    # Keep the matched stop string at the end of the output text.
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, lo=1)
+        _check_float("temperature", self.temperature, lo=0.0)
+        _check_int("top_k", self.top_k)
+        if self.top_k < -1:
+            raise InvalidArgument(f"top_k must be -1 or 0 (off) or an integer >= 1, got {self.top_k!r}")
+        _check_float("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check_float("min_p", self.min_p, lo=0.0, hi=1.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, lo=0, hi=MAX_SEED - 1)
+        _check_float("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0.0:
+            raise InvalidArgument(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        _check_float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
+        self._check_stops()
+        _check_bool("ignore_eos", self.ignore_eos)
+        _check_int("min_tokens", self.min_tokens, lo=0)
+        if self.min_tokens > self.max_tokens:
+            raise InvalidArgument(
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens!r}"
+            )
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
+        _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+
+    def _check_stops(self) -> None:
+        if not isinstance(self.stop, tuple):
+            raise InvalidArgument(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidArgument(f"stop must contain only non-empty strings, got {s!r}")
+        if not isinstance(self.stop_token_ids, tuple):
+            raise InvalidArgument(
+                f"stop_token_ids must be a tuple of integers >= 0, got {self.stop_token_ids!r}"
+            )
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, lo=0)
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when the row takes the argmax of the (penalised) logits; top_k/top_p/min_p/seed are moot."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when any of the three penalties changes the logits."""
+        return (
+            self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        )
+
+    @classmethod
+    def from_openai(cls, body: dict[str, Any]) -> SamplingParams:
+        """Build params from an OpenAI ``/v1/completions`` request body (a parsed JSON object).
+
+        ``null`` means "use the default". Fields that only matter elsewhere (``model``, ``prompt``,
+        ``stream``...) are ignored; fields Seawall does not implement (``n`` > 1, ``best_of`` > 1,
+        ``echo``, ``logit_bias``, ``suffix``) and unknown fields raise ``InvalidArgument``.
+        """
+        if not isinstance(body, dict):
+            raise InvalidArgument(f"request body must be a JSON object, got {type(body).__name__}")
+        kwargs: dict[str, Any] = {}
+        for key, value in body.items():
+            if key in _IGNORED_FIELDS:
+                continue
+            if key in _UNSUPPORTED_FIELDS:
+                _check_unsupported(key, value)
+                continue
+            if key not in _OPENAI_FIELDS:
+                raise InvalidArgument(
+                    f"unknown field {key!r}; accepted fields: {', '.join(sorted(_ACCEPTED_FIELDS))}"
+                )
+            if value is None:
+                continue
+            kwargs[key] = _convert_openai(key, value)
+        return cls(**kwargs)
+
+
+def check_stop(
+    params: SamplingParams, output_token_ids: Sequence[int], eos_token_ids: Collection[int]
+) -> str | None:
+    """The token-level finish reason after the last token was appended to ``output_token_ids``.
+
+    ``FinishReason.STOP`` when the last token is an eos (unless ``ignore_eos``) or one of
+    ``stop_token_ids``, counted only once ``len(output_token_ids) >= min_tokens``;
+    ``FinishReason.LENGTH`` when ``max_tokens`` tokens exist; otherwise ``None`` (keep going).
+    Stop strings are the detokenizer's job.
+    """
+    n = len(output_token_ids)
+    if n == 0:
+        return None
+    if n >= params.min_tokens:
+        last = output_token_ids[-1]
+        if (not params.ignore_eos and last in eos_token_ids) or last in params.stop_token_ids:
+            return FinishReason.STOP
+    if n >= params.max_tokens:
+        return FinishReason.LENGTH
+    return None
+
+
+# --- validation helpers -------------------------------------------------------------------------------
+
+
+def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an integer, got {value!r}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise InvalidArgument(f"{name} must be an integer {_range(lo, hi)}, got {value!r}")
+
+
+def _check_float(name: str, value: Any, lo: float | None = None, hi: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise InvalidArgument(f"{name} must be {_range(lo, hi)}, got {value!r}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be true or false, got {value!r}")
+
+
+def _range(lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f"in [{lo}, {hi}]"
+    return f">= {lo}" if lo is not None else f"<= {hi}"
+
+
+# --- OpenAI body mapping ------------------------------------------------------------------------------
+
+_OPENAI_FIELDS = frozenset({
+    "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "ignore_eos",
+    "min_tokens", "include_stop_str_in_output",
+})
+# Handled by the API layer, not by sampling.
+_IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids"})
+# Accepted only with the value that means "off".
+_UNSUPPORTED_FIELDS = frozenset({"n", "best_of", "echo", "logit_bias", "suffix"})
+_ACCEPTED_FIELDS = _OPENAI_FIELDS | _IGNORED_FIELDS | _UNSUPPORTED_FIELDS
+_FLOAT_FIELDS = frozenset({
+    "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+})
+
+
+def _check_unsupported(key: str, value: Any) -> None:
+    if key in ("n", "best_of"):
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
+            return
+        raise InvalidArgument(f"{key} must be 1 (only one completion per request is supported), got {value!r}")
+    if key == "echo":
+        if value in (None, False):
+            return
+        raise InvalidArgument(f"echo must be false (echoing the prompt is not supported), got {value!r}")
+    if value in (None, {}, ""):
+        return
+    raise InvalidArgument(f"{key} is not supported; omit it or send null, got {value!r}")
+
+
+def _convert_openai(key: str, value: Any) -> Any:
+    """JSON shapes to dataclass shapes: lists become tuples, a single stop string a 1-tuple."""
+    if key == "stop":
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and all(isinstance(s, str) for s in value):
+            return tuple(value)
+        raise InvalidArgument(f"stop must be a string or a list of strings, got {value!r}")
+    if key == "stop_token_ids":
+        if isinstance(value, list):
+            return tuple(value)
+        raise InvalidArgument(f"stop_token_ids must be a list of integers, got {value!r}")
+    if key == "logprobs" and isinstance(value, bool):
+        raise InvalidArgument(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (top-n per token), got {value!r}")
+    if key in _FLOAT_FIELDS and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value

@@ -1,0 +1,71 @@
+"""The step contract as plain data: what the scheduler asks a worker to run in one forward pass.
+
+Follows vLLM v1's "full on first sight, diffs after": a sequence the worker has not seen (or must rebuild
+after a recompute preemption) comes as a ``NewSequence`` with all its tokens; afterwards only
+``num_scheduled_tokens`` and newly appended block ids are sent. ``services/common/convert.py`` maps these
+to and from ``seawall.v1.worker_pb2``; the scheduler core and the engine never see protobuf.
+
+A worker runs, for each scheduled sequence, tokens ``[num_computed, num_computed + n)`` of what it knows of
+that sequence; when that reaches the end of its known tokens, it samples the next one::
+
+    token_ids:  [ prompt ............................ | outputs ... ]
+                [ computed (KV cached) | scheduled n ]
+                                                      ^ sample here when computed + n == len(token_ids)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.sampling_params import SamplingParams
+
+
+@dataclass
+class NewSequence:
+    seq_id: str
+    token_ids: list[int]  # prompt followed by any outputs already generated (after a recompute preemption)
+    prompt_len: int  # how many of token_ids are prompt (penalties treat prompt and output differently)
+    num_computed_tokens: int  # tokens whose KV is already in the blocks (prefix-cache hit or transferred)
+    block_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class ContinuingSequence:
+    seq_id: str
+    new_block_ids: list[int]  # appended to the sequence's block table
+    # The newest sampled token of a decode, when the worker did not sample it itself (disaggregated hand-off).
+    appended_token_ids: list[int] = field(default_factory=list)
+    # When set, replaces the whole block table (a swapped-out sequence resumed into new device blocks).
+    block_ids: list[int] | None = None
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    new: list[NewSequence] = field(default_factory=list)
+    continuing: list[ContinuingSequence] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)  # the worker drops these sequences' state
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
+    copy: list[tuple[int, int]] = field(default_factory=list)  # (src device block, dst device block)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float | None = None
+    rank: int | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class StepResult:
+    step_id: int
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    forward_seconds: float = 0.0

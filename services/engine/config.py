@@ -1,0 +1,49 @@
+"""Engine configuration shared by the prefill and decode roles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.common.errors import InvalidArgument
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # Hugging Face checkpoint directory; None means the built-in model (created once in the cache dir).
+    model: str | None = None
+    # "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
+    device: str = "auto"
+    # "auto" = float32 on the CPU (token-exact with transformers), bfloat16 on CUDA.
+    dtype: str = "auto"
+    # Tokens per KV block.
+    block_size: int = 16
+    # Bytes of device memory for the KV pool; None = 256 MiB on the CPU, 90% of free memory on CUDA.
+    kv_cache_bytes: int | None = None
+    # Bytes of host memory for swapped-out blocks.
+    swap_bytes: int = 256 * 2**20
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise InvalidArgument(f"block_size must be a power of two >= 1, got {self.block_size}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise InvalidArgument(f"kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
+        if self.swap_bytes < 0:
+            raise InvalidArgument(f"swap_bytes must be >= 0, got {self.swap_bytes}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise InvalidArgument(f"dtype must be auto or one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise InvalidArgument(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.float32 if self.torch_device().type == "cpu" else torch.bfloat16
+        return _DTYPES[self.dtype]

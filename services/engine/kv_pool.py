@@ -1,0 +1,122 @@
+"""The paged KV pool: fixed-size blocks on the device plus a host pool for swapped blocks.
+
+Layout (block-major)::
+
+    device_kv[num_blocks, num_layers, 2 (k|v), block_size, kv_heads, head_dim]
+
+One block — every layer's K and V for ``block_size`` tokens — is one contiguous region, so a swap, a copy or
+a NIXL transfer of ``n`` blocks costs ``n`` descriptors rather than ``n * 2 * num_layers``. Attention reads a
+layer as the strided view ``device_kv[:, layer, 0|1]`` shaped ``[num_blocks, block_size, kv_heads, head_dim]``;
+gathering whole blocks from that view costs the same as from a layer-major tensor (bench/kv_layout.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.common.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape of one pool; ``bytes_per_block`` is what a transfer of one block moves."""
+
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return (self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def bytes_per_block(self) -> int:
+        n = 1
+        for d in self.block_shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+    def blocks_for_budget(self, budget_bytes: int) -> int:
+        return int(budget_bytes // self.bytes_per_block)
+
+
+@dataclass(frozen=True)
+class MemoryRegion:
+    """A registrable region for NIXL: base address, length in bytes, device id, and "DRAM" or "VRAM"."""
+
+    addr: int
+    nbytes: int
+    device_id: int
+    mem_type: str
+
+
+class PagedKVPool:
+    """Device and host block pools of one layout. Block ids index the first dimension of each pool."""
+
+    def __init__(self, layout: KVLayout, num_blocks: int, num_host_blocks: int, device: torch.device) -> None:
+        if num_blocks < 1:
+            raise InvalidArgument(
+                f"the KV budget holds no block ({layout.bytes_per_block} bytes each); raise --kv-cache-bytes"
+            )
+        self.layout = layout
+        self.device = device
+        self.device_kv = torch.zeros((num_blocks, *layout.block_shape), dtype=layout.dtype, device=device)
+        pin = device.type == "cuda"
+        self.host_kv = torch.zeros((num_host_blocks, *layout.block_shape), dtype=layout.dtype, pin_memory=pin)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.device_kv.shape[0]
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.host_kv.shape[0]
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V views of one layer, each ``[num_blocks, block_size, kv_heads, head_dim]``."""
+        return self.device_kv[:, layer, 0], self.device_kv[:, layer, 1]
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """Copies device blocks to host blocks: ``pairs`` of (device block id, host block id)."""
+        if pairs:
+            src, dst = _split(pairs, self.device)
+            self.host_kv[dst.cpu()] = self.device_kv[src].to("cpu", non_blocking=False)
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """Copies host blocks to device blocks: ``pairs`` of (host block id, device block id)."""
+        if pairs:
+            src, dst = _split(pairs, self.device)
+            self.device_kv[dst] = self.host_kv[src.cpu()].to(self.device)
+
+    def copy(self, pairs: list[tuple[int, int]]) -> None:
+        """Copies device blocks to device blocks (copy-on-write of shared partial blocks)."""
+        if pairs:
+            src, dst = _split(pairs, self.device)
+            self.device_kv[dst] = self.device_kv[src]
+
+    def memory_regions(self) -> list[MemoryRegion]:
+        """The two pools as registrable regions (for a NIXL agent)."""
+        regions = [_region(self.device_kv)]
+        if self.num_host_blocks:
+            regions.append(_region(self.host_kv))
+        return regions
+
+    def block_region(self, block_id: int, host: bool = False) -> tuple[int, int]:
+        """(address, length) of one block: one contiguous region, as the layout promises."""
+        pool = self.host_kv if host else self.device_kv
+        block = pool[block_id]
+        return block.data_ptr(), block.numel() * block.element_size()
+
+
+def _split(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.tensor(pairs, dtype=torch.long, device=device)
+    return t[:, 0], t[:, 1]
+
+
+def _region(t: torch.Tensor) -> MemoryRegion:
+    device_id = t.device.index or 0
+    return MemoryRegion(t.data_ptr(), t.numel() * t.element_size(), device_id, "VRAM" if t.is_cuda else "DRAM")

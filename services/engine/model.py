@@ -1,0 +1,169 @@
+"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV.
+
+The model knows nothing about scheduling: it takes flat token ids and positions plus an ``AttentionBatch``
+that says where each token's K/V lives. q/k/v and gate/up projections are fused at load time (one matmul
+each instead of three and two); ``load_weights`` maps Hugging Face names onto the fused parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.attention import AttentionBatch, paged_attention
+from services.engine.kv_pool import PagedKVPool
+from services.engine.model_config import ModelConfig
+from services.engine.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Computed in fp32 and cast back, as transformers does, so bf16 runs round the same way.
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.q_size = config.num_attention_heads * config.head_dim
+        self.kv_size = config.num_key_value_heads * config.head_dim
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = RotaryEmbedding.apply(q.view(t, self.heads, self.head_dim), cos, sin)
+        k = RotaryEmbedding.apply(k.view(t, self.kv_heads, self.head_dim), cos, sin)
+        v = v.view(t, self.kv_heads, self.head_dim)
+        k_cache, v_cache = kv.layer(self.layer)
+        o = paged_attention(q, k, v, k_cache, v_cache, batch)
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, batch, kv) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.rotary = RotaryEmbedding(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: AttentionBatch,
+        kv: PagedKVPool,
+        logits_index: torch.Tensor,
+    ) -> torch.Tensor:
+        """Runs the flat batch and returns logits ``[len(logits_index), vocab]`` of the selected tokens only."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, batch, kv)
+        x = self.model.norm(x[logits_index])
+        return self.lm_head(x).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads Hugging Face-named tensors, fusing q/k/v and gate/up. Raises ``KeyError`` naming what is missing."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        pending: dict[str, dict[str, torch.Tensor]] = {}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue  # old checkpoints saved the RoPE buffer; it is recomputed from the config
+            fused = _fused_target(name)
+            if fused is None:
+                _copy(params, name, tensor)
+                loaded.add(name)
+                continue
+            target, part = fused
+            pending.setdefault(target, {})[part] = tensor
+        for target, parts in pending.items():
+            order = ("q", "k", "v") if "qkv" in target else ("gate", "up")
+            missing = [p for p in order if p not in parts]
+            if missing:
+                raise KeyError(f"{target}: missing {missing} projection weights")
+            _copy(params, target, torch.cat([parts[p] for p in order], dim=0))
+            loaded.add(target)
+        if self.config.tie_word_embeddings:
+            loaded.add("lm_head.weight")
+        absent = sorted(set(params) - loaded)
+        if absent:
+            raise KeyError(f"checkpoint lacks weights: {', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}")
+
+
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
+    "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
+    "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
+    "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
+    "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+}
+
+
+def _fused_target(name: str) -> tuple[str, str] | None:
+    for src, (dst, part) in _FUSED.items():
+        if f".{src}." in name:
+            return name.replace(src, dst), part
+    return None
+
+
+def _copy(params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
+    if name not in params:
+        raise KeyError(f"unexpected weight {name!r} in checkpoint")
+    param = params[name]
+    if tuple(param.shape) != tuple(tensor.shape):
+        raise KeyError(f"weight {name!r} has shape {tuple(tensor.shape)}, the config implies {tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(tensor.to(param.dtype))

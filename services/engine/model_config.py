@@ -1,0 +1,125 @@
+"""The architecture of a Llama-family checkpoint, parsed from its Hugging Face ``config.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.common.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the engine needs to build the model; names follow ``transformers.LlamaConfig``."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # rope_scaling as in the checkpoint ({"rope_type": "llama3", "factor": ..., ...}) or None.
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+    # Qwen2 puts biases on q/k/v; Llama checkpoints may set attention_bias.
+    attention_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    torch_dtype: str = "float32"
+    architecture: str = "LlamaForCausalLM"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelLoadError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ModelLoadError(f"config.json: {name} must be >= 1, got {getattr(self, name)}")
+        rope_type = self.rope_type
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ModelLoadError(
+                f"config.json: rope_scaling type {rope_type!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+
+    @property
+    def rope_type(self) -> str:
+        if not self.rope_scaling:
+            return "default"
+        return str(self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default")))
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        archs = raw.get("architectures") or ["LlamaForCausalLM"]
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"config.json: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in raw]
+        if missing:
+            raise ModelLoadError(f"config.json is missing required fields: {', '.join(missing)}")
+        try:
+            heads = int(raw["num_attention_heads"])
+            eos = raw.get("eos_token_id")
+            eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            rope_scaling = raw.get("rope_scaling")
+            rope_theta = raw.get("rope_theta")
+            # transformers >= 5 may nest the base in rope_parameters instead of rope_theta.
+            params = raw.get("rope_parameters")
+            if isinstance(params, dict):
+                rope_theta = rope_theta or params.get("rope_theta")
+                if params.get("rope_type", "default") != "default" and not rope_scaling:
+                    rope_scaling = params
+            return cls(
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=int(raw["hidden_size"]),
+                intermediate_size=int(raw["intermediate_size"]),
+                num_hidden_layers=int(raw["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(rope_theta or 10000.0),
+                rope_scaling=dict(rope_scaling) if rope_scaling else None,
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                bos_token_id=raw.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+                torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+                architecture=arch,
+                extra=raw,
+            )
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(f"config.json has a field of the wrong type: {exc}") from exc
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ModelLoadError(f"{model_dir} has no config.json; is it a Hugging Face checkpoint directory?") from exc
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{path} must hold a JSON object")
+        return cls.from_dict(raw)

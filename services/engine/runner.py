@@ -1,0 +1,123 @@
+"""The model runner: one worker's model, KV pool and sequence table; executes step plans.
+
+Three stages per step (STYLE §8): ``prepare_inputs`` (pure CPU bookkeeping), the forward pass, sampling.
+Block operations (swap-out, swap-in, copy) run before the forward pass, swap-out first so device blocks it
+frees can be reused as swap-in targets in the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from services.common.errors import InvalidArgument
+from services.common.step import NewSequence, SampledToken, StepPlan, StepResult
+from services.engine.config import EngineConfig
+from services.engine.inputs import SequenceState, prepare_inputs
+from services.engine.kv_pool import KVLayout, PagedKVPool
+from services.engine.loader import Checkpoint, load_checkpoint_meta, load_model
+from services.engine.sampler import Sampler, SamplingRow
+
+log = logging.getLogger(__name__)
+
+_CPU_KV_BYTES = 256 * 2**20
+
+
+class ModelRunner:
+    """Owns the model and KV pool of one worker. Not thread-safe: one step at a time."""
+
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None) -> None:
+        self.config = config
+        self.checkpoint = checkpoint or load_checkpoint_meta(resolve_model_dir(config.model))
+        self.device = config.torch_device()
+        self.dtype = config.torch_dtype()
+        self.model = load_model(self.checkpoint, self.device, self.dtype)
+        mc = self.checkpoint.config
+        self.layout = KVLayout(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim,
+                               self.dtype)
+        num_blocks = self.layout.blocks_for_budget(self._kv_budget())
+        self.kv = PagedKVPool(self.layout, num_blocks, self.layout.blocks_for_budget(config.swap_bytes), self.device)
+        self.sampler = Sampler()
+        self.seqs: dict[str, SequenceState] = {}
+        log.info("runner ready: %s on %s/%s, %d device blocks, %d host blocks", self.checkpoint.path,
+                 self.device, self.dtype, self.kv.num_blocks, self.kv.num_host_blocks)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.checkpoint.config.max_position_embeddings
+
+    def _kv_budget(self) -> int:
+        if self.config.kv_cache_bytes is not None:
+            return self.config.kv_cache_bytes
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.9)
+        return _CPU_KV_BYTES
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        started = time.perf_counter()
+        for seq_id in plan.finished:
+            self.seqs.pop(seq_id, None)
+        for new in plan.new:
+            self._add(new)
+        for cont in plan.continuing:
+            seq = self._get(cont.seq_id)
+            if cont.block_ids is not None:
+                seq.block_ids = list(cont.block_ids)
+            seq.block_ids.extend(cont.new_block_ids)
+            seq.token_ids.extend(cont.appended_token_ids)
+        self.kv.swap_out(plan.swap_out)
+        self.kv.swap_in(plan.swap_in)
+        self.kv.copy(plan.copy)
+        result = StepResult(plan.step_id)
+        if plan.num_scheduled_tokens:
+            scheduled = [(self._get(sid), n) for sid, n in plan.num_scheduled_tokens.items() if n > 0]
+            result.sampled = self._run(scheduled)
+        result.forward_seconds = time.perf_counter() - started
+        return result
+
+    def _run(self, scheduled: list[tuple[SequenceState, int]]) -> dict[str, SampledToken]:
+        inputs = prepare_inputs(scheduled, self.config.block_size, self.device)
+        logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index)
+        for seq, n in scheduled:
+            seq.num_computed += n
+        if not inputs.sample_seq_ids:
+            return {}
+        rows = []
+        for sid in inputs.sample_seq_ids:
+            seq = self.seqs[sid]
+            rows.append(SamplingRow(seq.params, seq.token_ids[: seq.prompt_len], seq.token_ids[seq.prompt_len:]))
+        out = self.sampler(logits, rows, self.checkpoint.eos_token_ids)
+        sampled: dict[str, SampledToken] = {}
+        for i, sid in enumerate(inputs.sample_seq_ids):
+            token = out.token_ids[i]
+            self.seqs[sid].token_ids.append(token)
+            lp = out.logprobs[i]
+            sampled[sid] = SampledToken(token) if lp is None else SampledToken(token, lp.logprob, lp.rank, lp.top)
+        return sampled
+
+    def _add(self, new: NewSequence) -> None:
+        if len(new.token_ids) > self.max_model_len:
+            raise InvalidArgument(f"sequence {new.seq_id} has {len(new.token_ids)} tokens; the model's context is "
+                                  f"{self.max_model_len}")
+        self.seqs[new.seq_id] = SequenceState(
+            new.seq_id, list(new.token_ids), new.prompt_len, new.num_computed_tokens, list(new.block_ids), new.params
+        )
+
+    def _get(self, seq_id: str) -> SequenceState:
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            raise KeyError(f"step plan names sequence {seq_id!r} which this worker does not hold")
+        return seq
+
+
+def resolve_model_dir(model: str | None) -> str:
+    """The model directory to load: the given one, or the built-in model (created on first use)."""
+    if model:
+        return model
+    from services.engine.builtin_model import ensure_default_model
+
+    return str(ensure_default_model())

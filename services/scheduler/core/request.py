@@ -1,0 +1,51 @@
+"""A request as the scheduler core sees it: tokens, progress, blocks and a small state machine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from services.common.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued; also a recompute-preempted request waiting to run again
+    RUNNING = "running"  # has blocks; prefilling (chunk by chunk) or decoding
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    eos_token_ids: tuple[int, ...] = ()
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens known but not yet in the KV cache: the rest of the prompt, or 1 while decoding."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_uncomputed == 1 and self.num_computed_tokens >= len(self.prompt_token_ids)
+
+    def __repr__(self) -> str:
+        # Never log prompts or token ids (STYLE §5).
+        return (f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")

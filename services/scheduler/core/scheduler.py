@@ -1,0 +1,190 @@
+"""The scheduler core: continuous batching with chunked prefill (Sarathi-Serve's stall-free batching).
+
+Pure logic: no I/O, no clock reads, no torch. Each step::
+
+    1. running decodes first (one token each) — a decode never waits behind a prompt;
+    2. then the running prompt's next chunk, then new prompts, while the prompt-token budget lasts;
+    3. under block pressure the newest running request is preempted for recompute.
+
+``schedule()`` returns a ``StepPlan``; ``on_result()`` applies the sampled tokens and returns events for the
+caller to stream. The caller owns time: ``add`` takes the arrival time as an argument.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from services.common.sampling_params import FinishReason, check_stop
+from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
+from services.scheduler.core.block_manager import BlockManager
+from services.scheduler.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    # Most tokens (decodes + prompt chunks) in one step; None = no limit.
+    max_num_batched_tokens: int | None = None
+    # Most prompt tokens in one step (the chunk budget); None = whole prompts.
+    chunk_size: int | None = None
+    # Most sequences in one step.
+    max_num_seqs: int = 256
+    # A request stops with finish reason "length" when prompt + output reach this.
+    max_model_len: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "chunk_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None (no limit), got {value}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    token: SampledToken
+    finish_reason: str | None
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._on_worker: set[str] = set()  # requests whose state the worker holds
+        self._to_drop: list[str] = []  # finished/preempted since the last plan: the worker drops them
+        self._sent_blocks: dict[str, int] = {}  # blocks of each request the worker already knows
+        self._step_id = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish(self, request_id: str, reason: str = FinishReason.ABORT) -> None:
+        """Ends a request early (abort, stop string seen by the detokenizer); frees its blocks."""
+        req = self.requests.get(request_id)
+        if req is None or req.status is RequestStatus.FINISHED:
+            return
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        self._release(req)
+        req.status, req.finish_reason = RequestStatus.FINISHED, reason
+        del self.requests[request_id]
+
+    def schedule(self) -> StepPlan:
+        self._step_id += 1
+        token_budget = self.config.max_num_batched_tokens or float("inf")
+        prompt_budget = self.config.chunk_size or float("inf")
+        scheduled: list[tuple[Request, int]] = []
+        # 1. decodes, oldest first; preempt the newest while blocks run out.
+        for req in [r for r in self.running if r.is_decoding]:
+            if token_budget < 1 or len(scheduled) >= self.config.max_num_seqs:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted by an older decode in this loop
+            if not self._reserve_or_preempt(req, 1, scheduled):
+                continue
+            scheduled.append((req, 1))
+            token_budget -= 1
+        # 2. running prompts, then 3. waiting prompts, within both budgets.
+        for req in [r for r in self.running if not r.is_decoding] + list(self.waiting):
+            budget = min(token_budget, prompt_budget)
+            if budget < 1 or len(scheduled) >= self.config.max_num_seqs:
+                break
+            n = int(min(req.num_uncomputed, budget))
+            if not self._reserve(req, n):
+                break  # FCFS: no later prompt jumps a prompt that does not fit
+            if req.status is RequestStatus.WAITING:
+                self.waiting.remove(req)
+                self.running.append(req)
+                req.status = RequestStatus.RUNNING
+            scheduled.append((req, n))
+            token_budget -= n
+            prompt_budget -= n
+        # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
+        plan = StepPlan(self._step_id, finished=self._to_drop)
+        self._to_drop = []
+        self._fill_plan(plan, scheduled)
+        return plan
+
+    def on_result(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
+        events = []
+        for rid, n in plan.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue
+            req.num_computed_tokens += n
+            token = result.sampled.get(rid)
+            if token is None:
+                continue
+            req.output_token_ids.append(token.token_id)
+            reason = check_stop(req.params, req.output_token_ids, req.eos_token_ids)
+            if reason is None and req.num_tokens >= self.config.max_model_len:
+                reason = FinishReason.LENGTH
+            events.append(TokenEvent(rid, token, reason))
+            if reason is not None:
+                self.finish(rid, reason)
+        return events
+
+    def _reserve(self, req: Request, n: int) -> bool:
+        need = self.blocks.blocks_needed(req.num_computed_tokens + n, len(req.block_ids))
+        got = self.blocks.allocate(req.request_id, need)
+        if got is None:
+            return False
+        req.block_ids.extend(got)
+        return True
+
+    def _reserve_or_preempt(self, req: Request, n: int, scheduled: list[tuple[Request, int]]) -> bool:
+        while not self._reserve(req, n):
+            victim = max(self.running, key=lambda r: (r.arrival_time, r.request_id))
+            if any(victim is r for r, _ in scheduled):
+                victim = req  # everything newer already runs this step; give way ourselves
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute preemption: drop the KV, requeue at the front with prompt + outputs to recompute."""
+        self.running.remove(req)
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        self.blocks.free(req.request_id, req.block_ids)
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        self._sent_blocks.pop(req.request_id, None)
+        if req.request_id in self._on_worker:
+            self._on_worker.discard(req.request_id)
+            self._to_drop.append(req.request_id)
+
+    def _fill_plan(self, plan: StepPlan, scheduled: list[tuple[Request, int]]) -> None:
+        for req, n in scheduled:
+            rid = req.request_id
+            if rid in self._on_worker:
+                plan.continuing.append(ContinuingSequence(rid, req.block_ids[self._sent_blocks[rid]:]))
+            else:
+                plan.new.append(NewSequence(rid, req.all_token_ids, len(req.prompt_token_ids),
+                                            req.num_computed_tokens, list(req.block_ids), req.params))
+                self._on_worker.add(rid)
+            self._sent_blocks[rid] = len(req.block_ids)
+            plan.num_scheduled_tokens[rid] = n
+
+    def check_integrity(self) -> None:
+        self.blocks.check_integrity({r.request_id: r.block_ids for r in self.running})
+        assert all(r.status is RequestStatus.WAITING and not r.block_ids for r in self.waiting)
