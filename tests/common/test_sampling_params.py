@@ -1,0 +1,188 @@
+"""SamplingParams validation, the OpenAI body mapping and token-level stop checks."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import re
+
+import pytest
+
+from services.common import sampling_params as sp_module
+from services.common.errors import InvalidArgument
+from services.common.sampling_params import FinishReason, SamplingParams, check_stop
+
+# (field, bad value, text the message must contain besides the field name and the value)
+BAD_VALUES = [
+    ("max_tokens", 0, ">= 1"),
+    ("max_tokens", 2.5, "integer"),
+    ("max_tokens", True, "integer"),
+    ("temperature", -0.1, ">= 0"),
+    ("temperature", "hot", "must be a number"),
+    ("temperature", float("nan"), "finite"),
+    ("top_k", -2, ">= 1"),
+    ("top_k", 1.5, "integer"),
+    ("top_p", 0.0, "(0, 1]"),
+    ("top_p", 1.5, "(0, 1]"),
+    ("min_p", -0.1, "[0.0, 1.0]"),
+    ("min_p", 1.1, "[0.0, 1.0]"),
+    ("seed", -1, "[0, "),
+    ("seed", 2**63, "[0, "),
+    ("seed", "42", "integer"),
+    ("repetition_penalty", 0.0, "> 0"),
+    ("repetition_penalty", -1.0, "> 0"),
+    ("presence_penalty", 2.5, "[-2.0, 2.0]"),
+    ("presence_penalty", -2.5, "[-2.0, 2.0]"),
+    ("frequency_penalty", 3, "[-2.0, 2.0]"),
+    ("frequency_penalty", None, "must be a number"),
+    ("stop", ["x"], "tuple"),
+    ("stop", ("",), "non-empty"),
+    ("stop", (3,), "non-empty strings"),
+    ("stop_token_ids", [1], "tuple"),
+    ("stop_token_ids", (-1,), ">= 0"),
+    ("stop_token_ids", ("a",), "integer"),
+    ("ignore_eos", 1, "true or false"),
+    ("min_tokens", -1, ">= 0"),
+    ("min_tokens", 17, "<= max_tokens (16)"),
+    ("logprobs", 21, "[0, 20]"),
+    ("logprobs", -1, "[0, 20]"),
+    ("include_stop_str_in_output", "yes", "true or false"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), BAD_VALUES)
+def test_validation_names_field_value_and_accepted(field, value, accepted):
+    with pytest.raises(InvalidArgument) as exc:
+        SamplingParams(**{field: value})
+    msg = str(exc.value)
+    assert field in msg
+    assert accepted in msg
+    shown = value[0] if isinstance(value, tuple) else value  # tuples are checked element by element
+    assert f"got {shown!r}" in msg
+
+
+def test_every_field_has_a_bad_value_case_and_a_comment():
+    fields = {f.name for f in dataclasses.fields(SamplingParams)}
+    assert fields == {case[0] for case in BAD_VALUES}
+    # Each field is documented by a comment line right above it.
+    source = inspect.getsource(SamplingParams).splitlines()
+    for i, line in enumerate(source):
+        m = re.match(r"\s+(\w+): .* = ", line)
+        if m and m.group(1) in fields:
+            assert source[i - 1].strip().startswith("#"), f"{m.group(1)} has no comment line"
+
+
+def test_defaults_and_valid_edges():
+    p = SamplingParams()
+    assert p.max_tokens == 16 and p.temperature == 1.0 and not p.is_greedy and not p.has_penalties
+    SamplingParams(top_k=-1, top_p=1.0, min_p=1.0, seed=2**63 - 1, logprobs=20, min_tokens=16)
+    SamplingParams(temperature=0, presence_penalty=-2, frequency_penalty=2, logprobs=0)
+    assert SamplingParams(temperature=0.0).is_greedy
+    assert SamplingParams(temperature=1e-6).is_greedy
+    assert not SamplingParams(temperature=1e-3).is_greedy
+    assert SamplingParams(repetition_penalty=1.1).has_penalties
+
+
+def test_sampling_params_module_imports_no_torch():
+    tree = ast.parse(inspect.getsource(sp_module))
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+    }
+    assert imported.isdisjoint({"torch", "grpc", "asyncio", "numpy"})
+
+
+# --- from_openai ----------------------------------------------------------------------------------------
+
+
+def test_from_openai_maps_every_field():
+    body = {
+        "model": "m", "prompt": "hi", "stream": True, "user": "u", "return_token_ids": True, "echo": False,
+        "n": 1, "best_of": 1, "max_tokens": 5, "temperature": 0, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+        "seed": 7, "stop": ["a", "bc"], "stop_token_ids": [2, 3], "presence_penalty": 0.5,
+        "frequency_penalty": -0.5, "repetition_penalty": 1.2, "logprobs": 3, "ignore_eos": True,
+        "min_tokens": 2,
+    }
+    p = SamplingParams.from_openai(body)
+    assert p == SamplingParams(
+        max_tokens=5, temperature=0.0, top_p=0.9, top_k=40, min_p=0.05, seed=7, stop=("a", "bc"),
+        stop_token_ids=(2, 3), presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
+        logprobs=3, ignore_eos=True, min_tokens=2,
+    )
+    assert isinstance(p.temperature, float)
+
+
+def test_from_openai_stop_string_and_nulls_mean_default():
+    assert SamplingParams.from_openai({"stop": "###"}).stop == ("###",)
+    assert SamplingParams.from_openai({"stop": None, "seed": None, "logprobs": None}) == SamplingParams()
+    assert SamplingParams.from_openai({}) == SamplingParams()
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
+        ({"max_tokens": "10"}, "max_tokens must be an integer, got '10'"),
+        ({"max_tokens": 10.0}, "max_tokens must be an integer, got 10.0"),
+        ({"top_p": [0.5]}, "top_p must be a number, got [0.5]"),
+        ({"seed": 1.5}, "seed must be an integer, got 1.5"),
+        ({"stop": 5}, "stop must be a string or a list of strings, got 5"),
+        ({"stop": ["a", 1]}, "stop must be a string or a list of strings, got ['a', 1]"),
+        ({"stop": [""]}, "stop must contain only non-empty strings, got ''"),
+        ({"stop_token_ids": 3}, "stop_token_ids must be a list of integers, got 3"),
+        ({"stop_token_ids": ["x"]}, "stop_token_ids must be an integer, got 'x'"),
+        ({"logprobs": True}, "logprobs must be an integer in [0, 20] (top-n per token), got True"),
+        ({"ignore_eos": "false"}, "ignore_eos must be true or false, got 'false'"),
+        ({"n": 2}, "n must be 1 (only one completion per request is supported), got 2"),
+        ({"best_of": 3}, "best_of must be 1 (only one completion per request is supported), got 3"),
+        ({"echo": True}, "echo must be false (echoing the prompt is not supported), got True"),
+        ({"logit_bias": {"5": 1}}, "logit_bias is not supported; omit it or send null, got {'5': 1}"),
+        ({"suffix": "x"}, "suffix is not supported"),
+        ({"temprature": 0.5}, "unknown field 'temprature'; accepted fields: "),
+    ],
+)
+def test_from_openai_rejects_clearly(body, expected):
+    with pytest.raises(InvalidArgument) as exc:
+        SamplingParams.from_openai(body)
+    assert expected in str(exc.value)
+
+
+def test_from_openai_rejects_non_object():
+    with pytest.raises(InvalidArgument, match="JSON object, got list"):
+        SamplingParams.from_openai([])  # type: ignore[arg-type]
+
+
+# --- check_stop -------------------------------------------------------------------------------------------
+
+EOS = (2, 9)
+
+
+@pytest.mark.parametrize(
+    ("params", "output", "expected"),
+    [
+        (SamplingParams(), [], None),
+        (SamplingParams(), [5], None),
+        (SamplingParams(), [5, 2], FinishReason.STOP),
+        (SamplingParams(), [5, 9], FinishReason.STOP),
+        (SamplingParams(), [2, 5], None),  # only the last token counts
+        (SamplingParams(ignore_eos=True), [5, 2], None),
+        (SamplingParams(ignore_eos=True, stop_token_ids=(2,)), [5, 2], FinishReason.STOP),
+        (SamplingParams(stop_token_ids=(7,)), [7], FinishReason.STOP),
+        (SamplingParams(max_tokens=2), [5, 6], FinishReason.LENGTH),
+        (SamplingParams(max_tokens=2), [5, 2], FinishReason.STOP),  # stop wins over length
+        (SamplingParams(max_tokens=2, ignore_eos=True), [5, 2], FinishReason.LENGTH),
+        (SamplingParams(min_tokens=3), [5, 2], None),
+        (SamplingParams(min_tokens=3, stop_token_ids=(7,)), [5, 7], None),
+        (SamplingParams(min_tokens=3), [5, 6, 2], FinishReason.STOP),
+        (SamplingParams(max_tokens=3, min_tokens=3), [5, 6, 7], FinishReason.LENGTH),
+    ],
+)
+def test_check_stop(params, output, expected):
+    assert check_stop(params, output, EOS) == expected
+
+
+def test_finish_reason_strings():
+    assert (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT) == ("stop", "length", "abort")

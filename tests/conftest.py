@@ -1,0 +1,38 @@
+"""Shared fixtures: built-in-format checkpoints made once per test session (random weights, fixed seeds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.engine.builtin_model import init_model
+
+# The oracle's second model: different head counts, GQA ratio 3, llama3 RoPE scaling, untied embeddings,
+# and weights split over shards with an index.
+SECOND_MODEL_OVERRIDES = {
+    "hidden_size": 96,
+    "intermediate_size": 256,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return init_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def second_model_dir(tmp_path_factory):
+    return init_model(tmp_path_factory.mktemp("models") / "second", preset="tiny", seed=7,
+                      overrides=SECOND_MODEL_OVERRIDES, num_shards=2)

@@ -1,0 +1,101 @@
+"""The model runner driven by hand-built step plans: swaps, copies, seeded sampling, bad plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import InvalidArgument
+from services.common.sampling_params import SamplingParams
+from services.common.step import ContinuingSequence, NewSequence, StepPlan
+from services.engine.config import EngineConfig
+from services.engine.runner import ModelRunner
+
+BLOCK = 16
+GREEDY = SamplingParams(max_tokens=64, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_dir):
+    return ModelRunner(EngineConfig(model=str(tiny_model_dir), block_size=BLOCK, kv_cache_bytes=8 << 20,
+                                    swap_bytes=2 << 20))
+
+
+def _prompt(n: int, offset: int = 0) -> list[int]:
+    return [(7 * i + 3 + offset) % 4000 + 10 for i in range(n)]
+
+
+class Driver:
+    """Runs one sequence step by step on a runner, handing out step ids."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.step = 0
+
+    def run(self, plan_kwargs: dict) -> dict:
+        self.step += 1
+        return self.runner.execute(StepPlan(self.step, **plan_kwargs)).sampled
+
+    def generate(self, seq_id, prompt, blocks, steps, params=GREEDY) -> list[int]:
+        out = [self.run({"new": [NewSequence(seq_id, prompt, len(prompt), 0, blocks, params)],
+                         "num_scheduled_tokens": {seq_id: len(prompt)}})[seq_id].token_id]
+        for _ in range(steps - 1):
+            out.append(self.run({"num_scheduled_tokens": {seq_id: 1}})[seq_id].token_id)
+        return out
+
+
+def test_swap_out_and_in_to_other_blocks_leaves_output_unchanged(runner):
+    d = Driver(runner)
+    prompt = _prompt(40)
+    reference = d.generate("ref", prompt, [0, 1, 2, 3], 12)
+    d.run({"finished": ["ref"]})
+
+    first = d.generate("s", prompt, [10, 11, 12, 13], 5)
+    d.run({"swap_out": [(10, 0), (11, 1), (12, 2), (13, 3)]})
+    # Another sequence overwrites the freed device blocks while "s" sits in host memory.
+    d.generate("other", _prompt(60, 99), [10, 11, 12, 13], 1)
+    d.run({"finished": ["other"], "swap_in": [(0, 20), (1, 21), (2, 22), (3, 23)],
+           "continuing": [ContinuingSequence("s", [], block_ids=[20, 21, 22, 23])]})
+    rest = [d.run({"num_scheduled_tokens": {"s": 1}})["s"].token_id for _ in range(7)]
+    assert first + rest == reference
+
+
+def test_copied_blocks_continue_identically(runner):
+    d = Driver(runner)
+    prompt = _prompt(35, 5)
+    reference = d.generate("ref", prompt, [0, 1, 2], 9)
+    d.run({"finished": ["ref"]})
+    first = d.generate("c", prompt, [30, 31, 32], 4)
+    d.run({"copy": [(30, 40), (31, 41), (32, 42)],
+           "continuing": [ContinuingSequence("c", [], block_ids=[40, 41, 42])]})
+    d.generate("clobber", _prompt(48, 17), [30, 31, 32], 1)
+    rest = [d.run({"num_scheduled_tokens": {"c": 1}})["c"].token_id for _ in range(5)]
+    assert first + rest == reference
+
+
+def test_seeded_sampling_is_independent_of_batch_composition(runner):
+    params = SamplingParams(max_tokens=64, temperature=0.9, top_p=0.95, seed=42)
+    d = Driver(runner)
+    alone = d.generate("a", _prompt(20), [0, 1], 10, params)
+    d.run({"finished": ["a"]})
+    # Same request again, now batched with two others that sample from the same generator family.
+    new = [NewSequence("a", _prompt(20), 20, 0, [0, 1], params),
+           NewSequence("b", _prompt(30, 1), 30, 0, [2, 3, 5], SamplingParams(temperature=1.0, seed=7)),
+           NewSequence("c", _prompt(9, 2), 9, 0, [4, 6], SamplingParams(temperature=1.3))]
+    got = [d.run({"new": new, "num_scheduled_tokens": {"a": 20, "b": 30, "c": 9}})["a"].token_id]
+    for _ in range(9):
+        got.append(d.run({"num_scheduled_tokens": {"a": 1, "b": 1, "c": 1}})["a"].token_id)
+    assert got == alone
+    d.run({"finished": ["a", "b", "c"]})
+
+
+def test_plans_that_overrun_known_tokens_or_blocks_are_rejected(runner):
+    d = Driver(runner)
+    with pytest.raises(ValueError, match="only 5 known"):
+        d.run({"new": [NewSequence("x", _prompt(5), 5, 0, [0], GREEDY)], "num_scheduled_tokens": {"x": 6}})
+    with pytest.raises(ValueError, match="need 2 blocks"):
+        d.run({"new": [NewSequence("y", _prompt(20), 20, 0, [0], GREEDY)], "num_scheduled_tokens": {"y": 20}})
+    with pytest.raises(KeyError, match="does not hold"):
+        d.run({"num_scheduled_tokens": {"nobody": 1}})
+    with pytest.raises(InvalidArgument, match="context"):
+        d.run({"new": [NewSequence("z", [1] * 5000, 5000, 0, [], GREEDY)]})
+    d.run({"finished": ["x", "y"]})

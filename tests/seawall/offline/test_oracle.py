@@ -1,0 +1,90 @@
+"""Token-exact oracle: ``seawall run-batch`` against Hugging Face ``transformers`` on the same weights.
+
+16 prompts of 1 to 720 tokens with different output lengths run together (continuous batching: requests
+join and leave while others prefill or decode) at several chunk budgets and block sizes; every greedy
+token must equal what ``transformers`` generates for that prompt alone, and the reported logprobs must
+equal its log-softmax to 1e-4.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from seawall.cli import main
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT_LENS = [1, 2, 3, 5, 8, 13, 16, 17, 31, 33, 64, 100, 150, 257, 400, 720]
+TOP_N = 5
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1234)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in PROMPT_LENS]
+
+
+def _max_tokens(i: int) -> int:
+    return 3 + (i * 5) % 11  # 3..13: requests finish at different steps
+
+
+def _hf_reference(model_dir, prompts):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    refs = []
+    with torch.no_grad():
+        for i, prompt in enumerate(prompts):
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=_max_tokens(i), do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+            ids = out.sequences[0, len(prompt):].tolist()
+            logprobs = [torch.log_softmax(step[0].float(), -1) for step in out.logits]
+            cut = next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))
+            refs.append((ids[:cut], logprobs[:cut]))
+    return refs
+
+
+@pytest.fixture(scope="module", params=["tiny", "second"])
+def oracle_case(request, tiny_model_dir, second_model_dir):
+    model_dir = tiny_model_dir if request.param == "tiny" else second_model_dir
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    prompts = _prompts(vocab)
+    return model_dir, prompts, _hf_reference(model_dir, prompts)
+
+
+def _run_batch(tmp_path, model_dir, prompts, *flags):
+    src = tmp_path / "in.jsonl"
+    dst = tmp_path / "out.jsonl"
+    lines = [
+        {"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": p, "max_tokens": _max_tokens(i), "temperature": 0, "logprobs": TOP_N}}
+        for i, p in enumerate(prompts)
+    ]
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["run-batch", "-i", str(src), "-o", str(dst), "--model", str(model_dir), *flags]) == 0
+    return [json.loads(line) for line in dst.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("chunk_size", [1, 7, 16, 64, None])
+def test_greedy_tokens_and_logprobs_match_transformers(tmp_path, oracle_case, chunk_size, block_size):
+    model_dir, prompts, refs = oracle_case
+    flags = ["--block-size", str(block_size)] + (["--chunk-size", str(chunk_size)] if chunk_size else [])
+    results = _run_batch(tmp_path, model_dir, prompts, *flags)
+    assert [r["custom_id"] for r in results] == [f"p{i}" for i in range(len(prompts))]
+    for i, (result, (ref_ids, ref_logprobs)) in enumerate(zip(results, refs, strict=True)):
+        assert result["response"]["status_code"] == 200, result
+        choice = result["response"]["body"]["choices"][0]
+        assert choice["token_ids"] == ref_ids, f"prompt {i} ({PROMPT_LENS[i]} tokens) diverged"
+        got = choice["logprobs"]
+        for step, ref in enumerate(ref_logprobs):
+            top = torch.topk(ref, TOP_N)
+            got_ids = [tid for tid, _ in got["top_logprobs_ids"][step]]
+            got_lps = torch.tensor([lp for _, lp in got["top_logprobs_ids"][step]])
+            assert got_ids[0] == top.indices[0].item()
+            torch.testing.assert_close(got_lps, top.values, atol=1e-4, rtol=0)
+            assert abs(got["token_logprobs"][step] - ref[ref_ids[step]].item()) < 1e-4
