@@ -27,6 +27,7 @@ class FinishReason:
     STOP = "stop"  # eos, a stop token id or a stop string
     LENGTH = "length"  # max_tokens (or the model's context) reached
     ABORT = "abort"  # cancelled by the client or the server
+    ERROR = "error"  # the server could not run it (e.g. it can never fit the KV pool)
 
 
 @dataclass(frozen=True)

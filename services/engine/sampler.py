@@ -87,7 +87,9 @@ class Sampler:
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * n)
 
         x = logits.to(torch.float32, copy=True)
-        raw = x.clone() if any(r.params.logprobs is not None for r in rows) else None
+        want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        # Logprobs are of the raw distribution, so they are taken before any processing.
+        raw_logprobs = torch.log_softmax(x[_index(want, x.device)], dim=-1) if want else None
         _apply_penalties(x, rows)
         _suppress_stops(x, rows, eos_token_ids)
 
@@ -101,7 +103,9 @@ class Sampler:
             idx = _index(sampled, x.device)
             tokens[idx] = _sample(x[idx], [rows[i] for i in sampled])
         token_list = tokens.tolist()
-        logprobs = _logprobs(raw, tokens, rows) if raw is not None else [None] * n
+        logprobs: list[TokenLogprobs | None] = [None] * n
+        if raw_logprobs is not None:
+            _fill_logprobs(logprobs, raw_logprobs, want, tokens, rows)
         return SamplerOutput(token_list, logprobs)
 
 
@@ -202,43 +206,53 @@ def _top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Ten
     """Keep, per row, every token whose logit is >= the cutoff logit (ties at the cutoff are kept).
 
     The cutoff is the n-th largest logit, n = min(top_k, the fewest tokens whose probability after
-    top-k reaches top_p); the top token is always kept.
+    top-k reaches top_p); the top token is always kept. Only a row with top-p but no top-k needs a
+    full sort; otherwise ``topk(max top_k)`` gives all the sorted logits that matter.
     """
     m, vocab = x.shape
     device = x.device
-    sorted_x, _ = x.sort(dim=-1, descending=True)
-    k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)
+    top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]  # 0: no top-k for this row
+    unfiltered = [k == 0 and p.top_p >= 1.0 for k, p in zip(top_k, params, strict=True)]
+    if all(unfiltered):
+        return x
+    if any(k == 0 and p.top_p < 1.0 for k, p in zip(top_k, params, strict=True)):
+        width = vocab
+        sorted_x = x.sort(dim=-1, descending=True).values
+    else:
+        width = max(top_k)
+        sorted_x = x.topk(width, dim=-1).values
+    k = torch.tensor([kk or width for kk in top_k], device=device)
     keep = k
     if any(p.top_p < 1.0 for p in params):
-        positions = torch.arange(vocab, device=device)[None, :]
+        positions = torch.arange(width, device=device)[None, :]
         probs = sorted_x.masked_fill(positions >= k[:, None], float("-inf")).softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
         top_p = torch.tensor([p.top_p for p in params], device=device)
         keep_p = (mass_before < top_p[:, None]).sum(dim=-1).clamp(min=1)
-        keep_p = torch.where(top_p >= 1.0, vocab, keep_p)
-        keep = torch.minimum(k, keep_p)
+        keep = torch.minimum(k, torch.where(top_p >= 1.0, width, keep_p))
     cutoff = sorted_x.gather(1, (keep - 1)[:, None])
+    cutoff = cutoff.masked_fill(torch.tensor(unfiltered, device=device)[:, None], float("-inf"))
     return x.masked_fill(x < cutoff, float("-inf"))
 
 
-def _logprobs(
-    raw: torch.Tensor, tokens: torch.Tensor, rows: Sequence[SamplingRow]
-) -> list[TokenLogprobs | None]:
-    """Logprobs of the raw distribution for the rows that asked, with one top-k over those rows."""
-    want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-    idx = _index(want, raw.device)
-    logprobs = torch.log_softmax(raw[idx], dim=-1)
-    chosen = tokens[idx]
+def _fill_logprobs(
+    out: list[TokenLogprobs | None],
+    logprobs: torch.Tensor,
+    want: list[int],
+    tokens: torch.Tensor,
+    rows: Sequence[SamplingRow],
+) -> None:
+    """Set ``out[i]`` for each row i in ``want``; ``logprobs[j]`` is the raw log_softmax of row want[j]."""
+    chosen = tokens[_index(want, tokens.device)]
     chosen_lp = logprobs.gather(1, chosen[:, None])
     ranks = ((logprobs > chosen_lp).sum(dim=-1) + 1).tolist()
     chosen_ids, chosen_vals = chosen.tolist(), chosen_lp[:, 0].tolist()
-    top_n = max(rows[i].params.logprobs or 0 for i in want)
+    top_n = min(max(rows[i].params.logprobs or 0 for i in want), logprobs.shape[1])
     top_vals: list[list[float]] = [[] for _ in want]
     top_ids: list[list[int]] = [[] for _ in want]
     if top_n > 0:
-        vals, ids = logprobs.topk(min(top_n, logprobs.shape[1]), dim=-1)
+        vals, ids = logprobs.topk(top_n, dim=-1)  # sorted, best first
         top_vals, top_ids = vals.tolist(), ids.tolist()
-    out: list[TokenLogprobs | None] = [None] * len(rows)
     for j, i in enumerate(want):
         n = rows[i].params.logprobs or 0
         out[i] = TokenLogprobs(
@@ -247,4 +261,3 @@ def _logprobs(
             rank=ranks[j],
             top=list(zip(top_ids[j][:n], top_vals[j][:n], strict=True)),
         )
-    return out

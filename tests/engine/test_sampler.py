@@ -182,6 +182,22 @@ def test_truncation_never_samples_outside_the_allowed_set(logits, temperature, t
     assert set(out.token_ids) <= allowed
 
 
+def test_truncation_holds_per_row_in_a_mixed_batch():
+    """Rows with different filters share one batch (and the full-sort path); each keeps its own set."""
+    gen = torch.Generator().manual_seed(10)
+    filters = [dict(top_k=3), dict(top_p=0.5), dict(), dict(top_k=20, top_p=0.3), dict(min_p=0.5),
+               dict(top_k=1, min_p=0.1), dict(temperature=0.0)]
+    for trial in range(20):
+        logits = torch.randn(len(filters), 100, generator=gen) * 2
+        rows = [row(seed=trial * 10 + i, **f) for i, f in enumerate(filters)]
+        out = sampler(logits, rows)
+        for i, f in enumerate(filters):
+            if f.get("temperature") == 0.0:
+                assert out.token_ids[i] == int(logits[i].argmax())
+            else:
+                assert out.token_ids[i] in allowed_tokens(logits[i].tolist(), rows[i].params)
+
+
 def test_top_k_one_and_tiny_top_p_are_greedy():
     logits = torch.randn(10, 30, generator=torch.Generator().manual_seed(5))
     for params in (dict(top_k=1), dict(top_p=1e-6)):
@@ -192,6 +208,7 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
 def test_sampling_frequencies_follow_the_distribution():
     logits = torch.tensor([1.0, 0.0, -1.0, 2.0, -10.0])
     probs = logits.softmax(-1)
+    torch.manual_seed(0)  # the unseeded draw uses the default generator
     unseeded = sampler(logits.repeat(20_000, 1), [row()] * 20_000).token_ids
     seeded = sampler(logits.repeat(4_000, 1), [row(seed=s) for s in range(4_000)]).token_ids
     for draws, tol in ((unseeded, 0.015), (seeded, 0.03)):
@@ -282,3 +299,23 @@ def test_logprobs_are_of_the_raw_distribution(dtype):
         for token, value in lp.top:
             assert value == pytest.approx(float(ref[i, token]), abs=1e-6)
     assert out.logprobs[0].rank == 1  # greedy without penalties takes the best token
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_seeded_rows_are_batch_invariant_and_filters_hold():
+    gen = torch.Generator().manual_seed(9)
+    vocab = 32_000
+    target = row(prompt=[1, 2], output=[3], temperature=0.8, top_k=50, top_p=0.9, min_p=0.02, seed=77,
+                 frequency_penalty=0.5, logprobs=4)
+    target_logits = (torch.randn(vocab, generator=gen) * 3).cuda()
+    alone = sampler(target_logits[None, :], [target])
+    logits = (torch.randn(16, vocab, generator=gen) * 3).cuda()
+    logits[5] = target_logits
+    rows = random_rows(16, vocab, gen)
+    rows[5] = target
+    out = sampler(logits, rows)
+    assert out.token_ids[5] == alone.token_ids[0]
+    assert out.logprobs[5] == alone.logprobs[0]
+    assert alone.token_ids[0] in set(target_logits.topk(50).indices.tolist())
+    greedy = [i for i, r in enumerate(rows) if r.params.is_greedy and not r.params.has_penalties]
+    assert [out.token_ids[i] for i in greedy] == logits[greedy].argmax(-1).tolist()
