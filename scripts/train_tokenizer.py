@@ -95,7 +95,11 @@ def build_corpus() -> str:
     parts: list[str] = []
     for path in sorted(stdlib.rglob("*.py")):
         rel = path.relative_to(stdlib)
-        if rel.parts[0] in _SKIP_TOP or rel.parts[0].startswith("config-") or {"test", "tests"} & set(rel.parts):
+        if (
+            rel.parts[0] in _SKIP_TOP
+            or rel.parts[0].startswith("config-")
+            or {"test", "tests"} & set(rel.parts)
+        ):
             continue
         for doc in _docstrings(ast.parse(path.read_text(encoding="utf-8"))):
             size = len(doc.encode()) + 2
@@ -131,10 +135,16 @@ def train(corpus: str) -> Tokenizer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--build-corpus", action="store_true", help="rebuild corpus.txt from this Python's stdlib")
-    mode.add_argument("--check", action="store_true", help="verify tokenizer.json matches a fresh training run")
+    mode.add_argument(
+        "--build-corpus", action="store_true", help="rebuild corpus.txt from this Python's stdlib"
+    )
+    mode.add_argument(
+        "--check", action="store_true", help="verify tokenizer.json matches a fresh training run"
+    )
     args = parser.parse_args(argv)
 
     if args.build_corpus:
@@ -147,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     TOKENIZER_PATH.write_text(text, encoding="utf-8", newline="\n")
-    sys.stdout.write(f"wrote {TOKENIZER_PATH} ({VOCAB_SIZE} tokens) from {len(corpus.encode())} corpus bytes\n")
+    sys.stdout.write(
+        f"wrote {TOKENIZER_PATH} ({VOCAB_SIZE} tokens) from {len(corpus.encode())} corpus bytes\n"
+    )
     return 0
 
 

@@ -6,12 +6,14 @@ import argparse
 import logging
 import sys
 
-from services.common.errors import SeawallError
 from seawall.commands import COMMANDS
+from services.common.errors import SeawallError
+
+DESCRIPTION = "Seawall: an LLM serving mesh that stays fast when traffic arrives in bursts."
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="seawall", description=__doc__)
+    parser = argparse.ArgumentParser(prog="seawall", description=DESCRIPTION)
     parser.add_argument("--log-level", default="WARNING", help="Python logging level (default: WARNING)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:

@@ -1,5 +1,6 @@
 """Subcommands of the ``seawall`` CLI; each module exposes ``register(subparsers)`` and sets ``func``."""
 
-from seawall.commands import model
+from seawall.commands import model, run_batch, up
 
-COMMANDS = [model]
+# In the order ``seawall --help`` lists them.
+COMMANDS = [up, run_batch, model]

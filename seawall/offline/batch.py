@@ -14,9 +14,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.errors import SeawallError
-from services.common.sampling_params import SamplingParams
 from seawall.offline.engine import Completion, OfflineEngine
+from services.common.errors import InvalidArgument, SeawallError
+from services.common.sampling_params import SamplingParams
 
 SUPPORTED_URLS = ("/v1/completions",)
 
@@ -127,7 +127,5 @@ def _error_line(item: BatchItem, error: SeawallError) -> dict:
             "error": {"code": error.grpc_code.lower(), "message": message}}
 
 
-def _bad(message: str):
-    from services.common.errors import InvalidArgument
-
+def _bad(message: str) -> InvalidArgument:
     return InvalidArgument(message)

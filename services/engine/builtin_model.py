@@ -115,13 +115,25 @@ _POSITIVE_INT_FIELDS = (
 )  # fmt: skip
 _POSITIVE_FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_LLAMA3_ROPE_KEYS = {"rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+_LLAMA3_ROPE_KEYS = {
+    "rope_type",
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+}
 
-# Init scheme (see _weight_specs). Logits have a std of about LOGIT_STD, so the top-1/top-2 gap is far above
-# bf16 rounding and greedy decoding is stable across implementations; every layer adds O(1) per channel to
-# the residual stream, so the output is not dominated by the current token's (tied) embedding.
-LOGIT_STD = 4.0
-NORM_NOISE_STD = 0.1
+# Init scheme (see _weight_specs), tuned on greedy decoding of random weights: it should wander instead of
+# looping on a token or two, with a top-1/top-2 logit gap far above float rounding (median ~1). Sharper
+# attention (a larger QK_GAIN) wanders more but amplifies float32 kernel differences: at 3.0 engine and
+# transformers logprobs differ by ~3e-4 at 720 tokens, at 1.5 by ~3e-5, inside the oracle test's 1e-4.
+LOGIT_STD = 5.0  # std of the logits
+QK_GAIN = 1.5  # q and k std multiplier: attention scores have std ~QK_GAIN**2
+RESIDUAL_WRITE_GAIN = 3.0  # o_proj and down_proj std multiplier: layers outweigh the (tied) input embedding
+FINAL_NORM_GAIN = (
+    4.0  # model.norm.weight scale; the output embedding is that much smaller (see _weight_specs)
+)
+NORM_NOISE_STD = 0.1  # RMSNorm weights are gain * (1 + N(0, NORM_NOISE_STD))
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -155,7 +167,9 @@ def _validate_fields(cfg: dict[str, Any]) -> None:
         if isinstance(cfg[key], bool) or not isinstance(cfg[key], int | float) or cfg[key] <= 0:
             raise InvalidArgument(f"{key} must be a positive number, got {cfg[key]!r}")
     if not isinstance(cfg["tie_word_embeddings"], bool):
-        raise InvalidArgument(f"tie_word_embeddings must be true or false, got {cfg['tie_word_embeddings']!r}")
+        raise InvalidArgument(
+            f"tie_word_embeddings must be true or false, got {cfg['tie_word_embeddings']!r}"
+        )
     if cfg["torch_dtype"] not in _DTYPES:
         raise InvalidArgument(f"torch_dtype must be one of {sorted(_DTYPES)}, got {cfg['torch_dtype']!r}")
     _validate_rope_scaling(cfg["rope_scaling"])
@@ -168,7 +182,9 @@ def _validate_fields(cfg: dict[str, Any]) -> None:
         raise InvalidArgument(f"head_dim must be even for rotary embeddings, got {cfg['head_dim']}")
     tokenizer_vocab = _tokenizer().get_vocab_size()
     if cfg["vocab_size"] < tokenizer_vocab:
-        raise InvalidArgument(f"vocab_size must be at least the tokenizer's {tokenizer_vocab}, got {cfg['vocab_size']}")
+        raise InvalidArgument(
+            f"vocab_size must be at least the tokenizer's {tokenizer_vocab}, got {cfg['vocab_size']}"
+        )
 
 
 def resolve_config(preset: str = "tiny", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -212,32 +228,36 @@ def hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
 def _weight_specs(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...], float, float]]:
     """``(name, shape, mean, std)`` for every tensor, in Hugging Face module order.
 
-    Init scheme: projections reading the residual stream (q, k, v, gate, up) and those writing it (o, down)
-    have std ``1/sqrt(fan_in)``, so each keeps unit variance per channel. RMSNorm weights are
-    ``1 + N(0, NORM_NOISE_STD)``. The output embedding has std ``LOGIT_STD/sqrt(hidden)``, giving logits of
-    std ~LOGIT_STD; when tied, that is also the input embedding, which then is small next to what the
-    layers add, so greedy decoding does not just repeat the last token. Untied input embeddings have std 1.
+    Init scheme (all approximately normal, see :func:`_approx_normal`): v, gate and up have std
+    ``1/sqrt(fan_in)``, keeping unit variance per channel; q and k ``QK_GAIN/sqrt(fan_in)``; o and down,
+    which write the residual stream, ``RESIDUAL_WRITE_GAIN/sqrt(fan_in)``. Layer RMSNorm weights are
+    ``1 + N(0, NORM_NOISE_STD)``; the final one is ``FINAL_NORM_GAIN`` times that, and the output embedding
+    has std ``LOGIT_STD/(FINAL_NORM_GAIN*sqrt(hidden))``, so logits have std ~LOGIT_STD. When tied, the output
+    embedding is also the input embedding: keeping it small next to what the layers add is what stops the
+    current token from predicting itself (token X's logit includes ``e_X . e_X``). Untied input embeddings
+    have std 1.
     """
     h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     q_dim = cfg["num_attention_heads"] * cfg["head_dim"]
     kv_dim = cfg["num_key_value_heads"] * cfg["head_dim"]
-    out_std = LOGIT_STD / math.sqrt(h)
+    out_std = LOGIT_STD / (FINAL_NORM_GAIN * math.sqrt(h))
+    qk_std, write_std = QK_GAIN / math.sqrt(h), RESIDUAL_WRITE_GAIN / math.sqrt(q_dim)
     tied = cfg["tie_word_embeddings"]
     specs = [("model.embed_tokens.weight", (v, h), 0.0, out_std if tied else 1.0)]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         specs += [
-            (p + "self_attn.q_proj.weight", (q_dim, h), 0.0, h**-0.5),
-            (p + "self_attn.k_proj.weight", (kv_dim, h), 0.0, h**-0.5),
+            (p + "self_attn.q_proj.weight", (q_dim, h), 0.0, qk_std),
+            (p + "self_attn.k_proj.weight", (kv_dim, h), 0.0, qk_std),
             (p + "self_attn.v_proj.weight", (kv_dim, h), 0.0, h**-0.5),
-            (p + "self_attn.o_proj.weight", (h, q_dim), 0.0, q_dim**-0.5),
+            (p + "self_attn.o_proj.weight", (h, q_dim), 0.0, write_std),
             (p + "mlp.gate_proj.weight", (inter, h), 0.0, h**-0.5),
             (p + "mlp.up_proj.weight", (inter, h), 0.0, h**-0.5),
-            (p + "mlp.down_proj.weight", (h, inter), 0.0, inter**-0.5),
+            (p + "mlp.down_proj.weight", (h, inter), 0.0, RESIDUAL_WRITE_GAIN / math.sqrt(inter)),
             (p + "input_layernorm.weight", (h,), 1.0, NORM_NOISE_STD),
             (p + "post_attention_layernorm.weight", (h,), 1.0, NORM_NOISE_STD),
         ]
-    specs.append(("model.norm.weight", (h,), 1.0, NORM_NOISE_STD))
+    specs.append(("model.norm.weight", (h,), FINAL_NORM_GAIN, FINAL_NORM_GAIN * NORM_NOISE_STD))
     if not tied:
         specs.append(("lm_head.weight", (v, h), 0.0, out_std))
     return specs
@@ -248,7 +268,9 @@ def _tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-def _approx_normal(shape: tuple[int, ...], mean: float, std: float, generator: torch.Generator) -> torch.Tensor:
+def _approx_normal(
+    shape: tuple[int, ...], mean: float, std: float, generator: torch.Generator
+) -> torch.Tensor:
     """Float64 samples with the given mean and std, bit-identical on every CPU.
 
     ``torch.randn`` takes ISA-specific vectorised paths (its log/cos differ in the last bits between AVX2,
@@ -429,15 +451,21 @@ def init_model(
         raise InvalidArgument(f"seed must be a non-negative integer, got {seed!r}")
     num_tensors = len(_weight_specs(cfg))
     if isinstance(num_shards, bool) or not isinstance(num_shards, int) or not 1 <= num_shards <= num_tensors:
-        raise InvalidArgument(f"num_shards must be an integer from 1 to {num_tensors} (the tensor count), got {num_shards!r}")
+        raise InvalidArgument(
+            f"num_shards must be an integer from 1 to {num_tensors} (the tensor count), got {num_shards!r}"
+        )
     out = Path(out_dir).expanduser().absolute()
     if out.exists() and not out.is_dir():
         raise InvalidArgument(f"{out} exists and is not a directory")
     replace = _is_non_empty_dir(out)
     if replace and not overwrite:
-        raise InvalidArgument(f"{out} already exists and is not empty; choose another directory or overwrite it")
+        raise InvalidArgument(
+            f"{out} already exists and is not empty; choose another directory or overwrite it"
+        )
     if replace and not (out / "config.json").is_file():
-        raise InvalidArgument(f"refusing to overwrite {out}: it is not empty and holds no config.json (not a model)")
+        raise InvalidArgument(
+            f"refusing to overwrite {out}: it is not empty and holds no config.json (not a model)"
+        )
 
     tmp = _build_beside(out, cfg, seed, num_shards)
     if replace:
@@ -475,5 +503,7 @@ def ensure_default_model(preset: str = "tiny") -> Path:
     tmp = _build_beside(out, cfg, seed=0, num_shards=1)
     _rename_into_place(tmp, out)  # False means another process won; its copy is identical
     if not is_complete(out):
-        raise ModelLoadError(f"built-in model at {out} is incomplete after initialisation; delete it and retry")
+        raise ModelLoadError(
+            f"built-in model at {out} is incomplete after initialisation; delete it and retry"
+        )
     return out

@@ -1,0 +1,61 @@
+"""``seawall model``: create the built-in random-weight Llama checkpoint (offline) and locate the default one.
+
+seawall model init DIR [--preset tiny|small] [--seed N] [--shards N] [--force]
+seawall model path
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from services.common.errors import InvalidArgument
+from services.engine import builtin_model
+
+
+def _init(args: argparse.Namespace) -> int:
+    out = args.dir.expanduser().absolute()
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise InvalidArgument(f"{out} already exists and is not empty; pass --force to replace it")
+    path = builtin_model.init_model(
+        out, preset=args.preset, seed=args.seed, num_shards=args.shards, overwrite=args.force
+    )
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+def _path(args: argparse.Namespace) -> int:
+    sys.stdout.write(f"{builtin_model.ensure_default_model()}\n")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``model init`` and ``model path`` to the ``seawall`` parser."""
+    model = subparsers.add_parser("model", help="create or locate the built-in model", description=__doc__)
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+
+    init = model_sub.add_parser(
+        "init",
+        help="write a random-weight Llama checkpoint (Hugging Face format) with the built-in tokenizer",
+        description="Write a random-weight Llama checkpoint in Hugging Face format with the built-in tokenizer. "
+        "Nothing is downloaded; the same preset and seed always give byte-identical files.",
+    )
+    init.add_argument(
+        "dir", type=Path, metavar="DIR", help="output directory (missing or empty unless --force)"
+    )
+    init.add_argument(
+        "--preset", default="tiny", choices=sorted(builtin_model.PRESETS), help="model size (default: tiny)"
+    )
+    init.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    init.add_argument("--shards", type=int, default=1, help="number of safetensors files (default: 1)")
+    init.add_argument("--force", action="store_true", help="replace DIR if it already holds a model")
+    init.set_defaults(func=_init)
+
+    path = model_sub.add_parser(
+        "path",
+        help="print the built-in default model's directory, creating it if missing",
+        description="Print the directory of the built-in default model ($SEAWALL_CACHE_DIR/models/...), "
+        "creating it first if it does not exist.",
+    )
+    path.set_defaults(func=_path)

@@ -1,0 +1,120 @@
+"""``seawall run-batch`` at its edges: bad lines, bad models, stop strings, preemption under a small pool."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from seawall.cli import main
+from services.common.sampling_params import SamplingParams
+from services.engine.config import EngineConfig
+from services.scheduler.core.scheduler import SchedulerConfig
+
+
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _req(custom_id, **body):
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
+
+
+def _run(tmp_path, model_dir, rows, *flags):
+    src = _write(tmp_path / "in.jsonl", rows)
+    dst = tmp_path / "out.jsonl"
+    code = main(["run-batch", "-i", str(src), "-o", str(dst), "--model", str(model_dir), *flags])
+    return code, [json.loads(x) for x in dst.read_text().splitlines()] if dst.exists() else []
+
+
+def test_bad_lines_get_400_and_the_others_still_run(tmp_path, tiny_model_dir):
+    rows = [
+        _req("ok", prompt="Hello there", max_tokens=4, temperature=0),
+        "{not json",
+        _req("temp", prompt="x", temperature="hot"),
+        _req("neg", prompt="x", max_tokens=0),
+        _req("topp", prompt="x", top_p=1.5),
+        {"custom_id": "url", "method": "POST", "url": "/v1/embeddings", "body": {"prompt": "x"}},
+        _req("long", prompt=[5] * 5000),
+        _req("vocab", prompt=[1, 2, 99999]),
+        _req("empty", prompt=""),
+        _req("noprompt", max_tokens=3),
+        _req("ok2", prompt=[10, 11, 12], max_tokens=3, temperature=0),
+    ]
+    code, out = _run(tmp_path, tiny_model_dir, rows)
+    assert code == 0
+    by_id = {r["custom_id"]: r for r in out}
+    assert len(out) == len(rows)
+    for cid in ("ok", "ok2"):
+        body = by_id[cid]["response"]["body"]
+        assert by_id[cid]["response"]["status_code"] == 200 and by_id[cid]["error"] is None
+        assert len(body["choices"][0]["token_ids"]) == body["usage"]["completion_tokens"] > 0
+    expected = {"temp": "temperature", "neg": "max_tokens", "topp": "top_p", "url": "/v1/completions",
+                "long": "context", "vocab": "vocabulary", "empty": "empty", "noprompt": "prompt"}
+    for cid, word in expected.items():
+        resp = by_id[cid]["response"]
+        assert resp["status_code"] == 400, (cid, resp)
+        assert word in resp["body"]["error"]["message"], (cid, resp)
+    bad_json = [r for r in out if r["custom_id"] is None]
+    assert bad_json and "not valid JSON" in bad_json[0]["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("make_dir", "message"),
+    [
+        (lambda p: p / "missing", "does not exist"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "no config.json"),
+    ],
+)
+def test_unusable_model_dirs_give_one_clear_line(tmp_path, capsys, make_dir, message):
+    src = _write(tmp_path / "in.jsonl", [_req("a", prompt="hi")])
+    code = main(["run-batch", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), "--model", str(make_dir(tmp_path))])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_malformed_checkpoint_names_the_problem(tmp_path, capsys, tiny_model_dir):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (broken / name).write_bytes((tiny_model_dir / name).read_bytes())
+    (broken / "model.safetensors").write_bytes(b"\x00" * 64)
+    src = _write(tmp_path / "in.jsonl", [_req("a", prompt="hi")])
+    code = main(["run-batch", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), "--model", str(broken)])
+    err = capsys.readouterr().err
+    assert code == 2 and "model.safetensors" in err and "Traceback" not in err
+    (broken / "config.json").write_text("{broken")
+    assert main(["run-batch", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), "--model", str(broken)]) == 2
+    assert "config.json is not valid JSON" in capsys.readouterr().err
+
+
+def test_stop_strings_cut_the_text(tmp_path, tiny_model_dir):
+    from seawall.offline.engine import OfflineEngine
+
+    engine = OfflineEngine(EngineConfig(model=str(tiny_model_dir)))
+    prompt = engine.encode("The quick brown fox")
+    free = engine.generate([prompt], [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)])[0]
+    assert len(free.text) > 4
+    stop = free.text[2:5]
+    cut = engine.generate([prompt], [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True,
+                                                    stop=(stop,))])[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == free.text[: free.text.index(stop)]
+    assert cut.token_ids == free.token_ids[: len(cut.token_ids)]
+
+
+def test_recompute_preemption_under_a_small_pool_keeps_outputs(tiny_model_dir):
+    from seawall.offline.engine import OfflineEngine
+
+    prompts = [[(13 * i + j) % 3000 + 20 for j in range(40 + 9 * i)] for i in range(8)]
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)] * len(prompts)
+    roomy = OfflineEngine(EngineConfig(model=str(tiny_model_dir)), SchedulerConfig(chunk_size=32))
+    expected = [c.token_ids for c in roomy.generate(prompts, params)]
+    block_bytes = roomy.runner.layout.bytes_per_block
+    tight = OfflineEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=24 * block_bytes),
+                          SchedulerConfig(chunk_size=32))
+    got = tight.generate(prompts, params)
+    assert sum(c.num_preemptions for c in got) > 0, "the pool was meant to force preemptions"
+    assert [c.token_ids for c in got] == expected
+    assert tight.blocks.num_free == tight.blocks.num_blocks
