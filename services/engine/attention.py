@@ -1,36 +1,59 @@
 """Paged attention over a mixed batch of decodes and prompt chunks (gather + SDPA).
 
 The step's tokens are flattened: ``[T, heads, head_dim]``. Every token's K/V is first written into its slot
-(block id, offset). Then:
+(block id, offset). Then three kinds of groups attend:
 
-* decodes (one query token each) are batched: their block tables are padded to the longest context,
-  gathered in one indexing op, and masked by context length;
-* each prompt chunk attends to its cached prefix and causally within itself::
+* **decodes** (one query token each), bucketed by context length so padding stays small: a bucket's
+  block tables are padded to its longest context, gathered in one ``index_select``, masked by length;
+* **fresh chunks** (no cached prefix) of equal length, laid out back to back: one causal SDPA call over
+  their own K/V, no gather at all (a whole-prompt prefill is this case);
+* **continuing chunks** (a cached prefix): each gathers prefix + chunk and attends causally with offset::
 
       keys:    [ 0 ............ start | start ......... start+q )
       query i: sees keys j <= start + i
 
-Gather + SDPA won over a per-sequence loop for decodes on the CPU (bench/attention_impl.py); the layout
-keeps a block's K (or V) of one layer contiguous, so the gather copies whole ``block_size`` rows.
+Measured in bench/attention_impl.py: ``index_select`` on the flattened block rows gathers ~5x faster than
+advanced indexing of the strided per-layer view, and length buckets beat padding every decode to the
+longest. A C kernel reading blocks in place (no gather) was 5x faster in isolation but slower inside the
+engine on this 2-core CPU (docs/design.md), so it was not kept.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 
 @dataclass
-class ChunkAttention:
-    """One prompt chunk: its tokens are ``[token_start, token_start + num_tokens)`` of the flat batch."""
+class DecodeGroup:
+    """Decodes of similar context length; their tokens are ``[token_start, token_start + size)``."""
+
+    token_start: int
+    size: int
+    block_tables: torch.Tensor  # [size, max_blocks], padded with block 0 (masked out)
+    mask: torch.Tensor  # [size, 1, 1, max_blocks * block_size] bool: key is inside the context
+
+
+@dataclass
+class FreshChunks:
+    """``count`` prompt chunks of ``length`` tokens with no cached prefix, back to back from ``token_start``."""
+
+    token_start: int
+    count: int
+    length: int
+
+
+@dataclass
+class PrefixChunk:
+    """A prompt chunk after a cached prefix: tokens ``[token_start, token_start + num_tokens)``."""
 
     token_start: int
     num_tokens: int
     context_len: int  # cached prefix + this chunk
     block_table: torch.Tensor  # [ceil(context_len / block_size)] block ids
-    mask: torch.Tensor | None  # [num_tokens, context_len] bool, None when there is no prefix (pure causal)
+    mask: torch.Tensor  # [num_tokens, context_len] bool
 
 
 @dataclass
@@ -39,14 +62,9 @@ class AttentionBatch:
 
     slot_blocks: torch.Tensor  # [T] block id of each token's slot
     slot_offsets: torch.Tensor  # [T] offset inside the block
-    decode_token_index: torch.Tensor  # [D] positions of decode tokens in the flat batch
-    decode_block_tables: torch.Tensor  # [D, max_blocks] padded with block 0 (masked out)
-    decode_mask: torch.Tensor  # [D, 1, 1, max_blocks * block_size] bool: key is inside the context
-    chunks: list[ChunkAttention]
-
-    @property
-    def num_decodes(self) -> int:
-        return int(self.decode_token_index.shape[0])
+    decodes: list[DecodeGroup] = field(default_factory=list)
+    fresh: list[FreshChunks] = field(default_factory=list)
+    prefixed: list[PrefixChunk] = field(default_factory=list)
 
 
 def paged_attention(
@@ -61,28 +79,36 @@ def paged_attention(
     k_cache[batch.slot_blocks, batch.slot_offsets] = k
     v_cache[batch.slot_blocks, batch.slot_offsets] = v
     out = torch.empty_like(q)
-    if batch.num_decodes:
-        idx = batch.decode_token_index
-        keys = _gather(k_cache, batch.decode_block_tables)
-        values = _gather(v_cache, batch.decode_block_tables)
+    for g in batch.decodes:
+        span = slice(g.token_start, g.token_start + g.size)
         o = F.scaled_dot_product_attention(
-            q[idx].unsqueeze(2), keys, values, attn_mask=batch.decode_mask, enable_gqa=True
+            q[span].unsqueeze(2), gather(k_cache, g.block_tables), gather(v_cache, g.block_tables),
+            attn_mask=g.mask, enable_gqa=True,
         )
-        out[idx] = o.squeeze(2)
-    for chunk in batch.chunks:
-        span = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
-        keys = _gather(k_cache, chunk.block_table[None])[:, :, : chunk.context_len]
-        values = _gather(v_cache, chunk.block_table[None])[:, :, : chunk.context_len]
-        query = q[span].transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=True
-        )
+        out[span] = o.squeeze(2)
+    for g in batch.fresh:
+        span = slice(g.token_start, g.token_start + g.count * g.length)
+
+        def heads_first(x: torch.Tensor, g: FreshChunks = g) -> torch.Tensor:
+            return x.view(g.count, g.length, x.shape[1], x.shape[2]).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(heads_first(q[span]), heads_first(k[span]), heads_first(v[span]),
+                                           is_causal=True, enable_gqa=True)
+        out[span] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
+    for c in batch.prefixed:
+        span = slice(c.token_start, c.token_start + c.num_tokens)
+        table = c.block_table[None]
+        keys = gather(k_cache, table)[:, :, : c.context_len]
+        values = gather(v_cache, table)[:, :, : c.context_len]
+        o = F.scaled_dot_product_attention(q[span].transpose(0, 1).unsqueeze(0), keys, values,
+                                           attn_mask=c.mask, enable_gqa=True)
         out[span] = o.squeeze(0).transpose(0, 1)
     return out
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """``[B, n]`` block ids → ``[B, Hkv, n * block_size, D]`` keys or values."""
+def gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """``[B, n]`` block ids → ``[B, Hkv, n * block_size, D]`` keys or values of those blocks."""
+    num_blocks, block_size, heads, dim = cache.shape
     b, n = block_tables.shape
-    blocks = cache[block_tables]  # [B, n, block_size, Hkv, D]
-    return blocks.reshape(b, n * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
+    rows = cache.flatten(1).index_select(0, block_tables.reshape(-1))  # one contiguous row per block
+    return rows.view(b, n * block_size, heads, dim).transpose(1, 2)

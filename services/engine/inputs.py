@@ -1,18 +1,28 @@
 """Turns a step plan into model inputs: pure CPU bookkeeping, unit-tested without a model.
 
-Each sequence the worker knows is a ``SequenceState``. ``prepare_inputs`` lays the scheduled tokens out flat —
-decodes (one token) first, then prompt chunks — and computes positions, KV slots, block tables, masks and the
-indices of the tokens whose logits are sampled.
+Each sequence the worker knows is a ``SequenceState``. ``prepare_inputs`` lays the scheduled tokens out flat,
+in the order attention groups them::
+
+    [ decodes, short contexts → long | fresh chunks, grouped by length | chunks after a cached prefix ]
+
+and computes positions, KV slots, block tables, masks and the flat indices of the tokens whose logits are
+sampled (a sequence samples when this step reaches the end of the tokens it knows).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 
 from services.common.sampling_params import SamplingParams
-from services.engine.attention import AttentionBatch, ChunkAttention
+from services.engine.attention import AttentionBatch, DecodeGroup, FreshChunks, PrefixChunk
+
+# A decode bucket closes when the next context needs this many times the bucket's first block count:
+# padding wastes at most ~1/3 of a bucket's attention work, and few buckets keep SDPA calls few.
+_BUCKET_RATIO = 1.5
+_MAX_DECODE_BUCKETS = 4
 
 
 @dataclass
@@ -40,68 +50,81 @@ def prepare_inputs(
     scheduled: list[tuple[SequenceState, int]], block_size: int, device: torch.device
 ) -> StepInputs:
     """``scheduled``: (sequence, number of tokens to run). Raises ``ValueError`` on an inconsistent plan."""
-    decodes = [(s, n) for s, n in scheduled if n == 1]
-    chunks = [(s, n) for s, n in scheduled if n > 1]
+    for seq, n in scheduled:
+        _check(seq, n, block_size)
+    decodes = sorted((s for s, n in scheduled if n == 1), key=lambda s: s.num_computed)
+    fresh = sorted(((s, n) for s, n in scheduled if n > 1 and s.num_computed == 0), key=lambda sn: sn[1])
+    prefixed = [(s, n) for s, n in scheduled if n > 1 and s.num_computed > 0]
+    ordered = [(s, 1) for s in decodes] + fresh + prefixed
+
     ids: list[int] = []
     positions: list[int] = []
-    slot_blocks: list[int] = []
-    slot_offsets: list[int] = []
     logits_index: list[int] = []
     sample_ids: list[str] = []
-    for seq, n in decodes + chunks:
+    for seq, n in ordered:
         start = seq.num_computed
-        end = start + n
-        if end > len(seq.token_ids):
-            raise ValueError(f"sequence {seq.seq_id}: {n} tokens scheduled from {start}, only "
-                             f"{len(seq.token_ids)} known")
-        if -(-end // block_size) > len(seq.block_ids):
-            raise ValueError(f"sequence {seq.seq_id}: {end} tokens need {-(-end // block_size)} blocks, "
-                             f"has {len(seq.block_ids)}")
-        flat_start = len(ids)
-        ids.extend(seq.token_ids[start:end])
-        pos = range(start, end)
-        positions.extend(pos)
-        slot_blocks.extend(seq.block_ids[p // block_size] for p in pos)
-        slot_offsets.extend(p % block_size for p in pos)
-        if end == len(seq.token_ids):
-            logits_index.append(flat_start + n - 1)
+        ids.extend(seq.token_ids[start : start + n])
+        positions.extend(range(start, start + n))
+        if start + n == len(seq.token_ids):
+            logits_index.append(len(ids) - 1)
             sample_ids.append(seq.seq_id)
-    attention = AttentionBatch(
-        slot_blocks=_t(slot_blocks, device),
-        slot_offsets=_t(slot_offsets, device),
-        decode_token_index=torch.arange(len(decodes), device=device),
-        decode_block_tables=_t([], device).view(0, 0),
-        decode_mask=torch.empty(0, dtype=torch.bool, device=device),
-        chunks=[],
-    )
-    if decodes:
-        _decode_metadata(attention, [s for s, _ in decodes], block_size, device)
-    offset = len(decodes)
-    for seq, n in chunks:
-        attention.chunks.append(_chunk_metadata(seq, n, offset, block_size, device))
+    slot_blocks = [seq.block_ids[p // block_size] for seq, n in ordered
+                   for p in range(seq.num_computed, seq.num_computed + n)]
+    attention = AttentionBatch(_t(slot_blocks, device), _t([p % block_size for p in positions], device))
+
+    offset = 0
+    for bucket in _decode_buckets(decodes, block_size):
+        attention.decodes.append(_decode_group(bucket, offset, block_size, device))
+        offset += len(bucket)
+    for length, group in groupby(fresh, key=lambda sn: sn[1]):
+        count = len(list(group))
+        attention.fresh.append(FreshChunks(offset, count, length))
+        offset += count * length
+    for seq, n in prefixed:
+        attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device))
         offset += n
     return StepInputs(_t(ids, device), _t(positions, device), attention, _t(logits_index, device), sample_ids)
 
 
-def _decode_metadata(attention: AttentionBatch, seqs: list[SequenceState], block_size: int, device) -> None:
+def _check(seq: SequenceState, n: int, block_size: int) -> None:
+    end = seq.num_computed + n
+    if end > len(seq.token_ids):
+        raise ValueError(f"sequence {seq.seq_id}: {n} tokens scheduled from {seq.num_computed}, only "
+                         f"{len(seq.token_ids)} known")
+    if -(-end // block_size) > len(seq.block_ids):
+        raise ValueError(f"sequence {seq.seq_id}: {end} tokens need {-(-end // block_size)} blocks, "
+                         f"has {len(seq.block_ids)}")
+
+
+def _decode_buckets(decodes: list[SequenceState], block_size: int) -> list[list[SequenceState]]:
+    """Splits decodes sorted by context into buckets of similar block counts."""
+    buckets: list[list[SequenceState]] = []
+    for seq in decodes:
+        blocks = seq.num_computed // block_size + 1
+        if buckets and (len(buckets) == _MAX_DECODE_BUCKETS
+                        or blocks <= _BUCKET_RATIO * (buckets[-1][0].num_computed // block_size + 1)):
+            buckets[-1].append(seq)
+        else:
+            buckets.append([seq])
+    return buckets
+
+
+def _decode_group(seqs: list[SequenceState], token_start: int, block_size: int, device) -> DecodeGroup:
     context_lens = [s.num_computed + 1 for s in seqs]
-    max_blocks = max(-(-c // block_size) for c in context_lens)
-    tables = [s.block_ids[:max_blocks] + [0] * (max_blocks - min(max_blocks, len(s.block_ids))) for s in seqs]
-    attention.decode_block_tables = _t(tables, device)
+    max_blocks = -(-max(context_lens) // block_size)
+    tables = [(s.block_ids + [0] * max_blocks)[:max_blocks] for s in seqs]
     keys = torch.arange(max_blocks * block_size, device=device)
-    attention.decode_mask = (keys[None, :] < _t(context_lens, device)[:, None])[:, None, None, :]
+    mask = (keys[None, :] < _t(context_lens, device)[:, None])[:, None, None, :]
+    return DecodeGroup(token_start, len(seqs), _t(tables, device), mask)
 
 
-def _chunk_metadata(seq: SequenceState, n: int, token_start: int, block_size: int, device) -> ChunkAttention:
+def _prefix_chunk(seq: SequenceState, n: int, token_start: int, block_size: int, device) -> PrefixChunk:
     start = seq.num_computed
     context = start + n
     table = _t(seq.block_ids[: -(-context // block_size)], device)
-    mask = None
-    if start:
-        q = torch.arange(n, device=device)[:, None]
-        k = torch.arange(context, device=device)[None, :]
-        mask = k <= start + q
-    return ChunkAttention(token_start, n, context, table, mask)
+    q = torch.arange(n, device=device)[:, None]
+    k = torch.arange(context, device=device)[None, :]
+    return PrefixChunk(token_start, n, context, table, k <= start + q)
 
 
 def _t(values, device) -> torch.Tensor:
