@@ -14,6 +14,7 @@ import torch
 
 from services.common.errors import InvalidArgument
 from services.common.step import NewSequence, SampledToken, StepPlan, StepResult
+from services.engine.builtin_model import ensure_default_model
 from services.engine.config import EngineConfig
 from services.engine.inputs import SequenceState, prepare_inputs
 from services.engine.kv_pool import KVLayout, PagedKVPool
@@ -116,8 +117,4 @@ class ModelRunner:
 
 def resolve_model_dir(model: str | None) -> str:
     """The model directory to load: the given one, or the built-in model (created on first use)."""
-    if model:
-        return model
-    from services.engine.builtin_model import ensure_default_model
-
-    return str(ensure_default_model())
+    return model or str(ensure_default_model())
