@@ -1,22 +1,28 @@
 """The measurement behind the engine's attention and KV-layout choices (services/engine/attention.py, kv_pool.py).
 
 Tiny-model dims by default: 4 query heads, 2 KV heads, head_dim 32, 4 layers, block size 16, fp32 on the CPU.
-Block ids are a random permutation of the pool (a fragmented pool, as after many requests). Every variant's
-output is checked against the engine's own ``paged_attention`` before it is timed.
+Block ids are a random permutation of the pool (a fragmented pool, as after many requests). Batches come from
+the engine's own ``prepare_inputs``. Every variant's output is checked against the engine's ``paged_attention``
+before it is timed.
 
 Decode step (``--decode-seqs`` sequences, context lengths uniform in [128, 700]; then again with every
-context equal to that mean, where the batched call pads nothing):
+context equal to that mean, where there is one bucket and nothing is padded):
 
-* ``gather+SDPA batched`` — the engine's ``paged_attention`` (block tables padded to the longest context,
-  one gather for K and one for V, one masked SDPA call), on the block-major pool;
+* ``engine`` — ``paged_attention``: decodes bucketed by context length, each bucket's block tables padded
+  to its longest context, one ``index_select`` gather for K and one for V, one masked SDPA call per bucket;
 * ``per-sequence SDPA loop`` — one gather and one unmasked SDPA call per sequence, exact context length;
-* the batched call on a layer-major pool;
-* both decode forms with the gather done by ``index_select`` on the ``[num_blocks, block_size * heads * dim]``
-  view of the per-layer cache instead of advanced indexing (``cache[block_tables]``, what
-  ``attention._gather`` does), and the K gather alone on both layouts, both ways.
+* ``one padded bucket`` — every decode in a single group padded to the longest context (no bucketing);
+* the same single bucket with the gather done by advanced indexing (``cache[block_tables]``, the gather
+  before the ``index_select`` change);
+* the engine on a layer-major pool;
 
-Prefill: ``paged_attention`` on prompt chunks of ``--chunk`` tokens, fresh (no cached prefix) and after a
-cached prefix, on both layouts.
+and the K gather alone (all decodes, padded to the longest), block-major vs layer-major, ``index_select``
+(``attention.gather``) vs advanced indexing.
+
+Prefill: ``paged_attention`` on ``--chunks`` prompt chunks of ``--chunk`` tokens. Fresh chunks (no cached
+prefix) attend over their own K/V with no gather; they are also timed as prefixed chunks with an empty
+prefix (each gathers its own blocks from the pool, the path before the change). Chunks after a cached
+prefix still gather prefix + chunk. Both on both layouts.
 
 Swap: moving ``--swap-blocks`` blocks device -> host (both are CPU memory here, so this measures the copy
 and the per-op overhead, not PCIe): block-major is one index copy of whole blocks (``PagedKVPool.swap_out``,
@@ -45,7 +51,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.common.sampling_params import SamplingParams  # noqa: E402
-from services.engine.attention import AttentionBatch, _gather, paged_attention  # noqa: E402
+from services.engine.attention import (  # noqa: E402
+    AttentionBatch,
+    DecodeGroup,
+    PrefixChunk,
+    gather,
+    paged_attention,
+)
 from services.engine.inputs import SequenceState, prepare_inputs  # noqa: E402
 from services.engine.kv_pool import KVLayout, PagedKVPool  # noqa: E402
 
@@ -73,11 +85,10 @@ class Pools:
         return self.layer_major[layer, 0], self.layer_major[layer, 1]
 
 
-def gather_index_select(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """Same result as ``attention._gather``; copies whole rows with ``index_select`` on a 2-D view."""
+def gather_advanced(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """Same result as ``attention.gather`` by advanced indexing of the strided per-layer view (the old gather)."""
     b, n = block_tables.shape
-    rows = cache.flatten(1).index_select(0, block_tables.reshape(-1))
-    return rows.view(b, n * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
+    return cache[block_tables].reshape(b, n * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -100,30 +111,75 @@ def step_batch(contexts: list[int], new_tokens: list[int], block: int, num_block
     q = torch.randn(t, heads, dim, generator=g)
     k = torch.randn(t, kv_heads, dim, generator=g)
     v = torch.randn(t, kv_heads, dim, generator=g)
-    return inputs.attention, q, k, v, [s.block_ids for s, _ in scheduled]
+    return inputs.attention, q, k, v
 
 
-def per_sequence_decode(q, k, v, k_cache, v_cache, batch: AttentionBatch, tables: list[torch.Tensor],
-                        contexts: list[int], gather) -> torch.Tensor:
-    """Decode attention as one SDPA call per sequence (exact context, no mask)."""
+def one_bucket(batch: AttentionBatch) -> AttentionBatch:
+    """The same decodes (same token order) as a single group padded to the longest context."""
+    width = max(g.block_tables.shape[1] for g in batch.decodes)
+    keys = max(g.mask.shape[-1] for g in batch.decodes)
+    tables = torch.cat([F.pad(g.block_tables, (0, width - g.block_tables.shape[1])) for g in batch.decodes])
+    mask = torch.cat([F.pad(g.mask, (0, keys - g.mask.shape[-1])) for g in batch.decodes])
+    size = sum(g.size for g in batch.decodes)
+    return AttentionBatch(batch.slot_blocks, batch.slot_offsets, [DecodeGroup(0, size, tables, mask)])
+
+
+def decode_rows(batch: AttentionBatch, block: int) -> list[tuple[torch.Tensor, int]]:
+    """(block table, context length) of each decode token, in token order, read off the engine's groups."""
+    rows = []
+    for g in batch.decodes:
+        for table, mask in zip(g.block_tables, g.mask, strict=True):
+            ctx = int(mask.sum())
+            rows.append((table[: -(-ctx // block)], ctx))
+    return rows
+
+
+def as_gathered_chunks(batch: AttentionBatch, block_tables: list[torch.Tensor]) -> AttentionBatch:
+    """Fresh chunks turned into ``PrefixChunk``s with an empty prefix: each gathers its own blocks from the pool
+    and attends with a causal mask (the path fresh chunks took before they attended over their own K/V)."""
+    chunks = []
+    it = iter(block_tables)
+    for g in batch.fresh:
+        causal = torch.ones(g.length, g.length, dtype=torch.bool).tril()
+        for i in range(g.count):
+            chunks.append(PrefixChunk(g.token_start + i * g.length, g.length, g.length, next(it), causal))
+    return AttentionBatch(batch.slot_blocks, batch.slot_offsets, prefixed=chunks)
+
+
+def fresh_block_tables(batch: AttentionBatch, block: int) -> list[torch.Tensor]:
+    """Each fresh chunk's block table, read off the slots its tokens were written to."""
+    tables = []
+    for g in batch.fresh:
+        for i in range(g.count):
+            start = g.token_start + i * g.length
+            tables.append(batch.slot_blocks[start : start + g.length : block].clone())
+    return tables
+
+
+def per_sequence_decode(q, k, v, k_cache, v_cache, batch: AttentionBatch,
+                        rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """Decode attention as one gather and one SDPA call per sequence (exact context, no mask)."""
     k_cache[batch.slot_blocks, batch.slot_offsets] = k
     v_cache[batch.slot_blocks, batch.slot_offsets] = v
     out = torch.empty_like(q)
-    for i, (table, ctx) in enumerate(zip(tables, contexts, strict=True)):
+    for i, (table, ctx) in enumerate(rows):
         keys = gather(k_cache, table[None])[:, :, :ctx]
         values = gather(v_cache, table[None])[:, :, :ctx]
         out[i] = F.scaled_dot_product_attention(q[i, :, None][None], keys, values, enable_gqa=True)[0, :, 0]
     return out
 
 
-def batched_decode(q, k, v, k_cache, v_cache, batch: AttentionBatch, gather) -> torch.Tensor:
-    """The decode half of ``paged_attention`` (all tokens are decodes) with a pluggable gather."""
+def grouped_decode(q, k, v, k_cache, v_cache, batch: AttentionBatch, gather_fn) -> torch.Tensor:
+    """The decode part of ``paged_attention`` (all tokens are decodes) with a pluggable gather."""
     k_cache[batch.slot_blocks, batch.slot_offsets] = k
     v_cache[batch.slot_blocks, batch.slot_offsets] = v
-    keys = gather(k_cache, batch.decode_block_tables)
-    values = gather(v_cache, batch.decode_block_tables)
-    o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=batch.decode_mask, enable_gqa=True)
-    return o.squeeze(2)
+    out = torch.empty_like(q)
+    for g in batch.decodes:
+        span = slice(g.token_start, g.token_start + g.size)
+        o = F.scaled_dot_product_attention(q[span].unsqueeze(2), gather_fn(k_cache, g.block_tables),
+                                           gather_fn(v_cache, g.block_tables), attn_mask=g.mask, enable_gqa=True)
+        out[span] = o.squeeze(2)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -155,6 +211,11 @@ def table(title: str, variants: list[tuple[str, object]], min_run_time: float, r
     if note:
         print(f"  {note}")
     return out
+
+
+def check(variants: list[tuple[str, object]], ref: torch.Tensor) -> None:
+    for name, fn in variants:
+        torch.testing.assert_close(fn(), ref, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def main() -> int:  # noqa: PLR0915
@@ -196,53 +257,75 @@ def main() -> int:  # noqa: PLR0915
     contexts = [rng.randint(args.min_context, args.max_context) for _ in range(args.decode_seqs)]
     mean_ctx = round(sum(contexts) / len(contexts))
     for key, ctxs in (("decode", contexts), ("decode_equal", [mean_ctx] * len(contexts))):
-        batch, q, k, v, block_lists = step_batch(ctxs, [1] * len(ctxs), bs, num_blocks, args.heads, hkv, hd, rng)
-        tables = [torch.tensor(b) for b in block_lists]
+        batch, q, k, v = step_batch(ctxs, [1] * len(ctxs), bs, num_blocks, args.heads, hkv, hd, rng)
+        single = one_bucket(batch)
+        rows = decode_rows(batch, bs)
+        assert sorted(c for _, c in rows) == sorted(ctxs)
         ref = paged_attention(q, k, v, bm_k, bm_v, batch)
-        variants = {
-            "gather+SDPA batched, block-major (engine)": lambda b=batch, q=q, k=k, v=v: paged_attention(
-                q, k, v, bm_k, bm_v, b),
-            "per-sequence SDPA loop, block-major": lambda b=batch, q=q, k=k, v=v, t=tables, c=ctxs: (
-                per_sequence_decode(q, k, v, bm_k, bm_v, b, t, c, _gather)),
-            "gather+SDPA batched, layer-major": lambda b=batch, q=q, k=k, v=v: paged_attention(
-                q, k, v, lm_k, lm_v, b),
-            "gather+SDPA batched, block-major, index_select gather": lambda b=batch, q=q, k=k, v=v: (
-                batched_decode(q, k, v, bm_k, bm_v, b, gather_index_select)),
-            "per-sequence SDPA loop, block-major, index_select gather": lambda b=batch, q=q, k=k, v=v, t=tables,
-            c=ctxs: per_sequence_decode(q, k, v, bm_k, bm_v, b, t, c, gather_index_select),
-        }
-        for name, fn in variants.items():
-            torch.testing.assert_close(fn(), ref, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
-        padded = batch.decode_block_tables.shape[1] * bs
-        title = (f"decode attention, one layer (KV write + attention): {len(ctxs)} sequences, contexts "
-                 f"{min(ctxs)}..{max(ctxs)} (mean {sum(ctxs) / len(ctxs):.0f}), padded to {padded}")
-        results[key] = table(title, list(variants.items()), mrt, rounds)
+        variants = [
+            ("engine: length buckets, index_select gather", lambda b=batch, q=q, k=k, v=v: paged_attention(
+                q, k, v, bm_k, bm_v, b)),
+            ("per-sequence SDPA loop, index_select gather", lambda b=batch, q=q, k=k, v=v, r=rows: (
+                per_sequence_decode(q, k, v, bm_k, bm_v, b, r))),
+            ("one padded bucket, index_select gather", lambda b=single, q=q, k=k, v=v: paged_attention(
+                q, k, v, bm_k, bm_v, b)),
+            ("one padded bucket, cache[block_tables] gather (old engine)", lambda b=single, q=q, k=k, v=v: (
+                grouped_decode(q, k, v, bm_k, bm_v, b, gather_advanced))),
+            ("engine, layer-major pool", lambda b=batch, q=q, k=k, v=v: paged_attention(
+                q, k, v, lm_k, lm_v, b)),
+        ]
+        check(variants, ref)
+        exact = sum(ctxs)
+        padded = sum(g.size * g.mask.shape[-1] for g in batch.decodes)
+        padded_one = single.decodes[0].size * single.decodes[0].mask.shape[-1]
+        title = (f"decode attention, one layer, block-major unless noted (KV write + attention): {len(ctxs)} "
+                 f"sequences, contexts {min(ctxs)}..{max(ctxs)} (mean {exact / len(ctxs):.0f})")
+        note = (f"{len(batch.decodes)} bucket(s) padded to "
+                f"{'/'.join(str(g.mask.shape[-1]) for g in batch.decodes)} keys; keys attended: exact {exact}, "
+                f"buckets {padded} (+{padded / exact - 1:.0%}), one bucket {padded_one} "
+                f"(+{padded_one / exact - 1:.0%})")
+        results[key] = table(title, variants, mrt, rounds, note=note)
         if key == "decode":
-            bt = batch.decode_block_tables
-    for cache_k, cache_v in ((bm_k, bm_v), (lm_k, lm_v)):
-        assert torch.equal(gather_index_select(cache_k, bt), _gather(cache_k, bt))
-        assert torch.equal(gather_index_select(cache_v, bt), _gather(cache_v, bt))
-    results["gather"] = table("K gather alone, the first decode batch's block tables", [
-        ("block-major, cache[block_tables] (engine _gather)", lambda: _gather(bm_k, bt)),
-        ("layer-major, cache[block_tables]", lambda: _gather(lm_k, bt)),
-        ("block-major, index_select on [blocks, block*heads*dim] view", lambda: gather_index_select(bm_k, bt)),
-        ("layer-major, index_select on [blocks, block*heads*dim] view", lambda: gather_index_select(lm_k, bt)),
-    ], mrt, rounds)
+            bt = single.decodes[0].block_tables
+    for cache_k in (bm_k, lm_k):
+        assert torch.equal(gather_advanced(cache_k, bt), gather(cache_k, bt))
+    results["gather"] = table(
+        f"K gather alone, all {bt.shape[0]} decodes of the first batch padded to {bt.shape[1] * bs} keys", [
+            ("block-major, index_select (engine attention.gather)", lambda: gather(bm_k, bt)),
+            ("layer-major, index_select", lambda: gather(lm_k, bt)),
+            ("block-major, cache[block_tables] (old gather)", lambda: gather_advanced(bm_k, bt)),
+            ("layer-major, cache[block_tables]", lambda: gather_advanced(lm_k, bt)),
+        ], mrt, rounds)
 
     # -- prefill --------------------------------------------------------------------------------------------
     prefill = []
-    for label, prefix in (("fresh prompts", 0), (f"after a {args.prefix}-token cached prefix", args.prefix)):
-        ctx = [prefix + args.chunk] * args.chunks
-        pb, pq, pk, pv, _ = step_batch(ctx, [args.chunk] * args.chunks, bs, num_blocks, args.heads, hkv, hd, rng)
-        torch.testing.assert_close(paged_attention(pq, pk, pv, lm_k, lm_v, pb),
-                                   paged_attention(pq, pk, pv, bm_k, bm_v, pb), rtol=1e-4, atol=1e-5)
-        prefill += [
-            (f"{args.chunks}x{args.chunk} {label}, block-major (engine)",
-             lambda pb=pb, pq=pq, pk=pk, pv=pv: paged_attention(pq, pk, pv, bm_k, bm_v, pb)),
-            (f"{args.chunks}x{args.chunk} {label}, layer-major",
-             lambda pb=pb, pq=pq, pk=pk, pv=pv: paged_attention(pq, pk, pv, lm_k, lm_v, pb)),
-        ]
-    results["prefill"] = table("prefill attention, one layer (KV write + attention)", prefill, mrt, rounds)
+    n, c = args.chunks, args.chunk
+    fb, fq, fk, fv = step_batch([c] * n, [c] * n, bs, num_blocks, args.heads, hkv, hd, rng)
+    assert not fb.prefixed and sum(g.count for g in fb.fresh) == n
+    gathered = as_gathered_chunks(fb, fresh_block_tables(fb, bs))
+    fresh = [
+        (f"{n}x{c} fresh prompts, own K/V, no gather (engine)",
+         lambda: paged_attention(fq, fk, fv, bm_k, bm_v, fb)),
+        (f"{n}x{c} fresh prompts, own K/V, layer-major",
+         lambda: paged_attention(fq, fk, fv, lm_k, lm_v, fb)),
+        (f"{n}x{c} fresh prompts, each gathered, one SDPA per chunk",
+         lambda: paged_attention(fq, fk, fv, bm_k, bm_v, gathered)),
+        (f"{n}x{c} fresh prompts, each gathered, layer-major",
+         lambda: paged_attention(fq, fk, fv, lm_k, lm_v, gathered)),
+    ]
+    check(fresh, paged_attention(fq, fk, fv, bm_k, bm_v, fb))
+    pb, pq, pk, pv = step_batch([args.prefix + c] * n, [c] * n, bs, num_blocks, args.heads, hkv, hd, rng)
+    assert not pb.fresh and len(pb.prefixed) == n
+    prefixed = [
+        (f"{n}x{c} after a {args.prefix}-token cached prefix (engine)",
+         lambda: paged_attention(pq, pk, pv, bm_k, bm_v, pb)),
+        (f"{n}x{c} after a {args.prefix}-token cached prefix, layer-major",
+         lambda: paged_attention(pq, pk, pv, lm_k, lm_v, pb)),
+    ]
+    check(prefixed, paged_attention(pq, pk, pv, bm_k, bm_v, pb))
+    prefill = fresh + prefixed
+    results["prefill"] = table("prefill attention, one layer, block-major unless noted (KV write + attention)",
+                               prefill, mrt, rounds)
 
     # -- swap -----------------------------------------------------------------------------------------------
     src = rng.sample(range(num_blocks), args.swap_blocks)
