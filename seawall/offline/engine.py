@@ -60,9 +60,13 @@ class OfflineEngine:
         if n >= limit:
             raise InvalidArgument(f"prompt has {n} tokens; the model's context is {limit}, leaving no room to "
                                   "generate: shorten the prompt")
-        if self.blocks.blocks_needed(n + 1, 0) > self.blocks.num_blocks:
-            raise ResourceExhausted(f"prompt of {n} tokens needs more KV blocks than the pool holds "
-                                    f"({self.blocks.num_blocks}); raise --kv-cache-bytes")
+        # A request that cannot finish even alone in the pool would preempt itself forever: refuse it now.
+        worst = min(n + params.max_tokens, limit)
+        if self.blocks.blocks_needed(worst, 0) > self.blocks.num_blocks:
+            raise ResourceExhausted(
+                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs "
+                f"{self.blocks.blocks_needed(worst, 0)} KV blocks; the pool holds {self.blocks.num_blocks}: "
+                "lower max_tokens or raise --kv-cache-bytes")
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[Completion]:
         """Runs all prompts together to completion; validate them first."""

@@ -118,3 +118,16 @@ def test_recompute_preemption_under_a_small_pool_keeps_outputs(tiny_model_dir):
     assert sum(c.num_preemptions for c in got) > 0, "the pool was meant to force preemptions"
     assert [c.token_ids for c in got] == expected
     assert tight.blocks.num_free == tight.blocks.num_blocks
+
+
+def test_a_request_the_pool_can_never_hold_is_refused_up_front(tmp_path, tiny_model_dir):
+    from seawall.offline.engine import OfflineEngine
+
+    block_bytes = OfflineEngine(EngineConfig(model=str(tiny_model_dir))).runner.layout.bytes_per_block
+    rows = [_req("big", prompt=[7] * 40, max_tokens=200), _req("fits", prompt=[7] * 40, max_tokens=20)]
+    code, out = _run(tmp_path, tiny_model_dir, rows, "--kv-cache-bytes", str(8 * block_bytes))
+    assert code == 0
+    big, fits = out
+    assert big["response"]["status_code"] == 429 and "lower max_tokens" in big["error"]["message"]
+    assert fits["response"]["status_code"] == 200
+    assert len(fits["response"]["body"]["choices"][0]["token_ids"]) == 20
