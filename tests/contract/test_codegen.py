@@ -3,16 +3,15 @@ element documented, field numbers tidy, enums starting at <ENUM>_UNSPECIFIED = 0
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2
-from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gen_protos.py"
@@ -69,17 +68,20 @@ def test_regenerating_fixes_a_stale_directory(tmp_path):
 def descriptor_set(tmp_path_factory) -> descriptor_pb2.FileDescriptorSet:
     """The protos compiled with their comments (SourceCodeInfo)."""
     out = tmp_path_factory.mktemp("descriptors") / "seawall.binpb"
-    rc = protoc.main(
+    # protoc runs in its own process: grpc_tools' native module and NIXL's cannot share one
+    # (importing both aborts with "munmap_chunk(): invalid pointer"), and the NIXL tests run in this one.
+    proc = subprocess.run(
         [
-            "grpc_tools.protoc",
+            sys.executable, "-m", "grpc_tools.protoc",
             f"-I{PROTO_ROOT}",
-            f"-I{resources.files('grpc_tools') / '_proto'}",
+            f"-I{_grpc_tools_protos()}",
             "--include_source_info",
             f"--descriptor_set_out={out}",
             *map(str, PROTO_FILES),
-        ]
+        ],
+        capture_output=True, text=True, timeout=120,
     )
-    assert rc == 0
+    assert proc.returncode == 0, proc.stderr
     return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
 
 
@@ -176,3 +178,10 @@ def test_enums_start_unspecified_and_are_prefixed(descriptor_set):
             for value in enum.value:
                 assert value.name.startswith(prefix), value.name
             assert [v.number for v in enum.value] == list(range(len(enum.value))), enum.name
+
+
+def _grpc_tools_protos() -> str:
+    """Where grpc_tools keeps the well-known .proto files, found without importing it here."""
+    spec = importlib.util.find_spec("grpc_tools")
+    assert spec is not None and spec.submodule_search_locations
+    return str(Path(next(iter(spec.submodule_search_locations))) / "_proto")
