@@ -98,6 +98,7 @@ def _response_line(item: BatchItem, comp: Completion, engine: OfflineEngine, mod
             "prompt_tokens": len(comp.prompt_token_ids),
             "completion_tokens": len(comp.token_ids),
             "total_tokens": len(comp.prompt_token_ids) + len(comp.token_ids),
+            "prompt_tokens_details": {"cached_tokens": comp.num_cached_prompt_tokens},
         },
     }
     return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": item.custom_id,

@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from services.common.block_hash import hash_seed
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.common.step import SampledToken
@@ -32,6 +33,7 @@ class Completion:
     finish_reason: str | None = None
     logprobs: list[SampledToken] = field(default_factory=list)
     num_preemptions: int = 0
+    num_cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class OfflineEngine:
@@ -41,7 +43,8 @@ class OfflineEngine:
         self.tokenizer = self.checkpoint.tokenizer
         config = replace(scheduler_config or SchedulerConfig(), max_model_len=self.runner.max_model_len)
         self.blocks = BlockManager(self.runner.kv.num_blocks, engine_config.block_size)
-        self.scheduler = Scheduler(config, self.blocks)
+        seed = hash_seed(str(self.checkpoint.path), engine_config.block_size)
+        self.scheduler = Scheduler(config, self.blocks, hash_seed=seed)
         self._ids = itertools.count()
 
     def encode(self, text: str) -> list[int]:
@@ -95,6 +98,7 @@ class OfflineEngine:
         for rid, comp in done.items():
             comp.text = detoks[rid].text
             comp.num_preemptions = reqs[rid].num_preemptions
+            comp.num_cached_prompt_tokens = reqs[rid].num_prefix_hit_tokens
         return [done[rid] for rid in order]
 
     def _apply(self, event, comp: Completion, detok: IncrementalDetokenizer) -> None:

@@ -1,14 +1,21 @@
-"""Device block pool of one worker: allocation on demand, reference-free ownership, checked invariants.
+"""Device block pool of one worker: allocation on demand, reference counts, and a prefix cache.
+
+A full block may be *cached* under its chained hash (``services/common/block_hash.py``): when its last
+reference goes, it stays in the free queue with its contents and hash, so a later request with the same
+prefix takes it back instead of recomputing. Allocation takes the least recently freed block first and
+evicts its hash (LRU). Requests free their blocks tail first, so a prefix's later blocks go before its
+first ones.
 
 Invariants (``check_integrity``):
-* every block id in ``[0, num_blocks)`` is either in the free queue or owned by exactly one request;
-* ``num_free + num_used == num_blocks``;
-* a request owns exactly ``ceil(tokens_in_cache / block_size)`` blocks or more (never fewer).
+* ``num_free + num_used == num_blocks``; a block is in the free queue exactly when its ref count is 0;
+* the hash map points only at cached blocks and each cached block at its own hash (both directions agree);
+* every owner's blocks are referenced at least once per owner holding them.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
 
 
 class BlockManager:
@@ -17,41 +24,80 @@ class BlockManager:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
-        self._owner: dict[int, str] = {}
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        self._ref = [0] * num_blocks
+        self._hash_of: dict[int, int] = {}  # block → hash, for cached blocks
+        self._block_of: dict[int, int] = {}  # hash → block
 
     @property
     def num_free(self) -> int:
+        """Blocks an allocation can take now (unreferenced cached blocks included: they are evicted)."""
         return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._hash_of)
 
     def blocks_needed(self, num_tokens: int, num_owned: int) -> int:
         """How many more blocks hold ``num_tokens`` tokens when ``num_owned`` blocks are already held."""
         return max(0, -(-num_tokens // self.block_size) - num_owned)
 
-    def allocate(self, owner: str, count: int) -> list[int] | None:
-        """``count`` fresh blocks for ``owner``, or None (and nothing taken) when too few are free."""
-        if count > len(self._free):
-            return None
-        blocks = [self._free.popleft() for _ in range(count)]
-        for b in blocks:
-            self._owner[b] = owner
+    def cached_prefix(self, hashes: Sequence[int]) -> list[int]:
+        """Blocks of the longest prefix of ``hashes`` that is cached (no side effects)."""
+        blocks = []
+        for h in hashes:
+            b = self._block_of.get(h)
+            if b is None:
+                break
+            blocks.append(b)
         return blocks
 
-    def free(self, owner: str, blocks: list[int]) -> None:
+    def take_cached(self, blocks: Sequence[int]) -> None:
+        """References cached ``blocks`` (from ``cached_prefix``) for one more owner."""
         for b in blocks:
-            holder = self._owner.pop(b, None)
-            assert holder == owner, f"block {b} freed by {owner!r} but owned by {holder!r}"
-            self._free.append(b)
+            assert b in self._hash_of, f"block {b} is not cached"
+            self._ref[b] += 1
+            self._free.pop(b, None)
+
+    def allocate(self, count: int) -> list[int] | None:
+        """``count`` fresh blocks, or None (and nothing taken) when too few are free."""
+        if count > len(self._free):
+            return None
+        blocks = []
+        for _ in range(count):
+            b, _ = self._free.popitem(last=False)
+            h = self._hash_of.pop(b, None)
+            if h is not None:
+                del self._block_of[h]  # evicted: its contents are about to be overwritten
+            self._ref[b] = 1
+            blocks.append(b)
+        return blocks
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Drops one reference to each block, tail first; unreferenced blocks join the free queue."""
+        for b in reversed(blocks):
+            assert self._ref[b] > 0, f"block {b} freed but not referenced"
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                self._free[b] = None
+
+    def cache(self, block: int, block_hash: int) -> None:
+        """Marks a full block as holding the prefix named ``block_hash`` (first writer wins)."""
+        if block in self._hash_of or block_hash in self._block_of:
+            return
+        self._hash_of[block] = block_hash
+        self._block_of[block_hash] = block
 
     def check_integrity(self, owned: dict[str, list[int]]) -> None:
-        """Raises AssertionError naming the culprit when ``owned`` (request → blocks) disagrees with the pool."""
-        assert len(self._free) + len(self._owner) == self.num_blocks, "free + used != total"
-        assert len(set(self._free)) == len(self._free), "a block is in the free queue twice"
-        assert not set(self._free) & set(self._owner), "a block is both free and owned"
-        seen: dict[int, str] = {}
-        for rid, blocks in owned.items():
-            for b in blocks:
-                assert b not in seen, f"block {b} owned by both {seen[b]!r} and {rid!r}"
-                seen[b] = rid
-                assert self._owner.get(b) == rid, f"block {b} of {rid!r} is recorded as {self._owner.get(b)!r}'s"
-        assert len(seen) == len(self._owner), f"{len(self._owner) - len(seen)} blocks leaked"
+        """Raises AssertionError naming the culprit when ``owned`` (owner → blocks) disagrees with the pool."""
+        used = [b for b in range(self.num_blocks) if self._ref[b] > 0]
+        assert len(self._free) + len(used) == self.num_blocks, "free + used != total"
+        for b in range(self.num_blocks):
+            assert (self._ref[b] == 0) == (b in self._free), f"block {b}: ref {self._ref[b]} vs free queue"
+        assert all(self._block_of[h] == b for b, h in self._hash_of.items()), "hash maps disagree"
+        assert len(self._block_of) == len(self._hash_of), "hash maps differ in size"
+        refs = Counter(b for blocks in owned.values() for b in blocks)
+        for b, n in refs.items():
+            assert self._ref[b] == n, f"block {b} is held {n} times but has ref count {self._ref[b]}"
+        leaked = set(used) - set(refs)
+        assert not leaked, f"blocks {sorted(leaked)[:5]} are referenced but owned by no request"

@@ -27,6 +27,12 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    # Chained hashes of the full blocks of all_token_ids (extended as tokens arrive).
+    block_hashes: list[int] = field(default_factory=list)
+    # Leading blocks already registered in the prefix cache.
+    num_cached_blocks: int = 0
+    # Prompt tokens served from the prefix cache at admission (reported as cached_prompt_tokens).
+    num_prefix_hit_tokens: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from services.common.block_hash import extend_hashes
 from services.common.sampling_params import FinishReason, check_stop
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 from services.scheduler.core.block_manager import BlockManager
@@ -31,6 +32,8 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     # A request stops with finish reason "length" when prompt + output reach this.
     max_model_len: int = 4096
+    # Reuse the KV of full blocks whose chained hash matches (PagedAttention's prefix sharing).
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "chunk_size"):
@@ -48,10 +51,19 @@ class TokenEvent:
     finish_reason: str | None
 
 
+@dataclass
+class PrefixCacheStats:
+    queried_blocks: int = 0  # full prompt blocks looked up at admission
+    hit_blocks: int = 0  # of those, served from the cache
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, hash_seed: int = 0) -> None:
+        """``hash_seed`` names the model and KV layout (``block_hash.hash_seed``): hashes never match across."""
         self.config = config
         self.blocks = blocks
+        self.hash_seed = hash_seed
+        self.prefix_stats = PrefixCacheStats()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -103,9 +115,11 @@ class Scheduler:
             budget = min(token_budget, prompt_budget)
             if budget < 1 or len(scheduled) >= self.config.max_num_seqs:
                 break
-            n = int(min(req.num_uncomputed, budget))
-            if not self._reserve(req, n):
+            if req.status is RequestStatus.WAITING and not self._admit(req, budget):
                 break  # FCFS: no later prompt jumps a prompt that does not fit
+            n = int(min(req.num_uncomputed, budget))
+            if req.status is RequestStatus.RUNNING and not self._reserve(req, n):
+                break
             if req.status is RequestStatus.WAITING:
                 self.waiting.remove(req)
                 self.running.append(req)
@@ -126,6 +140,7 @@ class Scheduler:
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue
             req.num_computed_tokens += n
+            self._cache_full_blocks(req)
             token = result.sampled.get(rid)
             if token is None:
                 continue
@@ -138,13 +153,48 @@ class Scheduler:
                 self.finish(rid, reason)
         return events
 
+    def _admit(self, req: Request, budget: float) -> bool:
+        """Takes the cached prefix and blocks for the first chunk; on failure leaves ``req`` untouched."""
+        cached: list[int] = []
+        queried = 0
+        if self.config.enable_prefix_caching:
+            hashes = extend_hashes(req.block_hashes, req.all_token_ids, self.blocks.block_size, self.hash_seed)
+            # At least one token must run: its logits give the next token.
+            queried = min(len(hashes), (req.num_tokens - 1) // self.blocks.block_size)
+            cached = self.blocks.cached_prefix(hashes[:queried])
+            self.blocks.take_cached(cached)
+        req.block_ids = list(cached)
+        req.num_cached_blocks = len(cached)
+        req.num_computed_tokens = len(cached) * self.blocks.block_size
+        if not self._reserve(req, int(min(req.num_uncomputed, budget))):
+            self.blocks.free(cached)
+            req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
+            return False
+        if req.num_preemptions == 0:
+            self.prefix_stats.queried_blocks += queried
+            self.prefix_stats.hit_blocks += len(cached)
+            req.num_prefix_hit_tokens = req.num_computed_tokens
+        return True
+
     def _reserve(self, req: Request, n: int) -> bool:
         need = self.blocks.blocks_needed(req.num_computed_tokens + n, len(req.block_ids))
-        got = self.blocks.allocate(req.request_id, need)
+        got = self.blocks.allocate(need)
         if got is None:
             return False
         req.block_ids.extend(got)
         return True
+
+    def _cache_full_blocks(self, req: Request) -> None:
+        """Registers the request's newly computed full blocks in the prefix cache."""
+        if not self.config.enable_prefix_caching:
+            return
+        full = req.num_computed_tokens // self.blocks.block_size
+        if full <= req.num_cached_blocks:
+            return
+        extend_hashes(req.block_hashes, req.all_token_ids, self.blocks.block_size, self.hash_seed)
+        for i in range(req.num_cached_blocks, full):
+            self.blocks.cache(req.block_ids[i], req.block_hashes[i])
+        req.num_cached_blocks = full
 
     def _reserve_or_preempt(self, req: Request, n: int, scheduled: list[tuple[Request, int]]) -> bool:
         while not self._reserve(req, n):
@@ -165,9 +215,9 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _release(self, req: Request) -> None:
-        self.blocks.free(req.request_id, req.block_ids)
+        self.blocks.free(req.block_ids)
         req.block_ids = []
-        req.num_computed_tokens = 0
+        req.num_computed_tokens = req.num_cached_blocks = 0
         self._sent_blocks.pop(req.request_id, None)
         if req.request_id in self._on_worker:
             self._on_worker.discard(req.request_id)

@@ -19,9 +19,11 @@ def create_scheduler(num_blocks=64, block_size=4, **overrides) -> Scheduler:
     return Scheduler(SchedulerConfig(**overrides), BlockManager(num_blocks, block_size))
 
 
-def create_requests(n, prompt_len=10, max_tokens=5, start=0) -> list[Request]:
-    return [Request(f"r{start + i}", list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens),
-                    arrival_time=float(start + i), eos_token_ids=(EOS,)) for i in range(n)]
+def create_requests(n, prompt_len=10, max_tokens=5, start=0, shared_prefix=0) -> list[Request]:
+    """``n`` requests with distinct prompts, whose first ``shared_prefix`` tokens are the same."""
+    return [Request(f"r{start + i}", [1] * shared_prefix + [100 * (start + i + 1) + t for t in range(prompt_len - shared_prefix)],
+                    SamplingParams(max_tokens=max_tokens), arrival_time=float(start + i), eos_token_ids=(EOS,))
+            for i in range(n)]
 
 
 def step(s: Scheduler, token: int = 7):
@@ -113,7 +115,9 @@ def test_config_rejects_nonsense():
 def test_random_workloads_finish_with_no_block_leaked(prompts, chunk, num_blocks):
     s = create_scheduler(num_blocks=num_blocks, block_size=4, chunk_size=chunk)
     for i, n in enumerate(prompts):
-        s.add(Request(f"r{i}", [1] * n, SamplingParams(max_tokens=1 + i % 6), float(i)))
+        # Half the prompts share a prefix, so cached blocks are shared, freed and evicted under pressure.
+        tokens = [1] * n if i % 2 else [i + 2] * n
+        s.add(Request(f"r{i}", tokens, SamplingParams(max_tokens=1 + i % 6), float(i)))
     finished = set()
     for _ in range(2000):
         if not s.has_work:
@@ -122,3 +126,39 @@ def test_random_workloads_finish_with_no_block_leaked(prompts, chunk, num_blocks
         finished |= {e.request_id for e in events if e.finish_reason}
     assert finished == {f"r{i}" for i in range(len(prompts))}
     assert s.blocks.num_free == num_blocks
+
+
+def test_a_shared_prefix_is_served_from_the_cache_after_it_is_computed():
+    s = create_scheduler(block_size=4, chunk_size=64)
+    first, second = create_requests(2, prompt_len=14, shared_prefix=9)
+    s.add(first)
+    step(s)  # computes 14 tokens: blocks 0 and 1 (tokens 0..7) are full and shared-prefix only
+    s.add(second)
+    plan, _ = step(s)
+    new = {n.seq_id: n for n in plan.new}
+    assert new["r1"].num_computed_tokens == 8 and new["r1"].block_ids[:2] == first.block_ids[:2]
+    assert plan.num_scheduled_tokens["r1"] == 6
+    assert s.prefix_stats.hit_blocks == 2 and second.num_prefix_hit_tokens == 8
+
+
+def test_finished_requests_leave_their_blocks_cached_until_evicted():
+    s = create_scheduler(num_blocks=8, block_size=4)
+    a = create_requests(1, prompt_len=9, max_tokens=1)[0]
+    s.add(a)
+    step(s)
+    assert a.status is RequestStatus.FINISHED and s.blocks.num_cached == 2
+    again = Request("again", a.prompt_token_ids, SamplingParams(max_tokens=1), 1.0)
+    s.add(again)
+    plan, _ = step(s)
+    assert plan.new[0].num_computed_tokens == 8  # two full blocks reused, one token computed
+    assert s.blocks.num_free == 8
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_token():
+    s = create_scheduler(block_size=4)
+    a = create_requests(1, prompt_len=8, max_tokens=1)[0]
+    s.add(a)
+    step(s)
+    s.add(Request("b", a.prompt_token_ids, SamplingParams(max_tokens=1), 1.0))
+    plan, _ = step(s)
+    assert plan.new[0].num_computed_tokens == 4 and plan.num_scheduled_tokens["b"] == 4

@@ -88,3 +88,27 @@ def test_greedy_tokens_and_logprobs_match_transformers(tmp_path, oracle_case, ch
             assert got_ids[0] == top.indices[0].item()
             torch.testing.assert_close(got_lps, top.values, atol=1e-4, rtol=0)
             assert abs(got["token_logprobs"][step] - ref[ref_ids[step]].item()) < 1e-4
+
+
+@pytest.mark.parametrize("chunk_size", [7, None])
+def test_prefix_cache_hits_match_transformers(tiny_model_dir, chunk_size):
+    """Prompts sharing a 300-token prefix: a first batch fills the cache, a second one is served from it."""
+    from seawall.offline.engine import OfflineEngine
+    from services.common.sampling_params import SamplingParams
+    from services.engine.config import EngineConfig
+    from services.scheduler.core.scheduler import SchedulerConfig
+
+    g = torch.Generator().manual_seed(99)
+    prefix = torch.randint(0, 4096, (300,), generator=g).tolist()
+    # Suffix lengths cover: none (the prompt is the prefix), a block boundary (300 + 20 = 320), and ragged.
+    second = [prefix + torch.randint(0, 4096, (n,), generator=g).tolist() for n in (0, 1, 20, 37, 150)]
+    first = [prefix + [5, 6, 7]]
+    refs = _hf_reference(tiny_model_dir, second)
+    engine = OfflineEngine(EngineConfig(model=str(tiny_model_dir)), SchedulerConfig(chunk_size=chunk_size))
+    params = [SamplingParams(max_tokens=_max_tokens(i), temperature=0) for i in range(len(second))]
+    engine.generate(first, params[:1])
+    got = engine.generate(second, params)
+    for comp, (ref_ids, _) in zip(got, refs, strict=True):
+        assert comp.token_ids == ref_ids
+    # 300 tokens = 18 full blocks of 16 are cached; the prompt equal to the prefix must still compute a token.
+    assert [c.num_cached_prompt_tokens for c in got] == [288, 288, 288, 288, 288]

@@ -1,0 +1,35 @@
+"""Chained block hashes: the names KV blocks go by in the prefix cache and the kvcache service.
+
+``hash[i] = H(hash[i-1], token ids of block i)`` with ``hash[-1]`` a seed derived from the model and the KV
+layout (see ``common.proto``), so ``hash[i]`` names the whole prefix ``[0, (i + 1) * block_size)`` and KV of
+another model or layout never matches. Only full blocks are hashed. H is BLAKE2b truncated to 64 bits: stable
+across processes, machines and Python versions (Python's ``hash`` is not, for strings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+_MASK = (1 << 64) - 1
+
+
+def hash_seed(model_name: str, block_size: int, layout: str = "") -> int:
+    """``hash[-1]`` for a model and KV layout."""
+    digest = hashlib.blake2b(f"seawall-v1|{model_name}|{block_size}|{layout}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def block_hash(parent: int, tokens: Sequence[int]) -> int:
+    h = hashlib.blake2b(parent.to_bytes(8, "little"), digest_size=8)
+    h.update(array("q", tokens).tobytes())
+    return int.from_bytes(h.digest(), "little") & _MASK
+
+
+def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, seed: int) -> list[int]:
+    """Appends the hashes of every full block of ``token_ids`` not yet in ``hashes``; returns ``hashes``."""
+    for i in range(len(hashes), len(token_ids) // block_size):
+        parent = hashes[i - 1] if i else seed
+        hashes.append(block_hash(parent, token_ids[i * block_size : (i + 1) * block_size]))
+    return hashes
