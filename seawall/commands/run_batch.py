@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tokens (decodes + prompt chunks) per step (default: no limit)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step (default 256)")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes")
+    p.add_argument("--swap-bytes", type=int, default=256 * 2**20, help="host memory for swapped-out KV, bytes")
+    p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute",
+                   help="what happens to a preempted request's KV (default: recompute)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV of shared prompt prefixes")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.set_defaults(func=run)
@@ -36,12 +40,14 @@ def run(args: argparse.Namespace) -> int:
 
     lines = _read_lines(args.input)
     try:
-        sched = SchedulerConfig(args.max_num_batched_tokens, args.chunk_size, args.max_num_seqs)
+        sched = SchedulerConfig(args.max_num_batched_tokens, args.chunk_size, args.max_num_seqs,
+                                enable_prefix_caching=not args.no_prefix_caching,
+                                preemption_mode=args.preemption_mode)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
     engine = OfflineEngine(
         EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
-                     kv_cache_bytes=args.kv_cache_bytes),
+                     kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes),
         sched,
     )
     model_name = args.model or "seawall-builtin-tiny"

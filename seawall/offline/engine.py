@@ -43,8 +43,10 @@ class OfflineEngine:
         self.tokenizer = self.checkpoint.tokenizer
         config = replace(scheduler_config or SchedulerConfig(), max_model_len=self.runner.max_model_len)
         self.blocks = BlockManager(self.runner.kv.num_blocks, engine_config.block_size)
+        num_host = self.runner.kv.num_host_blocks
+        self.host_blocks = BlockManager(num_host, engine_config.block_size) if num_host else None
         seed = hash_seed(str(self.checkpoint.path), engine_config.block_size)
-        self.scheduler = Scheduler(config, self.blocks, hash_seed=seed)
+        self.scheduler = Scheduler(config, self.blocks, self.host_blocks, hash_seed=seed)
         self._ids = itertools.count()
 
     def encode(self, text: str) -> list[int]:

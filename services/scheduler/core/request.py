@@ -11,6 +11,7 @@ from services.common.sampling_params import SamplingParams
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued; also a recompute-preempted request waiting to run again
     RUNNING = "running"  # has blocks; prefilling (chunk by chunk) or decoding
+    SWAPPED = "swapped"  # preempted with its KV copied to host blocks; resumes where it stopped
     FINISHED = "finished"
 
 
@@ -24,6 +25,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+    host_block_ids: list[int] = field(default_factory=list)  # while swapped out
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0

@@ -34,6 +34,9 @@ class SchedulerConfig:
     max_model_len: int = 4096
     # Reuse the KV of full blocks whose chained hash matches (PagedAttention's prefix sharing).
     enable_prefix_caching: bool = True
+    # "swap": a preempted request's KV is copied to host blocks while the host pool has room (recompute when
+    # it has none); "recompute": its KV is dropped and recomputed when it runs again.
+    preemption_mode: str = "recompute"
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "chunk_size"):
@@ -42,6 +45,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1 or None (no limit), got {value}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.preemption_mode not in ("swap", "recompute"):
+            raise ValueError(f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}")
 
 
 @dataclass
@@ -58,23 +63,35 @@ class PrefixCacheStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager, hash_seed: int = 0) -> None:
-        """``hash_seed`` names the model and KV layout (``block_hash.hash_seed``): hashes never match across."""
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
+                 hash_seed: int = 0) -> None:
+        """``blocks``: the worker's device pool; ``host_blocks``: its host pool, for swapping (None: no swap).
+        ``hash_seed`` names the model and KV layout (``block_hash.hash_seed``): hashes never match across."""
         self.config = config
         self.blocks = blocks
+        self.host_blocks = host_blocks
         self.hash_seed = hash_seed
         self.prefix_stats = PrefixCacheStats()
+        self.preemptions = {"swap": 0, "recompute": 0}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()  # resumed first in first out, before any new prompt
         self.requests: dict[str, Request] = {}
         self._on_worker: set[str] = set()  # requests whose state the worker holds
         self._to_drop: list[str] = []  # finished/preempted since the last plan: the worker drops them
         self._sent_blocks: dict[str, int] = {}  # blocks of each request the worker already knows
+        # Block copies for the next plan. The worker runs swap-outs before swap-ins, so a device block freed
+        # by a swap-out may be a swap-in target; host blocks read by a swap-in are freed one plan later so a
+        # swap-out in the same plan cannot overwrite them first.
+        self._swap_out: list[tuple[int, int]] = []
+        self._swap_in: list[tuple[int, int]] = []
+        self._host_to_free: list[int] = []
+        self._swapped_in_now: set[str] = set()
         self._step_id = 0
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -91,12 +108,20 @@ class Scheduler:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
+        if req in self.swapped:
+            self.swapped.remove(req)
+            self.host_blocks.free(req.host_block_ids)
+            req.host_block_ids = []
         self._release(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[request_id]
 
     def schedule(self) -> StepPlan:
         self._step_id += 1
+        if self._host_to_free:
+            self.host_blocks.free(self._host_to_free)
+            self._host_to_free = []
+        self._swapped_in_now = self._swap_in_what_fits()
         token_budget = self.config.max_num_batched_tokens or float("inf")
         prompt_budget = self.config.chunk_size or float("inf")
         scheduled: list[tuple[Request, int]] = []
@@ -115,10 +140,10 @@ class Scheduler:
             budget = min(token_budget, prompt_budget)
             if budget < 1 or len(scheduled) >= self.config.max_num_seqs:
                 break
-            if req.status is RequestStatus.WAITING and not self._admit(req, budget):
-                break  # FCFS: no later prompt jumps a prompt that does not fit
+            if req.status is RequestStatus.WAITING and (self.swapped or not self._admit(req, budget)):
+                break  # FCFS: no later prompt jumps a prompt that does not fit, nor a swapped request
             n = int(min(req.num_uncomputed, budget))
-            if req.status is RequestStatus.RUNNING and not self._reserve(req, n):
+            if req.status is RequestStatus.RUNNING and not self._reserve_or_preempt(req, n, scheduled, False):
                 break
             if req.status is RequestStatus.WAITING:
                 self.waiting.remove(req)
@@ -128,10 +153,27 @@ class Scheduler:
             token_budget -= n
             prompt_budget -= n
         # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
-        plan = StepPlan(self._step_id, finished=self._to_drop)
-        self._to_drop = []
+        plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in)
+        self._to_drop, self._swap_out, self._swap_in = [], [], []
         self._fill_plan(plan, scheduled)
         return plan
+
+    def _swap_in_what_fits(self) -> set[str]:
+        """Moves swapped requests, oldest first, back to device blocks while they fit."""
+        resumed = set()
+        while self.swapped:
+            req = self.swapped[0]
+            dev = self.blocks.allocate(len(req.host_block_ids))
+            if dev is None:
+                break
+            self.swapped.popleft()
+            self._swap_in.extend(zip(req.host_block_ids, dev, strict=True))
+            self._host_to_free.extend(req.host_block_ids)
+            req.host_block_ids, req.block_ids = [], dev
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            resumed.add(req.request_id)
+        return resumed
 
     def on_result(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
         events = []
@@ -196,23 +238,47 @@ class Scheduler:
             self.blocks.cache(req.block_ids[i], req.block_hashes[i])
         req.num_cached_blocks = full
 
-    def _reserve_or_preempt(self, req: Request, n: int, scheduled: list[tuple[Request, int]]) -> bool:
+    def _reserve_or_preempt(self, req: Request, n: int, scheduled: list[tuple[Request, int]],
+                            may_preempt_self: bool = True) -> bool:
+        """Reserves blocks for ``n`` more tokens, preempting the newest request until they fit.
+
+        Never preempts a request already scheduled this step, nor one just swapped in (its swap-in has not
+        happened yet, so there is nothing to swap out). When ``req`` itself is the newest left it gives way
+        if ``may_preempt_self`` (a decode), else it just waits for this step (a prompt chunk keeps its KV).
+        """
         while not self._reserve(req, n):
-            victim = max(self.running, key=lambda r: (r.arrival_time, r.request_id))
-            if any(victim is r for r, _ in scheduled):
-                victim = req  # everything newer already runs this step; give way ourselves
+            taken = {r.request_id for r, _ in scheduled} | self._swapped_in_now
+            candidates = [r for r in self.running if r.request_id not in taken]
+            victim = max(candidates, key=lambda r: (r.arrival_time, r.request_id)) if candidates else req
+            if victim is req and not may_preempt_self:
+                return False
             self._preempt(victim)
             if victim is req:
                 return False
         return True
 
     def _preempt(self, req: Request) -> None:
-        """Recompute preemption: drop the KV, requeue at the front with prompt + outputs to recompute."""
+        """Swap the KV to host blocks when configured and it fits, else drop it for recompute."""
         self.running.remove(req)
-        self._release(req)
-        req.status = RequestStatus.WAITING
         req.num_preemptions += 1
-        self.waiting.appendleft(req)
+        host = None
+        if (self.config.preemption_mode == "swap" and self.host_blocks is not None
+                and req.request_id not in self._swapped_in_now):
+            host = self.host_blocks.allocate(len(req.block_ids))
+        self.preemptions["recompute" if host is None else "swap"] += 1
+        if host is None:
+            self._release(req)
+            req.status = RequestStatus.WAITING
+            self.waiting.appendleft(req)
+            return
+        self._swap_out.extend(zip(req.block_ids, host, strict=True))
+        self.blocks.free(req.block_ids)
+        # The worker keeps the sequence; its new block table is sent in full when it runs again.
+        req.block_ids, req.host_block_ids = [], host
+        req.num_cached_blocks = 0  # re-registered from the swapped-in copies
+        self._sent_blocks.pop(req.request_id, None)
+        req.status = RequestStatus.SWAPPED
+        self.swapped.append(req)
 
     def _release(self, req: Request) -> None:
         self.blocks.free(req.block_ids)
@@ -226,8 +292,11 @@ class Scheduler:
     def _fill_plan(self, plan: StepPlan, scheduled: list[tuple[Request, int]]) -> None:
         for req, n in scheduled:
             rid = req.request_id
-            if rid in self._on_worker:
-                plan.continuing.append(ContinuingSequence(rid, req.block_ids[self._sent_blocks[rid]:]))
+            sent = self._sent_blocks.get(rid)
+            if rid in self._on_worker and sent is None:  # resumed from a swap: the whole table is new
+                plan.continuing.append(ContinuingSequence(rid, [], block_ids=list(req.block_ids)))
+            elif rid in self._on_worker:
+                plan.continuing.append(ContinuingSequence(rid, req.block_ids[sent:]))
             else:
                 plan.new.append(NewSequence(rid, req.all_token_ids, len(req.prompt_token_ids),
                                             req.num_computed_tokens, list(req.block_ids), req.params))
@@ -238,3 +307,8 @@ class Scheduler:
     def check_integrity(self) -> None:
         self.blocks.check_integrity({r.request_id: r.block_ids for r in self.running})
         assert all(r.status is RequestStatus.WAITING and not r.block_ids for r in self.waiting)
+        assert all(r.status is RequestStatus.SWAPPED and not r.block_ids for r in self.swapped)
+        if self.host_blocks is not None:
+            owned = {r.request_id: r.host_block_ids for r in self.swapped}
+            owned["(read by the last plan's swap-ins)"] = self._host_to_free
+            self.host_blocks.check_integrity(owned)

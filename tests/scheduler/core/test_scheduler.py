@@ -15,8 +15,9 @@ from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
 EOS = 0
 
 
-def create_scheduler(num_blocks=64, block_size=4, **overrides) -> Scheduler:
-    return Scheduler(SchedulerConfig(**overrides), BlockManager(num_blocks, block_size))
+def create_scheduler(num_blocks=64, block_size=4, num_host_blocks=0, **overrides) -> Scheduler:
+    host = BlockManager(num_host_blocks, block_size) if num_host_blocks else None
+    return Scheduler(SchedulerConfig(**overrides), BlockManager(num_blocks, block_size), host)
 
 
 def create_requests(n, prompt_len=10, max_tokens=5, start=0, shared_prefix=0) -> list[Request]:
@@ -106,14 +107,55 @@ def test_config_rejects_nonsense():
         SchedulerConfig(chunk_size=0)
 
 
+def test_swap_preemption_copies_kv_out_and_back_in_and_keeps_progress():
+    # Each request grows to 20 tokens (5 blocks); together they need 10 of the 8 blocks.
+    s = create_scheduler(num_blocks=8, block_size=4, num_host_blocks=8, preemption_mode="swap")
+    a, b = create_requests(2, prompt_len=8, max_tokens=12)
+    s.add(a)
+    s.add(b)
+    step(s)
+    outs, ins, dropped = [], [], []
+    for _ in range(60):
+        if not s.has_work:
+            break
+        plan, _ = step(s)
+        outs += plan.swap_out
+        ins += plan.swap_in
+        dropped += plan.finished
+        if plan.swap_in:
+            resumed = [c for c in plan.continuing if c.block_ids is not None]
+            assert all(c.block_ids == s.requests[c.seq_id].block_ids for c in resumed if c.seq_id in s.requests)
+    assert outs and ins and len(outs) == len(ins)
+    dropped += s.schedule().finished  # the plan after the last step drops the last finisher
+    assert b.num_preemptions >= 1 and a.num_preemptions == 0
+    assert dropped == ["r0", "r1"]  # the worker dropped each only once it had finished: swapped, never dropped
+    assert a.status is b.status is RequestStatus.FINISHED and len(b.output_token_ids) == 12
+    assert s.blocks.num_free == 8 and s.host_blocks.num_free == 8
+
+
+def test_swap_falls_back_to_recompute_when_the_host_pool_is_full():
+    s = create_scheduler(num_blocks=6, block_size=4, num_host_blocks=1, preemption_mode="swap")
+    a, b = create_requests(2, prompt_len=8, max_tokens=12)
+    s.add(a)
+    s.add(b)
+    dropped = []
+    while s.has_work:
+        plan, _ = step(s)
+        dropped += plan.finished
+        assert not plan.swap_out
+    assert "r1" in dropped and b.num_preemptions >= 1
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     prompts=st.lists(st.integers(1, 40), min_size=1, max_size=8),
     chunk=st.one_of(st.none(), st.integers(1, 16)),
     num_blocks=st.integers(12, 40),
+    swap=st.booleans(),
 )
-def test_random_workloads_finish_with_no_block_leaked(prompts, chunk, num_blocks):
-    s = create_scheduler(num_blocks=num_blocks, block_size=4, chunk_size=chunk)
+def test_random_workloads_finish_with_no_block_leaked(prompts, chunk, num_blocks, swap):
+    s = create_scheduler(num_blocks=num_blocks, block_size=4, chunk_size=chunk, num_host_blocks=16 if swap else 0,
+                         preemption_mode="swap" if swap else "recompute")
     for i, n in enumerate(prompts):
         # Half the prompts share a prefix, so cached blocks are shared, freed and evicted under pressure.
         tokens = [1] * n if i % 2 else [i + 2] * n
@@ -126,6 +168,9 @@ def test_random_workloads_finish_with_no_block_leaked(prompts, chunk, num_blocks
         finished |= {e.request_id for e in events if e.finish_reason}
     assert finished == {f"r{i}" for i in range(len(prompts))}
     assert s.blocks.num_free == num_blocks
+    if swap:
+        s.schedule()  # host blocks read by the last swap-ins are released one plan later
+        assert s.host_blocks.num_free == 16
 
 
 def test_a_shared_prefix_is_served_from_the_cache_after_it_is_computed():
@@ -162,3 +207,25 @@ def test_a_fully_cached_prompt_still_computes_its_last_token():
     s.add(Request("b", a.prompt_token_ids, SamplingParams(max_tokens=1), 1.0))
     plan, _ = step(s)
     assert plan.new[0].num_computed_tokens == 4 and plan.num_scheduled_tokens["b"] == 4
+
+
+def test_a_running_prompt_short_of_blocks_preempts_a_newer_request():
+    s = create_scheduler(num_blocks=4, block_size=4, chunk_size=8, enable_prefix_caching=False)
+    old, new, newest = create_requests(3, prompt_len=12, max_tokens=8)
+    for r in (old, new, newest):
+        s.add(r)
+    # A state block pressure leads to: old prefilling (4 of 12 computed, 1 block), new waiting for a
+    # recompute, newest running a prompt chunk with the other 3 blocks.
+    s.waiting.clear()
+    for r, computed, blocks in ((old, 4, 1), (newest, 8, 3)):
+        r.block_ids = s.blocks.allocate(blocks)
+        r.num_computed_tokens = computed
+        r.status = RequestStatus.RUNNING
+        s.running.append(r)
+        s._on_worker.add(r.request_id)
+        s._sent_blocks[r.request_id] = blocks
+    s.waiting.append(new)
+    plan = s.schedule()
+    assert plan.num_scheduled_tokens == {"r0": 8}  # newest gave way to the older prompt
+    assert newest.status is RequestStatus.WAITING and "r2" in plan.finished
+    s.check_integrity()

@@ -104,18 +104,22 @@ def test_stop_strings_cut_the_text(tmp_path, tiny_model_dir):
     assert cut.token_ids == free.token_ids[: len(cut.token_ids)]
 
 
-def test_recompute_preemption_under_a_small_pool_keeps_outputs(tiny_model_dir):
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_under_a_small_pool_keeps_outputs(tiny_model_dir, mode):
     from seawall.offline.engine import OfflineEngine
 
     prompts = [[(13 * i + j) % 3000 + 20 for j in range(40 + 9 * i)] for i in range(8)]
     params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)] * len(prompts)
     roomy = OfflineEngine(EngineConfig(model=str(tiny_model_dir)), SchedulerConfig(chunk_size=32))
     expected = [c.token_ids for c in roomy.generate(prompts, params)]
+    assert sum(roomy.scheduler.preemptions.values()) == 0
     block_bytes = roomy.runner.layout.bytes_per_block
-    tight = OfflineEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=24 * block_bytes),
-                          SchedulerConfig(chunk_size=32))
+    tight = OfflineEngine(
+        EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=24 * block_bytes, swap_bytes=64 * block_bytes),
+        SchedulerConfig(chunk_size=32, preemption_mode=mode),
+    )
     got = tight.generate(prompts, params)
-    assert sum(c.num_preemptions for c in got) > 0, "the pool was meant to force preemptions"
+    assert tight.scheduler.preemptions[mode] > 0, f"the pool was meant to force {mode} preemptions"
     assert [c.token_ids for c in got] == expected
     assert tight.blocks.num_free == tight.blocks.num_blocks
 
