@@ -30,3 +30,4 @@ protos: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/kv_waste.py
 	$(PY) bench/engine_throughput.py
+	$(PY) bench/scheduler_step.py
