@@ -86,17 +86,21 @@ class OfflineEngine:
             detoks[rid] = IncrementalDetokenizer(self.tokenizer, p, prompt_token_ids=prompt)
             reqs[rid] = Request(rid, list(prompt), p, arrival_time=0.0, eos_token_ids=self.checkpoint.eos_token_ids)
             self.scheduler.add(reqs[rid])
+        idle_steps = 0
         while self.scheduler.has_work:
             plan = self.scheduler.schedule()
-            if not plan.num_scheduled_tokens and not self.scheduler.running:
+            result = self.runner.execute(plan)  # even an empty plan carries drops and swaps
+            for event in self.scheduler.on_result(plan, result):
+                self._apply(event, done[event.request_id], detoks[event.request_id])
+            idle_steps = 0 if plan.num_scheduled_tokens else idle_steps + 1
+            if idle_steps and not self.scheduler.running and self.scheduler.waiting:
                 # Nothing fits and nothing runs: the head request can never be scheduled.
                 head = self.scheduler.waiting[0]
                 done[head.request_id].finish_reason = FinishReason.ERROR
                 self.scheduler.finish(head.request_id, FinishReason.ERROR)
-                continue
-            result = self.runner.execute(plan)
-            for event in self.scheduler.on_result(plan, result):
-                self._apply(event, done[event.request_id], detoks[event.request_id])
+            # The core always makes progress within a step or two (a swap-in, then its run); more idle
+            # steps in a row mean a scheduling bug, which must not hang the caller.
+            assert idle_steps < 8, f"scheduler made no progress in {idle_steps} steps: {self.scheduler.running}"
         for rid, comp in done.items():
             comp.text = detoks[rid].text
             comp.num_preemptions = reqs[rid].num_preemptions
