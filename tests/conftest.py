@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine.builtin_model import init_model
+from services.engine.builtin_model import PRESETS, init_model
 
 # The oracle's second model: different head counts, GQA ratio 3, llama3 RoPE scaling, untied embeddings,
 # and weights split over shards with an index.
@@ -17,13 +17,9 @@ SECOND_MODEL_OVERRIDES = {
     "head_dim": 16,
     "tie_word_embeddings": False,
     "rope_theta": 500000.0,
-    "rope_scaling": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 256,
-    },
+    # The small preset's llama3 scaling with a short original context: more of the 8 frequency pairs fall
+    # in the scaled and smoothed bands, so the test exercises all three branches of the scaling.
+    "rope_scaling": {**PRESETS["small"]["rope_scaling"], "original_max_position_embeddings": 256},
 }
 
 
