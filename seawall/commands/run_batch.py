@@ -9,7 +9,7 @@ from pathlib import Path
 
 from services.common.errors import InvalidArgument, NotFound
 from services.engine.config import EngineConfig
-from services.scheduler.core.scheduler import SchedulerConfig
+from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step (default 256)")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes")
     p.add_argument("--swap-bytes", type=int, default=256 * 2**20, help="host memory for swapped-out KV, bytes")
+    p.add_argument("--policy", choices=POLICIES, default="sarathi",
+                   help="step policy: sarathi (stall-free chunked prefill, default) or vllm (prefill-first)")
     p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute",
                    help="what happens to a preempted request's KV (default: recompute)")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV of shared prompt prefixes")
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         sched = SchedulerConfig(args.max_num_batched_tokens, args.chunk_size, args.max_num_seqs,
                                 enable_prefix_caching=not args.no_prefix_caching,
-                                preemption_mode=args.preemption_mode)
+                                preemption_mode=args.preemption_mode, policy=args.policy)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
     engine = OfflineEngine(

@@ -1,10 +1,13 @@
-"""The scheduler core: continuous batching with chunked prefill (Sarathi-Serve's stall-free batching).
+"""The scheduler core: continuous batching over a paged KV pool, with a step policy chosen by name.
 
-Pure logic: no I/O, no clock reads, no torch. Each step::
+Pure logic: no I/O, no clock reads, no torch. A step under ``sarathi`` (Sarathi-Serve's stall-free batching)::
 
     1. running decodes first (one token each) — a decode never waits behind a prompt;
     2. then the running prompt's next chunk, then new prompts, while the prompt-token budget lasts;
-    3. under block pressure the newest running request is preempted for recompute.
+    3. under block pressure the newest running request is preempted (swapped or dropped for recompute).
+
+Under ``vllm`` (the classic prefill-first baseline) a step is either whole new prompts, whenever one fits,
+or decodes only. Swapped requests resume before any new prompt is admitted.
 
 ``schedule()`` returns a ``StepPlan``; ``on_result()`` applies the sampled tokens and returns events for the
 caller to stream. The caller owns time: ``add`` takes the arrival time as an argument.
@@ -21,6 +24,8 @@ from services.common.step import ContinuingSequence, NewSequence, SampledToken, 
 from services.scheduler.core.block_manager import BlockManager
 from services.scheduler.core.request import Request, RequestStatus
 
+POLICIES = ("sarathi", "vllm")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -34,6 +39,9 @@ class SchedulerConfig:
     max_model_len: int = 4096
     # Reuse the KV of full blocks whose chained hash matches (PagedAttention's prefix sharing).
     enable_prefix_caching: bool = True
+    # "sarathi": stall-free batching, decodes first then prompt chunks within chunk_size (Sarathi-Serve);
+    # "vllm": prefill-first, a step of whole prompts whenever one fits, else decodes (vLLM's classic policy).
+    policy: str = "sarathi"
     # "swap": a preempted request's KV is copied to host blocks while the host pool has room (recompute when
     # it has none); "recompute": its KV is dropped and recomputed when it runs again.
     preemption_mode: str = "recompute"
@@ -45,6 +53,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1 or None (no limit), got {value}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.preemption_mode not in ("swap", "recompute"):
             raise ValueError(f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}")
 
@@ -54,6 +64,14 @@ class TokenEvent:
     request_id: str
     token: SampledToken
     finish_reason: str | None
+
+
+@dataclass
+class _Budget:
+    """What is left of one step's token budgets."""
+
+    tokens: float  # decodes + prompt tokens
+    prompt_tokens: float  # prompt tokens (the chunk budget)
 
 
 @dataclass
@@ -122,27 +140,50 @@ class Scheduler:
             self.host_blocks.free(self._host_to_free)
             self._host_to_free = []
         self._swapped_in_now = self._swap_in_what_fits()
-        token_budget = self.config.max_num_batched_tokens or float("inf")
-        prompt_budget = self.config.chunk_size or float("inf")
+        chunked = self.config.policy == "sarathi"  # vllm runs prompts whole: chunk_size does not apply
+        budget = _Budget(self.config.max_num_batched_tokens or float("inf"),
+                         (self.config.chunk_size if chunked else None) or float("inf"))
         scheduled: list[tuple[Request, int]] = []
-        # 1. decodes, oldest first; preempt the newest while blocks run out.
+        if self.config.policy == "vllm":
+            # vLLM's classic prefill-first policy: a step of whole new prompts whenever one fits (running
+            # decodes stall meanwhile), otherwise a decode-only step.
+            self._schedule_prompts(scheduled, budget, whole=True)
+            if not scheduled:
+                self._schedule_decodes(scheduled, budget)
+        else:
+            # Sarathi-Serve's stall-free batching: decodes first, then prompt chunks within the budget.
+            self._schedule_decodes(scheduled, budget)
+            self._schedule_prompts(scheduled, budget, whole=False)
+        # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
+        plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in)
+        self._to_drop, self._swap_out, self._swap_in = [], [], []
+        self._fill_plan(plan, scheduled)
+        return plan
+
+    def _schedule_decodes(self, scheduled: list[tuple[Request, int]], budget: _Budget) -> None:
+        """Running decodes, oldest first; the newest are preempted while blocks run out."""
         for req in [r for r in self.running if r.is_decoding]:
-            if token_budget < 1 or len(scheduled) >= self.config.max_num_seqs:
+            if budget.tokens < 1 or len(scheduled) >= self.config.max_num_seqs:
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted by an older decode in this loop
             if not self._reserve_or_preempt(req, 1, scheduled):
                 continue
             scheduled.append((req, 1))
-            token_budget -= 1
-        # 2. running prompts, then 3. waiting prompts, within both budgets.
+            budget.tokens -= 1
+
+    def _schedule_prompts(self, scheduled: list[tuple[Request, int]], budget: _Budget, whole: bool) -> None:
+        """Running prompts' next chunks, then new prompts, first come first served within the budget.
+
+        ``whole``: a prompt runs entirely in this step or waits (no chunking).
+        """
         for req in [r for r in self.running if not r.is_decoding] + list(self.waiting):
-            budget = min(token_budget, prompt_budget)
-            if budget < 1 or len(scheduled) >= self.config.max_num_seqs:
+            room = min(budget.tokens, budget.prompt_tokens)
+            if room < 1 or len(scheduled) >= self.config.max_num_seqs or (whole and req.num_uncomputed > room):
                 break
-            if req.status is RequestStatus.WAITING and (self.swapped or not self._admit(req, budget)):
+            if req.status is RequestStatus.WAITING and (self.swapped or not self._admit(req, room)):
                 break  # FCFS: no later prompt jumps a prompt that does not fit, nor a swapped request
-            n = int(min(req.num_uncomputed, budget))
+            n = int(min(req.num_uncomputed, room))
             if req.status is RequestStatus.RUNNING and not self._reserve_or_preempt(req, n, scheduled, False):
                 break
             if req.status is RequestStatus.WAITING:
@@ -150,13 +191,8 @@ class Scheduler:
                 self.running.append(req)
                 req.status = RequestStatus.RUNNING
             scheduled.append((req, n))
-            token_budget -= n
-            prompt_budget -= n
-        # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
-        plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in)
-        self._to_drop, self._swap_out, self._swap_in = [], [], []
-        self._fill_plan(plan, scheduled)
-        return plan
+            budget.tokens -= n
+            budget.prompt_tokens -= n
 
     def _swap_in_what_fits(self) -> set[str]:
         """Moves swapped requests, oldest first, back to device blocks while they fit."""

@@ -152,10 +152,11 @@ def test_swap_falls_back_to_recompute_when_the_host_pool_is_full():
     chunk=st.one_of(st.none(), st.integers(1, 16)),
     num_blocks=st.integers(12, 40),
     swap=st.booleans(),
+    policy=st.sampled_from(["sarathi", "vllm"]),
 )
-def test_random_workloads_finish_with_no_block_leaked(prompts, chunk, num_blocks, swap):
+def test_random_workloads_finish_with_no_block_leaked(prompts, chunk, num_blocks, swap, policy):
     s = create_scheduler(num_blocks=num_blocks, block_size=4, chunk_size=chunk, num_host_blocks=16 if swap else 0,
-                         preemption_mode="swap" if swap else "recompute")
+                         preemption_mode="swap" if swap else "recompute", policy=policy)
     for i, n in enumerate(prompts):
         # Half the prompts share a prefix, so cached blocks are shared, freed and evicted under pressure.
         tokens = [1] * n if i % 2 else [i + 2] * n
@@ -229,3 +230,27 @@ def test_a_running_prompt_short_of_blocks_preempts_a_newer_request():
     assert plan.num_scheduled_tokens == {"r0": 8}  # newest gave way to the older prompt
     assert newest.status is RequestStatus.WAITING and "r2" in plan.finished
     s.check_integrity()
+
+
+def test_vllm_policy_runs_whole_prompts_first_and_stalls_decodes_meanwhile():
+    s = create_scheduler(policy="vllm", chunk_size=4)  # chunk_size is ignored: prompts run whole
+    a, b = create_requests(2, prompt_len=10, max_tokens=5)
+    s.add(a)
+    plan, _ = step(s)
+    assert plan.num_scheduled_tokens == {"r0": 10}
+    s.add(b)
+    plan, _ = step(s)
+    assert plan.num_scheduled_tokens == {"r1": 10}  # prefill-only step: r0's decode waits
+    plan, _ = step(s)
+    assert plan.num_scheduled_tokens == {"r0": 1, "r1": 1}  # no prompt waiting: decode-only step
+
+
+def test_vllm_policy_does_not_chunk_a_prompt_larger_than_the_token_budget():
+    s = create_scheduler(policy="vllm", max_num_batched_tokens=8)
+    s.add(create_requests(1, prompt_len=10)[0])
+    assert s.schedule().num_scheduled_tokens == {}
+
+
+def test_unknown_policy_names_the_choices():
+    with pytest.raises(ValueError, match="sarathi, vllm"):
+        SchedulerConfig(policy="lifo")

@@ -69,11 +69,15 @@ def _run_batch(tmp_path, model_dir, prompts, *flags):
     return [json.loads(line) for line in dst.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("chunk_size", [1, 7, 16, 64, None])
-def test_greedy_tokens_and_logprobs_match_transformers(tmp_path, oracle_case, chunk_size, block_size):
+CASES = [(chunk, block, "sarathi") for chunk in (1, 7, 16, 64, None) for block in (16, 32)]
+CASES += [(None, 16, "vllm")]
+
+
+@pytest.mark.parametrize(("chunk_size", "block_size", "policy"), CASES)
+def test_greedy_tokens_and_logprobs_match_transformers(tmp_path, oracle_case, chunk_size, block_size, policy):
     model_dir, prompts, refs = oracle_case
-    flags = ["--block-size", str(block_size)] + (["--chunk-size", str(chunk_size)] if chunk_size else [])
+    flags = ["--block-size", str(block_size), "--policy", policy]
+    flags += ["--chunk-size", str(chunk_size)] if chunk_size else []
     results = _run_batch(tmp_path, model_dir, prompts, *flags)
     assert [r["custom_id"] for r in results] == [f"p{i}" for i in range(len(prompts))]
     for i, (result, (ref_ids, ref_logprobs)) in enumerate(zip(results, refs, strict=True)):
