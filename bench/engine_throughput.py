@@ -62,9 +62,10 @@ Runner = Callable[[Prompts, list[int]], list[list[int]]]  # (prompts, output len
 # ---------------------------------------------------------------------------------------------- systems
 
 
-def seawall_runner(model_dir: str, scheduler: SchedulerConfig, kv_bytes: int) -> tuple[Runner, OfflineEngine]:
+def seawall_runner(model_dir: str, scheduler: SchedulerConfig, kv_bytes: int, device: str = "cpu",
+                   dtype: str = "float32") -> tuple[Runner, OfflineEngine]:
     engine = OfflineEngine(
-        EngineConfig(model=model_dir, device="cpu", dtype="float32", block_size=16, kv_cache_bytes=kv_bytes),
+        EngineConfig(model=model_dir, device=device, dtype=dtype, block_size=16, kv_cache_bytes=kv_bytes),
         scheduler,
     )
 
@@ -75,11 +76,11 @@ def seawall_runner(model_dir: str, scheduler: SchedulerConfig, kv_bytes: int) ->
     return run, engine
 
 
-def load_hf(model_dir: str, attn: str = "sdpa"):
+def load_hf(model_dir: str, attn: str = "sdpa", device: str = "cpu", dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
-    model.eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation=attn)
+    model.to(device).eval()
     # No eos at all: generate() fills unset fields from model.generation_config, so clear it there too.
     model.generation_config.eos_token_id = None
     return model
@@ -105,7 +106,8 @@ def hf_batched_runner(model, batch_size: int) -> Runner:
             for row, p in enumerate(batch):  # left padding
                 ids[row, width - len(p):] = torch.tensor(p)
                 mask[row, width - len(p):] = 1
-            gen = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            gen = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                                 generation_config=config)
             out.extend(row[:n] for row, n in zip(gen[:, width:].tolist(), lens, strict=True))
         return out
 
@@ -212,6 +214,8 @@ def main() -> int:  # noqa: C901, PLR0915
                          "static batches then run to their longest request and count only requested tokens")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds; each system's best time is used")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (both systems run there)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--skip-hf-cb", action="store_true", help="leave out transformers' generate_batch")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, cProfile one Seawall (default config) run and print the top N entries")
@@ -247,16 +251,17 @@ def main() -> int:  # noqa: C901, PLR0915
 
     systems: dict[str, Runner] = {}
     notes: dict[str, str] = {}
-    run_default, engine = seawall_runner(model_dir, SchedulerConfig(), kv)
+    run_default, engine = seawall_runner(model_dir, SchedulerConfig(), kv, args.device, args.dtype)
     systems["seawall (default)"] = run_default
-    systems["seawall (chunk_size=512)"], _ = seawall_runner(model_dir, SchedulerConfig(chunk_size=512), kv)
-    hf_model = load_hf(model_dir)
+    systems["seawall (chunk_size=512)"], _ = seawall_runner(model_dir, SchedulerConfig(chunk_size=512), kv,
+                                                                args.device, args.dtype)
+    hf_model = load_hf(model_dir, device=args.device, dtype=args.dtype)
     systems[f"hf-batched (batch {args.num_requests})"] = hf_batched_runner(hf_model, args.num_requests)
     if args.num_requests > 16:
         systems["hf-batched (batch 16)"] = hf_batched_runner(hf_model, 16)
     if not args.skip_hf_cb:
         try:
-            cb_model = load_hf(model_dir)
+            cb_model = load_hf(model_dir, device=args.device, dtype=args.dtype)
             if not hasattr(cb_model, "generate_batch"):
                 raise AttributeError("this transformers has no generate_batch")
             systems["hf-cb (generate_batch)"] = hf_cb_runner(cb_model, args.num_requests)

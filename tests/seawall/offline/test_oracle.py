@@ -9,6 +9,7 @@ equal its log-softmax to 1e-4.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -18,6 +19,10 @@ from seawall.cli import main
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
 transformers = pytest.importorskip("transformers")
+
+# The engine under test runs here (fp32 everywhere); on a GPU machine: SEAWALL_TEST_DEVICE=cuda pytest -m oracle.
+DEVICE = os.environ.get("SEAWALL_TEST_DEVICE", "cpu")
+ENGINE_FLAGS = ["--device", DEVICE, "--dtype", "float32"]
 
 PROMPT_LENS = [1, 2, 3, 5, 8, 13, 16, 17, 31, 33, 64, 100, 150, 257, 400, 720]
 TOP_N = 5
@@ -65,7 +70,8 @@ def _run_batch(tmp_path, model_dir, prompts, *flags):
         for i, p in enumerate(prompts)
     ]
     src.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    assert main(["run-batch", "-i", str(src), "-o", str(dst), "--model", str(model_dir), *flags]) == 0
+    assert main(["run-batch", "-i", str(src), "-o", str(dst), "--model", str(model_dir), *ENGINE_FLAGS,
+                 *flags]) == 0
     return [json.loads(line) for line in dst.read_text().splitlines()]
 
 
@@ -108,7 +114,8 @@ def test_prefix_cache_hits_match_transformers(tiny_model_dir, chunk_size):
     second = [prefix + torch.randint(0, 4096, (n,), generator=g).tolist() for n in (0, 1, 20, 37, 150)]
     first = [prefix + [5, 6, 7]]
     refs = _hf_reference(tiny_model_dir, second)
-    engine = OfflineEngine(EngineConfig(model=str(tiny_model_dir)), SchedulerConfig(chunk_size=chunk_size))
+    engine = OfflineEngine(EngineConfig(model=str(tiny_model_dir), device=DEVICE, dtype="float32"),
+                           SchedulerConfig(chunk_size=chunk_size))
     params = [SamplingParams(max_tokens=_max_tokens(i), temperature=0) for i in range(len(second))]
     engine.generate(first, params[:1])
     got = engine.generate(second, params)
@@ -133,7 +140,8 @@ def test_preemption_matches_transformers(tiny_model_dir, mode):
     probe = OfflineEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=1 << 20))
     block_bytes = probe.runner.layout.bytes_per_block
     engine = OfflineEngine(
-        EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=24 * block_bytes, swap_bytes=200 * block_bytes),
+        EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=24 * block_bytes, swap_bytes=200 * block_bytes,
+                     device=DEVICE, dtype="float32"),
         SchedulerConfig(chunk_size=32, preemption_mode=mode),
     )
     got = engine.generate(prompts, [SamplingParams(max_tokens=30, temperature=0)] * len(prompts))
