@@ -34,9 +34,9 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str) -> BatchItem:
     try:
         raw = json.loads(line)
     except json.JSONDecodeError as exc:
-        return BatchItem(line_no, None, error=_bad(f"line {line_no} is not valid JSON: {exc.msg}"))
+        return BatchItem(line_no, None, error=InvalidArgument(f"line {line_no} is not valid JSON: {exc.msg}"))
     if not isinstance(raw, dict):
-        return BatchItem(line_no, None, error=_bad(f"line {line_no} must be a JSON object"))
+        return BatchItem(line_no, None, error=InvalidArgument(f"line {line_no} must be a JSON object"))
     item = BatchItem(line_no, raw.get("custom_id"))
     try:
         item.prompt_token_ids, item.params = _parse_request(engine, raw)
@@ -48,19 +48,19 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str) -> BatchItem:
 
 def _parse_request(engine: OfflineEngine, raw: dict[str, Any]) -> tuple[list[int], SamplingParams]:
     if raw.get("method", "POST") != "POST":
-        raise _bad(f"method must be POST, got {raw.get('method')!r}")
+        raise InvalidArgument(f"method must be POST, got {raw.get('method')!r}")
     if raw.get("url") not in SUPPORTED_URLS:
-        raise _bad(f"url must be one of {', '.join(SUPPORTED_URLS)}, got {raw.get('url')!r}")
+        raise InvalidArgument(f"url must be one of {', '.join(SUPPORTED_URLS)}, got {raw.get('url')!r}")
     body = raw.get("body")
     if not isinstance(body, dict):
-        raise _bad("body must be a JSON object holding the completion request")
+        raise InvalidArgument("body must be a JSON object holding the completion request")
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         ids = engine.encode(prompt)
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
     else:
-        raise _bad("body.prompt must be a string or a list of token ids (one prompt per line)")
+        raise InvalidArgument("body.prompt must be a string or a list of token ids (one prompt per line)")
     return ids, SamplingParams.from_openai(body)
 
 
@@ -126,7 +126,3 @@ def _error_line(item: BatchItem, error: SeawallError) -> dict:
                          "body": {"error": {"message": message, "type": "invalid_request_error",
                                             "code": error.grpc_code.lower()}}},
             "error": {"code": error.grpc_code.lower(), "message": message}}
-
-
-def _bad(message: str) -> InvalidArgument:
-    return InvalidArgument(message)

@@ -88,11 +88,7 @@ def paged_attention(
         out[span] = o.squeeze(2)
     for g in batch.fresh:
         span = slice(g.token_start, g.token_start + g.count * g.length)
-
-        def heads_first(x: torch.Tensor, g: FreshChunks = g) -> torch.Tensor:
-            return x.view(g.count, g.length, x.shape[1], x.shape[2]).transpose(1, 2)
-
-        o = F.scaled_dot_product_attention(heads_first(q[span]), heads_first(k[span]), heads_first(v[span]),
+        o = F.scaled_dot_product_attention(_per_chunk(q[span], g), _per_chunk(k[span], g), _per_chunk(v[span], g),
                                            is_causal=True, enable_gqa=True)
         out[span] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
     for c in batch.prefixed:
@@ -104,6 +100,11 @@ def paged_attention(
                                            attn_mask=c.mask, enable_gqa=True)
         out[span] = o.squeeze(0).transpose(0, 1)
     return out
+
+
+def _per_chunk(x: torch.Tensor, g: FreshChunks) -> torch.Tensor:
+    """``[count * length, heads, dim]`` back-to-back chunks → ``[count, heads, length, dim]``."""
+    return x.view(g.count, g.length, x.shape[1], x.shape[2]).transpose(1, 2)
 
 
 def gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # a request is an entity: queues find and remove it by identity, not by field values
 class Request:
     request_id: str
     prompt_token_ids: list[int]
