@@ -12,6 +12,7 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued; also a recompute-preempted request waiting to run again
     RUNNING = "running"  # has blocks; prefilling (chunk by chunk) or decoding
     SWAPPED = "swapped"  # preempted with its KV copied to host blocks; resumes where it stopped
+    ARRIVING = "arriving"  # has blocks; its KV is being transferred in from another worker (disaggregated)
     FINISHED = "finished"
 
 

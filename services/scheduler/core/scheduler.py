@@ -94,6 +94,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()  # resumed first in first out, before any new prompt
+        self.arriving: dict[str, Request] = {}  # KV being transferred in; not schedulable yet
+        self.handed_off: dict[str, list[int]] = {}  # blocks held while their KV is sent to another worker
         self.requests: dict[str, Request] = {}
         self._on_worker: set[str] = set()  # requests whose state the worker holds
         self._to_drop: list[str] = []  # finished/preempted since the last plan: the worker drops them
@@ -130,9 +132,73 @@ class Scheduler:
             self.swapped.remove(req)
             self.host_blocks.free(req.host_block_ids)
             req.host_block_ids = []
+        self.arriving.pop(request_id, None)
         self._release(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[request_id]
+
+    # --- Disaggregated hand-off: a prompt runs on a prefill worker, its KV moves, decoding continues here ---
+
+    def hand_off(self, request_id: str) -> list[int]:
+        """Ends a running request on this worker but keeps its blocks: their KV is about to be sent to another
+        worker. The caller calls ``release_handed_off`` once the transfer ended."""
+        req = self.requests.pop(request_id)
+        self.running.remove(req)
+        held, req.block_ids = req.block_ids, []
+        self._sent_blocks.pop(request_id, None)
+        if request_id in self._on_worker:
+            self._on_worker.discard(request_id)
+            self._to_drop.append(request_id)  # the worker drops the sequence; block contents stay
+        req.status = RequestStatus.FINISHED
+        self.handed_off[request_id] = held
+        return list(held)
+
+    def release_handed_off(self, request_id: str) -> None:
+        self.blocks.free(self.handed_off.pop(request_id))
+
+    def reserve_arrival(self, request: Request) -> list[int] | None:
+        """Takes a request whose ``num_computed_tokens`` were computed on another worker and reserves blocks
+        for them; it waits (ARRIVING) until ``arrive``. None when the pool cannot hold them now."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        got = self.blocks.allocate(self.blocks.blocks_needed(request.num_computed_tokens, 0))
+        if got is None:
+            return None
+        request.block_ids, request.num_cached_blocks = got, 0
+        request.status = RequestStatus.ARRIVING
+        self.requests[request.request_id] = request
+        self.arriving[request.request_id] = request
+        return list(got)
+
+    def arrive(self, request_id: str) -> None:
+        """The request's KV landed in its blocks: it runs from the next step on."""
+        req = self.arriving.pop(request_id)
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        self._cache_full_blocks(req)
+
+    def cancel_arrival(self, request_id: str) -> None:
+        """The transfer failed: the request recomputes its KV here, queued ahead of new prompts."""
+        req = self.arriving.pop(request_id)
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+
+    def drain(self) -> list[Request]:
+        """Removes every request (the worker died): each comes back reset to be recomputed elsewhere, with
+        the tokens it already produced. The pools are abandoned with the worker."""
+        reqs = sorted(self.requests.values(), key=lambda r: (r.arrival_time, r.request_id))
+        for req in reqs:
+            req.block_ids, req.host_block_ids = [], []
+            req.num_computed_tokens = req.num_cached_blocks = 0
+            req.status = RequestStatus.WAITING
+        self.requests.clear()
+        self.arriving.clear()
+        self.handed_off.clear()
+        self.waiting.clear()
+        self.running.clear()
+        self.swapped.clear()
+        return reqs
 
     def schedule(self) -> StepPlan:
         self._step_id += 1
@@ -341,7 +407,10 @@ class Scheduler:
             plan.num_scheduled_tokens[rid] = n
 
     def check_integrity(self) -> None:
-        self.blocks.check_integrity({r.request_id: r.block_ids for r in self.running})
+        owners = {r.request_id: r.block_ids for r in [*self.running, *self.arriving.values()]}
+        owners.update({f"{rid} (handed off)": ids for rid, ids in self.handed_off.items()})
+        self.blocks.check_integrity(owners)
+        assert all(r.status is RequestStatus.ARRIVING for r in self.arriving.values())
         assert all(r.status is RequestStatus.WAITING and not r.block_ids for r in self.waiting)
         assert all(r.status is RequestStatus.SWAPPED and not r.block_ids for r in self.swapped)
         if self.host_blocks is not None:
