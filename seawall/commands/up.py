@@ -1,60 +1,80 @@
-"""``seawall up``: start Seawall on the built-in model (or ``--model DIR``).
+"""``seawall up``: start the whole mesh on this machine, on the built-in model by default.
 
-Until the gRPC mesh lands (scheduler, prefill, decode and kvcache as processes), this runs the same engine
-and scheduler core in one process and streams completions for prompts typed on stdin (or given with
-``--prompt``), so the quick start shows the real model, tokenizer, chunked prefill and sampling at work.
+Starts the scheduler (gRPC on 127.0.0.1:50051, OpenAI HTTP API on 127.0.0.1:8000) and the workers (by
+default disaggregated: one prefill and one decode worker, KV moving between them over NIXL) as local
+processes, waits until every worker has registered, prints the endpoints, and serves until Ctrl-C or
+SIGTERM, then stops every child cleanly.
+
+    seawall up                                     # built-in model, disaggregated 1 prefill + 1 decode
+    seawall up --mode colocated --workers 2        # two workers running mixed batches (Sarathi-Serve)
+    seawall up --model ~/models/Llama-3.2-1B --policy fastserve --http-port 8080
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
+import signal
+import threading
 
-from services.common.sampling_params import SamplingParams
-from services.engine.config import EngineConfig
-from services.scheduler.core.scheduler import SchedulerConfig
-
-EXAMPLES = ["The quick brown fox", "def fibonacci(n):", "Burst traffic is"]
+from seawall.launcher import LocalMesh, MeshOptions
+from services.scheduler.main import add_scheduling_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="start Seawall on the built-in model (in-process until the mesh lands)",
+    p = sub.add_parser("up", help="start the mesh (scheduler + workers) on this machine",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="Hugging Face checkpoint dir (default: the built-in model)")
-    p.add_argument("--prompt", action="append", default=None, help="prompt to complete (repeatable)")
-    p.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
-    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--chunk-size", type=int, default=256, help="prompt tokens per step (default 256)")
+    p.add_argument("--host", default="127.0.0.1", help="address every service listens on (default 127.0.0.1)")
+    p.add_argument("--grpc-port", type=int, default=50051, help="scheduler gRPC port (default 50051; 0 = free)")
+    p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port (default 8000; 0 = free)")
+    p.add_argument("--prefill", type=int, default=1, help="prefill workers when disaggregated (default 1)")
+    p.add_argument("--decode", type=int, default=1, help="decode workers when disaggregated (default 1)")
+    p.add_argument("--workers", type=int, default=1, help="hybrid workers when colocated (default 1)")
+    add_scheduling_flags(p)
+    p.add_argument("--device", default="auto", help="workers' torch device: cpu, cuda, cuda:N or auto")
+    p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
+    p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
     p.set_defaults(func=run)
 
 
+def options_from(args: argparse.Namespace) -> MeshOptions:
+    sched = ["--policy", args.policy, "--chunk-size", str(args.chunk_size), "--max-num-seqs", str(args.max_num_seqs),
+             "--preemption-mode", args.preemption_mode, "--max-queue-len", str(args.max_queue_len),
+             "--kv-transport", args.kv_transport]
+    if args.max_num_batched_tokens:
+        sched += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    workers = ["--device", args.device]
+    if args.kv_cache_bytes:
+        workers += ["--kv-cache-bytes", str(args.kv_cache_bytes)]
+    if args.no_nixl:
+        workers.append("--no-nixl")
+    colocated = args.mode == "colocated"
+    return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
+                       num_decode=args.workers if colocated else args.decode, host=args.host,
+                       grpc_port=args.grpc_port, http_port=args.http_port, scheduler_args=sched,
+                       worker_args=workers)
+
+
 def run(args: argparse.Namespace) -> int:
-    from seawall.offline.engine import OfflineEngine
-
-    started = time.perf_counter()
-    engine = OfflineEngine(EngineConfig(model=args.model), SchedulerConfig(chunk_size=args.chunk_size))
-    print(f"seawall: model {engine.checkpoint.path} ready in {time.perf_counter() - started:.1f}s "
-          f"({engine.runner.kv.num_blocks} KV blocks of {engine.runner.config.block_size} tokens, "
-          f"{engine.runner.device})")
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    prompts = args.prompt or (EXAMPLES if not sys.stdin.isatty() else [])
-    if prompts:
-        _complete(engine, prompts, params)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    mesh = LocalMesh(options_from(args))
+    try:
+        mesh.start()
+        roles = ", ".join(c.name for c in mesh.children[1:])
+        print(f"seawall: mesh ready ({args.mode}; {roles}; policy {args.policy})", flush=True)
+        print(f"  gRPC (seawall.Client):  {mesh.grpc_address}", flush=True)
+        if mesh.http_url:
+            print(f"  OpenAI API:             {mesh.http_url}/v1", flush=True)
+        print("press Ctrl-C to stop", flush=True)
+        while not stop.wait(0.5):
+            for child in mesh.children:
+                if child.proc.poll() is not None and child.name == "scheduler":
+                    print("seawall: the scheduler exited; stopping", flush=True)
+                    return 1
         return 0
-    print("type a prompt and press Enter (Ctrl-D to quit)")
-    for line in sys.stdin:
-        if line.strip():
-            _complete(engine, [line.rstrip("\n")], params)
-    return 0
-
-
-def _complete(engine, prompts: list[str], params: SamplingParams) -> None:
-    started = time.perf_counter()
-    outs = engine.generate([engine.encode(p) for p in prompts], [params] * len(prompts))
-    elapsed = time.perf_counter() - started
-    for prompt, out in zip(prompts, outs, strict=True):
-        print(f"\n>>> {prompt}\n{out.text!r}  [{len(out.token_ids)} tokens, {out.finish_reason}]")
-    total = sum(len(o.token_ids) for o in outs)
-    print(f"\n{total} tokens in {elapsed:.2f}s ({total / max(elapsed, 1e-9):.0f} tok/s, batched)")
+    finally:
+        codes = mesh.stop()
+        if codes:
+            print(f"seawall: stopped ({', '.join(f'{k}={v}' for k, v in codes.items())})", flush=True)

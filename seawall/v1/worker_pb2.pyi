@@ -85,14 +85,20 @@ class NewSequence(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ContinuingSequence(_message.Message):
-    __slots__ = ("seq_id", "new_block_ids", "num_computed_tokens")
+    __slots__ = ("seq_id", "new_block_ids", "num_computed_tokens", "appended_token_ids", "block_ids", "replace_block_table")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    APPENDED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_BLOCK_TABLE_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     new_block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_computed_tokens: int
-    def __init__(self, seq_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
+    appended_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    replace_block_table: bool
+    def __init__(self, seq_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., block_ids: _Optional[_Iterable[int]] = ..., replace_block_table: _Optional[bool] = ...) -> None: ...
 
 class StepPlan(_message.Message):
     __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context")

@@ -1,0 +1,1 @@
+"""Decode worker: the Worker service in the decode role (``python -m services.decode``)."""

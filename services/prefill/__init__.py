@@ -1,0 +1,1 @@
+"""Prefill worker: the Worker service in the prefill role (``python -m services.prefill``)."""

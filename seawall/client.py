@@ -1,0 +1,178 @@
+"""The Python SDK: ``Client`` (blocking) and ``AsyncClient`` (asyncio) over the Scheduler gRPC service.
+
+    from seawall import Client
+    with Client("127.0.0.1:50051") as client:
+        out = client.generate("The quick brown fox", max_tokens=16, temperature=0)
+        print(out.text, out.token_ids, out.finish_reason)
+        for chunk in client.stream([1, 2, 3], max_tokens=8):
+            print(chunk.text, end="", flush=True)
+
+Sampling options are ``SamplingParams`` fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop,
+stop_token_ids, ignore_eos, min_tokens, logprobs, penalties); they are validated before anything is sent.
+Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument``, ``ResourceExhausted``...
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common import errors
+from services.common.convert import finish_reason_from_proto, params_to_proto
+from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.sampling_params import SamplingParams
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+           grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
+           grpc.StatusCode.NOT_FOUND: errors.NotFound, grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+           grpc.StatusCode.FAILED_PRECONDITION: errors.ModelLoadError}
+
+
+@dataclass
+class Chunk:
+    """One streamed piece of output."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    queue_delay_ms: float = 0.0
+
+
+@dataclass
+class Completion:
+    """A finished request."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    queue_delay_ms: float = 0.0
+
+
+def build_request(prompt: str | Sequence[int], request_id: str | None, sampling: dict[str, Any]
+                  ) -> scheduler_pb2.GenerateRequest:
+    msg = scheduler_pb2.GenerateRequest(request_id=request_id or f"sdk-{uuid.uuid4().hex[:16]}",
+                                        sampling=params_to_proto(SamplingParams(**sampling)))
+    if isinstance(prompt, str):
+        msg.text = prompt
+    else:
+        msg.token_ids.ids.extend(prompt)
+    return msg
+
+
+def _chunk(reply: scheduler_pb2.GenerateResponse) -> Chunk:
+    return Chunk(reply.request_id, list(reply.token_ids), reply.text, finish_reason_from_proto(reply.finish_reason),
+                 reply.queue_delay_ms)
+
+
+def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> Completion:
+    out = Completion(chunks[0].request_id if chunks else "")
+    for c in chunks:
+        out.token_ids.extend(c.token_ids)
+        out.text += c.text
+        out.finish_reason = c.finish_reason or out.finish_reason
+    if last is not None:
+        out.prompt_tokens = last.usage.prompt_tokens
+        out.cached_prompt_tokens = last.usage.cached_prompt_tokens
+        out.queue_delay_ms = last.queue_delay_ms
+    return out
+
+
+def _error(exc: grpc.RpcError) -> errors.SeawallError:
+    return _ERRORS.get(exc.code(), errors.SeawallError)(exc.details() or str(exc.code()))
+
+
+class AsyncClient:
+    def __init__(self, address: str = DEFAULT_ADDRESS) -> None:
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def stream(self, prompt: str | Sequence[int], request_id: str | None = None,
+                     **sampling: Any) -> AsyncIterator[Chunk]:
+        """Streams a request's output; leaving the loop early aborts the request on the server."""
+        call = self._stub.Generate(build_request(prompt, request_id, sampling))
+        try:
+            async for reply in call:
+                yield _chunk(reply)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        finally:
+            call.cancel()
+
+    async def generate(self, prompt: str | Sequence[int], request_id: str | None = None,
+                       **sampling: Any) -> Completion:
+        chunks, last = [], None
+        try:
+            async for reply in self._stub.Generate(build_request(prompt, request_id, sampling)):
+                chunks.append(_chunk(reply))
+                last = reply
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        return _fold(chunks, last)
+
+    async def abort(self, request_id: str) -> bool:
+        return (await self._stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id))).found
+
+    async def stats(self) -> scheduler_pb2.GetStatsResponse:
+        return await self._stub.GetStats(scheduler_pb2.GetStatsRequest())
+
+
+class Client:
+    """The blocking twin of ``AsyncClient``."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS) -> None:
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def stream(self, prompt: str | Sequence[int], request_id: str | None = None, **sampling: Any) -> Iterator[Chunk]:
+        call = self._stub.Generate(build_request(prompt, request_id, sampling))
+        try:
+            for reply in call:
+                yield _chunk(reply)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        finally:
+            call.cancel()
+
+    def generate(self, prompt: str | Sequence[int], request_id: str | None = None, **sampling: Any) -> Completion:
+        chunks, last = [], None
+        try:
+            for reply in self._stub.Generate(build_request(prompt, request_id, sampling)):
+                chunks.append(_chunk(reply))
+                last = reply
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return _fold(chunks, last)
+
+    def abort(self, request_id: str) -> bool:
+        return self._stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id)).found
+
+    def stats(self) -> scheduler_pb2.GetStatsResponse:
+        return self._stub.GetStats(scheduler_pb2.GetStatsRequest())

@@ -1,0 +1,162 @@
+"""Runs the mesh as local processes on loopback: what ``seawall up`` and the end-to-end tests use.
+
+Starts the scheduler, waits until its gRPC health check passes, starts the workers (which register with
+it), waits until every worker has registered, and on ``stop()`` sends SIGTERM to each child (SIGKILL after
+a grace period), workers first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.errors import Unavailable
+from services.engine.runner import resolve_model_dir
+
+
+@dataclass
+class MeshOptions:
+    model: str | None = None
+    mode: str = "disaggregated"
+    # disaggregated: prefill and decode workers; colocated: ``num_decode`` hybrid workers.
+    num_prefill: int = 1
+    num_decode: int = 1
+    host: str = "127.0.0.1"
+    grpc_port: int = 50051  # 0 = a free port
+    http_port: int | None = 8000  # None = no HTTP API; 0 = a free port
+    # Extra flags passed through: to the scheduler (policy, chunk size...) and to every worker.
+    scheduler_args: list[str] = field(default_factory=list)
+    worker_args: list[str] = field(default_factory=list)
+    # Where children write their logs; None = inherit this process's stdout and stderr.
+    log_dir: Path | None = None
+    startup_timeout_s: float = 300.0
+
+    @property
+    def worker_roles(self) -> list[str]:
+        if self.mode == "colocated":
+            return ["decode"] * self.num_decode
+        return ["prefill"] * self.num_prefill + ["decode"] * self.num_decode
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path | None
+
+
+class LocalMesh:
+    def __init__(self, options: MeshOptions) -> None:
+        self.options = options
+        self.children: list[Child] = []
+        self.grpc_address = ""
+        self.http_url = ""
+
+    def __enter__(self) -> LocalMesh:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        o = self.options
+        model = resolve_model_dir(o.model)  # create the built-in model once, before the children race for it
+        grpc_port = o.grpc_port or free_port(o.host)
+        http_port = None if o.http_port is None else (o.http_port or free_port(o.host))
+        self.grpc_address = f"{o.host}:{grpc_port}"
+        self.http_url = f"http://{o.host}:{http_port}" if http_port else ""
+        mode_args = ["--mode", o.mode]
+        self._spawn("scheduler", ["services.scheduler", "--model", model, "--host", o.host, "--grpc-port",
+                                  str(grpc_port), "--http-port", str(http_port or 0), *mode_args,
+                                  *o.scheduler_args])
+        self._wait(lambda stub: True, "the scheduler to answer")
+        threads = max(1, (os.cpu_count() or 1) // max(1, len(o.worker_roles)))
+        for i, role in enumerate(o.worker_roles):
+            self._spawn(f"{role}-{i}", [f"services.{role}", "--model", model, "--host", o.host, "--scheduler",
+                                        self.grpc_address, "--torch-threads", str(threads), *o.worker_args])
+        n = len(o.worker_roles)
+        self._wait(lambda stats: len(stats.workers) >= n, f"{n} workers to register")
+
+    def _spawn(self, name: str, module_args: list[str]) -> None:
+        log_path = None
+        out = None
+        if self.options.log_dir is not None:
+            self.options.log_dir.mkdir(parents=True, exist_ok=True)
+            log_path = self.options.log_dir / f"{name}.log"
+            out = log_path.open("wb")
+        proc = subprocess.Popen([sys.executable, "-m", *module_args], stdout=out, stderr=subprocess.STDOUT if out
+                                else None, stdin=subprocess.DEVNULL, start_new_session=True)
+        if out is not None:
+            out.close()
+        self.children.append(Child(name, proc, log_path))
+
+    def _wait(self, ready, what: str) -> None:
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        with grpc.insecure_channel(self.grpc_address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            while time.monotonic() < deadline:
+                self._check_children()
+                try:
+                    if ready(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=2.0)):
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+        raise Unavailable(f"timed out after {self.options.startup_timeout_s:.0f} s waiting for {what}"
+                          f"{self._log_hint()}")
+
+    def _check_children(self) -> None:
+        for child in self.children:
+            if child.proc.poll() is not None:
+                raise Unavailable(f"{child.name} exited with code {child.proc.returncode} during start-up"
+                                  f"{self._log_hint(child)}")
+
+    def _log_hint(self, child: Child | None = None) -> str:
+        paths = [c.log_path for c in ([child] if child else self.children) if c.log_path]
+        return f"; see {', '.join(map(str, paths))}" if paths else ""
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def kill(self, name: str) -> None:
+        """Kills one child at once (SIGKILL): a crash, for failure tests."""
+        c = self.child(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(c.proc.pid, signal.SIGKILL)
+        c.proc.wait(10)
+
+    def stop(self, grace_s: float = 10.0) -> dict[str, int]:
+        """Stops workers, then the scheduler; returns each child's exit code."""
+        codes = {}
+        for child in reversed(self.children):  # workers first: the scheduler sees them leave
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+                try:
+                    child.proc.wait(grace_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+                    child.proc.wait()
+            codes[child.name] = child.proc.returncode
+        self.children.clear()
+        return codes
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,140 @@
+"""Protobuf ↔ internal dataclasses, at the edge of every service (STYLE §5).
+
+The scheduler core and the engine work on ``services.common.step`` and ``SamplingParams``; only the gRPC
+servicers and clients call these functions. Proto zero values mean "default" (see common.proto), so the
+mapping fills in the dataclass defaults explicitly.
+"""
+
+from __future__ import annotations
+
+from seawall.v1 import common_pb2, worker_pb2
+from services.common.sampling_params import FinishReason, SamplingParams
+from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
+
+_FINISH_TO_PROTO = {
+    None: common_pb2.FINISH_REASON_UNSPECIFIED,
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: common_pb2.FINISH_REASON_ABORT,
+    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+}
+_FINISH_FROM_PROTO = {v: k for k, v in _FINISH_TO_PROTO.items()}
+
+
+def finish_reason_to_proto(reason: str | None) -> int:
+    return _FINISH_TO_PROTO[reason]
+
+
+def finish_reason_from_proto(value: int) -> str | None:
+    return _FINISH_FROM_PROTO[value]
+
+
+def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams(
+        max_tokens=p.max_tokens, temperature=p.temperature, top_k=max(p.top_k, 0), top_p=p.top_p,
+        min_p=p.min_p, repetition_penalty=p.repetition_penalty, presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids),
+        ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
+        include_stop_str_in_output=p.include_stop_str_in_output,
+    )
+    if p.seed is not None:
+        msg.seed = p.seed
+    if p.logprobs is not None:
+        msg.logprobs = p.logprobs
+    return msg
+
+
+def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 16) -> SamplingParams:
+    """Raises InvalidArgument (from SamplingParams) for values out of range.
+
+    ``default_max_tokens`` stands in for ``max_tokens == 0`` ("until the context is full").
+    """
+    return SamplingParams(
+        max_tokens=msg.max_tokens or default_max_tokens,
+        temperature=msg.temperature if msg.HasField("temperature") else 1.0,
+        top_k=msg.top_k,
+        top_p=msg.top_p if 0.0 < msg.top_p < 1.0 else 1.0,
+        min_p=msg.min_p,
+        seed=msg.seed if msg.HasField("seed") else None,
+        repetition_penalty=msg.repetition_penalty or 1.0,
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
+        stop=tuple(msg.stop),
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+        min_tokens=msg.min_tokens,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        include_stop_str_in_output=msg.include_stop_str_in_output,
+    )
+
+
+def plan_to_proto(plan: StepPlan, scheduler_id: str = "") -> worker_pb2.StepPlan:
+    msg = worker_pb2.StepPlan(step_id=plan.step_id, scheduler_id=scheduler_id,
+                              finished_seq_ids=plan.finished,
+                              swap_out=_moves(plan.swap_out), swap_in=_moves(plan.swap_in), copy=_moves(plan.copy))
+    for new in plan.new:
+        msg.new_sequences.append(worker_pb2.NewSequence(
+            seq_id=new.seq_id, token_ids=new.token_ids, num_prompt_tokens=new.prompt_len,
+            num_computed_tokens=new.num_computed_tokens, block_ids=new.block_ids,
+            sampling=params_to_proto(new.params)))
+    for cont in plan.continuing:
+        msg.continuing.append(worker_pb2.ContinuingSequence(
+            seq_id=cont.seq_id, new_block_ids=cont.new_block_ids, appended_token_ids=cont.appended_token_ids,
+            block_ids=cont.block_ids or [], replace_block_table=cont.block_ids is not None))
+    msg.num_scheduled_tokens.update(plan.num_scheduled_tokens)
+    return msg
+
+
+def plan_from_proto(msg: worker_pb2.StepPlan) -> StepPlan:
+    plan = StepPlan(msg.step_id, finished=list(msg.finished_seq_ids), swap_out=_pairs(msg.swap_out),
+                    swap_in=_pairs(msg.swap_in), copy=_pairs(msg.copy))
+    for new in msg.new_sequences:
+        plan.new.append(NewSequence(new.seq_id, list(new.token_ids), new.num_prompt_tokens,
+                                    new.num_computed_tokens, list(new.block_ids),
+                                    params_from_proto(new.sampling)))
+    for cont in msg.continuing:
+        plan.continuing.append(ContinuingSequence(
+            cont.seq_id, list(cont.new_block_ids), list(cont.appended_token_ids),
+            list(cont.block_ids) if cont.replace_block_table else None))
+    # Plan order matters to the worker's batch layout only, but keep it: new first, then continuing.
+    plan.num_scheduled_tokens = dict(msg.num_scheduled_tokens)
+    return plan
+
+
+def result_to_proto(result: StepResult, step_seconds: float = 0.0) -> worker_pb2.StepResult:
+    msg = worker_pb2.StepResult(step_id=result.step_id, forward_time_ms=result.forward_seconds * 1e3,
+                                step_time_ms=step_seconds * 1e3, num_sampled=len(result.sampled))
+    for seq_id, token in result.sampled.items():
+        out = worker_pb2.SequenceOutput(seq_id=seq_id, token_ids=[token.token_id])
+        if token.logprob is not None:
+            out.logprobs.append(token_logprobs_to_proto(token))
+        msg.outputs.append(out)
+    return msg
+
+
+def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
+    result = StepResult(msg.step_id, forward_seconds=msg.forward_time_ms / 1e3)
+    for out in msg.outputs:
+        if not out.token_ids:
+            continue
+        token = SampledToken(out.token_ids[0])
+        if out.logprobs:
+            lp = out.logprobs[0]
+            token = SampledToken(lp.sampled.token_id, lp.sampled.logprob, lp.sampled.rank,
+                                 [(t.token_id, t.logprob) for t in lp.top])
+        result.sampled[out.seq_id] = token
+    return result
+
+
+def token_logprobs_to_proto(token: SampledToken) -> common_pb2.TokenLogprobs:
+    return common_pb2.TokenLogprobs(
+        sampled=common_pb2.TokenLogprob(token_id=token.token_id, logprob=token.logprob, rank=token.rank or 0),
+        top=[common_pb2.TokenLogprob(token_id=t, logprob=lp) for t, lp in token.top_logprobs])
+
+
+def _moves(pairs: list[tuple[int, int]]) -> list[worker_pb2.BlockMove]:
+    return [worker_pb2.BlockMove(src_block_id=s, dst_block_id=d) for s, d in pairs]
+
+
+def _pairs(moves) -> list[tuple[int, int]]:
+    return [(m.src_block_id, m.dst_block_id) for m in moves]

@@ -1,0 +1,86 @@
+"""What every Seawall gRPC server shares: health and reflection, error mapping, shutdown on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+
+import anyio
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.errors import SeawallError
+
+log = logging.getLogger(__name__)
+
+# KV blocks and whole prompts travel in single messages; gRPC's 4 MiB default is too small for either.
+MAX_MESSAGE_BYTES = 256 * 2**20
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class Server:
+    """A ``grpc.aio`` server with the standard health and reflection services.
+
+    ``add`` registers a servicer; ``start`` binds (port 0 picks a free one) and marks every service SERVING.
+    """
+
+    def __init__(self) -> None:
+        self.grpc = grpc.aio.server(options=CHANNEL_OPTIONS)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        self._names: list[str] = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
+        self.port = 0
+
+    def add(self, add_fn: Callable, servicer: object, full_name: str) -> None:
+        add_fn(servicer, self.grpc)
+        self._names.append(full_name)
+
+    async def start(self, host: str, port: int) -> int:
+        reflection.enable_server_reflection([*self._names, reflection.SERVICE_NAME], self.grpc)
+        self.port = self.grpc.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen on {host}:{port} (in use?)")
+        await self.grpc.start()
+        for name in ["", *self._names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        for name in ["", *self._names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.grpc.stop(grace_s)
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: SeawallError) -> None:
+    """Ends the call with the status code the error names and its fix-it message."""
+    await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
+
+
+async def wait_for_shutdown_signal() -> int:
+    """Returns the signal number once SIGTERM or SIGINT arrives."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s: shutting down", signal.Signals(signum).name)
+            return signum
+    return 0
+
+
+async def wait_healthy(address: str, timeout_s: float, service: str = "") -> bool:
+    """Polls the gRPC health service at ``address`` until SERVING or the timeout passes."""
+    with anyio.move_on_after(timeout_s):
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                try:
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return True
+                except grpc.aio.AioRpcError:
+                    pass
+                await anyio.sleep(0.1)
+    return False

@@ -1,0 +1,34 @@
+"""Checks a request must pass before it is queued: what the model cannot run, or no pool can ever hold."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.sampling_params import SamplingParams
+
+
+def validate_request(prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int, max_model_len: int,
+                     block_size: int, pool_blocks: int | None) -> None:
+    """Raises InvalidArgument for what the model cannot run, ResourceExhausted for what no pool can hold.
+
+    ``pool_blocks``: blocks of the smallest pool the request may land in (None: not known yet).
+    """
+    n = len(prompt_token_ids)
+    if n == 0:
+        raise InvalidArgument("prompt is empty; send at least one token")
+    bad = next((t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidArgument(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+    if n >= max_model_len:
+        raise InvalidArgument(f"prompt has {n} tokens; the model's context is {max_model_len}, leaving no room to "
+                              "generate: shorten the prompt")
+    if pool_blocks is None:
+        return
+    # A request that cannot finish even alone in the pool would preempt itself forever: refuse it now.
+    worst = min(n + params.max_tokens, max_model_len)
+    need = -(-worst // block_size)
+    if need > pool_blocks:
+        raise ResourceExhausted(
+            f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs {need} KV blocks; the pool holds "
+            f"{pool_blocks}: lower max_tokens or give the workers more KV memory (--kv-cache-bytes)")

@@ -1,0 +1,47 @@
+"""Configuration of the scheduler service (the mesh's front door and step driver)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.scheduler.core.scheduler import SchedulerConfig
+
+MODES = ("disaggregated", "colocated")
+TRANSPORTS = ("nixl", "grpc")
+
+
+@dataclass(frozen=True)
+class SchedulerServiceConfig:
+    # Model directory the workers serve: the scheduler reads its tokenizer and config (None = built-in model).
+    model: str | None = None
+    # Name clients use in the OpenAI API's "model" field; None = the model directory's name.
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    # The Scheduler gRPC service (clients, workers registering). 0 picks a free port.
+    grpc_port: int = 50051
+    # The OpenAI-compatible HTTP API; None turns it off.
+    http_port: int | None = 8000
+    # "disaggregated": prompts run on prefill workers and their KV moves to decode workers;
+    # "colocated": every worker runs mixed batches of prompt chunks and decodes (Sarathi-Serve).
+    mode: str = "disaggregated"
+    # The step policy and budgets each worker's core runs with (max_model_len comes from the workers).
+    core: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(chunk_size=256))
+    # Requests waiting (admitted, not yet started) beyond which Generate answers RESOURCE_EXHAUSTED.
+    max_queue_len: int = 1024
+    # How KV moves between workers: "nixl" (when both sides have an agent) or "grpc" (streamed chunks).
+    kv_transport: str = "nixl"
+    # A KV transfer not done within this many seconds fails; the request is recomputed on the receiver.
+    transfer_timeout_s: float = 30.0
+    # A worker that does not answer a step within this many seconds is declared dead.
+    step_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.kv_transport not in TRANSPORTS:
+            raise ValueError(f"kv_transport must be one of {', '.join(TRANSPORTS)}, got {self.kv_transport!r}")
+        if self.max_queue_len < 1:
+            raise ValueError(f"max_queue_len must be >= 1, got {self.max_queue_len}")
+        for name in ("transfer_timeout_s", "step_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

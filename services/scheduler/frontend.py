@@ -1,0 +1,68 @@
+"""Request intake shared by the gRPC and HTTP front doors: tokenize, validate, submit, stream, abort."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+import anyio
+
+from services.common.sampling_params import FinishReason, SamplingParams
+from services.engine.loader import Checkpoint
+from services.scheduler.admission import validate_request
+from services.scheduler.core.request import Request
+from services.scheduler.mesh import Mesh
+from services.scheduler.tracked import Delta, TrackedRequest
+
+
+class Frontend:
+    def __init__(self, checkpoint: Checkpoint, mesh: Mesh, served_model_name: str | None = None) -> None:
+        self.checkpoint = checkpoint
+        self.tokenizer = checkpoint.tokenizer
+        self.mesh = mesh
+        self.model_name = served_model_name or checkpoint.path.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.checkpoint.config.max_position_embeddings
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+               request_id: str = "") -> TrackedRequest:
+        """Validates and queues a request; raises InvalidArgument or ResourceExhausted."""
+        prompt = list(prompt_token_ids)
+        pools = [link.info.num_device_blocks for link in self.mesh.live_links()]
+        block_size = self.mesh.live_links()[0].info.kv_layout.block_size if pools else 16
+        validate_request(prompt, params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
+                         min(pools) if pools else None)
+        request = Request(request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, params,
+                          arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids)
+        tracked = TrackedRequest(request, self.tokenizer, anyio.current_time())
+        self.mesh.submit(tracked)
+        return tracked
+
+    async def stream(self, tracked: TrackedRequest) -> AsyncIterator[list[Delta]]:
+        """Yields batches of deltas (all that arrived since the last batch) until the request finishes.
+
+        If the consumer goes away first (client disconnect, cancelled call), the request is aborted, which
+        frees its blocks on every worker it touched.
+        """
+        try:
+            async for delta in tracked.receive:
+                batch = [delta]
+                while not batch[-1].finish_reason:
+                    try:
+                        batch.append(tracked.receive.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                yield batch
+        finally:
+            if not tracked.finished or tracked.request_id in self.mesh.tracked:
+                self.mesh.abort(tracked.request_id, FinishReason.ABORT)
+
+    def queue_delay_ms(self, tracked: TrackedRequest) -> float:
+        if tracked.first_scheduled is None:
+            return 0.0
+        return (tracked.first_scheduled - tracked.arrival) * 1e3

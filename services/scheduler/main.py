@@ -1,0 +1,115 @@
+"""Process entry of the scheduler: ``python -m services.scheduler``.
+
+Serves the Scheduler gRPC service (clients, worker registration; plus health and reflection) and the
+OpenAI-compatible HTTP API from one event loop, drives every registered worker, and stops cleanly on
+SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import replace
+
+import anyio
+import uvicorn
+
+from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.errors import SeawallError
+from services.common.grpc_server import Server, wait_for_shutdown_signal
+from services.engine.loader import load_checkpoint_meta
+from services.engine.runner import resolve_model_dir
+from services.scheduler.config import MODES, TRANSPORTS, SchedulerServiceConfig
+from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
+from services.scheduler.frontend import Frontend
+from services.scheduler.http_api import create_app
+from services.scheduler.mesh import Mesh
+from services.scheduler.server import SchedulerServicer
+
+log = logging.getLogger(__name__)
+
+
+def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared with ``seawall up``, which passes them through."""
+    p.add_argument("--mode", choices=MODES, default="disaggregated", help="default: disaggregated")
+    p.add_argument("--policy", choices=POLICIES, default="sarathi", help="step policy (default: sarathi)")
+    p.add_argument("--chunk-size", type=int, default=256, help="prompt tokens per step (default 256)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (default: no cap)")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step (default 256)")
+    p.add_argument("--preemption-mode", choices=("swap", "recompute"), default="swap")
+    p.add_argument("--max-queue-len", type=int, default=1024, help="queued requests before 429 (default 1024)")
+    p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
+
+
+def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
+    core = SchedulerConfig(chunk_size=args.chunk_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                           max_num_seqs=args.max_num_seqs, policy=args.policy,
+                           preemption_mode=args.preemption_mode)
+    return SchedulerServiceConfig(model=args.model, served_model_name=args.served_model_name, host=args.host,
+                                  grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
+                                  core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport)
+
+
+def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
+    p = argparse.ArgumentParser(prog="python -m services.scheduler", description=__doc__)
+    p.add_argument("--model", default=None, help="Hugging Face checkpoint dir (default: the built-in model)")
+    p.add_argument("--served-model-name", default=None, help="model name in the API (default: the dir's name)")
+    p.add_argument("--host", default=os.environ.get("SEAWALL_HOST", "127.0.0.1"), help="listen address")
+    p.add_argument("--grpc-port", type=int, default=50051, help="Scheduler gRPC port (default 50051)")
+    p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port, 0 = off (default 8000)")
+    add_scheduling_flags(p)
+    p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return config_from(args)
+
+
+class _Uvicorn(uvicorn.Server):
+    """Leaves signals to us: one handler stops both servers."""
+
+    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+        pass
+
+    def capture_signals(self):  # uvicorn >= 0.29
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+async def serve(config: SchedulerServiceConfig) -> None:
+    checkpoint = load_checkpoint_meta(resolve_model_dir(config.model))
+    config = replace(config, core=replace(config.core, max_model_len=checkpoint.config.max_position_embeddings))
+    mesh = Mesh(config)
+    frontend = Frontend(checkpoint, mesh, config.served_model_name)
+    server = Server()
+    server.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
+               SchedulerServicer(frontend, mesh, config.core.policy),
+               scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name)
+    http = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mesh.run)
+        port = await server.start(config.host, config.grpc_port)
+        log.info("scheduler gRPC on %s:%d (%s, policy %s)", config.host, port, config.mode, config.core.policy)
+        if config.http_port is not None:
+            http = _Uvicorn(uvicorn.Config(create_app(frontend), host=config.host, port=config.http_port,
+                                           log_level="warning", lifespan="off"))
+            tg.start_soon(http.serve)
+            log.info("OpenAI API on http://%s:%d/v1", config.host, config.http_port)
+        await wait_for_shutdown_signal()
+        if http is not None:
+            http.should_exit = True
+        await server.stop(grace_s=2.0)
+        await mesh.close()
+        tg.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        anyio.run(serve, parse_args(argv))
+    except SeawallError as exc:
+        log.error("%s", exc)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

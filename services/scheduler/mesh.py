@@ -1,0 +1,255 @@
+"""The step driver: one scheduler core per registered worker, a step loop per worker, and the hand-offs.
+
+Each worker gets a loop: schedule a plan on its core, send it over the worker's step stream, apply the
+result, stream tokens to clients. In disaggregated mode a request runs its prompt on a prefill worker; once
+the first token is sampled, the request is handed to a decode worker: blocks are reserved there, the decode
+worker pulls the KV from the prefill worker's blocks (NIXL, or the gRPC fallback), and decoding continues.
+
+Failures never lose a request: a failed transfer recomputes the prompt on the decode worker; a dead worker's
+requests are placed on live workers with the tokens they already produced (``Scheduler.drain``), so their
+streams continue without a repeated or missing token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+
+import anyio
+import grpc
+
+from seawall.v1 import common_pb2, worker_pb2
+from services.common.convert import plan_to_proto, result_from_proto
+from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.sampling_params import FinishReason
+from services.common.step import StepPlan
+from services.scheduler.config import SchedulerServiceConfig
+from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.tracked import TrackedRequest
+from services.scheduler.worker_link import Arrival, WorkerLink
+
+log = logging.getLogger(__name__)
+
+
+class Mesh:
+    def __init__(self, config: SchedulerServiceConfig) -> None:
+        self.config = config
+        self.links: dict[str, WorkerLink] = {}
+        self.tracked: dict[str, TrackedRequest] = {}
+        self.where: dict[str, WorkerLink] = {}  # the core each live request is in (absent while arriving)
+        self.unplaced: deque[Request] = deque()  # submitted before any worker registered
+        self.num_finished = 0
+        self.num_preemptions_gone = 0  # preemptions counted by cores of workers that died
+        self._ids = itertools.count()
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def run(self) -> None:
+        """Drives every worker until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            await anyio.sleep_forever()
+
+    async def close(self) -> None:
+        for link in self.links.values():
+            await link.channel.close()
+
+    # --- workers ---
+
+    def register(self, address: str, info: worker_pb2.WorkerInfo) -> WorkerLink:
+        for old in [link for link in self.links.values() if link.address == address]:
+            self._fail(old, "re-registered (restarted)")
+        link = WorkerLink.connect(f"worker-{next(self._ids)}", address, info, self.config.core)
+        self.links[link.worker_id] = link
+        log.info("worker %s (%s) joined at %s with %d blocks", link.worker_id, link.role, address,
+                 info.num_device_blocks)
+        self._tg.start_soon(self._drive, link)
+        while self.unplaced:
+            self._place(self.unplaced.popleft())
+        return link
+
+    def live_links(self, *roles: str) -> list[WorkerLink]:
+        return [link for link in self.links.values() if link.alive and (not roles or link.role in roles)]
+
+    # --- requests ---
+
+    def submit(self, tracked: TrackedRequest) -> None:
+        rid = tracked.request_id
+        if rid in self.tracked:
+            raise InvalidArgument(f"request id {rid!r} is already in use by a live request; choose another")
+        if self.num_waiting >= self.config.max_queue_len:
+            raise ResourceExhausted(f"{self.num_waiting} requests are queued (the limit is "
+                                    f"{self.config.max_queue_len}); retry later")
+        self.tracked[rid] = tracked
+        self._place(tracked.request)
+
+    def abort(self, request_id: str, reason: str = FinishReason.ABORT) -> bool:
+        tracked = self.tracked.get(request_id)
+        if tracked is None:
+            return False
+        link = self.where.pop(request_id, None)
+        if link is not None:
+            link.core.finish(request_id, reason)
+            link.wake()  # the next plan tells the worker to drop the sequence
+        for dst in self.links.values():
+            for arrival in [a for a in dst.arrivals if a.request.request_id == request_id]:
+                dst.arrivals.remove(arrival)
+                self._release_source(arrival)
+        self.unplaced = deque(r for r in self.unplaced if r.request_id != request_id)
+        tracked.end(reason)
+        self._forget(request_id)
+        return True
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.unplaced) + sum(len(link.core.waiting) for link in self.live_links())
+
+    def _place(self, req: Request) -> None:
+        """Queues a request on the least loaded worker that runs prompts."""
+        roles = ("prefill",) if self.config.mode == "disaggregated" and self.live_links("prefill") else ()
+        candidates = self.live_links(*roles)
+        if not candidates:
+            self.unplaced.append(req)
+            return
+        link = min(candidates, key=lambda w: w.load - w.cached_prefix_tokens(req))
+        link.core.add(req)
+        self.where[req.request_id] = link
+        link.wake()
+
+    def _forget(self, request_id: str) -> None:
+        self.tracked.pop(request_id, None)
+        self.where.pop(request_id, None)
+        self.num_finished += 1
+
+    # --- the step loop ---
+
+    async def _drive(self, link: WorkerLink) -> None:
+        call = link.stub.StepStream()
+        try:
+            while link.alive:
+                self._place_arrivals(link)
+                plan = link.core.schedule()
+                if not (plan.num_scheduled_tokens or plan.finished or plan.swap_out or plan.swap_in or plan.copy):
+                    await link.wait_for_work()
+                    continue
+                self._note_started(plan)
+                with anyio.fail_after(self.config.step_timeout_s):
+                    await call.write(plan_to_proto(plan, link.epoch))
+                    msg = await call.read()
+                if msg is grpc.aio.EOF:
+                    raise ConnectionError("the worker closed its step stream")
+                link.num_steps += 1
+                self._dispatch(link, link.core.on_result(plan, result_from_proto(msg)))
+        except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
+            self._fail(link, str(exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc))
+        finally:
+            call.cancel()
+
+    def _note_started(self, plan: StepPlan) -> None:
+        now = anyio.current_time()
+        for rid in plan.num_scheduled_tokens:
+            tracked = self.tracked.get(rid)
+            if tracked is not None and tracked.first_scheduled is None:
+                tracked.first_scheduled = now
+
+    def _dispatch(self, link: WorkerLink, events) -> None:
+        for event in events:
+            tracked = self.tracked.get(event.request_id)
+            if tracked is None:
+                continue
+            reason = tracked.emit(event.token, event.finish_reason)
+            if reason is not None:
+                if event.finish_reason is None:  # a stop string, seen only in the text
+                    link.core.finish(event.request_id, reason)
+                self._forget(event.request_id)
+            elif link.role == "prefill" and self.config.mode == "disaggregated":
+                self._hand_off(link, tracked.request)
+
+    # --- disaggregated hand-off ---
+
+    def _hand_off(self, src: WorkerLink, req: Request) -> None:
+        decoders = self.live_links("decode", "hybrid")
+        if not decoders:
+            return  # no decode worker is alive: the request keeps decoding where it is
+        dst = min(decoders, key=lambda w: w.load)
+        held = src.core.hand_off(req.request_id)
+        self.where.pop(req.request_id, None)
+        dst.arrivals.append(Arrival(req, src, held))
+        dst.wake()
+
+    def _place_arrivals(self, link: WorkerLink) -> None:
+        while link.arrivals:
+            arrival = link.arrivals[0]
+            req = arrival.request
+            if not arrival.src.alive:  # its KV died with the prefill worker: recompute here
+                link.arrivals.popleft()
+                _reset_for_recompute(req)
+                link.core.add(req)
+                self.where[req.request_id] = link
+                continue
+            dst_blocks = link.core.reserve_arrival(req)
+            if dst_blocks is None:
+                return  # no room yet: retried after the next step frees blocks
+            link.arrivals.popleft()
+            self.where[req.request_id] = link
+            self._tg.start_soon(self._transfer, arrival, link, dst_blocks)
+
+    async def _transfer(self, arrival: Arrival, dst: WorkerLink, dst_blocks: list[int]) -> None:
+        rid = arrival.request.request_id
+        transport = (common_pb2.KV_TRANSPORT_GRPC if self.config.kv_transport == "grpc"
+                     else common_pb2.KV_TRANSPORT_NIXL)
+        request = worker_pb2.PullKVRequest(
+            transfer_id=f"{rid}/{next(self._ids)}", src=arrival.src.endpoint(),
+            src_block_ids=arrival.src_blocks[: len(dst_blocks)], dst_block_ids=dst_blocks,
+            timeout_ms=int(self.config.transfer_timeout_s * 1e3), transport=transport)
+        error = "timed out"
+        try:
+            with anyio.move_on_after(self.config.transfer_timeout_s + 5):
+                reply = await dst.stub.PullKV(request)
+                error = "" if reply.status == common_pb2.TRANSFER_STATUS_DONE else reply.error or "failed"
+        except grpc.aio.AioRpcError as exc:
+            error = exc.details() or str(exc.code())
+        finally:
+            self._release_source(arrival)
+        if not dst.alive or rid not in dst.core.arriving:
+            return  # aborted meanwhile, or the receiver died (its requests were placed elsewhere)
+        if error:
+            log.warning("KV transfer of %s failed (%s): recomputing on %s", rid, error, dst.worker_id)
+            dst.core.cancel_arrival(rid)
+        else:
+            dst.core.arrive(rid)
+        dst.wake()
+
+    def _release_source(self, arrival: Arrival) -> None:
+        src, rid = arrival.src, arrival.request.request_id
+        if src.alive and rid in src.core.handed_off:
+            src.core.release_handed_off(rid)
+            src.wake()
+
+    # --- failures ---
+
+    def _fail(self, link: WorkerLink, why: str) -> None:
+        if not link.alive:
+            return
+        link.alive = False
+        self.links.pop(link.worker_id, None)
+        self.num_preemptions_gone += sum(link.core.preemptions.values())
+        log.warning("worker %s at %s failed (%s): moving its requests to live workers", link.worker_id,
+                    link.address, why)
+        orphans = link.core.drain()
+        for arrival in link.arrivals:
+            self._release_source(arrival)
+            _reset_for_recompute(arrival.request)
+            orphans.append(arrival.request)
+        link.arrivals.clear()
+        for req in orphans:
+            self.where.pop(req.request_id, None)
+            if req.request_id in self.tracked:
+                self._place(req)
+        self._tg.start_soon(link.channel.close)
+
+
+def _reset_for_recompute(req: Request) -> None:
+    req.block_ids, req.host_block_ids = [], []
+    req.num_computed_tokens = req.num_cached_blocks = 0
+    req.status = RequestStatus.WAITING

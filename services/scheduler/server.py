@@ -1,0 +1,92 @@
+"""The Scheduler gRPC service: Generate (streaming), Abort, GetStats, RegisterWorker. A shell over the mesh."""
+
+from __future__ import annotations
+
+from seawall.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.common.convert import finish_reason_to_proto, params_from_proto, token_logprobs_to_proto
+from services.common.errors import InvalidArgument, SeawallError
+from services.common.grpc_server import abort_with
+from services.scheduler.frontend import Frontend
+from services.scheduler.mesh import Mesh
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, frontend: Frontend, mesh: Mesh, policy: str) -> None:
+        self.frontend = frontend
+        self.mesh = mesh
+        self.policy = policy
+
+    async def Generate(self, request, context):
+        try:
+            tracked = self._submit(request)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        opts = request.stream_options if request.HasField("stream_options") else None
+        want_ids = opts is None or opts.return_token_ids
+        want_text = opts is None or opts.return_text
+        prompt_len = len(tracked.request.prompt_token_ids)
+        async for batch in self.frontend.stream(tracked):
+            last = batch[-1]
+            reply = scheduler_pb2.GenerateResponse(
+                request_id=tracked.request_id, finish_reason=finish_reason_to_proto(last.finish_reason),
+                finish_detail=last.detail, queue_delay_ms=self.frontend.queue_delay_ms(tracked),
+                usage=common_pb2.Usage(prompt_tokens=prompt_len,
+                                       completion_tokens=len(tracked.request.output_token_ids),
+                                       cached_prompt_tokens=tracked.request.num_prefix_hit_tokens))
+            for delta in batch:
+                if want_ids:
+                    reply.token_ids.extend(delta.token_ids)
+                if want_text:
+                    reply.text += delta.text
+                reply.logprobs.extend(token_logprobs_to_proto(t) for t in delta.logprobs)
+            yield reply
+
+    def _submit(self, request):
+        if request.model and request.model not in (self.frontend.model_name, str(self.frontend.checkpoint.path)):
+            raise InvalidArgument(f"model {request.model!r} is not served here; this mesh serves "
+                                  f"{self.frontend.model_name!r} (or leave model empty)")
+        which = request.WhichOneof("prompt")
+        if which is None:
+            raise InvalidArgument("set the prompt: text or token_ids")
+        prompt = self.frontend.encode(request.text) if which == "text" else list(request.token_ids.ids)
+        room = max(self.frontend.max_model_len - len(prompt), 1)
+        params = params_from_proto(request.sampling, default_max_tokens=room)
+        return self.frontend.submit(prompt, params, request.request_id)
+
+    async def Abort(self, request, context):
+        return scheduler_pb2.AbortResponse(found=self.mesh.abort(request.request_id))
+
+    async def GetStats(self, request, context):
+        links = sorted(self.mesh.live_links(), key=lambda w: w.worker_id)
+        cores = [link.core for link in links]
+        levels: list[int] = []
+        for core in cores:
+            for i, n in enumerate(_queue_lengths(core)):
+                levels.extend([0] * (i + 1 - len(levels)))
+                levels[i] += n
+        reply = scheduler_pb2.GetStatsResponse(
+            policy=self.policy, queue_lengths=levels or [len(self.mesh.unplaced)],
+            num_running=sum(len(c.running) + len(c.arriving) for c in cores),
+            num_waiting=self.mesh.num_waiting, num_swapped=sum(len(c.swapped) for c in cores),
+            num_preemptions=self.mesh.num_preemptions_gone + sum(sum(c.preemptions.values()) for c in cores),
+            num_finished=self.mesh.num_finished, num_steps=sum(link.num_steps for link in links))
+        for link in links:
+            blocks, host = link.core.blocks, link.core.host_blocks
+            reply.workers.append(scheduler_pb2.WorkerStats(
+                worker_id=link.worker_id, address=link.address, role=link.info.role,
+                num_device_blocks=blocks.num_blocks, num_device_blocks_used=blocks.num_blocks - blocks.num_free,
+                num_device_blocks_cached=blocks.num_cached, num_host_blocks=host.num_blocks if host else 0,
+                num_host_blocks_used=(host.num_blocks - host.num_free) if host else 0,
+                num_running=len(link.core.running)))
+        return reply
+
+    async def RegisterWorker(self, request, context):
+        if not request.address:
+            await abort_with(context, InvalidArgument("address is required: the host:port of the Worker service"))
+        link = self.mesh.register(request.address, request.info)
+        return scheduler_pb2.RegisterWorkerResponse(worker_id=link.worker_id, scheduler_id=link.epoch)
+
+
+def _queue_lengths(core) -> list[int]:
+    # Policies with levels (MLFQ) report one entry per level; the others one queue.
+    return core.queue_lengths() if hasattr(core, "queue_lengths") else [len(core.waiting)]

@@ -1,0 +1,91 @@
+"""The scheduler's view of one registered worker: its channel, its scheduler core and its wake-up signal."""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import anyio
+import grpc
+
+from seawall.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from services.common.block_hash import extend_hashes, hash_seed
+from services.common.grpc_server import CHANNEL_OPTIONS
+from services.scheduler.core.block_manager import BlockManager
+from services.scheduler.core.request import Request
+from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
+
+ROLE_NAMES = {worker_pb2.WORKER_ROLE_PREFILL: "prefill", worker_pb2.WORKER_ROLE_DECODE: "decode",
+              worker_pb2.WORKER_ROLE_HYBRID: "hybrid"}
+
+
+@dataclass
+class Arrival:
+    """A request handed off by ``src`` (its KV held in ``src_blocks``) waiting for blocks on the receiver."""
+
+    request: Request
+    src: WorkerLink
+    src_blocks: list[int]
+
+
+@dataclass(eq=False)
+class WorkerLink:
+    worker_id: str
+    address: str
+    info: worker_pb2.WorkerInfo
+    core: Scheduler
+    channel: grpc.aio.Channel
+    stub: worker_pb2_grpc.WorkerStub
+    # Names this scheduler's session with the worker: plans carry it, and a new one makes the worker drop
+    # every sequence it holds (after a reconnect, or a new scheduler).
+    epoch: str = field(default_factory=lambda: uuid.uuid4().hex)
+    alive: bool = True
+    num_steps: int = 0
+    arrivals: deque[Arrival] = field(default_factory=deque)
+    _wake: anyio.Event = field(default_factory=anyio.Event)
+
+    @classmethod
+    def connect(cls, worker_id: str, address: str, info: worker_pb2.WorkerInfo, config: SchedulerConfig) -> WorkerLink:
+        block_size = info.kv_layout.block_size
+        core_config = replace(config, max_model_len=info.max_model_len or config.max_model_len)
+        host = BlockManager(info.num_host_blocks, block_size) if info.num_host_blocks else None
+        # Every worker's core hashes with the same seed (model name and block size, not a path that differs
+        # between hosts), so a request's block hashes stay valid when it moves between workers.
+        core = Scheduler(core_config, BlockManager(info.num_device_blocks, block_size), host,
+                         hash_seed=hash_seed(Path(info.model).name, block_size))
+        channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return cls(worker_id, address, info, core, channel, worker_pb2_grpc.WorkerStub(channel))
+
+    @property
+    def role(self) -> str:
+        return ROLE_NAMES.get(self.info.role, "hybrid")
+
+    @property
+    def load(self) -> int:
+        """Work queued on this worker, in tokens still to compute plus one per request (for routing)."""
+        return sum(r.num_uncomputed + 1 for r in self.core.requests.values()) + len(self.arrivals)
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Prompt tokens of ``req`` whose KV this worker's prefix cache holds (cache-aware routing)."""
+        bs = self.core.blocks.block_size
+        tokens = req.all_token_ids
+        hashes = extend_hashes(req.block_hashes, tokens, bs, self.core.hash_seed)
+        # At least one token must run (its logits give the next token), as the core's admission does.
+        return len(self.core.blocks.cached_prefix(hashes[: (len(tokens) - 1) // bs])) * bs
+
+    def endpoint(self) -> common_pb2.KVEndpoint:
+        """Where peers read this worker's KV blocks."""
+        ep = common_pb2.KVEndpoint(kv_layout=self.info.kv_layout, grpc_address=self.address)
+        if self.info.HasField("nixl"):
+            ep.agent_name = self.info.nixl.agent_name
+            ep.agent_metadata.CopyFrom(self.info.nixl)
+        return ep
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def wait_for_work(self) -> None:
+        await self._wake.wait()
+        self._wake = anyio.Event()

@@ -1,0 +1,1 @@
+"""The Worker gRPC service over the engine; ``services.prefill`` and ``services.decode`` run it in their role."""

@@ -1,0 +1,37 @@
+"""Configuration of one worker process (prefill, decode or hybrid)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.engine.config import EngineConfig
+
+ROLES = ("prefill", "decode", "hybrid")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    # "prefill" runs prompt chunks and hands KV off; "decode" continues sequences (and runs mixed batches when
+    # colocated); "hybrid" does both. The role is advertised to the scheduler, which plans accordingly.
+    role: str = "decode"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    # Where the Worker service listens; port 0 picks a free port.
+    host: str = "127.0.0.1"
+    port: int = 0
+    # The scheduler to register with once ready (host:port); None = wait for the scheduler to call Describe.
+    scheduler_address: str | None = None
+    # Register a NIXL agent over the KV pool (UCX backend), so peers move KV by RDMA/shared memory.
+    # Without it, KV moves over the gRPC fallback (Worker.ReadKV / WriteKV).
+    nixl: bool = True
+    # torch intra-op threads; 0 = torch's default. Several workers on one host should split the cores.
+    torch_threads: int = 0
+    # Name this worker's NIXL agent; empty = derived from the host, port and process id.
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.torch_threads < 0:
+            raise ValueError(f"torch_threads must be >= 0 (0 = torch's default), got {self.torch_threads}")

@@ -1,0 +1,128 @@
+"""Process entry of a worker: ``python -m services.prefill`` / ``services.decode`` / ``services.worker``.
+
+Loads the model, registers the KV pool with a NIXL agent, serves the Worker service (plus health and
+reflection), registers with the scheduler, and stops cleanly on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+
+import anyio
+import grpc
+
+from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common.errors import SeawallError, Unavailable
+from services.common.grpc_server import CHANNEL_OPTIONS, Server, wait_for_shutdown_signal
+from services.engine.config import EngineConfig
+from services.engine.runner import ModelRunner
+from services.worker.config import ROLES, WorkerConfig
+from services.worker.servicer import WorkerServicer
+
+log = logging.getLogger(__name__)
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="Hugging Face checkpoint dir (default: the built-in model)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--kv-cache-bytes", type=int, default=None, help="bytes of KV pool (default: see docs)")
+    p.add_argument("--swap-bytes", type=int, default=256 * 2**20, help="bytes of host swap pool")
+
+
+def engine_config_from(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+                        kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes)
+
+
+def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
+    p = argparse.ArgumentParser(prog=f"python -m services.{role or 'worker'}", description=__doc__)
+    if role is None:
+        p.add_argument("--role", choices=ROLES, default="hybrid")
+    add_engine_flags(p)
+    p.add_argument("--host", default=os.environ.get("SEAWALL_HOST", "127.0.0.1"), help="listen address")
+    p.add_argument("--port", type=int, default=0, help="listen port (default: a free one)")
+    p.add_argument("--scheduler", default=os.environ.get("SEAWALL_SCHEDULER"),
+                   help="scheduler host:port to register with (env SEAWALL_SCHEDULER)")
+    p.add_argument("--advertise", default=None,
+                   help="host the scheduler and peers should use to reach this worker (default: --host)")
+    p.add_argument("--no-nixl", action="store_true", help="no NIXL agent: KV moves over the gRPC fallback")
+    p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return WorkerConfig(role=role or args.role, engine=engine_config_from(args), host=args.host, port=args.port,
+                        scheduler_address=args.scheduler, nixl=not args.no_nixl, torch_threads=args.torch_threads,
+                        name=args.advertise or "")
+
+
+async def serve(config: WorkerConfig) -> None:
+    if config.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.torch_threads)
+    runner = ModelRunner(config.engine)
+    server = Server()
+    advertise_host = config.name or config.host
+    agent = _nixl_agent(config, runner, advertise_host)
+    servicer = WorkerServicer(config, runner, agent)
+    server.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer,
+               worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name)
+    port = await server.start(config.host, config.port)
+    address = f"{advertise_host}:{port}"
+    log.info("%s worker serving on %s (%d device blocks)", config.role, address, runner.kv.num_blocks)
+    try:
+        if config.scheduler_address:
+            await register(config.scheduler_address, address, servicer.info())
+        await wait_for_shutdown_signal()
+    finally:
+        await server.stop()
+        if agent is not None:
+            agent.close()
+
+
+def _nixl_agent(config: WorkerConfig, runner: ModelRunner, host: str):
+    if not config.nixl:
+        return None
+    from services.common.kv_transport import NixlKVAgent
+
+    name = f"{config.role}-{host}-{socket.gethostname()}-{os.getpid()}"
+    try:
+        return NixlKVAgent(name, runner.kv)
+    except Exception as exc:  # noqa: BLE001 - any NIXL/UCX start-up failure means: use the gRPC fallback
+        log.warning("NIXL is unavailable (%s); KV moves over the gRPC fallback", exc)
+        return None
+
+
+async def register(scheduler: str, address: str, info: worker_pb2.WorkerInfo, timeout_s: float = 120.0) -> str:
+    """Announces this worker to the scheduler, retrying while it starts."""
+    with anyio.move_on_after(timeout_s):
+        async with grpc.aio.insecure_channel(scheduler, options=CHANNEL_OPTIONS) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            while True:
+                try:
+                    reply = await stub.RegisterWorker(
+                        scheduler_pb2.RegisterWorkerRequest(address=address, info=info), timeout=5.0)
+                    log.info("registered with the scheduler at %s as %s", scheduler, reply.worker_id)
+                    return reply.worker_id
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        raise
+                await anyio.sleep(0.2)
+    raise Unavailable(f"the scheduler at {scheduler} did not answer within {timeout_s:.0f} s")
+
+
+def main(argv: list[str] | None = None, role: str | None = None) -> int:
+    try:
+        config = parse_args(argv, role)
+        anyio.run(serve, config)
+    except SeawallError as exc:
+        log.error("%s", exc)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

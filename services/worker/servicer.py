@@ -1,0 +1,141 @@
+"""The Worker gRPC service: runs step plans on the engine and moves KV blocks by id.
+
+A thin shell (STYLE §1): protos are converted at the edge, steps run one at a time on a worker thread (the
+forward pass holds the GIL only between kernels, so health checks and KV transfers keep being served), and
+sequence state changes that arrive between steps (Free, Abort) wait for the running step to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import anyio
+import anyio.to_thread
+import grpc
+
+from seawall.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from services.common import grpc_kv
+from services.common.convert import plan_from_proto, result_to_proto
+from services.common.errors import InvalidArgument, SeawallError
+from services.common.grpc_server import abort_with
+from services.common.kv_transport import NixlKVAgent, TransferOutcome, kv_layout_proto
+from services.common.version import VERSION
+from services.engine.runner import ModelRunner
+from services.worker.config import WorkerConfig
+
+log = logging.getLogger(__name__)
+
+_ROLES = {"prefill": worker_pb2.WORKER_ROLE_PREFILL, "decode": worker_pb2.WORKER_ROLE_DECODE,
+          "hybrid": worker_pb2.WORKER_ROLE_HYBRID}
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, config: WorkerConfig, runner: ModelRunner, agent: NixlKVAgent | None) -> None:
+        self.config = config
+        self.runner = runner
+        self.agent = agent
+        self._lock = anyio.Lock()  # one step (or state change) at a time
+        self._scheduler_id = ""
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        r = self.runner
+        msg = worker_pb2.WorkerInfo(
+            role=_ROLES[self.config.role], model=str(r.checkpoint.path), num_device_blocks=r.kv.num_blocks,
+            num_host_blocks=r.kv.num_host_blocks, kv_layout=kv_layout_proto(r.kv.layout), device=str(r.device),
+            max_model_len=r.max_model_len, eos_token_ids=r.checkpoint.eos_token_ids, version=VERSION)
+        if self.agent is not None:
+            msg.nixl.CopyFrom(self.agent.metadata())
+        return msg
+
+    async def Describe(self, request, context):
+        return self.info()
+
+    async def Step(self, request, context):
+        return await self._step(request, context)
+
+    async def StepStream(self, request_iterator, context):
+        try:
+            async for plan in request_iterator:
+                yield await self._step(plan, context)
+        except asyncio.CancelledError:
+            # The server is stopping (SIGTERM) while the scheduler still holds the stream open: end the
+            # stream instead of letting grpc log the cancellation as an unhandled servicer error.
+            return
+
+    async def _step(self, msg: worker_pb2.StepPlan, context) -> worker_pb2.StepResult:
+        try:
+            plan = plan_from_proto(msg)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        async with self._lock:
+            if msg.scheduler_id != self._scheduler_id:
+                # A new scheduler (or a reconnect after a failure) knows nothing of what we hold.
+                self.runner.seqs.clear()
+                self._scheduler_id = msg.scheduler_id
+            started = time.perf_counter()
+            try:
+                result = await anyio.to_thread.run_sync(self.runner.execute, plan)
+            except SeawallError as exc:
+                await abort_with(context, exc)
+            except KeyError as exc:  # the plan names a sequence this worker never saw: a scheduler bug
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            return result_to_proto(result, time.perf_counter() - started)
+
+    async def PullKV(self, request, context):
+        outcome = await self._transfer(request, request.src, "read", context)
+        return worker_pb2.PullKVResponse(**outcome.response_fields())
+
+    async def PushKV(self, request, context):
+        outcome = await self._transfer(request, request.dst, "write", context)
+        return worker_pb2.PushKVResponse(**outcome.response_fields())
+
+    async def _transfer(self, request, peer: common_pb2.KVEndpoint, direction: str, context) -> TransferOutcome:
+        """``read``: the peer's ``src_block_ids`` into our ``dst_block_ids``; ``write``: the other way."""
+        timeout_s = request.timeout_ms / 1e3 if request.timeout_ms else 60.0
+        src, dst = list(request.src_block_ids), list(request.dst_block_ids)
+        use_nixl = (request.transport != common_pb2.KV_TRANSPORT_GRPC and self.agent is not None
+                    and peer.HasField("agent_metadata") and peer.agent_metadata.agent_name)
+        try:
+            if use_nixl:
+                self.agent.add_peer(peer.agent_metadata, peer.kv_layout)
+                name = peer.agent_metadata.agent_name
+                if direction == "read":
+                    return await self.agent.read(request.transfer_id, name, src, dst, timeout_s)
+                return await self.agent.write(request.transfer_id, name, src, dst, timeout_s)
+            if not peer.grpc_address:
+                raise InvalidArgument("the peer endpoint has neither NIXL metadata this worker can use nor a "
+                                      "grpc_address for the gRPC fallback")
+            if direction == "read":
+                return await grpc_kv.pull_blocks(peer.grpc_address, self.runner.kv, src, dst,
+                                                 request.transfer_id, timeout_s)
+            return await grpc_kv.push_blocks(peer.grpc_address, self.runner.kv, src, dst, request.transfer_id,
+                                             timeout_s)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+
+    async def Abort(self, request, context):
+        unknown_transfers = [t for t in request.transfer_ids if self.agent is None or not self.agent.abort(t)]
+        unknown = await self._drop(request.seq_ids)
+        return worker_pb2.WorkerAbortResponse(unknown_seq_ids=unknown, unknown_transfer_ids=unknown_transfers)
+
+    async def Free(self, request, context):
+        return worker_pb2.FreeResponse(unknown_seq_ids=await self._drop(request.seq_ids))
+
+    async def _drop(self, seq_ids) -> list[str]:
+        async with self._lock:
+            return [s for s in seq_ids if self.runner.seqs.pop(s, None) is None]
+
+    async def ReadKV(self, request, context):
+        try:
+            async for chunk in grpc_kv.serve_read_kv(self.runner.kv, request):
+                yield chunk
+        except SeawallError as exc:
+            await abort_with(context, exc)
+
+    async def WriteKV(self, request_iterator, context):
+        try:
+            return await grpc_kv.serve_write_kv(self.runner.kv, request_iterator)
+        except SeawallError as exc:
+            await abort_with(context, exc)

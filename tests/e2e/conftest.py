@@ -1,0 +1,56 @@
+"""End-to-end fixtures: the mesh as real processes on loopback, and the transformers oracle."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from seawall.launcher import LocalMesh, MeshOptions
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(tiny_model_dir):
+    """``hf_greedy(prompt, max_tokens)``: the token ids transformers generates greedily, up to EOS."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+
+    @functools.cache
+    def generate(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+        ids = out[0, len(prompt):].tolist()
+        return ids[: next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))]
+
+    return lambda prompt, max_tokens: generate(tuple(prompt), max_tokens)
+
+
+def start_mesh(model_dir, log_dir, mode="disaggregated", num_prefill=1, num_decode=1, scheduler_args=(),
+               worker_args=(), http=True) -> LocalMesh:
+    """A mesh on free ports with small KV pools (so several fit in memory), logs under ``log_dir``."""
+    options = MeshOptions(model=str(model_dir), mode=mode, num_prefill=num_prefill if mode != "colocated" else 0,
+                          num_decode=num_decode, grpc_port=0, http_port=0 if http else None,
+                          scheduler_args=list(scheduler_args),
+                          worker_args=["--kv-cache-bytes", str(16 * 2**20), "--swap-bytes", str(16 * 2**20),
+                                       *worker_args],
+                          log_dir=log_dir, startup_timeout_s=180)
+    mesh = LocalMesh(options)
+    try:
+        mesh.start()
+    except BaseException:
+        mesh.stop()
+        raise
+    return mesh
+
+
+def random_prompts(lengths, vocab=4096, seed=99) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
