@@ -1,0 +1,85 @@
+"""Model shapes the cost model knows, and the sizes derived from them (weights, KV bytes per token).
+
+Shapes are those of the Hugging Face ``config.json`` of each checkpoint. Weights and KV are 16-bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+
+DTYPE_BYTES = 2
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    gated_mlp: bool  # SwiGLU (three matrices) vs a plain two-matrix MLP (OPT)
+    max_context: int
+    tied_embeddings: bool = False
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """Parameters of one layer's matrix multiplies (q, k, v, o and the MLP)."""
+        q = self.hidden_size * self.num_heads * self.head_dim
+        kv = 2 * self.hidden_size * self.num_kv_heads * self.head_dim
+        o = self.num_heads * self.head_dim * self.hidden_size
+        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        return q + kv + o + mlp
+
+    @property
+    def linear_params(self) -> int:
+        return self.num_layers * self.linear_params_per_layer
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        embeddings = self.lm_head_params * (1 if self.tied_embeddings else 2)
+        return self.linear_params + embeddings
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * DTYPE_BYTES
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over all layers (all KV heads, before tensor-parallel sharding)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES
+
+    def activation_bytes(self, num_tokens: int, tp: int) -> int:
+        """Peak activation memory of a forward pass over ``num_tokens`` tokens, per GPU (rough: the
+        residual stream, q/k/v and the MLP's widest tensors, plus fp32 logits of one row per sequence)."""
+        per_token = (8 * self.hidden_size + 2 * self.intermediate_size) * DTYPE_BYTES // tp
+        return num_tokens * per_token
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name.lower(): m
+    for m in (
+        ModelSpec("Llama-2-7B", 32, 4096, 32, 32, 128, 11008, 32000, True, 4096),
+        ModelSpec("Mistral-7B", 32, 4096, 32, 8, 128, 14336, 32000, True, 32768),  # Instruct-v0.2
+        ModelSpec("Llama-3-8B", 32, 4096, 32, 8, 128, 14336, 128256, True, 8192),
+        ModelSpec("Yi-34B", 60, 7168, 56, 8, 128, 20480, 64000, True, 200_000),  # Yi-34B-200K, as Sarathi-Serve
+        ModelSpec("Llama-2-70B", 80, 8192, 64, 8, 128, 28672, 32000, True, 4096),
+        ModelSpec("Qwen2.5-32B", 64, 5120, 40, 8, 128, 27648, 152064, True, 32768),
+        ModelSpec("OPT-13B", 40, 5120, 40, 40, 128, 20480, 50272, False, 2048, tied_embeddings=True),
+    )
+}
+
+
+def get_model(name: str) -> ModelSpec:
+    model = MODELS.get(name.lower())
+    if model is None:
+        raise InvalidArgument(f"unknown model {name!r}; known: {', '.join(m.name for m in MODELS.values())}")
+    return model
