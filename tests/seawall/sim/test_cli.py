@@ -1,0 +1,67 @@
+"""``seawall sim`` on the command line: run, capacity, reproduce (one row), calibration, list."""
+
+from __future__ import annotations
+
+import json
+
+from seawall.cli import main
+
+RUN_KEYS = {"ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "e2e_p50", "e2e_p99", "throughput_tok_s",
+            "max_concurrent_seqs", "preemptions", "kv_waste_frac", "queueing_frac"}
+
+
+def test_run_writes_the_metrics_json(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    rc = main(["sim", "run", "--model", "Llama-2-7B", "--gpu", "A100-40GB", "--policy", "vllm",
+               "--workload", "sharegpt", "--qps", "2", "--num-requests", "40", "--seed", "3",
+               "--max-total-len", "4096", "--per-request", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert RUN_KEYS <= data.keys()
+    assert data["num_finished"] == 40 and len(data["requests"]) == 40
+    assert data["policy"] == "vllm" and data["workload"]["seed"] == 3
+    assert "tbt_p99" in capsys.readouterr().out
+
+
+def test_run_replays_a_trace_with_tp(tmp_path):
+    out = tmp_path / "run.json"
+    assert main(["sim", "run", "--model", "Yi-34B", "--gpu", "A100-80GB", "--tp", "2", "--policy", "sarathi",
+                 "--workload", "azure-conv", "--time-scale", "0.2", "--num-requests", "30",
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["num_finished"] == 30
+
+
+def test_capacity_finds_a_positive_qps(tmp_path):
+    out = tmp_path / "cap.json"
+    rc = main(["sim", "capacity", "--model", "Mistral-7B", "--gpu", "H100", "--policy", "sarathi",
+               "--workload", "fixed", "--prompt-len", "256", "--output-len", "32", "--num-requests", "48",
+               "--slo-tbt-p99", "0.1", "--start-qps", "4", "--max-probes", "6", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["capacity_qps"] > 0 and len(data["probes"]) <= 6
+    assert all(p["passed"] == (p["qps"] <= data["capacity_qps"]) for p in data["probes"])
+
+
+def test_reproduce_writes_rows(tmp_path, capsys):
+    out = tmp_path / "rep.json"
+    assert main(["sim", "reproduce", "--only", "paged-capacity-a100-40gb", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert {"id", "paper", "ours", "unit", "note"} <= row.keys()
+    assert row["id"] == "paged-capacity-a100-40gb" and row["ours"] > 1
+    assert "paged-capacity-a100-40gb" in capsys.readouterr().out
+
+
+def test_calibration_and_list(capsys):
+    assert main(["sim", "calibration"]) == 0
+    assert "yi34b-tp2-prefill-1024" in capsys.readouterr().out
+    assert main(["sim", "list"]) == 0
+    assert "Qwen2.5-32B" in capsys.readouterr().out
+
+
+def test_user_mistakes_get_one_line(capsys):
+    assert main(["sim", "run", "--model", "GPT-5", "--qps", "1"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert main(["sim", "run", "--workload", "sharegpt"]) == 2
+    assert "--qps is required" in capsys.readouterr().err
+    assert main(["sim", "run", "--qps", "1", "--cost-model", "measured"]) == 2
+    assert "measured FILE" in capsys.readouterr().err
