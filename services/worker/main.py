@@ -80,6 +80,7 @@ async def serve(config: WorkerConfig) -> None:
             await register(config.scheduler_address, address, servicer.info())
         await wait_for_shutdown_signal()
     finally:
+        servicer.close_streams()
         await server.stop()
         if agent is not None:
             agent.close()

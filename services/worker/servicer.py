@@ -38,6 +38,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.agent = agent
         self._lock = anyio.Lock()  # one step (or state change) at a time
         self._scheduler_id = ""
+        self._closing: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def info(self) -> worker_pb2.WorkerInfo:
         r = self.runner
@@ -56,13 +57,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return await self._step(request, context)
 
     async def StepStream(self, request_iterator, context):
-        try:
-            async for plan in request_iterator:
-                yield await self._step(plan, context)
-        except asyncio.CancelledError:
-            # The server is stopping (SIGTERM) while the scheduler still holds the stream open: end the
-            # stream instead of letting grpc log the cancellation as an unhandled servicer error.
-            return
+        # Reads with context.read() rather than the iterator, racing each read against shutdown: a worker
+        # told to stop (SIGTERM) ends the stream cleanly while the scheduler still holds it open.
+        while True:
+            read = asyncio.ensure_future(context.read())
+            await asyncio.wait([read, self._closing], return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                read.cancel()
+                return
+            plan = read.result()
+            if plan is grpc.aio.EOF:
+                return
+            yield await self._step(plan, context)
+
+    def close_streams(self) -> None:
+        """Ends every open step stream after its current step (called on shutdown)."""
+        if not self._closing.done():
+            self._closing.set_result(None)
 
     async def _step(self, msg: worker_pb2.StepPlan, context) -> worker_pb2.StepResult:
         try:

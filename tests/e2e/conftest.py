@@ -51,6 +51,14 @@ def start_mesh(model_dir, log_dir, mode="disaggregated", num_prefill=1, num_deco
     return mesh
 
 
+@pytest.fixture(scope="session")
+def default_mesh(tiny_model_dir, tmp_path_factory):
+    """The default topology (disaggregated: one prefill, one decode worker) with the HTTP API, shared."""
+    m = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), scheduler_args=["--chunk-size", "64"])
+    yield m
+    m.stop()
+
+
 def random_prompts(lengths, vocab=4096, seed=99) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]

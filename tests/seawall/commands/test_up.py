@@ -1,25 +1,61 @@
-"""``seawall up`` (in-process until the mesh lands) on the built-in model, created on first use."""
+"""``seawall up`` starts the whole mesh as processes on the built-in model, serves, and stops cleanly."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
+import httpx
 import pytest
+
+from seawall import Client
+from seawall.launcher import free_port
 
 pytestmark = pytest.mark.slow
 
 
-def test_up_creates_the_builtin_model_and_completes_prompts(tmp_path):
-    env = {"SEAWALL_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "seawall", "up", "--prompt", "Hello", "--prompt", "Burst", "--max-tokens", "5"],
-        capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "ready" in proc.stdout and ">>> Hello" in proc.stdout and ">>> Burst" in proc.stdout
-    assert "10 tokens" in proc.stdout
-    assert (tmp_path / "cache" / "models").is_dir()
+def _wait_for_line(proc: subprocess.Popen, text: str, timeout_s: float) -> list[str]:
+    lines = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"{text!r} not printed; got {lines!r} (exit {proc.poll()})")
+
+
+@pytest.mark.timeout(400)
+def test_up_starts_the_mesh_on_the_builtin_model_serves_and_stops_cleanly(tmp_path):
+    grpc_port, http_port = free_port(), free_port()
+    env = {**os.environ, "SEAWALL_CACHE_DIR": str(tmp_path / "cache"), "SEAWALL_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen([sys.executable, "-m", "seawall", "up", "--grpc-port", str(grpc_port), "--http-port",
+                             str(http_port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        lines = _wait_for_line(proc, "press Ctrl-C to stop", 300)
+        text = "".join(lines)
+        assert "mesh ready (disaggregated; prefill-0, decode-1" in text
+        assert f"127.0.0.1:{grpc_port}" in text and f"http://127.0.0.1:{http_port}/v1" in text
+        assert (tmp_path / "cache" / "models").is_dir()
+        with Client(f"127.0.0.1:{grpc_port}") as client:
+            out = client.generate("Burst traffic is", max_tokens=5, temperature=0)
+        assert len(out.token_ids) == 5 and out.finish_reason == "length"
+        models = httpx.get(f"http://127.0.0.1:{http_port}/v1/models").json()
+        assert models["data"][0]["id"].startswith("builtin-tiny")
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, rest
+    assert "stopped (decode-1=0, prefill-0=0, scheduler=0)" in rest
+    assert "Traceback" not in rest
 
 
 def test_up_with_a_missing_model_says_so(tmp_path):

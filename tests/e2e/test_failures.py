@@ -1,0 +1,143 @@
+"""Behaviour at the edges, with real processes: aborts and disconnects free every block, a killed decode
+worker's requests finish exactly on the workers left, overload is refused with RESOURCE_EXHAUSTED."""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+import pytest
+
+from seawall import AsyncClient
+from services.common.errors import ResourceExhausted
+from tests.e2e.conftest import random_prompts, start_mesh
+
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
+
+
+async def _wait_all_blocks_free(client: AsyncClient, timeout_s: float = 10.0):
+    with anyio.fail_after(timeout_s):
+        while True:
+            stats = await client.stats()
+            if stats.num_running == 0 and all(w.num_device_blocks_used == 0 and w.num_host_blocks_used == 0
+                                              for w in stats.workers):
+                return stats
+            await anyio.sleep(0.05)
+
+
+async def test_abort_ends_the_stream_and_frees_every_block(default_mesh):
+    async with AsyncClient(default_mesh.grpc_address) as client:
+        chunks = []
+        async for chunk in client.stream(random_prompts([200])[0], request_id="to-abort", max_tokens=2000,
+                                         temperature=0, ignore_eos=True):
+            chunks.append(chunk)
+            if len(chunks) == 3:
+                assert await client.abort("to-abort")
+        assert chunks[-1].finish_reason == "abort"
+        assert not await client.abort("to-abort")  # no longer live
+        await _wait_all_blocks_free(client)
+
+
+async def test_a_client_that_goes_away_frees_every_block(default_mesh):
+    async with AsyncClient(default_mesh.grpc_address) as client:
+        n = 0
+        async for _ in client.stream(random_prompts([300])[0], max_tokens=2000, ignore_eos=True):
+            n += 1
+            if n == 3:
+                break  # leaving the loop cancels the call
+        await _wait_all_blocks_free(client)
+
+
+async def test_an_http_client_that_disconnects_mid_stream_frees_every_block(default_mesh):
+    body = {"prompt": random_prompts([150])[0], "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(base_url=default_mesh.http_url, timeout=30) as http:
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = 0
+            async for line in response.aiter_lines():
+                lines += bool(line.startswith("data:"))
+                if lines == 3:
+                    break
+    async with AsyncClient(default_mesh.grpc_address) as client:
+        await _wait_all_blocks_free(client)
+
+
+async def test_killing_the_decode_worker_mid_stream_still_completes_every_request_exactly(
+        tiny_model_dir, tmp_path, hf_greedy):
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", num_decode=2, scheduler_args=["--chunk-size", "64"],
+                   http=False)
+    try:
+        prompts = random_prompts([10, 40, 90, 130], seed=5)
+        max_tokens = 80
+        got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+        finish: dict[int, str] = {}
+        killed = anyio.Event()
+
+        async with AsyncClient(m.grpc_address) as client:
+            async def one(i):
+                async for chunk in client.stream(prompts[i], max_tokens=max_tokens, temperature=0):
+                    got[i].extend(chunk.token_ids)
+                    finish[i] = chunk.finish_reason
+
+            async def killer():
+                with anyio.fail_after(60):
+                    while min(len(v) for v in got.values()) < 5:  # every request is decoding
+                        await anyio.sleep(0.01)
+                m.kill("decode-1")
+                killed.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(killer)
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            stats = await client.stats()
+        assert killed.is_set()
+        assert [w.address for w in stats.workers if w.role == 2] != [] and len(stats.workers) == 2
+        for i, prompt in enumerate(prompts):
+            assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
+            assert finish[i] in ("stop", "length")
+    finally:
+        m.stop()
+
+
+async def test_more_than_the_queue_holds_is_refused_with_resource_exhausted(tiny_model_dir, tmp_path):
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated",
+                   scheduler_args=["--max-num-seqs", "1", "--max-queue-len", "2"])
+    try:
+        prompt = random_prompts([20])[0]
+        async with AsyncClient(m.grpc_address) as client:
+            refused = 0
+            streams = []
+            for _ in range(6):
+                streams.append(client.stream(prompt, max_tokens=100, ignore_eos=True))
+            results = []
+
+            async def consume(s):
+                try:
+                    async for _ in s:
+                        pass
+                    results.append("ok")
+                except ResourceExhausted as exc:
+                    results.append(str(exc))
+
+            async with anyio.create_task_group() as tg:
+                for s in streams:
+                    tg.start_soon(consume, s)
+                    await anyio.sleep(0.05)
+            refused = [r for r in results if r != "ok"]
+            assert refused and all("queued" in r for r in refused) and "ok" in results
+            async with httpx.AsyncClient(base_url=m.http_url, timeout=60) as http:
+                calls = [http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 100, "ignore_eos": True})
+                         for _ in range(5)]
+                codes = []
+
+                async def post(c):
+                    r = await c
+                    codes.append((r.status_code, r.headers.get("retry-after")))
+
+                async with anyio.create_task_group() as tg:
+                    for c in calls:
+                        tg.start_soon(post, c)
+                        await anyio.sleep(0.05)
+            assert (429, "1") in codes and any(code == 200 for code, _ in codes)
+    finally:
+        m.stop()

@@ -1,0 +1,96 @@
+"""The OpenAI-compatible HTTP API of a live mesh, exercised with plain HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from seawall import Client
+from tests.e2e.conftest import random_prompts
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def http(default_mesh):
+    with httpx.Client(base_url=default_mesh.http_url, timeout=60) as client:
+        yield client
+
+
+def _sse(response: httpx.Response) -> list[dict]:
+    events = [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_models_and_health(http):
+    models = http.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
+    health = http.get("/health")
+    assert health.status_code == 200 and health.json()["workers"] == 2
+
+
+def test_completion_with_token_ids_matches_transformers_and_the_grpc_api(http, default_mesh, hf_greedy):
+    prompt = random_prompts([37], seed=3)[0]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 9, "temperature": 0, "return_token_ids": True}
+    reply = http.post("/v1/completions", json=body).json()
+    choice = reply["choices"][0]
+    assert reply["object"] == "text_completion" and choice["token_ids"] == hf_greedy(prompt, 9)
+    assert reply["usage"]["prompt_tokens"] == 37 and reply["usage"]["completion_tokens"] == len(choice["token_ids"])
+    with Client(default_mesh.grpc_address) as client:
+        out = client.generate(prompt, max_tokens=9, temperature=0)
+    assert out.token_ids == choice["token_ids"] and out.text == choice["text"]
+
+
+def test_streamed_completion_of_a_text_prompt_equals_the_unstreamed_one(http):
+    body = {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    whole = http.post("/v1/completions", json=body).json()["choices"][0]
+    response = http.post("/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = _sse(response)
+    chunks = [e["choices"][0] for e in events if e["choices"]]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert [t for c in chunks for t in c["token_ids"]] == whole["token_ids"]
+    assert chunks[-1]["finish_reason"] == whole["finish_reason"] == "length"
+    assert events[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_chat_completion_applies_the_chat_template(http, default_mesh):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    reply = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 6, "temperature": 0,
+                                                    "return_token_ids": True}).json()
+    message = reply["choices"][0]["message"]
+    assert reply["object"] == "chat.completion" and message["role"] == "assistant"
+    template = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\nHello there<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    with Client(default_mesh.grpc_address) as client:
+        direct = client.generate(template, max_tokens=6, temperature=0)
+    assert reply["choices"][0]["token_ids"] == direct.token_ids and message["content"] == direct.text
+    streamed = _sse(http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 6, "temperature": 0,
+                                                            "stream": True}))
+    assert streamed[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in streamed) == message["content"]
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens must be"),
+    ({"prompt": "hi", "temprature": 0.5}, "unknown field 'temprature'"),
+    ({"prompt": [1, 99999]}, "outside the vocabulary"),
+    ({"prompt": [7] * 5000}, "shorten the prompt"),
+    ({"prompt": {"text": "hi"}}, "prompt must be a string or a list of token ids"),
+    ({"prompt": "hi", "n": 2}, "n must be 1"),
+])
+def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(http, body, fragment):
+    response = http.post("/v1/completions", json=body)
+    assert response.status_code == 400
+    assert fragment in response.json()["error"]["message"]
+    assert response.json()["error"]["code"] == "invalid_argument"
+
+
+def test_malformed_json_and_bad_chat_messages_get_400(http):
+    assert http.post("/v1/completions", content=b"{not json").status_code == 400
+    response = http.post("/v1/chat/completions", json={"messages": [{"role": "user"}]})
+    assert response.status_code == 400 and "messages[0]" in response.json()["error"]["message"]

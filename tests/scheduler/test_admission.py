@@ -1,0 +1,36 @@
+"""What the scheduler refuses before queueing, and how it says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.sampling_params import SamplingParams
+from services.scheduler.admission import validate_request
+
+
+def _check(prompt, max_tokens=4, pool_blocks=100):
+    validate_request(prompt, SamplingParams(max_tokens=max_tokens), vocab_size=50, max_model_len=64, block_size=4,
+                     pool_blocks=pool_blocks)
+
+
+@pytest.mark.parametrize("prompt, fragment", [
+    ([], "prompt is empty"),
+    ([1, 50], "outside the vocabulary [0, 50)"),
+    ([1, -1], "outside the vocabulary"),
+    ([1] * 64, "shorten the prompt"),
+])
+def test_what_the_model_cannot_run_is_an_invalid_argument(prompt, fragment):
+    with pytest.raises(InvalidArgument, match=fragment.replace("[", r"\[").replace(")", r"\)")):
+        _check(prompt)
+
+
+def test_what_no_pool_can_hold_is_resource_exhausted_with_the_fix():
+    _check([1] * 10, max_tokens=6, pool_blocks=4)  # 16 tokens: exactly 4 blocks
+    with pytest.raises(ResourceExhausted, match="needs 5 KV blocks; the pool holds 4: lower max_tokens"):
+        _check([1] * 10, max_tokens=7, pool_blocks=4)
+    _check([1] * 10, max_tokens=1000, pool_blocks=None)  # no worker yet: checked once one registers
+
+
+def test_the_context_limit_caps_what_a_request_can_need():
+    _check([1] * 10, max_tokens=10_000, pool_blocks=16)  # at most 64 tokens = 16 blocks
