@@ -1,0 +1,144 @@
+"""Mesh overhead: tokens/s of one workload through the live mesh vs the in-process engine, in the same run.
+
+Workload: ``--num-requests`` (64) prompts of ``--prompt-len`` (128) random token ids, each generating exactly
+``--output-len`` (64) tokens greedily (``ignore_eos``), all submitted at once.
+
+Systems (each warmed up with a small run first, then timed ``--repeats`` times in interleaved rounds; the
+best wall time is the figure, the median is printed beside it):
+
+* ``in-process`` — ``OfflineEngine`` (what ``seawall run-batch`` runs): scheduler core and model in one process;
+* ``mesh-colocated`` — ``seawall up --mode colocated --workers 1``: the scheduler process drives one worker
+  process over gRPC; the client is the SDK's ``AsyncClient`` in this process;
+* ``mesh-disaggregated`` — the default topology: one prefill and one decode worker, KV pulled over NIXL.
+  On this 2-core machine its two workers share the cores that the other systems give to one model, so it
+  measures transfer and hand-off costs on top of halved compute per worker; it is reported, not targeted.
+
+Target: ``mesh-colocated`` at most 10% below ``in-process``. Every system's greedy outputs are compared.
+
+    .venv/bin/python bench/mesh_overhead.py [--num-requests 64] [--repeats 3] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from seawall import AsyncClient  # noqa: E402
+from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
+from seawall.offline.engine import OfflineEngine  # noqa: E402
+from services.common.sampling_params import SamplingParams  # noqa: E402
+from services.engine.builtin_model import ensure_default_model  # noqa: E402
+from services.engine.config import EngineConfig  # noqa: E402
+from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
+
+TARGET_LOSS = 0.10
+CHUNK = 512
+
+
+def workload(n: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 4096) for _ in range(prompt_len)] for _ in range(n)]
+
+
+def run_in_process(engine: OfflineEngine, prompts, output_len) -> list[list[int]]:
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    return [c.token_ids for c in engine.generate(prompts, [params] * len(prompts))]
+
+
+async def _run_mesh(address: str, prompts, output_len) -> list[list[int]]:
+    outs: list = [None] * len(prompts)
+    async with AsyncClient(address) as client:
+        async def one(i):
+            out = await client.generate(prompts[i], max_tokens=output_len, temperature=0, ignore_eos=True)
+            outs[i] = out.token_ids
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i)
+    return outs
+
+
+def run_mesh(mesh: LocalMesh, prompts, output_len) -> list[list[int]]:
+    return anyio.run(_run_mesh, mesh.grpc_address, prompts, output_len)
+
+
+def start(mode: str, model: str, logs: Path) -> LocalMesh:
+    opts = MeshOptions(model=model, mode=mode, num_prefill=1 if mode == "disaggregated" else 0, num_decode=1,
+                       grpc_port=0, http_port=None, scheduler_args=["--chunk-size", str(CHUNK)],
+                       log_dir=logs / mode)
+    mesh = LocalMesh(opts)
+    mesh.start()
+    return mesh
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--systems", default="in-process,mesh-colocated,mesh-disaggregated")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    logging.basicConfig(level="WARNING")
+    model = str(ensure_default_model())
+    prompts = workload(args.num_requests, args.prompt_len)
+    warm = prompts[:4]
+    systems = args.systems.split(",")
+    meshes: dict[str, LocalMesh] = {}
+    runners = {}
+    logs = Path(tempfile.mkdtemp(prefix="seawall-mesh-bench-"))
+    try:
+        if "in-process" in systems:
+            engine = OfflineEngine(EngineConfig(model=model), SchedulerConfig(chunk_size=CHUNK))
+            runners["in-process"] = lambda ps, n: run_in_process(engine, ps, n)
+        for name in systems:
+            if name.startswith("mesh-"):
+                meshes[name] = start(name.removeprefix("mesh-"), model, logs)
+                runners[name] = lambda ps, n, m=meshes[name]: run_mesh(m, ps, n)
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        outputs = {}
+        for name, run in runners.items():
+            run(warm, 4)
+        for _ in range(args.repeats):
+            for name, run in runners.items():
+                t = time.perf_counter()
+                outputs[name] = run(prompts, args.output_len)
+                times[name].append(time.perf_counter() - t)
+    finally:
+        for mesh in meshes.values():
+            mesh.stop()
+    total = args.num_requests * args.output_len
+    base = next(iter(runners))
+    results = {}
+    print(f"{args.num_requests} requests x ({args.prompt_len} + {args.output_len}) tokens, best of {args.repeats}")
+    print(f"{'system':<22}{'tok/s':>10}{'median tok/s':>14}{'vs ' + base:>16}  outputs")
+    for name, ts in times.items():
+        best, med = total / min(ts), total / statistics.median(ts)
+        same = outputs[name] == outputs[base]
+        results[name] = {"tok_s": best, "median_tok_s": med, "ratio": best / (total / min(times[base])),
+                         "same_outputs": same}
+        print(f"{name:<22}{best:>10.0f}{med:>14.0f}{results[name]['ratio']:>15.2f}x  "
+              f"{'identical' if same else 'DIFFER'}")
+    if "mesh-colocated" in results and base == "in-process":
+        loss = 1 - results["mesh-colocated"]["ratio"]
+        print(f"mesh-colocated overhead: {loss:.1%} (target <= {TARGET_LOSS:.0%})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
