@@ -80,8 +80,6 @@ class Efficiency:
     layer_overhead_s: float = 30e-6
     # Per sequence per step (input preparation and sampling of one row).
     seq_overhead_s: float = 5e-6
-    # Latency of one tensor-parallel all-reduce.
-    allreduce_latency_s: float = 15e-6
     # Fixed cost per swapped KV block (one DMA descriptor per block across all layers: block-major layout).
     swap_block_overhead_s: float = 2e-6
 
@@ -143,7 +141,7 @@ class RooflineCostModel:
         if self.tp == 1:
             return 0.0
         nbytes = tokens * self.model.hidden_size * DTYPE_BYTES
-        return self.eff.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * nbytes / self.gpu.link_bandwidth
+        return self.gpu.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * nbytes / self.gpu.link_bandwidth
 
     def step_time(self, s: StepShape) -> float:
         if s.num_tokens <= 0:
