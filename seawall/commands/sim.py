@@ -39,6 +39,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV pool size (blocks)")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--prefix-caching", action="store_true", help="reuse KV of shared prefixes (mooncake-conv)")
+    g.add_argument("--mlfq", choices=("paper", "code"), default="paper",
+                   help="FastServe's MLFQ constants: the core's paper defaults or the released code's")
     g.add_argument("--cost-model", nargs="+", default=["roofline"], metavar="KIND",
                    help="'roofline' (default) or 'measured FILE' (a seawall-step-times/v1 JSON)")
     w = p.add_argument_group("workload")
@@ -56,6 +58,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     w.add_argument("--prompt-len", type=int, default=512, help="fixed workload: prompt tokens")
     w.add_argument("--output-len", type=int, default=128, help="fixed workload: output tokens")
     w.add_argument("--max-total-len", type=int, default=None, help="drop requests longer than this")
+    w.add_argument("--max-prompt-len", type=int, default=None, help="sharegpt/longtail: shorter prompts only")
+    w.add_argument("--pareto-alpha", type=float, default=1.2, help="longtail: Pareto shape of output lengths")
+    w.add_argument("--pareto-min", type=int, default=8, help="longtail: the shortest output")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cap.add_argument("--start-qps", type=float, default=1.0, help="first upper bound is twice this")
     cap.add_argument("--max-probes", type=int, default=20)
     cap.add_argument("--json", default=None)
-    cap.set_defaults(func=_capacity)
+    cap.set_defaults(func=_capacity, per_request=False)
 
     rep = sim_sub.add_parser("reproduce", help="the paper reproductions, as a table (docs/sim.md)")
     rep.add_argument("--only", nargs="+", default=None, metavar="ID", help="run only these rows")
@@ -104,7 +109,8 @@ def _configs(args: argparse.Namespace, need_qps: bool = True):
         chunk_size=args.chunk_size, max_num_batched_tokens=args.max_num_batched_tokens,
         preemption_mode=args.preemption_mode, swap_space_gib=args.swap_space_gib,
         enable_prefix_caching=args.prefix_caching, num_gpu_blocks=args.num_gpu_blocks, cost_model=kind,
-        measured_file=rest[0] if rest else None, record_requests=getattr(args, "per_request", False),
+        measured_file=rest[0] if rest else None, record_requests=args.per_request,
+        mlfq=args.mlfq,
     )
     arrival = args.arrival or ("trace" if args.workload in ("azure-conv", "mooncake-conv") else "poisson")
     if need_qps and arrival not in ("trace", "burst") and args.qps is None:
@@ -113,6 +119,7 @@ def _configs(args: argparse.Namespace, need_qps: bool = True):
         lengths=args.workload, arrival=arrival, num_requests=args.num_requests, qps=args.qps, seed=args.seed,
         cv=args.cv, on_s=args.on_s, off_s=args.off_s, time_scale=args.time_scale, trace_offset=args.trace_offset,
         prompt_len=args.prompt_len, output_len=args.output_len, max_total_len=args.max_total_len,
+        max_prompt_len=args.max_prompt_len, pareto_alpha=args.pareto_alpha, pareto_min=args.pareto_min,
     )
     return sim, wl
 
