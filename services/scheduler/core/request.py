@@ -52,7 +52,10 @@ class Request:
 
     @property
     def is_decoding(self) -> bool:
-        return self.num_uncomputed == 1 and self.num_computed_tokens >= len(self.prompt_token_ids)
+        """The prompt is computed and only the newest output token is not: the next step is a decode."""
+        prompt = len(self.prompt_token_ids)
+        computed = self.num_computed_tokens
+        return computed >= prompt and prompt + len(self.output_token_ids) - computed == 1
 
     def __repr__(self) -> str:
         # Never log prompts or token ids (STYLE §5).

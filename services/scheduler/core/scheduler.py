@@ -1,16 +1,17 @@
 """The scheduler core: continuous batching over a paged KV pool, with a step policy chosen by name.
 
-Pure logic: no I/O, no clock reads, no torch. A step under ``sarathi`` (Sarathi-Serve's stall-free batching)::
+Pure logic: no I/O, no clock reads, no torch. The machinery lives here: admission with the prefix cache,
+block reservation, preemption (swap to the host pool or drop for recompute), swap-in, the step plan and
+the results. *Who* runs in a step, with how many tokens, and who gives way is the policy's
+(``policies/``: ``sarathi``, ``vllm``, ``fcfs``, ``fastserve``, ``fastserve+sarathi``)::
 
-    1. running decodes first (one token each) — a decode never waits behind a prompt;
-    2. then the running prompt's next chunk, then new prompts, while the prompt-token budget lasts;
-    3. under block pressure the newest running request is preempted (swapped or dropped for recompute).
+    schedule(now) -> StepPlan        the policy composes a step through admit / reserve_or_preempt /
+                                     swap_in / swap_out; drops and swaps ride in the same plan
+    on_result(plan, result) -> [TokenEvent]   applies sampled tokens; finished requests leave
 
-Under ``vllm`` (the classic prefill-first baseline) a step is either whole new prompts, whenever one fits,
-or decodes only. Swapped requests resume before any new prompt is admitted.
-
-``schedule()`` returns a ``StepPlan``; ``on_result()`` applies the sampled tokens and returns events for the
-caller to stream. The caller owns time: ``add`` takes the arrival time as an argument.
+Time is passed in: ``add`` takes the arrival time in the request, ``schedule(now)`` the step's start. When
+``now`` is None the core keeps a logical clock that advances by the step-time model's estimate of each
+plan, so callers that never pass time still get deterministic MLFQ quanta and starvation.
 """
 
 from __future__ import annotations
@@ -22,41 +23,16 @@ from services.common.block_hash import extend_hashes
 from services.common.sampling_params import FinishReason, check_stop
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 from services.scheduler.core.block_manager import BlockManager
+from services.scheduler.core.config import MLFQConfig, SchedulerConfig
+from services.scheduler.core.hand_off import HandOff
+from services.scheduler.core.policies import POLICY_NAMES, Step, make_policy
 from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.step_time import StepTimeModel
 
-POLICIES = ("sarathi", "vllm")
+POLICIES = POLICY_NAMES  # the registry's names, for CLI choices
 
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    # Most tokens (decodes + prompt chunks) in one step; None = no limit.
-    max_num_batched_tokens: int | None = None
-    # Most prompt tokens in one step (the chunk budget); None = whole prompts.
-    chunk_size: int | None = None
-    # Most sequences in one step.
-    max_num_seqs: int = 256
-    # A request stops with finish reason "length" when prompt + output reach this.
-    max_model_len: int = 4096
-    # Reuse the KV of full blocks whose chained hash matches (PagedAttention's prefix sharing).
-    enable_prefix_caching: bool = True
-    # "sarathi": stall-free batching, decodes first then prompt chunks within chunk_size (Sarathi-Serve);
-    # "vllm": prefill-first, a step of whole prompts whenever one fits, else decodes (vLLM's classic policy).
-    policy: str = "sarathi"
-    # "swap": a preempted request's KV is copied to host blocks while the host pool has room (recompute when
-    # it has none); "recompute": its KV is dropped and recomputed when it runs again.
-    preemption_mode: str = "recompute"
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "chunk_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None (no limit), got {value}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if self.preemption_mode not in ("swap", "recompute"):
-            raise ValueError(f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}")
+__all__ = ["POLICIES", "MLFQConfig", "PrefixCacheStats", "Scheduler", "SchedulerConfig", "StepTimeModel",
+           "TokenEvent"]
 
 
 @dataclass
@@ -67,20 +43,12 @@ class TokenEvent:
 
 
 @dataclass
-class _Budget:
-    """What is left of one step's token budgets."""
-
-    tokens: float  # decodes + prompt tokens
-    prompt_tokens: float  # prompt tokens (the chunk budget)
-
-
-@dataclass
 class PrefixCacheStats:
     queried_blocks: int = 0  # full prompt blocks looked up at admission
     hit_blocks: int = 0  # of those, served from the cache
 
 
-class Scheduler:
+class Scheduler(HandOff):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
         """``blocks``: the worker's device pool; ``host_blocks``: its host pool, for swapping (None: no swap).
@@ -89,14 +57,17 @@ class Scheduler:
         self.blocks = blocks
         self.host_blocks = host_blocks
         self.hash_seed = hash_seed
+        self.policy = make_policy(config)
+        self.preemption_mode = config.preemption_mode or self.policy.default_preemption
         self.prefix_stats = PrefixCacheStats()
         self.preemptions = {"swap": 0, "recompute": 0}
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.swapped: deque[Request] = deque()  # resumed first in first out, before any new prompt
+        self.running: list[Request] = []  # holding device blocks (not necessarily scheduled every step)
+        self.swapped: deque[Request] = deque()  # KV on host blocks
         self.arriving: dict[str, Request] = {}  # KV being transferred in; not schedulable yet
         self.handed_off: dict[str, list[int]] = {}  # blocks held while their KV is sent to another worker
         self.requests: dict[str, Request] = {}
+        self.now = 0.0  # start of the latest step: the caller's clock, or the logical one
         self._on_worker: set[str] = set()  # requests whose state the worker holds
         self._to_drop: list[str] = []  # finished/preempted since the last plan: the worker drops them
         self._sent_blocks: dict[str, int] = {}  # blocks of each request the worker already knows
@@ -106,7 +77,10 @@ class Scheduler:
         self._swap_out: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
         self._host_to_free: list[int] = []
-        self._swapped_in_now: set[str] = set()
+        self._swapped_in_now: set[str] = set()  # never a victim in the step that swapped it in
+        self._preempted_now: set[str] = set()
+        self._last_ran: list[str] = []  # requests in the latest plan, charged its duration at the next step
+        self._last_step_s = 0.0  # the step-time model's estimate of the latest plan
         self._step_id = 0
 
     @property
@@ -118,187 +92,183 @@ class Scheduler:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.policy.on_add(request, self.now)
 
     def finish(self, request_id: str, reason: str = FinishReason.ABORT) -> None:
         """Ends a request early (abort, stop string seen by the detokenizer); frees its blocks."""
         req = self.requests.get(request_id)
         if req is None or req.status is RequestStatus.FINISHED:
             return
-        if req in self.waiting:
+        if req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
-        if req in self.running:
+        elif req.status is RequestStatus.RUNNING:
             self.running.remove(req)
-        if req in self.swapped:
+        elif req.status is RequestStatus.SWAPPED:
             self.swapped.remove(req)
             self.host_blocks.free(req.host_block_ids)
             req.host_block_ids = []
         self.arriving.pop(request_id, None)
         self._release(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
-        del self.requests[request_id]
+        self._forget(req)
 
-    # --- Disaggregated hand-off: a prompt runs on a prefill worker, its KV moves, decoding continues here ---
+    def queue_lengths(self) -> list[int]:
+        """Requests waiting for a turn (not in the latest plan; arriving ones aside) per priority level,
+        index 0 the highest; one entry for policies without levels."""
+        ran = set(self._last_ran)
+        queued = [r for r in (*self.running, *self.waiting, *self.swapped) if r.request_id not in ran]
+        return self.policy.queue_lengths(queued)
 
-    def hand_off(self, request_id: str) -> list[int]:
-        """Ends a running request on this worker but keeps its blocks: their KV is about to be sent to another
-        worker. The caller calls ``release_handed_off`` once the transfer ended."""
-        req = self.requests.pop(request_id)
-        self.running.remove(req)
-        held, req.block_ids = req.block_ids, []
-        self._sent_blocks.pop(request_id, None)
-        if request_id in self._on_worker:
-            self._on_worker.discard(request_id)
-            self._to_drop.append(request_id)  # the worker drops the sequence; block contents stay
-        req.status = RequestStatus.FINISHED
-        self.handed_off[request_id] = held
-        return list(held)
+    # --- a step ----------------------------------------------------------------------------------------------
 
-    def release_handed_off(self, request_id: str) -> None:
-        self.blocks.free(self.handed_off.pop(request_id))
-
-    def reserve_arrival(self, request: Request) -> list[int] | None:
-        """Takes a request whose ``num_computed_tokens`` were computed on another worker and reserves blocks
-        for them; it waits (ARRIVING) until ``arrive``. None when the pool cannot hold them now."""
-        if request.request_id in self.requests:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
-        got = self.blocks.allocate(self.blocks.blocks_needed(request.num_computed_tokens, 0))
-        if got is None:
-            return None
-        request.block_ids, request.num_cached_blocks = got, 0
-        request.status = RequestStatus.ARRIVING
-        self.requests[request.request_id] = request
-        self.arriving[request.request_id] = request
-        return list(got)
-
-    def arrive(self, request_id: str) -> None:
-        """The request's KV landed in its blocks: it runs from the next step on."""
-        req = self.arriving.pop(request_id)
-        req.status = RequestStatus.RUNNING
-        self.running.append(req)
-        self._cache_full_blocks(req)
-
-    def cancel_arrival(self, request_id: str) -> None:
-        """The transfer failed: the request recomputes its KV here, queued ahead of new prompts."""
-        req = self.arriving.pop(request_id)
-        self._release(req)
-        req.status = RequestStatus.WAITING
-        self.waiting.appendleft(req)
-
-    def drain(self) -> list[Request]:
-        """Removes every request (the worker died): each comes back reset to be recomputed elsewhere, with
-        the tokens it already produced. The pools are abandoned with the worker."""
-        reqs = sorted(self.requests.values(), key=lambda r: (r.arrival_time, r.request_id))
-        for req in reqs:
-            req.block_ids, req.host_block_ids = [], []
-            req.num_computed_tokens = req.num_cached_blocks = 0
-            req.status = RequestStatus.WAITING
-        self.requests.clear()
-        self.arriving.clear()
-        self.handed_off.clear()
-        self.waiting.clear()
-        self.running.clear()
-        self.swapped.clear()
-        return reqs
-
-    def schedule(self) -> StepPlan:
+    def schedule(self, now: float | None = None) -> StepPlan:
+        """The next step's plan. ``now``: when the step starts, seconds on the caller's clock (never going
+        back); None advances the logical clock by the modeled duration of the previous plan."""
+        now = self._advance_clock(now)
         self._step_id += 1
         if self._host_to_free:
             self.host_blocks.free(self._host_to_free)
             self._host_to_free = []
-        self._swapped_in_now = self._swap_in_what_fits()
-        chunked = self.config.policy == "sarathi"  # vllm runs prompts whole: chunk_size does not apply
-        budget = _Budget(self.config.max_num_batched_tokens or float("inf"),
-                         (self.config.chunk_size if chunked else None) or float("inf"))
-        scheduled: list[tuple[Request, int]] = []
-        if self.config.policy == "vllm":
-            # vLLM's classic prefill-first policy: a step of whole new prompts whenever one fits (running
-            # decodes stall meanwhile), otherwise a decode-only step.
-            self._schedule_prompts(scheduled, budget, whole=True)
-            if not scheduled:
-                self._schedule_decodes(scheduled, budget)
-        else:
-            # Sarathi-Serve's stall-free batching: decodes first, then prompt chunks within the budget.
-            self._schedule_decodes(scheduled, budget)
-            self._schedule_prompts(scheduled, budget, whole=False)
+        self._swapped_in_now, self._preempted_now = set(), set()
+        step = Step(now, self.config.max_num_batched_tokens or float("inf"), self.config.max_num_seqs)
+        self.policy.compose(self, step)
         # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
         plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in)
         self._to_drop, self._swap_out, self._swap_in = [], [], []
-        self._fill_plan(plan, scheduled)
+        self._fill_plan(plan, step.scheduled)
+        self._last_ran = list(plan.num_scheduled_tokens)
+        self._last_step_s = self.config.step_time.predict(plan.total_tokens, len(self._last_ran))
         return plan
 
-    def _schedule_decodes(self, scheduled: list[tuple[Request, int]], budget: _Budget) -> None:
-        """Running decodes, oldest first; the newest are preempted while blocks run out."""
-        for req in [r for r in self.running if r.is_decoding]:
-            if budget.tokens < 1 or len(scheduled) >= self.config.max_num_seqs:
-                break
-            if req.status is not RequestStatus.RUNNING:
-                continue  # preempted by an older decode in this loop
-            if not self._reserve_or_preempt(req, 1, scheduled):
-                continue
-            scheduled.append((req, 1))
-            budget.tokens -= 1
-
-    def _schedule_prompts(self, scheduled: list[tuple[Request, int]], budget: _Budget, whole: bool) -> None:
-        """Running prompts' next chunks, then new prompts, first come first served within the budget.
-
-        ``whole``: a prompt runs entirely in this step or waits (no chunking).
-        """
-        for req in [r for r in self.running if not r.is_decoding] + list(self.waiting):
-            room = min(budget.tokens, budget.prompt_tokens)
-            if room < 1 or len(scheduled) >= self.config.max_num_seqs or (whole and req.num_uncomputed > room):
-                break
-            if req.status is RequestStatus.WAITING and (self.swapped or not self._admit(req, room)):
-                break  # FCFS: no later prompt jumps a prompt that does not fit, nor a swapped request
-            n = int(min(req.num_uncomputed, room))
-            if req.status is RequestStatus.RUNNING and not self._reserve_or_preempt(req, n, scheduled, False):
-                break
-            if req.status is RequestStatus.WAITING:
-                self.waiting.remove(req)
-                self.running.append(req)
-                req.status = RequestStatus.RUNNING
-            scheduled.append((req, n))
-            budget.tokens -= n
-            budget.prompt_tokens -= n
-
-    def _swap_in_what_fits(self) -> set[str]:
-        """Moves swapped requests, oldest first, back to device blocks while they fit."""
-        resumed = set()
-        while self.swapped:
-            req = self.swapped[0]
-            dev = self.blocks.allocate(len(req.host_block_ids))
-            if dev is None:
-                break
-            self.swapped.popleft()
-            self._swap_in.extend(zip(req.host_block_ids, dev, strict=True))
-            self._host_to_free.extend(req.host_block_ids)
-            req.host_block_ids, req.block_ids = [], dev
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            resumed.add(req.request_id)
-        return resumed
+    def _advance_clock(self, now: float | None) -> float:
+        if now is None:
+            now = self.now + self._last_step_s
+        elif now < self.now:
+            raise ValueError(f"schedule(now={now}) is earlier than the previous step ({self.now}): time is "
+                             "monotonic")
+        if self._last_ran:
+            ran = [self.requests[rid] for rid in self._last_ran if rid in self.requests]
+            self.policy.on_step_done(ran, now - self.now, now)
+        self.now, self._last_ran, self._last_step_s = now, [], 0.0
+        return now
 
     def on_result(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
         events = []
+        caching, block_size = self.config.enable_prefix_caching, self.blocks.block_size
+        requests, sampled, running = self.requests, result.sampled, RequestStatus.RUNNING
         for rid, n in plan.num_scheduled_tokens.items():
-            req = self.requests.get(rid)
-            if req is None or req.status is not RequestStatus.RUNNING:
+            req = requests.get(rid)
+            if req is None or req.status is not running:
                 continue
             req.num_computed_tokens += n
-            self._cache_full_blocks(req)
-            token = result.sampled.get(rid)
+            if caching and req.num_computed_tokens // block_size > req.num_cached_blocks:
+                self._cache_full_blocks(req)
+            token = sampled.get(rid)
             if token is None:
                 continue
             req.output_token_ids.append(token.token_id)
             reason = check_stop(req.params, req.output_token_ids, req.eos_token_ids)
-            if reason is None and req.num_tokens >= self.config.max_model_len:
+            if reason is None and len(req.prompt_token_ids) + len(req.output_token_ids) >= self.config.max_model_len:
                 reason = FinishReason.LENGTH
             events.append(TokenEvent(rid, token, reason))
             if reason is not None:
                 self.finish(rid, reason)
         return events
 
-    def _admit(self, req: Request, budget: float) -> bool:
-        """Takes the cached prefix and blocks for the first chunk; on failure leaves ``req`` untouched."""
+    # --- machinery the policies call -------------------------------------------------------------------------
+
+    @property
+    def swap_enabled(self) -> bool:
+        return self.preemption_mode == "swap" and self.host_blocks is not None
+
+    @property
+    def swapping_out(self) -> bool:
+        """Whether this step swapped anything out so far."""
+        return bool(self._swap_out)
+
+    def swapped_in_now(self, req: Request) -> bool:
+        return req.request_id in self._swapped_in_now
+
+    def preempted_now(self, req: Request) -> bool:
+        return req.request_id in self._preempted_now
+
+    def admit(self, req: Request, room: float, step: Step, evict: bool = False) -> int:
+        """Starts waiting ``req``: takes its cached prefix and blocks for up to ``room`` tokens of its first
+        chunk. Returns how many tokens it runs now (it is RUNNING), or 0 with ``req`` untouched. ``evict``:
+        when short of blocks, take them from the policy's victims (never from requests in ``step``)."""
+        while not (n := self._try_admit(req, room)):
+            victim = self._victim(req, step) if evict else None
+            if victim is None or victim is req:
+                return 0
+            self._preempt(victim)
+        self.waiting.remove(req)
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        return n
+
+    def reserve_or_preempt(self, req: Request, n: int, step: Step, may_preempt_self: bool = True) -> bool:
+        """Reserves blocks for ``n`` more tokens of running ``req``, preempting the policy's victims until
+        they fit. Never preempts a request already in ``step``, nor one just swapped in (its swap-in has not
+        happened yet, so there is nothing to swap out). When ``req`` is the victim it gives way if
+        ``may_preempt_self`` (a decode), else it just waits for this step (a prompt chunk keeps its KV)."""
+        if req.num_computed_tokens + n <= len(req.block_ids) * self.blocks.block_size:
+            return True  # the common decode: room left in its last block
+        while not self._reserve(req, n):
+            victim = self._victim(req, step) or req
+            if victim is req and not may_preempt_self:
+                return False
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def swap_in(self, req: Request, n: int, step: Step, evict: bool = False) -> bool:
+        """Moves swapped ``req`` back into device blocks that hold its KV and ``n`` more tokens; it is RUNNING
+        (not scheduled: the caller adds it to ``step``). False when the blocks cannot be found; ``evict``:
+        take them from the policy's victims."""
+        need = max(len(req.host_block_ids), self.blocks.blocks_needed(req.num_computed_tokens + n, 0))
+        while (dev := self.blocks.allocate(need)) is None:
+            victim = self._victim(req, step) if evict else None
+            if victim is None or victim is req:
+                return False
+            self._preempt(victim)
+        self.swapped.remove(req)
+        self._move_in(req, dev)
+        return True
+
+    def swap_in_fifo(self) -> None:
+        """Moves swapped requests, oldest first, back to device blocks while they fit."""
+        while self.swapped:
+            req = self.swapped[0]
+            dev = self.blocks.allocate(len(req.host_block_ids))
+            if dev is None:
+                break
+            self.swapped.popleft()
+            self._move_in(req, dev)
+
+    def swap_out(self, req: Request) -> bool:
+        """Copies running ``req``'s KV to host blocks (proactive swapping); False when the host pool is full."""
+        host = self.host_blocks.allocate(len(req.block_ids)) if self.swap_enabled else None
+        if host is None:
+            return False
+        self.running.remove(req)
+        req.num_preemptions += 1
+        self.preemptions["swap"] += 1
+        self._move_out(req, host)
+        return True
+
+    def can_swap_out(self, req: Request) -> bool:
+        """Whether preempting running ``req`` now would swap its KV out (rather than drop it)."""
+        return (self.swap_enabled and req.request_id not in self._swapped_in_now
+                and self.host_blocks.num_free >= len(req.block_ids))
+
+    def _victim(self, req: Request, step: Step) -> Request | None:
+        taken = step.ids | self._swapped_in_now
+        return self.policy.pick_victim(self, req, [r for r in self.running if r.request_id not in taken])
+
+    def _try_admit(self, req: Request, room: float) -> int:
+        """Takes the cached prefix and blocks for the first chunk; returns its tokens, or 0 (``req`` left
+        untouched) when the blocks are not there."""
         cached: list[int] = []
         queried = 0
         if self.config.enable_prefix_caching:
@@ -310,18 +280,21 @@ class Scheduler:
         req.block_ids = list(cached)
         req.num_cached_blocks = len(cached)
         req.num_computed_tokens = len(cached) * self.blocks.block_size
-        if not self._reserve(req, int(min(req.num_uncomputed, budget))):
+        n = int(min(req.num_uncomputed, room))
+        if n < 1 or not self._reserve(req, n):
             self.blocks.free(cached)
             req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
-            return False
+            return 0
         if req.num_preemptions == 0:
             self.prefix_stats.queried_blocks += queried
             self.prefix_stats.hit_blocks += len(cached)
             req.num_prefix_hit_tokens = req.num_computed_tokens
-        return True
+        return n
 
     def _reserve(self, req: Request, n: int) -> bool:
         need = self.blocks.blocks_needed(req.num_computed_tokens + n, len(req.block_ids))
+        if need == 0:
+            return True
         got = self.blocks.allocate(need)
         if got is None:
             return False
@@ -340,39 +313,22 @@ class Scheduler:
             self.blocks.cache(req.block_ids[i], req.block_hashes[i])
         req.num_cached_blocks = full
 
-    def _reserve_or_preempt(self, req: Request, n: int, scheduled: list[tuple[Request, int]],
-                            may_preempt_self: bool = True) -> bool:
-        """Reserves blocks for ``n`` more tokens, preempting the newest request until they fit.
-
-        Never preempts a request already scheduled this step, nor one just swapped in (its swap-in has not
-        happened yet, so there is nothing to swap out). When ``req`` itself is the newest left it gives way
-        if ``may_preempt_self`` (a decode), else it just waits for this step (a prompt chunk keeps its KV).
-        """
-        while not self._reserve(req, n):
-            taken = {r.request_id for r, _ in scheduled} | self._swapped_in_now
-            candidates = [r for r in self.running if r.request_id not in taken]
-            victim = max(candidates, key=lambda r: (r.arrival_time, r.request_id)) if candidates else req
-            if victim is req and not may_preempt_self:
-                return False
-            self._preempt(victim)
-            if victim is req:
-                return False
-        return True
-
     def _preempt(self, req: Request) -> None:
         """Swap the KV to host blocks when configured and it fits, else drop it for recompute."""
         self.running.remove(req)
         req.num_preemptions += 1
-        host = None
-        if (self.config.preemption_mode == "swap" and self.host_blocks is not None
-                and req.request_id not in self._swapped_in_now):
-            host = self.host_blocks.allocate(len(req.block_ids))
+        self._preempted_now.add(req.request_id)
+        host = self.host_blocks.allocate(len(req.block_ids)) if self.can_swap_out(req) else None
         self.preemptions["recompute" if host is None else "swap"] += 1
         if host is None:
             self._release(req)
             req.status = RequestStatus.WAITING
             self.waiting.appendleft(req)
             return
+        self._move_out(req, host)
+
+    def _move_out(self, req: Request, host: list[int]) -> None:
+        self._preempted_now.add(req.request_id)
         self._swap_out.extend(zip(req.block_ids, host, strict=True))
         self.blocks.free(req.block_ids)
         # The worker keeps the sequence; its new block table is sent in full when it runs again.
@@ -382,6 +338,14 @@ class Scheduler:
         req.status = RequestStatus.SWAPPED
         self.swapped.append(req)
 
+    def _move_in(self, req: Request, dev: list[int]) -> None:
+        self._swap_in.extend(zip(req.host_block_ids, dev, strict=False))  # dev may hold room to grow
+        self._host_to_free.extend(req.host_block_ids)
+        req.host_block_ids, req.block_ids = [], dev
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        self._swapped_in_now.add(req.request_id)
+
     def _release(self, req: Request) -> None:
         self.blocks.free(req.block_ids)
         req.block_ids = []
@@ -390,6 +354,11 @@ class Scheduler:
         if req.request_id in self._on_worker:
             self._on_worker.discard(req.request_id)
             self._to_drop.append(req.request_id)
+
+    def _forget(self, req: Request) -> None:
+        """The request leaves this scheduler (finished, handed off)."""
+        del self.requests[req.request_id]
+        self.policy.on_remove(req)
 
     def _fill_plan(self, plan: StepPlan, scheduled: list[tuple[Request, int]]) -> None:
         for req, n in scheduled:
@@ -410,9 +379,13 @@ class Scheduler:
         owners = {r.request_id: r.block_ids for r in [*self.running, *self.arriving.values()]}
         owners.update({f"{rid} (handed off)": ids for rid, ids in self.handed_off.items()})
         self.blocks.check_integrity(owners)
+        assert all(r.status is RequestStatus.RUNNING and r.block_ids for r in self.running), "running w/o blocks"
         assert all(r.status is RequestStatus.ARRIVING for r in self.arriving.values())
         assert all(r.status is RequestStatus.WAITING and not r.block_ids for r in self.waiting)
         assert all(r.status is RequestStatus.SWAPPED and not r.block_ids for r in self.swapped)
+        live = len(self.running) + len(self.waiting) + len(self.swapped) + len(self.arriving)
+        assert live == len(self.requests), f"{live} requests queued, {len(self.requests)} known"
+        self.policy.check_integrity(self.requests)
         if self.host_blocks is not None:
             owned = {r.request_id: r.host_block_ids for r in self.swapped}
             owned["(read by the last plan's swap-ins)"] = self._host_to_free

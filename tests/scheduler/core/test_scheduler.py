@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from services.common.sampling_params import SamplingParams
 from services.common.step import SampledToken, StepResult
 from services.scheduler.core.block_manager import BlockManager
+from services.scheduler.core.policies import POLICY_CLASSES
 from services.scheduler.core.request import Request, RequestStatus
-from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
+from services.scheduler.core.scheduler import POLICIES, Scheduler, SchedulerConfig
+from services.scheduler.core.step_time import StepTimeModel
 
 EOS = 0
 
@@ -27,9 +27,9 @@ def create_requests(n, prompt_len=10, max_tokens=5, start=0, shared_prefix=0) ->
             for i in range(n)]
 
 
-def step(s: Scheduler, token: int = 7):
-    """One step where every sampled sequence gets ``token``."""
-    plan = s.schedule()
+def step(s: Scheduler, token: int = 7, now: float | None = None):
+    """One step (starting at ``now``, or on the logical clock) where every sampled sequence gets ``token``."""
+    plan = s.schedule(now)
     known = {r.request_id: r.num_tokens for r in s.running}
     result = StepResult(plan.step_id)
     for rid, n in plan.num_scheduled_tokens.items():
@@ -146,34 +146,6 @@ def test_swap_falls_back_to_recompute_when_the_host_pool_is_full():
     assert "r1" in dropped and b.num_preemptions >= 1
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    prompts=st.lists(st.integers(1, 40), min_size=1, max_size=8),
-    chunk=st.one_of(st.none(), st.integers(1, 16)),
-    num_blocks=st.integers(12, 40),
-    swap=st.booleans(),
-    policy=st.sampled_from(["sarathi", "vllm"]),
-)
-def test_random_workloads_finish_with_no_block_leaked(prompts, chunk, num_blocks, swap, policy):
-    s = create_scheduler(num_blocks=num_blocks, block_size=4, chunk_size=chunk, num_host_blocks=16 if swap else 0,
-                         preemption_mode="swap" if swap else "recompute", policy=policy)
-    for i, n in enumerate(prompts):
-        # Half the prompts share a prefix, so cached blocks are shared, freed and evicted under pressure.
-        tokens = [1] * n if i % 2 else [i + 2] * n
-        s.add(Request(f"r{i}", tokens, SamplingParams(max_tokens=1 + i % 6), float(i)))
-    finished = set()
-    for _ in range(2000):
-        if not s.has_work:
-            break
-        _, events = step(s)
-        finished |= {e.request_id for e in events if e.finish_reason}
-    assert finished == {f"r{i}" for i in range(len(prompts))}
-    assert s.blocks.num_free == num_blocks
-    if swap:
-        s.schedule()  # host blocks read by the last swap-ins are released one plan later
-        assert s.host_blocks.num_free == 16
-
-
 def test_a_shared_prefix_is_served_from_the_cache_after_it_is_computed():
     s = create_scheduler(block_size=4, chunk_size=64)
     first, second = create_requests(2, prompt_len=14, shared_prefix=9)
@@ -252,5 +224,36 @@ def test_vllm_policy_does_not_chunk_a_prompt_larger_than_the_token_budget():
 
 
 def test_unknown_policy_names_the_choices():
-    with pytest.raises(ValueError, match="sarathi, vllm"):
+    with pytest.raises(ValueError, match="sarathi, vllm, fcfs, fastserve, fastserve\\+sarathi"):
         SchedulerConfig(policy="lifo")
+
+
+def test_policies_come_from_the_registry_and_pick_their_preemption_mode():
+    assert POLICIES == tuple(POLICY_CLASSES) == ("sarathi", "vllm", "fcfs", "fastserve", "fastserve+sarathi")
+    for name in POLICIES:
+        s = create_scheduler(policy=name)
+        assert s.policy.name == name
+        assert s.preemption_mode == ("swap" if name.startswith("fastserve") else "recompute")
+    assert create_scheduler(policy="fastserve", preemption_mode="recompute").preemption_mode == "recompute"
+
+
+def test_the_logical_clock_advances_by_the_modeled_step_and_time_never_goes_back():
+    s = create_scheduler(step_time=StepTimeModel(base_s=0.01, per_token_s=0.001, tile_tokens=1))
+    s.add(create_requests(1, prompt_len=10)[0])
+    step(s)
+    assert s.now == 0.0
+    step(s)  # the first step ran 10 prompt tokens
+    assert s.now == pytest.approx(0.02)
+    step(s, now=5.0)
+    assert s.now == 5.0
+    with pytest.raises(ValueError, match="monotonic"):
+        s.schedule(now=4.0)
+
+
+def test_queue_lengths_count_requests_not_in_the_latest_plan():
+    s = create_scheduler(max_num_seqs=2)
+    for r in create_requests(3):
+        s.add(r)
+    assert s.queue_lengths() == [3]
+    step(s)
+    assert s.queue_lengths() == [1]

@@ -1,0 +1,128 @@
+"""The scheduler core's configuration: budgets, the step policy by name, and the policies' parameters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from services.scheduler.core.policies import POLICY_CLASSES
+from services.scheduler.core.step_time import StepTimeModel
+
+SWAP_ORDERS = ("enst", "priority")
+
+
+@dataclass(frozen=True)
+class MLFQConfig:
+    """FastServe's skip-join multi-level feedback queue (papers.md §2). Where the paper (§2.1, §2.3) and the
+    released code (§2.2) differ, the defaults follow the paper except for the starvation threshold, which is
+    the code's 3 s (the paper's 0.3 s made FastServe slower than FCFS in the simulator: docs/design.md).
+    ``paper()`` and ``released_code()`` give either source's choices throughout."""
+
+    # Quantum of the highest-priority level, seconds. None: the step-time model's shortest step (one token),
+    # the paper's "smallest iteration time seen in profiling"; the code fixes 0.01 s.
+    base_quantum_s: float | None = None
+    # q[i+1] = quantum_ratio * q[i] (both: 2).
+    quantum_ratio: float = 2.0
+    # Number of levels; None: unbounded, levels made on demand (the code; the paper does not say).
+    num_levels: int | None = None
+    # A job joins the first level whose quantum covers its first step's predicted time (skip-join);
+    # False: every job joins level 0 (plain MLFQ, the paper's ablation).
+    skip_join: bool = True
+    # A job that has not run for this long is promoted to level 0 (the code: 3 s; the paper's alpha: 0.3 s).
+    starvation_s: float = 3.0
+    # Starvation is checked every this many steps (the paper: every step; the code: every 1000 iterations).
+    starvation_check_steps: int = 1
+    # A demoted or promoted job joins the front of its new queue (the code) instead of the back (the paper).
+    requeue_front: bool = False
+    # Which resident jobs go to host first and which come back first: "enst" (the paper: largest estimated
+    # next scheduled time out first, smallest in first) or "priority" (the code: lowest priority out first).
+    swap_order: str = "enst"
+    # Device blocks proactive swapping keeps free for arriving jobs, as a fraction of the pool (the paper sizes
+    # the reserve from arrival history without a formula; the code keeps max_batch_size blocks).
+    reserve_frac: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.base_quantum_s is not None and not self.base_quantum_s > 0:
+            raise ValueError(f"mlfq.base_quantum_s must be > 0 or None (profiled), got {self.base_quantum_s}")
+        if not self.quantum_ratio > 1 or math.isinf(self.quantum_ratio):
+            raise ValueError(f"mlfq.quantum_ratio must be a finite number > 1, got {self.quantum_ratio}")
+        if self.num_levels is not None and self.num_levels < 1:
+            raise ValueError(f"mlfq.num_levels must be >= 1 or None (unbounded), got {self.num_levels}")
+        if not self.starvation_s > 0:
+            raise ValueError(f"mlfq.starvation_s must be > 0 (use math.inf to turn promotion off), "
+                             f"got {self.starvation_s}")
+        if self.starvation_check_steps < 1:
+            raise ValueError(f"mlfq.starvation_check_steps must be >= 1, got {self.starvation_check_steps}")
+        if self.swap_order not in SWAP_ORDERS:
+            raise ValueError(f"mlfq.swap_order must be one of {', '.join(SWAP_ORDERS)}, got {self.swap_order!r}")
+        if not 0 <= self.reserve_frac < 1:
+            raise ValueError(f"mlfq.reserve_frac must be in [0, 1), got {self.reserve_frac}")
+
+    @classmethod
+    def paper(cls) -> MLFQConfig:
+        """The paper's choices throughout (papers.md §2.1, §2.3), its alpha = 0.3 s included."""
+        return cls(starvation_s=0.3)
+
+    @classmethod
+    def released_code(cls) -> MLFQConfig:
+        """The constants of FastServe's released scheduler (LLMServe/FastServe @187a274, papers.md §2.2)."""
+        return cls(base_quantum_s=0.01, starvation_s=3.0, starvation_check_steps=1000, requeue_front=True,
+                   swap_order="priority")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    # Most tokens (decodes + prompt chunks) in one step; None = no limit.
+    max_num_batched_tokens: int | None = None
+    # Most prompt tokens in one step (the chunk budget) for the chunking policies (sarathi,
+    # fastserve+sarathi); None = whole prompts, or the budget derived from tbt_target_s when that is set.
+    chunk_size: int | None = None
+    # Most sequences in one step.
+    max_num_seqs: int = 256
+    # A request stops with finish reason "length" when prompt + output reach this.
+    max_model_len: int = 4096
+    # Reuse the KV of full blocks whose chained hash matches (PagedAttention's prefix sharing).
+    enable_prefix_caching: bool = True
+    # The step policy, by name (services/scheduler/core/policies): "sarathi" (stall-free chunked prefill,
+    # the default), "vllm" (prefill-first), "fcfs" (run to completion), "fastserve" (skip-join MLFQ with
+    # proactive swapping), "fastserve+sarathi" (MLFQ order, stall-free chunked steps).
+    policy: str = "sarathi"
+    # "swap": a preempted request's KV is copied to host blocks while the host pool has room (recompute when
+    # it has none); "recompute": its KV is dropped and recomputed when it runs again. None: the policy's own
+    # choice (swap for the fastserve policies, recompute for the others).
+    preemption_mode: str | None = None
+    # Target time between tokens, seconds. With chunk_size None, a chunking policy's step budget tau is the
+    # largest token count whose modeled step fits it (Sarathi-Serve §4.3); decodes count against tau but
+    # are never skipped for it. None: no derived budget.
+    tbt_target_s: float | None = None
+    # The step-time model: derived budgets, FastServe's levels and quanta, and the logical clock.
+    step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    # FastServe's queue parameters (the fastserve policies only).
+    mlfq: MLFQConfig = field(default_factory=MLFQConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "chunk_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None (no limit), got {value}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.policy not in POLICY_CLASSES:
+            raise ValueError(f"policy must be one of {', '.join(POLICY_CLASSES)}, got {self.policy!r}")
+        if self.preemption_mode not in (None, "swap", "recompute"):
+            raise ValueError(f"preemption_mode must be swap, recompute or None (the policy's choice), "
+                             f"got {self.preemption_mode!r}")
+        if self.tbt_target_s is not None:
+            if not self.tbt_target_s > 0:
+                raise ValueError(f"tbt_target_s must be > 0 or None, got {self.tbt_target_s}")
+            try:
+                self.step_time.token_budget(self.tbt_target_s)
+            except ValueError as exc:
+                raise ValueError(f"tbt_target_s: {exc}") from None
+
+    @property
+    def derived_token_budget(self) -> int | None:
+        """Sarathi's tau from ``tbt_target_s`` when ``chunk_size`` is not given; None otherwise."""
+        if self.chunk_size is not None or self.tbt_target_s is None:
+            return None
+        return self.step_time.token_budget(self.tbt_target_s)
