@@ -9,7 +9,10 @@ from pathlib import Path
 
 from services.common.errors import InvalidArgument, NotFound
 from services.engine.config import EngineConfig
-from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
+from services.scheduler.core.config import MLFQConfig, SchedulerConfig
+from services.scheduler.core.policies import POLICY_NAMES
+
+MLFQ_PRESETS = {"default": MLFQConfig, "paper": MLFQConfig.paper, "released-code": MLFQConfig.released_code}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,10 +29,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step (default 256)")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes")
     p.add_argument("--swap-bytes", type=int, default=256 * 2**20, help="host memory for swapped-out KV, bytes")
-    p.add_argument("--policy", choices=POLICIES, default="sarathi",
-                   help="step policy: sarathi (stall-free chunked prefill, default) or vllm (prefill-first)")
-    p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute",
-                   help="what happens to a preempted request's KV (default: recompute)")
+    p.add_argument("--policy", choices=POLICY_NAMES, default="sarathi",
+                   help="step policy: sarathi (stall-free chunked prefill, default), vllm (prefill-first), "
+                        "fcfs (run to completion), fastserve (skip-join MLFQ, proactive swapping), "
+                        "fastserve+sarathi (MLFQ order, stall-free chunked steps)")
+    p.add_argument("--preemption-mode", choices=("recompute", "swap"), default=None,
+                   help="what happens to a preempted request's KV (default: the policy's; swap for the "
+                        "fastserve policies, recompute for the others)")
+    p.add_argument("--tbt-target-s", type=float, default=None,
+                   help="time-between-tokens target: without --chunk-size, the chunking policies' step "
+                        "budget is the largest step the step-time model fits in it")
+    p.add_argument("--mlfq", choices=tuple(MLFQ_PRESETS), default="default",
+                   help="FastServe's queue constants: default (the paper's, with the code's 3 s starvation "
+                        "threshold), paper, or released-code")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV of shared prompt prefixes")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
@@ -44,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         sched = SchedulerConfig(args.max_num_batched_tokens, args.chunk_size, args.max_num_seqs,
                                 enable_prefix_caching=not args.no_prefix_caching,
-                                preemption_mode=args.preemption_mode, policy=args.policy)
+                                preemption_mode=args.preemption_mode, policy=args.policy,
+                                tbt_target_s=args.tbt_target_s, mlfq=MLFQ_PRESETS[args.mlfq]())
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
     engine = OfflineEngine(

@@ -1,8 +1,8 @@
 """Token-exact oracle: ``seawall run-batch`` against Hugging Face ``transformers`` on the same weights.
 
 16 prompts of 1 to 720 tokens with different output lengths run together (continuous batching: requests
-join and leave while others prefill or decode) at several chunk budgets and block sizes; every greedy
-token must equal what ``transformers`` generates for that prompt alone, and the reported logprobs must
+join and leave while others prefill or decode) at several chunk budgets and block sizes and under every
+step policy (also when requests are preempted by swap and by recompute); every greedy token must equal what ``transformers`` generates for that prompt alone, and the reported logprobs must
 equal its log-softmax to 1e-4.
 """
 
@@ -84,8 +84,32 @@ def test_greedy_tokens_and_logprobs_match_transformers(tmp_path, oracle_case, ch
     model_dir, prompts, refs = oracle_case
     flags = ["--block-size", str(block_size), "--policy", policy]
     flags += ["--chunk-size", str(chunk_size)] if chunk_size else []
-    results = _run_batch(tmp_path, model_dir, prompts, *flags)
-    assert [r["custom_id"] for r in results] == [f"p{i}" for i in range(len(prompts))]
+    _assert_matches(_run_batch(tmp_path, model_dir, prompts, *flags), refs)
+
+
+# The other policies. --max-num-seqs 3 leaves most of the 16 requests out of each step, so the MLFQ's order,
+# demotions and starvation promotions (on the logical clock) decide who runs and who idles with its KV;
+# --tbt-target-s 0.0215 derives a budget of 10 tokens per step from the default step-time model.
+POLICY_CASES = {
+    "fcfs": ["--policy", "fcfs"],
+    "fastserve": ["--policy", "fastserve"],
+    "fastserve-3-seqs-block32-paper": ["--policy", "fastserve", "--max-num-seqs", "3", "--block-size", "32",
+                                       "--mlfq", "paper"],
+    "fastserve+sarathi-chunk7": ["--policy", "fastserve+sarathi", "--chunk-size", "7"],
+    "fastserve+sarathi-tau-3-seqs-code": ["--policy", "fastserve+sarathi", "--tbt-target-s", "0.0215",
+                                          "--max-num-seqs", "3", "--mlfq", "released-code"],
+    "sarathi-tau": ["--policy", "sarathi", "--tbt-target-s", "0.0215"],
+}
+
+
+@pytest.mark.parametrize("case", POLICY_CASES)
+def test_every_policy_keeps_greedy_output_identical(tmp_path, oracle_case, case):
+    model_dir, prompts, refs = oracle_case
+    _assert_matches(_run_batch(tmp_path, model_dir, prompts, *POLICY_CASES[case]), refs)
+
+
+def _assert_matches(results, refs):
+    assert [r["custom_id"] for r in results] == [f"p{i}" for i in range(len(refs))]
     for i, (result, (ref_ids, ref_logprobs)) in enumerate(zip(results, refs, strict=True)):
         assert result["response"]["status_code"] == 200, result
         choice = result["response"]["body"]["choices"][0]
@@ -125,26 +149,37 @@ def test_prefix_cache_hits_match_transformers(tiny_model_dir, chunk_size):
     assert [c.num_cached_prompt_tokens for c in got] == [288, 288, 288, 288, 288]
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preemption_matches_transformers(tiny_model_dir, mode):
-    """8 requests growing to ~8 blocks each in a pool of 24: requests are preempted (by swap or by
-    recompute) and resumed, and every greedy token still equals transformers'."""
+@pytest.fixture(scope="module")
+def preemption_case(tiny_model_dir):
+    """8 requests growing to ~8 blocks each, their transformers reference, and the bytes of one KV block."""
     from seawall.offline.engine import OfflineEngine
-    from services.common.sampling_params import SamplingParams
     from services.engine.config import EngineConfig
-    from services.scheduler.core.scheduler import SchedulerConfig
 
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 4096, (40 + 9 * i,), generator=g).tolist() for i in range(8)]
     refs = _hf_reference(tiny_model_dir, prompts, max_tokens=30)
     probe = OfflineEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=1 << 20))
-    block_bytes = probe.runner.layout.bytes_per_block
+    return prompts, refs, probe.runner.layout.bytes_per_block
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "fcfs", "fastserve", "fastserve+sarathi"])
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_matches_transformers(tiny_model_dir, preemption_case, mode, policy):
+    """The 8 requests in a pool of 24 blocks: requests are preempted (by swap or by recompute) and resumed,
+    and every greedy token still equals transformers'."""
+    from seawall.offline.engine import OfflineEngine
+    from services.common.sampling_params import SamplingParams
+    from services.engine.config import EngineConfig
+    from services.scheduler.core.scheduler import SchedulerConfig
+
+    prompts, refs, block_bytes = preemption_case
     engine = OfflineEngine(
         EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=24 * block_bytes, swap_bytes=200 * block_bytes,
                      device=DEVICE, dtype="float32"),
-        SchedulerConfig(chunk_size=32, preemption_mode=mode),
+        SchedulerConfig(chunk_size=32, preemption_mode=mode, policy=policy),
     )
     got = engine.generate(prompts, [SamplingParams(max_tokens=30, temperature=0)] * len(prompts))
     assert engine.scheduler.preemptions[mode] > 0
     for i, (comp, (ref_ids, _)) in enumerate(zip(got, refs, strict=True)):
         assert comp.token_ids == ref_ids, f"prompt {i} diverged after preemption"
+    assert engine.blocks.num_free == engine.blocks.num_blocks
