@@ -50,7 +50,8 @@ def _check_budgets(s, plan, before, budget):
     from_cache = {new.seq_id: new.num_computed_tokens for new in plan.new}  # prefix-cache hits at admission
     for rid, n in plan.num_scheduled_tokens.items():
         computed, known, decoding = before[rid]
-        computed = from_cache.get(rid, computed)
+        if rid in from_cache:  # (re)admitted in this step: preempted for recompute, maybe earlier in this step
+            computed, decoding = from_cache[rid], False
         assert 1 <= n <= known - computed, f"{rid}: {n} tokens scheduled, {known - computed} uncomputed"
         if decoding:
             assert n == 1
@@ -82,7 +83,7 @@ def _one_step(s, now, budget):
     return events
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     policy=st.sampled_from(POLICY_NAMES),
     script=ops,
