@@ -39,8 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def options_from(args: argparse.Namespace) -> MeshOptions:
     sched = ["--policy", args.policy, "--chunk-size", str(args.chunk_size), "--max-num-seqs", str(args.max_num_seqs),
-             "--preemption-mode", args.preemption_mode, "--max-queue-len", str(args.max_queue_len),
-             "--kv-transport", args.kv_transport]
+             "--max-queue-len", str(args.max_queue_len), "--kv-transport", args.kv_transport]
+    if args.preemption_mode:
+        sched += ["--preemption-mode", args.preemption_mode]
     if args.max_num_batched_tokens:
         sched += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     workers = ["--device", args.device]

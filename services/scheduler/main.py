@@ -37,7 +37,8 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=int, default=256, help="prompt tokens per step (default 256)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (default: no cap)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step (default 256)")
-    p.add_argument("--preemption-mode", choices=("swap", "recompute"), default="swap")
+    p.add_argument("--preemption-mode", choices=("swap", "recompute"), default=None,
+                   help="default: the policy's own (swap for fastserve*, recompute for the others)")
     p.add_argument("--max-queue-len", type=int, default=1024, help="queued requests before 429 (default 1024)")
     p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
 

@@ -128,7 +128,7 @@ class Mesh:
         try:
             while link.alive:
                 self._place_arrivals(link)
-                plan = link.core.schedule()
+                plan = link.core.schedule(now=anyio.current_time())
                 if not (plan.num_scheduled_tokens or plan.finished or plan.swap_out or plan.swap_in or plan.copy):
                     await link.wait_for_work()
                     continue
