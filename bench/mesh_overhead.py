@@ -110,7 +110,7 @@ def main() -> int:
                 runners[name] = lambda ps, n, m=meshes[name]: run_mesh(m, ps, n)
         times: dict[str, list[float]] = {name: [] for name in runners}
         outputs = {}
-        for name, run in runners.items():
+        for run in runners.values():
             run(warm, 4)
         for _ in range(args.repeats):
             for name, run in runners.items():
