@@ -1,0 +1,260 @@
+"""The KVCache gRPC service: a thin shell over the store (indexes, tiers) and the mover (bytes).
+
+Loads and stores run in rounds, because every byte is staged in the DRAM tier, which may be smaller than a
+request: each round holds as many leading blocks in DRAM as fit, moves them in one transfer (transfer id
+``<transfer_id>#<round>``) and releases them. A Load's NIXL notification rides on its last round, so the
+target sees it only once every byte landed; a load that ends early (NOT_FOUND, a failure) posts none.
+
+Bad requests (lengths, layouts, an unreachable endpoint, block ids outside the worker's pool) end the call with
+INVALID_ARGUMENT and move nothing, or nothing more; anything else after bytes started moving ends with a
+response whose status says how (FAILED, TIMED_OUT, NOT_FOUND).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import anyio
+
+from seawall.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
+from services.common.errors import InvalidArgument, SeawallError
+from services.common.grpc_server import abort_with
+from services.common.kv_transport import TransferOutcome, transfer_status_proto
+from services.kvcache.config import KVCacheConfig
+from services.kvcache.layout import layout_from_proto
+from services.kvcache.mover import Mover, Route
+from services.kvcache.results import Tier, TierStats
+from services.kvcache.store import KVStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Queue:
+    loads: int = 0
+    bytes: int = 0  # still to move
+
+
+@dataclass
+class _Result:
+    """What a Load or Store did so far, and how it ended."""
+
+    status: int = common_pb2.TRANSFER_STATUS_DONE
+    bytes: int = 0
+    blocks: int = 0  # loaded or newly stored
+    dram: int = 0
+    disk: int = 0
+    present: int = 0
+    error: str = ""
+
+    def fail(self, outcome: TransferOutcome) -> None:
+        self.status, self.error = transfer_status_proto(outcome.status), outcome.error
+
+    def timed_out(self, what: str, timeout_s: float) -> None:
+        self.status = common_pb2.TRANSFER_STATUS_TIMED_OUT
+        self.error = f"deadline of {timeout_s:g} s passed while {what}"
+
+
+class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
+    def __init__(self, config: KVCacheConfig, store: KVStore, mover: Mover) -> None:
+        self.config = config
+        self.store = store
+        self.mover = mover
+        self._queues: dict[str, _Queue] = {}  # loads queued or in flight, by target agent name
+        self._stores_in_flight = 0
+        self._path_loads: Counter[int] = Counter()
+        self._path_bytes: Counter[int] = Counter()
+
+    async def Lookup(self, request, context):
+        r = self.store.lookup(request.block_hashes, request.pin_ms)
+        return kvcache_pb2.LookupResponse(num_cached_blocks=r.num_cached, num_dram_blocks=r.num_dram,
+                                          num_disk_blocks=r.num_disk)
+
+    # ---- Load ----------------------------------------------------------------------------------------------
+
+    async def Load(self, request, context):
+        start = time.perf_counter()
+        timeout_s = self._timeout_s(request.timeout_ms)
+        deadline = anyio.current_time() + timeout_s
+        hashes, dst = list(request.block_hashes), list(request.target_block_ids)
+        result = _Result()
+        try:
+            if len(hashes) != len(dst):
+                raise InvalidArgument(f"{len(hashes)} block_hashes but {len(dst)} target_block_ids; "
+                                      "give one target block per hash")
+            layout = layout_from_proto(request.target.kv_layout, "target")
+            if self.store.layout is None:  # nothing was ever stored: every hash misses
+                if hashes:
+                    result.status, result.error = common_pb2.TRANSFER_STATUS_NOT_FOUND, "the kvcache is empty"
+            else:
+                self.store.ensure_layout(layout, "the target")
+                route = self.mover.route(request.target, request.transport, "target")
+                await self._queued_load(request, route, hashes, dst, deadline, timeout_s, result)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        self._path_loads[request.path] += 1
+        self._path_bytes[request.path] += result.bytes
+        log.debug("load %s: status %d, %d of %d blocks (%d dram, %d disk)", request.transfer_id, result.status,
+                  result.blocks, len(hashes), result.dram, result.disk)
+        return self._load_response(result, start)
+
+    async def _queued_load(self, request, route: Route, hashes, dst, deadline: float, timeout_s: float,
+                           result: _Result) -> None:
+        name = request.target.agent_name or route.nixl_peer or route.grpc_address
+        queue = self._queues.setdefault(name, _Queue())
+        queue.loads += 1
+        queue.bytes += len(hashes) * self.store.layout.bytes_per_block
+        try:
+            await self._load(request, route, hashes, dst, deadline, timeout_s, queue, result)
+        finally:
+            queue.loads -= 1
+            queue.bytes -= len(hashes) * self.store.layout.bytes_per_block - result.bytes  # what never moved
+            if queue.loads == 0:
+                del self._queues[name]
+
+    async def _load(self, request, route: Route, hashes, dst, deadline: float, timeout_s: float,
+                    queue: _Queue, result: _Result) -> None:
+        """Rounds until every cached leading block landed: ``todo`` holds the positions still to load,
+        ``limit`` the first position known not to be cached."""
+        notification = request.notification_key.encode()
+        if not hashes:
+            if notification and route.nixl_peer:
+                outcome = await self.mover.write(route, request.transfer_id, [], [], timeout_s, notification)
+                if not outcome.ok:
+                    result.fail(outcome)
+            return
+        bpb = self.store.layout.bytes_per_block
+        todo, limit, tiers = list(range(len(hashes))), len(hashes), {}
+        try:
+            for rnd in itertools.count():
+                staged = None
+                with anyio.move_on_after(deadline - anyio.current_time()):
+                    staged = await self.store.stage(hashes, todo)
+                if staged is None:
+                    result.timed_out("waiting for a free DRAM block to stage into", timeout_s)
+                    return
+                limit = min(limit, staged.limit)
+                done = set(staged.positions)
+                todo = [i for i in todo if i < limit and i not in done]
+                try:
+                    if staged.positions:
+                        outcome = await self.mover.write(
+                            route, f"{request.transfer_id}#{rnd}", staged.slots, [dst[i] for i in staged.positions],
+                            max(0.0, deadline - anyio.current_time()), b"" if todo else notification)
+                finally:
+                    self.store.release(staged.slots)
+                if staged.positions and not outcome.ok:
+                    result.fail(outcome)
+                    return
+                result.bytes += len(staged.positions) * bpb
+                queue.bytes -= len(staged.positions) * bpb
+                tiers.update(zip(staged.positions, staged.tiers, strict=True))
+                if not todo:
+                    break
+        finally:
+            leading = next((i for i in range(len(hashes)) if i not in tiers), len(hashes))
+            result.blocks = leading
+            result.dram = sum(tiers[i] is Tier.DRAM for i in range(leading))
+            result.disk = leading - result.dram
+        if limit < len(hashes):
+            result.status = common_pb2.TRANSFER_STATUS_NOT_FOUND
+            result.error = (f"block {limit} of {len(hashes)} (hash {hashes[limit]:016x}) is not cached; "
+                            "the blocks before it were loaded")
+
+    @staticmethod
+    def _load_response(result: _Result, start: float) -> kvcache_pb2.LoadResponse:
+        return kvcache_pb2.LoadResponse(
+            status=result.status, bytes=result.bytes, num_blocks_loaded=result.blocks,
+            num_dram_blocks=result.dram, num_disk_blocks=result.disk,
+            duration_ms=(time.perf_counter() - start) * 1e3, error=result.error)
+
+    # ---- Store ---------------------------------------------------------------------------------------------
+
+    async def Store(self, request, context):
+        start = time.perf_counter()
+        timeout_s = self._timeout_s(request.timeout_ms)
+        deadline = anyio.current_time() + timeout_s
+        hashes, src = list(request.block_hashes), list(request.source_block_ids)
+        result = _Result()
+        self._stores_in_flight += 1
+        try:
+            if len(hashes) != len(src):
+                raise InvalidArgument(f"{len(hashes)} block_hashes but {len(src)} source_block_ids; "
+                                      "give one hash per source block")
+            if hashes:
+                self.store.ensure_layout(layout_from_proto(request.source.kv_layout, "source"), "the source")
+                route = self.mover.route(request.source, request.transport, "source")
+                await self._store(request, route, hashes, src, deadline, timeout_s, result)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        finally:
+            self._stores_in_flight -= 1
+        log.debug("store %s: status %d, %d new, %d present", request.transfer_id, result.status, result.blocks,
+                  result.present)
+        return kvcache_pb2.StoreResponse(
+            status=result.status, bytes=result.bytes, num_blocks_stored=result.blocks,
+            num_blocks_present=result.present, duration_ms=(time.perf_counter() - start) * 1e3,
+            error=result.error)
+
+    async def _store(self, request, route: Route, hashes, src, deadline: float, timeout_s: float,
+                     result: _Result) -> None:
+        todo: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        for h, s in zip(hashes, src, strict=True):
+            if h in seen or self.store.present(h):
+                result.present += 1
+            else:
+                seen.add(h)
+                todo.append((h, s))
+        pos = 0
+        for rnd in itertools.count():
+            if pos == len(todo):
+                return
+            slots = None
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                slots = await self.store.take_slots(len(todo) - pos)
+            if slots is None:
+                result.timed_out("waiting for a free DRAM block to store into", timeout_s)
+                return
+            batch = todo[pos:pos + len(slots)]
+            try:
+                outcome = await self.mover.read(route, f"{request.transfer_id}#{rnd}", [s for _, s in batch],
+                                                slots, max(0.0, deadline - anyio.current_time()))
+                if outcome.ok:
+                    new = self.store.commit([h for h, _ in batch], slots)
+                    result.blocks += new
+                    result.present += len(batch) - new
+                    result.bytes += outcome.bytes
+            finally:
+                self.store.release(slots)
+            if not outcome.ok:
+                result.fail(outcome)
+                return
+            pos += len(slots)
+
+    # ---- Stats ---------------------------------------------------------------------------------------------
+
+    async def Stats(self, request, context):
+        s = self.store.stats()
+        tiers = [_tier_proto(Tier.DRAM, s.dram)] + ([_tier_proto(Tier.DISK, s.disk)] if s.disk is not None else [])
+        paths = [kvcache_pb2.PathStats(path=p, num_loads=self._path_loads[p], bytes=self._path_bytes[p])
+                 for p in sorted(self._path_loads)]
+        queues = [kvcache_pb2.EndpointQueue(agent_name=name, queued_loads=q.loads, queued_bytes=q.bytes)
+                  for name, q in sorted(self._queues.items())]
+        depth = sum(q.loads for q in self._queues.values()) + self._stores_in_flight
+        return kvcache_pb2.KVCacheStatsResponse(hit_blocks=s.hit_blocks, miss_blocks=s.miss_blocks,
+                                                num_lookups=s.num_lookups, tiers=tiers, paths=paths,
+                                                queues=queues, queue_depth=depth)
+
+    def _timeout_s(self, timeout_ms: int) -> float:
+        return timeout_ms / 1e3 if timeout_ms else self.config.default_timeout_s
+
+
+def _tier_proto(tier: Tier, t: TierStats) -> kvcache_pb2.TierStats:
+    return kvcache_pb2.TierStats(tier=int(tier), capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
+                                 num_blocks=t.num_blocks, bytes_read=t.bytes_read, bytes_written=t.bytes_written,
+                                 num_evictions=t.num_evictions)
