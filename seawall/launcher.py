@@ -61,6 +61,7 @@ class LocalMesh:
         self.children: list[Child] = []
         self.grpc_address = ""
         self.http_url = ""
+        self.metrics_urls: dict[str, str] = {}  # child name -> its Prometheus endpoint
 
     def __enter__(self) -> LocalMesh:
         try:
@@ -80,6 +81,8 @@ class LocalMesh:
         http_port = None if o.http_port is None else (o.http_port or free_port(o.host))
         self.grpc_address = f"{o.host}:{grpc_port}"
         self.http_url = f"http://{o.host}:{http_port}" if http_port else ""
+        if http_port:
+            self.metrics_urls["scheduler"] = f"{self.http_url}/metrics"
         mode_args = ["--mode", o.mode]
         self._spawn("scheduler", ["services.scheduler", "--model", model, "--host", o.host, "--grpc-port",
                                   str(grpc_port), "--http-port", str(http_port or 0), *mode_args,
@@ -87,8 +90,11 @@ class LocalMesh:
         self._wait(lambda stub: True, "the scheduler to answer")
         threads = max(1, (os.cpu_count() or 1) // max(1, len(o.worker_roles)))
         for i, role in enumerate(o.worker_roles):
+            metrics_port = free_port(o.host)
             self._spawn(f"{role}-{i}", [f"services.{role}", "--model", model, "--host", o.host, "--scheduler",
-                                        self.grpc_address, "--torch-threads", str(threads), *o.worker_args])
+                                        self.grpc_address, "--torch-threads", str(threads), "--metrics-port",
+                                        str(metrics_port), *o.worker_args])
+            self.metrics_urls[f"{role}-{i}"] = f"http://{o.host}:{metrics_port}/metrics"
         n = len(o.worker_roles)
         self._wait(lambda stats: len(stats.workers) >= n, f"{n} workers to register")
 

@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  gRPC (seawall.Client):  {mesh.grpc_address}", flush=True)
         if mesh.http_url:
             print(f"  OpenAI API:             {mesh.http_url}/v1", flush=True)
+        for name, url in mesh.metrics_urls.items():
+            print(f"  metrics ({name}):{' ' * max(1, 13 - len(name))}{url}", flush=True)
         print("press Ctrl-C to stop", flush=True)
         while not stop.wait(0.5):
             for child in mesh.children:

@@ -19,8 +19,10 @@ class SchedulerServiceConfig:
     host: str = "127.0.0.1"
     # The Scheduler gRPC service (clients, workers registering). 0 picks a free port.
     grpc_port: int = 50051
-    # The OpenAI-compatible HTTP API; None turns it off.
+    # The OpenAI-compatible HTTP API (it also serves /metrics); None turns it off.
     http_port: int | None = 8000
+    # Prometheus text on its own port as well (0 = off), for scrapers that cannot reach the API port.
+    metrics_port: int = 0
     # "disaggregated": prompts run on prefill workers and their KV moves to decode workers;
     # "colocated": every worker runs mixed batches of prompt chunks and decodes (Sarathi-Serve).
     mode: str = "disaggregated"

@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import jinja2.sandbox
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -31,14 +32,21 @@ _CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "logprobs", "
               "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
 
 
-def create_app(frontend: Frontend) -> Starlette:
+def create_app(frontend: Frontend, registry: CollectorRegistry | None = None) -> Starlette:
+    """The API's routes; with ``registry``, also Prometheus text at ``/metrics``."""
     api = _OpenAI(frontend)
-    return Starlette(routes=[
+    routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
-    ])
+    ]
+    if registry is not None:
+        async def metrics(request: Request) -> Response:
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+        routes.append(Route("/metrics", metrics, methods=["GET"]))
+    return Starlette(routes=routes)
 
 
 def error_response(exc: SeawallError) -> JSONResponse:

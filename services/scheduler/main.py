@@ -18,6 +18,7 @@ import uvicorn
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import SeawallError
 from services.common.grpc_server import Server, wait_for_shutdown_signal
+from services.common.metrics import serve_metrics
 from services.engine.loader import load_checkpoint_meta
 from services.engine.runner import resolve_model_dir
 from services.scheduler.config import MODES, TRANSPORTS, SchedulerServiceConfig
@@ -25,6 +26,7 @@ from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
 from services.scheduler.frontend import Frontend
 from services.scheduler.http_api import create_app
 from services.scheduler.mesh import Mesh
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.server import SchedulerServicer
 
 log = logging.getLogger(__name__)
@@ -59,11 +61,13 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--host", default=os.environ.get("SEAWALL_HOST", "127.0.0.1"), help="listen address")
     p.add_argument("--grpc-port", type=int, default=50051, help="Scheduler gRPC port (default 50051)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port, 0 = off (default 8000)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="Prometheus text on this port too (0 = off; the HTTP API always serves /metrics)")
     add_scheduling_flags(p)
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return config_from(args)
+    return replace(config_from(args), metrics_port=args.metrics_port)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -81,7 +85,10 @@ class _Uvicorn(uvicorn.Server):
 async def serve(config: SchedulerServiceConfig) -> None:
     checkpoint = load_checkpoint_meta(resolve_model_dir(config.model))
     config = replace(config, core=replace(config.core, max_model_len=checkpoint.config.max_position_embeddings))
-    mesh = Mesh(config)
+    metrics = SchedulerMetrics()
+    mesh = Mesh(config, metrics)
+    metrics.watch(mesh)
+    serve_metrics(metrics.registry, config.host, config.metrics_port)
     frontend = Frontend(checkpoint, mesh, config.served_model_name)
     server = Server()
     server.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
@@ -93,7 +100,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
         port = await server.start(config.host, config.grpc_port)
         log.info("scheduler gRPC on %s:%d (%s, policy %s)", config.host, port, config.mode, config.core.policy)
         if config.http_port is not None:
-            http = _Uvicorn(uvicorn.Config(create_app(frontend), host=config.host, port=config.http_port,
+            http = _Uvicorn(uvicorn.Config(create_app(frontend, metrics.registry), host=config.host, port=config.http_port,
                                            log_level="warning", lifespan="off"))
             tg.start_soon(http.serve)
             log.info("OpenAI API on http://%s:%d/v1", config.host, config.http_port)

@@ -26,6 +26,7 @@ from services.common.sampling_params import FinishReason
 from services.common.step import StepPlan
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.tracked import TrackedRequest
 from services.scheduler.worker_link import Arrival, WorkerLink
 
@@ -33,8 +34,9 @@ log = logging.getLogger(__name__)
 
 
 class Mesh:
-    def __init__(self, config: SchedulerServiceConfig) -> None:
+    def __init__(self, config: SchedulerServiceConfig, metrics: SchedulerMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics or SchedulerMetrics()
         self.links: dict[str, WorkerLink] = {}
         self.tracked: dict[str, TrackedRequest] = {}
         self.where: dict[str, WorkerLink] = {}  # the core each live request is in (absent while arriving)
@@ -117,7 +119,9 @@ class Mesh:
         link.wake()
 
     def _forget(self, request_id: str) -> None:
-        self.tracked.pop(request_id, None)
+        tracked = self.tracked.pop(request_id, None)
+        if tracked is not None:
+            self.metrics.requests.finished.labels(tracked.finish_reason or "abort").inc()
         self.where.pop(request_id, None)
         self.num_finished += 1
 
@@ -132,25 +136,38 @@ class Mesh:
                 if not (plan.num_scheduled_tokens or plan.finished or plan.swap_out or plan.swap_in or plan.copy):
                     await link.wait_for_work()
                     continue
-                self._note_started(plan)
+                started = self._note_started(plan)
                 with anyio.fail_after(self.config.step_timeout_s):
                     await call.write(plan_to_proto(plan, link.epoch))
                     msg = await call.read()
                 if msg is grpc.aio.EOF:
                     raise ConnectionError("the worker closed its step stream")
                 link.num_steps += 1
+                self._observe_step(link, plan, anyio.current_time() - started)
                 self._dispatch(link, link.core.on_result(plan, result_from_proto(msg)))
         except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
             self._fail(link, str(exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc))
         finally:
             call.cancel()
 
-    def _note_started(self, plan: StepPlan) -> None:
+    def _note_started(self, plan: StepPlan) -> float:
         now = anyio.current_time()
         for rid in plan.num_scheduled_tokens:
             tracked = self.tracked.get(rid)
             if tracked is not None and tracked.first_scheduled is None:
                 tracked.first_scheduled = now
+                self.metrics.requests.queue.observe(now - tracked.arrival)
+        return now
+
+    def _observe_step(self, link: WorkerLink, plan: StepPlan, seconds: float) -> None:
+        steps = self.metrics.steps
+        steps.step_seconds.labels(link.worker_id).observe(seconds)
+        steps.step_tokens.labels(link.worker_id).observe(plan.total_tokens)
+        block_bytes = link.info.kv_layout.bytes_per_block
+        if plan.swap_out:
+            steps.swap_bytes.labels(link.worker_id, "out").inc(len(plan.swap_out) * block_bytes)
+        if plan.swap_in:
+            steps.swap_bytes.labels(link.worker_id, "in").inc(len(plan.swap_in) * block_bytes)
 
     def _dispatch(self, link: WorkerLink, events) -> None:
         for event in events:
@@ -158,12 +175,23 @@ class Mesh:
             if tracked is None:
                 continue
             reason = tracked.emit(event.token, event.finish_reason)
+            self._observe_token(tracked, reason)
             if reason is not None:
                 if event.finish_reason is None:  # a stop string, seen only in the text
                     link.core.finish(event.request_id, reason)
                 self._forget(event.request_id)
             elif link.role == "prefill" and self.config.mode == "disaggregated":
                 self._hand_off(link, tracked.request)
+
+    def _observe_token(self, tracked: TrackedRequest, reason: str | None) -> None:
+        now, m = anyio.current_time(), self.metrics.requests
+        if tracked.last_token_at is None:
+            m.ttft.observe(now - tracked.arrival)
+        else:
+            m.tbt.observe(now - tracked.last_token_at)
+        tracked.last_token_at = now
+        if reason is not None:
+            m.e2e.observe(now - tracked.arrival)
 
     # --- disaggregated hand-off ---
 
@@ -203,14 +231,18 @@ class Mesh:
             src_block_ids=arrival.src_blocks[: len(dst_blocks)], dst_block_ids=dst_blocks,
             timeout_ms=int(self.config.transfer_timeout_s * 1e3), transport=transport)
         error = "timed out"
+        started = anyio.current_time()
         try:
             with anyio.move_on_after(self.config.transfer_timeout_s + 5):
                 reply = await dst.stub.PullKV(request)
                 error = "" if reply.status == common_pb2.TRANSFER_STATUS_DONE else reply.error or "failed"
+                self.metrics.transfers.bytes.labels(self.config.kv_transport, "done" if not error else "failed").inc(
+                    reply.bytes)
         except grpc.aio.AioRpcError as exc:
             error = exc.details() or str(exc.code())
         finally:
             self._release_source(arrival)
+            self.metrics.transfers.seconds.labels(self.config.kv_transport).observe(anyio.current_time() - started)
         if not dst.alive or rid not in dst.core.arriving:
             return  # aborted meanwhile, or the receiver died (its requests were placed elsewhere)
         if error:

@@ -25,6 +25,8 @@ class WorkerConfig:
     nixl: bool = True
     # torch intra-op threads; 0 = torch's default. Several workers on one host should split the cores.
     torch_threads: int = 0
+    # Prometheus text at http://host:metrics_port/metrics; 0 = off.
+    metrics_port: int = 0
     # Name this worker's NIXL agent; empty = derived from the host, port and process id.
     name: str = ""
 

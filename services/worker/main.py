@@ -13,14 +13,16 @@ import socket
 
 import anyio
 import grpc
+from prometheus_client import CollectorRegistry
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common.errors import SeawallError, Unavailable
 from services.common.grpc_server import CHANNEL_OPTIONS, Server, wait_for_shutdown_signal
+from services.common.metrics import serve_metrics
 from services.engine.config import EngineConfig
 from services.engine.runner import ModelRunner
 from services.worker.config import ROLES, WorkerConfig
-from services.worker.servicer import WorkerServicer
+from services.worker.servicer import WorkerMetrics, WorkerServicer
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +54,13 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
                    help="host the scheduler and peers should use to reach this worker (default: --host)")
     p.add_argument("--no-nixl", action="store_true", help="no NIXL agent: KV moves over the gRPC fallback")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus text on this port (0 = off)")
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return WorkerConfig(role=role or args.role, engine=engine_config_from(args), host=args.host, port=args.port,
                         scheduler_address=args.scheduler, nixl=not args.no_nixl, torch_threads=args.torch_threads,
-                        name=args.advertise or "")
+                        name=args.advertise or "", metrics_port=args.metrics_port)
 
 
 async def serve(config: WorkerConfig) -> None:
@@ -69,7 +72,9 @@ async def serve(config: WorkerConfig) -> None:
     server = Server()
     advertise_host = config.name or config.host
     agent = _nixl_agent(config, runner, advertise_host)
-    servicer = WorkerServicer(config, runner, agent)
+    registry = CollectorRegistry()
+    servicer = WorkerServicer(config, runner, agent, WorkerMetrics(registry))
+    serve_metrics(registry, config.host, config.metrics_port)
     server.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer,
                worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name)
     port = await server.start(config.host, config.port)

@@ -14,6 +14,7 @@ import time
 import anyio
 import anyio.to_thread
 import grpc
+from prometheus_client import CollectorRegistry, Histogram
 
 from seawall.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.common import grpc_kv
@@ -21,6 +22,7 @@ from services.common.convert import plan_from_proto, result_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
 from services.common.kv_transport import NixlKVAgent, TransferOutcome, kv_layout_proto
+from services.common.metrics import LATENCY_BUCKETS, StepMetrics, TransferMetrics
 from services.common.version import VERSION
 from services.engine.runner import ModelRunner
 from services.worker.config import WorkerConfig
@@ -31,9 +33,19 @@ _ROLES = {"prefill": worker_pb2.WORKER_ROLE_PREFILL, "decode": worker_pb2.WORKER
           "hybrid": worker_pb2.WORKER_ROLE_HYBRID}
 
 
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.steps = StepMetrics(registry)
+        self.transfers = TransferMetrics(registry)
+        self.forward_seconds = Histogram("seawall_forward_seconds", "Forward pass and sampling of one step",
+                                         registry=registry, buckets=LATENCY_BUCKETS)
+
+
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, config: WorkerConfig, runner: ModelRunner, agent: NixlKVAgent | None) -> None:
+    def __init__(self, config: WorkerConfig, runner: ModelRunner, agent: NixlKVAgent | None,
+                 metrics: WorkerMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics or WorkerMetrics(CollectorRegistry())
         self.runner = runner
         self.agent = agent
         self._lock = anyio.Lock()  # one step (or state change) at a time
@@ -92,7 +104,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 await abort_with(context, exc)
             except KeyError as exc:  # the plan names a sequence this worker never saw: a scheduler bug
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            return result_to_proto(result, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self._observe_step(plan, result, seconds)
+            return result_to_proto(result, seconds)
+
+    def _observe_step(self, plan, result, seconds: float) -> None:
+        m = self.metrics
+        m.steps.step_seconds.observe(seconds)
+        m.steps.step_tokens.observe(plan.total_tokens)
+        m.forward_seconds.observe(result.forward_seconds)
+        block_bytes = self.runner.kv.layout.bytes_per_block
+        m.steps.swap_bytes.labels("out").inc(len(plan.swap_out) * block_bytes)
+        m.steps.swap_bytes.labels("in").inc(len(plan.swap_in) * block_bytes)
 
     async def PullKV(self, request, context):
         outcome = await self._transfer(request, request.src, "read", context)
@@ -101,6 +124,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def PushKV(self, request, context):
         outcome = await self._transfer(request, request.dst, "write", context)
         return worker_pb2.PushKVResponse(**outcome.response_fields())
+
+    def _observe_transfer(self, path: str, outcome: TransferOutcome) -> TransferOutcome:
+        self.metrics.transfers.bytes.labels(path, outcome.status.name.lower()).inc(outcome.bytes)
+        self.metrics.transfers.seconds.labels(path).observe(outcome.seconds)
+        return outcome
 
     async def _transfer(self, request, peer: common_pb2.KVEndpoint, direction: str, context) -> TransferOutcome:
         """``read``: the peer's ``src_block_ids`` into our ``dst_block_ids``; ``write``: the other way."""
@@ -112,17 +140,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if use_nixl:
                 self.agent.add_peer(peer.agent_metadata, peer.kv_layout)
                 name = peer.agent_metadata.agent_name
-                if direction == "read":
-                    return await self.agent.read(request.transfer_id, name, src, dst, timeout_s)
-                return await self.agent.write(request.transfer_id, name, src, dst, timeout_s)
+                move = self.agent.read if direction == "read" else self.agent.write
+                return self._observe_transfer("nixl", await move(request.transfer_id, name, src, dst, timeout_s))
             if not peer.grpc_address:
                 raise InvalidArgument("the peer endpoint has neither NIXL metadata this worker can use nor a "
                                       "grpc_address for the gRPC fallback")
-            if direction == "read":
-                return await grpc_kv.pull_blocks(peer.grpc_address, self.runner.kv, src, dst,
-                                                 request.transfer_id, timeout_s)
-            return await grpc_kv.push_blocks(peer.grpc_address, self.runner.kv, src, dst, request.transfer_id,
-                                             timeout_s)
+            move = grpc_kv.pull_blocks if direction == "read" else grpc_kv.push_blocks
+            outcome = await move(peer.grpc_address, self.runner.kv, src, dst, request.transfer_id, timeout_s)
+            return self._observe_transfer("grpc", outcome)
         except SeawallError as exc:
             await abort_with(context, exc)
 

@@ -94,3 +94,26 @@ def test_malformed_json_and_bad_chat_messages_get_400(http):
     assert http.post("/v1/completions", content=b"{not json").status_code == 400
     response = http.post("/v1/chat/completions", json={"messages": [{"role": "user"}]})
     assert response.status_code == 400 and "messages[0]" in response.json()["error"]["message"]
+
+
+def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, default_mesh):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    http.post("/v1/completions", json={"prompt": random_prompts([40], seed=8)[0], "max_tokens": 5})
+    families = {}
+    for name, url in default_mesh.metrics_urls.items():
+        text = httpx.get(url, timeout=10).text
+        families[name] = {f.name: f for f in text_string_to_metric_families(text)}
+    sched = families["scheduler"]
+    for name in ("seawall_request_ttft_seconds", "seawall_request_tbt_seconds", "seawall_request_e2e_seconds",
+                 "seawall_step_seconds", "seawall_kv_blocks", "seawall_requests", "seawall_queue_length",
+                 "seawall_preemptions", "seawall_kv_transfer_bytes"):
+        assert name in sched, name
+    ttft_count = next(s.value for s in sched["seawall_request_ttft_seconds"].samples if s.name.endswith("_count"))
+    assert ttft_count >= 1
+    moved = sum(s.value for s in sched["seawall_kv_transfer_bytes"].samples if s.name.endswith("_total"))
+    assert moved > 0  # the disaggregated hand-off pulled KV
+    for worker in ("prefill-0", "decode-1"):
+        assert "seawall_step_seconds" in families[worker] and "seawall_forward_seconds" in families[worker]
+    pulled = [s for s in families["decode-1"]["seawall_kv_transfer_bytes"].samples if s.name.endswith("_total")]
+    assert any(s.labels["path"] == "nixl" and s.value > 0 for s in pulled)

@@ -1,0 +1,62 @@
+"""The scheduler's Prometheus metrics: event counters and histograms, plus a collector that reads the mesh's
+queues and block pools at scrape time."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from services.common.metrics import RequestMetrics, StepMetrics, TransferMetrics
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = RequestMetrics(self.registry)
+        self.steps = StepMetrics(self.registry, ("worker",))
+        self.transfers = TransferMetrics(self.registry)
+
+    def watch(self, mesh) -> None:
+        """Registers the scrape-time collector over ``mesh``."""
+        self.registry.register(_MeshCollector(mesh))
+
+
+class _MeshCollector:
+    def __init__(self, mesh) -> None:
+        self.mesh = mesh
+
+    def collect(self):
+        links = self.mesh.live_links()
+        requests = GaugeMetricFamily("seawall_requests", "Live requests by state", labels=["state"])
+        cores = [link.core for link in links]
+        requests.add_metric(["running"], sum(len(c.running) + len(c.arriving) for c in cores))
+        requests.add_metric(["waiting"], self.mesh.num_waiting)
+        requests.add_metric(["swapped"], sum(len(c.swapped) for c in cores))
+        yield requests
+        levels = GaugeMetricFamily("seawall_queue_length", "Waiting requests per queue level (MLFQ; 0 = highest)",
+                                   labels=["worker", "level"])
+        blocks = GaugeMetricFamily("seawall_kv_blocks", "KV blocks per worker pool and state",
+                                   labels=["worker", "pool", "state"])
+        preempt = CounterMetricFamily("seawall_preemptions", "Preemptions by kind", labels=["worker", "kind"])
+        hits = CounterMetricFamily("seawall_prefix_cache_blocks", "Prompt blocks looked up in the prefix cache",
+                                   labels=["worker", "result"])
+        for link in links:
+            w, core = link.worker_id, link.core
+            for level, n in enumerate(core.queue_lengths()):
+                levels.add_metric([w, str(level)], n)
+            for pool, bm in (("device", core.blocks), ("host", core.host_blocks)):
+                if bm is None:
+                    continue
+                blocks.add_metric([w, pool, "used"], bm.num_blocks - bm.num_free)
+                blocks.add_metric([w, pool, "free"], bm.num_free)
+                blocks.add_metric([w, pool, "cached"], bm.num_cached)
+            for kind, n in core.preemptions.items():
+                preempt.add_metric([w, kind], n)
+            stats = core.prefix_stats
+            hits.add_metric([w, "hit"], stats.hit_blocks)
+            hits.add_metric([w, "miss"], stats.queried_blocks - stats.hit_blocks)
+        yield from (levels, blocks, preempt, hits)
+        workers = GaugeMetricFamily("seawall_workers", "Registered live workers by role", labels=["role"])
+        for role in ("prefill", "decode", "hybrid"):
+            workers.add_metric([role], len(self.mesh.live_links(role)))
+        yield workers
