@@ -22,6 +22,8 @@ class KVCacheConfig:
     # Register the DRAM tier with a NIXL agent (UCX backend), so loads and stores move bytes by NIXL WRITE/READ.
     # Without it (or when a peer sent no NIXL metadata) KV moves over Worker.WriteKV / ReadKV.
     nixl: bool = True
+    # Threads reading or writing block files at once: the disk tier's queue depth.
+    io_threads: int = 4
     # Name of this process's NIXL agent; empty = derived from the host name and process id.
     name: str = ""
     # The KV layout blocks must have; None = fixed by the disk tier on start, else by the first Store.
@@ -42,6 +44,8 @@ class KVCacheConfig:
             raise ValueError(f"a disk tier at {self.disk_dir!r} needs a capacity: give --disk-bytes N (> 0)")
         if self.disk_dir is None and self.disk_bytes:
             raise ValueError("--disk-bytes without --disk-dir: give the directory of the disk tier too")
+        if self.io_threads < 1:
+            raise ValueError(f"io_threads must be >= 1, got {self.io_threads}")
         if self.max_pin_ms < 0:
             raise ValueError(f"max_pin_ms must be >= 0, got {self.max_pin_ms}")
         if self.default_timeout_s <= 0:

@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None) -> KVCacheConfig:
                    help=f"bytes of the DRAM tier (default {d.dram_bytes})")
     p.add_argument("--disk-dir", default=None, help="directory of the disk tier (default: no disk tier)")
     p.add_argument("--disk-bytes", type=int, default=0, help="bytes the disk tier may fill (with --disk-dir)")
+    p.add_argument("--io-threads", type=int, default=d.io_threads,
+                   help=f"block files read or written at once (default {d.io_threads})")
     p.add_argument("--no-nixl", action="store_true", help="no NIXL agent: KV moves over the gRPC fallback")
     p.add_argument("--name", default="", help="NIXL agent name (default: kvcache-<host>-<pid>)")
     p.add_argument("--max-pin-ms", type=int, default=d.max_pin_ms, help="longest pin a Lookup may ask for")
@@ -47,7 +49,7 @@ def parse_args(argv: list[str] | None) -> KVCacheConfig:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return KVCacheConfig(host=args.host, port=args.port, dram_bytes=args.dram_bytes, disk_dir=args.disk_dir,
-                             disk_bytes=args.disk_bytes, nixl=not args.no_nixl, name=args.name,
+                             disk_bytes=args.disk_bytes, io_threads=args.io_threads, nixl=not args.no_nixl, name=args.name,
                              max_pin_ms=args.max_pin_ms, flush_on_exit=not args.no_flush_on_exit)
     except ValueError as exc:
         p.error(str(exc))
@@ -56,7 +58,8 @@ def parse_args(argv: list[str] | None) -> KVCacheConfig:
 def build_store(config: KVCacheConfig) -> KVStore:
     """The store of a config, its disk index rebuilt from the files (blocking I/O)."""
     disk = DiskTier(config.disk_dir) if config.disk_dir is not None else None
-    store = KVStore(config.dram_bytes, disk, config.disk_bytes, config.layout, max_pin_s=config.max_pin_ms / 1e3)
+    store = KVStore(config.dram_bytes, disk, config.disk_bytes, config.layout, max_pin_s=config.max_pin_ms / 1e3,
+                    io_threads=config.io_threads)
     store.recover()
     return store
 
@@ -80,6 +83,7 @@ async def stop(server: Server, servicer: KVCacheServicer, grace_s: float = _GRAC
         if written:
             log.info("wrote %d DRAM-only blocks to the disk tier", written)
     await servicer.mover.close()
+    servicer.store.close()
 
 
 async def serve(config: KVCacheConfig) -> None:

