@@ -13,10 +13,14 @@ SIGTERM, then stops every child cleanly.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
+from pathlib import Path
 
+from seawall.commands.trace import default_trace_file
 from seawall.launcher import LocalMesh, MeshOptions
+from seawall.trace_receiver import TraceReceiver
 from services.scheduler.main import add_scheduling_flags
 
 
@@ -34,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="workers' torch device: cpu, cuda, cuda:N or auto")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
+    p.add_argument("--trace", action="store_true",
+                   help="collect traces with an embedded OTLP receiver (read them with `seawall trace`)")
+    p.add_argument("--trace-file", type=Path, default=None, help="where --trace appends spans "
+                   "(default: $SEAWALL_CACHE_DIR/traces.jsonl)")
     p.set_defaults(func=run)
 
 
@@ -61,6 +69,16 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     mesh = LocalMesh(options_from(args))
+    receiver = None
+    if args.trace:
+        path = args.trace_file or default_trace_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        receiver = TraceReceiver(path=path).start()
+        # Children inherit the environment: every service exports its spans here, quickly.
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "500")
+        print(f"seawall: tracing to {path} (OTLP receiver {receiver.endpoint}); `seawall trace` prints the "
+              "latest request", flush=True)
     try:
         mesh.start()
         roles = ", ".join(c.name for c in mesh.children[1:])
@@ -79,5 +97,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         codes = mesh.stop()
+        if receiver is not None:
+            receiver.stop()
         if codes:
             print(f"seawall: stopped ({', '.join(f'{k}={v}' for k, v in codes.items())})", flush=True)

@@ -23,6 +23,8 @@ class SchedulerServiceConfig:
     http_port: int | None = 8000
     # Prometheus text on its own port as well (0 = off), for scrapers that cannot reach the API port.
     metrics_port: int = 0
+    # OTLP/gRPC endpoint for traces; None = the OTEL_EXPORTER_OTLP_ENDPOINT variable (unset: tracing off).
+    otlp_endpoint: str | None = None
     # "disaggregated": prompts run on prefill workers and their KV moves to decode workers;
     # "colocated": every worker runs mixed batches of prompt chunks and decodes (Sarathi-Serve).
     mode: str = "disaggregated"

@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator, Sequence
 
 import anyio
 
+from services.common.errors import SeawallError
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.engine.loader import Checkpoint
 from services.scheduler.admission import validate_request
 from services.scheduler.core.request import Request
 from services.scheduler.mesh import Mesh
+from services.scheduler.request_trace import RequestTrace
 from services.scheduler.tracked import Delta, TrackedRequest
 
 
@@ -30,7 +32,7 @@ class Frontend:
         return self.tokenizer.encode(text).ids
 
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-               request_id: str = "") -> TrackedRequest:
+               request_id: str = "", trace_parent=None) -> TrackedRequest:
         """Validates and queues a request; raises InvalidArgument or ResourceExhausted."""
         prompt = list(prompt_token_ids)
         pools = [link.info.num_device_blocks for link in self.mesh.live_links()]
@@ -40,7 +42,15 @@ class Frontend:
         request = Request(request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids)
         tracked = TrackedRequest(request, self.tokenizer, anyio.current_time())
-        self.mesh.submit(tracked)
+        tracing = self.mesh.tracing
+        if tracing.enabled:
+            tracked.trace = RequestTrace(tracing.tracer, request, self.model_name, trace_parent)
+        try:
+            self.mesh.submit(tracked)
+        except SeawallError:
+            if tracked.trace is not None:
+                tracked.trace.finish(request, FinishReason.ERROR)
+            raise
         return tracked
 
     async def stream(self, tracked: TrackedRequest) -> AsyncIterator[list[Delta]]:

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from services.common import tracing
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.sampling_params import SamplingParams
 from services.scheduler.frontend import Frontend
@@ -75,7 +76,7 @@ class _OpenAI:
             body = await _json_body(request)
             prompt = self._prompt(body.get("prompt"))
             params = SamplingParams.from_openai(body)
-            tracked = self.frontend.submit(prompt, params)
+            tracked = self.frontend.submit(prompt, params, trace_parent=tracing.extract(request.headers))
         except SeawallError as exc:
             return error_response(exc)
         return await self._respond(request, body, tracked, chat=False)
@@ -89,7 +90,8 @@ class _OpenAI:
                 sampling["max_tokens"] = body["max_completion_tokens"]
             if body.get("logprobs"):
                 sampling["logprobs"] = int(body.get("top_logprobs") or 0)
-            tracked = self.frontend.submit(prompt, SamplingParams.from_openai(sampling))
+            tracked = self.frontend.submit(prompt, SamplingParams.from_openai(sampling),
+                                           trace_parent=tracing.extract(request.headers))
         except SeawallError as exc:
             return error_response(exc)
         return await self._respond(request, body, tracked, chat=True)

@@ -19,6 +19,8 @@ from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import SeawallError
 from services.common.grpc_server import Server, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
+from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
+from services.common.tracing import setup_tracing
 from services.engine.loader import load_checkpoint_meta
 from services.engine.runner import resolve_model_dir
 from services.scheduler.config import MODES, TRANSPORTS, SchedulerServiceConfig
@@ -61,13 +63,15 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--host", default=os.environ.get("SEAWALL_HOST", "127.0.0.1"), help="listen address")
     p.add_argument("--grpc-port", type=int, default=50051, help="Scheduler gRPC port (default 50051)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port, 0 = off (default 8000)")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="Prometheus text on this port too (0 = off; the HTTP API always serves /metrics)")
     add_scheduling_flags(p)
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return replace(config_from(args), metrics_port=args.metrics_port)
+    return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -86,7 +90,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
     checkpoint = load_checkpoint_meta(resolve_model_dir(config.model))
     config = replace(config, core=replace(config.core, max_model_len=checkpoint.config.max_position_embeddings))
     metrics = SchedulerMetrics()
-    mesh = Mesh(config, metrics)
+    tracing = setup_tracing(SCHEDULER_SERVICE, config.otlp_endpoint)
+    mesh = Mesh(config, metrics, tracing)
     metrics.watch(mesh)
     serve_metrics(metrics.registry, config.host, config.metrics_port)
     frontend = Frontend(checkpoint, mesh, config.served_model_name)
@@ -109,6 +114,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
             http.should_exit = True
         await server.stop(grace_s=2.0)
         await mesh.close()
+        tracing.shutdown()
         tg.cancel_scope.cancel()
 
 

@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import deque
 
 import anyio
 import grpc
+from opentelemetry import trace
 
 from seawall.v1 import common_pb2, worker_pb2
+from services.common import tracing as tr
 from services.common.convert import plan_to_proto, result_from_proto
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling_params import FinishReason
 from services.common.step import StepPlan
+from services.common.tracing import Tracing
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.metrics import SchedulerMetrics
@@ -34,9 +38,11 @@ log = logging.getLogger(__name__)
 
 
 class Mesh:
-    def __init__(self, config: SchedulerServiceConfig, metrics: SchedulerMetrics | None = None) -> None:
+    def __init__(self, config: SchedulerServiceConfig, metrics: SchedulerMetrics | None = None,
+                 tracing: Tracing | None = None) -> None:
         self.config = config
         self.metrics = metrics or SchedulerMetrics()
+        self.tracing = tracing or Tracing(trace.NoOpTracer())
         self.links: dict[str, WorkerLink] = {}
         self.tracked: dict[str, TrackedRequest] = {}
         self.where: dict[str, WorkerLink] = {}  # the core each live request is in (absent while arriving)
@@ -122,6 +128,8 @@ class Mesh:
         tracked = self.tracked.pop(request_id, None)
         if tracked is not None:
             self.metrics.requests.finished.labels(tracked.finish_reason or "abort").inc()
+            if tracked.trace is not None:
+                tracked.trace.finish(tracked.request, tracked.finish_reason)
         self.where.pop(request_id, None)
         self.num_finished += 1
 
@@ -137,18 +145,49 @@ class Mesh:
                     await link.wait_for_work()
                     continue
                 started = self._note_started(plan)
+                traced = self._traced_chunks(link, plan)
+                start_ns = time.time_ns()
                 with anyio.fail_after(self.config.step_timeout_s):
-                    await call.write(plan_to_proto(plan, link.epoch))
+                    await call.write(self._plan_message(link, plan))
                     msg = await call.read()
                 if msg is grpc.aio.EOF:
                     raise ConnectionError("the worker closed its step stream")
                 link.num_steps += 1
                 self._observe_step(link, plan, anyio.current_time() - started)
+                for trace_, n in traced:
+                    trace_.prefill_chunk(start_ns, time.time_ns(), link.worker_id, plan.step_id, n)
                 self._dispatch(link, link.core.on_result(plan, result_from_proto(msg)))
         except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
             self._fail(link, str(exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc))
         finally:
             call.cancel()
+
+    def _plan_message(self, link: WorkerLink, plan: StepPlan):
+        msg = plan_to_proto(plan, link.epoch)
+        if self.tracing.enabled:
+            # The worker's spans for a sequence join its request's trace.
+            for seq in msg.new_sequences:
+                tracked = self.tracked.get(seq.seq_id)
+                if tracked is not None and tracked.trace is not None:
+                    seq.trace_context.update(tr.inject(tracked.trace.context))
+        return msg
+
+    def _traced_chunks(self, link: WorkerLink, plan: StepPlan) -> list:
+        """The traces of requests running prompt tokens in this plan, and how many (before the result)."""
+        if not self.tracing.enabled:
+            return []
+        out = []
+        swapped_in = {c.seq_id for c in plan.continuing if c.block_ids is not None}
+        for rid, n in plan.num_scheduled_tokens.items():
+            tracked = self.tracked.get(rid)
+            if tracked is None or tracked.trace is None:
+                continue
+            req = tracked.request
+            # A request preempted since it last ran resumes now: by a swap-in, or recomputing from scratch.
+            tracked.trace.preempted(req, "swap" if rid in swapped_in else "recompute")
+            if req.num_computed_tokens < len(req.prompt_token_ids):
+                out.append((tracked.trace, n))
+        return out
 
     def _note_started(self, plan: StepPlan) -> float:
         now = anyio.current_time()
@@ -157,6 +196,8 @@ class Mesh:
             if tracked is not None and tracked.first_scheduled is None:
                 tracked.first_scheduled = now
                 self.metrics.requests.queue.observe(now - tracked.arrival)
+                if tracked.trace is not None:
+                    tracked.trace.started()
         return now
 
     def _observe_step(self, link: WorkerLink, plan: StepPlan, seconds: float) -> None:
@@ -192,6 +233,8 @@ class Mesh:
         tracked.last_token_at = now
         if reason is not None:
             m.e2e.observe(now - tracked.arrival)
+        if tracked.trace is not None:
+            tracked.trace.token(len(tracked.request.output_token_ids))
 
     # --- disaggregated hand-off ---
 
@@ -232,9 +275,14 @@ class Mesh:
             timeout_ms=int(self.config.transfer_timeout_s * 1e3), transport=transport)
         error = "timed out"
         started = anyio.current_time()
+        tracked = self.tracked.get(rid)
+        span = (tracked.trace.transfer(dst.worker_id, self.config.kv_transport, len(dst_blocks))
+                if tracked is not None and tracked.trace is not None else trace.INVALID_SPAN)
         try:
             with anyio.move_on_after(self.config.transfer_timeout_s + 5):
-                reply = await dst.stub.PullKV(request)
+                reply = await dst.stub.PullKV(request, metadata=tr.to_grpc_metadata(tr.span_context(span)))
+                span.set_attributes({tr.KV_BYTES: reply.bytes, tr.KV_STATUS: reply.status,
+                                     tr.KV_GBPS: reply.bytes / max(reply.duration_ms, 1e-3) / 1e6})
                 error = "" if reply.status == common_pb2.TRANSFER_STATUS_DONE else reply.error or "failed"
                 self.metrics.transfers.bytes.labels(self.config.kv_transport, "done" if not error else "failed").inc(
                     reply.bytes)
@@ -243,6 +291,7 @@ class Mesh:
         finally:
             self._release_source(arrival)
             self.metrics.transfers.seconds.labels(self.config.kv_transport).observe(anyio.current_time() - started)
+            span.end()
         if not dst.alive or rid not in dst.core.arriving:
             return  # aborted meanwhile, or the receiver died (its requests were placed elsewhere)
         if error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from seawall.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.common import tracing
 from services.common.convert import finish_reason_to_proto, params_from_proto, token_logprobs_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
@@ -18,7 +19,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Generate(self, request, context):
         try:
-            tracked = self._submit(request)
+            tracked = self._submit(request, tracing.from_grpc_metadata(context.invocation_metadata()))
         except SeawallError as exc:
             await abort_with(context, exc)
         opts = request.stream_options if request.HasField("stream_options") else None
@@ -41,7 +42,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 reply.logprobs.extend(token_logprobs_to_proto(t) for t in delta.logprobs)
             yield reply
 
-    def _submit(self, request):
+    def _submit(self, request, parent):
         if request.model and request.model not in (self.frontend.model_name, str(self.frontend.checkpoint.path)):
             raise InvalidArgument(f"model {request.model!r} is not served here; this mesh serves "
                                   f"{self.frontend.model_name!r} (or leave model empty)")
@@ -51,7 +52,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         prompt = self.frontend.encode(request.text) if which == "text" else list(request.token_ids.ids)
         room = max(self.frontend.max_model_len - len(prompt), 1)
         params = params_from_proto(request.sampling, default_max_tokens=room)
-        return self.frontend.submit(prompt, params, request.request_id)
+        return self.frontend.submit(prompt, params, request.request_id, parent)
 
     async def Abort(self, request, context):
         return scheduler_pb2.AbortResponse(found=self.mesh.abort(request.request_id))

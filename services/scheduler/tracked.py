@@ -31,6 +31,7 @@ class TrackedRequest:
         self.arrival = arrival
         self.first_scheduled: float | None = None
         self.last_token_at: float | None = None
+        self.trace = None  # a RequestTrace when tracing is on
         self.detok = IncrementalDetokenizer(tokenizer, request.params, prompt_token_ids=request.prompt_token_ids)
         self.finish_reason: str | None = None
         self._send, self.receive = anyio.create_memory_object_stream[Delta](math.inf)

@@ -27,6 +27,8 @@ class WorkerConfig:
     torch_threads: int = 0
     # Prometheus text at http://host:metrics_port/metrics; 0 = off.
     metrics_port: int = 0
+    # OTLP/gRPC endpoint for traces; None = the OTEL_EXPORTER_OTLP_ENDPOINT variable (unset: tracing off).
+    otlp_endpoint: str | None = None
     # Name this worker's NIXL agent; empty = derived from the host, port and process id.
     name: str = ""
 

@@ -16,9 +16,11 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common import tracing as tr
 from services.common.errors import SeawallError, Unavailable
 from services.common.grpc_server import CHANNEL_OPTIONS, Server, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
+from services.common.tracing import setup_tracing
 from services.engine.config import EngineConfig
 from services.engine.runner import ModelRunner
 from services.worker.config import ROLES, WorkerConfig
@@ -55,12 +57,15 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
     p.add_argument("--no-nixl", action="store_true", help="no NIXL agent: KV moves over the gRPC fallback")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus text on this port (0 = off)")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return WorkerConfig(role=role or args.role, engine=engine_config_from(args), host=args.host, port=args.port,
                         scheduler_address=args.scheduler, nixl=not args.no_nixl, torch_threads=args.torch_threads,
-                        name=args.advertise or "", metrics_port=args.metrics_port)
+                        name=args.advertise or "", metrics_port=args.metrics_port,
+                        otlp_endpoint=args.otlp_endpoint)
 
 
 async def serve(config: WorkerConfig) -> None:
@@ -73,7 +78,8 @@ async def serve(config: WorkerConfig) -> None:
     advertise_host = config.name or config.host
     agent = _nixl_agent(config, runner, advertise_host)
     registry = CollectorRegistry()
-    servicer = WorkerServicer(config, runner, agent, WorkerMetrics(registry))
+    tracing = setup_tracing(tr.PREFILL if config.role == "prefill" else tr.DECODE, config.otlp_endpoint)
+    servicer = WorkerServicer(config, runner, agent, WorkerMetrics(registry), tracing)
     serve_metrics(registry, config.host, config.metrics_port)
     server.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer,
                worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name)
@@ -89,6 +95,7 @@ async def serve(config: WorkerConfig) -> None:
         await server.stop()
         if agent is not None:
             agent.close()
+        tracing.shutdown()
 
 
 def _nixl_agent(config: WorkerConfig, runner: ModelRunner, host: str):

@@ -14,18 +14,22 @@ import time
 import anyio
 import anyio.to_thread
 import grpc
+from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Histogram
 
 from seawall.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.common import grpc_kv
+from services.common import tracing as tr
 from services.common.convert import plan_from_proto, result_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
 from services.common.kv_transport import NixlKVAgent, TransferOutcome, kv_layout_proto
 from services.common.metrics import LATENCY_BUCKETS, StepMetrics, TransferMetrics
+from services.common.tracing import Tracing
 from services.common.version import VERSION
 from services.engine.runner import ModelRunner
 from services.worker.config import WorkerConfig
+from services.worker.seq_traces import SequenceTraces
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +47,11 @@ class WorkerMetrics:
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, config: WorkerConfig, runner: ModelRunner, agent: NixlKVAgent | None,
-                 metrics: WorkerMetrics | None = None) -> None:
+                 metrics: WorkerMetrics | None = None, tracing: Tracing | None = None) -> None:
         self.config = config
         self.metrics = metrics or WorkerMetrics(CollectorRegistry())
+        self.tracing = tracing or Tracing(trace.NoOpTracer())
+        self._traces = SequenceTraces(self.tracing.tracer, f"{config.role}@{config.name or config.host}")
         self.runner = runner
         self.agent = agent
         self._lock = anyio.Lock()  # one step (or state change) at a time
@@ -96,8 +102,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if msg.scheduler_id != self._scheduler_id:
                 # A new scheduler (or a reconnect after a failure) knows nothing of what we hold.
                 self.runner.seqs.clear()
+                self._traces.drop_all()
                 self._scheduler_id = msg.scheduler_id
             started = time.perf_counter()
+            if self.tracing.enabled:
+                start_ns, traced = self._traces.begin_step(msg, self.runner.seqs)
             try:
                 result = await anyio.to_thread.run_sync(self.runner.execute, plan)
             except SeawallError as exc:
@@ -106,6 +115,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             seconds = time.perf_counter() - started
             self._observe_step(plan, result, seconds)
+            if self.tracing.enabled:
+                self._traces.end_step(start_ns, traced, msg.step_id)
             return result_to_proto(result, seconds)
 
     def _observe_step(self, plan, result, seconds: float) -> None:
@@ -132,6 +143,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def _transfer(self, request, peer: common_pb2.KVEndpoint, direction: str, context) -> TransferOutcome:
         """``read``: the peer's ``src_block_ids`` into our ``dst_block_ids``; ``write``: the other way."""
+        parent = tr.from_grpc_metadata(context.invocation_metadata())
+        with self.tracing.tracer.start_as_current_span(tr.SPAN_WORKER_TRANSFER, context=parent) as span:
+            path, outcome = await self._move(request, peer, direction, context)
+            if outcome is not None:
+                span.set_attributes({tr.KV_PATH: path, tr.KV_BYTES: outcome.bytes,
+                                     tr.KV_BLOCKS: len(request.dst_block_ids), tr.KV_STATUS: outcome.status.name,
+                                     tr.KV_GBPS: outcome.bytes / max(outcome.seconds, 1e-9) / 1e9})
+            return outcome
+
+    async def _move(self, request, peer: common_pb2.KVEndpoint, direction: str,
+                    context) -> tuple[str, TransferOutcome]:
         timeout_s = request.timeout_ms / 1e3 if request.timeout_ms else 60.0
         src, dst = list(request.src_block_ids), list(request.dst_block_ids)
         use_nixl = (request.transport != common_pb2.KV_TRANSPORT_GRPC and self.agent is not None
@@ -141,15 +163,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 self.agent.add_peer(peer.agent_metadata, peer.kv_layout)
                 name = peer.agent_metadata.agent_name
                 move = self.agent.read if direction == "read" else self.agent.write
-                return self._observe_transfer("nixl", await move(request.transfer_id, name, src, dst, timeout_s))
+                return "nixl", self._observe_transfer("nixl", await move(request.transfer_id, name, src, dst,
+                                                                         timeout_s))
             if not peer.grpc_address:
                 raise InvalidArgument("the peer endpoint has neither NIXL metadata this worker can use nor a "
                                       "grpc_address for the gRPC fallback")
             move = grpc_kv.pull_blocks if direction == "read" else grpc_kv.push_blocks
             outcome = await move(peer.grpc_address, self.runner.kv, src, dst, request.transfer_id, timeout_s)
-            return self._observe_transfer("grpc", outcome)
+            return "grpc", self._observe_transfer("grpc", outcome)
         except SeawallError as exc:
             await abort_with(context, exc)
+        return "", None
 
     async def Abort(self, request, context):
         unknown_transfers = [t for t in request.transfer_ids if self.agent is None or not self.agent.abort(t)]
@@ -161,6 +185,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def _drop(self, seq_ids) -> list[str]:
         async with self._lock:
+            self._traces.drop(seq_ids)
             return [s for s in seq_ids if self.runner.seqs.pop(s, None) is None]
 
     async def ReadKV(self, request, context):
