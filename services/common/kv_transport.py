@@ -549,4 +549,5 @@ async def _backoff(polls: int) -> None:
     if polls < _YIELD_POLLS:
         await anyio.sleep(0)
     else:
-        await anyio.sleep(min(_FIRST_SLEEP_S * 2 ** (polls - _YIELD_POLLS), _MAX_SLEEP_S))
+        # The exponent is capped: 2 ** n for a long transfer would overflow a float.
+        await anyio.sleep(min(_FIRST_SLEEP_S * 2 ** min(polls - _YIELD_POLLS, 16), _MAX_SLEEP_S))
