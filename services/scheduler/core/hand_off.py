@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from services.common.block_hash import extend_hashes
 from services.scheduler.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -23,14 +24,19 @@ class HandOff:
         req = self.requests[request_id]
         self.running.remove(req)
         self._forget(req)
-        held, req.block_ids = req.block_ids, []
-        self._sent_blocks.pop(request_id, None)
-        if request_id in self._on_worker:
-            self._on_worker.discard(request_id)
-            self._to_drop.append(request_id)  # the worker drops the sequence; block contents stay
+        held = self._hold(req)
         req.status = RequestStatus.FINISHED
-        self.handed_off[request_id] = held
         return list(held)
+
+    def _hold(self: Scheduler, req: Request) -> list[int]:
+        """Moves the request's blocks to ``handed_off`` (still referenced) and tells the worker to drop it."""
+        held, req.block_ids = req.block_ids, []
+        self._sent_blocks.pop(req.request_id, None)
+        if req.request_id in self._on_worker:
+            self._on_worker.discard(req.request_id)
+            self._to_drop.append(req.request_id)  # the worker drops the sequence; block contents stay
+        self.handed_off[req.request_id] = held
+        return held
 
     def release_handed_off(self: Scheduler, request_id: str) -> None:
         self.blocks.free(self.handed_off.pop(request_id))
@@ -40,15 +46,25 @@ class HandOff:
         for them; it waits (ARRIVING) until ``arrive``. None when the pool cannot hold them now."""
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        got = self.blocks.allocate(self.blocks.blocks_needed(request.num_computed_tokens, 0))
+        need = self.blocks.blocks_needed(request.num_computed_tokens, 0)
+        cached: list[int] = []
+        if self.config.enable_prefix_caching:
+            # Leading blocks this worker already caches need not travel: the caller transfers only
+            # block_ids[num_cached_blocks:].
+            hashes = extend_hashes(request.block_hashes, request.all_token_ids, self.blocks.block_size,
+                                   self.hash_seed)
+            cached = self.blocks.cached_prefix(hashes[: request.num_computed_tokens // self.blocks.block_size])
+            self.blocks.take_cached(cached)
+        got = self.blocks.allocate(need - len(cached))
         if got is None:
+            self.blocks.free(cached)
             return None
-        request.block_ids, request.num_cached_blocks = got, 0
+        request.block_ids, request.num_cached_blocks = cached + got, len(cached)
         request.status = RequestStatus.ARRIVING
         self.requests[request.request_id] = request
         self.arriving[request.request_id] = request
         self.policy.on_add(request, self.now)
-        return list(got)
+        return list(request.block_ids)
 
     def arrive(self: Scheduler, request_id: str) -> None:
         """The request's KV landed in its blocks: it runs from the next step on."""
@@ -56,6 +72,14 @@ class HandOff:
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         self._cache_full_blocks(req)
+
+    def cache_arrival(self: Scheduler, request_id: str) -> None:
+        """The arrived KV is kept only as prefix cache (staged for a later request); the request leaves."""
+        req = self.arriving.pop(request_id)
+        self._cache_full_blocks(req)
+        self._release(req)
+        req.status = RequestStatus.FINISHED
+        self._forget(req)
 
     def cancel_arrival(self: Scheduler, request_id: str) -> None:
         """The transfer failed: the request recomputes its KV here, queued ahead of new prompts."""

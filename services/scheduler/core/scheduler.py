@@ -108,7 +108,10 @@ class Scheduler(HandOff):
             self.host_blocks.free(req.host_block_ids)
             req.host_block_ids = []
         self.arriving.pop(request_id, None)
-        self._release(req)
+        if req.hold_blocks_on_finish and req.block_ids and reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self._hold(req)
+        else:
+            self._release(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         self._forget(req)
 

@@ -90,3 +90,53 @@ def test_drain_returns_every_request_reset_for_recompute_with_its_outputs():
         other.add(r)
     plan, _ = step(other, token=6)
     assert plan.num_scheduled_tokens["r0"] == 12  # prompt + its two outputs
+
+
+def test_arrival_reuses_the_receivers_cached_prefix_so_only_the_rest_travels():
+    decode = create_scheduler()
+    first = Request("a", list(range(1, 11)), SamplingParams(max_tokens=5), 0.0, eos_token_ids=(0,),
+                    output_token_ids=[7], num_computed_tokens=10)
+    decode.reserve_arrival(first)
+    decode.arrive("a")  # its two full blocks (block size 4) enter the prefix cache
+    second = Request("b", list(range(1, 11)) + [50, 51], SamplingParams(max_tokens=5), 1.0, eos_token_ids=(0,),
+                     output_token_ids=[9], num_computed_tokens=12)
+    ids = decode.reserve_arrival(second)
+    assert second.num_cached_blocks == 2 and ids[:2] == first.block_ids[:2] and len(ids) == 3
+    decode.check_integrity()
+
+
+def test_a_staged_arrival_becomes_prefix_cache_for_a_later_arrival():
+    decode = create_scheduler()
+    stage = Request("s#kv", list(range(1, 9)), SamplingParams(), 0.0, num_computed_tokens=8)
+    staged = decode.reserve_arrival(stage)
+    decode.cache_arrival("s#kv")
+    decode.check_integrity()
+    assert "s#kv" not in decode.requests and decode.blocks.num_free == decode.blocks.num_blocks
+    later = Request("s", list(range(1, 11)), SamplingParams(max_tokens=3), 0.0, output_token_ids=[4],
+                    num_computed_tokens=10)
+    ids = decode.reserve_arrival(later)
+    assert later.num_cached_blocks == 2 and ids[:2] == staged
+
+
+def test_a_request_that_holds_its_blocks_on_finish_keeps_them_until_released():
+    s = create_scheduler()
+    req = create_requests(1, prompt_len=10, max_tokens=2)[0]
+    req.hold_blocks_on_finish = True
+    s.add(req)
+    step(s)
+    _, events = step(s)
+    assert events[-1].finish_reason == "length" and "r0" in s.handed_off
+    assert req.num_computed_tokens == 11 and len(s.handed_off["r0"]) == 3
+    s.check_integrity()
+    s.release_handed_off("r0")
+    assert s.blocks.num_free == s.blocks.num_blocks
+
+
+def test_an_aborted_request_never_holds_its_blocks():
+    s = create_scheduler()
+    req = create_requests(1, prompt_len=10, max_tokens=5)[0]
+    req.hold_blocks_on_finish = True
+    s.add(req)
+    step(s)
+    s.finish("r0")
+    assert not s.handed_off and s.blocks.num_free == s.blocks.num_blocks
