@@ -48,6 +48,7 @@ from services.common.errors import InvalidArgument
 from services.common.kv_transport import TransferOutcome, TransferState
 
 if TYPE_CHECKING:
+    from services.common.shaper import TokenBucket
     from services.engine.kv_pool import PagedKVPool
 
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -116,8 +117,10 @@ _READ_KV = "/seawall.v1.Worker/ReadKV"
 
 async def push_blocks(channel_or_address: grpc.aio.Channel | str, pool: PagedKVPool,
                       src_block_ids: Sequence[int], dst_block_ids: Sequence[int], transfer_id: str,
-                      timeout_s: float, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> TransferOutcome:
-    """Streams local ``src_block_ids`` into the peer's ``dst_block_ids`` through its Worker.WriteKV."""
+                      timeout_s: float, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                      bucket: TokenBucket | None = None) -> TransferOutcome:
+    """Streams local ``src_block_ids`` into the peer's ``dst_block_ids`` through its Worker.WriteKV.
+    ``bucket`` (a bandwidth shaper's) must grant each chunk's bytes before the chunk is sent."""
     start = time.perf_counter()
     src = _ids(src_block_ids, pool.num_blocks, "source block")
     dst = np.asarray(dst_block_ids, dtype=np.int64).reshape(-1)
@@ -130,6 +133,8 @@ async def push_blocks(channel_or_address: grpc.aio.Channel | str, pool: PagedKVP
 
     async def chunks() -> AsyncIterator[bytes]:
         for pos, parts in _block_parts(pool, src, max_chunk_bytes):
+            if bucket is not None:
+                await bucket.acquire((pos.stop - pos.start) * bpb)
             yield _encode_chunk(dst[pos].tolist(), parts, (pos.stop - pos.start) * bpb,
                                 transfer_id if pos.start == 0 else "")
 
@@ -146,8 +151,11 @@ async def push_blocks(channel_or_address: grpc.aio.Channel | str, pool: PagedKVP
 
 async def pull_blocks(channel_or_address: grpc.aio.Channel | str, pool: PagedKVPool,
                       src_block_ids: Sequence[int], dst_block_ids: Sequence[int], transfer_id: str,
-                      timeout_s: float, max_chunk_bytes: int = 0) -> TransferOutcome:
-    """Reads the peer's ``src_block_ids`` through its Worker.ReadKV into local ``dst_block_ids``."""
+                      timeout_s: float, max_chunk_bytes: int = 0,
+                      bucket: TokenBucket | None = None) -> TransferOutcome:
+    """Reads the peer's ``src_block_ids`` through its Worker.ReadKV into local ``dst_block_ids``.
+    ``bucket`` (a bandwidth shaper's) must grant each received chunk's bytes before the next is read, so a
+    shaped reader slows the sender through gRPC flow control."""
     start = time.perf_counter()
     dst = _ids(dst_block_ids, pool.num_blocks, "destination block")
     src = np.asarray(src_block_ids, dtype=np.int64).reshape(-1)
@@ -164,6 +172,8 @@ async def pull_blocks(channel_or_address: grpc.aio.Channel | str, pool: PagedKVP
         async for message in read_kv(request, timeout=timeout_s):
             try:
                 ids, data = _decode_chunk(message)
+                if bucket is not None:
+                    await bucket.acquire(len(data))
                 n = len(ids)
                 if ids != src[done:done + n].tolist():
                     return f"the peer sent blocks {ids[:5]} where {src[done:done + 5].tolist()} were due"

@@ -46,6 +46,7 @@ from seawall.v1 import common_pb2
 from services.common.errors import InvalidArgument, Unavailable
 
 if TYPE_CHECKING:
+    from services.common.shaper import TokenBucket
     from services.engine.kv_pool import KVLayout, PagedKVPool
 
 
@@ -257,18 +258,23 @@ class NixlKVAgent:
     # ---- transfers --------------------------------------------------------------------------------------
 
     async def write(self, transfer_id: str, peer_name: str, src_block_ids: Sequence[int],
-                    dst_block_ids: Sequence[int], timeout_s: float, notification: bytes = b"") -> TransferOutcome:
+                    dst_block_ids: Sequence[int], timeout_s: float, notification: bytes = b"",
+                    bucket: TokenBucket | None = None) -> TransferOutcome:
         """NIXL WRITE of local blocks ``src_block_ids`` into the peer's ``dst_block_ids``. ``notification``
-        (if not empty) reaches the peer once every byte landed."""
+        (if not empty) reaches the peer once every byte landed. ``bucket`` (a bandwidth shaper's, see
+        ``services.common.shaper``) must grant the transfer's bytes before it is posted; the wait counts
+        against the deadline."""
         return await self._transfer("WRITE", transfer_id, peer_name, src_block_ids, dst_block_ids,
-                                    timeout_s, notification)
+                                    timeout_s, notification, bucket)
 
     async def read(self, transfer_id: str, peer_name: str, remote_block_ids: Sequence[int],
-                   local_block_ids: Sequence[int], timeout_s: float, notification: bytes = b"") -> TransferOutcome:
+                   local_block_ids: Sequence[int], timeout_s: float, notification: bytes = b"",
+                   bucket: TokenBucket | None = None) -> TransferOutcome:
         """NIXL READ of the peer's ``remote_block_ids`` into local ``local_block_ids``. ``notification`` (if
-        not empty) reaches the peer once the read finished, so it may reuse its blocks."""
+        not empty) reaches the peer once the read finished, so it may reuse its blocks. ``bucket``: as for
+        ``write``."""
         return await self._transfer("READ", transfer_id, peer_name, local_block_ids, remote_block_ids,
-                                    timeout_s, notification)
+                                    timeout_s, notification, bucket)
 
     def abort(self, transfer_id: str) -> bool:
         """Ends an in-flight transfer as ABORTED. False if no transfer of that id is in flight."""
@@ -350,7 +356,8 @@ class NixlKVAgent:
             raise Unavailable(f"NIXL agent {self.name!r} is closed")
 
     async def _transfer(self, op: str, transfer_id: str, peer_name: str, local_ids: Sequence[int],
-                        remote_ids: Sequence[int], timeout_s: float, notification: bytes) -> TransferOutcome:
+                        remote_ids: Sequence[int], timeout_s: float, notification: bytes,
+                        bucket: TokenBucket | None = None) -> TransferOutcome:
         start = time.perf_counter()
         self._check_open()
         peer, local, remote = self._validate(transfer_id, peer_name, local_ids, remote_ids)
@@ -361,6 +368,8 @@ class NixlKVAgent:
             with anyio.CancelScope(deadline=anyio.current_time() + max(timeout_s, 0.0)) as scope:
                 xfer.scope = scope
                 await anyio.lowlevel.checkpoint()  # a deadline already passed, or an abort, lands here
+                if bucket is not None:  # shaped: wait (PENDING) until the bytes may go
+                    await bucket.acquire(xfer.nbytes)
                 await self._run(xfer, op, peer, local, remote, notification)
             if not xfer.state.terminal:  # the scope was cancelled by its deadline, not by abort()
                 xfer.to(TransferState.TIMED_OUT,
