@@ -8,6 +8,7 @@ SIGTERM, then stops every child cleanly.
     seawall up                                     # built-in model, disaggregated 1 prefill + 1 decode
     seawall up --mode colocated --workers 2        # two workers running mixed batches (Sarathi-Serve)
     seawall up --model ~/models/Llama-3.2-1B --policy fastserve --http-port 8080
+    seawall up --compose docker-compose.yml        # the compose topology, as local processes
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from pathlib import Path
 
 from seawall.commands.trace import default_trace_file
+from seawall.compose import ComposeMesh, ComposeOptions
 from seawall.launcher import LocalMesh, MeshOptions
 from seawall.trace_receiver import TraceReceiver
 from services.scheduler.main import add_scheduling_flags
@@ -42,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="collect traces with an embedded OTLP receiver (read them with `seawall trace`)")
     p.add_argument("--trace-file", type=Path, default=None, help="where --trace appends spans "
                    "(default: $SEAWALL_CACHE_DIR/traces.jsonl)")
+    p.add_argument("--compose", type=Path, default=None, metavar="FILE",
+                   help="run FILE's Seawall services (docker-compose.yml) as local processes instead; its "
+                   "commands and ${VARS} set the topology, so the flags above do not apply")
     p.set_defaults(func=run)
 
 
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    mesh = LocalMesh(options_from(args))
+    mesh = ComposeMesh(ComposeOptions(args.compose)) if args.compose else LocalMesh(options_from(args))
     receiver = None
     if args.trace:
         path = args.trace_file or default_trace_file()
@@ -81,8 +86,14 @@ def run(args: argparse.Namespace) -> int:
               "latest request", flush=True)
     try:
         mesh.start()
-        roles = ", ".join(c.name for c in mesh.children[1:])
-        print(f"seawall: mesh ready ({args.mode}; {roles}; policy {args.policy})", flush=True)
+        if args.compose:
+            running = ", ".join(c.name for c in mesh.children if c.proc.poll() is None)
+            print(f"seawall: mesh ready from {args.compose} ({running})", flush=True)
+            for note in mesh.plan.notes:
+                print(f"  note: {note}", flush=True)
+        else:
+            roles = ", ".join(c.name for c in mesh.children[1:])
+            print(f"seawall: mesh ready ({args.mode}; {roles}; policy {args.policy})", flush=True)
         print(f"  gRPC (seawall.Client):  {mesh.grpc_address}", flush=True)
         if mesh.http_url:
             print(f"  OpenAI API:             {mesh.http_url}/v1", flush=True)
