@@ -60,8 +60,11 @@ class Completion:
 
 def build_request(prompt: str | Sequence[int], request_id: str | None, sampling: dict[str, Any]
                   ) -> scheduler_pb2.GenerateRequest:
+    """``sampling`` holds SamplingParams fields, plus ``session_id`` (turns of one conversation: their KV is
+    kept in kvcache for the next turn)."""
+    session_id = sampling.pop("session_id", "") or ""
     msg = scheduler_pb2.GenerateRequest(request_id=request_id or f"sdk-{uuid.uuid4().hex[:16]}",
-                                        sampling=params_to_proto(SamplingParams(**sampling)))
+                                        sampling=params_to_proto(SamplingParams(**sampling)), session_id=session_id)
     if isinstance(prompt, str):
         msg.text = prompt
     else:

@@ -37,6 +37,9 @@ class MeshOptions:
     # Extra flags passed through: to the scheduler (policy, chunk size...) and to every worker.
     scheduler_args: list[str] = field(default_factory=list)
     worker_args: list[str] = field(default_factory=list)
+    # Start a kvcache service (multi-turn KV reuse, DualPath) and point the scheduler at it.
+    kvcache: bool = False
+    kvcache_args: list[str] = field(default_factory=list)
     # Where children write their logs; None = inherit this process's stdout and stderr.
     log_dir: Path | None = None
     startup_timeout_s: float = 300.0
@@ -62,6 +65,7 @@ class LocalMesh:
         self.grpc_address = ""
         self.http_url = ""
         self.metrics_urls: dict[str, str] = {}  # child name -> its Prometheus endpoint
+        self.kvcache_address = ""
 
     def __enter__(self) -> LocalMesh:
         try:
@@ -84,6 +88,13 @@ class LocalMesh:
         if http_port:
             self.metrics_urls["scheduler"] = f"{self.http_url}/metrics"
         mode_args = ["--mode", o.mode]
+        if o.kvcache:
+            kv_port = free_port(o.host)
+            self.kvcache_address = f"{o.host}:{kv_port}"
+            self._spawn("kvcache", ["services.kvcache", "--host", o.host, "--port", str(kv_port), *o.kvcache_args])
+            if not _wait_healthy(self.kvcache_address, o.startup_timeout_s, self._check_children):
+                raise Unavailable(f"kvcache did not become healthy{self._log_hint()}")
+            mode_args += ["--kvcache", self.kvcache_address]
         self._spawn("scheduler", ["services.scheduler", "--model", model, "--host", o.host, "--grpc-port",
                                   str(grpc_port), "--http-port", str(http_port or 0), *mode_args,
                                   *o.scheduler_args])
@@ -160,6 +171,25 @@ class LocalMesh:
             codes[child.name] = child.proc.returncode
         self.children.clear()
         return codes
+
+
+def _wait_healthy(address: str, timeout_s: float, check) -> bool:
+    """Polls the gRPC health service at ``address``; ``check`` raises if a child died meanwhile."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            check()
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:

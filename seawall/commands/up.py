@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="workers' torch device: cpu, cuda, cuda:N or auto")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
+    p.add_argument("--no-kvcache", action="store_true", help="start no kvcache service (no multi-turn KV reuse)")
+    p.add_argument("--kvcache-dram-bytes", type=int, default=None, help="kvcache DRAM tier size")
+    p.add_argument("--kvcache-disk-dir", default=None, help="kvcache disk tier directory (default: none)")
+    p.add_argument("--kvcache-disk-bytes", type=int, default=8 * 2**30, help="kvcache disk tier size")
     p.add_argument("--trace", action="store_true",
                    help="collect traces with an embedded OTLP receiver (read them with `seawall trace`)")
     p.add_argument("--trace-file", type=Path, default=None, help="where --trace appends spans "
@@ -62,11 +66,19 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         workers += ["--kv-cache-bytes", str(args.kv_cache_bytes)]
     if args.no_nixl:
         workers.append("--no-nixl")
+    kvcache = []
+    if args.kvcache_dram_bytes:
+        kvcache += ["--dram-bytes", str(args.kvcache_dram_bytes)]
+    if args.kvcache_disk_dir:
+        kvcache += ["--disk-dir", args.kvcache_disk_dir, "--disk-bytes", str(args.kvcache_disk_bytes)]
+    if args.no_nixl:
+        kvcache.append("--no-nixl")
+    sched += ["--kv-read-policy", args.kv_read_policy]
     colocated = args.mode == "colocated"
     return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
                        num_decode=args.workers if colocated else args.decode, host=args.host,
                        grpc_port=args.grpc_port, http_port=args.http_port, scheduler_args=sched,
-                       worker_args=workers)
+                       worker_args=workers, kvcache=not args.no_kvcache, kvcache_args=kvcache)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             for note in mesh.plan.notes:
                 print(f"  note: {note}", flush=True)
         else:
-            roles = ", ".join(c.name for c in mesh.children[1:])
+            roles = ", ".join(c.name for c in mesh.children if c.name != "scheduler")
             print(f"seawall: mesh ready ({args.mode}; {roles}; policy {args.policy})", flush=True)
         print(f"  gRPC (seawall.Client):  {mesh.grpc_address}", flush=True)
         if mesh.http_url:

@@ -205,7 +205,8 @@ _OPENAI_FIELDS = frozenset({
     "min_tokens", "include_stop_str_in_output",
 })
 # Handled by the API layer, not by sampling.
-_IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids"})
+_IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",
+                             "session_id"})
 # Accepted only with the value that means "off".
 _UNSUPPORTED_FIELDS = frozenset({"n", "best_of", "echo", "logit_bias", "suffix"})
 _ACCEPTED_FIELDS = _OPENAI_FIELDS | _IGNORED_FIELDS | _UNSUPPORTED_FIELDS

@@ -34,6 +34,11 @@ class SchedulerServiceConfig:
     max_queue_len: int = 1024
     # How KV moves between workers: "nixl" (when both sides have an agent) or "grpc" (streamed chunks).
     kv_transport: str = "nixl"
+    # The kvcache service (host:port) for multi-turn KV reuse; None = none.
+    kvcache_address: str | None = None
+    # DualPath: load a cached prefix through the prefill worker ("pe-read"), the decode worker ("de-read"), or
+    # per request the side with the shorter storage-read queue ("dual").
+    kv_read_policy: str = "dual"
     # A KV transfer not done within this many seconds fails; the request is recomputed on the receiver.
     transfer_timeout_s: float = 30.0
     # A worker that does not answer a step within this many seconds is declared dead.
@@ -44,6 +49,8 @@ class SchedulerServiceConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.kv_transport not in TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {', '.join(TRANSPORTS)}, got {self.kv_transport!r}")
+        if self.kv_read_policy not in ("pe-read", "de-read", "dual"):
+            raise ValueError(f"kv_read_policy must be pe-read, de-read or dual, got {self.kv_read_policy!r}")
         if self.max_queue_len < 1:
             raise ValueError(f"max_queue_len must be >= 1, got {self.max_queue_len}")
         for name in ("transfer_timeout_s", "step_timeout_s"):

@@ -32,7 +32,7 @@ class Frontend:
         return self.tokenizer.encode(text).ids
 
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-               request_id: str = "", trace_parent=None) -> TrackedRequest:
+               request_id: str = "", trace_parent=None, session_id: str = "") -> TrackedRequest:
         """Validates and queues a request; raises InvalidArgument or ResourceExhausted."""
         prompt = list(prompt_token_ids)
         pools = [link.info.num_device_blocks for link in self.mesh.live_links()]
@@ -41,7 +41,7 @@ class Frontend:
                          min(pools) if pools else None)
         request = Request(request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids)
-        tracked = TrackedRequest(request, self.tokenizer, anyio.current_time())
+        tracked = TrackedRequest(request, self.tokenizer, anyio.current_time(), session_id)
         tracing = self.mesh.tracing
         if tracing.enabled:
             tracked.trace = RequestTrace(tracing.tracer, request, self.model_name, trace_parent)

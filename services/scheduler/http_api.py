@@ -29,7 +29,7 @@ from services.scheduler.frontend import Frontend
 from services.scheduler.tracked import Delta, TrackedRequest
 
 # Chat fields handled here rather than by SamplingParams.from_openai.
-_CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "logprobs", "response_format", "tools",
+_CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "response_format", "tools",
               "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
 
 
@@ -76,7 +76,8 @@ class _OpenAI:
             body = await _json_body(request)
             prompt = self._prompt(body.get("prompt"))
             params = SamplingParams.from_openai(body)
-            tracked = self.frontend.submit(prompt, params, trace_parent=tracing.extract(request.headers))
+            tracked = self.frontend.submit(prompt, params, trace_parent=tracing.extract(request.headers),
+                                           session_id=_session(body))
         except SeawallError as exc:
             return error_response(exc)
         return await self._respond(request, body, tracked, chat=False)
@@ -91,7 +92,7 @@ class _OpenAI:
             if body.get("logprobs"):
                 sampling["logprobs"] = int(body.get("top_logprobs") or 0)
             tracked = self.frontend.submit(prompt, SamplingParams.from_openai(sampling),
-                                           trace_parent=tracing.extract(request.headers))
+                                           trace_parent=tracing.extract(request.headers), session_id=_session(body))
         except SeawallError as exc:
             return error_response(exc)
         return await self._respond(request, body, tracked, chat=True)
@@ -170,6 +171,14 @@ class _OpenAI:
         if include_usage:
             yield _event({**head, "object": obj, "choices": [], "usage": _usage(tracked)})
         yield "data: [DONE]\n\n"
+
+
+def _session(body: dict) -> str:
+    """Seawall's extension: ``session_id`` names a multi-turn conversation whose KV is kept for its next turn."""
+    session = body.get("session_id") or ""
+    if not isinstance(session, str):
+        raise InvalidArgument("session_id must be a string")
+    return session
 
 
 def _merge(deltas: list[Delta]) -> Delta:

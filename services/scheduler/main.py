@@ -25,8 +25,10 @@ from services.engine.loader import load_checkpoint_meta
 from services.engine.runner import resolve_model_dir
 from services.scheduler.config import MODES, TRANSPORTS, SchedulerServiceConfig
 from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
+from services.scheduler.dual_path import DualPath
 from services.scheduler.frontend import Frontend
 from services.scheduler.http_api import create_app
+from services.scheduler.kvcache_client import KVCacheClient
 from services.scheduler.mesh import Mesh
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.server import SchedulerServicer
@@ -45,15 +47,20 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
                    help="default: the policy's own (swap for fastserve*, recompute for the others)")
     p.add_argument("--max-queue-len", type=int, default=1024, help="queued requests before 429 (default 1024)")
     p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
+    p.add_argument("--kv-read-policy", choices=("pe-read", "de-read", "dual"), default="dual",
+                   help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="workers' cores cache no prefixes")
 
 
 def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
     core = SchedulerConfig(chunk_size=args.chunk_size, max_num_batched_tokens=args.max_num_batched_tokens,
                            max_num_seqs=args.max_num_seqs, policy=args.policy,
-                           preemption_mode=args.preemption_mode)
+                           preemption_mode=args.preemption_mode,
+                           enable_prefix_caching=not args.no_prefix_caching)
     return SchedulerServiceConfig(model=args.model, served_model_name=args.served_model_name, host=args.host,
                                   grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
-                                  core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport)
+                                  core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,
+                                  kv_read_policy=args.kv_read_policy)
 
 
 def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
@@ -63,6 +70,8 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--host", default=os.environ.get("SEAWALL_HOST", "127.0.0.1"), help="listen address")
     p.add_argument("--grpc-port", type=int, default=50051, help="Scheduler gRPC port (default 50051)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port, 0 = off (default 8000)")
+    p.add_argument("--kvcache", default=os.environ.get("SEAWALL_KVCACHE"),
+                   help="kvcache service host:port for multi-turn KV reuse (env SEAWALL_KVCACHE; default none)")
     p.add_argument("--otlp-endpoint", default=None,
                    help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
     p.add_argument("--metrics-port", type=int, default=0,
@@ -71,7 +80,8 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint)
+    return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
+                   kvcache_address=args.kvcache)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -92,6 +102,10 @@ async def serve(config: SchedulerServiceConfig) -> None:
     metrics = SchedulerMetrics()
     tracing = setup_tracing(SCHEDULER_SERVICE, config.otlp_endpoint)
     mesh = Mesh(config, metrics, tracing)
+    kvcache = None
+    if config.kvcache_address:
+        kvcache = KVCacheClient(config.kvcache_address, config.transfer_timeout_s, transport=mesh.transport)
+        mesh.dual_path = DualPath(mesh, kvcache, config.kv_read_policy)
     metrics.watch(mesh)
     serve_metrics(metrics.registry, config.host, config.metrics_port)
     frontend = Frontend(checkpoint, mesh, config.served_model_name)
@@ -114,6 +128,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
             http.should_exit = True
         await server.stop(grace_s=2.0)
         await mesh.close()
+        if kvcache is not None:
+            await kvcache.close()
         tracing.shutdown()
         tg.cancel_scope.cancel()
 

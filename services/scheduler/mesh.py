@@ -30,6 +30,7 @@ from services.common.step import StepPlan
 from services.common.tracing import Tracing
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.dual_path import DualPath
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.tracked import TrackedRequest
 from services.scheduler.worker_link import Arrival, WorkerLink
@@ -43,6 +44,7 @@ class Mesh:
         self.config = config
         self.metrics = metrics or SchedulerMetrics()
         self.tracing = tracing or Tracing(trace.NoOpTracer())
+        self.dual_path: DualPath | None = None  # set when a kvcache service is configured
         self.links: dict[str, WorkerLink] = {}
         self.tracked: dict[str, TrackedRequest] = {}
         self.where: dict[str, WorkerLink] = {}  # the core each live request is in (absent while arriving)
@@ -73,7 +75,7 @@ class Mesh:
                  info.num_device_blocks)
         self._tg.start_soon(self._drive, link)
         while self.unplaced:
-            self._place(self.unplaced.popleft())
+            self.place(self.unplaced.popleft())
         return link
 
     def live_links(self, *roles: str) -> list[WorkerLink]:
@@ -89,7 +91,13 @@ class Mesh:
             raise ResourceExhausted(f"{self.num_waiting} requests are queued (the limit is "
                                     f"{self.config.max_queue_len}); retry later")
         self.tracked[rid] = tracked
-        self._place(tracked.request)
+        req = tracked.request
+        if self.dual_path is not None and self.live_links():
+            if tracked.session_id:
+                req.hold_blocks_on_finish = True  # its KV is stored for the session's next turn
+            self._tg.start_soon(self.dual_path.admit, req)
+        else:
+            self.place(req)
 
     def abort(self, request_id: str, reason: str = FinishReason.ABORT) -> bool:
         tracked = self.tracked.get(request_id)
@@ -112,17 +120,34 @@ class Mesh:
     def num_waiting(self) -> int:
         return len(self.unplaced) + sum(len(link.core.waiting) for link in self.live_links())
 
-    def _place(self, req: Request) -> None:
-        """Queues a request on the least loaded worker that runs prompts."""
+    def pick_prompt_worker(self, req: Request) -> WorkerLink | None:
+        """The worker to run ``req``'s prompt: least queued work minus what its prefix cache already holds."""
         roles = ("prefill",) if self.config.mode == "disaggregated" and self.live_links("prefill") else ()
         candidates = self.live_links(*roles)
-        if not candidates:
+        return min(candidates, key=lambda w: w.load - w.cached_prefix_tokens(req)) if candidates else None
+
+    def place(self, req: Request) -> None:
+        """Queues a request on the best worker for its prompt, or until one registers."""
+        link = self.pick_prompt_worker(req)
+        if link is None:
             self.unplaced.append(req)
-            return
-        link = min(candidates, key=lambda w: w.load - w.cached_prefix_tokens(req))
+        else:
+            self.place_on(link, req)
+
+    def place_on(self, link: WorkerLink, req: Request) -> None:
         link.core.add(req)
         self.where[req.request_id] = link
         link.wake()
+
+    @property
+    def transport(self) -> int:
+        return common_pb2.KV_TRANSPORT_GRPC if self.config.kv_transport == "grpc" else common_pb2.KV_TRANSPORT_NIXL
+
+    def trace_metadata(self, req: Request) -> tuple:
+        tracked = self.tracked.get(req.request_id)
+        if tracked is None or tracked.trace is None:
+            return ()
+        return tr.to_grpc_metadata(tracked.trace.context)
 
     def _forget(self, request_id: str) -> None:
         tracked = self.tracked.pop(request_id, None)
@@ -220,6 +245,8 @@ class Mesh:
             if reason is not None:
                 if event.finish_reason is None:  # a stop string, seen only in the text
                     link.core.finish(event.request_id, reason)
+                if event.request_id in link.core.handed_off and self.dual_path is not None:
+                    self._tg.start_soon(self.dual_path.store, link, tracked.request, tracked.session_id)
                 self._forget(event.request_id)
             elif link.role == "prefill" and self.config.mode == "disaggregated":
                 self._hand_off(link, tracked.request)
@@ -263,16 +290,19 @@ class Mesh:
                 return  # no room yet: retried after the next step frees blocks
             link.arrivals.popleft()
             self.where[req.request_id] = link
+            if req.num_cached_blocks >= len(dst_blocks):  # the receiver caches the whole prefix already
+                self._release_source(arrival)
+                link.core.arrive(req.request_id)
+                continue
             self._tg.start_soon(self._transfer, arrival, link, dst_blocks)
 
     async def _transfer(self, arrival: Arrival, dst: WorkerLink, dst_blocks: list[int]) -> None:
         rid = arrival.request.request_id
-        transport = (common_pb2.KV_TRANSPORT_GRPC if self.config.kv_transport == "grpc"
-                     else common_pb2.KV_TRANSPORT_NIXL)
+        skip = arrival.request.num_cached_blocks  # leading blocks the receiver already caches
         request = worker_pb2.PullKVRequest(
             transfer_id=f"{rid}/{next(self._ids)}", src=arrival.src.endpoint(),
-            src_block_ids=arrival.src_blocks[: len(dst_blocks)], dst_block_ids=dst_blocks,
-            timeout_ms=int(self.config.transfer_timeout_s * 1e3), transport=transport)
+            src_block_ids=arrival.src_blocks[skip: len(dst_blocks)], dst_block_ids=dst_blocks[skip:],
+            timeout_ms=int(self.config.transfer_timeout_s * 1e3), transport=self.transport)
         error = "timed out"
         started = anyio.current_time()
         tracked = self.tracked.get(rid)
@@ -326,7 +356,7 @@ class Mesh:
         for req in orphans:
             self.where.pop(req.request_id, None)
             if req.request_id in self.tracked:
-                self._place(req)
+                self.place(req)
         self._tg.start_soon(link.channel.close)
 
 

@@ -52,7 +52,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         prompt = self.frontend.encode(request.text) if which == "text" else list(request.token_ids.ids)
         room = max(self.frontend.max_model_len - len(prompt), 1)
         params = params_from_proto(request.sampling, default_max_tokens=room)
-        return self.frontend.submit(prompt, params, request.request_id, parent)
+        return self.frontend.submit(prompt, params, request.request_id, parent, request.session_id)
 
     async def Abort(self, request, context):
         return scheduler_pb2.AbortResponse(found=self.mesh.abort(request.request_id))

@@ -26,8 +26,9 @@ class Delta:
 
 
 class TrackedRequest:
-    def __init__(self, request: Request, tokenizer: Tokenizer, arrival: float) -> None:
+    def __init__(self, request: Request, tokenizer: Tokenizer, arrival: float, session_id: str = "") -> None:
         self.request = request
+        self.session_id = session_id
         self.arrival = arrival
         self.first_scheduled: float | None = None
         self.last_token_at: float | None = None

@@ -34,14 +34,15 @@ def hf_greedy(tiny_model_dir):
 
 
 def start_mesh(model_dir, log_dir, mode="disaggregated", num_prefill=1, num_decode=1, scheduler_args=(),
-               worker_args=(), http=True) -> LocalMesh:
+               worker_args=(), http=True, kvcache_args=None) -> LocalMesh:
     """A mesh on free ports with small KV pools (so several fit in memory), logs under ``log_dir``."""
     options = MeshOptions(model=str(model_dir), mode=mode, num_prefill=num_prefill if mode != "colocated" else 0,
                           num_decode=num_decode, grpc_port=0, http_port=0 if http else None,
                           scheduler_args=list(scheduler_args),
                           worker_args=["--kv-cache-bytes", str(16 * 2**20), "--swap-bytes", str(16 * 2**20),
                                        *worker_args],
-                          log_dir=log_dir, startup_timeout_s=180)
+                          log_dir=log_dir, startup_timeout_s=180, kvcache=kvcache_args is not None,
+                          kvcache_args=list(kvcache_args or ()))
     mesh = LocalMesh(options)
     try:
         mesh.start()

@@ -40,7 +40,7 @@ def test_up_starts_the_mesh_on_the_builtin_model_serves_and_stops_cleanly(tmp_pa
     try:
         lines = _wait_for_line(proc, "press Ctrl-C to stop", 300)
         text = "".join(lines)
-        assert "mesh ready (disaggregated; prefill-0, decode-1" in text
+        assert "mesh ready (disaggregated; kvcache, prefill-0, decode-1" in text
         assert f"127.0.0.1:{grpc_port}" in text and f"http://127.0.0.1:{http_port}/v1" in text
         assert (tmp_path / "cache" / "models").is_dir()
         with Client(f"127.0.0.1:{grpc_port}") as client:
@@ -54,7 +54,7 @@ def test_up_starts_the_mesh_on_the_builtin_model_serves_and_stops_cleanly(tmp_pa
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, rest
-    assert "stopped (decode-1=0, prefill-0=0, scheduler=0)" in rest
+    assert "stopped (decode-1=0, prefill-0=0, scheduler=0, kvcache=0)" in rest
     assert "Traceback" not in rest
 
 

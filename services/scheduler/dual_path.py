@@ -1,0 +1,215 @@
+"""DualPath: a request's cached prefix comes from kvcache through the prefill or the decode worker.
+
+At admission the prompt's full-block hashes are looked up in kvcache. When kvcache holds more of the
+prefix than the chosen prefill worker's own prefix cache, the prefix is loaded instead of computed:
+
+* **PE-read** (the standard design): kvcache writes the blocks into the prefill worker's pool (that node's
+  storage NIC); the prefill worker computes the rest of the prompt; the usual hand-off sends the KV to the
+  decode worker.
+* **DE-read**: kvcache writes the blocks into the decode worker's pool (the decode node's storage NIC); the
+  prefill worker pulls them from there over the compute path, computes the rest; at hand-off the decode worker
+  already caches the prefix (``cache_arrival``), so only the newly computed blocks travel back.
+
+``dual`` picks, per request, the side whose storage reads queued fewer bytes (DualPath's rule, papers.md
+§4.5). Sessions' finished requests store their full blocks back to kvcache, so the next turn hits. Any
+failure along the way (kvcache down, a transfer failing, the request aborted) falls back to computing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import defaultdict
+
+import anyio
+import grpc
+
+from seawall.v1 import common_pb2, worker_pb2
+from services.common.block_hash import extend_hashes
+from services.scheduler.core.request import Request
+from services.scheduler.kvcache_client import KVCacheClient
+from services.scheduler.worker_link import WorkerLink
+
+log = logging.getLogger(__name__)
+
+READ_POLICIES = ("pe-read", "de-read", "dual")
+# A session's next turn waits this long at most for the previous turn's blocks to reach kvcache.
+STORE_WAIT_S = 5.0
+_DONE = common_pb2.TRANSFER_STATUS_DONE
+
+
+class DualPath:
+    def __init__(self, mesh, client: KVCacheClient, policy: str = "dual") -> None:
+        if policy not in READ_POLICIES:
+            raise ValueError(f"kv read policy must be one of {', '.join(READ_POLICIES)}, got {policy!r}")
+        self.mesh = mesh
+        self.client = client
+        self.policy = policy
+        self.read_queue: dict[str, int] = defaultdict(int)  # bytes of kvcache loads in flight, per worker
+        self.loads = {"pe-read": 0, "de-read": 0}
+        self._storing: dict[str, anyio.Event] = {}  # session id -> its last turn's store, while in flight
+        self._ids = itertools.count()
+
+    # --- admission ---
+
+    async def admit(self, req: Request) -> None:
+        """Places ``req``, loading its cached prefix first when kvcache has more of it than the worker."""
+        mesh = self.mesh
+        tracked = mesh.tracked.get(req.request_id)
+        pending = self._storing.get(tracked.session_id) if tracked is not None and tracked.session_id else None
+        if pending is not None:
+            # The previous turn of this session is still being stored: its blocks are this turn's prefix.
+            with anyio.move_on_after(STORE_WAIT_S):
+                await pending.wait()
+        prefill = mesh.pick_prompt_worker(req)
+        if prefill is None:
+            mesh.place(req)
+            return
+        bs = prefill.core.blocks.block_size
+        hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, prefill.core.hash_seed)
+        hashes = hashes[: (len(req.prompt_token_ids) - 1) // bs]  # one prompt token must run
+        local = prefill.cached_prefix_tokens(req) // bs
+        hit = await self.client.lookup(hashes) if len(hashes) > local else 0
+        if not self._live(req) or not prefill.alive:
+            if self._live(req):
+                mesh.place(req)
+            return
+        if hit <= local:
+            mesh.place_on(prefill, req)
+            return
+        decode = self._pick_decode()
+        side = self._side(prefill, decode)
+        done = False
+        if side == "de-read":
+            done = await self._de_read(req, hashes[:hit], prefill, decode)
+        else:
+            done = await self._pe_read(req, hashes[:hit], prefill)
+        if not done and self._live(req) and req.request_id not in mesh.where:
+            _reset(req)
+            mesh.place(req)
+
+    def _side(self, prefill: WorkerLink, decode: WorkerLink | None) -> str:
+        if decode is None or self.policy == "pe-read":
+            return "pe-read"
+        if self.policy == "de-read":
+            return "de-read"
+        # dual: the node whose storage reads are less backed up; ties go to the standard path.
+        return "de-read" if self.read_queue[decode.worker_id] < self.read_queue[prefill.worker_id] else "pe-read"
+
+    def _pick_decode(self) -> WorkerLink | None:
+        if self.mesh.config.mode != "disaggregated":
+            return None
+        decoders = self.mesh.live_links("decode")
+        return min(decoders, key=lambda w: w.load) if decoders else None
+
+    def _live(self, req: Request) -> bool:
+        return req.request_id in self.mesh.tracked
+
+    async def _load(self, req: Request, link: WorkerLink, hashes: list[int], block_ids: list[int],
+                    path: str) -> bool:
+        nbytes = len(hashes) * link.info.kv_layout.bytes_per_block
+        self.read_queue[link.worker_id] += nbytes
+        try:
+            reply = await self.client.load(f"{req.request_id}/load{next(self._ids)}", hashes, link.endpoint(),
+                                           block_ids, path, metadata=self.mesh.trace_metadata(req))
+        finally:
+            self.read_queue[link.worker_id] -= nbytes
+        self.loads[path] += 1
+        if reply.status != _DONE:
+            log.info("kvcache load of %s via %s failed (%s): computing instead", req.request_id, path, reply.error)
+        return reply.status == _DONE
+
+    async def _pe_read(self, req: Request, hashes: list[int], prefill: WorkerLink) -> bool:
+        bs = prefill.core.blocks.block_size
+        req.num_computed_tokens = len(hashes) * bs
+        ids = prefill.core.reserve_arrival(req)
+        if ids is None:
+            return False
+        self.mesh.where[req.request_id] = prefill
+        k = req.num_cached_blocks
+        ok = await self._load(req, prefill, hashes[k:], ids[k:len(hashes)], "pe-read") if k < len(hashes) else True
+        self._settle(req, prefill, ok, len(hashes) * bs)
+        return True
+
+    async def _de_read(self, req: Request, hashes: list[int], prefill: WorkerLink, decode: WorkerLink) -> bool:
+        bs = decode.core.blocks.block_size
+        n = len(hashes) * bs
+        stage = Request(f"{req.request_id}#kv", req.prompt_token_ids[:n], req.params, req.arrival_time,
+                        num_computed_tokens=n, block_hashes=list(hashes))
+        staged = decode.core.reserve_arrival(stage)
+        if staged is None:
+            return await self._pe_read(req, hashes, prefill)
+        loaded = False
+        try:
+            kd = stage.num_cached_blocks
+            if kd < len(hashes) and not await self._load(req, decode, hashes[kd:], staged[kd:], "de-read"):
+                return False
+            loaded = True
+            if not self._live(req) or not prefill.alive or not decode.alive:
+                return False
+            req.num_computed_tokens = n
+            ids = prefill.core.reserve_arrival(req)
+            if ids is None:
+                return False
+            self.mesh.where[req.request_id] = prefill
+            kp = req.num_cached_blocks
+            ok = kp >= len(hashes) or await self._pull(req, prefill, decode, staged[kp:], ids[kp:len(hashes)])
+            self._settle(req, prefill, ok, n)
+            return True
+        finally:
+            # The decode worker keeps a loaded prefix as cache: at hand-off only the computed rest travels back.
+            if decode.alive and stage.request_id in decode.core.arriving:
+                if loaded:
+                    decode.core.cache_arrival(stage.request_id)
+                else:
+                    decode.core.finish(stage.request_id)
+
+    async def _pull(self, req: Request, prefill: WorkerLink, decode: WorkerLink, src: list[int],
+                    dst: list[int]) -> bool:
+        request = worker_pb2.PullKVRequest(
+            transfer_id=f"{req.request_id}/p2p{next(self._ids)}", src=decode.endpoint(), src_block_ids=src,
+            dst_block_ids=dst, timeout_ms=int(self.mesh.config.transfer_timeout_s * 1e3),
+            transport=self.mesh.transport)
+        try:
+            reply = await prefill.stub.PullKV(request, timeout=self.mesh.config.transfer_timeout_s + 5,
+                                              metadata=self.mesh.trace_metadata(req))
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == _DONE
+
+    def _settle(self, req: Request, prefill: WorkerLink, ok: bool, hit_tokens: int) -> None:
+        rid = req.request_id
+        if not prefill.alive or rid not in prefill.core.arriving:
+            return  # aborted meanwhile, or the worker died (its requests were placed elsewhere)
+        if ok:
+            req.num_prefix_hit_tokens = hit_tokens
+            prefill.core.arrive(rid)
+        else:
+            prefill.core.cancel_arrival(rid)
+        prefill.wake()
+
+    # --- storing finished requests ---
+
+    async def store(self, link: WorkerLink, req: Request, session_id: str) -> None:
+        """Stores the finished request's full blocks (held by its core), then frees them."""
+        rid = req.request_id
+        done = self._storing[session_id] = anyio.Event()
+        try:
+            held = link.core.handed_off.get(rid, [])
+            bs = link.core.blocks.block_size
+            full = min(req.num_computed_tokens // bs, len(held))
+            hashes = extend_hashes(req.block_hashes, req.all_token_ids, bs, link.core.hash_seed)[:full]
+            if full and link.alive:
+                await self.client.store(f"{rid}/store{next(self._ids)}", link.endpoint(), held[:full], hashes)
+        finally:
+            if link.alive and rid in link.core.handed_off:
+                link.core.release_handed_off(rid)
+                link.wake()
+            done.set()
+            if self._storing.get(session_id) is done:
+                del self._storing[session_id]
+
+
+def _reset(req: Request) -> None:
+    req.block_ids = []
+    req.num_computed_tokens = req.num_cached_blocks = 0

@@ -1,0 +1,81 @@
+"""The scheduler's client of the kvcache service: lookups, loads into a worker's blocks, stores from one.
+
+kvcache is an optimisation, never a dependency: every call returns a miss or a failed outcome instead of
+raising, and after a failure the client stays quiet (no calls, everything a miss) for ``backoff_s`` before
+trying again, so a kvcache that is down costs requests one recompute, not a timeout each.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import grpc
+
+from seawall.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
+from services.common.grpc_server import CHANNEL_OPTIONS
+
+log = logging.getLogger(__name__)
+
+PATHS = {"pe-read": kvcache_pb2.KV_READ_PATH_PE_READ, "de-read": kvcache_pb2.KV_READ_PATH_DE_READ}
+
+
+class KVCacheClient:
+    def __init__(self, address: str, timeout_s: float = 30.0, backoff_s: float = 2.0,
+                 transport: int = common_pb2.KV_TRANSPORT_NIXL) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self.transport = transport
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = kvcache_pb2_grpc.KVCacheStub(self._channel)
+        self._down_until = 0.0
+        self.num_failures = 0
+
+    @property
+    def available(self) -> bool:
+        return anyio.current_time() >= self._down_until
+
+    def _failed(self, what: str, exc: grpc.aio.AioRpcError) -> None:
+        self.num_failures += 1
+        self._down_until = anyio.current_time() + self.backoff_s
+        log.warning("kvcache %s at %s failed (%s); treating it as a miss for %.0f s", what, self.address,
+                    exc.code().name, self.backoff_s)
+
+    async def lookup(self, hashes: list[int], pin_ms: int = 10_000) -> int:
+        """Blocks of the longest cached prefix of ``hashes`` (0 when kvcache is unavailable)."""
+        if not hashes or not self.available:
+            return 0
+        try:
+            reply = await self._stub.Lookup(kvcache_pb2.LookupRequest(block_hashes=hashes, pin_ms=pin_ms),
+                                            timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            self._failed("lookup", exc)
+            return 0
+        return reply.num_cached_blocks
+
+    async def load(self, transfer_id: str, hashes: list[int], target: common_pb2.KVEndpoint,
+                   target_block_ids: list[int], path: str, metadata=()) -> kvcache_pb2.LoadResponse:
+        """Writes the blocks of ``hashes`` into the target's blocks; the response says how far it got."""
+        request = kvcache_pb2.LoadRequest(transfer_id=transfer_id, block_hashes=hashes, target=target,
+                                          target_block_ids=target_block_ids, timeout_ms=int(self.timeout_s * 1e3),
+                                          transport=self.transport, path=PATHS[path])
+        try:
+            return await self._stub.Load(request, timeout=self.timeout_s + 5, metadata=metadata)
+        except grpc.aio.AioRpcError as exc:
+            self._failed("load", exc)
+            return kvcache_pb2.LoadResponse(status=common_pb2.TRANSFER_STATUS_FAILED, error=exc.details() or "")
+
+    async def store(self, transfer_id: str, source: common_pb2.KVEndpoint, block_ids: list[int],
+                    hashes: list[int], metadata=()) -> kvcache_pb2.StoreResponse:
+        request = kvcache_pb2.StoreRequest(transfer_id=transfer_id, source=source, source_block_ids=block_ids,
+                                           block_hashes=hashes, timeout_ms=int(self.timeout_s * 1e3),
+                                           transport=self.transport)
+        try:
+            return await self._stub.Store(request, timeout=self.timeout_s + 5, metadata=metadata)
+        except grpc.aio.AioRpcError as exc:
+            self._failed("store", exc)
+            return kvcache_pb2.StoreResponse(status=common_pb2.TRANSFER_STATUS_FAILED, error=exc.details() or "")
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,58 @@
+"""Multi-turn reuse through kvcache: the next turn's prefix is loaded (PE-read or DE-read, from the DRAM or
+the disk tier) instead of computed, and greedy output stays token-identical to transformers."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from seawall import Client
+from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
+from tests.e2e.conftest import random_prompts, start_mesh
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.timeout(300)]
+
+# The workers cache no prefixes, so every reused token comes from kvcache.
+CASES = {
+    "pe-read-dram": (["--kv-read-policy", "pe-read"], []),
+    "de-read-dram": (["--kv-read-policy", "de-read"], []),
+    # A DRAM tier of 4 blocks: the session's blocks are demoted to disk before the next turn loads them.
+    "dual-disk": (["--kv-read-policy", "dual"], ["--dram-bytes", "DRAM", "--disk-dir", "DIR", "--disk-bytes",
+                                                 str(2**30)]),
+}
+
+
+def _kv_stats(address):
+    with grpc.insecure_channel(address) as channel:
+        return kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.KVCacheStatsRequest())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_next_turn_loads_its_prefix_from_kvcache_and_matches_transformers(case, tiny_model_dir, tmp_path,
+                                                                              hf_greedy):
+    sched_args, kv_args = CASES[case]
+    block_bytes = 4 * 2 * 16 * 2 * 32 * 4  # layers x (k, v) x block x kv heads x head dim x fp32 (tiny preset)
+    kv_args = [a.replace("DIR", str(tmp_path / "kv")).replace("DRAM", str(4 * block_bytes)) for a in kv_args]
+    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", scheduler_args=["--chunk-size", "64",
+                      "--no-prefix-caching", *sched_args], kvcache_args=kv_args, http=False)
+    try:
+        with Client(mesh.grpc_address) as client:
+            prompt = random_prompts([90], seed=21)[0]
+            first = client.generate(prompt, max_tokens=10, temperature=0, session_id="s1")
+            assert first.token_ids == hf_greedy(prompt, 10) and first.cached_prompt_tokens == 0
+            second_prompt = prompt + first.token_ids + random_prompts([23], seed=22)[0]
+            second = client.generate(second_prompt, max_tokens=8, temperature=0, session_id="s1")
+            assert second.token_ids == hf_greedy(second_prompt, 8)
+            # Turn 1 stored its 6 full blocks (99 tokens computed); turn 2 loads them.
+            assert second.cached_prompt_tokens == 96
+            stats = _kv_stats(mesh.kvcache_address)
+            tiers = {t.tier: t for t in stats.tiers}
+            if case == "dual-disk":
+                assert tiers[kvcache_pb2.STORAGE_TIER_DISK].bytes_read > 0
+            paths = {p.path: p.num_loads for p in stats.paths}
+            want = kvcache_pb2.KV_READ_PATH_DE_READ if case == "de-read-dram" else kvcache_pb2.KV_READ_PATH_PE_READ
+            assert paths.get(want, 0) >= 1, paths
+            assert client.stats().num_running == 0
+            assert all(w.num_device_blocks_used == 0 for w in client.stats().workers)
+    finally:
+        mesh.stop()
