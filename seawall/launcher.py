@@ -56,6 +56,7 @@ class Child:
     name: str
     proc: subprocess.Popen
     log_path: Path | None
+    module_args: list[str] = field(default_factory=list)
 
 
 class LocalMesh:
@@ -115,12 +116,12 @@ class LocalMesh:
         if self.options.log_dir is not None:
             self.options.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.options.log_dir / f"{name}.log"
-            out = log_path.open("wb")
+            out = log_path.open("ab")
         proc = subprocess.Popen([sys.executable, "-m", *module_args], stdout=out, stderr=subprocess.STDOUT if out
                                 else None, stdin=subprocess.DEVNULL, start_new_session=True)
         if out is not None:
             out.close()
-        self.children.append(Child(name, proc, log_path))
+        self.children.append(Child(name, proc, log_path, module_args))
 
     def _wait(self, ready, what: str) -> None:
         deadline = time.monotonic() + self.options.startup_timeout_s
@@ -156,6 +157,13 @@ class LocalMesh:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(c.proc.pid, signal.SIGKILL)
         c.proc.wait(10)
+
+    def respawn(self, name: str) -> None:
+        """Starts a child that exited (or was killed) again, with the same arguments and ports."""
+        old = self.child(name)
+        assert old.proc.poll() is not None, f"{name} is still running"
+        self.children.remove(old)
+        self._spawn(name, old.module_args)
 
     def stop(self, grace_s: float = 10.0) -> dict[str, int]:
         """Stops workers, then the scheduler; returns each child's exit code."""

@@ -3,6 +3,8 @@ the disk tier) instead of computed, and greedy output stays token-identical to t
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
@@ -53,6 +55,34 @@ def test_the_next_turn_loads_its_prefix_from_kvcache_and_matches_transformers(ca
             want = kvcache_pb2.KV_READ_PATH_DE_READ if case == "de-read-dram" else kvcache_pb2.KV_READ_PATH_PE_READ
             assert paths.get(want, 0) >= 1, paths
             assert client.stats().num_running == 0
+            assert all(w.num_device_blocks_used == 0 for w in client.stats().workers)
+    finally:
+        mesh.stop()
+
+
+def test_kvcache_down_means_recompute_and_the_mesh_recovers_when_it_returns(tiny_model_dir, tmp_path, hf_greedy):
+    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", scheduler_args=["--chunk-size", "64", "--no-prefix-caching"],
+                      kvcache_args=[], http=False)
+    try:
+        with Client(mesh.grpc_address) as client:
+            prompt = random_prompts([70], seed=31)[0]
+
+            def turn(p, tokens=6):
+                out = client.generate(p, max_tokens=tokens, temperature=0, session_id="s")
+                assert out.token_ids == hf_greedy(p, tokens)
+                return out
+
+            first = turn(prompt)
+            mesh.kill("kvcache")
+            prompt = prompt + first.token_ids + [7, 8, 9]
+            second = turn(prompt)  # kvcache is gone: computed, same tokens
+            assert second.cached_prompt_tokens == 0
+            mesh.respawn("kvcache")
+            time.sleep(3)  # past the scheduler's back-off after the failures
+            prompt = prompt + second.token_ids + [10, 11]
+            turn(prompt)  # kvcache is empty again: computed, and its blocks are stored
+            prompt = prompt + [12, 13, 14]
+            assert turn(prompt).cached_prompt_tokens > 0  # the mesh uses kvcache again
             assert all(w.num_device_blocks_used == 0 for w in client.stats().workers)
     finally:
         mesh.stop()
