@@ -34,6 +34,13 @@ class KVCacheConfig:
     default_timeout_s: float = 600.0
     # On shutdown, write DRAM blocks that have no disk copy to the disk tier, so a restart still serves them.
     flush_on_exit: bool = True
+    # Prometheus text at http://host:metrics_port/metrics; 0 = off.
+    metrics_port: int = 0
+    # OTLP/gRPC endpoint for traces; None = the OTEL_EXPORTER_OTLP_ENDPOINT variable (unset: tracing off).
+    otlp_endpoint: str | None = None
+    # Emulated storage-NIC bandwidth of each worker node, GB/s (10^9 bytes/s) per direction: Loads into one
+    # worker share one token bucket, Stores out of it another (services/common/shaper.py). 0 = not shaped.
+    storage_gbps: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -48,6 +55,10 @@ class KVCacheConfig:
             raise ValueError(f"io_threads must be >= 1, got {self.io_threads}")
         if self.max_pin_ms < 0:
             raise ValueError(f"max_pin_ms must be >= 0, got {self.max_pin_ms}")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port must be in [0, 65535] (0 = off), got {self.metrics_port}")
+        if self.storage_gbps < 0:
+            raise ValueError(f"storage_gbps must be >= 0 GB/s (0 = not shaped), got {self.storage_gbps}")
         if self.default_timeout_s <= 0:
             raise ValueError(f"default_timeout_s must be > 0, got {self.default_timeout_s}")
         if self.layout is not None and self.dram_bytes < self.layout.bytes_per_block:

@@ -3,6 +3,10 @@
 Rebuilds the disk tier's index from its files, serves the KVCache service (plus health and reflection), and on
 SIGTERM or SIGINT stops taking calls, lets the running ones finish (a grace period), writes DRAM-only blocks to
 disk (``--no-flush-on-exit`` skips that) and exits 0.
+
+Observability: ``--metrics-port`` serves Prometheus text, ``--otlp-endpoint`` (or the ``OTEL_*`` variables)
+exports spans as ``seawall-kvcache`` (services/kvcache/observability.py). ``--storage-gbps`` shapes each worker
+node's storage traffic to that bandwidth (services/common/shaper.py); off by default.
 """
 
 from __future__ import annotations
@@ -13,13 +17,17 @@ import os
 
 import anyio
 import anyio.to_thread
+from prometheus_client import start_http_server
 
 from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
+from services.common import tracing as tr
 from services.common.errors import SeawallError
 from services.common.grpc_server import Server, wait_for_shutdown_signal
+from services.common.shaper import Shaper
 from services.kvcache.config import KVCacheConfig
 from services.kvcache.disk_tier import DiskTier
 from services.kvcache.mover import Mover
+from services.kvcache.observability import KVCacheMetrics
 from services.kvcache.servicer import KVCacheServicer
 from services.kvcache.store import KVStore
 
@@ -44,13 +52,21 @@ def parse_args(argv: list[str] | None) -> KVCacheConfig:
     p.add_argument("--max-pin-ms", type=int, default=d.max_pin_ms, help="longest pin a Lookup may ask for")
     p.add_argument("--no-flush-on-exit", action="store_true",
                    help="on shutdown, do not write DRAM-only blocks to the disk tier")
+    p.add_argument("--metrics-port", type=int, default=d.metrics_port, help="Prometheus text on this port (0 = off)")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
+    p.add_argument("--storage-gbps", type=float, default=d.storage_gbps,
+                   help="shape each worker node's storage traffic to this many GB/s (10^9 bytes/s) per direction, "
+                        "loads and stores apart (default 0 = not shaped)")
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return KVCacheConfig(host=args.host, port=args.port, dram_bytes=args.dram_bytes, disk_dir=args.disk_dir,
                              disk_bytes=args.disk_bytes, io_threads=args.io_threads, nixl=not args.no_nixl, name=args.name,
-                             max_pin_ms=args.max_pin_ms, flush_on_exit=not args.no_flush_on_exit)
+                             max_pin_ms=args.max_pin_ms, flush_on_exit=not args.no_flush_on_exit,
+                             metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
+                             storage_gbps=args.storage_gbps)
     except ValueError as exc:
         p.error(str(exc))
 
@@ -67,12 +83,20 @@ def build_store(config: KVCacheConfig) -> KVStore:
 async def start(config: KVCacheConfig) -> tuple[Server, KVCacheServicer]:
     """Builds the store and starts serving (in-process tests use this too); ``stop`` undoes it."""
     store = await anyio.to_thread.run_sync(build_store, config)
-    mover = Mover(store, config.nixl, config.name)
-    servicer = KVCacheServicer(config, store, mover)
+    mover = Mover(store, config.nixl, config.name, Shaper(storage_gbps=config.storage_gbps))
+    metrics = KVCacheMetrics()
+    servicer = KVCacheServicer(config, store, mover, metrics, tr.setup_tracing(tr.KVCACHE, config.otlp_endpoint))
+    metrics.watch(servicer)
     server = Server()
     server.add(kvcache_pb2_grpc.add_KVCacheServicer_to_server, servicer,
                kvcache_pb2.DESCRIPTOR.services_by_name["KVCache"].full_name)
     await server.start(config.host, config.port)
+    if config.metrics_port:
+        servicer.metrics_server, _ = start_http_server(config.metrics_port, addr=config.host,
+                                                       registry=metrics.registry)
+        log.info("Prometheus metrics on http://%s:%d/metrics", config.host, config.metrics_port)
+    if config.storage_gbps:
+        log.info("storage traffic shaped to %g GB/s per worker node and direction", config.storage_gbps)
     return server, servicer
 
 
@@ -84,6 +108,10 @@ async def stop(server: Server, servicer: KVCacheServicer, grace_s: float = _GRAC
             log.info("wrote %d DRAM-only blocks to the disk tier", written)
     await servicer.mover.close()
     servicer.store.close()
+    if servicer.metrics_server is not None:
+        servicer.metrics_server.shutdown()
+        servicer.metrics_server.server_close()
+    servicer.tracing.shutdown()
 
 
 async def serve(config: KVCacheConfig) -> None:

@@ -7,6 +7,10 @@ NIXL READ (or a pull from Worker.ReadKV). Only the kvcache needs the worker's NI
 Which plane (``route``): GRPC → gRPC; NIXL or UNSPECIFIED → NIXL when this process has an agent and knows the
 peer (metadata now or before), else gRPC when the endpoint has a ``grpc_address`` (NIXL is unavailable on one
 side), else INVALID_ARGUMENT.
+
+Shaping (``--storage-gbps``, off by default): every worker is one node with a storage NIC; a Load's bytes take
+tokens from the ``storage``/``in`` bucket of its target, a Store's from the ``storage``/``out`` bucket of its
+source (services/common/shaper.py), before a NIXL transfer is posted or as each gRPC chunk goes.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from seawall.v1 import common_pb2
 from services.common import grpc_kv
 from services.common.errors import InvalidArgument
 from services.common.kv_transport import NixlKVAgent, TransferOutcome
+from services.common.shaper import EGRESS, INGRESS, STORAGE, Shaper, TokenBucket
 from services.kvcache.store import KVStore
 
 log = logging.getLogger(__name__)
@@ -31,10 +36,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Route:
-    """How bytes reach one endpoint: ``nixl_peer`` (a NIXL agent name) or ``grpc_address``."""
+    """How bytes reach one endpoint: ``nixl_peer`` (a NIXL agent name) or ``grpc_address``. ``node`` names the
+    endpoint (its agent name, else its address): the key of its load queue and of its shaped storage NIC."""
 
     nixl_peer: str = ""
     grpc_address: str = ""
+    node: str = ""
 
     @property
     def transport(self) -> str:
@@ -45,8 +52,9 @@ class Mover:
     """Transfers between ``store.pool`` (the DRAM tier) and workers. Owns the NIXL agent (created once the
     store has a layout) and one gRPC channel per worker address."""
 
-    def __init__(self, store: KVStore, use_nixl: bool, agent_name: str = "") -> None:
+    def __init__(self, store: KVStore, use_nixl: bool, agent_name: str = "", shaper: Shaper | None = None) -> None:
         self.store = store
+        self.shaper = shaper or Shaper()
         self.agent_name = agent_name or f"kvcache-{socket.gethostname()}-{os.getpid()}"
         self._use_nixl = use_nixl
         self._agent: NixlKVAgent | None = None
@@ -68,16 +76,17 @@ class Mover:
 
     def route(self, endpoint: common_pb2.KVEndpoint, transport: int, what: str) -> Route:
         """The plane to ``endpoint`` (see the module docstring); adds its NIXL metadata as a peer if sent."""
+        meta = endpoint.agent_metadata if endpoint.HasField("agent_metadata") else None
+        name = meta.agent_name if meta is not None and meta.agent_name else endpoint.agent_name
+        node = endpoint.agent_name or name or endpoint.grpc_address
         if transport != common_pb2.KV_TRANSPORT_GRPC and self.agent is not None:
-            meta = endpoint.agent_metadata if endpoint.HasField("agent_metadata") else None
-            name = meta.agent_name if meta is not None and meta.agent_name else endpoint.agent_name
             if meta is not None and meta.agent_name:
                 self.agent.add_peer(meta, endpoint.kv_layout)  # InvalidArgument on a layout mismatch
                 self._peers.add(name)
             if name in self._peers:
-                return Route(nixl_peer=name)
+                return Route(nixl_peer=name, node=node)
         if endpoint.grpc_address:
-            return Route(grpc_address=endpoint.grpc_address)
+            return Route(grpc_address=endpoint.grpc_address, node=node)
         if transport == common_pb2.KV_TRANSPORT_GRPC:
             raise InvalidArgument(f"{what}.grpc_address is empty but the gRPC transport was asked for")
         raise InvalidArgument(
@@ -88,18 +97,25 @@ class Mover:
     async def write(self, route: Route, transfer_id: str, slots: Sequence[int], dst_ids: Sequence[int],
                     timeout_s: float, notification: bytes = b"") -> TransferOutcome:
         """DRAM ``slots`` into the worker's ``dst_ids``."""
+        bucket = self.bucket(route, INGRESS)
         if route.nixl_peer:
-            return await self.agent.write(transfer_id, route.nixl_peer, slots, dst_ids, timeout_s, notification)
+            return await self.agent.write(transfer_id, route.nixl_peer, slots, dst_ids, timeout_s, notification,
+                                          bucket=bucket)
         return await grpc_kv.push_blocks(self._channel(route.grpc_address), self.store.pool, slots, dst_ids,
-                                         transfer_id, timeout_s)
+                                         transfer_id, timeout_s, bucket=bucket)
 
     async def read(self, route: Route, transfer_id: str, src_ids: Sequence[int], slots: Sequence[int],
                    timeout_s: float) -> TransferOutcome:
         """The worker's ``src_ids`` into DRAM ``slots``."""
+        bucket = self.bucket(route, EGRESS)
         if route.nixl_peer:
-            return await self.agent.read(transfer_id, route.nixl_peer, src_ids, slots, timeout_s)
+            return await self.agent.read(transfer_id, route.nixl_peer, src_ids, slots, timeout_s, bucket=bucket)
         return await grpc_kv.pull_blocks(self._channel(route.grpc_address), self.store.pool, src_ids, slots,
-                                         transfer_id, timeout_s)
+                                         transfer_id, timeout_s, bucket=bucket)
+
+    def bucket(self, route: Route, direction: str) -> TokenBucket | None:
+        """The storage-NIC bucket of the route's node in ``direction`` (in: loads, out: stores); None unshaped."""
+        return self.shaper.bucket(STORAGE, route.node, direction)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)

@@ -35,6 +35,8 @@ class StoreStats:
     num_corrupt: int  # disk blocks that failed their checks on read (deleted, served as misses)
     dram: TierStats
     disk: TierStats | None
+    hit_dram_blocks: int = 0  # of hit_blocks, those a lookup found in DRAM
+    hit_disk_blocks: int = 0  # ... and those found only on disk
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ target sees it only once every byte landed; a load that ends early (NOT_FOUND, a
 Bad requests (lengths, layouts, an unreachable endpoint, block ids outside the worker's pool) end the call with
 INVALID_ARGUMENT and move nothing, or nothing more; anything else after bytes started moving ends with a
 response whose status says how (FAILED, TIMED_OUT, NOT_FOUND).
+
+Every call is observed (services/kvcache/observability.py): a span ``seawall.kvcache.<method>``, child of the
+caller's trace context from the gRPC metadata, and its duration and ending in the metrics.
 """
 
 from __future__ import annotations
@@ -16,14 +19,20 @@ import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import anyio
+from opentelemetry import trace
 
 from seawall.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
+from services.common import tracing as tr
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
 from services.common.kv_transport import TransferOutcome, transfer_status_proto
+from services.common.tracing import Tracing
+from services.kvcache import observability as ob
 from services.kvcache.config import KVCacheConfig
 from services.kvcache.layout import layout_from_proto
 from services.kvcache.mover import Mover, Route
@@ -49,6 +58,7 @@ class _Result:
     dram: int = 0
     disk: int = 0
     present: int = 0
+    rounds: int = 0
     error: str = ""
 
     def fail(self, outcome: TransferOutcome) -> None:
@@ -59,18 +69,58 @@ class _Result:
         self.error = f"deadline of {timeout_s:g} s passed while {what}"
 
 
+@dataclass
+class _Call:
+    """One call being observed: its span and, for the metrics, how it ended (``cancelled`` until it says)."""
+
+    span: trace.Span
+    status: str = "cancelled"
+    error: str = ""
+
+
 class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
-    def __init__(self, config: KVCacheConfig, store: KVStore, mover: Mover) -> None:
+    def __init__(self, config: KVCacheConfig, store: KVStore, mover: Mover,
+                 metrics: ob.KVCacheMetrics | None = None, tracing: Tracing | None = None) -> None:
         self.config = config
         self.store = store
         self.mover = mover
-        self._queues: dict[str, _Queue] = {}  # loads queued or in flight, by target agent name
+        self.metrics = metrics or ob.KVCacheMetrics()
+        self.tracing = tracing or Tracing(trace.NoOpTracer())
+        self._queues: dict[str, _Queue] = {}  # loads queued or in flight, by target node (Route.node)
         self._stores_in_flight = 0
         self._path_loads: Counter[int] = Counter()
         self._path_bytes: Counter[int] = Counter()
+        self.metrics_server = None  # the Prometheus HTTP server, when main started one
+
+    @contextmanager
+    def _observed(self, method: str, span_name: str, context) -> Iterator[_Call]:
+        parent = tr.from_grpc_metadata(context.invocation_metadata())
+        start = time.perf_counter()
+        with self.tracing.tracer.start_as_current_span(span_name, context=parent) as span:
+            call = _Call(span)
+            try:
+                yield call
+            finally:
+                self.metrics.requests.labels(method, call.status).inc()
+                self.metrics.seconds.labels(method).observe(time.perf_counter() - start)
+                if span.is_recording():
+                    span.set_attribute(tr.KV_STATUS, call.status)
+                    if call.status not in ("ok", "done", "not_found"):
+                        span.set_status(trace.Status(trace.StatusCode.ERROR, call.error or call.status))
+
+    async def _refuse(self, call: _Call, context, exc: SeawallError) -> None:
+        call.status, call.error = exc.grpc_code.lower(), str(exc)
+        await abort_with(context, exc)
 
     async def Lookup(self, request, context):
-        r = self.store.lookup(request.block_hashes, request.pin_ms)
+        with self._observed("lookup", ob.SPAN_LOOKUP, context) as call:
+            r = self.store.lookup(request.block_hashes, request.pin_ms)
+            call.status = "ok"
+            if call.span.is_recording():
+                call.span.set_attributes({
+                    ob.KV_REQUESTED_BLOCKS: len(request.block_hashes), tr.KV_BLOCKS: r.num_cached,
+                    ob.KV_DRAM_BLOCKS: r.num_dram, ob.KV_DISK_BLOCKS: r.num_disk,
+                    tr.KV_TIER: ob.tier_summary(r.num_dram, r.num_disk), ob.KV_PIN_MS: request.pin_ms})
         return kvcache_pb2.LookupResponse(num_cached_blocks=r.num_cached, num_dram_blocks=r.num_dram,
                                           num_disk_blocks=r.num_disk)
 
@@ -82,29 +132,57 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         deadline = anyio.current_time() + timeout_s
         hashes, dst = list(request.block_hashes), list(request.target_block_ids)
         result = _Result()
-        try:
-            if len(hashes) != len(dst):
-                raise InvalidArgument(f"{len(hashes)} block_hashes but {len(dst)} target_block_ids; "
-                                      "give one target block per hash")
-            layout = layout_from_proto(request.target.kv_layout, "target")
-            if self.store.layout is None:  # nothing was ever stored: every hash misses
-                if hashes:
-                    result.status, result.error = common_pb2.TRANSFER_STATUS_NOT_FOUND, "the kvcache is empty"
-            else:
-                self.store.ensure_layout(layout, "the target")
-                route = self.mover.route(request.target, request.transport, "target")
-                await self._queued_load(request, route, hashes, dst, deadline, timeout_s, result)
-        except SeawallError as exc:
-            await abort_with(context, exc)
-        self._path_loads[request.path] += 1
-        self._path_bytes[request.path] += result.bytes
-        log.debug("load %s: status %d, %d of %d blocks (%d dram, %d disk)", request.transfer_id, result.status,
-                  result.blocks, len(hashes), result.dram, result.disk)
-        return self._load_response(result, start)
+        route = None
+        with self._observed("load", ob.SPAN_LOAD, context) as call:
+            try:
+                if len(hashes) != len(dst):
+                    raise InvalidArgument(f"{len(hashes)} block_hashes but {len(dst)} target_block_ids; "
+                                          "give one target block per hash")
+                layout = layout_from_proto(request.target.kv_layout, "target")
+                if self.store.layout is None:  # nothing was ever stored: every hash misses
+                    if hashes:
+                        result.status, result.error = common_pb2.TRANSFER_STATUS_NOT_FOUND, "the kvcache is empty"
+                else:
+                    self.store.ensure_layout(layout, "the target")
+                    route = self.mover.route(request.target, request.transport, "target")
+                    await self._queued_load(request, route, hashes, dst, deadline, timeout_s, result)
+            except SeawallError as exc:
+                await self._refuse(call, context, exc)
+            self._path_loads[request.path] += 1
+            self._path_bytes[request.path] += result.bytes
+            log.debug("load %s: status %d, %d of %d blocks (%d dram, %d disk)", request.transfer_id,
+                      result.status, result.blocks, len(hashes), result.dram, result.disk)
+            response = self._load_response(result, start)
+            self._observe_load(call, request, route, response, result.rounds)
+        return response
+
+    def _observe_load(self, call: _Call, request, route: Route | None, r: kvcache_pb2.LoadResponse,
+                      rounds: int) -> None:
+        call.status, call.error = ob.status_name(r.status), r.error
+        transport = route.transport if route is not None else "none"
+        path = ob.read_path_name(request.path)
+        if r.bytes:
+            self.metrics.load_bytes.labels(path, transport).inc(r.bytes)
+        if call.span.is_recording():
+            call.span.set_attributes({
+                ob.KV_TRANSFER_ID: request.transfer_id, ob.KV_ENDPOINT: route.node if route is not None else "",
+                ob.KV_READ_PATH: path, tr.KV_PATH: transport, ob.KV_REQUESTED_BLOCKS: len(request.block_hashes),
+                tr.KV_BLOCKS: r.num_blocks_loaded, ob.KV_DRAM_BLOCKS: r.num_dram_blocks,
+                ob.KV_DISK_BLOCKS: r.num_disk_blocks, tr.KV_TIER: ob.tier_summary(r.num_dram_blocks,
+                                                                                  r.num_disk_blocks),
+                tr.KV_BYTES: r.bytes, tr.KV_GBPS: r.bytes / max(r.duration_ms, 1e-6) / 1e6, ob.KV_ROUNDS: rounds})
+
+    def queues(self) -> dict[str, _Queue]:
+        """Loads queued or in flight, by target node (a snapshot)."""
+        return {name: _Queue(q.loads, q.bytes) for name, q in self._queues.items()}
+
+    def queue_depth(self) -> int:
+        """Loads and stores in flight."""
+        return sum(q.loads for q in self._queues.values()) + self._stores_in_flight
 
     async def _queued_load(self, request, route: Route, hashes, dst, deadline: float, timeout_s: float,
                            result: _Result) -> None:
-        name = request.target.agent_name or route.nixl_peer or route.grpc_address
+        name = route.node
         queue = self._queues.setdefault(name, _Queue())
         queue.loads += 1
         queue.bytes += len(hashes) * self.store.layout.bytes_per_block
@@ -142,6 +220,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                 todo = [i for i in todo if i < limit and i not in done]
                 try:
                     if staged.positions:
+                        result.rounds += 1
                         outcome = await self.mover.write(
                             route, f"{request.transfer_id}#{rnd}", staged.slots, [dst[i] for i in staged.positions],
                             max(0.0, deadline - anyio.current_time()), b"" if todo else notification)
@@ -180,25 +259,43 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         deadline = anyio.current_time() + timeout_s
         hashes, src = list(request.block_hashes), list(request.source_block_ids)
         result = _Result()
-        self._stores_in_flight += 1
-        try:
-            if len(hashes) != len(src):
-                raise InvalidArgument(f"{len(hashes)} block_hashes but {len(src)} source_block_ids; "
-                                      "give one hash per source block")
-            if hashes:
-                self.store.ensure_layout(layout_from_proto(request.source.kv_layout, "source"), "the source")
-                route = self.mover.route(request.source, request.transport, "source")
-                await self._store(request, route, hashes, src, deadline, timeout_s, result)
-        except SeawallError as exc:
-            await abort_with(context, exc)
-        finally:
-            self._stores_in_flight -= 1
-        log.debug("store %s: status %d, %d new, %d present", request.transfer_id, result.status, result.blocks,
-                  result.present)
-        return kvcache_pb2.StoreResponse(
-            status=result.status, bytes=result.bytes, num_blocks_stored=result.blocks,
-            num_blocks_present=result.present, duration_ms=(time.perf_counter() - start) * 1e3,
-            error=result.error)
+        route = None
+        with self._observed("store", ob.SPAN_STORE, context) as call:
+            self._stores_in_flight += 1
+            try:
+                if len(hashes) != len(src):
+                    raise InvalidArgument(f"{len(hashes)} block_hashes but {len(src)} source_block_ids; "
+                                          "give one hash per source block")
+                if hashes:
+                    self.store.ensure_layout(layout_from_proto(request.source.kv_layout, "source"), "the source")
+                    route = self.mover.route(request.source, request.transport, "source")
+                    await self._store(request, route, hashes, src, deadline, timeout_s, result)
+            except SeawallError as exc:
+                await self._refuse(call, context, exc)
+            finally:
+                self._stores_in_flight -= 1
+            log.debug("store %s: status %d, %d new, %d present", request.transfer_id, result.status,
+                      result.blocks, result.present)
+            response = kvcache_pb2.StoreResponse(
+                status=result.status, bytes=result.bytes, num_blocks_stored=result.blocks,
+                num_blocks_present=result.present, duration_ms=(time.perf_counter() - start) * 1e3,
+                error=result.error)
+            self._observe_store(call, request, route, response, result.rounds)
+        return response
+
+    def _observe_store(self, call: _Call, request, route: Route | None, r: kvcache_pb2.StoreResponse,
+                       rounds: int) -> None:
+        call.status, call.error = ob.status_name(r.status), r.error
+        transport = route.transport if route is not None else "none"
+        if r.bytes:
+            self.metrics.store_bytes.labels(transport).inc(r.bytes)
+        if call.span.is_recording():
+            call.span.set_attributes({
+                ob.KV_TRANSFER_ID: request.transfer_id, ob.KV_ENDPOINT: route.node if route is not None else "",
+                tr.KV_PATH: transport, ob.KV_REQUESTED_BLOCKS: len(request.block_hashes),
+                tr.KV_BLOCKS: r.num_blocks_stored, ob.KV_PRESENT_BLOCKS: r.num_blocks_present,
+                tr.KV_TIER: "dram" if r.num_blocks_stored else "none", tr.KV_BYTES: r.bytes,
+                tr.KV_GBPS: r.bytes / max(r.duration_ms, 1e-6) / 1e6, ob.KV_ROUNDS: rounds})
 
     async def _store(self, request, route: Route, hashes, src, deadline: float, timeout_s: float,
                      result: _Result) -> None:
@@ -221,6 +318,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                 result.timed_out("waiting for a free DRAM block to store into", timeout_s)
                 return
             batch = todo[pos:pos + len(slots)]
+            result.rounds += 1
             try:
                 outcome = await self.mover.read(route, f"{request.transfer_id}#{rnd}", [s for _, s in batch],
                                                 slots, max(0.0, deadline - anyio.current_time()))

@@ -89,6 +89,7 @@ class KVStore:
         self._last_sweep = 0.0
         self._released: anyio.Event | None = None
         self._hits = self._misses = self._lookups = self._corrupt = 0
+        self._hits_dram = self._hits_disk = 0
         self._dram_io = TierStats(dram_bytes)
         self._disk_io = TierStats(self.disk_bytes)
         if layout is not None:
@@ -171,6 +172,8 @@ class KVStore:
             self._last_sweep = now
         self._lookups += 1
         self._hits += n
+        self._hits_dram += num_dram
+        self._hits_disk += num_disk
         self._misses += len(hashes) - n
         return LookupResult(n, num_dram, num_disk)
 
@@ -493,7 +496,8 @@ class KVStore:
         disk = None
         if self.disk is not None:
             disk = TierStats(**{**vars(self._disk_io), "used_bytes": self._disk_used, "num_blocks": len(self._disk)})
-        return StoreStats(self._hits, self._misses, self._lookups, self._corrupt, dram, disk)
+        return StoreStats(self._hits, self._misses, self._lookups, self._corrupt, dram, disk, self._hits_dram,
+                          self._hits_disk)
 
     def tier_of(self, block_hash: int) -> Tier | None:
         """Where a block is held (DRAM wins when both tiers have it); None when not held."""

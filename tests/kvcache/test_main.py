@@ -54,6 +54,13 @@ def test_flags_make_a_config_and_bad_combinations_exit_2(tmp_path):
     with pytest.raises(SystemExit) as exc:
         parse_args(["--disk-dir", str(tmp_path)])
     assert exc.value.code == 2
+    config = parse_args(["--metrics-port", "9400", "--otlp-endpoint", "http://127.0.0.1:4317", "--storage-gbps",
+                         "1.5"])
+    assert (config.metrics_port, config.otlp_endpoint, config.storage_gbps) == (9400, "http://127.0.0.1:4317", 1.5)
+    assert parse_args([]).storage_gbps == 0 and parse_args([]).metrics_port == 0  # off by default
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--storage-gbps", "-1"])
+    assert exc.value.code == 2
 
 
 async def test_the_process_serves_stores_and_survives_a_restart_from_disk(make_worker, tmp_path):
