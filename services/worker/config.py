@@ -31,6 +31,10 @@ class WorkerConfig:
     otlp_endpoint: str | None = None
     # Name this worker's NIXL agent; empty = derived from the host, port and process id.
     name: str = ""
+    # Emulated compute-NIC bandwidth of this worker's node, GB/s (10^9 bytes/s) per direction: KV pulled from
+    # peers (PullKV) shares one token bucket, KV pushed to them (PushKV) another (services/common/shaper.py).
+    # 0 = not shaped.
+    compute_gbps: float = 0.0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -39,3 +43,5 @@ class WorkerConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.torch_threads < 0:
             raise ValueError(f"torch_threads must be >= 0 (0 = torch's default), got {self.torch_threads}")
+        if self.compute_gbps < 0:
+            raise ValueError(f"compute_gbps must be >= 0 GB/s (0 = not shaped), got {self.compute_gbps}")

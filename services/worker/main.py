@@ -59,13 +59,16 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus text on this port (0 = off)")
     p.add_argument("--otlp-endpoint", default=None,
                    help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
+    p.add_argument("--compute-gbps", type=float, default=0.0,
+                   help="shape KV pulled from (and pushed to) peer workers to this many GB/s (10^9 bytes/s) per "
+                        "direction (default 0 = not shaped)")
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return WorkerConfig(role=role or args.role, engine=engine_config_from(args), host=args.host, port=args.port,
                         scheduler_address=args.scheduler, nixl=not args.no_nixl, torch_threads=args.torch_threads,
                         name=args.advertise or "", metrics_port=args.metrics_port,
-                        otlp_endpoint=args.otlp_endpoint)
+                        otlp_endpoint=args.otlp_endpoint, compute_gbps=args.compute_gbps)
 
 
 async def serve(config: WorkerConfig) -> None:

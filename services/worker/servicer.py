@@ -25,6 +25,7 @@ from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
 from services.common.kv_transport import NixlKVAgent, TransferOutcome, kv_layout_proto
 from services.common.metrics import LATENCY_BUCKETS, StepMetrics, TransferMetrics
+from services.common.shaper import COMPUTE, EGRESS, INGRESS, Shaper, TokenBucket
 from services.common.tracing import Tracing
 from services.common.version import VERSION
 from services.engine.runner import ModelRunner
@@ -158,22 +159,34 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         src, dst = list(request.src_block_ids), list(request.dst_block_ids)
         use_nixl = (request.transport != common_pb2.KV_TRANSPORT_GRPC and self.agent is not None
                     and peer.HasField("agent_metadata") and peer.agent_metadata.agent_name)
+        bucket = self._compute_bucket(INGRESS if direction == "read" else EGRESS)
         try:
             if use_nixl:
                 self.agent.add_peer(peer.agent_metadata, peer.kv_layout)
                 name = peer.agent_metadata.agent_name
                 move = self.agent.read if direction == "read" else self.agent.write
                 return "nixl", self._observe_transfer("nixl", await move(request.transfer_id, name, src, dst,
-                                                                         timeout_s))
+                                                                         timeout_s, bucket=bucket))
             if not peer.grpc_address:
                 raise InvalidArgument("the peer endpoint has neither NIXL metadata this worker can use nor a "
                                       "grpc_address for the gRPC fallback")
             move = grpc_kv.pull_blocks if direction == "read" else grpc_kv.push_blocks
-            outcome = await move(peer.grpc_address, self.runner.kv, src, dst, request.transfer_id, timeout_s)
+            outcome = await move(peer.grpc_address, self.runner.kv, src, dst, request.transfer_id, timeout_s,
+                                 bucket=bucket)
             return "grpc", self._observe_transfer("grpc", outcome)
         except SeawallError as exc:
             await abort_with(context, exc)
         return "", None
+
+    def _compute_bucket(self, direction: str) -> TokenBucket | None:
+        """This node's compute-NIC bucket in ``direction`` (``--compute-gbps``); None when not shaped (the
+        default). The shaper is made on the first transfer."""
+        if not self.config.compute_gbps:
+            return None
+        shaper = self.__dict__.get("_shaper")
+        if shaper is None:
+            shaper = self._shaper = Shaper(compute_gbps=self.config.compute_gbps)
+        return shaper.bucket(COMPUTE, self.config.name or self.config.host, direction)
 
     async def Abort(self, request, context):
         unknown_transfers = [t for t in request.transfer_ids if self.agent is None or not self.agent.abort(t)]

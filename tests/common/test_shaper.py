@@ -214,3 +214,53 @@ async def test_a_nixl_transfer_that_cannot_get_its_bytes_in_time_times_out_untou
     assert outcome.status is TransferState.TIMED_OUT and elapsed < 1.0
     assert "pending" in outcome.error and torch.equal(b.pool.device_kv, before)  # never posted
     assert bucket.bytes == 0  # the tokens went back
+
+
+# ---- a worker's compute NIC (--compute-gbps) --------------------------------------------------------------
+
+class _Context:
+    def invocation_metadata(self):
+        return ()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "nixl"])
+async def test_a_worker_with_compute_gbps_shapes_its_pulls(server, transport):
+    from types import SimpleNamespace
+
+    from seawall.v1 import common_pb2, worker_pb2
+    from services.common.kv_transport import NixlKVAgent, kv_layout_proto
+    from services.worker.config import WorkerConfig
+    from services.worker.servicer import WorkerServicer
+
+    address, remote_pool = server
+    local = _pool(seed=5)
+    agent = peer = None
+    peer_ep = common_pb2.KVEndpoint(agent_name="peer", kv_layout=kv_layout_proto(LAYOUT), grpc_address=address)
+    if transport == "nixl":
+        pytest.importorskip("nixl_cu12._api")
+        agent, peer = NixlKVAgent(f"wa{next(_names)}", local), NixlKVAgent(f"wb{next(_names)}", remote_pool)
+        peer_ep.agent_name = peer.name
+        peer_ep.agent_metadata.CopyFrom(peer.metadata())
+    ids = list(range(48))
+    nbytes = len(ids) * BPB
+    rate = nbytes / 0.4
+    try:
+        times = {}
+        for gbps in (0.0, rate / 1e9):
+            servicer = WorkerServicer(WorkerConfig(compute_gbps=gbps), SimpleNamespace(kv=local), agent)
+            request = worker_pb2.PullKVRequest(transfer_id=f"p{gbps}", src=peer_ep, src_block_ids=ids,
+                                               dst_block_ids=ids, timeout_ms=20_000,
+                                               transport=common_pb2.KV_TRANSPORT_GRPC if transport == "grpc"
+                                               else common_pb2.KV_TRANSPORT_NIXL)
+            local.device_kv.zero_()
+            response, times[gbps] = await _timed(servicer.PullKV(request, _Context()))
+            assert (response.status, response.bytes) == (common_pb2.TRANSFER_STATUS_DONE, nbytes), response.error
+            assert torch.equal(local.device_kv[ids], remote_pool.device_kv[ids])
+        unshaped, shaped = times.values()
+        burst = max(rate * 0.01, MIN_BURST_BYTES)
+        assert _within(shaped, (nbytes - burst) / rate, unshaped), times
+        assert servicer._compute_bucket(INGRESS).bytes == nbytes
+    finally:
+        for a in (agent, peer):
+            if a is not None:
+                a.close()
