@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="workers' torch device: cpu, cuda, cuda:N or auto")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
+    p.add_argument("--storage-gbps", type=float, default=0.0,
+                   help="shape each worker node's storage traffic (kvcache loads/stores) to this many GB/s (0 = off)")
+    p.add_argument("--compute-gbps", type=float, default=0.0,
+                   help="shape each worker's KV pulls from peers to this many GB/s (0 = off)")
     p.add_argument("--no-kvcache", action="store_true", help="start no kvcache service (no multi-turn KV reuse)")
     p.add_argument("--kvcache-dram-bytes", type=int, default=None, help="kvcache DRAM tier size")
     p.add_argument("--kvcache-disk-dir", default=None, help="kvcache disk tier directory (default: none)")
@@ -73,6 +77,10 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         kvcache += ["--disk-dir", args.kvcache_disk_dir, "--disk-bytes", str(args.kvcache_disk_bytes)]
     if args.no_nixl:
         kvcache.append("--no-nixl")
+    if args.storage_gbps:
+        kvcache += ["--storage-gbps", str(args.storage_gbps)]
+    if args.compute_gbps:
+        workers += ["--compute-gbps", str(args.compute_gbps)]
     sched += ["--kv-read-policy", args.kv_read_policy]
     colocated = args.mode == "colocated"
     return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
