@@ -3,6 +3,9 @@
 seawall sim run --model M --gpu G [--tp N] --policy P --workload W [--arrival A] --qps X [--num-requests N]
                 [--seed S] --json OUT
 seawall sim capacity ... --slo-tbt-p99 S [--slo-sched-delay-p50 2.0] --json OUT
+seawall sim dualpath --prefill P --decode D [--storage-gbps X] [--compute-gbps Y] [--dram-gb Z]
+                     --read-policy pe-read|de-read|dual|oracle [...] --workload agentic|mooncake-conv --json OUT
+seawall sim workload --workload agentic|mooncake-conv [...] [--out FILE.jsonl]
 seawall sim reproduce [--only ID ...] [--json OUT]
 seawall sim calibration [--json OUT]
 seawall sim list
@@ -83,6 +86,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     cap.add_argument("--json", default=None)
     cap.set_defaults(func=_capacity, per_request=False)
 
+    dp = sim_sub.add_parser("dualpath", help="P prefill + D decode nodes loading cached KV from storage (DualPath)")
+    _add_cluster(dp)
+    _add_multiturn(dp)
+    dp.add_argument("--per-request", action="store_true", help="include one record per request in the JSON")
+    dp.add_argument("--json", default=None, help="write the metrics here")
+    dp.set_defaults(func=_dualpath)
+
+    wk = sim_sub.add_parser("workload", help="write a multi-turn workload as JSONL and count its prefix hits")
+    _add_multiturn(wk)
+    wk.add_argument("--block-size", type=int, default=None,
+                    help="block size of the hit count (default: --block-tokens for mooncake-conv, 16 for agentic)")
+    wk.add_argument("--count-outputs", action="store_true",
+                    help="agentic: the cache also holds each turn's given output (a replay of recorded outputs)")
+    wk.add_argument("--out", default=None, help="write one JSON object per request here")
+    wk.add_argument("--no-tokens", action="store_true", help="leave prompt_token_ids out of --out")
+    wk.set_defaults(func=_workload)
+
     rep = sim_sub.add_parser("reproduce", help="the paper reproductions, as a table (docs/sim.md)")
     rep.add_argument("--only", nargs="+", default=None, metavar="ID", help="run only these rows")
     rep.add_argument("--json", default=None)
@@ -94,6 +114,132 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     lst = sim_sub.add_parser("list", help="models, GPUs, policies and workloads the simulator knows")
     lst.set_defaults(func=_list)
+
+
+def _add_cluster(p: argparse.ArgumentParser) -> None:
+    from seawall.sim.cluster import PLACEMENTS, READ_POLICIES
+
+    g = p.add_argument_group("cluster")
+    g.add_argument("--model", default="Qwen2.5-32B", help="model name (seawall sim list), default Qwen2.5-32B")
+    g.add_argument("--gpu", default="H200", help="GPU name (seawall sim list), default H200")
+    g.add_argument("--tp", type=int, default=1, help="GPUs per engine (default 1: DP engines)")
+    g.add_argument("--gpus-per-node", type=int, default=8)
+    g.add_argument("--prefill", type=int, default=1, help="prefill nodes (default 1)")
+    g.add_argument("--decode", type=int, default=2, help="decode nodes (default 2)")
+    g.add_argument("--storage-gbps", type=float, default=400.0, help="storage NIC per node, Gbit/s (default 400)")
+    g.add_argument("--compute-gbps", type=float, default=400.0, help="compute NIC per GPU, Gbit/s (default 400)")
+    g.add_argument("--dram-gb", type=float, default=320.0, help="DRAM buffer per node, GB (default 320)")
+    g.add_argument("--read-policy", nargs="+", default=["dual"], choices=READ_POLICIES, metavar="POLICY",
+                   help=f"where hit KV is read: {', '.join(READ_POLICIES)} (default dual); several: one run "
+                        f"each, ratios against the first")
+    g.add_argument("--placement", default="load", choices=PLACEMENTS,
+                   help="engine choice: by token load and read queues (papers.md §4.5) or round robin")
+    g.add_argument("--prefill-quota-s", type=float, default=0.3, help="compute budget of a prefill batch, s")
+    g.add_argument("--alpha-s", type=float, default=3.0, help="alpha: storage-read queue limit, s of SNIC")
+    g.add_argument("--beta-s", type=float, default=5.0, help="beta: engine token limit, s of prefill")
+    g.add_argument("--window-s", type=float, default=10.0, help="window of the storage-NIC balance, s")
+
+
+def _add_multiturn(p: argparse.ArgumentParser) -> None:
+    from seawall.workloads.multiturn import AGENTIC_PRESETS
+
+    w = p.add_argument_group("multi-turn workload")
+    w.add_argument("--workload", default="agentic", choices=("agentic", "mooncake-conv"))
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--vocab-size", type=int, default=4096, help="token ids are drawn from [3, this)")
+    w.add_argument("--preset", default="64k", choices=tuple(AGENTIC_PRESETS),
+                   help="agentic: DualPath's dataset shape (default 64k); the flags below override it")
+    w.add_argument("--sessions", type=int, default=16, help="agentic: sessions (agents)")
+    w.add_argument("--turns", type=int, default=None, help="agentic: turns per session, at most")
+    w.add_argument("--first-prompt-len", type=int, default=None, help="agentic: turn 1's prompt")
+    w.add_argument("--append-len", type=int, default=None, help="agentic: tokens appended per turn")
+    w.add_argument("--output-len", type=int, default=None, help="agentic: tokens generated per turn")
+    w.add_argument("--max-len", type=int, default=None, help="agentic: prompt + output never pass this")
+    w.add_argument("--scale", type=float, default=1.0, help="agentic: multiply every length (1/16: tiny model)")
+    w.add_argument("--jitter", type=float, default=0.5, help="agentic: lengths uniform in mean x [1-j, 1+j]")
+    w.add_argument("--think-s", type=float, default=0.0, help="agentic: pause before each next turn, s")
+    w.add_argument("--session-rate", type=float, default=None,
+                   help="agentic: Poisson session starts per second (default: all at t=0, offline)")
+    w.add_argument("--storage-block-tokens", type=int, default=64,
+                   help="agentic: tokens per stored KV block (hits are whole blocks; default 64)")
+    w.add_argument("--num-requests", type=int, default=1000, help="mooncake-conv: records to replay")
+    w.add_argument("--trace-offset", type=int, default=0, help="mooncake-conv: first record")
+    w.add_argument("--block-tokens", type=int, default=512,
+                   help="mooncake-conv: tokens per 512-token trace block (16 scales the trace down 32x)")
+    w.add_argument("--time-scale", type=float, default=1.0, help="mooncake-conv: multiply arrival times")
+    w.add_argument("--spread-s", type=float, default=0.0,
+                   help="mooncake-conv: spread records sharing a timestamp over this many seconds (3: the grid)")
+
+
+def _multiturn_configs(args: argparse.Namespace):
+    from seawall.workloads.multiturn import AgenticConfig, MooncakeReplayConfig
+
+    overrides = {k: getattr(args, k) for k in ("turns", "first_prompt_len", "append_len", "output_len", "max_len")
+                 if getattr(args, k) is not None}
+    agentic = AgenticConfig.preset(
+        args.preset, sessions=args.sessions, jitter=args.jitter, think_s=args.think_s, vocab_size=args.vocab_size,
+        seed=args.seed, session_arrival="poisson" if args.session_rate else "burst",
+        session_rate=args.session_rate or 1.0, **overrides)
+    if args.scale != 1.0:
+        agentic = agentic.scaled(args.scale)
+    mooncake = MooncakeReplayConfig(limit=args.num_requests, offset=args.trace_offset, block_tokens=args.block_tokens,
+                                    vocab_size=args.vocab_size, seed=args.seed, time_scale=args.time_scale,
+                                    spread_s=args.spread_s)
+    return agentic, mooncake
+
+
+def _dualpath(args: argparse.Namespace) -> int:
+    from seawall.sim.cluster import ClusterConfig, ClusterWorkload, simulate_cluster
+
+    agentic, mooncake = _multiturn_configs(args)
+    wl = ClusterWorkload(args.workload, agentic, mooncake, args.storage_block_tokens)
+    runs = []
+    for policy in args.read_policy:
+        cfg = ClusterConfig(
+            model=args.model, gpu=args.gpu, tp=args.tp, gpus_per_node=args.gpus_per_node,
+            prefill_nodes=args.prefill, decode_nodes=args.decode, storage_gbps=args.storage_gbps,
+            compute_gbps=args.compute_gbps, dram_gb=args.dram_gb, read_policy=policy, placement=args.placement,
+            prefill_quota_s=args.prefill_quota_s, alpha_s=args.alpha_s, beta_s=args.beta_s,
+            window_s=args.window_s, record_requests=args.per_request)
+        runs.append(simulate_cluster(cfg, wl))
+    keys = ("jct_s", "ttft_mean", "ttst_mean", "tpot_mean", "throughput_req_s", "throughput_tok_s",
+            "snic_max_avg", "de_read_frac", "hit_rate")
+    sys.stdout.write(f"{'read policy':12s}" + "".join(f"{k:>17s}" for k in keys) + "\n")
+    for policy, m in zip(args.read_policy, runs, strict=True):
+        sys.stdout.write(f"{policy:12s}" + "".join(f"{_fmt(m[k]):>17s}" for k in keys) + "\n")
+    for m in runs:
+        util = "  ".join(f"{n} {100 * u:.0f}%" for n, u in m["snic_util"].items())
+        sys.stdout.write(f"{m['read_policy']}: storage-NIC utilisation {util}\n")
+    for policy, m in list(zip(args.read_policy, runs, strict=True))[1:]:
+        sys.stdout.write(f"JCT {args.read_policy[0]} / {policy}: {runs[0]['jct_s'] / m['jct_s']:.3f}\n")
+    _write(args.json, runs[0] if len(runs) == 1 else {"runs": runs})
+    return 0
+
+
+def _workload(args: argparse.Namespace) -> int:
+    from seawall.workloads.multiturn import (
+        agentic_sessions,
+        mooncake_conversation,
+        prefix_hits,
+        structural_hits,
+        write_jsonl,
+    )
+
+    agentic, mooncake = _multiturn_configs(args)
+    reqs = agentic_sessions(agentic) if args.workload == "agentic" else mooncake_conversation(mooncake)
+    block = args.block_size or (args.block_tokens if args.workload == "mooncake-conv" else 16)
+    counted = prefix_hits(reqs, block, count_outputs=args.count_outputs)
+    if args.out:
+        write_jsonl(reqs, args.out, with_tokens=not args.no_tokens)
+    sys.stdout.write(f"requests {len(reqs)}  sessions {len({r.session_id for r in reqs})}  "
+                     f"prompt tokens {counted.prompt_tokens}  mean prompt {counted.prompt_tokens / len(reqs):.0f}  "
+                     f"max prompt+output {max(r.prompt_len + r.max_tokens for r in reqs)}\n"
+                     f"prefix hit rate (block {block}, counted on token ids) {counted.hit_rate:.4f}")
+    if args.workload == "agentic" or block == args.block_tokens:
+        structural = structural_hits(reqs, block, count_outputs=args.count_outputs)
+        sys.stdout.write(f"; from the workload's structure {structural.hit_rate:.4f}")
+    sys.stdout.write("\n")
+    return 0
 
 
 def _configs(args: argparse.Namespace, need_qps: bool = True):
@@ -188,6 +334,8 @@ def _calibration(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from seawall.sim.cluster import PLACEMENTS, READ_POLICIES
+    from seawall.sim.cluster import WORKLOADS as CLUSTER_WORKLOADS
     from seawall.sim.hardware import GPUS
     from seawall.sim.loop import available_policies
     from seawall.sim.models import MODELS
@@ -197,5 +345,7 @@ def _list(args: argparse.Namespace) -> int:
                      f"gpus:      {', '.join(g.name for g in GPUS.values())}\n"
                      f"policies:  {', '.join(available_policies())}\n"
                      f"workloads: {', '.join(LENGTH_SOURCES)}\n"
-                     f"arrivals:  {', '.join(ARRIVALS)}\n")
+                     f"arrivals:  {', '.join(ARRIVALS)}\n"
+                     f"dualpath:  read policies {', '.join(READ_POLICIES)}; placements {', '.join(PLACEMENTS)}; "
+                     f"workloads {', '.join(CLUSTER_WORKLOADS)}\n")
     return 0
