@@ -495,6 +495,10 @@ class ClusterSimulation:
 
     def _de_truncate(self, de: Engine) -> None:
         start, dt, k, _ = de.epoch
+        if self.now <= start:  # the stretch starts now: restart it with the newcomer in its first step
+            de.epoch_id += 1
+            self._de_epoch(de)
+            return
         done = max(1, math.ceil((self.now - start) / dt - 1e-9))
         if done >= k:
             return

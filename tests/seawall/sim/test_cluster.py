@@ -57,6 +57,19 @@ def test_one_request_follows_the_timeline():
     assert m["bytes"]["storage_read"] == 0 and m["bytes"]["h2d"] == 1000 * kvb
 
 
+def test_requests_joining_a_running_batch_decode_exactly_their_tokens():
+    reqs = [MultiTurnRequest(f"r{i}", f"s{i}", 1, TokenSeq([(f"p{i}", 2000 + 50 * i)]), 20 + 7 * i, 0.013 * i)
+            for i in range(12)]
+    sim = ClusterSimulation(ClusterConfig(prefill_nodes=1, decode_nodes=1, gpus_per_node=1), reqs, [0] * 12,
+                            closed_loop=False)
+    m = sim.run()
+    assert m["num_finished"] == 12
+    single = sim.cost.step_time(StepShape(1, 1, 1, 0, 0.0, 0, 1, 2000))
+    for j in sim.jobs:
+        assert j.decoded == j.output - 1 and j.t_second > j.t_join
+        assert (j.t_finish - j.t_join) >= (j.output - 1) * single * 0.99  # never faster than running alone
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(("p", "d"), [(1, 1), (1, 2), (2, 1)])
 def test_dual_is_never_worse_than_pe_read_when_storage_bound(seed, p, d):
@@ -115,7 +128,7 @@ def test_turns_of_a_session_run_one_after_another():
     sim, m = _run(SLOW, read_policy="dual")
     by_id = {j.req.request_id: j for j in sim.jobs}
     for j in sim.jobs:
-        assert j.t_first <= j.t_finish
+        assert j.t_first <= j.t_join <= j.t_finish and j.decoded == j.output - 1
         if j.req.prev_request_id:
             assert j.release >= by_id[j.req.prev_request_id].t_finish
     assert m["hit_rate"] > 0.9 and m["num_sessions"] == 24
