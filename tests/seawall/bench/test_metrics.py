@@ -1,0 +1,81 @@
+"""Summaries on hand-made timelines: percentiles, stalls around a burst, goodput, stats, comparisons."""
+
+from __future__ import annotations
+
+import pytest
+
+from seawall.bench.metrics import RequestRecord, StatsSample, meets_slo, paired, pct, ratios, summarize
+
+
+def rec(index, sent, times, role="", error=None, queue_delay=None):
+    return RequestRecord(index, sent, 10, len(times), role, sent=sent, chunk_times=list(times),
+                         chunk_tokens=[1] * len(times), error=error, queue_delay=queue_delay)
+
+
+def test_percentiles_interpolate_like_numpy():
+    assert pct([1, 2, 3, 4], 50) == 2.5
+    assert pct([5.0], 99) == 5.0
+    assert pct([], 50) is None
+
+
+def test_ttft_tbt_e2e_throughput():
+    records = [rec(0, 0.0, [0.5, 0.6, 0.7, 0.8], queue_delay=0.1), rec(1, 1.0, [1.2, 1.5, 2.0])]
+    s = summarize(records)
+    assert s["ttft_p50"] == pytest.approx(0.35)
+    assert s["tbt_mean"] == pytest.approx((0.1 * 3 + 0.3 + 0.5) / 5)
+    assert s["tbt_max"] == pytest.approx(0.5)
+    assert s["e2e_mean"] == pytest.approx((0.8 + 1.0) / 2)
+    assert s["queue_delay_p50"] == pytest.approx(0.1)
+    assert s["throughput_tok_s"] == pytest.approx(7 / 2.0)
+    assert s["throughput_req_s"] == pytest.approx(1.0)
+    assert s["max_stall"] == pytest.approx(0.5)  # no bursts: the longest gap of any request
+
+
+def test_stalls_of_requests_decoding_when_the_burst_arrived():
+    steady = [0.1 * k for k in range(1, 11)]  # one token every 100 ms until t = 1.0 (the burst)
+    a = rec(0, 0.0, steady + [1.8, 1.9, 2.0], role="steady")  # stalled 800 ms by the burst
+    b = rec(1, 0.0, steady + [1.1, 1.2], role="steady")
+    late = rec(2, 1.5, [1.6, 1.7], role="steady")  # started after the burst: not "decoding at the burst"
+    burst = rec(3, 1.0, [1.7, 2.5], role="burst")  # its first token ends the burst's window at 1.7
+    s = summarize([a, b, late, burst], bursts=[(1.0, (3,))])
+    assert s["num_decoding_at_burst"] == 2
+    assert s["max_stall"] == pytest.approx(0.8)
+    assert s["steady_tbt_p50"] == pytest.approx(0.1)
+    assert s["burst_windows"] == [[1.0, pytest.approx(1.7)]]
+    # gaps overlapping (1.0, 1.7): a's 1.0 -> 1.8 and b's 1.0 -> 1.1 and 1.1 -> 1.2
+    assert s["burst_tbt_p50"] == pytest.approx(0.1)
+    assert s["burst_tbt_p99"] == pytest.approx(pct([0.8, 0.1, 0.1], 99))
+    assert s["burst_tbt_ratio"] == pytest.approx(s["burst_tbt_p99"] / 0.1)
+
+
+def test_goodput_counts_requests_within_both_slos():
+    fast = rec(0, 0.0, [0.1, 0.2, 0.3])
+    slow_start = rec(1, 0.0, [2.0, 2.1, 2.2])
+    stalled = rec(2, 0.0, [0.1, 1.1, 1.2])
+    failed = rec(3, 0.0, [], error="Unavailable: gone")
+    assert meets_slo(fast, 1.0, 0.2) and not meets_slo(slow_start, 1.0, 0.2)
+    assert not meets_slo(stalled, 1.0, 0.2) and meets_slo(stalled, 1.0, None)
+    s = summarize([fast, slow_start, stalled, failed], slo_ttft=1.0, slo_tbt=0.2)
+    assert s["num_finished"] == 3 and s["num_errors"] == 1
+    assert s["goodput_frac"] == pytest.approx(0.25)
+    assert s["goodput"] == pytest.approx(1 / 2.2)
+    assert summarize([fast, slow_start])["goodput_frac"] == 1.0  # no SLO: every finished request counts
+
+
+def test_stats_give_preemptions_during_the_run_and_peak_blocks():
+    stats = [StatsSample(0.0, 5, 10, 100, 0, 1, 0, 0), StatsSample(0.1, 7, 60, 100, 8, 4, 3, 1),
+             StatsSample(0.2, 9, 20, 100, 0, 2, 0, 0)]
+    s = summarize([rec(0, 0.0, [0.1])], stats=stats)
+    assert s["preemptions"] == 4 and s["kv_blocks_peak"] == 60 and s["host_blocks_peak"] == 8
+    assert s["kv_blocks_total"] == 100 and s["max_waiting"] == 3
+    assert summarize([rec(0, 0.0, [0.1])])["preemptions"] is None
+
+
+def test_paired_and_ratios():
+    base = [rec(0, 0.0, [1.0]), rec(1, 0.0, [2.0])]
+    other = [rec(0, 0.0, [2.0]), rec(1, 0.0, [1.0])]
+    assert paired(other, base) == {"worst_e2e_ratio": 2.0, "median_e2e_ratio": 1.25, "num_worse_1_5x": 1}
+    results = {"a": summarize(base), "b": summarize(other)}
+    r = ratios(results, "a")
+    assert r["a"]["e2e_mean"] == 1.0 and r["b"]["e2e_mean"] == 1.0
+    assert r["b"]["ttft_p99"] == pytest.approx(pct([2.0, 1.0], 99) / pct([1.0, 2.0], 99))

@@ -1,0 +1,86 @@
+"""Workloads: synthetic prompts, lengths from fixed values, Pareto tails and traces, the burst scenario."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from seawall.bench.arrivals import ArrivalSpec
+from seawall.bench.workload import WorkloadSpec, build, nominal_rate, with_rate
+from services.common.errors import InvalidArgument
+
+
+def test_fixed_workload_has_exact_lengths_and_valid_token_ids():
+    wl = build(WorkloadSpec(num_requests=20, prompt_len=50, output_len=7, vocab_size=100))
+    assert [len(r.prompt) for r in wl.requests] == [50] * 20
+    assert {r.max_tokens for r in wl.requests} == {7}
+    assert all(3 <= t < 100 for r in wl.requests for t in r.prompt)
+    assert len({r.prompt for r in wl.requests}) == 20
+    assert wl.num_output_tokens == 140
+
+
+def test_same_seed_same_workload_and_salt_changes_only_the_prompts():
+    spec = WorkloadSpec(arrivals=ArrivalSpec("gamma", rate=3.0, cv=2.0), num_requests=30, lengths="pareto")
+    a, b = build(spec), build(spec)
+    assert a == b
+    salted = build(dataclasses.replace(spec, prompt_salt=1))
+    assert [(r.arrival, r.max_tokens, len(r.prompt)) for r in salted.requests] == \
+        [(r.arrival, r.max_tokens, len(r.prompt)) for r in a.requests]
+    assert all(x.prompt != y.prompt for x, y in zip(salted.requests, a.requests, strict=True))
+
+
+def test_pareto_outputs_have_a_long_tail_within_the_bounds():
+    wl = build(WorkloadSpec(num_requests=2000, lengths="pareto", pareto_alpha=1.1, pareto_min=8,
+                            max_output_len=400))
+    outs = sorted(r.max_tokens for r in wl.requests)
+    assert outs[0] >= 8 and outs[-1] == 400
+    assert outs[len(outs) // 2] < 20 < outs[int(0.95 * len(outs))]
+
+
+def test_trace_lengths_are_scaled_and_fit_the_context():
+    wl = build(WorkloadSpec(num_requests=300, lengths="sharegpt", length_scale=0.5, max_model_len=1024))
+    assert all(len(r.prompt) + r.max_tokens <= 1023 and r.max_tokens >= 1 for r in wl.requests)
+
+
+def test_trace_timestamps_are_replayed_time_scaled_or_at_a_rate():
+    base = WorkloadSpec(arrivals=ArrivalSpec("trace"), num_requests=50, lengths="azure-conv", length_scale=0.1)
+    plain = build(base)
+    half = build(dataclasses.replace(base, time_scale=0.5))
+    assert plain.requests[0].arrival == 0.0
+    assert [r.arrival for r in half.requests] == pytest.approx([r.arrival / 2 for r in plain.requests])
+    fast = build(with_rate(base, 10.0))
+    assert 49 / fast.requests[-1].arrival == pytest.approx(10.0)
+    with pytest.raises(InvalidArgument, match="timestamped"):
+        build(dataclasses.replace(base, lengths="sharegpt"))
+
+
+def test_the_burst_scenario():
+    spec = WorkloadSpec(kind="burst", steady_users=4, steady_output_len=100, burst_at=2.0, burst_size=3,
+                        burst_prompt_len=500, burst_output_len=5, steady_ramp_s=0.4)
+    wl = build(spec)
+    steady = [r for r in wl.requests if r.role == "steady"]
+    burst = [r for r in wl.requests if r.role == "burst"]
+    assert [r.arrival for r in steady] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert {r.arrival for r in burst} == {2.0} and {len(r.prompt) for r in burst} == {500}
+    assert wl.bursts == [(2.0, (4, 5, 6))]
+    assert nominal_rate(spec) is None
+
+
+def test_duration_bounds_the_workload():
+    wl = build(WorkloadSpec(arrivals=ArrivalSpec("poisson", rate=10.0), duration=3.0))
+    assert wl.requests[-1].arrival < 3.0 and len(wl.requests) == pytest.approx(30, abs=18)
+
+
+def test_with_rate_keeps_the_pattern():
+    spec = WorkloadSpec(arrivals=ArrivalSpec("bursts", burst_size=4, burst_interval=2.0), num_requests=12)
+    assert nominal_rate(spec) == 2.0
+    faster = build(with_rate(spec, 8.0))
+    assert [r.arrival for r in faster.requests][::4] == [0.0, 0.5, 1.0]
+
+
+def test_mooncake_sessions_share_prefixes():
+    pytest.importorskip("seawall.workloads.multiturn")
+    wl = build(WorkloadSpec(kind="mooncake", num_requests=40, block_tokens=8, time_scale=0.01))
+    assert len(wl.requests) > 0 and all(r.session_id for r in wl.requests)
+    assert all(len(r.prompt) + r.max_tokens <= 4096 for r in wl.requests)
