@@ -1,0 +1,244 @@
+"""One benchmark end to end: for each system, start its mesh (``--spawn``) or use the given one, warm it up,
+run the workload at each rate (and the capacity search), stop it; then the transformers baseline; then the
+summaries, ratios to the first system, request-by-request comparisons and the issue's targets.
+
+Every system gets the same workload: the same seed gives the same arrivals, lengths and prompts. Runs on one
+mesh differ only in their prompts' salt, so a later run never hits an earlier run's prefix cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from seawall.bench import capacity as cap
+from seawall.bench.arrivals import describe
+from seawall.bench.metrics import RequestRecord, paired, ratios, summarize
+from seawall.bench.runner import GrpcBackend, HttpBackend, RunResult, run_load, warm_up
+from seawall.bench.workload import Workload, WorkloadSpec, build, nominal_rate, with_rate
+from services.common.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+HF_NAME = "hf-transformers"
+
+
+@dataclass
+class BenchOptions:
+    workload: WorkloadSpec
+    address: str | None = None  # gRPC of a running mesh
+    http: str | None = None  # OpenAI API of a running mesh (or use it on the spawned one: "spawn")
+    policies: list[str] = field(default_factory=list)  # with a mesh factory: one mesh per policy
+    rates: list[float] = field(default_factory=list)  # empty: the workload's own rate
+    capacity: bool = False
+    start_rate: float = 1.0
+    capacity_probes: int = 8
+    capacity_tolerance: float = 0.1
+    slo_ttft: float | None = None
+    slo_tbt: float | None = None
+    max_concurrency: int | None = None
+    warmup: int = 4
+    progress: bool = True
+    hf_baseline: bool = False
+    hf_max_batch: int = 64
+    model_dir: str | None = None  # weights for the transformers baseline
+    mesh_flags: list[str] = field(default_factory=list)  # recorded in the report
+
+
+@dataclass
+class System:
+    name: str
+    summaries: list[dict] = field(default_factory=list)  # one per rate
+    records: list[RequestRecord] = field(default_factory=list)  # of the first rate
+    capacity: dict | None = None
+
+
+MeshFactory = Callable[[str], object]  # policy -> a started LocalMesh-like object (grpc_address, http_url, stop)
+
+
+def _backend(opts: BenchOptions, address: str | None, http: str | None):
+    if http:
+        return HttpBackend(http, stats_address=address)
+    return GrpcBackend(address)
+
+
+def _measure(opts: BenchOptions, address: str | None, http: str | None, spec: WorkloadSpec, tag: str
+             ) -> tuple[Workload, RunResult]:
+    workload = build(spec)
+
+    async def go() -> RunResult:
+        backend = _backend(opts, address, http)
+        try:
+            return await run_load(backend, workload, max_concurrency=opts.max_concurrency,
+                                  duration=spec.duration, tag=tag, progress=opts.progress)
+        finally:
+            await backend.close()
+
+    return workload, asyncio.run(go())
+
+
+def _warm(opts: BenchOptions, address: str | None, http: str | None, workload: Workload) -> str | None:
+    """Warms the mesh up; returns the policy it reports (gRPC only)."""
+
+    async def go() -> str | None:
+        backend = _backend(opts, address, http)
+        try:
+            await warm_up(backend, workload, opts.warmup)
+            return await backend.policy() if address else None
+        finally:
+            await backend.close()
+
+    return asyncio.run(go())
+
+
+def _summary(opts: BenchOptions, workload: Workload, result: RunResult, rate: float | None) -> dict:
+    s = summarize(result.records, bursts=workload.bursts, slo_ttft=opts.slo_ttft, slo_tbt=opts.slo_tbt,
+                  stats=result.stats)
+    return {"rate": rate, "wall_s": result.wall_s, **s}
+
+
+def _run_system(opts: BenchOptions, name: str, address: str | None, http: str | None, salt: int) -> System:
+    spec = opts.workload
+    first = build(spec)
+    reported = _warm(opts, address, http, first)
+    system = System(name if name != "mesh" or not reported else reported)
+    rates = opts.rates or [nominal_rate(spec)]
+    for k, rate in enumerate(rates):
+        spec_k = dataclasses.replace(with_rate(spec, rate) if opts.rates else spec, prompt_salt=salt + k)
+        workload, result = _measure(opts, address, http, spec_k, f"{system.name}@{rate or 'run'}")
+        system.summaries.append(_summary(opts, workload, result, rate))
+        if k == 0:
+            system.records = result.records
+    if opts.capacity:
+        counter = iter(range(salt + len(rates), salt + len(rates) + 10_000))
+
+        def probe(rate: float) -> dict:
+            spec_p = dataclasses.replace(with_rate(spec, rate), prompt_salt=next(counter))
+            workload, result = _measure(opts, address, http, spec_p, f"{system.name} capacity@{rate:.3g}/s")
+            return _summary(opts, workload, result, rate)
+
+        system.capacity = cap.capacity_search(probe, slo_ttft=opts.slo_ttft, slo_tbt=opts.slo_tbt,
+                                              start_rate=opts.start_rate, tolerance=opts.capacity_tolerance,
+                                              max_probes=opts.capacity_probes)
+    return system
+
+
+def _hf_system(opts: BenchOptions) -> tuple[System, str]:
+    from seawall.bench.hf_baseline import run_hf
+    from services.engine.runner import resolve_model_dir
+
+    workload = build(opts.workload)
+    records, api = run_hf(resolve_model_dir(opts.model_dir), workload, max_batch=opts.hf_max_batch,
+                          progress=opts.progress)
+    summary = summarize(records, bursts=workload.bursts, slo_ttft=opts.slo_ttft, slo_tbt=opts.slo_tbt)
+    return System(HF_NAME, [{"rate": nominal_rate(opts.workload), **summary}], records), api
+
+
+def run_bench(opts: BenchOptions, mesh_factory: MeshFactory | None = None
+              ) -> tuple[dict, dict[str, list[RequestRecord]]]:
+    """Runs every system; returns the report (JSON-ready) and the first-rate records of each system."""
+    if opts.policies and mesh_factory is None:
+        raise InvalidArgument("--policies needs --spawn: the benchmark starts one mesh per policy")
+    if mesh_factory is None and not (opts.address or opts.http):
+        raise InvalidArgument("say where the mesh is: --address HOST:PORT, --http URL, or --spawn")
+    if opts.rates and nominal_rate(opts.workload) is None:
+        raise InvalidArgument("--rates needs a rate-driven workload (poisson, gamma, onoff, bursts or trace arrivals)")
+    systems: list[System] = []
+    notes: list[str] = []
+    # Prompts for a mesh someone else started are salted at random: it may hold an earlier run's prefixes.
+    salt = 0 if mesh_factory else random.randrange(1, 2**31)
+    for policy in opts.policies or ["mesh"]:
+        if mesh_factory is None:
+            systems.append(_run_system(opts, "mesh", opts.address, opts.http, salt))
+            continue
+        print(f"seawall bench: starting a mesh with --policy {policy}", file=sys.stderr, flush=True)
+        mesh = mesh_factory(policy)
+        try:
+            http = mesh.http_url if opts.http else None
+            systems.append(_run_system(opts, policy, mesh.grpc_address, http, salt))
+        finally:
+            mesh.stop()
+    if opts.hf_baseline:
+        try:
+            system, api = _hf_system(opts)
+            systems.append(system)
+            notes.append(f"{HF_NAME}: transformers {api}, in the benchmark's process, same weights and requests")
+        except Exception as exc:  # noqa: BLE001 - the baseline is a row; its failure is reported, not fatal
+            log.exception("transformers baseline failed")
+            notes.append(f"{HF_NAME}: failed: {type(exc).__name__}: {exc}")
+    return _report(opts, systems, notes), {s.name: s.records for s in systems}
+
+
+def _report(opts: BenchOptions, systems: list[System], notes: list[str]) -> dict:
+    workload = build(opts.workload)
+    results = {s.name: s.summaries[0] for s in systems}
+    base = systems[0]
+    for s in systems:
+        errors = s.summaries[0]["num_errors"]
+        if errors:
+            first = next(r.error for r in s.records if r.error)
+            notes.append(f"{s.name}: {errors} requests failed (first: {first})")
+    report = {
+        "version": "seawall-bench/v1",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "command": " ".join(sys.argv),
+        "target": {"address": opts.address, "http": opts.http, "mesh_flags": opts.mesh_flags},
+        "workload": {"description": workload.description, "spec": dataclasses.asdict(opts.workload),
+                     "num_requests": len(workload.requests), "output_tokens": workload.num_output_tokens,
+                     "bursts": [b for b, _ in workload.bursts],
+                     "arrivals_measured": describe([r.arrival for r in workload.requests])},
+        "slo": {"ttft": opts.slo_ttft, "tbt": opts.slo_tbt},
+        "baseline": base.name,
+        "results": results,
+        "ratios": ratios(results, base.name),
+        "paired": {s.name: paired(s.records, base.records) for s in systems[1:]},
+        "sweep": {s.name: s.summaries for s in systems},
+        "capacity": {s.name: s.capacity for s in systems if s.capacity is not None},
+        "requests": {s.name: [r.as_dict() for r in s.records] for s in systems},
+        "notes": notes,
+    }
+    report["targets"] = targets(report)
+    return report
+
+
+def targets(report: dict) -> dict:
+    """The issue's targets, for whichever of their systems this run has (None where it has not)."""
+    res, out = report["results"], {}
+    for name in ("sarathi", "vllm"):
+        if not report["workload"]["bursts"] or name not in res:
+            continue
+        r50, r99 = res[name].get("burst_tbt_ratio"), res[name].get("burst_tbt_ratio_p99")
+        entry = {"vs_steady_p50": r50, "vs_steady_p99": r99, "max_stall": res[name].get("max_stall")}
+        if name == "sarathi":  # "p99 TBT of the running decodes <= 2x their steady-state TBT"
+            entry.update(met=None if r50 is None else r50 <= 2.0, met_vs_steady_p99=None if r99 is None else r99 <= 2.0)
+        out[f"{name}_burst_tbt_p99_vs_steady"] = entry
+    if "fcfs" in res and "fastserve" in res:
+        f, s = res["fcfs"].get("e2e_mean"), res["fastserve"].get("e2e_mean")
+        gain = f / s if f and s else None
+        worst = None
+        if report["baseline"] == "fcfs":
+            worst = report["paired"]["fastserve"].get("worst_e2e_ratio")
+        out["fastserve_mean_latency_2x_fcfs"] = {"gain": gain, "met": None if gain is None else gain >= 2.0}
+        out["fastserve_no_request_worse_1_5x"] = {"worst_ratio": worst,
+                                                  "met": None if worst is None else worst <= 1.5}
+    caps = report.get("capacity") or {}
+    if "sarathi" in caps and "vllm" in caps and caps["vllm"]["capacity_rate"]:
+        gain = caps["sarathi"]["capacity_rate"] / caps["vllm"]["capacity_rate"]
+        out["sarathi_capacity_1_5x_vllm"] = {"gain": gain, "met": gain >= 1.5}
+    return out
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -1,0 +1,239 @@
+"""``seawall bench``: load a mesh with bursty or trace-driven traffic and report client-side latency.
+
+    seawall bench --address 127.0.0.1:50051 --rate 4 --num-requests 200        # a running mesh, over gRPC
+    seawall bench --http http://127.0.0.1:8000 --arrival gamma --cv 3 --duration 60
+    seawall bench --spawn --workload burst --policies vllm,sarathi --json out.json --html out.html
+    seawall bench --spawn --lengths pareto --arrival bursts --burst-size 24 --policies fcfs,fastserve
+    seawall bench --spawn --capacity --slo-tbt 0.1 --slo-ttft 2 --policies vllm,sarathi
+    seawall bench --spawn --lengths azure-conv --arrival trace --time-scale 0.5 --length-scale 0.25
+
+With --spawn the benchmark starts its own mesh (the `seawall up` flags below; colocated by default), one per
+policy of --policies, runs the same workload (same seed: same arrivals, lengths and prompts) against each and
+stops it. Requests are greedy with ignore_eos, so every output has exactly its length. Timings are printed,
+never judged, except the issue's targets, which are printed as ratios when their policies ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from services.common.errors import InvalidArgument
+
+
+def _csv(kind):
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list: {exc}") from None
+    return parse
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    from services.scheduler.main import add_scheduling_flags
+
+    g = p.add_argument_group("target: a running mesh, or --spawn one per policy")
+    g.add_argument("--address", default=None, help="gRPC address of a running mesh (HOST:PORT)")
+    g.add_argument("--http", default=None, metavar="URL",
+                   help="OpenAI API of a running mesh (http://HOST:PORT); stats need --address as well")
+    g.add_argument("--spawn", action="store_true", help="start a mesh (per policy) with the flags below")
+    g.add_argument("--api", choices=("grpc", "http"), default="grpc", help="with --spawn: which API to load")
+    g.add_argument("--policies", type=_csv(str), default=None,
+                   help="with --spawn: comma-separated policies, e.g. vllm,sarathi,fastserve,fastserve+sarathi; "
+                   "ratios are to the first")
+    g.add_argument("--model", default=None, help="checkpoint dir (default: the built-in model)")
+    g.add_argument("--workers", type=int, default=1, help="hybrid workers when colocated (default 1)")
+    g.add_argument("--prefill", type=int, default=1, help="prefill workers when disaggregated (default 1)")
+    g.add_argument("--decode", type=int, default=1, help="decode workers when disaggregated (default 1)")
+    add_scheduling_flags(g)
+    g.add_argument("--device", default="auto", help="workers' torch device (default auto)")
+    g.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
+    g.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent")
+    g.add_argument("--kvcache", action="store_true", help="also start the kvcache service (multi-turn reuse)")
+    g.add_argument("--mesh-log-dir", type=Path, default=None, help="where spawned services log (default: a temp dir)")
+    p.set_defaults(mode="colocated")
+
+
+def _add_workload(p: argparse.ArgumentParser) -> None:
+    from seawall.bench.arrivals import PROCESSES
+    from seawall.bench.workload import KINDS, LENGTHS
+
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", choices=KINDS, default="custom",
+                   help="custom (the flags below), burst (M users decoding, then N long prompts at once) or "
+                   "mooncake (the conversation trace as multi-turn sessions)")
+    g.add_argument("--arrival", choices=PROCESSES, default="poisson", help="arrival process (default poisson)")
+    g.add_argument("--rate", type=float, default=None,
+                   help="mean requests/s (default 4; with --arrival trace: rescale the trace to this rate)")
+    g.add_argument("--cv", type=float, default=None, help="gamma: coefficient of variation of the gaps (1 = Poisson)")
+    g.add_argument("--burstiness", type=float, default=None, help="gamma: vLLM's burstiness b, i.e. cv = 1/sqrt(b)")
+    g.add_argument("--on-s", type=float, default=2.0, help="onoff: on-period, s")
+    g.add_argument("--off-s", type=float, default=4.0, help="onoff: silence between on-periods, s")
+    g.add_argument("--burst-size", type=int, default=8,
+                   help="bursts: requests per burst; burst workload: long prompts arriving at once (default 8)")
+    g.add_argument("--burst-interval", type=float, default=5.0, help="bursts: seconds between bursts")
+    g.add_argument("--time-scale", type=float, default=1.0, help="trace arrivals: multiply the trace's times")
+    g.add_argument("--lengths", choices=LENGTHS, default="fixed", help="length source (default fixed)")
+    g.add_argument("--prompt-len", type=int, default=128, help="fixed/pareto: prompt tokens (default 128)")
+    g.add_argument("--output-len", type=int, default=64, help="fixed: output tokens (default 64)")
+    g.add_argument("--pareto-alpha", type=float, default=1.2, help="pareto/longtail: shape of output lengths")
+    g.add_argument("--pareto-min", type=int, default=8, help="pareto/longtail: the shortest output")
+    g.add_argument("--max-output-len", type=int, default=512, help="pareto/longtail: outputs capped here")
+    g.add_argument("--length-scale", type=float, default=1.0, help="trace lengths: multiply prompts and outputs")
+    g.add_argument("--trace-offset", type=int, default=0, help="traces: first row")
+    g.add_argument("--max-model-len", type=int, default=4096, help="prompt + output stay within this")
+    g.add_argument("--steady-users", type=int, default=16, help="burst: users decoding (default 16)")
+    g.add_argument("--steady-prompt-len", type=int, default=64)
+    g.add_argument("--steady-output-len", type=int, default=512)
+    g.add_argument("--steady-ramp-s", type=float, default=0.5, help="burst: the users start over this many s")
+    g.add_argument("--burst-at", type=float, default=3.0, help="burst: when the long prompts arrive, s")
+    g.add_argument("--burst-prompt-len", type=int, default=1024)
+    g.add_argument("--burst-output-len", type=int, default=16)
+    g.add_argument("--block-tokens", type=int, default=16, help="mooncake: tokens per 512-token trace block")
+    g.add_argument("--num-requests", type=int, default=64, help="requests to send (default 64)")
+    g.add_argument("--duration", type=float, default=None, help="send only for this many seconds instead")
+    g.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="load a mesh (bursts, traces) and report TTFT, TBT, stalls and goodput",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_target(p)
+    _add_workload(p)
+    g = p.add_argument_group("metrics, comparisons and reports")
+    g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO, s (goodput, capacity)")
+    g.add_argument("--slo-tbt", type=float, default=None, help="TBT SLO, s: a request's p99 gap (goodput); the "
+                   "run's p99 TBT (capacity)")
+    g.add_argument("--rates", type=_csv(float), default=None, help="run at each of these rates (latency vs load)")
+    g.add_argument("--capacity", action="store_true", help="binary-search the highest rate within the SLOs")
+    g.add_argument("--start-rate", type=float, default=1.0, help="capacity: first probe, requests/s")
+    g.add_argument("--capacity-probes", type=int, default=8, help="capacity: at most this many probes")
+    g.add_argument("--capacity-tolerance", type=float, default=0.1, help="capacity: stop within this fraction")
+    g.add_argument("--hf-baseline", action="store_true",
+                   help="also run the requests through transformers (continuous batching) on the same weights")
+    g.add_argument("--hf-max-batch", type=int, default=64, help="transformers: requests per batch")
+    g.add_argument("--warmup", type=int, default=4, help="warm-up requests before timing (default 4)")
+    g.add_argument("--json", type=Path, default=None, help="write the report here")
+    g.add_argument("--html", type=Path, default=None, help="write an HTML report with plots here")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
+
+
+def workload_spec(args: argparse.Namespace):
+    from seawall.bench.arrivals import ArrivalSpec
+    from seawall.bench.workload import WorkloadSpec
+
+    if args.cv is not None and args.burstiness is not None:
+        raise InvalidArgument("give --cv or --burstiness, not both")
+    cv = args.cv if args.cv is not None else (args.burstiness ** -0.5 if args.burstiness else 1.0)
+    rate = args.rate if args.rate is not None else 4.0
+    arrivals = ArrivalSpec(process=args.arrival, rate=rate, cv=cv, on_s=args.on_s, off_s=args.off_s,
+                           burst_size=args.burst_size, burst_interval=args.burst_interval)
+    return WorkloadSpec(
+        kind=args.workload, arrivals=arrivals, num_requests=args.num_requests, duration=args.duration,
+        seed=args.seed, max_model_len=args.max_model_len, lengths=args.lengths, prompt_len=args.prompt_len,
+        output_len=args.output_len, pareto_alpha=args.pareto_alpha, pareto_min=args.pareto_min,
+        max_output_len=args.max_output_len, length_scale=args.length_scale, time_scale=args.time_scale,
+        trace_rate=args.rate if args.arrival == "trace" else None, trace_offset=args.trace_offset,
+        steady_users=args.steady_users, steady_prompt_len=args.steady_prompt_len,
+        steady_output_len=args.steady_output_len, steady_ramp_s=args.steady_ramp_s, burst_at=args.burst_at, burst_size=args.burst_size,
+        burst_prompt_len=args.burst_prompt_len, burst_output_len=args.burst_output_len,
+        block_tokens=args.block_tokens)
+
+
+def mesh_options(args: argparse.Namespace, policy: str):
+    """The spawned mesh for one policy: free ports, HTTP only with --api http, kvcache only with --kvcache."""
+    from seawall.launcher import MeshOptions
+
+    sched = ["--policy", policy, "--chunk-size", str(args.chunk_size), "--max-num-seqs", str(args.max_num_seqs),
+             "--max-queue-len", str(args.max_queue_len), "--kv-transport", args.kv_transport,
+             "--kv-read-policy", args.kv_read_policy]
+    if args.preemption_mode:
+        sched += ["--preemption-mode", args.preemption_mode]
+    if args.max_num_batched_tokens:
+        sched += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if args.no_prefix_caching:
+        sched.append("--no-prefix-caching")
+    workers = ["--device", args.device] + (["--kv-cache-bytes", str(args.kv_cache_bytes)] if args.kv_cache_bytes
+                                           else []) + (["--no-nixl"] if args.no_nixl else [])
+    colocated = args.mode == "colocated"
+    return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
+                       num_decode=args.workers if colocated else args.decode, grpc_port=0,
+                       http_port=0 if args.api == "http" else None, scheduler_args=sched, worker_args=workers,
+                       kvcache=args.kvcache, kvcache_args=["--no-nixl"] if args.no_nixl else [])
+
+
+def mesh_flags(args: argparse.Namespace) -> list[str]:
+    flags = [f"--mode {args.mode}", f"--chunk-size {args.chunk_size}", f"--max-num-seqs {args.max_num_seqs}"]
+    flags.append(f"--workers {args.workers}" if args.mode == "colocated" else
+                 f"--prefill {args.prefill} --decode {args.decode}")
+    for name in ("max_num_batched_tokens", "preemption_mode", "kv_cache_bytes"):
+        if getattr(args, name):
+            flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
+
+
+def mesh_factory(args: argparse.Namespace):
+    from seawall.launcher import LocalMesh
+
+    logs = args.mesh_log_dir or Path(tempfile.mkdtemp(prefix="seawall-bench-"))
+
+    def start(policy: str) -> LocalMesh:
+        options = mesh_options(args, policy)
+        options.log_dir = logs / policy.replace("+", "-")
+        mesh = LocalMesh(options)
+        try:
+            mesh.start()
+        except BaseException:
+            mesh.stop()
+            raise
+        return mesh
+
+    return start
+
+
+def run(args: argparse.Namespace) -> int:
+    from seawall.bench import report as rep
+    from seawall.bench.session import BenchOptions, run_bench
+
+    targets = sum(bool(x) for x in (args.address or args.http, args.spawn))
+    if targets != 1:
+        raise InvalidArgument("give either --spawn or the mesh to load (--address HOST:PORT and/or --http URL)")
+    if args.policies and not args.spawn:
+        raise InvalidArgument("--policies needs --spawn (one mesh per policy)")
+    policies = args.policies or ([args.policy] if args.spawn else [])
+    from services.scheduler.core.scheduler import POLICIES
+
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise InvalidArgument(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    opts = BenchOptions(
+        workload=workload_spec(args), address=args.address, http=args.http or ("spawn" if args.api == "http" and
+                                                                              args.spawn else None),
+        policies=policies, rates=args.rates or [], capacity=args.capacity, start_rate=args.start_rate,
+        capacity_probes=args.capacity_probes, capacity_tolerance=args.capacity_tolerance, slo_ttft=args.slo_ttft,
+        slo_tbt=args.slo_tbt, max_concurrency=args.max_concurrency, warmup=args.warmup,
+        progress=not args.no_progress, hf_baseline=args.hf_baseline, hf_max_batch=args.hf_max_batch,
+        model_dir=args.model, mesh_flags=mesh_flags(args) if args.spawn else [])
+    report, runs = run_bench(opts, mesh_factory(args) if args.spawn else None)
+    print(f"workload: {report['workload']['description']}")
+    print(rep.format_table(report["results"], report["ratios"]))
+    for name, c in report["capacity"].items():
+        print(f"capacity {name}: {c['capacity_rate']:.3g} req/s (next probe up failed at {c['upper_rate']:.3g}; "
+              f"{len(c['probes'])} probes)")
+    for name, t in report["targets"].items():
+        figures = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in t.items())
+        print(f"target {name}: {figures}")
+    for note in report["notes"]:
+        print(f"note: {note}")
+    if args.json:
+        rep.write_json(args.json, report)
+    if args.html:
+        rep.write_html(args.html, report, runs)
+    if args.json or args.html:
+        print(f"wrote {', '.join(str(p) for p in (args.json, args.html) if p)}", file=sys.stderr)
+    return 0 if any(r["num_finished"] for r in report["results"].values()) else 1
