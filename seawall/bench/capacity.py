@@ -49,4 +49,6 @@ def capacity_search(probe: Callable[[float], dict], *, slo_ttft: float | None, s
             lo = mid
         else:
             hi = mid
-    return {"capacity_rate": lo, "upper_rate": hi, "slo_ttft": slo_ttft, "slo_tbt": slo_tbt, "probes": probes}
+    upper_failed = any(p["rate"] == hi and not p["passed"] for p in probes)
+    return {"capacity_rate": lo, "upper_rate": hi, "upper_failed": upper_failed, "slo_ttft": slo_ttft,
+            "slo_tbt": slo_tbt, "probes": probes}

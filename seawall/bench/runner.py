@@ -3,8 +3,8 @@
 One asyncio task per request sleeps until its arrival, waits for a slot when ``max_concurrency`` is set, then
 streams the request and stamps every chunk (``metrics.RequestRecord``). Requests run greedy with
 ``ignore_eos``, so each produces exactly its ``max_tokens``. A poller samples ``GetStats`` (preemptions, KV
-blocks) every ``poll_s`` while the run lasts, when the backend can. ``duration`` stops sending new requests
-after that many seconds; requests already sent run to the end.
+blocks) every ``poll_s`` while the run lasts, when the backend can. A ``--duration`` bound is the workload's
+(it holds only the requests arriving before it); every request sent runs to the end.
 
 Backends: ``GrpcBackend`` (the SDK's ``AsyncClient``; reports the server's queueing delay and stats) and
 ``HttpBackend`` (the OpenAI ``/v1/completions`` API with ``stream: true`` and token-id prompts; needs httpx).
@@ -158,14 +158,10 @@ class Progress:
 
 
 async def _one(backend: Backend, req: BenchRequest, rec: RequestRecord, t0: float, tag: str,
-               slots: asyncio.Semaphore | None, deadline: float | None, progress: Progress) -> None:
+               slots: asyncio.Semaphore | None, progress: Progress) -> None:
     delay = t0 + req.arrival - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
-    if deadline is not None and time.perf_counter() >= deadline:
-        rec.error = "not sent: --duration elapsed"
-        progress.update(done=1)
-        return
     if slots is not None:
         await slots.acquire()
     try:
@@ -205,18 +201,16 @@ async def _poll(backend: Backend, t0: float, poll_s: float, out: list[StatsSampl
 
 
 async def run_load(backend: Backend, workload: Workload, *, max_concurrency: int | None = None,
-                   duration: float | None = None, tag: str = "run", progress: bool = True,
-                   poll_s: float = 0.1) -> RunResult:
+                   tag: str = "run", progress: bool = True, poll_s: float = 0.1) -> RunResult:
     records = [RequestRecord(r.index, r.arrival, len(r.prompt), r.max_tokens, r.role) for r in workload.requests]
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     bar = Progress(len(records), tag, progress)
     stop = asyncio.Event()
     stats: list[StatsSample] = []
     t0 = time.perf_counter()
-    deadline = t0 + duration if duration is not None else None
     poller = asyncio.create_task(_poll(backend, t0, poll_s, stats, stop))
     try:
-        await asyncio.gather(*(_one(backend, req, rec, t0, tag, slots, deadline, bar)
+        await asyncio.gather(*(_one(backend, req, rec, t0, tag, slots, bar)
                                for req, rec in zip(workload.requests, records, strict=True)))
     finally:
         stop.set()

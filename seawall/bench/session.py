@@ -76,8 +76,8 @@ def _measure(opts: BenchOptions, address: str | None, http: str | None, spec: Wo
     async def go() -> RunResult:
         backend = _backend(opts, address, http)
         try:
-            return await run_load(backend, workload, max_concurrency=opts.max_concurrency,
-                                  duration=spec.duration, tag=tag, progress=opts.progress)
+            return await run_load(backend, workload, max_concurrency=opts.max_concurrency, tag=tag,
+                                  progress=opts.progress)
         finally:
             await backend.close()
 
@@ -177,7 +177,8 @@ def run_bench(opts: BenchOptions, mesh_factory: MeshFactory | None = None
 
 
 def _report(opts: BenchOptions, systems: list[System], notes: list[str]) -> dict:
-    workload = build(opts.workload)
+    first_rate = opts.rates[0] if opts.rates else None
+    workload = build(with_rate(opts.workload, first_rate) if first_rate else opts.workload)
     results = {s.name: s.summaries[0] for s in systems}
     base = systems[0]
     for s in systems:

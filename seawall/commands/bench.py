@@ -222,9 +222,13 @@ def run(args: argparse.Namespace) -> int:
     report, runs = run_bench(opts, mesh_factory(args) if args.spawn else None)
     print(f"workload: {report['workload']['description']}")
     print(rep.format_table(report["results"], report["ratios"]))
+    if any(len(s) > 1 for s in report["sweep"].values()):
+        print("\nlatency vs load:")
+        print(rep.format_table({f"{n} @ {s['rate']:g}/s": s for n, runs in report["sweep"].items() for s in runs}))
     for name, c in report["capacity"].items():
-        print(f"capacity {name}: {c['capacity_rate']:.3g} req/s (next probe up failed at {c['upper_rate']:.3g}; "
-              f"{len(c['probes'])} probes)")
+        upper = (f"failed at {c['upper_rate']:.3g}" if c["upper_failed"] else
+                 "a lower bound: the probes ran out before one failed")
+        print(f"capacity {name}: {c['capacity_rate']:.3g} req/s ({upper}; {len(c['probes'])} probes)")
     for name, t in report["targets"].items():
         figures = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in t.items())
         print(f"target {name}: {figures}")

@@ -82,7 +82,9 @@ def test_capacity_search_brackets_the_highest_passing_rate():
 
     out = capacity_search(probe, slo_ttft=1.0, slo_tbt=0.066, start_rate=1.0, tolerance=0.05, max_probes=20)
     assert out["capacity_rate"] <= 3.3 < out["upper_rate"]
-    assert out["upper_rate"] - out["capacity_rate"] <= 0.05 * out["upper_rate"]
+    assert out["upper_rate"] - out["capacity_rate"] <= 0.05 * out["upper_rate"] and out["upper_failed"]
     assert [p["rate"] for p in out["probes"][:3]] == [1.0, 2.0, 4.0]
+    few = capacity_search(probe, slo_ttft=1.0, slo_tbt=0.066, start_rate=1.0, max_probes=2)
+    assert few["capacity_rate"] == 2.0 and not few["upper_failed"]  # every probe passed: a lower bound
     with pytest.raises(InvalidArgument, match="SLO"):
         capacity_search(probe, slo_ttft=None, slo_tbt=None)
