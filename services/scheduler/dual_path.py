@@ -69,7 +69,7 @@ class DualPath:
         hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, prefill.core.hash_seed)
         hashes = hashes[: (len(req.prompt_token_ids) - 1) // bs]  # one prompt token must run
         local = prefill.cached_prefix_tokens(req) // bs
-        hit = await self.client.lookup(hashes) if len(hashes) > local else 0
+        hit = await self.client.lookup(hashes, metadata=mesh.trace_metadata(req)) if len(hashes) > local else 0
         if not self._live(req) or not prefill.alive:
             if self._live(req):
                 mesh.place(req)
@@ -190,8 +190,9 @@ class DualPath:
 
     # --- storing finished requests ---
 
-    async def store(self, link: WorkerLink, req: Request, session_id: str) -> None:
-        """Stores the finished request's full blocks (held by its core), then frees them."""
+    async def store(self, link: WorkerLink, req: Request, session_id: str, metadata=()) -> None:
+        """Stores the finished request's full blocks (held by its core), then frees them. ``metadata``
+        carries the request's trace context (the request itself has left the mesh by now)."""
         rid = req.request_id
         done = self._storing[session_id] = anyio.Event()
         try:
@@ -200,7 +201,8 @@ class DualPath:
             full = min(req.num_computed_tokens // bs, len(held))
             hashes = extend_hashes(req.block_hashes, req.all_token_ids, bs, link.core.hash_seed)[:full]
             if full and link.alive:
-                await self.client.store(f"{rid}/store{next(self._ids)}", link.endpoint(), held[:full], hashes)
+                await self.client.store(f"{rid}/store{next(self._ids)}", link.endpoint(), held[:full], hashes,
+                                        metadata=metadata)
         finally:
             if link.alive and rid in link.core.handed_off:
                 link.core.release_handed_off(rid)

@@ -42,13 +42,13 @@ class KVCacheClient:
         log.warning("kvcache %s at %s failed (%s); treating it as a miss for %.0f s", what, self.address,
                     exc.code().name, self.backoff_s)
 
-    async def lookup(self, hashes: list[int], pin_ms: int = 10_000) -> int:
+    async def lookup(self, hashes: list[int], pin_ms: int = 10_000, metadata=()) -> int:
         """Blocks of the longest cached prefix of ``hashes`` (0 when kvcache is unavailable)."""
         if not hashes or not self.available:
             return 0
         try:
             reply = await self._stub.Lookup(kvcache_pb2.LookupRequest(block_hashes=hashes, pin_ms=pin_ms),
-                                            timeout=self.timeout_s)
+                                            timeout=self.timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             self._failed("lookup", exc)
             return 0

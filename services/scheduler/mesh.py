@@ -246,7 +246,8 @@ class Mesh:
                 if event.finish_reason is None:  # a stop string, seen only in the text
                     link.core.finish(event.request_id, reason)
                 if event.request_id in link.core.handed_off and self.dual_path is not None:
-                    self._tg.start_soon(self.dual_path.store, link, tracked.request, tracked.session_id)
+                    self._tg.start_soon(self.dual_path.store, link, tracked.request, tracked.session_id,
+                                        self.trace_metadata(tracked.request))
                 self._forget(event.request_id)
             elif link.role == "prefill" and self.config.mode == "disaggregated":
                 self._hand_off(link, tracked.request)

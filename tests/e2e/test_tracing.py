@@ -26,7 +26,9 @@ def traced_mesh(tiny_model_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
         mp.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-        mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), scheduler_args=["--chunk-size", "32"])
+        # Workers cache no prefixes: a session's next turn reads its prefix from kvcache.
+        mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"),
+                          scheduler_args=["--chunk-size", "32", "--no-prefix-caching"], kvcache_args=[])
     yield mesh, receiver
     mesh.stop()
     receiver.stop()
@@ -56,7 +58,7 @@ def test_a_grpc_request_is_one_trace_across_scheduler_prefill_and_decode(traced_
         t.SPAN_REQUEST, t.SPAN_QUEUE, t.SPAN_PREFILL_CHUNK, t.SPAN_KV_TRANSFER, t.SPAN_DECODE,
         t.SPAN_WORKER_PREFILL, t.SPAN_WORKER_TRANSFER, t.SPAN_WORKER_DECODE})
     services = {s.service for s in spans}
-    assert {t.SCHEDULER, t.PREFILL, t.DECODE} <= services
+    assert {t.SCHEDULER, t.PREFILL, t.DECODE, t.KVCACHE} <= services  # kvcache: the (missed) lookup
     root = next(s for s in spans if s.name == t.SPAN_REQUEST)
     assert root.parent_span_id == "00f067aa0ba902b7"  # the client's span
     assert root.attributes[t.REQUEST_ID] == "traced-1" and root.attributes[t.GEN_AI_OUTPUT_TOKENS] == 6
@@ -81,3 +83,28 @@ def test_an_http_request_joins_the_callers_trace_from_traceparent(traced_mesh):
     assert response.status_code == 200
     spans = _wait_for(receiver, trace_id, {t.SPAN_REQUEST, t.SPAN_WORKER_PREFILL})
     assert {s.trace_id for s in spans} == {trace_id}
+
+
+def test_a_turn_whose_prefix_comes_from_kvcache_has_kvcache_spans_in_its_trace(traced_mesh):
+    mesh, receiver = traced_mesh
+    trace_id = "5bf92f3577b34da6a3ce929d0e0e4799"
+    prompt = random_prompts([80], seed=12)[0]
+    with grpc.insecure_channel(mesh.grpc_address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+
+        def turn(tokens, metadata=()):
+            request = scheduler_pb2.GenerateRequest(token_ids=scheduler_pb2.TokenIds(ids=tokens), session_id="t")
+            request.sampling.max_tokens = 4
+            request.sampling.temperature = 0
+            return list(stub.Generate(request, metadata=metadata))
+
+        first = turn(prompt)
+        second = prompt + [t for r in first for t in r.token_ids] + [5, 6, 7]
+        replies = turn(second, metadata=(("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),))
+    assert replies[-1].usage.cached_prompt_tokens > 0
+    spans = _wait_for(receiver, trace_id, {t.SPAN_REQUEST, "seawall.kvcache.lookup", "seawall.kvcache.load",
+                                           "seawall.kvcache.store"})
+    load = next(s for s in spans if s.name == "seawall.kvcache.load")
+    assert load.service == t.KVCACHE and load.attributes[t.KV_BYTES] > 0
+    ids = {s.span_id for s in spans}
+    assert load.parent_span_id in ids  # a child of the request's span, across processes
