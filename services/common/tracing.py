@@ -40,6 +40,9 @@ SPAN_WORKER_PREFILL = "seawall.worker.prefill"  # the worker's forward pass over
 SPAN_WORKER_DECODE = "seawall.worker.decode"  # a sequence's decode steps on one worker (summary)
 SPAN_WORKER_TRANSFER = "seawall.worker.kv_transfer"  # the worker side of a KV transfer
 SPAN_KVCACHE = "seawall.kvcache"  # prefix of kvcache spans: .lookup, .load, .store
+SPAN_KVCACHE_LOOKUP = f"{SPAN_KVCACHE}.lookup"
+SPAN_KVCACHE_LOAD = f"{SPAN_KVCACHE}.load"
+SPAN_KVCACHE_STORE = f"{SPAN_KVCACHE}.store"
 
 # --- attribute names ---
 GEN_AI_OPERATION = "gen_ai.operation.name"
@@ -66,6 +69,15 @@ KV_BLOCKS = "seawall.kv.blocks"
 KV_GBPS = "seawall.kv.gb_per_s"
 KV_TIER = "seawall.kv.tier"
 KV_STATUS = "seawall.kv.status"
+KV_READ_PATH = "seawall.kv.read_path"  # pe_read | de_read | unspecified (DualPath side of a load)
+KV_REQUESTED_BLOCKS = "seawall.kv.requested_blocks"  # hashes in a kvcache request
+KV_DRAM_BLOCKS = "seawall.kv.dram_blocks"  # of the blocks found or loaded, those from DRAM
+KV_DISK_BLOCKS = "seawall.kv.disk_blocks"  # ... and those from disk
+KV_PRESENT_BLOCKS = "seawall.kv.present_blocks"  # a store's blocks that were already held
+KV_ENDPOINT = "seawall.kv.endpoint"  # the worker loaded into or stored from (agent name or address)
+KV_TRANSFER_ID = "seawall.kv.transfer_id"
+KV_ROUNDS = "seawall.kv.rounds"  # staged rounds a kvcache load or store took (one transfer each)
+KV_PIN_MS = "seawall.kv.pin_ms"
 EVENT_PREEMPTED = "seawall.preempted"  # span event on the request: attribute seawall.preemption.kind
 PREEMPTION_KIND = "seawall.preemption.kind"
 

@@ -38,24 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from seawall.v1 import common_pb2, kvcache_pb2
-from services.common import tracing as tr
 from services.common.metrics import LATENCY_BUCKETS
-
-# --- span names ---
-SPAN_LOOKUP = f"{tr.SPAN_KVCACHE}.lookup"
-SPAN_LOAD = f"{tr.SPAN_KVCACHE}.load"
-SPAN_STORE = f"{tr.SPAN_KVCACHE}.store"
-
-# --- attribute names the shared module does not have yet ---
-KV_READ_PATH = "seawall.kv.read_path"  # pe_read | de_read | unspecified (DualPath side of a load)
-KV_REQUESTED_BLOCKS = "seawall.kv.requested_blocks"  # hashes in the request
-KV_DRAM_BLOCKS = "seawall.kv.dram_blocks"  # of the blocks found or loaded, those from DRAM
-KV_DISK_BLOCKS = "seawall.kv.disk_blocks"  # ... and those from disk
-KV_PRESENT_BLOCKS = "seawall.kv.present_blocks"  # a store's blocks that were already held
-KV_ENDPOINT = "seawall.kv.endpoint"  # the worker loaded into or stored from (agent name or address)
-KV_TRANSFER_ID = "seawall.kv.transfer_id"
-KV_ROUNDS = "seawall.kv.rounds"  # staged rounds a load or store took (one transfer each)
-KV_PIN_MS = "seawall.kv.pin_ms"
 
 _READ_PATHS = {
     kvcache_pb2.KV_READ_PATH_UNSPECIFIED: "unspecified",

@@ -113,14 +113,14 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         await abort_with(context, exc)
 
     async def Lookup(self, request, context):
-        with self._observed("lookup", ob.SPAN_LOOKUP, context) as call:
+        with self._observed("lookup", tr.SPAN_KVCACHE_LOOKUP, context) as call:
             r = self.store.lookup(request.block_hashes, request.pin_ms)
             call.status = "ok"
             if call.span.is_recording():
                 call.span.set_attributes({
-                    ob.KV_REQUESTED_BLOCKS: len(request.block_hashes), tr.KV_BLOCKS: r.num_cached,
-                    ob.KV_DRAM_BLOCKS: r.num_dram, ob.KV_DISK_BLOCKS: r.num_disk,
-                    tr.KV_TIER: ob.tier_summary(r.num_dram, r.num_disk), ob.KV_PIN_MS: request.pin_ms})
+                    tr.KV_REQUESTED_BLOCKS: len(request.block_hashes), tr.KV_BLOCKS: r.num_cached,
+                    tr.KV_DRAM_BLOCKS: r.num_dram, tr.KV_DISK_BLOCKS: r.num_disk,
+                    tr.KV_TIER: ob.tier_summary(r.num_dram, r.num_disk), tr.KV_PIN_MS: request.pin_ms})
         return kvcache_pb2.LookupResponse(num_cached_blocks=r.num_cached, num_dram_blocks=r.num_dram,
                                           num_disk_blocks=r.num_disk)
 
@@ -133,7 +133,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         hashes, dst = list(request.block_hashes), list(request.target_block_ids)
         result = _Result()
         route = None
-        with self._observed("load", ob.SPAN_LOAD, context) as call:
+        with self._observed("load", tr.SPAN_KVCACHE_LOAD, context) as call:
             try:
                 if len(hashes) != len(dst):
                     raise InvalidArgument(f"{len(hashes)} block_hashes but {len(dst)} target_block_ids; "
@@ -165,12 +165,12 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             self.metrics.load_bytes.labels(path, transport).inc(r.bytes)
         if call.span.is_recording():
             call.span.set_attributes({
-                ob.KV_TRANSFER_ID: request.transfer_id, ob.KV_ENDPOINT: route.node if route is not None else "",
-                ob.KV_READ_PATH: path, tr.KV_PATH: transport, ob.KV_REQUESTED_BLOCKS: len(request.block_hashes),
-                tr.KV_BLOCKS: r.num_blocks_loaded, ob.KV_DRAM_BLOCKS: r.num_dram_blocks,
-                ob.KV_DISK_BLOCKS: r.num_disk_blocks, tr.KV_TIER: ob.tier_summary(r.num_dram_blocks,
+                tr.KV_TRANSFER_ID: request.transfer_id, tr.KV_ENDPOINT: route.node if route is not None else "",
+                tr.KV_READ_PATH: path, tr.KV_PATH: transport, tr.KV_REQUESTED_BLOCKS: len(request.block_hashes),
+                tr.KV_BLOCKS: r.num_blocks_loaded, tr.KV_DRAM_BLOCKS: r.num_dram_blocks,
+                tr.KV_DISK_BLOCKS: r.num_disk_blocks, tr.KV_TIER: ob.tier_summary(r.num_dram_blocks,
                                                                                   r.num_disk_blocks),
-                tr.KV_BYTES: r.bytes, tr.KV_GBPS: r.bytes / max(r.duration_ms, 1e-6) / 1e6, ob.KV_ROUNDS: rounds})
+                tr.KV_BYTES: r.bytes, tr.KV_GBPS: r.bytes / max(r.duration_ms, 1e-6) / 1e6, tr.KV_ROUNDS: rounds})
 
     def queues(self) -> dict[str, _Queue]:
         """Loads queued or in flight, by target node (a snapshot)."""
@@ -260,7 +260,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         hashes, src = list(request.block_hashes), list(request.source_block_ids)
         result = _Result()
         route = None
-        with self._observed("store", ob.SPAN_STORE, context) as call:
+        with self._observed("store", tr.SPAN_KVCACHE_STORE, context) as call:
             self._stores_in_flight += 1
             try:
                 if len(hashes) != len(src):
@@ -291,11 +291,11 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             self.metrics.store_bytes.labels(transport).inc(r.bytes)
         if call.span.is_recording():
             call.span.set_attributes({
-                ob.KV_TRANSFER_ID: request.transfer_id, ob.KV_ENDPOINT: route.node if route is not None else "",
-                tr.KV_PATH: transport, ob.KV_REQUESTED_BLOCKS: len(request.block_hashes),
-                tr.KV_BLOCKS: r.num_blocks_stored, ob.KV_PRESENT_BLOCKS: r.num_blocks_present,
+                tr.KV_TRANSFER_ID: request.transfer_id, tr.KV_ENDPOINT: route.node if route is not None else "",
+                tr.KV_PATH: transport, tr.KV_REQUESTED_BLOCKS: len(request.block_hashes),
+                tr.KV_BLOCKS: r.num_blocks_stored, tr.KV_PRESENT_BLOCKS: r.num_blocks_present,
                 tr.KV_TIER: "dram" if r.num_blocks_stored else "none", tr.KV_BYTES: r.bytes,
-                tr.KV_GBPS: r.bytes / max(r.duration_ms, 1e-6) / 1e6, ob.KV_ROUNDS: rounds})
+                tr.KV_GBPS: r.bytes / max(r.duration_ms, 1e-6) / 1e6, tr.KV_ROUNDS: rounds})
 
     async def _store(self, request, route: Route, hashes, src, deadline: float, timeout_s: float,
                      result: _Result) -> None:

@@ -25,7 +25,6 @@ from seawall.trace_receiver import TraceReceiver
 from seawall.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
 from services.common import tracing as tr
 from services.common.grpc_server import wait_healthy
-from services.kvcache import observability as ob
 from tests.kvcache.conftest import BPB, chain
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +89,7 @@ async def test_a_kvcache_process_serves_metrics_and_exports_spans_in_the_callers
                 assert (r.status, r.bytes) == (DONE, 3 * BPB), r.error
             async with httpx.AsyncClient() as http:
                 text = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)).text
-            spans = await _wait_spans(receiver, {ob.SPAN_LOOKUP, ob.SPAN_LOAD, ob.SPAN_STORE})
+            spans = await _wait_spans(receiver, {tr.SPAN_KVCACHE_LOOKUP, tr.SPAN_KVCACHE_LOAD, tr.SPAN_KVCACHE_STORE})
         finally:
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=20)
@@ -117,14 +116,14 @@ async def test_a_kvcache_process_serves_metrics_and_exports_spans_in_the_callers
 
     assert {s.service for s in spans.values()} == {tr.KVCACHE}
     assert all(s.parent_span_id == CALLER_SPAN for s in spans.values())  # children of the caller's span
-    lookup, load, store = spans[ob.SPAN_LOOKUP].attributes, spans[ob.SPAN_LOAD].attributes, \
-        spans[ob.SPAN_STORE].attributes
-    assert (lookup[ob.KV_REQUESTED_BLOCKS], lookup[tr.KV_BLOCKS], lookup[ob.KV_DRAM_BLOCKS],
-            lookup[ob.KV_DISK_BLOCKS], lookup[tr.KV_TIER], lookup[tr.KV_STATUS]) == (4, 3, 3, 0, "dram", "ok")
-    assert (load[tr.KV_BLOCKS], load[tr.KV_BYTES], load[ob.KV_READ_PATH], load[tr.KV_PATH], load[tr.KV_STATUS],
-            load[ob.KV_TRANSFER_ID], load[ob.KV_ROUNDS]) == (3, 3 * BPB, "de_read", "grpc", "done", "l1", 1)
-    assert load[tr.KV_GBPS] > 0 and load[ob.KV_ENDPOINT] == worker.endpoint(nixl=False).agent_name
-    assert (store[tr.KV_BLOCKS], store[ob.KV_PRESENT_BLOCKS], store[tr.KV_BYTES], store[tr.KV_PATH],
+    lookup, load, store = spans[tr.SPAN_KVCACHE_LOOKUP].attributes, spans[tr.SPAN_KVCACHE_LOAD].attributes, \
+        spans[tr.SPAN_KVCACHE_STORE].attributes
+    assert (lookup[tr.KV_REQUESTED_BLOCKS], lookup[tr.KV_BLOCKS], lookup[tr.KV_DRAM_BLOCKS],
+            lookup[tr.KV_DISK_BLOCKS], lookup[tr.KV_TIER], lookup[tr.KV_STATUS]) == (4, 3, 3, 0, "dram", "ok")
+    assert (load[tr.KV_BLOCKS], load[tr.KV_BYTES], load[tr.KV_READ_PATH], load[tr.KV_PATH], load[tr.KV_STATUS],
+            load[tr.KV_TRANSFER_ID], load[tr.KV_ROUNDS]) == (3, 3 * BPB, "de_read", "grpc", "done", "l1", 1)
+    assert load[tr.KV_GBPS] > 0 and load[tr.KV_ENDPOINT] == worker.endpoint(nixl=False).agent_name
+    assert (store[tr.KV_BLOCKS], store[tr.KV_PRESENT_BLOCKS], store[tr.KV_BYTES], store[tr.KV_PATH],
             store[tr.KV_STATUS]) == (3, 0, 3 * BPB, "grpc", "done")
 
 
