@@ -13,7 +13,7 @@ With PE-read every load crosses the prefill node's storage NIC; ``dual`` also us
 Prints per policy: wall time (JCT of the whole job), tokens/s, TTFT mean and p99, hit rate, and ratios to
 the first policy. Timings are reported, never asserted.
 
-    .venv/bin/python bench/dual_path.py [--storage-gbps 0.05] [--sessions 4] [--turns 10] [--json OUT]
+    .venv/bin/python bench/dual_path.py [--storage-gbps 0.005] [--sessions 8] [--turns 12] [--json OUT]
 """
 
 from __future__ import annotations
@@ -89,10 +89,10 @@ def kvcache_hits(mesh: LocalMesh) -> tuple[int, int]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policies", default="pe-read,dual")
-    p.add_argument("--storage-gbps", type=float, default=0.05)
+    p.add_argument("--storage-gbps", type=float, default=0.005)
     p.add_argument("--compute-gbps", type=float, default=None, help="default: 4x --storage-gbps")
-    p.add_argument("--sessions", type=int, default=4)
-    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--sessions", type=int, default=8)
+    p.add_argument("--turns", type=int, default=12)
     p.add_argument("--scale", type=float, default=1 / 16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
