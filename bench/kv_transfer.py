@@ -43,8 +43,12 @@ import grpc.aio  # noqa: E402
 import torch  # noqa: E402
 
 from seawall.v1 import common_pb2, worker_pb2_grpc  # noqa: E402
-from services.common.errors import SeawallError  # noqa: E402
-from services.common.grpc_kv import GRPC_KV_OPTIONS, pull_blocks, push_blocks, serve_read_kv, serve_write_kv  # noqa: E402
+from services.common.grpc_kv import (  # noqa: E402
+    GRPC_KV_OPTIONS,
+    KVBytesServicer,
+    pull_blocks,
+    push_blocks,
+)
 from services.common.kv_transport import NixlKVAgent  # noqa: E402
 from services.engine.kv_pool import KVLayout, PagedKVPool  # noqa: E402
 
@@ -63,32 +67,12 @@ def _digest(pool: PagedKVPool, ids: list[int]) -> str:
     return h.hexdigest()
 
 
-class _KVServicer(worker_pb2_grpc.WorkerServicer):
-    """The peer's ReadKV/WriteKV, delegating to grpc_kv as a Worker servicer does."""
-
-    def __init__(self, pool: PagedKVPool) -> None:
-        self.pool = pool
-
-    async def ReadKV(self, request, context):
-        try:
-            async for chunk in serve_read_kv(self.pool, request):
-                yield chunk
-        except SeawallError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
-
-    async def WriteKV(self, request_iterator, context):
-        try:
-            return await serve_write_kv(self.pool, request_iterator)
-        except SeawallError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
-
-
 def _peer(conn, layout: KVLayout, num_blocks: int) -> None:
     async def serve() -> None:
         pool = _pool(layout, num_blocks, seed=2)
         agent = NixlKVAgent("bench-peer", pool)
         server = grpc.aio.server(options=GRPC_KV_OPTIONS)
-        worker_pb2_grpc.add_WorkerServicer_to_server(_KVServicer(pool), server)
+        worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         conn.send((agent.metadata().SerializeToString(), agent.kv_layout().SerializeToString(), port))

@@ -4,18 +4,9 @@ Used when one side has no NIXL. A ``KVChunk`` holds whole blocks: for each id in
 block's ``bytes_per_block`` bytes (block-major pools are one region per block, worker.proto). Source ids travel
 in ReadKV chunks, destination ids in WriteKV chunks.
 
-Server side, a Worker servicer delegates and maps ``SeawallError`` to its status (``InvalidArgument`` →
-INVALID_ARGUMENT)::
-
-    async def ReadKV(self, request, context):
-        try:
-            async for chunk in serve_read_kv(self.pool, request):
-                yield chunk
-        except SeawallError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
-
-    async def WriteKV(self, request_iterator, context):
-        ...  # the same around ``return await serve_write_kv(self.pool, request_iterator)``
+Server side, ``KVBytesServicer`` implements the two RPCs over one pool and maps ``SeawallError`` to its status
+(``InvalidArgument`` → INVALID_ARGUMENT); the Worker servicer inherits them, and tests and benchmarks serve a
+bare pool with it.
 
 Both the server and client channels need ``GRPC_KV_OPTIONS`` (chunks are larger than gRPC's 4 MiB default
 receive limit).
@@ -43,8 +34,8 @@ import grpc.aio
 import numpy as np
 import torch
 
-from seawall.v1 import worker_pb2
-from services.common.errors import InvalidArgument
+from seawall.v1 import worker_pb2, worker_pb2_grpc
+from services.common.errors import InvalidArgument, SeawallError
 from services.common.kv_transport import TransferOutcome, TransferState
 
 if TYPE_CHECKING:
@@ -360,3 +351,23 @@ def _decode_chunk(message: bytes) -> tuple[list[int], memoryview]:
         else:
             raise InvalidArgument(f"malformed KVChunk: wire type {wire}")
     return ids, data
+
+
+class KVBytesServicer(worker_pb2_grpc.WorkerServicer):
+    """Worker.ReadKV / Worker.WriteKV over ``self.pool`` (the other Worker RPCs stay unimplemented here)."""
+
+    def __init__(self, pool: PagedKVPool) -> None:
+        self.pool = pool
+
+    async def ReadKV(self, request, context):
+        try:
+            async for chunk in serve_read_kv(self.pool, request):
+                yield chunk
+        except SeawallError as e:
+            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
+
+    async def WriteKV(self, request_iterator, context):
+        try:
+            return await serve_write_kv(self.pool, request_iterator)
+        except SeawallError as e:
+            await context.abort(grpc.StatusCode[e.grpc_code], str(e))

@@ -17,7 +17,7 @@ import grpc
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Histogram
 
-from seawall.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from seawall.v1 import common_pb2, worker_pb2
 from services.common import grpc_kv
 from services.common import tracing as tr
 from services.common.convert import plan_from_proto, result_to_proto
@@ -46,9 +46,12 @@ class WorkerMetrics:
                                          registry=registry, buckets=LATENCY_BUCKETS)
 
 
-class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+class WorkerServicer(grpc_kv.KVBytesServicer):
+    """ReadKV/WriteKV (the gRPC KV fallback) come from ``KVBytesServicer`` over the runner's pool."""
+
     def __init__(self, config: WorkerConfig, runner: ModelRunner, agent: NixlKVAgent | None,
                  metrics: WorkerMetrics | None = None, tracing: Tracing | None = None) -> None:
+        super().__init__(runner.kv)
         self.config = config
         self.metrics = metrics or WorkerMetrics(CollectorRegistry())
         self.tracing = tracing or Tracing(trace.NoOpTracer())
@@ -200,16 +203,3 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         async with self._lock:
             self._traces.drop(seq_ids)
             return [s for s in seq_ids if self.runner.seqs.pop(s, None) is None]
-
-    async def ReadKV(self, request, context):
-        try:
-            async for chunk in grpc_kv.serve_read_kv(self.runner.kv, request):
-                yield chunk
-        except SeawallError as exc:
-            await abort_with(context, exc)
-
-    async def WriteKV(self, request_iterator, context):
-        try:
-            return await grpc_kv.serve_write_kv(self.runner.kv, request_iterator)
-        except SeawallError as exc:
-            await abort_with(context, exc)

@@ -12,18 +12,17 @@ import pytest
 import torch
 
 from seawall.v1 import worker_pb2, worker_pb2_grpc
-from services.common.errors import InvalidArgument, SeawallError
+from services.common.errors import InvalidArgument
 from services.common.grpc_kv import (
     _READ_KV,
     _WRITE_KV,
     GRPC_KV_OPTIONS,
+    KVBytesServicer,
     _decode_chunk,
     _encode_chunk,
     iter_chunks,
     pull_blocks,
     push_blocks,
-    serve_read_kv,
-    serve_write_kv,
     write_chunk,
 )
 from services.common.kv_transport import TransferState
@@ -44,32 +43,12 @@ def _pool(num_blocks=32, seed=0, layout=LAYOUT) -> PagedKVPool:
     return pool
 
 
-class _KVServicer(worker_pb2_grpc.WorkerServicer):
-    """Test-only: the two KV RPCs of a Worker, delegating to grpc_kv as a real servicer does."""
-
-    def __init__(self, pool: PagedKVPool) -> None:
-        self.pool = pool
-
-    async def ReadKV(self, request, context):
-        try:
-            async for chunk in serve_read_kv(self.pool, request):
-                yield chunk
-        except SeawallError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
-
-    async def WriteKV(self, request_iterator, context):
-        try:
-            return await serve_write_kv(self.pool, request_iterator)
-        except SeawallError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
-
-
 @pytest.fixture
 async def server():
     """(address, the server's pool)."""
     pool = _pool(seed=2)
     srv = grpc.aio.server(options=GRPC_KV_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(_KVServicer(pool), srv)
+    worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), srv)
     port = srv.add_insecure_port("127.0.0.1:0")
     await srv.start()
     yield f"127.0.0.1:{port}", pool

@@ -15,8 +15,12 @@ import pytest
 import torch
 
 from seawall.v1 import worker_pb2_grpc
-from services.common.errors import SeawallError
-from services.common.grpc_kv import GRPC_KV_OPTIONS, pull_blocks, push_blocks, serve_read_kv, serve_write_kv
+from services.common.grpc_kv import (
+    GRPC_KV_OPTIONS,
+    KVBytesServicer,
+    pull_blocks,
+    push_blocks,
+)
 from services.common.kv_transport import TransferState
 from services.common.shaper import (
     COMPUTE,
@@ -132,29 +136,12 @@ async def test_a_cancelled_wait_gives_its_tokens_back():
 
 # ---- real transfers ----------------------------------------------------------------------------------------
 
-class _KVServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, pool: PagedKVPool) -> None:
-        self.pool = pool
-
-    async def ReadKV(self, request, context):
-        try:
-            async for chunk in serve_read_kv(self.pool, request):
-                yield chunk
-        except SeawallError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
-
-    async def WriteKV(self, request_iterator, context):
-        try:
-            return await serve_write_kv(self.pool, request_iterator)
-        except SeawallError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
-
 
 @pytest.fixture
 async def server():
     pool = _pool(seed=2)
     srv = grpc.aio.server(options=GRPC_KV_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(_KVServicer(pool), srv)
+    worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), srv)
     port = srv.add_insecure_port("127.0.0.1:0")
     await srv.start()
     yield f"127.0.0.1:{port}", pool

@@ -13,8 +13,7 @@ import torch
 
 from seawall.v1 import common_pb2, kvcache_pb2_grpc, worker_pb2_grpc
 from services.common.block_hash import extend_hashes, hash_seed
-from services.common.errors import SeawallError
-from services.common.grpc_kv import GRPC_KV_OPTIONS, serve_read_kv, serve_write_kv
+from services.common.grpc_kv import GRPC_KV_OPTIONS, KVBytesServicer
 from services.common.kv_transport import NixlKVAgent, kv_layout_proto
 from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.kvcache.config import KVCacheConfig
@@ -41,26 +40,6 @@ def make_pool(num_blocks: int = 32, seed: int = 0, layout: KVLayout = LAYOUT) ->
     pool = PagedKVPool(layout, num_blocks, 0, torch.device("cpu"))
     pool.device_kv.copy_(torch.randn(pool.device_kv.shape, generator=torch.Generator().manual_seed(seed)))
     return pool
-
-
-class _KVServicer(worker_pb2_grpc.WorkerServicer):
-    """The two KV RPCs of a Worker, delegating to grpc_kv as the real worker servicer does."""
-
-    def __init__(self, pool: PagedKVPool) -> None:
-        self.pool = pool
-
-    async def ReadKV(self, request, context):
-        try:
-            async for chunk in serve_read_kv(self.pool, request):
-                yield chunk
-        except SeawallError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
-
-    async def WriteKV(self, request_iterator, context):
-        try:
-            return await serve_write_kv(self.pool, request_iterator)
-        except SeawallError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
 
 
 @dataclass
@@ -90,7 +69,7 @@ async def make_worker():
         pool = make_pool(num_blocks, seed, layout)
         agent = NixlKVAgent(f"worker{next(_names)}", pool) if nixl else None
         server = grpc.aio.server(options=GRPC_KV_OPTIONS)
-        worker_pb2_grpc.add_WorkerServicer_to_server(_KVServicer(pool), server)
+        worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         servers.append(server)
