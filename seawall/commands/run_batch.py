@@ -9,10 +9,8 @@ from pathlib import Path
 
 from services.common.errors import InvalidArgument, NotFound
 from services.engine.config import EngineConfig
-from services.scheduler.core.config import MLFQConfig, SchedulerConfig
+from services.scheduler.core.config import MLFQ_PRESETS, SchedulerConfig
 from services.scheduler.core.policies import POLICY_NAMES
-
-MLFQ_PRESETS = {"default": MLFQConfig, "paper": MLFQConfig.paper, "released-code": MLFQConfig.released_code}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

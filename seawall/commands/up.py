@@ -63,6 +63,13 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
              "--max-queue-len", str(args.max_queue_len), "--kv-transport", args.kv_transport]
     if args.preemption_mode:
         sched += ["--preemption-mode", args.preemption_mode]
+    sched += ["--mlfq", args.mlfq]
+    if args.starvation_s:
+        sched += ["--starvation-s", str(args.starvation_s)]
+    if args.tbt_target_s:
+        sched += ["--tbt-target-s", str(args.tbt_target_s)]
+    if args.no_prefix_caching:
+        sched.append("--no-prefix-caching")
     if args.max_num_batched_tokens:
         sched += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     workers = ["--device", args.device]

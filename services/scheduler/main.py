@@ -24,6 +24,7 @@ from services.common.tracing import setup_tracing
 from services.engine.loader import load_checkpoint_meta
 from services.engine.runner import resolve_model_dir
 from services.scheduler.config import MODES, TRANSPORTS, SchedulerServiceConfig
+from services.scheduler.core.config import MLFQ_PRESETS, MLFQConfig
 from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
 from services.scheduler.dual_path import DualPath
 from services.scheduler.frontend import Frontend
@@ -50,13 +51,25 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-read-policy", choices=("pe-read", "de-read", "dual"), default="dual",
                    help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")
     p.add_argument("--no-prefix-caching", action="store_true", help="workers' cores cache no prefixes")
+    p.add_argument("--tbt-target-s", type=float, default=None,
+                   help="without --chunk-size: the step budget the step-time model fits in this TBT")
+    p.add_argument("--mlfq", choices=tuple(MLFQ_PRESETS), default="default",
+                   help="FastServe's queue constants: default, paper or released-code")
+    p.add_argument("--starvation-s", type=float, default=None,
+                   help="FastServe: promote a job to the top queue after waiting this long (default: the preset's)")
+
+
+def _mlfq(args: argparse.Namespace) -> MLFQConfig:
+    mlfq = MLFQ_PRESETS[args.mlfq]()
+    return replace(mlfq, starvation_s=args.starvation_s) if args.starvation_s else mlfq
 
 
 def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
     core = SchedulerConfig(chunk_size=args.chunk_size, max_num_batched_tokens=args.max_num_batched_tokens,
                            max_num_seqs=args.max_num_seqs, policy=args.policy,
                            preemption_mode=args.preemption_mode,
-                           enable_prefix_caching=not args.no_prefix_caching)
+                           enable_prefix_caching=not args.no_prefix_caching, tbt_target_s=args.tbt_target_s,
+                           mlfq=_mlfq(args))
     return SchedulerServiceConfig(model=args.model, served_model_name=args.served_model_name, host=args.host,
                                   grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
                                   core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,

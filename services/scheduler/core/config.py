@@ -126,3 +126,8 @@ class SchedulerConfig:
         if self.chunk_size is not None or self.tbt_target_s is None:
             return None
         return self.step_time.token_budget(self.tbt_target_s)
+
+
+# FastServe's queue constants by name: the paper's (with the released code's 3 s starvation threshold), the
+# paper's exactly, or the released code's (papers.md §2.1-2.2).
+MLFQ_PRESETS = {"default": MLFQConfig, "paper": MLFQConfig.paper, "released-code": MLFQConfig.released_code}
