@@ -1,8 +1,8 @@
 """The model runner: one worker's model, KV pool and sequence table; executes step plans.
 
 Three stages per step (STYLE §8): ``prepare_inputs`` (pure CPU bookkeeping), the forward pass, sampling.
-Block operations (swap-out, swap-in, copy) run before the forward pass, swap-out first so device blocks it
-frees can be reused as swap-in targets in the same step.
+Block operations (copy, swap-out, swap-in) run before the forward pass: copies first (their sources are live
+blocks), then swap-out, so device blocks it frees can be reused as swap-in targets in the same step.
 """
 
 from __future__ import annotations
@@ -70,9 +70,11 @@ class ModelRunner:
                 seq.block_ids = list(cont.block_ids)
             seq.block_ids.extend(cont.new_block_ids)
             seq.token_ids.extend(cont.appended_token_ids)
+        # Copies (copy-on-write at a fork) first: their sources are live blocks this plan's preemptions may
+        # free and its swap-ins overwrite.
+        self.kv.copy(plan.copy)
         self.kv.swap_out(plan.swap_out)
         self.kv.swap_in(plan.swap_in)
-        self.kv.copy(plan.copy)
         result = StepResult(plan.step_id)
         if plan.num_scheduled_tokens:
             scheduled = [(self._get(sid), n) for sid, n in plan.num_scheduled_tokens.items() if n > 0]

@@ -59,6 +59,12 @@ class BlockManager:
             self._ref[b] += 1
             self._free.pop(b, None)
 
+    def share(self, blocks: Sequence[int]) -> None:
+        """References already referenced ``blocks`` for one more owner (a forked request)."""
+        for b in blocks:
+            assert self._ref[b] > 0, f"block {b} is shared but not referenced"
+            self._ref[b] += 1
+
     def allocate(self, count: int) -> list[int] | None:
         """``count`` fresh blocks, or None (and nothing taken) when too few are free."""
         if count > len(self._free):

@@ -24,6 +24,7 @@ from services.common.sampling_params import FinishReason, check_stop
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 from services.scheduler.core.block_manager import BlockManager
 from services.scheduler.core.config import MLFQConfig, SchedulerConfig
+from services.scheduler.core.fork import Fork
 from services.scheduler.core.hand_off import HandOff
 from services.scheduler.core.policies import POLICY_NAMES, Step, make_policy
 from services.scheduler.core.request import Request, RequestStatus
@@ -48,7 +49,7 @@ class PrefixCacheStats:
     hit_blocks: int = 0  # of those, served from the cache
 
 
-class Scheduler(HandOff):
+class Scheduler(HandOff, Fork):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
         """``blocks``: the worker's device pool; ``host_blocks``: its host pool, for swapping (None: no swap).
@@ -75,6 +76,7 @@ class Scheduler(HandOff):
         # by a swap-out may be a swap-in target; host blocks read by a swap-in are freed one plan later so a
         # swap-out in the same plan cannot overwrite them first.
         self._swap_out: list[tuple[int, int]] = []
+        self._copy: list[tuple[int, int]] = []  # copy-on-write at forks: (device block, its copy)
         self._swap_in: list[tuple[int, int]] = []
         self._host_to_free: list[int] = []
         self._swapped_in_now: set[str] = set()  # never a victim in the step that swapped it in
@@ -136,8 +138,9 @@ class Scheduler(HandOff):
         step = Step(now, self.config.max_num_batched_tokens or float("inf"), self.config.max_num_seqs)
         self.policy.compose(self, step)
         # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
-        plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in)
-        self._to_drop, self._swap_out, self._swap_in = [], [], []
+        plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in,
+                        copy=self._copy)
+        self._to_drop, self._swap_out, self._swap_in, self._copy = [], [], [], []
         self._fill_plan(plan, step.scheduled)
         self._last_ran = list(plan.num_scheduled_tokens)
         self._last_step_s = self.config.step_time.predict(plan.total_tokens, len(self._last_ran))
