@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import grpc
@@ -14,6 +15,7 @@ from grpc_reflection.v1alpha import reflection
 from services.common.errors import SeawallError
 
 log = logging.getLogger(__name__)
+Config = TypeVar("Config")
 
 # KV blocks and whole prompts travel in single messages; gRPC's 4 MiB default is too small for either.
 MAX_MESSAGE_BYTES = 256 * 2**20
@@ -84,3 +86,16 @@ async def wait_healthy(address: str, timeout_s: float, service: str = "") -> boo
                     pass
                 await anyio.sleep(0.1)
     return False
+
+
+def run_service(parse: Callable[[], Config], serve: Callable[[Config], Awaitable[None]]) -> int:
+    """A service process's ``main``: parse its flags, serve until SIGTERM/SIGINT. A ``SeawallError`` (a bad flag,
+    a missing model) is one logged line and exit code 2, never a traceback; Ctrl-C before serving is 130."""
+    try:
+        anyio.run(serve, parse())
+    except SeawallError as exc:
+        log.error("%s", exc)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

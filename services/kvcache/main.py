@@ -21,8 +21,7 @@ from prometheus_client import start_http_server
 
 from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
 from services.common import tracing as tr
-from services.common.errors import SeawallError
-from services.common.grpc_server import Server, wait_for_shutdown_signal
+from services.common.grpc_server import Server, run_service, wait_for_shutdown_signal
 from services.common.shaper import Shaper
 from services.kvcache.config import KVCacheConfig
 from services.kvcache.disk_tier import DiskTier
@@ -126,12 +125,4 @@ async def serve(config: KVCacheConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        config = parse_args(argv)
-        anyio.run(serve, config)
-    except SeawallError as exc:
-        log.error("%s", exc)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_service(lambda: parse_args(argv), serve)

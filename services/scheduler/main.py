@@ -16,8 +16,7 @@ import anyio
 import uvicorn
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common.errors import SeawallError
-from services.common.grpc_server import Server, wait_for_shutdown_signal
+from services.common.grpc_server import Server, run_service, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
 from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
 from services.common.tracing import setup_tracing
@@ -148,11 +147,4 @@ async def serve(config: SchedulerServiceConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        anyio.run(serve, parse_args(argv))
-    except SeawallError as exc:
-        log.error("%s", exc)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_service(lambda: parse_args(argv), serve)

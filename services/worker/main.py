@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common import tracing as tr
-from services.common.errors import SeawallError, Unavailable
-from services.common.grpc_server import CHANNEL_OPTIONS, Server, wait_for_shutdown_signal
+from services.common.errors import Unavailable
+from services.common.grpc_server import CHANNEL_OPTIONS, Server, run_service, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
 from services.common.tracing import setup_tracing
 from services.engine.config import EngineConfig
@@ -133,12 +133,4 @@ async def register(scheduler: str, address: str, info: worker_pb2.WorkerInfo, ti
 
 
 def main(argv: list[str] | None = None, role: str | None = None) -> int:
-    try:
-        config = parse_args(argv, role)
-        anyio.run(serve, config)
-    except SeawallError as exc:
-        log.error("%s", exc)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_service(lambda: parse_args(argv, role), serve)
