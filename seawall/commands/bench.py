@@ -148,16 +148,9 @@ def workload_spec(args: argparse.Namespace):
 def mesh_options(args: argparse.Namespace, policy: str):
     """The spawned mesh for one policy: free ports, HTTP only with --api http, kvcache only with --kvcache."""
     from seawall.launcher import MeshOptions
+    from services.scheduler.main import scheduling_flags
 
-    sched = ["--policy", policy, "--chunk-size", str(args.chunk_size), "--max-num-seqs", str(args.max_num_seqs),
-             "--max-queue-len", str(args.max_queue_len), "--kv-transport", args.kv_transport,
-             "--kv-read-policy", args.kv_read_policy]
-    if args.preemption_mode:
-        sched += ["--preemption-mode", args.preemption_mode]
-    if args.max_num_batched_tokens:
-        sched += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-    if args.no_prefix_caching:
-        sched.append("--no-prefix-caching")
+    sched = scheduling_flags(args, policy)
     workers = ["--device", args.device] + (["--kv-cache-bytes", str(args.kv_cache_bytes)] if args.kv_cache_bytes
                                            else []) + (["--no-nixl"] if args.no_nixl else [])
     colocated = args.mode == "colocated"

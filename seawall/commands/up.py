@@ -23,7 +23,7 @@ from seawall.commands.trace import default_trace_file
 from seawall.compose import ComposeMesh, ComposeOptions
 from seawall.launcher import LocalMesh, MeshOptions
 from seawall.trace_receiver import TraceReceiver
-from services.scheduler.main import add_scheduling_flags
+from services.scheduler.main import add_scheduling_flags, scheduling_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,19 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def options_from(args: argparse.Namespace) -> MeshOptions:
-    sched = ["--policy", args.policy, "--chunk-size", str(args.chunk_size), "--max-num-seqs", str(args.max_num_seqs),
-             "--max-queue-len", str(args.max_queue_len), "--kv-transport", args.kv_transport]
-    if args.preemption_mode:
-        sched += ["--preemption-mode", args.preemption_mode]
-    sched += ["--mlfq", args.mlfq]
-    if args.starvation_s:
-        sched += ["--starvation-s", str(args.starvation_s)]
-    if args.tbt_target_s:
-        sched += ["--tbt-target-s", str(args.tbt_target_s)]
-    if args.no_prefix_caching:
-        sched.append("--no-prefix-caching")
-    if args.max_num_batched_tokens:
-        sched += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    sched = scheduling_flags(args)
     workers = ["--device", args.device]
     if args.kv_cache_bytes:
         workers += ["--kv-cache-bytes", str(args.kv_cache_bytes)]
@@ -88,7 +76,6 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         kvcache += ["--storage-gbps", str(args.storage_gbps)]
     if args.compute_gbps:
         workers += ["--compute-gbps", str(args.compute_gbps)]
-    sched += ["--kv-read-policy", args.kv_read_policy]
     colocated = args.mode == "colocated"
     return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
                        num_decode=args.workers if colocated else args.decode, host=args.host,

@@ -58,6 +58,18 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
                    help="FastServe: promote a job to the top queue after waiting this long (default: the preset's)")
 
 
+def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> list[str]:
+    """The flags ``add_scheduling_flags`` parsed (but ``--mode``, which launchers set themselves), as a
+    scheduler command line."""
+    flags = ["--policy", policy or args.policy, "--chunk-size", str(args.chunk_size),
+             "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
+             "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq]
+    for name in ("max_num_batched_tokens", "preemption_mode", "tbt_target_s", "starvation_s"):
+        if getattr(args, name):
+            flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
+
+
 def _mlfq(args: argparse.Namespace) -> MLFQConfig:
     mlfq = MLFQ_PRESETS[args.mlfq]()
     return replace(mlfq, starvation_s=args.starvation_s) if args.starvation_s else mlfq
