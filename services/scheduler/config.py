@@ -8,6 +8,7 @@ from services.scheduler.core.scheduler import SchedulerConfig
 
 MODES = ("disaggregated", "colocated")
 TRANSPORTS = ("nixl", "grpc")
+READ_POLICIES = ("pe-read", "de-read", "dual")
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,14 @@ class SchedulerServiceConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.kv_transport not in TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {', '.join(TRANSPORTS)}, got {self.kv_transport!r}")
-        if self.kv_read_policy not in ("pe-read", "de-read", "dual"):
-            raise ValueError(f"kv_read_policy must be pe-read, de-read or dual, got {self.kv_read_policy!r}")
+        if self.kv_read_policy not in READ_POLICIES:
+            raise ValueError(f"kv_read_policy must be one of {', '.join(READ_POLICIES)}, got {self.kv_read_policy!r}")
+        for name in ("grpc_port", "http_port", "metrics_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port < 65536:
+                raise ValueError(f"{name} must be in [0, 65535], got {port}")
+        if self.kvcache_address is not None and ":" not in self.kvcache_address:
+            raise ValueError(f"kvcache_address must be host:port, got {self.kvcache_address!r}")
         if self.max_queue_len < 1:
             raise ValueError(f"max_queue_len must be >= 1, got {self.max_queue_len}")
         for name in ("transfer_timeout_s", "step_timeout_s"):

@@ -22,7 +22,7 @@ from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
 from services.common.tracing import setup_tracing
 from services.engine.loader import load_checkpoint_meta
 from services.engine.runner import resolve_model_dir
-from services.scheduler.config import MODES, TRANSPORTS, SchedulerServiceConfig
+from services.scheduler.config import MODES, READ_POLICIES, TRANSPORTS, SchedulerServiceConfig
 from services.scheduler.core.config import MLFQ_PRESETS, MLFQConfig
 from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
 from services.scheduler.dual_path import DualPath
@@ -47,7 +47,7 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
                    help="default: the policy's own (swap for fastserve*, recompute for the others)")
     p.add_argument("--max-queue-len", type=int, default=1024, help="queued requests before 429 (default 1024)")
     p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
-    p.add_argument("--kv-read-policy", choices=("pe-read", "de-read", "dual"), default="dual",
+    p.add_argument("--kv-read-policy", choices=READ_POLICIES, default="dual",
                    help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")
     p.add_argument("--no-prefix-caching", action="store_true", help="workers' cores cache no prefixes")
     p.add_argument("--tbt-target-s", type=float, default=None,

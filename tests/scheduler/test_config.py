@@ -1,0 +1,38 @@
+"""The scheduler service's and the worker's configs refuse what cannot work, with a message that says why."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.config import SchedulerServiceConfig
+from services.worker.config import WorkerConfig
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"mode": "mixed"}, "mode must be one of"),
+    ({"kv_transport": "rdma"}, "kv_transport must be one of"),
+    ({"kv_read_policy": "both"}, "kv_read_policy must be one of"),
+    ({"grpc_port": 70000}, "grpc_port must be in"),
+    ({"metrics_port": -1}, "metrics_port must be in"),
+    ({"kvcache_address": "kvcache"}, "host:port"),
+    ({"max_queue_len": 0}, "max_queue_len must be >= 1"),
+    ({"transfer_timeout_s": 0}, "transfer_timeout_s must be > 0"),
+])
+def test_scheduler_service_config_rejects_what_cannot_work(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        SchedulerServiceConfig(**kwargs)
+
+
+def test_defaults_are_valid_and_the_http_api_may_be_off():
+    SchedulerServiceConfig(http_port=None, kvcache_address="127.0.0.1:50071")
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"role": "router"}, "role must be one of"),
+    ({"metrics_port": 65536}, "metrics_port must be in"),
+    ({"torch_threads": -1}, "torch_threads must be >= 0"),
+    ({"compute_gbps": -1.0}, "compute_gbps must be >= 0"),
+])
+def test_worker_config_rejects_what_cannot_work(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        WorkerConfig(**kwargs)
