@@ -28,7 +28,6 @@ import argparse
 import cProfile
 import io
 import json
-import logging
 import os
 import pstats
 import random
@@ -36,7 +35,6 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +43,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from seawall.bench.hf_baseline import quiet_transformers  # noqa: E402
 from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
 from services.engine.builtin_model import ensure_default_model, init_model  # noqa: E402
@@ -222,15 +221,7 @@ def main() -> int:  # noqa: C901, PLR0915
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
 
-    warnings.filterwarnings("ignore")
-    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
+    quiet_transformers()
 
     model_dir, tmp = resolve_model(args)
     rng = random.Random(args.seed)

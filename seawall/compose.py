@@ -563,7 +563,7 @@ class ComposeMesh(LocalMesh):
         self.metrics_urls: dict[str, str] = {}
         self._healthy_names: set[str] = set()
 
-    def start(self) -> None:
+    def _launch(self) -> None:
         self.plan = plan(self.compose)
         deadline = time.monotonic() + self.compose.startup_timeout_s
         pending = list(self.plan.services)

@@ -69,17 +69,21 @@ class LocalMesh:
         self.kvcache_address = ""
 
     def __enter__(self) -> LocalMesh:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def start(self) -> None:
+        """Starts every child; if any step fails, the children already started are stopped first."""
+        try:
+            self._launch()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _launch(self) -> None:
         o = self.options
         model = resolve_model_dir(o.model)  # create the built-in model once, before the children race for it
         grpc_port = o.grpc_port or free_port(o.host)

@@ -26,7 +26,8 @@ PAGE_SIZE = 256
 MAX_BATCH_TOKENS = 2048
 
 
-def _quiet() -> None:
+def quiet_transformers() -> None:
+    """Silences transformers' warnings, progress bars and continuous-batching logs (for clean tables)."""
     warnings.filterwarnings("ignore")
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
     try:
@@ -41,7 +42,7 @@ def _quiet() -> None:
 def load(model_dir: str):
     from transformers import AutoModelForCausalLM
 
-    _quiet()
+    quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     model.eval()
     model.generation_config.eos_token_id = None  # nothing stops early: exactly max_tokens, as in the mesh runs

@@ -179,11 +179,7 @@ def mesh_factory(args: argparse.Namespace):
         options = mesh_options(args, policy)
         options.log_dir = logs / policy.replace("+", "-")
         mesh = LocalMesh(options)
-        try:
-            mesh.start()
-        except BaseException:
-            mesh.stop()
-            raise
+        mesh.start()
         return mesh
 
     return start

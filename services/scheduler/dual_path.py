@@ -26,13 +26,13 @@ import grpc
 
 from seawall.v1 import common_pb2, worker_pb2
 from services.common.block_hash import extend_hashes
+from services.scheduler.config import READ_POLICIES
 from services.scheduler.core.request import Request
 from services.scheduler.kvcache_client import KVCacheClient
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
 
-READ_POLICIES = ("pe-read", "de-read", "dual")
 # A session's next turn waits this long at most for the previous turn's blocks to reach kvcache.
 STORE_WAIT_S = 5.0
 _DONE = common_pb2.TRANSFER_STATUS_DONE
@@ -85,7 +85,7 @@ class DualPath:
         else:
             done = await self._pe_read(req, hashes[:hit], prefill)
         if not done and self._live(req) and req.request_id not in mesh.where:
-            _reset(req)
+            req.reset_for_recompute()
             mesh.place(req)
 
     def _side(self, prefill: WorkerLink, decode: WorkerLink | None) -> str:
@@ -211,7 +211,3 @@ class DualPath:
             if self._storing.get(session_id) is done:
                 del self._storing[session_id]
 
-
-def _reset(req: Request) -> None:
-    req.block_ids = []
-    req.num_computed_tokens = req.num_cached_blocks = 0

@@ -29,7 +29,7 @@ from services.common.sampling_params import FinishReason
 from services.common.step import StepPlan
 from services.common.tracing import Tracing
 from services.scheduler.config import SchedulerServiceConfig
-from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.request import Request
 from services.scheduler.dual_path import DualPath
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.tracked import TrackedRequest
@@ -282,7 +282,7 @@ class Mesh:
             req = arrival.request
             if not arrival.src.alive:  # its KV died with the prefill worker: recompute here
                 link.arrivals.popleft()
-                _reset_for_recompute(req)
+                req.reset_for_recompute()
                 link.core.add(req)
                 self.where[req.request_id] = link
                 continue
@@ -351,7 +351,7 @@ class Mesh:
         orphans = link.core.drain()
         for arrival in link.arrivals:
             self._release_source(arrival)
-            _reset_for_recompute(arrival.request)
+            arrival.request.reset_for_recompute()
             orphans.append(arrival.request)
         link.arrivals.clear()
         for req in orphans:
@@ -360,8 +360,3 @@ class Mesh:
                 self.place(req)
         self._tg.start_soon(link.channel.close)
 
-
-def _reset_for_recompute(req: Request) -> None:
-    req.block_ids, req.host_block_ids = [], []
-    req.num_computed_tokens = req.num_cached_blocks = 0
-    req.status = RequestStatus.WAITING

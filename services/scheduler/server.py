@@ -62,7 +62,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         cores = [link.core for link in links]
         levels: list[int] = []
         for core in cores:
-            for i, n in enumerate(_queue_lengths(core)):
+            for i, n in enumerate(core.queue_lengths()):
                 levels.extend([0] * (i + 1 - len(levels)))
                 levels[i] += n
         reply = scheduler_pb2.GetStatsResponse(
@@ -87,7 +87,3 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         link = self.mesh.register(request.address, request.info)
         return scheduler_pb2.RegisterWorkerResponse(worker_id=link.worker_id, scheduler_id=link.epoch)
 
-
-def _queue_lengths(core) -> list[int]:
-    # Policies with levels (MLFQ) report one entry per level; the others one queue.
-    return core.queue_lengths() if hasattr(core, "queue_lengths") else [len(core.waiting)]

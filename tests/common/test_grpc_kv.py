@@ -17,7 +17,6 @@ from services.common.grpc_kv import (
     _READ_KV,
     _WRITE_KV,
     GRPC_KV_OPTIONS,
-    KVBytesServicer,
     _decode_chunk,
     _encode_chunk,
     iter_chunks,
@@ -27,6 +26,7 @@ from services.common.grpc_kv import (
 )
 from services.common.kv_transport import TransferState
 from services.engine.kv_pool import KVLayout, PagedKVPool
+from tests.common.kv_helpers import kv_bytes_server, random_pool
 
 LAYOUT = KVLayout(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=torch.float16)  # 4 KiB/block
 BPB = LAYOUT.bytes_per_block
@@ -38,21 +38,15 @@ def anyio_backend():
 
 
 def _pool(num_blocks=32, seed=0, layout=LAYOUT) -> PagedKVPool:
-    pool = PagedKVPool(layout, num_blocks, 0, torch.device("cpu"))
-    pool.device_kv.copy_(torch.randn(pool.device_kv.shape, generator=torch.Generator().manual_seed(seed)))
-    return pool
+    return random_pool(layout, num_blocks, seed)
 
 
 @pytest.fixture
 async def server():
     """(address, the server's pool)."""
     pool = _pool(seed=2)
-    srv = grpc.aio.server(options=GRPC_KV_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), srv)
-    port = srv.add_insecure_port("127.0.0.1:0")
-    await srv.start()
-    yield f"127.0.0.1:{port}", pool
-    await srv.stop(grace=None)
+    async with kv_bytes_server(pool) as address:
+        yield address, pool
 
 
 def test_chunks_hold_whole_blocks_in_id_order():

@@ -14,10 +14,8 @@ import grpc.aio
 import pytest
 import torch
 
-from seawall.v1 import worker_pb2_grpc
 from services.common.grpc_kv import (
     GRPC_KV_OPTIONS,
-    KVBytesServicer,
     pull_blocks,
     push_blocks,
 )
@@ -32,6 +30,7 @@ from services.common.shaper import (
     TokenBucket,
 )
 from services.engine.kv_pool import KVLayout, PagedKVPool
+from tests.common.kv_helpers import kv_bytes_server, random_pool
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -46,9 +45,7 @@ def anyio_backend():
 
 
 def _pool(num_blocks=64, seed=0) -> PagedKVPool:
-    pool = PagedKVPool(LAYOUT, num_blocks, 0, torch.device("cpu"))
-    pool.device_kv.copy_(torch.randn(pool.device_kv.shape, generator=torch.Generator().manual_seed(seed)))
-    return pool
+    return random_pool(LAYOUT, num_blocks, seed)
 
 
 async def _timed(coro) -> tuple[object, float]:
@@ -140,12 +137,8 @@ async def test_a_cancelled_wait_gives_its_tokens_back():
 @pytest.fixture
 async def server():
     pool = _pool(seed=2)
-    srv = grpc.aio.server(options=GRPC_KV_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), srv)
-    port = srv.add_insecure_port("127.0.0.1:0")
-    await srv.start()
-    yield f"127.0.0.1:{port}", pool
-    await srv.stop(grace=None)
+    async with kv_bytes_server(pool) as address:
+        yield address, pool
 
 
 @pytest.mark.parametrize("direction", ["pull", "push"])

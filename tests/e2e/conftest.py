@@ -44,11 +44,7 @@ def start_mesh(model_dir, log_dir, mode="disaggregated", num_prefill=1, num_deco
                           log_dir=log_dir, startup_timeout_s=180, kvcache=kvcache_args is not None,
                           kvcache_args=list(kvcache_args or ()))
     mesh = LocalMesh(options)
-    try:
-        mesh.start()
-    except BaseException:
-        mesh.stop()
-        raise
+    mesh.start()
     return mesh
 
 

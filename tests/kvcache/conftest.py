@@ -19,6 +19,7 @@ from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.kvcache.config import KVCacheConfig
 from services.kvcache.main import start, stop
 from services.kvcache.servicer import KVCacheServicer
+from tests.common.kv_helpers import random_pool
 
 LAYOUT = KVLayout(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=torch.float16)  # 4 KiB/block
 BPB = LAYOUT.bytes_per_block
@@ -37,9 +38,7 @@ def chain(n: int, start: int = 0, prompt: int = 0) -> list[int]:
 
 
 def make_pool(num_blocks: int = 32, seed: int = 0, layout: KVLayout = LAYOUT) -> PagedKVPool:
-    pool = PagedKVPool(layout, num_blocks, 0, torch.device("cpu"))
-    pool.device_kv.copy_(torch.randn(pool.device_kv.shape, generator=torch.Generator().manual_seed(seed)))
-    return pool
+    return random_pool(layout, num_blocks, seed)
 
 
 @dataclass

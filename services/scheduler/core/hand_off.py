@@ -93,9 +93,7 @@ class HandOff:
         the tokens it already produced. The pools are abandoned with the worker."""
         reqs = sorted(self.requests.values(), key=lambda r: (r.arrival_time, r.request_id))
         for req in reqs:
-            req.block_ids, req.host_block_ids = [], []
-            req.num_computed_tokens = req.num_cached_blocks = 0
-            req.status = RequestStatus.WAITING
+            req.reset_for_recompute()
             self._forget(req)
         self.arriving.clear()
         self.handed_off.clear()

@@ -40,6 +40,13 @@ class Request:
     # so that their KV can be stored (to kvcache) before the blocks are reused.
     hold_blocks_on_finish: bool = False
 
+    def reset_for_recompute(self) -> None:
+        """Forgets every block and computed token (the KV is gone); outputs are kept, so it recomputes
+        prompt + outputs and continues where it stopped."""
+        self.block_ids, self.host_block_ids = [], []
+        self.num_computed_tokens = self.num_cached_blocks = 0
+        self.status = RequestStatus.WAITING
+
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

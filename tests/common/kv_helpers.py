@@ -1,0 +1,32 @@
+"""Helpers for KV-transfer tests: pools of random blocks and a real gRPC server over one pool."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+import torch
+
+from seawall.v1 import worker_pb2_grpc
+from services.common.grpc_kv import GRPC_KV_OPTIONS, KVBytesServicer
+from services.engine.kv_pool import KVLayout, PagedKVPool
+
+
+def random_pool(layout: KVLayout, num_blocks: int, seed: int = 0) -> PagedKVPool:
+    pool = PagedKVPool(layout, num_blocks, 0, torch.device("cpu"))
+    pool.device_kv.copy_(torch.randn(pool.device_kv.shape, generator=torch.Generator().manual_seed(seed)))
+    return pool
+
+
+@contextlib.asynccontextmanager
+async def kv_bytes_server(pool: PagedKVPool) -> AsyncIterator[str]:
+    """A grpc.aio server on loopback serving Worker.ReadKV/WriteKV over ``pool``; yields its address."""
+    srv = grpc.aio.server(options=GRPC_KV_OPTIONS)
+    worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    await srv.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await srv.stop(grace=None)
