@@ -10,11 +10,13 @@ from seawall.workloads.multiturn import (
     HitStats,
     MooncakeReplayConfig,
     MultiTurnRequest,
+    SessionPlan,
     TokenSeq,
     agentic_sessions,
     block_token_ids,
     mooncake_conversation,
     prefix_hits,
+    session_plans,
     structural_hits,
 )
 
@@ -23,10 +25,12 @@ __all__ = [
     "HitStats",
     "MooncakeReplayConfig",
     "MultiTurnRequest",
+    "SessionPlan",
     "TokenSeq",
     "agentic_sessions",
     "block_token_ids",
     "mooncake_conversation",
     "prefix_hits",
+    "session_plans",
     "structural_hits",
 ]

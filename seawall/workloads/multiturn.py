@@ -14,6 +14,8 @@ Two sources, one request type (``MultiTurnRequest``):
 * ``agentic_sessions`` generates DualPath-style agent trajectories (papers.md §4.6): S sessions of up to T
   turns; turn 1's prompt is a first context, and each later prompt is the previous prompt + the previous
   turn's output + a short append, so almost every prompt token was seen before (≥ 95 % with the defaults).
+  Open loop (``agentic_sessions``), the output is an assumed one; closed loop (``session_plans``, then
+  ``SessionPlan.first_turn`` / ``next_turn``), it is what the model generated, so a live cache can hit it.
 
 Token ids are drawn from ``[3, vocab_size)`` (0–2 are left to special tokens) and are not materialised until
 read: ``prompt_token_ids`` is a ``TokenSeq``, a lazy concatenation of named segments, so a workload of long
@@ -130,13 +132,14 @@ class MultiTurnRequest:
     ``max(arrival_s, finish of prev_request_id + think_s)`` (agentic sessions: a turn follows the previous
     one's answer); a trace replay sends every request at ``arrival_s``.
     ``shared_prefix_tokens``: leading tokens of this prompt equal to the previous turn's context — its
-    prompt plus, for generated sessions, the output tokens it was given (``output_token_ids``); 0 on turn 1.
+    prompt plus, for generated sessions, its output (assumed, ``output_token_ids``, or generated, in a closed
+    loop); 0 on turn 1. ``prompt_token_ids`` is a ``TokenSeq``, or a tuple of ids for a closed-loop turn.
     """
 
     request_id: str
     session_id: str
     turn: int  # 1-based
-    prompt_token_ids: TokenSeq
+    prompt_token_ids: Sequence[int]
     max_tokens: int
     arrival_s: float
     shared_prefix_tokens: int = 0
@@ -159,7 +162,7 @@ class MultiTurnRequest:
              "prompt_len": self.prompt_len, "shared_prefix_tokens": self.shared_prefix_tokens,
              "prev_request_id": self.prev_request_id}
         if with_tokens:
-            d["prompt_token_ids"] = self.prompt_token_ids.tolist()
+            d["prompt_token_ids"] = list(self.prompt_token_ids)
         return d
 
 
@@ -331,7 +334,15 @@ def _jittered(rng: random.Random, mean: int, jitter: float) -> int:
 
 
 def agentic_sessions(cfg: AgenticConfig = AgenticConfig()) -> list[MultiTurnRequest]:
-    """Every turn of every session, sorted by (arrival_s, session, turn)."""
+    """Every turn of every session, open loop (each prompt embeds the output assumed for the turn before),
+    sorted by (arrival_s, session, turn)."""
+    out = [req for plan in session_plans(cfg) for req in plan.open_loop()]
+    out.sort(key=lambda r: (r.arrival_s, r.session_id, r.turn))
+    return out
+
+
+def session_plans(cfg: AgenticConfig = AgenticConfig()) -> list[SessionPlan]:
+    """One plan per session: everything ``agentic_sessions`` draws, before any output exists."""
     if cfg.sessions < 1 or cfg.turns < 1:
         raise InvalidArgument(f"sessions and turns must be >= 1, got {cfg.sessions} and {cfg.turns}")
     if min(cfg.first_prompt_len, cfg.append_len, cfg.output_len) < 1 or not 0 <= cfg.jitter < 1:
@@ -342,41 +353,95 @@ def agentic_sessions(cfg: AgenticConfig = AgenticConfig()) -> list[MultiTurnRequ
         raise InvalidArgument(f"session rate must be > 0, got {cfg.session_rate}")
     arrivals = random.Random(cfg.seed)
     start = 0.0
-    out: list[MultiTurnRequest] = []
+    plans = []
     for s in range(cfg.sessions):
         if cfg.session_arrival == "poisson":
             start += arrivals.expovariate(cfg.session_rate)
-        out.extend(_session(cfg, s, start))
-    out.sort(key=lambda r: (r.arrival_s, r.session_id, r.turn))
-    return out
+        plans.append(_plan(cfg, s, start))
+    return plans
 
 
-def _session(cfg: AgenticConfig, s: int, start: float) -> list[MultiTurnRequest]:
+def _plan(cfg: AgenticConfig, s: int, start: float) -> SessionPlan:
+    # Draw order (first prompt, then per turn: its append, its output) keeps every seed's sessions as before.
     rng = random.Random(cfg.seed * 1_000_003 + s)
     sid = f"s{s}"
-    prompt = TokenSeq([(f"ag:{sid}:first", _jittered(rng, cfg.first_prompt_len, cfg.jitter))],
-                      cfg.vocab_size, cfg.seed)
-    turns: list[MultiTurnRequest] = []
-    arrival = start
+    first = TokenSeq([(f"ag:{sid}:first", _jittered(rng, cfg.first_prompt_len, cfg.jitter))],
+                     cfg.vocab_size, cfg.seed)
+    appends, outputs = [], []
     for t in range(1, cfg.turns + 1):
         if t > 1:
+            appends.append(TokenSeq([(f"ag:{sid}:{t}:append", _jittered(rng, cfg.append_len, cfg.jitter))],
+                                    cfg.vocab_size, cfg.seed))
+        outputs.append(_jittered(rng, cfg.output_len, cfg.jitter))
+    if len(first) + outputs[0] > cfg.max_len:
+        raise InvalidArgument(f"the first prompt ({len(first)}) + output ({outputs[0]}) pass max_len {cfg.max_len}")
+    return SessionPlan(sid, start, first, tuple(appends), tuple(outputs), cfg.think_s, cfg.max_len)
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """One agentic session as drawn: turn 1's context, the append before each later turn and each turn's
+    output length. Turn k + 1's prompt is turn k's prompt + turn k's output + ``appends[k - 1]``.
+
+    ``open_loop`` fills in an assumed output for every turn (the next prompt embeds tokens no model produced,
+    so a live cache misses them). ``first_turn`` / ``next_turn`` close the loop: the next prompt embeds the
+    tokens the model actually generated, so a live cache can hit the whole previous context.
+    """
+
+    session_id: str
+    start_s: float
+    first_prompt: TokenSeq
+    appends: tuple[TokenSeq, ...]  # appends[i] comes before turn i + 2
+    max_tokens: tuple[int, ...]  # per turn, turn 1 first
+    think_s: float
+    max_len: int
+
+    @property
+    def turns(self) -> int:
+        return len(self.max_tokens)
+
+    def first_turn(self) -> MultiTurnRequest:
+        return self._turn(1, self.first_prompt, 0, None, None)
+
+    def next_turn(self, prev: MultiTurnRequest, generated: Sequence[int]) -> MultiTurnRequest | None:
+        """The turn after ``prev``, whose output was ``generated``: prev's prompt + generated + the append.
+        None when the session is over (no turns left, or the prompt + output would pass max_len)."""
+        if prev.session_id != self.session_id:
+            raise InvalidArgument(f"turn {prev.request_id} belongs to session {prev.session_id}, "
+                                  f"not {self.session_id}")
+        t = prev.turn + 1
+        if t > self.turns:
+            return None
+        context = (*prev.prompt_token_ids, *generated)
+        prompt = (*context, *self.appends[t - 2])
+        if len(prompt) + self.max_tokens[t - 1] > self.max_len:
+            return None
+        return self._turn(t, prompt, len(context), prev.request_id, None)
+
+    def open_loop(self) -> list[MultiTurnRequest]:
+        """Every turn, each given an assumed output (``output_token_ids``) that the next prompt embeds."""
+        sid = self.session_id
+        turns = [self._turn(1, self.first_prompt, 0, None, self._assumed_output(1))]
+        for t in range(2, self.turns + 1):
             prev = turns[-1]
-            prompt = prev.prompt_token_ids.extend(
-                [*prev.output_token_ids.segments, (f"ag:{sid}:{t}:append", _jittered(rng, cfg.append_len,
-                                                                                      cfg.jitter))])
-            arrival += cfg.think_s
-        n_out = _jittered(rng, cfg.output_len, cfg.jitter)
-        if len(prompt) + n_out > cfg.max_len:
-            if t == 1:
-                raise InvalidArgument(f"the first prompt ({len(prompt)}) + output ({n_out}) pass max_len "
-                                      f"{cfg.max_len}")
-            break
-        output = TokenSeq([(f"ag:{sid}:{t}:out", n_out)], cfg.vocab_size, cfg.seed)
-        shared = turns[-1].prompt_len + len(turns[-1].output_token_ids) if turns else 0
-        turns.append(MultiTurnRequest(f"{sid}-t{t}", sid, t, prompt, n_out, arrival, shared,
-                                      turns[-1].request_id if turns else None, cfg.think_s if t > 1 else 0.0,
-                                      output))
-    return turns
+            prompt = prev.prompt_token_ids.extend([*prev.output_token_ids.segments, *self.appends[t - 2].segments])
+            if len(prompt) + self.max_tokens[t - 1] > self.max_len:
+                break
+            turns.append(self._turn(t, prompt, prev.prompt_len + len(prev.output_token_ids), f"{sid}-t{t - 1}",
+                                    self._assumed_output(t)))
+        return turns
+
+    def _assumed_output(self, t: int) -> TokenSeq:
+        return TokenSeq([(f"ag:{self.session_id}:{t}:out", self.max_tokens[t - 1])], self.first_prompt.vocab_size,
+                        self.first_prompt.seed)
+
+    def _turn(self, t: int, prompt: Sequence[int], shared: int, prev: str | None,
+              output: TokenSeq | None) -> MultiTurnRequest:
+        arrival = self.start_s
+        for _ in range(t - 1):  # summed, not multiplied: the same floats as every earlier release
+            arrival += self.think_s
+        return MultiTurnRequest(f"{self.session_id}-t{t}", self.session_id, t, prompt, self.max_tokens[t - 1],
+                                arrival, shared, prev, self.think_s if t > 1 else 0.0, output)
 
 
 # --- hit-rate accounting -------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from seawall.workloads.multiturn import (
     block_token_ids,
     mooncake_conversation,
     prefix_hits,
+    session_plans,
     structural_hits,
 )
 from services.common.block_hash import extend_hashes, hash_seed
@@ -288,3 +289,53 @@ def test_jsonl_export(tmp_path):
             "prev_request_id"} <= rows[0].keys()
     mt.write_jsonl(reqs, out, with_tokens=False)
     assert "prompt_token_ids" not in json.loads(out.read_text().splitlines()[0])
+
+
+# --- closed-loop sessions -------------------------------------------------------------------------------------
+
+
+def test_closed_loop_turns_embed_the_generated_output():
+    plan = session_plans(AgenticConfig(sessions=1, turns=4, first_prompt_len=40, append_len=6, output_len=5,
+                                       max_len=4096, jitter=0))[0]
+    first = plan.first_turn()
+    assert first.turn == 1 and first.prev_request_id is None and first.prompt_len == 40
+    generated = [11, 12, 13]  # shorter than max_tokens: a model may stop early
+    second = plan.next_turn(first, generated)
+    tokens = list(second.prompt_token_ids)
+    assert tokens[:40] == list(first.prompt_token_ids) and tokens[40:43] == generated
+    assert tokens[43:] == plan.appends[0].tolist() and len(tokens) == 49
+    assert second.shared_prefix_tokens == 43 and second.prev_request_id == first.request_id
+    assert second.turn == 2 and second.max_tokens == 5 and second.request_id == "s0-t2"
+    third = plan.next_turn(second, [7] * 5)
+    assert list(third.prompt_token_ids)[:54] == tokens + [7] * 5 and third.shared_prefix_tokens == 54
+    fourth = plan.next_turn(third, [])
+    assert plan.next_turn(fourth, [1]) is None  # its turns ran out
+    # What the cache can serve: the previous context, whole blocks only.
+    hits = prefix_hits([first, second], 8).per_request
+    assert hits == [0, 40]  # turn 1's prompt blocks; the generated tokens were never in a prompt before
+
+
+def test_closed_loop_with_the_assumed_outputs_is_the_open_loop():
+    cfg = AgenticConfig(sessions=3, turns=8, seed=4).scaled(1 / 16)
+    open_loop = {r.request_id: r for r in agentic_sessions(cfg)}
+    for plan in session_plans(cfg):
+        turn = plan.first_turn()
+        while turn is not None:
+            want = open_loop.pop(turn.request_id)
+            assert list(turn.prompt_token_ids) == want.prompt_token_ids.tolist()
+            assert (turn.shared_prefix_tokens, turn.max_tokens, turn.arrival_s, turn.prev_request_id) == (
+                want.shared_prefix_tokens, want.max_tokens, want.arrival_s, want.prev_request_id)
+            turn = plan.next_turn(turn, want.output_token_ids.tolist())
+    assert not open_loop
+
+
+def test_closed_loop_ends_before_max_len_and_checks_the_session():
+    plan, other = session_plans(AgenticConfig(sessions=2, turns=50, first_prompt_len=100, append_len=50,
+                                              output_len=50, max_len=400, jitter=0))
+    turn, lengths = plan.first_turn(), []
+    while turn is not None:
+        lengths.append(turn.prompt_len)
+        turn = plan.next_turn(turn, [5] * 20)  # shorter outputs than planned: the session runs longer
+    assert lengths == [100, 170, 240, 310]  # 380 + 50 would pass 400
+    with pytest.raises(InvalidArgument, match="belongs to session"):
+        other.next_turn(plan.first_turn(), [1])
