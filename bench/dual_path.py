@@ -1,24 +1,30 @@
 """DualPath on the live mesh: agentic multi-turn sessions with shaped storage NICs, PE-read vs dual.
 
-Workload: ``--sessions`` agentic sessions of ``--turns`` turns (``seawall.workloads.multiturn``, DualPath's
-64K shape scaled by ``--scale`` to the built-in model's context), each session closed-loop (a turn is sent
-when the previous one finished), all sessions at once. Every finished turn is stored to kvcache; the next
-turn loads its prefix (hit rate printed).
+Workload: ``--sessions`` agentic sessions of up to ``--turns`` turns (``seawall.workloads.multiturn``, DualPath's
+64K shape scaled by ``--scale`` to the built-in model's context), all sessions at once, each closed-loop: a
+turn is sent when the previous one finished, and its prompt is the previous prompt + the tokens the model
+generated for it + a short append (``SessionPlan.next_turn``). Every finished turn is stored to kvcache; the
+next turn loads its prefix.
 
 The mesh (1 prefill + 1 decode worker + kvcache, disaggregated, workers' own prefix caches off so that every
 reused token comes through kvcache) runs with each node's storage traffic shaped to ``--storage-gbps`` and
 compute traffic to ``--compute-gbps`` (4x by default, as in the issue), once per read policy, same workload.
 With PE-read every load crosses the prefill node's storage NIC; ``dual`` also uses the decode node's.
 
-Prints per policy: wall time (JCT of the whole job), tokens/s, TTFT mean and p99, hit rate, and ratios to
-the first policy. Timings are reported, never asserted.
+Prints per policy: wall time (JCT of the whole job), output tokens/s, TTFT mean and p99, the hit rate and
+ratios to the first policy. The hit rate is the mesh's own count: prompt tokens it did not compute (loaded
+from kvcache or found in a prefix cache, ``usage.cached_prompt_tokens``) over all prompt tokens, turn 1
+included; "ideal" is what the workload allows (the previous context over the prompt, whole blocks). Greedy
+decoding makes every policy generate the same tokens, so every policy runs the same prompts (checked).
+Timings are reported, never asserted.
 
-    .venv/bin/python bench/dual_path.py [--storage-gbps 0.005] [--sessions 8] [--turns 12] [--json OUT]
+    .venv/bin/python bench/dual_path.py [--storage-gbps 0.005] [--sessions 6] [--turns 32] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -27,48 +33,71 @@ import time
 from pathlib import Path
 
 import anyio
+import grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from seawall import AsyncClient  # noqa: E402
+from seawall.client import build_request  # noqa: E402
 from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
-from seawall.workloads.multiturn import AgenticConfig, agentic_sessions  # noqa: E402
+from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc, scheduler_pb2_grpc  # noqa: E402
+from seawall.workloads.multiturn import AgenticConfig, SessionPlan, session_plans  # noqa: E402
+from services.common.grpc_server import CHANNEL_OPTIONS  # noqa: E402
 from services.engine.builtin_model import ensure_default_model  # noqa: E402
 
 
-def workload(args) -> dict[str, list]:
+def workload(args) -> list[SessionPlan]:
     cfg = AgenticConfig.preset("64k", sessions=args.sessions, turns=args.turns, seed=args.seed).scaled(args.scale)
-    sessions: dict[str, list] = {}
-    for req in agentic_sessions(cfg):
-        sessions.setdefault(req.session_id, []).append(req)
-    return sessions
+    return session_plans(cfg)
 
 
-async def run_sessions(address: str, sessions: dict[str, list]) -> dict:
-    ttfts, prompt_tokens, cached, out_tokens = [], 0, 0, 0
+async def run_sessions(address: str, plans: list[SessionPlan], block_size: int) -> dict:
+    ttfts, outputs = [], hashlib.sha256()
+    n = {"turns": 0, "prompt": 0, "cached": 0, "ideal": 0, "later_prompt": 0, "later_cached": 0, "out": 0}
+    finished: dict[str, list[int]] = {}
 
-    async with AsyncClient(address) as client:
-        async def session(turns):
-            nonlocal prompt_tokens, cached, out_tokens
-            for req in sorted(turns, key=lambda r: r.turn):
-                t0 = time.perf_counter()
-                first = None
-                async for chunk in client.stream(req.prompt_token_ids.tolist(), max_tokens=req.max_tokens,
-                                                 temperature=0, ignore_eos=True, session_id=req.session_id):
-                    if first is None and chunk.token_ids:
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+
+        async def session(plan: SessionPlan) -> None:
+            turn = plan.first_turn()
+            while turn is not None:
+                msg = build_request(list(turn.prompt_token_ids), turn.request_id,
+                                    {"max_tokens": turn.max_tokens, "temperature": 0, "ignore_eos": True,
+                                     "session_id": turn.session_id})
+                t0, first, generated, last = time.perf_counter(), None, [], None
+                async for reply in stub.Generate(msg):
+                    if first is None and reply.token_ids:
                         first = time.perf_counter() - t0
-                    out_tokens += len(chunk.token_ids)
+                    generated.extend(reply.token_ids)
+                    last = reply
                 ttfts.append(first or 0.0)
-                prompt_tokens += req.prompt_len
+                cached = last.usage.cached_prompt_tokens
+                n["turns"] += 1
+                n["prompt"] += turn.prompt_len
+                n["cached"] += cached
+                n["out"] += len(generated)
+                if turn.prev_request_id is not None:
+                    # The mesh stores every computed full block (prompt + output but the last token, whose KV
+                    # is never computed); one prompt token always runs.
+                    n["ideal"] += min(turn.shared_prefix_tokens - 1, turn.prompt_len - 1) // block_size * block_size
+                    n["later_prompt"] += turn.prompt_len
+                    n["later_cached"] += cached
+                finished[turn.request_id] = generated
+                turn = plan.next_turn(turn, generated)
 
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:
-            for turns in sessions.values():
-                tg.start_soon(session, turns)
+            for plan in plans:
+                tg.start_soon(session, plan)
         wall = time.perf_counter() - start
+    for rid in sorted(finished):
+        outputs.update(f"{rid}:{finished[rid]}".encode())
     return {"wall_s": wall, "ttft_mean": statistics.mean(ttfts), "ttft_p99": _p(ttfts, 0.99),
-            "tokens": out_tokens, "prompt_tokens": prompt_tokens}
+            "turns": n["turns"], "tokens": n["out"], "prompt_tokens": n["prompt"], "cached_tokens": n["cached"],
+            "hit_rate": n["cached"] / n["prompt"], "ideal_hit_rate": n["ideal"] / n["prompt"],
+            "later_turns_hit_rate": n["later_cached"] / max(n["later_prompt"], 1),
+            "outputs_sha256": outputs.hexdigest()}
 
 
 def _p(xs: list[float], q: float) -> float:
@@ -77,10 +106,6 @@ def _p(xs: list[float], q: float) -> float:
 
 
 def kvcache_hits(mesh: LocalMesh) -> tuple[int, int]:
-    import grpc
-
-    from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
-
     with grpc.insecure_channel(mesh.kvcache_address) as ch:
         stats = kvcache_pb2_grpc.KVCacheStub(ch).Stats(kvcache_pb2.KVCacheStatsRequest())
     return stats.hit_blocks, stats.miss_blocks
@@ -91,37 +116,43 @@ def main() -> int:
     p.add_argument("--policies", default="pe-read,dual")
     p.add_argument("--storage-gbps", type=float, default=0.005)
     p.add_argument("--compute-gbps", type=float, default=None, help="default: 4x --storage-gbps")
-    p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--turns", type=int, default=12)
+    p.add_argument("--sessions", type=int, default=6)
+    p.add_argument("--turns", type=int, default=32, help="at most, per session (fewer turns: a lower hit rate, "
+                   "as turn 1's context is always computed)")
     p.add_argument("--scale", type=float, default=1 / 16)
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (the workers' --block-size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     compute = args.compute_gbps or 4 * args.storage_gbps
     model = str(ensure_default_model())
-    sessions = workload(args)
-    n = sum(len(v) for v in sessions.values())
-    print(f"{len(sessions)} sessions, {n} turns; storage {args.storage_gbps} GB/s, compute {compute} GB/s per node")
+    plans = workload(args)
+    print(f"{len(plans)} sessions of up to {max(p.turns for p in plans)} turns, closed loop; storage "
+          f"{args.storage_gbps} GB/s, compute {compute} GB/s per node", flush=True)
     results = {}
     logs = Path(tempfile.mkdtemp(prefix="seawall-dualpath-"))
     for policy in args.policies.split(","):
         opts = MeshOptions(model=model, grpc_port=0, http_port=None, log_dir=logs / policy, kvcache=True,
                            scheduler_args=["--chunk-size", "256", "--no-prefix-caching", "--kv-read-policy", policy],
-                           worker_args=["--compute-gbps", str(compute)],
+                           worker_args=["--compute-gbps", str(compute), "--block-size", str(args.block_size)],
                            kvcache_args=["--storage-gbps", str(args.storage_gbps)])
         with LocalMesh(opts) as mesh:
-            r = anyio.run(run_sessions, mesh.grpc_address, sessions)
-            hit, miss = kvcache_hits(mesh)
-        r["hit_rate"] = hit / max(hit + miss, 1)
+            r = anyio.run(run_sessions, mesh.grpc_address, plans, args.block_size)
+            r["kvcache_hit_blocks"], r["kvcache_miss_blocks"] = kvcache_hits(mesh)
         r["tok_s"] = r["tokens"] / r["wall_s"]
         results[policy] = r
+        print(f"{policy}: {r['wall_s']:.1f} s, {r['turns']} turns", flush=True)
     base = next(iter(results.values()))
-    print(f"{'policy':<10}{'JCT s':>9}{'tok/s':>9}{'TTFT mean':>11}{'TTFT p99':>10}{'hit':>7}{'JCT gain':>10}")
+    print(f"{'policy':<10}{'JCT s':>9}{'tok/s':>9}{'TTFT mean':>11}{'TTFT p99':>10}{'hit':>7}{'ideal':>7}"
+          f"{'JCT gain':>10}{'TTFT gain':>11}")
     for policy, r in results.items():
         print(f"{policy:<10}{r['wall_s']:>9.2f}{r['tok_s']:>9.1f}{r['ttft_mean']:>11.3f}{r['ttft_p99']:>10.3f}"
-              f"{r['hit_rate']:>7.1%}{base['wall_s'] / r['wall_s']:>9.2f}x")
+              f"{r['hit_rate']:>7.1%}{r['ideal_hit_rate']:>7.1%}{base['wall_s'] / r['wall_s']:>9.2f}x"
+              f"{base['ttft_mean'] / r['ttft_mean']:>10.2f}x")
+        if r["outputs_sha256"] != base["outputs_sha256"]:
+            print(f"  {policy} generated other tokens than {next(iter(results))}: not the same workload")
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results}, indent=2))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     return 0
 
 
