@@ -42,10 +42,11 @@ import grpc  # noqa: E402
 import grpc.aio  # noqa: E402
 import torch  # noqa: E402
 
-from seawall.v1 import common_pb2, worker_pb2_grpc  # noqa: E402
+from seawall.v1 import common_pb2  # noqa: E402
 from services.common.grpc_kv import (  # noqa: E402
     GRPC_KV_OPTIONS,
     KVBytesServicer,
+    add_worker_servicer,
     pull_blocks,
     push_blocks,
 )
@@ -72,7 +73,7 @@ def _peer(conn, layout: KVLayout, num_blocks: int) -> None:
         pool = _pool(layout, num_blocks, seed=2)
         agent = NixlKVAgent("bench-peer", pool)
         server = grpc.aio.server(options=GRPC_KV_OPTIONS)
-        worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), server)
+        add_worker_servicer(KVBytesServicer(pool), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         conn.send((agent.metadata().SerializeToString(), agent.kv_layout().SerializeToString(), port))

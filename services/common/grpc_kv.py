@@ -6,7 +6,9 @@ in ReadKV chunks, destination ids in WriteKV chunks.
 
 Server side, ``KVBytesServicer`` implements the two RPCs over one pool and maps ``SeawallError`` to its status
 (``InvalidArgument`` → INVALID_ARGUMENT); the Worker servicer inherits them, and tests and benchmarks serve a
-bare pool with it.
+bare pool with it. Register it with ``add_worker_servicer``: its ReadKV/WriteKV handlers take and return
+KVChunk wire bytes, which this module encodes and decodes itself (the other Worker methods keep the generated
+handlers).
 
 Both the server and client channels need ``GRPC_KV_OPTIONS`` (chunks are larger than gRPC's 4 MiB default
 receive limit).
@@ -16,9 +18,11 @@ arguments raise ``InvalidArgument``; everything after the call started (peer unr
 peer cancelling) becomes a FAILED / TIMED_OUT / ABORTED outcome, never a hang. To abort one, cancel the task
 that awaits it (e.g. from a cancel scope kept per transfer id).
 
-Copies on this side: building a chunk copies each block once, straight from the pool (a run of adjacent ids
+Copies on either side: building a chunk copies each block once, straight from the pool (a run of adjacent ids
 is one slice, scattered ids one ``b"".join`` over memoryviews: 17–24 GB/s here against 11 GB/s for
-index-then-``tobytes``); writing one is one copy from the received bytes into the pool.
+index-then-``tobytes``); writing one is one copy from a view of the received bytes into the pool. Through the
+generated code a chunk cost two or three more copies on each side (tobytes, the message field,
+``SerializeToString``; parsing, ``.data``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import grpc
 import grpc.aio
 import numpy as np
 import torch
+from google.protobuf import message_factory
 
 from seawall.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import InvalidArgument, SeawallError
@@ -72,6 +77,9 @@ def write_chunk(pool: PagedKVPool, chunk: worker_pb2.KVChunk) -> int:
 
 
 # ---- server side -----------------------------------------------------------------------------------------
+#
+# Message-object versions, for a servicer registered with the generated code (``KVBytesServicer`` with
+# ``add_worker_servicer`` saves their copies).
 
 async def serve_read_kv(pool: PagedKVPool, request: worker_pb2.ReadKVRequest) -> AsyncIterator[worker_pb2.KVChunk]:
     """Worker.ReadKV: the requested blocks as chunks of at most ``request.max_chunk_bytes`` (0 = the default,
@@ -95,12 +103,9 @@ async def serve_write_kv(pool: PagedKVPool,
 
 # ---- client side -----------------------------------------------------------------------------------------
 #
-# The client encodes and decodes KVChunk wire bytes itself (a registered method with no serializer): a pushed
-# chunk is built with one copy straight from the pool's memory, and a pulled chunk's bytes are written into the
-# pool from a view of the received message. With the generated stub the same push made three copies on this
-# side (tobytes, into the message, SerializeToString) and a pull two (parse, ``.data``); in one process the
-# raw push moved 0.7-1.1 GB/s against 0.3-0.45 GB/s (a loaded 2-core machine). The servers' side uses the
-# generated code, so the bytes on the wire are plain KVChunk messages either way.
+# The client encodes and decodes KVChunk wire bytes itself (a registered method with no serializer), as the
+# server does: the bytes on the wire are plain KVChunk messages either way, so generated stubs and servers
+# interoperate with these.
 
 _WRITE_KV = "/seawall.v1.Worker/WriteKV"
 _READ_KV = "/seawall.v1.Worker/ReadKV"
@@ -354,20 +359,60 @@ def _decode_chunk(message: bytes) -> tuple[list[int], memoryview]:
 
 
 class KVBytesServicer(worker_pb2_grpc.WorkerServicer):
-    """Worker.ReadKV / Worker.WriteKV over ``self.pool`` (the other Worker RPCs stay unimplemented here)."""
+    """Worker.ReadKV / Worker.WriteKV over ``self.pool`` on KVChunk wire bytes (the other Worker RPCs stay
+    unimplemented here). Register it with ``add_worker_servicer``: the generated ``add_WorkerServicer_to_server``
+    would try to serialize the bytes these handlers yield."""
 
     def __init__(self, pool: PagedKVPool) -> None:
         self.pool = pool
 
-    async def ReadKV(self, request, context):
+    async def ReadKV(self, request: worker_pb2.ReadKVRequest, context) -> AsyncIterator[bytes]:
         try:
-            async for chunk in serve_read_kv(self.pool, request):
-                yield chunk
+            ids = _ids(request.block_ids, self.pool.num_blocks, "block")
         except SeawallError as e:
             await context.abort(grpc.StatusCode[e.grpc_code], str(e))
+        max_bytes = min(request.max_chunk_bytes or DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES)
+        bpb = self.pool.layout.bytes_per_block
+        for pos, parts in _block_parts(self.pool, ids, max_bytes):
+            yield _encode_chunk(ids[pos].tolist(), parts, (pos.stop - pos.start) * bpb, "")
 
-    async def WriteKV(self, request_iterator, context):
+    async def WriteKV(self, request_iterator: AsyncIterable[bytes], context) -> worker_pb2.WriteKVResponse:
+        nbytes = nblocks = 0
         try:
-            return await serve_write_kv(self.pool, request_iterator)
-        except SeawallError as e:
+            async for message in request_iterator:
+                block_ids, data = _decode_chunk(message)
+                nbytes += _write_blocks(self.pool, _ids(block_ids, self.pool.num_blocks, "destination block"), data)
+                nblocks += len(block_ids)
+        except SeawallError as e:  # chunks before a bad one stay written: the transfer failed as a whole
             await context.abort(grpc.StatusCode[e.grpc_code], str(e))
+        return worker_pb2.WriteKVResponse(bytes=nbytes, num_blocks=nblocks)
+
+
+_WORKER = worker_pb2.DESCRIPTOR.services_by_name["Worker"]
+# Methods whose handlers take (WriteKV) or return (ReadKV) serialized messages instead of message objects.
+_RAW_REQUESTS, _RAW_RESPONSES = {"WriteKV"}, {"ReadKV"}
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_worker_servicer(servicer: worker_pb2_grpc.WorkerServicer, server: grpc.aio.Server) -> None:
+    """``worker_pb2_grpc.add_WorkerServicer_to_server``, except that ReadKV and WriteKV move KVChunk wire
+    bytes: the servicer's ReadKV yields serialized chunks and its WriteKV iterates over them (as
+    ``KVBytesServicer``'s do). The bytes on the wire are the same, so generated clients still interoperate;
+    gRPC no longer parses, copies and re-serializes every chunk on this side."""
+    handlers = {}
+    for method in _WORKER.methods:
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        kind = _HANDLER_KINDS[method.client_streaming, method.server_streaming]
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=None if method.name in _RAW_REQUESTS else request.FromString,
+            response_serializer=None if method.name in _RAW_RESPONSES else response.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_WORKER.full_name, handlers),))
+    server.add_registered_method_handlers(_WORKER.full_name, handlers)

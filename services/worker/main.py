@@ -15,7 +15,8 @@ import anyio
 import grpc
 from prometheus_client import CollectorRegistry
 
-from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
+from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2
+from services.common import grpc_kv
 from services.common import tracing as tr
 from services.common.errors import Unavailable
 from services.common.grpc_server import CHANNEL_OPTIONS, Server, run_service, wait_for_shutdown_signal
@@ -84,7 +85,7 @@ async def serve(config: WorkerConfig) -> None:
     tracing = setup_tracing(tr.PREFILL if config.role == "prefill" else tr.DECODE, config.otlp_endpoint)
     servicer = WorkerServicer(config, runner, agent, WorkerMetrics(registry), tracing)
     serve_metrics(registry, config.host, config.metrics_port)
-    server.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer,
+    server.add(grpc_kv.add_worker_servicer, servicer,
                worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name)
     port = await server.start(config.host, config.port)
     address = f"{advertise_host}:{port}"

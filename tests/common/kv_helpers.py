@@ -8,8 +8,7 @@ from collections.abc import AsyncIterator
 import grpc
 import torch
 
-from seawall.v1 import worker_pb2_grpc
-from services.common.grpc_kv import GRPC_KV_OPTIONS, KVBytesServicer
+from services.common.grpc_kv import GRPC_KV_OPTIONS, KVBytesServicer, add_worker_servicer
 from services.engine.kv_pool import KVLayout, PagedKVPool
 
 
@@ -23,7 +22,7 @@ def random_pool(layout: KVLayout, num_blocks: int, seed: int = 0) -> PagedKVPool
 async def kv_bytes_server(pool: PagedKVPool) -> AsyncIterator[str]:
     """A grpc.aio server on loopback serving Worker.ReadKV/WriteKV over ``pool``; yields its address."""
     srv = grpc.aio.server(options=GRPC_KV_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), srv)
+    add_worker_servicer(KVBytesServicer(pool), srv)
     port = srv.add_insecure_port("127.0.0.1:0")
     await srv.start()
     try:

@@ -11,9 +11,9 @@ import grpc.aio
 import pytest
 import torch
 
-from seawall.v1 import common_pb2, kvcache_pb2_grpc, worker_pb2_grpc
+from seawall.v1 import common_pb2, kvcache_pb2_grpc
 from services.common.block_hash import extend_hashes, hash_seed
-from services.common.grpc_kv import GRPC_KV_OPTIONS, KVBytesServicer
+from services.common.grpc_kv import GRPC_KV_OPTIONS, KVBytesServicer, add_worker_servicer
 from services.common.kv_transport import NixlKVAgent, kv_layout_proto
 from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.kvcache.config import KVCacheConfig
@@ -68,7 +68,7 @@ async def make_worker():
         pool = make_pool(num_blocks, seed, layout)
         agent = NixlKVAgent(f"worker{next(_names)}", pool) if nixl else None
         server = grpc.aio.server(options=GRPC_KV_OPTIONS)
-        worker_pb2_grpc.add_WorkerServicer_to_server(KVBytesServicer(pool), server)
+        add_worker_servicer(KVBytesServicer(pool), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         servers.append(server)
