@@ -10,9 +10,11 @@ prefix than the chosen prefill worker's own prefix cache, the prefix is loaded i
   prefill worker pulls them from there over the compute path, computes the rest; at hand-off the decode worker
   already caches the prefix (``cache_arrival``), so only the newly computed blocks travel back.
 
-``dual`` picks, per request, the side whose storage reads queued fewer bytes (DualPath's rule, papers.md
-§4.5). Sessions' finished requests store their full blocks back to kvcache, so the next turn hits. Any
-failure along the way (kvcache down, a transfer failing, the request aborted) falls back to computing.
+The prefill worker and (for a DE-read) the decode worker are placed by token load (``placement.py``);
+``dual`` then picks, per request, the side whose node's storage reads queued fewer tokens (DualPath's rule,
+papers.md §4.5), and a DE-read request is handed off to the decode worker that read its prefix. Sessions'
+finished requests store their full blocks back to kvcache, so the next turn hits. Any failure along the way
+(kvcache down, a transfer failing, the request aborted) falls back to computing.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from services.common.block_hash import extend_hashes
 from services.scheduler.config import READ_POLICIES
 from services.scheduler.core.request import Request
 from services.scheduler.kvcache_client import KVCacheClient
+from services.scheduler.placement import ReadMeter, pick_read_side
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,9 @@ class DualPath:
         self.mesh = mesh
         self.client = client
         self.policy = policy
-        self.read_queue: dict[str, int] = defaultdict(int)  # bytes of kvcache loads in flight, per worker
+        self.reads: dict[str, ReadMeter] = defaultdict(ReadMeter)  # kvcache loads into each worker (node)
+        self.admitting: dict[str, tuple[str, int]] = {}  # request id -> (its prefill worker, its tokens)
+        self.decode_for: dict[str, WorkerLink] = {}  # request id -> the decode worker that read its prefix
         self.loads = {"pe-read": 0, "de-read": 0}
         self._storing: dict[str, anyio.Event] = {}  # session id -> its last turn's store, while in flight
         self._ids = itertools.count()
@@ -65,6 +70,14 @@ class DualPath:
         if prefill is None:
             mesh.place(req)
             return
+        self.admitting[req.request_id] = (prefill.worker_id, req.num_tokens)
+        try:
+            await self._admit_to(req, prefill)
+        finally:
+            del self.admitting[req.request_id]
+
+    async def _admit_to(self, req: Request, prefill: WorkerLink) -> None:
+        mesh = self.mesh
         bs = prefill.core.blocks.block_size
         hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, prefill.core.hash_seed)
         hashes = hashes[: (len(req.prompt_token_ids) - 1) // bs]  # one prompt token must run
@@ -77,7 +90,7 @@ class DualPath:
         if hit <= local:
             mesh.place_on(prefill, req)
             return
-        decode = self._pick_decode()
+        decode = self._pick_decode(req)
         side = self._side(prefill, decode)
         done = False
         if side == "de-read":
@@ -88,32 +101,38 @@ class DualPath:
             req.reset_for_recompute()
             mesh.place(req)
 
+    def admitting_tokens(self, link: WorkerLink) -> int:
+        """Tokens of the requests being admitted to ``link`` that its core does not hold yet (a lookup, or a
+        DE-read's load, in flight): without them, requests admitted together would all pick one worker."""
+        return sum(n for rid, (wid, n) in self.admitting.items()
+                   if wid == link.worker_id and rid not in link.core.requests)
+
     def _side(self, prefill: WorkerLink, decode: WorkerLink | None) -> str:
         if decode is None or self.policy == "pe-read":
             return "pe-read"
         if self.policy == "de-read":
             return "de-read"
-        # dual: the node whose storage reads are less backed up; ties go to the standard path.
-        return "de-read" if self.read_queue[decode.worker_id] < self.read_queue[prefill.worker_id] else "pe-read"
+        return pick_read_side(self.reads[prefill.worker_id].queued, self.reads[decode.worker_id].queued)
 
-    def _pick_decode(self) -> WorkerLink | None:
+    def _pick_decode(self, req: Request) -> WorkerLink | None:
         if self.mesh.config.mode != "disaggregated":
             return None
-        decoders = self.mesh.live_links("decode")
-        return min(decoders, key=lambda w: w.load) if decoders else None
+        return self.mesh.pick_decode_worker(req, roles=("decode",))
 
     def _live(self, req: Request) -> bool:
         return req.request_id in self.mesh.tracked
 
     async def _load(self, req: Request, link: WorkerLink, hashes: list[int], block_ids: list[int],
                     path: str) -> bool:
-        nbytes = len(hashes) * link.info.kv_layout.bytes_per_block
-        self.read_queue[link.worker_id] += nbytes
+        tokens = len(hashes) * link.core.blocks.block_size
+        meter = self.reads[link.worker_id]
+        meter.start(tokens, anyio.current_time())
+        reply = None
         try:
             reply = await self.client.load(f"{req.request_id}/load{next(self._ids)}", hashes, link.endpoint(),
                                            block_ids, path, metadata=self.mesh.trace_metadata(req))
         finally:
-            self.read_queue[link.worker_id] -= nbytes
+            meter.finish(tokens, anyio.current_time(), ok=reply is not None and reply.status == _DONE)
         self.loads[path] += 1
         if reply.status != _DONE:
             log.info("kvcache load of %s via %s failed (%s): computing instead", req.request_id, path, reply.error)
@@ -154,6 +173,8 @@ class DualPath:
             self.mesh.where[req.request_id] = prefill
             kp = req.num_cached_blocks
             ok = kp >= len(hashes) or await self._pull(req, prefill, decode, staged[kp:], ids[kp:len(hashes)])
+            if ok and self._live(req):
+                self.decode_for[req.request_id] = decode  # the hand-off finds the prefix there
             self._settle(req, prefill, ok, n)
             return True
         finally:

@@ -32,6 +32,7 @@ from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request
 from services.scheduler.dual_path import DualPath
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.placement import EngineLoad, pick_decode, pick_prefill
 from services.scheduler.tracked import TrackedRequest
 from services.scheduler.worker_link import Arrival, WorkerLink
 
@@ -121,10 +122,39 @@ class Mesh:
         return len(self.unplaced) + sum(len(link.core.waiting) for link in self.live_links())
 
     def pick_prompt_worker(self, req: Request) -> WorkerLink | None:
-        """The worker to run ``req``'s prompt: least queued work minus what its prefix cache already holds."""
+        """The worker to run ``req``'s prompt, by token load (``placement.pick_prefill``): the fewest tokens of
+        unfinished requests, less what its prefix cache holds of this prompt, preferring nodes whose storage
+        reads drain soon. No token cap (the paper's β): a request is queued on a worker at once, there is no
+        shared queue a later fetch would take it from."""
         roles = ("prefill",) if self.config.mode == "disaggregated" and self.live_links("prefill") else ()
-        candidates = self.live_links(*roles)
-        return min(candidates, key=lambda w: w.load - w.cached_prefix_tokens(req)) if candidates else None
+        links = {link.worker_id: link for link in self.live_links(*roles)}
+        pick = pick_prefill([self.engine_load(link, req) for link in links.values()])
+        return links[pick.name] if pick is not None else None
+
+    def pick_decode_worker(self, req: Request, roles: tuple[str, ...] = ("decode", "hybrid")) -> WorkerLink | None:
+        """The worker to decode ``req``, by token load (``placement.pick_decode``); when none has room for it
+        now, the one with the fewest tokens (the request waits there for blocks)."""
+        links = {link.worker_id: link for link in self.live_links(*roles)}
+        if not links:
+            return None
+        loads = [self.engine_load(link) for link in links.values()]
+        pick = pick_decode(loads, req.num_tokens) or min(loads, key=lambda e: e.tokens)
+        return links[pick.name]
+
+    def engine_load(self, link: WorkerLink, req: Request | None = None) -> EngineLoad:
+        """``link`` as placement sees it: its requests (queued, running, arriving, being admitted to it) and its
+        node's storage reads; with ``req``, also how much of that prompt its prefix cache holds."""
+        reqs = [*link.core.requests.values(), *(a.request for a in link.arrivals)]
+        tokens = sum(r.num_tokens for r in reqs)
+        queued, queued_s = 0, None
+        if self.dual_path is not None:
+            tokens += self.dual_path.admitting_tokens(link)
+            meter = self.dual_path.reads.get(link.worker_id)
+            if meter is not None:
+                queued, queued_s = meter.queued, meter.queue_s(anyio.current_time())
+        return EngineLoad(link.worker_id, tokens, seqs=len(reqs), read_queue=queued, read_queue_s=queued_s,
+                          free_tokens=link.core.blocks.num_free * link.core.blocks.block_size,
+                          cached_tokens=link.cached_prefix_tokens(req) if req is not None else 0)
 
     def place(self, req: Request) -> None:
         """Queues a request on the best worker for its prompt, or until one registers."""
@@ -156,6 +186,8 @@ class Mesh:
             if tracked.trace is not None:
                 tracked.trace.finish(tracked.request, tracked.finish_reason)
         self.where.pop(request_id, None)
+        if self.dual_path is not None:
+            self.dual_path.decode_for.pop(request_id, None)
         self.num_finished += 1
 
     # --- the step loop ---
@@ -267,10 +299,12 @@ class Mesh:
     # --- disaggregated hand-off ---
 
     def _hand_off(self, src: WorkerLink, req: Request) -> None:
-        decoders = self.live_links("decode", "hybrid")
-        if not decoders:
+        # A DE-read staged the prefix on a decode worker: that one takes the request over.
+        dst = self.dual_path.decode_for.pop(req.request_id, None) if self.dual_path is not None else None
+        if dst is None or not dst.alive:
+            dst = self.pick_decode_worker(req)
+        if dst is None:
             return  # no decode worker is alive: the request keeps decoding where it is
-        dst = min(decoders, key=lambda w: w.load)
         held = src.core.hand_off(req.request_id)
         self.where.pop(req.request_id, None)
         dst.arrivals.append(Arrival(req, src, held))
