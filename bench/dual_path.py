@@ -6,7 +6,7 @@ turn is sent when the previous one finished, and its prompt is the previous prom
 generated for it + a short append (``SessionPlan.next_turn``). Every finished turn is stored to kvcache; the
 next turn loads its prefix.
 
-The mesh (1 prefill + 1 decode worker + kvcache, disaggregated, workers' own prefix caches off so that every
+The mesh (``--prefill`` 1 prefill + ``--decode`` 1 decode worker + kvcache, disaggregated, workers' own prefix caches off so that every
 reused token comes through kvcache) runs with each node's storage traffic shaped to ``--storage-gbps`` and
 compute traffic to ``--compute-gbps`` (4x by default, as in the issue), once per read policy, same workload.
 With PE-read every load crosses the prefill node's storage NIC; ``dual`` also uses the decode node's.
@@ -120,6 +120,8 @@ def main() -> int:
     p.add_argument("--turns", type=int, default=32, help="at most, per session (fewer turns: a lower hit rate, "
                    "as turn 1's context is always computed)")
     p.add_argument("--scale", type=float, default=1 / 16)
+    p.add_argument("--prefill", type=int, default=1, help="prefill workers (each its own node)")
+    p.add_argument("--decode", type=int, default=1, help="decode workers (each its own node)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (the workers' --block-size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
@@ -127,12 +129,13 @@ def main() -> int:
     compute = args.compute_gbps or 4 * args.storage_gbps
     model = str(ensure_default_model())
     plans = workload(args)
-    print(f"{len(plans)} sessions of up to {max(p.turns for p in plans)} turns, closed loop; storage "
-          f"{args.storage_gbps} GB/s, compute {compute} GB/s per node", flush=True)
+    print(f"{len(plans)} sessions of up to {max(p.turns for p in plans)} turns, closed loop; {args.prefill}P"
+          f"{args.decode}D, storage {args.storage_gbps} GB/s, compute {compute} GB/s per node", flush=True)
     results = {}
     logs = Path(tempfile.mkdtemp(prefix="seawall-dualpath-"))
     for policy in args.policies.split(","):
-        opts = MeshOptions(model=model, grpc_port=0, http_port=None, log_dir=logs / policy, kvcache=True,
+        opts = MeshOptions(model=model, num_prefill=args.prefill, num_decode=args.decode, grpc_port=0,
+                           http_port=None, log_dir=logs / policy, kvcache=True,
                            scheduler_args=["--chunk-size", "256", "--no-prefix-caching", "--kv-read-policy", policy],
                            worker_args=["--compute-gbps", str(compute), "--block-size", str(args.block_size)],
                            kvcache_args=["--storage-gbps", str(args.storage_gbps)])
