@@ -6,17 +6,19 @@ turn is sent when the previous one finished, and its prompt is the previous prom
 generated for it + a short append (``SessionPlan.next_turn``). Every finished turn is stored to kvcache; the
 next turn loads its prefix.
 
-The mesh (``--prefill`` 1 prefill + ``--decode`` 1 decode worker + kvcache, disaggregated, workers' own prefix caches off so that every
-reused token comes through kvcache) runs with each node's storage traffic shaped to ``--storage-gbps`` and
-compute traffic to ``--compute-gbps`` (4x by default, as in the issue), once per read policy, same workload.
-With PE-read every load crosses the prefill node's storage NIC; ``dual`` also uses the decode node's.
+The mesh (``--prefill`` prefill + ``--decode`` decode workers, 1 + 1 by default, + kvcache, disaggregated,
+workers' own prefix caches off so that every reused token comes through kvcache) runs with each node's storage
+traffic shaped to ``--storage-gbps`` and compute traffic to ``--compute-gbps`` (4x by default, as in the
+issue), once per read policy, same workload. With PE-read every load crosses the prefill node's storage NIC;
+``dual`` also uses the decode node's. ``dual+recompute`` also computes a cached prefix instead of loading it
+when that is measured to end sooner; ``no-kvcache`` runs the mesh without kvcache (every prompt computed).
 
 Prints per policy: wall time (JCT of the whole job), output tokens/s, TTFT mean and p99, the hit rate and
 ratios to the first policy. The hit rate is the mesh's own count: prompt tokens it did not compute (loaded
 from kvcache or found in a prefix cache, ``usage.cached_prompt_tokens``) over all prompt tokens, turn 1
-included; "ideal" is what the workload allows (the previous context over the prompt, whole blocks). Greedy
-decoding makes every policy generate the same tokens, so every policy runs the same prompts (checked).
-Timings are reported, never asserted.
+included; "ideal" is what the workload allows (the previous context, whole blocks). Greedy decoding makes
+every policy generate the same tokens, so every policy runs the same prompts (checked). Timings are
+reported, never asserted.
 
     .venv/bin/python bench/dual_path.py [--storage-gbps 0.005] [--sessions 6] [--turns 32] [--json OUT]
 """
@@ -44,6 +46,9 @@ from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc, scheduler_pb2_grpc  # noqa
 from seawall.workloads.multiturn import AgenticConfig, SessionPlan, session_plans  # noqa: E402
 from services.common.grpc_server import CHANNEL_OPTIONS  # noqa: E402
 from services.engine.builtin_model import ensure_default_model  # noqa: E402
+
+# A policy name for the mesh without kvcache: every prompt computed in full, the baseline of no reuse.
+NO_KVCACHE = "no-kvcache"
 
 
 def workload(args) -> list[SessionPlan]:
@@ -113,7 +118,8 @@ def kvcache_hits(mesh: LocalMesh) -> tuple[int, int]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policies", default="pe-read,dual")
+    p.add_argument("--policies", default="pe-read,dual",
+                   help=f"--kv-read-policy values (dual+recompute: load-or-recompute), or {NO_KVCACHE}")
     p.add_argument("--storage-gbps", type=float, default=0.005)
     p.add_argument("--compute-gbps", type=float, default=None, help="default: 4x --storage-gbps")
     p.add_argument("--sessions", type=int, default=6)
@@ -134,22 +140,25 @@ def main() -> int:
     results = {}
     logs = Path(tempfile.mkdtemp(prefix="seawall-dualpath-"))
     for policy in args.policies.split(","):
+        cached = policy != NO_KVCACHE
         opts = MeshOptions(model=model, num_prefill=args.prefill, num_decode=args.decode, grpc_port=0,
-                           http_port=None, log_dir=logs / policy, kvcache=True,
-                           scheduler_args=["--chunk-size", "256", "--no-prefix-caching", "--kv-read-policy", policy],
+                           http_port=None, log_dir=logs / policy, kvcache=cached,
+                           scheduler_args=["--chunk-size", "256", "--no-prefix-caching",
+                                           *(["--kv-read-policy", policy] if cached else [])],
                            worker_args=["--compute-gbps", str(compute), "--block-size", str(args.block_size)],
                            kvcache_args=["--storage-gbps", str(args.storage_gbps)])
         with LocalMesh(opts) as mesh:
             r = anyio.run(run_sessions, mesh.grpc_address, plans, args.block_size)
-            r["kvcache_hit_blocks"], r["kvcache_miss_blocks"] = kvcache_hits(mesh)
+            if cached:
+                r["kvcache_hit_blocks"], r["kvcache_miss_blocks"] = kvcache_hits(mesh)
         r["tok_s"] = r["tokens"] / r["wall_s"]
         results[policy] = r
         print(f"{policy}: {r['wall_s']:.1f} s, {r['turns']} turns", flush=True)
     base = next(iter(results.values()))
-    print(f"{'policy':<10}{'JCT s':>9}{'tok/s':>9}{'TTFT mean':>11}{'TTFT p99':>10}{'hit':>7}{'ideal':>7}"
+    print(f"{'policy':<16}{'JCT s':>9}{'tok/s':>9}{'TTFT mean':>11}{'TTFT p99':>10}{'hit':>7}{'ideal':>7}"
           f"{'JCT gain':>10}{'TTFT gain':>11}")
     for policy, r in results.items():
-        print(f"{policy:<10}{r['wall_s']:>9.2f}{r['tok_s']:>9.1f}{r['ttft_mean']:>11.3f}{r['ttft_p99']:>10.3f}"
+        print(f"{policy:<16}{r['wall_s']:>9.2f}{r['tok_s']:>9.1f}{r['ttft_mean']:>11.3f}{r['ttft_p99']:>10.3f}"
               f"{r['hit_rate']:>7.1%}{r['ideal_hit_rate']:>7.1%}{base['wall_s'] / r['wall_s']:>9.2f}x"
               f"{base['ttft_mean'] / r['ttft_mean']:>10.2f}x")
         if r["outputs_sha256"] != base["outputs_sha256"]:

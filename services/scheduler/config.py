@@ -8,7 +8,9 @@ from services.scheduler.core.scheduler import SchedulerConfig
 
 MODES = ("disaggregated", "colocated")
 TRANSPORTS = ("nixl", "grpc")
-READ_POLICIES = ("pe-read", "de-read", "dual")
+# "dual+recompute": dual, and per request a cached prefix is computed instead when, from the live read queue and
+# the prefill worker's backlog, that is measured to end sooner (DualPath's load-or-recompute; off by default).
+READ_POLICIES = ("pe-read", "de-read", "dual", "dual+recompute")
 
 
 @dataclass(frozen=True)

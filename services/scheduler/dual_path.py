@@ -31,7 +31,7 @@ from services.common.block_hash import extend_hashes
 from services.scheduler.config import READ_POLICIES
 from services.scheduler.core.request import Request
 from services.scheduler.kvcache_client import KVCacheClient
-from services.scheduler.placement import ReadMeter, pick_read_side
+from services.scheduler.placement import ReadMeter, StepMeter, pick_read_side, recompute_sooner
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,10 @@ class DualPath:
             raise ValueError(f"kv read policy must be one of {', '.join(READ_POLICIES)}, got {policy!r}")
         self.mesh = mesh
         self.client = client
-        self.policy = policy
+        self.policy, _, recompute = policy.partition("+")
+        self.load_or_recompute = recompute == "recompute"
+        self.steps: dict[str, StepMeter] = defaultdict(StepMeter)  # each worker's step time vs its tokens
+        self.recomputes = 0  # cached prefixes computed instead of loaded (load_or_recompute)
         self.reads: dict[str, ReadMeter] = defaultdict(ReadMeter)  # kvcache loads into each worker (node)
         self.admitting: dict[str, tuple[str, int]] = {}  # request id -> (its prefill worker, its tokens)
         self.decode_for: dict[str, WorkerLink] = {}  # request id -> the decode worker that read its prefix
@@ -92,6 +95,11 @@ class DualPath:
             return
         decode = self._pick_decode(req)
         side = self._side(prefill, decode)
+        if self.load_or_recompute and self._recompute_sooner(prefill, decode if side == "de-read" else prefill,
+                                                             hit * bs):
+            self.recomputes += 1
+            mesh.place_on(prefill, req)
+            return
         done = False
         if side == "de-read":
             done = await self._de_read(req, hashes[:hit], prefill, decode)
@@ -106,6 +114,13 @@ class DualPath:
         DE-read's load, in flight): without them, requests admitted together would all pick one worker."""
         return sum(n for rid, (wid, n) in self.admitting.items()
                    if wid == link.worker_id and rid not in link.core.requests)
+
+    def _recompute_sooner(self, prefill: WorkerLink, reader: WorkerLink, hit_tokens: int) -> bool:
+        now, meter, steps = anyio.current_time(), self.reads[reader.worker_id], self.steps[prefill.worker_id]
+        chunk = self.mesh.config.core.chunk_size or hit_tokens
+        backlog = sum(r.num_uncomputed for r in prefill.core.requests.values())
+        return recompute_sooner(hit_tokens, meter.queue_s(now), meter.rate(now), steps.seconds(backlog, chunk),
+                                steps.seconds(hit_tokens, chunk))
 
     def _side(self, prefill: WorkerLink, decode: WorkerLink | None) -> str:
         if decode is None or self.policy == "pe-read":

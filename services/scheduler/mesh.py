@@ -261,6 +261,8 @@ class Mesh:
         steps = self.metrics.steps
         steps.step_seconds.labels(link.worker_id).observe(seconds)
         steps.step_tokens.labels(link.worker_id).observe(plan.total_tokens)
+        if self.dual_path is not None:  # what computing a prefix costs there (load-or-recompute)
+            self.dual_path.steps[link.worker_id].step(plan.total_tokens, seconds)
         block_bytes = link.info.kv_layout.bytes_per_block
         if plan.swap_out:
             steps.swap_bytes.labels(link.worker_id, "out").inc(len(plan.swap_out) * block_bytes)

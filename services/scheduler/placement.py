@@ -112,3 +112,53 @@ class ReadMeter:
             return 0.0
         rate = self.rate(now)
         return self.queued / rate if rate else None
+
+
+class StepMeter:
+    """A worker's step time as a line, seconds = fixed + per_token × tokens, fitted to its recent steps
+    (least squares, older steps weighing less): the cost of computing tokens there, overhead included."""
+
+    def __init__(self, memory: float = 0.98) -> None:
+        self.memory = memory  # each step keeps this share of the weight of every step before it
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self.steps = 0
+
+    def step(self, tokens: int, seconds: float) -> None:
+        m = self.memory
+        self.steps += 1
+        self._w = m * self._w + 1
+        self._x = m * self._x + tokens
+        self._y = m * self._y + seconds
+        self._xx = m * self._xx + tokens * tokens
+        self._xy = m * self._xy + tokens * seconds
+
+    def line(self) -> tuple[float, float] | None:
+        """(fixed seconds per step, seconds per token); None until steps of different sizes were seen."""
+        var = self._w * self._xx - self._x * self._x
+        if self.steps < 2 or var <= 1e-9 * max(self._w * self._xx, 1.0):
+            return None
+        per_token = (self._w * self._xy - self._x * self._y) / var
+        fixed = (self._y - per_token * self._x) / self._w
+        return max(fixed, 0.0), max(per_token, 0.0)
+
+    def seconds(self, tokens: int, chunk: int) -> float | None:
+        """Time to compute ``tokens`` in steps of at most ``chunk`` tokens (None: no line yet)."""
+        line = self.line()
+        if line is None:
+            return None
+        fixed, per_token = line
+        return -(-tokens // chunk) * fixed + tokens * per_token
+
+
+def recompute_sooner(hit_tokens: int, read_queue_s: float | None, read_rate: float | None,
+                     backlog_s: float | None, recompute_s: float | None) -> bool:
+    """Whether computing a cached prefix of ``hit_tokens`` beats loading it, for this request.
+
+    Loading ends when the node's queued reads and then this one are read (``read_queue_s`` +
+    hit ÷ ``read_rate``), and the request still waits for the prefill worker's backlog; computing ends after
+    the backlog (``backlog_s``) plus ``recompute_s``. Whatever is not measured yet means load (the default
+    path). Greedy: the tokens a recompute adds to the backlog delay requests behind it, which is not weighed.
+    """
+    if read_queue_s is None or not read_rate or backlog_s is None or recompute_s is None:
+        return False
+    return backlog_s + recompute_s < read_queue_s + hit_tokens / read_rate

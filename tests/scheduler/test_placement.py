@@ -9,9 +9,11 @@ from services.scheduler.placement import (
     READ_HORIZON_S,
     EngineLoad,
     ReadMeter,
+    StepMeter,
     pick_decode,
     pick_prefill,
     pick_read_side,
+    recompute_sooner,
 )
 
 
@@ -108,3 +110,40 @@ def test_read_meter_measures_the_rate_while_busy():
     assert m.queue_s(50.0) == pytest.approx(3.0)
     m.finish(300, now=52.0, ok=False)  # a failed read adds time, not tokens
     assert m.rate(52.0) == pytest.approx(200 / 4)
+
+
+# --- load or recompute -------------------------------------------------------------------------------------------
+
+
+def test_step_meter_fits_fixed_and_per_token_costs():
+    m = StepMeter()
+    assert m.line() is None and m.seconds(100, 64) is None
+    m.step(256, 0.010 + 256 * 0.001)
+    m.step(256, 0.010 + 256 * 0.001)
+    assert m.line() is None  # one step size: fixed and per-token costs cannot be told apart
+    for tokens in (16, 100, 256, 40):
+        m.step(tokens, 0.010 + tokens * 0.001)
+    fixed, per_token = m.line()
+    assert fixed == pytest.approx(0.010) and per_token == pytest.approx(0.001)
+    # 600 tokens in chunks of 256: three steps.
+    assert m.seconds(600, 256) == pytest.approx(3 * 0.010 + 600 * 0.001)
+
+
+def test_step_meter_follows_a_change_in_speed():
+    m = StepMeter(memory=0.5)
+    for tokens in (10, 200) * 5:
+        m.step(tokens, tokens * 0.002)
+    for tokens in (10, 200) * 20:
+        m.step(tokens, tokens * 0.001)
+    assert m.line()[1] == pytest.approx(0.001, rel=1e-3)
+
+
+def test_recompute_only_when_measured_to_end_sooner():
+    # Reading 1000 tokens at 500 tok/s behind 2 s of queued reads: done in 4 s.
+    assert recompute_sooner(1000, read_queue_s=2.0, read_rate=500.0, backlog_s=1.0, recompute_s=1.5)
+    assert not recompute_sooner(1000, read_queue_s=2.0, read_rate=500.0, backlog_s=3.0, recompute_s=1.5)
+    assert not recompute_sooner(1000, read_queue_s=0.0, read_rate=5000.0, backlog_s=0.0, recompute_s=0.5)
+    # Anything unmeasured: load.
+    assert not recompute_sooner(1000, read_queue_s=None, read_rate=500.0, backlog_s=0.0, recompute_s=0.1)
+    assert not recompute_sooner(1000, read_queue_s=2.0, read_rate=None, backlog_s=0.0, recompute_s=0.1)
+    assert not recompute_sooner(1000, read_queue_s=2.0, read_rate=500.0, backlog_s=0.0, recompute_s=None)
