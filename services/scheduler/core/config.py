@@ -9,6 +9,7 @@ from services.scheduler.core.policies import POLICY_CLASSES
 from services.scheduler.core.step_time import StepTimeModel
 
 SWAP_ORDERS = ("enst", "priority")
+WAIT_CREDITS = ("fcfs", "none")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,17 @@ class MLFQConfig:
     # Device blocks proactive swapping keeps free for arriving jobs, as a fraction of the pool (the paper sizes
     # the reserve from arrival history without a formula; the code keeps max_batch_size blocks).
     reserve_frac: float = 0.05
+    # Wait bound (neither source has one; policies/mlfq.py): a job that has run is overdue once its time
+    # waiting since it joined exceeds max_wait_ratio x its time run + wait_slack_s (+ its FCFS credit), and
+    # overdue jobs run ahead of every level, oldest first, so a job's latency stays within (1 + ratio) x its
+    # service plus slack and credit. None: off (FastServe as published).
+    max_wait_ratio: float | None = None
+    wait_slack_s: float = 0.0
+    # "fcfs": a job may also wait as long as it would have queued under FCFS (a lower bound from a replay of
+    # FCFS over the tokens produced so far, policies/virtual_fcfs.py); "none": no credit.
+    wait_credit: str = "fcfs"
+    # Seconds per token of that replay; None: the shortest step seen (keeps the credit a lower bound).
+    fcfs_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.base_quantum_s is not None and not self.base_quantum_s > 0:
@@ -57,6 +69,16 @@ class MLFQConfig:
             raise ValueError(f"mlfq.swap_order must be one of {', '.join(SWAP_ORDERS)}, got {self.swap_order!r}")
         if not 0 <= self.reserve_frac < 1:
             raise ValueError(f"mlfq.reserve_frac must be in [0, 1), got {self.reserve_frac}")
+        if self.max_wait_ratio is not None and not 0 <= self.max_wait_ratio < math.inf:
+            raise ValueError(f"mlfq.max_wait_ratio must be a finite number >= 0 or None (off), "
+                             f"got {self.max_wait_ratio}")
+        if not 0 <= self.wait_slack_s < math.inf:
+            raise ValueError(f"mlfq.wait_slack_s must be a finite number >= 0, got {self.wait_slack_s}")
+        if self.wait_credit not in WAIT_CREDITS:
+            raise ValueError(f"mlfq.wait_credit must be one of {', '.join(WAIT_CREDITS)}, got {self.wait_credit!r}")
+        if self.fcfs_step_s is not None and not 0 < self.fcfs_step_s < math.inf:
+            raise ValueError(f"mlfq.fcfs_step_s must be a finite number > 0 or None (measured), "
+                             f"got {self.fcfs_step_s}")
 
     @classmethod
     def paper(cls) -> MLFQConfig:

@@ -38,6 +38,8 @@ mlfq_configs = st.builds(
     requeue_front=st.booleans(),
     swap_order=st.sampled_from(["enst", "priority"]),
     reserve_frac=st.sampled_from([0.0, 0.05, 0.3]),
+    max_wait_ratio=st.sampled_from([None, 0.0, 0.5]),
+    wait_credit=st.sampled_from(["fcfs", "none"]),
 )
 
 

@@ -15,6 +15,9 @@ priority order:
   scheduled time first (never recomputed); when nothing was swapped out this step, swapped requests come
   back, soonest next scheduled time first, while the reserve stays free.
 
+* **Wait bound** (``MLFQConfig.max_wait_ratio``, off by default): a started job that has waited too long
+  for its service so far runs ahead of the queues (``mlfq.py``).
+
 ``fastserve`` runs prompts whole (FastServe's iteration-level batching): in priority order, a prompt that
 does not fit the token budget is skipped for this step. ``fastserve+sarathi`` keeps the MLFQ's choice of
 who runs but composes the step as Sarathi-Serve does: those requests' decodes first, then their prompt
@@ -43,7 +46,7 @@ class FastServePolicy(Policy):
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
-        self.mlfq = MLFQ(config.mlfq, config.step_time)
+        self.mlfq = MLFQ(config.mlfq, config.step_time, config.max_num_seqs)
         self.budget, self.decodes_count = chunk_budget(config) if self.chunked else (math.inf, False)
         self._rank: dict[str, int] = {}
         self._enst: dict[str, float] | None = None
@@ -73,7 +76,7 @@ class FastServePolicy(Policy):
     def compose(self, s: Scheduler, step: Step) -> None:
         live = [*s.running, *s.waiting, *s.swapped]
         self.mlfq.promote_starved(live, step.now)
-        self._order = self.mlfq.order(live)
+        self._order = self.mlfq.order(live, step.now)
         self._rank = {r.request_id: i for i, r in enumerate(self._order)}
         self._enst, self._now = None, step.now
         self._fill(s, step)

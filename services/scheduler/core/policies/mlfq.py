@@ -10,6 +10,17 @@ Order inside a level is a ticket: joining the back takes the next positive ticke
 next negative one, so sorting by ``(level, ticket)`` is the priority order. A job keeps its ticket while it
 stays in its level, so the jobs at the head of a queue keep running until their quantum is used.
 
+**Wait bound** (``max_wait_ratio``; in neither FastServe source, off by default). MLFQ can keep a job that has
+started waiting behind every later short job, without limit short of starvation promotion. With the bound,
+a job that has run is *overdue* once::
+
+    waited = now - joined - ran  >  max_wait_ratio * ran + wait_slack_s + credit
+
+and overdue jobs run ahead of every level, oldest first. At any moment the job could finish with its next
+token, so this keeps its latency within ``(1 + max_wait_ratio)`` times its service, plus slack and credit,
+whatever its length. ``credit`` (``wait_credit="fcfs"``) is a lower bound on the wait it would have had
+under FCFS anyway (``virtual_fcfs.py``): a job that would have queued under FCFS may wait as long here.
+
 ``enst`` is the paper's estimated next scheduled time (§2.3): the smaller of the time until starvation
 promotes the job and the work ahead of it spread over the batch slots, where a job ahead at a higher level
 ``l`` runs out its quantum there and the quanta of every level between ``l`` and the job's own.
@@ -23,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from services.scheduler.core.policies.virtual_fcfs import VirtualFCFS
 from services.scheduler.core.request import Request
 
 if TYPE_CHECKING:
@@ -35,18 +47,26 @@ class MLFQJob:
     level: int
     ticket: int  # position inside the level: smaller first
     last_run: float  # when it last ran (or joined): the starvation clock
+    joined: float  # when it joined the queue (arrival on the scheduler's clock)
+    seq: int  # arrival order, for ties in ``joined``
     served: float = 0.0  # seconds run at this level
+    ran: float = 0.0  # seconds run in all: the service it has had
 
 
 class MLFQ:
-    def __init__(self, config: MLFQConfig, step_time: StepTimeModel) -> None:
+    def __init__(self, config: MLFQConfig, step_time: StepTimeModel, slots: int = 1) -> None:
         self.config = config
         self.step_time = step_time
         self.base = config.base_quantum_s or step_time.predict(1)
         self.jobs: dict[str, MLFQJob] = {}
         self._back = itertools.count(1)
         self._front = itertools.count(-1, -1)
+        self._arrivals = itertools.count()
         self._steps = 0
+        bounded = config.max_wait_ratio is not None
+        self.fcfs = VirtualFCFS(slots) if bounded and config.wait_credit == "fcfs" else None
+        self._credit: dict[str, float] = {}
+        self._shortest_step = math.inf  # the FCFS replay's seconds per token unless fcfs_step_s is given
 
     def quantum(self, level: int) -> float:
         return self.base * self.config.quantum_ratio**level
@@ -67,18 +87,27 @@ class MLFQ:
 
     def join(self, req: Request, first_step_tokens: int, now: float) -> None:
         level = self.level_for(self.step_time.predict(first_step_tokens))
-        self.jobs[req.request_id] = MLFQJob(level, next(self._back), now)
+        self.jobs[req.request_id] = MLFQJob(level, next(self._back), now, now, next(self._arrivals))
+        if self.fcfs is not None:
+            self.fcfs.join(req.request_id, now)
 
     def leave(self, request_id: str) -> None:
         self.jobs.pop(request_id, None)
+        if self.fcfs is not None:
+            self.fcfs.leave(request_id)
 
     def charge(self, reqs: Iterable[Request], elapsed: float, now: float) -> None:
         """The jobs in ``reqs`` ran for ``elapsed`` seconds: demote those whose quantum is used."""
         last = None if self.config.num_levels is None else self.config.num_levels - 1
+        if elapsed > 0:
+            self._shortest_step = min(self._shortest_step, elapsed)
         for req in reqs:
+            if self.fcfs is not None:
+                self.fcfs.progress(req.request_id, len(req.output_token_ids))
             job = self.jobs[req.request_id]
             job.last_run = now
             job.served += elapsed
+            job.ran += elapsed
             if job.served >= self.quantum(job.level) and job.level != last:
                 self._move(job, job.level + 1)
 
@@ -96,9 +125,32 @@ class MLFQ:
                 promoted.append(req.request_id)
         return promoted
 
-    def order(self, live: Iterable[Request]) -> list[Request]:
+    def order(self, live: Iterable[Request], now: float | None = None) -> list[Request]:
+        """Priority order, ``(level, ticket)``; with the wait bound on and ``now`` given, overdue jobs come
+        first, oldest first."""
         jobs = self.jobs
-        return sorted(live, key=lambda r: (jobs[r.request_id].level, jobs[r.request_id].ticket))
+        if self.config.max_wait_ratio is None or now is None:
+            return sorted(live, key=lambda r: (jobs[r.request_id].level, jobs[r.request_id].ticket))
+        if self.fcfs is not None:
+            step_s = self.config.fcfs_step_s or (0.0 if math.isinf(self._shortest_step) else self._shortest_step)
+            self._credit = self.fcfs.waits(step_s)
+
+        def key(r: Request) -> tuple[int, float, int]:
+            job = jobs[r.request_id]
+            if self.overdue(r.request_id, now):
+                return 0, job.joined, job.seq
+            return 1, job.level, job.ticket
+
+        return sorted(live, key=key)
+
+    def overdue(self, request_id: str, now: float) -> bool:
+        """Whether the job has waited past the wait bound (see the module's docstring); False when it is off.
+        The FCFS credit is the one the latest ``order`` computed."""
+        ratio, job = self.config.max_wait_ratio, self.jobs[request_id]
+        if ratio is None or job.ran <= 0:
+            return False
+        allowed = ratio * job.ran + self.config.wait_slack_s + self._credit.get(request_id, 0.0)
+        return now - job.joined - job.ran > allowed
 
     def enst(self, order: list[Request], now: float, batch_slots: int) -> dict[str, float]:
         """Estimated next scheduled time of each job in ``order`` (the priority order), seconds from now."""
