@@ -23,7 +23,7 @@ from services.common.tracing import setup_tracing
 from services.engine.loader import load_checkpoint_meta
 from services.engine.runner import resolve_model_dir
 from services.scheduler.config import MODES, READ_POLICIES, TRANSPORTS, SchedulerServiceConfig
-from services.scheduler.core.config import MLFQ_PRESETS, MLFQConfig
+from services.scheduler.core.config import MLFQ_PRESETS, WAIT_CREDITS, MLFQConfig
 from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
 from services.scheduler.dual_path import DualPath
 from services.scheduler.frontend import Frontend
@@ -56,6 +56,12 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
                    help="FastServe's queue constants: default, paper or released-code")
     p.add_argument("--starvation-s", type=float, default=None,
                    help="FastServe: promote a job to the top queue after waiting this long (default: the preset's)")
+    p.add_argument("--max-wait-ratio", type=float, default=None,
+                   help="FastServe: a started job waiting more than this x its time run (+ --wait-slack-s, + its "
+                        "FCFS credit) runs ahead of the queues (default: off)")
+    p.add_argument("--wait-slack-s", type=float, default=None, help="FastServe: slack of --max-wait-ratio, s")
+    p.add_argument("--wait-credit", choices=WAIT_CREDITS, default=None,
+                   help="FastServe: also allow the wait FCFS would have had (fcfs, the default) or not (none)")
 
 
 def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> list[str]:
@@ -64,15 +70,16 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
     flags = ["--policy", policy or args.policy, "--chunk-size", str(args.chunk_size),
              "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
              "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq]
-    for name in ("max_num_batched_tokens", "preemption_mode", "tbt_target_s", "starvation_s"):
-        if getattr(args, name):
+    for name in ("max_num_batched_tokens", "preemption_mode", "tbt_target_s", "starvation_s", "max_wait_ratio",
+                 "wait_slack_s", "wait_credit"):
+        if getattr(args, name) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
 
 
 def _mlfq(args: argparse.Namespace) -> MLFQConfig:
-    mlfq = MLFQ_PRESETS[args.mlfq]()
-    return replace(mlfq, starvation_s=args.starvation_s) if args.starvation_s else mlfq
+    given = {name: getattr(args, name) for name in ("starvation_s", "max_wait_ratio", "wait_slack_s", "wait_credit")}
+    return replace(MLFQ_PRESETS[args.mlfq](), **{k: v for k, v in given.items() if v is not None})
 
 
 def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:

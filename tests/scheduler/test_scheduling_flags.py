@@ -1,0 +1,28 @@
+"""``scheduling_flags`` turns parsed scheduling flags back into a scheduler command line (for ``seawall up``
+and ``seawall bench --spawn``): FastServe's settings survive the round trip, and unset ones stay the preset's."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.scheduler.core.config import MLFQConfig
+from services.scheduler.main import _mlfq, add_scheduling_flags, scheduling_flags
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_scheduling_flags(p)
+    return p.parse_args(argv)
+
+
+def test_the_wait_bound_flags_reach_the_mlfq_config_through_the_round_trip():
+    args = parse(["--policy", "fastserve", "--max-wait-ratio", "0.5", "--wait-slack-s", "0.1",
+                  "--wait-credit", "none", "--starvation-s", "1"])
+    again = parse(scheduling_flags(args))
+    assert _mlfq(again) == MLFQConfig(starvation_s=1.0, max_wait_ratio=0.5, wait_slack_s=0.1, wait_credit="none")
+
+
+def test_without_the_flags_the_preset_is_untouched():
+    assert _mlfq(parse(scheduling_flags(parse([])))) == MLFQConfig()
+    assert _mlfq(parse(["--mlfq", "released-code"])) == MLFQConfig.released_code()
+    assert "--max-wait-ratio" not in scheduling_flags(parse([]))
