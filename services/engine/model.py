@@ -26,6 +26,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the fused op is bit-identical to the steps below in fp32, and one op
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Computed in fp32 and cast back, as transformers does, so bf16 runs round the same way.
         dtype = x.dtype
         h = x.float()
@@ -46,10 +48,11 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = RotaryEmbedding.apply(q.view(t, self.heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(k.view(t, self.kv_heads, self.head_dim), cos, sin)
-        v = v.view(t, self.kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        # q and k rotate in one pass: they are adjacent in the fused projection's output.
+        qk = RotaryEmbedding.apply(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
+        q, k = qk[:, : self.heads], qk[:, self.heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.layer)
         o = paged_attention(q, k, v, k_cache, v_cache, batch)
         return self.o_proj(o.reshape(t, self.q_size))
