@@ -8,6 +8,8 @@ Two models share one interface (``step_time(StepShape)``, ``swap_time(num_blocks
   overheads (launches, sampling, scheduling). The efficiency factors (``Efficiency``) are calibrated
   against the measurements listed in ``seawall/sim/calibration.py`` (docs/sim.md has the table).
 * ``MeasuredCostModel`` — step times measured on a real engine (JSON, format below), interpolated.
+* ``LinearCostModel`` — a fixed cost per step plus a cost per token and per sequence: the shape of a tiny
+  model on a CPU behind the live mesh, where a step's fixed cost (gRPC, Python) dominates.
 
 A step is summarised by a ``StepShape``: for prompt chunks of ``q`` new tokens after ``c`` cached ones,
 attention does ``q·(c + (q+1)/2)`` query-key pairs (causal within the chunk) and reads ``c + q`` KV rows;
@@ -268,6 +270,22 @@ class MeasuredCostModel:
             raise InvalidArgument("the step-time file has no block_bytes/swap_bytes_per_s, so swaps cannot be "
                                   "timed; add them or run with --preemption-mode recompute")
         return num_blocks * self.block_bytes / self.swap_bytes_per_s
+
+
+@dataclass(frozen=True)
+class LinearCostModel:
+    base_s: float
+    per_token_s: float
+    per_seq_s: float = 0.0
+    swap_per_block_s: float = 0.0
+
+    def step_time(self, s: StepShape) -> float:
+        if s.num_tokens <= 0:
+            return 0.0
+        return self.base_s + self.per_token_s * s.num_tokens + self.per_seq_s * s.num_seqs
+
+    def swap_time(self, num_blocks: int) -> float:
+        return self.swap_per_block_s * max(0, num_blocks)
 
 
 def prefill_time(cost, prompt_len: int, chunk: int | None = None) -> float:

@@ -84,9 +84,13 @@ class SimConfig:
     cost_model: str = "roofline"  # or "measured"
     measured_file: str | None = None
     record_requests: bool = False
-    # FastServe's MLFQ constants: "paper" (the core's defaults: profiled quantum, 0.3 s starvation) or "code"
-    # (LLMServe/FastServe's released constants: 10 ms quantum, 3 s starvation every 1000 steps).
-    mlfq: str = "paper"
+    # FastServe's MLFQ constants: "paper" (the core's defaults: profiled quantum, 3 s starvation) or "code"
+    # (LLMServe/FastServe's released constants: 10 ms quantum, 3 s starvation every 1000 steps), or an
+    # ``MLFQConfig`` of one's own.
+    mlfq: str | core_scheduler.MLFQConfig = "paper"
+    # The core's step-time model (skip-join levels, quanta); None: fitted to the cost model. A live
+    # scheduler uses the core's default, so a simulation of one passes that.
+    step_time: core_scheduler.StepTimeModel | None = None
     max_sim_time: float | None = None  # stop (and report what finished) at this simulated time
 
     def resolved(self, max_model_len: int) -> dict:
@@ -136,11 +140,13 @@ def _scheduler_config(cfg: SimConfig, settings: dict, max_model_len: int,
         "preemption_mode": settings["preemption_mode"],
     }
     names = {f.name for f in dataclasses.fields(core_scheduler.SchedulerConfig)}
-    if "step_time" in names and cost is not None:
-        wanted["step_time"] = fit_step_time(cost)
-    if cfg.mlfq not in ("paper", "code"):
+    if "step_time" in names and (cfg.step_time or cost) is not None:
+        wanted["step_time"] = cfg.step_time or fit_step_time(cost)
+    if isinstance(cfg.mlfq, core_scheduler.MLFQConfig):
+        wanted["mlfq"] = cfg.mlfq
+    elif cfg.mlfq not in ("paper", "code"):
         raise InvalidArgument(f"--mlfq must be paper or code, got {cfg.mlfq!r}")
-    if "mlfq" in names and cfg.mlfq == "code":
+    elif "mlfq" in names and cfg.mlfq == "code":
         wanted["mlfq"] = core_scheduler.MLFQConfig.released_code()
     try:
         return core_scheduler.SchedulerConfig(**{k: v for k, v in wanted.items() if k in names})

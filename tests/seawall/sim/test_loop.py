@@ -95,3 +95,23 @@ def test_unknown_policy_is_reported_and_reproduce_rows_degrade(monkeypatch):
                                                             "fcfs-queueing-share"])}
     assert all(r["ours"] is None and "policy not available" in r["note"] for r in rows.values())
     assert loop.available_policies() == tuple(loop.core_scheduler.POLICIES)
+
+
+def test_a_linear_cost_model_and_the_cores_own_mlfq_and_step_time_drive_the_loop():
+    """What bench/fastserve_fairness.py runs: one's own MLFQConfig and the core's step-time model (as a live
+    scheduler has it) on a linear cost model; a 1-token step costs base + per token."""
+    from seawall.sim.cost_model import LinearCostModel, StepShape
+    from services.scheduler.core.config import MLFQConfig
+    from services.scheduler.core.step_time import StepTimeModel
+
+    cost = LinearCostModel(base_s=0.006, per_token_s=1e-4, swap_per_block_s=1e-3)
+    assert cost.step_time(StepShape.of([(64, 0)])) == pytest.approx(0.006 + 64e-4)
+    assert cost.step_time(StepShape()) == 0.0 and cost.swap_time(3) == pytest.approx(3e-3)
+    mlfq, step_time = MLFQConfig(max_wait_ratio=0.5, wait_credit="none"), StepTimeModel()
+    specs = [RequestSpec(0.01 * i, 64, 8 + 40 * (i % 3)) for i in range(30)]
+    sim = Simulation(SimConfig(policy="fastserve", max_num_seqs=4, num_gpu_blocks=1024, mlfq=mlfq,
+                               step_time=step_time), specs, cost)
+    m = sim.run()
+    assert m["num_finished"] == 30
+    assert sim.core.config.mlfq is mlfq and sim.core.config.step_time is step_time
+    assert 0.006 <= m["tbt_p50"] < 0.01
