@@ -50,20 +50,20 @@ def pick_prefill(engines: Sequence[EngineLoad], max_tokens: int | None = None) -
 def pick_decode(engines: Sequence[EngineLoad], request_tokens: int) -> EngineLoad | None:
     """The decode worker for a request of ``request_tokens`` tokens (the DE fetch of §4.5, one request at a time).
 
-    Phase 1: the group with the fewest tokens. Phase 2, inside it, among the workers with room for the
-    request: those that stay within ``DECODE_SLACK`` × the group's mean load (counting the request) after
-    taking it, the fewest requests first; if none stays within, the fewest tokens. None when no worker of
-    the group has room now (the request waits for one).
+    Phase 1: the group with the fewest tokens among those where some worker has room for the request now (the
+    paper takes the fewest-token group and waits there for room; a worker smaller than the request would wait
+    forever). Phase 2, inside it, among the workers with room: those that stay within ``DECODE_SLACK`` × the
+    group's mean load (counting the request) after taking it, the fewest requests first; if none stays
+    within, the fewest tokens. None when no worker has room now (the request waits for one).
     """
-    if not engines:
-        return None
     groups: dict[str, list[EngineLoad]] = defaultdict(list)
     for e in engines:
         groups[e.group or e.name].append(e)
-    group = min(groups.values(), key=lambda g: sum(e.tokens for e in g))
-    fits = [e for e in group if e.free_tokens >= request_tokens]
-    if not fits:
+    roomy = [g for g in groups.values() if any(e.free_tokens >= request_tokens for e in g)]
+    if not roomy:
         return None
+    group = min(roomy, key=lambda g: sum(e.tokens for e in g))
+    fits = [e for e in group if e.free_tokens >= request_tokens]
     limit = DECODE_SLACK * (request_tokens + sum(e.tokens for e in group)) / len(group)
     within = [e for e in fits if e.tokens + request_tokens <= limit]
     if within:

@@ -72,6 +72,14 @@ def test_decode_within_the_mean_picks_the_fewest_requests():
                                for e in group], 100)) == "y"
 
 
+def test_decode_skips_groups_without_room():
+    engines = [EngineLoad("small", 0, free_tokens=100), EngineLoad("big1", 500, group="B", free_tokens=9000),
+               EngineLoad("big2", 700, group="B", free_tokens=50)]
+    assert _names(pick_decode(engines, 50)) == "small"
+    assert _names(pick_decode(engines, 400)) == "big1"  # the lighter group cannot hold it; in B only big1 can
+    assert pick_decode(engines, 10_000) is None
+
+
 def test_decode_over_the_mean_picks_the_fewest_tokens_among_those_with_room():
     group = [EngineLoad("x", 1000, seqs=1, free_tokens=50, group="g"),
              EngineLoad("y", 1000, seqs=1, free_tokens=5000, group="g")]
