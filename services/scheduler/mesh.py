@@ -16,6 +16,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import anyio
 import grpc
@@ -26,7 +27,7 @@ from services.common import tracing as tr
 from services.common.convert import plan_to_proto, result_from_proto
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling_params import FinishReason
-from services.common.step import StepPlan
+from services.common.step import StepPlan, StepResult
 from services.common.tracing import Tracing
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request
@@ -37,6 +38,18 @@ from services.scheduler.tracked import TrackedRequest
 from services.scheduler.worker_link import Arrival, WorkerLink
 
 log = logging.getLogger(__name__)
+
+# Plans a worker holds at most: the one it runs and one queued behind it.
+_PIPELINE_DEPTH = 2
+
+
+@dataclass
+class _InFlight:
+    plan: StepPlan
+    sent: float  # scheduler clock
+    traced: list  # (request trace, prompt tokens) of the prompt chunks in the plan
+    start_ns: int
+    applied: bool  # samples nothing: applied to the core when sent
 
 
 class Mesh:
@@ -193,31 +206,58 @@ class Mesh:
     # --- the step loop ---
 
     async def _drive(self, link: WorkerLink) -> None:
+        """Plans steps for ``link`` and applies their results, in order.
+
+        A plan that samples no token (prompt chunks short of the prompt's end, swaps, drops) has an outcome
+        known in advance, so it is applied at once and the next plan is sent right behind it: the worker
+        starts that step as soon as it finishes this one, without waiting for a round trip to the
+        scheduler. A plan that samples waits for its result before the next one is planned, because the
+        next plan depends on the tokens (a finished request frees its blocks; decodes need the token).
+        """
         call = link.stub.StepStream()
+        in_flight: deque[_InFlight] = deque()
         try:
             while link.alive:
-                self._place_arrivals(link)
-                plan = link.core.schedule(now=anyio.current_time())
-                if not (plan.num_scheduled_tokens or plan.finished or plan.swap_out or plan.swap_in or plan.copy):
-                    await link.wait_for_work()
-                    continue
-                started = self._note_started(plan)
-                traced = self._traced_chunks(link, plan)
-                start_ns = time.time_ns()
+                if not in_flight or (len(in_flight) < _PIPELINE_DEPTH and in_flight[-1].applied):
+                    self._place_arrivals(link)
+                    plan = link.core.schedule(now=anyio.current_time())
+                    if plan.num_scheduled_tokens or plan.finished or plan.swap_out or plan.swap_in or plan.copy:
+                        in_flight.append(await self._send(link, call, plan, pipelined=bool(in_flight)))
+                        continue
+                    if not in_flight:
+                        await link.wait_for_work()
+                        continue
                 with anyio.fail_after(self.config.step_timeout_s):
-                    await call.write(self._plan_message(link, plan))
                     msg = await call.read()
                 if msg is grpc.aio.EOF:
                     raise ConnectionError("the worker closed its step stream")
-                link.num_steps += 1
-                self._observe_step(link, plan, anyio.current_time() - started)
-                for trace_, n in traced:
-                    trace_.prefill_chunk(start_ns, time.time_ns(), link.worker_id, plan.step_id, n)
-                self._dispatch(link, link.core.on_result(plan, result_from_proto(msg)))
+                self._finish_step(link, in_flight.popleft(), msg)
         except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
             self._fail(link, str(exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc))
         finally:
             call.cancel()
+
+    async def _send(self, link: WorkerLink, call, plan: StepPlan, pipelined: bool) -> _InFlight:
+        step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(),
+                         applied=not link.core.samples(plan))
+        with anyio.fail_after(self.config.step_timeout_s):
+            await call.write(self._plan_message(link, plan))
+        if pipelined:
+            self.metrics.pipelined_steps.labels(link.worker_id).inc()
+        if step.applied:
+            link.core.on_result(plan, StepResult(plan.step_id))  # nothing to learn from its result
+        return step
+
+    def _finish_step(self, link: WorkerLink, step: _InFlight, msg) -> None:
+        link.num_steps += 1
+        now = anyio.current_time()
+        # A plan queued behind another started when that one's result came back, not when it was sent.
+        self._observe_step(link, step.plan, now - max(step.sent, link.last_result_at))
+        link.last_result_at = now
+        for trace_, n in step.traced:
+            trace_.prefill_chunk(step.start_ns, time.time_ns(), link.worker_id, step.plan.step_id, n)
+        if not step.applied:
+            self._dispatch(link, link.core.on_result(step.plan, result_from_proto(msg)))
 
     def _plan_message(self, link: WorkerLink, plan: StepPlan):
         msg = plan_to_proto(plan, link.epoch)

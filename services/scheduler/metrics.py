@@ -3,7 +3,7 @@ queues and block pools at scrape time."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.common.metrics import RequestMetrics, StepMetrics, TransferMetrics
@@ -15,6 +15,9 @@ class SchedulerMetrics:
         self.requests = RequestMetrics(self.registry)
         self.steps = StepMetrics(self.registry, ("worker",))
         self.transfers = TransferMetrics(self.registry)
+        self.pipelined_steps = Counter(
+            "seawall_steps_pipelined", "Plans sent while the worker's previous step still ran (its outcome known)",
+            ("worker",), registry=self.registry)
 
     def watch(self, mesh) -> None:
         """Registers the scrape-time collector over ``mesh``."""

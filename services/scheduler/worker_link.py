@@ -43,6 +43,7 @@ class WorkerLink:
     epoch: str = field(default_factory=lambda: uuid.uuid4().hex)
     alive: bool = True
     num_steps: int = 0
+    last_result_at: float = 0.0  # scheduler clock: when the worker's latest step result came back
     arrivals: deque[Arrival] = field(default_factory=deque)
     _wake: anyio.Event = field(default_factory=anyio.Event)
 

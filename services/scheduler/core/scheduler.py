@@ -158,6 +158,14 @@ class Scheduler(HandOff, Fork):
         self.now, self._last_ran, self._last_step_s = now, [], 0.0
         return now
 
+    def samples(self, plan: StepPlan) -> bool:
+        """Whether some sequence of ``plan`` (just scheduled, result not applied) reaches the end of its known
+        tokens and so samples one. When none does, the outcome is known before the step runs:
+        ``on_result(plan, StepResult(plan.step_id))``, which the caller may apply at once and plan ahead."""
+        requests = self.requests
+        return any(rid not in requests or requests[rid].num_computed_tokens + n >= requests[rid].num_tokens
+                   for rid, n in plan.num_scheduled_tokens.items())
+
     def on_result(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
         events = []
         caching, block_size = self.config.enable_prefix_caching, self.blocks.block_size

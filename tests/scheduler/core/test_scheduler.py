@@ -257,3 +257,27 @@ def test_queue_lengths_count_requests_not_in_the_latest_plan():
     assert s.queue_lengths() == [3]
     step(s)
     assert s.queue_lengths() == [1]
+
+
+def test_samples_tells_whether_a_plan_needs_its_result_before_the_next_one():
+    s = create_scheduler(chunk_size=4, policy="sarathi")
+    s.add(create_requests(1, prompt_len=10)[0])
+    plans = []
+    while len(plans) < 5:
+        plan = s.schedule()
+        plans.append((plan, s.samples(plan)))
+        if not s.samples(plan):
+            # Known outcome: applied when sent, and the next plan is made at once (the mesh's pipelining).
+            assert s.on_result(plan, StepResult(plan.step_id)) == []
+            s.check_integrity()
+            continue
+        result = StepResult(plan.step_id)
+        for rid, n in plan.num_scheduled_tokens.items():
+            req = s.requests[rid]
+            if req.num_computed_tokens + n == req.num_tokens:
+                result.sampled[rid] = SampledToken(7)
+        s.on_result(plan, result)
+        s.check_integrity()
+    # 10-token prompts at 4 tokens a step: chunks 4+4 run ahead, the 2-token last chunk samples, decodes sample.
+    assert [sampled for _, sampled in plans] == [False, False, True, True, True]
+    assert s.requests["r0"].output_token_ids == [7, 7, 7]
