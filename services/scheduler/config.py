@@ -46,6 +46,9 @@ class SchedulerServiceConfig:
     transfer_timeout_s: float = 30.0
     # A worker that does not answer a step within this many seconds is declared dead.
     step_timeout_s: float = 120.0
+    # Send a plan whose outcome is known (it samples nothing) and plan the next one without waiting for its
+    # result (mesh.py); off only to measure what that saves.
+    pipeline_steps: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -107,12 +107,14 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="Prometheus text on this port too (0 = off; the HTTP API always serves /metrics)")
+    p.add_argument("--no-step-pipelining", action="store_true",
+                   help="wait for every step's result before planning the next (for measuring pipelining)")
     add_scheduling_flags(p)
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
-                   kvcache_address=args.kvcache)
+                   kvcache_address=args.kvcache, pipeline_steps=not args.no_step_pipelining)
 
 
 class _Uvicorn(uvicorn.Server):

@@ -67,6 +67,7 @@ class Mesh:
         self.num_preemptions_gone = 0  # preemptions counted by cores of workers that died
         self._ids = itertools.count()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._depth = _PIPELINE_DEPTH if config.pipeline_steps else 1
 
     async def run(self) -> None:
         """Drives every worker until cancelled."""
@@ -218,7 +219,7 @@ class Mesh:
         in_flight: deque[_InFlight] = deque()
         try:
             while link.alive:
-                if not in_flight or (len(in_flight) < _PIPELINE_DEPTH and in_flight[-1].applied):
+                if not in_flight or (len(in_flight) < self._depth and in_flight[-1].applied):
                     self._place_arrivals(link)
                     plan = link.core.schedule(now=anyio.current_time())
                     if plan.num_scheduled_tokens or plan.finished or plan.swap_out or plan.swap_in or plan.copy:
