@@ -224,11 +224,12 @@ def targets(report: dict) -> dict:
     if "fcfs" in res and "fastserve" in res:
         f, s = res["fcfs"].get("e2e_mean"), res["fastserve"].get("e2e_mean")
         gain = f / s if f and s else None
-        worst = None
+        worst = over = None
         if report["baseline"] == "fcfs":
             worst = report["paired"]["fastserve"].get("worst_e2e_ratio")
+            over = report["paired"]["fastserve"].get("num_worse_1_5x")
         out["fastserve_mean_latency_2x_fcfs"] = {"gain": gain, "met": None if gain is None else gain >= 2.0}
-        out["fastserve_no_request_worse_1_5x"] = {"worst_ratio": worst,
+        out["fastserve_no_request_worse_1_5x"] = {"worst_ratio": worst, "requests_over_1_5x": over,
                                                   "met": None if worst is None else worst <= 1.5}
     caps = report.get("capacity") or {}
     if "sarathi" in caps and "vllm" in caps and caps["vllm"]["capacity_rate"]:

@@ -79,3 +79,16 @@ def test_paired_and_ratios():
     r = ratios(results, "a")
     assert r["a"]["e2e_mean"] == 1.0 and r["b"]["e2e_mean"] == 1.0
     assert r["b"]["ttft_p99"] == pytest.approx(pct([2.0, 1.0], 99) / pct([1.0, 2.0], 99))
+
+
+def test_the_fastserve_targets_report_the_gain_the_worst_request_and_how_many_were_over_1_5x():
+    from seawall.bench.session import targets
+
+    fcfs = [rec(i, 0.0, [e]) for i, e in enumerate((1.0, 1.0, 1.0, 4.0))]
+    fast = [rec(i, 0.0, [e]) for i, e in enumerate((0.2, 2.0, 1.6, 0.4))]
+    report = {"results": {"fcfs": {"e2e_mean": 1.75}, "fastserve": {"e2e_mean": 1.05}}, "workload": {"bursts": []},
+              "baseline": "fcfs", "paired": {"fastserve": paired(fast, fcfs)}, "capacity": {}}
+    t = targets(report)
+    assert t["fastserve_mean_latency_2x_fcfs"] == {"gain": pytest.approx(1.75 / 1.05), "met": False}
+    assert t["fastserve_no_request_worse_1_5x"] == {"worst_ratio": pytest.approx(2.0), "requests_over_1_5x": 2,
+                                                    "met": False}
