@@ -63,11 +63,6 @@ class WorkerLink:
     def role(self) -> str:
         return ROLE_NAMES.get(self.info.role, "hybrid")
 
-    @property
-    def load(self) -> int:
-        """Work queued on this worker, in tokens still to compute plus one per request (for routing)."""
-        return sum(r.num_uncomputed + 1 for r in self.core.requests.values()) + len(self.arrivals)
-
     def cached_prefix_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req`` whose KV this worker's prefix cache holds (cache-aware routing)."""
         bs = self.core.blocks.block_size
