@@ -47,6 +47,7 @@ from services.common.grpc_kv import (  # noqa: E402
     GRPC_KV_OPTIONS,
     KVBytesServicer,
     add_worker_servicer,
+    keep_freed_heap,
     pull_blocks,
     push_blocks,
 )
@@ -69,6 +70,8 @@ def _digest(pool: PagedKVPool, ids: list[int]) -> str:
 
 
 def _peer(conn, layout: KVLayout, num_blocks: int) -> None:
+    keep_freed_heap()  # as a worker process does
+
     async def serve() -> None:
         pool = _pool(layout, num_blocks, seed=2)
         agent = NixlKVAgent("bench-peer", pool)
@@ -97,6 +100,7 @@ def _gbps(nbytes: int, seconds: float) -> float:
 
 
 async def _bench(args: argparse.Namespace, layout: KVLayout, num_blocks: int) -> dict:  # noqa: C901, PLR0915
+    keep_freed_heap()
     ctx = multiprocessing.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     proc = ctx.Process(target=_peer, args=(child_conn, layout, num_blocks), daemon=True)

@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -140,6 +140,9 @@ _LAYOUT_FIELDS = ("block_size", "bytes_per_block", "num_layers", "num_kv_heads",
 # Transfers at least this large are posted from a worker thread (see the module docstring); smaller ones
 # inline, where a thread hop (~0.1 ms) would cost more than the copy.
 _THREAD_POST_BYTES = 1 << 20
+# Transfers at least this large are split across the post lanes, one part per lane, posted at once from as
+# many worker threads.
+_SPLIT_BYTES = 4 << 20
 # Polling backoff. NIXL's Python API has no completion fd or callback to await (a transfer's end is only
 # visible through check_xfer_state, and notifications only reach the *other* agent), so the initiator
 # polls. A few plain yields first catch transfers that end within microseconds; then sleeps that double
@@ -161,15 +164,32 @@ class _Peer:
 
 
 @dataclass(eq=False)
+class _Lane:
+    """A NIXL agent that posts transfers, and the lock every call on it runs under."""
+
+    agent: Any
+    reg: Any = None  # the pool's registration with this agent
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(eq=False)
+class _Post:
+    """One NIXL request of a transfer (its share of the descriptors) on one lane."""
+
+    lane: _Lane
+    handle: Any
+    abandoned: bool = False  # set under the lane's lock once the transfer ended: a post not yet begun never is
+    released: bool = False  # the handle was released
+
+
+@dataclass(eq=False)
 class _Transfer:
     transfer_id: str
     nbytes: int
     state: TransferState = TransferState.PENDING
     error: str = ""
     scope: anyio.CancelScope | None = None
-    handle: Any = None  # the NIXL transfer handle, once created
-    abandoned: bool = False  # set under the agent's lock once the transfer ended: a post not yet begun never is
-    released: bool = False  # the handle was released
+    posts: list[_Post] = field(default_factory=list)  # NIXL requests created so far
 
     def to(self, state: TransferState, error: str = "") -> None:
         assert state in _NEXT_STATES.get(self.state, ()), f"{self.transfer_id}: {self.state} -> {state}"
@@ -184,7 +204,7 @@ class NixlKVAgent:
     """
 
     def __init__(self, name: str, pool: PagedKVPool, backends: Sequence[str] = ("UCX",),
-                 coalesce: bool = True) -> None:
+                 coalesce: bool = True, post_lanes: int = 2) -> None:
         from nixl_cu12 import _api as nixl  # imported here: the gRPC fallback must work without NIXL
 
         self.name = name
@@ -194,13 +214,21 @@ class NixlKVAgent:
         region = pool.memory_regions()[0]  # the device pool; the host (swap) pool is never transferred
         assert region.nbytes == pool.num_blocks * self._bytes_per_block, "device pool is not block-contiguous"
         self._region = region
-        self._lock = threading.Lock()
-        self._agent = _new_agent(nixl, name, list(backends))
-        self._reg = self._agent.register_memory([(region.addr, region.nbytes, region.device_id, "")],
-                                                region.mem_type)
+        # The main agent is the one peers know: its metadata, its progress thread, its notifications.
+        self._main = _Lane(_new_agent(nixl, name, list(backends)))
+        # Host pools post through lanes of their own (see the module docstring); a GPU pool's transfers are
+        # asynchronous in UCX and need the main agent's progress thread, so it posts there.
+        extra = post_lanes if region.mem_type == "DRAM" else 0
+        self._extra = [_Lane(nixl.nixl_agent(f"{name}.post{i}", nixl.nixl_agent_config(
+            enable_prog_thread=False, backends=list(backends)))) for i in range(extra)]
+        for lane in self._all_lanes:
+            lane.reg = lane.agent.register_memory([(region.addr, region.nbytes, region.device_id, "")],
+                                                  region.mem_type)
+        self._lanes = self._extra or [self._main]  # where transfers are posted
+        self._next_lane = 0
         self._peers: dict[str, _Peer] = {}
         self._transfers: dict[str, _Transfer] = {}
-        self._unreleased: list[_Transfer] = []  # ended transfers whose NIXL handle is not released yet
+        self._unreleased: list[_Post] = []  # requests of ended transfers not released yet
         self._notifs: dict[str, list[bytes]] = {}
         self._closed = False
 
@@ -208,8 +236,8 @@ class NixlKVAgent:
 
     def metadata(self) -> common_pb2.NixlAgentMetadata:
         """What a peer passes to ``add_peer``: name, NIXL metadata blob, the registered device region."""
-        with self._lock:
-            blob = self._agent.get_agent_metadata()
+        with self._main.lock:
+            blob = self._main.agent.get_agent_metadata()
         r = self._region
         return common_pb2.NixlAgentMetadata(
             agent_name=self.name, agent_metadata=blob,
@@ -244,13 +272,14 @@ class NixlKVAgent:
         known = self._peers.get(name)
         if known is not None and known.metadata == meta.agent_metadata:
             return
-        with self._lock:
-            if known is not None:
-                self._agent.remove_remote_agent(name)
-            loaded = self._agent.add_remote_agent(meta.agent_metadata)
-        loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
-        if loaded != name:
-            raise InvalidArgument(f"agent_metadata belongs to agent {loaded!r}, not to agent_name {name!r}")
+        for lane in self._all_lanes:
+            with lane.lock:
+                if known is not None:
+                    lane.agent.remove_remote_agent(name)
+                loaded = lane.agent.add_remote_agent(meta.agent_metadata)
+            loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
+            if loaded != name:  # found on the main agent, before the other lanes load it
+                raise InvalidArgument(f"agent_metadata belongs to agent {loaded!r}, not to agent_name {name!r}")
         self._peers[name] = _Peer(name, meta.agent_metadata, region.addr,
                                   region.length // layout.region_block_bytes, region.device_id,
                                   _MEM_NAMES[region.mem_type])
@@ -314,12 +343,12 @@ class NixlKVAgent:
         return False
 
     def _collect_notifs(self, blocking: bool = True) -> None:
-        if not self._lock.acquire(blocking=blocking):  # a worker thread is posting: look again later
+        if not self._main.lock.acquire(blocking=blocking):  # a worker thread is posting: look again later
             return
         try:
-            new = self._agent.get_new_notifs()
+            new = self._main.agent.get_new_notifs()
         finally:
-            self._lock.release()
+            self._main.lock.release()
         for sender, msgs in new.items():
             self._notifs.setdefault(sender, []).extend(msgs)
 
@@ -334,12 +363,13 @@ class NixlKVAgent:
             return
         for tid in list(self._transfers):
             self.abort(tid)
-        self._unreleased += [x for x in self._transfers.values() if x.handle is not None and not x.released]
+        self._unreleased += [p for x in self._transfers.values() for p in x.posts if not p.released]
         self._release_ended(wait_s=drain_timeout_s)
-        with self._lock:
-            for name in self._peers:
-                self._agent.remove_remote_agent(name)
-            self._agent.deregister_memory(self._reg)
+        for lane in self._all_lanes:
+            with lane.lock:
+                for name in self._peers:
+                    lane.agent.remove_remote_agent(name)
+                lane.agent.deregister_memory(lane.reg)
         self._peers.clear()
         self._closed = True
 
@@ -350,6 +380,10 @@ class NixlKVAgent:
         self.close()
 
     # ---- internals -------------------------------------------------------------------------------------
+
+    @property
+    def _all_lanes(self) -> list[_Lane]:
+        return [self._main, *self._extra]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -377,11 +411,10 @@ class NixlKVAgent:
                         "the destination blocks hold undefined bytes")
         finally:
             del self._transfers[transfer_id]
-            if xfer.handle is not None and not xfer.released and xfer not in self._unreleased:
-                self._unreleased.append(xfer)
+            self._unreleased += [p for p in xfer.posts if not p.released and p not in self._unreleased]
             self._release_ended()
         error = xfer.error
-        if xfer.state is not TransferState.DONE and xfer.handle is not None and not xfer.released:
+        if xfer.state is not TransferState.DONE and any(not p.released for p in xfer.posts):
             error += ("; its NIXL request is not released yet (a post call is still copying, or NIXL could "
                       "not cancel it), so bytes may still land until it drains")
         nbytes = xfer.nbytes if xfer.state is TransferState.DONE else 0
@@ -409,73 +442,102 @@ class NixlKVAgent:
     async def _run(self, xfer: _Transfer, op: str, peer: _Peer, local: np.ndarray, remote: np.ndarray,
                    notification: bytes) -> None:
         """PENDING → POSTED → DONE | FAILED inside the caller's cancel scope (deadline and abort)."""
-        async with self._locked():
-            try:
-                if len(local) == 0:
-                    if notification:
-                        self._agent.send_notif(peer.name, notification)
-                    xfer.to(TransferState.DONE)
-                    return
-                local_descs, remote_descs = self._descriptors(peer, local, remote)
-                xfer.handle = self._agent.initialize_xfer(op, local_descs, remote_descs, peer.name, notification)
-            except Exception as e:  # NIXL refused the request (stale peer metadata, memory not registered...)
-                xfer.to(TransferState.FAILED, f"NIXL could not create the {op}: {e!r}")
-                return
-            xfer.to(TransferState.POSTED)
-            if xfer.nbytes < _THREAD_POST_BYTES:
-                state = self._post_locked(xfer)
-        if xfer.nbytes >= _THREAD_POST_BYTES:
-            # Abandoned on cancel: the thread may still be copying (it holds the lock meanwhile), or may not
-            # have begun (then it never posts); _release_ended sorts the two out under the lock.
-            state = await anyio.to_thread.run_sync(self._post, xfer, abandon_on_cancel=True)
-        polls = 0
-        while state == "PROC" and not xfer.state.terminal:
-            await _backoff(polls)
-            polls += 1
-            state = self._poll(xfer)
-        if xfer.state.terminal:  # aborted while the thread's result was already on its way
+        if len(local) == 0:
+            await self._notify(xfer, peer, notification)
             return
-        if state == "DONE":
-            xfer.to(TransferState.DONE)
+        parts = len(self._lanes) if xfer.nbytes >= _SPLIT_BYTES else 1
+        lanes = [self._lanes[(self._next_lane + i) % len(self._lanes)] for i in range(min(parts, len(local)))]
+        self._next_lane = (self._next_lane + len(lanes)) % len(self._lanes)
+        # Only the main agent's notifications reach the peer under this agent's name: other lanes send none
+        # with their requests, and the main agent sends it once every part landed.
+        attached = notification if lanes == [self._main] else b""
+        states: list[str] = []
+        for lane, local_part, remote_part in zip(lanes, np.array_split(local, len(lanes)),
+                                                 np.array_split(remote, len(lanes)), strict=True):
+            async with self._locked(lane):
+                try:
+                    local_descs, remote_descs = self._descriptors(lane, peer, local_part, remote_part)
+                    handle = lane.agent.initialize_xfer(op, local_descs, remote_descs, peer.name, attached)
+                except Exception as e:  # NIXL refused the request (stale peer metadata, memory not registered...)
+                    xfer.to(TransferState.FAILED, f"NIXL could not create the {op}: {e!r}")
+                    return
+                xfer.posts.append(_Post(lane, handle))
+                if xfer.nbytes < _THREAD_POST_BYTES:  # one part, small: post it now, under the lock held
+                    xfer.to(TransferState.POSTED)
+                    states.append(self._post_locked(xfer.posts[0]))
+        if not states:
+            xfer.to(TransferState.POSTED)
+            states = [""] * len(xfer.posts)
+
+            async def post(i: int) -> None:
+                # Abandoned on cancel: the thread may still be copying (it holds the lane's lock meanwhile),
+                # or may not have begun (then it never posts); _release_ended sorts the two out under the lock.
+                states[i] = await anyio.to_thread.run_sync(self._post, xfer.posts[i], abandon_on_cancel=True)
+
+            async with anyio.create_task_group() as tg:  # the parts copy at once, each on its own core
+                for i in range(len(xfer.posts)):
+                    tg.start_soon(post, i)
+        for i, p in enumerate(xfer.posts):
+            polls = 0
+            while states[i] == "PROC" and not xfer.state.terminal:
+                await _backoff(polls)
+                polls += 1
+                states[i] = self._poll(p)
+        if xfer.state.terminal:  # aborted while a thread's result was already on its way
+            return
+        failed = [state for state in states if state != "DONE"]
+        if failed:
+            xfer.to(TransferState.FAILED, f"NIXL reported an error state ({failed[0]}) for the {op} to {peer.name!r}")
         else:
-            xfer.to(TransferState.FAILED, f"NIXL reported an error state ({state}) for the {op} to {peer.name!r}")
+            await self._notify(xfer, peer, notification if not attached else b"")
 
-    def _post(self, xfer: _Transfer) -> str:
+    async def _notify(self, xfer: _Transfer, peer: _Peer, notification: bytes) -> None:
+        """Ends a transfer whose bytes all landed as DONE, after sending ``notification`` (if any)."""
+        if notification:
+            async with self._locked(self._main):
+                try:
+                    self._main.agent.send_notif(peer.name, notification)
+                except Exception as e:
+                    xfer.to(TransferState.FAILED, f"the blocks landed but NIXL could not send the notification: {e!r}")
+                    return
+        xfer.to(TransferState.DONE)
+
+    def _post(self, post: _Post) -> str:
         """Posts from a worker thread."""
-        with self._lock:
-            return self._post_locked(xfer)
+        with post.lane.lock:
+            return self._post_locked(post)
 
-    def _post_locked(self, xfer: _Transfer) -> str:
-        if xfer.abandoned:  # the transfer ended before this thread got to post it
+    def _post_locked(self, post: _Post) -> str:
+        if post.abandoned:  # the transfer ended before this thread got to post it
             return "ABANDONED"
         try:
-            return self._agent.transfer(xfer.handle)
+            return post.lane.agent.transfer(post.handle)
         except Exception as e:
             return f"ERR ({e!r})"
 
     @asynccontextmanager
-    async def _locked(self) -> AsyncIterator[None]:
-        """Holds the agent's lock without blocking the event loop while a worker thread's post holds it."""
+    async def _locked(self, lane: _Lane) -> AsyncIterator[None]:
+        """Holds a lane's lock without blocking the event loop while a worker thread's post holds it."""
         polls = 0
-        while not self._lock.acquire(blocking=False):
+        while not lane.lock.acquire(blocking=False):
             await _backoff(polls)
             polls += 1
         try:
             yield
         finally:
-            self._lock.release()
+            lane.lock.release()
 
-    def _poll(self, xfer: _Transfer) -> str:
-        if not self._lock.acquire(blocking=False):  # another transfer's post holds it: look again later
+    def _poll(self, post: _Post) -> str:
+        if not post.lane.lock.acquire(blocking=False):  # another transfer's post holds it: look again later
             return "PROC"
         try:
-            return self._agent.check_xfer_state(xfer.handle)
+            return post.lane.agent.check_xfer_state(post.handle)
         except Exception as e:
             return f"ERR ({e!r})"
         finally:
-            self._lock.release()
+            post.lane.lock.release()
 
-    def _descriptors(self, peer: _Peer, local: np.ndarray, remote: np.ndarray) -> tuple[Any, Any]:
+    def _descriptors(self, lane: _Lane, peer: _Peer, local: np.ndarray, remote: np.ndarray) -> tuple[Any, Any]:
         bpb = self._bytes_per_block
         if self.coalesce:
             local_start, remote_start, count = _runs(local, remote)
@@ -488,28 +550,28 @@ class NixlKVAgent:
             return np.stack([addrs, nbytes, np.full_like(addrs, device_id)], axis=1)
 
         r = self._region
-        return (self._agent.get_xfer_descs(descs(r.addr, local_start, r.device_id), r.mem_type),
-                self._agent.get_xfer_descs(descs(peer.base_addr, remote_start, peer.device_id), peer.mem_type))
+        return (lane.agent.get_xfer_descs(descs(r.addr, local_start, r.device_id), r.mem_type),
+                lane.agent.get_xfer_descs(descs(peer.base_addr, remote_start, peer.device_id), peer.mem_type))
 
     def _release_ended(self, wait_s: float = 0.0) -> None:
-        """Releases the NIXL handles of ended transfers. Holding the lock means no post call is running: a
-        post that began has returned, one that had not begun never will. Releasing a transfer still in
-        progress asks NIXL to cancel it; if NIXL cannot yet, it raises and the handle stays for the next
-        try. ``wait_s`` = 0 never blocks (the lock is busy while a worker thread posts)."""
+        """Releases the NIXL requests of ended transfers. Holding a lane's lock means no post call is running
+        there: a post that began has returned, one that had not begun never will. Releasing a request still
+        in progress asks NIXL to cancel it; if NIXL cannot yet, it raises and the request stays for the next
+        try. ``wait_s`` = 0 never blocks (a lane's lock is busy while a worker thread posts)."""
         keep = []
         deadline = time.monotonic() + wait_s
-        for xfer in self._unreleased:
-            if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                keep.append(xfer)
+        for post in self._unreleased:
+            if not post.lane.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                keep.append(post)
                 continue
             try:
-                xfer.abandoned = True
-                self._agent.release_xfer_handle(xfer.handle)
-                xfer.released = True
+                post.abandoned = True
+                post.lane.agent.release_xfer_handle(post.handle)
+                post.released = True
             except Exception:
-                keep.append(xfer)
+                keep.append(post)
             finally:
-                self._lock.release()
+                post.lane.lock.release()
         self._unreleased = keep
 
 

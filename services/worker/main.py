@@ -85,6 +85,7 @@ async def serve(config: WorkerConfig) -> None:
     tracing = setup_tracing(tr.PREFILL if config.role == "prefill" else tr.DECODE, config.otlp_endpoint)
     servicer = WorkerServicer(config, runner, agent, WorkerMetrics(registry), tracing)
     serve_metrics(registry, config.host, config.metrics_port)
+    grpc_kv.keep_freed_heap()  # KV chunks over gRPC (served here, or pulled and pushed) reuse freed memory
     server.add(grpc_kv.add_worker_servicer, servicer,
                worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name)
     port = await server.start(config.host, config.port)

@@ -271,3 +271,37 @@ async def test_blocks_move_between_two_processes():
     finally:
         if proc.is_alive():
             proc.kill()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_large_transfer_split_across_post_lanes_lands_whole_and_notifies_once(large_pair):
+    a, b = large_pair
+    src, dst = list(range(40, 140)) + [7, 3], list(range(100, 200)) + [0, 255]  # 102 blocks, 12.75 MiB
+    out = await a.write("split-w", b.name, src, dst, timeout_s=20, notification=b"split landed")
+    assert out.ok and out.bytes == len(src) * LARGE.bytes_per_block, out
+    assert torch.equal(b.pool.device_kv[dst], a.pool.device_kv[src])
+    assert await b.wait_notification(a.name, b"split landed", timeout_s=5)  # from a's own name, once
+    assert not await b.wait_notification(a.name, b"split landed", timeout_s=0.05)
+    assert not any(b.notifications().values())  # and nothing from the post lanes
+
+    out = await a.read("split-r", b.name, list(range(200, 256)), list(range(56)), timeout_s=20,
+                       notification=b"split read")
+    assert out.ok, out
+    assert torch.equal(a.pool.device_kv[:56], b.pool.device_kv[200:256])
+    assert await b.wait_notification(a.name, b"split read", timeout_s=5)
+
+
+def test_one_lane_still_moves_large_transfers():
+    a = NixlKVAgent(f"one{next(_names)}", _pool(LARGE, 64, seed=1), post_lanes=0)  # posts on the main agent
+    b = NixlKVAgent(f"oneb{next(_names)}", _pool(LARGE, 64, seed=2))
+    try:
+        a.add_peer(b.metadata(), b.kv_layout())
+        out = anyio.run(lambda: a.write("w", b.name, list(range(64)), list(range(64)), timeout_s=20,
+                                        notification=b"n"))
+        assert out.ok, out
+        assert torch.equal(b.pool.device_kv, a.pool.device_kv)
+        assert b.notifications() == {a.name: [b"n"]} or anyio.run(b.wait_notification, a.name, b"n", 5)
+    finally:
+        a.close()
+        b.close()
