@@ -18,12 +18,21 @@ once the transfer started — NIXL refusing the request, an error state, the dea
 transfer with a ``TransferOutcome`` whose status says how; ``write``/``read`` never raise for those and never
 wait past their deadline.
 
-Threads: every NIXL call runs under one lock (the agent is created without NIXL's own locking).
-``postXferReq`` runs in a worker thread when the transfer is large, because UCX between processes on one host
-(CMA) and inside one process copies the bytes inside the post call itself: measured 50–80 ms for 256 MiB
-between two processes here, which would stall the event loop. The transfer coroutines never block on that
-lock (they poll it; a busy lock reads as "still in progress"); the rare control calls (``metadata``,
+Threads: every call on a NIXL agent runs under that agent's lock (agents are created without NIXL's own
+locking). ``postXferReq`` runs in a worker thread when the transfer is large, because UCX between processes
+on one host (CMA) and inside one process copies the bytes inside the post call itself: measured 50–80 ms for
+256 MiB between two processes here, which would stall the event loop. The transfer coroutines never block on
+a lock (they poll it; a busy lock reads as "still in progress"); the rare control calls (``metadata``,
 ``add_peer``, ``notifications``, ``close``) do wait for it, at most one post's duration.
+
+Post lanes: a host (DRAM) pool posts its transfers through ``post_lanes`` (2) extra agents of its own, with no
+progress thread, and a transfer of 4 MiB or more is split into one part per lane, posted at once from as many
+threads, so the CMA copy runs on two cores. The main agent (the one peers know; its progress thread serves
+them) posts nothing then: its progress thread spins on the UCX worker lock for as long as a post on the same
+agent copies, taking the second core from the copy. On this 2-core host that took 256 MiB between two
+processes from 7.1–7.7 to 8.5–10.4 GB/s (torch ``copy_`` 14–17 GB/s). A notification goes from the main
+agent once every part landed. GPU pools keep posting on the main agent: their UCX transfers are asynchronous
+and complete through its progress thread.
 """
 
 from __future__ import annotations
