@@ -11,6 +11,9 @@ import torch
 from services.common.grpc_kv import GRPC_KV_OPTIONS, KVBytesServicer, add_worker_servicer
 from services.engine.kv_pool import KVLayout, PagedKVPool
 
+# Small enough that tests move many blocks quickly: 4 KiB per block.
+SMALL_LAYOUT = KVLayout(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=torch.float16)
+
 
 def random_pool(layout: KVLayout, num_blocks: int, seed: int = 0) -> PagedKVPool:
     pool = PagedKVPool(layout, num_blocks, 0, torch.device("cpu"))

@@ -26,15 +26,10 @@ from services.common.grpc_kv import (
 )
 from services.common.kv_transport import TransferState
 from services.engine.kv_pool import KVLayout, PagedKVPool
+from tests.common.kv_helpers import SMALL_LAYOUT as LAYOUT
 from tests.common.kv_helpers import kv_bytes_server, random_pool
 
-LAYOUT = KVLayout(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=torch.float16)  # 4 KiB/block
 BPB = LAYOUT.bytes_per_block
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 def _pool(num_blocks=32, seed=0, layout=LAYOUT) -> PagedKVPool:

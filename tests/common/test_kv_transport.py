@@ -29,11 +29,6 @@ LARGE = KVLayout(num_layers=4, block_size=16, num_kv_heads=8, head_dim=64, dtype
 _names = itertools.count()
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def _pool(layout=SMALL, num_blocks=64, seed=0) -> PagedKVPool:
     pool = PagedKVPool(layout, num_blocks, 0, torch.device("cpu"))
     pool.device_kv.copy_(torch.randn(pool.device_kv.shape, generator=torch.Generator().manual_seed(seed)))

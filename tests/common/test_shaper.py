@@ -39,11 +39,6 @@ BPB = LAYOUT.bytes_per_block
 _names = itertools.count()
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def _pool(num_blocks=64, seed=0) -> PagedKVPool:
     return random_pool(LAYOUT, num_blocks, seed)
 
