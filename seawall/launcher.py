@@ -162,12 +162,15 @@ class LocalMesh:
             os.killpg(c.proc.pid, signal.SIGKILL)
         c.proc.wait(10)
 
-    def respawn(self, name: str) -> None:
-        """Starts a child that exited (or was killed) again, with the same arguments and ports."""
+    def respawn(self, name: str, address: str | None = None) -> None:
+        """Starts a child that exited (or was killed) again, with the same arguments and ports; with
+        ``address``, returns once its gRPC health service there answers SERVING."""
         old = self.child(name)
         assert old.proc.poll() is not None, f"{name} is still running"
         self.children.remove(old)
         self._spawn(name, old.module_args)
+        if address is not None and not _wait_healthy(address, self.options.startup_timeout_s, self._check_children):
+            raise Unavailable(f"{name} did not become healthy again{self._log_hint()}")
 
     def stop(self, grace_s: float = 10.0) -> dict[str, int]:
         """Stops workers, then the scheduler; returns each child's exit code."""

@@ -18,6 +18,8 @@ from services.common.grpc_server import CHANNEL_OPTIONS
 log = logging.getLogger(__name__)
 
 PATHS = {"pe-read": kvcache_pb2.KV_READ_PATH_PE_READ, "de-read": kvcache_pb2.KV_READ_PATH_DE_READ}
+_RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                      ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 class KVCacheClient:
@@ -27,7 +29,9 @@ class KVCacheClient:
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self.transport = transport
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        # gRPC's reconnect back-off grows to minutes while kvcache is down; capped, a restarted kvcache is
+        # used again within a second or two instead.
+        self._channel = grpc.aio.insecure_channel(address, options=[*CHANNEL_OPTIONS, *_RECONNECT_OPTIONS])
         self._stub = kvcache_pb2_grpc.KVCacheStub(self._channel)
         self._down_until = 0.0
         self.num_failures = 0

@@ -86,7 +86,7 @@ def test_kvcache_down_means_recompute_and_the_mesh_recovers_when_it_returns(tiny
             prompt = prompt + first.token_ids + [7, 8, 9]
             second = turn(prompt)  # kvcache is gone: computed, same tokens
             assert second.cached_prompt_tokens == 0
-            mesh.respawn("kvcache")
+            mesh.respawn("kvcache", mesh.kvcache_address)
             time.sleep(3)  # past the scheduler's back-off after the failures
             prompt = prompt + second.token_ids + [10, 11]
             turn(prompt)  # kvcache is empty again: computed, and its blocks are stored
