@@ -46,8 +46,8 @@ class SchedulerServiceConfig:
     transfer_timeout_s: float = 30.0
     # A worker that does not answer a step within this many seconds is declared dead.
     step_timeout_s: float = 120.0
-    # Send a plan whose outcome is known (it samples nothing) and plan the next one without waiting for its
-    # result (mesh.py); off only to measure what that saves.
+    # Plan each worker's next step while its current one runs, ahead of the result (mesh.py,
+    # Scheduler.expect); off only to measure what that saves.
     pipeline_steps: bool = True
 
     def __post_init__(self) -> None:

@@ -234,7 +234,8 @@ class DualPath:
         try:
             held = link.core.handed_off.get(rid, [])
             bs = link.core.blocks.block_size
-            full = min(req.num_computed_tokens // bs, len(held))
+            # A decode of its last token may still be running (planned ahead): its block is left out.
+            full = min((req.num_computed_tokens - req.num_pending) // bs, len(held))
             hashes = extend_hashes(req.block_hashes, req.all_token_ids, bs, link.core.hash_seed)[:full]
             if full and link.alive:
                 await self.client.store(f"{rid}/store{next(self._ids)}", link.endpoint(), held[:full], hashes,

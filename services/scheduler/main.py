@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--metrics-port", type=int, default=0,
                    help="Prometheus text on this port too (0 = off; the HTTP API always serves /metrics)")
     p.add_argument("--no-step-pipelining", action="store_true",
-                   help="wait for every step's result before planning the next (for measuring pipelining)")
+                   help="wait for each step's result before planning the next (to measure what planning ahead saves)")
     add_scheduling_flags(p)
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)

@@ -27,7 +27,7 @@ from services.common import tracing as tr
 from services.common.convert import plan_to_proto, result_from_proto
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling_params import FinishReason
-from services.common.step import StepPlan, StepResult
+from services.common.step import StepPlan
 from services.common.tracing import Tracing
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request
@@ -49,7 +49,7 @@ class _InFlight:
     sent: float  # scheduler clock
     traced: list  # (request trace, prompt tokens) of the prompt chunks in the plan
     start_ns: int
-    applied: bool  # samples nothing: applied to the core when sent
+    expected: bool  # applied to the core when sent (Scheduler.expect), so the next plan need not wait
 
 
 class Mesh:
@@ -209,17 +209,18 @@ class Mesh:
     async def _drive(self, link: WorkerLink) -> None:
         """Plans steps for ``link`` and applies their results, in order.
 
-        A plan that samples no token (prompt chunks short of the prompt's end, swaps, drops) has an outcome
-        known in advance, so it is applied at once and the next plan is sent right behind it: the worker
-        starts that step as soon as it finishes this one, without waiting for a round trip to the
-        scheduler. A plan that samples waits for its result before the next one is planned, because the
-        next plan depends on the tokens (a finished request frees its blocks; decodes need the token).
+        Each plan is applied to the core as it is sent (``Scheduler.expect``: its tokens count as computed,
+        tokens it samples are pending), and the next plan is sent right behind it, so the worker finds its
+        next step waiting when it finishes one, without a round trip to the scheduler. At most two plans
+        are in flight. Results fill the pending tokens in and stream them; a request that stopped has one
+        wasted decode in the plan behind, whose sample is discarded. A prefill worker's sampling plan is
+        the exception: its token hands the request off, so the next plan waits for it.
         """
         call = link.stub.StepStream()
         in_flight: deque[_InFlight] = deque()
         try:
             while link.alive:
-                if not in_flight or (len(in_flight) < self._depth and in_flight[-1].applied):
+                if not in_flight or (len(in_flight) < self._depth and in_flight[-1].expected):
                     self._place_arrivals(link)
                     plan = link.core.schedule(now=anyio.current_time())
                     if plan.num_scheduled_tokens or plan.finished or plan.swap_out or plan.swap_in or plan.copy:
@@ -239,14 +240,16 @@ class Mesh:
             call.cancel()
 
     async def _send(self, link: WorkerLink, call, plan: StepPlan, pipelined: bool) -> _InFlight:
-        step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(),
-                         applied=not link.core.samples(plan))
+        # A prefill worker's sampled token hands the request off, so its core must not plan a decode after it.
+        hands_off = link.role == "prefill" and self.config.mode == "disaggregated"
+        expected = self._depth > 1 and not (hands_off and link.core.samples(plan))
+        step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(), expected)
         with anyio.fail_after(self.config.step_timeout_s):
             await call.write(self._plan_message(link, plan))
         if pipelined:
             self.metrics.pipelined_steps.labels(link.worker_id).inc()
-        if step.applied:
-            link.core.on_result(plan, StepResult(plan.step_id))  # nothing to learn from its result
+        if expected:
+            link.core.expect(plan)
         return step
 
     def _finish_step(self, link: WorkerLink, step: _InFlight, msg) -> None:
@@ -257,8 +260,7 @@ class Mesh:
         link.last_result_at = now
         for trace_, n in step.traced:
             trace_.prefill_chunk(step.start_ns, time.time_ns(), link.worker_id, step.plan.step_id, n)
-        if not step.applied:
-            self._dispatch(link, link.core.on_result(step.plan, result_from_proto(msg)))
+        self._dispatch(link, link.core.on_result(step.plan, result_from_proto(msg)))
 
     def _plan_message(self, link: WorkerLink, plan: StepPlan):
         msg = plan_to_proto(plan, link.epoch)

@@ -16,7 +16,7 @@ class SchedulerMetrics:
         self.steps = StepMetrics(self.registry, ("worker",))
         self.transfers = TransferMetrics(self.registry)
         self.pipelined_steps = Counter(
-            "seawall_steps_pipelined", "Plans sent while the worker's previous step still ran (its outcome known)",
+            "seawall_steps_pipelined", "Plans sent while the worker's previous step still ran (planned ahead)",
             ("worker",), registry=self.registry)
 
     def watch(self, mesh) -> None:

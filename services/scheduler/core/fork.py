@@ -23,8 +23,9 @@ class Fork:
         False (and nothing changed) when the pool has no block for the copy of a partial last block.
         """
         parent = self.requests[parent_id]
-        if parent.status is not RequestStatus.RUNNING or not parent.is_decoding:
-            raise ValueError(f"only a decoding request can be forked; {parent_id!r} is {parent.status.value}")
+        if parent.status is not RequestStatus.RUNNING or not parent.is_decoding or parent.num_pending:
+            raise ValueError(f"only a decoding request whose tokens are all known can be forked; {parent_id!r} is "
+                             f"{parent.status.value}")
         if child.request_id in self.requests:
             raise ValueError(f"duplicate request id {child.request_id!r}")
         bs = self.blocks.block_size

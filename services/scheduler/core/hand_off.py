@@ -94,9 +94,11 @@ class HandOff:
         reqs = sorted(self.requests.values(), key=lambda r: (r.arrival_time, r.request_id))
         for req in reqs:
             req.reset_for_recompute()
+            req.num_pending = 0  # sampled on the dead worker, never to arrive
             self._forget(req)
         self.arriving.clear()
         self.handed_off.clear()
+        self._expected.clear()
         self.waiting.clear()
         self.running.clear()
         self.swapped.clear()

@@ -39,6 +39,9 @@ class Request:
     # When it finishes (stop or length), keep its blocks in ``Scheduler.handed_off`` instead of freeing them,
     # so that their KV can be stored (to kvcache) before the blocks are reused.
     hold_blocks_on_finish: bool = False
+    # Output tokens that steps already sent will sample (the caller planned ahead of their results,
+    # ``Scheduler.expect``): counted in ``num_tokens``, absent from ``output_token_ids`` until they arrive.
+    num_pending: int = 0
 
     def reset_for_recompute(self) -> None:
         """Forgets every block and computed token (the KV is gone); outputs are kept, so it recomputes
@@ -53,7 +56,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
 
     @property
     def num_uncomputed(self) -> int:
@@ -63,9 +66,8 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         """The prompt is computed and only the newest output token is not: the next step is a decode."""
-        prompt = len(self.prompt_token_ids)
         computed = self.num_computed_tokens
-        return computed >= prompt and prompt + len(self.output_token_ids) - computed == 1
+        return computed >= len(self.prompt_token_ids) and self.num_tokens - computed == 1
 
     def __repr__(self) -> str:
         # Never log prompts or token ids (STYLE §5).

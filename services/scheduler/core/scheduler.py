@@ -72,6 +72,7 @@ class Scheduler(HandOff, Fork):
         self._on_worker: set[str] = set()  # requests whose state the worker holds
         self._to_drop: list[str] = []  # finished/preempted since the last plan: the worker drops them
         self._sent_blocks: dict[str, int] = {}  # blocks of each request the worker already knows
+        self._expected: set[int] = set()  # step ids of plans applied by ``expect``, results not in yet
         # Block copies for the next plan. The worker runs swap-outs before swap-ins, so a device block freed
         # by a swap-out may be a swap-in target; host blocks read by a swap-in are freed one plan later so a
         # swap-out in the same plan cannot overwrite them first.
@@ -136,7 +137,13 @@ class Scheduler(HandOff, Fork):
             self._host_to_free = []
         self._swapped_in_now, self._preempted_now = set(), set()
         step = Step(now, self.config.max_num_batched_tokens or float("inf"), self.config.max_num_seqs)
+        # Requests whose tokens in flight end them (max_tokens, the context) have nothing left to run: the
+        # policy does not see them this step.
+        ending = [r for r in self.running if r.num_pending and self._ends_with_pending(r)]
+        if ending:
+            self.running = [r for r in self.running if not (r.num_pending and self._ends_with_pending(r))]
         self.policy.compose(self, step)
+        self.running.extend(ending)
         # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
         plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in,
                         copy=self._copy)
@@ -166,7 +173,51 @@ class Scheduler(HandOff, Fork):
         return any(rid not in requests or requests[rid].num_computed_tokens + n >= requests[rid].num_tokens
                    for rid, n in plan.num_scheduled_tokens.items())
 
+    def expect(self, plan: StepPlan) -> None:
+        """``plan`` (just scheduled) is on its way and the caller plans the next step before its result:
+        its tokens count as computed now, and each sequence reaching the end of its tokens gets a pending
+        token, decoded by the next plan (the worker appends what it sampled). ``on_result`` fills the tokens
+        in, in plan order, whatever became of the request meanwhile."""
+        for rid, n in plan.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue
+            if req.num_computed_tokens + n >= req.num_tokens:
+                req.num_pending += 1
+            req.num_computed_tokens += n
+            self._cache_full_blocks(req)
+        self._expected.add(plan.step_id)
+
+    def _resolve(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
+        events = []
+        for rid in plan.num_scheduled_tokens:
+            token, req = result.sampled.get(rid), self.requests.get(rid)
+            if token is None or req is None or not req.num_pending:
+                continue  # finished meanwhile (a sample past its stop is discarded), or drained
+            req.num_pending -= 1
+            req.output_token_ids.append(token.token_id)
+            if req.status is RequestStatus.RUNNING:  # a swapped request's blocks are registered at swap-in
+                self._cache_full_blocks(req)
+            reason = self._stop_reason(req)
+            events.append(TokenEvent(rid, token, reason))
+            if reason is not None:
+                self.finish(rid, reason)
+        return events
+
+    def _ends_with_pending(self, req: Request) -> bool:
+        return (len(req.output_token_ids) + req.num_pending >= req.params.max_tokens
+                or req.num_tokens >= self.config.max_model_len)
+
+    def _stop_reason(self, req: Request) -> str | None:
+        reason = check_stop(req.params, req.output_token_ids, req.eos_token_ids)
+        if reason is None and len(req.prompt_token_ids) + len(req.output_token_ids) >= self.config.max_model_len:
+            reason = FinishReason.LENGTH
+        return reason
+
     def on_result(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
+        if plan.step_id in self._expected:
+            self._expected.discard(plan.step_id)
+            return self._resolve(plan, result)
         events = []
         caching, block_size = self.config.enable_prefix_caching, self.blocks.block_size
         requests, sampled, running = self.requests, result.sampled, RequestStatus.RUNNING
@@ -181,9 +232,7 @@ class Scheduler(HandOff, Fork):
             if token is None:
                 continue
             req.output_token_ids.append(token.token_id)
-            reason = check_stop(req.params, req.output_token_ids, req.eos_token_ids)
-            if reason is None and len(req.prompt_token_ids) + len(req.output_token_ids) >= self.config.max_model_len:
-                reason = FinishReason.LENGTH
+            reason = self._stop_reason(req)
             events.append(TokenEvent(rid, token, reason))
             if reason is not None:
                 self.finish(rid, reason)
@@ -210,6 +259,8 @@ class Scheduler(HandOff, Fork):
         """Starts waiting ``req``: takes its cached prefix and blocks for up to ``room`` tokens of its first
         chunk. Returns how many tokens it runs now (it is RUNNING), or 0 with ``req`` untouched. ``evict``:
         when short of blocks, take them from the policy's victims (never from requests in ``step``)."""
+        if req.num_pending:
+            return 0  # preempted while a token of it was in flight: its worker needs every token to recompute
         while not (n := self._try_admit(req, room)):
             victim = self._victim(req, step) if evict else None
             if victim is None or victim is req:
@@ -319,7 +370,8 @@ class Scheduler(HandOff, Fork):
         """Registers the request's newly computed full blocks in the prefix cache."""
         if not self.config.enable_prefix_caching:
             return
-        full = req.num_computed_tokens // self.blocks.block_size
+        # Only blocks of known tokens: a pending token's block gets its hash when the token arrives.
+        full = min(req.num_computed_tokens, req.num_tokens - req.num_pending) // self.blocks.block_size
         if full <= req.num_cached_blocks:
             return
         extend_hashes(req.block_hashes, req.all_token_ids, self.blocks.block_size, self.hash_seed)
