@@ -11,6 +11,7 @@ TRANSPORTS = ("nixl", "grpc")
 # "dual+recompute": dual, and per request a cached prefix is computed instead when, from the live read queue and
 # the prefill worker's backlog, that is measured to end sooner (DualPath's load-or-recompute; off by default).
 READ_POLICIES = ("pe-read", "de-read", "dual", "dual+recompute")
+STEP_PIPELINING = ("known", "all", "off")
 
 
 @dataclass(frozen=True)
@@ -46,15 +47,19 @@ class SchedulerServiceConfig:
     transfer_timeout_s: float = 30.0
     # A worker that does not answer a step within this many seconds is declared dead.
     step_timeout_s: float = 120.0
-    # Plan each worker's next step while its current one runs, ahead of the result (mesh.py,
-    # Scheduler.expect); off only to measure what that saves.
-    pipeline_steps: bool = True
+    # Plan a worker's next step while its current one runs (mesh.py, Scheduler.expect): "known" only behind
+    # plans that sample nothing (prompt chunks), "all" behind every plan (async scheduling), "off" never.
+    # "all" pays where the scheduler has a core of its own (a GPU host); on a small CPU box its work competes
+    # with the forward pass (bench/step_pipelining.py), hence the default.
+    step_pipelining: str = "known"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.kv_transport not in TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {', '.join(TRANSPORTS)}, got {self.kv_transport!r}")
+        if self.step_pipelining not in STEP_PIPELINING:
+            raise ValueError(f"step_pipelining must be one of {', '.join(STEP_PIPELINING)}, got {self.step_pipelining!r}")
         if self.kv_read_policy not in READ_POLICIES:
             raise ValueError(f"kv_read_policy must be one of {', '.join(READ_POLICIES)}, got {self.kv_read_policy!r}")
         for name in ("grpc_port", "http_port", "metrics_port"):

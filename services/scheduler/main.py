@@ -22,7 +22,13 @@ from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
 from services.common.tracing import setup_tracing
 from services.engine.loader import load_checkpoint_meta
 from services.engine.runner import resolve_model_dir
-from services.scheduler.config import MODES, READ_POLICIES, TRANSPORTS, SchedulerServiceConfig
+from services.scheduler.config import (
+    MODES,
+    READ_POLICIES,
+    STEP_PIPELINING,
+    TRANSPORTS,
+    SchedulerServiceConfig,
+)
 from services.scheduler.core.config import MLFQ_PRESETS, WAIT_CREDITS, MLFQConfig
 from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
 from services.scheduler.dual_path import DualPath
@@ -107,14 +113,15 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="Prometheus text on this port too (0 = off; the HTTP API always serves /metrics)")
-    p.add_argument("--no-step-pipelining", action="store_true",
-                   help="wait for each step's result before planning the next (to measure what planning ahead saves)")
+    p.add_argument("--step-pipelining", choices=STEP_PIPELINING, default="known",
+                   help="plan a worker's next step before its current result: behind prompt chunks only (known, "
+                        "default), behind every step (all: async scheduling), or never (off)")
     add_scheduling_flags(p)
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
-                   kvcache_address=args.kvcache, pipeline_steps=not args.no_step_pipelining)
+                   kvcache_address=args.kvcache, step_pipelining=args.step_pipelining)
 
 
 class _Uvicorn(uvicorn.Server):

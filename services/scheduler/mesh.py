@@ -67,7 +67,7 @@ class Mesh:
         self.num_preemptions_gone = 0  # preemptions counted by cores of workers that died
         self._ids = itertools.count()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._depth = _PIPELINE_DEPTH if config.pipeline_steps else 1
+        self._depth = 1 if config.step_pipelining == "off" else _PIPELINE_DEPTH
 
     async def run(self) -> None:
         """Drives every worker until cancelled."""
@@ -242,7 +242,8 @@ class Mesh:
     async def _send(self, link: WorkerLink, call, plan: StepPlan, pipelined: bool) -> _InFlight:
         # A prefill worker's sampled token hands the request off, so its core must not plan a decode after it.
         hands_off = link.role == "prefill" and self.config.mode == "disaggregated"
-        expected = self._depth > 1 and not (hands_off and link.core.samples(plan))
+        ahead_of_samples = self.config.step_pipelining == "all" and not hands_off
+        expected = self._depth > 1 and (ahead_of_samples or not link.core.samples(plan))
         step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(), expected)
         with anyio.fail_after(self.config.step_timeout_s):
             await call.write(self._plan_message(link, plan))
