@@ -141,7 +141,7 @@ class Scheduler(HandOff, Fork):
         # policy does not see them this step.
         ending = [r for r in self.running if r.num_pending and self._ends_with_pending(r)]
         if ending:
-            self.running = [r for r in self.running if not (r.num_pending and self._ends_with_pending(r))]
+            self.running = [r for r in self.running if r not in ending]
         self.policy.compose(self, step)
         self.running.extend(ending)
         # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
@@ -167,8 +167,8 @@ class Scheduler(HandOff, Fork):
 
     def samples(self, plan: StepPlan) -> bool:
         """Whether some sequence of ``plan`` (just scheduled, result not applied) reaches the end of its known
-        tokens and so samples one. When none does, the outcome is known before the step runs:
-        ``on_result(plan, StepResult(plan.step_id))``, which the caller may apply at once and plan ahead."""
+        tokens and so samples one. When none does, the outcome is known before the step runs, and planning
+        the next step ahead of it (``expect``) risks nothing."""
         requests = self.requests
         return any(rid not in requests or requests[rid].num_computed_tokens + n >= requests[rid].num_tokens
                    for rid, n in plan.num_scheduled_tokens.items())
@@ -178,6 +178,11 @@ class Scheduler(HandOff, Fork):
         its tokens count as computed now, and each sequence reaching the end of its tokens gets a pending
         token, decoded by the next plan (the worker appends what it sampled). ``on_result`` fills the tokens
         in, in plan order, whatever became of the request meanwhile."""
+        self._apply_sent(plan)
+        self._expected.add(plan.step_id)
+
+    def _apply_sent(self, plan: StepPlan) -> None:
+        """What a plan does whatever its result: tokens computed, and a pending token where one samples."""
         for rid, n in plan.num_scheduled_tokens.items():
             req = self.requests.get(rid)
             if req is None or req.status is not RequestStatus.RUNNING:
@@ -186,7 +191,6 @@ class Scheduler(HandOff, Fork):
                 req.num_pending += 1
             req.num_computed_tokens += n
             self._cache_full_blocks(req)
-        self._expected.add(plan.step_id)
 
     def _resolve(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
         events = []
@@ -196,7 +200,9 @@ class Scheduler(HandOff, Fork):
                 continue  # finished meanwhile (a sample past its stop is discarded), or drained
             req.num_pending -= 1
             req.output_token_ids.append(token.token_id)
-            if req.status is RequestStatus.RUNNING:  # a swapped request's blocks are registered at swap-in
+            # Only when a plan sent since already computed this token (planned ahead) can a block have filled;
+            # a swapped request's blocks are registered at swap-in.
+            if req.status is RequestStatus.RUNNING and req.num_computed_tokens >= req.num_tokens - req.num_pending:
                 self._cache_full_blocks(req)
             reason = self._stop_reason(req)
             events.append(TokenEvent(rid, token, reason))
@@ -215,28 +221,13 @@ class Scheduler(HandOff, Fork):
         return reason
 
     def on_result(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
+        """Applies ``plan``'s result: the sampled tokens, in plan order (``plan`` is applied first unless
+        ``expect`` already did). Returns one event per token kept."""
         if plan.step_id in self._expected:
             self._expected.discard(plan.step_id)
-            return self._resolve(plan, result)
-        events = []
-        caching, block_size = self.config.enable_prefix_caching, self.blocks.block_size
-        requests, sampled, running = self.requests, result.sampled, RequestStatus.RUNNING
-        for rid, n in plan.num_scheduled_tokens.items():
-            req = requests.get(rid)
-            if req is None or req.status is not running:
-                continue
-            req.num_computed_tokens += n
-            if caching and req.num_computed_tokens // block_size > req.num_cached_blocks:
-                self._cache_full_blocks(req)
-            token = sampled.get(rid)
-            if token is None:
-                continue
-            req.output_token_ids.append(token.token_id)
-            reason = self._stop_reason(req)
-            events.append(TokenEvent(rid, token, reason))
-            if reason is not None:
-                self.finish(rid, reason)
-        return events
+        else:
+            self._apply_sent(plan)
+        return self._resolve(plan, result)
 
     # --- machinery the policies call -------------------------------------------------------------------------
 
