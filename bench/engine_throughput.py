@@ -226,12 +226,18 @@ def main() -> int:  # noqa: C901, PLR0915
     model_dir, tmp = resolve_model(args)
     rng = random.Random(args.seed)
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt_len)] for _ in range(args.num_requests)]
+
+    def draw_prompts() -> Prompts:
+        return [[rng.randrange(10, vocab) for _ in range(args.prompt_len)] for _ in range(args.num_requests)]
+
+    # Every round gets prompts of its own (the same for every system in that round): Seawall's prefix cache
+    # would otherwise serve all but the last block of each prompt from the previous round.
+    round_prompts = [draw_prompts() for _ in range(args.repeats)]
     if args.mixed_output:
         output_lens = [rng.randint(1, args.output_len) for _ in range(args.num_requests)]
     else:
         output_lens = [args.output_len] * args.num_requests
-    warm_prompts = [p[: max(1, args.prompt_len // 4)] for p in prompts[:4]]
+    warm_prompts = [p[: max(1, args.prompt_len // 4)] for p in draw_prompts()[:4]]
     warm_lens = [8, 4, 8, 6][: len(warm_prompts)] if args.mixed_output else [8] * len(warm_prompts)
     out_tokens = sum(output_lens)
     kv = kv_bytes_for(model_dir, args.num_requests, args.prompt_len + args.output_len)
@@ -269,7 +275,7 @@ def main() -> int:  # noqa: C901, PLR0915
     times: dict[str, list[float]] = {name: [] for name in systems}
     outputs: dict[str, list[list[int]]] = {}
     started = time.perf_counter()
-    for _ in range(args.repeats):
+    for prompts in round_prompts:
         for name in list(systems):
             try:
                 t0 = time.perf_counter()
@@ -334,7 +340,7 @@ def main() -> int:  # noqa: C901, PLR0915
 
     profile = None
     if args.profile:
-        profile = profile_seawall(run_default, prompts, output_lens, args.profile)
+        profile = profile_seawall(run_default, draw_prompts(), output_lens, args.profile)
         print(f"\ncProfile of one Seawall (default config) run, by own time:\n{profile}")
 
     if args.json:

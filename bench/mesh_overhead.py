@@ -74,9 +74,9 @@ def run_mesh(mesh: LocalMesh, prompts, output_len) -> list[list[int]]:
     return anyio.run(_run_mesh, mesh.grpc_address, prompts, output_len)
 
 
-def start(mode: str, model: str, logs: Path) -> LocalMesh:
+def start(mode: str, model: str, logs: Path, pipelining: str = "known") -> LocalMesh:
     opts = MeshOptions(model=model, mode=mode, num_prefill=1 if mode == "disaggregated" else 0, num_decode=1,
-                       grpc_port=0, http_port=None, scheduler_args=["--chunk-size", str(CHUNK)],
+                       grpc_port=0, http_port=None, scheduler_args=["--chunk-size", str(CHUNK), "--step-pipelining", pipelining],
                        log_dir=logs / mode)
     mesh = LocalMesh(opts)
     mesh.start()
@@ -90,12 +90,16 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--systems", default="in-process,mesh-colocated,mesh-disaggregated")
+    p.add_argument("--step-pipelining", choices=("known", "all", "off"), default="known",
+                   help="the mesh scheduler's --step-pipelining (default: known, the mesh's default)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     logging.basicConfig(level="WARNING")
     model = str(ensure_default_model())
-    prompts = workload(args.num_requests, args.prompt_len)
-    warm = prompts[:4]
+    # Fresh prompts every round (the same for every system in it): otherwise prefix caches would serve all
+    # but the last block of each prompt from the previous round.
+    rounds = [workload(args.num_requests, args.prompt_len, seed=r + 1) for r in range(args.repeats)]
+    warm = workload(4, args.prompt_len, seed=0)
     systems = args.systems.split(",")
     meshes: dict[str, LocalMesh] = {}
     runners = {}
@@ -106,13 +110,13 @@ def main() -> int:
             runners["in-process"] = lambda ps, n: run_in_process(engine, ps, n)
         for name in systems:
             if name.startswith("mesh-"):
-                meshes[name] = start(name.removeprefix("mesh-"), model, logs)
+                meshes[name] = start(name.removeprefix("mesh-"), model, logs, args.step_pipelining)
                 runners[name] = lambda ps, n, m=meshes[name]: run_mesh(m, ps, n)
         times: dict[str, list[float]] = {name: [] for name in runners}
         outputs = {}
         for run in runners.values():
             run(warm, 4)
-        for _ in range(args.repeats):
+        for prompts in rounds:
             for name, run in runners.items():
                 t = time.perf_counter()
                 outputs[name] = run(prompts, args.output_len)
