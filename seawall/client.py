@@ -58,13 +58,14 @@ class Completion:
     queue_delay_ms: float = 0.0
 
 
-def build_request(prompt: str | Sequence[int], request_id: str | None, sampling: dict[str, Any]
-                  ) -> scheduler_pb2.GenerateRequest:
+def build_request(prompt: str | Sequence[int], request_id: str | None, sampling: dict[str, Any],
+                  final_only: bool = False) -> scheduler_pb2.GenerateRequest:
     """``sampling`` holds SamplingParams fields, plus ``session_id`` (turns of one conversation: their KV is
-    kept in kvcache for the next turn)."""
+    kept in kvcache for the next turn). ``final_only``: one response at the end instead of one per step."""
     session_id = sampling.pop("session_id", "") or ""
     msg = scheduler_pb2.GenerateRequest(request_id=request_id or f"sdk-{uuid.uuid4().hex[:16]}",
-                                        sampling=params_to_proto(SamplingParams(**sampling)), session_id=session_id)
+                                        sampling=params_to_proto(SamplingParams(**sampling)), session_id=session_id,
+                                        final_only=final_only)
     if isinstance(prompt, str):
         msg.text = prompt
     else:
@@ -124,7 +125,7 @@ class AsyncClient:
                        **sampling: Any) -> Completion:
         chunks, last = [], None
         try:
-            async for reply in self._stub.Generate(build_request(prompt, request_id, sampling)):
+            async for reply in self._stub.Generate(build_request(prompt, request_id, sampling, final_only=True)):
                 chunks.append(_chunk(reply))
                 last = reply
         except grpc.aio.AioRpcError as exc:
@@ -167,7 +168,7 @@ class Client:
     def generate(self, prompt: str | Sequence[int], request_id: str | None = None, **sampling: Any) -> Completion:
         chunks, last = [], None
         try:
-            for reply in self._stub.Generate(build_request(prompt, request_id, sampling)):
+            for reply in self._stub.Generate(build_request(prompt, request_id, sampling, final_only=True)):
                 chunks.append(_chunk(reply))
                 last = reply
         except grpc.RpcError as exc:

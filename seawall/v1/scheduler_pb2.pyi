@@ -23,7 +23,7 @@ class StreamOptions(_message.Message):
     def __init__(self, return_token_ids: _Optional[bool] = ..., return_text: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "text", "token_ids", "sampling", "session_id", "stream_options", "priority")
+    __slots__ = ("request_id", "model", "text", "token_ids", "sampling", "session_id", "stream_options", "priority", "final_only")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class GenerateRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    FINAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
@@ -40,7 +41,8 @@ class GenerateRequest(_message.Message):
     session_id: str
     stream_options: StreamOptions
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
+    final_only: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., priority: _Optional[int] = ..., final_only: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "token_ids", "text", "logprobs", "finish_reason", "finish_detail", "usage", "queue_delay_ms")

@@ -148,8 +148,7 @@ class _OpenAI:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            async for batch in self.frontend.stream(tracked):
-                deltas.extend(batch)
+            deltas = await self.frontend.collect(tracked)
             tg.cancel_scope.cancel()
         return deltas
 

@@ -26,7 +26,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         want_ids = opts is None or opts.return_token_ids
         want_text = opts is None or opts.return_text
         prompt_len = len(tracked.request.prompt_token_ids)
-        async for batch in self.frontend.stream(tracked):
+        async for batch in self._batches(tracked, request.final_only):
             last = batch[-1]
             reply = scheduler_pb2.GenerateResponse(
                 request_id=tracked.request_id, finish_reason=finish_reason_to_proto(last.finish_reason),
@@ -41,6 +41,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     reply.text += delta.text
                 reply.logprobs.extend(token_logprobs_to_proto(t) for t in delta.logprobs)
             yield reply
+
+    async def _batches(self, tracked, final_only: bool):
+        if final_only:
+            yield await self.frontend.collect(tracked)
+        else:
+            async for batch in self.frontend.stream(tracked):
+                yield batch
 
     def _submit(self, request, parent):
         if request.model and request.model not in (self.frontend.model_name, str(self.frontend.checkpoint.path)):

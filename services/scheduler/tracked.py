@@ -36,6 +36,7 @@ class TrackedRequest:
         self.detok = IncrementalDetokenizer(tokenizer, request.params, prompt_token_ids=request.prompt_token_ids)
         self.finish_reason: str | None = None
         self._send, self.receive = anyio.create_memory_object_stream[Delta](math.inf)
+        self.done = anyio.Event()  # set with the last delta: lets a non-streaming reader wake once, not per token
 
     @property
     def request_id(self) -> str:
@@ -68,3 +69,4 @@ class TrackedRequest:
         self._send.send_nowait(delta)
         if delta.finish_reason is not None:
             self._send.close()
+            self.done.set()

@@ -47,6 +47,16 @@ async def test_a_client_that_goes_away_frees_every_block(default_mesh):
         await _wait_all_blocks_free(client)
 
 
+async def test_a_non_streaming_caller_that_gives_up_frees_every_block(default_mesh):
+    # generate() asks for one final response (final_only): the server holds no stream to write to, so the
+    # abort on a cancelled call must come from waiting for the end, not from a failed write.
+    async with AsyncClient(default_mesh.grpc_address) as client:
+        with anyio.move_on_after(0.5):
+            await client.generate(random_prompts([300])[0], max_tokens=3000, ignore_eos=True)
+            pytest.fail("a 3000-token request finished in 0.5 s")
+        await _wait_all_blocks_free(client)
+
+
 async def test_an_http_client_that_disconnects_mid_stream_frees_every_block(default_mesh):
     body = {"prompt": random_prompts([150])[0], "max_tokens": 2000, "ignore_eos": True, "stream": True}
     async with httpx.AsyncClient(base_url=default_mesh.http_url, timeout=30) as http:

@@ -45,6 +45,7 @@ def mesh(request, tiny_model_dir, tmp_path_factory):
 
 
 async def _run_all(address, prompts):
+    """generate(): one final response per request (final_only)."""
     results = [None] * len(prompts)
     async with AsyncClient(address) as client:
         async def one(i):
@@ -56,6 +57,19 @@ async def _run_all(address, prompts):
     return results
 
 
+async def _stream_all(address, prompts):
+    chunks = [[] for _ in prompts]
+    async with AsyncClient(address) as client:
+        async def one(i):
+            async for chunk in client.stream(prompts[i], max_tokens=_max_tokens(i), temperature=0):
+                chunks[i].append(chunk)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i)
+    return chunks
+
+
 async def test_concurrent_greedy_requests_match_transformers(mesh, hf_greedy):
     prompts = random_prompts(PROMPT_LENS)
     for round_ in range(2):  # the second round hits the prefix cache for prompts of a block or more
@@ -64,7 +78,12 @@ async def test_concurrent_greedy_requests_match_transformers(mesh, hf_greedy):
             assert out.token_ids == hf_greedy(prompt, _max_tokens(i)), f"round {round_}, prompt {i} ({len(prompt)} tokens)"
             assert out.finish_reason in ("stop", "length")
     assert any(r.cached_prompt_tokens > 0 for r in results)
+    streamed = await _stream_all(mesh.grpc_address, prompts)  # one response per step this time
+    for i, (prompt, chunks) in enumerate(zip(prompts, streamed, strict=True)):
+        assert [t for c in chunks for t in c.token_ids] == hf_greedy(prompt, _max_tokens(i)), f"streamed prompt {i}"
+        assert chunks[-1].finish_reason in ("stop", "length")
+    assert max(len(chunks) for chunks in streamed) > 1
     async with AsyncClient(mesh.grpc_address) as client:
         stats = await client.stats()
-    assert stats.num_finished == 2 * len(prompts) and stats.num_running == 0
+    assert stats.num_finished == 3 * len(prompts) and stats.num_running == 0
     assert all(w.num_device_blocks_used == 0 for w in stats.workers)
