@@ -47,10 +47,10 @@ from services.common.grpc_kv import (  # noqa: E402
     GRPC_KV_OPTIONS,
     KVBytesServicer,
     add_worker_servicer,
-    keep_freed_heap,
     pull_blocks,
     push_blocks,
 )
+from services.common.heap import keep_freed_heap  # noqa: E402
 from services.common.kv_transport import NixlKVAgent  # noqa: E402
 from services.engine.kv_pool import KVLayout, PagedKVPool  # noqa: E402
 

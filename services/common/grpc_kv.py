@@ -27,7 +27,6 @@ generated code a chunk cost two or three more copies on each side (tobytes, the 
 
 from __future__ import annotations
 
-import ctypes
 import time
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Iterator, Sequence
@@ -58,27 +57,6 @@ GRPC_KV_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
-
-
-# A chunk's buffers (the encoded message, gRPC's copy of it, the received bytes) are a few MiB each, allocated
-# and freed per chunk. glibc hands freed heap memory back to the kernel once more than twice the current mmap
-# threshold (here 2 x 4 MiB) is free at the top, so the next chunk faults in and zeroes fresh pages (in a
-# profile, next to the copies). Fixing both thresholds at 32 MiB (glibc's own ceiling for the mmap one) keeps
-# up to 32 MiB per arena for reuse: push and pull went from 1.0-1.3 to 1.5-1.7 GB/s between two processes here.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-KEEP_FREED_BYTES = 32 << 20
-
-
-def keep_freed_heap(nbytes: int = KEEP_FREED_BYTES) -> bool:
-    """Tells glibc's malloc to keep up to ``nbytes`` of freed heap per arena instead of returning it to the
-    kernel at once. Process-wide: call it once at start-up in a process that moves KV over gRPC. False
-    where the C library has no ``mallopt`` (not glibc), which only costs speed."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, nbytes)) and bool(mallopt(_M_TRIM_THRESHOLD, nbytes))
 
 
 # ---- bytes of blocks -------------------------------------------------------------------------------------

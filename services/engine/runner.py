@@ -13,6 +13,7 @@ import time
 import torch
 
 from services.common.errors import InvalidArgument
+from services.common.heap import keep_freed_heap
 from services.common.step import NewSequence, SampledToken, StepPlan, StepResult
 from services.engine.builtin_model import ensure_default_model
 from services.engine.config import EngineConfig
@@ -30,6 +31,9 @@ class ModelRunner:
     """Owns the model and KV pool of one worker. Not thread-safe: one step at a time."""
 
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None) -> None:
+        # Steps allocate and free tens of MiB of activations, and KV chunks over gRPC a few MiB each: keep
+        # freed memory for reuse rather than faulting in fresh pages every step (heap.py has the numbers).
+        keep_freed_heap()
         self.config = config
         self.checkpoint = checkpoint or load_checkpoint_meta(resolve_model_dir(config.model))
         self.device = config.torch_device()

@@ -20,9 +20,9 @@ import anyio.to_thread
 from prometheus_client import start_http_server
 
 from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
-from services.common import grpc_kv
 from services.common import tracing as tr
 from services.common.grpc_server import Server, run_service, wait_for_shutdown_signal
+from services.common.heap import keep_freed_heap
 from services.common.shaper import Shaper
 from services.kvcache.config import KVCacheConfig
 from services.kvcache.disk_tier import DiskTier
@@ -115,7 +115,7 @@ async def stop(server: Server, servicer: KVCacheServicer, grace_s: float = _GRAC
 
 
 async def serve(config: KVCacheConfig) -> None:
-    grpc_kv.keep_freed_heap()  # the mover pushes and pulls KV chunks over gRPC: reuse their freed memory
+    keep_freed_heap()  # the mover pushes and pulls KV chunks over gRPC: reuse their freed memory
     server, servicer = await start(config)
     log.info("kvcache serving on %s:%d (DRAM %d bytes, disk %s)", config.host, server.port, config.dram_bytes,
              f"{config.disk_bytes} bytes at {config.disk_dir}" if config.disk_dir else "none")

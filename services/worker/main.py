@@ -24,6 +24,7 @@ from services.common.metrics import serve_metrics
 from services.common.tracing import setup_tracing
 from services.engine.config import EngineConfig
 from services.engine.runner import ModelRunner
+from services.engine.torch_thread import TorchThread
 from services.worker.config import ROLES, WorkerConfig
 from services.worker.servicer import WorkerMetrics, WorkerServicer
 
@@ -73,19 +74,15 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
 
 
 async def serve(config: WorkerConfig) -> None:
-    if config.torch_threads:
-        import torch
-
-        torch.set_num_threads(config.torch_threads)
-    runner = ModelRunner(config.engine)
+    torch_thread = TorchThread(config.torch_threads)
+    runner = torch_thread.call(ModelRunner, config.engine)
     server = Server()
     advertise_host = config.name or config.host
     agent = _nixl_agent(config, runner, advertise_host)
     registry = CollectorRegistry()
     tracing = setup_tracing(tr.PREFILL if config.role == "prefill" else tr.DECODE, config.otlp_endpoint)
-    servicer = WorkerServicer(config, runner, agent, WorkerMetrics(registry), tracing)
+    servicer = WorkerServicer(config, runner, agent, WorkerMetrics(registry), tracing, torch_thread)
     serve_metrics(registry, config.host, config.metrics_port)
-    grpc_kv.keep_freed_heap()  # KV chunks over gRPC (served here, or pulled and pushed) reuse freed memory
     server.add(grpc_kv.add_worker_servicer, servicer,
                worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name)
     port = await server.start(config.host, config.port)
@@ -101,6 +98,7 @@ async def serve(config: WorkerConfig) -> None:
         if agent is not None:
             agent.close()
         tracing.shutdown()
+        torch_thread.close()
 
 
 def _nixl_agent(config: WorkerConfig, runner: ModelRunner, host: str):

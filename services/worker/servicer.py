@@ -29,6 +29,7 @@ from services.common.shaper import COMPUTE, EGRESS, INGRESS, Shaper, TokenBucket
 from services.common.tracing import Tracing
 from services.common.version import VERSION
 from services.engine.runner import ModelRunner
+from services.engine.torch_thread import TorchThread
 from services.worker.config import WorkerConfig
 from services.worker.seq_traces import SequenceTraces
 
@@ -50,13 +51,16 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
     """ReadKV/WriteKV (the gRPC KV fallback) come from ``KVBytesServicer`` over the runner's pool."""
 
     def __init__(self, config: WorkerConfig, runner: ModelRunner, agent: NixlKVAgent | None,
-                 metrics: WorkerMetrics | None = None, tracing: Tracing | None = None) -> None:
+                 metrics: WorkerMetrics | None = None, tracing: Tracing | None = None,
+                 torch_thread: TorchThread | None = None) -> None:
         super().__init__(runner.kv)
         self.config = config
         self.metrics = metrics or WorkerMetrics(CollectorRegistry())
         self.tracing = tracing or Tracing(trace.NoOpTracer())
         self._traces = SequenceTraces(self.tracing.tracer, f"{config.role}@{config.name or config.host}")
         self.runner = runner
+        # Steps run on the process's torch thread (torch_thread.py says why); anyio's pool where there is none.
+        self._run_torch = torch_thread.run if torch_thread is not None else anyio.to_thread.run_sync
         self.agent = agent
         self._lock = anyio.Lock()  # one step (or state change) at a time
         self._scheduler_id = ""
@@ -112,7 +116,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
             if self.tracing.enabled:
                 start_ns, traced = self._traces.begin_step(msg, self.runner.seqs)
             try:
-                result = await anyio.to_thread.run_sync(self.runner.execute, plan)
+                result = await self._run_torch(self.runner.execute, plan)
             except SeawallError as exc:
                 await abort_with(context, exc)
             except KeyError as exc:  # the plan names a sequence this worker never saw: a scheduler bug

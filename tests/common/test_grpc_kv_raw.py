@@ -3,8 +3,6 @@ KVChunk contract, so generated stubs and the raw client both work against them, 
 
 from __future__ import annotations
 
-import platform
-
 import grpc
 import grpc.aio
 import pytest
@@ -15,10 +13,8 @@ from services.common.grpc_kv import (
     _READ_KV,
     _WRITE_KV,
     GRPC_KV_OPTIONS,
-    KEEP_FREED_BYTES,
     KVBytesServicer,
     add_worker_servicer,
-    keep_freed_heap,
     pull_blocks,
     push_blocks,
 )
@@ -129,10 +125,3 @@ async def test_the_other_worker_methods_keep_their_generated_handlers():
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         await server.stop(grace=None)
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
-def test_keep_freed_heap_sets_both_thresholds_on_glibc():
-    assert keep_freed_heap()
-    assert keep_freed_heap(64 << 20)  # callable again, with another size
-    assert keep_freed_heap(KEEP_FREED_BYTES)

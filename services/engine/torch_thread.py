@@ -1,0 +1,46 @@
+"""One thread for all of a server process's torch work (model loading, steps, KV copies).
+
+Why: torch's CPU kernels parallelise with OpenMP, and GNU OpenMP keeps one thread team per thread that
+starts parallel regions. When a service loads its model on the event-loop thread and runs steps in a pool
+thread (``anyio.to_thread``), the process holds two teams, more OpenMP threads than this box has cores, and
+every parallel region then pays a sleep/wake of its helpers: on 2 cores the forward passes of the
+64 x (128 + 64) workload took 0.78-1.1 s that way against 0.51-0.56 s with loading and steps on one thread
+(bench/README.md, "Mesh overhead"). So the event-loop thread is set to one torch thread (it never starts a
+team) and everything torch runs here, on a thread set to the process's thread count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import anyio
+import torch
+
+T = TypeVar("T")
+
+
+class TorchThread:
+    def __init__(self, num_threads: int = 0) -> None:
+        """``num_threads``: torch threads for the work (0 = torch's default here). Sets the calling thread to one."""
+        n = num_threads or torch.get_num_threads()
+        torch.set_num_threads(1)  # before the worker sets n: MKL's setting is process-wide, the last one wins
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="torch", initializer=torch.set_num_threads,
+                                        initargs=(n,))
+        self.num_threads = n
+        self.call(lambda: None)  # start the thread now, so its setting is in place before any work
+
+    def call(self, fn: Callable[..., T], *args) -> T:
+        """Runs ``fn(*args)`` on the torch thread and waits for it (for start-up, before an event loop)."""
+        return self._pool.submit(fn, *args).result()
+
+    async def run(self, fn: Callable[..., T], *args) -> T:
+        """Runs ``fn(*args)`` on the torch thread. Not cancellable once started, as ``anyio.to_thread``: a step
+        is never abandoned halfway, so the caller's locks stay held until the work really ended."""
+        with anyio.CancelScope(shield=True):
+            return await asyncio.wrap_future(self._pool.submit(fn, *args))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
