@@ -47,11 +47,10 @@ class SchedulerServiceConfig:
     transfer_timeout_s: float = 30.0
     # A worker that does not answer a step within this many seconds is declared dead.
     step_timeout_s: float = 120.0
-    # Plan a worker's next step while its current one runs (mesh.py, Scheduler.expect): "known" only behind
-    # plans that sample nothing (prompt chunks), "all" behind every plan (async scheduling), "off" never.
-    # "all" pays where the scheduler has a core of its own (a GPU host); on a small CPU box its work competes
-    # with the forward pass (bench/step_pipelining.py), hence the default.
-    step_pipelining: str = "known"
+    # Plan a worker's next step while its current one runs (mesh.py, Scheduler.expect): "all" behind every
+    # plan (async scheduling, as vLLM v1), "known" only behind plans that sample nothing (prompt chunks),
+    # "off" never. bench/step_pipelining.py and bench/mesh_overhead.py compare them.
+    step_pipelining: str = "all"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

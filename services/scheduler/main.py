@@ -113,9 +113,9 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="Prometheus text on this port too (0 = off; the HTTP API always serves /metrics)")
-    p.add_argument("--step-pipelining", choices=STEP_PIPELINING, default="known",
-                   help="plan a worker's next step before its current result: behind prompt chunks only (known, "
-                        "default), behind every step (all: async scheduling), or never (off)")
+    p.add_argument("--step-pipelining", choices=STEP_PIPELINING, default="all",
+                   help="plan a worker's next step before its current result: behind every step (all: async "
+                        "scheduling, default), behind prompt chunks only (known), or never (off)")
     add_scheduling_flags(p)
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)

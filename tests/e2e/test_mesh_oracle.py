@@ -24,8 +24,8 @@ CASES = [
     ("disaggregated", "nixl", "fastserve"),
     ("colocated", "nixl", "fastserve"),
 ]
-# Cases whose scheduler plans every step ahead of its result (--step-pipelining all).
-PLAN_AHEAD = {("disaggregated", "nixl", "sarathi"), ("colocated", "nixl", "fastserve")}
+# Cases whose scheduler plans ahead only behind prompt chunks (--step-pipelining known; the default is all).
+PLAN_AHEAD_OF_CHUNKS_ONLY = {("disaggregated", "grpc", "sarathi"), ("disaggregated", "nixl", "fastserve")}
 
 
 def _max_tokens(i: int) -> int:
@@ -39,7 +39,7 @@ def mesh(request, tiny_model_dir, tmp_path_factory):
         pytest.skip(f"policy {policy} is not implemented yet")
     m = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), mode=mode, num_decode=2 if mode == "colocated" else 1,
                    scheduler_args=["--policy", policy, "--kv-transport", transport, "--chunk-size", "64",
-                                   "--step-pipelining", "all" if request.param in PLAN_AHEAD else "known"], http=False)
+                                   "--step-pipelining", "known" if request.param in PLAN_AHEAD_OF_CHUNKS_ONLY else "all"], http=False)
     yield m
     assert all(code == 0 for code in m.stop().values())
 
