@@ -11,6 +11,8 @@ Systems, each warmed up once with a small run before timing:
   step) and with ``chunk_size=512`` (chunked prefill);
 * ``hf-batched`` — ``model.generate`` on left-padded batches with an attention mask, all requests in one
   batch and in batches of 16;
+* ``floor: dense ops only`` — the projections, MLPs and ``lm_head`` rows every system runs, and nothing else
+  (CPU only): what no engine computing the same fp32 matmuls can beat, printed as a bound on the ratio;
 * ``hf-cb`` — transformers' continuous batching, ``model.generate_batch`` (sdpa attention, 256-token pages,
   ``max_batch_tokens=2048``), when the installed version has it.
 
@@ -73,6 +75,37 @@ def seawall_runner(model_dir: str, scheduler: SchedulerConfig, kv_bytes: int, de
         return [c.token_ids for c in engine.generate(prompts, params)]
 
     return run, engine
+
+
+def dense_floor_runner(model, chunk: int = 512) -> Runner:
+    """Only the dense work every system here does: each layer's projections and MLP and the ``lm_head`` on the
+    sampled rows, for the prompts (in chunks of ``chunk`` tokens) and every decode step, on random activations.
+    No attention, norms, RoPE, sampling or bookkeeping: its time bounds what any engine computing the same
+    fp32 matmuls on this CPU could reach."""
+    layers, hidden = model.model.layers, model.config.hidden_size
+
+    def dense(rows: int) -> None:
+        x = torch.randn(rows, hidden)
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_proj(x)
+            x = x + attn.o_proj(x[:, : attn.q_size])
+            gate, up = mlp.gate_up_proj(x).split(mlp.intermediate, dim=-1)
+            x = x + mlp.down_proj(torch.nn.functional.silu(gate) * up)
+
+    @torch.inference_mode()
+    def run(prompts: Prompts, output_lens: list[int]) -> list[list[int]]:
+        total = sum(len(p) for p in prompts)
+        for start in range(0, total, chunk):
+            dense(min(chunk, total - start))
+        model.lm_head(torch.randn(len(prompts), hidden))
+        for step in range(1, max(output_lens)):
+            rows = sum(n > step for n in output_lens)
+            dense(rows)
+            model.lm_head(torch.randn(rows, hidden))
+        return [[0] * n for n in output_lens]
+
+    return run
 
 
 def load_hf(model_dir: str, attn: str = "sdpa", device: str = "cpu", dtype: str = "float32"):
@@ -252,6 +285,8 @@ def main() -> int:  # noqa: C901, PLR0915
     systems["seawall (default)"] = run_default
     systems["seawall (chunk_size=512)"], _ = seawall_runner(model_dir, SchedulerConfig(chunk_size=512), kv,
                                                                 args.device, args.dtype)
+    if args.device == "cpu":
+        systems["floor: dense ops only"] = dense_floor_runner(engine.runner.model)
     hf_model = load_hf(model_dir, device=args.device, dtype=args.dtype)
     systems[f"hf-batched (batch {args.num_requests})"] = hf_batched_runner(hf_model, args.num_requests)
     if args.num_requests > 16:
@@ -287,7 +322,8 @@ def main() -> int:  # noqa: C901, PLR0915
                 continue
             if [len(o) for o in out] != output_lens:
                 notes[name] = "some outputs are not of the requested length"
-            outputs[name] = out
+            if not name.startswith("floor"):  # it generates nothing
+                outputs[name] = out
     bench_seconds = time.perf_counter() - started
 
     rows = []
@@ -307,6 +343,7 @@ def main() -> int:  # noqa: C901, PLR0915
               "(other processes); the best times are the figures to compare")
 
     by_name = {r["system"]: r for r in rows}
+    floor = by_name.get("floor: dense ops only")
     seawall = [r for r in rows if r["system"].startswith("seawall")]
     hf = [r for r in rows if r["system"].startswith("hf-")]
     summary = {}
@@ -324,6 +361,11 @@ def main() -> int:  # noqa: C901, PLR0915
                    "ratio_median": ratio_med, "target": TARGET_RATIO, "target_met": ratio >= TARGET_RATIO}
         if sw_default:
             summary["ratio_default_config"] = sw_default["tokens_per_s"] / best_hf["tokens_per_s"]
+        if floor:
+            bound = floor["tokens_per_s"] / best_hf["tokens_per_s"]
+            summary["ratio_bound_dense_floor"] = bound
+            print(f"dense-op floor {floor['best_s']:.2f} s: no engine doing these fp32 matmuls here beats "
+                  f"{bound:.2f}x transformers, even with free attention, sampling and scheduling")
 
     agree = {}
     ref_name = f"hf-batched (batch {args.num_requests})"
