@@ -74,7 +74,7 @@ def run_mesh(mesh: LocalMesh, prompts, output_len) -> list[list[int]]:
     return anyio.run(_run_mesh, mesh.grpc_address, prompts, output_len)
 
 
-def start(mode: str, model: str, logs: Path, pipelining: str = "all") -> LocalMesh:
+def start(mode: str, model: str, logs: Path, pipelining: str = "auto") -> LocalMesh:
     opts = MeshOptions(model=model, mode=mode, num_prefill=1 if mode == "disaggregated" else 0, num_decode=1,
                        grpc_port=0, http_port=None, scheduler_args=["--chunk-size", str(CHUNK), "--step-pipelining", pipelining],
                        log_dir=logs / mode)
@@ -90,8 +90,8 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--systems", default="in-process,mesh-colocated,mesh-disaggregated")
-    p.add_argument("--step-pipelining", choices=("known", "all", "off"), default="all",
-                   help="the mesh scheduler's --step-pipelining (default: all, the mesh's default)")
+    p.add_argument("--step-pipelining", choices=("auto", "all", "known", "off"), default="auto",
+                   help="the mesh scheduler's --step-pipelining (default: auto, the mesh's default)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     logging.basicConfig(level="WARNING")

@@ -1,8 +1,8 @@
 """Step pipelining: the live mesh with each ``--step-pipelining`` setting, in the same run.
 
-``all`` (the default) plans a worker's next step right behind every plan, decodes included (async
-scheduling, the core's ``expect``); ``known`` only behind a plan that samples nothing (prompt chunks short of
-the prompt's end); ``off`` waits for every result (services/scheduler/mesh.py).
+``all`` plans a worker's next step right behind every plan, decodes included (async scheduling, the core's
+``expect``); ``known`` only behind a plan that samples nothing (prompt chunks short of the prompt's end);
+``off`` waits for every result (services/scheduler/mesh.py). The default, ``auto``, is ``all`` for GPU workers and ``known`` for CPU ones.
 
 Workload: ``--num-requests`` (6) prompts of ``--prompt-len`` (1536) random token ids, ``--output-len`` (2)
 tokens each, all submitted at once to the default disaggregated topology (one prefill worker, one decode
@@ -64,7 +64,7 @@ def main() -> int:
     model = str(ensure_default_model())
     rng = random.Random(0)
     logs = Path(tempfile.mkdtemp(prefix="seawall-pipelining-"))
-    systems = {"all (default)": [], "known": ["--step-pipelining", "known"], "off": ["--step-pipelining", "off"]}
+    systems = {name: ["--step-pipelining", name] for name in ("all", "known", "off")}
     meshes: dict[str, LocalMesh] = {}
     walls: dict[str, list[float]] = {name: [] for name in systems}
     ttfts: dict[str, list[float]] = {name: [] for name in systems}

@@ -11,7 +11,7 @@ TRANSPORTS = ("nixl", "grpc")
 # "dual+recompute": dual, and per request a cached prefix is computed instead when, from the live read queue and
 # the prefill worker's backlog, that is measured to end sooner (DualPath's load-or-recompute; off by default).
 READ_POLICIES = ("pe-read", "de-read", "dual", "dual+recompute")
-STEP_PIPELINING = ("known", "all", "off")
+STEP_PIPELINING = ("auto", "all", "known", "off")
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,11 @@ class SchedulerServiceConfig:
     step_timeout_s: float = 120.0
     # Plan a worker's next step while its current one runs (mesh.py, Scheduler.expect): "all" behind every
     # plan (async scheduling, as vLLM v1), "known" only behind plans that sample nothing (prompt chunks),
-    # "off" never. bench/step_pipelining.py and bench/mesh_overhead.py compare them.
-    step_pipelining: str = "all"
+    # "off" never. "auto": "all" for workers on a GPU, where the scheduler's work overlaps the forward pass
+    # for free; "known" for CPU workers, whose forward pass uses every core, so that planning and streaming
+    # beside it slow its steps (on 2 cores: decode TBT under a burst 2.7-3.3x steady with "all", 1.8-2.3x
+    # with "known"; bench/README.md, "Step pipelining").
+    step_pipelining: str = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

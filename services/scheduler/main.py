@@ -68,6 +68,10 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait-slack-s", type=float, default=None, help="FastServe: slack of --max-wait-ratio, s")
     p.add_argument("--wait-credit", choices=WAIT_CREDITS, default=None,
                    help="FastServe: also allow the wait FCFS would have had (fcfs, the default) or not (none)")
+    p.add_argument("--step-pipelining", choices=STEP_PIPELINING, default="auto",
+                   help="plan a worker's next step before its current result: behind every step (all: async "
+                        "scheduling), behind prompt chunks only (known), never (off), or auto (default: all for "
+                        "GPU workers, known for CPU workers)")
 
 
 def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> list[str]:
@@ -75,7 +79,8 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
     scheduler command line."""
     flags = ["--policy", policy or args.policy, "--chunk-size", str(args.chunk_size),
              "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
-             "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq]
+             "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq,
+             "--step-pipelining", args.step_pipelining]
     for name in ("max_num_batched_tokens", "preemption_mode", "tbt_target_s", "starvation_s", "max_wait_ratio",
                  "wait_slack_s", "wait_credit"):
         if getattr(args, name) is not None:
@@ -113,9 +118,6 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="Prometheus text on this port too (0 = off; the HTTP API always serves /metrics)")
-    p.add_argument("--step-pipelining", choices=STEP_PIPELINING, default="all",
-                   help="plan a worker's next step before its current result: behind every step (all: async "
-                        "scheduling, default), behind prompt chunks only (known), or never (off)")
     add_scheduling_flags(p)
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)

@@ -242,7 +242,7 @@ class Mesh:
     async def _send(self, link: WorkerLink, call, plan: StepPlan, pipelined: bool) -> _InFlight:
         # A prefill worker's sampled token hands the request off, so its core must not plan a decode after it.
         hands_off = link.role == "prefill" and self.config.mode == "disaggregated"
-        ahead_of_samples = self.config.step_pipelining == "all" and not hands_off
+        ahead_of_samples = self._plans_ahead_of_samples(link) and not hands_off
         expected = self._depth > 1 and (ahead_of_samples or not link.core.samples(plan))
         step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(), expected)
         with anyio.fail_after(self.config.step_timeout_s):
@@ -252,6 +252,10 @@ class Mesh:
         if expected:
             link.core.expect(plan)
         return step
+
+    def _plans_ahead_of_samples(self, link: WorkerLink) -> bool:
+        setting = self.config.step_pipelining
+        return setting == "all" or (setting == "auto" and link.info.device.startswith("cuda"))
 
     def _finish_step(self, link: WorkerLink, step: _InFlight, msg) -> None:
         link.num_steps += 1

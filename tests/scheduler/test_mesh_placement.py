@@ -84,3 +84,14 @@ async def test_decode_placement_by_token_load_with_room():
     d1.core.add(_req("x", 700, outputs=40))
     assert mesh.pick_decode_worker(_req("small", 64)) is d2  # fewer tokens, and 8 blocks hold 64 tokens
     assert mesh.pick_decode_worker(_req("large", 400)) is d1  # d2 has no room for 400 tokens
+
+
+@pytest.mark.parametrize(("setting", "device", "ahead"), [
+    ("auto", "cuda:0", True), ("auto", "cpu", False), ("all", "cpu", True), ("known", "cuda:0", False),
+    ("off", "cuda:0", False),
+])
+async def test_step_pipelining_plans_ahead_of_samples_by_setting_and_worker_device(setting, device, ahead):
+    mesh = Mesh(SchedulerServiceConfig(mode="colocated", step_pipelining=setting))
+    link = _link(mesh, "w", "decode")
+    link.info.device = device
+    assert mesh._plans_ahead_of_samples(link) is ahead
