@@ -142,6 +142,8 @@ class Mesh:
         shared queue a later fetch would take it from."""
         roles = ("prefill",) if self.config.mode == "disaggregated" and self.live_links("prefill") else ()
         links = {link.worker_id: link for link in self.live_links(*roles)}
+        if len(links) == 1:  # nothing to weigh; a load sums every request the worker holds
+            return next(iter(links.values()))
         pick = pick_prefill([self.engine_load(link, req) for link in links.values()])
         return links[pick.name] if pick is not None else None
 
