@@ -71,6 +71,16 @@ async def test_an_http_client_that_disconnects_mid_stream_frees_every_block(defa
         await _wait_all_blocks_free(client)
 
 
+async def test_an_http_client_that_gives_up_on_a_non_streaming_completion_frees_every_block(default_mesh):
+    # 3900 tokens take over 10 s here: blocks free within 5 s only if the disconnect aborted the request.
+    body = {"prompt": random_prompts([150])[0], "max_tokens": 3900, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=default_mesh.http_url, timeout=0.5) as http:
+        with pytest.raises(httpx.ReadTimeout):  # the client closes the connection; the server is mid-request
+            await http.post("/v1/completions", json=body)
+    async with AsyncClient(default_mesh.grpc_address) as client:
+        await _wait_all_blocks_free(client, timeout_s=5.0)
+
+
 async def test_killing_the_decode_worker_mid_stream_still_completes_every_request_exactly(
         tiny_model_dir, tmp_path, hf_greedy):
     # Planning every step ahead: the dead worker takes sampled tokens that never arrive with it.
