@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import statistics
 import sys
@@ -74,6 +75,45 @@ def run_mesh(mesh: LocalMesh, prompts, output_len) -> list[list[int]]:
     return anyio.run(_run_mesh, mesh.grpc_address, prompts, output_len)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used so far (Linux /proc), None where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_process(mesh: LocalMesh | None) -> dict[str, float | None]:
+    """CPU seconds so far of this process (the client, or the in-process engine) and each mesh child."""
+    out: dict[str, float | None] = {"this process": time.process_time()}
+    for child in mesh.children if mesh is not None else []:
+        out[child.name] = cpu_seconds(child.proc.pid)
+    return out
+
+
+def timed(run, prompts, output_len: int, mesh: LocalMesh | None, times: list[float],
+          cpu: dict[str, list[float]]) -> list[list[int]]:
+    """One round of one system: its outputs; appends its wall time and each process's CPU seconds."""
+    before = cpu_by_process(mesh)
+    t = time.perf_counter()
+    out = run(prompts, output_len)
+    times.append(time.perf_counter() - t)
+    for proc, used in cpu_by_process(mesh).items():
+        if used is not None and before.get(proc) is not None:
+            cpu.setdefault(proc, []).append(used - before[proc])
+    return out
+
+
+def report_cpu(cpu: dict[str, dict[str, list[float]]], results: dict) -> None:
+    """Where the CPU went. On a box whose cores the forward pass fills, every second the mesh adds (scheduler,
+    client, the worker's gRPC thread) is taken from the forward pass or waited for."""
+    print("CPU seconds per run (median), by process:")
+    for name, procs in cpu.items():
+        print(f"  {name:<20} " + ", ".join(f"{proc} {statistics.median(v):.2f}" for proc, v in procs.items()))
+        results[name]["cpu_s"] = {proc: statistics.median(v) for proc, v in procs.items()}
+
+
 def start(mode: str, model: str, logs: Path, pipelining: str = "auto") -> LocalMesh:
     opts = MeshOptions(model=model, mode=mode, num_prefill=1 if mode == "disaggregated" else 0, num_decode=1,
                        grpc_port=0, http_port=None, scheduler_args=["--chunk-size", str(CHUNK), "--step-pipelining", pipelining],
@@ -113,14 +153,13 @@ def main() -> int:
                 meshes[name] = start(name.removeprefix("mesh-"), model, logs, args.step_pipelining)
                 runners[name] = lambda ps, n, m=meshes[name]: run_mesh(m, ps, n)
         times: dict[str, list[float]] = {name: [] for name in runners}
+        cpu: dict[str, dict[str, list[float]]] = {name: {} for name in runners}
         outputs = {}
         for run in runners.values():
             run(warm, 4)
         for prompts in rounds:
             for name, run in runners.items():
-                t = time.perf_counter()
-                outputs[name] = run(prompts, args.output_len)
-                times[name].append(time.perf_counter() - t)
+                outputs[name] = timed(run, prompts, args.output_len, meshes.get(name), times[name], cpu[name])
     finally:
         for mesh in meshes.values():
             mesh.stop()
@@ -136,6 +175,7 @@ def main() -> int:
                          "same_outputs": same}
         print(f"{name:<22}{best:>10.0f}{med:>14.0f}{results[name]['ratio']:>15.2f}x  "
               f"{'identical' if same else 'DIFFER'}")
+    report_cpu(cpu, results)
     if "mesh-colocated" in results and base == "in-process":
         loss = 1 - results["mesh-colocated"]["ratio"]
         print(f"mesh-colocated overhead: {loss:.1%} (target <= {TARGET_LOSS:.0%})")
