@@ -72,15 +72,19 @@ def plan_to_proto(plan: StepPlan, scheduler_id: str = "") -> worker_pb2.StepPlan
     msg = worker_pb2.StepPlan(step_id=plan.step_id, scheduler_id=scheduler_id,
                               finished_seq_ids=plan.finished,
                               swap_out=_moves(plan.swap_out), swap_in=_moves(plan.swap_in), copy=_moves(plan.copy))
+    # add() builds each submessage in place; append() would build it, then copy it.
     for new in plan.new:
-        msg.new_sequences.append(worker_pb2.NewSequence(
+        msg.new_sequences.add(
             seq_id=new.seq_id, token_ids=new.token_ids, num_prompt_tokens=new.prompt_len,
             num_computed_tokens=new.num_computed_tokens, block_ids=new.block_ids,
-            sampling=params_to_proto(new.params)))
+            sampling=params_to_proto(new.params))
+    add = msg.continuing.add
     for cont in plan.continuing:
-        msg.continuing.append(worker_pb2.ContinuingSequence(
-            seq_id=cont.seq_id, new_block_ids=cont.new_block_ids, appended_token_ids=cont.appended_token_ids,
-            block_ids=cont.block_ids or [], replace_block_table=cont.block_ids is not None))
+        if cont.block_ids is None:
+            add(seq_id=cont.seq_id, new_block_ids=cont.new_block_ids, appended_token_ids=cont.appended_token_ids)
+        else:
+            add(seq_id=cont.seq_id, new_block_ids=cont.new_block_ids, appended_token_ids=cont.appended_token_ids,
+                block_ids=cont.block_ids, replace_block_table=True)
     msg.num_scheduled_tokens.update(plan.num_scheduled_tokens)
     return msg
 
@@ -104,11 +108,11 @@ def plan_from_proto(msg: worker_pb2.StepPlan) -> StepPlan:
 def result_to_proto(result: StepResult, step_seconds: float = 0.0) -> worker_pb2.StepResult:
     msg = worker_pb2.StepResult(step_id=result.step_id, forward_time_ms=result.forward_seconds * 1e3,
                                 step_time_ms=step_seconds * 1e3, num_sampled=len(result.sampled))
+    add = msg.outputs.add
     for seq_id, token in result.sampled.items():
-        out = worker_pb2.SequenceOutput(seq_id=seq_id, token_ids=[token.token_id])
+        out = add(seq_id=seq_id, token_ids=(token.token_id,))
         if token.logprob is not None:
             out.logprobs.append(token_logprobs_to_proto(token))
-        msg.outputs.append(out)
     return msg
 
 
