@@ -61,33 +61,34 @@ class Frontend:
         """
         try:
             async for delta in tracked.receive:
-                batch = [delta]
-                while not batch[-1].finish_reason:
-                    try:
-                        batch.append(tracked.receive.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                yield batch
+                yield _drain(tracked, [delta])
         finally:
-            if not tracked.finished or tracked.request_id in self.mesh.tracked:
-                self.mesh.abort(tracked.request_id, FinishReason.ABORT)
+            self._abort_unless_done(tracked)
 
     async def collect(self, tracked: TrackedRequest) -> list[Delta]:
         """All of the request's deltas, once it finished: one wake-up instead of one per step. If the caller
         goes away first, the request is aborted, as in ``stream``."""
         try:
             await tracked.done.wait()
-            deltas = []
-            while True:
-                try:
-                    deltas.append(tracked.receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    return deltas
+            return _drain(tracked, [])
         finally:
-            if not tracked.finished or tracked.request_id in self.mesh.tracked:
-                self.mesh.abort(tracked.request_id, FinishReason.ABORT)
+            self._abort_unless_done(tracked)
+
+    def _abort_unless_done(self, tracked: TrackedRequest) -> None:
+        if not tracked.finished or tracked.request_id in self.mesh.tracked:
+            self.mesh.abort(tracked.request_id, FinishReason.ABORT)
 
     def queue_delay_ms(self, tracked: TrackedRequest) -> float:
         if tracked.first_scheduled is None:
             return 0.0
         return (tracked.first_scheduled - tracked.arrival) * 1e3
+
+
+def _drain(tracked: TrackedRequest, batch: list[Delta]) -> list[Delta]:
+    """``batch`` plus every delta already waiting, up to the request's last one."""
+    while not (batch and batch[-1].finish_reason):
+        try:
+            batch.append(tracked.receive.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            break
+    return batch
