@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import grpc
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common.errors import Unavailable
+from services.common.errors import EXIT_PORT_IN_USE, Unavailable
 from services.engine.runner import resolve_model_dir
 
 
@@ -75,13 +76,24 @@ class LocalMesh:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> None:
-        """Starts every child; if any step fails, the children already started are stopped first."""
-        try:
-            self._launch()
-        except BaseException:
-            self.stop()
-            raise
+    def start(self, attempts: int = 3) -> None:
+        """Starts every child; if any step fails, the children already started are stopped first.
+
+        A port picked here is free when picked but only bound by the child seconds later; if another process
+        took it meanwhile, the child exits with ``EXIT_PORT_IN_USE`` and the whole start is tried again on newly
+        picked ports (up to ``attempts`` times).
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                self._launch()
+                return
+            except _PortTaken as exc:
+                self.stop()
+                if attempt == attempts or not self._picked_all_ports_of(exc.child):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
 
     def _launch(self) -> None:
         o = self.options
@@ -145,12 +157,24 @@ class LocalMesh:
     def _check_children(self) -> None:
         for child in self.children:
             if child.proc.poll() is not None:
-                raise Unavailable(f"{child.name} exited with code {child.proc.returncode} during start-up"
-                                  f"{self._log_hint(child)}")
+                message = (f"{child.name} exited with code {child.proc.returncode} during start-up"
+                           f"{self._log_hint(child)}")
+                if child.proc.returncode == EXIT_PORT_IN_USE:
+                    raise _PortTaken(message, child)
+                raise Unavailable(message)
+
+    def _picked_all_ports_of(self, child: Child) -> bool:
+        """Whether every port ``child`` listens on was picked here (a port the caller fixed is not retried)."""
+        o = self.options
+        return child.name != "scheduler" or (not o.grpc_port and not o.http_port)
 
     def _log_hint(self, child: Child | None = None) -> str:
         paths = [c.log_path for c in ([child] if child else self.children) if c.log_path]
-        return f"; see {', '.join(map(str, paths))}" if paths else ""
+        hint = f"; see {', '.join(map(str, paths))}" if paths else ""
+        if child is not None and child.log_path is not None:
+            # The log may be gone by the time anyone reads the error (a CI runner's temp dir): carry its end.
+            hint += _log_tail(child.log_path)
+        return hint
 
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
@@ -207,7 +231,53 @@ def _wait_healthy(address: str, timeout_s: float, check) -> bool:
     return False
 
 
+class _PortTaken(Unavailable):
+    """A child exited because a port it was given had been taken since it was picked."""
+
+    def __init__(self, message: str, child: Child) -> None:
+        super().__init__(message)
+        self.child = child
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "; its log ends:\n" + "\n".join("    " + line for line in tail) if tail else ""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free now and stays free until a child binds it.
+
+    A port from ``bind(("", 0))`` lies in the kernel's ephemeral range, which every outgoing connection and
+    every ``bind(0)`` (UCX listeners of NIXL agents, gRPC's own) also draws from, so between this call and the
+    child's bind, seconds later, another process could take it. Ports below that range are only taken by
+    explicit request, so pick one there at random and check that it binds.
+    """
+    low = _ephemeral_range()[0]
+    if low > _FIRST_PICKED_PORT + 1000:
+        rng = random.Random()  # seeded from the OS: independent across processes
+        for _ in range(100):
+            port = rng.randrange(_FIRST_PICKED_PORT, low)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# Above most registered service ports; the bind check skips any that is in use.
+_FIRST_PICKED_PORT = 20000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 0, 0  # unknown (not Linux): fall back to bind(0)

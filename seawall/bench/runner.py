@@ -196,7 +196,7 @@ async def _poll(backend: Backend, t0: float, poll_s: float, out: list[StatsSampl
             return
         try:
             await asyncio.wait_for(stop.wait(), poll_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 

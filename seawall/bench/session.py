@@ -188,7 +188,7 @@ def _report(opts: BenchOptions, systems: list[System], notes: list[str]) -> dict
             notes.append(f"{s.name}: {errors} requests failed (first: {first})")
     report = {
         "version": "seawall-bench/v1",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": _commit(),
         "command": " ".join(sys.argv),
         "target": {"address": opts.address, "http": opts.http, "mesh_flags": opts.mesh_flags},

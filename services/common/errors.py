@@ -47,3 +47,12 @@ class Unavailable(SeawallError):
 
     grpc_code = "UNAVAILABLE"
     http_status = 503
+
+
+class PortInUse(Unavailable):
+    """A service was told to listen on a port that another process holds. Its process exits with
+    ``EXIT_PORT_IN_USE`` so that a launcher that picked the port can pick another and start it again."""
+
+
+# A process exit status, distinct from 1 (a crash) and 2 (a bad flag or model).
+EXIT_PORT_IN_USE = 3

@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.common.errors import SeawallError
+from services.common.errors import EXIT_PORT_IN_USE, PortInUse, SeawallError
 
 log = logging.getLogger(__name__)
 Config = TypeVar("Config")
@@ -44,9 +44,12 @@ class Server:
 
     async def start(self, host: str, port: int) -> int:
         reflection.enable_server_reflection([*self._names, reflection.SERVICE_NAME], self.grpc)
-        self.port = self.grpc.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self.grpc.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:  # grpcio >= 1.60 raises where older versions returned port 0
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {host}:{port} (in use?)")
+            raise PortInUse(f"cannot listen on {host}:{port}: in use by another process (pick another port)")
         await self.grpc.start()
         for name in ["", *self._names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -90,12 +93,22 @@ async def wait_healthy(address: str, timeout_s: float, service: str = "") -> boo
 
 def run_service(parse: Callable[[], Config], serve: Callable[[Config], Awaitable[None]]) -> int:
     """A service process's ``main``: parse its flags, serve until SIGTERM/SIGINT. A ``SeawallError`` (a bad flag,
-    a missing model) is one logged line and exit code 2, never a traceback; Ctrl-C before serving is 130."""
+    a missing model) is one logged line and exit code 2, never a traceback; a port in use is exit code
+    ``EXIT_PORT_IN_USE``; Ctrl-C before serving is 130."""
     try:
         anyio.run(serve, parse())
-    except SeawallError as exc:
+    except BaseException as raised:
+        exc = _sole_cause(raised)  # a task group wraps even a single error in a group
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        if not isinstance(exc, SeawallError):
+            raise
         log.error("%s", exc)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        return EXIT_PORT_IN_USE if isinstance(exc, PortInUse) else 2
     return 0
+
+
+def _sole_cause(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

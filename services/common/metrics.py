@@ -8,9 +8,12 @@ base units (seconds, bytes), ``_total`` on counters.
 
 from __future__ import annotations
 
+import errno
 import logging
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+from services.common.errors import PortInUse
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +58,17 @@ class RequestMetrics:
                                 registry=registry)
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> int | None:
-    """Serves ``registry`` at http://host:port/metrics from a background thread; port 0 = off."""
+def serve_metrics(registry: CollectorRegistry, host: str, port: int):
+    """Serves ``registry`` at http://host:port/metrics from a background thread and returns the HTTP server
+    (``shutdown()`` stops it); port 0 = off, returns None."""
     if not port:
         return None
-    server, _ = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(f"cannot serve metrics on {host}:{port}: in use by another process "
+                            "(pick another --metrics-port)") from exc
+        raise
     log.info("Prometheus metrics on http://%s:%d/metrics", host, server.server_port)
-    return server.server_port
+    return server

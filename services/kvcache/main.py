@@ -17,12 +17,12 @@ import os
 
 import anyio
 import anyio.to_thread
-from prometheus_client import start_http_server
 
 from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
 from services.common import tracing as tr
 from services.common.grpc_server import Server, run_service, wait_for_shutdown_signal
 from services.common.heap import keep_freed_heap
+from services.common.metrics import serve_metrics
 from services.common.shaper import Shaper
 from services.kvcache.config import KVCacheConfig
 from services.kvcache.disk_tier import DiskTier
@@ -91,10 +91,7 @@ async def start(config: KVCacheConfig) -> tuple[Server, KVCacheServicer]:
     server.add(kvcache_pb2_grpc.add_KVCacheServicer_to_server, servicer,
                kvcache_pb2.DESCRIPTOR.services_by_name["KVCache"].full_name)
     await server.start(config.host, config.port)
-    if config.metrics_port:
-        servicer.metrics_server, _ = start_http_server(config.metrics_port, addr=config.host,
-                                                       registry=metrics.registry)
-        log.info("Prometheus metrics on http://%s:%d/metrics", config.host, config.metrics_port)
+    servicer.metrics_server = serve_metrics(metrics.registry, config.host, config.metrics_port)
     if config.storage_gbps:
         log.info("storage traffic shaped to %g GB/s per worker node and direction", config.storage_gbps)
     return server, servicer

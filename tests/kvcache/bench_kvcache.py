@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ import grpc.aio  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from seawall.launcher import free_port  # noqa: E402
 from seawall.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc, worker_pb2_grpc  # noqa: E402
 from services.common.block_hash import extend_hashes, hash_seed  # noqa: E402
 from services.common.grpc_kv import GRPC_KV_OPTIONS, serve_read_kv, serve_write_kv  # noqa: E402
@@ -126,12 +126,6 @@ class _KVServicer(worker_pb2_grpc.WorkerServicer):
         return await serve_write_kv(self.pool, request_iterator)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(port: int, dram: int, disk_dir: Path, disk_bytes: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "services.kvcache", "--port", str(port), "--dram-bytes", str(dram),
@@ -178,7 +172,7 @@ async def bench_service(root: Path, total: int, rounds: int) -> dict[str, float]
     procs = []
     try:
         for label, dram in (("dram", 2 * (rounds + 1) * total + (1 << 20)), ("disk", total // 8)):
-            port = _free_port()
+            port = free_port()
             disk_dir = root / f"kv-{label}"
             procs.append(_spawn(port, dram, disk_dir, 2 * total + (1 << 20)))
             address = f"127.0.0.1:{port}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from seawall.launcher import free_port
 from seawall.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
 from services.common.grpc_server import wait_healthy
 from services.kvcache.main import parse_args
@@ -21,12 +21,6 @@ from tests.kvcache.conftest import BPB, chain
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spawn(port: int, disk: Path) -> subprocess.Popen:
@@ -66,7 +60,7 @@ def test_flags_make_a_config_and_bad_combinations_exit_2(tmp_path):
 async def test_the_process_serves_stores_and_survives_a_restart_from_disk(make_worker, tmp_path):
     worker = await make_worker(seed=4, nixl=False)
     hashes = chain(3)
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     proc = _spawn(port, tmp_path)
     try:

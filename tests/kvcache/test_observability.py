@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from seawall.launcher import free_port
 from seawall.trace_receiver import TraceReceiver
 from seawall.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
 from services.common import tracing as tr
@@ -34,12 +34,6 @@ DONE = common_pb2.TRANSFER_STATUS_DONE
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 METADATA = (("traceparent", f"00-{TRACE_ID}-{CALLER_SPAN}-01"),)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -62,7 +56,7 @@ async def _wait_spans(receiver: TraceReceiver, names: set[str], timeout_s: float
 async def test_a_kvcache_process_serves_metrics_and_exports_spans_in_the_callers_trace(make_worker, tmp_path):
     worker = await make_worker(seed=3, nixl=False)
     hashes = chain(4)
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     with TraceReceiver() as receiver:
         proc = subprocess.Popen(
             [sys.executable, "-m", "services.kvcache", "--port", str(port), "--metrics-port", str(metrics_port),

@@ -1,0 +1,84 @@
+"""The local launcher: a child that dies during start-up is named, with the end of its log in the error."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from seawall.launcher import LocalMesh, MeshOptions, free_port
+from services.common.errors import Unavailable
+
+
+def test_free_ports_lie_below_the_ephemeral_range_where_no_bind_0_or_connect_can_take_them():
+    range_file = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if not range_file.exists():
+        pytest.skip("no Linux ephemeral port range here")
+    low = int(range_file.read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert all(port < low for port in ports)
+    assert len(set(ports)) > 40  # drawn at random, so two launchers rarely pick the same one
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))  # and it is free
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_worker_that_exits_during_start_up_fails_the_start_with_its_log_tail(tiny_model_dir, tmp_path):
+    options = MeshOptions(model=str(tiny_model_dir), mode="colocated", grpc_port=0, http_port=None,
+                          worker_args=["--no-such-flag"], log_dir=tmp_path / "logs", startup_timeout_s=60)
+    mesh = LocalMesh(options)
+    with pytest.raises(Unavailable) as err:
+        mesh.start()
+    message = str(err.value)
+    assert "decode-0 exited with code 2 during start-up" in message
+    # The cause travels in the error itself, not only in a log file that may be gone when someone reads it.
+    assert "unrecognized arguments: --no-such-flag" in message
+    assert mesh.children == []  # the scheduler that did start was stopped
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_picked_port_taken_before_the_child_binds_it_is_picked_again(tiny_model_dir, tmp_path, monkeypatch):
+    import seawall.launcher as launcher
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        held = taken.getsockname()[1]
+        picks = []
+
+        def pick(host="127.0.0.1"):
+            # The second pick is the worker's metrics port: hand out the one another process holds.
+            picks.append(held if len(picks) == 1 else free_port(host))
+            return picks[-1]
+
+        monkeypatch.setattr(launcher, "free_port", pick)
+        options = MeshOptions(model=str(tiny_model_dir), mode="colocated", grpc_port=0, http_port=None,
+                              log_dir=tmp_path / "logs", startup_timeout_s=120)
+        with LocalMesh(options) as mesh:
+            assert held in picks and mesh.metrics_urls["decode-0"] != f"http://127.0.0.1:{held}/metrics"
+            log = (tmp_path / "logs" / "decode-0.log").read_text()
+            assert f"cannot serve metrics on 127.0.0.1:{held}: in use" in log  # the first try, then a new port
+            from seawall import Client
+
+            with Client(mesh.grpc_address) as client:
+                assert len(client.generate([1, 2, 3], max_tokens=3, temperature=0).token_ids) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_scheduler_port_the_caller_fixed_and_is_taken_fails_once_with_a_clear_message(tiny_model_dir, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        held = taken.getsockname()[1]
+        options = MeshOptions(model=str(tiny_model_dir), mode="colocated", grpc_port=held, http_port=None,
+                              log_dir=tmp_path / "logs", startup_timeout_s=60)
+        with pytest.raises(Unavailable) as err:
+            LocalMesh(options).start()
+    assert "scheduler exited with code 3 during start-up" in str(err.value)
+    assert f"cannot listen on 127.0.0.1:{held}: in use" in str(err.value)
+    # Not retried: the caller chose that port, so a second try would fail the same way.
+    assert (tmp_path / "logs" / "scheduler.log").read_text().count("cannot listen on") == 1
