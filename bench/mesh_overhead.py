@@ -15,7 +15,7 @@ best wall time is the figure, the median is printed beside it):
 
 Target: ``mesh-colocated`` at most 10% below ``in-process``. Every system's greedy outputs are compared.
 
-    .venv/bin/python bench/mesh_overhead.py [--num-requests 64] [--repeats 3] [--json OUT]
+    .venv/bin/python bench/mesh_overhead.py [--num-requests 64] [--repeats 3] [--decode-steps K] [--json OUT]
 """
 
 from __future__ import annotations
@@ -114,9 +114,11 @@ def report_cpu(cpu: dict[str, dict[str, list[float]]], results: dict) -> None:
         results[name]["cpu_s"] = {proc: statistics.median(v) for proc, v in procs.items()}
 
 
-def start(mode: str, model: str, logs: Path, pipelining: str = "auto") -> LocalMesh:
+def start(mode: str, model: str, logs: Path, pipelining: str = "auto", decode_steps: int = 1) -> LocalMesh:
     opts = MeshOptions(model=model, mode=mode, num_prefill=1 if mode == "disaggregated" else 0, num_decode=1,
-                       grpc_port=0, http_port=None, scheduler_args=["--chunk-size", str(CHUNK), "--step-pipelining", pipelining],
+                       grpc_port=0, http_port=None,
+                       scheduler_args=["--chunk-size", str(CHUNK), "--step-pipelining", pipelining,
+                                       "--decode-steps", str(decode_steps)],
                        log_dir=logs / mode)
     mesh = LocalMesh(opts)
     mesh.start()
@@ -132,6 +134,8 @@ def main() -> int:
     p.add_argument("--systems", default="in-process,mesh-colocated,mesh-disaggregated")
     p.add_argument("--step-pipelining", choices=("auto", "all", "known", "off"), default="auto",
                    help="the mesh scheduler's --step-pipelining (default: auto, the mesh's default)")
+    p.add_argument("--decode-steps", type=int, default=1,
+                   help="multi-step decoding, the same for every system: decode passes per plan (default 1)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     logging.basicConfig(level="WARNING")
@@ -146,11 +150,13 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="seawall-mesh-bench-"))
     try:
         if "in-process" in systems:
-            engine = OfflineEngine(EngineConfig(model=model), SchedulerConfig(chunk_size=CHUNK))
+            engine = OfflineEngine(EngineConfig(model=model), SchedulerConfig(chunk_size=CHUNK,
+                                                                              num_decode_steps=args.decode_steps))
             runners["in-process"] = lambda ps, n: run_in_process(engine, ps, n)
         for name in systems:
             if name.startswith("mesh-"):
-                meshes[name] = start(name.removeprefix("mesh-"), model, logs, args.step_pipelining)
+                meshes[name] = start(name.removeprefix("mesh-"), model, logs, args.step_pipelining,
+                                     args.decode_steps)
                 runners[name] = lambda ps, n, m=meshes[name]: run_mesh(m, ps, n)
         times: dict[str, list[float]] = {name: [] for name in runners}
         cpu: dict[str, dict[str, list[float]]] = {name: {} for name in runners}
@@ -166,7 +172,8 @@ def main() -> int:
     total = args.num_requests * args.output_len
     base = next(iter(runners))
     results = {}
-    print(f"{args.num_requests} requests x ({args.prompt_len} + {args.output_len}) tokens, best of {args.repeats}")
+    print(f"{args.num_requests} requests x ({args.prompt_len} + {args.output_len}) tokens, best of {args.repeats}, "
+          f"--decode-steps {args.decode_steps}")
     print(f"{'system':<22}{'tok/s':>10}{'median tok/s':>14}{'vs ' + base:>16}  outputs")
     for name, ts in times.items():
         best, med = total / min(ts), total / statistics.median(ts)

@@ -61,7 +61,7 @@ def _step(s: Scheduler) -> float:
     for rid, n in plan.num_scheduled_tokens.items():
         req = s.requests[rid]
         if req.num_computed_tokens + n == req.num_tokens:
-            result.sampled[rid] = SampledToken(7)
+            result.sampled[rid] = [SampledToken(7)]
     started = time.perf_counter()
     s.on_result(plan, result)
     return spent + time.perf_counter() - started

@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="FastServe's queue constants: default (the paper's, with the code's 3 s starvation "
                         "threshold), paper, or released-code")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV of shared prompt prefixes")
+    p.add_argument("--decode-steps", type=int, default=1,
+                   help="multi-step decoding: while nothing waits, up to this many decode passes per step "
+                        "(default 1)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.set_defaults(func=run)
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         sched = SchedulerConfig(args.max_num_batched_tokens, args.chunk_size, args.max_num_seqs,
                                 enable_prefix_caching=not args.no_prefix_caching,
                                 preemption_mode=args.preemption_mode, policy=args.policy,
-                                tbt_target_s=args.tbt_target_s, mlfq=MLFQ_PRESETS[args.mlfq]())
+                                tbt_target_s=args.tbt_target_s, mlfq=MLFQ_PRESETS[args.mlfq](),
+                                num_decode_steps=args.decode_steps)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
     engine = OfflineEngine(

@@ -108,13 +108,15 @@ class OfflineEngine:
         return [done[rid] for rid in order]
 
     def _apply(self, event, comp: Completion, detok: IncrementalDetokenizer) -> None:
+        if comp.finish_reason is not None:
+            return  # a stop string ended it at an earlier token of the same multi-step result
         comp.token_ids.append(event.token.token_id)
         comp.logprobs.append(event.token)
         detok.push(event.token.token_id)
         reason = event.finish_reason
         if reason is None and detok.finished_by_stop_string is not None:
             reason = FinishReason.STOP
-            self.scheduler.finish(event.request_id, reason)
+            self.scheduler.finish(event.request_id, reason, num_outputs=len(comp.token_ids))
         if reason is not None:
             detok.flush()
             comp.finish_reason = reason

@@ -246,7 +246,7 @@ class Simulation:
         core, records, now = self.core, self.records, self.now
         chunks_q = chunks_pairs = chunks_kv = 0
         decodes = decode_ctx = 0
-        sampled: dict[str, SampledToken] = {}
+        sampled: dict[str, list[SampledToken]] = {}  # one pass per step: the core here never plans multi-step
         for rid, q in plan.num_scheduled_tokens.items():
             req = core.requests[rid]
             c = req.num_computed_tokens
@@ -257,7 +257,7 @@ class Simulation:
             if rec.first_scheduled is None:
                 rec.first_scheduled = now
             if c + q == req.num_tokens:
-                sampled[rid] = SAMPLED
+                sampled[rid] = [SAMPLED]
             if q == 1 and c >= len(req.prompt_token_ids):
                 decodes += 1
                 decode_ctx += c

@@ -109,10 +109,10 @@ def result_to_proto(result: StepResult, step_seconds: float = 0.0) -> worker_pb2
     msg = worker_pb2.StepResult(step_id=result.step_id, forward_time_ms=result.forward_seconds * 1e3,
                                 step_time_ms=step_seconds * 1e3, num_sampled=len(result.sampled))
     add = msg.outputs.add
-    for seq_id, token in result.sampled.items():
-        out = add(seq_id=seq_id, token_ids=(token.token_id,))
-        if token.logprob is not None:
-            out.logprobs.append(token_logprobs_to_proto(token))
+    for seq_id, tokens in result.sampled.items():
+        out = add(seq_id=seq_id, token_ids=[t.token_id for t in tokens])
+        if tokens[0].logprob is not None:
+            out.logprobs.extend(token_logprobs_to_proto(t) for t in tokens)
     return msg
 
 
@@ -121,12 +121,12 @@ def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
     for out in msg.outputs:
         if not out.token_ids:
             continue
-        token = SampledToken(out.token_ids[0])
         if out.logprobs:
-            lp = out.logprobs[0]
-            token = SampledToken(lp.sampled.token_id, lp.sampled.logprob, lp.sampled.rank,
-                                 [(t.token_id, t.logprob) for t in lp.top])
-        result.sampled[out.seq_id] = token
+            result.sampled[out.seq_id] = [
+                SampledToken(lp.sampled.token_id, lp.sampled.logprob, lp.sampled.rank,
+                             [(t.token_id, t.logprob) for t in lp.top]) for lp in out.logprobs]
+        else:
+            result.sampled[out.seq_id] = [SampledToken(t) for t in out.token_ids]
     return result
 
 

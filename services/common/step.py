@@ -11,6 +11,12 @@ that sequence; when that reaches the end of its known tokens, it samples the nex
     token_ids:  [ prompt ............................ | outputs ... ]
                 [ computed (KV cached) | scheduled n ]
                                                       ^ sample here when computed + n == len(token_ids)
+
+When ``n`` reaches past the known tokens (a multi-step decode: the scheduler lets the worker run ``n``
+decode passes without a round trip), the worker runs the known tokens, samples, and goes on one pass per
+token with the tokens it samples itself: ``computed + n - len(token_ids) + 1`` tokens in all, always that
+many (past a stop token too: the scheduler drops what follows a stop, and never schedules past
+``max_tokens`` or the context).
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class StepPlan:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
     copy: list[tuple[int, int]] = field(default_factory=list)  # (src device block, dst device block)
+    # Forward passes the plan takes: 1, or more for multi-step decodes. The scheduler's note, not sent: a
+    # worker derives the passes from the tokens it knows.
+    num_passes: int = 1
 
     @property
     def total_tokens(self) -> int:
@@ -67,5 +76,6 @@ class SampledToken:
 @dataclass
 class StepResult:
     step_id: int
-    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    # Tokens each sequence sampled, in order: one, or several for a multi-step decode.
+    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     forward_seconds: float = 0.0

@@ -86,7 +86,32 @@ class ModelRunner:
         result.forward_seconds = time.perf_counter() - started
         return result
 
-    def _run(self, scheduled: list[tuple[SequenceState, int]]) -> dict[str, SampledToken]:
+    def _run(self, scheduled: list[tuple[SequenceState, int]]) -> dict[str, list[SampledToken]]:
+        """Runs the plan's tokens; a sequence scheduled past its known tokens (a multi-step decode) goes on
+        with one pass per extra token, fed what it sampled. It runs them all even past a stop token: the
+        scheduler counts on exactly that many tokens and drops what follows a stop (one row of a pass)."""
+        block_size = self.config.block_size
+        batch, extra = [], {}
+        for seq, n in scheduled:
+            known = len(seq.token_ids) - seq.num_computed
+            if n > known and (known < 1 or -(-(seq.num_computed + n) // block_size) > len(seq.block_ids)):
+                raise ValueError(f"sequence {seq.seq_id}: {n} tokens scheduled from {seq.num_computed} with "
+                                 f"{known} known and {len(seq.block_ids)} blocks: no room for {n - known} more")
+            batch.append((seq, min(n, known)))
+            if n > known:
+                extra[seq.seq_id] = n - known
+        sampled: dict[str, list[SampledToken]] = {}
+        while batch:
+            for sid, token in self._pass(batch).items():
+                sampled.setdefault(sid, []).append(token)
+            batch = []
+            for sid in [sid for sid, left in extra.items() if left]:
+                extra[sid] -= 1
+                batch.append((self.seqs[sid], 1))
+        return sampled
+
+    def _pass(self, scheduled: list[tuple[SequenceState, int]]) -> dict[str, SampledToken]:
+        """One forward pass over the scheduled tokens, then sampling where a sequence reaches its end."""
         inputs = prepare_inputs(scheduled, self.config.block_size, self.device)
         logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index)
         for seq, n in scheduled:

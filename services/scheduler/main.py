@@ -68,6 +68,9 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait-slack-s", type=float, default=None, help="FastServe: slack of --max-wait-ratio, s")
     p.add_argument("--wait-credit", choices=WAIT_CREDITS, default=None,
                    help="FastServe: also allow the wait FCFS would have had (fcfs, the default) or not (none)")
+    p.add_argument("--decode-steps", type=int, default=1,
+                   help="multi-step decoding: while nothing waits, a worker runs up to this many decode passes per "
+                        "plan, tokens streamed in groups of as many (default 1: one pass per plan)")
     p.add_argument("--step-pipelining", choices=STEP_PIPELINING, default="auto",
                    help="plan a worker's next step before its current result: behind every step (all: async "
                         "scheduling), behind prompt chunks only (known), never (off), or auto (default: all for "
@@ -80,7 +83,7 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
     flags = ["--policy", policy or args.policy, "--chunk-size", str(args.chunk_size),
              "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
              "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq,
-             "--step-pipelining", args.step_pipelining]
+             "--step-pipelining", args.step_pipelining, "--decode-steps", str(args.decode_steps)]
     for name in ("max_num_batched_tokens", "preemption_mode", "tbt_target_s", "starvation_s", "max_wait_ratio",
                  "wait_slack_s", "wait_credit"):
         if getattr(args, name) is not None:
@@ -98,7 +101,7 @@ def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
                            max_num_seqs=args.max_num_seqs, policy=args.policy,
                            preemption_mode=args.preemption_mode,
                            enable_prefix_caching=not args.no_prefix_caching, tbt_target_s=args.tbt_target_s,
-                           mlfq=_mlfq(args))
+                           mlfq=_mlfq(args), num_decode_steps=args.decode_steps)
     return SchedulerServiceConfig(model=args.model, served_model_name=args.served_model_name, host=args.host,
                                   grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
                                   core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,

@@ -311,7 +311,7 @@ class Mesh:
         steps = self.metrics.steps
         steps.step_seconds.labels(link.worker_id).observe(seconds)
         steps.step_tokens.labels(link.worker_id).observe(plan.total_tokens)
-        if self.dual_path is not None:  # what computing a prefix costs there (load-or-recompute)
+        if self.dual_path is not None and plan.num_passes == 1:  # what computing a prefix costs there
             self.dual_path.steps[link.worker_id].step(plan.total_tokens, seconds)
         block_bytes = link.info.kv_layout.bytes_per_block
         if plan.swap_out:
@@ -328,7 +328,7 @@ class Mesh:
             self._observe_token(tracked, reason)
             if reason is not None:
                 if event.finish_reason is None:  # a stop string, seen only in the text
-                    link.core.finish(event.request_id, reason)
+                    link.core.finish(event.request_id, reason, num_outputs=tracked.num_emitted)
                 if event.request_id in link.core.handed_off and self.dual_path is not None:
                     self._tg.start_soon(self.dual_path.store, link, tracked.request, tracked.session_id,
                                         self.trace_metadata(tracked.request))

@@ -35,6 +35,7 @@ class TrackedRequest:
         self.trace = None  # a RequestTrace when tracing is on
         self.detok = IncrementalDetokenizer(tokenizer, request.params, prompt_token_ids=request.prompt_token_ids)
         self.finish_reason: str | None = None
+        self.num_emitted = 0  # tokens streamed so far
         self._send, self.receive = anyio.create_memory_object_stream[Delta](math.inf)
         self.done = anyio.Event()  # set with the last delta: lets a non-streaming reader wake once, not per token
 
@@ -48,6 +49,7 @@ class TrackedRequest:
 
     def emit(self, token: SampledToken, finish_reason: str | None) -> str | None:
         """Streams one sampled token; returns the finish reason, which a stop string in the text may set."""
+        self.num_emitted += 1
         text = self.detok.push(token.token_id)
         if finish_reason is None and self.detok.finished_by_stop_string is not None:
             finish_reason = FinishReason.STOP

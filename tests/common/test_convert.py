@@ -36,9 +36,9 @@ def test_a_plan_with_every_kind_of_entry_round_trips():
 @pytest.mark.parametrize("with_logprobs", [False, True])
 def test_a_result_round_trips(with_logprobs):
     result = StepResult(9, forward_seconds=0.25)
-    for i, seq in enumerate(("a", "b", "c")):
-        result.sampled[seq] = (SampledToken(10 + i, -0.5 * i, i + 1, [(10 + i, -0.5 * i), (3, -2.0)])
-                               if with_logprobs else SampledToken(10 + i))
+    for i, seq in enumerate(("a", "b", "c")):  # "c" ran a multi-step decode: three tokens
+        result.sampled[seq] = [(SampledToken(10 + i + j, -0.5 * i, i + 1, [(10 + i + j, -0.5 * i), (3, -2.0)])
+                                if with_logprobs else SampledToken(10 + i + j)) for j in range(1 + 2 * (i == 2))]
     msg = _wire(result_to_proto(result, step_seconds=0.5))
     assert isinstance(msg, worker_pb2.StepResult) and msg.step_time_ms == 500.0 and msg.num_sampled == 3
     assert result_from_proto(msg) == result

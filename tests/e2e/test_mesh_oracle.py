@@ -17,29 +17,34 @@ from tests.e2e.conftest import random_prompts, start_mesh
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
 PROMPT_LENS = [1, 5, 16, 17, 40, 100, 170, 300]
+# (mode, KV transport, policy, extra scheduler flags). The scheduler plans ahead of every step
+# (--step-pipelining all) unless the flags say otherwise.
+KNOWN = ["--step-pipelining", "known"]  # plan ahead only behind prompt chunks
 CASES = [
-    ("disaggregated", "nixl", "sarathi"),
-    ("disaggregated", "grpc", "sarathi"),
-    ("colocated", "nixl", "sarathi"),
-    ("disaggregated", "nixl", "fastserve"),
-    ("colocated", "nixl", "fastserve"),
+    ("disaggregated", "nixl", "sarathi", []),
+    ("disaggregated", "grpc", "sarathi", KNOWN),
+    ("colocated", "nixl", "sarathi", []),
+    ("disaggregated", "nixl", "fastserve", KNOWN),
+    ("colocated", "nixl", "fastserve", []),
+    # Multi-step decoding: a decode worker runs up to 4 passes per plan, tokens streamed 4 at a time.
+    ("colocated", "nixl", "sarathi", ["--decode-steps", "4", *KNOWN]),
+    ("disaggregated", "nixl", "sarathi", ["--decode-steps", "4"]),
 ]
-# Cases whose scheduler plans ahead only behind prompt chunks (--step-pipelining known; the default is all).
-PLAN_AHEAD_OF_CHUNKS_ONLY = {("disaggregated", "grpc", "sarathi"), ("disaggregated", "nixl", "fastserve")}
 
 
 def _max_tokens(i: int) -> int:
     return 4 + (i * 5) % 13
 
 
-@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
+@pytest.fixture(scope="module", params=CASES,
+                ids=["-".join([*c[:3], *(f.lstrip("-") for f in c[3])]) for c in CASES])
 def mesh(request, tiny_model_dir, tmp_path_factory):
-    mode, transport, policy = request.param
+    mode, transport, policy, extra = request.param
     if policy not in POLICIES:
         pytest.skip(f"policy {policy} is not implemented yet")
     m = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), mode=mode, num_decode=2 if mode == "colocated" else 1,
                    scheduler_args=["--policy", policy, "--kv-transport", transport, "--chunk-size", "64",
-                                   "--step-pipelining", "known" if request.param in PLAN_AHEAD_OF_CHUNKS_ONLY else "all"], http=False)
+                                   "--step-pipelining", "all", *extra], http=False)
     yield m
     assert all(code == 0 for code in m.stop().values())
 
@@ -70,7 +75,7 @@ async def _stream_all(address, prompts):
     return chunks
 
 
-async def test_concurrent_greedy_requests_match_transformers(mesh, hf_greedy):
+async def test_concurrent_greedy_requests_match_transformers(mesh, hf_greedy, request):
     prompts = random_prompts(PROMPT_LENS)
     for round_ in range(2):  # the second round hits the prefix cache for prompts of a block or more
         results = await _run_all(mesh.grpc_address, prompts)
@@ -83,6 +88,8 @@ async def test_concurrent_greedy_requests_match_transformers(mesh, hf_greedy):
         assert [t for c in chunks for t in c.token_ids] == hf_greedy(prompt, _max_tokens(i)), f"streamed prompt {i}"
         assert chunks[-1].finish_reason in ("stop", "length")
     assert max(len(chunks) for chunks in streamed) > 1
+    if "--decode-steps" in request.node.callspec.params["mesh"][3]:  # tokens of a multi-step plan come together
+        assert max(len(c.token_ids) for chunks in streamed for c in chunks) > 1
     async with AsyncClient(mesh.grpc_address) as client:
         stats = await client.stats()
     assert stats.num_finished == 3 * len(prompts) and stats.num_running == 0

@@ -33,13 +33,14 @@ class Driver:
 
     def run(self, plan_kwargs: dict) -> dict:
         self.step += 1
-        return self.runner.execute(StepPlan(self.step, **plan_kwargs)).sampled
+        sampled = self.runner.execute(StepPlan(self.step, **plan_kwargs)).sampled
+        return {sid: [t.token_id for t in tokens] for sid, tokens in sampled.items()}
 
     def generate(self, seq_id, prompt, blocks, steps, params=GREEDY) -> list[int]:
         out = [self.run({"new": [NewSequence(seq_id, prompt, len(prompt), 0, blocks, params)],
-                         "num_scheduled_tokens": {seq_id: len(prompt)}})[seq_id].token_id]
+                         "num_scheduled_tokens": {seq_id: len(prompt)}})[seq_id][0]]
         for _ in range(steps - 1):
-            out.append(self.run({"num_scheduled_tokens": {seq_id: 1}})[seq_id].token_id)
+            out.append(self.run({"num_scheduled_tokens": {seq_id: 1}})[seq_id][0])
         return out
 
 
@@ -55,7 +56,7 @@ def test_swap_out_and_in_to_other_blocks_leaves_output_unchanged(runner):
     d.generate("other", _prompt(60, 99), [10, 11, 12, 13], 1)
     d.run({"finished": ["other"], "swap_in": [(0, 20), (1, 21), (2, 22), (3, 23)],
            "continuing": [ContinuingSequence("s", [], block_ids=[20, 21, 22, 23])]})
-    rest = [d.run({"num_scheduled_tokens": {"s": 1}})["s"].token_id for _ in range(7)]
+    rest = [d.run({"num_scheduled_tokens": {"s": 1}})["s"][0] for _ in range(7)]
     assert first + rest == reference
 
 
@@ -68,7 +69,7 @@ def test_copied_blocks_continue_identically(runner):
     d.run({"copy": [(30, 40), (31, 41), (32, 42)],
            "continuing": [ContinuingSequence("c", [], block_ids=[40, 41, 42])]})
     d.generate("clobber", _prompt(48, 17), [30, 31, 32], 1)
-    rest = [d.run({"num_scheduled_tokens": {"c": 1}})["c"].token_id for _ in range(5)]
+    rest = [d.run({"num_scheduled_tokens": {"c": 1}})["c"][0] for _ in range(5)]
     assert first + rest == reference
 
 
@@ -81,17 +82,34 @@ def test_seeded_sampling_is_independent_of_batch_composition(runner):
     new = [NewSequence("a", _prompt(20), 20, 0, [0, 1], params),
            NewSequence("b", _prompt(30, 1), 30, 0, [2, 3, 5], SamplingParams(temperature=1.0, seed=7)),
            NewSequence("c", _prompt(9, 2), 9, 0, [4, 6], SamplingParams(temperature=1.3))]
-    got = [d.run({"new": new, "num_scheduled_tokens": {"a": 20, "b": 30, "c": 9}})["a"].token_id]
+    got = [d.run({"new": new, "num_scheduled_tokens": {"a": 20, "b": 30, "c": 9}})["a"][0]]
     for _ in range(9):
-        got.append(d.run({"num_scheduled_tokens": {"a": 1, "b": 1, "c": 1}})["a"].token_id)
+        got.append(d.run({"num_scheduled_tokens": {"a": 1, "b": 1, "c": 1}})["a"][0])
     assert got == alone
     d.run({"finished": ["a", "b", "c"]})
 
 
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(max_tokens=64, temperature=0.9, top_k=40, seed=3)],
+                         ids=["greedy", "seeded"])
+def test_multi_step_plans_sample_what_single_steps_do(runner, params):
+    d = Driver(runner)
+    reference = {sid: d.generate(sid, _prompt(n, i), blocks, 12, params)
+                 for i, (sid, n, blocks) in enumerate([("a", 20, [0, 1]), ("b", 9, [2, 3])])}
+    d.run({"finished": ["a", "b"]})
+    # The prompt of "a" plus 3 decode passes fed its own samples, beside 9 prompt tokens of "b" that sample once.
+    new = [NewSequence("a", _prompt(20, 0), 20, 0, [0, 1], params), NewSequence("b", _prompt(9, 1), 9, 0, [2], params)]
+    first = d.run({"new": new, "num_scheduled_tokens": {"a": 23, "b": 9}})
+    assert first == {"a": reference["a"][:4], "b": reference["b"][:1]}
+    # Decodes of different lengths in one plan: passes go on while either has tokens left.
+    second = d.run({"num_scheduled_tokens": {"a": 8, "b": 3}, "continuing": [ContinuingSequence("b", [3])]})
+    assert second == {"a": reference["a"][4:12], "b": reference["b"][1:4]}
+    d.run({"finished": ["a", "b"]})
+
+
 def test_plans_that_overrun_known_tokens_or_blocks_are_rejected(runner):
     d = Driver(runner)
-    with pytest.raises(ValueError, match="only 5 known"):
-        d.run({"new": [NewSequence("x", _prompt(5), 5, 0, [0], GREEDY)], "num_scheduled_tokens": {"x": 6}})
+    with pytest.raises(ValueError, match="no room for 12 more"):  # past its known tokens: one block holds 16
+        d.run({"new": [NewSequence("x", _prompt(5), 5, 0, [0], GREEDY)], "num_scheduled_tokens": {"x": 17}})
     with pytest.raises(ValueError, match="need 2 blocks"):
         d.run({"new": [NewSequence("y", _prompt(20), 20, 0, [0], GREEDY)], "num_scheduled_tokens": {"y": 20}})
     with pytest.raises(KeyError, match="does not hold"):

@@ -121,6 +121,11 @@ class SchedulerConfig:
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
     # FastServe's queue parameters (the fastserve policies only).
     mlfq: MLFQConfig = field(default_factory=MLFQConfig)
+    # Multi-step decoding (vLLM's num_scheduler_steps): while no request waits, a step of decodes only runs
+    # up to this many decode passes on the worker without a round trip to the scheduler, each sequence's
+    # blocks reserved ahead. Amortizes the per-step cost of scheduling and of the plan's and result's trips
+    # where forward passes are short; tokens then reach clients in groups of up to this many. 1 = off.
+    num_decode_steps: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "chunk_size"):
@@ -129,6 +134,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1 or None (no limit), got {value}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.num_decode_steps < 1:
+            raise ValueError(f"num_decode_steps must be >= 1 (1 = one pass per step), got {self.num_decode_steps}")
         if self.policy not in POLICY_CLASSES:
             raise ValueError(f"policy must be one of {', '.join(POLICY_CLASSES)}, got {self.policy!r}")
         if self.preemption_mode not in (None, "swap", "recompute"):

@@ -97,11 +97,15 @@ class Scheduler(HandOff, Fork):
         self.waiting.append(request)
         self.policy.on_add(request, self.now)
 
-    def finish(self, request_id: str, reason: str = FinishReason.ABORT) -> None:
-        """Ends a request early (abort, stop string seen by the detokenizer); frees its blocks."""
+    def finish(self, request_id: str, reason: str = FinishReason.ABORT, num_outputs: int | None = None) -> None:
+        """Ends a request early (abort, stop string seen by the detokenizer); frees its blocks. ``num_outputs``:
+        the outputs to keep, when the stop came in a token before the last one resolved (a multi-step decode
+        resolves several at once)."""
         req = self.requests.get(request_id)
         if req is None or req.status is RequestStatus.FINISHED:
             return
+        if num_outputs is not None:
+            del req.output_token_ids[num_outputs:]
         if req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
         elif req.status is RequestStatus.RUNNING:
@@ -144,14 +148,43 @@ class Scheduler(HandOff, Fork):
             self.running = [r for r in self.running if r not in ending]
         self.policy.compose(self, step)
         self.running.extend(ending)
+        scheduled = self._multi_step(step.scheduled)
         # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
         plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in,
                         copy=self._copy)
         self._to_drop, self._swap_out, self._swap_in, self._copy = [], [], [], []
-        self._fill_plan(plan, step.scheduled)
+        self._fill_plan(plan, scheduled)
+        plan.num_passes = 1 + max((n - r.num_uncomputed for r, n in scheduled), default=0)
         self._last_ran = list(plan.num_scheduled_tokens)
-        self._last_step_s = self.config.step_time.predict(plan.total_tokens, len(self._last_ran))
+        self._last_step_s = self._predict(scheduled)
         return plan
+
+    def _multi_step(self, scheduled: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
+        """With ``num_decode_steps`` > 1, a step of decodes alone, with nothing queued behind it and no
+        preemption in it, runs each decode up to that many passes (``step.py``): blocks for the extra tokens
+        are reserved now, never past ``max_tokens`` or the context; a request whose blocks are not free
+        keeps one pass."""
+        k = self.config.num_decode_steps
+        if (k == 1 or not scheduled or self.waiting or self.swapped or self._preempted_now
+                or not all(n == 1 and r.is_decoding for r, n in scheduled)):
+            return scheduled
+        out = []
+        for req, _ in scheduled:
+            room = min(k, req.params.max_tokens - len(req.output_token_ids) - req.num_pending,
+                       self.config.max_model_len - req.num_tokens)
+            out.append((req, room if room > 1 and self._reserve(req, room) else 1))
+        return out
+
+    def _predict(self, scheduled: list[tuple[Request, int]]) -> float:
+        """The step-time model's estimate of a plan: its first pass, plus a decode pass per extra token of the
+        multi-step decodes (a pass runs every decode with tokens left)."""
+        predict = self.config.step_time.predict
+        seconds = predict(sum(min(n, r.num_uncomputed) for r, n in scheduled), len(scheduled))
+        extra = sorted((n - r.num_uncomputed for r, n in scheduled if n > r.num_uncomputed), reverse=True)
+        for j in range(1, extra[0] + 1 if extra else 1):
+            rows = sum(e >= j for e in extra)
+            seconds += predict(rows, rows)
+        return seconds
 
     def _advance_clock(self, now: float | None) -> float:
         if now is None:
@@ -182,32 +215,34 @@ class Scheduler(HandOff, Fork):
         self._expected.add(plan.step_id)
 
     def _apply_sent(self, plan: StepPlan) -> None:
-        """What a plan does whatever its result: tokens computed, and a pending token where one samples."""
+        """What a plan does whatever its result: tokens computed, and a pending token per token sampled (one
+        where the plan reaches the end of the known tokens, more for a multi-step decode)."""
         for rid, n in plan.num_scheduled_tokens.items():
             req = self.requests.get(rid)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue
-            if req.num_computed_tokens + n >= req.num_tokens:
-                req.num_pending += 1
+            req.num_pending += max(0, req.num_computed_tokens + n - req.num_tokens + 1)
             req.num_computed_tokens += n
             self._cache_full_blocks(req)
 
     def _resolve(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
         events = []
         for rid in plan.num_scheduled_tokens:
-            token, req = result.sampled.get(rid), self.requests.get(rid)
-            if token is None or req is None or not req.num_pending:
-                continue  # finished meanwhile (a sample past its stop is discarded), or drained
-            req.num_pending -= 1
-            req.output_token_ids.append(token.token_id)
-            # Only when a plan sent since already computed this token (planned ahead) can a block have filled;
-            # a swapped request's blocks are registered at swap-in.
-            if req.status is RequestStatus.RUNNING and req.num_computed_tokens >= req.num_tokens - req.num_pending:
-                self._cache_full_blocks(req)
-            reason = self._stop_reason(req)
-            events.append(TokenEvent(rid, token, reason))
-            if reason is not None:
-                self.finish(rid, reason)
+            req = self.requests.get(rid)
+            for token in result.sampled.get(rid, ()):
+                if req is None or req.status is RequestStatus.FINISHED or not req.num_pending:
+                    break  # finished meanwhile (samples past its stop are discarded), or drained
+                req.num_pending -= 1
+                req.output_token_ids.append(token.token_id)
+                # Only when a plan sent since already computed this token (planned ahead, or the next pass of
+                # a multi-step decode) can a block have filled; a swapped request's are registered at swap-in.
+                if (req.status is RequestStatus.RUNNING
+                        and req.num_computed_tokens >= req.num_tokens - req.num_pending):
+                    self._cache_full_blocks(req)
+                reason = self._stop_reason(req)
+                events.append(TokenEvent(rid, token, reason))
+                if reason is not None:
+                    self.finish(rid, reason)
         return events
 
     def _ends_with_pending(self, req: Request) -> bool:

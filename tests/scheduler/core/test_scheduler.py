@@ -33,9 +33,9 @@ def step(s: Scheduler, token: int = 7, now: float | None = None):
     known = {r.request_id: r.num_tokens for r in s.running}
     result = StepResult(plan.step_id)
     for rid, n in plan.num_scheduled_tokens.items():
-        req = s.requests[rid]
-        if req.num_computed_tokens + n == known[rid]:
-            result.sampled[rid] = SampledToken(token)
+        # What a worker samples (step.py): one token at the end of the known ones, one more per pass past it.
+        if (k := s.requests[rid].num_computed_tokens + n - known[rid] + 1) > 0:
+            result.sampled[rid] = [SampledToken(token)] * k
     events = s.on_result(plan, result)
     s.check_integrity()
     return plan, events
@@ -275,7 +275,7 @@ def test_samples_tells_whether_a_plan_needs_its_result_before_the_next_one():
         for rid, n in plan.num_scheduled_tokens.items():
             req = s.requests[rid]
             if req.num_computed_tokens + n == req.num_tokens:
-                result.sampled[rid] = SampledToken(7)
+                result.sampled[rid] = [SampledToken(7)]
         s.on_result(plan, result)
         s.check_integrity()
     # 10-token prompts at 4 tokens a step: chunks 4+4 run ahead, the 2-token last chunk samples, decodes sample.
