@@ -8,7 +8,7 @@ best wall time is the figure, the median is printed beside it):
 
 * ``in-process`` — ``OfflineEngine`` (what ``seawall run-batch`` runs): scheduler core and model in one process;
 * ``mesh-colocated`` — ``seawall up --mode colocated --workers 1``: the scheduler process drives one worker
-  process over gRPC; the client is the SDK's ``AsyncClient`` in this process;
+  process over gRPC; the client is the SDK's ``AsyncClient`` in this process, one connection kept open;
 * ``mesh-disaggregated`` — the default topology: one prefill and one decode worker, KV pulled over NIXL.
   On this 2-core machine its two workers share the cores that the other systems give to one model, so it
   measures transfer and hand-off costs on top of halved compute per worker; it is reported, not targeted.
@@ -21,6 +21,7 @@ Target: ``mesh-colocated`` at most 10% below ``in-process``. Every system's gree
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -58,21 +59,35 @@ def run_in_process(engine: OfflineEngine, prompts, output_len) -> list[list[int]
     return [c.token_ids for c in engine.generate(prompts, [params] * len(prompts))]
 
 
-async def _run_mesh(address: str, prompts, output_len) -> list[list[int]]:
-    outs: list = [None] * len(prompts)
-    async with AsyncClient(address) as client:
+class MeshClient:
+    """One ``AsyncClient`` kept open across rounds, as a serving client keeps its connection, on an event
+    loop in a helper thread (``anyio``'s blocking portal); ``run`` blocks until a round is done."""
+
+    def __init__(self, address: str) -> None:
+        self._stack = contextlib.ExitStack()
+        portal = self._stack.enter_context(anyio.from_thread.start_blocking_portal())
+        # Made on the portal's loop: a grpc.aio channel belongs to the loop it was created on.
+        client = portal.call(AsyncClient, address)
+        self._client = self._stack.enter_context(portal.wrap_async_context_manager(client))
+        self._portal = portal
+
+    def run(self, prompts, output_len) -> list[list[int]]:
+        return self._portal.call(self._round, prompts, output_len)
+
+    async def _round(self, prompts, output_len) -> list[list[int]]:
+        outs: list = [None] * len(prompts)
+
         async def one(i):
-            out = await client.generate(prompts[i], max_tokens=output_len, temperature=0, ignore_eos=True)
+            out = await self._client.generate(prompts[i], max_tokens=output_len, temperature=0, ignore_eos=True)
             outs[i] = out.token_ids
 
         async with anyio.create_task_group() as tg:
             for i in range(len(prompts)):
                 tg.start_soon(one, i)
-    return outs
+        return outs
 
-
-def run_mesh(mesh: LocalMesh, prompts, output_len) -> list[list[int]]:
-    return anyio.run(_run_mesh, mesh.grpc_address, prompts, output_len)
+    def close(self) -> None:
+        self._stack.close()
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -146,6 +161,7 @@ def main() -> int:
     warm = workload(4, args.prompt_len, seed=0)
     systems = args.systems.split(",")
     meshes: dict[str, LocalMesh] = {}
+    clients: dict[str, MeshClient] = {}
     runners = {}
     logs = Path(tempfile.mkdtemp(prefix="seawall-mesh-bench-"))
     try:
@@ -157,7 +173,8 @@ def main() -> int:
             if name.startswith("mesh-"):
                 meshes[name] = start(name.removeprefix("mesh-"), model, logs, args.step_pipelining,
                                      args.decode_steps)
-                runners[name] = lambda ps, n, m=meshes[name]: run_mesh(m, ps, n)
+                clients[name] = MeshClient(meshes[name].grpc_address)
+                runners[name] = clients[name].run
         times: dict[str, list[float]] = {name: [] for name in runners}
         cpu: dict[str, dict[str, list[float]]] = {name: {} for name in runners}
         outputs = {}
@@ -167,6 +184,8 @@ def main() -> int:
             for name, run in runners.items():
                 outputs[name] = timed(run, prompts, args.output_len, meshes.get(name), times[name], cpu[name])
     finally:
+        for client in clients.values():
+            client.close()
         for mesh in meshes.values():
             mesh.stop()
     total = args.num_requests * args.output_len
