@@ -140,6 +140,28 @@ def start(mode: str, model: str, logs: Path, pipelining: str = "auto", decode_st
     return mesh
 
 
+def report(args, times: dict[str, list[float]], outputs: dict, cpu: dict) -> dict:
+    """Prints the table (ratios to the first system) and each process's CPU; returns the figures."""
+    total = args.num_requests * args.output_len
+    base = next(iter(times))
+    results = {}
+    print(f"{args.num_requests} requests x ({args.prompt_len} + {args.output_len}) tokens, best of {args.repeats}, "
+          f"--decode-steps {args.decode_steps}")
+    print(f"{'system':<22}{'tok/s':>10}{'median tok/s':>14}{'vs ' + base:>16}  outputs")
+    for name, ts in times.items():
+        best, med = total / min(ts), total / statistics.median(ts)
+        same = outputs[name] == outputs[base]
+        results[name] = {"tok_s": best, "median_tok_s": med, "ratio": best / (total / min(times[base])),
+                         "same_outputs": same}
+        print(f"{name:<22}{best:>10.0f}{med:>14.0f}{results[name]['ratio']:>15.2f}x  "
+              f"{'identical' if same else 'DIFFER'}")
+    report_cpu(cpu, results)
+    if "mesh-colocated" in results and base == "in-process":
+        loss = 1 - results["mesh-colocated"]["ratio"]
+        print(f"mesh-colocated overhead: {loss:.1%} (target <= {TARGET_LOSS:.0%})")
+    return results
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-requests", type=int, default=64)
@@ -188,23 +210,7 @@ def main() -> int:
             client.close()
         for mesh in meshes.values():
             mesh.stop()
-    total = args.num_requests * args.output_len
-    base = next(iter(runners))
-    results = {}
-    print(f"{args.num_requests} requests x ({args.prompt_len} + {args.output_len}) tokens, best of {args.repeats}, "
-          f"--decode-steps {args.decode_steps}")
-    print(f"{'system':<22}{'tok/s':>10}{'median tok/s':>14}{'vs ' + base:>16}  outputs")
-    for name, ts in times.items():
-        best, med = total / min(ts), total / statistics.median(ts)
-        same = outputs[name] == outputs[base]
-        results[name] = {"tok_s": best, "median_tok_s": med, "ratio": best / (total / min(times[base])),
-                         "same_outputs": same}
-        print(f"{name:<22}{best:>10.0f}{med:>14.0f}{results[name]['ratio']:>15.2f}x  "
-              f"{'identical' if same else 'DIFFER'}")
-    report_cpu(cpu, results)
-    if "mesh-colocated" in results and base == "in-process":
-        loss = 1 - results["mesh-colocated"]["ratio"]
-        print(f"mesh-colocated overhead: {loss:.1%} (target <= {TARGET_LOSS:.0%})")
+    results = report(args, times, outputs, cpu)
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results}, indent=2))
     return 0

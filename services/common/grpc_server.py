@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -91,10 +92,24 @@ async def wait_healthy(address: str, timeout_s: float, service: str = "") -> boo
     return False
 
 
+class QuietCancelledCalls(logging.Filter):
+    """grpc.aio logs a call that is cancelled as its handler starts (a peer hanging up while this service
+    shuts down) as an error with a ``CancelledError`` traceback from its own internals. A cancelled call is
+    routine: keep it at debug level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[0] if record.exc_info else None
+        if exc is not None and issubclass(exc, asyncio.CancelledError):
+            log.debug("a call was cancelled as it started: %s", record.getMessage())
+            return False
+        return True
+
+
 def run_service(parse: Callable[[], Config], serve: Callable[[Config], Awaitable[None]]) -> int:
     """A service process's ``main``: parse its flags, serve until SIGTERM/SIGINT. A ``SeawallError`` (a bad flag,
     a missing model) is one logged line and exit code 2, never a traceback; a port in use is exit code
     ``EXIT_PORT_IN_USE``; Ctrl-C before serving is 130."""
+    logging.getLogger("grpc._cython.cygrpc").addFilter(QuietCancelledCalls())
     try:
         anyio.run(serve, parse())
     except BaseException as raised:

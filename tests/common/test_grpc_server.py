@@ -1,0 +1,59 @@
+"""What every service process shares: exit codes of ``run_service`` and the quieted grpc.aio log line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+
+import anyio
+import pytest
+
+from services.common.errors import EXIT_PORT_IN_USE, InvalidArgument
+from services.common.grpc_server import QuietCancelledCalls, Server, run_service
+
+
+def _record(exc_info) -> logging.LogRecord:
+    return logging.LogRecord("grpc._cython.cygrpc", logging.ERROR, __file__, 1, "Exception not handled by "
+                             "_handle_exceptions in servicer method [%s]", ("/x/StepStream",), exc_info)
+
+
+def test_a_call_cancelled_as_it_starts_is_not_logged_as_an_error_but_other_errors_are():
+    quiet = QuietCancelledCalls()
+    try:
+        raise asyncio.CancelledError
+    except asyncio.CancelledError:
+        cancelled = sys.exc_info()
+    try:
+        raise RuntimeError("real trouble")
+    except RuntimeError:
+        crashed = sys.exc_info()
+    assert quiet.filter(_record(cancelled)) is False
+    assert quiet.filter(_record(crashed)) is True
+    assert quiet.filter(_record(None)) is True
+
+
+def test_a_port_in_use_exits_with_its_own_code_even_from_inside_a_task_group():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        async def serve(config):
+            async with anyio.create_task_group():
+                await Server().start("127.0.0.1", port)
+
+        assert run_service(lambda: None, serve) == EXIT_PORT_IN_USE
+
+
+def test_a_user_error_exits_2_and_a_bug_still_raises():
+    async def bad_flag(config):
+        raise InvalidArgument("--chunk-size must be >= 1")
+
+    async def bug(config):
+        raise KeyError("oops")
+
+    assert run_service(lambda: None, bad_flag) == 2
+    with pytest.raises(KeyError):
+        run_service(lambda: None, bug)
