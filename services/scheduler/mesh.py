@@ -333,7 +333,8 @@ class Mesh:
                     self._tg.start_soon(self.dual_path.store, link, tracked.request, tracked.session_id,
                                         self.trace_metadata(tracked.request))
                 self._forget(event.request_id)
-            elif link.role == "prefill" and self.config.mode == "disaggregated":
+            elif (link.role == "prefill" and self.config.mode == "disaggregated"
+                  and self.where.get(event.request_id) is link):  # once, though a result may hold several
                 self._hand_off(link, tracked.request)
 
     def _observe_token(self, tracked: TrackedRequest, reason: str | None) -> None:

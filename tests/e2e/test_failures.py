@@ -162,3 +162,53 @@ async def test_more_than_the_queue_holds_is_refused_with_resource_exhausted(tiny
             assert (429, "1") in codes and any(code == 200 for code, _ in codes)
     finally:
         m.stop()
+
+
+async def test_with_the_decode_worker_gone_the_prefill_worker_decodes_then_hands_off_when_one_returns(
+        tiny_model_dir, tmp_path, hf_greedy):
+    # Multi-step decoding: a result of the prefill worker holds several tokens of a request, and the first
+    # one after a decode worker is back hands the request off (once).
+    m = start_mesh(tiny_model_dir, tmp_path / "logs",
+                   scheduler_args=["--chunk-size", "64", "--decode-steps", "4"], http=False)
+    try:
+        prompts = random_prompts([20, 100], seed=6)
+        max_tokens = 2000  # long enough to outlast a worker's restart
+        got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+        finish: dict[int, str] = {}
+        phases: list[str] = []
+
+        async with AsyncClient(m.grpc_address) as client:
+            async def one(i):
+                async for chunk in client.stream(prompts[i], max_tokens=max_tokens, temperature=0):
+                    got[i].extend(chunk.token_ids)
+                    finish[i] = chunk.finish_reason
+
+            async def decoding_on(role: int) -> bool:
+                stats = await client.stats()
+                return any(w.role == role and w.num_running > 0 for w in stats.workers)
+
+            async def chaos():
+                with anyio.fail_after(120):
+                    while min(len(v) for v in got.values()) < 5:  # every request is decoding on decode-1
+                        await anyio.sleep(0.01)
+                    m.kill("decode-1")
+                    while not await decoding_on(1):  # recomputed, decoding on prefill-0 (role 1)
+                        await anyio.sleep(0.01)
+                    phases.append("decoding on prefill-0")
+                    await anyio.to_thread.run_sync(m.respawn, "decode-1")
+                    while not await decoding_on(2):  # handed off to the new decode worker (role 2)
+                        await anyio.sleep(0.01)
+                    phases.append("handed off")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(chaos)
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            stats = await client.stats()
+        assert phases == ["decoding on prefill-0", "handed off"]
+        for i, prompt in enumerate(prompts):
+            assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
+            assert finish[i] == "length"
+        assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
+    finally:
+        m.stop()
