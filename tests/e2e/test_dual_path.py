@@ -95,3 +95,40 @@ def test_kvcache_down_means_recompute_and_the_mesh_recovers_when_it_returns(tiny
             _wait_blocks_free(client)
     finally:
         mesh.stop()
+
+
+def _stop_inside_a_group(tokenizer, prompt_len: int, ref: list[int], k_steps: int) -> tuple[str, int]:
+    """A stop string that the ``k``-th output token completes, where ``k`` is inside a multi-step group (the
+    first output comes from the prompt's step, then groups of ``k_steps``) and the outputs it cuts off cross
+    a block boundary: what kvcache stores must end at the kept tokens, not at what the worker computed."""
+    for k in range(8, len(ref)):
+        group_end = -(-k // k_steps) * k_steps
+        if k == group_end or (prompt_len + k + 1) // 16 == (prompt_len + group_end) // 16:
+            continue
+        before, upto = tokenizer.decode(ref[:k]), tokenizer.decode(ref[: k + 1])
+        added = upto[len(before):] if upto.startswith(before) else ""
+        if added.strip() and added not in before:
+            return added, k
+    raise AssertionError("no stop string fits")
+
+
+def test_a_stop_string_inside_a_multi_step_group_stores_only_the_kept_tokens(tiny_model_dir, tmp_path, hf_greedy):
+    from tokenizers import Tokenizer
+
+    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", scheduler_args=[
+        "--chunk-size", "64", "--no-prefix-caching", "--kv-read-policy", "pe-read", "--decode-steps", "4"],
+        kvcache_args=[], http=False)
+    try:
+        with Client(mesh.grpc_address) as client:
+            prompt = random_prompts([93], seed=23)[0]
+            ref = hf_greedy(prompt, 60)
+            stop, k = _stop_inside_a_group(Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")), 93, ref, 4)
+            first = client.generate(prompt, max_tokens=60, temperature=0, stop=(stop,), session_id="s1")
+            assert first.finish_reason == "stop" and first.token_ids == ref[: k + 1]
+            second_prompt = prompt + first.token_ids + random_prompts([20], seed=24)[0]
+            second = client.generate(second_prompt, max_tokens=8, temperature=0, session_id="s1")
+            assert second.token_ids == hf_greedy(second_prompt, 8)
+            assert second.cached_prompt_tokens == (93 + k + 1) // 16 * 16  # the kept tokens' full blocks
+            _wait_blocks_free(client)
+    finally:
+        mesh.stop()
