@@ -63,6 +63,12 @@ def build_request(prompt: str | Sequence[int], request_id: str | None, sampling:
     """``sampling`` holds SamplingParams fields, plus ``session_id`` (turns of one conversation: their KV is
     kept in kvcache for the next turn). ``final_only``: one response at the end instead of one per step."""
     session_id = sampling.pop("session_id", "") or ""
+    # Python shapes as the OpenAI API takes them: one stop string, or lists where the dataclass keeps tuples.
+    if isinstance(sampling.get("stop"), str):
+        sampling["stop"] = (sampling["stop"],)
+    for key in ("stop", "stop_token_ids"):
+        if isinstance(sampling.get(key), list):
+            sampling[key] = tuple(sampling[key])
     msg = scheduler_pb2.GenerateRequest(request_id=request_id or f"sdk-{uuid.uuid4().hex[:16]}",
                                         sampling=params_to_proto(SamplingParams(**sampling)), session_id=session_id,
                                         final_only=final_only)
