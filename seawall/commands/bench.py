@@ -148,8 +148,9 @@ def workload_spec(args: argparse.Namespace):
 def mesh_options(args: argparse.Namespace, policy: str):
     """The spawned mesh for one policy: free ports, HTTP only with --api http, kvcache only with --kvcache."""
     from seawall.launcher import MeshOptions
-    from services.scheduler.main import scheduling_flags
+    from services.scheduler.main import core_config_from, scheduling_flags
 
+    core_config_from(args)  # a bad scheduling flag is refused before any mesh starts
     sched = scheduling_flags(args, policy)
     workers = ["--device", args.device] + (["--kv-cache-bytes", str(args.kv_cache_bytes)] if args.kv_cache_bytes
                                            else []) + (["--no-nixl"] if args.no_nixl else [])
@@ -164,6 +165,8 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
     flags = [f"--mode {args.mode}", f"--chunk-size {args.chunk_size}", f"--max-num-seqs {args.max_num_seqs}"]
     flags.append(f"--workers {args.workers}" if args.mode == "colocated" else
                  f"--prefill {args.prefill} --decode {args.decode}")
+    if args.decode_steps != 1:
+        flags.append(f"--decode-steps {args.decode_steps}")
     for name in ("max_num_batched_tokens", "preemption_mode", "kv_cache_bytes"):
         if getattr(args, name):
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")

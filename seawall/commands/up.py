@@ -23,7 +23,7 @@ from seawall.commands.trace import default_trace_file
 from seawall.compose import ComposeMesh, ComposeOptions
 from seawall.launcher import LocalMesh, MeshOptions
 from seawall.trace_receiver import TraceReceiver
-from services.scheduler.main import add_scheduling_flags, scheduling_flags
+from services.scheduler.main import add_scheduling_flags, core_config_from, scheduling_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def options_from(args: argparse.Namespace) -> MeshOptions:
+    core_config_from(args)  # a bad scheduling flag is refused here, before any process starts
     sched = scheduling_flags(args)
     workers = ["--device", args.device]
     if args.kv_cache_bytes:

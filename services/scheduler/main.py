@@ -16,6 +16,7 @@ import anyio
 import uvicorn
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.errors import InvalidArgument
 from services.common.grpc_server import Server, run_service, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
 from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
@@ -96,12 +97,29 @@ def _mlfq(args: argparse.Namespace) -> MLFQConfig:
     return replace(MLFQ_PRESETS[args.mlfq](), **{k: v for k, v in given.items() if v is not None})
 
 
+def core_config_from(args: argparse.Namespace) -> SchedulerConfig:
+    """The scheduler core's config from ``add_scheduling_flags``' flags; a value it cannot take is an
+    ``InvalidArgument`` naming the flag (launchers call this to refuse bad flags before starting anything)."""
+    try:
+        return SchedulerConfig(chunk_size=args.chunk_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                               max_num_seqs=args.max_num_seqs, policy=args.policy,
+                               preemption_mode=args.preemption_mode,
+                               enable_prefix_caching=not args.no_prefix_caching, tbt_target_s=args.tbt_target_s,
+                               mlfq=_mlfq(args), num_decode_steps=args.decode_steps)
+    except ValueError as exc:
+        raise InvalidArgument(_as_flag(str(exc))) from None
+
+
+def _as_flag(message: str) -> str:
+    """``num_decode_steps must be ...`` -> ``--decode-steps must be ...``: the name the user typed."""
+    name, _, rest = message.partition(" ")
+    name = name.removeprefix("mlfq.")
+    flag = "decode-steps" if name == "num_decode_steps" else name.replace("_", "-")
+    return f"--{flag} {rest}"
+
+
 def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
-    core = SchedulerConfig(chunk_size=args.chunk_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                           max_num_seqs=args.max_num_seqs, policy=args.policy,
-                           preemption_mode=args.preemption_mode,
-                           enable_prefix_caching=not args.no_prefix_caching, tbt_target_s=args.tbt_target_s,
-                           mlfq=_mlfq(args), num_decode_steps=args.decode_steps)
+    core = core_config_from(args)
     return SchedulerServiceConfig(model=args.model, served_model_name=args.served_model_name, host=args.host,
                                   grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
                                   core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,

@@ -26,3 +26,18 @@ def test_without_the_flags_the_preset_is_untouched():
     assert _mlfq(parse(scheduling_flags(parse([])))) == MLFQConfig()
     assert _mlfq(parse(["--mlfq", "released-code"])) == MLFQConfig.released_code()
     assert "--max-wait-ratio" not in scheduling_flags(parse([]))
+
+
+def test_a_value_the_core_cannot_take_is_refused_naming_the_flag():
+    import pytest
+
+    from services.common.errors import InvalidArgument
+    from services.scheduler.main import core_config_from
+
+    assert core_config_from(parse(["--decode-steps", "8"])).num_decode_steps == 8
+    for argv, message in ((["--decode-steps", "0"], "--decode-steps must be >= 1"),
+                          (["--chunk-size", "0"], "--chunk-size must be >= 1"),
+                          (["--policy", "fastserve", "--starvation-s", "0"], "--starvation-s must be > 0")):
+        with pytest.raises(InvalidArgument, match=message):
+            core_config_from(parse(argv))
+    assert "--decode-steps" in scheduling_flags(parse(["--decode-steps", "4"]))

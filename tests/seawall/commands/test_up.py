@@ -63,3 +63,11 @@ def test_up_with_a_missing_model_says_so(tmp_path):
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_up_with_a_bad_scheduling_flag_says_so_before_starting_anything():
+    proc = subprocess.run([sys.executable, "-m", "seawall", "up", "--decode-steps", "0"], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2
+    assert "--decode-steps must be >= 1" in proc.stderr and "Traceback" not in proc.stderr
+    assert "mesh" not in proc.stdout  # nothing was started
