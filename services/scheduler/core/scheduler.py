@@ -26,6 +26,7 @@ from services.scheduler.core.block_manager import BlockManager
 from services.scheduler.core.config import MLFQConfig, SchedulerConfig
 from services.scheduler.core.fork import Fork
 from services.scheduler.core.hand_off import HandOff
+from services.scheduler.core.multi_step import MultiStep
 from services.scheduler.core.policies import POLICY_NAMES, Step, make_policy
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.step_time import StepTimeModel
@@ -49,7 +50,7 @@ class PrefixCacheStats:
     hit_blocks: int = 0  # of those, served from the cache
 
 
-class Scheduler(HandOff, Fork):
+class Scheduler(HandOff, Fork, MultiStep):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
         """``blocks``: the worker's device pool; ``host_blocks``: its host pool, for swapping (None: no swap).
@@ -158,33 +159,6 @@ class Scheduler(HandOff, Fork):
         self._last_ran = list(plan.num_scheduled_tokens)
         self._last_step_s = self._predict(scheduled)
         return plan
-
-    def _multi_step(self, scheduled: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
-        """With ``num_decode_steps`` > 1, a step of decodes alone, with nothing queued behind it and no
-        preemption in it, runs each decode up to that many passes (``step.py``): blocks for the extra tokens
-        are reserved now, never past ``max_tokens`` or the context; a request whose blocks are not free
-        keeps one pass."""
-        k = self.config.num_decode_steps
-        if (k == 1 or not scheduled or self.waiting or self.swapped or self._preempted_now
-                or not all(n == 1 and r.is_decoding for r, n in scheduled)):
-            return scheduled
-        out = []
-        for req, _ in scheduled:
-            room = min(k, req.params.max_tokens - len(req.output_token_ids) - req.num_pending,
-                       self.config.max_model_len - req.num_tokens)
-            out.append((req, room if room > 1 and self._reserve(req, room) else 1))
-        return out
-
-    def _predict(self, scheduled: list[tuple[Request, int]]) -> float:
-        """The step-time model's estimate of a plan: its first pass, plus a decode pass per extra token of the
-        multi-step decodes (a pass runs every decode with tokens left)."""
-        predict = self.config.step_time.predict
-        seconds = predict(sum(min(n, r.num_uncomputed) for r, n in scheduled), len(scheduled))
-        extra = sorted((n - r.num_uncomputed for r, n in scheduled if n > r.num_uncomputed), reverse=True)
-        for j in range(1, extra[0] + 1 if extra else 1):
-            rows = sum(e >= j for e in extra)
-            seconds += predict(rows, rows)
-        return seconds
 
     def _advance_clock(self, now: float | None) -> float:
         if now is None:
