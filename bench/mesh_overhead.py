@@ -169,7 +169,7 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--systems", default="in-process,mesh-colocated,mesh-disaggregated")
-    p.add_argument("--step-pipelining", choices=("auto", "all", "known", "off"), default="auto",
+    p.add_argument("--step-pipelining", choices=("auto", "all", "prompts", "known", "off"), default="auto",
                    help="the mesh scheduler's --step-pipelining (default: auto, the mesh's default)")
     p.add_argument("--decode-steps", type=int, default=1,
                    help="multi-step decoding, the same for every system: decode passes per plan (default 1)")

@@ -1,8 +1,9 @@
 """Step pipelining: the live mesh with each ``--step-pipelining`` setting, in the same run.
 
 ``all`` plans a worker's next step right behind every plan, decodes included (async scheduling, the core's
-``expect``); ``known`` only behind a plan that samples nothing (prompt chunks short of the prompt's end);
-``off`` waits for every result (services/scheduler/mesh.py). The default, ``auto``, is ``all`` for GPU workers and ``known`` for CPU ones.
+``expect``); ``prompts`` behind every plan without a decode (its samples are first tokens); ``known`` only
+behind a plan that samples nothing (prompt chunks short of the prompt's end); ``off`` waits for every result
+(services/scheduler/mesh.py). The default, ``auto``, is ``all`` for GPU workers and ``prompts`` for CPU ones.
 
 Workload: ``--num-requests`` (6) prompts of ``--prompt-len`` (1536) random token ids, ``--output-len`` (2)
 tokens each, all submitted at once to the default disaggregated topology (one prefill worker, one decode
@@ -64,7 +65,7 @@ def main() -> int:
     model = str(ensure_default_model())
     rng = random.Random(0)
     logs = Path(tempfile.mkdtemp(prefix="seawall-pipelining-"))
-    systems = {name: ["--step-pipelining", name] for name in ("all", "known", "off")}
+    systems = {name: ["--step-pipelining", name] for name in ("all", "prompts", "known", "off")}
     meshes: dict[str, LocalMesh] = {}
     walls: dict[str, list[float]] = {name: [] for name in systems}
     ttfts: dict[str, list[float]] = {name: [] for name in systems}

@@ -11,7 +11,7 @@ TRANSPORTS = ("nixl", "grpc")
 # "dual+recompute": dual, and per request a cached prefix is computed instead when, from the live read queue and
 # the prefill worker's backlog, that is measured to end sooner (DualPath's load-or-recompute; off by default).
 READ_POLICIES = ("pe-read", "de-read", "dual", "dual+recompute")
-STEP_PIPELINING = ("auto", "all", "known", "off")
+STEP_PIPELINING = ("auto", "all", "prompts", "known", "off")
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,9 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
                         "plan, tokens streamed in groups of as many (default 1: one pass per plan)")
     p.add_argument("--step-pipelining", choices=STEP_PIPELINING, default="auto",
                    help="plan a worker's next step before its current result: behind every step (all: async "
-                        "scheduling), behind prompt chunks only (known), never (off), or auto (default: all for "
-                        "GPU workers, known for CPU workers)")
+                        "scheduling), behind steps without decodes (prompts), behind prompt chunks that sample "
+                        "nothing only (known), never (off), or auto (default: all for GPU workers, prompts for "
+                        "CPU workers)")
 
 
 def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> list[str]:

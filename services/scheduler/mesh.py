@@ -244,8 +244,9 @@ class Mesh:
     async def _send(self, link: WorkerLink, call, plan: StepPlan, pipelined: bool) -> _InFlight:
         # A prefill worker's sampled token hands the request off, so its core must not plan a decode after it.
         hands_off = link.role == "prefill" and self.config.mode == "disaggregated"
-        ahead_of_samples = self._plans_ahead_of_samples(link) and not hands_off
-        expected = self._depth > 1 and (ahead_of_samples or not link.core.samples(plan))
+        ahead = "off" if hands_off else self._plans_ahead_of(link)
+        expected = self._depth > 1 and (ahead == "all" or not link.core.samples(plan)
+                                        or (ahead == "prompts" and not link.core.samples_a_decode(plan)))
         step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(), expected)
         with anyio.fail_after(self.config.step_timeout_s):
             await call.write(self._plan_message(link, plan))
@@ -255,9 +256,14 @@ class Mesh:
             link.core.expect(plan)
         return step
 
-    def _plans_ahead_of_samples(self, link: WorkerLink) -> bool:
+    def _plans_ahead_of(self, link: WorkerLink) -> str:
+        """The worker's effective ``--step-pipelining``: behind which plans the next one is sent at once. "all":
+        every plan; "prompts": plans whose samples are first tokens of prompts, not decodes; "known": plans
+        that sample nothing; "off": none."""
         setting = self.config.step_pipelining
-        return setting == "all" or (setting == "auto" and link.info.device.startswith("cuda"))
+        if setting == "auto":
+            return "all" if link.info.device.startswith("cuda") else "prompts"
+        return setting
 
     def _finish_step(self, link: WorkerLink, step: _InFlight, msg) -> None:
         link.num_steps += 1

@@ -25,7 +25,7 @@ CASES = [
     ("disaggregated", "grpc", "sarathi", KNOWN),
     ("colocated", "nixl", "sarathi", []),
     ("disaggregated", "nixl", "fastserve", KNOWN),
-    ("colocated", "nixl", "fastserve", []),
+    ("colocated", "nixl", "fastserve", ["--step-pipelining", "prompts"]),  # ahead of first tokens, not decodes
     # Multi-step decoding: a decode worker runs up to 4 passes per plan, tokens streamed 4 at a time.
     ("colocated", "nixl", "sarathi", ["--decode-steps", "4", *KNOWN]),
     ("disaggregated", "nixl", "sarathi", ["--decode-steps", "4"]),

@@ -87,11 +87,11 @@ async def test_decode_placement_by_token_load_with_room():
 
 
 @pytest.mark.parametrize(("setting", "device", "ahead"), [
-    ("auto", "cuda:0", True), ("auto", "cpu", False), ("all", "cpu", True), ("known", "cuda:0", False),
-    ("off", "cuda:0", False),
+    ("auto", "cuda:0", "all"), ("auto", "cpu", "prompts"), ("all", "cpu", "all"), ("known", "cuda:0", "known"),
+    ("prompts", "cuda:0", "prompts"), ("off", "cuda:0", "off"),
 ])
-async def test_step_pipelining_plans_ahead_of_samples_by_setting_and_worker_device(setting, device, ahead):
+async def test_step_pipelining_by_setting_and_worker_device(setting, device, ahead):
     mesh = Mesh(SchedulerServiceConfig(mode="colocated", step_pipelining=setting))
     link = _link(mesh, "w", "decode")
     link.info.device = device
-    assert mesh._plans_ahead_of_samples(link) is ahead
+    assert mesh._plans_ahead_of(link) == ahead

@@ -180,6 +180,13 @@ class Scheduler(HandOff, Fork, MultiStep):
         return any(rid not in requests or requests[rid].num_computed_tokens + n >= requests[rid].num_tokens
                    for rid, n in plan.num_scheduled_tokens.items())
 
+    def samples_a_decode(self, plan: StepPlan) -> bool:
+        """Whether some sequence of ``plan`` (just scheduled) is a decode, as opposed to prompt chunks, whose
+        last one samples the first token. Planning ahead of first tokens costs the scheduler little beside
+        the forward pass; planning ahead of decodes streams every running request's token beside it."""
+        requests = self.requests
+        return any(rid not in requests or requests[rid].is_decoding for rid in plan.num_scheduled_tokens)
+
     def expect(self, plan: StepPlan) -> None:
         """``plan`` (just scheduled) is on its way and the caller plans the next step before its result:
         its tokens count as computed now, and each sequence reaching the end of its tokens gets a pending

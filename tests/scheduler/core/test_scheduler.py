@@ -265,7 +265,7 @@ def test_samples_tells_whether_a_plan_needs_its_result_before_the_next_one():
     plans = []
     while len(plans) < 5:
         plan = s.schedule()
-        plans.append((plan, s.samples(plan)))
+        plans.append((plan, s.samples(plan), s.samples_a_decode(plan)))
         if not s.samples(plan):
             # Known outcome: applied when sent, and the next plan is made at once (the mesh's pipelining).
             assert s.on_result(plan, StepResult(plan.step_id)) == []
@@ -279,5 +279,7 @@ def test_samples_tells_whether_a_plan_needs_its_result_before_the_next_one():
         s.on_result(plan, result)
         s.check_integrity()
     # 10-token prompts at 4 tokens a step: chunks 4+4 run ahead, the 2-token last chunk samples, decodes sample.
-    assert [sampled for _, sampled in plans] == [False, False, True, True, True]
+    assert [sampled for _, sampled, _ in plans] == [False, False, True, True, True]
+    # Only the decodes are decodes: the last chunk samples a first token ("prompts" plans ahead of it).
+    assert [decode for _, _, decode in plans] == [False, False, False, True, True]
     assert s.requests["r0"].output_token_ids == [7, 7, 7]
