@@ -99,8 +99,10 @@ POLICY_CASES = {
     "fastserve+sarathi-tau-3-seqs-code": ["--policy", "fastserve+sarathi", "--tbt-target-s", "0.0215",
                                           "--max-num-seqs", "3", "--mlfq", "released-code"],
     "sarathi-tau": ["--policy", "sarathi", "--tbt-target-s", "0.0215"],
-    # Multi-step decoding: once all 16 are admitted, decodes run 4 (or 3) passes per step, fed their own
-    # samples, and requests that stop mid-way drop what they sampled past the stop.
+    # run-batch decodes up to 8 passes per step by default (multi-step decoding): once all 16 are admitted,
+    # decodes are fed their own samples, and requests that stop mid-way drop what they sampled past the stop.
+    # One pass per step, and other step counts:
+    "sarathi-one-pass": ["--policy", "sarathi", "--decode-steps", "1"],
     "sarathi-chunk16-decode-steps-4": ["--policy", "sarathi", "--chunk-size", "16", "--decode-steps", "4"],
     "fastserve-3-seqs-decode-steps-3": ["--policy", "fastserve", "--max-num-seqs", "3", "--decode-steps", "3"],
 }
