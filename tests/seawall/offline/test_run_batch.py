@@ -89,19 +89,28 @@ def test_malformed_checkpoint_names_the_problem(tmp_path, capsys, tiny_model_dir
     assert "config.json is not valid JSON" in capsys.readouterr().err
 
 
-def test_stop_strings_cut_the_text(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("decode_steps", [1, 8])
+def test_stop_strings_cut_the_text(tmp_path, tiny_model_dir, decode_steps):
     from seawall.offline.engine import OfflineEngine
+    from services.scheduler.core.scheduler import SchedulerConfig
 
-    engine = OfflineEngine(EngineConfig(model=str(tiny_model_dir)))
+    engine = OfflineEngine(EngineConfig(model=str(tiny_model_dir)), SchedulerConfig(num_decode_steps=decode_steps))
     prompt = engine.encode("The quick brown fox")
     free = engine.generate([prompt], [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)])[0]
     assert len(free.text) > 4
-    stop = free.text[2:5]
+    # The text that output token k adds, for the first k in 3..6 whose text is new: with 8 passes per step,
+    # tokens 1..8 come in one result, so the stop falls inside it.
+    decode = engine.tokenizer.decode
+    stop = next(added for k in range(3, 7)
+                if (added := decode(free.token_ids[: k + 1])[len(decode(free.token_ids[:k])):]).strip()
+                and added not in decode(free.token_ids[:k]))
     cut = engine.generate([prompt], [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True,
                                                     stop=(stop,))])[0]
     assert cut.finish_reason == "stop"
     assert cut.text == free.text[: free.text.index(stop)]
     assert cut.token_ids == free.token_ids[: len(cut.token_ids)]
+    # It ends at the token that completed the stop string, though with 8 passes per step more were sampled.
+    assert stop not in decode(cut.token_ids[:-1]) and 4 <= len(cut.token_ids) <= 7
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
