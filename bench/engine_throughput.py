@@ -8,7 +8,8 @@ length from [1, --output-len] instead, where a static batch has to run to its lo
 Systems, each warmed up once with a small run before timing:
 
 * ``seawall`` — ``OfflineEngine`` (continuous batching), default ``SchedulerConfig`` (whole prompts in one
-  step) and with ``chunk_size=512`` (chunked prefill);
+  step), with ``chunk_size=512`` (chunked prefill), and with ``num_decode_steps=8`` (multi-step decoding,
+  ``seawall run-batch``'s default);
 * ``hf-batched`` — ``model.generate`` on left-padded batches with an attention mask, all requests in one
   batch and in batches of 16;
 * ``floor: dense ops only`` — the projections, MLPs and ``lm_head`` rows every system runs, and nothing else
@@ -285,6 +286,9 @@ def main() -> int:  # noqa: C901, PLR0915
     systems["seawall (default)"] = run_default
     systems["seawall (chunk_size=512)"], _ = seawall_runner(model_dir, SchedulerConfig(chunk_size=512), kv,
                                                                 args.device, args.dtype)
+    # What `seawall run-batch` runs by default: 8 decode passes per step while nothing waits.
+    systems["seawall (decode_steps=8)"], _ = seawall_runner(model_dir, SchedulerConfig(num_decode_steps=8), kv,
+                                                              args.device, args.dtype)
     if args.device == "cpu":
         systems["floor: dense ops only"] = dense_floor_runner(engine.runner.model)
     hf_model = load_hf(model_dir, device=args.device, dtype=args.dtype)
