@@ -340,7 +340,9 @@ class Mesh:
                                         self.trace_metadata(tracked.request))
                 self._forget(event.request_id)
             elif (link.role == "prefill" and self.config.mode == "disaggregated"
-                  and self.where.get(event.request_id) is link):  # once, though a result may hold several
+                  and self.where.get(event.request_id) is link and event.request_id in link.core.requests):
+                # Once, though a multi-step result may hold several tokens; and not when a later token of
+                # the same result already ended the request in the core.
                 self._hand_off(link, tracked.request)
 
     def _observe_token(self, tracked: TrackedRequest, reason: str | None) -> None:
