@@ -16,7 +16,7 @@ from services.common import tracing as t
 class _Decode:
     start_ns: int
     end_ns: int
-    steps: int
+    tokens: int  # decode passes run: one per step, or several for a multi-step decode
 
 
 class SequenceTraces:
@@ -55,7 +55,7 @@ class SequenceTraces:
                 span.end(end_time=end_ns)
             else:
                 d = self._decodes.setdefault(seq_id, _Decode(start_ns, end_ns, 0))
-                d.end_ns, d.steps = end_ns, d.steps + 1
+                d.end_ns, d.tokens = end_ns, d.tokens + n
 
     def drop(self, seq_ids) -> None:
         for seq_id in seq_ids:
@@ -63,7 +63,7 @@ class SequenceTraces:
             d = self._decodes.pop(seq_id, None)
             if ctx is not None and d is not None:
                 span = self.tracer.start_span(t.SPAN_WORKER_DECODE, context=ctx, start_time=d.start_ns,
-                                              attributes={t.WORKER_ID: self.worker, t.DECODE_TOKENS: d.steps})
+                                              attributes={t.WORKER_ID: self.worker, t.DECODE_TOKENS: d.tokens})
                 span.end(end_time=d.end_ns)
 
     def drop_all(self) -> None:
