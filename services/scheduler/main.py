@@ -19,6 +19,7 @@ from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import InvalidArgument
 from services.common.grpc_server import Server, run_service, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
+from services.common.ports import listen_tcp
 from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
 from services.common.tracing import setup_tracing
 from services.engine.loader import load_checkpoint_meta
@@ -178,14 +179,16 @@ async def serve(config: SchedulerServiceConfig) -> None:
                SchedulerServicer(frontend, mesh, config.core.policy),
                scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name)
     http = None
+    http_socket = None if config.http_port is None else listen_tcp(config.host, config.http_port,
+                                                                   "the OpenAI HTTP API")
     async with anyio.create_task_group() as tg:
         tg.start_soon(mesh.run)
         port = await server.start(config.host, config.grpc_port)
         log.info("scheduler gRPC on %s:%d (%s, policy %s)", config.host, port, config.mode, config.core.policy)
-        if config.http_port is not None:
-            http = _Uvicorn(uvicorn.Config(create_app(frontend, metrics.registry), host=config.host, port=config.http_port,
-                                           log_level="warning", lifespan="off"))
-            tg.start_soon(http.serve)
+        if http_socket is not None:
+            http = _Uvicorn(uvicorn.Config(create_app(frontend, metrics.registry), host=config.host,
+                                           port=config.http_port, log_level="warning", lifespan="off"))
+            tg.start_soon(http.serve, [http_socket])
             log.info("OpenAI API on http://%s:%d/v1", config.host, config.http_port)
         await wait_for_shutdown_signal()
         if http is not None:
