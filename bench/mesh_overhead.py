@@ -16,7 +16,7 @@ the first system, the steadiest of the three on a shared box):
 
 Target: ``mesh-colocated`` at most 10% below ``in-process``. Every system's greedy outputs are compared.
 
-    .venv/bin/python bench/mesh_overhead.py [--num-requests 64] [--repeats 3] [--decode-steps K] [--json OUT]
+    .venv/bin/python bench/mesh_overhead.py [--num-requests 64] [--repeats 3] [--decode-steps K] [--preset small] [--json OUT]
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine_throughput import kv_bytes_for  # noqa: E402  (this script's folder is on sys.path)
+
 from seawall import AsyncClient  # noqa: E402
 from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
 from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
-from services.engine.builtin_model import ensure_default_model  # noqa: E402
+from services.engine.builtin_model import ensure_default_model, init_model  # noqa: E402
 from services.engine.config import EngineConfig  # noqa: E402
 from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
 
@@ -130,11 +132,13 @@ def report_cpu(cpu: dict[str, dict[str, list[float]]], results: dict) -> None:
         results[name]["cpu_s"] = {proc: statistics.median(v) for proc, v in procs.items()}
 
 
-def start(mode: str, model: str, logs: Path, pipelining: str = "auto", decode_steps: int = 1) -> LocalMesh:
+def start(mode: str, model: str, logs: Path, pipelining: str = "auto", decode_steps: int = 1,
+          kv_cache_bytes: int | None = None) -> LocalMesh:
     opts = MeshOptions(model=model, mode=mode, num_prefill=1 if mode == "disaggregated" else 0, num_decode=1,
                        grpc_port=0, http_port=None,
                        scheduler_args=["--chunk-size", str(CHUNK), "--step-pipelining", pipelining,
                                        "--decode-steps", str(decode_steps)],
+                       worker_args=["--kv-cache-bytes", str(kv_cache_bytes)] if kv_cache_bytes else [],
                        log_dir=logs / mode)
     mesh = LocalMesh(opts)
     mesh.start()
@@ -178,10 +182,16 @@ def main() -> int:
                    help="the mesh scheduler's --step-pipelining (default: auto, the mesh's default)")
     p.add_argument("--decode-steps", type=int, default=1,
                    help="multi-step decoding, the same for every system: decode passes per plan (default 1)")
+    p.add_argument("--preset", default="tiny", choices=("tiny", "small"),
+                   help="built-in model (small: 8 layers, hidden 512, initialised into a temp dir): the mesh's "
+                        "costs are per step and per request, so a model with longer steps weighs them less")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     logging.basicConfig(level="WARNING")
-    model = str(ensure_default_model())
+    model_tmp = tempfile.TemporaryDirectory(prefix="seawall-mesh-bench-model-")
+    model = str(ensure_default_model() if args.preset == "tiny"
+                else init_model(Path(model_tmp.name) / args.preset, preset=args.preset, seed=0))
+    kv = kv_bytes_for(model, args.num_requests, args.prompt_len + args.output_len)
     # Fresh prompts every round (the same for every system in it): otherwise prefix caches would serve all
     # but the last block of each prompt from the previous round.
     rounds = [workload(args.num_requests, args.prompt_len, seed=r + 1) for r in range(args.repeats)]
@@ -193,13 +203,13 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="seawall-mesh-bench-"))
     try:
         if "in-process" in systems:
-            engine = OfflineEngine(EngineConfig(model=model), SchedulerConfig(chunk_size=CHUNK,
-                                                                              num_decode_steps=args.decode_steps))
+            engine = OfflineEngine(EngineConfig(model=model, kv_cache_bytes=kv),
+                                   SchedulerConfig(chunk_size=CHUNK, num_decode_steps=args.decode_steps))
             runners["in-process"] = lambda ps, n: run_in_process(engine, ps, n)
         for name in systems:
             if name.startswith("mesh-"):
                 meshes[name] = start(name.removeprefix("mesh-"), model, logs, args.step_pipelining,
-                                     args.decode_steps)
+                                     args.decode_steps, kv)
                 clients[name] = MeshClient(meshes[name].grpc_address)
                 runners[name] = clients[name].run
         times: dict[str, list[float]] = {name: [] for name in runners}
