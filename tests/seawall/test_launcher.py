@@ -69,32 +69,20 @@ def test_a_picked_port_taken_before_the_child_binds_it_is_picked_again(tiny_mode
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_scheduler_port_the_caller_fixed_and_is_taken_fails_once_with_a_clear_message(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("which", ["grpc", "http"])
+def test_a_port_the_caller_fixed_that_is_taken_fails_once_with_a_clear_message(which, tiny_model_dir, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         held = taken.getsockname()[1]
-        options = MeshOptions(model=str(tiny_model_dir), mode="colocated", grpc_port=held, http_port=None,
-                              log_dir=tmp_path / "logs", startup_timeout_s=60)
+        options = MeshOptions(model=str(tiny_model_dir), mode="colocated", grpc_port=held if which == "grpc" else 0,
+                              http_port=held if which == "http" else None, log_dir=tmp_path / "logs",
+                              startup_timeout_s=60)
         with pytest.raises(Unavailable) as err:
             LocalMesh(options).start()
+    what = {"grpc": "cannot listen on", "http": "cannot serve the OpenAI HTTP API on"}[which]
     assert "scheduler exited with code 3 during start-up" in str(err.value)
-    assert f"cannot listen on 127.0.0.1:{held}: in use" in str(err.value)
-    # Not retried: the caller chose that port, so a second try would fail the same way.
-    assert (tmp_path / "logs" / "scheduler.log").read_text().count("cannot listen on") == 1
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_an_http_port_in_use_is_one_clear_line_not_a_traceback(tiny_model_dir, tmp_path):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        held = taken.getsockname()[1]
-        options = MeshOptions(model=str(tiny_model_dir), mode="colocated", grpc_port=0, http_port=held,
-                              log_dir=tmp_path / "logs", startup_timeout_s=60)
-        with pytest.raises(Unavailable) as err:
-            LocalMesh(options).start()
-    assert "scheduler exited with code 3 during start-up" in str(err.value)
-    assert f"cannot serve the OpenAI HTTP API on 127.0.0.1:{held}: in use" in str(err.value)
-    assert "Traceback" not in (tmp_path / "logs" / "scheduler.log").read_text()
+    assert f"{what} 127.0.0.1:{held}: in use" in str(err.value)
+    log = (tmp_path / "logs" / "scheduler.log").read_text()
+    # One line, no traceback, and not retried: the caller chose that port, so a second try would fail alike.
+    assert log.count(what) == 1 and "Traceback" not in log
