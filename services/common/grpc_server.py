@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -111,7 +112,7 @@ def run_service(parse: Callable[[], Config], serve: Callable[[Config], Awaitable
     ``EXIT_PORT_IN_USE``; Ctrl-C before serving is 130."""
     logging.getLogger("grpc._cython.cygrpc").addFilter(QuietCancelledCalls())
     try:
-        anyio.run(serve, parse())
+        anyio.run(serve, parse(), backend_options={"use_uvloop": _uvloop_available()})
     except BaseException as raised:
         exc = _sole_cause(raised)  # a task group wraps even a single error in a group
         if isinstance(exc, KeyboardInterrupt):
@@ -121,6 +122,13 @@ def run_service(parse: Callable[[], Config], serve: Callable[[Config], Awaitable
         log.error("%s", exc)
         return EXIT_PORT_IN_USE if isinstance(exc, PortInUse) else 2
     return 0
+
+
+def _uvloop_available() -> bool:
+    """Services run on uvloop where it is installed: each grpc.aio call hops between gRPC's poller thread
+    and the loop, and uvloop makes those hops cheaper (the mesh's prompt phase: 0.65x -> 0.72x of the
+    in-process engine on 2 cores, bench/README.md)."""
+    return importlib.util.find_spec("uvloop") is not None
 
 
 def _sole_cause(exc: BaseException) -> BaseException:

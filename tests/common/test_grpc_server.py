@@ -57,3 +57,14 @@ def test_a_user_error_exits_2_and_a_bug_still_raises():
     assert run_service(lambda: None, bad_flag) == 2
     with pytest.raises(KeyError):
         run_service(lambda: None, bug)
+
+
+def test_services_run_on_uvloop_where_it_is_installed():
+    pytest.importorskip("uvloop")
+    seen = []
+
+    async def serve(config):
+        seen.append(type(asyncio.get_running_loop()).__module__)
+
+    assert run_service(lambda: None, serve) == 0
+    assert seen[0].startswith("uvloop")
