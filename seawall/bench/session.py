@@ -8,7 +8,6 @@ mesh differ only in their prompts' salt, so a later run never hits an earlier ru
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import logging
@@ -19,12 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
+
 from seawall.bench import capacity as cap
 from seawall.bench.arrivals import describe
 from seawall.bench.metrics import RequestRecord, paired, ratios, summarize
 from seawall.bench.runner import GrpcBackend, HttpBackend, RunResult, run_load, warm_up
 from seawall.bench.workload import Workload, WorkloadSpec, build, nominal_rate, with_rate
 from services.common.errors import InvalidArgument
+from services.common.grpc_server import uvloop_available
 
 log = logging.getLogger(__name__)
 HF_NAME = "hf-transformers"
@@ -63,6 +65,12 @@ class System:
 MeshFactory = Callable[[str], object]  # policy -> a started LocalMesh-like object (grpc_address, http_url, stop)
 
 
+def _run(fn):
+    # The load generator shares the cores with the mesh here: its per-token work is cheaper on uvloop, the
+    # services' loop too (services/common/grpc_server.py).
+    return anyio.run(fn, backend_options={"use_uvloop": uvloop_available()})
+
+
 def _backend(opts: BenchOptions, address: str | None, http: str | None):
     if http:
         return HttpBackend(http, stats_address=address)
@@ -81,7 +89,7 @@ def _measure(opts: BenchOptions, address: str | None, http: str | None, spec: Wo
         finally:
             await backend.close()
 
-    return workload, asyncio.run(go())
+    return workload, _run(go)
 
 
 def _warm(opts: BenchOptions, address: str | None, http: str | None, workload: Workload) -> str | None:
@@ -95,7 +103,7 @@ def _warm(opts: BenchOptions, address: str | None, http: str | None, workload: W
         finally:
             await backend.close()
 
-    return asyncio.run(go())
+    return _run(go)
 
 
 def _summary(opts: BenchOptions, workload: Workload, result: RunResult, rate: float | None) -> dict:

@@ -112,7 +112,7 @@ def run_service(parse: Callable[[], Config], serve: Callable[[Config], Awaitable
     ``EXIT_PORT_IN_USE``; Ctrl-C before serving is 130."""
     logging.getLogger("grpc._cython.cygrpc").addFilter(QuietCancelledCalls())
     try:
-        anyio.run(serve, parse(), backend_options={"use_uvloop": _uvloop_available()})
+        anyio.run(serve, parse(), backend_options={"use_uvloop": uvloop_available()})
     except BaseException as raised:
         exc = _sole_cause(raised)  # a task group wraps even a single error in a group
         if isinstance(exc, KeyboardInterrupt):
@@ -124,10 +124,10 @@ def run_service(parse: Callable[[], Config], serve: Callable[[Config], Awaitable
     return 0
 
 
-def _uvloop_available() -> bool:
-    """Services run on uvloop where it is installed: each grpc.aio call hops between gRPC's poller thread
-    and the loop, and uvloop makes those hops cheaper (the mesh's prompt phase: 0.65x -> 0.72x of the
-    in-process engine on 2 cores, bench/README.md)."""
+def uvloop_available() -> bool:
+    """Services (and the load generator) run on uvloop where it is installed: each grpc.aio call hops
+    between gRPC's poller thread and the loop, and uvloop makes those hops cheaper (the mesh's prompt phase:
+    0.65x -> 0.72x of the in-process engine on 2 cores, bench/README.md)."""
     return importlib.util.find_spec("uvloop") is not None
 
 
