@@ -251,9 +251,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free now and stays free until a child binds it.
 
     A port from ``bind(("", 0))`` lies in the kernel's ephemeral range, which every outgoing connection and
-    every ``bind(0)`` (UCX listeners of NIXL agents, gRPC's own) also draws from, so between this call and the
-    child's bind, seconds later, another process could take it. Ports below that range are only taken by
-    explicit request, so pick one there at random and check that it binds.
+    every ``bind(0)`` also draws from, so between this call and the child's bind, seconds later, another
+    process could take it. Below that range only explicit binds land, so pick one there at random and check
+    that it binds. Explicit binds at random ports still happen (a NIXL agent's UCX listeners were seen at
+    29075), so a child whose port was taken exits with ``EXIT_PORT_IN_USE`` and ``start`` tries again.
     """
     low = _ephemeral_range()[0]
     if low > _FIRST_PICKED_PORT + 1000:

@@ -48,11 +48,11 @@ class SchedulerServiceConfig:
     # A worker that does not answer a step within this many seconds is declared dead.
     step_timeout_s: float = 120.0
     # Plan a worker's next step while its current one runs (mesh.py, Scheduler.expect): "all" behind every
-    # plan (async scheduling, as vLLM v1), "known" only behind plans that sample nothing (prompt chunks),
-    # "off" never. "auto": "all" for workers on a GPU, where the scheduler's work overlaps the forward pass
-    # for free; "known" for CPU workers, whose forward pass uses every core, so that planning and streaming
-    # beside it slow its steps (on 2 cores: decode TBT under a burst 2.7-3.3x steady with "all", 1.8-2.3x
-    # with "known"; bench/README.md, "Step pipelining").
+    # plan (async scheduling, as vLLM v1), "prompts" behind plans without a decode (their samples are first
+    # tokens), "known" only behind plans that sample nothing (prompt chunks), "off" never. "auto": "all" for
+    # workers on a GPU, where the scheduler's work overlaps the forward pass for free; "prompts" for CPU
+    # workers, whose forward pass uses every core, so that planning ahead of decodes (streaming every running
+    # request's token beside it) slows their steps (bench/README.md, "Step pipelining", "Mesh overhead").
     step_pipelining: str = "auto"
 
     def __post_init__(self) -> None:

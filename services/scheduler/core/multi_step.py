@@ -42,4 +42,3 @@ class MultiStep:
             rows = sum(e >= j for e in extra)
             seconds += predict(rows, rows)
         return seconds
-
