@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common.errors import EXIT_PORT_IN_USE, Unavailable
+from services.common.errors import EXIT_PORT_IN_USE, InvalidArgument, Unavailable
 from services.engine.runner import resolve_model_dir
 
 
@@ -44,12 +44,23 @@ class MeshOptions:
     # Where children write their logs; None = inherit this process's stdout and stderr.
     log_dir: Path | None = None
     startup_timeout_s: float = 300.0
+    # Torch threads per worker; 0 = this machine's cores split evenly across the workers. Fewer leave cores
+    # to the scheduler and clients: on a CPU box their work then never waits inside a forward pass
+    # (bench/README.md, "Worker threads": burst tails halve on 2 cores, big batches lose throughput).
+    torch_threads: int = 0
 
     @property
     def worker_roles(self) -> list[str]:
         if self.mode == "colocated":
             return ["decode"] * self.num_decode
         return ["prefill"] * self.num_prefill + ["decode"] * self.num_decode
+
+
+def worker_threads(options: MeshOptions, cpus: int) -> int:
+    """Torch threads each worker gets: the caller's choice, or the cores split evenly across the workers."""
+    if options.torch_threads < 0:
+        raise InvalidArgument(f"torch_threads must be >= 0 (0 = split the cores), got {options.torch_threads}")
+    return options.torch_threads or max(1, cpus // max(1, len(options.worker_roles)))
 
 
 @dataclass
@@ -116,7 +127,7 @@ class LocalMesh:
                                   str(grpc_port), "--http-port", str(http_port or 0), *mode_args,
                                   *o.scheduler_args])
         self._wait(lambda stub: True, "the scheduler to answer")
-        threads = max(1, (os.cpu_count() or 1) // max(1, len(o.worker_roles)))
+        threads = worker_threads(o, os.cpu_count() or 1)
         for i, role in enumerate(o.worker_roles):
             metrics_port = free_port(o.host)
             self._spawn(f"{role}-{i}", [f"services.{role}", "--model", model, "--host", o.host, "--scheduler",

@@ -33,6 +33,7 @@ def _csv(kind):
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
+    from seawall.commands.up import add_torch_threads_flag
     from services.scheduler.main import add_scheduling_flags
 
     g = p.add_argument_group("target: a running mesh, or --spawn one per policy")
@@ -50,6 +51,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode", type=int, default=1, help="decode workers when disaggregated (default 1)")
     add_scheduling_flags(g)
     g.add_argument("--device", default="auto", help="workers' torch device (default auto)")
+    add_torch_threads_flag(g)
     g.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     g.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent")
     g.add_argument("--kvcache", action="store_true", help="also start the kvcache service (multi-turn reuse)")
@@ -158,7 +160,8 @@ def mesh_options(args: argparse.Namespace, policy: str):
     return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
                        num_decode=args.workers if colocated else args.decode, grpc_port=0,
                        http_port=0 if args.api == "http" else None, scheduler_args=sched, worker_args=workers,
-                       kvcache=args.kvcache, kvcache_args=["--no-nixl"] if args.no_nixl else [])
+                       kvcache=args.kvcache, kvcache_args=["--no-nixl"] if args.no_nixl else [],
+                       torch_threads=args.torch_threads)
 
 
 def mesh_flags(args: argparse.Namespace) -> list[str]:
@@ -167,7 +170,7 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
                  f"--prefill {args.prefill} --decode {args.decode}")
     if args.decode_steps != 1:
         flags.append(f"--decode-steps {args.decode_steps}")
-    for name in ("max_num_batched_tokens", "preemption_mode", "kv_cache_bytes"):
+    for name in ("max_num_batched_tokens", "preemption_mode", "kv_cache_bytes", "torch_threads"):
         if getattr(args, name):
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])

@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, help="hybrid workers when colocated (default 1)")
     add_scheduling_flags(p)
     p.add_argument("--device", default="auto", help="workers' torch device: cpu, cuda, cuda:N or auto")
+    add_torch_threads_flag(p)
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
     p.add_argument("--storage-gbps", type=float, default=0.0,
@@ -56,6 +57,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run FILE's Seawall services (docker-compose.yml) as local processes instead; its "
                    "commands and ${VARS} set the topology, so the flags above do not apply")
     p.set_defaults(func=run)
+
+
+def torch_threads(value: str) -> int:
+    """``--torch-threads``: a count >= 0, refused by argparse in one line otherwise."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0 = split the cores), got {value!r}")
+    return n
+
+
+def add_torch_threads_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--torch-threads", type=torch_threads, default=0, metavar="N",
+                   help="torch threads per worker (default 0: the cores split across the workers). On a CPU "
+                        "box, fewer leave a core to the scheduler and clients: steadier token gaps, less "
+                        "throughput on big batches")
 
 
 def options_from(args: argparse.Namespace) -> MeshOptions:
@@ -81,7 +100,8 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
     return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
                        num_decode=args.workers if colocated else args.decode, host=args.host,
                        grpc_port=args.grpc_port, http_port=args.http_port, scheduler_args=sched,
-                       worker_args=workers, kvcache=not args.no_kvcache, kvcache_args=kvcache)
+                       worker_args=workers, kvcache=not args.no_kvcache, kvcache_args=kvcache,
+                       torch_threads=args.torch_threads)
 
 
 def run(args: argparse.Namespace) -> int:

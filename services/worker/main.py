@@ -87,7 +87,8 @@ async def serve(config: WorkerConfig) -> None:
                worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name)
     port = await server.start(config.host, config.port)
     address = f"{advertise_host}:{port}"
-    log.info("%s worker serving on %s (%d device blocks)", config.role, address, runner.kv.num_blocks)
+    log.info("%s worker serving on %s (%d device blocks, %d torch thread(s))", config.role, address,
+             runner.kv.num_blocks, torch_thread.num_threads)
     try:
         if config.scheduler_address:
             await register(config.scheduler_address, address, servicer.info())

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from seawall.launcher import LocalMesh, MeshOptions, free_port
-from services.common.errors import Unavailable
+from seawall.launcher import LocalMesh, MeshOptions, free_port, worker_threads
+from services.common.errors import InvalidArgument, Unavailable
 
 
 def test_free_ports_lie_below_the_ephemeral_range_where_no_bind_0_or_connect_can_take_them():
@@ -21,6 +21,31 @@ def test_free_ports_lie_below_the_ephemeral_range_where_no_bind_0_or_connect_can
     assert len(set(ports)) > 40  # drawn at random, so two launchers rarely pick the same one
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[0]))  # and it is free
+
+
+def test_workers_split_the_cores_unless_told_how_many_torch_threads_to_use():
+    colocated = MeshOptions(mode="colocated", num_decode=1)
+    disaggregated = MeshOptions(num_prefill=1, num_decode=2)
+    assert worker_threads(colocated, cpus=2) == 2
+    assert worker_threads(disaggregated, cpus=8) == 2  # three workers: 8 // 3
+    assert worker_threads(disaggregated, cpus=2) == 1  # never zero
+    assert worker_threads(MeshOptions(mode="colocated", torch_threads=1), cpus=2) == 1  # a core left over
+    with pytest.raises(InvalidArgument, match="torch_threads must be >= 0"):
+        worker_threads(MeshOptions(torch_threads=-1), cpus=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_worker_runs_with_the_torch_threads_it_was_given(tiny_model_dir, tmp_path):
+    options = MeshOptions(model=str(tiny_model_dir), mode="colocated", grpc_port=0, http_port=None,
+                          log_dir=tmp_path / "logs", startup_timeout_s=60, torch_threads=1)
+    with LocalMesh(options) as mesh:
+        from seawall import Client
+
+        with Client(mesh.grpc_address) as client:
+            assert len(client.generate([1, 2, 3], max_tokens=3, temperature=0).token_ids) == 3
+    log = (tmp_path / "logs" / "decode-0.log").read_text()
+    assert "decode worker serving on" in log and "1 torch thread(s)" in log
 
 
 @pytest.mark.slow

@@ -71,3 +71,10 @@ def test_up_with_a_bad_scheduling_flag_says_so_before_starting_anything():
     assert proc.returncode == 2
     assert "--decode-steps must be >= 1" in proc.stderr and "Traceback" not in proc.stderr
     assert "mesh" not in proc.stdout  # nothing was started
+
+
+def test_up_with_a_negative_torch_thread_count_says_so():
+    proc = subprocess.run([sys.executable, "-m", "seawall", "up", "--torch-threads", "-2"], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2
+    assert "--torch-threads: expected a whole number >= 0" in proc.stderr and "Traceback" not in proc.stderr
