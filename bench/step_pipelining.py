@@ -3,7 +3,7 @@
 ``all`` plans a worker's next step right behind every plan, decodes included (async scheduling, the core's
 ``expect``); ``prompts`` behind every plan without a decode (its samples are first tokens); ``known`` only
 behind a plan that samples nothing (prompt chunks short of the prompt's end); ``off`` waits for every result
-(services/scheduler/mesh.py). The default, ``auto``, is ``all`` for GPU workers and ``prompts`` for CPU ones.
+(services/scheduler/mesh.py). The default, ``auto``, is ``all`` (on CPU workers it was ``prompts`` until 2026-11-30).
 
 Workload: ``--num-requests`` (6) prompts of ``--prompt-len`` (1536) random token ids, ``--output-len`` (2)
 tokens each, all submitted at once to the default disaggregated topology (one prefill worker, one decode

@@ -76,8 +76,7 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-pipelining", choices=STEP_PIPELINING, default="auto",
                    help="plan a worker's next step before its current result: behind every step (all: async "
                         "scheduling), behind steps without decodes (prompts), behind prompt chunks that sample "
-                        "nothing only (known), never (off), or auto (default: all for GPU workers, prompts for "
-                        "CPU workers)")
+                        "nothing only (known), never (off), or auto (default: all)")
 
 
 def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> list[str]:

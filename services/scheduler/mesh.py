@@ -259,11 +259,9 @@ class Mesh:
     def _plans_ahead_of(self, link: WorkerLink) -> str:
         """The worker's effective ``--step-pipelining``: behind which plans the next one is sent at once. "all":
         every plan; "prompts": plans whose samples are first tokens of prompts, not decodes; "known": plans
-        that sample nothing; "off": none."""
+        that sample nothing; "off": none. "auto" is "all" on every device (config.py says why)."""
         setting = self.config.step_pipelining
-        if setting == "auto":
-            return "all" if link.info.device.startswith("cuda") else "prompts"
-        return setting
+        return "all" if setting == "auto" else setting
 
     def _finish_step(self, link: WorkerLink, step: _InFlight, msg) -> None:
         link.num_steps += 1

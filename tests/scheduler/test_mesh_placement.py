@@ -87,7 +87,7 @@ async def test_decode_placement_by_token_load_with_room():
 
 
 @pytest.mark.parametrize(("setting", "device", "ahead"), [
-    ("auto", "cuda:0", "all"), ("auto", "cpu", "prompts"), ("all", "cpu", "all"), ("known", "cuda:0", "known"),
+    ("auto", "cuda:0", "all"), ("auto", "cpu", "all"), ("all", "cpu", "all"), ("known", "cuda:0", "known"),
     ("prompts", "cuda:0", "prompts"), ("off", "cuda:0", "off"),
 ])
 async def test_step_pipelining_by_setting_and_worker_device(setting, device, ahead):
