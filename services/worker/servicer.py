@@ -83,21 +83,46 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         return await self._step(request, context)
 
     async def StepStream(self, request_iterator, context):
-        # Reads with context.read() rather than the iterator, racing each read against shutdown: a worker
-        # told to stop (SIGTERM) ends the stream cleanly while the scheduler still holds it open.
-        while True:
-            read = asyncio.ensure_future(context.read())
-            await asyncio.wait([read, self._closing], return_when=asyncio.FIRST_COMPLETED)
-            if not read.done():
-                read.cancel()
-                return
-            plan = read.result()
-            if plan is grpc.aio.EOF:
-                return
-            yield await self._step(plan, context)
+        # Each plan starts its step as soon as it is read (steps run one at a time, in order, under the lock):
+        # a plan the scheduler sent ahead then runs right behind the step before it, instead of after that
+        # step's result is written and the next plan read, which left the forward pass idle ~1 ms a step.
+        steps: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
+        reader = asyncio.ensure_future(self._read_plans(context, steps))
+        try:
+            while (step := await steps.get()) is not None:
+                yield await step
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception()
+        finally:
+            reader.cancel()
+            while not steps.empty():
+                if (step := steps.get_nowait()) is not None:
+                    step.cancel()
+
+    async def _read_plans(self, context, steps: asyncio.Queue) -> None:
+        """Starts a step per plan read; None once the stream ends. Reads with context.read() rather than the
+        iterator, racing each read against shutdown: a worker told to stop (SIGTERM) ends the stream cleanly
+        while the scheduler still holds it open."""
+        try:
+            while True:
+                read = asyncio.ensure_future(context.read())
+                await asyncio.wait([read, self._closing], return_when=asyncio.FIRST_COMPLETED)
+                if not read.done():
+                    read.cancel()
+                    return
+                plan = read.result()
+                if plan is grpc.aio.EOF:
+                    return
+                step = asyncio.ensure_future(self._step(plan, context))
+                # A step left behind when the stream ends (its caller gone) still finishes: retrieve its
+                # outcome so that asyncio does not log it as never retrieved.
+                step.add_done_callback(lambda f: f.cancelled() or f.exception())
+                steps.put_nowait(step)
+        finally:
+            steps.put_nowait(None)
 
     def close_streams(self) -> None:
-        """Ends every open step stream after its current step (called on shutdown)."""
+        """Ends every open step stream after the steps it has already read (called on shutdown)."""
         if not self._closing.done():
             self._closing.set_result(None)
 
