@@ -45,8 +45,8 @@ class MeshOptions:
     log_dir: Path | None = None
     startup_timeout_s: float = 300.0
     # Torch threads per worker; 0 = this machine's cores split evenly across the workers. Fewer leave cores
-    # to the scheduler and clients: on a CPU box their work then never waits inside a forward pass
-    # (bench/README.md, "Worker threads": burst tails halve on 2 cores, big batches lose throughput).
+    # to other work on the box (scheduler, clients, other services); bench/README.md, "Worker threads", has
+    # what that did on 2 cores.
     torch_threads: int = 0
 
     @property

@@ -72,9 +72,8 @@ def torch_threads(value: str) -> int:
 
 def add_torch_threads_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-threads", type=torch_threads, default=0, metavar="N",
-                   help="torch threads per worker (default 0: the cores split across the workers). On a CPU "
-                        "box, fewer leave a core to the scheduler and clients: steadier token gaps, less "
-                        "throughput on big batches")
+                   help="torch threads per worker (default 0: the cores split across the workers); fewer "
+                        "leave cores to other work on the box (scheduler, clients, other services)")
 
 
 def options_from(args: argparse.Namespace) -> MeshOptions:
