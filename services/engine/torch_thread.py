@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 import anyio
@@ -31,6 +31,18 @@ class TorchThread:
                                         initargs=(n,))
         self.num_threads = n
         self.call(lambda: None)  # start the thread now, so its setting is in place before any work
+
+    @classmethod
+    def plain(cls) -> TorchThread:
+        """One thread for the work, leaving torch's thread settings as they are (tests, tools)."""
+        self = cls.__new__(cls)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="torch")
+        self.num_threads = torch.get_num_threads()
+        return self
+
+    def submit(self, fn: Callable[..., T], *args) -> Future:
+        """Queues ``fn(*args)`` behind the work already queued; it starts the moment that work ends."""
+        return self._pool.submit(fn, *args)
 
     def call(self, fn: Callable[..., T], *args) -> T:
         """Runs ``fn(*args)`` on the torch thread and waits for it (for start-up, before an event loop)."""

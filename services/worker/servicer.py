@@ -1,8 +1,9 @@
 """The Worker gRPC service: runs step plans on the engine and moves KV blocks by id.
 
-A thin shell (STYLE §1): protos are converted at the edge, steps run one at a time on a worker thread (the
-forward pass holds the GIL only between kernels, so health checks and KV transfers keep being served), and
-sequence state changes that arrive between steps (Free, Abort) wait for the running step to end.
+A thin shell (STYLE §1): protos are converted at the edge; steps run one at a time, in the order their plans
+came, on the torch thread (the forward pass holds the GIL only between kernels, so health checks and KV
+transfers keep being served), and sequence state changes (Free, Abort) run there too, after the steps queued
+before them.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import asyncio
 import logging
 import time
 
-import anyio
-import anyio.to_thread
 import grpc
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Histogram
@@ -59,10 +58,11 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         self.tracing = tracing or Tracing(trace.NoOpTracer())
         self._traces = SequenceTraces(self.tracing.tracer, f"{config.role}@{config.name or config.host}")
         self.runner = runner
-        # Steps run on the process's torch thread (torch_thread.py says why); anyio's pool where there is none.
-        self._run_torch = torch_thread.run if torch_thread is not None else anyio.to_thread.run_sync
+        # Steps, and the sequence state changes between them (Free, Abort), run on the process's torch thread
+        # (torch_thread.py says why), one at a time in the order they came: that thread owns the runner's
+        # state, so nothing else needs a lock, and a step queued behind another starts the moment it ends.
+        self._torch = torch_thread or TorchThread.plain()
         self.agent = agent
-        self._lock = anyio.Lock()  # one step (or state change) at a time
         self._scheduler_id = ""
         self._closing: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -83,7 +83,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         return await self._step(request, context)
 
     async def StepStream(self, request_iterator, context):
-        # Each plan starts its step as soon as it is read (steps run one at a time, in order, under the lock):
+        # Each plan queues its step as soon as it is read (steps run one at a time, in order, on the torch thread):
         # a plan the scheduler sent ahead then runs right behind the step before it, instead of after that
         # step's result is written and the next plan read, which left the forward pass idle ~1 ms a step.
         steps: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
@@ -131,26 +131,33 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
             plan = plan_from_proto(msg)
         except SeawallError as exc:
             await abort_with(context, exc)
-        async with self._lock:
-            if msg.scheduler_id != self._scheduler_id:
-                # A new scheduler (or a reconnect after a failure) knows nothing of what we hold.
-                self.runner.seqs.clear()
-                self._traces.drop_all()
-                self._scheduler_id = msg.scheduler_id
-            started = time.perf_counter()
-            if self.tracing.enabled:
-                start_ns, traced = self._traces.begin_step(msg, self.runner.seqs)
-            try:
-                result = await self._run_torch(self.runner.execute, plan)
-            except SeawallError as exc:
-                await abort_with(context, exc)
-            except KeyError as exc:  # the plan names a sequence this worker never saw: a scheduler bug
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            seconds = time.perf_counter() - started
-            self._observe_step(plan, result, seconds)
-            if self.tracing.enabled:
-                self._traces.end_step(start_ns, traced, msg.step_id)
-            return result_to_proto(result, seconds)
+        # Queued before the first await, so steps run in the order their plans were read. Shielded: a step is
+        # never abandoned halfway (nor dropped from the queue) because its caller went away.
+        queued = asyncio.wrap_future(self._torch.submit(self._run_step, msg, plan))
+        try:
+            result, seconds = await asyncio.shield(queued)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        except KeyError as exc:  # the plan names a sequence this worker never saw: a scheduler bug
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        self._observe_step(plan, result, seconds)
+        return result_to_proto(result, seconds)
+
+    def _run_step(self, msg: worker_pb2.StepPlan, plan) -> tuple:
+        """On the torch thread: one step, with the state changes and spans around it."""
+        if msg.scheduler_id != self._scheduler_id:
+            # A new scheduler (or a reconnect after a failure) knows nothing of what we hold.
+            self.runner.seqs.clear()
+            self._traces.drop_all()
+            self._scheduler_id = msg.scheduler_id
+        started = time.perf_counter()
+        if self.tracing.enabled:
+            start_ns, traced = self._traces.begin_step(msg, self.runner.seqs)
+        result = self.runner.execute(plan)
+        seconds = time.perf_counter() - started
+        if self.tracing.enabled:
+            self._traces.end_step(start_ns, traced, msg.step_id)
+        return result, seconds
 
     def _observe_step(self, plan, result, seconds: float) -> None:
         m = self.metrics
@@ -229,6 +236,9 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         return worker_pb2.FreeResponse(unknown_seq_ids=await self._drop(request.seq_ids))
 
     async def _drop(self, seq_ids) -> list[str]:
-        async with self._lock:
-            self._traces.drop(seq_ids)
-            return [s for s in seq_ids if self.runner.seqs.pop(s, None) is None]
+        return await self._torch.run(self._drop_now, list(seq_ids))
+
+    def _drop_now(self, seq_ids: list[str]) -> list[str]:
+        """On the torch thread, after the steps queued before it."""
+        self._traces.drop(seq_ids)
+        return [s for s in seq_ids if self.runner.seqs.pop(s, None) is None]

@@ -1,8 +1,10 @@
-"""The worker's step stream: a plan the scheduler sent ahead starts right behind the step before it."""
+"""The worker's step stream: steps run in plan order on the torch thread, and a plan the scheduler sent
+ahead starts the moment the step before it ends."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 
 import anyio
@@ -11,6 +13,7 @@ import pytest
 
 from seawall.v1 import worker_pb2
 from services.common.step import StepResult
+from services.engine.torch_thread import TorchThread
 from services.worker.config import WorkerConfig
 from services.worker.servicer import WorkerServicer
 
@@ -22,29 +25,30 @@ def anyio_backend():
     return "asyncio"
 
 
-class _Runner:
-    """Runs nothing: records each step as it runs."""
-
+class _Seqs(dict):
     def __init__(self, log: list) -> None:
-        self.seqs: dict = {}
-        self.kv = SimpleNamespace(layout=SimpleNamespace(bytes_per_block=1))
+        super().__init__()
         self.log = log
+
+    def pop(self, key, default=None):
+        self.log.append(("drop", key))
+        return super().pop(key, default)
+
+
+class _Runner:
+    """Runs nothing: records each step (and each sequence dropped) as it happens."""
+
+    def __init__(self) -> None:
+        self.log: list = []
+        self.seqs = _Seqs(self.log)
+        self.kv = SimpleNamespace(layout=SimpleNamespace(bytes_per_block=1))
+        self.hold: dict[int, threading.Event] = {}  # step id -> released when set
 
     def execute(self, plan) -> StepResult:
+        if plan.step_id in self.hold:
+            self.hold[plan.step_id].wait(10)
         self.log.append(("run", plan.step_id))
         return StepResult(plan.step_id)
-
-
-class _InlineTorch:
-    """The torch thread, inline: records when a step is handed to it."""
-
-    def __init__(self, log: list) -> None:
-        self.log = log
-
-    async def run(self, fn, *args):
-        self.log.append(("start", args[0].step_id))
-        await asyncio.sleep(0)  # a real hand-off suspends the caller
-        return fn(*args)
 
 
 class _Context:
@@ -58,35 +62,61 @@ class _Context:
         return ()
 
 
+def _servicer(runner: _Runner) -> WorkerServicer:
+    return WorkerServicer(WorkerConfig(), runner, None, torch_thread=TorchThread.plain())
+
+
 def _plan(step_id: int) -> worker_pb2.StepPlan:
     return worker_pb2.StepPlan(step_id=step_id, scheduler_id="s")
 
 
-async def test_a_plan_read_ahead_starts_before_the_result_ahead_of_it_is_yielded():
-    log: list = []
-    servicer = WorkerServicer(WorkerConfig(), _Runner(log), None, torch_thread=_InlineTorch(log))
+async def _until(condition) -> None:
+    with anyio.fail_after(5):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+async def test_a_plan_read_ahead_runs_without_waiting_for_the_result_before_it_to_go_out():
+    runner = _Runner()
     context = _Context()
     for step_id in (1, 2):
         context.plans.put_nowait(_plan(step_id))
-    stream = servicer.StepStream(None, context)
-    first = await stream.__anext__()
-    assert first.step_id == 1
+    stream = _servicer(runner).StepStream(None, context)
+    assert (await stream.__anext__()).step_id == 1
     # Nobody asks for the next result (as while grpc writes this one out), and step 2 runs all the same: the
     # forward passes run back to back instead of waiting for a write and a read in between.
-    with anyio.fail_after(5):
-        while ("run", 2) not in log:
-            await asyncio.sleep(0.001)
-    assert log == [("start", 1), ("run", 1), ("start", 2), ("run", 2)]
+    await _until(lambda: ("run", 2) in runner.log)
     assert (await stream.__anext__()).step_id == 2
     context.plans.put_nowait(grpc.aio.EOF)
     with pytest.raises(StopAsyncIteration):
         await stream.__anext__()
-    assert log == [("start", 1), ("run", 1), ("start", 2), ("run", 2)]
+    assert runner.log == [("run", 1), ("run", 2)]
+
+
+async def test_a_free_runs_after_the_steps_read_before_it():
+    runner = _Runner()
+    runner.hold[1] = threading.Event()
+    servicer = _servicer(runner)
+    context = _Context()
+    for step_id in (1, 2):
+        context.plans.put_nowait(_plan(step_id))
+    stream = servicer.StepStream(None, context)
+    first = asyncio.ensure_future(stream.__anext__())
+    await _until(lambda: context.plans.empty())  # both plans read; step 1 is running, step 2 queued
+    free = asyncio.ensure_future(servicer.Free(worker_pb2.FreeRequest(seq_ids=["a"]), context))
+    await asyncio.sleep(0.05)
+    assert runner.log == []  # step 1 still holds the thread; nothing ran out of order meanwhile
+    runner.hold[1].set()
+    assert (await first).step_id == 1
+    assert list((await free).unknown_seq_ids) == ["a"]
+    assert runner.log == [("run", 1), ("run", 2), ("drop", "a")]
+    assert (await stream.__anext__()).step_id == 2
+    await stream.aclose()
 
 
 async def test_results_come_back_in_plan_order_and_shutdown_ends_the_stream_after_the_steps_read():
-    log: list = []
-    servicer = WorkerServicer(WorkerConfig(), _Runner(log), None, torch_thread=_InlineTorch(log))
+    runner = _Runner()
+    servicer = _servicer(runner)
     context = _Context()
     for step_id in range(1, 6):
         context.plans.put_nowait(_plan(step_id))
@@ -95,13 +125,12 @@ async def test_results_come_back_in_plan_order_and_shutdown_ends_the_stream_afte
     servicer.close_streams()
     rest = [result.step_id async for result in stream]
     assert rest == [4, 5]  # read before the shutdown: they run and their results go out
-    assert [e for e in log if e[0] == "run"] == [("run", i) for i in range(1, 6)]
+    assert runner.log == [("run", i) for i in range(1, 6)]
 
 
 async def test_a_step_that_fails_ends_the_stream_with_its_error():
-    log: list = []
-    runner = _Runner(log)
-    servicer = WorkerServicer(WorkerConfig(), runner, None, torch_thread=_InlineTorch(log))
+    runner = _Runner()
+    servicer = _servicer(runner)
 
     def fail(plan):
         raise KeyError(f"seq-{plan.step_id}")
