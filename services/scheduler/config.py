@@ -53,7 +53,8 @@ class SchedulerServiceConfig:
     # default) is "all" on every device. On a GPU the scheduler's work overlaps the forward pass for free. On
     # a 2-core CPU box, where the forward pass shares the cores with the scheduler, "all" once cost decode
     # latency, and "auto" meant "prompts" there; re-measured after later changes to the mesh, "all" wins on
-    # the CPU too: lower p99 TBT in 7 of 7 paired burst runs (bench/README.md, "Step pipelining").
+    # the CPU too under bursts (lower p99 TBT in 11 of 11 paired runs), while "prompts" keeps ~3 % more
+    # throughput on big batches (bench/README.md, "Step pipelining").
     step_pipelining: str = "auto"
 
     def __post_init__(self) -> None:
