@@ -134,6 +134,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         # Queued before the first await, so steps run in the order their plans were read. Shielded: a step is
         # never abandoned halfway (nor dropped from the queue) because its caller went away.
         queued = asyncio.wrap_future(self._torch.submit(self._run_step, msg, plan))
+        queued.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if we stop waiting
         try:
             result, seconds = await asyncio.shield(queued)
         except SeawallError as exc:
