@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from seawall.offline.batch import run_batch
     from seawall.offline.engine import OfflineEngine
+    from services.scheduler.main import as_flag
 
     lines = _read_lines(args.input)
     try:
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                                 tbt_target_s=args.tbt_target_s, mlfq=MLFQ_PRESETS[args.mlfq](),
                                 num_decode_steps=args.decode_steps)
     except ValueError as exc:
-        raise InvalidArgument(str(exc)) from exc
+        raise InvalidArgument(as_flag(str(exc))) from exc
     engine = OfflineEngine(
         EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
                      kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes),

@@ -108,10 +108,10 @@ def core_config_from(args: argparse.Namespace) -> SchedulerConfig:
                                enable_prefix_caching=not args.no_prefix_caching, tbt_target_s=args.tbt_target_s,
                                mlfq=_mlfq(args), num_decode_steps=args.decode_steps)
     except ValueError as exc:
-        raise InvalidArgument(_as_flag(str(exc))) from None
+        raise InvalidArgument(as_flag(str(exc))) from None
 
 
-def _as_flag(message: str) -> str:
+def as_flag(message: str) -> str:
     """``num_decode_steps must be ...`` -> ``--decode-steps must be ...``: the name the user typed."""
     name, _, rest = message.partition(" ")
     name = name.removeprefix("mlfq.")

@@ -244,7 +244,7 @@ class Mesh:
     async def _send(self, link: WorkerLink, call, plan: StepPlan, pipelined: bool) -> _InFlight:
         # A prefill worker's sampled token hands the request off, so its core must not plan a decode after it.
         hands_off = link.role == "prefill" and self.config.mode == "disaggregated"
-        ahead = "off" if hands_off else self._plans_ahead_of(link)
+        ahead = "off" if hands_off else self._plans_ahead()
         expected = self._depth > 1 and (ahead == "all" or not link.core.samples(plan)
                                         or (ahead == "prompts" and not link.core.samples_a_decode(plan)))
         step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(), expected)
@@ -256,8 +256,8 @@ class Mesh:
             link.core.expect(plan)
         return step
 
-    def _plans_ahead_of(self, link: WorkerLink) -> str:
-        """The worker's effective ``--step-pipelining``: behind which plans the next one is sent at once. "all":
+    def _plans_ahead(self) -> str:
+        """The effective ``--step-pipelining``: behind which plans the next one is sent at once. "all":
         every plan; "prompts": plans whose samples are first tokens of prompts, not decodes; "known": plans
         that sample nothing; "off": none. "auto" is "all" on every device (config.py says why)."""
         setting = self.config.step_pipelining

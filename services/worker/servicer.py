@@ -94,10 +94,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
                 raise reader.exception()
         finally:
-            reader.cancel()
-            while not steps.empty():
-                if (step := steps.get_nowait()) is not None:
-                    step.cancel()
+            reader.cancel()  # steps already read still run (_step): the scheduler may count on their KV
 
     async def _read_plans(self, context, steps: asyncio.Queue) -> None:
         """Starts a step per plan read; None once the stream ends. Reads with context.read() rather than the
@@ -114,8 +111,8 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
                 if plan is grpc.aio.EOF:
                     return
                 step = asyncio.ensure_future(self._step(plan, context))
-                # A step left behind when the stream ends (its caller gone) still finishes: retrieve its
-                # outcome so that asyncio does not log it as never retrieved.
+                # A step whose stream ended (its caller gone) still finishes: read its outcome so that
+                # asyncio does not log it as never retrieved.
                 step.add_done_callback(lambda f: f.cancelled() or f.exception())
                 steps.put_nowait(step)
         finally:

@@ -144,3 +144,11 @@ def test_a_request_the_pool_can_never_hold_is_refused_up_front(tmp_path, tiny_mo
     assert big["response"]["status_code"] == 429 and "lower max_tokens" in big["error"]["message"]
     assert fits["response"]["status_code"] == 200
     assert len(fits["response"]["body"]["choices"][0]["token_ids"]) == 20
+
+
+@pytest.mark.parametrize(("flags", "message"), [(["--decode-steps", "0"], "--decode-steps must be >= 1"),
+                                                (["--chunk-size", "0"], "--chunk-size must be >= 1")])
+def test_a_bad_scheduling_flag_is_named_as_typed(tmp_path, tiny_model_dir, capsys, flags, message):
+    code, out = _run(tmp_path, tiny_model_dir, [_req("a", prompt="hi", max_tokens=1)], *flags)
+    assert code == 2 and out == []
+    assert message in capsys.readouterr().err
