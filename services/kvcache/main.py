@@ -19,6 +19,7 @@ import anyio
 import anyio.to_thread
 
 from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
+from services.common import gc_pauses
 from services.common import tracing as tr
 from services.common.grpc_server import Server, run_service, wait_for_shutdown_signal
 from services.common.heap import keep_freed_heap
@@ -114,11 +115,13 @@ async def stop(server: Server, servicer: KVCacheServicer, grace_s: float = _GRAC
 async def serve(config: KVCacheConfig) -> None:
     keep_freed_heap()  # the mover pushes and pulls KV chunks over gRPC: reuse their freed memory
     server, servicer = await start(config)
+    gc_metrics = gc_pauses.after_startup(servicer.metrics.registry)
     log.info("kvcache serving on %s:%d (DRAM %d bytes, disk %s)", config.host, server.port, config.dram_bytes,
              f"{config.disk_bytes} bytes at {config.disk_dir}" if config.disk_dir else "none")
     try:
         await wait_for_shutdown_signal()
     finally:
+        gc_metrics.close()
         with anyio.CancelScope(shield=True):
             await stop(server, servicer)
 

@@ -16,6 +16,7 @@ import anyio
 import uvicorn
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common import gc_pauses
 from services.common.errors import InvalidArgument
 from services.common.grpc_server import Server, run_service, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
@@ -189,7 +190,9 @@ async def serve(config: SchedulerServiceConfig) -> None:
                                            port=config.http_port, log_level="warning", lifespan="off"))
             tg.start_soon(http.serve, [http_socket])
             log.info("OpenAI API on http://%s:%d/v1", config.host, config.http_port)
+        gc_metrics = gc_pauses.after_startup(metrics.registry)
         await wait_for_shutdown_signal()
+        gc_metrics.close()
         if http is not None:
             http.should_exit = True
         await server.stop(grace_s=2.0)

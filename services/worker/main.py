@@ -16,7 +16,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2
-from services.common import grpc_kv
+from services.common import gc_pauses, grpc_kv
 from services.common import tracing as tr
 from services.common.errors import Unavailable
 from services.common.grpc_server import CHANNEL_OPTIONS, Server, run_service, wait_for_shutdown_signal
@@ -89,11 +89,13 @@ async def serve(config: WorkerConfig) -> None:
     address = f"{advertise_host}:{port}"
     log.info("%s worker serving on %s (%d device blocks, %d torch thread(s))", config.role, address,
              runner.kv.num_blocks, torch_thread.num_threads)
+    gc_metrics = gc_pauses.after_startup(registry)
     try:
         if config.scheduler_address:
             await register(config.scheduler_address, address, servicer.info())
         await wait_for_shutdown_signal()
     finally:
+        gc_metrics.close()
         servicer.close_streams()
         await server.stop()
         if agent is not None:

@@ -117,6 +117,11 @@ def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, defau
         assert "seawall_step_seconds" in families[worker] and "seawall_forward_seconds" in families[worker]
     pulled = [s for s in families["decode-1"]["seawall_kv_transfer_bytes"].samples if s.name.endswith("_total")]
     assert any(s.labels["path"] == "nixl" and s.value > 0 for s in pulled)
+    for name, fams in families.items():
+        # Start-up objects are out of the collector's reach (a full collection walked them all: ~100 ms stalls).
+        frozen = fams["seawall_gc_frozen_objects"].samples[0].value
+        assert frozen > 10_000, (name, frozen)
+        assert "seawall_gc_pause_seconds" in fams, name
 
 
 def _pipelined_steps(default_mesh) -> float:
