@@ -22,6 +22,7 @@ COLUMNS = (  # (key, header, scale, format)
     ("ttft_p50", "TTFT p50 ms", 1e3, "{:.0f}"), ("ttft_p99", "TTFT p99 ms", 1e3, "{:.0f}"),
     ("tbt_p50", "TBT p50 ms", 1e3, "{:.1f}"), ("tbt_p99", "TBT p99 ms", 1e3, "{:.1f}"),
     ("max_stall", "max stall ms", 1e3, "{:.0f}"), ("burst_tbt_ratio", "burst/steady", 1, "{:.2f}"),
+    ("burst_tbt_ratio_control", "burst/control", 1, "{:.2f}"),
     ("e2e_mean", "E2E mean s", 1, "{:.2f}"), ("throughput_tok_s", "tok/s", 1, "{:.0f}"),
     ("goodput", "goodput req/s", 1, "{:.2f}"), ("preemptions", "preempt", 1, "{:.0f}"),
     ("kv_blocks_peak", "KV peak", 1, "{:.0f}"),

@@ -211,6 +211,13 @@ def _mooncake(spec: WorkloadSpec) -> Workload:
                               f"{spec.block_tokens} tokens per 512-token block")
 
 
+def without_bursts(workload: Workload) -> Workload:
+    """The burst run's control: the same requests (indices, arrivals, lengths) minus the bursts' own."""
+    members = {i for _, group in workload.bursts for i in group}
+    return Workload([r for r in workload.requests if r.index not in members], [],
+                    f"{workload.description} (control: without its bursts)")
+
+
 def with_rate(spec: WorkloadSpec, rate: float) -> WorkloadSpec:
     """The same workload (same seed, same pattern) at another mean rate."""
     if spec.arrivals.process == "trace":

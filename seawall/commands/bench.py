@@ -118,6 +118,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--hf-baseline", action="store_true",
                    help="also run the requests through transformers (continuous batching) on the same weights")
     g.add_argument("--hf-max-batch", type=int, default=64, help="transformers: requests per batch")
+    g.add_argument("--no-burst-control", action="store_true",
+                   help="burst workload: skip the control run without the burst (it gives the steady state at "
+                        "the burst's own tokens: burst_tbt_ratio_control)")
     g.add_argument("--warmup", type=int, default=4, help="warm-up requests before timing (default 4)")
     g.add_argument("--json", type=Path, default=None, help="write the report here")
     g.add_argument("--html", type=Path, default=None, help="write an HTML report with plots here")
@@ -212,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         policies=policies, rates=args.rates or [], capacity=args.capacity, start_rate=args.start_rate,
         capacity_probes=args.capacity_probes, capacity_tolerance=args.capacity_tolerance, slo_ttft=args.slo_ttft,
         slo_tbt=args.slo_tbt, max_concurrency=args.max_concurrency, warmup=args.warmup,
-        progress=not args.no_progress, hf_baseline=args.hf_baseline, hf_max_batch=args.hf_max_batch,
+        progress=not args.no_progress, burst_control=not args.no_burst_control, hf_baseline=args.hf_baseline, hf_max_batch=args.hf_max_batch,
         model_dir=args.model, mesh_flags=mesh_flags(args) if args.spawn else [])
     report, runs = run_bench(opts, mesh_factory(args) if args.spawn else None)
     print(f"workload: {report['workload']['description']}")

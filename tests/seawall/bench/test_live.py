@@ -31,6 +31,8 @@ def test_spawn_two_policies_writes_json_and_html(tmp_path, capsys):
         assert res["num_decoding_at_burst"] >= 1
         assert res["kv_blocks_peak"] > 0 and res["preemptions"] == 0
         assert res["ttft_p50"] > 0 and res["tbt_p99"] > 0 and res["goodput"] > 0
+        # the control run (no burst, same mesh) was read at the burst's own tokens
+        assert res["control_gaps"] > 0 and res["burst_tbt_ratio_control"] > 0
     assert report["paired"]["sarathi"]["worst_e2e_ratio"] > 0
     assert report["workload"]["bursts"] == [0.4]
     assert html.read_text().count("<svg") == 3

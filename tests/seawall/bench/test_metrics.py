@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from seawall.bench.metrics import RequestRecord, StatsSample, meets_slo, paired, pct, ratios, summarize
+from seawall.bench.metrics import (
+    RequestRecord,
+    StatsSample,
+    control_metrics,
+    meets_slo,
+    paired,
+    pct,
+    ratios,
+    summarize,
+)
 
 
 def rec(index, sent, times, role="", error=None, queue_delay=None):
@@ -46,6 +55,35 @@ def test_stalls_of_requests_decoding_when_the_burst_arrived():
     assert s["burst_tbt_p50"] == pytest.approx(0.1)
     assert s["burst_tbt_p99"] == pytest.approx(pct([0.8, 0.1, 0.1], 99))
     assert s["burst_tbt_ratio"] == pytest.approx(s["burst_tbt_p99"] / 0.1)
+
+
+def test_the_control_run_is_read_at_the_bursts_own_request_and_token_positions():
+    # Gaps grow with the context: 100 ms early on, 200 ms by the time the burst comes. Before it the steady
+    # state looks like 100 ms; the control run (no burst) shows what these very tokens take without one.
+    burst_run = rec(0, 0.0, [0.1, 0.2, 0.3, 0.5, 0.9, 1.1], role="steady")  # tokens 1-6
+    burst_run.chunk_tokens = [1, 1, 1, 1, 1, 1]
+    burst = rec(1, 0.4, [0.95], role="burst")  # window (0.4, 0.95): the gaps ending at tokens 4, 5, 6 overlap it
+    control = rec(0, 0.0, [0.1, 0.2, 0.3, 0.5, 0.7, 0.9], role="steady")
+    other = rec(7, 0.0, [0.1, 0.9])  # another request's gaps are never used
+    c = control_metrics([burst_run, burst], [control, other], bursts=[(0.4, (1,))])
+    assert c["control_gaps"] == 3  # the control's gaps ending at tokens 4, 5 and 6: 200 ms each
+    assert c["control_tbt_p50"] == pytest.approx(0.2) and c["control_tbt_p99"] == pytest.approx(0.2)
+    burst_p99 = pct([0.2, 0.4, 0.2], 99)
+    assert c["burst_tbt_ratio_control"] == pytest.approx(burst_p99 / 0.2)
+    s = summarize([burst_run, burst], bursts=[(0.4, (1,))])
+    assert s["steady_tbt_p50"] == pytest.approx(0.1)  # before the burst: shorter contexts
+    assert s["burst_tbt_ratio"] == pytest.approx(burst_p99 / 0.1)
+
+
+def test_a_chunk_of_several_tokens_is_matched_by_the_token_it_ends_on():
+    run = RequestRecord(0, 0.0, 10, 4, "steady", sent=0.0, chunk_times=[0.1, 0.2, 0.6], chunk_tokens=[1, 2, 1])
+    burst = rec(1, 0.3, [0.55], role="burst")
+    control = RequestRecord(0, 0.0, 10, 4, "steady", sent=0.0, chunk_times=[0.1, 0.2, 0.3, 0.4],
+                            chunk_tokens=[1, 1, 1, 1])
+    c = control_metrics([run, burst], [control], bursts=[(0.3, (1,))])
+    # the burst's gap 0.2 -> 0.6 ends on token 4; the control's gap ending on token 4 is 0.3 -> 0.4
+    assert c["control_gaps"] == 1 and c["control_tbt_p50"] == pytest.approx(0.1)
+    assert control_metrics([run, burst], [], bursts=[(0.3, (1,))])["burst_tbt_ratio_control"] is None
 
 
 def test_goodput_counts_requests_within_both_slos():

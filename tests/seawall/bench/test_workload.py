@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from seawall.bench.arrivals import ArrivalSpec
-from seawall.bench.workload import WorkloadSpec, build, nominal_rate, with_rate
+from seawall.bench.workload import WorkloadSpec, build, nominal_rate, with_rate, without_bursts
 from services.common.errors import InvalidArgument
 
 
@@ -65,6 +65,8 @@ def test_the_burst_scenario():
     assert {r.arrival for r in burst} == {2.0} and {len(r.prompt) for r in burst} == {500}
     assert wl.bursts == [(2.0, (4, 5, 6))]
     assert nominal_rate(spec) is None
+    control = without_bursts(wl)  # the control run: the same steady users, same indices, no burst
+    assert control.requests == steady and control.bursts == []
 
 
 def test_duration_bounds_the_workload():
