@@ -100,14 +100,19 @@ def ttft_cdf(records: list[RequestRecord]) -> list[tuple[float, float]]:
     return [(v, (i + 1) / n) for i, v in enumerate(ttft)]
 
 
-def plots(report: dict, runs: dict[str, list[RequestRecord]]) -> list[str]:
+def plots(report: dict, runs: dict[str, list[RequestRecord]],
+          controls: dict[str, list[RequestRecord]] | None = None) -> list[str]:
+    """The report's figures; ``controls`` (each system's run without the burst) join the TBT timeline, so
+    the burst's gaps show against the same decodes' gaps without it."""
     bursts = report["workload"].get("bursts") or []
     origin = bursts[0] if bursts else 0.0
     span = (-2.0, max(6.0, (bursts[-1] - origin) + 4.0)) if bursts else None
     x_label = "time since the burst, s" if bursts else "time since start, s"
     out = [svg.line_chart("TBT over time (longest gap in each bin)" + (", decodes running at the burst" if bursts
                                                                     else ""),
-                          {n: tbt_timeline(r, origin, span) for n, r in runs.items()}, x_label, "gap, ms",
+                          {**{n: tbt_timeline(r, origin, span) for n, r in runs.items()},
+                           **{f"{n}, no burst": tbt_timeline(r, origin, span) for n, r in (controls or {}).items()}},
+                          x_label, "gap, ms",
                           vlines=[b - origin for b in bursts], step=True),
            svg.line_chart("TTFT CDF", {n: ttft_cdf(r) for n, r in runs.items()}, "TTFT, ms", "fraction of requests")]
     sweep = report.get("sweep") or {}
@@ -134,10 +139,11 @@ def _slo_text(report: dict) -> str:
     return f" ({', '.join(parts)})" if parts else " (no SLO given: every finished request counts)"
 
 
-def write_html(path: Path, report: dict, runs: dict[str, list[RequestRecord]]) -> None:
+def write_html(path: Path, report: dict, runs: dict[str, list[RequestRecord]],
+               controls: dict[str, list[RequestRecord]] | None = None) -> None:
     table = format_table(report["results"], report.get("ratios"))
     meta = {k: report.get(k) for k in ("date", "commit", "command", "target")}
-    figs = "\n".join(f"<figure>{fig}</figure>" for fig in plots(report, runs))
+    figs = "\n".join(f"<figure>{fig}</figure>" for fig in plots(report, runs, controls))
     notes = "".join(f"<li>{escape(n)}</li>" for n in report.get("notes", []))
     html = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>seawall bench</title>

@@ -62,6 +62,7 @@ class System:
     name: str
     summaries: list[dict] = field(default_factory=list)  # one per rate
     records: list[RequestRecord] = field(default_factory=list)  # of the first rate
+    control: list[RequestRecord] = field(default_factory=list)  # the burst workload's run without its burst
     capacity: dict | None = None
 
 
@@ -130,6 +131,7 @@ def _run_system(opts: BenchOptions, name: str, address: str | None, http: str | 
             if opts.burst_control and spec.kind == "burst":
                 spec_c = dataclasses.replace(spec_k, prompt_salt=salt + len(rates))
                 _, control = _measure(opts, address, http, spec_c, f"{system.name} control", control=True)
+                system.control = control.records
                 system.summaries[0].update(control_metrics(result.records, control.records, workload.bursts))
     if opts.capacity:
         counter = iter(range(salt + len(rates) + 1, salt + len(rates) + 10_000))
@@ -157,8 +159,9 @@ def _hf_system(opts: BenchOptions) -> tuple[System, str]:
 
 
 def run_bench(opts: BenchOptions, mesh_factory: MeshFactory | None = None
-              ) -> tuple[dict, dict[str, list[RequestRecord]]]:
-    """Runs every system; returns the report (JSON-ready) and the first-rate records of each system."""
+              ) -> tuple[dict, dict[str, list[RequestRecord]], dict[str, list[RequestRecord]]]:
+    """Runs every system; returns the report (JSON-ready), the first-rate records of each system and those of
+    its control run (burst workload; the systems that had one)."""
     if opts.policies and mesh_factory is None:
         raise InvalidArgument("--policies needs --spawn: the benchmark starts one mesh per policy")
     if mesh_factory is None and not (opts.address or opts.http):
@@ -188,7 +191,8 @@ def run_bench(opts: BenchOptions, mesh_factory: MeshFactory | None = None
         except Exception as exc:  # noqa: BLE001 - the baseline is a row; its failure is reported, not fatal
             log.exception("transformers baseline failed")
             notes.append(f"{HF_NAME}: failed: {type(exc).__name__}: {exc}")
-    return _report(opts, systems, notes), {s.name: s.records for s in systems}
+    return (_report(opts, systems, notes), {s.name: s.records for s in systems},
+            {s.name: s.control for s in systems if s.control})
 
 
 def _report(opts: BenchOptions, systems: list[System], notes: list[str]) -> dict:

@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         slo_tbt=args.slo_tbt, max_concurrency=args.max_concurrency, warmup=args.warmup,
         progress=not args.no_progress, burst_control=not args.no_burst_control, hf_baseline=args.hf_baseline, hf_max_batch=args.hf_max_batch,
         model_dir=args.model, mesh_flags=mesh_flags(args) if args.spawn else [])
-    report, runs = run_bench(opts, mesh_factory(args) if args.spawn else None)
+    report, runs, controls = run_bench(opts, mesh_factory(args) if args.spawn else None)
     print(f"workload: {report['workload']['description']}")
     print(rep.format_table(report["results"], report["ratios"]))
     if any(len(s) > 1 for s in report["sweep"].values()):
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         rep.write_json(args.json, report)
     if args.html:
-        rep.write_html(args.html, report, runs)
+        rep.write_html(args.html, report, runs, controls)
     if args.json or args.html:
         print(f"wrote {', '.join(str(p) for p in (args.json, args.html) if p)}", file=sys.stderr)
     return 0 if any(r["num_finished"] for r in report["results"].values()) else 1

@@ -76,6 +76,15 @@ def test_html_has_the_plots_as_valid_svg(tmp_path, report_and_runs):
     assert "TBT over time" in html and "TTFT CDF" in html and "Goodput" in html
 
 
+def test_a_control_run_joins_the_tbt_timeline_only(tmp_path, report_and_runs):
+    report, runs = report_and_runs
+    controls = {"sarathi": [r for r in runs["sarathi"] if r.role == "steady"]}
+    write_html(tmp_path / "out.html", report, runs, controls)
+    html = (tmp_path / "out.html").read_text()
+    tbt, ttft = html.split("TTFT CDF")[0], html.split("TTFT CDF")[1]
+    assert "sarathi, no burst" in tbt and "no burst" not in ttft
+
+
 def test_capacity_search_brackets_the_highest_passing_rate():
     def probe(rate):
         return {"num_requests": 10, "num_finished": 10, "tbt_p99": 0.02 * rate, "ttft_p50": 0.1}
