@@ -271,7 +271,7 @@ class Mesh:
         link.last_result_at = now
         for trace_, n in step.traced:
             trace_.prefill_chunk(step.start_ns, time.time_ns(), link.worker_id, step.plan.step_id, n)
-        self._dispatch(link, link.core.on_result(step.plan, result_from_proto(msg)))
+        self._dispatch(link, link.core.on_result(step.plan, result_from_proto(msg)), now)
 
     def _plan_message(self, link: WorkerLink, plan: StepPlan):
         msg = plan_to_proto(plan, link.epoch)
@@ -323,13 +323,14 @@ class Mesh:
         if plan.swap_in:
             steps.swap_bytes.labels(link.worker_id, "in").inc(len(plan.swap_in) * block_bytes)
 
-    def _dispatch(self, link: WorkerLink, events) -> None:
+    def _dispatch(self, link: WorkerLink, events, now: float) -> None:
+        """Streams a result's tokens; ``now`` is when it arrived (every token in it arrived then)."""
         for event in events:
             tracked = self.tracked.get(event.request_id)
             if tracked is None:
                 continue
             reason = tracked.emit(event.token, event.finish_reason)
-            self._observe_token(tracked, reason)
+            self._observe_token(tracked, reason, now)
             if reason is not None:
                 if event.finish_reason is None:  # a stop string, seen only in the text
                     link.core.finish(event.request_id, reason, num_outputs=tracked.num_emitted)
@@ -343,8 +344,8 @@ class Mesh:
                 # the same result already ended the request in the core.
                 self._hand_off(link, tracked.request)
 
-    def _observe_token(self, tracked: TrackedRequest, reason: str | None) -> None:
-        now, m = anyio.current_time(), self.metrics.requests
+    def _observe_token(self, tracked: TrackedRequest, reason: str | None, now: float) -> None:
+        m = self.metrics.requests
         if tracked.last_token_at is None:
             m.ttft.observe(now - tracked.arrival)
         else:

@@ -61,12 +61,12 @@ async def test_a_multi_step_result_on_a_prefill_worker_hands_off_at_most_once(ma
     mesh.submit(tracked)
     assert mesh.where["r"] is prefill
     _, events = _step(prefill)  # the prompt: its first token, no decode worker to hand it to
-    mesh._dispatch(prefill, events)
+    mesh._dispatch(prefill, events, now=1.0)
     assert mesh.where["r"] is prefill
     decode.alive = True  # back, while a 4-pass decode runs on the prefill worker
     plan, events = _step(prefill)
     assert plan.num_passes == 4 and len(events) == 4
-    mesh._dispatch(prefill, events)
+    mesh._dispatch(prefill, events, now=1.0)
     if max_tokens == 5:  # the group's last token ended it: finished, not handed off
         assert tracked.finish_reason == "length" and "r" not in mesh.tracked
         assert not decode.arrivals and prefill.core.blocks.num_free == prefill.core.blocks.num_blocks
