@@ -13,7 +13,8 @@ chunk carries several tokens (a slow client), its gap counts once, as ``vllm ben
   (``steady_tbt_*``); their gaps that overlap a burst's window (from the burst until the last of its requests
   has its first token) are ``burst_tbt_*``; ``burst_tbt_ratio`` is the burst p99 over the steady p50
   (``burst_tbt_ratio_p99``: over the steady p99); ``max_stall`` is their longest gap ending after a burst began.
-  Without bursts, ``max_stall`` is the longest gap of any request.
+  Without bursts, ``max_stall`` is the longest gap of any request. ``control_metrics`` reads a second run
+  without the bursts at the burst's own (request, token) positions: ``burst_tbt_ratio_control``.
 * Goodput: requests per second (over the run's makespan) that finished, with TTFT <= ``slo_ttft`` and the
   p99 of their own gaps <= ``slo_tbt`` (each when given); ``goodput_frac`` is their share of the requests.
 """
