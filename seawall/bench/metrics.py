@@ -192,6 +192,24 @@ def control_metrics(records: list[RequestRecord], control: list[RequestRecord], 
             "burst_tbt_ratio_control": _ratio(burst_p99, c50), "burst_tbt_ratio_control_p99": _ratio(burst_p99, c99)}
 
 
+CONTROL_MARGIN_TOKENS = 8
+
+
+def control_tokens(records: list[RequestRecord], bursts: list[Burst]) -> dict[int, int]:
+    """How far a control run must go: for each request decoding at a burst, its last token whose gap
+    overlapped a burst's window, plus a margin. The requests reach those tokens within a step or two of
+    each other (the window's end), so with the margin none leaves the batch before every other one is
+    past its own: the control's steps up to them are those of an uncut run."""
+    done = [r for r in records if r.ok]
+    if not bursts or not done:
+        return {}
+    _, during, _, _ = _gaps_around(done, _burst_windows(records, bursts))
+    out: dict[int, int] = {}
+    for index, pos, _ in during:
+        out[index] = max(out.get(index, 0), pos + CONTROL_MARGIN_TOKENS)
+    return out
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 

@@ -22,7 +22,7 @@ import anyio
 
 from seawall.bench import capacity as cap
 from seawall.bench.arrivals import describe
-from seawall.bench.metrics import RequestRecord, control_metrics, paired, ratios, summarize
+from seawall.bench.metrics import RequestRecord, control_metrics, control_tokens, paired, ratios, summarize
 from seawall.bench.runner import GrpcBackend, HttpBackend, RunResult, run_load, warm_up
 from seawall.bench.workload import Workload, WorkloadSpec, build, nominal_rate, with_rate, without_bursts
 from services.common.errors import InvalidArgument
@@ -82,8 +82,9 @@ def _backend(opts: BenchOptions, address: str | None, http: str | None):
 
 
 def _measure(opts: BenchOptions, address: str | None, http: str | None, spec: WorkloadSpec, tag: str,
-             control: bool = False) -> tuple[Workload, RunResult]:
-    workload = without_bursts(build(spec)) if control else build(spec)
+             control: dict[int, int] | None = None) -> tuple[Workload, RunResult]:
+    """One run of ``spec``; with ``control`` (tokens needed per request), its control run instead."""
+    workload = without_bursts(build(spec), control) if control is not None else build(spec)
 
     async def go() -> RunResult:
         backend = _backend(opts, address, http)
@@ -128,9 +129,10 @@ def _run_system(opts: BenchOptions, name: str, address: str | None, http: str | 
         system.summaries.append(_summary(opts, workload, result, rate))
         if k == 0:
             system.records = result.records
-            if opts.burst_control and spec.kind == "burst":
+            needed = control_tokens(result.records, workload.bursts) if spec.kind == "burst" else {}
+            if opts.burst_control and needed:
                 spec_c = dataclasses.replace(spec_k, prompt_salt=salt + len(rates))
-                _, control = _measure(opts, address, http, spec_c, f"{system.name} control", control=True)
+                _, control = _measure(opts, address, http, spec_c, f"{system.name} control", control=needed)
                 system.control = control.records
                 system.summaries[0].update(control_metrics(result.records, control.records, workload.bursts))
     if opts.capacity:

@@ -211,11 +211,17 @@ def _mooncake(spec: WorkloadSpec) -> Workload:
                               f"{spec.block_tokens} tokens per 512-token block")
 
 
-def without_bursts(workload: Workload) -> Workload:
-    """The burst run's control: the same requests (indices, arrivals, lengths) minus the bursts' own."""
+def without_bursts(workload: Workload, tokens_needed: dict[int, int] | None = None) -> Workload:
+    """The burst run's control: the same requests (indices, arrivals, lengths) minus the bursts' own.
+    ``tokens_needed`` (request index -> tokens, ``metrics.control_tokens``) cuts each request there and
+    leaves out those it does not name: a control is read only up to the last tokens a burst overlapped,
+    and a shorter run costs less (the issue's workload: ~800 of 2000 tokens a user)."""
     members = {i for _, group in workload.bursts for i in group}
-    return Workload([r for r in workload.requests if r.index not in members], [],
-                    f"{workload.description} (control: without its bursts)")
+    reqs = [r for r in workload.requests if r.index not in members]
+    if tokens_needed is not None:
+        reqs = [dataclasses.replace(r, max_tokens=min(r.max_tokens, tokens_needed[r.index]))
+                for r in reqs if r.index in tokens_needed]
+    return Workload(reqs, [], f"{workload.description} (control: without its bursts)")
 
 
 def with_rate(spec: WorkloadSpec, rate: float) -> WorkloadSpec:

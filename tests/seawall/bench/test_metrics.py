@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from seawall.bench.metrics import (
+    CONTROL_MARGIN_TOKENS,
     RequestRecord,
     StatsSample,
     control_metrics,
+    control_tokens,
     meets_slo,
     paired,
     pct,
@@ -70,6 +72,9 @@ def test_the_control_run_is_read_at_the_bursts_own_request_and_token_positions()
     assert c["control_tbt_p50"] == pytest.approx(0.2) and c["control_tbt_p99"] == pytest.approx(0.2)
     burst_p99 = pct([0.2, 0.4, 0.2], 99)
     assert c["burst_tbt_ratio_control"] == pytest.approx(burst_p99 / 0.2)
+    # the control only has to reach token 6 (+ a margin): the last one whose gap overlapped the window
+    assert control_tokens([burst_run, burst], bursts=[(0.4, (1,))]) == {0: 6 + CONTROL_MARGIN_TOKENS}
+    assert control_tokens([burst_run, burst], bursts=[]) == {}
     s = summarize([burst_run, burst], bursts=[(0.4, (1,))])
     assert s["steady_tbt_p50"] == pytest.approx(0.1)  # before the burst: shorter contexts
     assert s["burst_tbt_ratio"] == pytest.approx(burst_p99 / 0.1)

@@ -67,6 +67,9 @@ def test_the_burst_scenario():
     assert nominal_rate(spec) is None
     control = without_bursts(wl)  # the control run: the same steady users, same indices, no burst
     assert control.requests == steady and control.bursts == []
+    cut = without_bursts(wl, {0: 40, 1: 500, 3: 41})  # cut where the burst's last gaps were; 2 is left out
+    assert [(r.index, r.max_tokens) for r in cut.requests] == [(0, 40), (1, 100), (3, 41)]
+    assert [r.prompt for r in cut.requests] == [steady[i].prompt for i in (0, 1, 3)]
 
 
 def test_duration_bounds_the_workload():
