@@ -49,7 +49,12 @@ class IncrementalDetokenizer:
             self._decoder: _StreamDecoder | _OffsetDecoder = _StreamDecoder(tokenizer, skip_special_tokens, prefix)
         else:
             self._decoder = _OffsetDecoder(tokenizer, skip_special_tokens, prefix)
-        self._text = ""
+        # The text is kept as a settled head (pieces no search or release will touch again) and a short tail:
+        # appending to one ever-growing string copied it whole on every token (7.4 us a token at 20k+ tokens
+        # against 2.5 us at the start). Offsets below are into the whole text.
+        self._head: list[str] = []
+        self._base = 0  # characters in the head
+        self._tail = ""
         self._released = 0
         # Stop strings must start at or after this offset: text decoded before min_tokens is not searched.
         self._floor = 0
@@ -59,7 +64,13 @@ class IncrementalDetokenizer:
     @property
     def text(self) -> str:
         """The output text so far, held-back text included; cut at the stop string once one matched."""
-        return self._text
+        if len(self._head) > 1:
+            self._head = ["".join(self._head)]
+        return "".join(self._head) + self._tail
+
+    @property
+    def _length(self) -> int:
+        return self._base + len(self._tail)
 
     @property
     def finished(self) -> bool:
@@ -75,32 +86,47 @@ class IncrementalDetokenizer:
                 f"push() after the output finished on stop string {self.finished_by_stop_string!r}"
             )
         self.num_tokens += 1
-        old_len = len(self._text)
-        self._text += self._decoder.step(token_id)
+        delta = self._step(token_id)
+        self._settle()
+        return delta
+
+    def _step(self, token_id: int) -> str:
+        old_len = self._length
+        self._tail += self._decoder.step(token_id)
         if not self._params.stop:
-            return self._release(len(self._text))
+            return self._release(self._length)
         if self.num_tokens < self._params.min_tokens:
-            self._floor = len(self._text)
-            return self._release(len(self._text))
+            self._floor = self._length
+            return self._release(self._length)
 
         match = self._find_stop(max(self._floor, old_len - self._max_stop + 1))
         if match is not None:
             start, stop = match
             end = start + len(stop) if self._params.include_stop_str_in_output else start
             assert end >= self._released, f"stop string {stop!r} at {start} overlaps released text"
-            self._text = self._text[:end]
+            self._tail = self._tail[: end - self._base]
             self.finished_by_stop_string = stop
             return self._release(end)
         if self._params.include_stop_str_in_output:
-            return self._release(len(self._text))
-        return self._release(len(self._text) - self._held_back())
+            return self._release(self._length)
+        return self._release(self._length - self._held_back())
+
+    def _settle(self) -> None:
+        """Moves text into the head once nothing will read it again: released, and too far back for the next
+        token to complete a stop string that starts in it."""
+        keep_from = min(self._released, self._length - self._max_stop + 1)
+        if keep_from > self._base:
+            cut = keep_from - self._base
+            self._head.append(self._tail[:cut])
+            self._tail = self._tail[cut:]
+            self._base = keep_from
 
     def flush(self) -> str:
         """Release the held-back text; call once the request finished for any other reason."""
-        return self._release(len(self._text))
+        return self._release(self._length)
 
     def _release(self, end: int) -> str:
-        delta = self._text[self._released : end]
+        delta = self._tail[self._released - self._base : end - self._base]
         self._released = max(self._released, end)
         return delta
 
@@ -108,16 +134,16 @@ class IncrementalDetokenizer:
         """The earliest stop string occurrence starting at or after ``start``; ties go to the first listed."""
         best: tuple[int, str] | None = None
         for stop in self._params.stop:
-            idx = self._text.find(stop, max(start, 0))
-            if idx != -1 and (best is None or idx < best[0]):
-                best = (idx, stop)
+            idx = self._tail.find(stop, max(start - self._base, 0))
+            if idx != -1 and (best is None or idx + self._base < best[0]):
+                best = (idx + self._base, stop)
         return best
 
     def _held_back(self) -> int:
         """Length of the longest unreleased suffix of ``text`` that is a proper prefix of a stop string."""
-        pending = len(self._text) - max(self._released, self._floor)
+        pending = self._length - max(self._released, self._floor)
         for n in range(min(pending, self._max_stop - 1), 0, -1):
-            suffix = self._text[-n:]
+            suffix = self._tail[-n:]
             if any(stop.startswith(suffix) for stop in self._params.stop):
                 return n
         return 0

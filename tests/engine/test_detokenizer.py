@@ -185,3 +185,23 @@ def test_stream_is_always_a_prefix_of_the_final_text(tok, chars, stops, include)
         seen += d.flush()
         assert seen == expected == d.text, kind
         assert (d.finished_by_stop_string is not None) == bool(matches)
+
+
+@pytest.mark.parametrize("stops", [(), ("STOP", "é🎉")])
+def test_a_long_output_keeps_only_a_short_tail_to_search(tok, stops):
+    """Text that no stop string can still reach is settled: the tail stays as short as the longest stop string
+    plus a token, whatever the length of the output (the whole text used to be copied on every token)."""
+    body = "The quick brown fox, é and 🎉 and STO P. " * 150
+    text = body + "STOP and more"
+    params = SamplingParams(stop=stops)
+    d = IncrementalDetokenizer(tok, params)
+    seen, longest_tail = "", 0
+    for t in tok.encode(text).ids:
+        seen += d.push(t)
+        longest_tail = max(longest_tail, len(d._tail))
+        if d.finished:
+            break
+    seen += d.flush()
+    expected = body if stops else text
+    assert seen == expected == d.text
+    assert longest_tail <= max((len(s) for s in stops), default=0) + 8, longest_tail
