@@ -236,7 +236,7 @@ class DualPath:
             bs = link.core.blocks.block_size
             # A decode of its last token may still be running (planned ahead): its block is left out. Only
             # blocks of kept tokens count: a stop string may have cut outputs whose KV a multi-step computed.
-            hashes = extend_hashes(req.block_hashes, req.all_token_ids, bs, link.core.hash_seed)
+            hashes = extend_hashes(req.block_hashes, req.token_ids, bs, link.core.hash_seed)
             full = min((req.num_computed_tokens - req.num_pending) // bs, len(held), len(hashes))
             hashes = hashes[:full]
             if full and link.alive:

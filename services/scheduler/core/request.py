@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from services.common.sampling_params import SamplingParams
 
@@ -55,6 +57,12 @@ class Request:
         return self.prompt_token_ids + self.output_token_ids
 
     @property
+    def token_ids(self) -> TokenIds:
+        """Prompt + output tokens without copying them: hashing a newly full block reads 16 of them, and a
+        copy of a 32K-token context for each block cost more than the hash."""
+        return TokenIds(self.prompt_token_ids, self.output_token_ids)
+
+    @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
 
@@ -73,3 +81,39 @@ class Request:
         # Never log prompts or token ids (STYLE §5).
         return (f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")
+
+
+class TokenIds(Sequence[int]):
+    """A read-only view of two token lists back to back (a request's prompt and outputs)."""
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, head: list[int], tail: list[int]) -> None:
+        self._head, self._tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self._head) + len(self._tail)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index):
+        n = len(self._head)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            if stop <= n:
+                return self._head[start:stop]
+            if start >= n:
+                return self._tail[start - n : stop - n]
+            return self._head[start:] + self._tail[: stop - n]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("token index out of range")
+        return self._head[index] if index < n else self._tail[index - n]
+

@@ -344,7 +344,7 @@ class Scheduler(HandOff, Fork, MultiStep):
         cached: list[int] = []
         queried = 0
         if self.config.enable_prefix_caching:
-            hashes = extend_hashes(req.block_hashes, req.all_token_ids, self.blocks.block_size, self.hash_seed)
+            hashes = extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.hash_seed)
             # At least one token must run: its logits give the next token.
             queried = min(len(hashes), (req.num_tokens - 1) // self.blocks.block_size)
             cached = self.blocks.cached_prefix(hashes[:queried])
@@ -381,7 +381,7 @@ class Scheduler(HandOff, Fork, MultiStep):
         full = min(req.num_computed_tokens, req.num_tokens - req.num_pending) // self.blocks.block_size
         if full <= req.num_cached_blocks:
             return
-        extend_hashes(req.block_hashes, req.all_token_ids, self.blocks.block_size, self.hash_seed)
+        extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.hash_seed)
         for i in range(req.num_cached_blocks, full):
             self.blocks.cache(req.block_ids[i], req.block_hashes[i])
         req.num_cached_blocks = full
