@@ -21,6 +21,7 @@ chunk carries several tokens (a slow client), its gap counts once, as ``vllm ben
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -145,7 +146,14 @@ def _gaps_around(records: list[RequestRecord], windows: list[tuple[float, float]
 
 
 def _token_ends(rec: RequestRecord) -> list[int]:
-    return np.cumsum(rec.chunk_tokens).tolist()
+    return list(itertools.accumulate(rec.chunk_tokens))
+
+
+def _during(records: list[RequestRecord], bursts: list[Burst]) -> list[tuple[int, int, float]]:
+    """(request index, token position, gap) of each gap that overlapped a burst; [] without bursts."""
+    if not bursts:
+        return []
+    return _gaps_around(records, _burst_windows(records, bursts))[1]
 
 
 def burst_metrics(records: list[RequestRecord], bursts: list[Burst]) -> dict:
@@ -157,7 +165,7 @@ def burst_metrics(records: list[RequestRecord], bursts: list[Burst]) -> dict:
                 "burst_tbt_p99": None, "burst_tbt_ratio": None, "burst_tbt_ratio_p99": None,
                 "num_decoding_at_burst": 0}
     windows = _burst_windows(records, bursts)
-    steady, during, stalls, decoding = _gaps_around(done, windows)
+    steady, during, stalls, decoding = _gaps_around(records, windows)
     during_gaps = [g for _, _, g in during]
     steady_p50, steady_p99 = pct(steady, 50), pct(steady, 99)
     burst_p99 = pct(during_gaps, 99)
@@ -178,10 +186,7 @@ def control_metrics(records: list[RequestRecord], control: list[RequestRecord], 
     burst's gaps; ``burst_tbt_ratio_control`` is the burst p99 over their p50 (``_p99``: over their p99)."""
     none = {"control_tbt_p50": None, "control_tbt_p99": None, "control_gaps": 0,
             "burst_tbt_ratio_control": None, "burst_tbt_ratio_control_p99": None}
-    done = [r for r in records if r.ok]
-    if not bursts or not done:
-        return none
-    _, during, _, _ = _gaps_around(done, _burst_windows(records, bursts))
+    during = _during(records, bursts)
     at = {r.index: dict(zip(_token_ends(r)[1:], r.gaps(), strict=True)) for r in control if r.ok}
     matched = [at[i][pos] for i, pos, _ in during if pos in at.get(i, {})]
     if not matched:
@@ -200,12 +205,8 @@ def control_tokens(records: list[RequestRecord], bursts: list[Burst]) -> dict[in
     overlapped a burst's window, plus a margin. The requests reach those tokens within a step or two of
     each other (the window's end), so with the margin none leaves the batch before every other one is
     past its own: the control's steps up to them are those of an uncut run."""
-    done = [r for r in records if r.ok]
-    if not bursts or not done:
-        return {}
-    _, during, _, _ = _gaps_around(done, _burst_windows(records, bursts))
     out: dict[int, int] = {}
-    for index, pos, _ in during:
+    for index, pos, _ in _during(records, bursts):
         out[index] = max(out.get(index, 0), pos + CONTROL_MARGIN_TOKENS)
     return out
 

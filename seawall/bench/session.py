@@ -129,8 +129,9 @@ def _run_system(opts: BenchOptions, name: str, address: str | None, http: str | 
         system.summaries.append(_summary(opts, workload, result, rate))
         if k == 0:
             system.records = result.records
-            needed = control_tokens(result.records, workload.bursts) if spec.kind == "burst" else {}
-            if opts.burst_control and needed:
+            control_wanted = opts.burst_control and spec.kind == "burst"
+            needed = control_tokens(result.records, workload.bursts) if control_wanted else {}
+            if needed:
                 spec_c = dataclasses.replace(spec_k, prompt_salt=salt + len(rates))
                 _, control = _measure(opts, address, http, spec_c, f"{system.name} control", control=needed)
                 system.control = control.records

@@ -215,7 +215,7 @@ def without_bursts(workload: Workload, tokens_needed: dict[int, int] | None = No
     """The burst run's control: the same requests (indices, arrivals, lengths) minus the bursts' own.
     ``tokens_needed`` (request index -> tokens, ``metrics.control_tokens``) cuts each request there and
     leaves out those it does not name: a control is read only up to the last tokens a burst overlapped,
-    and a shorter run costs less (the issue's workload: ~800 of 2000 tokens a user)."""
+    and a shorter run costs less (the issue's workload: ~700 of 2000 tokens a user)."""
     members = {i for _, group in workload.bursts for i in group}
     reqs = [r for r in workload.requests if r.index not in members]
     if tokens_needed is not None:

@@ -215,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
         policies=policies, rates=args.rates or [], capacity=args.capacity, start_rate=args.start_rate,
         capacity_probes=args.capacity_probes, capacity_tolerance=args.capacity_tolerance, slo_ttft=args.slo_ttft,
         slo_tbt=args.slo_tbt, max_concurrency=args.max_concurrency, warmup=args.warmup,
-        progress=not args.no_progress, burst_control=not args.no_burst_control, hf_baseline=args.hf_baseline, hf_max_batch=args.hf_max_batch,
+        progress=not args.no_progress, burst_control=not args.no_burst_control, hf_baseline=args.hf_baseline,
+        hf_max_batch=args.hf_max_batch,
         model_dir=args.model, mesh_flags=mesh_flags(args) if args.spawn else [])
     report, runs, controls = run_bench(opts, mesh_factory(args) if args.spawn else None)
     print(f"workload: {report['workload']['description']}")

@@ -116,4 +116,3 @@ class TokenIds(Sequence[int]):
         if not 0 <= index < len(self):
             raise IndexError("token index out of range")
         return self._head[index] if index < n else self._tail[index - n]
-
