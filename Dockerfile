@@ -17,6 +17,12 @@ ENV PYTHONUNBUFFERED=1 \
     SEAWALL_HOST=0.0.0.0 \
     SEAWALL_CACHE_DIR=/cache
 
+# A C compiler: the engine builds its fused CPU kernels (services/engine/cpu_kernels) for the CPU it runs on,
+# once, into $SEAWALL_CACHE_DIR; without one it falls back to plain torch ops (same tokens, slower steps).
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # torch from the CPU index first (the default index would bring the CUDA build and its libraries).
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu

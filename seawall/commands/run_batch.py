@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 8: nothing streams from a batch file, so only throughput counts; 1 = off)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--no-cpu-kernels", action="store_true",
+                   help="CPU fp32 attention, norms and RoPE as plain torch ops instead of the fused C kernels")
     p.set_defaults(func=run)
 
 
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgument(as_flag(str(exc))) from exc
     engine = OfflineEngine(
         EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
-                     kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes),
+                     kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes,
+                     cpu_kernels=not args.no_cpu_kernels),
         sched,
     )
     model_name = args.model or "seawall-builtin-tiny"

@@ -1,4 +1,4 @@
-"""Paged attention over a mixed batch of decodes and prompt chunks (gather + SDPA).
+"""Paged attention over a mixed batch of decodes and prompt chunks (gather + SDPA, or fused C kernels on the CPU).
 
 The step's tokens are flattened: ``[T, heads, head_dim]``. Every token's K/V is first written into its slot
 (block id, offset). Then three kinds of groups attend:
@@ -14,16 +14,21 @@ The step's tokens are flattened: ``[T, heads, head_dim]``. Every token's K/V is 
 
 Measured in bench/attention_impl.py: ``index_select`` on the flattened block rows gathers ~5x faster than
 advanced indexing of the strided per-layer view, and length buckets beat padding every decode to the
-longest. A C kernel reading blocks in place (no gather) was 5x faster in isolation but slower inside the
-engine on this 2-core CPU (docs/design.md), so it was not kept.
+longest. On the CPU in fp32, when the fused kernels load (services/engine/cpu_kernels), K/V are written by
+one C call and the decodes are one ``DecodeRows``: each (sequence, KV head) walks its block table in place,
+no gather, no padding (~3x faster than the bucketed gather + SDPA for 64 decodes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from services.engine.cpu_kernels import CpuKernels
 
 
 @dataclass
@@ -34,6 +39,16 @@ class DecodeGroup:
     size: int
     block_tables: torch.Tensor  # [size, max_blocks], padded with block 0 (masked out)
     mask: torch.Tensor  # [size, 1, 1, max_blocks * block_size] bool: key is inside the context
+
+
+@dataclass
+class DecodeRows:
+    """Every decode of the step for the fused kernel: tokens ``[token_start, token_start + size)``."""
+
+    token_start: int
+    size: int
+    block_tables: torch.Tensor  # [size, max_blocks] int64, padded with block 0 (never read)
+    context_lens: torch.Tensor  # [size] int64
 
 
 @dataclass
@@ -65,6 +80,8 @@ class AttentionBatch:
     decodes: list[DecodeGroup] = field(default_factory=list)
     fresh: list[FreshChunks] = field(default_factory=list)
     prefixed: list[PrefixChunk] = field(default_factory=list)
+    decode_rows: DecodeRows | None = None  # instead of ``decodes`` when ``kernels`` is set
+    kernels: CpuKernels | None = None
 
 
 def paged_attention(
@@ -76,9 +93,15 @@ def paged_attention(
     batch: AttentionBatch,
 ) -> torch.Tensor:
     """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``."""
-    k_cache[batch.slot_blocks, batch.slot_offsets] = k
-    v_cache[batch.slot_blocks, batch.slot_offsets] = v
     out = torch.empty_like(q)
+    if batch.kernels is not None:
+        batch.kernels.kv_write(k_cache, v_cache, k, v, batch.slot_blocks, batch.slot_offsets)
+        if (d := batch.decode_rows) is not None:
+            span = slice(d.token_start, d.token_start + d.size)
+            batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens)
+    else:
+        k_cache[batch.slot_blocks, batch.slot_offsets] = k
+        v_cache[batch.slot_blocks, batch.slot_offsets] = v
     for g in batch.decodes:
         span = slice(g.token_start, g.token_start + g.size)
         o = F.scaled_dot_product_attention(

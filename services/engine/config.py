@@ -25,6 +25,9 @@ class EngineConfig:
     kv_cache_bytes: int | None = None
     # Bytes of host memory for swapped-out blocks.
     swap_bytes: int = 256 * 2**20
+    # Fused C kernels for CPU fp32 attention (built once with the system C compiler; without one, or when
+    # False, attention runs as gather + SDPA: same tokens, slower decodes).
+    cpu_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

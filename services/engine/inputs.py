@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.common.sampling_params import SamplingParams
-from services.engine.attention import AttentionBatch, DecodeGroup, FreshChunks, PrefixChunk
+from services.engine.attention import AttentionBatch, DecodeGroup, DecodeRows, FreshChunks, PrefixChunk
+
+if TYPE_CHECKING:
+    from services.engine.cpu_kernels import CpuKernels
 
 # A decode bucket closes when the next context needs this many times the bucket's first block count:
 # padding wastes at most ~1/3 of a bucket's attention work, and few buckets keep SDPA calls few.
@@ -47,9 +51,11 @@ class StepInputs:
 
 
 def prepare_inputs(
-    scheduled: list[tuple[SequenceState, int]], block_size: int, device: torch.device
+    scheduled: list[tuple[SequenceState, int]], block_size: int, device: torch.device,
+    kernels: CpuKernels | None = None,
 ) -> StepInputs:
-    """``scheduled``: (sequence, number of tokens to run). Raises ``ValueError`` on an inconsistent plan."""
+    """``scheduled``: (sequence, number of tokens to run); with ``kernels``, attention runs the fused CPU
+    kernels and the decodes form one ``DecodeRows``. Raises ``ValueError`` on an inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
     decodes = sorted((s for s, n in scheduled if n == 1), key=lambda s: s.num_computed)
@@ -70,12 +76,16 @@ def prepare_inputs(
             sample_ids.append(seq.seq_id)
     slot_blocks = [seq.block_ids[p // block_size] for seq, n in ordered
                    for p in range(seq.num_computed, seq.num_computed + n)]
-    attention = AttentionBatch(_t(slot_blocks, device), _t([p % block_size for p in positions], device))
-
-    offset = 0
-    for bucket in _decode_buckets(decodes, block_size):
-        attention.decodes.append(_decode_group(bucket, offset, block_size, device))
-        offset += len(bucket)
+    attention = AttentionBatch(_t(slot_blocks, device), _t([p % block_size for p in positions], device),
+                               kernels=kernels)
+    if kernels is None:
+        offset = 0
+        for bucket in _decode_buckets(decodes, block_size):
+            attention.decodes.append(_decode_group(bucket, offset, block_size, device))
+            offset += len(bucket)
+    elif decodes:
+        attention.decode_rows = _decode_rows(decodes, block_size, device)
+    offset = len(decodes)
     for length, group in groupby(fresh, key=lambda sn: sn[1]):
         count = len(list(group))
         attention.fresh.append(FreshChunks(offset, count, length))
@@ -116,6 +126,12 @@ def _decode_group(seqs: list[SequenceState], token_start: int, block_size: int, 
     keys = torch.arange(max_blocks * block_size, device=device)
     mask = (keys[None, :] < _t(context_lens, device)[:, None])[:, None, None, :]
     return DecodeGroup(token_start, len(seqs), _t(tables, device), mask)
+
+
+def _decode_rows(seqs: list[SequenceState], block_size: int, device) -> DecodeRows:
+    max_blocks = max(s.num_computed // block_size + 1 for s in seqs)
+    tables = [(s.block_ids + [0] * max_blocks)[:max_blocks] for s in seqs]
+    return DecodeRows(0, len(seqs), _t(tables, device), _t([s.num_computed + 1 for s in seqs], device))
 
 
 def _prefix_chunk(seq: SequenceState, n: int, token_start: int, block_size: int, device) -> PrefixChunk:

@@ -8,6 +8,7 @@ each instead of three and two); ``load_weights`` maps Hugging Face names onto th
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,9 @@ from services.engine.kv_pool import PagedKVPool
 from services.engine.model_config import ModelConfig
 from services.engine.rope import RotaryEmbedding
 
+if TYPE_CHECKING:
+    from services.engine.cpu_kernels import CpuKernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
@@ -25,7 +29,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                kernels: CpuKernels | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm with the residual add folded in, as vLLM does: returns ``(norm(x + residual), x + residual)``,
+        or ``(norm(x), x)`` without a residual. The fused kernel updates ``residual`` in place."""
+        if kernels is not None:
+            return kernels.add_rms_norm(x, residual, self.weight, self.eps), x if residual is None else residual
+        if residual is not None:
+            x = x + residual
+        return self._norm(x), x
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # the fused op is bit-identical to the steps below in fp32, and one op
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Computed in fp32 and cast back, as transformers does, so bf16 runs round the same way.
@@ -50,7 +64,11 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         # q and k rotate in one pass: they are adjacent in the fused projection's output.
-        qk = RotaryEmbedding.apply(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+        if batch.kernels is not None:
+            batch.kernels.rope_(qk, cos, sin)
+        else:
+            qk = RotaryEmbedding.apply(qk, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.layer)
@@ -65,8 +83,11 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+    def forward(self, x: torch.Tensor, kernels: CpuKernels | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if kernels is not None:
+            return self.down_proj(kernels.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -78,9 +99,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, batch, kv) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin, batch: AttentionBatch, kv) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` is the previous block's output, ``residual`` the stream before it (None for the first layer);
+        returns the same pair for the next layer, so each residual add rides along with the next norm."""
+        h, residual = self.input_layernorm(x, residual, batch.kernels)
+        h = self.self_attn(h, cos, sin, batch, kv)
+        h, residual = self.post_attention_layernorm(h, residual, batch.kernels)
+        return self.mlp(h, batch.kernels), residual
 
 
 class LlamaModel(nn.Module):
@@ -112,9 +137,10 @@ class LlamaForCausalLM(nn.Module):
         """Runs the flat batch and returns logits ``[len(logits_index), vocab]`` of the selected tokens only."""
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, cos, sin, batch, kv)
-        x = self.model.norm(x[logits_index])
+            x, residual = layer(x, residual, cos, sin, batch, kv)
+        x, _ = self.model.norm(x[logits_index], residual[logits_index], batch.kernels)
         return self.lm_head(x).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -15,6 +15,7 @@ import torch
 from services.common.errors import InvalidArgument
 from services.common.heap import keep_freed_heap
 from services.common.step import NewSequence, SampledToken, StepPlan, StepResult
+from services.engine import cpu_kernels
 from services.engine.builtin_model import ensure_default_model
 from services.engine.config import EngineConfig
 from services.engine.inputs import SequenceState, prepare_inputs
@@ -44,10 +45,14 @@ class ModelRunner:
                                self.dtype)
         num_blocks = self.layout.blocks_for_budget(self._kv_budget())
         self.kv = PagedKVPool(self.layout, num_blocks, self.layout.blocks_for_budget(config.swap_bytes), self.device)
+        # Fused C attention where it applies (CPU, fp32) and can be built; otherwise gather + SDPA.
+        use_kernels = config.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32
+        self.kernels = cpu_kernels.load() if use_kernels else None
         self.sampler = Sampler()
         self.seqs: dict[str, SequenceState] = {}
-        log.info("runner ready: %s on %s/%s, %d device blocks, %d host blocks", self.checkpoint.path,
-                 self.device, self.dtype, self.kv.num_blocks, self.kv.num_host_blocks)
+        log.info("runner ready: %s on %s/%s, %d device blocks, %d host blocks, attention: %s", self.checkpoint.path,
+                 self.device, self.dtype, self.kv.num_blocks, self.kv.num_host_blocks,
+                 "fused CPU kernels" if self.kernels else "gather + SDPA")
 
     @property
     def max_model_len(self) -> int:
@@ -112,7 +117,7 @@ class ModelRunner:
 
     def _pass(self, scheduled: list[tuple[SequenceState, int]]) -> dict[str, SampledToken]:
         """One forward pass over the scheduled tokens, then sampling where a sequence reaches its end."""
-        inputs = prepare_inputs(scheduled, self.config.block_size, self.device)
+        inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels)
         logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index)
         for seq, n in scheduled:
             seq.num_computed += n

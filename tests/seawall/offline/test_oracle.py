@@ -105,6 +105,10 @@ POLICY_CASES = {
     "sarathi-one-pass": ["--policy", "sarathi", "--decode-steps", "1"],
     "sarathi-chunk16-decode-steps-4": ["--policy", "sarathi", "--chunk-size", "16", "--decode-steps", "4"],
     "fastserve-3-seqs-decode-steps-3": ["--policy", "fastserve", "--max-num-seqs", "3", "--decode-steps", "3"],
+    # The cases above run the fused C kernels on the CPU (when a compiler is present); these run the plain
+    # torch ops (gather + SDPA attention, torch norms and RoPE) that CUDA and compiler-less machines use.
+    "sarathi-chunk7-torch-ops": ["--chunk-size", "7", "--no-cpu-kernels"],
+    "sarathi-block32-torch-ops": ["--block-size", "32", "--no-cpu-kernels"],
 }
 
 

@@ -1,0 +1,204 @@
+/* Fused CPU kernels for the engine's fp32 path (loaded by cpu_kernels/__init__.py through ctypes).
+ *
+ * Why C: on the CPU the tiny model's step is dominated by per-op overhead and by memory traffic that eager
+ * torch cannot fuse. Decode attention as gather + SDPA copies every context's K/V out of the pool and
+ * reads it again; here each (sequence, KV head) walks its block table in place, once, with an online
+ * softmax. Parallel regions use OpenMP: the library links libgomp.so.1, which resolves to the copy torch
+ * already loaded, so these loops run on torch's own thread team (a second team would fight it for cores).
+ *
+ * Layouts (all float32, innermost dimension contiguous):
+ *   q / out rows: token i, head j at base + i * row_stride + j * head_dim
+ *   K / V cache of one layer: block b, offset t, KV head h at base + b * block_stride + (t * kv_heads + h) * head_dim
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int n) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* exp(x), written so loops over it vectorize: Cephes' expf polynomial after a range reduction by ln 2, about
+ * 1 ulp from libm's expf, for x clamped to [-87, 88] (beyond, the result is ~0 or ~FLT_MAX). libm's own
+ * expf has no vector variant unless the whole library is built with -ffast-math, which would also change
+ * the process's floating-point state. */
+static inline float exp_clamped(float x) {
+    x = x < -87.f ? -87.f : x > 88.f ? 88.f : x;
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    x -= n * 0.693359375f;
+    x -= n * -2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * x * x + x + 1.f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    return y * scale.f;
+}
+
+/* Asks for the rows [first, first + count) of one token's K and V in one block: `count` floats from `at` of
+ * each of the block's token rows. The next block is elsewhere in the pool, so the hardware prefetcher,
+ * which follows sequential reads, cannot guess it; asking while this block is computed hides the wait. */
+static inline void prefetch_block(const float *k_cache, const float *v_cache, int64_t at, int block_size,
+                                  int64_t token_stride, int count) {
+    for (int t = 0; t < block_size; t++)
+        for (int d = 0; d < count; d += 16) {
+            __builtin_prefetch(k_cache + at + t * token_stride + d);
+            __builtin_prefetch(v_cache + at + t * token_stride + d);
+        }
+}
+
+/* One query token, KV heads [head, head + heads) and their `group` query heads each:
+ * out = softmax(q . K^T * scale) V over the first context_len tokens of `table`, in one pass over the
+ * blocks with a running max and sum per query head (online softmax). */
+static inline __attribute__((always_inline)) void attend(
+    const float *q, float *out, const float *k_cache, const float *v_cache, const int64_t *table,
+    int context_len, int64_t block_stride, int block_size, int kv_heads, int head, int heads, int head_dim,
+    int group, float scale) {
+    const int rows = heads * group; /* query heads of this job */
+    float m[rows], l[rows], acc[rows * head_dim], s[rows * block_size];
+    for (int r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.f;
+    memset(acc, 0, sizeof(acc));
+    const int64_t token_stride = (int64_t)kv_heads * head_dim, head_offset = (int64_t)head * head_dim;
+    for (int start = 0, b = 0; start < context_len; start += block_size, b++) {
+        const int n = context_len - start < block_size ? context_len - start : block_size;
+        const float *kb = k_cache + table[b] * block_stride + head_offset;
+        const float *vb = v_cache + table[b] * block_stride + head_offset;
+        if (start + block_size < context_len)
+            prefetch_block(k_cache, v_cache, table[b + 1] * block_stride + head_offset, block_size, token_stride,
+                           heads * head_dim);
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < rows; r++)
+                s[r * block_size + t] = dot(q + r * head_dim, kb + t * token_stride + (r / group) * head_dim, head_dim) * scale;
+        for (int r = 0; r < rows; r++) {
+            float *p = s + r * block_size, mx = m[r];
+#pragma omp simd reduction(max : mx)
+            for (int t = 0; t < n; t++) mx = p[t] > mx ? p[t] : mx;
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (int t = 0; t < n; t++) {
+                p[t] = exp_clamped(p[t] - mx);
+                sum += p[t];
+            }
+            const float corr = exp_clamped(m[r] - mx); /* 0 on the first block: m is -inf */
+            l[r] = l[r] * corr + sum;
+            m[r] = mx;
+            float *a = acc + r * head_dim;
+            const float *vr = vb + (r / group) * head_dim;
+#pragma omp simd
+            for (int d = 0; d < head_dim; d++) a[d] *= corr;
+            for (int t = 0; t < n; t++) {
+                const float *v = vr + t * token_stride, pt = p[t];
+#pragma omp simd
+                for (int d = 0; d < head_dim; d++) a[d] += pt * v[d];
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        const float inv = 1.f / l[r];
+        for (int d = 0; d < head_dim; d++) out[r * head_dim + d] = acc[r * head_dim + d] * inv;
+    }
+}
+
+/* Decode attention: row i (one query token) attends to the first context_lens[i] tokens of its block table
+ * (block_tables[i * table_stride ...]). Queries have kv_heads * group heads of head_dim.
+ * A job is one row and all its heads, so each block is read front to back, as one region; with fewer rows
+ * than a few per thread, a job is one row and one KV head, so a lone long decode still uses every thread. */
+void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, int64_t q_row_stride,
+                          const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
+                          int kv_heads, int head_dim, int group, int num_rows, const int64_t *block_tables,
+                          int64_t table_stride, const int64_t *context_lens, float scale) {
+    const int split = num_rows < 4 * omp_get_max_threads();
+    const int heads = split ? 1 : kv_heads, per_row = kv_heads / heads, jobs = num_rows * per_row;
+#pragma omp parallel for schedule(dynamic, 1) if (jobs > 1)
+    for (int job = 0; job < jobs; job++) {
+        const int i = job / per_row, h = (job % per_row) * heads;
+        const int64_t head_offset = (int64_t)h * group * head_dim;
+        const float *qi = q + i * q_row_stride + head_offset;
+        float *oi = out + i * out_row_stride + head_offset;
+        const int64_t *table = block_tables + i * table_stride;
+        const int ctx = (int)context_lens[i];
+        /* Constant head sizes let the compiler unroll the inner loops into a few vector instructions. */
+        switch (head_dim) {
+        case 32: attend(qi, oi, k_cache, v_cache, table, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale); break;
+        case 64: attend(qi, oi, k_cache, v_cache, table, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale); break;
+        case 128: attend(qi, oi, k_cache, v_cache, table, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale); break;
+        default: attend(qi, oi, k_cache, v_cache, table, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale);
+        }
+    }
+}
+
+/* Writes each token's K and V (kv_heads * head_dim floats, rows of k / v at their strides) into its slot. */
+void seawall_kv_write(float *k_cache, float *v_cache, int64_t block_stride, const float *k,
+                      int64_t k_row_stride, const float *v, int64_t v_row_stride, int row_len,
+                      const int64_t *slot_blocks, const int64_t *slot_offsets, int num_tokens) {
+    for (int i = 0; i < num_tokens; i++) {
+        const int64_t at = slot_blocks[i] * block_stride + slot_offsets[i] * (int64_t)row_len;
+        memcpy(k_cache + at, k + i * k_row_stride, sizeof(float) * row_len);
+        memcpy(v_cache + at, v + i * v_row_stride, sizeof(float) * row_len);
+    }
+}
+
+/* Rows big enough to be worth a parallel region (waking the second thread costs a few microseconds). */
+#define PARALLEL_FLOATS 16384
+
+/* RMSNorm with the residual add folded in (Llama's pre-norm blocks). With `residual`: residual += x, then
+ * out = norm(residual) * weight; without: out = norm(x) * weight. Rows are `dim` floats at their strides. */
+void seawall_add_rms_norm(float *out, int64_t out_stride, const float *x, int64_t x_stride, float *residual,
+                          int64_t residual_stride, const float *weight, int rows, int dim, float eps) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * dim >= PARALLEL_FLOATS)
+    for (int i = 0; i < rows; i++) {
+        const float *xi = x + i * x_stride;
+        float *o = out + i * out_stride;
+        const float *src = xi;
+        if (residual) {
+            float *r = residual + i * residual_stride;
+#pragma omp simd
+            for (int d = 0; d < dim; d++) r[d] += xi[d];
+            src = r;
+        }
+        float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+        for (int d = 0; d < dim; d++) ss += src[d] * src[d];
+        const float inv = 1.f / sqrtf(ss / dim + eps);
+#pragma omp simd
+        for (int d = 0; d < dim; d++) o[d] = weight[d] * (src[d] * inv);
+    }
+}
+
+/* Rotary embedding in place over `heads` heads of head_dim per token (q and k side by side in the fused
+ * projection's output), rotate-half form: cos/sin rows are [head_dim] per token, both halves equal. */
+void seawall_rope(float *x, int64_t x_stride, const float *cos, const float *sin, int tokens, int heads,
+                  int head_dim) {
+    const int half = head_dim / 2;
+#pragma omp parallel for schedule(static) if ((int64_t)tokens * heads * head_dim >= PARALLEL_FLOATS)
+    for (int t = 0; t < tokens; t++) {
+        const float *c = cos + (int64_t)t * head_dim, *s = sin + (int64_t)t * head_dim;
+        for (int h = 0; h < heads; h++) {
+            float *a = x + t * x_stride + (int64_t)h * head_dim, *b = a + half;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                const float x1 = a[i], x2 = b[i];
+                a[i] = x1 * c[i] - x2 * s[i];
+                b[i] = x2 * c[half + i] + x1 * s[half + i];
+            }
+        }
+    }
+}
+
+/* SwiGLU's gate: out[i] = silu(gate[i]) * up[i], gate and up the two halves of each gate_up row. */
+void seawall_silu_mul(float *out, int64_t out_stride, const float *gate_up, int64_t in_stride, int rows, int dim) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * dim >= PARALLEL_FLOATS)
+    for (int i = 0; i < rows; i++) {
+        const float *g = gate_up + i * in_stride, *u = g + dim;
+        float *o = out + i * out_stride;
+#pragma omp simd
+        for (int d = 0; d < dim; d++) o[d] = g[d] / (1.f + exp_clamped(-g[d])) * u[d];
+    }
+}

@@ -1,0 +1,152 @@
+"""The fused C kernels against the torch ops they replace, on random data, and how the library is built."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.engine import cpu_kernels
+from services.engine.attention import gather
+from services.engine.config import EngineConfig
+from services.engine.rope import RotaryEmbedding
+from services.engine.runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    k = cpu_kernels.load()
+    assert k is not None, "cc is on PATH, so the kernels must build"
+    return k
+
+
+def _pool(num_blocks, block_size, kv_heads, head_dim, layers=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.randn((num_blocks, layers, 2, block_size, kv_heads, head_dim), generator=g)
+    return pool[:, 1, 0], pool[:, 1, 1]  # a middle layer: strided views, as the engine's pool hands out
+
+
+def _reference_decode(q, k_cache, v_cache, tables, lens):
+    block_size = k_cache.shape[1]
+    keys = torch.arange(tables.shape[1] * block_size)
+    mask = (keys[None, :] < lens[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), gather(k_cache, tables), gather(v_cache, tables),
+                                         attn_mask=mask, enable_gqa=True)
+    return out.squeeze(2)
+
+
+# (rows, kv heads, group, head_dim, block size): few rows split by head, many rows one job per row; the
+# specialised head sizes (32, 64, 128) and other ones (16, 48).
+SHAPES = [(1, 2, 2, 32, 16), (3, 4, 2, 64, 16), (64, 2, 2, 32, 16), (20, 2, 3, 16, 32), (9, 1, 4, 128, 16),
+          (12, 8, 1, 48, 32)]
+
+
+@pytest.mark.parametrize(("rows", "kv_heads", "group", "head_dim", "block_size"), SHAPES)
+def test_paged_decode_matches_gather_and_sdpa(kernels, rows, kv_heads, group, head_dim, block_size):
+    g = torch.Generator().manual_seed(rows * 7 + head_dim)
+    k_cache, v_cache = _pool(256, block_size, kv_heads, head_dim)
+    # Contexts from one token to a few blocks, with block boundaries; tables are random blocks of the pool.
+    lens = torch.tensor([1, block_size, block_size + 1, 5 * block_size - 1, 300][: rows]
+                        + torch.randint(1, 400, (max(0, rows - 5),), generator=g).tolist())
+    max_blocks = int(-(-lens.max() // block_size))
+    tables = torch.stack([torch.randperm(256, generator=g)[:max_blocks] for _ in range(rows)])
+    # q rows strided as in the engine (a slice of the fused q|k|v projection).
+    qkv = torch.randn((rows, (kv_heads * group + 2 * kv_heads) * head_dim), generator=g)
+    q = qkv[:, : kv_heads * group * head_dim].view(rows, kv_heads * group, head_dim)
+    out = torch.full_like(q, float("nan"))
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens)
+    torch.testing.assert_close(out, _reference_decode(q, k_cache, v_cache, tables, lens), atol=2e-6, rtol=1e-5)
+
+
+def test_paged_decode_ignores_padding_blocks_and_large_scores(kernels):
+    """Rows shorter than the table never read past their context (the padding points at a block of huge
+    values), and large logits stay finite (the running max keeps exp in range)."""
+    k_cache, v_cache = _pool(8, 16, 2, 32)
+    clean_k, clean_v = k_cache.clone(), v_cache.clone()
+    k_cache[7] = 1e4
+    v_cache[7] = float("nan")
+    tables = torch.tensor([[0, 1, 7], [2, 7, 7]])
+    lens = torch.tensor([20, 3])
+    q = torch.randn(2, 4, 32) * 30  # scores in the hundreds
+    out = torch.empty_like(q)
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens)
+    assert torch.isfinite(out).all()
+    # SDPA multiplies masked NaNs by zero weights, so the reference reads the pool without them.
+    torch.testing.assert_close(out, _reference_decode(q, clean_k, clean_v, tables, lens), atol=1e-5, rtol=1e-5)
+
+
+def test_kv_write_matches_index_put(kernels):
+    k_cache, v_cache = _pool(16, 16, 2, 32)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    qkv = torch.randn(5, 8 * 32)
+    k = qkv[:, 4 * 32 : 6 * 32].view(5, 2, 32)
+    v = qkv[:, 6 * 32 :].view(5, 2, 32)
+    blocks, offsets = torch.tensor([3, 3, 9, 0, 15]), torch.tensor([0, 1, 15, 7, 2])
+    ref_k[blocks, offsets] = k
+    ref_v[blocks, offsets] = v
+    kernels.kv_write(k_cache, v_cache, k, v, blocks, offsets)
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_add_rms_norm_matches_torch(kernels, rows):
+    g = torch.Generator().manual_seed(rows)
+    x, residual, weight = torch.randn(rows, 96, generator=g), torch.randn(rows, 96, generator=g), torch.rand(96)
+    torch.testing.assert_close(kernels.add_rms_norm(x, None, weight, 1e-5), F.rms_norm(x, (96,), weight, 1e-5))
+    summed = x + residual
+    out = kernels.add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(residual, summed)  # updated in place with the same fp32 adds
+    torch.testing.assert_close(out, F.rms_norm(summed, (96,), weight, 1e-5))
+
+
+@pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(1, 3, 16), (37, 6, 64), (600, 12, 32)])
+def test_rope_in_place_matches_rotary_embedding(kernels, tokens, heads, head_dim):
+    g = torch.Generator().manual_seed(tokens)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    freqs = torch.randint(0, 4000, (tokens,), generator=g).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+    qkv = torch.randn(tokens, (heads + 2) * head_dim, generator=g)
+    x = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    expected = RotaryEmbedding.apply(x.clone(), cos, sin)
+    untouched = qkv[:, heads * head_dim :].clone()
+    kernels.rope_(x, cos, sin)
+    torch.testing.assert_close(x, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[:, heads * head_dim :], untouched)
+
+
+def test_silu_mul_matches_torch(kernels):
+    gate_up = torch.randn(50, 2 * 384) * 4
+    gate_up[0, :6] = torch.tensor([0.0, -100.0, 100.0, -88.5, 88.5, -1e-30])
+    gate, up = gate_up.split(384, dim=-1)
+    torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6, rtol=1e-5)
+
+
+def test_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEAWALL_CACHE_DIR", str(tmp_path))
+    first = cpu_kernels._build("cc")
+    mtime = first.stat().st_mtime_ns
+    assert first.parent == tmp_path / "kernels" and first.suffix == ".so"
+    assert cpu_kernels._build("cc") == first and first.stat().st_mtime_ns == mtime  # not rebuilt
+    assert list(first.parent.iterdir()) == [first]  # no temp files left behind
+
+
+def test_no_compiler_or_failed_build_falls_back_with_a_reason(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SEAWALL_CACHE_DIR", str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="services.engine.cpu_kernels"):
+        assert cpu_kernels.load("/nonexistent/cc") is None
+        assert cpu_kernels.load("false") is None  # exits 1 without output: a compiler that fails
+    assert "no C compiler '/nonexistent/cc'" in caplog.text
+    assert "fused CPU kernels unavailable" in caplog.text and "gather + SDPA" in caplog.text
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_runner_uses_the_kernels_only_when_enabled(tiny_model_dir, enabled):
+    runner = ModelRunner(EngineConfig(model=str(tiny_model_dir), device="cpu", kv_cache_bytes=1 << 20,
+                                      swap_bytes=0, cpu_kernels=enabled))
+    assert (runner.kernels is not None) == enabled

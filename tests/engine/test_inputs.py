@@ -1,0 +1,73 @@
+"""``prepare_inputs``: the flat token layout and the attention groups, for both attention paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.sampling_params import SamplingParams
+from services.engine import cpu_kernels
+from services.engine.inputs import SequenceState, prepare_inputs
+
+CPU = torch.device("cpu")
+BLOCK = 4
+
+
+def _seq(name: str, known: int, computed: int, first_block: int) -> SequenceState:
+    blocks = list(range(first_block, first_block + -(-known // BLOCK)))
+    return SequenceState(name, list(range(100, 100 + known)), min(known, 5), computed, blocks, SamplingParams())
+
+
+def _step():
+    """Three decodes (contexts 3, 9 and 30), two fresh 6-token prompts and a 4-token chunk after 8 cached."""
+    d_long, d_short, d_mid = _seq("dl", 30, 29, 0), _seq("ds", 3, 2, 10), _seq("dm", 9, 8, 20)
+    f1, f2 = _seq("f1", 6, 0, 30), _seq("f2", 6, 0, 40)
+    chunk = _seq("c", 20, 8, 50)
+    return [(d_long, 1), (f1, 6), (d_short, 1), (chunk, 4), (d_mid, 1), (f2, 6)]
+
+
+def _common_layout(inputs):
+    # Decodes by context, then fresh chunks, then chunks after a cached prefix.
+    assert inputs.positions.tolist() == [2, 8, 29, *range(6), *range(6), 8, 9, 10, 11]
+    assert inputs.input_ids.tolist()[:3] == [102, 108, 129]
+    assert inputs.sample_seq_ids == ["ds", "dm", "dl", "f1", "f2"]  # the chunk has tokens left to prefill
+    assert inputs.logits_index.tolist() == [0, 1, 2, 8, 14]
+    batch = inputs.attention
+    assert batch.slot_blocks.tolist()[:3] == [10, 22, 7] and batch.slot_offsets.tolist()[:3] == [2, 0, 1]
+    assert [(f.token_start, f.count, f.length) for f in batch.fresh] == [(3, 2, 6)]
+    assert [(p.token_start, p.num_tokens, p.context_len) for p in batch.prefixed] == [(15, 4, 12)]
+
+
+def test_torch_path_buckets_decodes_by_context():
+    inputs = prepare_inputs(_step(), BLOCK, CPU)
+    _common_layout(inputs)
+    batch = inputs.attention
+    assert batch.kernels is None and batch.decode_rows is None
+    spans = [(g.token_start, g.size) for g in batch.decodes]
+    assert sum(n for _, n in spans) == 3 and spans[0][0] == 0
+    assert all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:], strict=False))
+    last = batch.decodes[-1]
+    assert last.mask.shape[-1] == last.block_tables.shape[1] * BLOCK
+    assert last.mask[-1].sum().item() == 30  # the long decode sees its 30 tokens, not the padding
+
+
+def test_kernel_path_makes_one_row_per_decode():
+    kernels = cpu_kernels.load()
+    if kernels is None:
+        pytest.skip("no C compiler: the fused kernels cannot be built here")
+    inputs = prepare_inputs(_step(), BLOCK, CPU, kernels)
+    _common_layout(inputs)
+    batch = inputs.attention
+    assert batch.kernels is kernels and batch.decodes == []
+    rows = batch.decode_rows
+    assert (rows.token_start, rows.size) == (0, 3)
+    assert rows.context_lens.tolist() == [3, 9, 30]
+    assert rows.block_tables.dtype == torch.long and rows.block_tables.is_contiguous()
+    assert rows.block_tables.tolist() == [[10, 0, 0, 0, 0, 0, 0, 0], [20, 21, 22, 0, 0, 0, 0, 0],
+                                          [0, 1, 2, 3, 4, 5, 6, 7]]
+
+
+def test_no_decodes_no_rows():
+    kernels = cpu_kernels.load()
+    inputs = prepare_inputs([(_seq("f", 6, 0, 0), 6)], BLOCK, CPU, kernels)
+    assert inputs.attention.decode_rows is None and inputs.attention.fresh[0].token_start == 0
