@@ -42,16 +42,15 @@ static inline float exp_clamped(float x) {
     return y * scale.f;
 }
 
-/* Asks for the rows [first, first + count) of one token's K and V in one block: `count` floats from `at` of
- * each of the block's token rows. The next block is elsewhere in the pool, so the hardware prefetcher,
- * which follows sequential reads, cannot guess it; asking while this block is computed hides the wait. */
-static inline void prefetch_block(const float *k_cache, const float *v_cache, int64_t at, int block_size,
-                                  int64_t token_stride, int count) {
-    for (int t = 0; t < block_size; t++)
-        for (int d = 0; d < count; d += 16) {
-            __builtin_prefetch(k_cache + at + t * token_stride + d);
-            __builtin_prefetch(v_cache + at + t * token_stride + d);
-        }
+/* Asks for `count` floats of one token's K and V rows from `at`. The next block is elsewhere in the pool, so
+ * the hardware prefetcher, which follows sequential reads within a page, cannot guess it; asking for its
+ * rows one token at a time while this block's tokens are scored hides the wait without flooding the
+ * line-fill buffers (all of a block at once stalled on them). */
+static inline void prefetch_token(const float *k_cache, const float *v_cache, int64_t at, int count) {
+    for (int d = 0; d < count; d += 16) {
+        __builtin_prefetch(k_cache + at + d, 0, 2);
+        __builtin_prefetch(v_cache + at + d, 0, 2);
+    }
 }
 
 /* One query token, KV heads [head, head + heads) and their `group` query heads each:
@@ -70,12 +69,13 @@ static inline __attribute__((always_inline)) void attend(
         const int n = context_len - start < block_size ? context_len - start : block_size;
         const float *kb = k_cache + table[b] * block_stride + head_offset;
         const float *vb = v_cache + table[b] * block_stride + head_offset;
-        if (start + block_size < context_len)
-            prefetch_block(k_cache, v_cache, table[b + 1] * block_stride + head_offset, block_size, token_stride,
-                           heads * head_dim);
-        for (int t = 0; t < n; t++)
+        const int64_t next = start + block_size < context_len ? table[b + 1] * block_stride + head_offset : -1;
+        for (int t = 0; t < n; t++) {
+            if (next >= 0)
+                prefetch_token(k_cache, v_cache, next + t * token_stride, heads * head_dim);
             for (int r = 0; r < rows; r++)
                 s[r * block_size + t] = dot(q + r * head_dim, kb + t * token_stride + (r / group) * head_dim, head_dim) * scale;
+        }
         for (int r = 0; r < rows; r++) {
             float *p = s + r * block_size, mx = m[r];
 #pragma omp simd reduction(max : mx)
