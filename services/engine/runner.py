@@ -48,7 +48,7 @@ class ModelRunner:
         # Fused C attention where it applies (CPU, fp32) and can be built; otherwise gather + SDPA.
         use_kernels = config.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32
         self.kernels = cpu_kernels.load() if use_kernels else None
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.kernels)
         self.seqs: dict[str, SequenceState] = {}
         log.info("runner ready: %s on %s/%s, %d device blocks, %d host blocks, attention: %s", self.checkpoint.path,
                  self.device, self.dtype, self.kv.num_blocks, self.kv.num_host_blocks,

@@ -127,6 +127,17 @@ def test_silu_mul_matches_torch(kernels):
     torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6, rtol=1e-5)
 
 
+def test_argmax_rows_matches_torch_on_ties_and_nans(kernels):
+    x = torch.randn(70, 4096)
+    x[1, 10] = x[1, 20] = 1e6  # a tie: the first wins
+    x[2, 3000] = float("nan")  # torch's argmax returns a NaN's index
+    x[3] = float("-inf")
+    x[4, -1] = float("inf")
+    strided = torch.randn(5, 2 * 4096)[:, :4096]
+    for m in (x, strided, x[:1]):
+        assert torch.equal(kernels.argmax_rows(m), m.argmax(dim=-1))
+
+
 def test_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("SEAWALL_CACHE_DIR", str(tmp_path))
     first = cpu_kernels._build("cc")

@@ -59,6 +59,9 @@ class CpuKernels:
         self._silu_mul = lib.seawall_silu_mul
         self._silu_mul.restype = None
         self._silu_mul.argtypes = [_P, _I64, _P, _I64, _I, _I]
+        self._argmax = lib.seawall_argmax_rows
+        self._argmax.restype = None
+        self._argmax.argtypes = [_P, _P, _I64, _I, _I]
 
     def paged_decode(self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor) -> None:
@@ -110,6 +113,13 @@ class CpuKernels:
         dim = gate_up.shape[1] // 2
         out = torch.empty((gate_up.shape[0], dim), dtype=gate_up.dtype)
         self._silu_mul(out.data_ptr(), out.stride(0), gate_up.data_ptr(), gate_up.stride(0), gate_up.shape[0], dim)
+        return out
+
+    def argmax_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``x.argmax(dim=-1)`` of a ``[rows, cols]`` matrix (first index on ties, NaN wins, as torch)."""
+        _check_matrix(x, x.shape[1])
+        out = torch.empty(x.shape[0], dtype=torch.long)
+        self._argmax(out.data_ptr(), x.data_ptr(), x.stride(0), x.shape[0], x.shape[1])
         return out
 
 

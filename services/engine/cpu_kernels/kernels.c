@@ -202,3 +202,34 @@ void seawall_silu_mul(float *out, int64_t out_stride, const float *gate_up, int6
         for (int d = 0; d < dim; d++) o[d] = g[d] / (1.f + exp_clamped(-g[d])) * u[d];
     }
 }
+
+/* Index of each row's largest value, the first one on ties and the first NaN if there is one (torch's
+ * argmax). Two passes over a row, both vectorised: its max (and whether it holds a NaN), then the first
+ * index holding it. torch's argmax over [64, 4096] logits took ~120 us here, this ~15. */
+void seawall_argmax_rows(int64_t *out, const float *x, int64_t row_stride, int rows, int cols) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols >= PARALLEL_FLOATS)
+    for (int i = 0; i < rows; i++) {
+        const float *r = x + i * row_stride;
+        float mx = -INFINITY;
+        int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+        for (int j = 0; j < cols; j++) {
+            mx = r[j] > mx ? r[j] : mx;
+            nan |= r[j] != r[j];
+        }
+        /* The first index holding it, 64 columns at a time: a vectorised test per chunk, a scan of one. */
+        int64_t at = 0;
+        for (int j0 = 0; j0 < cols; j0 += 64) {
+            const int end = j0 + 64 < cols ? j0 + 64 : cols;
+            int hit = 0;
+#pragma omp simd reduction(| : hit)
+            for (int j = j0; j < end; j++) hit |= nan ? r[j] != r[j] : r[j] == mx;
+            if (!hit)
+                continue;
+            for (at = j0; !(nan ? r[at] != r[at] : r[at] == mx); at++)
+                ;
+            break;
+        }
+        out[i] = at;
+    }
+}
