@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.common.sampling_params import SamplingParams  # noqa: E402
+from services.engine import cpu_kernels  # noqa: E402
 from services.engine.attention import (  # noqa: E402
     AttentionBatch,
     DecodeGroup,
@@ -58,6 +59,7 @@ from services.engine.attention import (  # noqa: E402
     gather,
     paged_attention,
 )
+from services.engine.cpu_kernels import CpuKernels  # noqa: E402
 from services.engine.inputs import SequenceState, prepare_inputs  # noqa: E402
 from services.engine.kv_pool import KVLayout, PagedKVPool  # noqa: E402
 
@@ -95,9 +97,10 @@ def gather_advanced(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Te
 
 
 def step_batch(contexts: list[int], new_tokens: list[int], block: int, num_blocks: int, heads: int,
-               kv_heads: int, dim: int, rng: random.Random) -> tuple:
+               kv_heads: int, dim: int, rng: random.Random, kernels: CpuKernels | None = None) -> tuple:
     """An ``AttentionBatch`` from the engine's ``prepare_inputs``: sequence i has ``contexts[i]`` tokens after
-    this step, ``new_tokens[i]`` of them computed now. Blocks are drawn at random from the pool."""
+    this step, ``new_tokens[i]`` of them computed now. Blocks are drawn at random from the pool. With
+    ``kernels``, also the same step laid out for the fused CPU kernels (last item; else None)."""
     free = list(range(num_blocks))
     rng.shuffle(free)
     scheduled = []
@@ -106,12 +109,13 @@ def step_batch(contexts: list[int], new_tokens: list[int], block: int, num_block
         seq = SequenceState(f"s{i}", [1] * ctx, ctx - n if n == 1 else ctx, ctx - n, blocks, SamplingParams())
         scheduled.append((seq, n))
     inputs = prepare_inputs(scheduled, block, CPU)
+    fused = prepare_inputs(scheduled, block, CPU, kernels).attention if kernels is not None else None
     t = int(inputs.input_ids.shape[0])
     g = torch.Generator().manual_seed(rng.randrange(2**31))
     q = torch.randn(t, heads, dim, generator=g)
     k = torch.randn(t, kv_heads, dim, generator=g)
     v = torch.randn(t, kv_heads, dim, generator=g)
-    return inputs.attention, q, k, v
+    return inputs.attention, q, k, v, fused
 
 
 def one_bucket(batch: AttentionBatch) -> AttentionBatch:
@@ -251,13 +255,15 @@ def main() -> int:  # noqa: PLR0915
     bm_k, bm_v = pools.block_major_layer(layer)
     lm_k, lm_v = pools.layer_major_layer(layer)
     mrt, rounds = args.min_run_time, args.rounds
+    kernels = cpu_kernels.load()  # None without a C compiler: the fused row is left out
     results: dict[str, list[dict]] = {}
 
     # -- decode ---------------------------------------------------------------------------------------------
     contexts = [rng.randint(args.min_context, args.max_context) for _ in range(args.decode_seqs)]
     mean_ctx = round(sum(contexts) / len(contexts))
     for key, ctxs in (("decode", contexts), ("decode_equal", [mean_ctx] * len(contexts))):
-        batch, q, k, v = step_batch(ctxs, [1] * len(ctxs), bs, num_blocks, args.heads, hkv, hd, rng)
+        batch, q, k, v, fused = step_batch(ctxs, [1] * len(ctxs), bs, num_blocks, args.heads, hkv, hd, rng,
+                                           kernels)
         single = one_bucket(batch)
         rows = decode_rows(batch, bs)
         assert sorted(c for _, c in rows) == sorted(ctxs)
@@ -274,6 +280,9 @@ def main() -> int:  # noqa: PLR0915
             ("engine, layer-major pool", lambda b=batch, q=q, k=k, v=v: paged_attention(
                 q, k, v, lm_k, lm_v, b)),
         ]
+        if fused is not None:
+            variants.append(("engine: fused C kernel (blocks read in place)", lambda b=fused, q=q, k=k, v=v: (
+                paged_attention(q, k, v, bm_k, bm_v, b))))
         check(variants, ref)
         exact = sum(ctxs)
         padded = sum(g.size * g.mask.shape[-1] for g in batch.decodes)
@@ -300,7 +309,7 @@ def main() -> int:  # noqa: PLR0915
     # -- prefill --------------------------------------------------------------------------------------------
     prefill = []
     n, c = args.chunks, args.chunk
-    fb, fq, fk, fv = step_batch([c] * n, [c] * n, bs, num_blocks, args.heads, hkv, hd, rng)
+    fb, fq, fk, fv, _ = step_batch([c] * n, [c] * n, bs, num_blocks, args.heads, hkv, hd, rng)
     assert not fb.prefixed and sum(g.count for g in fb.fresh) == n
     gathered = as_gathered_chunks(fb, fresh_block_tables(fb, bs))
     fresh = [
@@ -314,7 +323,7 @@ def main() -> int:  # noqa: PLR0915
          lambda: paged_attention(fq, fk, fv, lm_k, lm_v, gathered)),
     ]
     check(fresh, paged_attention(fq, fk, fv, bm_k, bm_v, fb))
-    pb, pq, pk, pv = step_batch([args.prefix + c] * n, [c] * n, bs, num_blocks, args.heads, hkv, hd, rng)
+    pb, pq, pk, pv, _ = step_batch([args.prefix + c] * n, [c] * n, bs, num_blocks, args.heads, hkv, hd, rng)
     assert not pb.fresh and len(pb.prefixed) == n
     prefixed = [
         (f"{n}x{c} after a {args.prefix}-token cached prefix (engine)",
