@@ -45,7 +45,7 @@ class ModelRunner:
                                self.dtype)
         num_blocks = self.layout.blocks_for_budget(self._kv_budget())
         self.kv = PagedKVPool(self.layout, num_blocks, self.layout.blocks_for_budget(config.swap_bytes), self.device)
-        # Fused C attention where it applies (CPU, fp32) and can be built; otherwise gather + SDPA.
+        # Fused C kernels (attention, norms, RoPE, SwiGLU, argmax) where they apply (CPU, fp32) and can be built.
         use_kernels = config.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32
         self.kernels = cpu_kernels.load() if use_kernels else None
         self.sampler = Sampler(self.kernels)
