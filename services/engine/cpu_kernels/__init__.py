@@ -63,6 +63,10 @@ class CpuKernels:
         self._argmax.restype = None
         self._argmax.argtypes = [_P, _P, _I64, _I, _I]
 
+    # The wrappers run ~6 times per layer and pass: they check only what the C loops rely on (dtype, device,
+    # innermost strides), cheaply (``is_cpu`` and ``empty_like`` cost a fraction of ``device.type`` and
+    # ``empty(shape)``), and raise rather than assert, so a wrong tensor never reaches C even under -O.
+
     def paged_decode(self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor) -> None:
         """``out[i] = attention(q[i], the first context_lens[i] keys/values of block_tables[i])``.
@@ -72,8 +76,10 @@ class CpuKernels:
         contiguous; context_lens ``[n]`` int64."""
         n, hq, d = q.shape
         _, block_size, hkv, _ = k_cache.shape
-        _check_rows(q, out)
-        assert k_cache.stride(0) == v_cache.stride(0) and block_tables.is_contiguous() and context_lens.is_contiguous()
+        _check_rows(q)
+        _check_rows(out)
+        _check_cache(k_cache, v_cache)
+        _check_index(block_tables, context_lens)
         self._decode(out.data_ptr(), out.stride(0), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                      k_cache.stride(0), block_size, hkv, d, hq // hkv, n, block_tables.data_ptr(),
                      block_tables.stride(0), context_lens.data_ptr(), d**-0.5)
@@ -81,58 +87,83 @@ class CpuKernels:
     def kv_write(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_blocks: torch.Tensor, slot_offsets: torch.Tensor) -> None:
         """Writes token i's K/V rows ``[Hkv, D]`` into block ``slot_blocks[i]`` at ``slot_offsets[i]``."""
-        _check_rows(k, v)
-        assert k_cache.stride(0) == v_cache.stride(0) and slot_blocks.is_contiguous() and slot_offsets.is_contiguous()
+        _check_rows(k)
+        _check_rows(v)
+        _check_cache(k_cache, v_cache)
+        _check_index(slot_blocks, slot_offsets)
         self._write(k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k.data_ptr(), k.stride(0),
                     v.data_ptr(), v.stride(0), k.shape[1] * k.shape[2], slot_blocks.data_ptr(),
                     slot_offsets.data_ptr(), k.shape[0])
 
-
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> torch.Tensor:
         """RMSNorm of ``x`` ``[T, dim]``, or with ``residual``: ``residual += x`` (in place), then its RMSNorm."""
-        _check_matrix(x, weight.shape[0])
-        out = torch.empty(x.shape, dtype=x.dtype)
-        if residual is not None:
-            _check_matrix(residual, x.shape[1])
-        self._norm(out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0),
-                   None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
-                   weight.data_ptr(), x.shape[0], x.shape[1], eps)
+        rows, dim = x.shape
+        _check_matrix(x, dim)
+        _check_matrix(weight.view(1, -1), dim)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        if residual is None:
+            self._norm(out.data_ptr(), dim, x.data_ptr(), x.stride(0), None, 0, weight.data_ptr(), rows, dim, eps)
+        else:
+            _check_matrix(residual, dim)
+            self._norm(out.data_ptr(), dim, x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0),
+                       weight.data_ptr(), rows, dim, eps)
         return out
 
     def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Rotates ``x`` ``[T, heads, D]`` in place (rows strided, heads contiguous); cos/sin ``[T, 1, D]``."""
         t, heads, d = x.shape
         _check_rows(x)
-        assert cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == t * d
+        if not (cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == t * d):
+            raise ValueError(f"cos/sin must be contiguous [{t}, 1, {d}], got {tuple(cos.shape)}/{tuple(sin.shape)}")
         self._rope(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), t, heads, d)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` of ``[T, 2 * I]`` rows whose halves are gate and up."""
-        _check_matrix(gate_up, gate_up.shape[1])
-        dim = gate_up.shape[1] // 2
-        out = torch.empty((gate_up.shape[0], dim), dtype=gate_up.dtype)
-        self._silu_mul(out.data_ptr(), out.stride(0), gate_up.data_ptr(), gate_up.stride(0), gate_up.shape[0], dim)
+        rows, cols = gate_up.shape
+        _check_matrix(gate_up, cols)
+        dim = cols // 2
+        out = gate_up.new_empty((rows, dim))
+        self._silu_mul(out.data_ptr(), dim, gate_up.data_ptr(), gate_up.stride(0), rows, dim)
         return out
 
     def argmax_rows(self, x: torch.Tensor) -> torch.Tensor:
         """``x.argmax(dim=-1)`` of a ``[rows, cols]`` matrix (first index on ties, NaN wins, as torch)."""
-        _check_matrix(x, x.shape[1])
-        out = torch.empty(x.shape[0], dtype=torch.long)
-        self._argmax(out.data_ptr(), x.data_ptr(), x.stride(0), x.shape[0], x.shape[1])
+        rows, cols = x.shape
+        _check_matrix(x, cols)
+        out = torch.empty(rows, dtype=torch.long)
+        self._argmax(out.data_ptr(), x.data_ptr(), x.stride(0), rows, cols)
         return out
 
 
 def _check_matrix(t: torch.Tensor, cols: int) -> None:
-    assert t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 2 and t.stride(1) == 1, t.stride()
-    assert t.shape[1] == cols, (t.shape, cols)
+    """fp32 on the CPU, ``[rows, cols]`` with contiguous rows at any row stride."""
+    if t.dtype is not torch.float32 or not t.is_cpu or t.dim() != 2 or t.stride(1) != 1 or t.shape[1] != cols:
+        raise ValueError(f"expected fp32 CPU [rows, {cols}] with contiguous rows, got {t.dtype} {t.device} "
+                         f"{tuple(t.shape)} strides {t.stride()}")
 
 
-def _check_rows(*tensors: torch.Tensor) -> None:
-    """Rows ``[heads, dim]`` contiguous inside, any stride between rows: what the C loops index."""
+def _check_rows(t: torch.Tensor) -> None:
+    """fp32 on the CPU, ``[n, heads, dim]`` with each row's heads contiguous, any stride between rows."""
+    if t.dtype is not torch.float32 or not t.is_cpu or t.dim() != 3 or t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+        raise ValueError(f"expected fp32 CPU [n, heads, dim] with contiguous heads, got {t.dtype} {t.device} "
+                         f"{tuple(t.shape)} strides {t.stride()}")
+
+
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """One layer's K and V views of the pool: fp32 on the CPU, contiguous inside a block, the same block stride."""
+    for c in (k_cache, v_cache):
+        if c.dtype is not torch.float32 or not c.is_cpu or c.dim() != 4 or not c[0].is_contiguous():
+            raise ValueError(f"expected fp32 CPU [blocks, block_size, kv_heads, dim] caches, got {c.dtype} "
+                             f"{c.device} {tuple(c.shape)} strides {c.stride()}")
+    if k_cache.stride(0) != v_cache.stride(0) or k_cache.shape != v_cache.shape:
+        raise ValueError("K and V caches must have the same shape and block stride")
+
+
+def _check_index(*tensors: torch.Tensor) -> None:
     for t in tensors:
-        assert t.dtype == torch.float32 and t.device.type == "cpu", (t.dtype, t.device)
-        assert t.stride(2) == 1 and t.stride(1) == t.shape[2], t.stride()
+        if t.dtype is not torch.int64 or not t.is_cpu or not t.is_contiguous():
+            raise ValueError(f"expected a contiguous int64 CPU tensor, got {t.dtype} {t.device} {tuple(t.shape)}")
 
 
 @cache

@@ -146,7 +146,9 @@ void seawall_kv_write(float *k_cache, float *v_cache, int64_t block_stride, cons
 }
 
 /* Rows big enough to be worth a parallel region (waking the second thread costs a few microseconds). */
+#ifndef PARALLEL_FLOATS
 #define PARALLEL_FLOATS 16384
+#endif
 
 /* RMSNorm with the residual add folded in (Llama's pre-norm blocks). With `residual`: residual += x, then
  * out = norm(residual) * weight; without: out = norm(x) * weight. Rows are `dim` floats at their strides. */
