@@ -43,7 +43,7 @@ def _reference_decode(q, k_cache, v_cache, tables, lens):
 # (rows, kv heads, group, head_dim, block size): few rows split by head, many rows one job per row; the
 # specialised head sizes (32, 64, 128) and other ones (16, 48).
 SHAPES = [(1, 2, 2, 32, 16), (3, 4, 2, 64, 16), (64, 2, 2, 32, 16), (20, 2, 3, 16, 32), (9, 1, 4, 128, 16),
-          (12, 8, 1, 48, 32)]
+          (12, 8, 1, 48, 32), (16, 8, 8, 128, 16)]
 
 
 @pytest.mark.parametrize(("rows", "kv_heads", "group", "head_dim", "block_size"), SHAPES)
@@ -59,6 +59,18 @@ def test_paged_decode_matches_gather_and_sdpa(kernels, rows, kv_heads, group, he
     qkv = torch.randn((rows, (kv_heads * group + 2 * kv_heads) * head_dim), generator=g)
     q = qkv[:, : kv_heads * group * head_dim].view(rows, kv_heads * group, head_dim)
     out = torch.full_like(q, float("nan"))
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens)
+    torch.testing.assert_close(out, _reference_decode(q, k_cache, v_cache, tables, lens), atol=2e-6, rtol=1e-5)
+
+
+def test_one_long_decode_split_across_heads(kernels):
+    """A lone decode of a 5,000-token context: one job per KV head, over 313 scattered blocks."""
+    g = torch.Generator().manual_seed(3)
+    k_cache, v_cache = _pool(512, 16, 4, 64)
+    tables = torch.randperm(512, generator=g)[:313][None]
+    lens = torch.tensor([5000])
+    q = torch.randn(1, 8, 64, generator=g)
+    out = torch.empty_like(q)
     kernels.paged_decode(out, q, k_cache, v_cache, tables, lens)
     torch.testing.assert_close(out, _reference_decode(q, k_cache, v_cache, tables, lens), atol=2e-6, rtol=1e-5)
 
