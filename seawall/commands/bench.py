@@ -54,6 +54,8 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     add_torch_threads_flag(g)
     g.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     g.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent")
+    g.add_argument("--no-cpu-kernels", action="store_true",
+                   help="workers run CPU attention, norms and RoPE as plain torch ops, not the fused C kernels")
     g.add_argument("--kvcache", action="store_true", help="also start the kvcache service (multi-turn reuse)")
     g.add_argument("--mesh-log-dir", type=Path, default=None, help="where spawned services log (default: a temp dir)")
     p.set_defaults(mode="colocated")
@@ -159,6 +161,7 @@ def mesh_options(args: argparse.Namespace, policy: str):
     sched = scheduling_flags(args, policy)
     workers = ["--device", args.device] + (["--kv-cache-bytes", str(args.kv_cache_bytes)] if args.kv_cache_bytes
                                            else []) + (["--no-nixl"] if args.no_nixl else [])
+    workers += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
     colocated = args.mode == "colocated"
     return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
                        num_decode=args.workers if colocated else args.decode, grpc_port=0,
@@ -176,6 +179,7 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
     for name in ("max_num_batched_tokens", "preemption_mode", "kv_cache_bytes", "torch_threads"):
         if getattr(args, name):
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    flags += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
     return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
 
 

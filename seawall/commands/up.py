@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_torch_threads_flag(p)
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
+    p.add_argument("--no-cpu-kernels", action="store_true",
+                   help="workers run CPU attention, norms and RoPE as plain torch ops, not the fused C kernels")
     p.add_argument("--storage-gbps", type=float, default=0.0,
                    help="shape each worker node's storage traffic (kvcache loads/stores) to this many GB/s (0 = off)")
     p.add_argument("--compute-gbps", type=float, default=0.0,
@@ -84,6 +86,8 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         workers += ["--kv-cache-bytes", str(args.kv_cache_bytes)]
     if args.no_nixl:
         workers.append("--no-nixl")
+    if args.no_cpu_kernels:
+        workers.append("--no-cpu-kernels")
     kvcache = []
     if args.kvcache_dram_bytes:
         kvcache += ["--dram-bytes", str(args.kvcache_dram_bytes)]

@@ -78,3 +78,15 @@ def test_up_with_a_negative_torch_thread_count_says_so():
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2
     assert "--torch-threads: expected a whole number >= 0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_up_and_bench_pass_no_cpu_kernels_to_the_workers():
+    from seawall.cli import build_parser
+    from seawall.commands import bench, up
+
+    parser = build_parser()
+    assert "--no-cpu-kernels" not in up.options_from(parser.parse_args(["up"])).worker_args
+    assert "--no-cpu-kernels" in up.options_from(parser.parse_args(["up", "--no-cpu-kernels"])).worker_args
+    args = parser.parse_args(["bench", "--spawn", "--no-cpu-kernels"])
+    assert "--no-cpu-kernels" in bench.mesh_options(args, "sarathi").worker_args
+    assert "--no-cpu-kernels" in bench.mesh_flags(args)
