@@ -52,6 +52,16 @@ class DecodeRows:
 
 
 @dataclass
+class ChunkRows:
+    """Every prompt chunk of the step for the fused kernel, fresh or after a cached prefix."""
+
+    token_starts: torch.Tensor  # [chunks] int64: first token of each chunk in the flat batch
+    lens: torch.Tensor  # [chunks] int64: tokens of each chunk
+    prefix: torch.Tensor  # [chunks] int64: tokens before it (cached prefix or earlier chunks)
+    block_tables: torch.Tensor  # [chunks, max_blocks] int64, padded with block 0 (never read)
+
+
+@dataclass
 class FreshChunks:
     """``count`` prompt chunks of ``length`` tokens with no cached prefix, back to back from ``token_start``."""
 
@@ -81,6 +91,7 @@ class AttentionBatch:
     fresh: list[FreshChunks] = field(default_factory=list)
     prefixed: list[PrefixChunk] = field(default_factory=list)
     decode_rows: DecodeRows | None = None  # instead of ``decodes`` when ``kernels`` is set
+    chunk_rows: ChunkRows | None = None  # instead of ``fresh`` and ``prefixed`` when ``kernels`` is set
     kernels: CpuKernels | None = None
 
 
@@ -99,6 +110,8 @@ def paged_attention(
         if (d := batch.decode_rows) is not None:
             span = slice(d.token_start, d.token_start + d.size)
             batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens)
+        if (c := batch.chunk_rows) is not None:
+            batch.kernels.paged_prefill(out, q, k_cache, v_cache, c.token_starts, c.lens, c.prefix, c.block_tables)
     else:
         k_cache[batch.slot_blocks, batch.slot_offsets] = k
         v_cache[batch.slot_blocks, batch.slot_offsets] = v

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from services.common.sampling_params import SamplingParams
-from services.engine.attention import AttentionBatch, DecodeGroup, DecodeRows, FreshChunks, PrefixChunk
+from services.engine.attention import (
+    AttentionBatch,
+    ChunkRows,
+    DecodeGroup,
+    DecodeRows,
+    FreshChunks,
+    PrefixChunk,
+)
 
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
@@ -86,6 +93,10 @@ def prepare_inputs(
     elif decodes:
         attention.decode_rows = _decode_rows(decodes, block_size, device)
     offset = len(decodes)
+    if kernels is not None:
+        if fresh or prefixed:
+            attention.chunk_rows = _chunk_rows(fresh + prefixed, offset, block_size, device)
+        return StepInputs(_t(ids, device), _t(positions, device), attention, _t(logits_index, device), sample_ids)
     for length, group in groupby(fresh, key=lambda sn: sn[1]):
         count = len(list(group))
         attention.fresh.append(FreshChunks(offset, count, length))
@@ -132,6 +143,18 @@ def _decode_rows(seqs: list[SequenceState], block_size: int, device) -> DecodeRo
     max_blocks = max(s.num_computed // block_size + 1 for s in seqs)
     tables = [(s.block_ids + [0] * max_blocks)[:max_blocks] for s in seqs]
     return DecodeRows(0, len(seqs), _t(tables, device), _t([s.num_computed + 1 for s in seqs], device))
+
+
+def _chunk_rows(chunks: list[tuple[SequenceState, int]], offset: int, block_size: int, device) -> ChunkRows:
+    starts, lens, prefix, tables = [], [], [], []
+    max_blocks = max(-(-(s.num_computed + n) // block_size) for s, n in chunks)
+    for seq, n in chunks:
+        starts.append(offset)
+        lens.append(n)
+        prefix.append(seq.num_computed)
+        tables.append((seq.block_ids + [0] * max_blocks)[:max_blocks])
+        offset += n
+    return ChunkRows(_t(starts, device), _t(lens, device), _t(prefix, device), _t(tables, device))
 
 
 def _prefix_chunk(seq: SequenceState, n: int, token_start: int, block_size: int, device) -> PrefixChunk:

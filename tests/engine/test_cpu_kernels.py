@@ -92,6 +92,52 @@ def test_paged_decode_ignores_padding_blocks_and_large_scores(kernels):
     torch.testing.assert_close(out, _reference_decode(q, clean_k, clean_v, tables, lens), atol=1e-5, rtol=1e-5)
 
 
+def _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables):
+    block_size, heads, dim = k_cache.shape[1:]
+    out = torch.empty_like(q)
+    for c in range(len(lens)):
+        start, n, p = int(starts[c]), int(lens[c]), int(prefix[c])
+        ctx = p + n
+        keys = k_cache[tables[c]].reshape(-1, heads, dim)[:ctx].transpose(0, 1)[None]
+        values = v_cache[tables[c]].reshape(-1, heads, dim)[:ctx].transpose(0, 1)[None]
+        mask = torch.arange(ctx)[None, :] <= (p + torch.arange(n))[:, None]
+        rows = q[start : start + n].transpose(0, 1)[None]
+        out[start : start + n] = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask,
+                                                                enable_gqa=True)[0].transpose(0, 1)
+    return out
+
+
+# (kv heads, group, head_dim, block size; chunks as (cached prefix, chunk tokens)): fresh prompts, chunks after
+# prefixes that end mid-block, one token, a chunk over several row tiles (> 64 rows) and key tiles, and head
+# sizes that are not a multiple of 16 (the kernel's scalar tail).
+CHUNK_CASES = [
+    (2, 2, 32, 16, [(0, 128), (0, 128), (0, 1)]),
+    (4, 2, 64, 16, [(0, 7), (100, 37), (5, 200), (0, 3)]),
+    (2, 3, 16, 32, [(300, 64), (17, 1)]),
+    (1, 4, 72, 16, [(64, 65), (0, 150)]),
+    (8, 1, 128, 16, [(1000, 70)]),
+]
+
+
+@pytest.mark.parametrize(("kv_heads", "group", "head_dim", "block_size", "chunks"), CHUNK_CASES)
+def test_paged_prefill_matches_gather_and_sdpa(kernels, kv_heads, group, head_dim, block_size, chunks):
+    g = torch.Generator().manual_seed(head_dim + len(chunks))
+    k_cache, v_cache = _pool(512, block_size, kv_heads, head_dim)
+    prefix = torch.tensor([p for p, _ in chunks])
+    lens = torch.tensor([n for _, n in chunks])
+    starts = torch.cumsum(lens, 0) - lens + 5  # 5 decode tokens come first in the flat batch
+    max_blocks = int(max(-(-(p + n) // block_size) for p, n in chunks))
+    tables = torch.stack([torch.randperm(512, generator=g)[:max_blocks] for _ in chunks])
+    total = int(starts[-1] + lens[-1])
+    qkv = torch.randn((total, (kv_heads * group + 2 * kv_heads) * head_dim), generator=g)
+    q = qkv[:, : kv_heads * group * head_dim].view(total, kv_heads * group, head_dim)
+    out = torch.full_like(q, float("nan"))
+    kernels.paged_prefill(out, q, k_cache, v_cache, starts, lens, prefix, tables)
+    assert torch.isnan(out[:5]).all()  # rows outside the chunks are left alone
+    torch.testing.assert_close(out[5:], _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables)[5:],
+                               atol=3e-6, rtol=1e-5)
+
+
 def test_kv_write_matches_index_put(kernels):
     k_cache, v_cache = _pool(16, 16, 2, 32)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()

@@ -34,15 +34,15 @@ def _common_layout(inputs):
     assert inputs.logits_index.tolist() == [0, 1, 2, 8, 14]
     batch = inputs.attention
     assert batch.slot_blocks.tolist()[:3] == [10, 22, 7] and batch.slot_offsets.tolist()[:3] == [2, 0, 1]
-    assert [(f.token_start, f.count, f.length) for f in batch.fresh] == [(3, 2, 6)]
-    assert [(p.token_start, p.num_tokens, p.context_len) for p in batch.prefixed] == [(15, 4, 12)]
 
 
 def test_torch_path_buckets_decodes_by_context():
     inputs = prepare_inputs(_step(), BLOCK, CPU)
     _common_layout(inputs)
     batch = inputs.attention
-    assert batch.kernels is None and batch.decode_rows is None
+    assert batch.kernels is None and batch.decode_rows is None and batch.chunk_rows is None
+    assert [(f.token_start, f.count, f.length) for f in batch.fresh] == [(3, 2, 6)]
+    assert [(p.token_start, p.num_tokens, p.context_len) for p in batch.prefixed] == [(15, 4, 12)]
     spans = [(g.token_start, g.size) for g in batch.decodes]
     assert sum(n for _, n in spans) == 3 and spans[0][0] == 0
     assert all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:], strict=False))
@@ -65,9 +65,19 @@ def test_kernel_path_makes_one_row_per_decode():
     assert rows.block_tables.dtype == torch.long and rows.block_tables.is_contiguous()
     assert rows.block_tables.tolist() == [[10, 0, 0, 0, 0, 0, 0, 0], [20, 21, 22, 0, 0, 0, 0, 0],
                                           [0, 1, 2, 3, 4, 5, 6, 7]]
+    # Every prompt chunk, fresh or after a prefix, in token order: no gather groups.
+    assert batch.fresh == [] and batch.prefixed == []
+    chunks = batch.chunk_rows
+    assert chunks.token_starts.tolist() == [3, 9, 15]
+    assert chunks.lens.tolist() == [6, 6, 4] and chunks.prefix.tolist() == [0, 0, 8]
+    assert chunks.block_tables.tolist() == [[30, 31, 0], [40, 41, 0], [50, 51, 52]]
 
 
 def test_no_decodes_no_rows():
     kernels = cpu_kernels.load()
+    if kernels is None:
+        pytest.skip("no C compiler: the fused kernels cannot be built here")
     inputs = prepare_inputs([(_seq("f", 6, 0, 0), 6)], BLOCK, CPU, kernels)
-    assert inputs.attention.decode_rows is None and inputs.attention.fresh[0].token_start == 0
+    assert inputs.attention.decode_rows is None and inputs.attention.chunk_rows.token_starts.tolist() == [0]
+    inputs = prepare_inputs([(_seq("d", 6, 5, 0), 1)], BLOCK, CPU, kernels)
+    assert inputs.attention.chunk_rows is None and inputs.attention.decode_rows.size == 1

@@ -59,6 +59,10 @@ class CpuKernels:
         self._silu_mul = lib.seawall_silu_mul
         self._silu_mul.restype = None
         self._silu_mul.argtypes = [_P, _I64, _P, _I64, _I, _I]
+        self._prefill = lib.seawall_paged_prefill
+        self._prefill.restype = None
+        self._prefill.argtypes = [_P, _I64, _P, _I64, _P, _P, _I64, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I64,
+                                  ctypes.c_float]
         self._argmax = lib.seawall_argmax_rows
         self._argmax.restype = None
         self._argmax.argtypes = [_P, _P, _I64, _I, _I]
@@ -83,6 +87,23 @@ class CpuKernels:
         self._decode(out.data_ptr(), out.stride(0), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                      k_cache.stride(0), block_size, hkv, d, hq // hkv, n, block_tables.data_ptr(),
                      block_tables.stride(0), context_lens.data_ptr(), d**-0.5)
+
+    def paged_prefill(self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      token_starts: torch.Tensor, lens: torch.Tensor, prefix: torch.Tensor,
+                      block_tables: torch.Tensor) -> None:
+        """Prompt chunk c: rows ``[token_starts[c], + lens[c])`` of q/out attend causally to the first
+        ``prefix[c] + i + 1`` tokens of ``block_tables[c]`` (its K/V already written to the pool). Shapes as in
+        ``paged_decode``; the index tensors are ``[num_chunks]`` (tables ``[num_chunks, max_blocks]``) int64."""
+        _, hq, d = q.shape
+        _, block_size, hkv, _ = k_cache.shape
+        _check_rows(q)
+        _check_rows(out)
+        _check_cache(k_cache, v_cache)
+        _check_index(token_starts, lens, prefix, block_tables)
+        self._prefill(out.data_ptr(), out.stride(0), q.data_ptr(), q.stride(0), k_cache.data_ptr(),
+                      v_cache.data_ptr(), k_cache.stride(0), block_size, hkv, d, hq // hkv, lens.shape[0],
+                      token_starts.data_ptr(), lens.data_ptr(), prefix.data_ptr(), block_tables.data_ptr(),
+                      block_tables.stride(0), d**-0.5)
 
     def kv_write(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_blocks: torch.Tensor, slot_offsets: torch.Tensor) -> None:
