@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from services.common.sampling_params import SamplingParams
@@ -83,20 +84,22 @@ def prepare_inputs(
             sample_ids.append(seq.seq_id)
     slot_blocks = [seq.block_ids[p // block_size] for seq, n in ordered
                    for p in range(seq.num_computed, seq.num_computed + n)]
-    attention = AttentionBatch(_t(slot_blocks, device), _t([p % block_size for p in positions], device),
-                               kernels=kernels)
+    # One tensor for the four per-token rows (each conversion from Python lists has a fixed cost).
+    flat = _t2d([ids, positions, slot_blocks, [p % block_size for p in positions]], device)
+    input_ids, positions_t = flat[0], flat[1]
+    attention = AttentionBatch(flat[2], flat[3], kernels=kernels)
     if kernels is None:
         offset = 0
         for bucket in _decode_buckets(decodes, block_size):
             attention.decodes.append(_decode_group(bucket, offset, block_size, device))
             offset += len(bucket)
     elif decodes:
-        attention.decode_rows = _decode_rows(decodes, block_size, device)
+        attention.decode_rows = _decode_rows(decodes, positions_t[: len(decodes)], block_size, device)
     offset = len(decodes)
     if kernels is not None:
         if fresh or prefixed:
             attention.chunk_rows = _chunk_rows(fresh + prefixed, offset, block_size, device)
-        return StepInputs(_t(ids, device), _t(positions, device), attention, _t(logits_index, device), sample_ids)
+        return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids)
     for length, group in groupby(fresh, key=lambda sn: sn[1]):
         count = len(list(group))
         attention.fresh.append(FreshChunks(offset, count, length))
@@ -104,7 +107,7 @@ def prepare_inputs(
     for seq, n in prefixed:
         attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device))
         offset += n
-    return StepInputs(_t(ids, device), _t(positions, device), attention, _t(logits_index, device), sample_ids)
+    return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids)
 
 
 def _check(seq: SequenceState, n: int, block_size: int) -> None:
@@ -136,13 +139,13 @@ def _decode_group(seqs: list[SequenceState], token_start: int, block_size: int, 
     tables = [(s.block_ids + [0] * max_blocks)[:max_blocks] for s in seqs]
     keys = torch.arange(max_blocks * block_size, device=device)
     mask = (keys[None, :] < _t(context_lens, device)[:, None])[:, None, None, :]
-    return DecodeGroup(token_start, len(seqs), _t(tables, device), mask)
+    return DecodeGroup(token_start, len(seqs), _t2d(tables, device), mask)
 
 
-def _decode_rows(seqs: list[SequenceState], block_size: int, device) -> DecodeRows:
+def _decode_rows(seqs: list[SequenceState], positions: torch.Tensor, block_size: int, device) -> DecodeRows:
     max_blocks = max(s.num_computed // block_size + 1 for s in seqs)
     tables = [(s.block_ids + [0] * max_blocks)[:max_blocks] for s in seqs]
-    return DecodeRows(0, len(seqs), _t(tables, device), _t([s.num_computed + 1 for s in seqs], device))
+    return DecodeRows(0, len(seqs), _t2d(tables, device), positions + 1)
 
 
 def _chunk_rows(chunks: list[tuple[SequenceState, int]], offset: int, block_size: int, device) -> ChunkRows:
@@ -154,7 +157,7 @@ def _chunk_rows(chunks: list[tuple[SequenceState, int]], offset: int, block_size
         prefix.append(seq.num_computed)
         tables.append((seq.block_ids + [0] * max_blocks)[:max_blocks])
         offset += n
-    return ChunkRows(_t(starts, device), _t(lens, device), _t(prefix, device), _t(tables, device))
+    return ChunkRows(_t(starts, device), _t(lens, device), _t(prefix, device), _t2d(tables, device))
 
 
 def _prefix_chunk(seq: SequenceState, n: int, token_start: int, block_size: int, device) -> PrefixChunk:
@@ -168,3 +171,11 @@ def _prefix_chunk(seq: SequenceState, n: int, token_start: int, block_size: int,
 
 def _t(values, device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long, device=device)
+
+
+def _t2d(rows: list[list[int]], device) -> torch.Tensor:
+    """A ``[len(rows), len(rows[0])]`` int64 tensor of equal-length rows. Through numpy: for nested lists it is
+    2.5-3x faster than ``torch.tensor`` (64 x 12 block ids: 19 vs 47 us); for flat lists of a few dozen it
+    is not, so ``_t`` keeps those."""
+    t = torch.from_numpy(np.array(rows, dtype=np.int64))
+    return t if device.type == "cpu" else t.to(device)
