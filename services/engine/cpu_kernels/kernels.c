@@ -54,6 +54,25 @@ static inline void prefetch_token(const float *k_cache, const float *v_cache, in
     }
 }
 
+/* One step of an online softmax: n new scores p of a row whose running max and sum are *m and *l. Turns p
+ * into exp(p - new max), updates *m and *l, and returns the factor the row's weighted sum so far must be
+ * scaled by (0 on the first step, where *m is -inf). */
+static inline __attribute__((always_inline)) float softmax_step(float *p, int n, float *m, float *l) {
+    float mx = *m;
+#pragma omp simd reduction(max : mx)
+    for (int t = 0; t < n; t++) mx = p[t] > mx ? p[t] : mx;
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int t = 0; t < n; t++) {
+        p[t] = exp_clamped(p[t] - mx);
+        sum += p[t];
+    }
+    const float corr = exp_clamped(*m - mx);
+    *l = *l * corr + sum;
+    *m = mx;
+    return corr;
+}
+
 /* One query token, KV heads [head, head + heads) and their `group` query heads each:
  * out = softmax(q . K^T * scale) V over the first context_len tokens of `table`, in one pass over the
  * blocks with a running max and sum per query head (online softmax). */
@@ -78,18 +97,8 @@ static inline __attribute__((always_inline)) void attend(
                 s[r * block_size + t] = dot(q + r * head_dim, kb + t * token_stride + (r / group) * head_dim, head_dim) * scale;
         }
         for (int r = 0; r < rows; r++) {
-            float *p = s + r * block_size, mx = m[r];
-#pragma omp simd reduction(max : mx)
-            for (int t = 0; t < n; t++) mx = p[t] > mx ? p[t] : mx;
-            float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-            for (int t = 0; t < n; t++) {
-                p[t] = exp_clamped(p[t] - mx);
-                sum += p[t];
-            }
-            const float corr = exp_clamped(m[r] - mx); /* 0 on the first block: m is -inf */
-            l[r] = l[r] * corr + sum;
-            m[r] = mx;
+            float *p = s + r * block_size;
+            const float corr = softmax_step(p, n, &m[r], &l[r]);
             float *a = acc + r * head_dim;
             const float *vr = vb + (r / group) * head_dim;
 #pragma omp simd
@@ -312,17 +321,7 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                         *(v16u *)(s + 32) = s2;
                         *(v16u *)(s + 48) = s3;
                     }
-                    float mx = m[r];
-                    for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-                    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-                    for (int t = 0; t < n; t++) {
-                        s[t] = exp_clamped(s[t] - mx);
-                        sum += s[t];
-                    }
-                    const float corr = exp_clamped(m[r] - mx);
-                    l[r] = l[r] * corr + sum;
-                    m[r] = mx;
+                    const float corr = softmax_step(s, n, &m[r], &l[r]);
                     float *a = acc + (int64_t)r * head_dim;
                     int dv = 0;
                     for (; dv + 16 <= head_dim; dv += 16) {  /* four independent chains over the keys */
