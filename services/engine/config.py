@@ -25,8 +25,8 @@ class EngineConfig:
     kv_cache_bytes: int | None = None
     # Bytes of host memory for swapped-out blocks.
     swap_bytes: int = 256 * 2**20
-    # Fused C kernels for CPU fp32 attention (built once with the system C compiler; without one, or when
-    # False, attention runs as gather + SDPA: same tokens, slower decodes).
+    # Fused C kernels for the CPU fp32 path: paged attention, norms, RoPE, SwiGLU, greedy argmax (built once
+    # with the system C compiler; without one, or when False, these run as torch ops: same tokens, slower).
     cpu_kernels: bool = True
 
     def __post_init__(self) -> None:
@@ -34,6 +34,8 @@ class EngineConfig:
             raise InvalidArgument(f"block_size must be a power of two >= 1, got {self.block_size}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise InvalidArgument(f"kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
+        if not isinstance(self.cpu_kernels, bool):
+            raise InvalidArgument(f"cpu_kernels must be true or false, got {self.cpu_kernels!r}")
         if self.swap_bytes < 0:
             raise InvalidArgument(f"swap_bytes must be >= 0, got {self.swap_bytes}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:

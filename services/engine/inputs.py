@@ -63,7 +63,8 @@ def prepare_inputs(
     kernels: CpuKernels | None = None,
 ) -> StepInputs:
     """``scheduled``: (sequence, number of tokens to run); with ``kernels``, attention runs the fused CPU
-    kernels and the decodes form one ``DecodeRows``. Raises ``ValueError`` on an inconsistent plan."""
+    kernels: the decodes form one ``DecodeRows``, the prompt chunks one ``ChunkRows``. Raises ``ValueError``
+    on an inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
     decodes = sorted((s for s, n in scheduled if n == 1), key=lambda s: s.num_computed)

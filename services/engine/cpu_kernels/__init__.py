@@ -1,4 +1,5 @@
-"""Fused C kernels for fp32 attention on the CPU (kernels.c), built once per machine and loaded with ctypes.
+"""Fused C kernels for the CPU fp32 path (kernels.c: paged attention, RMSNorm, RoPE, SiLU·mul, argmax),
+built once per machine and loaded with ctypes.
 
 Why built here rather than shipped: ``-march=native`` vectorises the inner loops for this CPU's widest units
 (the decode kernel ran ~3x faster than gather + SDPA with it, ~1.7x without fast reductions), and a plain C
