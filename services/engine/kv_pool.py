@@ -67,6 +67,8 @@ class PagedKVPool:
         self.device_kv = torch.zeros((num_blocks, *layout.block_shape), dtype=layout.dtype, device=device)
         pin = device.type == "cuda"
         self.host_kv = torch.zeros((num_host_blocks, *layout.block_shape), dtype=layout.dtype, pin_memory=pin)
+        # Made once: a view costs a few microseconds, and every layer of every pass asks for its pair.
+        self._layers = [(self.device_kv[:, i, 0], self.device_kv[:, i, 1]) for i in range(layout.num_layers)]
 
     @property
     def num_blocks(self) -> int:
@@ -78,7 +80,7 @@ class PagedKVPool:
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V views of one layer, each ``[num_blocks, block_size, kv_heads, head_dim]``."""
-        return self.device_kv[:, layer, 0], self.device_kv[:, layer, 1]
+        return self._layers[layer]
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """Copies device blocks to host blocks: ``pairs`` of (device block id, host block id)."""
