@@ -1,3 +1,5 @@
+"""``EngineConfig``: every bad value is refused with a message that names its field."""
+
 import pytest
 
 from services.common.errors import InvalidArgument

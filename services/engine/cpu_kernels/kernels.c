@@ -3,9 +3,10 @@
  * Why C: on the CPU the tiny model's step is dominated by per-op overhead and by memory traffic that eager
  * torch cannot fuse. Decode attention as gather + SDPA copies every context's K/V out of the pool and
  * reads it again; here each sequence (or each (sequence, KV head) when the batch has few rows) walks its
- * block table in place, once, with an online softmax. Norms, RoPE, SwiGLU and the greedy argmax are here too:
- * each is one pass over memory instead of several eager ops. Parallel regions use OpenMP: the library links libgomp.so.1, which resolves to the copy torch
- * already loaded, so these loops run on torch's own thread team (a second team would fight it for cores).
+ * block table in place, once, with an online softmax. Norms, RoPE, SwiGLU and the greedy argmax are here
+ * too: each is one pass over memory instead of several eager ops. Parallel regions use OpenMP: the library
+ * links libgomp.so.1, which resolves to the copy torch already loaded, so these loops run on torch's own
+ * thread team (a second team would fight it for cores).
  *
  * Layouts (all float32, innermost dimension contiguous):
  *   q / out rows: token i, head j at base + i * row_stride + j * head_dim
