@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from services.engine.config import EngineConfig
 
 ROLES = ("prefill", "decode", "hybrid")
+STEP_THREADS = ("auto", "loop", "own")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class WorkerConfig:
     nixl: bool = True
     # torch intra-op threads; 0 = torch's default. Several workers on one host should split the cores.
     torch_threads: int = 0
+    # Where steps (all torch work) run: "loop" on the event-loop thread, "own" on a thread of their own, "auto"
+    # the loop on a CPU and its own thread on a GPU (services/engine/torch_thread.py says why).
+    step_thread: str = "auto"
     # Prometheus text at http://host:metrics_port/metrics; 0 = off.
     metrics_port: int = 0
     # OTLP/gRPC endpoint for traces; None = the OTEL_EXPORTER_OTLP_ENDPOINT variable (unset: tracing off).
@@ -44,5 +48,13 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
         if self.torch_threads < 0:
             raise ValueError(f"torch_threads must be >= 0 (0 = torch's default), got {self.torch_threads}")
+        if self.step_thread not in STEP_THREADS:
+            raise ValueError(f"step_thread must be one of {', '.join(STEP_THREADS)}, got {self.step_thread!r}")
         if self.compute_gbps < 0:
             raise ValueError(f"compute_gbps must be >= 0 GB/s (0 = not shaped), got {self.compute_gbps}")
+
+    def steps_on_loop(self) -> bool:
+        """Whether steps run on the event-loop thread (``step_thread``, "auto" resolved for this device)."""
+        if self.step_thread == "auto":
+            return self.engine.torch_device().type == "cpu"
+        return self.step_thread == "loop"

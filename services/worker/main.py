@@ -24,8 +24,8 @@ from services.common.metrics import serve_metrics
 from services.common.tracing import setup_tracing
 from services.engine.config import EngineConfig
 from services.engine.runner import ModelRunner
-from services.engine.torch_thread import TorchThread
-from services.worker.config import ROLES, WorkerConfig
+from services.engine.torch_thread import InlineTorch, TorchThread
+from services.worker.config import ROLES, STEP_THREADS, WorkerConfig
 from services.worker.servicer import WorkerMetrics, WorkerServicer
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
                    help="host the scheduler and peers should use to reach this worker (default: --host)")
     p.add_argument("--no-nixl", action="store_true", help="no NIXL agent: KV moves over the gRPC fallback")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    p.add_argument("--step-thread", choices=STEP_THREADS, default="auto",
+                   help="run steps on the event-loop thread (loop) or a thread of their own (own); default auto: "
+                        "the loop on a CPU, their own thread on a GPU")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus text on this port (0 = off)")
     p.add_argument("--otlp-endpoint", default=None,
                    help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
@@ -72,12 +75,13 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return WorkerConfig(role=role or args.role, engine=engine_config_from(args), host=args.host, port=args.port,
                         scheduler_address=args.scheduler, nixl=not args.no_nixl, torch_threads=args.torch_threads,
+                        step_thread=args.step_thread,
                         name=args.advertise or "", metrics_port=args.metrics_port,
                         otlp_endpoint=args.otlp_endpoint, compute_gbps=args.compute_gbps)
 
 
 async def serve(config: WorkerConfig) -> None:
-    torch_thread = TorchThread(config.torch_threads)
+    torch_thread = (InlineTorch if config.steps_on_loop() else TorchThread)(config.torch_threads)
     runner = torch_thread.call(ModelRunner, config.engine)
     server = Server()
     advertise_host = config.name or config.host
@@ -90,8 +94,9 @@ async def serve(config: WorkerConfig) -> None:
                worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name)
     port = await server.start(config.host, config.port)
     address = f"{advertise_host}:{port}"
-    log.info("%s worker serving on %s (%d device blocks, %d torch thread(s))", config.role, address,
-             runner.kv.num_blocks, torch_thread.num_threads)
+    log.info("%s worker serving on %s (%d device blocks, %d torch thread(s), steps on %s)", config.role, address,
+             runner.kv.num_blocks, torch_thread.num_threads,
+             "the event-loop thread" if config.steps_on_loop() else "their own thread")
     gc_metrics = gc_pauses.after_startup(registry)
     try:
         if config.scheduler_address:

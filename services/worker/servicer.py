@@ -1,9 +1,9 @@
 """The Worker gRPC service: runs step plans on the engine and moves KV blocks by id.
 
 A thin shell (STYLE §1): protos are converted at the edge; steps run one at a time, in the order their plans
-came, on the torch thread (the forward pass holds the GIL only between kernels, so health checks and KV
-transfers keep being served), and sequence state changes (Free, Abort) run there too, after the steps queued
-before them.
+came, on the process's torch thread, and sequence state changes (Free, Abort) run there too, after the steps
+queued before them. A CPU worker's torch thread is its event-loop thread (``InlineTorch``; torch_thread.py says
+why): health checks and KV transfer requests then wait for the step running, at most one.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from services.common.shaper import COMPUTE, EGRESS, INGRESS, Shaper, TokenBucket
 from services.common.tracing import Tracing
 from services.common.version import VERSION
 from services.engine.runner import ModelRunner
-from services.engine.torch_thread import TorchThread
+from services.engine.torch_thread import InlineTorch, TorchThread
 from services.worker.config import WorkerConfig
 from services.worker.seq_traces import SequenceTraces
 
@@ -51,7 +51,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
 
     def __init__(self, config: WorkerConfig, runner: ModelRunner, agent: NixlKVAgent | None,
                  metrics: WorkerMetrics | None = None, tracing: Tracing | None = None,
-                 torch_thread: TorchThread | None = None) -> None:
+                 torch_thread: TorchThread | InlineTorch | None = None) -> None:
         super().__init__(runner.kv)
         self.config = config
         self.metrics = metrics or WorkerMetrics(CollectorRegistry())
@@ -128,12 +128,10 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
             plan = plan_from_proto(msg)
         except SeawallError as exc:
             await abort_with(context, exc)
-        # Queued before the first await, so steps run in the order their plans were read. Shielded: a step is
-        # never abandoned halfway (nor dropped from the queue) because its caller went away.
-        queued = asyncio.wrap_future(self._torch.submit(self._run_step, msg, plan))
-        queued.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if we stop waiting
+        # Queued before the first await, so steps run in the order their plans were read; never abandoned
+        # halfway because the caller went away.
         try:
-            result, seconds = await asyncio.shield(queued)
+            result, seconds = await self._torch.run_in_order(self._run_step, msg, plan)
         except SeawallError as exc:
             await abort_with(context, exc)
         except KeyError as exc:  # the plan names a sequence this worker never saw: a scheduler bug

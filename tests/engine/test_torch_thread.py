@@ -1,10 +1,11 @@
+import asyncio
 import threading
 
 import anyio
 import pytest
 import torch
 
-from services.engine.torch_thread import TorchThread
+from services.engine.torch_thread import InlineTorch, TorchThread
 
 
 @pytest.fixture
@@ -53,3 +54,35 @@ def test_errors_reach_the_caller(restore_torch_threads):
         anyio.run(main)
     finally:
         tt.close()
+
+
+def test_work_queued_in_order_runs_in_that_order_even_if_awaited_out_of_order(restore_torch_threads):
+    tt = TorchThread(1)
+    ran = []
+
+    async def main():
+        # Each call queues its work before it first yields: the tasks start in order, the awaits come reversed.
+        tasks = [asyncio.ensure_future(tt.run_in_order(ran.append, i)) for i in range(5)]
+        for task in reversed(tasks):
+            await task
+
+    try:
+        asyncio.run(main())
+        assert ran == [0, 1, 2, 3, 4]
+    finally:
+        tt.close()
+
+
+def test_inline_work_runs_on_the_callers_thread_with_the_requested_torch_threads(restore_torch_threads):
+    torch.set_num_threads(1)
+    inline = InlineTorch(2)
+    assert inline.num_threads == 2 and torch.get_num_threads() == 2  # this thread is the torch thread now
+    assert inline.call(threading.get_ident) == threading.get_ident()
+
+    async def main():
+        with pytest.raises(ZeroDivisionError):
+            await inline.run_in_order(lambda: 1 / 0)
+        return await inline.run(threading.get_ident), await inline.run_in_order(lambda a, b: a * b, 3, 4)
+
+    assert anyio.run(main) == (threading.get_ident(), 12)
+    inline.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.engine.config import EngineConfig
 from services.scheduler.config import SchedulerServiceConfig
 from services.worker.config import WorkerConfig
 
@@ -32,7 +33,17 @@ def test_defaults_are_valid_and_the_http_api_may_be_off():
     ({"metrics_port": 65536}, "metrics_port must be in"),
     ({"torch_threads": -1}, "torch_threads must be >= 0"),
     ({"compute_gbps": -1.0}, "compute_gbps must be >= 0"),
+    ({"step_thread": "pool"}, "step_thread must be one of auto, loop, own"),
 ])
 def test_worker_config_rejects_what_cannot_work(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         WorkerConfig(**kwargs)
+
+
+def test_a_cpu_worker_runs_its_steps_on_the_event_loop_thread_unless_told_otherwise():
+    cpu = EngineConfig(device="cpu")
+    assert WorkerConfig(engine=cpu).steps_on_loop()
+    assert not WorkerConfig(engine=cpu, step_thread="own").steps_on_loop()
+    # A GPU's launches are asynchronous: its steps keep a thread of their own, and the loop stays free meanwhile.
+    assert not WorkerConfig(engine=EngineConfig(device="cuda")).steps_on_loop()
+    assert WorkerConfig(engine=EngineConfig(device="cuda"), step_thread="loop").steps_on_loop()

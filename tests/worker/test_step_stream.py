@@ -1,5 +1,6 @@
-"""The worker's step stream: steps run in plan order on the torch thread, and a plan the scheduler sent
-ahead starts the moment the step before it ends."""
+"""The worker's step stream: steps run in plan order on the torch thread (a thread of their own, or the
+event-loop thread: ``InlineTorch``), and a plan the scheduler sent ahead starts the moment the step before it
+ends."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from seawall.v1 import worker_pb2
 from services.common.step import StepResult
-from services.engine.torch_thread import TorchThread
+from services.engine.torch_thread import InlineTorch, TorchThread
 from services.worker.config import WorkerConfig
 from services.worker.servicer import WorkerServicer
 
@@ -62,8 +63,14 @@ class _Context:
         return ()
 
 
-def _servicer(runner: _Runner) -> WorkerServicer:
-    return WorkerServicer(WorkerConfig(), runner, None, torch_thread=TorchThread.plain())
+@pytest.fixture(params=["own", "loop"])
+def step_thread(request):
+    return request.param
+
+
+def _servicer(runner: _Runner, step_thread: str = "own") -> WorkerServicer:
+    torch_thread = TorchThread.plain() if step_thread == "own" else InlineTorch()
+    return WorkerServicer(WorkerConfig(step_thread=step_thread), runner, None, torch_thread=torch_thread)
 
 
 def _plan(step_id: int) -> worker_pb2.StepPlan:
@@ -76,12 +83,12 @@ async def _until(condition) -> None:
             await asyncio.sleep(0.001)
 
 
-async def test_a_plan_read_ahead_runs_without_waiting_for_the_result_before_it_to_go_out():
+async def test_a_plan_read_ahead_runs_without_waiting_for_the_result_before_it_to_go_out(step_thread):
     runner = _Runner()
     context = _Context()
     for step_id in (1, 2):
         context.plans.put_nowait(_plan(step_id))
-    stream = _servicer(runner).StepStream(None, context)
+    stream = _servicer(runner, step_thread).StepStream(None, context)
     assert (await stream.__anext__()).step_id == 1
     # Nobody asks for the next result (as while grpc writes this one out), and step 2 runs all the same: the
     # forward passes run back to back instead of waiting for a write and a read in between.
@@ -94,6 +101,7 @@ async def test_a_plan_read_ahead_runs_without_waiting_for_the_result_before_it_t
 
 
 async def test_a_free_runs_after_the_steps_read_before_it():
+    """On a thread of their own: a Free queues behind the steps read before it, even while they run."""
     runner = _Runner()
     runner.hold[1] = threading.Event()
     servicer = _servicer(runner)
@@ -114,9 +122,26 @@ async def test_a_free_runs_after_the_steps_read_before_it():
     await stream.aclose()
 
 
-async def test_results_come_back_in_plan_order_and_shutdown_ends_the_stream_after_the_steps_read():
+async def test_on_the_event_loop_thread_a_free_runs_after_the_steps_read_before_it():
+    """With the steps on the loop, a step runs as its plan is read: a Free that comes later finds it done."""
     runner = _Runner()
-    servicer = _servicer(runner)
+    servicer = _servicer(runner, "loop")
+    context = _Context()
+    for step_id in (1, 2):
+        context.plans.put_nowait(_plan(step_id))
+    stream = servicer.StepStream(None, context)
+    first = asyncio.ensure_future(stream.__anext__())
+    await _until(lambda: ("run", 2) in runner.log)
+    free = await servicer.Free(worker_pb2.FreeRequest(seq_ids=["a"]), context)
+    assert list(free.unknown_seq_ids) == ["a"]
+    assert runner.log == [("run", 1), ("run", 2), ("drop", "a")]
+    assert (await first).step_id == 1 and (await stream.__anext__()).step_id == 2
+    await stream.aclose()
+
+
+async def test_results_come_back_in_plan_order_and_shutdown_ends_the_stream_after_the_steps_read(step_thread):
+    runner = _Runner()
+    servicer = _servicer(runner, step_thread)
     context = _Context()
     for step_id in range(1, 6):
         context.plans.put_nowait(_plan(step_id))
@@ -128,9 +153,9 @@ async def test_results_come_back_in_plan_order_and_shutdown_ends_the_stream_afte
     assert runner.log == [("run", i) for i in range(1, 6)]
 
 
-async def test_a_step_that_fails_ends_the_stream_with_its_error():
+async def test_a_step_that_fails_ends_the_stream_with_its_error(step_thread):
     runner = _Runner()
-    servicer = _servicer(runner)
+    servicer = _servicer(runner, step_thread)
 
     def fail(plan):
         raise KeyError(f"seq-{plan.step_id}")
