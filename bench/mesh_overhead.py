@@ -133,12 +133,13 @@ def report_cpu(cpu: dict[str, dict[str, list[float]]], results: dict) -> None:
 
 
 def start(mode: str, model: str, logs: Path, pipelining: str = "auto", decode_steps: int = 1,
-          kv_cache_bytes: int | None = None) -> LocalMesh:
+          kv_cache_bytes: int | None = None, step_thread: str = "auto") -> LocalMesh:
     opts = MeshOptions(model=model, mode=mode, num_prefill=1 if mode == "disaggregated" else 0, num_decode=1,
                        grpc_port=0, http_port=None,
                        scheduler_args=["--chunk-size", str(CHUNK), "--step-pipelining", pipelining,
                                        "--decode-steps", str(decode_steps)],
-                       worker_args=["--kv-cache-bytes", str(kv_cache_bytes)] if kv_cache_bytes else [],
+                       worker_args=(["--kv-cache-bytes", str(kv_cache_bytes)] if kv_cache_bytes else [])
+                       + ["--step-thread", step_thread],
                        log_dir=logs / mode)
     mesh = LocalMesh(opts)
     mesh.start()
@@ -180,6 +181,8 @@ def main() -> int:
     p.add_argument("--systems", default="in-process,mesh-colocated,mesh-disaggregated")
     p.add_argument("--step-pipelining", choices=("auto", "all", "prompts", "known", "off"), default="auto",
                    help="the mesh scheduler's --step-pipelining (default: auto, the mesh's default)")
+    p.add_argument("--step-thread", choices=("auto", "loop", "own"), default="auto",
+                   help="the workers' --step-thread (default: auto, the loop thread on a CPU)")
     p.add_argument("--decode-steps", type=int, default=1,
                    help="multi-step decoding, the same for every system: decode passes per plan (default 1)")
     p.add_argument("--preset", default="tiny", choices=("tiny", "small"),
@@ -209,7 +212,7 @@ def main() -> int:
         for name in systems:
             if name.startswith("mesh-"):
                 meshes[name] = start(name.removeprefix("mesh-"), model, logs, args.step_pipelining,
-                                     args.decode_steps, kv)
+                                     args.decode_steps, kv, args.step_thread)
                 clients[name] = MeshClient(meshes[name].grpc_address)
                 runners[name] = clients[name].run
         times: dict[str, list[float]] = {name: [] for name in runners}

@@ -33,7 +33,7 @@ def _csv(kind):
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
-    from seawall.commands.up import add_torch_threads_flag
+    from seawall.commands.up import add_worker_thread_flags
     from services.scheduler.main import add_scheduling_flags
 
     g = p.add_argument_group("target: a running mesh, or --spawn one per policy")
@@ -51,7 +51,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode", type=int, default=1, help="decode workers when disaggregated (default 1)")
     add_scheduling_flags(g)
     g.add_argument("--device", default="auto", help="workers' torch device (default auto)")
-    add_torch_threads_flag(g)
+    add_worker_thread_flags(g)
     g.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     g.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent")
     g.add_argument("--no-cpu-kernels", action="store_true",
@@ -154,6 +154,7 @@ def workload_spec(args: argparse.Namespace):
 
 def mesh_options(args: argparse.Namespace, policy: str):
     """The spawned mesh for one policy: free ports, HTTP only with --api http, kvcache only with --kvcache."""
+    from seawall.commands.up import worker_thread_args
     from seawall.launcher import MeshOptions
     from services.scheduler.main import core_config_from, scheduling_flags
 
@@ -162,6 +163,7 @@ def mesh_options(args: argparse.Namespace, policy: str):
     workers = ["--device", args.device] + (["--kv-cache-bytes", str(args.kv_cache_bytes)] if args.kv_cache_bytes
                                            else []) + (["--no-nixl"] if args.no_nixl else [])
     workers += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
+    workers += worker_thread_args(args)
     colocated = args.mode == "colocated"
     return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
                        num_decode=args.workers if colocated else args.decode, grpc_port=0,
@@ -171,6 +173,8 @@ def mesh_options(args: argparse.Namespace, policy: str):
 
 
 def mesh_flags(args: argparse.Namespace) -> list[str]:
+    from seawall.commands.up import worker_thread_args
+
     flags = [f"--mode {args.mode}", f"--chunk-size {args.chunk_size}", f"--max-num-seqs {args.max_num_seqs}"]
     flags.append(f"--workers {args.workers}" if args.mode == "colocated" else
                  f"--prefill {args.prefill} --decode {args.decode}")
@@ -180,6 +184,7 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
         if getattr(args, name):
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     flags += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
+    flags += [" ".join(worker_thread_args(args))] if worker_thread_args(args) else []
     return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
 
 

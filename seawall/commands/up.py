@@ -24,6 +24,7 @@ from seawall.compose import ComposeMesh, ComposeOptions
 from seawall.launcher import LocalMesh, MeshOptions
 from seawall.trace_receiver import TraceReceiver
 from services.scheduler.main import add_scheduling_flags, core_config_from, scheduling_flags
+from services.worker.config import STEP_THREADS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, help="hybrid workers when colocated (default 1)")
     add_scheduling_flags(p)
     p.add_argument("--device", default="auto", help="workers' torch device: cpu, cuda, cuda:N or auto")
-    add_torch_threads_flag(p)
+    add_worker_thread_flags(p)
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
     p.add_argument("--no-cpu-kernels", action="store_true",
@@ -72,10 +73,18 @@ def torch_threads(value: str) -> int:
     return n
 
 
-def add_torch_threads_flag(p: argparse.ArgumentParser) -> None:
+def add_worker_thread_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-threads", type=torch_threads, default=0, metavar="N",
                    help="torch threads per worker (default 0: the cores split across the workers); fewer "
                         "leave cores to other work on the box (scheduler, clients, other services)")
+    p.add_argument("--step-thread", choices=STEP_THREADS, default="auto",
+                   help="where workers run their steps: on the event-loop thread (loop) or a thread of their own "
+                        "(own); default auto: the loop on a CPU, their own thread on a GPU")
+
+
+def worker_thread_args(args: argparse.Namespace) -> list[str]:
+    """The worker flags that ``add_worker_thread_flags`` adds besides --torch-threads (which the launcher splits)."""
+    return [] if args.step_thread == "auto" else ["--step-thread", args.step_thread]
 
 
 def options_from(args: argparse.Namespace) -> MeshOptions:
@@ -88,6 +97,7 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         workers.append("--no-nixl")
     if args.no_cpu_kernels:
         workers.append("--no-cpu-kernels")
+    workers += worker_thread_args(args)
     kvcache = []
     if args.kvcache_dram_bytes:
         kvcache += ["--dram-bytes", str(args.kvcache_dram_bytes)]

@@ -90,3 +90,16 @@ def test_up_and_bench_pass_no_cpu_kernels_to_the_workers():
     args = parser.parse_args(["bench", "--spawn", "--no-cpu-kernels"])
     assert "--no-cpu-kernels" in bench.mesh_options(args, "sarathi").worker_args
     assert "--no-cpu-kernels" in bench.mesh_flags(args)
+
+
+def test_up_and_bench_pass_the_step_thread_to_the_workers_when_one_is_chosen():
+    from seawall.cli import build_parser
+    from seawall.commands import bench, up
+
+    parser = build_parser()
+    assert "--step-thread" not in up.options_from(parser.parse_args(["up"])).worker_args  # auto: the worker decides
+    worker_args = up.options_from(parser.parse_args(["up", "--step-thread", "own"])).worker_args
+    assert worker_args[worker_args.index("--step-thread") + 1] == "own"
+    args = parser.parse_args(["bench", "--spawn", "--step-thread", "loop"])
+    assert bench.mesh_options(args, "sarathi").worker_args[-2:] == ["--step-thread", "loop"]
+    assert "--step-thread loop" in bench.mesh_flags(args)
