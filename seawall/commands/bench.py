@@ -173,8 +173,6 @@ def mesh_options(args: argparse.Namespace, policy: str):
 
 
 def mesh_flags(args: argparse.Namespace) -> list[str]:
-    from seawall.commands.up import worker_thread_args
-
     flags = [f"--mode {args.mode}", f"--chunk-size {args.chunk_size}", f"--max-num-seqs {args.max_num_seqs}"]
     flags.append(f"--workers {args.workers}" if args.mode == "colocated" else
                  f"--prefill {args.prefill} --decode {args.decode}")
@@ -184,7 +182,7 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
         if getattr(args, name):
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     flags += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
-    flags += [" ".join(worker_thread_args(args))] if worker_thread_args(args) else []
+    flags += [f"--step-thread {args.step_thread}"] if args.step_thread != "auto" else []
     return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
 
 

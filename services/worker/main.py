@@ -81,7 +81,8 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
 
 
 async def serve(config: WorkerConfig) -> None:
-    torch_thread = (InlineTorch if config.steps_on_loop() else TorchThread)(config.torch_threads)
+    on_loop = config.steps_on_loop()
+    torch_thread = (InlineTorch if on_loop else TorchThread)(config.torch_threads)
     runner = torch_thread.call(ModelRunner, config.engine)
     server = Server()
     advertise_host = config.name or config.host
@@ -96,7 +97,7 @@ async def serve(config: WorkerConfig) -> None:
     address = f"{advertise_host}:{port}"
     log.info("%s worker serving on %s (%d device blocks, %d torch thread(s), steps on %s)", config.role, address,
              runner.kv.num_blocks, torch_thread.num_threads,
-             "the event-loop thread" if config.steps_on_loop() else "their own thread")
+             "the event-loop thread" if on_loop else "their own thread")
     gc_metrics = gc_pauses.after_startup(registry)
     try:
         if config.scheduler_address:

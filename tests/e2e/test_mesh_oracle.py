@@ -17,18 +17,20 @@ from tests.e2e.conftest import random_prompts, start_mesh
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
 PROMPT_LENS = [1, 5, 16, 17, 40, 100, 170, 300]
-# (mode, KV transport, policy, extra scheduler flags). The scheduler plans ahead of every step
-# (--step-pipelining all) unless the flags say otherwise.
+# (mode, KV transport, policy, extra scheduler flags, extra worker flags). The scheduler plans ahead of every
+# step (--step-pipelining all) unless the flags say otherwise; CPU workers run their steps on their event-loop
+# thread unless told --step-thread own (a GPU worker's default).
 KNOWN = ["--step-pipelining", "known"]  # plan ahead only behind prompt chunks
 CASES = [
-    ("disaggregated", "nixl", "sarathi", []),
-    ("disaggregated", "grpc", "sarathi", KNOWN),
-    ("colocated", "nixl", "sarathi", []),
-    ("disaggregated", "nixl", "fastserve", KNOWN),
-    ("colocated", "nixl", "fastserve", ["--step-pipelining", "prompts"]),  # ahead of first tokens, not decodes
+    ("disaggregated", "nixl", "sarathi", [], []),
+    ("disaggregated", "grpc", "sarathi", KNOWN, []),
+    ("colocated", "nixl", "sarathi", [], []),
+    ("disaggregated", "nixl", "fastserve", KNOWN, []),
+    ("colocated", "nixl", "fastserve", ["--step-pipelining", "prompts"], []),  # ahead of first tokens, not decodes
     # Multi-step decoding: a decode worker runs up to 4 passes per plan, tokens streamed 4 at a time.
-    ("colocated", "nixl", "sarathi", ["--decode-steps", "4", *KNOWN]),
-    ("disaggregated", "nixl", "sarathi", ["--decode-steps", "4"]),
+    ("colocated", "nixl", "sarathi", ["--decode-steps", "4", *KNOWN], []),
+    ("disaggregated", "nixl", "sarathi", ["--decode-steps", "4"], []),
+    ("disaggregated", "nixl", "sarathi", [], ["--step-thread", "own"]),  # steps on a thread of their own
 ]
 
 
@@ -37,14 +39,17 @@ def _max_tokens(i: int) -> int:
 
 
 @pytest.fixture(scope="module", params=CASES,
-                ids=["-".join([*c[:3], *(f.lstrip("-") for f in c[3])]) for c in CASES])
+                ids=["-".join([*c[:3], *(f.lstrip("-") for f in c[3] + c[4])]) for c in CASES])
 def mesh(request, tiny_model_dir, tmp_path_factory):
-    mode, transport, policy, extra = request.param
+    mode, transport, policy, extra, worker_flags = request.param
     if policy not in POLICIES:
         pytest.skip(f"policy {policy} is not implemented yet")
     m = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), mode=mode, num_decode=2 if mode == "colocated" else 1,
                    scheduler_args=["--policy", policy, "--kv-transport", transport, "--chunk-size", "64",
-                                   "--step-pipelining", "all", *extra], http=False)
+                                   "--step-pipelining", "all", *extra], worker_args=worker_flags, http=False)
+    where = "their own thread" if "own" in worker_flags else "the event-loop thread"
+    assert all(f"steps on {where}" in (m.options.log_dir / f"{c.name}.log").read_text() for c in m.children
+               if c.name != "scheduler")
     yield m
     assert all(code == 0 for code in m.stop().values())
 
