@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from seawall.v1 import common_pb2 as seawall_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seawall/v1/worker.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xd0\x02\n\nWorkerInfo\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.seawall.v1.WorkerRole\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11num_device_blocks\x18\x03 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x04 \x01(\r\x12\'\n\tkv_layout\x18\x05 \x01(\x0b\x32\x14.seawall.v1.KVLayout\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12+\n\x04nixl\x18\x07 \x01(\x0b\x32\x1d.seawall.v1.NixlAgentMetadata\x12\x15\n\rmax_model_len\x18\x08 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\t \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\n \x01(\r\x12\x15\n\reos_token_ids\x18\x0b \x03(\r\x12\x0f\n\x07version\x18\x0c \x01(\t\"7\n\tBlockMove\x12\x14\n\x0csrc_block_id\x18\x01 \x01(\r\x12\x14\n\x0c\x64st_block_id\x18\x02 \x01(\r\"\xa0\x02\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.seawall.v1.SamplingParams\x12@\n\rtrace_context\x18\x07 \x03(\x0b\x32).seawall.v1.NewSequence.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x01\n\x12\x43ontinuingSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x15\n\rnew_block_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\x12\x1a\n\x12\x61ppended_token_ids\x18\x04 \x03(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12\x1b\n\x13replace_block_table\x18\x06 \x01(\x08\"\xa0\x04\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x14\n\x0cscheduler_id\x18\x02 \x01(\t\x12.\n\rnew_sequences\x18\x03 \x03(\x0b\x32\x17.seawall.v1.NewSequence\x12\x32\n\ncontinuing\x18\x04 \x03(\x0b\x32\x1e.seawall.v1.ContinuingSequence\x12J\n\x14num_scheduled_tokens\x18\x05 \x03(\x0b\x32,.seawall.v1.StepPlan.NumScheduledTokensEntry\x12\x18\n\x10\x66inished_seq_ids\x18\x06 \x03(\t\x12\'\n\x08swap_out\x18\x07 \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12&\n\x07swap_in\x18\x08 \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12#\n\x04\x63opy\x18\t \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12=\n\rtrace_context\x18\n \x03(\x0b\x32&.seawall.v1.StepPlan.TraceContextEntry\x1a\x39\n\x17NumScheduledTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"}\n\x0eSequenceOutput\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12+\n\x08logprobs\x18\x03 \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\">\n\rSequenceError\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xf9\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12+\n\x07outputs\x18\x02 \x03(\x0b\x32\x1a.seawall.v1.SequenceOutput\x12)\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x19.seawall.v1.SequenceError\x12\x17\n\x0f\x66orward_time_ms\x18\x04 \x01(\x01\x12\x14\n\x0cstep_time_ms\x18\x05 \x01(\x01\x12\x12\n\nnum_tokens\x18\x06 \x01(\r\x12\x10\n\x08num_seqs\x18\x07 \x01(\r\x12\x13\n\x0bnum_sampled\x18\x08 \x01(\r\x12\x18\n\x10num_blocks_moved\x18\t \x01(\r\"\xd1\x01\n\rPushKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12#\n\x03\x64st\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x15\n\rsrc_block_ids\x18\x03 \x03(\r\x12\x15\n\rdst_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\"o\n\x0ePushKVResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xd1\x01\n\rPullKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12#\n\x03src\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x15\n\rsrc_block_ids\x18\x03 \x03(\r\x12\x15\n\rdst_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\"o\n\x0ePullKVResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\t\";\n\x12WorkerAbortRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\x12\x14\n\x0ctransfer_ids\x18\x02 \x03(\t\"L\n\x13WorkerAbortResponse\x12\x17\n\x0funknown_seq_ids\x18\x01 \x03(\t\x12\x1c\n\x14unknown_transfer_ids\x18\x02 \x03(\t\"\x1e\n\x0b\x46reeRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\"\'\n\x0c\x46reeResponse\x12\x17\n\x0funknown_seq_ids\x18\x01 \x03(\t\";\n\rReadKVRequest\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x04\"?\n\x07KVChunk\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\"4\n\x0fWriteKVResponse\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x12\n\nnum_blocks\x18\x02 \x01(\r*r\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x16\n\x12WORKER_ROLE_HYBRID\x10\x03\x32\xc1\x04\n\x06Worker\x12?\n\x08\x44\x65scribe\x12\x1b.seawall.v1.DescribeRequest\x1a\x16.seawall.v1.WorkerInfo\x12\x34\n\x04Step\x12\x14.seawall.v1.StepPlan\x1a\x16.seawall.v1.StepResult\x12>\n\nStepStream\x12\x14.seawall.v1.StepPlan\x1a\x16.seawall.v1.StepResult(\x01\x30\x01\x12?\n\x06PushKV\x12\x19.seawall.v1.PushKVRequest\x1a\x1a.seawall.v1.PushKVResponse\x12?\n\x06PullKV\x12\x19.seawall.v1.PullKVRequest\x1a\x1a.seawall.v1.PullKVResponse\x12H\n\x05\x41\x62ort\x12\x1e.seawall.v1.WorkerAbortRequest\x1a\x1f.seawall.v1.WorkerAbortResponse\x12\x39\n\x04\x46ree\x12\x17.seawall.v1.FreeRequest\x1a\x18.seawall.v1.FreeResponse\x12:\n\x06ReadKV\x12\x19.seawall.v1.ReadKVRequest\x1a\x13.seawall.v1.KVChunk0\x01\x12=\n\x07WriteKV\x12\x13.seawall.v1.KVChunk\x1a\x1b.seawall.v1.WriteKVResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seawall/v1/worker.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xd0\x02\n\nWorkerInfo\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.seawall.v1.WorkerRole\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11num_device_blocks\x18\x03 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x04 \x01(\r\x12\'\n\tkv_layout\x18\x05 \x01(\x0b\x32\x14.seawall.v1.KVLayout\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12+\n\x04nixl\x18\x07 \x01(\x0b\x32\x1d.seawall.v1.NixlAgentMetadata\x12\x15\n\rmax_model_len\x18\x08 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\t \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\n \x01(\r\x12\x15\n\reos_token_ids\x18\x0b \x03(\r\x12\x0f\n\x07version\x18\x0c \x01(\t\"7\n\tBlockMove\x12\x14\n\x0csrc_block_id\x18\x01 \x01(\r\x12\x14\n\x0c\x64st_block_id\x18\x02 \x01(\r\"\xa0\x02\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.seawall.v1.SamplingParams\x12@\n\rtrace_context\x18\x07 \x03(\x0b\x32).seawall.v1.NewSequence.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x01\n\x12\x43ontinuingSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x15\n\rnew_block_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\x12\x1a\n\x12\x61ppended_token_ids\x18\x04 \x03(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12\x1b\n\x13replace_block_table\x18\x06 \x01(\x08\"\xd8\x03\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x14\n\x0cscheduler_id\x18\x02 \x01(\t\x12.\n\rnew_sequences\x18\x03 \x03(\x0b\x32\x17.seawall.v1.NewSequence\x12\x32\n\ncontinuing\x18\x04 \x03(\x0b\x32\x1e.seawall.v1.ContinuingSequence\x12\x19\n\x11scheduled_seq_ids\x18\x0b \x03(\t\x12\x1c\n\x14num_scheduled_tokens\x18\x0c \x03(\r\x12\x18\n\x10\x66inished_seq_ids\x18\x06 \x03(\t\x12\'\n\x08swap_out\x18\x07 \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12&\n\x07swap_in\x18\x08 \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12#\n\x04\x63opy\x18\t \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12=\n\rtrace_context\x18\n \x03(\x0b\x32&.seawall.v1.StepPlan.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x05\x10\x06\">\n\rSequenceError\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xcf\x02\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x17\n\x0fsampled_seq_ids\x18\n \x03(\t\x12\x1a\n\x12num_sampled_tokens\x18\x0b \x03(\r\x12\x19\n\x11sampled_token_ids\x18\x0c \x03(\r\x12+\n\x08logprobs\x18\r \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12)\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x19.seawall.v1.SequenceError\x12\x17\n\x0f\x66orward_time_ms\x18\x04 \x01(\x01\x12\x14\n\x0cstep_time_ms\x18\x05 \x01(\x01\x12\x12\n\nnum_tokens\x18\x06 \x01(\r\x12\x10\n\x08num_seqs\x18\x07 \x01(\r\x12\x13\n\x0bnum_sampled\x18\x08 \x01(\r\x12\x18\n\x10num_blocks_moved\x18\t \x01(\rJ\x04\x08\x02\x10\x03\"\xd1\x01\n\rPushKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12#\n\x03\x64st\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x15\n\rsrc_block_ids\x18\x03 \x03(\r\x12\x15\n\rdst_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\"o\n\x0ePushKVResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xd1\x01\n\rPullKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12#\n\x03src\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x15\n\rsrc_block_ids\x18\x03 \x03(\r\x12\x15\n\rdst_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\"o\n\x0ePullKVResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\t\";\n\x12WorkerAbortRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\x12\x14\n\x0ctransfer_ids\x18\x02 \x03(\t\"L\n\x13WorkerAbortResponse\x12\x17\n\x0funknown_seq_ids\x18\x01 \x03(\t\x12\x1c\n\x14unknown_transfer_ids\x18\x02 \x03(\t\"\x1e\n\x0b\x46reeRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\"\'\n\x0c\x46reeResponse\x12\x17\n\x0funknown_seq_ids\x18\x01 \x03(\t\";\n\rReadKVRequest\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x04\"?\n\x07KVChunk\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\"4\n\x0fWriteKVResponse\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x12\n\nnum_blocks\x18\x02 \x01(\r*r\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x16\n\x12WORKER_ROLE_HYBRID\x10\x03\x32\xc1\x04\n\x06Worker\x12?\n\x08\x44\x65scribe\x12\x1b.seawall.v1.DescribeRequest\x1a\x16.seawall.v1.WorkerInfo\x12\x34\n\x04Step\x12\x14.seawall.v1.StepPlan\x1a\x16.seawall.v1.StepResult\x12>\n\nStepStream\x12\x14.seawall.v1.StepPlan\x1a\x16.seawall.v1.StepResult(\x01\x30\x01\x12?\n\x06PushKV\x12\x19.seawall.v1.PushKVRequest\x1a\x1a.seawall.v1.PushKVResponse\x12?\n\x06PullKV\x12\x19.seawall.v1.PullKVRequest\x1a\x1a.seawall.v1.PullKVResponse\x12H\n\x05\x41\x62ort\x12\x1e.seawall.v1.WorkerAbortRequest\x1a\x1f.seawall.v1.WorkerAbortResponse\x12\x39\n\x04\x46ree\x12\x17.seawall.v1.FreeRequest\x1a\x18.seawall.v1.FreeResponse\x12:\n\x06ReadKV\x12\x19.seawall.v1.ReadKVRequest\x1a\x13.seawall.v1.KVChunk0\x01\x12=\n\x07WriteKV\x12\x13.seawall.v1.KVChunk\x1a\x1b.seawall.v1.WriteKVResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NEWSEQUENCE_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_NEWSEQUENCE_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_STEPPLAN_NUMSCHEDULEDTOKENSENTRY']._loaded_options = None
-  _globals['_STEPPLAN_NUMSCHEDULEDTOKENSENTRY']._serialized_options = b'8\001'
   _globals['_STEPPLAN_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERROLE']._serialized_start=2969
-  _globals['_WORKERROLE']._serialized_end=3083
+  _globals['_WORKERROLE']._serialized_start=2856
+  _globals['_WORKERROLE']._serialized_end=2970
   _globals['_DESCRIBEREQUEST']._serialized_start=64
   _globals['_DESCRIBEREQUEST']._serialized_end=81
   _globals['_WORKERINFO']._serialized_start=84
@@ -53,39 +51,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTINUINGSEQUENCE']._serialized_start=771
   _globals['_CONTINUINGSEQUENCE']._serialized_end=935
   _globals['_STEPPLAN']._serialized_start=938
-  _globals['_STEPPLAN']._serialized_end=1482
-  _globals['_STEPPLAN_NUMSCHEDULEDTOKENSENTRY']._serialized_start=1372
-  _globals['_STEPPLAN_NUMSCHEDULEDTOKENSENTRY']._serialized_end=1429
+  _globals['_STEPPLAN']._serialized_end=1410
   _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_start=717
   _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_end=768
-  _globals['_SEQUENCEOUTPUT']._serialized_start=1484
-  _globals['_SEQUENCEOUTPUT']._serialized_end=1609
-  _globals['_SEQUENCEERROR']._serialized_start=1611
-  _globals['_SEQUENCEERROR']._serialized_end=1673
-  _globals['_STEPRESULT']._serialized_start=1676
-  _globals['_STEPRESULT']._serialized_end=1925
-  _globals['_PUSHKVREQUEST']._serialized_start=1928
-  _globals['_PUSHKVREQUEST']._serialized_end=2137
-  _globals['_PUSHKVRESPONSE']._serialized_start=2139
-  _globals['_PUSHKVRESPONSE']._serialized_end=2250
-  _globals['_PULLKVREQUEST']._serialized_start=2253
-  _globals['_PULLKVREQUEST']._serialized_end=2462
-  _globals['_PULLKVRESPONSE']._serialized_start=2464
-  _globals['_PULLKVRESPONSE']._serialized_end=2575
-  _globals['_WORKERABORTREQUEST']._serialized_start=2577
-  _globals['_WORKERABORTREQUEST']._serialized_end=2636
-  _globals['_WORKERABORTRESPONSE']._serialized_start=2638
-  _globals['_WORKERABORTRESPONSE']._serialized_end=2714
-  _globals['_FREEREQUEST']._serialized_start=2716
-  _globals['_FREEREQUEST']._serialized_end=2746
-  _globals['_FREERESPONSE']._serialized_start=2748
-  _globals['_FREERESPONSE']._serialized_end=2787
-  _globals['_READKVREQUEST']._serialized_start=2789
-  _globals['_READKVREQUEST']._serialized_end=2848
-  _globals['_KVCHUNK']._serialized_start=2850
-  _globals['_KVCHUNK']._serialized_end=2913
-  _globals['_WRITEKVRESPONSE']._serialized_start=2915
-  _globals['_WRITEKVRESPONSE']._serialized_end=2967
-  _globals['_WORKER']._serialized_start=3086
-  _globals['_WORKER']._serialized_end=3663
+  _globals['_SEQUENCEERROR']._serialized_start=1412
+  _globals['_SEQUENCEERROR']._serialized_end=1474
+  _globals['_STEPRESULT']._serialized_start=1477
+  _globals['_STEPRESULT']._serialized_end=1812
+  _globals['_PUSHKVREQUEST']._serialized_start=1815
+  _globals['_PUSHKVREQUEST']._serialized_end=2024
+  _globals['_PUSHKVRESPONSE']._serialized_start=2026
+  _globals['_PUSHKVRESPONSE']._serialized_end=2137
+  _globals['_PULLKVREQUEST']._serialized_start=2140
+  _globals['_PULLKVREQUEST']._serialized_end=2349
+  _globals['_PULLKVRESPONSE']._serialized_start=2351
+  _globals['_PULLKVRESPONSE']._serialized_end=2462
+  _globals['_WORKERABORTREQUEST']._serialized_start=2464
+  _globals['_WORKERABORTREQUEST']._serialized_end=2523
+  _globals['_WORKERABORTRESPONSE']._serialized_start=2525
+  _globals['_WORKERABORTRESPONSE']._serialized_end=2601
+  _globals['_FREEREQUEST']._serialized_start=2603
+  _globals['_FREEREQUEST']._serialized_end=2633
+  _globals['_FREERESPONSE']._serialized_start=2635
+  _globals['_FREERESPONSE']._serialized_end=2674
+  _globals['_READKVREQUEST']._serialized_start=2676
+  _globals['_READKVREQUEST']._serialized_end=2735
+  _globals['_KVCHUNK']._serialized_start=2737
+  _globals['_KVCHUNK']._serialized_end=2800
+  _globals['_WRITEKVRESPONSE']._serialized_start=2802
+  _globals['_WRITEKVRESPONSE']._serialized_end=2854
+  _globals['_WORKER']._serialized_start=2973
+  _globals['_WORKER']._serialized_end=3550
 # @@protoc_insertion_point(module_scope)

@@ -101,14 +101,7 @@ class ContinuingSequence(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., block_ids: _Optional[_Iterable[int]] = ..., replace_block_table: _Optional[bool] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context")
-    class NumScheduledTokensEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: int
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "scheduled_seq_ids", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +113,7 @@ class StepPlan(_message.Message):
     SCHEDULER_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     CONTINUING_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
@@ -130,25 +124,14 @@ class StepPlan(_message.Message):
     scheduler_id: str
     new_sequences: _containers.RepeatedCompositeFieldContainer[NewSequence]
     continuing: _containers.RepeatedCompositeFieldContainer[ContinuingSequence]
-    num_scheduled_tokens: _containers.ScalarMap[str, int]
+    scheduled_seq_ids: _containers.RepeatedScalarFieldContainer[str]
+    num_scheduled_tokens: _containers.RepeatedScalarFieldContainer[int]
     finished_seq_ids: _containers.RepeatedScalarFieldContainer[str]
     swap_out: _containers.RepeatedCompositeFieldContainer[BlockMove]
     swap_in: _containers.RepeatedCompositeFieldContainer[BlockMove]
     copy: _containers.RepeatedCompositeFieldContainer[BlockMove]
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., num_scheduled_tokens: _Optional[_Mapping[str, int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
-
-class SequenceOutput(_message.Message):
-    __slots__ = ("seq_id", "token_ids", "logprobs", "num_computed_tokens")
-    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    seq_id: str
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
-    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
-    num_computed_tokens: int
-    def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., scheduled_seq_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SequenceError(_message.Message):
     __slots__ = ("seq_id", "code", "message")
@@ -161,9 +144,12 @@ class SequenceError(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "outputs", "errors", "forward_time_ms", "step_time_ms", "num_tokens", "num_seqs", "num_sampled", "num_blocks_moved")
+    __slots__ = ("step_id", "sampled_seq_ids", "num_sampled_tokens", "sampled_token_ids", "logprobs", "errors", "forward_time_ms", "step_time_ms", "num_tokens", "num_seqs", "num_sampled", "num_blocks_moved")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
-    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -172,7 +158,10 @@ class StepResult(_message.Message):
     NUM_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_MOVED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
-    outputs: _containers.RepeatedCompositeFieldContainer[SequenceOutput]
+    sampled_seq_ids: _containers.RepeatedScalarFieldContainer[str]
+    num_sampled_tokens: _containers.RepeatedScalarFieldContainer[int]
+    sampled_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
     errors: _containers.RepeatedCompositeFieldContainer[SequenceError]
     forward_time_ms: float
     step_time_ms: float
@@ -180,7 +169,7 @@ class StepResult(_message.Message):
     num_seqs: int
     num_sampled: int
     num_blocks_moved: int
-    def __init__(self, step_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., forward_time_ms: _Optional[float] = ..., step_time_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., num_seqs: _Optional[int] = ..., num_sampled: _Optional[int] = ..., num_blocks_moved: _Optional[int] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., sampled_seq_ids: _Optional[_Iterable[str]] = ..., num_sampled_tokens: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., forward_time_ms: _Optional[float] = ..., step_time_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., num_seqs: _Optional[int] = ..., num_sampled: _Optional[int] = ..., num_blocks_moved: _Optional[int] = ...) -> None: ...
 
 class PushKVRequest(_message.Message):
     __slots__ = ("transfer_id", "dst", "src_block_ids", "dst_block_ids", "notification_key", "timeout_ms", "transport")

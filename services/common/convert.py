@@ -8,6 +8,7 @@ mapping fills in the dataclass defaults explicitly.
 from __future__ import annotations
 
 from seawall.v1 import common_pb2, worker_pb2
+from services.common.errors import InvalidArgument
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 
@@ -71,7 +72,9 @@ def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 
 def plan_to_proto(plan: StepPlan, scheduler_id: str = "") -> worker_pb2.StepPlan:
     msg = worker_pb2.StepPlan(step_id=plan.step_id, scheduler_id=scheduler_id,
                               finished_seq_ids=plan.finished,
-                              swap_out=_moves(plan.swap_out), swap_in=_moves(plan.swap_in), copy=_moves(plan.copy))
+                              swap_out=_moves(plan.swap_out), swap_in=_moves(plan.swap_in), copy=_moves(plan.copy),
+                              scheduled_seq_ids=plan.num_scheduled_tokens.keys(),
+                              num_scheduled_tokens=plan.num_scheduled_tokens.values())
     # add() builds each submessage in place; append() would build it, then copy it.
     for new in plan.new:
         msg.new_sequences.add(
@@ -85,13 +88,16 @@ def plan_to_proto(plan: StepPlan, scheduler_id: str = "") -> worker_pb2.StepPlan
         else:
             add(seq_id=cont.seq_id, new_block_ids=cont.new_block_ids, appended_token_ids=cont.appended_token_ids,
                 block_ids=cont.block_ids, replace_block_table=True)
-    msg.num_scheduled_tokens.update(plan.num_scheduled_tokens)
     return msg
 
 
 def plan_from_proto(msg: worker_pb2.StepPlan) -> StepPlan:
+    if len(msg.scheduled_seq_ids) != len(msg.num_scheduled_tokens):
+        raise InvalidArgument(f"step {msg.step_id}: {len(msg.scheduled_seq_ids)} scheduled_seq_ids but "
+                              f"{len(msg.num_scheduled_tokens)} num_scheduled_tokens; send one count per sequence")
     plan = StepPlan(msg.step_id, finished=list(msg.finished_seq_ids), swap_out=_pairs(msg.swap_out),
-                    swap_in=_pairs(msg.swap_in), copy=_pairs(msg.copy))
+                    swap_in=_pairs(msg.swap_in), copy=_pairs(msg.copy),
+                    num_scheduled_tokens=dict(zip(msg.scheduled_seq_ids, msg.num_scheduled_tokens, strict=True)))
     for new in msg.new_sequences:
         plan.new.append(NewSequence(new.seq_id, list(new.token_ids), new.num_prompt_tokens,
                                     new.num_computed_tokens, list(new.block_ids),
@@ -100,34 +106,50 @@ def plan_from_proto(msg: worker_pb2.StepPlan) -> StepPlan:
         plan.continuing.append(ContinuingSequence(
             cont.seq_id, list(cont.new_block_ids), list(cont.appended_token_ids),
             list(cont.block_ids) if cont.replace_block_table else None))
-    # Plan order matters to the worker's batch layout only, but keep it: new first, then continuing.
-    plan.num_scheduled_tokens = dict(msg.num_scheduled_tokens)
     return plan
 
 
 def result_to_proto(result: StepResult, step_seconds: float = 0.0) -> worker_pb2.StepResult:
+    sampled = result.sampled
+    counts = [len(tokens) for tokens in sampled.values()]
+    ids = [t.token_id for tokens in sampled.values() for t in tokens]
     msg = worker_pb2.StepResult(step_id=result.step_id, forward_time_ms=result.forward_seconds * 1e3,
-                                step_time_ms=step_seconds * 1e3, num_sampled=len(result.sampled))
-    add = msg.outputs.add
-    for seq_id, tokens in result.sampled.items():
-        out = add(seq_id=seq_id, token_ids=[t.token_id for t in tokens])
-        if tokens[0].logprob is not None:
-            out.logprobs.extend(token_logprobs_to_proto(t) for t in tokens)
+                                step_time_ms=step_seconds * 1e3, num_sampled=len(sampled),
+                                sampled_seq_ids=sampled.keys(), num_sampled_tokens=counts, sampled_token_ids=ids)
+    if any(tokens[0].logprob is not None for tokens in sampled.values()):
+        empty = common_pb2.TokenLogprobs()
+        msg.logprobs.extend(token_logprobs_to_proto(t) if t.logprob is not None else empty
+                            for tokens in sampled.values() for t in tokens)
     return msg
 
 
 def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
     result = StepResult(msg.step_id, forward_seconds=msg.forward_time_ms / 1e3)
-    for out in msg.outputs:
-        if not out.token_ids:
-            continue
-        if out.logprobs:
-            result.sampled[out.seq_id] = [
-                SampledToken(lp.sampled.token_id, lp.sampled.logprob, lp.sampled.rank,
-                             [(t.token_id, t.logprob) for t in lp.top]) for lp in out.logprobs]
-        else:
-            result.sampled[out.seq_id] = [SampledToken(t) for t in out.token_ids]
+    seq_ids, counts, ids = msg.sampled_seq_ids, msg.num_sampled_tokens, list(msg.sampled_token_ids)
+    if len(seq_ids) != len(counts) or sum(counts) != len(ids) or (msg.logprobs and len(msg.logprobs) != len(ids)):
+        raise InvalidArgument(f"step {msg.step_id}: {len(seq_ids)} sampled_seq_ids, {len(counts)} counts summing "
+                              f"to {sum(counts)}, {len(ids)} token ids and {len(msg.logprobs)} logprobs do not "
+                              "line up")
+    sampled = result.sampled
+    if not msg.logprobs:
+        if len(ids) == len(seq_ids):  # one token each: the usual step
+            for seq_id, token in zip(seq_ids, ids, strict=True):
+                sampled[seq_id] = [SampledToken(token)]
+            return result
+        lps = [None] * len(ids)
+    else:
+        lps = list(msg.logprobs)
+    at = 0
+    for seq_id, n in zip(seq_ids, counts, strict=True):
+        sampled[seq_id] = [_sampled_token(ids[i], lps[i]) for i in range(at, at + n)]
+        at += n
     return result
+
+
+def _sampled_token(token_id: int, lp: common_pb2.TokenLogprobs | None) -> SampledToken:
+    if lp is None or not lp.HasField("sampled"):
+        return SampledToken(token_id)
+    return SampledToken(token_id, lp.sampled.logprob, lp.sampled.rank, [(t.token_id, t.logprob) for t in lp.top])
 
 
 def token_logprobs_to_proto(token: SampledToken) -> common_pb2.TokenLogprobs:

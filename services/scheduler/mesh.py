@@ -236,7 +236,8 @@ class Mesh:
                 if msg is grpc.aio.EOF:
                     raise ConnectionError("the worker closed its step stream")
                 self._finish_step(link, in_flight.popleft(), msg)
-        except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
+        except (grpc.aio.AioRpcError, ConnectionError, TimeoutError, InvalidArgument) as exc:
+            # InvalidArgument: a result that does not parse (result_from_proto); the worker is not trusted.
             self._fail(link, str(exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc))
         finally:
             call.cancel()

@@ -37,7 +37,7 @@ class SequenceTraces:
                 self._contexts[new.seq_id] = ctx
             prompt_of[new.seq_id] = new.num_computed_tokens < new.num_prompt_tokens
         running = []
-        for seq_id, n in msg.num_scheduled_tokens.items():
+        for seq_id, n in zip(msg.scheduled_seq_ids, msg.num_scheduled_tokens, strict=True):
             if seq_id not in self._contexts:
                 continue
             seq = seqs.get(seq_id)

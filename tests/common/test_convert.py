@@ -6,6 +6,7 @@ import pytest
 
 from seawall.v1 import worker_pb2
 from services.common.convert import plan_from_proto, plan_to_proto, result_from_proto, result_to_proto
+from services.common.errors import InvalidArgument
 from services.common.sampling_params import SamplingParams
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 
@@ -21,11 +22,11 @@ def test_a_plan_with_every_kind_of_entry_round_trips():
                                                                          stop=("x",), logprobs=2))],
         continuing=[
             ContinuingSequence("b", [11], [42]),  # a decode that needs a new block
-            ContinuingSequence("c", [], [43]),  # a decode with room left
+            ContinuingSequence("c", [], [43]),  # a decode with room left, handed a token it did not sample
             ContinuingSequence("d", [], [], [1, 2, 3]),  # swapped in: a new block table
             ContinuingSequence("e", [], [], []),  # a new, empty block table is not "no change"
         ],
-        num_scheduled_tokens={"a": 2, "b": 1, "c": 1, "d": 1, "e": 0},
+        num_scheduled_tokens={"a": 2, "b": 1, "c": 1, "d": 1, "e": 0, "f": 1},  # f: nothing changed
         finished=["z"], swap_out=[(1, 2)], swap_in=[(3, 4)], copy=[(5, 6)],
     )
     msg = _wire(plan_to_proto(plan, "sched-1"))
@@ -42,3 +43,27 @@ def test_a_result_round_trips(with_logprobs):
     msg = _wire(result_to_proto(result, step_seconds=0.5))
     assert isinstance(msg, worker_pb2.StepResult) and msg.step_time_ms == 500.0 and msg.num_sampled == 3
     assert result_from_proto(msg) == result
+
+
+def test_a_result_of_one_token_each_round_trips():
+    result = StepResult(3, sampled={f"s{i}": [SampledToken(100 + i)] for i in range(5)})
+    assert result_from_proto(_wire(result_to_proto(result))) == result
+
+
+def test_logprobs_of_some_sequences_only_round_trip():
+    result = StepResult(4, sampled={"plain": [SampledToken(1), SampledToken(2)],
+                                    "asked": [SampledToken(3, -0.25, 2, [(4, -0.125), (3, -0.25)])]})
+    msg = _wire(result_to_proto(result))
+    assert len(msg.logprobs) == len(msg.sampled_token_ids) == 3
+    assert result_from_proto(msg) == result
+
+
+def test_columns_that_do_not_line_up_are_rejected():
+    plan = plan_to_proto(StepPlan(1, num_scheduled_tokens={"a": 1, "b": 1}))
+    del plan.num_scheduled_tokens[1]
+    with pytest.raises(InvalidArgument, match="one count per sequence"):
+        plan_from_proto(plan)
+    result = result_to_proto(StepResult(1, sampled={"a": [SampledToken(1)], "b": [SampledToken(2)]}))
+    result.num_sampled_tokens[1] = 2
+    with pytest.raises(InvalidArgument, match="do not line up"):
+        result_from_proto(result)

@@ -78,11 +78,10 @@ def make_step_plan(**overrides) -> worker_pb2.StepPlan:
                 trace_context={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
             )
         ],
-        continuing=[
-            worker_pb2.ContinuingSequence(seq_id="req-b", new_block_ids=[12], num_computed_tokens=48),
-            worker_pb2.ContinuingSequence(seq_id="req-c", num_computed_tokens=21),
-        ],
-        num_scheduled_tokens={"req-a": 16, "req-b": 1, "req-c": 1},
+        # req-c also runs, with nothing changed since its last step: it is only in scheduled_seq_ids.
+        continuing=[worker_pb2.ContinuingSequence(seq_id="req-b", new_block_ids=[12], num_computed_tokens=48)],
+        scheduled_seq_ids=["req-a", "req-b", "req-c"],
+        num_scheduled_tokens=[16, 1, 1],
         finished_seq_ids=["req-old"],
         swap_out=[worker_pb2.BlockMove(src_block_id=3, dst_block_id=0)],
         swap_in=[worker_pb2.BlockMove(src_block_id=5, dst_block_id=4)],
@@ -112,11 +111,8 @@ def test_step_plan_roundtrip_new_continuing_and_block_ops():
     assert new.trace_context["traceparent"].startswith("00-")
     assert [(c.seq_id, list(c.new_block_ids), c.num_computed_tokens) for c in plan.continuing] == [
         ("req-b", [12], 48),
-        ("req-c", [], 21),
     ]
-    assert dict(plan.num_scheduled_tokens) == {"req-a": 16, "req-b": 1, "req-c": 1}
-    scheduled = {s.seq_id for s in plan.new_sequences} | {c.seq_id for c in plan.continuing}
-    assert set(plan.num_scheduled_tokens) <= scheduled
+    assert dict(zip(plan.scheduled_seq_ids, plan.num_scheduled_tokens, strict=True)) == {"req-a": 16, "req-b": 1, "req-c": 1}
     assert list(plan.finished_seq_ids) == ["req-old"]
     assert [(m.src_block_id, m.dst_block_id) for m in plan.swap_out] == [(3, 0)]
     assert [(m.src_block_id, m.dst_block_id) for m in plan.swap_in] == [(5, 4)]
@@ -136,15 +132,13 @@ def test_step_result_roundtrip_with_logprobs_and_errors():
     result = roundtrip(
         worker_pb2.StepResult(
             step_id=42,
-            outputs=[
-                worker_pb2.SequenceOutput(
-                    seq_id="req-b",
-                    token_ids=[5],
-                    logprobs=[common_pb2.TokenLogprobs(sampled=top[0], top=top)],
-                    num_computed_tokens=49,
-                ),
-                worker_pb2.SequenceOutput(seq_id="req-a", num_computed_tokens=32),
-            ],
+            # req-b sampled one token with logprobs; req-d ran a 2-token multi-step decode without them;
+            # req-a, a prompt chunk short of its prompt's end, sampled nothing and is not listed.
+            sampled_seq_ids=["req-b", "req-d"],
+            num_sampled_tokens=[1, 2],
+            sampled_token_ids=[5, 7, 8],
+            logprobs=[common_pb2.TokenLogprobs(sampled=top[0], top=top), common_pb2.TokenLogprobs(),
+                      common_pb2.TokenLogprobs()],
             errors=[
                 worker_pb2.SequenceError(
                     seq_id="req-c", code=grpc.StatusCode.INTERNAL.value[0], message="NaN logits"
@@ -154,14 +148,13 @@ def test_step_result_roundtrip_with_logprobs_and_errors():
             step_time_ms=14.0,
             num_tokens=18,
             num_seqs=3,
-            num_sampled=1,
+            num_sampled=2,
             num_blocks_moved=3,
         )
     )
-    assert list(result.outputs[0].token_ids) == [5]
-    assert result.outputs[0].logprobs[0].sampled.rank == 1
-    # A prompt chunk that did not reach the end of its known tokens samples nothing.
-    assert list(result.outputs[1].token_ids) == []
+    assert list(result.sampled_token_ids) == [5, 7, 8]
+    assert result.logprobs[0].sampled.rank == 1
+    assert not result.logprobs[1].HasField("sampled")
     assert result.errors[0].code == grpc.StatusCode.INTERNAL.value[0]
 
 
@@ -321,7 +314,7 @@ class _DescribeAndEcho(worker_pb2_grpc.WorkerServicer):
     async def StepStream(self, request_iterator, context):
         async for plan in request_iterator:
             yield worker_pb2.StepResult(
-                step_id=plan.step_id, num_tokens=sum(plan.num_scheduled_tokens.values())
+                step_id=plan.step_id, num_tokens=sum(plan.num_scheduled_tokens)
             )
 
 

@@ -440,7 +440,8 @@ class Scheduler(HandOff, Fork, MultiStep):
             if rid in self._on_worker and sent is None:  # resumed from a swap: the whole table is new
                 plan.continuing.append(ContinuingSequence(rid, [], block_ids=list(req.block_ids)))
             elif rid in self._on_worker:
-                plan.continuing.append(ContinuingSequence(rid, req.block_ids[sent:]))
+                if sent < len(req.block_ids):  # otherwise nothing changed: the id in num_scheduled_tokens is all
+                    plan.continuing.append(ContinuingSequence(rid, req.block_ids[sent:]))
             else:
                 plan.new.append(NewSequence(rid, req.all_token_ids, len(req.prompt_token_ids),
                                             req.num_computed_tokens, list(req.block_ids), req.params))

@@ -61,6 +61,9 @@ def test_first_sight_is_full_then_only_deltas():
     assert [n.seq_id for n in plan.new] == ["r0"] and plan.new[0].block_ids == [0, 1]
     plan, _ = step(s)
     assert not plan.new and plan.continuing[0].new_block_ids == [2]
+    # Decodes with room left in their last block: the sequence runs, with nothing else to tell the worker.
+    plan, _ = step(s)
+    assert plan.num_scheduled_tokens == {"r0": 1} and not plan.new and not plan.continuing
 
 
 def test_finish_by_length_and_eos_frees_blocks():
