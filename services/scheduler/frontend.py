@@ -53,24 +53,29 @@ class Frontend:
             raise
         return tracked
 
-    async def stream(self, tracked: TrackedRequest) -> AsyncIterator[list[Delta]]:
-        """Yields batches of deltas (all that arrived since the last batch) until the request finishes.
+    async def stream(self, tracked: TrackedRequest) -> AsyncIterator[Delta]:
+        """Yields what arrived since the last yield, until the request finishes (the last one carries the
+        finish reason).
 
         If the consumer goes away first (client disconnect, cancelled call), the request is aborted, which
         frees its blocks on every worker it touched.
         """
         try:
-            async for delta in tracked.receive:
-                yield _drain(tracked, [delta])
+            while True:
+                await tracked.arrived.wait()
+                delta = tracked.take()
+                yield delta
+                if delta.finish_reason is not None:
+                    return
         finally:
             self._abort_unless_done(tracked)
 
-    async def collect(self, tracked: TrackedRequest) -> list[Delta]:
-        """All of the request's deltas, once it finished: one wake-up instead of one per step. If the caller
+    async def collect(self, tracked: TrackedRequest) -> Delta:
+        """All of the request's output, once it finished: one wake-up instead of one per step. If the caller
         goes away first, the request is aborted, as in ``stream``."""
         try:
             await tracked.done.wait()
-            return _drain(tracked, [])
+            return tracked.take()
         finally:
             self._abort_unless_done(tracked)
 
@@ -83,12 +88,3 @@ class Frontend:
             return 0.0
         return (tracked.first_scheduled - tracked.arrival) * 1e3
 
-
-def _drain(tracked: TrackedRequest, batch: list[Delta]) -> list[Delta]:
-    """``batch`` plus every delta already waiting, up to the request's last one."""
-    while not (batch and batch[-1].finish_reason):
-        try:
-            batch.append(tracked.receive.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream):
-            break
-    return batch

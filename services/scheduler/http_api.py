@@ -126,8 +126,7 @@ class _OpenAI:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(self._sse(head, tracked, chat, want_ids, include_usage),
                                      media_type="text/event-stream")
-        deltas = await self._collect(request, tracked)
-        merged = _merge(deltas)
+        merged = await self._collect(request, tracked)
         choice: dict[str, Any] = {"index": 0, "finish_reason": merged.finish_reason, "logprobs": None}
         if chat:
             choice["message"] = {"role": "assistant", "content": merged.text}
@@ -138,9 +137,9 @@ class _OpenAI:
         obj = "chat.completion" if chat else "text_completion"
         return JSONResponse({**head, "object": obj, "choices": [choice], "usage": _usage(tracked)})
 
-    async def _collect(self, request: Request, tracked: TrackedRequest) -> list[Delta]:
-        """All deltas of the request; aborts it if the client disconnects first."""
-        deltas: list[Delta] = []
+    async def _collect(self, request: Request, tracked: TrackedRequest) -> Delta:
+        """All of the request's output; aborts it if the client disconnects first."""
+        merged = Delta()
         async with anyio.create_task_group() as tg:
             async def watch() -> None:
                 while not await request.is_disconnected():
@@ -148,16 +147,15 @@ class _OpenAI:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            deltas = await self.frontend.collect(tracked)
+            merged = await self.frontend.collect(tracked)
             tg.cancel_scope.cancel()
-        return deltas
+        return merged
 
     async def _sse(self, head: dict, tracked: TrackedRequest, chat: bool, want_ids: bool,
                    include_usage: bool) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         first = True
-        async for batch in self.frontend.stream(tracked):
-            merged = _merge(batch)
+        async for merged in self.frontend.stream(tracked):
             choice: dict[str, Any] = {"index": 0, "finish_reason": merged.finish_reason, "logprobs": None}
             if chat:
                 choice["delta"] = {"role": "assistant", "content": merged.text} if first else {"content": merged.text}
@@ -178,15 +176,6 @@ def _session(body: dict) -> str:
     if not isinstance(session, str):
         raise InvalidArgument("session_id must be a string")
     return session
-
-
-def _merge(deltas: list[Delta]) -> Delta:
-    out = Delta()
-    for d in deltas:
-        out.token_ids.extend(d.token_ids)
-        out.text += d.text
-        out.finish_reason = d.finish_reason or out.finish_reason
-    return out
 
 
 def _usage(tracked: TrackedRequest) -> dict:

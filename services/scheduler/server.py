@@ -26,28 +26,26 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         want_ids = opts is None or opts.return_token_ids
         want_text = opts is None or opts.return_text
         prompt_len = len(tracked.request.prompt_token_ids)
-        async for batch in self._batches(tracked, request.final_only):
-            last = batch[-1]
+        async for delta in self._deltas(tracked, request.final_only):
             reply = scheduler_pb2.GenerateResponse(
-                request_id=tracked.request_id, finish_reason=finish_reason_to_proto(last.finish_reason),
-                finish_detail=last.detail, queue_delay_ms=self.frontend.queue_delay_ms(tracked),
+                request_id=tracked.request_id, finish_reason=finish_reason_to_proto(delta.finish_reason),
+                finish_detail=delta.detail, queue_delay_ms=self.frontend.queue_delay_ms(tracked),
                 usage=common_pb2.Usage(prompt_tokens=prompt_len,
                                        completion_tokens=len(tracked.request.output_token_ids),
                                        cached_prompt_tokens=tracked.request.num_prefix_hit_tokens))
-            for delta in batch:
-                if want_ids:
-                    reply.token_ids.extend(delta.token_ids)
-                if want_text:
-                    reply.text += delta.text
-                reply.logprobs.extend(token_logprobs_to_proto(t) for t in delta.logprobs)
+            if want_ids:
+                reply.token_ids.extend(delta.token_ids)
+            if want_text:
+                reply.text = delta.text
+            reply.logprobs.extend(token_logprobs_to_proto(t) for t in delta.logprobs)
             yield reply
 
-    async def _batches(self, tracked, final_only: bool):
+    async def _deltas(self, tracked, final_only: bool):
         if final_only:
             yield await self.frontend.collect(tracked)
         else:
-            async for batch in self.frontend.stream(tracked):
-                yield batch
+            async for delta in self.frontend.stream(tracked):
+                yield delta
 
     def _submit(self, request, parent):
         if request.model and request.model not in (self.frontend.model_name, str(self.frontend.checkpoint.path)):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import anyio
@@ -16,7 +15,7 @@ from services.scheduler.core.request import Request
 
 @dataclass
 class Delta:
-    """What one request produced since the last delta; ``finish_reason`` is set on the last one."""
+    """What one request produced since its reader last looked; ``finish_reason`` is set on the last one."""
 
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -26,6 +25,10 @@ class Delta:
 
 
 class TrackedRequest:
+    """Tokens are appended to one pending ``Delta`` that the reader takes whole (``take``), with an event to
+    wake it: a step's token costs a few appends, not a message through a queue, and a reader that falls behind
+    (or one that only wants the end) gets everything since it last looked in one piece."""
+
     def __init__(self, request: Request, tokenizer: Tokenizer, arrival: float, session_id: str = "") -> None:
         self.request = request
         self.session_id = session_id
@@ -36,8 +39,9 @@ class TrackedRequest:
         self.detok = IncrementalDetokenizer(tokenizer, request.params, prompt_token_ids=request.prompt_token_ids)
         self.finish_reason: str | None = None
         self.num_emitted = 0  # tokens streamed so far
-        self._send, self.receive = anyio.create_memory_object_stream[Delta](math.inf)
-        self.done = anyio.Event()  # set with the last delta: lets a non-streaming reader wake once, not per token
+        self._pending = Delta()
+        self.arrived = anyio.Event()  # set when _pending holds something; replaced by take()
+        self.done = anyio.Event()  # set with the last token: a non-streaming reader wakes once, not per token
 
     @property
     def request_id(self) -> str:
@@ -49,26 +53,39 @@ class TrackedRequest:
 
     def emit(self, token: SampledToken, finish_reason: str | None) -> str | None:
         """Streams one sampled token; returns the finish reason, which a stop string in the text may set."""
+        if self.finished:
+            return finish_reason
         self.num_emitted += 1
         text = self.detok.push(token.token_id)
         if finish_reason is None and self.detok.finished_by_stop_string is not None:
             finish_reason = FinishReason.STOP
         if finish_reason is not None:
             text += self.detok.flush()
-        logprobs = [token] if token.logprob is not None else []
-        self._put(Delta([token.token_id], text, logprobs, finish_reason, self.detok.finished_by_stop_string or ""))
+        pending = self._pending
+        pending.token_ids.append(token.token_id)
+        pending.text += text
+        if token.logprob is not None:
+            pending.logprobs.append(token)
+        self._arrive(finish_reason, self.detok.finished_by_stop_string or "")
         return finish_reason
 
     def end(self, reason: str, detail: str = "") -> None:
         """Ends the stream without a token (abort, error)."""
         if not self.finished:
-            self._put(Delta(text=self.detok.flush(), finish_reason=reason, detail=detail))
+            self._pending.text += self.detok.flush()
+            self._arrive(reason, detail)
 
-    def _put(self, delta: Delta) -> None:
-        if self.finished:
-            return
-        self.finish_reason = delta.finish_reason
-        self._send.send_nowait(delta)
-        if delta.finish_reason is not None:
-            self._send.close()
+    def take(self) -> Delta:
+        """Everything that arrived since the last take (empty if nothing did); the last take carries the
+        finish reason."""
+        delta, self._pending = self._pending, Delta()
+        if not self.finished:
+            self.arrived = anyio.Event()
+        return delta
+
+    def _arrive(self, finish_reason: str | None, detail: str) -> None:
+        if finish_reason is not None:
+            self.finish_reason = self._pending.finish_reason = finish_reason
+            self._pending.detail = detail
             self.done.set()
+        self.arrived.set()
