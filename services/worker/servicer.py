@@ -55,6 +55,8 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         super().__init__(runner.kv)
         self.config = config
         self.metrics = metrics or WorkerMetrics(CollectorRegistry())
+        for direction in ("out", "in"):  # both series exported from the start, at 0 until a swap
+            self.metrics.steps.swap_bytes.labels(direction)
         self.tracing = tracing or Tracing(trace.NoOpTracer())
         self._traces = SequenceTraces(self.tracing.tracer, f"{config.role}@{config.name or config.host}")
         self.runner = runner
@@ -64,7 +66,8 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         self._torch = torch_thread or TorchThread.plain()
         self.agent = agent
         self._scheduler_id = ""
-        self._closing: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._closing = False
+        self._readers: set[asyncio.Task] = set()  # one per open step stream: close_streams cancels them
 
     def info(self) -> worker_pb2.WorkerInfo:
         r = self.runner
@@ -88,6 +91,8 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         # step's result is written and the next plan read, which left the forward pass idle ~1 ms a step.
         steps: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
         reader = asyncio.ensure_future(self._read_plans(context, steps))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
         try:
             while (step := await steps.get()) is not None:
                 yield await step
@@ -98,16 +103,11 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
 
     async def _read_plans(self, context, steps: asyncio.Queue) -> None:
         """Starts a step per plan read; None once the stream ends. Reads with context.read() rather than the
-        iterator, racing each read against shutdown: a worker told to stop (SIGTERM) ends the stream cleanly
-        while the scheduler still holds it open."""
+        iterator, so that shutdown can cancel a pending read (close_streams): a worker told to stop (SIGTERM)
+        ends the stream cleanly while the scheduler still holds it open."""
         try:
-            while True:
-                read = asyncio.ensure_future(context.read())
-                await asyncio.wait([read, self._closing], return_when=asyncio.FIRST_COMPLETED)
-                if not read.done():
-                    read.cancel()
-                    return
-                plan = read.result()
+            while not self._closing:
+                plan = await context.read()
                 if plan is grpc.aio.EOF:
                     return
                 step = asyncio.ensure_future(self._step(plan, context))
@@ -115,13 +115,16 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
                 # asyncio does not log it as never retrieved.
                 step.add_done_callback(lambda f: f.cancelled() or f.exception())
                 steps.put_nowait(step)
+        except asyncio.CancelledError:
+            pass  # closing, or the stream's caller went away: the steps already read still run
         finally:
             steps.put_nowait(None)
 
     def close_streams(self) -> None:
         """Ends every open step stream after the steps it has already read (called on shutdown)."""
-        if not self._closing.done():
-            self._closing.set_result(None)
+        self._closing = True
+        for reader in list(self._readers):
+            reader.cancel()
 
     async def _step(self, msg: worker_pb2.StepPlan, context) -> worker_pb2.StepResult:
         try:
@@ -160,9 +163,11 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         m.steps.step_seconds.observe(seconds)
         m.steps.step_tokens.observe(plan.total_tokens)
         m.forward_seconds.observe(result.forward_seconds)
-        block_bytes = self.runner.kv.layout.bytes_per_block
-        m.steps.swap_bytes.labels("out").inc(len(plan.swap_out) * block_bytes)
-        m.steps.swap_bytes.labels("in").inc(len(plan.swap_in) * block_bytes)
+        # Most steps move nothing: skip the labelled lookups (each takes a lock) unless they do.
+        if plan.swap_out or plan.swap_in:
+            block_bytes = self.runner.kv.layout.bytes_per_block
+            m.steps.swap_bytes.labels("out").inc(len(plan.swap_out) * block_bytes)
+            m.steps.swap_bytes.labels("in").inc(len(plan.swap_in) * block_bytes)
 
     async def PullKV(self, request, context):
         outcome = await self._transfer(request, request.src, "read", context)
