@@ -219,9 +219,13 @@ class Mesh:
         the exception: its token hands the request off, so the next plan waits for it.
         """
         call = link.stub.StepStream()
+        # A worker that dies while idle ends the stream with no read pending: wake the loop to notice it.
+        call.add_done_callback(lambda _: link.wake())
         in_flight: deque[_InFlight] = deque()
         try:
             while link.alive:
+                if call.done() and not in_flight:
+                    raise ConnectionError(f"the worker's step stream ended ({await call.code()})")
                 if not in_flight or (len(in_flight) < self._depth and in_flight[-1].expected):
                     self._place_arrivals(link)
                     plan = link.core.schedule(now=anyio.current_time())

@@ -110,12 +110,29 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
                 tg.start_soon(killer)
                 for i in range(len(prompts)):
                     tg.start_soon(one, i)
-            stats = await client.stats()
+            with anyio.fail_after(10):  # the dead worker is dropped even if none of the requests was on it then
+                while len((stats := await client.stats()).workers) != 2:
+                    await anyio.sleep(0.05)
         assert killed.is_set()
-        assert [w.address for w in stats.workers if w.role == 2] != [] and len(stats.workers) == 2
+        assert [w.address for w in stats.workers if w.role == 2] != []
         for i, prompt in enumerate(prompts):
             assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
             assert finish[i] in ("stop", "length")
+    finally:
+        m.stop()
+
+
+async def test_a_worker_that_dies_while_idle_is_dropped_and_the_mesh_keeps_serving(tiny_model_dir, tmp_path):
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated", num_decode=2, http=False)
+    try:
+        async with AsyncClient(m.grpc_address) as client:
+            assert len((await client.stats()).workers) == 2
+            m.kill("decode-1")
+            with anyio.fail_after(10):  # noticed without a request to send it
+                while len((await client.stats()).workers) != 1:
+                    await anyio.sleep(0.05)
+            out = await client.generate(random_prompts([20])[0], max_tokens=4, temperature=0, ignore_eos=True)
+            assert len(out.token_ids) == 4
     finally:
         m.stop()
 
