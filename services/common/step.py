@@ -2,8 +2,9 @@
 
 Follows vLLM v1's "full on first sight, diffs after": a sequence the worker has not seen (or must rebuild
 after a recompute preemption) comes as a ``NewSequence`` with all its tokens; afterwards only its
-``num_scheduled_tokens`` entry, and a ``ContinuingSequence`` when its block table changed. ``services/common/convert.py`` maps these
-to and from ``seawall.v1.worker_pb2``; the scheduler core and the engine never see protobuf.
+``num_scheduled_tokens`` entry, and a ``ContinuingSequence`` when its block table changed.
+``services/common/convert.py`` maps these to and from ``seawall.v1.worker_pb2``; the scheduler core and the
+engine never see protobuf.
 
 A worker runs, for each scheduled sequence, tokens ``[num_computed, num_computed + n)`` of what it knows of
 that sequence; when that reaches the end of its known tokens, it samples the next one::
@@ -50,7 +51,7 @@ class ContinuingSequence:
 class StepPlan:
     step_id: int
     new: list[NewSequence] = field(default_factory=list)
-    # Sequences the worker holds whose block table or tokens changed; the others are in num_scheduled_tokens only.
+    # Sequences the worker holds whose block table or tokens changed; the rest are in num_scheduled_tokens only.
     continuing: list[ContinuingSequence] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)  # the worker drops these sequences' state
