@@ -97,6 +97,29 @@ def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> C
     return out
 
 
+def build_batch(prompts: Sequence[str | Sequence[int]], sampling: dict[str, Any]) -> scheduler_pb2.GenerateBatchRequest:
+    if isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts must be a non-empty list of prompts (each text or token ids)")
+    return scheduler_pb2.GenerateBatchRequest(requests=[build_request(p, None, dict(sampling), final_only=True)
+                                                        for p in prompts])
+
+
+class _BatchFold:
+    """A batch's completions, in prompt order, from its interleaved outputs."""
+
+    def __init__(self, n: int) -> None:
+        self.chunks: list[list[Chunk]] = [[] for _ in range(n)]
+        self.last: list[scheduler_pb2.GenerateResponse | None] = [None] * n
+
+    def add(self, reply: scheduler_pb2.GenerateBatchResponse) -> None:
+        for out in reply.outputs:
+            self.chunks[out.index].append(_chunk(out.response))
+            self.last[out.index] = out.response
+
+    def completions(self) -> list[Completion]:
+        return [_fold(c, last) for c, last in zip(self.chunks, self.last, strict=True)]
+
+
 def _error(exc: grpc.RpcError) -> errors.SeawallError:
     return _ERRORS.get(exc.code(), errors.SeawallError)(exc.details() or str(exc.code()))
 
@@ -137,6 +160,17 @@ class AsyncClient:
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
         return _fold(chunks, last)
+
+    async def generate_batch(self, prompts: Sequence[str | Sequence[int]], **sampling: Any) -> list[Completion]:
+        """Completions of several prompts with the same sampling, in prompt order, through one call
+        (``GenerateBatch``): for batch jobs, where one call per prompt costs both sides a call's work each."""
+        fold = _BatchFold(len(prompts))
+        try:
+            async for reply in self._stub.GenerateBatch(build_batch(prompts, sampling)):
+                fold.add(reply)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        return fold.completions()
 
     async def abort(self, request_id: str) -> bool:
         return (await self._stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id))).found
@@ -180,6 +214,15 @@ class Client:
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return _fold(chunks, last)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], **sampling: Any) -> list[Completion]:
+        fold = _BatchFold(len(prompts))
+        try:
+            for reply in self._stub.GenerateBatch(build_batch(prompts, sampling)):
+                fold.add(reply)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return fold.completions()
 
     def abort(self, request_id: str) -> bool:
         return self._stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id)).found

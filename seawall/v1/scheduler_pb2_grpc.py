@@ -40,6 +40,11 @@ class SchedulerStub:
                 request_serializer=seawall_dot_v1_dot_scheduler__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=seawall_dot_v1_dot_scheduler__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateBatch = channel.unary_stream(
+                '/seawall.v1.Scheduler/GenerateBatch',
+                request_serializer=seawall_dot_v1_dot_scheduler__pb2.GenerateBatchRequest.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_scheduler__pb2.GenerateBatchResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/seawall.v1.Scheduler/Abort',
                 request_serializer=seawall_dot_v1_dot_scheduler__pb2.AbortRequest.SerializeToString,
@@ -64,6 +69,17 @@ class SchedulerServicer:
     def Generate(self, request, context):
         """Queue a request and stream its output: one response per batch of new tokens, the last one carries
         finish_reason and usage. Cancelling the call aborts the request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateBatch(self, request, context):
+        """Queue several requests in one call (a batch job: one call and one response stream instead of one per
+        request) and stream their outputs interleaved: each response holds the outputs of every request that
+        produced something since the previous one. All requests are validated before any is queued; the first
+        bad one fails the call (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED) with its index in the message.
+        Cancelling the call aborts every request in it that has not finished.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -97,6 +113,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=seawall_dot_v1_dot_scheduler__pb2.GenerateRequest.FromString,
                     response_serializer=seawall_dot_v1_dot_scheduler__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateBatch': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateBatch,
+                    request_deserializer=seawall_dot_v1_dot_scheduler__pb2.GenerateBatchRequest.FromString,
+                    response_serializer=seawall_dot_v1_dot_scheduler__pb2.GenerateBatchResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -142,6 +163,33 @@ class Scheduler:
             '/seawall.v1.Scheduler/Generate',
             seawall_dot_v1_dot_scheduler__pb2.GenerateRequest.SerializeToString,
             seawall_dot_v1_dot_scheduler__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/seawall.v1.Scheduler/GenerateBatch',
+            seawall_dot_v1_dot_scheduler__pb2.GenerateBatchRequest.SerializeToString,
+            seawall_dot_v1_dot_scheduler__pb2.GenerateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
 import anyio
 
-from services.common.errors import SeawallError
+from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.engine.loader import Checkpoint
 from services.scheduler.admission import validate_request
 from services.scheduler.core.request import Request
 from services.scheduler.mesh import Mesh
 from services.scheduler.request_trace import RequestTrace
-from services.scheduler.tracked import Delta, TrackedRequest
+from services.scheduler.tracked import BatchWatch, Delta, TrackedRequest
+
+
+@dataclass
+class Submission:
+    """One request of a batch, as ``Frontend.submit`` takes it."""
+
+    prompt_token_ids: Sequence[int]
+    params: SamplingParams
+    request_id: str = ""
+    session_id: str = ""
 
 
 class Frontend:
@@ -34,24 +45,55 @@ class Frontend:
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                request_id: str = "", trace_parent=None, session_id: str = "") -> TrackedRequest:
         """Validates and queues a request; raises InvalidArgument or ResourceExhausted."""
-        prompt = list(prompt_token_ids)
+        tracked = self._prepare(Submission(prompt_token_ids, params, request_id, session_id), trace_parent)
+        self._enqueue(tracked)
+        return tracked
+
+    def submit_many(self, items: Sequence[Submission], trace_parent=None) -> list[TrackedRequest]:
+        """Validates every request, then queues them all, or none: the error names the failing request's index,
+        and requests queued before it are aborted."""
+        if not items:
+            raise InvalidArgument("the batch is empty: send at least one request")
+        ids = [item.request_id for item in items if item.request_id]
+        if len(set(ids)) < len(ids):
+            dup = next(rid for rid in ids if ids.count(rid) > 1)
+            raise InvalidArgument(f"request id {dup!r} appears more than once in the batch; ids must be unique")
+        room = self.mesh.config.max_queue_len - self.mesh.num_waiting
+        if len(items) > room:
+            raise ResourceExhausted(f"a batch of {len(items)} requests does not fit the queue ({room} of "
+                                    f"{self.mesh.config.max_queue_len} places free); retry later or send smaller "
+                                    "batches")
+        tracked = [at_index(i, self._prepare, item, trace_parent) for i, item in enumerate(items)]
+        for i, t in enumerate(tracked):
+            try:
+                at_index(i, self._enqueue, t)
+            except SeawallError:
+                for queued in tracked[:i]:
+                    self.mesh.abort(queued.request_id, FinishReason.ABORT)
+                raise
+        return tracked
+
+    def _prepare(self, item: Submission, trace_parent) -> TrackedRequest:
+        prompt = list(item.prompt_token_ids)
         pools = [link.info.num_device_blocks for link in self.mesh.live_links()]
         block_size = self.mesh.live_links()[0].info.kv_layout.block_size if pools else 16
-        validate_request(prompt, params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
+        validate_request(prompt, item.params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
                          min(pools) if pools else None)
-        request = Request(request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, params,
+        request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids)
-        tracked = TrackedRequest(request, self.tokenizer, anyio.current_time(), session_id)
+        tracked = TrackedRequest(request, self.tokenizer, anyio.current_time(), item.session_id)
         tracing = self.mesh.tracing
         if tracing.enabled:
             tracked.trace = RequestTrace(tracing.tracer, request, self.model_name, trace_parent)
+        return tracked
+
+    def _enqueue(self, tracked: TrackedRequest) -> None:
         try:
             self.mesh.submit(tracked)
         except SeawallError:
             if tracked.trace is not None:
-                tracked.trace.finish(request, FinishReason.ERROR)
+                tracked.trace.finish(tracked.request, FinishReason.ERROR)
             raise
-        return tracked
 
     async def stream(self, tracked: TrackedRequest) -> AsyncIterator[Delta]:
         """Yields what arrived since the last yield, until the request finishes (the last one carries the
@@ -79,6 +121,25 @@ class Frontend:
         finally:
             self._abort_unless_done(tracked)
 
+    async def stream_many(self, tracked: Sequence[TrackedRequest],
+                          final_only: Sequence[bool]) -> AsyncIterator[list[tuple[int, Delta]]]:
+        """Several requests read as one stream: per wake-up, ``(index, delta)`` for each request that produced
+        something since the last yield, until all have finished. ``final_only[i]``: request ``i`` appears once,
+        when it finished, with all of its output. If the consumer goes away first, the unfinished ones are
+        aborted, as in ``stream``."""
+        watch = BatchWatch(tracked, final_only)
+        left = len(tracked)
+        try:
+            while left:
+                await watch.changed.wait()
+                out = [(i, tracked[i].take()) for i in watch.take()]
+                left -= sum(delta.finish_reason is not None for _, delta in out)
+                yield out
+        finally:
+            for t in tracked:
+                t.on_arrive = None
+                self._abort_unless_done(t)
+
     def _abort_unless_done(self, tracked: TrackedRequest) -> None:
         if not tracked.finished or tracked.request_id in self.mesh.tracked:
             self.mesh.abort(tracked.request_id, FinishReason.ABORT)
@@ -88,3 +149,10 @@ class Frontend:
             return 0.0
         return (tracked.first_scheduled - tracked.arrival) * 1e3
 
+
+def at_index(index: int, fn, *args):
+    """``fn(*args)``, with a SeawallError's message prefixed by the batch index it is about."""
+    try:
+        return fn(*args)
+    except SeawallError as exc:
+        raise type(exc)(f"requests[{index}]: {exc}") from exc

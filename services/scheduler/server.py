@@ -1,4 +1,5 @@
-"""The Scheduler gRPC service: Generate (streaming), Abort, GetStats, RegisterWorker. A shell over the mesh."""
+"""The Scheduler gRPC service: Generate (streaming), GenerateBatch, Abort, GetStats, RegisterWorker. A shell over
+the mesh."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from services.common import tracing
 from services.common.convert import finish_reason_to_proto, params_from_proto, token_logprobs_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
-from services.scheduler.frontend import Frontend
+from services.scheduler.frontend import Frontend, Submission, at_index
 from services.scheduler.mesh import Mesh
+from services.scheduler.tracked import Delta, TrackedRequest
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -22,23 +24,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             tracked = self._submit(request, tracing.from_grpc_metadata(context.invocation_metadata()))
         except SeawallError as exc:
             await abort_with(context, exc)
-        opts = request.stream_options if request.HasField("stream_options") else None
-        want_ids = opts is None or opts.return_token_ids
-        want_text = opts is None or opts.return_text
-        prompt_len = len(tracked.request.prompt_token_ids)
+        reply = _Replies(self.frontend, request)
         async for delta in self._deltas(tracked, request.final_only):
-            reply = scheduler_pb2.GenerateResponse(
-                request_id=tracked.request_id, finish_reason=finish_reason_to_proto(delta.finish_reason),
-                finish_detail=delta.detail, queue_delay_ms=self.frontend.queue_delay_ms(tracked),
-                usage=common_pb2.Usage(prompt_tokens=prompt_len,
-                                       completion_tokens=len(tracked.request.output_token_ids),
-                                       cached_prompt_tokens=tracked.request.num_prefix_hit_tokens))
-            if want_ids:
-                reply.token_ids.extend(delta.token_ids)
-            if want_text:
-                reply.text = delta.text
-            reply.logprobs.extend(token_logprobs_to_proto(t) for t in delta.logprobs)
-            yield reply
+            yield reply(tracked, delta)
+
+    async def GenerateBatch(self, request, context):
+        try:
+            if not request.requests:
+                raise InvalidArgument("requests is empty: send at least one GenerateRequest")
+            parent = tracing.from_grpc_metadata(context.invocation_metadata())
+            tracked = self.frontend.submit_many([at_index(i, self._submission, r) for i, r in enumerate(request.requests)],
+                                                parent)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        replies = [_Replies(self.frontend, r) for r in request.requests]
+        async for ready in self.frontend.stream_many(tracked, [r.final_only for r in request.requests]):
+            yield scheduler_pb2.GenerateBatchResponse(outputs=[
+                scheduler_pb2.BatchOutput(index=i, response=replies[i](tracked[i], delta)) for i, delta in ready])
 
     async def _deltas(self, tracked, final_only: bool):
         if final_only:
@@ -48,6 +50,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 yield delta
 
     def _submit(self, request, parent):
+        item = self._submission(request)
+        return self.frontend.submit(item.prompt_token_ids, item.params, item.request_id, parent, item.session_id)
+
+    def _submission(self, request) -> Submission:
         if request.model and request.model not in (self.frontend.model_name, str(self.frontend.checkpoint.path)):
             raise InvalidArgument(f"model {request.model!r} is not served here; this mesh serves "
                                   f"{self.frontend.model_name!r} (or leave model empty)")
@@ -57,7 +63,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         prompt = self.frontend.encode(request.text) if which == "text" else list(request.token_ids.ids)
         room = max(self.frontend.max_model_len - len(prompt), 1)
         params = params_from_proto(request.sampling, default_max_tokens=room)
-        return self.frontend.submit(prompt, params, request.request_id, parent, request.session_id)
+        return Submission(prompt, params, request.request_id, request.session_id)
 
     async def Abort(self, request, context):
         return scheduler_pb2.AbortResponse(found=self.mesh.abort(request.request_id))
@@ -92,3 +98,26 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         link = self.mesh.register(request.address, request.info)
         return scheduler_pb2.RegisterWorkerResponse(worker_id=link.worker_id, scheduler_id=link.epoch)
 
+
+class _Replies:
+    """Builds one request's GenerateResponse messages, with what its GenerateRequest asked to have back."""
+
+    def __init__(self, frontend: Frontend, request) -> None:
+        self.frontend = frontend
+        opts = request.stream_options if request.HasField("stream_options") else None
+        self.want_ids = opts is None or opts.return_token_ids
+        self.want_text = opts is None or opts.return_text
+
+    def __call__(self, tracked: TrackedRequest, delta: Delta) -> scheduler_pb2.GenerateResponse:
+        req = tracked.request
+        reply = scheduler_pb2.GenerateResponse(
+            request_id=tracked.request_id, finish_reason=finish_reason_to_proto(delta.finish_reason),
+            finish_detail=delta.detail, queue_delay_ms=self.frontend.queue_delay_ms(tracked),
+            usage=common_pb2.Usage(prompt_tokens=len(req.prompt_token_ids), completion_tokens=len(req.output_token_ids),
+                                   cached_prompt_tokens=req.num_prefix_hit_tokens))
+        if self.want_ids:
+            reply.token_ids.extend(delta.token_ids)
+        if self.want_text:
+            reply.text = delta.text
+        reply.logprobs.extend(token_logprobs_to_proto(t) for t in delta.logprobs)
+        return reply

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -42,6 +43,7 @@ class TrackedRequest:
         self._pending = Delta()
         self.arrived = anyio.Event()  # set when _pending holds something; replaced by take()
         self.done = anyio.Event()  # set with the last token: a non-streaming reader wakes once, not per token
+        self.on_arrive: Callable[[TrackedRequest], None] | None = None  # a BatchWatch reading it with others
 
     @property
     def request_id(self) -> str:
@@ -89,3 +91,35 @@ class TrackedRequest:
             self._pending.detail = detail
             self.done.set()
         self.arrived.set()
+        if self.on_arrive is not None:
+            self.on_arrive(self)
+
+
+class BatchWatch:
+    """One reader of several requests (a batch call): a single event wakes it for whichever of them has
+    something to take, and ``ready`` says which, so a wake-up costs one event however many requests there are.
+
+    ``final_only[i]``: request ``i`` is noted only when it finishes (its reader wants the output whole).
+    """
+
+    def __init__(self, requests: Sequence[TrackedRequest], final_only: Sequence[bool]) -> None:
+        self._index = {id(t): i for i, t in enumerate(requests)}
+        self._final_only = list(final_only)
+        self._ready: dict[int, None] = {}  # indices to read, in the order they became ready
+        self.changed = anyio.Event()
+        for t in requests:
+            t.on_arrive = self._note
+            if t.arrived.is_set():  # produced (or ended) before the watch began
+                self._note(t)
+
+    def _note(self, tracked: TrackedRequest) -> None:
+        i = self._index[id(tracked)]
+        if tracked.finished or not self._final_only[i]:
+            self._ready[i] = None
+            self.changed.set()
+
+    def take(self) -> list[int]:
+        """The indices of requests with something to take since the last call, in the order they got it."""
+        ready, self._ready = list(self._ready), {}
+        self.changed = anyio.Event()
+        return ready

@@ -2,7 +2,8 @@
 
 Real processes on loopback: the scheduler plus workers, in both modes, over NIXL and over the gRPC KV
 fallback, under each step policy. A batch of concurrent requests of mixed lengths (prompts chunked,
-requests joining and leaving mid-batch), then the same prompts again (prefix-cache hits).
+requests joining and leaving mid-batch), then the same prompts again (prefix-cache hits), streamed, and as one
+GenerateBatch call.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ async def test_concurrent_greedy_requests_match_transformers(mesh, hf_greedy, re
     if "--decode-steps" in request.node.callspec.params["mesh"][3]:  # tokens of a multi-step plan come together
         assert max(len(c.token_ids) for chunks in streamed for c in chunks) > 1
     async with AsyncClient(mesh.grpc_address) as client:
+        batch = await client.generate_batch(prompts, max_tokens=9, temperature=0)  # all in one call
+        assert [c.token_ids for c in batch] == [hf_greedy(p, 9) for p in prompts]
         stats = await client.stats()
-    assert stats.num_finished == 3 * len(prompts) and stats.num_running == 0
+    assert stats.num_finished == 4 * len(prompts) and stats.num_running == 0
     assert all(w.num_device_blocks_used == 0 for w in stats.workers)

@@ -9,7 +9,7 @@ from services.common.sampling_params import SamplingParams
 from services.common.step import SampledToken
 from services.engine.builtin_model import ensure_default_model
 from services.scheduler.core.request import Request
-from services.scheduler.tracked import TrackedRequest
+from services.scheduler.tracked import BatchWatch, TrackedRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -19,9 +19,9 @@ def anyio_backend():
     return "asyncio"
 
 
-def _tracked() -> TrackedRequest:
+def _tracked(rid: str = "r") -> TrackedRequest:
     tokenizer = Tokenizer.from_file(str(ensure_default_model() / "tokenizer.json"))
-    return TrackedRequest(Request("r", [5, 6, 7], SamplingParams(max_tokens=8), 0.0), tokenizer, 0.0)
+    return TrackedRequest(Request(rid, [5, 6, 7], SamplingParams(max_tokens=8), 0.0), tokenizer, 0.0)
 
 
 async def test_a_reader_that_falls_behind_gets_every_token_since_it_last_looked_in_one_piece():
@@ -48,3 +48,29 @@ async def test_an_abort_ends_the_pending_output_with_its_reason():
     delta = t.take()
     assert delta.token_ids == [40] and delta.finish_reason == "abort" and delta.detail == "client went away"
     assert t.done.is_set() and t.finished
+
+
+async def test_a_batch_watch_wakes_once_for_whichever_requests_produced_and_names_them_in_order():
+    a, b, c = _tracked("a"), _tracked("b"), _tracked("c")
+    c.emit(SampledToken(9), None)  # before the watch began: noted at once
+    watch = BatchWatch([a, b, c], final_only=[False, False, False])
+    assert watch.changed.is_set()
+    b.emit(SampledToken(40), None)
+    c.emit(SampledToken(41), None)
+    b.emit(SampledToken(42), None)  # b again: listed once
+    assert watch.take() == [2, 1] and not watch.changed.is_set()
+    assert c.take().token_ids == [9, 41] and b.take().token_ids == [40, 42]
+    assert watch.take() == []
+    a.end("abort")
+    assert watch.changed.is_set() and watch.take() == [0] and a.take().finish_reason == "abort"
+
+
+async def test_a_final_only_request_in_a_batch_is_noted_only_when_it_finishes():
+    a, b = _tracked("a"), _tracked("b")
+    watch = BatchWatch([a, b], final_only=[True, False])
+    a.emit(SampledToken(40), None)
+    assert not watch.changed.is_set()
+    a.emit(SampledToken(41), "length")
+    assert watch.take() == [0]
+    whole = a.take()
+    assert whole.token_ids == [40, 41] and whole.finish_reason == "length"
