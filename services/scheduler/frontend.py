@@ -49,24 +49,29 @@ class Frontend:
         self._enqueue(tracked)
         return tracked
 
-    def submit_many(self, items: Sequence[Submission], trace_parent=None) -> list[TrackedRequest]:
-        """Validates every request, then queues them all, or none: the error names the failing request's index,
-        and requests queued before it are aborted."""
+    def submit_many(self, items: Sequence[Submission], trace_parent=None,
+                    labels: Sequence[str] | None = None) -> list[TrackedRequest]:
+        """Validates every request, then queues them all, or none: a request's error is prefixed with its label
+        (default ``requests[i]``; an empty label adds nothing), and requests queued before it are aborted."""
         if not items:
             raise InvalidArgument("the batch is empty: send at least one request")
+        labels = labels if labels is not None else [f"requests[{i}]" for i in range(len(items))]
         ids = [item.request_id for item in items if item.request_id]
         if len(set(ids)) < len(ids):
             dup = next(rid for rid in ids if ids.count(rid) > 1)
             raise InvalidArgument(f"request id {dup!r} appears more than once in the batch; ids must be unique")
-        room = self.mesh.config.max_queue_len - self.mesh.num_waiting
+        limit = self.mesh.config.max_queue_len
+        if len(items) > limit:
+            raise InvalidArgument(f"a batch of {len(items)} requests can never fit the queue ({limit} places, "
+                                  "--max-queue-len): send at most that many at once")
+        room = limit - self.mesh.num_waiting
         if len(items) > room:
-            raise ResourceExhausted(f"a batch of {len(items)} requests does not fit the queue ({room} of "
-                                    f"{self.mesh.config.max_queue_len} places free); retry later or send smaller "
-                                    "batches")
-        tracked = [at_index(i, self._prepare, item, trace_parent) for i, item in enumerate(items)]
-        for i, t in enumerate(tracked):
+            raise ResourceExhausted(f"a batch of {len(items)} requests does not fit the queue ({room} of {limit} "
+                                    "places free); retry later or send smaller batches")
+        tracked = [labelled(label, self._prepare, item, trace_parent) for label, item in zip(labels, items, strict=True)]
+        for i, (label, t) in enumerate(zip(labels, tracked, strict=True)):
             try:
-                at_index(i, self._enqueue, t)
+                labelled(label, self._enqueue, t)
             except SeawallError:
                 for queued in tracked[:i]:
                     self.mesh.abort(queued.request_id, FinishReason.ABORT)
@@ -150,9 +155,11 @@ class Frontend:
         return (tracked.first_scheduled - tracked.arrival) * 1e3
 
 
-def at_index(index: int, fn, *args):
-    """``fn(*args)``, with a SeawallError's message prefixed by the batch index it is about."""
+def labelled(label: str, fn, *args):
+    """``fn(*args)``, with a SeawallError's message prefixed by ``label`` (which request of a batch it is about)."""
     try:
         return fn(*args)
     except SeawallError as exc:
-        raise type(exc)(f"requests[{index}]: {exc}") from exc
+        if not label:
+            raise
+        raise type(exc)(f"{label}: {exc}") from exc

@@ -1,17 +1,19 @@
 """The OpenAI-compatible HTTP API, served by the scheduler process next to its gRPC service.
 
 ``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat template), SSE streaming, ``/v1/models``
-and ``/health``. Prompts may be text or token ids; ``return_token_ids: true`` adds ``token_ids`` to each
-choice (vLLM's extension). Errors use OpenAI's shape, ``{"error": {"message", "type", "code"}}``, with
+and ``/health``. Prompts may be text or token ids, one or a list of them (completions); ``n`` choices per
+prompt, choice ``i * n + j`` the j-th of prompt i, each its own request in the mesh (queued all or none);
+``return_token_ids: true`` adds ``token_ids`` to each choice (vLLM's extension). Errors use OpenAI's shape, ``{"error": {"message", "type", "code"}}``, with
 400 for bad input and 429 plus ``Retry-After`` for overload.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
@@ -24,13 +26,13 @@ from starlette.routing import Route
 
 from services.common import tracing
 from services.common.errors import InvalidArgument, SeawallError
-from services.common.sampling_params import SamplingParams
-from services.scheduler.frontend import Frontend
+from services.common.sampling_params import MAX_SEED, SamplingParams
+from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.tracked import Delta, TrackedRequest
 
 # Chat fields handled here rather than by SamplingParams.from_openai.
 _CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "response_format", "tools",
-              "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
+              "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n"}
 
 
 def create_app(frontend: Frontend, registry: CollectorRegistry | None = None) -> Starlette:
@@ -74,13 +76,13 @@ class _OpenAI:
     async def completions(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
-            prompt = self._prompt(body.get("prompt"))
-            params = SamplingParams.from_openai(body)
-            tracked = self.frontend.submit(prompt, params, trace_parent=tracing.extract(request.headers),
-                                           session_id=_session(body))
+            prompts = self._prompts(body.get("prompt"))
+            n = _num_choices(body)
+            params = SamplingParams.from_openai({k: v for k, v in body.items() if k != "n"})
+            tracked = self._submit(request, body, prompts, params, n)
         except SeawallError as exc:
             return error_response(exc)
-        return await self._respond(request, body, tracked, chat=False)
+        return await self._respond(request, body, tracked, n, chat=False)
 
     async def chat(self, request: Request) -> Response:
         try:
@@ -91,20 +93,36 @@ class _OpenAI:
                 sampling["max_tokens"] = body["max_completion_tokens"]
             if body.get("logprobs"):
                 sampling["logprobs"] = int(body.get("top_logprobs") or 0)
-            tracked = self.frontend.submit(prompt, SamplingParams.from_openai(sampling),
-                                           trace_parent=tracing.extract(request.headers), session_id=_session(body))
+            n = _num_choices(body)
+            tracked = self._submit(request, body, [prompt], SamplingParams.from_openai(sampling), n)
         except SeawallError as exc:
             return error_response(exc)
-        return await self._respond(request, body, tracked, chat=True)
+        return await self._respond(request, body, tracked, n, chat=True)
 
-    def _prompt(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of one
+    def _submit(self, request: Request, body: dict, prompts: list[list[int]], params: SamplingParams,
+                n: int) -> list[TrackedRequest]:
+        """One request per choice, all queued or none; an error names the prompt it is about when there are
+        several."""
+        session = _session(body)
+        parent = tracing.extract(request.headers)
+        if len(prompts) == 1 and n == 1:
+            return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session)]
+        items = [Submission(p, _choice_params(params, j), session_id=session) for p in prompts for j in range(n)]
+        labels = [f"prompt[{k // n}]" if len(prompts) > 1 else "" for k in range(len(items))]
+        return self.frontend.submit_many(items, parent, labels)
+
+    def _prompts(self, prompt: Any) -> list[list[int]]:
+        """The prompts of a completion request: one text or token-id list, or a non-empty list of them."""
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            return [self._prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        return [self._prompt(prompt, "prompt")]
+
+    def _prompt(self, prompt: Any, name: str) -> list[int]:
         if isinstance(prompt, str):
             return self.frontend.encode(prompt)
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return prompt
-        raise InvalidArgument("prompt must be a string or a list of token ids (one prompt per request)")
+        raise InvalidArgument(f"{name} must be a string or a list of token ids (or prompt a list of those)")
 
     def _render_chat(self, messages: Any, kwargs: dict) -> list[int]:
         if not isinstance(messages, list) or not messages:
@@ -118,28 +136,32 @@ class _OpenAI:
                                      **kwargs)
         return self.frontend.encode(text)
 
-    async def _respond(self, request: Request, body: dict, tracked: TrackedRequest, chat: bool) -> Response:
+    async def _respond(self, request: Request, body: dict, tracked: list[TrackedRequest], n: int,
+                       chat: bool) -> Response:
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.frontend.model_name}
         want_ids = bool(body.get("return_token_ids"))
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._sse(head, tracked, chat, want_ids, include_usage),
+            return StreamingResponse(self._sse(head, tracked, n, chat, want_ids, include_usage),
                                      media_type="text/event-stream")
         merged = await self._collect(request, tracked)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": merged.finish_reason, "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": merged.text}
-        else:
-            choice["text"] = merged.text
-        if want_ids:
-            choice["token_ids"] = merged.token_ids
+        choices = []
+        for i, out in enumerate(merged):
+            choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason, "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": out.text}
+            else:
+                choice["text"] = out.text
+            if want_ids:
+                choice["token_ids"] = out.token_ids
+            choices.append(choice)
         obj = "chat.completion" if chat else "text_completion"
-        return JSONResponse({**head, "object": obj, "choices": [choice], "usage": _usage(tracked)})
+        return JSONResponse({**head, "object": obj, "choices": choices, "usage": _usage(tracked, n)})
 
-    async def _collect(self, request: Request, tracked: TrackedRequest) -> Delta:
-        """All of the request's output; aborts it if the client disconnects first."""
-        merged = Delta()
+    async def _collect(self, request: Request, tracked: list[TrackedRequest]) -> list[Delta]:
+        """Every choice's whole output; aborts them all if the client disconnects first."""
+        merged = [Delta() for _ in tracked]
         async with anyio.create_task_group() as tg:
             async def watch() -> None:
                 while not await request.is_disconnected():
@@ -147,27 +169,60 @@ class _OpenAI:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            merged = await self.frontend.collect(tracked)
+            if len(tracked) == 1:
+                merged[0] = await self.frontend.collect(tracked[0])
+            else:
+                async for ready in self.frontend.stream_many(tracked, [True] * len(tracked)):
+                    for i, delta in ready:
+                        merged[i] = delta
             tg.cancel_scope.cancel()
         return merged
 
-    async def _sse(self, head: dict, tracked: TrackedRequest, chat: bool, want_ids: bool,
+    async def _sse(self, head: dict, tracked: list[TrackedRequest], n: int, chat: bool, want_ids: bool,
                    include_usage: bool) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
-        first = True
-        async for merged in self.frontend.stream(tracked):
-            choice: dict[str, Any] = {"index": 0, "finish_reason": merged.finish_reason, "logprobs": None}
-            if chat:
-                choice["delta"] = {"role": "assistant", "content": merged.text} if first else {"content": merged.text}
-            else:
-                choice["text"] = merged.text
-            if want_ids:
-                choice["token_ids"] = merged.token_ids
-            first = False
-            yield _event({**head, "object": obj, "choices": [choice]})
+        first = [True] * len(tracked)
+        async for ready in self._stream(tracked):
+            for i, merged in ready:  # one event per choice, as OpenAI streams them
+                choice: dict[str, Any] = {"index": i, "finish_reason": merged.finish_reason, "logprobs": None}
+                if chat:
+                    choice["delta"] = ({"role": "assistant", "content": merged.text} if first[i]
+                                       else {"content": merged.text})
+                else:
+                    choice["text"] = merged.text
+                if want_ids:
+                    choice["token_ids"] = merged.token_ids
+                first[i] = False
+                yield _event({**head, "object": obj, "choices": [choice]})
         if include_usage:
-            yield _event({**head, "object": obj, "choices": [], "usage": _usage(tracked)})
+            yield _event({**head, "object": obj, "choices": [], "usage": _usage(tracked, n)})
         yield "data: [DONE]\n\n"
+
+    async def _stream(self, tracked: list[TrackedRequest]) -> AsyncIterator[list[tuple[int, Delta]]]:
+        if len(tracked) == 1:
+            async for delta in self.frontend.stream(tracked[0]):
+                yield [(0, delta)]
+        else:
+            async for ready in self.frontend.stream_many(tracked, [False] * len(tracked)):
+                yield ready
+
+
+def _num_choices(body: dict) -> int:
+    """OpenAI's ``n``: completions per prompt (default 1)."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidArgument(f"n must be an integer >= 1 (completions per prompt), got {n!r}")
+    return n
+
+
+def _choice_params(params: SamplingParams, j: int) -> SamplingParams:
+    """The j-th choice's sampling: with a seed, seed + j, so the n choices differ and each is reproducible
+    (vLLM's rule); without, each request draws its own."""
+    if params.seed is None or j == 0:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + j) % MAX_SEED)
 
 
 def _session(body: dict) -> str:
@@ -178,11 +233,13 @@ def _session(body: dict) -> str:
     return session
 
 
-def _usage(tracked: TrackedRequest) -> dict:
-    req = tracked.request
-    n_prompt, n_out = len(req.prompt_token_ids), len(req.output_token_ids)
+def _usage(tracked: Sequence[TrackedRequest], n: int) -> dict:
+    """Prompt tokens once per prompt (its n choices share it), completion tokens of every choice."""
+    firsts = [t.request for t in tracked[::n]]
+    n_prompt = sum(len(r.prompt_token_ids) for r in firsts)
+    n_out = sum(len(t.request.output_token_ids) for t in tracked)
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-            "prompt_tokens_details": {"cached_tokens": req.num_prefix_hit_tokens}}
+            "prompt_tokens_details": {"cached_tokens": sum(r.num_prefix_hit_tokens for r in firsts)}}
 
 
 def _event(obj: dict) -> str:

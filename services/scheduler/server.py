@@ -8,7 +8,7 @@ from services.common import tracing
 from services.common.convert import finish_reason_to_proto, params_from_proto, token_logprobs_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
-from services.scheduler.frontend import Frontend, Submission, at_index
+from services.scheduler.frontend import Frontend, Submission, labelled
 from services.scheduler.mesh import Mesh
 from services.scheduler.tracked import Delta, TrackedRequest
 
@@ -33,8 +33,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if not request.requests:
                 raise InvalidArgument("requests is empty: send at least one GenerateRequest")
             parent = tracing.from_grpc_metadata(context.invocation_metadata())
-            tracked = self.frontend.submit_many([at_index(i, self._submission, r) for i, r in enumerate(request.requests)],
-                                                parent)
+            items = [labelled(f"requests[{i}]", self._submission, r) for i, r in enumerate(request.requests)]
+            tracked = self.frontend.submit_many(items, parent)
         except SeawallError as exc:
             await abort_with(context, exc)
         replies = [_Replies(self.frontend, r) for r in request.requests]

@@ -75,13 +75,54 @@ def test_chat_completion_applies_the_chat_template(http, default_mesh):
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in streamed) == message["content"]
 
 
+def test_a_list_of_prompts_with_n_choices_each_matches_transformers_choice_by_choice(http, hf_greedy):
+    prompts = random_prompts([12, 40], seed=4)
+    body = {"prompt": prompts, "n": 2, "max_tokens": 7, "temperature": 0, "return_token_ids": True}
+    reply = http.post("/v1/completions", json=body).json()
+    choices = reply["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    for c in choices:  # choice i * n + j is the j-th of prompt i
+        assert c["token_ids"] == hf_greedy(prompts[c["index"] // 2], 7)
+    assert reply["usage"]["prompt_tokens"] == 52  # each prompt once, though two choices ran it
+    assert reply["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
+    events = _sse(http.post("/v1/completions", json={**body, "stream": True}))
+    streamed: dict[int, list[int]] = {}
+    for e in events:
+        assert len(e["choices"]) == 1  # one choice per event, as OpenAI streams them
+        streamed.setdefault(e["choices"][0]["index"], []).extend(e["choices"][0]["token_ids"])
+    assert streamed == {c["index"]: c["token_ids"] for c in choices}
+    mixed = http.post("/v1/completions", json={"prompt": ["The quick brown fox", prompts[0]], "max_tokens": 3,
+                                               "temperature": 0, "return_token_ids": True}).json()
+    assert mixed["choices"][1]["token_ids"] == hf_greedy(prompts[0], 3)
+
+
+def test_chat_with_n_seeded_choices_gives_different_reproducible_answers(http):
+    body = {"messages": [{"role": "user", "content": "Tell me a story"}], "n": 3, "max_tokens": 8,
+            "temperature": 1.0, "seed": 11}
+    first = http.post("/v1/chat/completions", json=body).json()["choices"]
+    again = http.post("/v1/chat/completions", json=body).json()["choices"]
+    texts = [c["message"]["content"] for c in first]
+    assert [c["index"] for c in first] == [0, 1, 2] and len(set(texts)) == 3  # seeds 11, 12, 13
+    assert [c["message"]["content"] for c in again] == texts
+    streamed = _sse(http.post("/v1/chat/completions", json={**body, "stream": True}))
+    roles = [e["choices"][0]["delta"].get("role") for e in streamed]
+    assert roles.count("assistant") == 3  # the first chunk of each choice names the role
+    by_choice = ["".join(e["choices"][0]["delta"].get("content", "") for e in streamed
+                         if e["choices"][0]["index"] == i) for i in range(3)]
+    assert by_choice == texts
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens must be"),
     ({"prompt": "hi", "temprature": 0.5}, "unknown field 'temprature'"),
     ({"prompt": [1, 99999]}, "outside the vocabulary"),
     ({"prompt": [7] * 5000}, "shorten the prompt"),
     ({"prompt": {"text": "hi"}}, "prompt must be a string or a list of token ids"),
-    ({"prompt": "hi", "n": 2}, "n must be 1"),
+    ({"prompt": ["hi", {"text": "hi"}]}, "prompt must be a string or a list of token ids"),
+    ({"prompt": ["hi", [1, 99999]]}, "prompt[1]: prompt token id 99999 is outside the vocabulary"),
+    ({"prompt": "hi", "n": 0}, "n must be an integer >= 1"),
+    ({"prompt": "hi", "n": 2000}, "a batch of 2000 requests can never fit the queue (1024 places"),
+    ({"prompt": "hi", "best_of": 2}, "best_of must be 1"),
 ])
 def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(http, body, fragment):
     response = http.post("/v1/completions", json=body)
