@@ -17,6 +17,7 @@ UNARY, SERVER_STREAM, CLIENT_STREAM, BIDI = (False, False), (False, True), (True
 EXPECTED_SERVICES = {
     "seawall.v1.Scheduler": {
         "Generate": SERVER_STREAM,
+        "GenerateBatch": SERVER_STREAM,
         "Abort": UNARY,
         "GetStats": UNARY,
         "RegisterWorker": UNARY,
