@@ -10,7 +10,7 @@ the first system, the steadiest of the three on a shared box):
 * ``in-process`` — ``OfflineEngine`` (what ``seawall run-batch`` runs): scheduler core and model in one process;
 * ``mesh-colocated`` — ``seawall up --mode colocated --workers 1``: the scheduler process drives one worker
   process over gRPC; the client is the SDK's ``AsyncClient`` in this process, one connection kept open;
-* ``mesh-colocated-batch`` — the same mesh, the workload sent as one ``GenerateBatch`` call
+* ``mesh-colocated-batch`` — the same topology (a mesh of its own), the workload sent as one ``GenerateBatch`` call
   (``AsyncClient.generate_batch``), as a batch job would send it: one call instead of one per request, and
   one response message per wake-up of the scheduler instead of one per request;
 * ``mesh-disaggregated`` — the default topology: one prefill and one decode worker, KV pulled over NIXL.
@@ -140,13 +140,13 @@ def report_cpu(cpu: dict[str, dict[str, list[float]]], results: dict) -> None:
 
 
 def start(mode: str, model: str, logs: Path, pipelining: str = "auto", decode_steps: int = 1,
-          kv_cache_bytes: int | None = None, step_thread: str = "auto") -> LocalMesh:
+          kv_cache_bytes: int | None = None, step_thread: str = "auto", torch_threads: int = 0) -> LocalMesh:
     opts = MeshOptions(model=model, mode=mode, num_prefill=1 if mode == "disaggregated" else 0, num_decode=1,
                        grpc_port=0, http_port=None,
                        scheduler_args=["--chunk-size", str(CHUNK), "--step-pipelining", pipelining,
                                        "--decode-steps", str(decode_steps)],
                        worker_args=(["--kv-cache-bytes", str(kv_cache_bytes)] if kv_cache_bytes else [])
-                       + ["--step-thread", step_thread],
+                       + ["--step-thread", step_thread, "--torch-threads", str(torch_threads)],
                        log_dir=logs / mode)
     mesh = LocalMesh(opts)
     mesh.start()
@@ -191,6 +191,8 @@ def main() -> int:
                    help="the mesh scheduler's --step-pipelining (default: auto, the mesh's default)")
     p.add_argument("--step-thread", choices=("auto", "loop", "own"), default="auto",
                    help="the workers' --step-thread (default: auto, the loop thread on a CPU)")
+    p.add_argument("--worker-torch-threads", type=int, default=0,
+                   help="the mesh workers' --torch-threads (default 0: torch's default, one per core)")
     p.add_argument("--decode-steps", type=int, default=1,
                    help="multi-step decoding, the same for every system: decode passes per plan (default 1)")
     p.add_argument("--preset", default="tiny", choices=("tiny", "small"),
@@ -209,7 +211,6 @@ def main() -> int:
     warm = workload(4, args.prompt_len, seed=0)
     systems = args.systems.split(",")
     meshes: dict[str, LocalMesh] = {}
-    started: dict[str, LocalMesh] = {}  # one mesh per mode; the batch client shares its mode's
     clients: dict[str, MeshClient] = {}
     runners = {}
     logs = Path(tempfile.mkdtemp(prefix="seawall-mesh-bench-"))
@@ -220,11 +221,11 @@ def main() -> int:
             runners["in-process"] = lambda ps, n: run_in_process(engine, ps, n)
         for name in systems:
             if name.startswith("mesh-"):
-                mode = name.removeprefix("mesh-").removesuffix("-batch")
-                if mode not in started:
-                    started[mode] = start(mode, model, logs, args.step_pipelining, args.decode_steps, kv,
-                                          args.step_thread)
-                meshes[name] = started[mode]
+                # A mesh of its own, even for the batch client: a mesh that ran this round's prompts already
+                # would serve them from its prefix cache.
+                meshes[name] = start(name.removeprefix("mesh-").removesuffix("-batch"), model, logs / name,
+                                     args.step_pipelining, args.decode_steps, kv, args.step_thread,
+                                     args.worker_torch_threads)
                 clients[name] = MeshClient(meshes[name].grpc_address, batch=name.endswith("-batch"))
                 runners[name] = clients[name].run
         times: dict[str, list[float]] = {name: [] for name in runners}
@@ -240,7 +241,7 @@ def main() -> int:
     finally:
         for client in clients.values():
             client.close()
-        for mesh in started.values():
+        for mesh in meshes.values():
             mesh.stop()
     results = report(args, times, outputs, cpu)
     if args.json:
