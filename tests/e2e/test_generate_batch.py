@@ -95,12 +95,23 @@ async def test_a_caller_that_goes_away_aborts_every_request_of_its_batch(default
 
 async def test_a_batch_larger_than_the_queue_is_refused_whole(tiny_model_dir, tmp_path):
     m = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated", http=False,
-                   scheduler_args=["--max-queue-len", "3"])
+                   scheduler_args=["--max-queue-len", "3", "--max-num-seqs", "1"])
     try:
+        prompts = random_prompts([20] * 4, seed=9)
         async with AsyncClient(m.grpc_address) as client:
-            prompts = random_prompts([20] * 4, seed=9)
-            with pytest.raises(ResourceExhausted, match="a batch of 4 requests does not fit the queue"):
+            with pytest.raises(InvalidArgument, match=r"a batch of 4 requests can never fit the queue \(3 places"):
                 await client.generate_batch(prompts, max_tokens=4)
+            # One long request runs (one sequence a step) and one waits behind it: two places are left.
+            busy = [build_request(prompts[0], "long", {"max_tokens": 3000, "ignore_eos": True}),
+                    build_request(prompts[1], "behind", {"max_tokens": 4})]
+            async with grpc.aio.insecure_channel(m.grpc_address, options=CHANNEL_OPTIONS) as channel:
+                call = scheduler_pb2_grpc.SchedulerStub(channel).GenerateBatch(
+                    scheduler_pb2.GenerateBatchRequest(requests=busy))
+                await call.read()  # the long one is running
+                with pytest.raises(ResourceExhausted, match=r"a batch of 3 requests does not fit the queue \(2 of 3"):
+                    await client.generate_batch(prompts[:3], max_tokens=4)
+                call.cancel()
+            await _wait_all_blocks_free(client)
             done = await client.generate_batch(prompts[:3], max_tokens=4, ignore_eos=True)
             assert [len(c.token_ids) for c in done] == [4, 4, 4]
     finally:
