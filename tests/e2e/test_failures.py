@@ -57,23 +57,26 @@ async def test_a_non_streaming_caller_that_gives_up_frees_every_block(default_me
         await _wait_all_blocks_free(client)
 
 
-async def test_an_http_client_that_disconnects_mid_stream_frees_every_block(default_mesh):
-    body = {"prompt": random_prompts([150])[0], "max_tokens": 2000, "ignore_eos": True, "stream": True}
+@pytest.mark.parametrize("n", [1, 3])  # n > 1: one mesh request per choice, every one aborted
+async def test_an_http_client_that_disconnects_mid_stream_frees_every_block(default_mesh, n):
+    # 3900 tokens take over 10 s here: blocks free within 5 s only if the disconnect aborted every choice.
+    body = {"prompt": random_prompts([150])[0], "max_tokens": 3900, "ignore_eos": True, "stream": True, "n": n}
     async with httpx.AsyncClient(base_url=default_mesh.http_url, timeout=30) as http:
         async with http.stream("POST", "/v1/completions", json=body) as response:
             assert response.status_code == 200
             lines = 0
             async for line in response.aiter_lines():
                 lines += bool(line.startswith("data:"))
-                if lines == 3:
+                if lines == 3 * n:
                     break
     async with AsyncClient(default_mesh.grpc_address) as client:
-        await _wait_all_blocks_free(client)
+        await _wait_all_blocks_free(client, timeout_s=5.0)
 
 
-async def test_an_http_client_that_gives_up_on_a_non_streaming_completion_frees_every_block(default_mesh):
+@pytest.mark.parametrize("n", [1, 3])
+async def test_an_http_client_that_gives_up_on_a_non_streaming_completion_frees_every_block(default_mesh, n):
     # 3900 tokens take over 10 s here: blocks free within 5 s only if the disconnect aborted the request.
-    body = {"prompt": random_prompts([150])[0], "max_tokens": 3900, "ignore_eos": True}
+    body = {"prompt": random_prompts([150])[0], "max_tokens": 3900, "ignore_eos": True, "n": n}
     async with httpx.AsyncClient(base_url=default_mesh.http_url, timeout=0.5) as http:
         with pytest.raises(httpx.ReadTimeout):  # the client closes the connection; the server is mid-request
             await http.post("/v1/completions", json=body)
