@@ -16,6 +16,7 @@ from typing import Any
 
 from seawall.offline.engine import Completion, OfflineEngine
 from services.common.errors import InvalidArgument, SeawallError
+from services.common.openai_logprobs import TokenTexts, completion_logprobs
 from services.common.sampling_params import SamplingParams
 
 SUPPORTED_URLS = ("/v1/completions",)
@@ -84,7 +85,8 @@ def _response_line(item: BatchItem, comp: Completion, engine: OfflineEngine, mod
     choice = {
         "index": 0,
         "text": comp.text,
-        "logprobs": _logprobs(comp, engine) if item.params.logprobs is not None else None,
+        "logprobs": (completion_logprobs(comp.logprobs, TokenTexts(engine.tokenizer))
+                     if item.params.logprobs is not None else None),
         "finish_reason": comp.finish_reason,
         "token_ids": comp.token_ids,
     }
@@ -103,19 +105,6 @@ def _response_line(item: BatchItem, comp: Completion, engine: OfflineEngine, mod
     }
     return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": item.custom_id,
             "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}
-
-
-def _logprobs(comp: Completion, engine: OfflineEngine) -> dict[str, Any]:
-    """OpenAI completions logprobs: per token its text, logprob and a {token text: logprob} map of the top-n."""
-    def text(t: int) -> str:
-        return engine.tokenizer.decode([t], skip_special_tokens=False)
-
-    return {
-        "tokens": [text(t.token_id) for t in comp.logprobs],
-        "token_logprobs": [t.logprob for t in comp.logprobs],
-        "top_logprobs": [{text(tid): lp for tid, lp in t.top_logprobs} for t in comp.logprobs],
-        "top_logprobs_ids": [[[tid, lp] for tid, lp in t.top_logprobs] for t in comp.logprobs],
-    }
 
 
 def _error_line(item: BatchItem, error: SeawallError) -> dict:

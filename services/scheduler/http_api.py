@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from services.common import tracing
 from services.common.errors import InvalidArgument, SeawallError
+from services.common.openai_logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from services.common.sampling_params import MAX_SEED, SamplingParams
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.tracked import Delta, TrackedRequest
@@ -62,6 +63,7 @@ class _OpenAI:
     def __init__(self, frontend: Frontend) -> None:
         self.frontend = frontend
         self._template = _chat_template(frontend)
+        self._texts = TokenTexts(frontend.tokenizer)
 
     async def health(self, request: Request) -> Response:
         workers = len(self.frontend.mesh.live_links())
@@ -92,7 +94,10 @@ class _OpenAI:
             if body.get("max_completion_tokens") is not None:
                 sampling["max_tokens"] = body["max_completion_tokens"]
             if body.get("logprobs"):
-                sampling["logprobs"] = int(body.get("top_logprobs") or 0)
+                top = body.get("top_logprobs") or 0
+                if isinstance(top, bool) or not isinstance(top, int):
+                    raise InvalidArgument(f"top_logprobs must be an integer in [0, 20], got {top!r}")
+                sampling["logprobs"] = top
             n = _num_choices(body)
             tracked = self._submit(request, body, [prompt], SamplingParams.from_openai(sampling), n)
         except SeawallError as exc:
@@ -148,7 +153,8 @@ class _OpenAI:
         merged = await self._collect(request, tracked)
         choices = []
         for i, out in enumerate(merged):
-            choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason, "logprobs": None}
+            choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason,
+                                      "logprobs": self._logprobs(tracked[i], out, chat)}
             if chat:
                 choice["message"] = {"role": "assistant", "content": out.text}
             else:
@@ -182,9 +188,13 @@ class _OpenAI:
                    include_usage: bool) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         first = [True] * len(tracked)
+        offsets = [0] * len(tracked)  # characters of each choice's token texts so far (completions' text_offset)
         async for ready in self._stream(tracked):
             for i, merged in ready:  # one event per choice, as OpenAI streams them
-                choice: dict[str, Any] = {"index": i, "finish_reason": merged.finish_reason, "logprobs": None}
+                logprobs = self._logprobs(tracked[i], merged, chat, offsets[i])
+                if logprobs is not None and not chat:
+                    offsets[i] += sum(len(t) for t in logprobs["tokens"])
+                choice: dict[str, Any] = {"index": i, "finish_reason": merged.finish_reason, "logprobs": logprobs}
                 if chat:
                     choice["delta"] = ({"role": "assistant", "content": merged.text} if first[i]
                                        else {"content": merged.text})
@@ -197,6 +207,14 @@ class _OpenAI:
         if include_usage:
             yield _event({**head, "object": obj, "choices": [], "usage": _usage(tracked, n)})
         yield "data: [DONE]\n\n"
+
+    def _logprobs(self, tracked: TrackedRequest, delta: Delta, chat: bool, offset: int = 0) -> dict | None:
+        """The delta's tokens' logprobs in the endpoint's shape, when the request asked for them."""
+        if tracked.request.params.logprobs is None:
+            return None
+        if chat:
+            return chat_logprobs(delta.logprobs, self._texts)
+        return completion_logprobs(delta.logprobs, self._texts, offset)
 
     async def _stream(self, tracked: list[TrackedRequest]) -> AsyncIterator[list[tuple[int, Delta]]]:
         if len(tracked) == 1:

@@ -16,10 +16,16 @@ def anyio_backend():
 
 
 @pytest.fixture(scope="session")
-def hf_greedy(tiny_model_dir):
-    """``hf_greedy(prompt, max_tokens)``: the token ids transformers generates greedily, up to EOS."""
+def hf_model(tiny_model_dir):
+    """The built-in model loaded by transformers (the oracle)."""
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model):
+    """``hf_greedy(prompt, max_tokens)``: the token ids transformers generates greedily, up to EOS."""
+    model = hf_model
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
 

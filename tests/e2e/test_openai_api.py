@@ -6,6 +6,7 @@ import json
 
 import httpx
 import pytest
+import torch
 
 from seawall import Client
 from tests.e2e.conftest import random_prompts
@@ -94,6 +95,44 @@ def test_a_list_of_prompts_with_n_choices_each_matches_transformers_choice_by_ch
     mixed = http.post("/v1/completions", json={"prompt": ["The quick brown fox", prompts[0]], "max_tokens": 3,
                                                "temperature": 0, "return_token_ids": True}).json()
     assert mixed["choices"][1]["token_ids"] == hf_greedy(prompts[0], 3)
+
+
+def test_completion_logprobs_match_transformers_and_stream_in_pieces(http, hf_model):
+    prompt = random_prompts([25], seed=12)[0]
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 3, "return_token_ids": True}
+    choice = http.post("/v1/completions", json=body).json()["choices"][0]
+    ids, lp = choice["token_ids"], choice["logprobs"]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float(), -1)
+    for k, token in enumerate(ids):
+        top = torch.topk(ref[k], 3)
+        assert [tid for tid, _ in lp["top_logprobs_ids"][k]] == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor([v for _, v in lp["top_logprobs_ids"][k]]), top.values,
+                                   atol=1e-4, rtol=0)
+        assert abs(lp["token_logprobs"][k] - ref[k, token].item()) < 1e-4
+    assert len(lp["tokens"]) == len(ids) and lp["text_offset"][0] == 0
+    assert all(len(top) <= 3 for top in lp["top_logprobs"])  # {text: logprob}; two ids may share a text
+    streamed = [e["choices"][0]["logprobs"] for e in _sse(http.post("/v1/completions", json={**body, "stream": True}))]
+    for key in ("tokens", "text_offset"):
+        assert [x for piece in streamed for x in piece[key]] == lp[key], key
+    # The second run hits the prefix cache: other chunks, the same values up to float rounding.
+    again = [x for piece in streamed for x in piece["token_logprobs"]]
+    torch.testing.assert_close(torch.tensor(again), torch.tensor(lp["token_logprobs"]), atol=1e-4, rtol=0)
+    assert http.post("/v1/completions", json={**body, "logprobs": None}).json()["choices"][0]["logprobs"] is None
+
+
+def test_chat_logprobs_are_token_objects(http):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0, "logprobs": True,
+            "top_logprobs": 2, "return_token_ids": True}
+    choice = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert len(content) == len(choice["token_ids"])
+    for entry in content:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert entry["bytes"] == list(entry["token"].encode()) and len(entry["top_logprobs"]) == 2
+        assert entry["logprob"] == entry["top_logprobs"][0]["logprob"]  # greedy: the sampled token is the top one
+    bad = http.post("/v1/chat/completions", json={**body, "top_logprobs": "two"})
+    assert bad.status_code == 400 and "top_logprobs must be an integer" in bad.json()["error"]["message"]
 
 
 def test_chat_with_n_seeded_choices_gives_different_reproducible_answers(http):

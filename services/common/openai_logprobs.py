@@ -1,0 +1,58 @@
+"""Sampled tokens' logprobs in the OpenAI API's two shapes: the completions API's parallel lists and the chat
+API's list of token objects. Shared by the HTTP API (also per streamed chunk) and ``seawall run-batch``.
+
+``text`` turns one token id into its text (``TokenTexts``). A token that holds part of a multi-byte character
+decodes to U+FFFD on its own, as in vLLM and OpenAI's own responses; the chat shape's ``bytes`` carry what
+that text encodes to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from services.common.step import SampledToken
+
+
+class TokenTexts:
+    """Token id → its text, decoded once per id: a response repeats the same top candidates at many positions."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self._tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+
+def completion_logprobs(tokens: Sequence[SampledToken], text: Callable[[int], str], offset: int = 0) -> dict[str, Any]:
+    """``/v1/completions``' ``logprobs`` object. ``offset``: characters of the choice's text before these tokens
+    (a streamed chunk continues its choice's ``text_offset``). ``top_logprobs_ids`` (Seawall's, as
+    ``return_token_ids``) keeps the candidates' ids, which texts alone can confuse."""
+    texts = [text(t.token_id) for t in tokens]
+    offsets = []
+    for piece in texts:
+        offsets.append(offset)
+        offset += len(piece)
+    return {
+        "tokens": texts,
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [{text(tid): lp for tid, lp in t.top_logprobs} for t in tokens],
+        "text_offset": offsets,
+        "top_logprobs_ids": [[[tid, lp] for tid, lp in t.top_logprobs] for t in tokens],
+    }
+
+
+def chat_logprobs(tokens: Sequence[SampledToken], text: Callable[[int], str]) -> dict[str, Any]:
+    """``/v1/chat/completions``' ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    def entry(token_id: int, logprob: float | None) -> dict[str, Any]:
+        piece = text(token_id)
+        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+
+    return {"content": [{**entry(t.token_id, t.logprob),
+                         "top_logprobs": [entry(tid, lp) for tid, lp in t.top_logprobs]} for t in tokens]}
