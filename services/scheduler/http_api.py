@@ -89,6 +89,7 @@ class _OpenAI:
     async def chat(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
+            _refuse_unsupported_chat_fields(body)
             prompt = self._render_chat(body.get("messages"), body.get("chat_template_kwargs") or {})
             sampling = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
             if body.get("max_completion_tokens") is not None:
@@ -223,6 +224,19 @@ class _OpenAI:
         else:
             async for ready in self.frontend.stream_many(tracked, [False] * len(tracked)):
                 yield ready
+
+
+def _refuse_unsupported_chat_fields(body: dict) -> None:
+    """Structured output and tool calls are not implemented: refused, rather than ignored, unless they ask for
+    nothing (plain text, no tools), so a client never takes unconstrained text for what it asked."""
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type", "text") == "text"):
+        raise InvalidArgument(f"response_format {fmt!r} is not supported (no structured output here); omit it or "
+                              "send {\"type\": \"text\"}")
+    if body.get("tools"):
+        raise InvalidArgument("tools are not supported (no tool calling here); omit tools")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise InvalidArgument(f"tool_choice {body['tool_choice']!r} needs tools, which are not supported; omit it")
 
 
 def _num_choices(body: dict) -> int:

@@ -170,6 +170,19 @@ def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(ht
     assert response.json()["error"]["code"] == "invalid_argument"
 
 
+@pytest.mark.parametrize("extra, fragment", [
+    ({"response_format": {"type": "json_object"}}, "no structured output here"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools are not supported"),
+    ({"tool_choice": "required"}, "needs tools"),
+])
+def test_chat_features_not_implemented_are_refused_not_ignored(http, extra, fragment):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **extra}
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and fragment in response.json()["error"]["message"]
+    plain = {**body, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none"}
+    assert http.post("/v1/chat/completions", json=plain).status_code == 200
+
+
 def test_malformed_json_and_bad_chat_messages_get_400(http):
     assert http.post("/v1/completions", content=b"{not json").status_code == 400
     response = http.post("/v1/chat/completions", json={"messages": [{"role": "user"}]})
