@@ -9,6 +9,8 @@
 
 Sampling options are ``SamplingParams`` fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop,
 stop_token_ids, ignore_eos, min_tokens, logprobs, penalties); they are validated before anything is sent.
+With ``logprobs=k`` each chunk and completion carries ``logprobs``: a ``SampledToken`` per token (its logprob,
+rank and the top k candidates).
 Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument``, ``ResourceExhausted``...
 """
 
@@ -23,9 +25,10 @@ import grpc
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
-from services.common.convert import finish_reason_from_proto, params_to_proto
+from services.common.convert import finish_reason_from_proto, params_to_proto, sampled_token_from_proto
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.sampling_params import SamplingParams
+from services.common.step import SampledToken
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 _ERRORS = {grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
@@ -43,6 +46,8 @@ class Chunk:
     text: str
     finish_reason: str | None = None
     queue_delay_ms: float = 0.0
+    # With ``logprobs=k``: each token's logprob, rank and top-k candidates, aligned with ``token_ids``.
+    logprobs: list[SampledToken] = field(default_factory=list)
 
 
 @dataclass
@@ -56,6 +61,7 @@ class Completion:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     queue_delay_ms: float = 0.0
+    logprobs: list[SampledToken] = field(default_factory=list)
 
 
 def build_request(prompt: str | Sequence[int], request_id: str | None, sampling: dict[str, Any],
@@ -80,8 +86,9 @@ def build_request(prompt: str | Sequence[int], request_id: str | None, sampling:
 
 
 def _chunk(reply: scheduler_pb2.GenerateResponse) -> Chunk:
+    logprobs = [sampled_token_from_proto(lp.sampled.token_id, lp) for lp in reply.logprobs]
     return Chunk(reply.request_id, list(reply.token_ids), reply.text, finish_reason_from_proto(reply.finish_reason),
-                 reply.queue_delay_ms)
+                 reply.queue_delay_ms, logprobs)
 
 
 def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> Completion:
@@ -89,6 +96,7 @@ def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> C
     for c in chunks:
         out.token_ids.extend(c.token_ids)
         out.text += c.text
+        out.logprobs.extend(c.logprobs)
         out.finish_reason = c.finish_reason or out.finish_reason
     if last is not None:
         out.prompt_tokens = last.usage.prompt_tokens

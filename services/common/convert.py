@@ -141,12 +141,12 @@ def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
         lps = list(msg.logprobs)
     at = 0
     for seq_id, n in zip(seq_ids, counts, strict=True):
-        sampled[seq_id] = [_sampled_token(ids[i], lps[i]) for i in range(at, at + n)]
+        sampled[seq_id] = [sampled_token_from_proto(ids[i], lps[i]) for i in range(at, at + n)]
         at += n
     return result
 
 
-def _sampled_token(token_id: int, lp: common_pb2.TokenLogprobs | None) -> SampledToken:
+def sampled_token_from_proto(token_id: int, lp: common_pb2.TokenLogprobs | None) -> SampledToken:
     if lp is None or not lp.HasField("sampled"):
         return SampledToken(token_id)
     return SampledToken(token_id, lp.sampled.logprob, lp.sampled.rank, [(t.token_id, t.logprob) for t in lp.top])

@@ -121,6 +121,23 @@ def test_completion_logprobs_match_transformers_and_stream_in_pieces(http, hf_mo
     assert http.post("/v1/completions", json={**body, "logprobs": None}).json()["choices"][0]["logprobs"] is None
 
 
+def test_the_sdk_returns_the_same_logprobs_as_the_http_api(http, default_mesh):
+    prompt = random_prompts([25], seed=12)[0]
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 3, "return_token_ids": True}
+    lp = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    with Client(default_mesh.grpc_address) as client:
+        whole = client.generate(prompt, max_tokens=6, temperature=0, logprobs=3)
+        batch = client.generate_batch([prompt], max_tokens=6, temperature=0, logprobs=3)[0]
+        streamed = [t for c in client.stream(prompt, max_tokens=6, temperature=0, logprobs=3) for t in c.logprobs]
+    for got in (whole.logprobs, batch.logprobs, streamed):
+        assert [t.token_id for t in got] == whole.token_ids
+        assert [[tid for tid, _ in t.top_logprobs] for t in got] == [[tid for tid, _ in top]
+                                                                     for top in lp["top_logprobs_ids"]]
+        torch.testing.assert_close(torch.tensor([t.logprob for t in got]), torch.tensor(lp["token_logprobs"]),
+                                   atol=1e-4, rtol=0)
+    assert all(t.rank == 1 for t in whole.logprobs)  # greedy: every sampled token is the most likely
+
+
 def test_chat_logprobs_are_token_objects(http):
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0, "logprobs": True,
             "top_logprobs": 2, "return_token_ids": True}
