@@ -144,12 +144,16 @@ class SequenceError(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled_seq_ids", "num_sampled_tokens", "sampled_token_ids", "logprobs", "errors", "forward_time_ms", "step_time_ms", "num_tokens", "num_seqs", "num_sampled", "num_blocks_moved")
+    __slots__ = ("step_id", "sampled_seq_ids", "num_sampled_tokens", "sampled_token_ids", "logprobs", "prompt_logprob_seq_ids", "prompt_logprob_starts", "num_prompt_logprobs", "prompt_logprobs", "errors", "forward_time_ms", "step_time_ms", "num_tokens", "num_seqs", "num_sampled", "num_blocks_moved")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROB_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROB_STARTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +166,10 @@ class StepResult(_message.Message):
     num_sampled_tokens: _containers.RepeatedScalarFieldContainer[int]
     sampled_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
+    prompt_logprob_seq_ids: _containers.RepeatedScalarFieldContainer[str]
+    prompt_logprob_starts: _containers.RepeatedScalarFieldContainer[int]
+    num_prompt_logprobs: _containers.RepeatedScalarFieldContainer[int]
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
     errors: _containers.RepeatedCompositeFieldContainer[SequenceError]
     forward_time_ms: float
     step_time_ms: float
@@ -169,7 +177,7 @@ class StepResult(_message.Message):
     num_seqs: int
     num_sampled: int
     num_blocks_moved: int
-    def __init__(self, step_id: _Optional[int] = ..., sampled_seq_ids: _Optional[_Iterable[str]] = ..., num_sampled_tokens: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., forward_time_ms: _Optional[float] = ..., step_time_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., num_seqs: _Optional[int] = ..., num_sampled: _Optional[int] = ..., num_blocks_moved: _Optional[int] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., sampled_seq_ids: _Optional[_Iterable[str]] = ..., num_sampled_tokens: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_logprob_seq_ids: _Optional[_Iterable[str]] = ..., prompt_logprob_starts: _Optional[_Iterable[int]] = ..., num_prompt_logprobs: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., forward_time_ms: _Optional[float] = ..., step_time_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., num_seqs: _Optional[int] = ..., num_sampled: _Optional[int] = ..., num_blocks_moved: _Optional[int] = ...) -> None: ...
 
 class PushKVRequest(_message.Message):
     __slots__ = ("transfer_id", "dst", "src_block_ids", "dst_block_ids", "notification_key", "timeout_ms", "transport")

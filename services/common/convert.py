@@ -42,6 +42,8 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         msg.seed = p.seed
     if p.logprobs is not None:
         msg.logprobs = p.logprobs
+    if p.prompt_logprobs is not None:
+        msg.prompt_logprobs = p.prompt_logprobs
     return msg
 
 
@@ -66,6 +68,7 @@ def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 
         min_tokens=msg.min_tokens,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
         include_stop_str_in_output=msg.include_stop_str_in_output,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
     )
 
 
@@ -120,6 +123,11 @@ def result_to_proto(result: StepResult, step_seconds: float = 0.0) -> worker_pb2
         empty = common_pb2.TokenLogprobs()
         msg.logprobs.extend(token_logprobs_to_proto(t) if t.logprob is not None else empty
                             for tokens in sampled.values() for t in tokens)
+    for seq_id, (start, tokens) in result.prompt_logprobs.items():
+        msg.prompt_logprob_seq_ids.append(seq_id)
+        msg.prompt_logprob_starts.append(start)
+        msg.num_prompt_logprobs.append(len(tokens))
+        msg.prompt_logprobs.extend(token_logprobs_to_proto(t) for t in tokens)
     return msg
 
 
@@ -130,6 +138,8 @@ def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
         raise InvalidArgument(f"step {msg.step_id}: {len(seq_ids)} sampled_seq_ids, {len(counts)} counts summing "
                               f"to {sum(counts)}, {len(ids)} token ids and {len(msg.logprobs)} logprobs do not "
                               "line up")
+    if msg.prompt_logprob_seq_ids:
+        result.prompt_logprobs = _prompt_logprobs_from_proto(msg)
     sampled = result.sampled
     if not msg.logprobs:
         if len(ids) == len(seq_ids):  # one token each: the usual step
@@ -144,6 +154,20 @@ def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
         sampled[seq_id] = [sampled_token_from_proto(ids[i], lps[i]) for i in range(at, at + n)]
         at += n
     return result
+
+
+def _prompt_logprobs_from_proto(msg: worker_pb2.StepResult) -> dict[str, tuple[int, list[SampledToken]]]:
+    seq_ids, starts, counts = msg.prompt_logprob_seq_ids, msg.prompt_logprob_starts, msg.num_prompt_logprobs
+    if not len(seq_ids) == len(starts) == len(counts) or sum(counts) != len(msg.prompt_logprobs):
+        raise InvalidArgument(f"step {msg.step_id}: {len(seq_ids)} prompt_logprob_seq_ids, {len(starts)} starts, "
+                              f"{len(counts)} counts summing to {sum(counts)} and {len(msg.prompt_logprobs)} prompt "
+                              "logprobs do not line up")
+    out, at = {}, 0
+    for seq_id, start, n in zip(seq_ids, starts, counts, strict=True):
+        out[seq_id] = (start, [sampled_token_from_proto(lp.sampled.token_id, lp)
+                               for lp in msg.prompt_logprobs[at:at + n]])
+        at += n
+    return out
 
 
 def sampled_token_from_proto(token_id: int, lp: common_pb2.TokenLogprobs | None) -> SampledToken:

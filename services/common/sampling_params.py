@@ -64,6 +64,9 @@ class SamplingParams:
     logprobs: int | None = None
     # Keep the matched stop string at the end of the output text.
     include_stop_str_in_output: bool = False
+    # Score the prompt too: each prompt token after the first gets its logprob (and this many most likely
+    # candidates), 0..20; None = not. Every prompt position is then computed: the prefix cache is not used.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1)
@@ -92,6 +95,8 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_LOGPROBS)
 
     def _check_stops(self) -> None:
         if not isinstance(self.stop, tuple):

@@ -81,3 +81,6 @@ class StepResult:
     # Tokens each sequence sampled, in order: one, or several for a multi-step decode.
     sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     forward_seconds: float = 0.0
+    # Prompt tokens scored this step (SamplingParams.prompt_logprobs): per sequence, the position of the first
+    # one and a SampledToken per consecutive position (token_id is the prompt's token there).
+    prompt_logprobs: dict[str, tuple[int, list[SampledToken]]] = field(default_factory=dict)

@@ -11,7 +11,7 @@ sampled (a sequence samples when this step reaches the end of the tokens it know
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING
 
@@ -54,8 +54,12 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     attention: AttentionBatch
-    logits_index: torch.Tensor  # flat index of each sampled sequence's last token
-    sample_seq_ids: list[str]  # in the order of logits_index
+    # Flat index of each sampled sequence's last token, then of each prompt token that scores the next one.
+    logits_index: torch.Tensor
+    sample_seq_ids: list[str]  # the first len(sample_seq_ids) rows of logits_index, in order
+    # After them, per sequence scoring its prompt (SamplingParams.prompt_logprobs): (seq_id, position of the
+    # first prompt token scored, how many), rows in that order.
+    scored: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 def prepare_inputs(
@@ -76,13 +80,23 @@ def prepare_inputs(
     positions: list[int] = []
     logits_index: list[int] = []
     sample_ids: list[str] = []
+    score_rows: list[int] = []
+    scored: list[tuple[str, int, int]] = []
     for seq, n in ordered:
         start = seq.num_computed
+        base = len(ids)
         ids.extend(seq.token_ids[start : start + n])
         positions.extend(range(start, start + n))
         if start + n == len(seq.token_ids):
             logits_index.append(len(ids) - 1)
             sample_ids.append(seq.seq_id)
+        if seq.params.prompt_logprobs is not None:
+            # Position p's logits score the token at p + 1, while that is still a prompt token.
+            count = min(start + n, seq.prompt_len - 1) - start
+            if count > 0:
+                score_rows.extend(range(base, base + count))
+                scored.append((seq.seq_id, start + 1, count))
+    logits_index += score_rows
     slot_blocks = [seq.block_ids[p // block_size] for seq, n in ordered
                    for p in range(seq.num_computed, seq.num_computed + n)]
     # One tensor for the four per-token rows (each conversion from Python lists has a fixed cost).
@@ -100,7 +114,7 @@ def prepare_inputs(
     if kernels is not None:
         if fresh or prefixed:
             attention.chunk_rows = _chunk_rows(fresh + prefixed, offset, block_size, device)
-        return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids)
+        return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored)
     for length, group in groupby(fresh, key=lambda sn: sn[1]):
         count = len(list(group))
         attention.fresh.append(FreshChunks(offset, count, length))
@@ -108,7 +122,7 @@ def prepare_inputs(
     for seq, n in prefixed:
         attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device))
         offset += n
-    return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids)
+    return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored)
 
 
 def _check(seq: SequenceState, n: int, block_size: int) -> None:

@@ -87,14 +87,16 @@ class ModelRunner:
         result = StepResult(plan.step_id)
         if plan.num_scheduled_tokens:
             scheduled = [(self._get(sid), n) for sid, n in plan.num_scheduled_tokens.items() if n > 0]
-            result.sampled = self._run(scheduled)
+            result.sampled = self._run(scheduled, result.prompt_logprobs)
         result.forward_seconds = time.perf_counter() - started
         return result
 
-    def _run(self, scheduled: list[tuple[SequenceState, int]]) -> dict[str, list[SampledToken]]:
+    def _run(self, scheduled: list[tuple[SequenceState, int]],
+             prompt_logprobs: dict[str, tuple[int, list[SampledToken]]]) -> dict[str, list[SampledToken]]:
         """Runs the plan's tokens; a sequence scheduled past its known tokens (a multi-step decode) goes on
         with one pass per extra token, fed what it sampled. It runs them all even past a stop token: the
-        scheduler counts on exactly that many tokens and drops what follows a stop (one row of a pass)."""
+        scheduler counts on exactly that many tokens and drops what follows a stop (one row of a pass).
+        Prompt tokens scored on the way go into ``prompt_logprobs``."""
         block_size = self.config.block_size
         batch, extra = [], {}
         for seq, n in scheduled:
@@ -107,7 +109,7 @@ class ModelRunner:
                 extra[seq.seq_id] = n - known
         sampled: dict[str, list[SampledToken]] = {}
         while batch:
-            for sid, token in self._pass(batch).items():
+            for sid, token in self._pass(batch, prompt_logprobs).items():
                 sampled.setdefault(sid, []).append(token)
             batch = []
             for sid in [sid for sid, left in extra.items() if left]:
@@ -115,12 +117,17 @@ class ModelRunner:
                 batch.append((self.seqs[sid], 1))
         return sampled
 
-    def _pass(self, scheduled: list[tuple[SequenceState, int]]) -> dict[str, SampledToken]:
+    def _pass(self, scheduled: list[tuple[SequenceState, int]],
+              prompt_logprobs: dict[str, tuple[int, list[SampledToken]]]) -> dict[str, SampledToken]:
         """One forward pass over the scheduled tokens, then sampling where a sequence reaches its end."""
         inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels)
         logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index)
         for seq, n in scheduled:
             seq.num_computed += n
+        if inputs.scored:
+            n_sampled = len(inputs.sample_seq_ids)
+            prompt_logprobs.update(self._score_prompts(logits[n_sampled:], inputs.scored))
+            logits = logits[:n_sampled]
         if not inputs.sample_seq_ids:
             return {}
         rows = []
@@ -135,6 +142,27 @@ class ModelRunner:
             lp = out.logprobs[i]
             sampled[sid] = SampledToken(token) if lp is None else SampledToken(token, lp.logprob, lp.rank, lp.top)
         return sampled
+
+    def _score_prompts(self, logits: torch.Tensor,
+                       scored: list[tuple[str, int, int]]) -> dict[str, tuple[int, list[SampledToken]]]:
+        """Logprobs of prompt tokens under the model's own distribution (no temperature or penalties, as vLLM's
+        prompt_logprobs), with rank and the most likely candidates. ``logits``: one row per token scored."""
+        targets = [t for sid, start, n in scored for t in self.seqs[sid].token_ids[start:start + n]]
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        target = torch.tensor(targets, device=lp.device)
+        chosen = lp.gather(1, target[:, None]).squeeze(1)
+        ranks = ((lp > chosen[:, None]).sum(1) + 1).tolist()
+        k = max(self.seqs[sid].params.prompt_logprobs for sid, _, _ in scored)
+        top_values, top_ids = torch.topk(lp, k) if k else (lp[:, :0], lp[:, :0].long())
+        ids, values, chosen_list = top_ids.tolist(), top_values.tolist(), chosen.tolist()
+        out, row = {}, 0
+        for sid, start, n in scored:
+            want = self.seqs[sid].params.prompt_logprobs
+            out[sid] = (start, [SampledToken(targets[r], chosen_list[r], ranks[r],
+                                             list(zip(ids[r][:want], values[r][:want], strict=True)))
+                                for r in range(row, row + n)])
+            row += n
+        return out
 
     def _add(self, new: NewSequence) -> None:
         if len(new.token_ids) > self.max_model_len:

@@ -19,7 +19,8 @@ def test_a_plan_with_every_kind_of_entry_round_trips():
     plan = StepPlan(
         7,
         new=[NewSequence("a", [5, 6, 7, 8], 3, 2, [4, 9], SamplingParams(max_tokens=5, temperature=0.5, seed=3,
-                                                                         stop=("x",), logprobs=2))],
+                                                                         stop=("x",), logprobs=2,
+                                                                         prompt_logprobs=0))],
         continuing=[
             ContinuingSequence("b", [11], [42]),  # a decode that needs a new block
             ContinuingSequence("c", [], [43]),  # a decode with room left, handed a token it did not sample
@@ -56,6 +57,18 @@ def test_logprobs_of_some_sequences_only_round_trip():
     msg = _wire(result_to_proto(result))
     assert len(msg.logprobs) == len(msg.sampled_token_ids) == 3
     assert result_from_proto(msg) == result
+
+
+def test_prompt_scores_round_trip_beside_the_sampled_tokens():
+    result = StepResult(5, sampled={"done": [SampledToken(7)]},
+                        prompt_logprobs={"done": (33, [SampledToken(4, -1.5, 3, [(9, -0.5)])]),
+                                         "chunk": (1, [SampledToken(5, -0.25, 1), SampledToken(6, -3.0, 40)])})
+    msg = _wire(result_to_proto(result))
+    assert list(msg.prompt_logprob_starts) == [33, 1] and len(msg.prompt_logprobs) == 3
+    assert result_from_proto(msg) == result
+    msg.num_prompt_logprobs[1] = 1
+    with pytest.raises(InvalidArgument, match="prompt logprobs do not line up"):
+        result_from_proto(msg)
 
 
 def test_columns_that_do_not_line_up_are_rejected():

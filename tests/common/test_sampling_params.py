@@ -47,6 +47,8 @@ BAD_VALUES = [
     ("min_tokens", 17, "<= max_tokens (16)"),
     ("logprobs", 21, "[0, 20]"),
     ("logprobs", -1, "[0, 20]"),
+    ("prompt_logprobs", 21, "[0, 20]"),
+    ("prompt_logprobs", True, "integer"),
     ("include_stop_str_in_output", "yes", "true or false"),
 ]
 

@@ -117,3 +117,37 @@ def test_plans_that_overrun_known_tokens_or_blocks_are_rejected(runner):
     with pytest.raises(InvalidArgument, match="context"):
         d.run({"new": [NewSequence("z", [1] * 5000, 5000, 0, [], GREEDY)]})
     d.run({"finished": ["x", "y"]})
+
+
+@pytest.mark.parametrize("chunk", [7, 16, 40])
+def test_prompt_logprobs_match_transformers_whatever_the_chunks(runner, tiny_model_dir, chunk):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompt = _prompt(40, 3)
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), -1)
+    params = SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=2)
+    d = Driver(runner)
+    scored = {}
+    new = [NewSequence("p", prompt, len(prompt), 0, [50, 51, 52], params),
+           NewSequence("plain", _prompt(20, 9), 20, 0, [53, 54], GREEDY)]  # in the same batch, scores nothing
+    done = 0
+    while done < len(prompt):
+        n = min(chunk, len(prompt) - done)
+        d.step += 1
+        result = runner.execute(StepPlan(d.step, new=new, num_scheduled_tokens={"p": n, **({"plain": 20} if new else {})}))
+        assert set(result.prompt_logprobs) <= {"p"}
+        if "p" in result.prompt_logprobs:
+            start, tokens = result.prompt_logprobs["p"]
+            scored.update({start + i: t for i, t in enumerate(tokens)})
+        new, done = [], done + n
+    runner.execute(StepPlan(d.step + 1, finished=["p", "plain"]))
+    assert sorted(scored) == list(range(1, len(prompt)))  # every prompt token but the first, once
+    for pos, tok in scored.items():
+        assert tok.token_id == prompt[pos]
+        assert abs(tok.logprob - ref[pos - 1, prompt[pos]].item()) < 1e-4
+        assert tok.rank == int((ref[pos - 1] > ref[pos - 1, prompt[pos]]).sum()) + 1
+        top = torch.topk(ref[pos - 1], 2)
+        assert [t for t, _ in tok.top_logprobs] == top.indices.tolist()
