@@ -10,7 +10,7 @@
 Sampling options are ``SamplingParams`` fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop,
 stop_token_ids, ignore_eos, min_tokens, logprobs, penalties); they are validated before anything is sent.
 With ``logprobs=k`` each chunk and completion carries ``logprobs``: a ``SampledToken`` per token (its logprob,
-rank and the top k candidates).
+rank and the top k candidates); with ``prompt_logprobs=k``, ``prompt_logprobs`` scores the prompt the same way.
 Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument``, ``ResourceExhausted``...
 """
 
@@ -48,6 +48,8 @@ class Chunk:
     queue_delay_ms: float = 0.0
     # With ``logprobs=k``: each token's logprob, rank and top-k candidates, aligned with ``token_ids``.
     logprobs: list[SampledToken] = field(default_factory=list)
+    # With ``prompt_logprobs=k``, in the chunk with the first token: prompt positions 1, 2, ... scored.
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Completion:
     cached_prompt_tokens: int = 0
     queue_delay_ms: float = 0.0
     logprobs: list[SampledToken] = field(default_factory=list)
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
 
 
 def build_request(prompt: str | Sequence[int], request_id: str | None, sampling: dict[str, Any],
@@ -87,8 +90,9 @@ def build_request(prompt: str | Sequence[int], request_id: str | None, sampling:
 
 def _chunk(reply: scheduler_pb2.GenerateResponse) -> Chunk:
     logprobs = [sampled_token_from_proto(lp.sampled.token_id, lp) for lp in reply.logprobs]
+    prompt = [sampled_token_from_proto(lp.sampled.token_id, lp) for lp in reply.prompt_logprobs]
     return Chunk(reply.request_id, list(reply.token_ids), reply.text, finish_reason_from_proto(reply.finish_reason),
-                 reply.queue_delay_ms, logprobs)
+                 reply.queue_delay_ms, logprobs, prompt)
 
 
 def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> Completion:
@@ -97,6 +101,7 @@ def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> C
         out.token_ids.extend(c.token_ids)
         out.text += c.text
         out.logprobs.extend(c.logprobs)
+        out.prompt_logprobs.extend(c.prompt_logprobs)
         out.finish_reason = c.finish_reason or out.finish_reason
     if last is not None:
         out.prompt_tokens = last.usage.prompt_tokens

@@ -56,3 +56,14 @@ def chat_logprobs(tokens: Sequence[SampledToken], text: Callable[[int], str]) ->
 
     return {"content": [{**entry(t.token_id, t.logprob),
                          "top_logprobs": [entry(tid, lp) for tid, lp in t.top_logprobs]} for t in tokens]}
+
+
+def prompt_logprobs(prompt_ids: Sequence[int], scores: Sequence[SampledToken],
+                    text: Callable[[int], str]) -> dict[str, Any]:
+    """An echoed prompt's part of ``completion_logprobs``: its first token has no score (nothing comes before
+    it: null entries, as OpenAI has them), the others ``scores`` (positions 1, 2, ...)."""
+    tokens = [SampledToken(prompt_ids[0]), *scores] if prompt_ids else []
+    out = completion_logprobs(tokens, text)
+    if tokens:
+        out["top_logprobs"][0] = out["top_logprobs_ids"][0] = None
+    return out

@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from services.common import tracing
 from services.common.errors import InvalidArgument, SeawallError
-from services.common.openai_logprobs import TokenTexts, chat_logprobs, completion_logprobs
+from services.common.openai_logprobs import TokenTexts, chat_logprobs, completion_logprobs, prompt_logprobs
 from services.common.sampling_params import MAX_SEED, SamplingParams
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.tracked import Delta, TrackedRequest
@@ -78,13 +78,20 @@ class _OpenAI:
     async def completions(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
-            prompts = self._prompts(body.get("prompt"))
+            given = self._prompts(body.get("prompt"))
+            prompts = [ids for ids, _ in given]
             n = _num_choices(body)
-            params = SamplingParams.from_openai({k: v for k, v in body.items() if k != "n"})
+            echo = _echo(body)
+            params = SamplingParams.from_openai({k: v for k, v in body.items() if k not in ("n", "echo")})
+            if echo and params.logprobs is not None:  # the prompt's tokens are scored as the output's are
+                params = dataclasses.replace(params, prompt_logprobs=params.logprobs)
             tracked = self._submit(request, body, prompts, params, n)
         except SeawallError as exc:
             return error_response(exc)
-        return await self._respond(request, body, tracked, n, chat=False)
+        # Echo the prompt as it was given: its text, or its token ids decoded.
+        echoed = [text if text is not None else self.frontend.tokenizer.decode(ids, skip_special_tokens=False)
+                  for ids, text in given for _ in range(n)] if echo else None
+        return await self._respond(request, body, tracked, n, chat=False, echoed=echoed)
 
     async def chat(self, request: Request) -> Response:
         try:
@@ -117,17 +124,18 @@ class _OpenAI:
         labels = [f"prompt[{k // n}]" if len(prompts) > 1 else "" for k in range(len(items))]
         return self.frontend.submit_many(items, parent, labels)
 
-    def _prompts(self, prompt: Any) -> list[list[int]]:
-        """The prompts of a completion request: one text or token-id list, or a non-empty list of them."""
+    def _prompts(self, prompt: Any) -> list[tuple[list[int], str | None]]:
+        """The prompts of a completion request, each as token ids and the text it was given as (None for ids):
+        one text or token-id list, or a non-empty list of them."""
         if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
             return [self._prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
         return [self._prompt(prompt, "prompt")]
 
-    def _prompt(self, prompt: Any, name: str) -> list[int]:
+    def _prompt(self, prompt: Any, name: str) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
-            return self.frontend.encode(prompt)
+            return self.frontend.encode(prompt), prompt
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return prompt
+            return prompt, None
         raise InvalidArgument(f"{name} must be a string or a list of token ids (or prompt a list of those)")
 
     def _render_chat(self, messages: Any, kwargs: dict) -> list[int]:
@@ -143,23 +151,24 @@ class _OpenAI:
         return self.frontend.encode(text)
 
     async def _respond(self, request: Request, body: dict, tracked: list[TrackedRequest], n: int,
-                       chat: bool) -> Response:
+                       chat: bool, echoed: list[str] | None = None) -> Response:
+        """``echoed``: per choice, the prompt text its output follows (completions' ``echo``)."""
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.frontend.model_name}
         want_ids = bool(body.get("return_token_ids"))
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._sse(head, tracked, n, chat, want_ids, include_usage),
+            return StreamingResponse(self._sse(head, tracked, n, chat, want_ids, include_usage, echoed),
                                      media_type="text/event-stream")
         merged = await self._collect(request, tracked)
         choices = []
         for i, out in enumerate(merged):
             choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason,
-                                      "logprobs": self._logprobs(tracked[i], out, chat)}
+                                      "logprobs": self._logprobs(tracked[i], out, chat, echo=echoed is not None)}
             if chat:
                 choice["message"] = {"role": "assistant", "content": out.text}
             else:
-                choice["text"] = out.text
+                choice["text"] = (echoed[i] if echoed else "") + out.text
             if want_ids:
                 choice["token_ids"] = out.token_ids
             choices.append(choice)
@@ -186,13 +195,14 @@ class _OpenAI:
         return merged
 
     async def _sse(self, head: dict, tracked: list[TrackedRequest], n: int, chat: bool, want_ids: bool,
-                   include_usage: bool) -> AsyncIterator[str]:
+                   include_usage: bool, echoed: list[str] | None = None) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         first = [True] * len(tracked)
         offsets = [0] * len(tracked)  # characters of each choice's token texts so far (completions' text_offset)
         async for ready in self._stream(tracked):
             for i, merged in ready:  # one event per choice, as OpenAI streams them
-                logprobs = self._logprobs(tracked[i], merged, chat, offsets[i])
+                echo = echoed is not None and first[i]  # the prompt goes out with the choice's first chunk
+                logprobs = self._logprobs(tracked[i], merged, chat, offsets[i], echo=echo)
                 if logprobs is not None and not chat:
                     offsets[i] += sum(len(t) for t in logprobs["tokens"])
                 choice: dict[str, Any] = {"index": i, "finish_reason": merged.finish_reason, "logprobs": logprobs}
@@ -200,7 +210,7 @@ class _OpenAI:
                     choice["delta"] = ({"role": "assistant", "content": merged.text} if first[i]
                                        else {"content": merged.text})
                 else:
-                    choice["text"] = merged.text
+                    choice["text"] = (echoed[i] if echo else "") + merged.text
                 if want_ids:
                     choice["token_ids"] = merged.token_ids
                 first[i] = False
@@ -209,13 +219,19 @@ class _OpenAI:
             yield _event({**head, "object": obj, "choices": [], "usage": _usage(tracked, n)})
         yield "data: [DONE]\n\n"
 
-    def _logprobs(self, tracked: TrackedRequest, delta: Delta, chat: bool, offset: int = 0) -> dict | None:
-        """The delta's tokens' logprobs in the endpoint's shape, when the request asked for them."""
+    def _logprobs(self, tracked: TrackedRequest, delta: Delta, chat: bool, offset: int = 0,
+                  echo: bool = False) -> dict | None:
+        """The delta's tokens' logprobs in the endpoint's shape, when the request asked for them; ``echo``: the
+        prompt's tokens and scores first (completions)."""
         if tracked.request.params.logprobs is None:
             return None
         if chat:
             return chat_logprobs(delta.logprobs, self._texts)
-        return completion_logprobs(delta.logprobs, self._texts, offset)
+        if not echo:
+            return completion_logprobs(delta.logprobs, self._texts, offset)
+        head = prompt_logprobs(tracked.request.prompt_token_ids, delta.prompt_logprobs, self._texts)
+        tail = completion_logprobs(delta.logprobs, self._texts, offset + sum(len(t) for t in head["tokens"]))
+        return {key: head[key] + tail[key] for key in head}
 
     async def _stream(self, tracked: list[TrackedRequest]) -> AsyncIterator[list[tuple[int, Delta]]]:
         if len(tracked) == 1:
@@ -237,6 +253,14 @@ def _refuse_unsupported_chat_fields(body: dict) -> None:
         raise InvalidArgument("tools are not supported (no tool calling here); omit tools")
     if body.get("tool_choice") not in (None, "none", "auto"):
         raise InvalidArgument(f"tool_choice {body['tool_choice']!r} needs tools, which are not supported; omit it")
+
+
+def _echo(body: dict) -> bool:
+    """OpenAI's ``echo``: the choice's text (and logprobs) start with the prompt's."""
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise InvalidArgument(f"echo must be true or false, got {echo!r}")
+    return bool(echo)
 
 
 def _num_choices(body: dict) -> int:

@@ -107,7 +107,8 @@ class Mesh:
                                     f"{self.config.max_queue_len}); retry later")
         self.tracked[rid] = tracked
         req = tracked.request
-        if self.dual_path is not None and self.live_links():
+        # A request scoring its prompt computes all of it: no prefix from kvcache (nor, then, a turn to store).
+        if self.dual_path is not None and self.live_links() and req.params.prompt_logprobs is None:
             if tracked.session_id:
                 req.hold_blocks_on_finish = True  # its KV is stored for the session's next turn
             self._tg.start_soon(self.dual_path.admit, req)
@@ -276,7 +277,12 @@ class Mesh:
         link.last_result_at = now
         for trace_, n in step.traced:
             trace_.prefill_chunk(step.start_ns, time.time_ns(), link.worker_id, step.plan.step_id, n)
-        self._dispatch(link, link.core.on_result(step.plan, result_from_proto(msg)), now)
+        result = result_from_proto(msg)
+        for rid, (start, tokens) in result.prompt_logprobs.items():  # before the first token that ends them
+            tracked = self.tracked.get(rid)
+            if tracked is not None:
+                tracked.add_prompt_logprobs(start, tokens)
+        self._dispatch(link, link.core.on_result(step.plan, result), now)
 
     def _plan_message(self, link: WorkerLink, plan: StepPlan):
         msg = plan_to_proto(plan, link.epoch)
@@ -458,4 +464,3 @@ class Mesh:
             if req.request_id in self.tracked:
                 self.place(req)
         self._tg.start_soon(link.channel.close)
-

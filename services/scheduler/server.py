@@ -120,4 +120,5 @@ class _Replies:
         if self.want_text:
             reply.text = delta.text
         reply.logprobs.extend(token_logprobs_to_proto(t) for t in delta.logprobs)
+        reply.prompt_logprobs.extend(token_logprobs_to_proto(t) for t in delta.prompt_logprobs)
         return reply

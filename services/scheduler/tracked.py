@@ -21,6 +21,8 @@ class Delta:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[SampledToken] = field(default_factory=list)
+    # The prompt's scores (SamplingParams.prompt_logprobs), positions 1.., in the delta with the first token.
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
     finish_reason: str | None = None
     detail: str = ""
 
@@ -44,6 +46,7 @@ class TrackedRequest:
         self.arrived = anyio.Event()  # set when _pending holds something; replaced by take()
         self.done = anyio.Event()  # set with the last token: a non-streaming reader wakes once, not per token
         self.on_arrive: Callable[[TrackedRequest], None] | None = None  # a BatchWatch reading it with others
+        self.prompt_logprobs: list[SampledToken] = []  # scores of prompt positions 1, 2, ... so far
 
     @property
     def request_id(self) -> str:
@@ -64,12 +67,21 @@ class TrackedRequest:
         if finish_reason is not None:
             text += self.detok.flush()
         pending = self._pending
+        if self.num_emitted == 1 and self.prompt_logprobs:
+            pending.prompt_logprobs = list(self.prompt_logprobs)
         pending.token_ids.append(token.token_id)
         pending.text += text
         if token.logprob is not None:
             pending.logprobs.append(token)
         self._arrive(finish_reason, self.detok.finished_by_stop_string or "")
         return finish_reason
+
+    def add_prompt_logprobs(self, start: int, tokens: list[SampledToken]) -> None:
+        """Scores of prompt positions ``start``, ``start + 1``...; positions already held (the prompt was
+        recomputed after a preemption or a lost worker) are skipped."""
+        for pos, token in enumerate(tokens, start):
+            if pos == len(self.prompt_logprobs) + 1:
+                self.prompt_logprobs.append(token)
 
     def end(self, reason: str, detail: str = "") -> None:
         """Ends the stream without a token (abort, error)."""

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from seawall import Client
 from tests.e2e.conftest import random_prompts
@@ -121,6 +122,35 @@ def test_completion_logprobs_match_transformers_and_stream_in_pieces(http, hf_mo
     assert http.post("/v1/completions", json={**body, "logprobs": None}).json()["choices"][0]["logprobs"] is None
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(http, default_mesh, hf_model, tiny_model_dir):
+    prompt = random_prompts([150], seed=13)[0]  # three 64-token chunks on the prefill worker
+    body = {"prompt": prompt, "max_tokens": 3, "temperature": 0, "logprobs": 2, "echo": True, "return_token_ids": True}
+    echoed = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")).decode(prompt, skip_special_tokens=False)
+    for _ in range(2):  # the second time the prompt's blocks are cached: a scored prompt must not use them
+        choice = http.post("/v1/completions", json=body).json()["choices"][0]
+        ids, lp = choice["token_ids"], choice["logprobs"]
+        assert choice["text"].startswith(echoed) and len(lp["tokens"]) == len(prompt) + len(ids)
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None  # nothing scores the first token
+        with torch.no_grad():
+            ref = torch.log_softmax(hf_model(torch.tensor([prompt + ids])).logits[0].float(), -1)
+        everything = prompt + ids
+        got = torch.tensor(lp["token_logprobs"][1:])
+        want = ref[torch.arange(len(everything) - 1), torch.tensor(everything[1:])]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        for pos in (1, 64, 65, 149):  # chunk edges too
+            assert [tid for tid, _ in lp["top_logprobs_ids"][pos]] == torch.topk(ref[pos - 1], 2).indices.tolist()
+    events = _sse(http.post("/v1/completions", json={**body, "stream": True}))
+    assert "".join(e["choices"][0]["text"] for e in events) == choice["text"]
+    assert [t for e in events for t in e["choices"][0]["logprobs"]["tokens"]] == lp["tokens"]
+    plain = http.post("/v1/completions", json={"prompt": "Hello there", "echo": True, "max_tokens": 2}).json()
+    assert plain["choices"][0]["text"].startswith("Hello there") and plain["choices"][0]["logprobs"] is None
+    with Client(default_mesh.grpc_address) as client:
+        out = client.generate(prompt, max_tokens=2, temperature=0, prompt_logprobs=1)
+    assert [t.token_id for t in out.prompt_logprobs] == prompt[1:]
+    torch.testing.assert_close(torch.tensor([t.logprob for t in out.prompt_logprobs]), want[: len(prompt) - 1],
+                               atol=1e-4, rtol=0)
+
+
 def test_the_sdk_returns_the_same_logprobs_as_the_http_api(http, default_mesh):
     prompt = random_prompts([25], seed=12)[0]
     body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 3, "return_token_ids": True}
@@ -179,6 +209,7 @@ def test_chat_with_n_seeded_choices_gives_different_reproducible_answers(http):
     ({"prompt": "hi", "n": 0}, "n must be an integer >= 1"),
     ({"prompt": "hi", "n": 2000}, "a batch of 2000 requests can never fit the queue (1024 places"),
     ({"prompt": "hi", "best_of": 2}, "best_of must be 1"),
+    ({"prompt": "hi", "echo": "yes"}, "echo must be true or false"),
 ])
 def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(http, body, fragment):
     response = http.post("/v1/completions", json=body)

@@ -74,3 +74,17 @@ async def test_a_final_only_request_in_a_batch_is_noted_only_when_it_finishes():
     assert watch.take() == [0]
     whole = a.take()
     assert whole.token_ids == [40, 41] and whole.finish_reason == "length"
+
+
+async def test_prompt_scores_are_kept_once_per_position_and_go_out_with_the_first_token():
+    t = _tracked()
+    t.add_prompt_logprobs(1, [SampledToken(6, -1.0)])
+    t.add_prompt_logprobs(1, [SampledToken(6, -1.1), SampledToken(7, -2.0)])  # recomputed after a preemption
+    t.add_prompt_logprobs(5, [SampledToken(9, -3.0)])  # not next in line: dropped
+    assert [(s.token_id, s.logprob) for s in t.prompt_logprobs] == [(6, -1.0), (7, -2.0)]
+    t.emit(SampledToken(40), None)
+    t.emit(SampledToken(41), None)
+    first = t.take()
+    assert [s.token_id for s in first.prompt_logprobs] == [6, 7]
+    t.emit(SampledToken(42), None)
+    assert t.take().prompt_logprobs == []

@@ -343,7 +343,8 @@ class Scheduler(HandOff, Fork, MultiStep):
         untouched) when the blocks are not there."""
         cached: list[int] = []
         queried = 0
-        if self.config.enable_prefix_caching:
+        # A request scoring its prompt must compute every position: a cached block would skip its scores.
+        if self.config.enable_prefix_caching and req.params.prompt_logprobs is None:
             hashes = extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.hash_seed)
             # At least one token must run: its logits give the next token.
             queried = min(len(hashes), (req.num_tokens - 1) // self.blocks.block_size)

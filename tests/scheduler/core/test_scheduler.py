@@ -175,6 +175,18 @@ def test_finished_requests_leave_their_blocks_cached_until_evicted():
     assert s.blocks.num_free == 8
 
 
+def test_a_request_scoring_its_prompt_computes_it_all_though_its_blocks_are_cached():
+    s = create_scheduler(num_blocks=8, block_size=4)
+    a = create_requests(1, prompt_len=9, max_tokens=1)[0]
+    s.add(a)
+    step(s)
+    scored = Request("scored", a.prompt_token_ids, SamplingParams(max_tokens=1, prompt_logprobs=0), 1.0)
+    s.add(scored)
+    plan, _ = step(s)
+    assert plan.new[0].num_computed_tokens == 0 and plan.num_scheduled_tokens["scored"] == 9
+    assert scored.num_prefix_hit_tokens == 0
+
+
 def test_a_fully_cached_prompt_still_computes_its_last_token():
     s = create_scheduler(block_size=4)
     a = create_requests(1, prompt_len=8, max_tokens=1)[0]
