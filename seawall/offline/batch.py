@@ -2,8 +2,9 @@
 
 Input line:  ``{"custom_id", "method": "POST", "url": "/v1/completions", "body": {"prompt": str | [int], ...}}``
 Output line: ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`` — the body is
-an OpenAI completion whose choice also carries ``token_ids`` (vLLM's ``return_token_ids``). A bad line gets
-status 400 and a message; the other lines still run.
+an OpenAI completion whose choices also carry ``token_ids`` (vLLM's ``return_token_ids``); ``n`` choices
+(seeded ones with ``seed + j``) and ``echo`` (with ``logprobs``: the prompt's tokens scored) as the HTTP API
+has them. A bad line gets status 400 and a message; the other lines still run.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from seawall.offline.engine import Completion, OfflineEngine
 from services.common.errors import InvalidArgument, SeawallError
-from services.common.openai_logprobs import TokenTexts, completion_logprobs
-from services.common.sampling_params import SamplingParams
+from services.common.openai_logprobs import TokenTexts, completion_logprobs, echoed_completion_logprobs
+from services.common.sampling_params import SamplingParams, echo_flag, num_choices
 
 SUPPORTED_URLS = ("/v1/completions",)
 
@@ -29,6 +30,8 @@ class BatchItem:
     prompt_token_ids: list[int] | None = None
     params: SamplingParams | None = None
     error: SeawallError | None = None
+    n: int = 1
+    echo: str | None = None  # with ``echo``, the prompt text each choice starts with
 
 
 def parse_line(engine: OfflineEngine, line_no: int, line: str) -> BatchItem:
@@ -40,14 +43,14 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str) -> BatchItem:
         return BatchItem(line_no, None, error=InvalidArgument(f"line {line_no} must be a JSON object"))
     item = BatchItem(line_no, raw.get("custom_id"))
     try:
-        item.prompt_token_ids, item.params = _parse_request(engine, raw)
+        _parse_request(engine, raw, item)
         engine.validate(item.prompt_token_ids, item.params)
     except SeawallError as exc:
         item.error = exc
     return item
 
 
-def _parse_request(engine: OfflineEngine, raw: dict[str, Any]) -> tuple[list[int], SamplingParams]:
+def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem) -> None:
     if raw.get("method", "POST") != "POST":
         raise InvalidArgument(f"method must be POST, got {raw.get('method')!r}")
     if raw.get("url") not in SUPPORTED_URLS:
@@ -62,14 +65,23 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any]) -> tuple[list[int
         ids = list(prompt)
     else:
         raise InvalidArgument("body.prompt must be a string or a list of token ids (one prompt per line)")
-    return ids, SamplingParams.from_openai(body)
+    item.n, echo = num_choices(body), echo_flag(body)
+    params = SamplingParams.from_openai({k: v for k, v in body.items() if k not in ("n", "echo")})
+    if echo:
+        item.echo = prompt if isinstance(prompt, str) else engine.tokenizer.decode(ids, skip_special_tokens=False)
+        if params.logprobs is not None:  # the prompt's tokens are scored as the output's are
+            params = replace(params, prompt_logprobs=params.logprobs)
+    item.prompt_token_ids, item.params = ids, params
 
 
 def run_batch(engine: OfflineEngine, lines: list[str], model_name: str) -> list[dict[str, Any]]:
     items = [parse_line(engine, i + 1, line) for i, line in enumerate(lines) if line.strip()]
     good = [it for it in items if it.error is None]
-    completions = engine.generate([it.prompt_token_ids for it in good], [it.params for it in good])
-    by_line = {it.line_no: c for it, c in zip(good, completions, strict=True)}
+    runs = [(it, j) for it in good for j in range(it.n)]  # one request per choice
+    completions = engine.generate([it.prompt_token_ids for it, _ in runs], [it.params.for_choice(j) for it, j in runs])
+    by_line: dict[int, list[Completion]] = {}
+    for (it, _), comp in zip(runs, completions, strict=True):
+        by_line.setdefault(it.line_no, []).append(comp)
     created = int(time.time())
     out = []
     for it in items:
@@ -80,27 +92,29 @@ def run_batch(engine: OfflineEngine, lines: list[str], model_name: str) -> list[
     return out
 
 
-def _response_line(item: BatchItem, comp: Completion, engine: OfflineEngine, model: str, created: int) -> dict:
+def _response_line(item: BatchItem, comps: list[Completion], engine: OfflineEngine, model: str, created: int) -> dict:
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    choice = {
-        "index": 0,
-        "text": comp.text,
-        "logprobs": (completion_logprobs(comp.logprobs, TokenTexts(engine.tokenizer))
-                     if item.params.logprobs is not None else None),
-        "finish_reason": comp.finish_reason,
-        "token_ids": comp.token_ids,
-    }
+    texts = TokenTexts(engine.tokenizer)
+    choices = []
+    for j, comp in enumerate(comps):
+        logprobs = None
+        if item.params.logprobs is not None:
+            logprobs = (echoed_completion_logprobs(comp.prompt_token_ids, comp.prompt_logprobs, comp.logprobs, texts)
+                        if item.echo is not None else completion_logprobs(comp.logprobs, texts))
+        choices.append({"index": j, "text": (item.echo or "") + comp.text, "logprobs": logprobs,
+                        "finish_reason": comp.finish_reason, "token_ids": comp.token_ids})
+    n_prompt, n_out = len(comps[0].prompt_token_ids), sum(len(c.token_ids) for c in comps)
     body = {
         "id": request_id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(comp.prompt_token_ids),
-            "completion_tokens": len(comp.token_ids),
-            "total_tokens": len(comp.prompt_token_ids) + len(comp.token_ids),
-            "prompt_tokens_details": {"cached_tokens": comp.num_cached_prompt_tokens},
+        "choices": choices,
+        "usage": {  # the prompt once, though each choice ran it
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_out,
+            "total_tokens": n_prompt + n_out,
+            "prompt_tokens_details": {"cached_tokens": comps[0].num_cached_prompt_tokens},
         },
     }
     return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": item.custom_id,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from services.common.block_hash import hash_seed
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling_params import FinishReason, SamplingParams
-from services.common.step import SampledToken
+from services.common.step import SampledToken, merge_prompt_scores
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.runner import ModelRunner
@@ -32,6 +32,8 @@ class Completion:
     text: str = ""
     finish_reason: str | None = None
     logprobs: list[SampledToken] = field(default_factory=list)
+    # With SamplingParams.prompt_logprobs: prompt positions 1, 2, ... scored.
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
@@ -90,6 +92,8 @@ class OfflineEngine:
         while self.scheduler.has_work:
             plan = self.scheduler.schedule()
             result = self.runner.execute(plan)  # even an empty plan carries drops and swaps
+            for rid, (start, tokens) in result.prompt_logprobs.items():
+                merge_prompt_scores(done[rid].prompt_logprobs, start, tokens)
             for event in self.scheduler.on_result(plan, result):
                 self._apply(event, done[event.request_id], detoks[event.request_id])
             idle_steps = 0 if plan.num_scheduled_tokens else idle_steps + 1

@@ -58,12 +58,13 @@ def chat_logprobs(tokens: Sequence[SampledToken], text: Callable[[int], str]) ->
                          "top_logprobs": [entry(tid, lp) for tid, lp in t.top_logprobs]} for t in tokens]}
 
 
-def prompt_logprobs(prompt_ids: Sequence[int], scores: Sequence[SampledToken],
-                    text: Callable[[int], str]) -> dict[str, Any]:
-    """An echoed prompt's part of ``completion_logprobs``: its first token has no score (nothing comes before
-    it: null entries, as OpenAI has them), the others ``scores`` (positions 1, 2, ...)."""
-    tokens = [SampledToken(prompt_ids[0]), *scores] if prompt_ids else []
-    out = completion_logprobs(tokens, text)
-    if tokens:
-        out["top_logprobs"][0] = out["top_logprobs_ids"][0] = None
-    return out
+def echoed_completion_logprobs(prompt_ids: Sequence[int], scores: Sequence[SampledToken],
+                               tokens: Sequence[SampledToken], text: Callable[[int], str]) -> dict[str, Any]:
+    """``completion_logprobs`` of an echoed completion: the prompt's tokens first, then ``tokens``. The prompt's
+    first token has no score (nothing comes before it: null entries, as OpenAI has them), the others ``scores``
+    (positions 1, 2, ...)."""
+    head = completion_logprobs([SampledToken(prompt_ids[0]), *scores] if prompt_ids else [], text)
+    if prompt_ids:
+        head["top_logprobs"][0] = head["top_logprobs_ids"][0] = None
+    tail = completion_logprobs(tokens, text, sum(len(t) for t in head["tokens"]))
+    return {key: head[key] + tail[key] for key in head}

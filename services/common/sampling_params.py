@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from services.common.errors import InvalidArgument
@@ -123,6 +123,13 @@ class SamplingParams:
             self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
 
+    def for_choice(self, j: int) -> SamplingParams:
+        """The j-th of ``n`` choices of one request: with a seed, ``seed + j``, so the choices differ and each is
+        reproducible (vLLM's rule); without, each draws its own."""
+        if self.seed is None or j == 0:
+            return self
+        return replace(self, seed=(self.seed + j) % MAX_SEED)
+
     @classmethod
     def from_openai(cls, body: dict[str, Any]) -> SamplingParams:
         """Build params from an OpenAI ``/v1/completions`` request body (a parsed JSON object).
@@ -218,6 +225,25 @@ _ACCEPTED_FIELDS = _OPENAI_FIELDS | _IGNORED_FIELDS | _UNSUPPORTED_FIELDS
 _FLOAT_FIELDS = frozenset({
     "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
 })
+
+
+def num_choices(body: dict[str, Any]) -> int:
+    """OpenAI's ``n``: completions per prompt (default 1). The API layer fans them out; ``from_openai`` takes
+    a body without it."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidArgument(f"n must be an integer >= 1 (completions per prompt), got {n!r}")
+    return n
+
+
+def echo_flag(body: dict[str, Any]) -> bool:
+    """OpenAI's ``echo``: each choice's text (and logprobs) start with the prompt's. Handled by the API layer."""
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise InvalidArgument(f"echo must be true or false, got {echo!r}")
+    return bool(echo)
 
 
 def _check_unsupported(key: str, value: Any) -> None:

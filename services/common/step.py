@@ -75,6 +75,14 @@ class SampledToken:
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
 
 
+def merge_prompt_scores(held: list[SampledToken], start: int, tokens: list[SampledToken]) -> None:
+    """Appends the scores of prompt positions ``start``, ``start + 1``... to ``held`` (positions 1.. so far),
+    skipping positions already held: a prompt recomputed after a preemption or a lost worker scores again."""
+    for pos, token in enumerate(tokens, start):
+        if pos == len(held) + 1:
+            held.append(token)
+
+
 @dataclass
 class StepResult:
     step_id: int

@@ -26,8 +26,13 @@ from starlette.routing import Route
 
 from services.common import tracing
 from services.common.errors import InvalidArgument, SeawallError
-from services.common.openai_logprobs import TokenTexts, chat_logprobs, completion_logprobs, prompt_logprobs
-from services.common.sampling_params import MAX_SEED, SamplingParams
+from services.common.openai_logprobs import (
+    TokenTexts,
+    chat_logprobs,
+    completion_logprobs,
+    echoed_completion_logprobs,
+)
+from services.common.sampling_params import SamplingParams, echo_flag, num_choices
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.tracked import Delta, TrackedRequest
 
@@ -80,8 +85,8 @@ class _OpenAI:
             body = await _json_body(request)
             given = self._prompts(body.get("prompt"))
             prompts = [ids for ids, _ in given]
-            n = _num_choices(body)
-            echo = _echo(body)
+            n = num_choices(body)
+            echo = echo_flag(body)
             params = SamplingParams.from_openai({k: v for k, v in body.items() if k not in ("n", "echo")})
             if echo and params.logprobs is not None:  # the prompt's tokens are scored as the output's are
                 params = dataclasses.replace(params, prompt_logprobs=params.logprobs)
@@ -106,7 +111,7 @@ class _OpenAI:
                 if isinstance(top, bool) or not isinstance(top, int):
                     raise InvalidArgument(f"top_logprobs must be an integer in [0, 20], got {top!r}")
                 sampling["logprobs"] = top
-            n = _num_choices(body)
+            n = num_choices(body)
             tracked = self._submit(request, body, [prompt], SamplingParams.from_openai(sampling), n)
         except SeawallError as exc:
             return error_response(exc)
@@ -120,7 +125,7 @@ class _OpenAI:
         parent = tracing.extract(request.headers)
         if len(prompts) == 1 and n == 1:
             return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session)]
-        items = [Submission(p, _choice_params(params, j), session_id=session) for p in prompts for j in range(n)]
+        items = [Submission(p, params.for_choice(j), session_id=session) for p in prompts for j in range(n)]
         labels = [f"prompt[{k // n}]" if len(prompts) > 1 else "" for k in range(len(items))]
         return self.frontend.submit_many(items, parent, labels)
 
@@ -229,9 +234,8 @@ class _OpenAI:
             return chat_logprobs(delta.logprobs, self._texts)
         if not echo:
             return completion_logprobs(delta.logprobs, self._texts, offset)
-        head = prompt_logprobs(tracked.request.prompt_token_ids, delta.prompt_logprobs, self._texts)
-        tail = completion_logprobs(delta.logprobs, self._texts, offset + sum(len(t) for t in head["tokens"]))
-        return {key: head[key] + tail[key] for key in head}
+        return echoed_completion_logprobs(tracked.request.prompt_token_ids, delta.prompt_logprobs, delta.logprobs,
+                                          self._texts)
 
     async def _stream(self, tracked: list[TrackedRequest]) -> AsyncIterator[list[tuple[int, Delta]]]:
         if len(tracked) == 1:
@@ -253,32 +257,6 @@ def _refuse_unsupported_chat_fields(body: dict) -> None:
         raise InvalidArgument("tools are not supported (no tool calling here); omit tools")
     if body.get("tool_choice") not in (None, "none", "auto"):
         raise InvalidArgument(f"tool_choice {body['tool_choice']!r} needs tools, which are not supported; omit it")
-
-
-def _echo(body: dict) -> bool:
-    """OpenAI's ``echo``: the choice's text (and logprobs) start with the prompt's."""
-    echo = body.get("echo")
-    if echo is not None and not isinstance(echo, bool):
-        raise InvalidArgument(f"echo must be true or false, got {echo!r}")
-    return bool(echo)
-
-
-def _num_choices(body: dict) -> int:
-    """OpenAI's ``n``: completions per prompt (default 1)."""
-    n = body.get("n")
-    if n is None:
-        return 1
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InvalidArgument(f"n must be an integer >= 1 (completions per prompt), got {n!r}")
-    return n
-
-
-def _choice_params(params: SamplingParams, j: int) -> SamplingParams:
-    """The j-th choice's sampling: with a seed, seed + j, so the n choices differ and each is reproducible
-    (vLLM's rule); without, each request draws its own."""
-    if params.seed is None or j == 0:
-        return params
-    return dataclasses.replace(params, seed=(params.seed + j) % MAX_SEED)
 
 
 def _session(body: dict) -> str:

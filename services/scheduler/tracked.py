@@ -9,7 +9,7 @@ import anyio
 from tokenizers import Tokenizer
 
 from services.common.sampling_params import FinishReason
-from services.common.step import SampledToken
+from services.common.step import SampledToken, merge_prompt_scores
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.scheduler.core.request import Request
 
@@ -77,11 +77,8 @@ class TrackedRequest:
         return finish_reason
 
     def add_prompt_logprobs(self, start: int, tokens: list[SampledToken]) -> None:
-        """Scores of prompt positions ``start``, ``start + 1``...; positions already held (the prompt was
-        recomputed after a preemption or a lost worker) are skipped."""
-        for pos, token in enumerate(tokens, start):
-            if pos == len(self.prompt_logprobs) + 1:
-                self.prompt_logprobs.append(token)
+        """Scores of prompt positions ``start``, ``start + 1``... (``merge_prompt_scores``)."""
+        merge_prompt_scores(self.prompt_logprobs, start, tokens)
 
     def end(self, reason: str, detail: str = "") -> None:
         """Ends the stream without a token (abort, error)."""

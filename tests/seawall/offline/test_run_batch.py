@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tokenizers import Tokenizer
 
 from seawall.cli import main
 from services.common.sampling_params import SamplingParams
@@ -152,3 +153,34 @@ def test_a_bad_scheduling_flag_is_named_as_typed(tmp_path, tiny_model_dir, capsy
     code, out = _run(tmp_path, tiny_model_dir, [_req("a", prompt="hi", max_tokens=1)], *flags)
     assert code == 2 and out == []
     assert message in capsys.readouterr().err
+
+
+def test_n_choices_and_an_echo_scored_as_transformers_scores_it(tmp_path, tiny_model_dir):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    prompt = [(13 * i + 5) % 4000 + 10 for i in range(40)]
+    rows = [_req("n", prompt="Once upon a time", n=3, max_tokens=6, temperature=1.0, seed=5),
+            _req("echo", prompt=prompt, echo=True, logprobs=2, max_tokens=3, temperature=0),
+            _req("echo-text", prompt="Hello there", echo=True, max_tokens=2),
+            _req("bad-n", prompt="x", n=0)]
+    code, out = _run(tmp_path, tiny_model_dir, rows, "--chunk-size", "16")  # the prompt scored in 3 chunks
+    assert code == 0
+    by_id = {r["custom_id"]: r["response"] for r in out}
+    choices = by_id["n"]["body"]["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2] and len({tuple(c["token_ids"]) for c in choices}) == 3
+    usage = by_id["n"]["body"]["usage"]
+    n_prompt = len(Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")).encode("Once upon a time").ids)
+    assert usage["prompt_tokens"] == n_prompt  # once, though three choices ran it
+    assert usage["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
+    echo = by_id["echo"]["body"]["choices"][0]
+    ids, lp = echo["token_ids"], echo["logprobs"]
+    assert len(lp["tokens"]) == len(prompt) + len(ids) and lp["token_logprobs"][0] is None
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    everything = prompt + ids
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([everything])).logits[0].float(), -1)
+    want = ref[torch.arange(len(everything) - 1), torch.tensor(everything[1:])]
+    torch.testing.assert_close(torch.tensor(lp["token_logprobs"][1:]), want, atol=1e-4, rtol=0)
+    assert by_id["echo-text"]["body"]["choices"][0]["text"].startswith("Hello there")
+    assert by_id["bad-n"]["status_code"] == 400 and "n must be an integer" in by_id["bad-n"]["body"]["error"]["message"]
