@@ -17,7 +17,12 @@ from typing import Any
 
 from seawall.offline.engine import Completion, OfflineEngine
 from services.common.errors import InvalidArgument, SeawallError
-from services.common.openai_logprobs import TokenTexts, completion_logprobs, echoed_completion_logprobs
+from services.common.openai_logprobs import (
+    TokenTexts,
+    completion_logprobs,
+    echoed_completion_logprobs,
+    vllm_prompt_logprobs,
+)
 from services.common.sampling_params import SamplingParams, echo_flag, num_choices
 
 SUPPORTED_URLS = ("/v1/completions",)
@@ -32,6 +37,7 @@ class BatchItem:
     error: SeawallError | None = None
     n: int = 1
     echo: str | None = None  # with ``echo``, the prompt text each choice starts with
+    prompt_scores: bool = False  # ``prompt_logprobs`` asked for: choices carry them, as vLLM's do
 
 
 def parse_line(engine: OfflineEngine, line_no: int, line: str) -> BatchItem:
@@ -72,6 +78,7 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem) 
         if params.logprobs is not None:  # the prompt's tokens are scored as the output's are
             params = replace(params, prompt_logprobs=params.logprobs)
     item.prompt_token_ids, item.params = ids, params
+    item.prompt_scores = body.get("prompt_logprobs") is not None
 
 
 def run_batch(engine: OfflineEngine, lines: list[str], model_name: str) -> list[dict[str, Any]]:
@@ -103,6 +110,8 @@ def _response_line(item: BatchItem, comps: list[Completion], engine: OfflineEngi
                         if item.echo is not None else completion_logprobs(comp.logprobs, texts))
         choices.append({"index": j, "text": (item.echo or "") + comp.text, "logprobs": logprobs,
                         "finish_reason": comp.finish_reason, "token_ids": comp.token_ids})
+        if item.prompt_scores:
+            choices[-1]["prompt_logprobs"] = vllm_prompt_logprobs(comp.prompt_token_ids, comp.prompt_logprobs, texts)
     n_prompt, n_out = len(comps[0].prompt_token_ids), sum(len(c.token_ids) for c in comps)
     body = {
         "id": request_id,

@@ -68,3 +68,18 @@ def echoed_completion_logprobs(prompt_ids: Sequence[int], scores: Sequence[Sampl
         head["top_logprobs"][0] = head["top_logprobs_ids"][0] = None
     tail = completion_logprobs(tokens, text, sum(len(t) for t in head["tokens"]))
     return {key: head[key] + tail[key] for key in head}
+
+
+def vllm_prompt_logprobs(prompt_ids: Sequence[int], scores: Sequence[SampledToken],
+                         text: Callable[[int], str]) -> list[dict[str, dict[str, Any]] | None]:
+    """A choice's ``prompt_logprobs`` as vLLM returns them (a request's ``prompt_logprobs: k``): per prompt
+    position, None for the first, then ``{token id: {logprob, rank, decoded_token}}`` for the prompt's token and
+    the k most likely ones."""
+    out: list[dict[str, dict[str, Any]] | None] = [None] if prompt_ids else []
+    for score in scores:
+        entry = {str(tid): {"logprob": lp, "rank": rank, "decoded_token": text(tid)}
+                 for rank, (tid, lp) in enumerate(score.top_logprobs, 1)}
+        entry[str(score.token_id)] = {"logprob": score.logprob, "rank": score.rank,
+                                      "decoded_token": text(score.token_id)}
+        out.append(entry)
+    return out

@@ -214,7 +214,7 @@ def _range(lo: float | None, hi: float | None) -> str:
 _OPENAI_FIELDS = frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "ignore_eos",
-    "min_tokens", "include_stop_str_in_output",
+    "min_tokens", "include_stop_str_in_output", "prompt_logprobs",
 })
 # Handled by the API layer, not by sampling.
 _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",

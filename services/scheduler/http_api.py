@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -31,6 +32,7 @@ from services.common.openai_logprobs import (
     chat_logprobs,
     completion_logprobs,
     echoed_completion_logprobs,
+    vllm_prompt_logprobs,
 )
 from services.common.sampling_params import SamplingParams, echo_flag, num_choices
 from services.scheduler.frontend import Frontend, Submission
@@ -160,10 +162,10 @@ class _OpenAI:
         """``echoed``: per choice, the prompt text its output follows (completions' ``echo``)."""
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.frontend.model_name}
-        want_ids = bool(body.get("return_token_ids"))
+        extras = _Extras(bool(body.get("return_token_ids")), body.get("prompt_logprobs") is not None, self._texts)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._sse(head, tracked, n, chat, want_ids, include_usage, echoed),
+            return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed),
                                      media_type="text/event-stream")
         merged = await self._collect(request, tracked)
         choices = []
@@ -174,8 +176,7 @@ class _OpenAI:
                 choice["message"] = {"role": "assistant", "content": out.text}
             else:
                 choice["text"] = (echoed[i] if echoed else "") + out.text
-            if want_ids:
-                choice["token_ids"] = out.token_ids
+            extras.fill(choice, tracked[i], out)
             choices.append(choice)
         obj = "chat.completion" if chat else "text_completion"
         return JSONResponse({**head, "object": obj, "choices": choices, "usage": _usage(tracked, n)})
@@ -199,7 +200,7 @@ class _OpenAI:
             tg.cancel_scope.cancel()
         return merged
 
-    async def _sse(self, head: dict, tracked: list[TrackedRequest], n: int, chat: bool, want_ids: bool,
+    async def _sse(self, head: dict, tracked: list[TrackedRequest], n: int, chat: bool, extras: _Extras,
                    include_usage: bool, echoed: list[str] | None = None) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         first = [True] * len(tracked)
@@ -216,8 +217,7 @@ class _OpenAI:
                                        else {"content": merged.text})
                 else:
                     choice["text"] = (echoed[i] if echo else "") + merged.text
-                if want_ids:
-                    choice["token_ids"] = merged.token_ids
+                extras.fill(choice, tracked[i], merged)
                 first[i] = False
                 yield _event({**head, "object": obj, "choices": [choice]})
         if include_usage:
@@ -244,6 +244,23 @@ class _OpenAI:
         else:
             async for ready in self.frontend.stream_many(tracked, [False] * len(tracked)):
                 yield ready
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """Seawall's and vLLM's additions to a choice: ``token_ids`` (``return_token_ids``) and the prompt's scores
+    (``prompt_logprobs: k``, in the delta with the first token)."""
+
+    token_ids: bool
+    prompt_logprobs: bool
+    texts: TokenTexts
+
+    def fill(self, choice: dict[str, Any], tracked: TrackedRequest, delta: Delta) -> None:
+        if self.token_ids:
+            choice["token_ids"] = delta.token_ids
+        if self.prompt_logprobs and delta.prompt_logprobs:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(tracked.request.prompt_token_ids, delta.prompt_logprobs,
+                                                             self.texts)
 
 
 def _refuse_unsupported_chat_fields(body: dict) -> None:

@@ -106,13 +106,13 @@ def test_from_openai_maps_every_field():
         "n": 1, "best_of": 1, "max_tokens": 5, "temperature": 0, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
         "seed": 7, "stop": ["a", "bc"], "stop_token_ids": [2, 3], "presence_penalty": 0.5,
         "frequency_penalty": -0.5, "repetition_penalty": 1.2, "logprobs": 3, "ignore_eos": True,
-        "min_tokens": 2,
+        "min_tokens": 2, "prompt_logprobs": 1,
     }
     p = SamplingParams.from_openai(body)
     assert p == SamplingParams(
         max_tokens=5, temperature=0.0, top_p=0.9, top_k=40, min_p=0.05, seed=7, stop=("a", "bc"),
         stop_token_ids=(2, 3), presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
-        logprobs=3, ignore_eos=True, min_tokens=2,
+        logprobs=3, ignore_eos=True, min_tokens=2, prompt_logprobs=1,
     )
     assert isinstance(p.temperature, float)
 

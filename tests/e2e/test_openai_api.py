@@ -151,6 +151,24 @@ def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(http, default
                                atol=1e-4, rtol=0)
 
 
+def test_prompt_logprobs_come_back_as_vllm_returns_them(http, hf_model):
+    prompt = random_prompts([70], seed=14)[0]
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 2}
+    choice = http.post("/v1/completions", json=body).json()["choices"][0]
+    scores = choice["prompt_logprobs"]
+    assert len(scores) == len(prompt) and scores[0] is None and choice["logprobs"] is None
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), -1)
+    for pos in range(1, len(prompt)):
+        entry = scores[pos]
+        assert abs(entry[str(prompt[pos])]["logprob"] - ref[pos - 1, prompt[pos]].item()) < 1e-4
+        top = torch.topk(ref[pos - 1], 2).indices.tolist()
+        assert all(str(t) in entry for t in top) and len(entry) <= 3
+        assert entry[str(top[0])]["rank"] == 1
+    first = _sse(http.post("/v1/completions", json={**body, "stream": True}))[0]["choices"][0]
+    assert first["prompt_logprobs"] == scores  # with the choice's first chunk
+
+
 def test_the_sdk_returns_the_same_logprobs_as_the_http_api(http, default_mesh):
     prompt = random_prompts([25], seed=12)[0]
     body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 3, "return_token_ids": True}

@@ -163,7 +163,8 @@ def test_n_choices_and_an_echo_scored_as_transformers_scores_it(tmp_path, tiny_m
     rows = [_req("n", prompt="Once upon a time", n=3, max_tokens=6, temperature=1.0, seed=5),
             _req("echo", prompt=prompt, echo=True, logprobs=2, max_tokens=3, temperature=0),
             _req("echo-text", prompt="Hello there", echo=True, max_tokens=2),
-            _req("bad-n", prompt="x", n=0)]
+            _req("bad-n", prompt="x", n=0),
+            _req("scored", prompt=prompt, prompt_logprobs=0, max_tokens=1, temperature=0)]
     code, out = _run(tmp_path, tiny_model_dir, rows, "--chunk-size", "16")  # the prompt scored in 3 chunks
     assert code == 0
     by_id = {r["custom_id"]: r["response"] for r in out}
@@ -183,4 +184,8 @@ def test_n_choices_and_an_echo_scored_as_transformers_scores_it(tmp_path, tiny_m
     want = ref[torch.arange(len(everything) - 1), torch.tensor(everything[1:])]
     torch.testing.assert_close(torch.tensor(lp["token_logprobs"][1:]), want, atol=1e-4, rtol=0)
     assert by_id["echo-text"]["body"]["choices"][0]["text"].startswith("Hello there")
+    scored = by_id["scored"]["body"]["choices"][0]["prompt_logprobs"]
+    assert scored[0] is None and [list(e) for e in scored[1:]] == [[str(t)] for t in prompt[1:]]
+    torch.testing.assert_close(torch.tensor([scored[p][str(prompt[p])]["logprob"] for p in range(1, len(prompt))]),
+                               want[: len(prompt) - 1], atol=1e-4, rtol=0)
     assert by_id["bad-n"]["status_code"] == 400 and "n must be an integer" in by_id["bad-n"]["body"]["error"]["message"]
