@@ -29,6 +29,7 @@ from services.scheduler.core.hand_off import HandOff
 from services.scheduler.core.multi_step import MultiStep
 from services.scheduler.core.policies import POLICY_NAMES, Step, make_policy
 from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.shared_prefix import SharedPrefix
 from services.scheduler.core.step_time import StepTimeModel
 
 POLICIES = POLICY_NAMES  # the registry's names, for CLI choices
@@ -50,7 +51,7 @@ class PrefixCacheStats:
     hit_blocks: int = 0  # of those, served from the cache
 
 
-class Scheduler(HandOff, Fork, MultiStep):
+class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
         """``blocks``: the worker's device pool; ``host_blocks``: its host pool, for swapping (None: no swap).
@@ -73,6 +74,7 @@ class Scheduler(HandOff, Fork, MultiStep):
         self._on_worker: set[str] = set()  # requests whose state the worker holds
         self._to_drop: list[str] = []  # finished/preempted since the last plan: the worker drops them
         self._sent_blocks: dict[str, int] = {}  # blocks of each request the worker already knows
+        self._computing: dict[int, tuple[str, int]] = {}  # block hash -> (request computing it, index): shared_prefix.py
         self._expected: set[int] = set()  # step ids of plans applied by ``expect``, results not in yet
         # Block copies for the next plan. The worker runs swap-outs before swap-ins, so a device block freed
         # by a swap-out may be a swap-in target; host blocks read by a swap-in are freed one plan later so a
@@ -268,6 +270,8 @@ class Scheduler(HandOff, Fork, MultiStep):
         when short of blocks, take them from the policy's victims (never from requests in ``step``)."""
         if req.num_pending:
             return 0  # preempted while a token of it was in flight: its worker needs every token to recompute
+        if self.config.enable_prefix_caching and self._waits_for_shared_prefix(req, step):
+            return 0  # a running request computes its next blocks now: take them from the cache next step
         while not (n := self._try_admit(req, room)):
             victim = self._victim(req, step) if evict else None
             if victim is None or victim is req:
@@ -358,6 +362,8 @@ class Scheduler(HandOff, Fork, MultiStep):
             self.blocks.free(cached)
             req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
             return 0
+        if self.config.enable_prefix_caching and req.params.prompt_logprobs is None:
+            self._note_computing(req, hashes, len(cached))
         if req.num_preemptions == 0:
             self.prefix_stats.queried_blocks += queried
             self.prefix_stats.hit_blocks += len(cached)
@@ -385,6 +391,7 @@ class Scheduler(HandOff, Fork, MultiStep):
         extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.hash_seed)
         for i in range(req.num_cached_blocks, full):
             self.blocks.cache(req.block_ids[i], req.block_hashes[i])
+            self._computing.pop(req.block_hashes[i], None)  # in the cache now: waiters find it there
         req.num_cached_blocks = full
 
     def _preempt(self, req: Request) -> None:
@@ -421,6 +428,7 @@ class Scheduler(HandOff, Fork, MultiStep):
         self._swapped_in_now.add(req.request_id)
 
     def _release(self, req: Request) -> None:
+        self._forget_computing(req)
         self.blocks.free(req.block_ids)
         req.block_ids = []
         req.num_computed_tokens = req.num_cached_blocks = 0
@@ -431,6 +439,7 @@ class Scheduler(HandOff, Fork, MultiStep):
 
     def _forget(self, req: Request) -> None:
         """The request leaves this scheduler (finished, handed off)."""
+        self._forget_computing(req)
         del self.requests[req.request_id]
         self.policy.on_remove(req)
 
