@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from seawall.offline.engine import Completion, OfflineEngine
@@ -23,7 +23,7 @@ from services.common.openai_logprobs import (
     echoed_completion_logprobs,
     vllm_prompt_logprobs,
 )
-from services.common.sampling_params import SamplingParams, echo_flag, num_choices
+from services.common.sampling_params import SamplingParams, from_openai_completion
 
 SUPPORTED_URLS = ("/v1/completions",)
 
@@ -71,13 +71,10 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem) 
         ids = list(prompt)
     else:
         raise InvalidArgument("body.prompt must be a string or a list of token ids (one prompt per line)")
-    item.n, echo = num_choices(body), echo_flag(body)
-    params = SamplingParams.from_openai({k: v for k, v in body.items() if k not in ("n", "echo")})
+    item.params, item.n, echo = from_openai_completion(body)
     if echo:
         item.echo = prompt if isinstance(prompt, str) else engine.tokenizer.decode(ids, skip_special_tokens=False)
-        if params.logprobs is not None:  # the prompt's tokens are scored as the output's are
-            params = replace(params, prompt_logprobs=params.logprobs)
-    item.prompt_token_ids, item.params = ids, params
+    item.prompt_token_ids = ids
     item.prompt_scores = body.get("prompt_logprobs") is not None
 
 

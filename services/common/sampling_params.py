@@ -227,6 +227,16 @@ _FLOAT_FIELDS = frozenset({
 })
 
 
+def from_openai_completion(body: dict[str, Any]) -> tuple[SamplingParams, int, bool]:
+    """A ``/v1/completions`` body's sampling, ``n`` and ``echo``: ``n`` and ``echo`` are the API layer's (it
+    fans choices out and prefixes the prompt); with ``echo`` and ``logprobs`` the prompt is scored as well."""
+    n, echo = num_choices(body), echo_flag(body)
+    params = SamplingParams.from_openai({k: v for k, v in body.items() if k not in ("n", "echo")})
+    if echo and params.logprobs is not None:
+        params = replace(params, prompt_logprobs=params.logprobs)
+    return params, n, echo
+
+
 def num_choices(body: dict[str, Any]) -> int:
     """OpenAI's ``n``: completions per prompt (default 1). The API layer fans them out; ``from_openai`` takes
     a body without it."""

@@ -3,13 +3,13 @@
 ``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat template), SSE streaming, ``/v1/models``
 and ``/health``. Prompts may be text or token ids, one or a list of them (completions); ``n`` choices per
 prompt, choice ``i * n + j`` the j-th of prompt i, each its own request in the mesh (queued all or none);
-``return_token_ids: true`` adds ``token_ids`` to each choice (vLLM's extension). Errors use OpenAI's shape, ``{"error": {"message", "type", "code"}}``, with
+``return_token_ids: true`` adds ``token_ids`` to each choice (vLLM's extension). Errors use OpenAI's shape,
+``{"error": {"message", "type", "code"}}``, with
 400 for bad input and 429 plus ``Retry-After`` for overload.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import uuid
@@ -34,7 +34,7 @@ from services.common.openai_logprobs import (
     echoed_completion_logprobs,
     vllm_prompt_logprobs,
 )
-from services.common.sampling_params import SamplingParams, echo_flag, num_choices
+from services.common.sampling_params import SamplingParams, from_openai_completion, num_choices
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.tracked import Delta, TrackedRequest
 
@@ -87,11 +87,7 @@ class _OpenAI:
             body = await _json_body(request)
             given = self._prompts(body.get("prompt"))
             prompts = [ids for ids, _ in given]
-            n = num_choices(body)
-            echo = echo_flag(body)
-            params = SamplingParams.from_openai({k: v for k, v in body.items() if k not in ("n", "echo")})
-            if echo and params.logprobs is not None:  # the prompt's tokens are scored as the output's are
-                params = dataclasses.replace(params, prompt_logprobs=params.logprobs)
+            params, n, echo = from_openai_completion(body)
             tracked = self._submit(request, body, prompts, params, n)
         except SeawallError as exc:
             return error_response(exc)

@@ -105,8 +105,9 @@ class TrackedRequest:
 
 
 class BatchWatch:
-    """One reader of several requests (a batch call): a single event wakes it for whichever of them has
-    something to take, and ``ready`` says which, so a wake-up costs one event however many requests there are.
+    """One reader of several requests (a batch call): a single event (``changed``) wakes it for whichever of
+    them has something to take, and ``take()`` says which, so a wake-up costs one event however many requests
+    there are.
 
     ``final_only[i]``: request ``i`` is noted only when it finishes (its reader wants the output whole).
     """

@@ -11,7 +11,7 @@ import pytest
 
 from services.common import sampling_params as sp_module
 from services.common.errors import InvalidArgument
-from services.common.sampling_params import FinishReason, SamplingParams, check_stop
+from services.common.sampling_params import FinishReason, SamplingParams, check_stop, from_openai_completion
 
 # (field, bad value, text the message must contain besides the field name and the value)
 BAD_VALUES = [
@@ -188,3 +188,13 @@ def test_check_stop(params, output, expected):
 
 def test_finish_reason_strings():
     assert (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT) == ("stop", "length", "abort")
+
+
+def test_a_completion_body_hands_n_and_echo_to_the_api_layer_and_echo_scores_the_prompt():
+    params, n, echo = from_openai_completion({"prompt": "x", "n": 3, "echo": True, "logprobs": 2, "seed": 4})
+    assert (n, echo, params.logprobs, params.prompt_logprobs, params.seed) == (3, True, 2, 2, 4)
+    assert [params.for_choice(j).seed for j in range(3)] == [4, 5, 6]
+    plain, n, echo = from_openai_completion({"prompt": "x", "echo": True})
+    assert (n, echo, plain.prompt_logprobs) == (1, True, None)  # echo without logprobs scores nothing
+    with pytest.raises(InvalidArgument, match="echo must be true or false"):
+        from_openai_completion({"echo": "yes"})

@@ -137,7 +137,8 @@ def test_prompt_logprobs_match_transformers_whatever_the_chunks(runner, tiny_mod
     while done < len(prompt):
         n = min(chunk, len(prompt) - done)
         d.step += 1
-        result = runner.execute(StepPlan(d.step, new=new, num_scheduled_tokens={"p": n, **({"plain": 20} if new else {})}))
+        counts = {"p": n, **({"plain": 20} if new else {})}
+        result = runner.execute(StepPlan(d.step, new=new, num_scheduled_tokens=counts))
         assert set(result.prompt_logprobs) <= {"p"}
         if "p" in result.prompt_logprobs:
             start, tokens = result.prompt_logprobs["p"]

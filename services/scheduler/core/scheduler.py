@@ -74,7 +74,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
         self._on_worker: set[str] = set()  # requests whose state the worker holds
         self._to_drop: list[str] = []  # finished/preempted since the last plan: the worker drops them
         self._sent_blocks: dict[str, int] = {}  # blocks of each request the worker already knows
-        self._computing: dict[int, tuple[str, int]] = {}  # block hash -> (request computing it, index): shared_prefix.py
+        # Block hash -> (the request computing it, its index there): shared_prefix.py.
+        self._computing: dict[int, tuple[str, int]] = {}
         self._expected: set[int] = set()  # step ids of plans applied by ``expect``, results not in yet
         # Block copies for the next plan. The worker runs swap-outs before swap-ins, so a device block freed
         # by a swap-out may be a swap-in target; host blocks read by a swap-in are freed one plan later so a
@@ -270,7 +271,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
         when short of blocks, take them from the policy's victims (never from requests in ``step``)."""
         if req.num_pending:
             return 0  # preempted while a token of it was in flight: its worker needs every token to recompute
-        if self.config.enable_prefix_caching and self._waits_for_shared_prefix(req, step):
+        if self._waits_for_shared_prefix(req, step):
             return 0  # a running request computes its next blocks now: take them from the cache next step
         while not (n := self._try_admit(req, room)):
             victim = self._victim(req, step) if evict else None
@@ -346,9 +347,11 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
         """Takes the cached prefix and blocks for the first chunk; returns its tokens, or 0 (``req`` left
         untouched) when the blocks are not there."""
         cached: list[int] = []
+        hashes: list[int] = []
         queried = 0
         # A request scoring its prompt must compute every position: a cached block would skip its scores.
-        if self.config.enable_prefix_caching and req.params.prompt_logprobs is None:
+        use_cache = self.config.enable_prefix_caching and req.params.prompt_logprobs is None
+        if use_cache:
             hashes = extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.hash_seed)
             # At least one token must run: its logits give the next token.
             queried = min(len(hashes), (req.num_tokens - 1) // self.blocks.block_size)
@@ -362,7 +365,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
             self.blocks.free(cached)
             req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
             return 0
-        if self.config.enable_prefix_caching and req.params.prompt_logprobs is None:
+        if use_cache:
             self._note_computing(req, hashes, len(cached))
         if req.num_preemptions == 0:
             self.prefix_stats.queried_blocks += queried

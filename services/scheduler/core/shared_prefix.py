@@ -8,7 +8,7 @@ request in the step counts: one that holds the blocks but is not running now (a 
 the waiter waiting indefinitely.
 
 ``_computing`` maps the hash of each full block a request was admitted to compute to (that request, the
-block's index in it). Entries are checked when read (the owner still runs and has not cached the block yet):
+block's index in it); it is empty with prefix caching off, so nobody waits then. Entries are checked when read (the owner still runs and has not cached the block yet):
 a stale one never makes anybody wait.
 """
 
@@ -61,6 +61,8 @@ class SharedPrefix:
 
     def _forget_computing(self: Scheduler, req: Request) -> None:
         """``req`` no longer computes its blocks (finished, preempted, gone): drop its entries."""
+        if not self._computing:
+            return  # the usual case: nothing is in flight, and a long context has thousands of hashes
         for h in req.block_hashes:
             entry = self._computing.get(h)
             if entry is not None and entry[0] == req.request_id:
