@@ -65,7 +65,8 @@ class GrpcBackend:
         return StatsSample(time.perf_counter(), s.num_preemptions,
                            sum(w.num_device_blocks_used for w in s.workers), sum(w.num_device_blocks for w in s.workers),
                            sum(w.num_host_blocks_used for w in s.workers), s.num_running, s.num_waiting,
-                           s.num_swapped)
+                           s.num_swapped, sum(w.num_prefix_queried_blocks for w in s.workers),
+                           sum(w.num_prefix_hit_blocks for w in s.workers))
 
     async def policy(self) -> str:
         return (await self.client.stats()).policy
@@ -224,8 +225,10 @@ async def warm_up(backend: Backend, workload: Workload, n: int = 4) -> None:
     if n <= 0:
         return
     longest = max(workload.requests, key=lambda r: len(r.prompt))
-    reqs = [BenchRequest(-1, 0.0, longest.prompt[::-1], 4)]
-    reqs += [BenchRequest(-2 - i, 0.0, longest.prompt[i:i + 16] or (5,) * 16, 8) for i in range(n)]
+    # Reversed, so that no warm-up block is a block the timed requests start with (a shared system prompt).
+    backwards = longest.prompt[::-1]
+    reqs = [BenchRequest(-1, 0.0, backwards, 4)]
+    reqs += [BenchRequest(-2 - i, 0.0, backwards[i:i + 16] or (5,) * 16, 8) for i in range(n)]
 
     async def one(req: BenchRequest) -> None:
         async for _ in backend.stream(req, "warmup"):

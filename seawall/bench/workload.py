@@ -13,6 +13,13 @@ Three kinds of workload (``WorkloadSpec.kind``):
 * ``mooncake``: the Mooncake conversation trace as multi-turn sessions (``seawall.workloads.multiturn``):
   turns share their prefix blocks and carry a ``session_id``; 512-token blocks scaled to ``block_tokens``.
 
+``shared_prefix_len`` puts a system prompt of that many tokens in front of every prompt of ``custom`` and of
+every burst prompt of ``burst`` (vLLM bench's ``--random-prefix-len``); ``shared_prefix_groups`` splits the
+requests, in arrival order, into that many groups with a system prompt each (SGLang bench's
+generated-shared-prefix groups), e.g. one per burst. Requests arriving together then share their first
+blocks, which the prefix cache, and the scheduler's wait for blocks another request in the step is computing,
+turn into work done once.
+
 Prompts are random token ids in ``[3, vocab_size)`` (0-2 are left to special tokens), drawn from the seed and
 the request's index, so every policy of a comparison gets the same prompts. Outputs run to exactly their
 length (``ignore_eos``, greedy), so every policy does the same work.
@@ -88,6 +95,9 @@ class WorkloadSpec:
     burst_output_len: int = 16
     # mooncake sessions
     block_tokens: int = 16
+    # custom and burst: a system prompt of this many tokens in front of every (burst) prompt, one per group
+    shared_prefix_len: int = 0
+    shared_prefix_groups: int = 1
 
 
 def prompt_ids(seed: int, index: int, length: int, vocab_size: int, salt: int = 0) -> tuple[int, ...]:
@@ -95,11 +105,26 @@ def prompt_ids(seed: int, index: int, length: int, vocab_size: int, salt: int = 
     return tuple(rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(length))
 
 
-def _prompt(spec: WorkloadSpec, index: int, length: int) -> tuple[int, ...]:
-    return prompt_ids(spec.seed, index, length, spec.vocab_size, spec.prompt_salt)
+def _prompt(spec: WorkloadSpec, index: int, length: int, group: int | None = None) -> tuple[int, ...]:
+    """Request ``index``'s ``length`` prompt tokens; in a ``group``, its system prompt first (cut to leave at
+    least one token of the request's own)."""
+    k = min(spec.shared_prefix_len, length - 1) if group is not None else 0
+    # Negative indices are no request's: a system prompt is drawn like a prompt, salted like the rest.
+    prefix = prompt_ids(spec.seed, -1 - group, k, spec.vocab_size, spec.prompt_salt) if k else ()
+    return prefix + prompt_ids(spec.seed, index, length - k, spec.vocab_size, spec.prompt_salt)
+
+
+def _group(spec: WorkloadSpec, position: int, count: int) -> int:
+    """The system-prompt group of the ``position``-th of ``count`` requests sharing them (arrival order)."""
+    return position * spec.shared_prefix_groups // count
 
 
 def build(spec: WorkloadSpec) -> Workload:
+    if spec.shared_prefix_len < 0 or spec.shared_prefix_groups < 1:
+        raise InvalidArgument("--shared-prefix-len must be >= 0 and --shared-prefix-groups >= 1")
+    if spec.shared_prefix_len and spec.kind == "mooncake":
+        raise InvalidArgument("--shared-prefix-len is for the custom and burst workloads; the Mooncake trace "
+                              "shares its own prefixes")
     if spec.kind == "burst":
         return _burst(spec)
     if spec.kind == "mooncake":
@@ -124,12 +149,20 @@ def _custom(spec: WorkloadSpec) -> Workload:
         times, lengths = [times[i] for i in keep], [lengths[i] for i in keep]
     if not times:
         raise InvalidArgument("the workload is empty: no request arrives within --duration")
-    reqs = [BenchRequest(i, t, _prompt(spec, i, p), o)
+    if spec.shared_prefix_len:
+        lengths = [_fit(spec, spec.shared_prefix_len + p, o) for p, o in lengths]
+    reqs = [BenchRequest(i, t, _prompt(spec, i, p, _group(spec, i, len(times))), o)
             for i, (t, (p, o)) in enumerate(zip(times, lengths, strict=True))]
     bursts = burst_groups(arr, times) if arr.process != "trace" else []
     where = f"{arr.process} arrivals" + (f" at {arr.rate:g}/s" if arr.process in ("poisson", "gamma", "onoff")
                                          else "")
-    return Workload(reqs, bursts, f"{len(reqs)} requests, {spec.lengths} lengths, {where}")
+    shared = f", {_system_prompts(spec)}" if spec.shared_prefix_len else ""
+    return Workload(reqs, bursts, f"{len(reqs)} requests, {spec.lengths} lengths{shared}, {where}")
+
+
+def _system_prompts(spec: WorkloadSpec) -> str:
+    g = spec.shared_prefix_groups
+    return f"{'one' if g == 1 else g} {spec.shared_prefix_len}-token system prompt{'s' if g > 1 else ''}"
 
 
 def _fit(spec: WorkloadSpec, prompt: int, output: int) -> tuple[int, int]:
@@ -186,12 +219,15 @@ def _burst(spec: WorkloadSpec) -> Workload:
         reqs.append(BenchRequest(i, t, _prompt(spec, i, p), o, role="steady"))
     for j in range(spec.burst_size):
         i = spec.steady_users + j
-        p, o = _fit(spec, spec.burst_prompt_len, spec.burst_output_len)
-        reqs.append(BenchRequest(i, spec.burst_at, _prompt(spec, i, p), o, role="burst"))
+        p, o = _fit(spec, spec.shared_prefix_len + spec.burst_prompt_len, spec.burst_output_len)
+        reqs.append(BenchRequest(i, spec.burst_at, _prompt(spec, i, p, _group(spec, j, spec.burst_size)), o,
+                                 role="burst"))
     members = tuple(range(spec.steady_users, spec.steady_users + spec.burst_size))
     return Workload(reqs, [(spec.burst_at, members)],
                     f"burst: {spec.steady_users} users decoding {spec.steady_output_len} tokens, then "
-                    f"{spec.burst_size} prompts of {spec.burst_prompt_len} tokens at t={spec.burst_at:g}s")
+                    f"{spec.burst_size} prompts of {spec.burst_prompt_len} tokens"
+                    + (f" after {_system_prompts(spec)}" if spec.shared_prefix_len else "")
+                    + f" at t={spec.burst_at:g}s")
 
 
 def _mooncake(spec: WorkloadSpec) -> Workload:

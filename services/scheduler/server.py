@@ -89,7 +89,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 num_device_blocks=blocks.num_blocks, num_device_blocks_used=blocks.num_blocks - blocks.num_free,
                 num_device_blocks_cached=blocks.num_cached, num_host_blocks=host.num_blocks if host else 0,
                 num_host_blocks_used=(host.num_blocks - host.num_free) if host else 0,
-                num_running=len(link.core.running)))
+                num_running=len(link.core.running),
+                num_prefix_queried_blocks=link.core.prefix_stats.queried_blocks,
+                num_prefix_hit_blocks=link.core.prefix_stats.hit_blocks))
         return reply
 
     async def RegisterWorker(self, request, context):

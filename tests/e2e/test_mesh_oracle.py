@@ -102,3 +102,7 @@ async def test_concurrent_greedy_requests_match_transformers(mesh, hf_greedy, re
         stats = await client.stats()
     assert stats.num_finished == 4 * len(prompts) and stats.num_running == 0
     assert all(w.num_device_blocks_used == 0 for w in stats.workers)
+    # The second round's cache hits are in the workers' prefix counters (seawall bench reports their share).
+    hits = sum(w.num_prefix_hit_blocks for w in stats.workers)
+    assert 16 * hits >= sum(r.cached_prompt_tokens for r in results) > 0
+    assert sum(w.num_prefix_queried_blocks for w in stats.workers) > hits

@@ -44,7 +44,7 @@ def test_http_api_with_a_concurrency_cap(tmp_path):
     out = tmp_path / "bench.json"
     code = main(["bench", "--spawn", "--api", "http", "--num-requests", "6", "--arrival", "burst",
                  "--prompt-len", "32", "--output-len", "6", "--max-concurrency", "2", "--warmup", "0",
-                 "--json", str(out), "--no-progress"])
+                 "--shared-prefix-len", "64", "--json", str(out), "--no-progress"])
     assert code == 0
     report = json.loads(out.read_text())
     (name, res), = report["results"].items()
@@ -53,6 +53,10 @@ def test_http_api_with_a_concurrency_cap(tmp_path):
     assert res["kv_blocks_total"] > 0  # stats come over gRPC beside the HTTP load
     sent = sorted(r["sent"] for r in report["requests"]["sarathi"])
     assert sent[2] > sent[1]  # the third waited for a slot
+    # One 64-token system prompt (4 blocks) in front of every prompt: the requests that waited for a slot
+    # took it from the prefix cache, which GetStats counts.
+    assert {r["prompt_len"] for r in report["requests"]["sarathi"]} == {96}
+    assert res["prefix_hit_blocks"] >= 4 * 4 and 0 < res["prefix_hit_rate"] < 1
 
 
 def test_hf_baseline_runs_the_same_requests(tiny_model_dir):

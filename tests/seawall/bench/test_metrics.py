@@ -114,6 +114,19 @@ def test_stats_give_preemptions_during_the_run_and_peak_blocks():
     assert summarize([rec(0, 0.0, [0.1])])["preemptions"] is None
 
 
+def test_prefix_hits_are_the_runs_share_of_the_meshs_counters():
+    stats = [StatsSample(0.0, 0, 0, 100, 0, 0, 0, 0, prefix_queried_blocks=40, prefix_hit_blocks=10),
+             StatsSample(0.1, 0, 0, 100, 0, 0, 0, 0, prefix_queried_blocks=90, prefix_hit_blocks=40),
+             StatsSample(0.2, 0, 0, 100, 0, 0, 0, 0, prefix_queried_blocks=140, prefix_hit_blocks=85)]
+    s = summarize([rec(0, 0.0, [0.1])], stats=stats)
+    assert s["prefix_hit_blocks"] == 75 and s["prefix_hit_rate"] == pytest.approx(0.75)
+    idle = [StatsSample(0.0, 0, 0, 100, 0, 0, 0, 0, 40, 10)] * 2  # nothing looked up during the run
+    assert summarize([rec(0, 0.0, [0.1])], stats=idle)["prefix_hit_rate"] is None
+    # A worker that died took its counters along: never a negative share.
+    gone = [StatsSample(0.0, 0, 0, 100, 0, 0, 0, 0, 90, 40), StatsSample(0.1, 0, 0, 50, 0, 0, 0, 0, 30, 5)]
+    assert summarize([rec(0, 0.0, [0.1])], stats=gone)["prefix_hit_blocks"] == 0
+
+
 def test_paired_and_ratios():
     base = [rec(0, 0.0, [1.0]), rec(1, 0.0, [2.0])]
     other = [rec(0, 0.0, [2.0]), rec(1, 0.0, [1.0])]

@@ -89,3 +89,50 @@ def test_mooncake_sessions_share_prefixes():
     wl = build(WorkloadSpec(kind="mooncake", num_requests=40, block_tokens=8, time_scale=0.01))
     assert len(wl.requests) > 0 and all(r.session_id for r in wl.requests)
     assert all(len(r.prompt) + r.max_tokens <= 4096 for r in wl.requests)
+
+
+def test_a_shared_prefix_starts_every_prompt_and_the_rest_is_each_requests_own():
+    spec = WorkloadSpec(num_requests=6, prompt_len=20, output_len=3, shared_prefix_len=48, vocab_size=500)
+    wl = build(spec)
+    system = wl.requests[0].prompt[:48]
+    assert {len(r.prompt) for r in wl.requests} == {68}
+    assert all(r.prompt[:48] == system for r in wl.requests)
+    assert len({r.prompt[48:] for r in wl.requests}) == 6
+    assert "48-token system prompt" in wl.description
+    # Salted runs (the next policy on one mesh) get another system prompt: no cache hits across runs.
+    salted = build(dataclasses.replace(spec, prompt_salt=1))
+    assert salted.requests[0].prompt[:48] != system
+    # The context bounds the whole prompt; at least one token stays the request's own.
+    short = build(dataclasses.replace(spec, max_model_len=40))
+    assert all(len(r.prompt) + r.max_tokens <= 39 and r.prompt[:-1] == short.requests[0].prompt[:-1]
+               for r in short.requests)
+    assert len({r.prompt for r in short.requests}) == 6
+
+
+def test_shared_prefix_groups_split_the_requests_in_arrival_order():
+    spec = WorkloadSpec(arrivals=ArrivalSpec("bursts", burst_size=4, burst_interval=1.0), num_requests=12,
+                        prompt_len=8, shared_prefix_len=32, shared_prefix_groups=3)
+    wl = build(spec)
+    systems = [r.prompt[:32] for r in wl.requests]
+    assert [systems.index(s) for s in systems] == [0] * 4 + [4] * 4 + [8] * 4  # one system prompt per burst
+    assert [r.arrival for r in wl.requests[::4]] == [0.0, 1.0, 2.0]
+    assert "3 32-token system prompts" in wl.description
+
+
+def test_a_shared_prefix_in_the_burst_scenario_is_the_burst_prompts_system_prompt():
+    spec = WorkloadSpec(kind="burst", steady_users=3, burst_size=4, burst_prompt_len=30, shared_prefix_len=64)
+    wl = build(spec)
+    steady = [r for r in wl.requests if r.role == "steady"]
+    burst = [r for r in wl.requests if r.role == "burst"]
+    assert {len(r.prompt) for r in burst} == {94} and len({r.prompt[:64] for r in burst}) == 1
+    assert {len(r.prompt) for r in steady} == {spec.steady_prompt_len}
+    assert all(r.prompt[:64] != burst[0].prompt[:64] for r in steady)
+
+
+def test_a_shared_prefix_is_refused_where_it_has_no_meaning():
+    with pytest.raises(InvalidArgument, match="shared-prefix-len must be >= 0"):
+        build(WorkloadSpec(shared_prefix_len=-1))
+    with pytest.raises(InvalidArgument, match="shared-prefix-groups >= 1"):
+        build(WorkloadSpec(shared_prefix_len=16, shared_prefix_groups=0))
+    with pytest.raises(InvalidArgument, match="Mooncake"):
+        build(WorkloadSpec(kind="mooncake", shared_prefix_len=16))
