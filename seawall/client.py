@@ -8,7 +8,8 @@
             print(chunk.text, end="", flush=True)
 
 Sampling options are ``SamplingParams`` fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop,
-stop_token_ids, ignore_eos, min_tokens, logprobs, penalties); they are validated before anything is sent.
+stop_token_ids, ignore_eos, min_tokens, logprobs, penalties, logit_bias as {token id: bias},
+allowed_token_ids); they are validated before anything is sent.
 With ``logprobs=k`` each chunk and completion carries ``logprobs``: a ``SampledToken`` per token (its logprob,
 rank and the top k candidates); with ``prompt_logprobs=k``, ``prompt_logprobs`` scores the prompt the same way.
 Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument``, ``ResourceExhausted``...
@@ -27,7 +28,7 @@ from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
 from services.common.convert import finish_reason_from_proto, params_to_proto, sampled_token_from_proto
 from services.common.grpc_server import CHANNEL_OPTIONS
-from services.common.sampling_params import SamplingParams
+from services.common.sampling_params import SamplingParams, logit_bias_pairs
 from services.common.step import SampledToken
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -75,9 +76,11 @@ def build_request(prompt: str | Sequence[int], request_id: str | None, sampling:
     # Python shapes as the OpenAI API takes them: one stop string, or lists where the dataclass keeps tuples.
     if isinstance(sampling.get("stop"), str):
         sampling["stop"] = (sampling["stop"],)
-    for key in ("stop", "stop_token_ids"):
+    for key in ("stop", "stop_token_ids", "allowed_token_ids"):
         if isinstance(sampling.get(key), list):
             sampling[key] = tuple(sampling[key])
+    if isinstance(sampling.get("logit_bias"), dict):
+        sampling["logit_bias"] = logit_bias_pairs(sampling["logit_bias"])
     msg = scheduler_pb2.GenerateRequest(request_id=request_id or f"sdk-{uuid.uuid4().hex[:16]}",
                                         sampling=params_to_proto(SamplingParams(**sampling)), session_id=session_id,
                                         final_only=final_only)

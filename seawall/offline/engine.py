@@ -63,6 +63,7 @@ class OfflineEngine:
         bad = next((t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidArgument(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
+        params.check_vocab(vocab)
         limit = self.scheduler.config.max_model_len
         if n >= limit:
             raise InvalidArgument(f"prompt has {n} tokens; the model's context is {limit}, leaving no room to "

@@ -36,7 +36,8 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         min_p=p.min_p, repetition_penalty=p.repetition_penalty, presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids),
         ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-        include_stop_str_in_output=p.include_stop_str_in_output,
+        include_stop_str_in_output=p.include_stop_str_in_output, logit_bias=dict(p.logit_bias),
+        allowed_token_ids=list(p.allowed_token_ids),
     )
     if p.seed is not None:
         msg.seed = p.seed
@@ -69,6 +70,8 @@ def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
         include_stop_str_in_output=msg.include_stop_str_in_output,
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
+        logit_bias=tuple(sorted(msg.logit_bias.items())),
+        allowed_token_ids=tuple(msg.allowed_token_ids),
     )
 
 

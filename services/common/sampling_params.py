@@ -17,6 +17,7 @@ from services.common.errors import InvalidArgument
 
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value is [-100, 100]
 # Temperatures below this are treated as greedy: dividing logits by them overflows fp32.
 GREEDY_TEMPERATURE = 1e-5
 
@@ -67,6 +68,12 @@ class SamplingParams:
     # Score the prompt too: each prompt token after the first gets its logprob (and this many most likely
     # candidates), 0..20; None = not. Every prompt position is then computed: the prefix cache is not used.
     prompt_logprobs: int | None = None
+    # OpenAI's logit_bias: (token id, bias) pairs, sorted by token, each bias in [-100, 100], added to the
+    # token's logit before penalties and sampling (logprobs stay those of the raw distribution).
+    # ``logit_bias_pairs`` turns the API's {token: bias} object into this shape.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's allowed_token_ids: only these tokens can be chosen (every other logit is -inf); empty = all.
+    allowed_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1)
@@ -97,6 +104,35 @@ class SamplingParams:
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         if self.prompt_logprobs is not None:
             _check_int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_LOGPROBS)
+        self._check_token_constraints()
+
+    def _check_token_constraints(self) -> None:
+        if not isinstance(self.logit_bias, tuple):
+            raise InvalidArgument(f"logit_bias must be a tuple of (token id, bias) pairs, got {self.logit_bias!r}")
+        last = -1
+        for pair in self.logit_bias:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise InvalidArgument(f"logit_bias must hold (token id, bias) pairs, got {pair!r}")
+            _check_int("logit_bias token id", pair[0], lo=0)
+            _check_float(f"logit_bias[{pair[0]}]", pair[1], lo=-MAX_LOGIT_BIAS, hi=MAX_LOGIT_BIAS)
+            if pair[0] <= last:
+                raise InvalidArgument(f"logit_bias token ids must be unique and sorted, got {pair[0]} after {last}")
+            last = pair[0]
+        if not isinstance(self.allowed_token_ids, tuple):
+            raise InvalidArgument(
+                f"allowed_token_ids must be a tuple of integers >= 0, got {self.allowed_token_ids!r}")
+        for t in self.allowed_token_ids:
+            _check_int("allowed_token_ids", t, lo=0)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raises InvalidArgument when a token the params name to bias or allow is not in the vocabulary (the
+        params alone do not know its size). Stop token ids outside it are harmless: never sampled."""
+        bad = next((t for t, _ in self.logit_bias if t >= vocab_size), None)
+        if bad is not None:
+            raise InvalidArgument(f"logit_bias names token id {bad}, outside the vocabulary [0, {vocab_size})")
+        bad = next((t for t in self.allowed_token_ids if t >= vocab_size), None)
+        if bad is not None:
+            raise InvalidArgument(f"allowed_token_ids has token id {bad}, outside the vocabulary [0, {vocab_size})")
 
     def _check_stops(self) -> None:
         if not isinstance(self.stop, tuple):
@@ -115,6 +151,11 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """True when the row takes the argmax of the (penalised) logits; top_k/top_p/min_p/seed are moot."""
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def constrains_tokens(self) -> bool:
+        """True when logit_bias or allowed_token_ids changes the logits."""
+        return bool(self.logit_bias or self.allowed_token_ids)
 
     @property
     def has_penalties(self) -> bool:
@@ -136,7 +177,7 @@ class SamplingParams:
 
         ``null`` means "use the default". Fields that only matter elsewhere (``model``, ``prompt``,
         ``stream``...) are ignored; fields Seawall does not implement (``n`` > 1, ``best_of`` > 1,
-        ``echo``, ``logit_bias``, ``suffix``) and unknown fields raise ``InvalidArgument``.
+        ``echo``, ``suffix``) and unknown fields raise ``InvalidArgument``.
         """
         if not isinstance(body, dict):
             raise InvalidArgument(f"request body must be a JSON object, got {type(body).__name__}")
@@ -155,6 +196,29 @@ class SamplingParams:
                 continue
             kwargs[key] = _convert_openai(key, value)
         return cls(**kwargs)
+
+
+def logit_bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` object (token id -> bias; JSON keys are strings, e.g. ``{"50256": -100}``) as
+    ``SamplingParams.logit_bias`` pairs. Values are range-checked by ``SamplingParams``."""
+    if not isinstance(bias, dict):
+        raise InvalidArgument(f"logit_bias must be an object mapping token ids to biases in [-100, 100], got {bias!r}")
+    pairs: dict[int, Any] = {}
+    for key, value in bias.items():
+        token = key
+        if isinstance(key, str):
+            try:
+                token = int(key)
+            except ValueError:
+                token = None
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise InvalidArgument(f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
+        if token in pairs:
+            raise InvalidArgument(f"logit_bias names token id {token} twice")
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        pairs[token] = value
+    return tuple(sorted(pairs.items()))
 
 
 def check_stop(
@@ -214,13 +278,13 @@ def _range(lo: float | None, hi: float | None) -> str:
 _OPENAI_FIELDS = frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "ignore_eos",
-    "min_tokens", "include_stop_str_in_output", "prompt_logprobs",
+    "min_tokens", "include_stop_str_in_output", "prompt_logprobs", "logit_bias", "allowed_token_ids",
 })
 # Handled by the API layer, not by sampling.
 _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",
                              "session_id"})
 # Accepted only with the value that means "off".
-_UNSUPPORTED_FIELDS = frozenset({"n", "best_of", "echo", "logit_bias", "suffix"})
+_UNSUPPORTED_FIELDS = frozenset({"n", "best_of", "echo", "suffix"})
 _ACCEPTED_FIELDS = _OPENAI_FIELDS | _IGNORED_FIELDS | _UNSUPPORTED_FIELDS
 _FLOAT_FIELDS = frozenset({
     "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -278,10 +342,12 @@ def _convert_openai(key: str, value: Any) -> Any:
         if isinstance(value, list) and all(isinstance(s, str) for s in value):
             return tuple(value)
         raise InvalidArgument(f"stop must be a string or a list of strings, got {value!r}")
-    if key == "stop_token_ids":
+    if key in ("stop_token_ids", "allowed_token_ids"):
         if isinstance(value, list):
             return tuple(value)
-        raise InvalidArgument(f"stop_token_ids must be a list of integers, got {value!r}")
+        raise InvalidArgument(f"{key} must be a list of integers, got {value!r}")
+    if key == "logit_bias":
+        return logit_bias_pairs(value)
     if key == "logprobs" and isinstance(value, bool):
         raise InvalidArgument(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (top-n per token), got {value!r}")
     if key in _FLOAT_FIELDS and isinstance(value, int) and not isinstance(value, bool):

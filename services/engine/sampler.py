@@ -4,7 +4,8 @@ Pipeline, per row (rows are batched; only seeded draws loop in Python)::
 
     raw logits --log_softmax--> logprobs (of the raw model distribution, as vLLM v1 reports them)
         |
-        +-> repetition penalty (prompt + output ids) -> presence/frequency penalty (output ids)
+        +-> allowed_token_ids (others -inf) -> logit_bias (added; Hugging Face applies sequence_bias first too)
+            -> repetition penalty (prompt + output ids) -> presence/frequency penalty (output ids)
             -> min_tokens: eos + stop_token_ids set to -inf while len(output) < min_tokens
             -> greedy rows: argmax
             -> sampled rows: / temperature -> top-k -> top-p -> min-p -> softmax
@@ -100,6 +101,7 @@ class Sampler:
         want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         # Logprobs are of the raw distribution, so they are taken before any processing.
         raw_logprobs = torch.log_softmax(x[_index(want, x.device)], dim=-1) if want else None
+        _constrain_tokens(x, rows)
         _apply_penalties(x, rows)
         _suppress_stops(x, rows, eos_token_ids)
 
@@ -124,6 +126,7 @@ def _is_plain_greedy(row: SamplingRow) -> bool:
     return (
         p.is_greedy
         and not p.has_penalties
+        and not p.constrains_tokens
         and p.logprobs is None
         and len(row.output_token_ids) >= p.min_tokens
     )
@@ -141,6 +144,24 @@ def _flat_ids(
     row_idx = torch.repeat_interleave(torch.arange(len(per_row)), lengths).to(device)
     cols = torch.tensor([t for ids in per_row for t in ids], dtype=torch.long, device=device)
     return row_idx, cols
+
+
+def _constrain_tokens(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """allowed_token_ids (every other logit -inf), then logit_bias (added), in place on fp32 logits. Token ids
+    are checked against the vocabulary at admission (``SamplingParams.check_vocab``)."""
+    allow = [i for i, r in enumerate(rows) if r.params.allowed_token_ids]
+    if allow:
+        idx = _index(allow, x.device)
+        keep = torch.zeros(len(allow), x.shape[1], dtype=torch.bool, device=x.device)
+        keep[_flat_ids([rows[i].params.allowed_token_ids for i in allow], x.device)] = True
+        x[idx] = x[idx].masked_fill(~keep, float("-inf"))
+    bias = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    if bias:
+        row_idx, cols = _flat_ids([[t for t, _ in rows[i].params.logit_bias] for i in bias], x.device)
+        values = torch.tensor([b for i in bias for _, b in rows[i].params.logit_bias], dtype=torch.float32,
+                              device=x.device)
+        # Token ids are unique within a row, so no (row, token) is written twice.
+        x[_index(bias, x.device)[row_idx], cols] += values
 
 
 def _apply_penalties(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:

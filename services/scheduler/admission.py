@@ -20,6 +20,7 @@ def validate_request(prompt_token_ids: Sequence[int], params: SamplingParams, vo
     bad = next((t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
     if bad is not None:
         raise InvalidArgument(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+    params.check_vocab(vocab_size)
     if n >= max_model_len:
         raise InvalidArgument(f"prompt has {n} tokens; the model's context is {max_model_len}, leaving no room to "
                               "generate: shorten the prompt")

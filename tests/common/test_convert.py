@@ -20,7 +20,9 @@ def test_a_plan_with_every_kind_of_entry_round_trips():
         7,
         new=[NewSequence("a", [5, 6, 7, 8], 3, 2, [4, 9], SamplingParams(max_tokens=5, temperature=0.5, seed=3,
                                                                          stop=("x",), logprobs=2,
-                                                                         prompt_logprobs=0))],
+                                                                         prompt_logprobs=0,
+                                                                         logit_bias=((3, -1.5), (9, 2.0)),
+                                                                         allowed_token_ids=(9, 3, 4)))],
         continuing=[
             ContinuingSequence("b", [11], [42]),  # a decode that needs a new block
             ContinuingSequence("c", [], [43]),  # a decode with room left, handed a token it did not sample

@@ -50,6 +50,12 @@ BAD_VALUES = [
     ("prompt_logprobs", 21, "[0, 20]"),
     ("prompt_logprobs", True, "integer"),
     ("include_stop_str_in_output", "yes", "true or false"),
+    ("logit_bias", {5: 1.0}, "tuple of (token id, bias) pairs"),
+    ("logit_bias", ((5, 100.5),), "[-100.0, 100.0]"),
+    ("logit_bias", ((-1, 1.0),), ">= 0"),
+    ("logit_bias", ((7, 1.0), (3, 1.0)), "unique and sorted"),
+    ("allowed_token_ids", [1, 2], "tuple"),
+    ("allowed_token_ids", (-3,), ">= 0"),
 ]
 
 
@@ -61,7 +67,9 @@ def test_validation_names_field_value_and_accepted(field, value, accepted):
     assert field in msg
     assert accepted in msg
     shown = value[0] if isinstance(value, tuple) else value  # tuples are checked element by element
-    assert f"got {shown!r}" in msg
+    if isinstance(shown, tuple):  # a logit_bias pair: the message names the bad part of it
+        shown = shown[1] if "[-100.0, 100.0]" in accepted else shown[0]
+    assert f"{shown!r}" in msg
 
 
 def test_every_field_has_a_bad_value_case_and_a_comment():
@@ -106,14 +114,16 @@ def test_from_openai_maps_every_field():
         "n": 1, "best_of": 1, "max_tokens": 5, "temperature": 0, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
         "seed": 7, "stop": ["a", "bc"], "stop_token_ids": [2, 3], "presence_penalty": 0.5,
         "frequency_penalty": -0.5, "repetition_penalty": 1.2, "logprobs": 3, "ignore_eos": True,
-        "min_tokens": 2, "prompt_logprobs": 1,
+        "min_tokens": 2, "prompt_logprobs": 1, "logit_bias": {"50": 5, "7": -100.0}, "allowed_token_ids": [7, 50, 9],
     }
     p = SamplingParams.from_openai(body)
     assert p == SamplingParams(
         max_tokens=5, temperature=0.0, top_p=0.9, top_k=40, min_p=0.05, seed=7, stop=("a", "bc"),
         stop_token_ids=(2, 3), presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
-        logprobs=3, ignore_eos=True, min_tokens=2, prompt_logprobs=1,
+        logprobs=3, ignore_eos=True, min_tokens=2, prompt_logprobs=1, logit_bias=((7, -100.0), (50, 5.0)),
+        allowed_token_ids=(7, 50, 9),
     )
+    assert p.constrains_tokens and not SamplingParams().constrains_tokens
     assert isinstance(p.temperature, float)
 
 
@@ -141,7 +151,13 @@ def test_from_openai_stop_string_and_nulls_mean_default():
         ({"n": 2}, "n must be 1 (only one completion per request is supported), got 2"),
         ({"best_of": 3}, "best_of must be 1 (only one completion per request is supported), got 3"),
         ({"echo": True}, "echo must be false (echoing the prompt is not supported), got True"),
-        ({"logit_bias": {"5": 1}}, "logit_bias is not supported; omit it or send null, got {'5': 1}"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias keys must be token ids (integers >= 0), got 'abc'"),
+        ({"logit_bias": {"-2": 1}}, "logit_bias keys must be token ids (integers >= 0), got '-2'"),
+        ({"logit_bias": {"5": 101}}, "logit_bias[5] must be in [-100.0, 100.0], got 101.0"),
+        ({"logit_bias": {"5": "up"}}, "logit_bias[5] must be a number, got 'up'"),
+        ({"logit_bias": {"5": 1, "05": 2}}, "logit_bias names token id 5 twice"),
+        ({"logit_bias": [5, 1]}, "logit_bias must be an object mapping token ids to biases"),
+        ({"allowed_token_ids": 3}, "allowed_token_ids must be a list of integers, got 3"),
         ({"suffix": "x"}, "suffix is not supported"),
         ({"temprature": 0.5}, "unknown field 'temprature'; accepted fields: "),
     ],
@@ -150,6 +166,14 @@ def test_from_openai_rejects_clearly(body, expected):
     with pytest.raises(InvalidArgument) as exc:
         SamplingParams.from_openai(body)
     assert expected in str(exc.value)
+
+
+def test_token_ids_to_bias_or_allow_must_be_in_the_vocabulary():
+    SamplingParams(logit_bias=((99, 1.0),), allowed_token_ids=(0, 99)).check_vocab(100)
+    with pytest.raises(InvalidArgument, match=r"logit_bias names token id 100, outside the vocabulary \[0, 100\)"):
+        SamplingParams(logit_bias=((100, 1.0),)).check_vocab(100)
+    with pytest.raises(InvalidArgument, match=r"allowed_token_ids has token id 4096, outside"):
+        SamplingParams(allowed_token_ids=(1, 4096)).check_vocab(4096)
 
 
 def test_from_openai_rejects_non_object():

@@ -216,6 +216,54 @@ def test_chat_with_n_seeded_choices_gives_different_reproducible_answers(http):
     assert by_choice == texts
 
 
+def test_logit_bias_and_allowed_token_ids_steer_greedy_output_as_transformers_does(http, default_mesh, hf_model):
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class OnlyAllowed(LogitsProcessor):  # vLLM's allowed_token_ids, which transformers does not have
+        def __init__(self, allowed):
+            self.allowed = torch.tensor(allowed)
+
+        def __call__(self, input_ids, scores):
+            keep = torch.full_like(scores, float("-inf"))
+            keep[:, self.allowed] = 0
+            return scores + keep
+
+    eos = hf_model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+
+    def hf(prompt, **kwargs):
+        with torch.no_grad():
+            ids = hf_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0,
+                                    **kwargs)[0, len(prompt):].tolist()
+        return ids[: next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))]  # up to EOS, as the mesh
+
+    prompt = random_prompts([29], seed=21)[0]
+    first = hf(prompt)[0]
+    # Ban the token greedy decoding would pick first, favour another; and, separately, allow only a few.
+    bias = {first: -100.0, 123: 4.0}
+    allowed = [5, 77, 123, 900, 2048]
+    want_bias = hf(prompt, sequence_bias=[[[t], b] for t, b in bias.items()])
+    want_allowed = hf(prompt, logits_processor=LogitsProcessorList([OnlyAllowed(allowed)]))
+    assert first not in want_bias and set(want_allowed) <= set(allowed)
+    base = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    got = http.post("/v1/completions", json={**base, "logit_bias": {str(t): b for t, b in bias.items()}}).json()
+    assert got["choices"][0]["token_ids"] == want_bias
+    got = http.post("/v1/completions", json={**base, "allowed_token_ids": allowed}).json()
+    assert got["choices"][0]["token_ids"] == want_allowed
+    # Streamed, in a chat, and through the SDK (gRPC) the same constraints hold.
+    events = _sse(http.post("/v1/completions", json={**base, "stream": True, "allowed_token_ids": allowed}))
+    assert [t for e in events for t in e["choices"][0]["token_ids"]] == want_allowed
+    chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
+                                                   "temperature": 0.8, "seed": 3, "allowed_token_ids": allowed,
+                                                   "return_token_ids": True}).json()
+    assert set(chat["choices"][0]["token_ids"]) <= set(allowed)
+    with Client(default_mesh.grpc_address) as client:
+        out = client.generate(prompt, max_tokens=8, temperature=0, logit_bias=bias)
+        assert out.token_ids == want_bias
+        sampled = client.generate(prompt, max_tokens=8, temperature=1.0, seed=1, allowed_token_ids=allowed)
+        assert set(sampled.token_ids) <= set(allowed)
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens must be"),
     ({"prompt": "hi", "temprature": 0.5}, "unknown field 'temprature'"),
@@ -228,6 +276,9 @@ def test_chat_with_n_seeded_choices_gives_different_reproducible_answers(http):
     ({"prompt": "hi", "n": 2000}, "a batch of 2000 requests can never fit the queue (1024 places"),
     ({"prompt": "hi", "best_of": 2}, "best_of must be 1"),
     ({"prompt": "hi", "echo": "yes"}, "echo must be true or false"),
+    ({"prompt": "hi", "logit_bias": {"4096": 5}}, "logit_bias names token id 4096, outside the vocabulary"),
+    ({"prompt": "hi", "logit_bias": {"5": 150}}, "logit_bias[5] must be in [-100.0, 100.0]"),
+    ({"prompt": "hi", "allowed_token_ids": [3, 5000]}, "allowed_token_ids has token id 5000, outside"),
 ])
 def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(http, body, fragment):
     response = http.post("/v1/completions", json=body)

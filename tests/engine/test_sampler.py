@@ -55,6 +55,34 @@ def test_greedy_rows_in_a_mixed_batch_take_the_argmax():
     assert out.token_ids[::2] == logits[::2].argmax(-1).tolist()
 
 
+def test_logit_bias_moves_the_argmax_and_leaves_logprobs_raw():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(4))
+    low = int(logits[0].argmin())
+    rows = [row(temperature=0.0, logit_bias=((low, 100.0),), logprobs=1),  # the least likely token wins
+            row(temperature=0.0),  # untouched beside it
+            row(temperature=0.0, logit_bias=tuple(sorted((t, -100.0) for t in logits[2].topk(3).indices.tolist())))]
+    out = sampler(logits, rows)
+    assert out.token_ids[0] == low and out.token_ids[1] == int(logits[1].argmax())
+    assert out.token_ids[2] == int(logits[2].topk(4).indices[3])  # the top 3 pushed down: the 4th
+    raw = torch.log_softmax(logits[0], -1)
+    assert out.logprobs[0].logprob == pytest.approx(float(raw[low])) and out.logprobs[0].rank == 50
+
+
+def test_allowed_token_ids_bound_every_draw_and_the_argmax():
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(1, 64, generator=gen)
+    allowed = (3, 17, 40)
+    greedy = sampler(logits, [row(temperature=0.0, allowed_token_ids=allowed)])
+    assert greedy.token_ids == [max(allowed, key=lambda t: float(logits[0, t]))]
+    rows = [row(temperature=1.5, allowed_token_ids=allowed, seed=i) for i in range(40)] + [row(temperature=1.5)] * 40
+    out = sampler(logits.expand(80, -1).contiguous(), rows)
+    assert set(out.token_ids[:40]) <= set(allowed) and len(set(out.token_ids[:40])) > 1
+    assert not set(out.token_ids[40:]) <= set(allowed)  # rows without the constraint draw from everything
+    # Both at once: the bias applies within the allowed set.
+    both = sampler(logits, [row(temperature=0.0, allowed_token_ids=allowed, logit_bias=((3, 100.0), (5, 100.0)))])
+    assert both.token_ids == [3]
+
+
 def test_empty_batch_and_shape_mismatch():
     assert sampler(torch.empty(0, 10), []).token_ids == []
     with pytest.raises(ValueError, match=r"logits must be \[num_rows=2, vocab\], got \(3, 10\)"):

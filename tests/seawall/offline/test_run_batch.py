@@ -42,17 +42,21 @@ def test_bad_lines_get_400_and_the_others_still_run(tmp_path, tiny_model_dir):
         _req("empty", prompt=""),
         _req("noprompt", max_tokens=3),
         _req("ok2", prompt=[10, 11, 12], max_tokens=3, temperature=0),
+        _req("bias", prompt="x", logit_bias={"99999": 1}),
+        _req("allowed", prompt=[10, 11, 12], max_tokens=5, temperature=0.9, allowed_token_ids=[7, 70, 700]),
     ]
     code, out = _run(tmp_path, tiny_model_dir, rows)
     assert code == 0
     by_id = {r["custom_id"]: r for r in out}
     assert len(out) == len(rows)
-    for cid in ("ok", "ok2"):
+    for cid in ("ok", "ok2", "allowed"):
         body = by_id[cid]["response"]["body"]
         assert by_id[cid]["response"]["status_code"] == 200 and by_id[cid]["error"] is None
         assert len(body["choices"][0]["token_ids"]) == body["usage"]["completion_tokens"] > 0
+    assert set(by_id["allowed"]["response"]["body"]["choices"][0]["token_ids"]) <= {7, 70, 700}
     expected = {"temp": "temperature", "neg": "max_tokens", "topp": "top_p", "url": "/v1/completions",
-                "long": "context", "vocab": "vocabulary", "empty": "empty", "noprompt": "prompt"}
+                "long": "context", "vocab": "vocabulary", "empty": "empty", "noprompt": "prompt",
+                "bias": "logit_bias names token id 99999"}
     for cid, word in expected.items():
         resp = by_id[cid]["response"]
         assert resp["status_code"] == 400, (cid, resp)
