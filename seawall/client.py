@@ -9,7 +9,8 @@
 
 Sampling options are ``SamplingParams`` fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop,
 stop_token_ids, ignore_eos, min_tokens, logprobs, penalties, logit_bias as {token id: bias},
-allowed_token_ids); they are validated before anything is sent.
+allowed_token_ids, structured_output as (kind, spec), e.g. ("json", schema text) or ("regex", pattern)); they
+are validated before anything is sent.
 With ``logprobs=k`` each chunk and completion carries ``logprobs``: a ``SampledToken`` per token (its logprob,
 rank and the top k candidates); with ``prompt_logprobs=k``, ``prompt_logprobs`` scores the prompt the same way.
 Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument``, ``ResourceExhausted``...

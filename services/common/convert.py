@@ -7,6 +7,8 @@ mapping fills in the dataclass defaults explicitly.
 
 from __future__ import annotations
 
+import json
+
 from seawall.v1 import common_pb2, worker_pb2
 from services.common.errors import InvalidArgument
 from services.common.sampling_params import FinishReason, SamplingParams
@@ -20,6 +22,9 @@ _FINISH_TO_PROTO = {
     FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
 }
 _FINISH_FROM_PROTO = {v: k for k, v in _FINISH_TO_PROTO.items()}
+# SamplingParams.structured_output kinds <-> StructuredOutput's oneof members.
+_STRUCTURED_PROTO_FIELDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+_STRUCTURED_KINDS = {field: kind for kind, field in _STRUCTURED_PROTO_FIELDS.items()}
 
 
 def finish_reason_to_proto(reason: str | None) -> int:
@@ -45,7 +50,25 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         msg.logprobs = p.logprobs
     if p.prompt_logprobs is not None:
         msg.prompt_logprobs = p.prompt_logprobs
+    if p.structured_output is not None:
+        kind, spec = p.structured_output
+        if kind == "choice":
+            msg.structured_output.choice.choices.extend(json.loads(spec))
+        else:
+            setattr(msg.structured_output, _STRUCTURED_PROTO_FIELDS[kind], spec)
     return msg
+
+
+
+def _structured_from_proto(msg: common_pb2.SamplingParams) -> tuple[str, str] | None:
+    if not msg.HasField("structured_output"):
+        return None
+    which = msg.structured_output.WhichOneof("constraint")
+    if which is None:
+        raise InvalidArgument("structured_output is set but empty: set one of json_schema, regex, choice, grammar")
+    if which == "choice":
+        return ("choice", json.dumps(list(msg.structured_output.choice.choices)))
+    return (_STRUCTURED_KINDS[which], getattr(msg.structured_output, which))
 
 
 def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 16) -> SamplingParams:
@@ -72,6 +95,7 @@ def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         allowed_token_ids=tuple(msg.allowed_token_ids),
+        structured_output=_structured_from_proto(msg),
     )
 
 

@@ -8,6 +8,7 @@ handles the token-level stops (eos, ``stop_token_ids``, ``max_tokens``).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
@@ -18,6 +19,9 @@ from services.common.errors import InvalidArgument
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value is [-100, 100]
+# What SamplingParams.structured_output can constrain the output to (services/engine/grammar.py compiles them).
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
+ANY_JSON_OBJECT = '{"type": "object"}'
 # Temperatures below this are treated as greedy: dividing logits by them overflows fp32.
 GREEDY_TEMPERATURE = 1e-5
 
@@ -74,6 +78,10 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # vLLM's allowed_token_ids: only these tokens can be chosen (every other logit is -inf); empty = all.
     allowed_token_ids: tuple[int, ...] = ()
+    # Structured output: (kind, spec) the output must match, kind one of STRUCTURED_KINDS: "json" (a JSON
+    # schema, as JSON text), "regex", "choice" (a JSON array of the allowed strings), "grammar" (Lark or GBNF).
+    # The request ends when the grammar is complete. None = free text.
+    structured_output: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1)
@@ -123,6 +131,11 @@ class SamplingParams:
                 f"allowed_token_ids must be a tuple of integers >= 0, got {self.allowed_token_ids!r}")
         for t in self.allowed_token_ids:
             _check_int("allowed_token_ids", t, lo=0)
+        if self.structured_output is not None:
+            _check_structured(self.structured_output)
+            if self.min_tokens:
+                raise InvalidArgument(f"min_tokens must be 0 with structured output (the grammar decides where the "
+                                      f"output ends), got {self.min_tokens!r}")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raises InvalidArgument when a token the params name to bias or allow is not in the vocabulary (the
@@ -154,8 +167,8 @@ class SamplingParams:
 
     @property
     def constrains_tokens(self) -> bool:
-        """True when logit_bias or allowed_token_ids changes the logits."""
-        return bool(self.logit_bias or self.allowed_token_ids)
+        """True when logit_bias, allowed_token_ids or a structured output changes the logits."""
+        return bool(self.logit_bias or self.allowed_token_ids or self.structured_output)
 
     @property
     def has_penalties(self) -> bool:
@@ -182,8 +195,11 @@ class SamplingParams:
         if not isinstance(body, dict):
             raise InvalidArgument(f"request body must be a JSON object, got {type(body).__name__}")
         kwargs: dict[str, Any] = {}
+        structured = structured_from_openai(body)
+        if structured is not None:
+            kwargs["structured_output"] = structured
         for key, value in body.items():
-            if key in _IGNORED_FIELDS:
+            if key in _IGNORED_FIELDS or key in _STRUCTURED_FIELDS:
                 continue
             if key in _UNSUPPORTED_FIELDS:
                 _check_unsupported(key, value)
@@ -219,6 +235,83 @@ def logit_bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
             value = float(value)
         pairs[token] = value
     return tuple(sorted(pairs.items()))
+
+
+def structured_from_openai(body: dict[str, Any]) -> tuple[str, str] | None:
+    """``SamplingParams.structured_output`` from an API body: OpenAI's ``response_format`` (``json_object``,
+    ``json_schema``; ``text`` = none), vLLM's ``structured_outputs`` (``{"json" | "regex" | "choice" |
+    "grammar": ...}``) or its older ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``;
+    at most one of them."""
+    given = [key for key in _STRUCTURED_FIELDS if body.get(key) is not None]
+    found: list[tuple[str, str]] = []
+    for key in given:
+        value = body[key]
+        if key == "response_format":
+            found += [s for s in [_response_format(value)] if s is not None]
+        elif key == "structured_outputs":
+            if not isinstance(value, dict):
+                raise InvalidArgument(f"structured_outputs must be an object like {{\"json\": SCHEMA}}, got {value!r}")
+            kinds = [k for k in STRUCTURED_KINDS if value.get(k) is not None]
+            unknown = sorted(set(value) - set(STRUCTURED_KINDS))
+            if unknown:
+                raise InvalidArgument(f"structured_outputs: unknown key(s) {', '.join(unknown)}; known: "
+                                      f"{', '.join(STRUCTURED_KINDS)}")
+            found += [_structured_value(f"structured_outputs.{k}", k, value[k]) for k in kinds]
+        else:
+            kind = key.removeprefix("guided_")
+            found.append(_structured_value(key, kind, value))
+    if len(found) > 1:
+        raise InvalidArgument(f"give one structured output, not several ({', '.join(given)})")
+    return found[0] if found else None
+
+
+def _response_format(value: Any) -> tuple[str, str] | None:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"response_format must be an object like {{\"type\": \"json_object\"}}, got {value!r}")
+    kind = value.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ("json", ANY_JSON_OBJECT)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or spec.get("schema") is None:
+            raise InvalidArgument("response_format json_schema needs \"json_schema\": {\"name\": ..., \"schema\": {...}}")
+        return _structured_value("response_format.json_schema.schema", "json", spec["schema"])
+    raise InvalidArgument(f"response_format type must be text, json_object or json_schema, got {kind!r}")
+
+
+def _structured_value(name: str, kind: str, value: Any) -> tuple[str, str]:
+    """A spec as the API sends it (a schema object or its JSON text, a list of choices, a pattern) as text."""
+    if kind == "json" and isinstance(value, (dict, bool)):
+        return ("json", json.dumps(value))
+    if kind == "choice" and isinstance(value, list):
+        return ("choice", json.dumps(value))
+    if isinstance(value, str) and kind != "choice":
+        return (kind, value)
+    shape = {"json": "a JSON schema (object or JSON text)", "choice": "a list of strings"}.get(kind, "a string")
+    raise InvalidArgument(f"{name} must be {shape}, got {value!r}")
+
+
+def _check_structured(value: Any) -> None:
+    if not (isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+        raise InvalidArgument(f"structured_output must be a (kind, spec) pair of strings, got {value!r}")
+    kind, spec = value
+    if kind not in STRUCTURED_KINDS:
+        raise InvalidArgument(f"structured_output kind must be one of {', '.join(STRUCTURED_KINDS)}, got {kind!r}")
+    if not spec:
+        raise InvalidArgument(f"structured_output ({kind}) needs a non-empty spec, got {spec!r}")
+    if kind in ("json", "choice"):
+        try:
+            parsed = json.loads(spec)
+        except ValueError as exc:
+            raise InvalidArgument(f"structured_output ({kind}) is not valid JSON ({exc}), got {spec!r}") from None
+        if kind == "json" and not isinstance(parsed, (dict, bool)):
+            raise InvalidArgument(f"structured_output (json) must be a JSON schema object, got {spec!r}")
+        if kind == "choice" and not (isinstance(parsed, list) and parsed
+                                     and all(isinstance(c, str) and c for c in parsed)):
+            raise InvalidArgument(f"structured_output (choice) must be a non-empty list of non-empty strings, "
+                                  f"got {spec!r}")
 
 
 def check_stop(
@@ -285,7 +378,10 @@ _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "use
                              "session_id"})
 # Accepted only with the value that means "off".
 _UNSUPPORTED_FIELDS = frozenset({"n", "best_of", "echo", "suffix"})
-_ACCEPTED_FIELDS = _OPENAI_FIELDS | _IGNORED_FIELDS | _UNSUPPORTED_FIELDS
+# Structured output, in OpenAI's and vLLM's spellings (structured_from_openai).
+_STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                      "guided_grammar")
+_ACCEPTED_FIELDS = _OPENAI_FIELDS | _IGNORED_FIELDS | _UNSUPPORTED_FIELDS | frozenset(_STRUCTURED_FIELDS)
 _FLOAT_FIELDS = frozenset({
     "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
 })

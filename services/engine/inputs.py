@@ -30,6 +30,7 @@ from services.engine.attention import (
 
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
+    from services.engine.grammar import SequenceGrammar
 
 # A decode bucket closes when the next context needs this many times the bucket's first block count:
 # padding wastes at most ~1/3 of a bucket's attention work, and few buckets keep SDPA calls few.
@@ -47,6 +48,8 @@ class SequenceState:
     num_computed: int
     block_ids: list[int]
     params: SamplingParams
+    # Structured output: the grammar's matcher, made on the first token this worker samples for it.
+    grammar: SequenceGrammar | None = None
 
 
 @dataclass

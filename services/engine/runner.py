@@ -18,6 +18,7 @@ from services.common.step import NewSequence, SampledToken, StepPlan, StepResult
 from services.engine import cpu_kernels
 from services.engine.builtin_model import ensure_default_model
 from services.engine.config import EngineConfig
+from services.engine.grammar import GrammarCompiler
 from services.engine.inputs import SequenceState, prepare_inputs
 from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.engine.loader import Checkpoint, load_checkpoint_meta, load_model
@@ -49,6 +50,8 @@ class ModelRunner:
         use_kernels = config.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32
         self.kernels = cpu_kernels.load() if use_kernels else None
         self.sampler = Sampler(self.kernels)
+        self.grammars = GrammarCompiler(self.checkpoint.tokenizer, self.checkpoint.config.vocab_size,
+                                        self.checkpoint.eos_token_ids)
         self.seqs: dict[str, SequenceState] = {}
         log.info("runner ready: %s on %s/%s, %d device blocks, %d host blocks, attention: %s", self.checkpoint.path,
                  self.device, self.dtype, self.kv.num_blocks, self.kv.num_host_blocks,
@@ -133,7 +136,8 @@ class ModelRunner:
         rows = []
         for sid in inputs.sample_seq_ids:
             seq = self.seqs[sid]
-            rows.append(SamplingRow(seq.params, seq.token_ids[: seq.prompt_len], seq.token_ids[seq.prompt_len:]))
+            output = seq.token_ids[seq.prompt_len:]
+            rows.append(SamplingRow(seq.params, seq.token_ids[: seq.prompt_len], output, self._grammar_mask(seq, output)))
         out = self.sampler(logits, rows, self.checkpoint.eos_token_ids)
         sampled: dict[str, SampledToken] = {}
         for i, sid in enumerate(inputs.sample_seq_ids):
@@ -142,6 +146,16 @@ class ModelRunner:
             lp = out.logprobs[i]
             sampled[sid] = SampledToken(token) if lp is None else SampledToken(token, lp.logprob, lp.rank, lp.top)
         return sampled
+
+    def _grammar_mask(self, seq: SequenceState, output: list[int]) -> torch.Tensor | None:
+        """The tokens ``seq``'s structured output allows next (None: free text). The matcher is made here, on
+        the first token this worker samples for the sequence, and catches up on the tokens sampled elsewhere
+        (the prefill worker's first token, those before a preemption)."""
+        if seq.params.structured_output is None:
+            return None
+        if seq.grammar is None:
+            seq.grammar = self.grammars.matcher(seq.params.structured_output)
+        return seq.grammar.next_mask(output)
 
     def _score_prompts(self, logits: torch.Tensor,
                        scored: list[tuple[str, int, int]]) -> dict[str, tuple[int, list[SampledToken]]]:

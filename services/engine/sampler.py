@@ -4,7 +4,8 @@ Pipeline, per row (rows are batched; only seeded draws loop in Python)::
 
     raw logits --log_softmax--> logprobs (of the raw model distribution, as vLLM v1 reports them)
         |
-        +-> allowed_token_ids (others -inf) -> logit_bias (added; Hugging Face applies sequence_bias first too)
+        +-> grammar mask (structured output) and allowed_token_ids (others -inf)
+            -> logit_bias (added; Hugging Face applies sequence_bias first too)
             -> repetition penalty (prompt + output ids) -> presence/frequency penalty (output ids)
             -> min_tokens: eos + stop_token_ids set to -inf while len(output) < min_tokens
             -> greedy rows: argmax
@@ -39,6 +40,9 @@ class SamplingRow:
     params: SamplingParams
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
+    # Structured output: the tokens the grammar allows next, as llguidance's bitmask (int32, bit t % 32 of word
+    # t // 32 = token t); None = unconstrained (services/engine/grammar.py).
+    token_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -127,6 +131,7 @@ def _is_plain_greedy(row: SamplingRow) -> bool:
         p.is_greedy
         and not p.has_penalties
         and not p.constrains_tokens
+        and row.token_mask is None
         and p.logprobs is None
         and len(row.output_token_ids) >= p.min_tokens
     )
@@ -147,8 +152,17 @@ def _flat_ids(
 
 
 def _constrain_tokens(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
-    """allowed_token_ids (every other logit -inf), then logit_bias (added), in place on fp32 logits. Token ids
-    are checked against the vocabulary at admission (``SamplingParams.check_vocab``)."""
+    """A grammar's mask and allowed_token_ids (every other logit -inf), then logit_bias (added), in place on fp32
+    logits. Token ids are checked against the vocabulary at admission (``SamplingParams.check_vocab``)."""
+    masked = [i for i, r in enumerate(rows) if r.token_mask is not None]
+    if masked:
+        vocab = torch.arange(x.shape[1], device=x.device)
+        words = torch.cat([rows[i].token_mask.reshape(1, -1) for i in masked]).to(x.device)
+        # Tokens past the mask's words (a model vocabulary padded beyond the tokenizer's) are never allowed.
+        words = torch.nn.functional.pad(words, (0, max(0, -(-x.shape[1] // 32) - words.shape[1])))
+        allowed = ((words[:, vocab // 32] >> (vocab % 32)) & 1).bool()
+        idx = _index(masked, x.device)
+        x[idx] = x[idx].masked_fill(~allowed, float("-inf"))
     allow = [i for i, r in enumerate(rows) if r.params.allowed_token_ids]
     if allow:
         idx = _index(allow, x.device)

@@ -10,6 +10,7 @@ import anyio
 
 from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
 from services.common.sampling_params import FinishReason, SamplingParams
+from services.engine.grammar import GrammarCompiler
 from services.engine.loader import Checkpoint
 from services.scheduler.admission import validate_request
 from services.scheduler.core.request import Request
@@ -34,6 +35,8 @@ class Frontend:
         self.tokenizer = checkpoint.tokenizer
         self.mesh = mesh
         self.model_name = served_model_name or checkpoint.path.name
+        # Structured-output specs are compiled here once, so a bad schema is refused before it is queued.
+        self.grammars = GrammarCompiler(checkpoint.tokenizer, checkpoint.config.vocab_size, checkpoint.eos_token_ids)
 
     @property
     def max_model_len(self) -> int:
@@ -84,6 +87,7 @@ class Frontend:
         block_size = self.mesh.live_links()[0].info.kv_layout.block_size if pools else 16
         validate_request(prompt, item.params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
                          min(pools) if pools else None)
+        self.grammars.validate(item.params.structured_output)
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids)
         tracked = TrackedRequest(request, self.tokenizer, anyio.current_time(), item.session_id)

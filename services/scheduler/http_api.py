@@ -39,7 +39,7 @@ from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.tracked import Delta, TrackedRequest
 
 # Chat fields handled here rather than by SamplingParams.from_openai.
-_CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "response_format", "tools",
+_CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "tools",
               "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n"}
 
 
@@ -260,12 +260,8 @@ class _Extras:
 
 
 def _refuse_unsupported_chat_fields(body: dict) -> None:
-    """Structured output and tool calls are not implemented: refused, rather than ignored, unless they ask for
-    nothing (plain text, no tools), so a client never takes unconstrained text for what it asked."""
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type", "text") == "text"):
-        raise InvalidArgument(f"response_format {fmt!r} is not supported (no structured output here); omit it or "
-                              "send {\"type\": \"text\"}")
+    """Tool calls are not implemented: refused, rather than ignored, unless they ask for nothing (no tools), so a
+    client never takes unconstrained text for what it asked."""
     if body.get("tools"):
         raise InvalidArgument("tools are not supported (no tool calling here); omit tools")
     if body.get("tool_choice") not in (None, "none", "auto"):

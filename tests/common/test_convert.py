@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from seawall.v1 import worker_pb2
-from services.common.convert import plan_from_proto, plan_to_proto, result_from_proto, result_to_proto
+from services.common.convert import (
+    params_from_proto,
+    params_to_proto,
+    plan_from_proto,
+    plan_to_proto,
+    result_from_proto,
+    result_to_proto,
+)
 from services.common.errors import InvalidArgument
 from services.common.sampling_params import SamplingParams
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
@@ -46,6 +53,20 @@ def test_a_result_round_trips(with_logprobs):
     msg = _wire(result_to_proto(result, step_seconds=0.5))
     assert isinstance(msg, worker_pb2.StepResult) and msg.step_time_ms == 500.0 and msg.num_sampled == 3
     assert result_from_proto(msg) == result
+
+
+@pytest.mark.parametrize("structured", [("json", '{"type": "object"}'), ("regex", "[0-9]+"),
+                                        ("choice", '["yes", "no, thanks"]'), ("grammar", 'start: "a"+'), None])
+def test_structured_output_round_trips(structured):
+    params = SamplingParams(structured_output=structured)
+    assert params_from_proto(_wire(params_to_proto(params))) == params
+
+
+def test_an_empty_structured_output_message_is_refused():
+    msg = params_to_proto(SamplingParams())
+    msg.structured_output.SetInParent()
+    with pytest.raises(InvalidArgument, match="structured_output is set but empty"):
+        params_from_proto(msg)
 
 
 def test_a_result_of_one_token_each_round_trips():

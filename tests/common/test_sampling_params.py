@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 import re
 
 import pytest
@@ -56,6 +57,12 @@ BAD_VALUES = [
     ("logit_bias", ((7, 1.0), (3, 1.0)), "unique and sorted"),
     ("allowed_token_ids", [1, 2], "tuple"),
     ("allowed_token_ids", (-3,), ">= 0"),
+    ("structured_output", ("yaml", "a: 1"), "one of json, regex, choice, grammar"),
+    ("structured_output", ("json", "{not json"), "not valid JSON"),
+    ("structured_output", ("json", "[1, 2]"), "JSON schema object"),
+    ("structured_output", ("choice", "[]"), "non-empty list of non-empty strings"),
+    ("structured_output", ("regex", ""), "non-empty spec"),
+    ("structured_output", "json", "(kind, spec) pair"),
 ]
 
 
@@ -67,7 +74,9 @@ def test_validation_names_field_value_and_accepted(field, value, accepted):
     assert field in msg
     assert accepted in msg
     shown = value[0] if isinstance(value, tuple) else value  # tuples are checked element by element
-    if isinstance(shown, tuple):  # a logit_bias pair: the message names the bad part of it
+    if field == "structured_output" and isinstance(value, tuple):  # the message names the bad part
+        shown = value[0] if "one of" in accepted else value[1]
+    elif isinstance(shown, tuple):  # a logit_bias pair: the message names the bad part of it
         shown = shown[1] if "[-100.0, 100.0]" in accepted else shown[0]
     assert f"{shown!r}" in msg
 
@@ -163,6 +172,42 @@ def test_from_openai_stop_string_and_nulls_mean_default():
     ],
 )
 def test_from_openai_rejects_clearly(body, expected):
+    with pytest.raises(InvalidArgument) as exc:
+        SamplingParams.from_openai(body)
+    assert expected in str(exc.value)
+
+
+def test_structured_output_in_every_spelling_the_apis_use():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    text = json.dumps(schema)
+    cases = [
+        ({"response_format": {"type": "json_object"}}, ("json", '{"type": "object"}')),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}, ("json", text)),
+        ({"response_format": {"type": "text"}}, None),
+        ({"structured_outputs": {"json": schema}}, ("json", text)),
+        ({"structured_outputs": {"regex": "[0-9]+"}}, ("regex", "[0-9]+")),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, ("choice", '["yes", "no"]')),
+        ({"structured_outputs": {"grammar": 'start: "a"'}}, ("grammar", 'start: "a"')),
+        ({"guided_json": text}, ("json", text)),
+        ({"guided_choice": ["a"], "response_format": {"type": "text"}}, ("choice", '["a"]')),
+    ]
+    for body, want in cases:
+        assert SamplingParams.from_openai(body).structured_output == want, body
+    assert SamplingParams.from_openai({"guided_regex": "a+"}).constrains_tokens
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ({"response_format": {"type": "xml"}}, "response_format type must be text, json_object or json_schema"),
+    ({"response_format": {"type": "json_schema"}}, 'needs "json_schema": {"name": ..., "schema": {...}}'),
+    ({"response_format": "json"}, "response_format must be an object"),
+    ({"structured_outputs": {"yaml": "x"}}, "unknown key(s) yaml"),
+    ({"structured_outputs": "x"}, "structured_outputs must be an object"),
+    ({"guided_choice": "yes"}, "guided_choice must be a list of strings, got 'yes'"),
+    ({"guided_json": 5}, "guided_json must be a JSON schema (object or JSON text), got 5"),
+    ({"guided_regex": "a", "guided_choice": ["b"]}, "give one structured output, not several"),
+    ({"guided_regex": "a", "min_tokens": 2}, "min_tokens must be 0 with structured output"),
+])
+def test_structured_output_mistakes_are_named(body, expected):
     with pytest.raises(InvalidArgument) as exc:
         SamplingParams.from_openai(body)
     assert expected in str(exc.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -10,6 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from seawall import Client
+from services.common.errors import InvalidArgument
 from tests.e2e.conftest import random_prompts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -264,6 +266,74 @@ def test_logit_bias_and_allowed_token_ids_steer_greedy_output_as_transformers_do
         assert set(sampled.token_ids) <= set(allowed)
 
 
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
+                                          "n": {"type": "integer", "minimum": 0, "maximum": 999}},
+          "required": ["ok", "color", "n"], "additionalProperties": False}
+
+
+def test_structured_output_matches_transformers_under_the_same_grammar(http, default_mesh, hf_model, tiny_model_dir):
+    """The default mesh is disaggregated: the prefill worker's matcher picks the first token, the decode worker's
+    catches up on it and goes on."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from services.engine.grammar import GrammarCompiler
+    from services.engine.loader import load_checkpoint_meta
+
+    checkpoint = load_checkpoint_meta(tiny_model_dir)
+    compiler = GrammarCompiler(checkpoint.tokenizer, checkpoint.config.vocab_size, checkpoint.eos_token_ids)
+
+    class Grammar(LogitsProcessor):  # the same llguidance grammar in front of transformers' greedy search
+        def __init__(self, structured, prompt_len):
+            self.matcher, self.prompt_len = compiler.matcher(structured), prompt_len
+
+        def __call__(self, input_ids, scores):
+            mask = self.matcher.next_mask(input_ids[0, self.prompt_len:].tolist())
+            t = torch.arange(scores.shape[1])
+            return scores.masked_fill(((mask[0][t // 32] >> (t % 32)) & 1) == 0, float("-inf"))
+
+    def hf(prompt, structured):
+        with torch.no_grad():
+            ids = hf_model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False, pad_token_id=0,
+                                    logits_processor=LogitsProcessorList([Grammar(structured, len(prompt))]))
+        return ids[0, len(prompt):].tolist()
+
+    schema_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+    for prompt in random_prompts([23, 61], seed=31):
+        want = hf(prompt, ("json", json.dumps(SCHEMA)))
+        body = {"prompt": prompt, "max_tokens": 60, "temperature": 0, "response_format": schema_format,
+                "return_token_ids": True}
+        choice = http.post("/v1/completions", json=body).json()["choices"][0]
+        assert choice["token_ids"] == want and choice["finish_reason"] == "stop"
+        value = json.loads(choice["text"])  # valid JSON of the schema, checked without llguidance
+        assert set(value) == {"ok", "color", "n"} and isinstance(value["ok"], bool)
+        assert value["color"] in ("red", "green", "blue") and 0 <= value["n"] <= 999
+        streamed = _sse(http.post("/v1/completions", json={**body, "stream": True}))
+        assert [t for e in streamed for t in e["choices"][0]["token_ids"]] == want
+    # vLLM's spellings, a chat, sampling and the SDK.
+    prompt = random_prompts([17], seed=32)[0]
+    regex = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 30, "temperature": 0.9, "seed": 4,
+                                               "guided_regex": "[0-9]{3}-[a-z]{2,4}"}).json()["choices"][0]
+    assert re.fullmatch("[0-9]{3}-[a-z]{2,4}", regex["text"]) and regex["finish_reason"] == "stop"
+    chat = http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Pick one"}], "max_tokens": 20, "temperature": 1.0, "seed": 5,
+        "n": 3, "structured_outputs": {"choice": ["alpha", "beta gamma", "delta"]}}).json()
+    assert {c["message"]["content"] for c in chat["choices"]} <= {"alpha", "beta gamma", "delta"}
+    with Client(default_mesh.grpc_address) as client:
+        out = client.generate(prompt, max_tokens=60, temperature=0, structured_output=("json", json.dumps(SCHEMA)))
+    assert out.token_ids == hf(prompt, ("json", json.dumps(SCHEMA)))
+
+
+def test_a_structured_output_that_cannot_be_compiled_is_400_with_the_reason(http, default_mesh):
+    for body, fragment in [({"guided_regex": "[a-"}, "unclosed character class"),
+                           ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}},
+                            "structured output (json) is not usable"),
+                           ({"guided_grammar": "start: undefined_rule"}, "undefined_rule")]:
+        response = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, **body})
+        assert response.status_code == 400 and fragment in response.json()["error"]["message"], body
+    with Client(default_mesh.grpc_address) as client, pytest.raises(InvalidArgument, match="unclosed character"):
+        client.generate("hi", max_tokens=4, structured_output=("regex", "[a-"))
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens must be"),
     ({"prompt": "hi", "temprature": 0.5}, "unknown field 'temprature'"),
@@ -288,7 +358,6 @@ def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(ht
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    ({"response_format": {"type": "json_object"}}, "no structured output here"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools are not supported"),
     ({"tool_choice": "required"}, "needs tools"),
 ])

@@ -83,6 +83,31 @@ def test_allowed_token_ids_bound_every_draw_and_the_argmax():
     assert both.token_ids == [3]
 
 
+def _bitmask(tokens, vocab: int) -> torch.Tensor:
+    words = torch.zeros(1, -(-vocab // 32), dtype=torch.int64)
+    for t in tokens:
+        words[0, t // 32] |= 1 << (t % 32)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # bit 31 is the sign bit
+
+
+def test_a_grammar_mask_bounds_greedy_and_sampled_rows_and_never_allows_tokens_past_its_words():
+    logits = torch.randn(4, 70, generator=torch.Generator().manual_seed(6))  # 70 > 64: a third word, padded
+    allowed = [2, 31, 33, 63]
+    mask = _bitmask(allowed, 64)[:, :2]  # a tokenizer of 64 tokens under a model vocabulary of 70
+    def masked(**params) -> SamplingRow:
+        return SamplingRow(SamplingParams(**params), [], [], token_mask=mask)
+
+    rows = [masked(temperature=0.0), masked(temperature=1.0, seed=1), row(temperature=0.0),
+            masked(temperature=2.0, seed=2)]
+    out = sampler(logits, rows)
+    assert out.token_ids[0] == max(allowed, key=lambda t: float(logits[0, t]))
+    assert {out.token_ids[1], out.token_ids[3]} <= set(allowed)
+    assert out.token_ids[2] == int(logits[2].argmax())
+    draws = sampler(logits[3:].expand(64, -1).contiguous(),
+                    [masked(temperature=3.0, seed=s) for s in range(64)]).token_ids
+    assert set(draws) == set(allowed)  # every allowed token drawn, bit 31 included, nothing else
+
+
 def test_empty_batch_and_shape_mismatch():
     assert sampler(torch.empty(0, 10), []).token_ids == []
     with pytest.raises(ValueError, match=r"logits must be \[num_rows=2, vocab\], got \(3, 10\)"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from tokenizers import Tokenizer
@@ -118,12 +119,15 @@ def test_stop_strings_cut_the_text(tmp_path, tiny_model_dir, decode_steps):
     assert stop not in decode(cut.token_ids[:-1]) and 4 <= len(cut.token_ids) <= 7
 
 
+@pytest.mark.parametrize("structured", [None, ("regex", "[a-z]{200}")])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preemption_under_a_small_pool_keeps_outputs(tiny_model_dir, mode):
+def test_preemption_under_a_small_pool_keeps_outputs(tiny_model_dir, mode, structured):
+    """With structured output too: after a recompute the worker's new matcher catches up on the tokens so far."""
     from seawall.offline.engine import OfflineEngine
 
     prompts = [[(13 * i + j) % 3000 + 20 for j in range(40 + 9 * i)] for i in range(8)]
-    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)] * len(prompts)
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=structured is None,
+                             structured_output=structured)] * len(prompts)
     roomy = OfflineEngine(EngineConfig(model=str(tiny_model_dir)), SchedulerConfig(chunk_size=32))
     expected = [c.token_ids for c in roomy.generate(prompts, params)]
     assert sum(roomy.scheduler.preemptions.values()) == 0
@@ -136,6 +140,8 @@ def test_preemption_under_a_small_pool_keeps_outputs(tiny_model_dir, mode):
     assert tight.scheduler.preemptions[mode] > 0, f"the pool was meant to force {mode} preemptions"
     assert [c.token_ids for c in got] == expected
     assert tight.blocks.num_free == tight.blocks.num_blocks
+    if structured is not None:  # 30 tokens into 200 letters: letters only, every one
+        assert all(re.fullmatch("[a-z]+", c.text) and c.finish_reason == "length" for c in got)
 
 
 def test_a_request_the_pool_can_never_hold_is_refused_up_front(tmp_path, tiny_model_dir):

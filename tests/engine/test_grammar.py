@@ -1,0 +1,95 @@
+"""Structured output: specs compiled and validated against the built-in tokenizer, masks per sequence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from services.common.errors import InvalidArgument
+from services.engine.grammar import GrammarCompiler
+from services.engine.loader import load_checkpoint_meta
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_model_dir):
+    return load_checkpoint_meta(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def compiler(checkpoint):
+    return GrammarCompiler(checkpoint.tokenizer, checkpoint.config.vocab_size, checkpoint.eos_token_ids)
+
+
+def allowed(mask: torch.Tensor, vocab: int) -> set[int]:
+    t = torch.arange(vocab)
+    return set(torch.nonzero((mask[0][t // 32] >> (t % 32)) & 1).flatten().tolist())
+
+
+def walk(compiler, checkpoint, structured, pick, steps=60) -> list[int]:
+    """Tokens chosen by ``pick(allowed set)`` under the grammar, up to and including an end-of-sequence token."""
+    grammar, out = compiler.matcher(structured), []
+    for _ in range(steps):
+        out.append(pick(sorted(allowed(grammar.next_mask(out), compiler.vocab_size))))
+        if out[-1] in checkpoint.eos_token_ids:
+            break
+    return out
+
+
+@pytest.mark.parametrize("structured, fragment", [
+    (("json", '{"type": "nonsense"}'), "Invalid type"),
+    (("regex", "[a-"), "unclosed character class"),
+    (("grammar", "start: missing_rule"), "missing_rule"),
+    (("choice", "not json"), "structured output (choice)"),
+    (("yaml", "a: 1"), "unknown structured output kind 'yaml'"),
+])
+def test_a_spec_that_cannot_be_compiled_is_invalid_argument_with_the_reason(compiler, structured, fragment):
+    with pytest.raises(InvalidArgument) as exc:
+        compiler.validate(structured)
+    assert fragment in str(exc.value)
+
+
+def test_the_first_tokens_follow_the_spec(compiler, checkpoint):
+    decode = checkpoint.tokenizer.decode
+    first = allowed(compiler.matcher(("json", '{"type": "object"}')).next_mask([]), compiler.vocab_size)
+    assert first and all(decode([t]).startswith("{") for t in first)
+    first = allowed(compiler.matcher(("choice", '["yes", "no"]')).next_mask([]), compiler.vocab_size)
+    assert first and all("yes".startswith(decode([t])) or "no".startswith(decode([t])) for t in first)
+    compiler.validate(None)  # free text: nothing to check
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_any_walk_through_the_masks_is_valid_json_of_the_schema_then_eos(compiler, checkpoint, seed):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}},
+              "required": ["ok", "color"], "additionalProperties": False}
+    rng = torch.Generator().manual_seed(seed)
+    out = walk(compiler, checkpoint, ("json", json.dumps(schema)),
+               lambda ids: ids[int(torch.randint(len(ids), (1,), generator=rng))])
+    assert out[-1] in checkpoint.eos_token_ids
+    value = json.loads(checkpoint.tokenizer.decode(out[:-1]))
+    assert set(value) == {"ok", "color"} and isinstance(value["ok"], bool) and value["color"] in ("red", "green")
+
+
+def test_once_complete_only_end_of_sequence_is_allowed_even_past_it(compiler, checkpoint):
+    out = walk(compiler, checkpoint, ("regex", "ab"), lambda ids: ids[0])
+    grammar = compiler.matcher(("regex", "ab"))
+    assert checkpoint.tokenizer.decode(out[:-1]) == "ab"
+    assert allowed(grammar.next_mask(out[:-1]), compiler.vocab_size) <= set(checkpoint.eos_token_ids)
+    # A multi-step plan runs on past the stop; the mask stays at end-of-sequence, never empty.
+    assert allowed(grammar.next_mask(out + [out[-1]]), compiler.vocab_size) <= set(checkpoint.eos_token_ids)
+
+
+def test_a_matcher_made_later_catches_up_on_tokens_sampled_elsewhere(compiler, checkpoint):
+    """The decode worker (or a recompute) builds its matcher from the output tokens so far: same masks."""
+    structured = ("grammar", 'start: "(" num ("," num)* ")"\nnum: /[0-9]{1,3}/')
+    out = walk(compiler, checkpoint, structured, lambda ids: ids[len(ids) // 2])
+    here = compiler.matcher(structured)
+    for k in range(len(out)):
+        there = compiler.matcher(structured)  # sees the first k tokens at once
+        assert torch.equal(here.next_mask(out[:k]), there.next_mask(out[:k])), k
+
+
+def test_compiled_specs_are_cached(compiler):
+    spec = ("regex", "[0-9]+")
+    assert compiler.grammar(spec) is compiler.grammar(spec)
