@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -53,6 +54,7 @@ class ModelRunner:
         self.grammars = GrammarCompiler(self.checkpoint.tokenizer, self.checkpoint.config.vocab_size,
                                         self.checkpoint.eos_token_ids)
         self.seqs: dict[str, SequenceState] = {}
+        self._mask_thread: ThreadPoolExecutor | None = None  # made by the first structured-output request
         log.info("runner ready: %s on %s/%s, %d device blocks, %d host blocks, attention: %s", self.checkpoint.path,
                  self.device, self.dtype, self.kv.num_blocks, self.kv.num_host_blocks,
                  "fused CPU kernels" if self.kernels else "gather + SDPA")
@@ -124,6 +126,13 @@ class ModelRunner:
               prompt_logprobs: dict[str, tuple[int, list[SampledToken]]]) -> dict[str, SampledToken]:
         """One forward pass over the scheduled tokens, then sampling where a sequence reaches its end."""
         inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels)
+        rows = []
+        for sid in inputs.sample_seq_ids:
+            seq = self.seqs[sid]
+            rows.append(SamplingRow(seq.params, seq.token_ids[: seq.prompt_len], seq.token_ids[seq.prompt_len:]))
+        # Grammar masks depend on the tokens so far only: computed beside the forward pass (llguidance drops
+        # the GIL), as vLLM and SGLang overlap them with the GPU.
+        masks = self._grammar_masks([self.seqs[sid] for sid in inputs.sample_seq_ids], rows)
         logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index)
         for seq, n in scheduled:
             seq.num_computed += n
@@ -133,11 +142,8 @@ class ModelRunner:
             logits = logits[:n_sampled]
         if not inputs.sample_seq_ids:
             return {}
-        rows = []
-        for sid in inputs.sample_seq_ids:
-            seq = self.seqs[sid]
-            output = seq.token_ids[seq.prompt_len:]
-            rows.append(SamplingRow(seq.params, seq.token_ids[: seq.prompt_len], output, self._grammar_mask(seq, output)))
+        if masks is not None:
+            masks.result()
         out = self.sampler(logits, rows, self.checkpoint.eos_token_ids)
         sampled: dict[str, SampledToken] = {}
         for i, sid in enumerate(inputs.sample_seq_ids):
@@ -147,15 +153,27 @@ class ModelRunner:
             sampled[sid] = SampledToken(token) if lp is None else SampledToken(token, lp.logprob, lp.rank, lp.top)
         return sampled
 
-    def _grammar_mask(self, seq: SequenceState, output: list[int]) -> torch.Tensor | None:
-        """The tokens ``seq``'s structured output allows next (None: free text). The matcher is made here, on
-        the first token this worker samples for the sequence, and catches up on the tokens sampled elsewhere
-        (the prefill worker's first token, those before a preemption)."""
-        if seq.params.structured_output is None:
+    def _grammar_masks(self, seqs: list[SequenceState], rows: list[SamplingRow]) -> Future | None:
+        """Starts setting each structured row's ``token_mask`` (the tokens its grammar allows next) on the mask
+        thread; None when no row is structured. A matcher is made on the first token this worker samples for
+        a sequence and catches up on the tokens sampled elsewhere (the prefill worker's first token, those
+        before a preemption)."""
+        constrained = [k for k, seq in enumerate(seqs) if seq.params.structured_output is not None]
+        if not constrained:
             return None
-        if seq.grammar is None:
-            seq.grammar = self.grammars.matcher(seq.params.structured_output)
-        return seq.grammar.next_mask(output)
+        for k in constrained:
+            if seqs[k].grammar is None:
+                seqs[k].grammar = self.grammars.matcher(seqs[k].params.structured_output)
+        grammars = [seqs[k].grammar for k in constrained]
+        outputs = [rows[k].output_token_ids for k in constrained]
+
+        def fill() -> None:
+            for k, mask in zip(constrained, self.grammars.masks(grammars, outputs), strict=True):
+                rows[k].token_mask = mask
+
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        return self._mask_thread.submit(fill)
 
     def _score_prompts(self, logits: torch.Tensor,
                        scored: list[tuple[str, int, int]]) -> dict[str, tuple[int, list[SampledToken]]]:

