@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -35,6 +35,7 @@ from services.common.openai_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.common.sampling_params import SamplingParams, from_openai_completion, num_choices
+from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.tracked import Delta, TrackedRequest
 
@@ -99,8 +100,8 @@ class _OpenAI:
     async def chat(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
-            _refuse_unsupported_chat_fields(body)
-            prompt = self._render_chat(body.get("messages"), body.get("chat_template_kwargs") or {})
+            tools = tool_calling(body)
+            prompt = self._render_chat(body, body.get("chat_template_kwargs") or {})
             sampling = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
             if body.get("max_completion_tokens") is not None:
                 sampling["max_tokens"] = body["max_completion_tokens"]
@@ -110,10 +111,16 @@ class _OpenAI:
                     raise InvalidArgument(f"top_logprobs must be an integer in [0, 20], got {top!r}")
                 sampling["logprobs"] = top
             n = num_choices(body)
-            tracked = self._submit(request, body, [prompt], SamplingParams.from_openai(sampling), n)
+            params = SamplingParams.from_openai(sampling)
+            if tools is not None:
+                if params.structured_output is not None:
+                    raise InvalidArgument("a forced tool call constrains the output already: drop response_format "
+                                          "(or the structured output) or tool_choice")
+                params = replace(params, structured_output=tools.structured_output)
+            tracked = self._submit(request, body, [prompt], params, n)
         except SeawallError as exc:
             return error_response(exc)
-        return await self._respond(request, body, tracked, n, chat=True)
+        return await self._respond(request, body, tracked, n, chat=True, tools=tools)
 
     def _submit(self, request: Request, body: dict, prompts: list[list[int]], params: SamplingParams,
                 n: int) -> list[TrackedRequest]:
@@ -141,34 +148,40 @@ class _OpenAI:
             return prompt, None
         raise InvalidArgument(f"{name} must be a string or a list of token ids (or prompt a list of those)")
 
-    def _render_chat(self, messages: Any, kwargs: dict) -> list[int]:
-        if not isinstance(messages, list) or not messages:
-            raise InvalidArgument("messages must be a non-empty list of {\"role\", \"content\"} objects")
-        for i, m in enumerate(messages):
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise InvalidArgument(f"messages[{i}] must be an object with string role and content")
+    def _render_chat(self, body: dict, kwargs: dict) -> list[int]:
+        messages = chat_messages(body.get("messages"))
         if self._template is None:
             raise InvalidArgument("this model has no chat template; use /v1/completions")
-        text = self._template.render(messages=messages, add_generation_prompt=True, **_special_tokens(self.frontend),
-                                     **kwargs)
+        # Tools go to the template as the client sent them: templates that describe tools to the model do so.
+        tools = {"tools": body["tools"]} if body.get("tools") else {}
+        try:
+            text = self._template.render(messages=messages, add_generation_prompt=True,
+                                         **_special_tokens(self.frontend), **tools, **kwargs)
+        except jinja2.TemplateError as exc:  # e.g. a template that raises on a role order it does not support
+            raise InvalidArgument(f"the model's chat template cannot render these messages: {exc}") from None
         return self.frontend.encode(text)
 
     async def _respond(self, request: Request, body: dict, tracked: list[TrackedRequest], n: int,
-                       chat: bool, echoed: list[str] | None = None) -> Response:
-        """``echoed``: per choice, the prompt text its output follows (completions' ``echo``)."""
+                       chat: bool, echoed: list[str] | None = None, tools: ToolCalling | None = None) -> Response:
+        """``echoed``: per choice, the prompt text its output follows (completions' ``echo``); ``tools``: the
+        output is a forced tool call, returned as ``tool_calls``."""
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.frontend.model_name}
         extras = _Extras(bool(body.get("return_token_ids")), body.get("prompt_logprobs") is not None, self._texts)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed),
+            return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed, tools),
                                      media_type="text/event-stream")
         merged = await self._collect(request, tracked)
         choices = []
         for i, out in enumerate(merged):
             choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason,
                                       "logprobs": self._logprobs(tracked[i], out, chat, echo=echoed is not None)}
-            if chat:
+            calls = tools.calls(out.text) if tools is not None else None
+            if calls is not None:
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+                choice["finish_reason"] = _tool_finish(out.finish_reason)
+            elif chat:  # a tool call cut short by max_tokens comes back as the text it got to
                 choice["message"] = {"role": "assistant", "content": out.text}
             else:
                 choice["text"] = (echoed[i] if echoed else "") + out.text
@@ -197,10 +210,12 @@ class _OpenAI:
         return merged
 
     async def _sse(self, head: dict, tracked: list[TrackedRequest], n: int, chat: bool, extras: _Extras,
-                   include_usage: bool, echoed: list[str] | None = None) -> AsyncIterator[str]:
+                   include_usage: bool, echoed: list[str] | None = None,
+                   tools: ToolCalling | None = None) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         first = [True] * len(tracked)
         offsets = [0] * len(tracked)  # characters of each choice's token texts so far (completions' text_offset)
+        calls = [_ToolCallStream(tools) for _ in tracked] if tools is not None else None
         async for ready in self._stream(tracked):
             for i, merged in ready:  # one event per choice, as OpenAI streams them
                 echo = echoed is not None and first[i]  # the prompt goes out with the choice's first chunk
@@ -208,7 +223,9 @@ class _OpenAI:
                 if logprobs is not None and not chat:
                     offsets[i] += sum(len(t) for t in logprobs["tokens"])
                 choice: dict[str, Any] = {"index": i, "finish_reason": merged.finish_reason, "logprobs": logprobs}
-                if chat:
+                if calls is not None:
+                    choice["delta"], choice["finish_reason"] = calls[i].delta(merged)
+                elif chat:
                     choice["delta"] = ({"role": "assistant", "content": merged.text} if first[i]
                                        else {"content": merged.text})
                 else:
@@ -242,6 +259,41 @@ class _OpenAI:
                 yield ready
 
 
+class _ToolCallStream:
+    """One choice's forced tool call, streamed as OpenAI streams them: a named function's arguments piece by
+    piece as they are generated; the calls of ``"required"`` (a JSON array naming its functions) once complete."""
+
+    def __init__(self, tools: ToolCalling) -> None:
+        self.tools = tools
+        self.text = ""
+        self.started = False
+        self.id = f"call_{uuid.uuid4().hex[:24]}"
+
+    def delta(self, merged: Delta) -> tuple[dict[str, Any], str | None]:
+        self.text += merged.text
+        out: dict[str, Any] = {} if self.started else {"role": "assistant"}
+        finish = merged.finish_reason
+        if self.tools.function is not None:
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": merged.text}}
+            if not self.started:
+                call = {"index": 0, "id": self.id, "type": "function",
+                        "function": {"name": self.tools.function, "arguments": merged.text}}
+            out["tool_calls"] = [call]
+        elif finish is not None:
+            calls = self.tools.calls(self.text)
+            if calls is None:  # cut short by max_tokens: the text it got to
+                out["content"] = self.text
+            else:
+                out["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+        self.started = True
+        return out, _tool_finish(finish)
+
+
+def _tool_finish(reason: str | None) -> str | None:
+    """A forced tool call that ended with its grammar reports ``tool_calls``, as OpenAI does."""
+    return "tool_calls" if reason == "stop" else reason
+
+
 @dataclass(frozen=True)
 class _Extras:
     """Seawall's and vLLM's additions to a choice: ``token_ids`` (``return_token_ids``) and the prompt's scores
@@ -257,15 +309,6 @@ class _Extras:
         if self.prompt_logprobs and delta.prompt_logprobs:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(tracked.request.prompt_token_ids, delta.prompt_logprobs,
                                                              self.texts)
-
-
-def _refuse_unsupported_chat_fields(body: dict) -> None:
-    """Tool calls are not implemented: refused, rather than ignored, unless they ask for nothing (no tools), so a
-    client never takes unconstrained text for what it asked."""
-    if body.get("tools"):
-        raise InvalidArgument("tools are not supported (no tool calling here); omit tools")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise InvalidArgument(f"tool_choice {body['tool_choice']!r} needs tools, which are not supported; omit it")
 
 
 def _session(body: dict) -> str:

@@ -323,6 +323,63 @@ def test_structured_output_matches_transformers_under_the_same_grammar(http, def
     assert out.token_ids == hf(prompt, ("json", json.dumps(SCHEMA)))
 
 
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Oslo", "Rome", "Lima"]}, "days": {"type": "integer",
+                                     "minimum": 1, "maximum": 7}}, "required": ["city", "days"],
+    "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {
+    "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"], "additionalProperties": False}}}
+
+
+def test_forced_tool_calls_come_back_as_tool_calls_streamed_or_not(http):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Weather?"}]}]
+    named = {"messages": messages, "max_tokens": 40, "temperature": 0, "tools": [WEATHER, CLOCK],
+             "tool_choice": {"type": "function", "function": {"name": "weather"}}}
+    reply = http.post("/v1/chat/completions", json=named).json()["choices"][0]
+    assert reply["finish_reason"] == "tool_calls" and reply["message"]["content"] is None
+    (call,) = reply["message"]["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "weather" and call["id"].startswith("call_")
+    assert args["city"] in ("Oslo", "Rome", "Lima") and 1 <= args["days"] <= 7 and set(args) == {"city", "days"}
+    # Streamed: the id and name first, then the arguments piece by piece, which add up to the same call.
+    events = _sse(http.post("/v1/chat/completions", json={**named, "stream": True}))
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert deltas[0]["role"] == "assistant" and deltas[0]["tool_calls"][0]["function"]["name"] == "weather"
+    assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas) == call["function"]["arguments"]
+    assert len(deltas) > 2 and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # "required": one or more calls, each of a given function with its own arguments; then a tool result turn.
+    required = {**named, "tool_choice": "required", "max_tokens": 80}
+    reply = http.post("/v1/chat/completions", json=required).json()["choices"][0]
+    calls = reply["message"]["tool_calls"]
+    assert reply["finish_reason"] == "tool_calls" and calls
+    for c in calls:
+        arguments = json.loads(c["function"]["arguments"])
+        assert c["function"]["name"] in ("weather", "clock")
+        assert set(arguments) == ({"city", "days"} if c["function"]["name"] == "weather" else {"utc"})
+    events = _sse(http.post("/v1/chat/completions", json={**required, "stream": True}))
+    streamed = [d for e in events if e["choices"] for d in e["choices"][0]["delta"].get("tool_calls", [])]
+    assert [c["function"] for c in streamed] == [c["function"] for c in calls]  # greedy: the same calls
+    turn = messages + [{"role": "assistant", "content": None, "tool_calls": calls}] + [
+        {"role": "tool", "tool_call_id": c["id"], "content": "sunny, 21 C"} for c in calls]
+    answer = http.post("/v1/chat/completions", json={"messages": turn, "max_tokens": 5, "tools": [WEATHER, CLOCK],
+                                                     "tool_choice": "none"}).json()["choices"][0]
+    assert answer["message"]["content"] and "tool_calls" not in answer["message"]
+    # A call cut short by max_tokens is returned as the text it got to, finish_reason "length".
+    cut = http.post("/v1/chat/completions", json={**named, "max_tokens": 3}).json()["choices"][0]
+    assert cut["finish_reason"] == "length" and cut["message"]["content"].startswith("{")
+
+
+def test_text_parts_give_the_same_chat_as_a_string(http):
+    body = {"max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    whole = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "Hi\nthere"}]})
+    parts = http.post("/v1/chat/completions", json={**body, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]})
+    assert parts.json()["choices"][0]["token_ids"] == whole.json()["choices"][0]["token_ids"]
+    image = http.post("/v1/chat/completions", json={**body, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})
+    assert image.status_code == 400 and "only text parts" in image.json()["error"]["message"]
+
+
 def test_a_structured_output_that_cannot_be_compiled_is_400_with_the_reason(http, default_mesh):
     for body, fragment in [({"guided_regex": "[a-"}, "unclosed character class"),
                            ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}},
@@ -358,7 +415,7 @@ def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(ht
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools are not supported"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 'tool_choice "auto" (the default with tools)'),
     ({"tool_choice": "required"}, "needs tools"),
 ])
 def test_chat_features_not_implemented_are_refused_not_ignored(http, extra, fragment):

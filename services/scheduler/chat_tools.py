@@ -1,0 +1,142 @@
+"""Chat messages and tool calls of the OpenAI chat API, as plain data (no I/O).
+
+Messages: ``content`` is a string or a list of text parts (``[{"type": "text", "text": ...}]``, joined with
+newlines, as vLLM does); an assistant message may carry ``tool_calls`` instead of content, and a ``tool``
+message answers one (``tool_call_id``). They reach the chat template as given, so templates that render tools
+see them.
+
+Tool calls: with ``tools`` and a ``tool_choice`` that forces a call, the output is constrained by structured
+output (no model-specific parser needed), as vLLM does for the same two cases:
+
+* a named function (``{"type": "function", "function": {"name": N}}``): the output is N's arguments, a JSON
+  object of its ``parameters`` schema;
+* ``"required"``: the output is a JSON array of one or more ``{"name": ..., "parameters": {...}}`` objects,
+  each the name of one of the tools with that tool's parameters.
+
+``"auto"`` (OpenAI's default when tools are given) would need a parser of the model's own tool-call format, so
+it is refused with a message that says what to send instead; ``"none"`` generates text.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.errors import InvalidArgument
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages as the chat template gets them (text parts joined); raises InvalidArgument naming the bad
+    message."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidArgument("messages must be a non-empty list of {\"role\", \"content\"} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)):
+            raise InvalidArgument(f"messages[{i}] must be an object with a string role and content")
+        if m["role"] not in _ROLES:
+            raise InvalidArgument(f"messages[{i}].role must be one of {', '.join(_ROLES)}, got {m['role']!r}")
+        content = _content(m.get("content"), f"messages[{i}]")
+        calls = m.get("tool_calls")
+        if content is None and not (m["role"] == "assistant" and calls):
+            raise InvalidArgument(f"messages[{i}] must have string content (only an assistant message with "
+                                  "tool_calls may leave it out)")
+        if calls is not None and not (m["role"] == "assistant" and isinstance(calls, list)):
+            raise InvalidArgument(f"messages[{i}].tool_calls must be a list, on an assistant message")
+        if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise InvalidArgument(f"messages[{i}] is a tool result: it needs the tool_call_id it answers")
+        out.append({**m, "content": content})
+    return out
+
+
+def _content(content: Any, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for k, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise InvalidArgument(f"{where}.content[{k}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                                      f"are supported (this model reads text), got {kind!r}")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise InvalidArgument(f"{where}.content must be a string or a list of text parts, got {content!r}")
+
+
+@dataclass(frozen=True)
+class ToolCalling:
+    """A request whose output is tool calls: the structured output that forces them, and how to read them."""
+
+    structured_output: tuple[str, str]
+    function: str | None  # the named function; None for "required" (the output names its functions)
+
+    def calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The output as OpenAI ``tool_calls``, or None when it is not complete JSON (cut by max_tokens)."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        if self.function is not None:
+            return [_call(self.function, text)]
+        return [_call(item["name"], json.dumps(item["parameters"])) for item in value]
+
+
+def _call(name: str, arguments: str) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def tool_calling(body: dict[str, Any]) -> ToolCalling | None:
+    """What ``tools`` and ``tool_choice`` ask for: a ToolCalling when a call is forced, None when the output is
+    text (no tools, or ``"none"``); raises InvalidArgument for what cannot be served, saying what to send."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise InvalidArgument(f"tool_choice {choice!r} needs tools; send tools or omit tool_choice")
+        return None
+    schemas = _tool_schemas(tools)
+    if choice == "none":
+        return None
+    if choice is None or choice == "auto":
+        raise InvalidArgument("tool_choice \"auto\" (the default with tools) is not supported: it needs a parser "
+                              "of this model's own tool-call format; send tool_choice \"required\" or "
+                              "{\"type\": \"function\", \"function\": {\"name\": ...}}, or \"none\"")
+    if choice == "required":
+        variants = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
+                                                      "parameters": schema},
+                     "required": ["name", "parameters"], "additionalProperties": False}
+                    for name, schema in schemas.items()]
+        array = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+        return ToolCalling(("json", json.dumps(array)), None)
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)):
+        raise InvalidArgument(f"tool_choice must be \"none\", \"auto\", \"required\" or "
+                              f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {choice!r}")
+    if name not in schemas:
+        raise InvalidArgument(f"tool_choice names function {name!r}, which is not in tools ({', '.join(schemas)})")
+    return ToolCalling(("json", json.dumps(schemas[name])), name)
+
+
+def _tool_schemas(tools: Any) -> dict[str, dict]:
+    """Function name -> its parameters schema ({"type": "object"} when it has none)."""
+    if not isinstance(tools, list):
+        raise InvalidArgument(f"tools must be a list of {{\"type\": \"function\", \"function\": {{...}}}}, got {tools!r}")
+    out: dict[str, dict] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(fn, dict)
+                and isinstance(fn.get("name"), str) and fn["name"]):
+            raise InvalidArgument(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                                  f"\"parameters\": {{...}}}}}}, got {tool!r}")
+        params = fn.get("parameters") or {"type": "object"}
+        if not isinstance(params, dict):
+            raise InvalidArgument(f"tools[{i}].function.parameters must be a JSON schema object, got {params!r}")
+        if fn["name"] in out:
+            raise InvalidArgument(f"tools[{i}]: function {fn['name']!r} is defined twice")
+        out[fn["name"]] = params
+    return out

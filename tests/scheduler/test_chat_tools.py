@@ -1,0 +1,88 @@
+"""Chat messages and forced tool calls, as plain data: validation, the constraint, reading the calls back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.common.errors import InvalidArgument
+from services.scheduler.chat_tools import chat_messages, tool_calling
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "clock"}}  # no parameters: any object
+
+
+def test_text_parts_are_joined_and_tool_turns_pass_through():
+    messages = chat_messages([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in"}, {"type": "text", "text": "Oslo?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                                "function": {"name": "weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ])
+    assert messages[1]["content"] == "Weather in\nOslo?"
+    assert messages[2]["tool_calls"][0]["id"] == "call_1" and messages[3]["tool_call_id"] == "call_1"
+
+
+@pytest.mark.parametrize("messages, fragment", [
+    ([], "non-empty list"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+     "messages[0].content[0]: only text parts"),
+    ([{"role": "user"}], "messages[0] must have string content"),
+    ([{"role": "robot", "content": "hi"}], "messages[0].role must be one of"),
+    ([{"role": "tool", "content": "42"}], "needs the tool_call_id"),
+    ([{"role": "user", "content": "hi", "tool_calls": []}], "tool_calls must be a list, on an assistant message"),
+    ([{"role": "user", "content": 5}], "content must be a string or a list of text parts"),
+])
+def test_bad_messages_are_named(messages, fragment):
+    with pytest.raises(InvalidArgument) as exc:
+        chat_messages(messages)
+    assert fragment in str(exc.value)
+
+
+def test_no_forced_call_means_text():
+    assert tool_calling({}) is None
+    assert tool_calling({"tools": [WEATHER], "tool_choice": "none"}) is None
+    assert tool_calling({"tool_choice": "auto"}) is None
+
+
+def test_a_named_function_constrains_the_output_to_its_arguments():
+    calling = tool_calling({"tools": [WEATHER, CLOCK],
+                            "tool_choice": {"type": "function", "function": {"name": "weather"}}})
+    assert calling.structured_output == ("json", json.dumps(WEATHER["function"]["parameters"]))
+    (call,) = calling.calls('{"city": "Oslo"}')
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "weather", "arguments": '{"city": "Oslo"}'}
+    assert calling.calls('{"city": "Os') is None  # cut by max_tokens
+
+
+def test_required_constrains_the_output_to_calls_of_the_given_functions():
+    calling = tool_calling({"tools": [WEATHER, CLOCK], "tool_choice": "required"})
+    kind, schema = calling.structured_output
+    variants = json.loads(schema)["items"]["anyOf"]
+    assert kind == "json" and json.loads(schema)["minItems"] == 1
+    assert [v["properties"]["name"]["enum"] for v in variants] == [["weather"], ["clock"]]
+    assert variants[1]["properties"]["parameters"] == {"type": "object"}
+    calls = calling.calls('[{"name": "clock", "parameters": {}}, {"name": "weather", "parameters": {"city": "Rome"}}]')
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+        [("clock", {}), ("weather", {"city": "Rome"})]
+    assert len({c["id"] for c in calls}) == 2
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"tools": [WEATHER]}, 'tool_choice "auto" (the default with tools) is not supported'),
+    ({"tools": [WEATHER], "tool_choice": "auto"}, "send tool_choice \"required\""),
+    ({"tool_choice": "required"}, "needs tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "stocks"}}},
+     "names function 'stocks', which is not in tools (weather)"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, 'tool_choice must be "none", "auto", "required"'),
+    ({"tools": [{"type": "retrieval"}], "tool_choice": "required"}, "tools[0] must be"),
+    ({"tools": [WEATHER, WEATHER], "tool_choice": "required"}, "defined twice"),
+    ({"tools": {"weather": {}}, "tool_choice": "required"}, "tools must be a list"),
+])
+def test_tool_requests_that_cannot_be_served_say_what_to_send(body, fragment):
+    with pytest.raises(InvalidArgument) as exc:
+        tool_calling(body)
+    assert fragment in str(exc.value)
