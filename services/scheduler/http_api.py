@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API, served by the scheduler process next to its gRPC service.
 
-``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat template), SSE streaming, ``/v1/models``
-and ``/health``. Prompts may be text or token ids, one or a list of them (completions); ``n`` choices per
+``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat template), SSE streaming, ``/v1/models``,
+``/health``, and vLLM's ``/tokenize`` and ``/detokenize``. Prompts may be text or token ids, one or a list of them (completions); ``n`` choices per
 prompt, choice ``i * n + j`` the j-th of prompt i, each its own request in the mesh (queued all or none);
 ``return_token_ids: true`` adds ``token_ids`` to each choice (vLLM's extension). Errors use OpenAI's shape,
 ``{"error": {"message", "type", "code"}}``, with
@@ -52,6 +52,8 @@ def create_app(frontend: Frontend, registry: CollectorRegistry | None = None) ->
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
     ]
     if registry is not None:
         async def metrics(request: Request) -> Response:
@@ -121,6 +123,35 @@ class _OpenAI:
         except SeawallError as exc:
             return error_response(exc)
         return await self._respond(request, body, tracked, n, chat=True, tools=tools)
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's ``/tokenize``: a ``prompt`` (text) or chat ``messages`` (rendered by the chat template, as
+        ``/v1/chat/completions`` would) as the token ids the model would see."""
+        try:
+            body = await _json_body(request)
+            if "messages" in body:
+                ids = self._render_chat(body, body.get("chat_template_kwargs") or {})
+            elif isinstance(body.get("prompt"), str):
+                ids = self.frontend.encode(body["prompt"])
+            else:
+                raise InvalidArgument("send \"prompt\" (a string) or chat \"messages\"")
+        except SeawallError as exc:
+            return error_response(exc)
+        return JSONResponse({"count": len(ids), "max_model_len": self.frontend.max_model_len, "tokens": ids})
+
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's ``/detokenize``: token ids as text (special tokens kept, as the model saw them)."""
+        try:
+            body = await _json_body(request)
+            tokens, vocab = body.get("tokens"), self.frontend.checkpoint.config.vocab_size
+            if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)):
+                raise InvalidArgument(f"tokens must be a list of token ids, got {tokens!r}")
+            bad = next((t for t in tokens if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidArgument(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        except SeawallError as exc:
+            return error_response(exc)
+        return JSONResponse({"prompt": self.frontend.tokenizer.decode(tokens, skip_special_tokens=False)})
 
     def _submit(self, request: Request, body: dict, prompts: list[list[int]], params: SamplingParams,
                 n: int) -> list[TrackedRequest]:

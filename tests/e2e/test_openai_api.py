@@ -369,6 +369,20 @@ def test_forced_tool_calls_come_back_as_tool_calls_streamed_or_not(http):
     assert cut["finish_reason"] == "length" and cut["message"]["content"].startswith("{")
 
 
+def test_tokenize_and_detokenize_round_trip_and_count_what_a_chat_would_send(http):
+    tokens = http.post("/tokenize", json={"prompt": "The quick brown fox"}).json()
+    assert tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] == 4096
+    assert http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"] == "The quick brown fox"
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
+    counted = http.post("/tokenize", json=chat).json()["count"]
+    assert http.post("/v1/chat/completions", json=chat).json()["usage"]["prompt_tokens"] == counted
+    for path, body, fragment in [("/tokenize", {"prompt": 5}, 'send "prompt" (a string) or chat "messages"'),
+                                 ("/detokenize", {"tokens": [1, 99999]}, "token id 99999 is outside"),
+                                 ("/detokenize", {"tokens": "abc"}, "tokens must be a list of token ids")]:
+        response = http.post(path, json=body)
+        assert response.status_code == 400 and fragment in response.json()["error"]["message"]
+
+
 def test_text_parts_give_the_same_chat_as_a_string(http):
     body = {"max_tokens": 6, "temperature": 0, "return_token_ids": True}
     whole = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "Hi\nthere"}]})
