@@ -22,9 +22,12 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.common.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from services.scheduler.tracked import Delta
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -84,6 +87,41 @@ class ToolCalling:
         if self.function is not None:
             return [_call(self.function, text)]
         return [_call(item["name"], json.dumps(item["parameters"])) for item in value]
+
+
+class ToolCallStream:
+    """One choice's forced tool call, streamed as OpenAI streams them: a named function's arguments piece by
+    piece as they are generated; the calls of ``"required"`` (a JSON array naming its functions) once complete."""
+
+    def __init__(self, tools: ToolCalling) -> None:
+        self.tools = tools
+        self.text = ""
+        self.started = False
+        self.id = f"call_{uuid.uuid4().hex[:24]}"
+
+    def delta(self, merged: Delta) -> tuple[dict[str, Any], str | None]:
+        self.text += merged.text
+        out: dict[str, Any] = {} if self.started else {"role": "assistant"}
+        finish = merged.finish_reason
+        if self.tools.function is not None:
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": merged.text}}
+            if not self.started:
+                call = {"index": 0, "id": self.id, "type": "function",
+                        "function": {"name": self.tools.function, "arguments": merged.text}}
+            out["tool_calls"] = [call]
+        elif finish is not None:
+            calls = self.tools.calls(self.text)
+            if calls is None:  # cut short by max_tokens: the text it got to
+                out["content"] = self.text
+            else:
+                out["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+        self.started = True
+        return out, tool_finish_reason(finish)
+
+
+def tool_finish_reason(reason: str | None) -> str | None:
+    """A forced tool call that ended with its grammar reports ``tool_calls``, as OpenAI does."""
+    return "tool_calls" if reason == "stop" else reason
 
 
 def _call(name: str, arguments: str) -> dict[str, Any]:

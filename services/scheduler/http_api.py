@@ -35,7 +35,13 @@ from services.common.openai_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.common.sampling_params import SamplingParams, from_openai_completion, num_choices
-from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
+from services.scheduler.chat_tools import (
+    ToolCalling,
+    ToolCallStream,
+    chat_messages,
+    tool_calling,
+    tool_finish_reason,
+)
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.tracked import Delta, TrackedRequest
 
@@ -211,7 +217,7 @@ class _OpenAI:
             calls = tools.calls(out.text) if tools is not None else None
             if calls is not None:
                 choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
-                choice["finish_reason"] = _tool_finish(out.finish_reason)
+                choice["finish_reason"] = tool_finish_reason(out.finish_reason)
             elif chat:  # a tool call cut short by max_tokens comes back as the text it got to
                 choice["message"] = {"role": "assistant", "content": out.text}
             else:
@@ -246,7 +252,7 @@ class _OpenAI:
         obj = "chat.completion.chunk" if chat else "text_completion"
         first = [True] * len(tracked)
         offsets = [0] * len(tracked)  # characters of each choice's token texts so far (completions' text_offset)
-        calls = [_ToolCallStream(tools) for _ in tracked] if tools is not None else None
+        calls = [ToolCallStream(tools) for _ in tracked] if tools is not None else None
         async for ready in self._stream(tracked):
             for i, merged in ready:  # one event per choice, as OpenAI streams them
                 echo = echoed is not None and first[i]  # the prompt goes out with the choice's first chunk
@@ -288,41 +294,6 @@ class _OpenAI:
         else:
             async for ready in self.frontend.stream_many(tracked, [False] * len(tracked)):
                 yield ready
-
-
-class _ToolCallStream:
-    """One choice's forced tool call, streamed as OpenAI streams them: a named function's arguments piece by
-    piece as they are generated; the calls of ``"required"`` (a JSON array naming its functions) once complete."""
-
-    def __init__(self, tools: ToolCalling) -> None:
-        self.tools = tools
-        self.text = ""
-        self.started = False
-        self.id = f"call_{uuid.uuid4().hex[:24]}"
-
-    def delta(self, merged: Delta) -> tuple[dict[str, Any], str | None]:
-        self.text += merged.text
-        out: dict[str, Any] = {} if self.started else {"role": "assistant"}
-        finish = merged.finish_reason
-        if self.tools.function is not None:
-            call: dict[str, Any] = {"index": 0, "function": {"arguments": merged.text}}
-            if not self.started:
-                call = {"index": 0, "id": self.id, "type": "function",
-                        "function": {"name": self.tools.function, "arguments": merged.text}}
-            out["tool_calls"] = [call]
-        elif finish is not None:
-            calls = self.tools.calls(self.text)
-            if calls is None:  # cut short by max_tokens: the text it got to
-                out["content"] = self.text
-            else:
-                out["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
-        self.started = True
-        return out, _tool_finish(finish)
-
-
-def _tool_finish(reason: str | None) -> str | None:
-    """A forced tool call that ended with its grammar reports ``tool_calls``, as OpenAI does."""
-    return "tool_calls" if reason == "stop" else reason
 
 
 @dataclass(frozen=True)

@@ -86,3 +86,25 @@ def test_tool_requests_that_cannot_be_served_say_what_to_send(body, fragment):
     with pytest.raises(InvalidArgument) as exc:
         tool_calling(body)
     assert fragment in str(exc.value)
+
+
+def test_a_named_call_streams_its_arguments_and_required_calls_come_once_complete():
+    from services.scheduler.chat_tools import ToolCallStream
+    from services.scheduler.tracked import Delta
+
+    named = ToolCallStream(tool_calling({"tools": [WEATHER], "tool_choice": {"type": "function",
+                                                                             "function": {"name": "weather"}}}))
+    first, _ = named.delta(Delta(text='{"city": '))
+    second, finish = named.delta(Delta(text='"Oslo"}', finish_reason="stop"))
+    assert first["role"] == "assistant" and first["tool_calls"][0]["function"] == {"name": "weather",
+                                                                                    "arguments": '{"city": '}
+    assert first["tool_calls"][0]["id"].startswith("call_") and "id" not in second["tool_calls"][0]
+    assert second == {"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]} and finish == "tool_calls"
+
+    required = ToolCallStream(tool_calling({"tools": [WEATHER, CLOCK], "tool_choice": "required"}))
+    assert required.delta(Delta(text='[{"name": "clock", ')) == ({"role": "assistant"}, None)
+    done, finish = required.delta(Delta(text='"parameters": {}}]', finish_reason="stop"))
+    assert finish == "tool_calls" and done["tool_calls"][0]["function"] == {"name": "clock", "arguments": "{}"}
+    cut = ToolCallStream(tool_calling({"tools": [CLOCK], "tool_choice": "required"}))
+    assert cut.delta(Delta(text='[{"na', finish_reason="length")) == ({"role": "assistant", "content": '[{"na'},
+                                                                      "length")
