@@ -13,8 +13,9 @@ output (no model-specific parser needed), as vLLM does for the same two cases:
 * ``"required"``: the output is a JSON array of one or more ``{"name": ..., "parameters": {...}}`` objects,
   each the name of one of the tools with that tool's parameters.
 
-``"auto"`` (OpenAI's default when tools are given) would need a parser of the model's own tool-call format, so
-it is refused with a message that says what to send instead; ``"none"`` generates text.
+With ``"auto"`` (OpenAI's default when tools are given) the model decides, in its own tool-call syntax: the
+mesh reads it with the parser it was started with (``--tool-call-parser``, services/scheduler/tool_parsers.py)
+and refuses ``"auto"`` without one, saying what to send instead. ``"none"`` generates text.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from services.common.errors import InvalidArgument
+from services.scheduler.tool_parsers import ToolParser, openai_call
 
 if TYPE_CHECKING:
     from services.scheduler.tracked import Delta
@@ -73,20 +75,37 @@ def _content(content: Any, where: str) -> str | None:
 
 @dataclass(frozen=True)
 class ToolCalling:
-    """A request whose output is tool calls: the structured output that forces them, and how to read them."""
+    """A chat request that may answer with tool calls: forced ones (``structured_output`` makes the output their
+    JSON; ``function`` names the one function, None for ``"required"``), or the model's own choice read back
+    by ``parser`` (``"auto"``)."""
 
-    structured_output: tuple[str, str]
-    function: str | None  # the named function; None for "required" (the output names its functions)
+    structured_output: tuple[str, str] | None
+    function: str | None = None
+    parser: ToolParser | None = None
 
     def calls(self, text: str) -> list[dict[str, Any]] | None:
-        """The output as OpenAI ``tool_calls``, or None when it is not complete JSON (cut by max_tokens)."""
+        """A forced call's output as OpenAI ``tool_calls``, or None when it is not complete JSON (cut by
+        max_tokens)."""
         try:
             value = json.loads(text)
         except ValueError:
             return None
         if self.function is not None:
-            return [_call(self.function, text)]
-        return [_call(item["name"], json.dumps(item["parameters"])) for item in value]
+            return [openai_call(self.function, text)]
+        return [openai_call(item["name"], json.dumps(item["parameters"])) for item in value]
+
+    def message(self, text: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
+        """The whole output as the assistant message, and the choice's finish reason."""
+        if self.parser is not None:
+            content, calls = self.parser.split(text)
+        else:
+            content, calls = None, self.calls(text) or []
+        if not calls:  # no call, or a forced one cut short by max_tokens: the text it got to
+            return {"role": "assistant", "content": text}, finish
+        return {"role": "assistant", "content": content, "tool_calls": calls}, tool_finish_reason(finish)
+
+    def stream(self) -> ToolCallStream | AutoToolStream:
+        return AutoToolStream(self.parser) if self.parser is not None else ToolCallStream(self)
 
 
 class ToolCallStream:
@@ -119,19 +138,55 @@ class ToolCallStream:
         return out, tool_finish_reason(finish)
 
 
+class AutoToolStream:
+    """One choice of a ``"auto"`` request, streamed: text goes out as text until the parser sees a tool call
+    begin (what could still be the start of one is held back); from there the reply is kept, and its calls
+    go out once it ends. A reply that turns out not to hold a call goes out as text."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        self.parser = parser
+        self.text = ""
+        self.sent = 0  # characters of text sent as content
+        self.calling = False
+        self.started = False
+
+    def delta(self, merged: Delta) -> tuple[dict[str, Any], str | None]:
+        self.text += merged.text
+        out: dict[str, Any] = {} if self.started else {"role": "assistant"}
+        self.started = True
+        finish = merged.finish_reason
+        if not self.calling:
+            begin = self.parser.start(self.text)
+            self.calling = begin is not None
+            upto = begin if begin is not None else len(self.text) - self.parser.held(self.text)
+            if finish is not None and not self.calling:
+                upto = len(self.text)
+            self._send(out, upto)
+        if self.calling and finish is not None:
+            content, calls = self.parser.split(self.text)
+            if calls:
+                out["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+                return out, tool_finish_reason(finish)
+            self._send(out, len(self.text))
+        return out, finish
+
+    def _send(self, out: dict[str, Any], upto: int) -> None:
+        if upto > self.sent:
+            out["content"] = out.get("content", "") + self.text[self.sent:upto]
+            self.sent = upto
+        elif "role" in out:
+            out["content"] = ""
+
+
 def tool_finish_reason(reason: str | None) -> str | None:
-    """A forced tool call that ended with its grammar reports ``tool_calls``, as OpenAI does."""
+    """A reply that ended with tool calls reports ``tool_calls``, as OpenAI does."""
     return "tool_calls" if reason == "stop" else reason
 
 
-def _call(name: str, arguments: str) -> dict[str, Any]:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": arguments}}
-
-
-def tool_calling(body: dict[str, Any]) -> ToolCalling | None:
-    """What ``tools`` and ``tool_choice`` ask for: a ToolCalling when a call is forced, None when the output is
-    text (no tools, or ``"none"``); raises InvalidArgument for what cannot be served, saying what to send."""
+def tool_calling(body: dict[str, Any], parser: ToolParser | None = None) -> ToolCalling | None:
+    """What ``tools`` and ``tool_choice`` ask for: a ToolCalling when a call is forced, or with ``"auto"`` when
+    ``parser`` reads this model's calls; None when the output is text (no tools, or ``"none"``); raises
+    InvalidArgument for what cannot be served, saying what to send."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not tools:
         if choice not in (None, "none", "auto"):
@@ -141,9 +196,12 @@ def tool_calling(body: dict[str, Any]) -> ToolCalling | None:
     if choice == "none":
         return None
     if choice is None or choice == "auto":
-        raise InvalidArgument("tool_choice \"auto\" (the default with tools) is not supported: it needs a parser "
-                              "of this model's own tool-call format; send tool_choice \"required\" or "
-                              "{\"type\": \"function\", \"function\": {\"name\": ...}}, or \"none\"")
+        if parser is not None:
+            return ToolCalling(None, parser=parser)
+        raise InvalidArgument("tool_choice \"auto\" (the default with tools) needs a parser of this model's own "
+                              "tool-call format: start the mesh with --tool-call-parser (hermes, llama3_json), or "
+                              "send tool_choice \"required\" or {\"type\": \"function\", \"function\": "
+                              "{\"name\": ...}}, or \"none\"")
     if choice == "required":
         variants = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
                                                       "parameters": schema},

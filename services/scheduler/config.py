@@ -43,6 +43,9 @@ class SchedulerServiceConfig:
     # DualPath: load a cached prefix through the prefill worker ("pe-read"), the decode worker ("de-read"), or
     # per request the side with the shorter storage-read queue ("dual").
     kv_read_policy: str = "dual"
+    # How the chat API reads tool calls in the model's own syntax (tool_choice "auto"): "hermes",
+    # "llama3_json" (services/scheduler/tool_parsers.py); None = "auto" is refused.
+    tool_call_parser: str | None = None
     # A KV transfer not done within this many seconds fails; the request is recomputed on the receiver.
     transfer_timeout_s: float = 30.0
     # A worker that does not answer a step within this many seconds is declared dead.

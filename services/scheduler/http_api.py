@@ -35,14 +35,9 @@ from services.common.openai_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.common.sampling_params import SamplingParams, from_openai_completion, num_choices
-from services.scheduler.chat_tools import (
-    ToolCalling,
-    ToolCallStream,
-    chat_messages,
-    tool_calling,
-    tool_finish_reason,
-)
+from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
 from services.scheduler.frontend import Frontend, Submission
+from services.scheduler.tool_parsers import ToolParser
 from services.scheduler.tracked import Delta, TrackedRequest
 
 # Chat fields handled here rather than by SamplingParams.from_openai.
@@ -50,9 +45,11 @@ _CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs",
               "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n"}
 
 
-def create_app(frontend: Frontend, registry: CollectorRegistry | None = None) -> Starlette:
-    """The API's routes; with ``registry``, also Prometheus text at ``/metrics``."""
-    api = _OpenAI(frontend)
+def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
+               tool_parser: ToolParser | None = None) -> Starlette:
+    """The API's routes; with ``registry``, also Prometheus text at ``/metrics``; ``tool_parser`` reads tool
+    calls in the model's own syntax (``tool_choice: "auto"``)."""
+    api = _OpenAI(frontend, tool_parser)
     routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
@@ -76,8 +73,9 @@ def error_response(exc: SeawallError) -> JSONResponse:
 
 
 class _OpenAI:
-    def __init__(self, frontend: Frontend) -> None:
+    def __init__(self, frontend: Frontend, tool_parser: ToolParser | None = None) -> None:
         self.frontend = frontend
+        self.tool_parser = tool_parser
         self._template = _chat_template(frontend)
         self._texts = TokenTexts(frontend.tokenizer)
 
@@ -108,7 +106,7 @@ class _OpenAI:
     async def chat(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
-            tools = tool_calling(body)
+            tools = tool_calling(body, self.tool_parser)
             prompt = self._render_chat(body, body.get("chat_template_kwargs") or {})
             sampling = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
             if body.get("max_completion_tokens") is not None:
@@ -120,7 +118,7 @@ class _OpenAI:
                 sampling["logprobs"] = top
             n = num_choices(body)
             params = SamplingParams.from_openai(sampling)
-            if tools is not None:
+            if tools is not None and tools.structured_output is not None:
                 if params.structured_output is not None:
                     raise InvalidArgument("a forced tool call constrains the output already: drop response_format "
                                           "(or the structured output) or tool_choice")
@@ -214,11 +212,9 @@ class _OpenAI:
         for i, out in enumerate(merged):
             choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason,
                                       "logprobs": self._logprobs(tracked[i], out, chat, echo=echoed is not None)}
-            calls = tools.calls(out.text) if tools is not None else None
-            if calls is not None:
-                choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
-                choice["finish_reason"] = tool_finish_reason(out.finish_reason)
-            elif chat:  # a tool call cut short by max_tokens comes back as the text it got to
+            if tools is not None:
+                choice["message"], choice["finish_reason"] = tools.message(out.text, out.finish_reason)
+            elif chat:
                 choice["message"] = {"role": "assistant", "content": out.text}
             else:
                 choice["text"] = (echoed[i] if echoed else "") + out.text
@@ -252,7 +248,7 @@ class _OpenAI:
         obj = "chat.completion.chunk" if chat else "text_completion"
         first = [True] * len(tracked)
         offsets = [0] * len(tracked)  # characters of each choice's token texts so far (completions' text_offset)
-        calls = [ToolCallStream(tools) for _ in tracked] if tools is not None else None
+        calls = [tools.stream() for _ in tracked] if tools is not None else None
         async for ready in self._stream(tracked):
             for i, merged in ready:  # one event per choice, as OpenAI streams them
                 echo = echoed is not None and first[i]  # the prompt goes out with the choice's first chunk

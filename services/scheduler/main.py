@@ -41,6 +41,7 @@ from services.scheduler.kvcache_client import KVCacheClient
 from services.scheduler.mesh import Mesh
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.server import SchedulerServicer
+from services.scheduler.tool_parsers import PARSERS, tool_parser
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +143,14 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--metrics-port", type=int, default=0,
                    help="Prometheus text on this port too (0 = off; the HTTP API always serves /metrics)")
     add_scheduling_flags(p)
+    p.add_argument("--tool-call-parser", choices=tuple(PARSERS), default=None,
+                   help="read tool calls in the model's own syntax, for tool_choice \"auto\" (default: none)")
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
-                   kvcache_address=args.kvcache, step_pipelining=args.step_pipelining)
+                   kvcache_address=args.kvcache, step_pipelining=args.step_pipelining,
+                   tool_call_parser=args.tool_call_parser)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -186,7 +190,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
         port = await server.start(config.host, config.grpc_port)
         log.info("scheduler gRPC on %s:%d (%s, policy %s)", config.host, port, config.mode, config.core.policy)
         if http_socket is not None:
-            http = _Uvicorn(uvicorn.Config(create_app(frontend, metrics.registry), host=config.host,
+            http = _Uvicorn(uvicorn.Config(create_app(frontend, metrics.registry, tool_parser(config.tool_call_parser)), host=config.host,
                                            port=config.http_port, log_level="warning", lifespan="off"))
             tg.start_soon(http.serve, [http_socket])
             log.info("OpenAI API on http://%s:%d/v1", config.host, config.http_port)

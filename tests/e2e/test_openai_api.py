@@ -383,6 +383,41 @@ def test_tokenize_and_detokenize_round_trip_and_count_what_a_chat_would_send(htt
         assert response.status_code == 400 and fragment in response.json()["error"]["message"]
 
 
+@pytest.fixture(scope="module")
+def hermes_http(tiny_model_dir, tmp_path_factory):
+    """A colocated mesh that reads tool calls in the Hermes syntax (tool_choice "auto")."""
+    from tests.e2e.conftest import start_mesh
+
+    mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("hermes"), mode="colocated",
+                      scheduler_args=["--tool-call-parser", "hermes"])
+    with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
+        yield client
+    mesh.stop()
+
+
+def test_auto_tool_calls_are_read_in_the_models_own_syntax(hermes_http):
+    """The built-in model has no tool-call habits: a structured output makes it write exactly what a Hermes-style
+    model would, and the API must turn that into text plus tool_calls."""
+    reply = 'Let me check.<tool_call>{"name": "weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>'
+    body = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 80, "temperature": 0,
+            "tools": [WEATHER, CLOCK], "structured_outputs": {"choice": [reply]}}
+    choice = hermes_http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me check."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "weather" and json.loads(call["function"]["arguments"]) == {
+        "city": "Oslo", "days": 2}
+    events = _sse(hermes_http.post("/v1/chat/completions", json={**body, "stream": True}))
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "Let me check."
+    streamed = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [c["function"] for c in streamed] == [call["function"]]
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # A reply without a call is text (a mesh without a parser refuses "auto": test_chat_features_... above).
+    plain = hermes_http.post("/v1/chat/completions", json={**body, "structured_outputs": {"choice": ["Sunny."]}})
+    assert plain.json()["choices"][0]["message"] == {"role": "assistant", "content": "Sunny."}
+    assert plain.json()["choices"][0]["finish_reason"] == "stop"
+
+
 def test_text_parts_give_the_same_chat_as_a_string(http):
     body = {"max_tokens": 6, "temperature": 0, "return_token_ids": True}
     whole = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "Hi\nthere"}]})
@@ -429,7 +464,7 @@ def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(ht
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 'tool_choice "auto" (the default with tools)'),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "start the mesh with --tool-call-parser"),
     ({"tool_choice": "required"}, "needs tools"),
 ])
 def test_chat_features_not_implemented_are_refused_not_ignored(http, extra, fragment):

@@ -42,6 +42,19 @@ def test_bad_messages_are_named(messages, fragment):
     assert fragment in str(exc.value)
 
 
+def test_auto_with_a_parser_reads_the_models_own_calls():
+    from services.scheduler.tool_parsers import HermesParser
+
+    calling = tool_calling({"tools": [WEATHER]}, HermesParser())
+    assert calling.structured_output is None and isinstance(calling.parser, HermesParser)
+    message, finish = calling.message('Sure.<tool_call>{"name": "weather", "arguments": {"city": "Lima"}}</tool_call>',
+                                      "stop")
+    assert finish == "tool_calls" and message["content"] == "Sure."
+    assert message["tool_calls"][0]["function"] == {"name": "weather", "arguments": '{"city": "Lima"}'}
+    assert calling.message("No tools needed.", "stop") == ({"role": "assistant", "content": "No tools needed."},
+                                                           "stop")
+
+
 def test_no_forced_call_means_text():
     assert tool_calling({}) is None
     assert tool_calling({"tools": [WEATHER], "tool_choice": "none"}) is None
@@ -72,7 +85,7 @@ def test_required_constrains_the_output_to_calls_of_the_given_functions():
 
 
 @pytest.mark.parametrize("body, fragment", [
-    ({"tools": [WEATHER]}, 'tool_choice "auto" (the default with tools) is not supported'),
+    ({"tools": [WEATHER]}, 'tool_choice "auto" (the default with tools) needs a parser'),
     ({"tools": [WEATHER], "tool_choice": "auto"}, "send tool_choice \"required\""),
     ({"tool_choice": "required"}, "needs tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "stocks"}}},

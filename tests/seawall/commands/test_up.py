@@ -103,3 +103,13 @@ def test_up_and_bench_pass_the_step_thread_to_the_workers_when_one_is_chosen():
     args = parser.parse_args(["bench", "--spawn", "--step-thread", "loop"])
     assert bench.mesh_options(args, "sarathi").worker_args[-2:] == ["--step-thread", "loop"]
     assert "--step-thread loop" in bench.mesh_flags(args)
+
+
+def test_up_passes_the_tool_call_parser_to_the_scheduler():
+    from seawall.cli import build_parser
+    from seawall.commands import up
+
+    parser = build_parser()
+    assert "--tool-call-parser" not in up.options_from(parser.parse_args(["up"])).scheduler_args
+    sched = up.options_from(parser.parse_args(["up", "--tool-call-parser", "hermes"])).scheduler_args
+    assert sched[sched.index("--tool-call-parser") + 1] == "hermes"
