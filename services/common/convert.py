@@ -42,6 +42,7 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         frequency_penalty=p.frequency_penalty, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids),
         ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
         include_stop_str_in_output=p.include_stop_str_in_output, logit_bias=dict(p.logit_bias),
+        keep_special_tokens=not p.skip_special_tokens,
         allowed_token_ids=list(p.allowed_token_ids),
     )
     if p.seed is not None:
@@ -96,6 +97,7 @@ def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         allowed_token_ids=tuple(msg.allowed_token_ids),
         structured_output=_structured_from_proto(msg),
+        skip_special_tokens=not msg.keep_special_tokens,
     )
 
 

@@ -82,6 +82,8 @@ class SamplingParams:
     # schema, as JSON text), "regex", "choice" (a JSON array of the allowed strings), "grammar" (Lark or GBNF).
     # The request ends when the grammar is complete. None = free text.
     structured_output: tuple[str, str] | None = None
+    # Leave special tokens (end-of-turn markers, tool-call tags) out of the output text, as vLLM does by default.
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1)
@@ -110,6 +112,7 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        _check_bool("skip_special_tokens", self.skip_special_tokens)
         if self.prompt_logprobs is not None:
             _check_int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_LOGPROBS)
         self._check_token_constraints()
@@ -372,6 +375,7 @@ _OPENAI_FIELDS = frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "ignore_eos",
     "min_tokens", "include_stop_str_in_output", "prompt_logprobs", "logit_bias", "allowed_token_ids",
+    "skip_special_tokens",
 })
 # Handled by the API layer, not by sampling.
 _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",

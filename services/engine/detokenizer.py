@@ -39,10 +39,12 @@ class IncrementalDetokenizer:
         self,
         tokenizer: Tokenizer,
         params: SamplingParams,
-        skip_special_tokens: bool = True,
+        skip_special_tokens: bool | None = None,
         prompt_token_ids: Sequence[int] = (),
     ) -> None:
         self._params = params
+        if skip_special_tokens is None:  # the request's own choice
+            skip_special_tokens = params.skip_special_tokens
         self._max_stop = max((len(s) for s in params.stop), default=0)
         prefix = _prompt_suffix(tokenizer, prompt_token_ids)
         if DecodeStream is not None:

@@ -29,7 +29,8 @@ def test_a_plan_with_every_kind_of_entry_round_trips():
                                                                          stop=("x",), logprobs=2,
                                                                          prompt_logprobs=0,
                                                                          logit_bias=((3, -1.5), (9, 2.0)),
-                                                                         allowed_token_ids=(9, 3, 4)))],
+                                                                         allowed_token_ids=(9, 3, 4),
+                                                                         skip_special_tokens=False))],
         continuing=[
             ContinuingSequence("b", [11], [42]),  # a decode that needs a new block
             ContinuingSequence("c", [], [43]),  # a decode with room left, handed a token it did not sample

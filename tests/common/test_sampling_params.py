@@ -63,6 +63,7 @@ BAD_VALUES = [
     ("structured_output", ("choice", "[]"), "non-empty list of non-empty strings"),
     ("structured_output", ("regex", ""), "non-empty spec"),
     ("structured_output", "json", "(kind, spec) pair"),
+    ("skip_special_tokens", "no", "true or false"),
 ]
 
 
@@ -124,13 +125,14 @@ def test_from_openai_maps_every_field():
         "seed": 7, "stop": ["a", "bc"], "stop_token_ids": [2, 3], "presence_penalty": 0.5,
         "frequency_penalty": -0.5, "repetition_penalty": 1.2, "logprobs": 3, "ignore_eos": True,
         "min_tokens": 2, "prompt_logprobs": 1, "logit_bias": {"50": 5, "7": -100.0}, "allowed_token_ids": [7, 50, 9],
+        "skip_special_tokens": False,
     }
     p = SamplingParams.from_openai(body)
     assert p == SamplingParams(
         max_tokens=5, temperature=0.0, top_p=0.9, top_k=40, min_p=0.05, seed=7, stop=("a", "bc"),
         stop_token_ids=(2, 3), presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
         logprobs=3, ignore_eos=True, min_tokens=2, prompt_logprobs=1, logit_bias=((7, -100.0), (50, 5.0)),
-        allowed_token_ids=(7, 50, 9),
+        allowed_token_ids=(7, 50, 9), skip_special_tokens=False,
     )
     assert p.constrains_tokens and not SamplingParams().constrains_tokens
     assert isinstance(p.temperature, float)

@@ -369,6 +369,20 @@ def test_forced_tool_calls_come_back_as_tool_calls_streamed_or_not(http):
     assert cut["finish_reason"] == "length" and cut["message"]["content"].startswith("{")
 
 
+def test_special_tokens_are_left_out_of_the_text_unless_asked_for(http, default_mesh):
+    # logit_bias makes the model say its end-of-turn token (id 5) twice; ignore_eos keeps it going.
+    body = {"prompt": [7, 8, 9], "max_tokens": 2, "temperature": 0, "ignore_eos": True, "logit_bias": {"5": 100},
+            "return_token_ids": True}
+    default = http.post("/v1/completions", json=body).json()["choices"][0]
+    kept = http.post("/v1/completions", json={**body, "skip_special_tokens": False}).json()["choices"][0]
+    assert default["token_ids"] == kept["token_ids"] == [5, 5]
+    assert default["text"] == "" and kept["text"] == "<|eot_id|><|eot_id|>"
+    with Client(default_mesh.grpc_address) as client:
+        out = client.generate([7, 8, 9], max_tokens=2, temperature=0, ignore_eos=True, logit_bias={5: 100.0},
+                              skip_special_tokens=False)
+    assert out.text == "<|eot_id|><|eot_id|>"
+
+
 def test_tokenize_and_detokenize_round_trip_and_count_what_a_chat_would_send(http):
     tokens = http.post("/tokenize", json={"prompt": "The quick brown fox"}).json()
     assert tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] == 4096
