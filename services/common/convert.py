@@ -60,7 +60,6 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
     return msg
 
 
-
 def _structured_from_proto(msg: common_pb2.SamplingParams) -> tuple[str, str] | None:
     if not msg.HasField("structured_output"):
         return None

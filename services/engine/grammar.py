@@ -23,6 +23,7 @@ import torch
 from tokenizers import Tokenizer
 
 from services.common.errors import InvalidArgument
+from services.common.sampling_params import STRUCTURED_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def llguidance_grammar(kind: str, spec: str) -> str:
             return llguidance.grammar_from("grammar", spec)
     except ValueError as exc:
         raise InvalidArgument(f"structured output ({kind}): {exc}") from None
-    raise InvalidArgument(f"unknown structured output kind {kind!r}; known: json, regex, choice, grammar")
+    raise InvalidArgument(f"unknown structured output kind {kind!r}; known: {', '.join(STRUCTURED_KINDS)}")
 
 
 class GrammarCompiler:
@@ -97,11 +98,14 @@ class GrammarCompiler:
             self._template(structured)
 
     def matcher(self, structured: tuple[str, str]) -> SequenceGrammar:
-        return SequenceGrammar(self._template(structured).deep_copy(), self.mask_words)
+        return SequenceGrammar(self._template(structured).deep_copy())
 
     def masks(self, grammars: list[SequenceGrammar], outputs: list[list[int]]) -> list[torch.Tensor | None]:
-        """Each grammar's mask after its output tokens (``SequenceGrammar.next_mask``), computed in one call:
-        rows of one int32 [len(grammars), words] tensor."""
+        """Each grammar's mask of the tokens allowed after its output tokens, as llguidance's bitmask: rows of one
+        int32 [len(grammars), words] tensor, computed in one call. Once a grammar is complete only the
+        end-of-sequence tokens are allowed (also past them: a multi-step plan runs past a stop, and the scheduler
+        drops what follows). None for a matcher that failed."""
+        # llguidance.torch has helpers for this, but importing it compiles TorchScript kernels this does not use.
         out = torch.zeros(len(grammars), self.mask_words, dtype=torch.int32)
         live = [(g.sync(o), k) for k, (g, o) in enumerate(zip(grammars, outputs, strict=True))]
         live = [(m, k) for m, k in live if m is not None]
@@ -117,10 +121,10 @@ class GrammarCompiler:
 class SequenceGrammar:
     """One sequence's matcher and how many of its output tokens it has consumed."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
         self._matcher = matcher
-        self._mask_words = mask_words
         self._consumed = 0
+        self._failed = False
 
     def sync(self, output_token_ids: list[int]) -> llguidance.LLMatcher | None:
         """Consumes the output tokens not seen yet; the matcher, or None if it failed (which masking makes
@@ -131,18 +135,8 @@ class SequenceGrammar:
             self._matcher.consume_token(token)
         self._consumed = len(output_token_ids)
         if self._matcher.is_error():
-            log.warning("structured output matcher failed: %s", self._matcher.get_error())
+            if not self._failed:  # once, not at every later token
+                log.warning("structured output matcher failed: %s", self._matcher.get_error())
+                self._failed = True
             return None
         return self._matcher
-
-    def next_mask(self, output_token_ids: list[int]) -> torch.Tensor | None:
-        """The bitmask of tokens allowed after ``output_token_ids`` (int32, [1, words]): once the grammar is
-        complete, only the end-of-sequence tokens (also past them: a multi-step plan runs past a stop, and the
-        scheduler drops what follows). None if the matcher failed."""
-        matcher = self.sync(output_token_ids)
-        if matcher is None:
-            return None
-        # llguidance.torch has helpers for this, but importing it compiles TorchScript kernels this does not use.
-        mask = torch.zeros(1, self._mask_words, dtype=torch.int32)
-        matcher.unsafe_compute_mask_ptr(mask.data_ptr(), mask.numel() * 4)
-        return mask

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.scheduler.core.scheduler import SchedulerConfig
+from services.scheduler.tool_parsers import PARSERS
 
 MODES = ("disaggregated", "colocated")
 TRANSPORTS = ("nixl", "grpc")
@@ -75,6 +76,8 @@ class SchedulerServiceConfig:
                 raise ValueError(f"{name} must be in [0, 65535], got {port}")
         if self.kvcache_address is not None and ":" not in self.kvcache_address:
             raise ValueError(f"kvcache_address must be host:port, got {self.kvcache_address!r}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {self.tool_call_parser!r}")
         if self.max_queue_len < 1:
             raise ValueError(f"max_queue_len must be >= 1, got {self.max_queue_len}")
         for name in ("transfer_timeout_s", "step_timeout_s"):

@@ -287,7 +287,7 @@ def test_structured_output_matches_transformers_under_the_same_grammar(http, def
             self.matcher, self.prompt_len = compiler.matcher(structured), prompt_len
 
         def __call__(self, input_ids, scores):
-            mask = self.matcher.next_mask(input_ids[0, self.prompt_len:].tolist())
+            (mask,) = compiler.masks([self.matcher], [input_ids[0, self.prompt_len:].tolist()])
             t = torch.arange(scores.shape[1])
             return scores.masked_fill(((mask[0][t // 32] >> (t % 32)) & 1) == 0, float("-inf"))
 

@@ -27,11 +27,16 @@ def allowed(mask: torch.Tensor, vocab: int) -> set[int]:
     return set(torch.nonzero((mask[0][t // 32] >> (t % 32)) & 1).flatten().tolist())
 
 
+def next_mask(compiler, grammar, output):
+    (mask,) = compiler.masks([grammar], [output])
+    return mask
+
+
 def walk(compiler, checkpoint, structured, pick, steps=60) -> list[int]:
     """Tokens chosen by ``pick(allowed set)`` under the grammar, up to and including an end-of-sequence token."""
     grammar, out = compiler.matcher(structured), []
     for _ in range(steps):
-        out.append(pick(sorted(allowed(grammar.next_mask(out), compiler.vocab_size))))
+        out.append(pick(sorted(allowed(next_mask(compiler, grammar, out), compiler.vocab_size))))
         if out[-1] in checkpoint.eos_token_ids:
             break
     return out
@@ -52,9 +57,9 @@ def test_a_spec_that_cannot_be_compiled_is_invalid_argument_with_the_reason(comp
 
 def test_the_first_tokens_follow_the_spec(compiler, checkpoint):
     decode = checkpoint.tokenizer.decode
-    first = allowed(compiler.matcher(("json", '{"type": "object"}')).next_mask([]), compiler.vocab_size)
+    first = allowed(next_mask(compiler, compiler.matcher(("json", '{"type": "object"}')), []), compiler.vocab_size)
     assert first and all(decode([t]).startswith("{") for t in first)
-    first = allowed(compiler.matcher(("choice", '["yes", "no"]')).next_mask([]), compiler.vocab_size)
+    first = allowed(next_mask(compiler, compiler.matcher(("choice", '["yes", "no"]')), []), compiler.vocab_size)
     assert first and all("yes".startswith(decode([t])) or "no".startswith(decode([t])) for t in first)
     compiler.validate(None)  # free text: nothing to check
 
@@ -75,9 +80,9 @@ def test_once_complete_only_end_of_sequence_is_allowed_even_past_it(compiler, ch
     out = walk(compiler, checkpoint, ("regex", "ab"), lambda ids: ids[0])
     grammar = compiler.matcher(("regex", "ab"))
     assert checkpoint.tokenizer.decode(out[:-1]) == "ab"
-    assert allowed(grammar.next_mask(out[:-1]), compiler.vocab_size) <= set(checkpoint.eos_token_ids)
+    assert allowed(next_mask(compiler, grammar, out[:-1]), compiler.vocab_size) <= set(checkpoint.eos_token_ids)
     # A multi-step plan runs on past the stop; the mask stays at end-of-sequence, never empty.
-    assert allowed(grammar.next_mask(out + [out[-1]]), compiler.vocab_size) <= set(checkpoint.eos_token_ids)
+    assert allowed(next_mask(compiler, grammar, out + [out[-1]]), compiler.vocab_size) <= set(checkpoint.eos_token_ids)
 
 
 def test_a_matcher_made_later_catches_up_on_tokens_sampled_elsewhere(compiler, checkpoint):
@@ -87,7 +92,7 @@ def test_a_matcher_made_later_catches_up_on_tokens_sampled_elsewhere(compiler, c
     here = compiler.matcher(structured)
     for k in range(len(out)):
         there = compiler.matcher(structured)  # sees the first k tokens at once
-        assert torch.equal(here.next_mask(out[:k]), there.next_mask(out[:k])), k
+        assert torch.equal(next_mask(compiler, here, out[:k]), next_mask(compiler, there, out[:k])), k
 
 
 def test_matchers_of_one_spec_are_copies_of_one_compiled_grammar_and_independent(compiler, checkpoint):
@@ -95,7 +100,7 @@ def test_matchers_of_one_spec_are_copies_of_one_compiled_grammar_and_independent
     a, b = compiler.matcher(spec), compiler.matcher(spec)
     assert len([k for k in compiler._templates if k == spec]) == 1
     digit = checkpoint.tokenizer.encode("7").ids[0]
-    assert not torch.equal(a.next_mask([digit]), b.next_mask([]))  # a moved on, b did not
+    assert not torch.equal(next_mask(compiler, a, [digit]), next_mask(compiler, b, []))  # a moved on, b did not
 
 
 def test_masks_for_a_batch_equal_the_masks_one_by_one(compiler, checkpoint):
@@ -103,4 +108,4 @@ def test_masks_for_a_batch_equal_the_masks_one_by_one(compiler, checkpoint):
     outputs = [checkpoint.tokenizer.encode(t).ids for t in ("12", '{"a', "", "a")]
     batch = compiler.masks([compiler.matcher(s) for s in specs], outputs)
     for spec, output, mask in zip(specs, outputs, batch, strict=True):
-        assert torch.equal(mask, compiler.matcher(spec).next_mask(output)), spec
+        assert torch.equal(mask, next_mask(compiler, compiler.matcher(spec), output)), spec

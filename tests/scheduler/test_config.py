@@ -18,6 +18,7 @@ from services.worker.config import WorkerConfig
     ({"kvcache_address": "kvcache"}, "host:port"),
     ({"max_queue_len": 0}, "max_queue_len must be >= 1"),
     ({"transfer_timeout_s": 0}, "transfer_timeout_s must be > 0"),
+    ({"tool_call_parser": "mistral"}, "tool_call_parser must be one of hermes, llama3_json"),
 ])
 def test_scheduler_service_config_rejects_what_cannot_work(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
