@@ -377,9 +377,12 @@ _OPENAI_FIELDS = frozenset({
     "min_tokens", "include_stop_str_in_output", "prompt_logprobs", "logit_bias", "allowed_token_ids",
     "skip_special_tokens",
 })
-# Handled by the API layer, not by sampling.
+# Handled by the API layer, not by sampling; or OpenAI's bookkeeping, which does not change the output of a
+# server that keeps nothing for later (``store``, ``metadata``: accepted, as vLLM accepts them, so clients that
+# always send them work).
 _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",
-                             "session_id"})
+                             "session_id", "metadata", "store", "service_tier", "prompt_cache_key",
+                             "safety_identifier"})
 # Accepted only with the value that means "off".
 _UNSUPPORTED_FIELDS = frozenset({"n", "best_of", "echo", "suffix"})
 # Structured output, in OpenAI's and vLLM's spellings (structured_from_openai).

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from services.common import tracing
-from services.common.errors import InvalidArgument, SeawallError
+from services.common.errors import InvalidArgument, NotFound, SeawallError
 from services.common.openai_logprobs import (
     TokenTexts,
     chat_logprobs,
@@ -34,7 +34,7 @@ from services.common.openai_logprobs import (
     echoed_completion_logprobs,
     vllm_prompt_logprobs,
 )
-from services.common.sampling_params import SamplingParams, from_openai_completion, num_choices
+from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_openai_completion, num_choices
 from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.tool_parsers import ToolParser
@@ -92,6 +92,7 @@ class _OpenAI:
     async def completions(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
+            self._check_model(body)
             given = self._prompts(body.get("prompt"))
             prompts = [ids for ids, _ in given]
             params, n, echo = from_openai_completion(body)
@@ -106,33 +107,44 @@ class _OpenAI:
     async def chat(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
-            tools = tool_calling(body, self.tool_parser)
-            prompt = self._render_chat(body, body.get("chat_template_kwargs") or {})
-            sampling = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
-            if body.get("max_completion_tokens") is not None:
-                sampling["max_tokens"] = body["max_completion_tokens"]
-            if body.get("logprobs"):
-                top = body.get("top_logprobs") or 0
-                if isinstance(top, bool) or not isinstance(top, int):
-                    raise InvalidArgument(f"top_logprobs must be an integer in [0, 20], got {top!r}")
-                sampling["logprobs"] = top
-            n = num_choices(body)
-            params = SamplingParams.from_openai(sampling)
-            if tools is not None and tools.structured_output is not None:
-                if params.structured_output is not None:
-                    raise InvalidArgument("a forced tool call constrains the output already: drop response_format "
-                                          "(or the structured output) or tool_choice")
-                params = replace(params, structured_output=tools.structured_output)
+            prompt, params, n, tools = self._chat_request(body)
             tracked = self._submit(request, body, [prompt], params, n)
         except SeawallError as exc:
             return error_response(exc)
         return await self._respond(request, body, tracked, n, chat=True, tools=tools)
+
+    def _chat_request(self, body: dict) -> tuple[list[int], SamplingParams, int, ToolCalling | None]:
+        """A chat body as what runs: the rendered prompt, its sampling, choices per prompt, and the tool calls it
+        may answer with."""
+        self._check_model(body)
+        tools = tool_calling(body, self.tool_parser)
+        prompt = self._render_chat(body, body.get("chat_template_kwargs") or {})
+        sampling = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
+        if body.get("max_completion_tokens") is not None:
+            sampling["max_tokens"] = body["max_completion_tokens"]
+        top = body.get("top_logprobs")
+        if top is not None and not body.get("logprobs"):
+            raise InvalidArgument("top_logprobs needs \"logprobs\": true")
+        if body.get("logprobs"):
+            top = top or 0
+            if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
+                raise InvalidArgument(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r}")
+            sampling["logprobs"] = top
+        n = num_choices(body)
+        params = SamplingParams.from_openai(sampling)
+        if tools is not None and tools.structured_output is not None:
+            if params.structured_output is not None:
+                raise InvalidArgument("a forced tool call constrains the output already: drop response_format "
+                                      "(or the structured output) or tool_choice")
+            params = replace(params, structured_output=tools.structured_output)
+        return prompt, params, n, tools
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's ``/tokenize``: a ``prompt`` (text) or chat ``messages`` (rendered by the chat template, as
         ``/v1/chat/completions`` would) as the token ids the model would see."""
         try:
             body = await _json_body(request)
+            self._check_model(body)
             if "messages" in body:
                 ids = self._render_chat(body, body.get("chat_template_kwargs") or {})
             elif isinstance(body.get("prompt"), str):
@@ -156,6 +168,15 @@ class _OpenAI:
         except SeawallError as exc:
             return error_response(exc)
         return JSONResponse({"prompt": self.frontend.tokenizer.decode(tokens, skip_special_tokens=False)})
+
+    def _check_model(self, body: dict) -> None:
+        """A request for another model gets 404, as OpenAI and vLLM answer it, rather than this model's output.
+        The checkpoint's path is accepted too (vLLM serves a model under the path it was given)."""
+        model = body.get("model")
+        if model is None or model in (self.frontend.model_name, str(self.frontend.checkpoint.path)):
+            return
+        raise NotFound(f"the model {model!r} does not exist here; this server serves {self.frontend.model_name!r} "
+                       "(GET /v1/models)")
 
     def _submit(self, request: Request, body: dict, prompts: list[list[int]], params: SamplingParams,
                 n: int) -> list[TrackedRequest]:

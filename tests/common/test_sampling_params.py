@@ -125,7 +125,8 @@ def test_from_openai_maps_every_field():
         "seed": 7, "stop": ["a", "bc"], "stop_token_ids": [2, 3], "presence_penalty": 0.5,
         "frequency_penalty": -0.5, "repetition_penalty": 1.2, "logprobs": 3, "ignore_eos": True,
         "min_tokens": 2, "prompt_logprobs": 1, "logit_bias": {"50": 5, "7": -100.0}, "allowed_token_ids": [7, 50, 9],
-        "skip_special_tokens": False,
+        "skip_special_tokens": False, "metadata": {"team": "a"}, "store": False, "service_tier": "auto",
+        "prompt_cache_key": "k", "safety_identifier": "s",
     }
     p = SamplingParams.from_openai(body)
     assert p == SamplingParams(
