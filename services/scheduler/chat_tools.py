@@ -11,7 +11,8 @@ output (no model-specific parser needed), as vLLM does for the same two cases:
 * a named function (``{"type": "function", "function": {"name": N}}``): the output is N's arguments, a JSON
   object of its ``parameters`` schema;
 * ``"required"``: the output is a JSON array of one or more ``{"name": ..., "parameters": {...}}`` objects,
-  each the name of one of the tools with that tool's parameters.
+  each the name of one of the tools with that tool's parameters (exactly one with ``parallel_tool_calls``
+  false).
 
 With ``"auto"`` (OpenAI's default when tools are given) the model decides, in its own tool-call syntax: the
 mesh reads it with the parser it was started with (``--tool-call-parser``, services/scheduler/tool_parsers.py)
@@ -208,6 +209,8 @@ def tool_calling(body: dict[str, Any], parser: ToolParser | None = None) -> Tool
                      "required": ["name", "parameters"], "additionalProperties": False}
                     for name, schema in schemas.items()]
         array = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+        if body.get("parallel_tool_calls") is False:  # OpenAI's switch for one call per reply
+            array["maxItems"] = 1
         return ToolCalling(("json", json.dumps(array)), None)
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     if not (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)):

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API, served by the scheduler process next to its gRPC service.
 
 ``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat template), SSE streaming, ``/v1/models``,
-``/health``, and vLLM's ``/tokenize`` and ``/detokenize``. Prompts may be text or token ids, one or a list of them (completions); ``n`` choices per
+``/health``, OpenAI's Responses API (``/v1/responses``, services/scheduler/responses_endpoint.py), and vLLM's
+``/tokenize`` and ``/detokenize``. Prompts may be text or token ids, one or a list of them (completions); ``n`` choices per
 prompt, choice ``i * n + j`` the j-th of prompt i, each its own request in the mesh (queued all or none);
 ``return_token_ids: true`` adds ``token_ids`` to each choice (vLLM's extension). Errors use OpenAI's shape,
 ``{"error": {"message", "type", "code"}}``, with
@@ -37,6 +38,8 @@ from services.common.openai_logprobs import (
 from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_openai_completion, num_choices
 from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
 from services.scheduler.frontend import Frontend, Submission
+from services.scheduler.http_io import error_response, json_body
+from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
 from services.scheduler.tracked import Delta, TrackedRequest
 
@@ -49,12 +52,15 @@ def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
                tool_parser: ToolParser | None = None) -> Starlette:
     """The API's routes; with ``registry``, also Prometheus text at ``/metrics``; ``tool_parser`` reads tool
     calls in the model's own syntax (``tool_choice: "auto"``)."""
-    api = _OpenAI(frontend, tool_parser)
+    api = OpenAIApi(frontend, tool_parser)
+    responses = ResponsesEndpoint(api)
     routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.stored, methods=["GET", "DELETE"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
     ]
@@ -66,18 +72,14 @@ def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
     return Starlette(routes=routes)
 
 
-def error_response(exc: SeawallError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if exc.http_status == 429 else None
-    body = {"error": {"message": str(exc), "type": type(exc).__name__, "code": exc.grpc_code.lower()}}
-    return JSONResponse(body, status_code=exc.http_status, headers=headers)
+class OpenAIApi:
+    """The completions and chat endpoints, and the request plumbing the Responses endpoint runs on."""
 
-
-class _OpenAI:
     def __init__(self, frontend: Frontend, tool_parser: ToolParser | None = None) -> None:
         self.frontend = frontend
         self.tool_parser = tool_parser
         self._template = _chat_template(frontend)
-        self._texts = TokenTexts(frontend.tokenizer)
+        self.texts = TokenTexts(frontend.tokenizer)
 
     async def health(self, request: Request) -> Response:
         workers = len(self.frontend.mesh.live_links())
@@ -91,12 +93,12 @@ class _OpenAI:
 
     async def completions(self, request: Request) -> Response:
         try:
-            body = await _json_body(request)
+            body = await json_body(request)
             self._check_model(body)
             given = self._prompts(body.get("prompt"))
             prompts = [ids for ids, _ in given]
             params, n, echo = from_openai_completion(body)
-            tracked = self._submit(request, body, prompts, params, n)
+            tracked = self.submit(request, body, prompts, params, n)
         except SeawallError as exc:
             return error_response(exc)
         # Echo the prompt as it was given: its text, or its token ids decoded.
@@ -106,14 +108,14 @@ class _OpenAI:
 
     async def chat(self, request: Request) -> Response:
         try:
-            body = await _json_body(request)
-            prompt, params, n, tools = self._chat_request(body)
-            tracked = self._submit(request, body, [prompt], params, n)
+            body = await json_body(request)
+            prompt, params, n, tools = self.chat_request(body)
+            tracked = self.submit(request, body, [prompt], params, n)
         except SeawallError as exc:
             return error_response(exc)
         return await self._respond(request, body, tracked, n, chat=True, tools=tools)
 
-    def _chat_request(self, body: dict) -> tuple[list[int], SamplingParams, int, ToolCalling | None]:
+    def chat_request(self, body: dict) -> tuple[list[int], SamplingParams, int, ToolCalling | None]:
         """A chat body as what runs: the rendered prompt, its sampling, choices per prompt, and the tool calls it
         may answer with."""
         self._check_model(body)
@@ -143,7 +145,7 @@ class _OpenAI:
         """vLLM's ``/tokenize``: a ``prompt`` (text) or chat ``messages`` (rendered by the chat template, as
         ``/v1/chat/completions`` would) as the token ids the model would see."""
         try:
-            body = await _json_body(request)
+            body = await json_body(request)
             self._check_model(body)
             if "messages" in body:
                 ids = self._render_chat(body, body.get("chat_template_kwargs") or {})
@@ -158,7 +160,7 @@ class _OpenAI:
     async def detokenize(self, request: Request) -> Response:
         """vLLM's ``/detokenize``: token ids as text (special tokens kept, as the model saw them)."""
         try:
-            body = await _json_body(request)
+            body = await json_body(request)
             tokens, vocab = body.get("tokens"), self.frontend.checkpoint.config.vocab_size
             if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)):
                 raise InvalidArgument(f"tokens must be a list of token ids, got {tokens!r}")
@@ -178,7 +180,7 @@ class _OpenAI:
         raise NotFound(f"the model {model!r} does not exist here; this server serves {self.frontend.model_name!r} "
                        "(GET /v1/models)")
 
-    def _submit(self, request: Request, body: dict, prompts: list[list[int]], params: SamplingParams,
+    def submit(self, request: Request, body: dict, prompts: list[list[int]], params: SamplingParams,
                 n: int) -> list[TrackedRequest]:
         """One request per choice, all queued or none; an error names the prompt it is about when there are
         several."""
@@ -223,12 +225,12 @@ class _OpenAI:
         output is a forced tool call, returned as ``tool_calls``."""
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.frontend.model_name}
-        extras = _Extras(bool(body.get("return_token_ids")), body.get("prompt_logprobs") is not None, self._texts)
+        extras = _Extras(bool(body.get("return_token_ids")), body.get("prompt_logprobs") is not None, self.texts)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed, tools),
                                      media_type="text/event-stream")
-        merged = await self._collect(request, tracked)
+        merged = await self.collect(request, tracked)
         choices = []
         for i, out in enumerate(merged):
             choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason,
@@ -244,7 +246,7 @@ class _OpenAI:
         obj = "chat.completion" if chat else "text_completion"
         return JSONResponse({**head, "object": obj, "choices": choices, "usage": _usage(tracked, n)})
 
-    async def _collect(self, request: Request, tracked: list[TrackedRequest]) -> list[Delta]:
+    async def collect(self, request: Request, tracked: list[TrackedRequest]) -> list[Delta]:
         """Every choice's whole output; aborts them all if the client disconnects first."""
         merged = [Delta() for _ in tracked]
         async with anyio.create_task_group() as tg:
@@ -270,7 +272,7 @@ class _OpenAI:
         first = [True] * len(tracked)
         offsets = [0] * len(tracked)  # characters of each choice's token texts so far (completions' text_offset)
         calls = [tools.stream() for _ in tracked] if tools is not None else None
-        async for ready in self._stream(tracked):
+        async for ready in self.stream(tracked):
             for i, merged in ready:  # one event per choice, as OpenAI streams them
                 echo = echoed is not None and first[i]  # the prompt goes out with the choice's first chunk
                 logprobs = self._logprobs(tracked[i], merged, chat, offsets[i], echo=echo)
@@ -298,13 +300,13 @@ class _OpenAI:
         if tracked.request.params.logprobs is None:
             return None
         if chat:
-            return chat_logprobs(delta.logprobs, self._texts)
+            return chat_logprobs(delta.logprobs, self.texts)
         if not echo:
-            return completion_logprobs(delta.logprobs, self._texts, offset)
+            return completion_logprobs(delta.logprobs, self.texts, offset)
         return echoed_completion_logprobs(tracked.request.prompt_token_ids, delta.prompt_logprobs, delta.logprobs,
-                                          self._texts)
+                                          self.texts)
 
-    async def _stream(self, tracked: list[TrackedRequest]) -> AsyncIterator[list[tuple[int, Delta]]]:
+    async def stream(self, tracked: list[TrackedRequest]) -> AsyncIterator[list[tuple[int, Delta]]]:
         if len(tracked) == 1:
             async for delta in self.frontend.stream(tracked[0]):
                 yield [(0, delta)]
@@ -349,16 +351,6 @@ def _usage(tracked: Sequence[TrackedRequest], n: int) -> dict:
 
 def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
-
-
-async def _json_body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise InvalidArgument("the request body must be a JSON object")
-    return body
 
 
 def _chat_template(frontend: Frontend) -> jinja2.Template | None:

@@ -132,3 +132,28 @@ def test_a_stop_string_inside_a_multi_step_group_stores_only_the_kept_tokens(tin
             _wait_blocks_free(client)
     finally:
         mesh.stop()
+
+
+def test_a_responses_api_conversation_loads_each_turns_prefix_from_kvcache(tiny_model_dir, tmp_path):
+    import openai
+
+    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", scheduler_args=["--chunk-size", "64", "--no-prefix-caching"],
+                      kvcache_args=[])
+    try:
+        with openai.OpenAI(base_url=f"{mesh.http_url}/v1", api_key="unused", max_retries=0) as api:
+            question = "How do bursts of long prompts stall decoding? " * 6
+            first = api.responses.create(model="tiny", input=question, max_output_tokens=6, temperature=0)
+            assert first.usage.input_tokens_details.cached_tokens == 0
+            second = api.responses.create(model="tiny", previous_response_id=first.id, input="Why?",
+                                          max_output_tokens=6, temperature=0)
+            # The workers cache nothing here: the first turn's blocks came from kvcache (stored as its session).
+            assert second.usage.input_tokens_details.cached_tokens >= 64
+            assert sum(p.num_loads for p in _kv_stats(mesh.kvcache_address).paths) >= 1
+            chat = api.chat.completions.create(model="tiny", max_tokens=6, temperature=0, messages=[
+                {"role": "user", "content": question}, {"role": "assistant", "content": first.output_text},
+                {"role": "user", "content": "Why?"}])
+            assert second.output_text == chat.choices[0].message.content  # computed whole: the same reply
+        with Client(mesh.grpc_address) as client:
+            _wait_blocks_free(client)
+    finally:
+        mesh.stop()

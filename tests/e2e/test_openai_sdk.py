@@ -100,3 +100,107 @@ def test_errors_arrive_as_the_clients_exception_classes(client, model):
                                        top_logprobs=99)
     with pytest.raises(openai.BadRequestError, match="needs \"logprobs\": true"):
         client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], top_logprobs=2)
+
+
+# --- the Responses API -----------------------------------------------------------------------------------
+
+
+WEATHER = {"type": "function", "name": "weather", "description": "The weather in a city now",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}},
+                          "required": ["city"], "additionalProperties": False}}
+
+
+def test_a_response_is_the_chat_reply_to_the_same_messages(client, model):
+    out = client.responses.create(model=model, instructions="Answer briefly.", input="Why bursts?",
+                                  max_output_tokens=9, temperature=0, metadata={"run": "1"})
+    chat = client.chat.completions.create(model=model, messages=[{"role": "system", "content": "Answer briefly."},
+                                                                 {"role": "user", "content": "Why bursts?"}],
+                                          max_tokens=9, temperature=0)
+    assert out.output_text == chat.choices[0].message.content
+    assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+    assert out.usage.input_tokens == chat.usage.prompt_tokens and out.usage.output_tokens == 9
+    assert out.metadata == {"run": "1"} and out.instructions == "Answer briefly." and out.model == model
+
+
+def test_streamed_events_build_the_same_response(client, model):
+    whole = client.responses.create(model=model, input="Stream me", max_output_tokens=7, temperature=0,
+                                    include=["message.output_text.logprobs"], top_logprobs=2)
+    events = list(client.responses.create(model=model, input="Stream me", max_output_tokens=7, temperature=0,
+                                          include=["message.output_text.logprobs"], top_logprobs=2, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in deltas) == whole.output_text == events[-1].response.output_text
+    logprobs = [lp for e in deltas for lp in e.logprobs]
+    assert [lp.token for lp in logprobs] == [lp.token for lp in whole.output[0].content[0].logprobs]
+    assert len(logprobs) == 7 and all(len(lp.top_logprobs) == 2 for lp in logprobs)
+
+
+def test_previous_response_id_continues_the_conversation_from_its_cached_prefix(client, model):
+    first = client.responses.create(model=model, input="Tell me about traffic bursts " * 8, max_output_tokens=5,
+                                    temperature=0)
+    second = client.responses.create(model=model, previous_response_id=first.id, input="And then?",
+                                     max_output_tokens=6, temperature=0)
+    chat = client.chat.completions.create(model=model, max_tokens=6, temperature=0, messages=[
+        {"role": "user", "content": "Tell me about traffic bursts " * 8},
+        {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "And then?"}])
+    assert second.output_text == chat.choices[0].message.content
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens_details.cached_tokens >= 48  # the first turn's prompt blocks
+
+
+def test_parse_and_the_stream_helper_return_the_text_formats_model(client, model):
+    parsed = client.responses.parse(model=model, input="Is it raining?", text_format=Verdict, max_output_tokens=40,
+                                    temperature=0)
+    assert parsed.status == "completed" and isinstance(parsed.output_parsed, Verdict)
+    with client.responses.stream(model=model, input="Is it raining?", text_format=Verdict, max_output_tokens=40,
+                                 temperature=0) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[-1] == "response.completed" and final.output_parsed == parsed.output_parsed
+
+
+def test_a_forced_function_call_and_its_output_continue_the_conversation(client, model):
+    call_out = client.responses.create(model=model, input="Weather?", tools=[WEATHER], max_output_tokens=40,
+                                       tool_choice={"type": "function", "name": "weather"}, temperature=0)
+    (call,) = call_out.output
+    assert call.type == "function_call" and call.name == "weather" and call.status == "completed"
+    assert json.loads(call.arguments)["city"] in ("Oslo", "Rome") and call_out.status == "completed"
+    streamed = list(client.responses.create(model=model, input="Weather?", tools=[WEATHER], max_output_tokens=40,
+                                            tool_choice={"type": "function", "name": "weather"}, temperature=0,
+                                            stream=True))
+    pieces = [e.delta for e in streamed if e.type == "response.function_call_arguments.delta"]
+    assert len(pieces) > 1 and "".join(pieces) == call.arguments
+    reply = client.responses.create(model=model, previous_response_id=call_out.id, max_output_tokens=5,
+                                    temperature=0, input=[{"type": "function_call_output", "call_id": call.call_id,
+                                                           "output": "sunny"}])
+    chat = client.chat.completions.create(model=model, max_tokens=5, temperature=0, messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": "weather", "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}])
+    assert reply.output_text == chat.choices[0].message.content
+
+
+def test_stored_responses_are_retrieved_and_deleted_and_unstored_ones_are_not_kept(client, model):
+    kept = client.responses.create(model=model, input="Keep me", max_output_tokens=3, temperature=0)
+    assert client.responses.retrieve(kept.id).output_text == kept.output_text
+    client.responses.delete(kept.id)
+    with pytest.raises(openai.NotFoundError, match="no stored response"):
+        client.responses.retrieve(kept.id)
+    gone = client.responses.create(model=model, input="Forget me", max_output_tokens=3, store=False)
+    with pytest.raises(openai.NotFoundError, match="store false"):
+        client.responses.create(model=model, input="More", previous_response_id=gone.id)
+
+
+def test_responses_api_errors_say_what_to_send(client, model):
+    with pytest.raises(openai.BadRequestError, match="only function tools"):
+        client.responses.create(model=model, input="x", tools=[{"type": "web_search"}])
+    with pytest.raises(openai.BadRequestError, match="takes input"):
+        client.responses.create(model=model, input="x", extra_body={"messages": []})
+    with pytest.raises(openai.NotFoundError, match="serves"):
+        client.responses.create(model="gpt-5", input="x")

@@ -82,6 +82,9 @@ def test_required_constrains_the_output_to_calls_of_the_given_functions():
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
         [("clock", {}), ("weather", {"city": "Rome"})]
     assert len({c["id"] for c in calls}) == 2
+    assert "maxItems" not in json.loads(schema)
+    one = tool_calling({"tools": [WEATHER, CLOCK], "tool_choice": "required", "parallel_tool_calls": False})
+    assert json.loads(one.structured_output[1])["maxItems"] == 1
 
 
 @pytest.mark.parametrize("body, fragment", [

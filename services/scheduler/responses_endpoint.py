@@ -1,0 +1,124 @@
+"""OpenAI's Responses API endpoints (``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``), served
+next to the chat API whose path runs them: services/scheduler/responses_api.py translates a request into the
+chat request and the reply back into output items; this module submits, streams and stores."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from services.common.errors import SeawallError
+from services.common.openai_logprobs import chat_logprobs
+from services.scheduler.chat_tools import ToolCalling
+from services.scheduler.http_io import error_response, json_body
+from services.scheduler.responses_api import (
+    OutputItems,
+    ResponsesRequest,
+    ResponseStore,
+    StoredResponse,
+    output_messages,
+    parse_request,
+    status_of,
+)
+from services.scheduler.tracked import Delta, TrackedRequest
+
+if TYPE_CHECKING:
+    from services.scheduler.http_api import OpenAIApi
+
+
+class ResponsesEndpoint:
+    def __init__(self, api: OpenAIApi) -> None:
+        self.api = api
+        self.store = ResponseStore()
+
+    async def create(self, request: Request) -> Response:
+        """OpenAI's Responses API, run as the chat request it translates to (services/scheduler/responses_api.py)."""
+        try:
+            body = await json_body(request)
+            previous, rid = body.get("previous_response_id"), f"resp_{uuid.uuid4().hex}"
+            req = parse_request(body, self.store.get(previous) if previous is not None else None, rid)
+            prompt, params, _, tools = self.api.chat_request(req.chat)
+            (tracked,) = self.api.submit(request, {"session_id": req.session_id}, [prompt], params, 1)
+        except SeawallError as exc:
+            return error_response(exc)
+        head = {"id": rid, "object": "response", "created_at": int(time.time()),
+                "model": self.api.frontend.model_name, **req.echoed}
+        if body.get("stream"):
+            return StreamingResponse(self._response_events(head, req, tracked, tools), media_type="text/event-stream")
+        (out,) = await self.api.collect(request, [tracked])
+        message, finish = tools.message(out.text, out.finish_reason) if tools else ({"content": out.text},
+                                                                                    out.finish_reason)
+        items = OutputItems()
+        calls = [{"index": k, **c} for k, c in enumerate(message.get("tool_calls") or [])]
+        items.feed({"content": message["content"], "tool_calls": calls}, self._output_logprobs(req, out))
+        items.close(_item_status(finish))
+        return JSONResponse(self._finish_response(head, req, tracked, items, finish, out.detail))
+
+    async def _response_events(self, head: dict, req: ResponsesRequest, tracked: TrackedRequest,
+                               tools: ToolCalling | None) -> AsyncIterator[str]:
+        """The Responses API's typed SSE events: created, the output items' added / delta / done events as the
+        tokens arrive, then completed (or incomplete, failed) with the whole response."""
+        seq = itertools.count()
+
+        def event(e: dict) -> str:
+            return f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': next(seq)})}\n\n"
+
+        started = {**head, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None,
+                   "error": None}
+        yield event({"type": "response.created", "response": started})
+        yield event({"type": "response.in_progress", "response": started})
+        items, calls = OutputItems(), tools.stream() if tools else None
+        finish, detail = None, ""
+        async for ready in self.api.stream([tracked]):
+            for _, merged in ready:
+                delta, finish = calls.delta(merged) if calls else ({"content": merged.text}, merged.finish_reason)
+                detail = merged.detail or detail
+                for e in items.feed(delta, self._output_logprobs(req, merged)):
+                    yield event(e)
+        for e in items.close(_item_status(finish)):
+            yield event(e)
+        response = self._finish_response(head, req, tracked, items, finish, detail)
+        kind = {"completed": "completed", "incomplete": "incomplete"}.get(response["status"], "failed")
+        yield event({"type": f"response.{kind}", "response": response})
+
+    def _output_logprobs(self, req: ResponsesRequest, delta: Delta) -> list[dict] | None:
+        return chat_logprobs(delta.logprobs, self.api.texts)["content"] if req.logprobs else None
+
+    def _finish_response(self, head: dict, req: ResponsesRequest, tracked: TrackedRequest, items: OutputItems,
+                         finish: str | None, detail: str) -> dict:
+        """The whole response object, kept for previous_response_id and GET when the request asked to store it."""
+        status, incomplete = status_of(finish)
+        r = tracked.request
+        n_in, n_out = len(r.prompt_token_ids), len(r.output_token_ids)
+        response = {**head, "status": status, "completed_at": int(time.time()), "incomplete_details": incomplete,
+                    "error": {"code": "server_error", "message": detail} if status == "failed" else None,
+                    "output": items.items,
+                    "usage": {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": r.num_prefix_hit_tokens},
+                              "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": n_in + n_out}}
+        if req.store:
+            self.store.put(StoredResponse(response, req.messages + output_messages(items.items), req.session_id))
+        return response
+
+    async def stored(self, request: Request) -> Response:
+        """``GET`` or ``DELETE /v1/responses/{id}`` of a stored response."""
+        rid = request.path_params["response_id"]
+        try:
+            if request.method == "DELETE":
+                self.store.delete(rid)
+                return JSONResponse({"id": rid, "object": "response", "deleted": True})
+            return JSONResponse(self.store.get(rid).response)
+        except SeawallError as exc:
+            return error_response(exc)
+
+
+def _item_status(finish: str | None) -> str:
+    """An output item is complete unless the reply was cut short."""
+    return "completed" if status_of(finish)[0] == "completed" else "incomplete"
