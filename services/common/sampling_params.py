@@ -381,7 +381,7 @@ _OPENAI_FIELDS = frozenset({
 # server that keeps nothing for later (``store``, ``metadata``: accepted, as vLLM accepts them, so clients that
 # always send them work).
 _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",
-                             "session_id", "metadata", "store", "service_tier", "prompt_cache_key",
+                             "session_id", "priority", "metadata", "store", "service_tier", "prompt_cache_key",
                              "safety_identifier"})
 # Accepted only with the value that means "off".
 _UNSUPPORTED_FIELDS = frozenset({"n", "best_of", "echo", "suffix"})

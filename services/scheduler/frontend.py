@@ -27,6 +27,7 @@ class Submission:
     params: SamplingParams
     request_id: str = ""
     session_id: str = ""
+    priority: int = 0  # lower runs sooner (vLLM's meaning)
 
 
 class Frontend:
@@ -46,9 +47,9 @@ class Frontend:
         return self.tokenizer.encode(text).ids
 
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-               request_id: str = "", trace_parent=None, session_id: str = "") -> TrackedRequest:
+               request_id: str = "", trace_parent=None, session_id: str = "", priority: int = 0) -> TrackedRequest:
         """Validates and queues a request; raises InvalidArgument or ResourceExhausted."""
-        tracked = self._prepare(Submission(prompt_token_ids, params, request_id, session_id), trace_parent)
+        tracked = self._prepare(Submission(prompt_token_ids, params, request_id, session_id, priority), trace_parent)
         self._enqueue(tracked)
         return tracked
 
@@ -89,7 +90,8 @@ class Frontend:
                          min(pools) if pools else None)
         self.grammars.validate(item.params.structured_output)
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,
-                          arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids)
+                          arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids,
+                          priority=item.priority)
         tracked = TrackedRequest(request, self.tokenizer, anyio.current_time(), item.session_id)
         tracing = self.mesh.tracing
         if tracing.enabled:

@@ -184,11 +184,13 @@ class OpenAIApi:
                 n: int) -> list[TrackedRequest]:
         """One request per choice, all queued or none; an error names the prompt it is about when there are
         several."""
-        session = _session(body)
+        session, priority = _session(body), _priority(body)
         parent = tracing.extract(request.headers)
         if len(prompts) == 1 and n == 1:
-            return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session)]
-        items = [Submission(p, params.for_choice(j), session_id=session) for p in prompts for j in range(n)]
+            return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session,
+                                         priority=priority)]
+        items = [Submission(p, params.for_choice(j), session_id=session, priority=priority)
+                 for p in prompts for j in range(n)]
         labels = [f"prompt[{k // n}]" if len(prompts) > 1 else "" for k in range(len(items))]
         return self.frontend.submit_many(items, parent, labels)
 
@@ -338,6 +340,16 @@ def _session(body: dict) -> str:
     if not isinstance(session, str):
         raise InvalidArgument("session_id must be a string")
     return session
+
+
+def _priority(body: dict) -> int:
+    """vLLM's extension: ``priority``, lower runs sooner (0 = normal)."""
+    priority = body.get("priority")
+    if priority is None:
+        return 0
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -2**31 <= priority < 2**31:
+        raise InvalidArgument(f"priority must be an integer (lower runs sooner, 0 = normal), got {priority!r}")
+    return priority
 
 
 def _usage(tracked: Sequence[TrackedRequest], n: int) -> dict:

@@ -33,7 +33,7 @@ _HANDLED = frozenset({
     "model", "input", "instructions", "previous_response_id", "store", "stream", "stream_options",
     "max_output_tokens", "tools", "tool_choice", "parallel_tool_calls", "text", "include", "top_logprobs",
     "metadata", "user", "truncation", "reasoning", "background", "service_tier", "prompt_cache_key",
-    "safety_identifier", "max_tool_calls", "session_id", "temperature", "top_p",
+    "safety_identifier", "max_tool_calls", "session_id", "temperature", "top_p", "priority",
 })
 # Chat fields whose Responses spelling differs: refused with the one to send.
 _CHAT_SPELLINGS = {"messages": "input", "max_tokens": "max_output_tokens", "max_completion_tokens":

@@ -45,7 +45,8 @@ class ResponsesEndpoint:
             previous, rid = body.get("previous_response_id"), f"resp_{uuid.uuid4().hex}"
             req = parse_request(body, self.store.get(previous) if previous is not None else None, rid)
             prompt, params, _, tools = self.api.chat_request(req.chat)
-            (tracked,) = self.api.submit(request, {"session_id": req.session_id}, [prompt], params, 1)
+            (tracked,) = self.api.submit(request, {"session_id": req.session_id, "priority": body.get("priority")},
+                                         [prompt], params, 1)
         except SeawallError as exc:
             return error_response(exc)
         head = {"id": rid, "object": "response", "created_at": int(time.time()),

@@ -1,5 +1,5 @@
-"""Behaviour at the edges, with real processes: aborts and disconnects free every block, a killed decode
-worker's requests finish exactly on the workers left, overload is refused with RESOURCE_EXHAUSTED."""
+"""Behaviour at the edges, with real processes: aborts and disconnects free every block, a killed decode or
+prefill worker's requests finish exactly on the workers left, overload is refused with RESOURCE_EXHAUSTED."""
 
 from __future__ import annotations
 
@@ -121,6 +121,48 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
         for i, prompt in enumerate(prompts):
             assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
             assert finish[i] in ("stop", "length")
+    finally:
+        m.stop()
+
+
+@pytest.mark.parametrize("num_prefill", [2, 1])
+async def test_killing_a_prefill_worker_mid_prompt_still_completes_every_request_exactly(
+        num_prefill, tiny_model_dir, tmp_path, hf_greedy):
+    # Small chunks keep the long prompts prefilling while the worker dies; with one prefill worker the decode
+    # worker is the only one left and computes the prompts itself.
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", num_prefill=num_prefill,
+                   scheduler_args=["--chunk-size", "32"], http=False)
+    try:
+        prompts = random_prompts([300, 600, 900, 40], seed=7)
+        max_tokens = 24
+        got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+        killed_at: list[int] = []
+
+        async with AsyncClient(m.grpc_address) as client:
+            async def one(i):
+                async for chunk in client.stream(prompts[i], max_tokens=max_tokens, temperature=0):
+                    got[i].extend(chunk.token_ids)
+
+            async def killer():
+                with anyio.fail_after(60):
+                    while True:  # prefill-0 holds blocks of a prompt it is computing
+                        stats = await client.stats()
+                        busy = [w for w in stats.workers if w.role == 1 and w.num_device_blocks_used > 8]
+                        if busy and any(len(v) == 0 for v in got.values()):
+                            break
+                        await anyio.sleep(0.005)
+                killed_at.append(sum(len(v) == 0 for v in got.values()))
+                m.kill("prefill-0")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(killer)
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            stats = await _wait_all_blocks_free(client)
+        assert killed_at and killed_at[0] > 0  # some prompt had not produced its first token yet
+        assert len(stats.workers) == num_prefill  # prefill-0 dropped
+        for i, prompt in enumerate(prompts):
+            assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
     finally:
         m.stop()
 

@@ -25,6 +25,9 @@ class Request:
     params: SamplingParams
     arrival_time: float
     eos_token_ids: tuple[int, ...] = ()
+    # Lower runs sooner (vLLM's meaning; 0 = normal): the first-come-first-served policies order by it, then
+    # by arrival, and take blocks from the least important first. FastServe's levels ignore it.
+    priority: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)

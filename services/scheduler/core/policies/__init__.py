@@ -7,6 +7,9 @@
 | `fcfs`              | decodes, then whole new prompts; run to completion          | newest (recompute)       |
 | `fastserve`         | skip-join MLFQ order, whole prompts, proactive swapping     | furthest ENST (swap)     |
 | `fastserve+sarathi` | MLFQ picks who runs; their decodes, then prompt chunks      | furthest ENST (swap)     |
+
+A request's ``priority`` (lower runs sooner) orders the first three before arrival, and a waiting prompt of a
+higher priority takes blocks from less important running requests; FastServe's MLFQ levels ignore it.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ the machinery it calls for that (``admit``, ``reserve_or_preempt``, ``swap_in``,
 
 Parts shared by the first-come-first-served policies (STYLE §9: a decode set, a prompt admitter, a
 preemption rule): ``run_decodes``, ``run_prompts`` and ``Policy.pick_victim`` (newest arrival first).
+Requests' ``priority`` comes before arrival in all three (``by_priority``, ``rank``): with one priority, the
+order is plain first come first served.
 """
 
 from __future__ import annotations
@@ -82,9 +84,13 @@ class Policy(abc.ABC):
 
     def pick_victim(self, s: Scheduler, req: Request, candidates: list[Request]) -> Request | None:
         """Which of ``candidates`` (resident, not scheduled this step; ``req`` among them when resident) gives
-        its blocks to ``req``; ``req`` itself means it gives way, None that nobody does. Default: the newest
-        arrival (vLLM's rule), so the oldest request always keeps its work."""
-        return newest(candidates)
+        its blocks to ``req``; ``req`` itself means it gives way, None that nobody does. Default: the least
+        important, newest arrival (vLLM's rule), so the oldest request of the highest priority always keeps its
+        work; a waiting prompt takes blocks only from less important requests."""
+        victim = newest(candidates)
+        if victim is not None and req.status is RequestStatus.WAITING and victim.priority <= req.priority:
+            return None
+        return victim
 
     def on_add(self, req: Request, now: float) -> None:  # noqa: B027 - optional hook
         pass
@@ -107,8 +113,21 @@ def arrival(req: Request) -> tuple[float, str]:
     return req.arrival_time, req.request_id
 
 
+def rank(req: Request) -> tuple[int, float, str]:
+    """Who goes first: the highest priority (the lowest value), then the earliest arrival."""
+    return req.priority, req.arrival_time, req.request_id
+
+
 def newest(reqs: Iterable[Request]) -> Request | None:
-    return max(reqs, key=arrival, default=None)
+    """The last in ``rank``: the first to give way."""
+    return max(reqs, key=rank, default=None)
+
+
+def by_priority(reqs: list[Request]) -> list[Request]:
+    """``reqs``, the more important first, in their given order within a priority."""
+    if all(r.priority == 0 for r in reqs):  # the common case: nothing to sort
+        return reqs
+    return sorted(reqs, key=lambda r: r.priority)  # stable
 
 
 def chunk_budget(config: SchedulerConfig) -> tuple[float, bool]:
@@ -120,6 +139,17 @@ def chunk_budget(config: SchedulerConfig) -> tuple[float, bool]:
         tau = config.derived_token_budget
         return (INF if tau is None else tau), True
     return INF, False
+
+
+def admit_by_priority(s: Scheduler, step: Step, room: float) -> None:
+    """Admits the most important waiting prompt before the step is composed when it outranks a running request,
+    taking blocks from less important requests if it must (``pick_victim``): those decode first in every step,
+    so once in the step they could no longer give way, and would hold their blocks until they finish."""
+    if not (s.waiting and s.running):
+        return
+    top = min(s.waiting, key=rank)
+    if top.priority < max(r.priority for r in s.running):
+        s.admit(top, room, step, evict=True)
 
 
 def run_decodes(s: Scheduler, step: Step, reqs: Iterable[Request]) -> int:
@@ -151,7 +181,8 @@ def run_prompts(s: Scheduler, step: Step, reqs: Iterable[Request], whole: bool) 
         if req.status is RequestStatus.WAITING:
             if s.swapped:
                 break
-            n = s.admit(req, room, step)
+            # Short of blocks, a prompt may take them from less important requests (pick_victim).
+            n = s.admit(req, room, step, evict=True)
             if not n:
                 break
         else:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from services.scheduler.core.policies.base import Policy, Step, arrival, chunk_budget, newest
+from services.scheduler.core.policies.base import Policy, Step, arrival, chunk_budget
 from services.scheduler.core.policies.mlfq import MLFQ
 from services.scheduler.core.request import Request, RequestStatus
 
@@ -123,7 +123,7 @@ class FastServePolicy(Policy):
                   if r is not req and rank.get(r.request_id, len(rank)) > own and s.can_swap_out(r)]
         if behind:
             return max(behind, key=self._eviction_key)
-        return newest(r for r in candidates if arrival(r) >= arrival(req))
+        return max((r for r in candidates if arrival(r) >= arrival(req)), key=arrival, default=None)
 
     def _eviction_key(self, req: Request) -> tuple[float, int]:
         """Larger goes to host first: (ENST, rank) under "enst", the rank alone under "priority"."""

@@ -1,7 +1,7 @@
 """``fcfs``: run-to-completion first come first served (the FastServe-FCFS baseline, papers.md §2.4).
 
-Iteration-level batching in arrival order: every running request gets its next token (oldest first), then
-new prompts join whole, in arrival order, while sequence slots and the token budget last. A running request
+Iteration-level batching in arrival order (by priority first): every running request gets its next token
+(oldest first), then new prompts join whole, in arrival order, while sequence slots and the token budget last. A running request
 is never preempted for a newer one; only block pressure preempts (the newest first), and a prompt that
 does not fit holds back every later one. ``chunk_size`` does not apply.
 """
@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from services.scheduler.core.policies.base import Policy, Step, run_decodes, run_prompts
+from services.scheduler.core.policies.base import (
+    Policy,
+    Step,
+    admit_by_priority,
+    by_priority,
+    rank,
+    run_decodes,
+    run_prompts,
+)
 
 if TYPE_CHECKING:
     from services.scheduler.core.scheduler import Scheduler
@@ -21,6 +29,7 @@ class FcfsPolicy(Policy):
 
     def compose(self, s: Scheduler, step: Step) -> None:
         s.swap_in_fifo()
-        running = sorted(s.running, key=lambda r: (r.arrival_time, r.request_id))
+        admit_by_priority(s, step, step.room)
+        running = sorted(s.running, key=rank)
         run_decodes(s, step, [r for r in running if r.is_decoding])
-        run_prompts(s, step, [r for r in running if not r.is_decoding] + list(s.waiting), whole=True)
+        run_prompts(s, step, by_priority([r for r in running if not r.is_decoding] + list(s.waiting)), whole=True)

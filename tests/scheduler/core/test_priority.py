@@ -1,0 +1,99 @@
+"""Request priority (vLLM's meaning: lower runs sooner) in the first-come-first-served policies: it orders
+prompts and decodes before arrival, and a more important prompt takes blocks from less important requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.core.request import RequestStatus
+from tests.scheduler.core.test_scheduler import create_requests, create_scheduler, step
+
+FCFS_FAMILY = ["sarathi", "vllm", "fcfs"]
+
+
+def _with_priorities(priorities, **kw):
+    reqs = create_requests(len(priorities), **kw)
+    for r, p in zip(reqs, priorities, strict=True):
+        r.priority = p
+    return reqs
+
+
+def test_a_more_important_prompt_takes_the_chunk_budget_first_even_from_a_running_prompt():
+    s = create_scheduler(chunk_size=8)
+    r0, r1 = _with_priorities([0, -1], prompt_len=20)
+    s.add(r0)
+    plan, _ = step(s)
+    assert plan.num_scheduled_tokens == {"r0": 8}
+    s.add(r1)  # arrives while r0 is half way through its prompt
+    plan, _ = step(s)
+    assert plan.num_scheduled_tokens == {"r1": 8}
+    plan, _ = step(s)
+    assert plan.num_scheduled_tokens == {"r1": 8}
+    plan, _ = step(s)
+    assert plan.num_scheduled_tokens == {"r1": 4, "r0": 4}  # r1's last chunk, then r0 goes on where it stopped
+
+
+@pytest.mark.parametrize("policy", FCFS_FAMILY)
+def test_waiting_prompts_run_in_priority_order_then_arrival_order(policy):
+    s = create_scheduler(policy=policy, chunk_size=None, max_num_seqs=2)
+    for r in _with_priorities([3, 0, -2, 0], prompt_len=4, max_tokens=2):
+        s.add(r)
+    plan, _ = step(s)
+    assert list(plan.num_scheduled_tokens) == ["r2", "r1"]
+
+
+@pytest.mark.parametrize("policy", FCFS_FAMILY)
+def test_a_more_important_prompt_preempts_the_least_important_request_for_blocks(policy):
+    # 6 blocks of 4 tokens: r0 (12 tokens + its first output) holds 4, r1 (4 + 1) holds 2: the pool is full.
+    s = create_scheduler(num_blocks=6, policy=policy, chunk_size=None)
+    r0, r1 = _with_priorities([5, 0], prompt_len=12, max_tokens=20)
+    r1.prompt_token_ids = r1.prompt_token_ids[:4]
+    s.add(r0)
+    s.add(r1)
+    step(s)
+    step(s)
+    assert s.blocks.num_free == 0
+    (r2,) = _with_priorities([-1], prompt_len=8, start=2)
+    s.add(r2)
+    plan, _ = step(s)
+    assert "r2" in plan.num_scheduled_tokens and r2.status is RequestStatus.RUNNING
+    assert r0.status is RequestStatus.WAITING and r0.num_preemptions == 1  # the least important gave way
+    assert r1.status is RequestStatus.RUNNING and r1.num_preemptions == 0
+
+
+@pytest.mark.parametrize("policy", FCFS_FAMILY)
+def test_a_prompt_of_equal_priority_waits_for_blocks_instead(policy):
+    s = create_scheduler(num_blocks=6, policy=policy, chunk_size=None)
+    r0, r1 = _with_priorities([0, 0], prompt_len=12, max_tokens=20)
+    r1.prompt_token_ids = r1.prompt_token_ids[:4]
+    s.add(r0)
+    s.add(r1)
+    step(s)
+    step(s)
+    (r2,) = _with_priorities([0], prompt_len=8, start=2)
+    s.add(r2)
+    plan, _ = step(s)
+    assert "r2" not in plan.num_scheduled_tokens and r2.status is RequestStatus.WAITING
+    assert r0.num_preemptions == r1.num_preemptions == 0
+
+
+def test_a_decode_short_of_blocks_takes_them_from_the_least_important_even_if_it_is_older():
+    # r0 is older but less important: when r1's decode needs a block, r0 gives way, not r1.
+    s = create_scheduler(num_blocks=4, chunk_size=None)
+    r0, r1 = _with_priorities([1, 0], prompt_len=7, max_tokens=20)
+    s.add(r0)
+    s.add(r1)
+    for _ in range(3):
+        step(s)
+    assert r0.status is RequestStatus.WAITING and r0.num_preemptions == 1
+    assert r1.status is RequestStatus.RUNNING and r1.num_preemptions == 0
+
+
+def test_fastserve_orders_by_its_levels_and_ignores_priority():
+    def plans(priorities):
+        s = create_scheduler(policy="fastserve", num_blocks=16, num_host_blocks=16)
+        for r in _with_priorities(priorities, prompt_len=6, max_tokens=12):
+            s.add(r)
+        return [step(s)[0].num_scheduled_tokens for _ in range(12)]
+
+    assert plans([3, 0, -2, 1]) == plans([0, 0, 0, 0])
