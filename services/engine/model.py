@@ -50,6 +50,17 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+def norm_heads(qk: torch.Tensor, heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor,
+               eps: float) -> torch.Tensor:
+    """Qwen3's per-head RMSNorm of q (the first ``heads`` heads of ``qk``) and of k, as a new ``[T, heads +
+    kv_heads, D]`` tensor; computed in fp32 and cast back, as transformers does."""
+    dtype = qk.dtype
+    h = qk.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    weight = torch.cat([q_weight.expand(heads, -1), k_weight.expand(qk.shape[1] - heads, -1)])
+    return weight * h.to(dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -60,12 +71,19 @@ class Attention(nn.Module):
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         # q and k rotate in one pass: they are adjacent in the fused projection's output.
-        qk = RotaryEmbedding.apply(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+        if self.q_norm is not None:
+            qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        qk = RotaryEmbedding.apply(qk, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.layer)
@@ -154,6 +172,8 @@ class LlamaForCausalLM(nn.Module):
             residual = x if residual is None else residual  # the kernel added x into residual in place
             qkv = F.linear(h, w.qkv, w.qkv_bias)
             qk = qkv[:, : q_size + kv_size].view(t, -1, d)  # q and k rotate in one pass, as in Attention
+            if w.q_norm is not None:
+                qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
             kernels.rope_(qk, cos, sin)
             v = qkv[:, q_size + kv_size :].view(t, c.num_key_value_heads, d)
             k_cache, v_cache = kv.layer(i)
@@ -173,7 +193,9 @@ class LlamaForCausalLM(nn.Module):
             cached = [_LayerWeights(layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight,
                                     layer.self_attn.qkv_proj.bias, layer.self_attn.o_proj.weight,
                                     layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.weight,
-                                    layer.mlp.down_proj.weight)
+                                    layer.mlp.down_proj.weight,
+                                    *((layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight)
+                                      if self.config.qk_norm else (None, None)))
                       for layer in self.model.layers]
             self.__dict__["_layer_weights_cache"] = cached
         return cached
@@ -215,6 +237,8 @@ class _LayerWeights(NamedTuple):
     post_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
 
 
 _FUSED = {

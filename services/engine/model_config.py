@@ -1,4 +1,8 @@
-"""The architecture of a Llama-family checkpoint, parsed from its Hugging Face ``config.json``."""
+"""The architecture of a Llama-family checkpoint, parsed from its Hugging Face ``config.json``.
+
+Llama, Mistral, Qwen2 (biases on q/k/v) and Qwen3 (an RMSNorm over each head of q and k before RoPE) share
+one decoder here. Sliding-window attention is not implemented: a checkpoint that turns it on serves contexts
+up to the window, where full attention computes the same thing (``max_model_len``)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any
 
 from services.common.errors import ModelLoadError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -32,6 +36,10 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # Qwen2 puts biases on q/k/v; Llama checkpoints may set attention_bias.
     attention_bias: bool = False
+    # Qwen3 normalizes each head of q and k (RMSNorm over head_dim) before RoPE.
+    qk_norm: bool = False
+    # Tokens a query attends back over when the checkpoint turns sliding-window attention on, else None.
+    sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
@@ -58,6 +66,14 @@ class ModelConfig:
         if not self.rope_scaling:
             return "default"
         return str(self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default")))
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest context served: the model's, or its attention window when that is shorter (within the
+        window sliding-window attention equals full attention, which is what the engine computes)."""
+        if self.sliding_window is None:
+            return self.max_position_embeddings
+        return min(self.max_position_embeddings, self.sliding_window)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -101,6 +117,8 @@ class ModelConfig:
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                qk_norm=arch == "Qwen3ForCausalLM",
+                sliding_window=_sliding_window(raw, arch),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
@@ -121,3 +139,12 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ModelLoadError(f"{path} must hold a JSON object")
         return cls.from_dict(raw)
+
+
+def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
+    """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
+    ``use_sliding_window`` (their configs carry a window they leave off)."""
+    window = raw.get("sliding_window")
+    if arch.startswith("Qwen") and not raw.get("use_sliding_window"):
+        return None
+    return int(window) if window else None

@@ -61,7 +61,7 @@ class ModelRunner:
 
     @property
     def max_model_len(self) -> int:
-        return self.checkpoint.config.max_position_embeddings
+        return self.checkpoint.config.max_model_len
 
     def _kv_budget(self) -> int:
         if self.config.kv_cache_bytes is not None:

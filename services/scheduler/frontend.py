@@ -41,7 +41,7 @@ class Frontend:
 
     @property
     def max_model_len(self) -> int:
-        return self.checkpoint.config.max_position_embeddings
+        return self.checkpoint.config.max_model_len
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids

@@ -167,7 +167,7 @@ class _Uvicorn(uvicorn.Server):
 
 async def serve(config: SchedulerServiceConfig) -> None:
     checkpoint = load_checkpoint_meta(resolve_model_dir(config.model))
-    config = replace(config, core=replace(config.core, max_model_len=checkpoint.config.max_position_embeddings))
+    config = replace(config, core=replace(config.core, max_model_len=checkpoint.config.max_model_len))
     metrics = SchedulerMetrics()
     tracing = setup_tracing(SCHEDULER_SERVICE, config.otlp_endpoint)
     mesh = Mesh(config, metrics, tracing)

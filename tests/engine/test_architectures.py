@@ -1,0 +1,88 @@
+"""Every supported architecture against Hugging Face ``transformers`` on the same (random) weights: checkpoints
+written by transformers itself, greedy tokens and logprobs through the engine with small prompt chunks, with
+the fused CPU kernels and with plain torch ops."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from seawall.offline.engine import OfflineEngine
+from services.common.errors import InvalidArgument
+from services.common.sampling_params import SamplingParams
+from services.engine.config import EngineConfig
+from services.engine.model_config import ModelConfig
+from services.scheduler.core.scheduler import SchedulerConfig
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
+
+transformers = pytest.importorskip("transformers")
+
+COMMON = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
+CASES = {
+    "llama": lambda: transformers.LlamaConfig(
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 128}, **COMMON),
+    "mistral": lambda: transformers.MistralConfig(sliding_window=256, **COMMON),
+    "qwen2": lambda: transformers.Qwen2Config(tie_word_embeddings=False, **COMMON),  # biases on q/k/v
+    # Norms on q and k heads; head_dim * heads (128) differs from hidden_size; tied embeddings.
+    "qwen3": lambda: transformers.Qwen3Config(head_dim=32, tie_word_embeddings=True, **COMMON),
+}
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def checkpoint(request, tmp_path_factory, tiny_model_dir):
+    """A checkpoint of this architecture saved by transformers (the built-in model's tokenizer beside it), the
+    model it was saved from, and prompts."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(CASES[request.param]()).eval()
+    with torch.no_grad():  # weights that give decisive logits, so greedy choices are not near-ties
+        for name, p in model.named_parameters():
+            p.normal_(1.0, 0.2) if "norm" in name else p.normal_(0.0, 0.3)
+    out = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, out / name)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (1, 17, 40, 150)]
+    return out, model, prompts
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
+def test_greedy_tokens_and_logprobs_match_transformers(checkpoint, cpu_kernels):
+    path, model, prompts = checkpoint
+    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
+                           SchedulerConfig(chunk_size=16))
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                                                   logprobs=0)] * len(prompts))
+    for prompt, comp in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                                 do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        assert comp.token_ids == ref.sequences[0, len(prompt):].tolist()
+        want = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(ref.logits, comp.token_ids,
+                                                                                     strict=True)]
+        assert [lp.logprob for lp in comp.logprobs] == pytest.approx(want, abs=1e-4)
+
+
+def test_a_sliding_window_caps_the_context_where_full_attention_is_exact(checkpoint):
+    path, model, _ = checkpoint
+    config = ModelConfig.from_dir(path)
+    window = getattr(model.config, "sliding_window", None) if model.config.model_type == "mistral" else None
+    assert config.max_model_len == (window or 512)
+    if window:
+        engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32"))
+        with pytest.raises(InvalidArgument, match=f"context is {window}"):
+            engine.validate(list(range(3, 3 + window)), SamplingParams(max_tokens=4))
+
+
+def test_qwen_configs_that_leave_the_window_off_serve_the_whole_context():
+    raw = dict(COMMON, architectures=["Qwen2ForCausalLM"], sliding_window=64, use_sliding_window=False)
+    assert ModelConfig.from_dict(raw).max_model_len == 512
+    assert ModelConfig.from_dict({**raw, "use_sliding_window": True}).max_model_len == 64
+    assert ModelConfig.from_dict(dict(COMMON, architectures=["MistralForCausalLM"], sliding_window=None)
+                                 ).max_model_len == 512
