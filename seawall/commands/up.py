@@ -24,6 +24,7 @@ from seawall.compose import ComposeMesh, ComposeOptions
 from seawall.launcher import LocalMesh, MeshOptions
 from seawall.trace_receiver import TraceReceiver
 from services.scheduler.main import add_scheduling_flags, core_config_from, scheduling_flags
+from services.scheduler.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.scheduler.tool_parsers import PARSERS
 from services.worker.config import STEP_THREADS
 
@@ -51,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="shape each worker's KV pulls from peers to this many GB/s (0 = off)")
     p.add_argument("--tool-call-parser", choices=tuple(PARSERS), default=None,
                    help="read tool calls in the model's own syntax, for tool_choice \"auto\" (default: none)")
+    p.add_argument("--reasoning-parser", choices=tuple(REASONING_PARSERS), default=None,
+                   help="return a chat reply's thinking (<think>...</think>) as reasoning_content (default: none)")
     p.add_argument("--no-kvcache", action="store_true", help="start no kvcache service (no multi-turn KV reuse)")
     p.add_argument("--kvcache-dram-bytes", type=int, default=None, help="kvcache DRAM tier size")
     p.add_argument("--kvcache-disk-dir", default=None, help="kvcache disk tier directory (default: none)")
@@ -95,6 +98,8 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
     sched = scheduling_flags(args)
     if args.tool_call_parser:
         sched += ["--tool-call-parser", args.tool_call_parser]
+    if args.reasoning_parser:
+        sched += ["--reasoning-parser", args.reasoning_parser]
     workers = ["--device", args.device]
     if args.kv_cache_bytes:
         workers += ["--kv-cache-bytes", str(args.kv_cache_bytes)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.scheduler.core.scheduler import SchedulerConfig
+from services.scheduler.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.scheduler.tool_parsers import PARSERS
 
 MODES = ("disaggregated", "colocated")
@@ -47,6 +48,9 @@ class SchedulerServiceConfig:
     # How the chat API reads tool calls in the model's own syntax (tool_choice "auto"): "hermes",
     # "llama3_json" (services/scheduler/tool_parsers.py); None = "auto" is refused.
     tool_call_parser: str | None = None
+    # How the chat and Responses APIs read a reply's thinking: "deepseek_r1", "qwen3"
+    # (services/scheduler/reasoning_parsers.py); None = the reply is all answer.
+    reasoning_parser: str | None = None
     # A KV transfer not done within this many seconds fails; the request is recomputed on the receiver.
     transfer_timeout_s: float = 30.0
     # A worker that does not answer a step within this many seconds is declared dead.
@@ -78,6 +82,9 @@ class SchedulerServiceConfig:
             raise ValueError(f"kvcache_address must be host:port, got {self.kvcache_address!r}")
         if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
             raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
         if self.max_queue_len < 1:
             raise ValueError(f"max_queue_len must be >= 1, got {self.max_queue_len}")
         for name in ("transfer_timeout_s", "step_timeout_s"):

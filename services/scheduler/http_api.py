@@ -39,6 +39,7 @@ from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_o
 from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_response, json_body
+from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
 from services.scheduler.tracked import Delta, TrackedRequest
@@ -49,10 +50,10 @@ _CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs",
 
 
 def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
-               tool_parser: ToolParser | None = None) -> Starlette:
+               tool_parser: ToolParser | None = None, reasoning: ReasoningParser | None = None) -> Starlette:
     """The API's routes; with ``registry``, also Prometheus text at ``/metrics``; ``tool_parser`` reads tool
-    calls in the model's own syntax (``tool_choice: "auto"``)."""
-    api = OpenAIApi(frontend, tool_parser)
+    calls in the model's own syntax (``tool_choice: "auto"``), ``reasoning`` a chat reply's thinking."""
+    api = OpenAIApi(frontend, tool_parser, reasoning)
     responses = ResponsesEndpoint(api)
     routes = [
         Route("/health", api.health, methods=["GET"]),
@@ -75,9 +76,11 @@ def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
 class OpenAIApi:
     """The completions and chat endpoints, and the request plumbing the Responses endpoint runs on."""
 
-    def __init__(self, frontend: Frontend, tool_parser: ToolParser | None = None) -> None:
+    def __init__(self, frontend: Frontend, tool_parser: ToolParser | None = None,
+                 reasoning: ReasoningParser | None = None) -> None:
         self.frontend = frontend
         self.tool_parser = tool_parser
+        self.reasoning = reasoning
         self._template = _chat_template(frontend)
         self.texts = TokenTexts(frontend.tokenizer)
 
@@ -237,10 +240,13 @@ class OpenAIApi:
         for i, out in enumerate(merged):
             choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason,
                                       "logprobs": self._logprobs(tracked[i], out, chat, echo=echoed is not None)}
-            if tools is not None:
-                choice["message"], choice["finish_reason"] = tools.message(out.text, out.finish_reason)
-            elif chat:
-                choice["message"] = {"role": "assistant", "content": out.text}
+            if chat:
+                thought, text = self.split_reasoning(tracked[i], out.text)
+                choice["message"], choice["finish_reason"] = (
+                    tools.message(text, out.finish_reason) if tools is not None
+                    else ({"role": "assistant", "content": text}, out.finish_reason))
+                if thought is not None:
+                    choice["message"]["reasoning_content"] = thought
             else:
                 choice["text"] = (echoed[i] if echoed else "") + out.text
             extras.fill(choice, tracked[i], out)
@@ -274,8 +280,13 @@ class OpenAIApi:
         first = [True] * len(tracked)
         offsets = [0] * len(tracked)  # characters of each choice's token texts so far (completions' text_offset)
         calls = [tools.stream() for _ in tracked] if tools is not None else None
+        thoughts = [self.reasoning_stream(t) for t in tracked] if chat else None
         async for ready in self.stream(tracked):
             for i, merged in ready:  # one event per choice, as OpenAI streams them
+                thought = ""
+                if thoughts is not None and thoughts[i] is not None:
+                    thought, answer = thoughts[i].feed(merged.text, final=merged.finish_reason is not None)
+                    merged = replace(merged, text=answer)
                 echo = echoed is not None and first[i]  # the prompt goes out with the choice's first chunk
                 logprobs = self._logprobs(tracked[i], merged, chat, offsets[i], echo=echo)
                 if logprobs is not None and not chat:
@@ -288,12 +299,27 @@ class OpenAIApi:
                                        else {"content": merged.text})
                 else:
                     choice["text"] = (echoed[i] if echo else "") + merged.text
+                if thought:
+                    choice["delta"]["reasoning_content"] = thought
                 extras.fill(choice, tracked[i], merged)
                 first[i] = False
                 yield _event({**head, "object": obj, "choices": [choice]})
         if include_usage:
             yield _event({**head, "object": obj, "choices": [], "usage": _usage(tracked, n)})
         yield "data: [DONE]\n\n"
+
+    def split_reasoning(self, tracked: TrackedRequest, text: str) -> tuple[str | None, str]:
+        """A whole chat reply's thinking (None without a reasoning parser, or without a thought) and answer."""
+        if self.reasoning is None:
+            return None, text
+        thought, answer = self.reasoning.split(text, constrained=tracked.request.params.structured_output is not None)
+        return thought, answer or ""
+
+    def reasoning_stream(self, tracked: TrackedRequest) -> ReasoningStream | None:
+        """A splitter of a chat reply's thinking as it streams, when the mesh reads reasoning."""
+        if self.reasoning is None:
+            return None
+        return ReasoningStream(self.reasoning, constrained=tracked.request.params.structured_output is not None)
 
     def _logprobs(self, tracked: TrackedRequest, delta: Delta, chat: bool, offset: int = 0,
                   echo: bool = False) -> dict | None:

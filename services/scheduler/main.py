@@ -40,6 +40,8 @@ from services.scheduler.http_api import create_app
 from services.scheduler.kvcache_client import KVCacheClient
 from services.scheduler.mesh import Mesh
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.reasoning_parsers import PARSERS as REASONING_PARSERS
+from services.scheduler.reasoning_parsers import reasoning_parser
 from services.scheduler.server import SchedulerServicer
 from services.scheduler.tool_parsers import PARSERS, tool_parser
 
@@ -145,12 +147,14 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     add_scheduling_flags(p)
     p.add_argument("--tool-call-parser", choices=tuple(PARSERS), default=None,
                    help="read tool calls in the model's own syntax, for tool_choice \"auto\" (default: none)")
+    p.add_argument("--reasoning-parser", choices=tuple(REASONING_PARSERS), default=None,
+                   help="return a chat reply's thinking as reasoning_content (default: none)")
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
                    kvcache_address=args.kvcache, step_pipelining=args.step_pipelining,
-                   tool_call_parser=args.tool_call_parser)
+                   tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -190,8 +194,10 @@ async def serve(config: SchedulerServiceConfig) -> None:
         port = await server.start(config.host, config.grpc_port)
         log.info("scheduler gRPC on %s:%d (%s, policy %s)", config.host, port, config.mode, config.core.policy)
         if http_socket is not None:
-            http = _Uvicorn(uvicorn.Config(create_app(frontend, metrics.registry, tool_parser(config.tool_call_parser)), host=config.host,
-                                           port=config.http_port, log_level="warning", lifespan="off"))
+            app = create_app(frontend, metrics.registry, tool_parser(config.tool_call_parser),
+                             reasoning_parser(config.reasoning_parser))
+            http = _Uvicorn(uvicorn.Config(app, host=config.host, port=config.http_port, log_level="warning",
+                                           lifespan="off"))
             tg.start_soon(http.serve, [http_socket])
             log.info("OpenAI API on http://%s:%d/v1", config.host, config.http_port)
         gc_metrics = gc_pauses.after_startup(metrics.registry)

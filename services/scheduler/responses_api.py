@@ -248,19 +248,30 @@ def _response_format(text: Any) -> dict[str, Any] | None:
 
 
 class OutputItems:
-    """The reply as Responses output items, fed the chat path's deltas (``{"content": ..., "tool_calls":
-    [...]}``); each ``feed`` and ``close`` returns the streaming events it makes (without sequence numbers)."""
+    """The reply as Responses output items, fed the chat path's deltas (``{"reasoning": ..., "content": ...,
+    "tool_calls": [...]}``); each ``feed`` and ``close`` returns the streaming events it makes (without sequence
+    numbers). Thinking comes first, as a reasoning item."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
+        self._thought: dict[str, Any] | None = None  # the open reasoning item's reasoning_text part
         self._text: dict[str, Any] | None = None  # the open message item's output_text part
         self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> its function_call item
         self._open: list[dict[str, Any]] = []
 
     def feed(self, delta: dict[str, Any], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
+        if delta.get("reasoning"):
+            if self._thought is None:
+                self._thought = {"type": "reasoning_text", "text": ""}
+                events += self._add({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [],
+                                     "content": [self._thought], "status": "in_progress"})
+            self._thought["text"] += delta["reasoning"]
+            events.append({"type": "response.reasoning_text.delta", **self._where(self._open[-1]), "content_index": 0,
+                           "delta": delta["reasoning"]})
         if delta.get("content"):
             if self._text is None:
+                events += self._close_reasoning("completed")
                 events += self._open_message()
             item = self._open[-1]
             self._text["text"] += delta["content"]
@@ -271,7 +282,7 @@ class OutputItems:
             fn = call.get("function", {})
             item = self._calls.get(call["index"])
             if item is None:
-                events += self._close_message("completed")
+                events += self._close_reasoning("completed") + self._close_message("completed")
                 item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
                         "name": fn["name"], "arguments": "", "status": "in_progress"}
                 self._calls[call["index"]] = item
@@ -285,7 +296,7 @@ class OutputItems:
     def close(self, status: str) -> list[dict[str, Any]]:
         """Ends every open item (``status``: completed or incomplete); a reply of nothing is an empty message."""
         events = [] if self.items else self._open_message()
-        events += self._close_message(status)
+        events += self._close_reasoning(status) + self._close_message(status)
         for item in [i for i in self._open if i["type"] == "function_call"]:
             item["status"] = status
             events.append({"type": "response.function_call_arguments.done", **self._where(item),
@@ -303,6 +314,15 @@ class OutputItems:
                        "part": {**self._text, "logprobs": []}})
         return events
 
+    def _close_reasoning(self, status: str) -> list[dict[str, Any]]:
+        if self._thought is None:
+            return []
+        item, part = next(i for i in self._open if i["type"] == "reasoning"), self._thought
+        self._thought = None
+        item["status"] = status
+        return [{"type": "response.reasoning_text.done", **self._where(item), "content_index": 0, "text": part["text"]},
+                *self._done(item)]
+
     def _close_message(self, status: str) -> list[dict[str, Any]]:
         if self._text is None:
             return []
@@ -318,7 +338,7 @@ class OutputItems:
         self.items.append(item)
         self._open.append(item)
         return [{"type": "response.output_item.added", "output_index": len(self.items) - 1,
-                 "item": {**item, "content": []} if item["type"] == "message" else dict(item)}]
+                 "item": {**item, "content": []} if "content" in item else dict(item)}]
 
     def _done(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         self._open.remove(item)

@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -54,11 +55,12 @@ class ResponsesEndpoint:
         if body.get("stream"):
             return StreamingResponse(self._response_events(head, req, tracked, tools), media_type="text/event-stream")
         (out,) = await self.api.collect(request, [tracked])
-        message, finish = tools.message(out.text, out.finish_reason) if tools else ({"content": out.text},
-                                                                                    out.finish_reason)
+        thought, text = self.api.split_reasoning(tracked, out.text)
+        message, finish = tools.message(text, out.finish_reason) if tools else ({"content": text}, out.finish_reason)
         items = OutputItems()
         calls = [{"index": k, **c} for k, c in enumerate(message.get("tool_calls") or [])]
-        items.feed({"content": message["content"], "tool_calls": calls}, self._output_logprobs(req, out))
+        items.feed({"reasoning": thought, "content": message["content"], "tool_calls": calls},
+                   self._output_logprobs(req, out))
         items.close(_item_status(finish))
         return JSONResponse(self._finish_response(head, req, tracked, items, finish, out.detail))
 
@@ -76,10 +78,16 @@ class ResponsesEndpoint:
         yield event({"type": "response.created", "response": started})
         yield event({"type": "response.in_progress", "response": started})
         items, calls = OutputItems(), tools.stream() if tools else None
+        thoughts = self.api.reasoning_stream(tracked)
         finish, detail = None, ""
         async for ready in self.api.stream([tracked]):
             for _, merged in ready:
+                thought = ""
+                if thoughts is not None:
+                    thought, answer = thoughts.feed(merged.text, final=merged.finish_reason is not None)
+                    merged = replace(merged, text=answer)
                 delta, finish = calls.delta(merged) if calls else ({"content": merged.text}, merged.finish_reason)
+                delta = {**delta, "reasoning": thought}
                 detail = merged.detail or detail
                 for e in items.feed(delta, self._output_logprobs(req, merged)):
                     yield event(e)

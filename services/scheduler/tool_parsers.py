@@ -43,7 +43,7 @@ class ToolParser:
         raise NotImplementedError
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of ``text`` that is a proper start of ``marker``."""
     return next((k for k in range(min(len(text), len(marker) - 1), 0, -1) if marker.startswith(text[-k:])), 0)
 
@@ -82,7 +82,7 @@ class HermesParser(ToolParser):
         return at if at >= 0 else None
 
     def held(self, text: str) -> int:
-        return _partial_suffix(text, self.OPEN)
+        return partial_suffix(text, self.OPEN)
 
 
 class Llama3JsonParser(ToolParser):

@@ -399,11 +399,11 @@ def test_tokenize_and_detokenize_round_trip_and_count_what_a_chat_would_send(htt
 
 @pytest.fixture(scope="module")
 def hermes_http(tiny_model_dir, tmp_path_factory):
-    """A colocated mesh that reads tool calls in the Hermes syntax (tool_choice "auto")."""
+    """A colocated mesh that reads tool calls in the Hermes syntax (tool_choice "auto") and thinking in Qwen3's."""
     from tests.e2e.conftest import start_mesh
 
     mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("hermes"), mode="colocated",
-                      scheduler_args=["--tool-call-parser", "hermes"])
+                      scheduler_args=["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"])
     with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
         yield client
     mesh.stop()
@@ -430,6 +430,32 @@ def test_auto_tool_calls_are_read_in_the_models_own_syntax(hermes_http):
     plain = hermes_http.post("/v1/chat/completions", json={**body, "structured_outputs": {"choice": ["Sunny."]}})
     assert plain.json()["choices"][0]["message"] == {"role": "assistant", "content": "Sunny."}
     assert plain.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_thinking_comes_back_as_reasoning_and_tool_calls_are_read_from_the_answer(hermes_http):
+    """As above, a structured output makes the built-in model write what a Qwen3 model would."""
+    call = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>'
+    reply = "<think>\nThe user wants Oslo.\n</think>\n\nLet me check." + call
+    body = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 100, "temperature": 0,
+            "tools": [WEATHER, CLOCK], "structured_outputs": {"choice": [reply]}}
+    message = hermes_http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "\nThe user wants Oslo.\n" and message["content"] == "Let me check."
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["weather"]
+    events = _sse(hermes_http.post("/v1/chat/completions", json={**body, "stream": True}))
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert len([d for d in deltas if d.get("reasoning_content")]) > 1  # streamed as it was written
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == "\n\nLet me check."  # as written after </think>
+    assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["weather"]
+    plain = hermes_http.post("/v1/chat/completions", json={**body, "tools": None, "structured_outputs": {
+        "choice": ["<think>Sunny, surely.</think>Sunny."]}}).json()["choices"][0]
+    assert plain["message"] == {"role": "assistant", "content": "Sunny.", "reasoning_content": "Sunny, surely."}
+    response = hermes_http.post("/v1/responses", json={
+        "input": "Weather in Oslo?", "max_output_tokens": 100, "temperature": 0, "tools": [
+            {"type": "function", **WEATHER["function"]}], "structured_outputs": {"choice": [reply]}}).json()
+    kinds = [item["type"] for item in response["output"]]
+    assert kinds == ["reasoning", "message", "function_call"], response
+    assert response["output"][0]["content"][0]["text"] == "\nThe user wants Oslo.\n"
 
 
 def test_text_parts_give_the_same_chat_as_a_string(http):

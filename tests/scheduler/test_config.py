@@ -19,6 +19,7 @@ from services.worker.config import WorkerConfig
     ({"max_queue_len": 0}, "max_queue_len must be >= 1"),
     ({"transfer_timeout_s": 0}, "transfer_timeout_s must be > 0"),
     ({"tool_call_parser": "mistral"}, "tool_call_parser must be one of hermes, llama3_json"),
+    ({"reasoning_parser": "o1"}, "reasoning_parser must be one of deepseek_r1, qwen3"),
 ])
 def test_scheduler_service_config_rejects_what_cannot_work(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):

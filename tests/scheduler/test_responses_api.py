@@ -185,3 +185,20 @@ def test_the_store_keeps_the_most_recently_used_and_says_why_one_is_missing():
         store.get("a")
     with pytest.raises(NotFound):
         store.get(["not", "an", "id"])
+
+
+def test_thinking_is_a_reasoning_item_before_the_answer():
+    items = OutputItems()
+    events = items.feed({"reasoning": "Plan", "content": ""})
+    events += items.feed({"reasoning": " more", "content": "Answer"})
+    events += items.close("completed")
+    assert [e["type"] for e in events] == [
+        "response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.output_item.done", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done"]
+    thought, message = items.items
+    assert thought["type"] == "reasoning" and thought["status"] == "completed"
+    assert thought["content"] == [{"type": "reasoning_text", "text": "Plan more"}] and events[0]["item"]["content"] == []
+    assert message["content"][0]["text"] == "Answer" and events[5]["output_index"] == 1
+    assert output_messages(items.items) == [{"role": "assistant", "content": "Answer"}]  # thinking is not replayed

@@ -105,11 +105,14 @@ def test_up_and_bench_pass_the_step_thread_to_the_workers_when_one_is_chosen():
     assert "--step-thread loop" in bench.mesh_flags(args)
 
 
-def test_up_passes_the_tool_call_parser_to_the_scheduler():
+def test_up_passes_the_tool_call_and_reasoning_parsers_to_the_scheduler():
     from seawall.cli import build_parser
     from seawall.commands import up
 
     parser = build_parser()
-    assert "--tool-call-parser" not in up.options_from(parser.parse_args(["up"])).scheduler_args
-    sched = up.options_from(parser.parse_args(["up", "--tool-call-parser", "hermes"])).scheduler_args
+    plain = up.options_from(parser.parse_args(["up"])).scheduler_args
+    assert "--tool-call-parser" not in plain and "--reasoning-parser" not in plain
+    sched = up.options_from(parser.parse_args(["up", "--tool-call-parser", "hermes", "--reasoning-parser",
+                                               "qwen3"])).scheduler_args
     assert sched[sched.index("--tool-call-parser") + 1] == "hermes"
+    assert sched[sched.index("--reasoning-parser") + 1] == "qwen3"

@@ -1,0 +1,79 @@
+"""Reasoning in a model's own words: ``--reasoning-parser NAME`` splits a reply's thinking from its answer, as
+vLLM's parsers of the same names. The chat API returns the thinking as ``reasoning_content`` (DeepSeek's and
+vLLM's field), the Responses API as a reasoning item; tool calls are read from the answer only.
+
+* ``deepseek_r1`` (DeepSeek-R1 and its distills): thinking up to ``</think>``, then the answer; the opening
+  ``<think>`` is optional (newer chat templates put it in the prompt), so a reply that never closes its thought
+  is all thinking.
+* ``qwen3`` (Qwen3, QwQ): thinking only inside ``<think>...</think>`` at the start of the reply; a reply without
+  it (``"chat_template_kwargs": {"enable_thinking": false}``) is all answer.
+
+A reply constrained by a grammar (structured output, forced tool calls) is thinking only if it opens with
+``<think>``: the grammar decides what it writes, from its first token.
+
+One splitter serves the whole reply and the stream (``ReasoningStream``), so the two cannot disagree: markers
+split across pieces are found, and what could still begin one is held back, as stop strings are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+from services.scheduler.tool_parsers import partial_suffix
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class ReasoningParser:
+    name: str
+    open_optional: bool  # thinking may start without <think> (the template opened it)
+
+    def split(self, text: str, constrained: bool = False) -> tuple[str | None, str | None]:
+        """A whole reply as (thinking, answer), None for an empty part."""
+        stream = ReasoningStream(self, constrained)
+        thought, answer = stream.feed(text, final=True)
+        return thought or None, answer or None
+
+
+class ReasoningStream:
+    """One reply split as it arrives: ``feed`` returns the new thinking and the new answer."""
+
+    def __init__(self, parser: ReasoningParser, constrained: bool = False) -> None:
+        self.open_optional = parser.open_optional and not constrained
+        self.state = "start"  # start -> thinking -> answer, or start -> answer
+        self.pending = ""  # text not yet sent: a possible start of a marker
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        self.pending += text
+        thought = answer = ""
+        if self.state == "start":
+            head = self.pending.lstrip()
+            if head.startswith(OPEN):
+                self.state, self.pending = "thinking", head[len(OPEN):]
+            elif OPEN.startswith(head) and not final:
+                return "", ""  # blanks, or a start of <think>: not decided yet
+            else:
+                self.state = "thinking" if self.open_optional else "answer"
+        if self.state == "thinking":
+            at = self.pending.find(CLOSE)
+            if at < 0:
+                keep = 0 if final else partial_suffix(self.pending, CLOSE)
+                thought, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+                return thought, ""
+            thought, self.pending, self.state = self.pending[:at], self.pending[at + len(CLOSE):], "answer"
+        answer, self.pending = self.pending, ""
+        return thought, answer
+
+
+PARSERS = {p.name: p for p in (ReasoningParser("deepseek_r1", open_optional=True),
+                               ReasoningParser("qwen3", open_optional=False))}
+
+
+def reasoning_parser(name: str | None) -> ReasoningParser | None:
+    if name is None:
+        return None
+    if name not in PARSERS:
+        raise InvalidArgument(f"--reasoning-parser must be one of {', '.join(PARSERS)}, got {name!r}")
+    return PARSERS[name]
