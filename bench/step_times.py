@@ -13,59 +13,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import random
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from seawall.sim.cost_model import MEASURED_FORMAT  # noqa: E402
-from services.common.sampling_params import SamplingParams  # noqa: E402
-from services.common.step import NewSequence, StepPlan  # noqa: E402
 from services.engine.config import EngineConfig  # noqa: E402
 from services.engine.runner import ModelRunner  # noqa: E402
-
-GREEDY = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-
-
-class Planner:
-    """Builds one-step plans of fresh sequences over disjoint block ranges of the pool."""
-
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        self.bs = runner.config.block_size
-        self.vocab = runner.checkpoint.config.vocab_size
-        self.rng = random.Random(0)
-        self.ids = itertools.count()
-
-    def plan(self, chunks: list[tuple[int, int]], decodes: list[int]) -> StepPlan:
-        """``chunks``: (new tokens, cached tokens) per prompt chunk; ``decodes``: context per decode."""
-        plan = StepPlan(next(self.ids))
-        next_block = 0
-        for new, cached in [*chunks, *((1, c) for c in decodes)]:
-            total = cached + new
-            n_blocks = -(-total // self.bs)
-            blocks = list(range(next_block, next_block + n_blocks))
-            next_block += n_blocks
-            assert next_block <= self.runner.kv.num_blocks, "grid point larger than the KV pool"
-            sid = f"s{plan.step_id}-{len(plan.new)}"
-            tokens = [self.rng.randrange(3, self.vocab) for _ in range(total)]
-            plan.new.append(NewSequence(sid, tokens, total, cached, blocks, GREEDY))
-            plan.num_scheduled_tokens[sid] = new
-        return plan
-
-    def time(self, chunks, decodes, repeats: int) -> float:
-        times = []
-        for _ in range(repeats):
-            plan = self.plan(chunks, decodes)
-            t = time.perf_counter()
-            self.runner.execute(plan)
-            times.append(time.perf_counter() - t)
-            self.runner.execute(StepPlan(next(self.ids), finished=list(plan.num_scheduled_tokens)))
-        return statistics.median(times)
+from services.engine.step_profile import Planner  # noqa: E402
 
 
 def grid(quick: bool):

@@ -180,12 +180,15 @@ def mesh_options(args: argparse.Namespace, policy: str):
 
 
 def mesh_flags(args: argparse.Namespace) -> list[str]:
-    flags = [f"--mode {args.mode}", f"--chunk-size {args.chunk_size}", f"--max-num-seqs {args.max_num_seqs}"]
+    from services.scheduler.main import chunk_size
+
+    chunk = chunk_size(args)
+    flags = [f"--mode {args.mode}", *([f"--chunk-size {chunk}"] if chunk else []), f"--max-num-seqs {args.max_num_seqs}"]
     flags.append(f"--workers {args.workers}" if args.mode == "colocated" else
                  f"--prefill {args.prefill} --decode {args.decode}")
     if args.decode_steps != 1:
         flags.append(f"--decode-steps {args.decode_steps}")
-    for name in ("max_num_batched_tokens", "preemption_mode", "kv_cache_bytes", "torch_threads"):
+    for name in ("tbt_target_s", "max_num_batched_tokens", "preemption_mode", "kv_cache_bytes", "torch_threads"):
         if getattr(args, name):
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     flags += ["--no-cpu-kernels"] if args.no_cpu_kernels else []

@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from seawall.offline.batch import run_batch
     from seawall.offline.engine import OfflineEngine
-    from services.scheduler.main import as_flag
+    from services.scheduler.config import as_flag
 
     lines = _read_lines(args.input)
     try:

@@ -24,7 +24,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version")
+    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version", "step_time")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class WorkerInfo(_message.Message):
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_FIELD_NUMBER: _ClassVar[int]
     role: WorkerRole
     model: str
     num_device_blocks: int
@@ -49,7 +50,18 @@ class WorkerInfo(_message.Message):
     max_num_seqs: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     version: str
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ...) -> None: ...
+    step_time: StepTimeProfile
+    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., step_time: _Optional[_Union[StepTimeProfile, _Mapping]] = ...) -> None: ...
+
+class StepTimeProfile(_message.Message):
+    __slots__ = ("base_ms", "per_token_ms", "per_seq_ms")
+    BASE_MS_FIELD_NUMBER: _ClassVar[int]
+    PER_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    PER_SEQ_MS_FIELD_NUMBER: _ClassVar[int]
+    base_ms: float
+    per_token_ms: float
+    per_seq_ms: float
+    def __init__(self, base_ms: _Optional[float] = ..., per_token_ms: _Optional[float] = ..., per_seq_ms: _Optional[float] = ...) -> None: ...
 
 class BlockMove(_message.Message):
     __slots__ = ("src_block_id", "dst_block_id")

@@ -15,6 +15,9 @@ TRANSPORTS = ("nixl", "grpc")
 READ_POLICIES = ("pe-read", "de-read", "dual", "dual+recompute")
 STEP_PIPELINING = ("auto", "all", "prompts", "known", "off")
 
+# Prompt tokens per step when neither --chunk-size nor --tbt-target-s is given.
+DEFAULT_CHUNK_SIZE = 256
+
 
 @dataclass(frozen=True)
 class SchedulerServiceConfig:
@@ -90,3 +93,11 @@ class SchedulerServiceConfig:
         for name in ("transfer_timeout_s", "step_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+def as_flag(message: str) -> str:
+    """``num_decode_steps must be ...`` -> ``--decode-steps must be ...``: the name the user typed."""
+    name, _, rest = message.partition(" ")
+    name = name.removeprefix("mlfq.")
+    flag = "decode-steps" if name == "num_decode_steps" else name.replace("_", "-")
+    return f"--{flag} {rest}"

@@ -26,11 +26,13 @@ from services.common.tracing import setup_tracing
 from services.engine.loader import load_checkpoint_meta
 from services.engine.runner import resolve_model_dir
 from services.scheduler.config import (
+    DEFAULT_CHUNK_SIZE,
     MODES,
     READ_POLICIES,
     STEP_PIPELINING,
     TRANSPORTS,
     SchedulerServiceConfig,
+    as_flag,
 )
 from services.scheduler.core.config import MLFQ_PRESETS, WAIT_CREDITS, MLFQConfig
 from services.scheduler.core.scheduler import POLICIES, SchedulerConfig
@@ -52,7 +54,8 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     """Flags shared with ``seawall up``, which passes them through."""
     p.add_argument("--mode", choices=MODES, default="disaggregated", help="default: disaggregated")
     p.add_argument("--policy", choices=POLICIES, default="sarathi", help="step policy (default: sarathi)")
-    p.add_argument("--chunk-size", type=int, default=256, help="prompt tokens per step (default 256)")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="prompt tokens per step (default 256; with --tbt-target-s, what that target allows)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (default: no cap)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step (default 256)")
     p.add_argument("--preemption-mode", choices=("swap", "recompute"), default=None,
@@ -86,7 +89,7 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
 def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> list[str]:
     """The flags ``add_scheduling_flags`` parsed (but ``--mode``, which launchers set themselves), as a
     scheduler command line."""
-    flags = ["--policy", policy or args.policy, "--chunk-size", str(args.chunk_size),
+    flags = ["--policy", policy or args.policy, *(["--chunk-size", str(args.chunk_size)] if args.chunk_size else []),
              "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
              "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq,
              "--step-pipelining", args.step_pipelining, "--decode-steps", str(args.decode_steps)]
@@ -106,7 +109,7 @@ def core_config_from(args: argparse.Namespace) -> SchedulerConfig:
     """The scheduler core's config from ``add_scheduling_flags``' flags; a value it cannot take is an
     ``InvalidArgument`` naming the flag (launchers call this to refuse bad flags before starting anything)."""
     try:
-        return SchedulerConfig(chunk_size=args.chunk_size, max_num_batched_tokens=args.max_num_batched_tokens,
+        return SchedulerConfig(chunk_size=chunk_size(args), max_num_batched_tokens=args.max_num_batched_tokens,
                                max_num_seqs=args.max_num_seqs, policy=args.policy,
                                preemption_mode=args.preemption_mode,
                                enable_prefix_caching=not args.no_prefix_caching, tbt_target_s=args.tbt_target_s,
@@ -115,12 +118,12 @@ def core_config_from(args: argparse.Namespace) -> SchedulerConfig:
         raise InvalidArgument(as_flag(str(exc))) from None
 
 
-def as_flag(message: str) -> str:
-    """``num_decode_steps must be ...`` -> ``--decode-steps must be ...``: the name the user typed."""
-    name, _, rest = message.partition(" ")
-    name = name.removeprefix("mlfq.")
-    flag = "decode-steps" if name == "num_decode_steps" else name.replace("_", "-")
-    return f"--{flag} {rest}"
+def chunk_size(args: argparse.Namespace) -> int | None:
+    """``--chunk-size``, else 256, or none with ``--tbt-target-s`` (the target then sets the step's budget from
+    each worker's measured step times)."""
+    if args.chunk_size is not None:
+        return args.chunk_size
+    return None if args.tbt_target_s is not None else DEFAULT_CHUNK_SIZE
 
 
 def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:

@@ -3,11 +3,16 @@ the mesh."""
 
 from __future__ import annotations
 
-from seawall.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+import math
+
+from seawall.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 from services.common import tracing
 from services.common.convert import finish_reason_to_proto, params_from_proto, token_logprobs_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
+from services.scheduler.config import as_flag
+from services.scheduler.core.policies.base import chunk_budget
+from services.scheduler.core.scheduler import SchedulerConfig, StepTimeModel
 from services.scheduler.frontend import Frontend, Submission, labelled
 from services.scheduler.mesh import Mesh
 from services.scheduler.tracked import Delta, TrackedRequest
@@ -92,14 +97,29 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 num_host_blocks_used=(host.num_blocks - host.num_free) if host else 0,
                 num_running=len(link.core.running),
                 num_prefix_queried_blocks=link.core.prefix_stats.queried_blocks,
-                num_prefix_hit_blocks=link.core.prefix_stats.hit_blocks))
+                num_prefix_hit_blocks=link.core.prefix_stats.hit_blocks,
+                prompt_token_budget=_budget(link.core.config), step_time=_step_time(link.core.config.step_time)))
         return reply
 
     async def RegisterWorker(self, request, context):
         if not request.address:
             await abort_with(context, InvalidArgument("address is required: the host:port of the Worker service"))
-        link = self.mesh.register(request.address, request.info)
+        try:
+            link = self.mesh.register(request.address, request.info)
+        except ValueError as exc:  # e.g. a TBT target this worker cannot meet even with one token a step
+            await abort_with(context, InvalidArgument(f"worker {request.address} cannot serve this scheduler: "
+                                                      f"{as_flag(str(exc))}"))
         return scheduler_pb2.RegisterWorkerResponse(worker_id=link.worker_id, scheduler_id=link.epoch)
+
+
+def _budget(config: SchedulerConfig) -> int:
+    budget, _ = chunk_budget(config)
+    return 0 if math.isinf(budget) else int(budget)
+
+
+def _step_time(model: StepTimeModel) -> worker_pb2.StepTimeProfile:
+    return worker_pb2.StepTimeProfile(base_ms=model.base_s * 1e3, per_token_ms=model.per_token_s * 1e3,
+                                      per_seq_ms=model.per_seq_s * 1e3)
 
 
 class _Replies:

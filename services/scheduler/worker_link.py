@@ -15,7 +15,7 @@ from services.common.block_hash import extend_hashes, hash_seed
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.scheduler.core.block_manager import BlockManager
 from services.scheduler.core.request import Request
-from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
+from services.scheduler.core.scheduler import Scheduler, SchedulerConfig, StepTimeModel
 
 ROLE_NAMES = {worker_pb2.WORKER_ROLE_PREFILL: "prefill", worker_pb2.WORKER_ROLE_DECODE: "decode",
               worker_pb2.WORKER_ROLE_HYBRID: "hybrid"}
@@ -51,6 +51,11 @@ class WorkerLink:
     def connect(cls, worker_id: str, address: str, info: worker_pb2.WorkerInfo, config: SchedulerConfig) -> WorkerLink:
         block_size = info.kv_layout.block_size
         core_config = replace(config, max_model_len=info.max_model_len or config.max_model_len)
+        if info.HasField("step_time"):  # the worker's own step times (services/engine/step_profile.py)
+            fit = info.step_time
+            core_config = replace(core_config, step_time=StepTimeModel(
+                base_s=fit.base_ms / 1e3, per_token_s=fit.per_token_ms / 1e3, per_seq_s=fit.per_seq_ms / 1e3,
+                tile_tokens=config.step_time.tile_tokens))
         host = BlockManager(info.num_host_blocks, block_size) if info.num_host_blocks else None
         # Every worker's core hashes with the same seed (model name and block size, not a path that differs
         # between hosts), so a request's block hashes stay valid when it moves between workers.

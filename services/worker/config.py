@@ -39,6 +39,9 @@ class WorkerConfig:
     # peers (PullKV) shares one token bucket, KV pushed to them (PushKV) another (services/common/shaper.py).
     # 0 = not shaped.
     compute_gbps: float = 0.0
+    # Time a few steps before registering and report the fit (services/engine/step_profile.py), so the
+    # scheduler's step-time model is this worker's. False: the scheduler assumes its default model.
+    profile_steps: bool = True
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

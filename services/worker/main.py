@@ -24,6 +24,7 @@ from services.common.metrics import serve_metrics
 from services.common.tracing import setup_tracing
 from services.engine.config import EngineConfig
 from services.engine.runner import ModelRunner
+from services.engine.step_profile import profile_step_time
 from services.engine.torch_thread import InlineTorch, TorchThread
 from services.worker.config import ROLES, STEP_THREADS, WorkerConfig
 from services.worker.servicer import WorkerMetrics, WorkerServicer
@@ -70,6 +71,8 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
     p.add_argument("--compute-gbps", type=float, default=0.0,
                    help="shape KV pulled from (and pushed to) peer workers to this many GB/s (10^9 bytes/s) per "
                         "direction (default 0 = not shaped)")
+    p.add_argument("--no-step-profile", action="store_true",
+                   help="do not time steps at start-up (the scheduler then assumes its default step-time model)")
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -77,19 +80,25 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
                         scheduler_address=args.scheduler, nixl=not args.no_nixl, torch_threads=args.torch_threads,
                         step_thread=args.step_thread,
                         name=args.advertise or "", metrics_port=args.metrics_port,
-                        otlp_endpoint=args.otlp_endpoint, compute_gbps=args.compute_gbps)
+                        otlp_endpoint=args.otlp_endpoint, compute_gbps=args.compute_gbps,
+                        profile_steps=not args.no_step_profile)
 
 
 async def serve(config: WorkerConfig) -> None:
     on_loop = config.steps_on_loop()
     torch_thread = (InlineTorch if on_loop else TorchThread)(config.torch_threads)
     runner = torch_thread.call(ModelRunner, config.engine)
+    # On the thread that runs the steps, before any: the fit is of the steps this worker will run.
+    step_time = torch_thread.call(profile_step_time, runner) if config.profile_steps else None
+    if step_time is not None:
+        log.info("step time: %.3f ms + %.4f ms/token + %.4f ms/sequence", step_time.base_s * 1e3,
+                 step_time.per_token_s * 1e3, step_time.per_seq_s * 1e3)
     server = Server()
     advertise_host = config.name or config.host
     agent = _nixl_agent(config, runner, advertise_host)
     registry = CollectorRegistry()
     tracing = setup_tracing(tr.PREFILL if config.role == "prefill" else tr.DECODE, config.otlp_endpoint)
-    servicer = WorkerServicer(config, runner, agent, WorkerMetrics(registry), tracing, torch_thread)
+    servicer = WorkerServicer(config, runner, agent, WorkerMetrics(registry), tracing, torch_thread, step_time)
     serve_metrics(registry, config.host, config.metrics_port)
     server.add(grpc_kv.add_worker_servicer, servicer,
                worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name)

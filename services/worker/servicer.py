@@ -28,6 +28,7 @@ from services.common.shaper import COMPUTE, EGRESS, INGRESS, Shaper, TokenBucket
 from services.common.tracing import Tracing
 from services.common.version import VERSION
 from services.engine.runner import ModelRunner
+from services.engine.step_profile import StepTimeFit
 from services.engine.torch_thread import InlineTorch, TorchThread
 from services.worker.config import WorkerConfig
 from services.worker.seq_traces import SequenceTraces
@@ -51,7 +52,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
 
     def __init__(self, config: WorkerConfig, runner: ModelRunner, agent: NixlKVAgent | None,
                  metrics: WorkerMetrics | None = None, tracing: Tracing | None = None,
-                 torch_thread: TorchThread | InlineTorch | None = None) -> None:
+                 torch_thread: TorchThread | InlineTorch | None = None, step_time: StepTimeFit | None = None) -> None:
         super().__init__(runner.kv)
         self.config = config
         self.metrics = metrics or WorkerMetrics(CollectorRegistry())
@@ -60,6 +61,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         self.tracing = tracing or Tracing(trace.NoOpTracer())
         self._traces = SequenceTraces(self.tracing.tracer, f"{config.role}@{config.name or config.host}")
         self.runner = runner
+        self.step_time = step_time  # the fit of this worker's step times, reported in info()
         # Steps, and the sequence state changes between them (Free, Abort), run on the process's torch thread
         # (torch_thread.py says why), one at a time in the order they came: that thread owns the runner's
         # state, so nothing else needs a lock, and a step queued behind another starts the moment it ends.
@@ -77,6 +79,10 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
             max_model_len=r.max_model_len, eos_token_ids=r.checkpoint.eos_token_ids, version=VERSION)
         if self.agent is not None:
             msg.nixl.CopyFrom(self.agent.metadata())
+        if self.step_time is not None:
+            fit = self.step_time
+            msg.step_time.CopyFrom(worker_pb2.StepTimeProfile(
+                base_ms=fit.base_s * 1e3, per_token_ms=fit.per_token_s * 1e3, per_seq_ms=fit.per_seq_s * 1e3))
         return msg
 
     async def Describe(self, request, context):

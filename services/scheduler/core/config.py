@@ -141,20 +141,20 @@ class SchedulerConfig:
         if self.preemption_mode not in (None, "swap", "recompute"):
             raise ValueError(f"preemption_mode must be swap, recompute or None (the policy's choice), "
                              f"got {self.preemption_mode!r}")
-        if self.tbt_target_s is not None:
-            if not self.tbt_target_s > 0:
-                raise ValueError(f"tbt_target_s must be > 0 or None, got {self.tbt_target_s}")
-            try:
-                self.step_time.token_budget(self.tbt_target_s)
-            except ValueError as exc:
-                raise ValueError(f"tbt_target_s: {exc}") from None
+        if self.tbt_target_s is not None and not self.tbt_target_s > 0:
+            raise ValueError(f"tbt_target_s must be > 0 or None, got {self.tbt_target_s}")
 
     @property
     def derived_token_budget(self) -> int | None:
-        """Sarathi's tau from ``tbt_target_s`` when ``chunk_size`` is not given; None otherwise."""
+        """Sarathi's tau from ``tbt_target_s`` when ``chunk_size`` is not given; None otherwise. Raises
+        ValueError when the step-time model cannot fit even a one-token step in the target (checked where the
+        model is the one of the hardware: a mesh's worker reports its own, services/engine/step_profile.py)."""
         if self.chunk_size is not None or self.tbt_target_s is None:
             return None
-        return self.step_time.token_budget(self.tbt_target_s)
+        try:
+            return self.step_time.token_budget(self.tbt_target_s)
+        except ValueError as exc:
+            raise ValueError(f"tbt_target_s: {exc}") from None
 
 
 # FastServe's queue constants by name: the paper's (with the released code's 3 s starvation threshold), the

@@ -17,8 +17,15 @@ def test_tau_comes_from_the_tbt_target_when_chunk_size_is_not_given():
     assert SchedulerConfig(tbt_target_s=0.5).derived_token_budget == 3200
     assert SchedulerConfig(tbt_target_s=0.1, chunk_size=64).derived_token_budget is None  # given wins
     assert SchedulerConfig().derived_token_budget is None
+    # A target the model cannot meet is refused where the budget is derived: a mesh builds each worker's core
+    # with that worker's measured model (services/engine/step_profile.py), so the service cannot tell earlier.
+    too_tight = SchedulerConfig(tbt_target_s=0.01)
     with pytest.raises(ValueError, match="tbt_target_s: a one-token step takes"):
-        SchedulerConfig(tbt_target_s=0.01)
+        assert too_tight.derived_token_budget
+    with pytest.raises(ValueError, match="tbt_target_s: a one-token step takes"):
+        create_scheduler(tbt_target_s=0.01)
+    fast = StepTimeModel(base_s=0.002, per_token_s=1e-5, tile_tokens=1)
+    assert SchedulerConfig(tbt_target_s=0.01, step_time=fast).derived_token_budget == 800
 
 
 def test_decodes_count_against_a_derived_budget_but_are_never_skipped():
