@@ -63,15 +63,21 @@ def _content(content: Any, where: str) -> str | None:
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
-        for k, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise InvalidArgument(f"{where}.content[{k}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
-                                      f"are supported (this model reads text), got {kind!r}")
-            texts.append(part["text"])
-        return "\n".join(texts)
+        return join_text_parts(content, where, ("text",))
     raise InvalidArgument(f"{where}.content must be a string or a list of text parts, got {content!r}")
+
+
+def join_text_parts(parts: list[Any], where: str, kinds: tuple[str, ...]) -> str:
+    """Text parts (``{"type": <one of kinds>, "text": ...}``) joined with newlines, as vLLM joins them; any other
+    part (an image, a file) is refused, naming it."""
+    texts = []
+    for k, part in enumerate(parts):
+        if not (isinstance(part, dict) and part.get("type") in kinds and isinstance(part.get("text"), str)):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise InvalidArgument(f"{where}.content[{k}]: only text parts (type {' or '.join(kinds)}, with a text) "
+                                  f"are supported (this model reads text), got {kind!r}")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 @dataclass(frozen=True)

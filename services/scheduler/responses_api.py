@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import InvalidArgument, NotFound
+from services.scheduler.chat_tools import join_text_parts
 
 # Responses kept for previous_response_id and GET; the oldest go first. A stored response is its messages and
 # its response object, a few KB for a chat-sized conversation.
@@ -187,14 +188,7 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
-        for k, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise InvalidArgument(f"{where}.content[{k}]: only text parts (input_text, output_text) are "
-                                      f"supported (this model reads text), got {kind!r}")
-            texts.append(part["text"])
-        return "\n".join(texts)
+        return join_text_parts(content, where, _TEXT_PARTS)
     raise InvalidArgument(f"{where}.content must be a string or a list of input_text parts, got {content!r}")
 
 

@@ -42,17 +42,22 @@ def test_waiting_prompts_run_in_priority_order_then_arrival_order(policy):
     assert list(plan.num_scheduled_tokens) == ["r2", "r1"]
 
 
-@pytest.mark.parametrize("policy", FCFS_FAMILY)
-def test_a_more_important_prompt_preempts_the_least_important_request_for_blocks(policy):
-    # 6 blocks of 4 tokens: r0 (12 tokens + its first output) holds 4, r1 (4 + 1) holds 2: the pool is full.
+def _full_pool(policy, priorities):
+    """6 blocks of 4 tokens, full: r0 (12 tokens + its first output) holds 4, r1 (4 + 1) holds 2."""
     s = create_scheduler(num_blocks=6, policy=policy, chunk_size=None)
-    r0, r1 = _with_priorities([5, 0], prompt_len=12, max_tokens=20)
+    r0, r1 = _with_priorities(priorities, prompt_len=12, max_tokens=20)
     r1.prompt_token_ids = r1.prompt_token_ids[:4]
     s.add(r0)
     s.add(r1)
     step(s)
     step(s)
     assert s.blocks.num_free == 0
+    return s, r0, r1
+
+
+@pytest.mark.parametrize("policy", FCFS_FAMILY)
+def test_a_more_important_prompt_preempts_the_least_important_request_for_blocks(policy):
+    s, r0, r1 = _full_pool(policy, [5, 0])
     (r2,) = _with_priorities([-1], prompt_len=8, start=2)
     s.add(r2)
     plan, _ = step(s)
@@ -63,13 +68,7 @@ def test_a_more_important_prompt_preempts_the_least_important_request_for_blocks
 
 @pytest.mark.parametrize("policy", FCFS_FAMILY)
 def test_a_prompt_of_equal_priority_waits_for_blocks_instead(policy):
-    s = create_scheduler(num_blocks=6, policy=policy, chunk_size=None)
-    r0, r1 = _with_priorities([0, 0], prompt_len=12, max_tokens=20)
-    r1.prompt_token_ids = r1.prompt_token_ids[:4]
-    s.add(r0)
-    s.add(r1)
-    step(s)
-    step(s)
+    s, r0, r1 = _full_pool(policy, [0, 0])
     (r2,) = _with_priorities([0], prompt_len=8, start=2)
     s.add(r2)
     plan, _ = step(s)
