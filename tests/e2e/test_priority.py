@@ -12,9 +12,11 @@ from tests.e2e.conftest import random_prompts, start_mesh
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
 
-async def test_a_more_important_request_runs_before_ones_that_queued_earlier(tiny_model_dir, tmp_path, hf_greedy):
-    # One sequence at a time: while the first request runs, the others queue, and priority picks the next.
-    m = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated", scheduler_args=["--max-num-seqs", "1"])
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+async def test_a_more_important_request_runs_before_ones_that_queued_earlier(mode, tiny_model_dir, tmp_path,
+                                                                             hf_greedy):
+    # One sequence a step: while the first request runs, the others queue, and priority picks the next.
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", mode=mode, scheduler_args=["--max-num-seqs", "1"])
     try:
         prompts = random_prompts([12, 14, 16, 18], seed=41)
         done: list[str] = []
@@ -52,7 +54,10 @@ async def test_a_more_important_request_runs_before_ones_that_queued_earlier(tin
                 tg.start_soon(sdk, "urgent", prompts[3], -3)
                 await anyio.sleep(0.05)
                 assert "first" not in done  # all three queued behind it
-        assert len(got["first"]) == 300 and done == ["first", "urgent", "normal", "low"]
+        # Colocated, the three wait as prompts and "first" keeps its slot. Disaggregated, they are prompts on the
+        # prefill worker only briefly; on the decode worker all four are decodes, one a step, by priority.
+        want = ["first", "urgent", "normal", "low"] if mode == "colocated" else ["urgent", "first", "normal", "low"]
+        assert len(got["first"]) == 300 and done == want
         lengths = {"first": 300, "low": 8, "normal": 8, "urgent": 8}
         for i, name in enumerate(["first", "low", "normal", "urgent"]):
             assert got[name] == hf_greedy(prompts[i], lengths[name]), name
