@@ -50,7 +50,9 @@ class WorkerLink:
     @classmethod
     def connect(cls, worker_id: str, address: str, info: worker_pb2.WorkerInfo, config: SchedulerConfig) -> WorkerLink:
         block_size = info.kv_layout.block_size
-        core_config = replace(config, max_model_len=info.max_model_len or config.max_model_len)
+        # The mesh's clock is real: each core corrects its step-time model from the steps it measures.
+        core_config = replace(config, max_model_len=info.max_model_len or config.max_model_len,
+                              calibrate_step_time=True)
         if info.HasField("step_time"):  # the worker's own step times (services/engine/step_profile.py)
             fit = info.step_time
             core_config = replace(core_config, step_time=StepTimeModel(

@@ -126,6 +126,9 @@ class SchedulerConfig:
     # blocks reserved ahead. Amortizes the per-step cost of scheduling and of the plan's and result's trips
     # where forward passes are short; tokens then reach clients in groups of up to this many. 1 = off.
     num_decode_steps: int = 1
+    # Correct step_time's fixed cost from the durations schedule(now) measures (step_time.StepTimeCalibration):
+    # the live mesh, whose clock is real, turns it on; the simulator and the offline engine keep their model.
+    calibrate_step_time: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "chunk_size"):

@@ -17,7 +17,7 @@ plan, so callers that never pass time still get deterministic MLFQ quanta and st
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.common.block_hash import extend_hashes
 from services.common.sampling_params import FinishReason, check_stop
@@ -30,7 +30,7 @@ from services.scheduler.core.multi_step import MultiStep
 from services.scheduler.core.policies import POLICY_NAMES, Step, make_policy
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.shared_prefix import SharedPrefix
-from services.scheduler.core.step_time import StepTimeModel
+from services.scheduler.core.step_time import StepTimeCalibration, StepTimeModel
 
 POLICIES = POLICY_NAMES  # the registry's names, for CLI choices
 
@@ -89,6 +89,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
         self._last_ran: list[str] = []  # requests in the latest plan, charged its duration at the next step
         self._last_step_s = 0.0  # the step-time model's estimate of the latest plan
         self._step_id = 0
+        # Only a real clock measures steps; the logical one advances by the model itself.
+        self._calibration = StepTimeCalibration() if config.calibrate_step_time else None
 
     @property
     def has_work(self) -> bool:
@@ -172,8 +174,23 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
         if self._last_ran:
             ran = [self.requests[rid] for rid in self._last_ran if rid in self.requests]
             self.policy.on_step_done(ran, now - self.now, now)
+            if self._calibration is not None:
+                model = self._calibration.observe(self.config.step_time, self._last_step_s, now - self.now)
+                if model is not None:
+                    self._set_step_time(model)
         self.now, self._last_ran, self._last_step_s = now, [], 0.0
         return now
+
+    def _set_step_time(self, model: StepTimeModel) -> None:
+        """Plans with ``model`` from now on (derived budgets, quanta); kept out when it cannot fit the TBT
+        target, which was met with the model before."""
+        config = replace(self.config, step_time=model)
+        try:
+            config.derived_token_budget  # noqa: B018 - raises when the target no longer fits
+        except ValueError:
+            return
+        self.config = config
+        self.policy.on_config(config)
 
     def samples(self, plan: StepPlan) -> bool:
         """Whether some sequence of ``plan`` (just scheduled, result not applied) reaches the end of its known

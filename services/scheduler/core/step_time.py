@@ -15,7 +15,8 @@ with a fit of your own model's step times (the simulator's cost model, or the en
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,34 @@ class StepTimeModel:
             raise ValueError(f"a one-token step takes {self.predict(1):.4g} s, more than the target {target_s} s: "
                              "raise the target or lower step_time.base_s")
         return n - n % self.tile_tokens if n >= self.tile_tokens else n
+
+
+@dataclass
+class StepTimeCalibration:
+    """Corrects a model's fixed cost from the durations the caller's clock measured for its plans.
+
+    A worker's profile (services/engine/step_profile.py) times its steps alone; on the scheduler's clock a
+    step also carries the mesh's share (the plan's and the result's trips, the scheduler's own work), which
+    FastServe's quanta are charged in and a TBT target is met in. Every ``window`` steps the median of
+    (measured - modeled) is added to ``base_s``: the median ignores the odd step that took an idle wait, and
+    the correction converges where a window's median is 0. Durations over ``outlier_x`` times the model are an
+    idle gap, not a step, and are left out.
+    """
+
+    window: int = 32
+    outlier_x: float = 4.0
+    residuals: list[float] = field(default_factory=list)
+
+    def observe(self, model: StepTimeModel, predicted: float, elapsed: float) -> StepTimeModel | None:
+        """The corrected model when this step completes a window, else None."""
+        if predicted <= 0 or elapsed > self.outlier_x * predicted + 0.01:
+            return None
+        self.residuals.append(elapsed - predicted)
+        if len(self.residuals) < self.window:
+            return None
+        offset = statistics.median(self.residuals)
+        self.residuals.clear()
+        base = max(model.base_s + offset, 0.0)
+        if base + model.per_token_s + model.per_seq_s <= 0:
+            return None
+        return replace(model, base_s=base)

@@ -101,6 +101,10 @@ class Policy(abc.ABC):
     def on_step_done(self, reqs: list[Request], elapsed: float, now: float) -> None:  # noqa: B027
         pass
 
+    def on_config(self, config: SchedulerConfig) -> None:
+        """The scheduler's config changed (a calibrated step-time model): what was derived from it follows."""
+        self.config = config
+
     def queue_lengths(self, queued: list[Request]) -> list[int]:
         """Requests waiting for a turn per priority level, highest first; one level unless overridden."""
         return [len(queued)]

@@ -64,6 +64,11 @@ class FastServePolicy(Policy):
     def on_step_done(self, reqs: list[Request], elapsed: float, now: float) -> None:
         self.mlfq.charge(reqs, elapsed, now)
 
+    def on_config(self, config: SchedulerConfig) -> None:
+        super().on_config(config)
+        self.mlfq.retime(config.step_time)
+        self.budget, self.decodes_count = chunk_budget(config) if self.chunked else (math.inf, False)
+
     def queue_lengths(self, queued: list[Request]) -> list[int]:
         return self.mlfq.lengths(queued)
 

@@ -85,6 +85,11 @@ class MLFQ:
             level += 1
         return self._clamp(level)
 
+    def retime(self, step_time: StepTimeModel) -> None:
+        """Quanta and skip-join levels from a corrected step-time model (jobs keep their levels)."""
+        self.step_time = step_time
+        self.base = self.config.base_quantum_s or step_time.predict(1)
+
     def join(self, req: Request, first_step_tokens: int, now: float) -> None:
         level = self.level_for(self.step_time.predict(first_step_tokens))
         self.jobs[req.request_id] = MLFQJob(level, next(self._back), now, now, next(self._arrivals))

@@ -34,6 +34,10 @@ class SarathiPolicy(Policy):
         super().__init__(config)
         self.budget, self.decodes_count = chunk_budget(config)
 
+    def on_config(self, config: SchedulerConfig) -> None:
+        super().on_config(config)
+        self.budget, self.decodes_count = chunk_budget(config)
+
     def compose(self, s: Scheduler, step: Step) -> None:
         s.swap_in_fifo()
         admit_by_priority(s, step, min(self.budget, step.room))
