@@ -41,24 +41,25 @@ class RMSNorm(nn.Module):
         return self._norm(x), x
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # the fused op is bit-identical to the steps below in fp32, and one op
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # Computed in fp32 and cast back, as transformers does, so bf16 runs round the same way.
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, as transformers computes it."""
+    if x.dtype == torch.float32:  # the fused op is bit-identical to the steps below in fp32, and one op
+        return F.rms_norm(x, weight.shape, weight, eps)
+    # Computed in fp32 and cast back, as transformers does, so bf16 runs round the same way.
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
 
 
 def norm_heads(qk: torch.Tensor, heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor,
                eps: float) -> torch.Tensor:
     """Qwen3's per-head RMSNorm of q (the first ``heads`` heads of ``qk``) and of k, as a new ``[T, heads +
-    kv_heads, D]`` tensor; computed in fp32 and cast back, as transformers does."""
-    dtype = qk.dtype
-    h = qk.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    weight = torch.cat([q_weight.expand(heads, -1), k_weight.expand(qk.shape[1] - heads, -1)])
-    return weight * h.to(dtype)
+    kv_heads, D]`` tensor."""
+    return torch.cat([rms_norm(qk[:, :heads], q_weight, eps), rms_norm(qk[:, heads:], k_weight, eps)], dim=1)
 
 
 class Attention(nn.Module):
