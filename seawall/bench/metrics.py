@@ -34,6 +34,7 @@ class RequestRecord:
     prompt_len: int
     max_tokens: int
     role: str = ""
+    priority: int = 0
     sent: float | None = None
     chunk_times: list[float] = field(default_factory=list)  # when each chunk with tokens arrived
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each chunk
@@ -63,7 +64,7 @@ class RequestRecord:
 
     def as_dict(self) -> dict:
         gaps = self.gaps()
-        return {"index": self.index, "role": self.role, "arrival": self.arrival, "sent": self.sent,
+        return {"index": self.index, "role": self.role, "priority": self.priority, "arrival": self.arrival, "sent": self.sent,
                 "prompt_len": self.prompt_len, "output_tokens": self.num_tokens, "ttft": self.ttft,
                 "e2e": self.e2e, "tbt_mean": float(np.mean(gaps)) if gaps else None,
                 "max_gap": max(gaps) if gaps else None, "queue_delay": self.queue_delay,
@@ -243,7 +244,23 @@ def summarize(records: list[RequestRecord], *, bursts: list[Burst] = (), slo_ttf
     }
     out.update(burst_metrics(records, list(bursts)))
     out.update(stats_summary(list(stats)))
+    classes = sorted({r.priority for r in records})
+    if len(classes) > 1:
+        out["by_priority"] = {str(p): class_summary([r for r in records if r.priority == p], slo_ttft, slo_tbt)
+                              for p in classes}
     return out
+
+
+def class_summary(records: list[RequestRecord], slo_ttft: float | None = None, slo_tbt: float | None = None) -> dict:
+    """The latencies of one class of a run's requests (e.g. one priority): what its clients saw, without the
+    run-wide figures (throughput, stalls, KV) that a class does not own."""
+    done = [r for r in records if r.ok]
+    good = sum(meets_slo(r, slo_ttft, slo_tbt) for r in records)
+    return {"num_requests": len(records), "num_finished": len(done),
+            **_dist("ttft", [r.ttft for r in done]), **_dist("tbt", [g for r in done for g in r.gaps()]),
+            **_dist("e2e", [r.e2e for r in done]),
+            **_dist("queue_delay", [r.queue_delay for r in done if r.queue_delay is not None]),
+            "goodput_frac": good / len(records) if records else 0.0}
 
 
 def stats_summary(stats: list[StatsSample]) -> dict:

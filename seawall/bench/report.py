@@ -5,7 +5,8 @@ not start, ``hf-transformers``) to its summary at the first rate (``metrics.summ
 ``ttft_p99``, ``tbt_p50``, ``tbt_p99``, ``max_stall``, ``throughput_tok_s``, ``goodput``...; seconds, tokens/s,
 requests/s); ``ratios`` divides each by the first system's; ``paired`` compares E2E request by request with
 the first system; ``sweep`` holds one summary per rate, ``capacity`` the capacity searches, ``requests`` one
-record per request. The HTML has the table and SVG plots: TBT over time around the bursts, the TTFT CDF,
+record per request. With a ``--priority-mix``, each summary's ``by_priority`` maps each priority to its
+class's latencies (``metrics.class_summary``). The HTML has the table and SVG plots: TBT over time around the bursts, the TTFT CDF,
 latency against load (with several rates), goodput and capacity per system.
 """
 

@@ -45,7 +45,10 @@ class Backend(Protocol):
 
 
 def _sampling(req: BenchRequest) -> dict:
-    return {"max_tokens": req.max_tokens, "temperature": 0.0, "ignore_eos": True}
+    out = {"max_tokens": req.max_tokens, "temperature": 0.0, "ignore_eos": True}
+    if req.priority:
+        out["priority"] = req.priority
+    return out
 
 
 class GrpcBackend:
@@ -203,7 +206,8 @@ async def _poll(backend: Backend, t0: float, poll_s: float, out: list[StatsSampl
 
 async def run_load(backend: Backend, workload: Workload, *, max_concurrency: int | None = None,
                    tag: str = "run", progress: bool = True, poll_s: float = 0.1) -> RunResult:
-    records = [RequestRecord(r.index, r.arrival, len(r.prompt), r.max_tokens, r.role) for r in workload.requests]
+    records = [RequestRecord(r.index, r.arrival, len(r.prompt), r.max_tokens, r.role, r.priority)
+               for r in workload.requests]
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     bar = Progress(len(records), tag, progress)
     stop = asyncio.Event()

@@ -190,7 +190,8 @@ def run_bench(opts: BenchOptions, mesh_factory: MeshFactory | None = None
         try:
             system, api = _hf_system(opts)
             systems.append(system)
-            notes.append(f"{HF_NAME}: transformers {api}, in the benchmark's process, same weights and requests")
+            notes.append(f"{HF_NAME}: transformers {api}, in the benchmark's process, same weights and requests"
+                         + (" (it has no priorities: every class runs as one)" if opts.workload.priority_mix else ""))
         except Exception as exc:  # noqa: BLE001 - the baseline is a row; its failure is reported, not fatal
             log.exception("transformers baseline failed")
             notes.append(f"{HF_NAME}: failed: {type(exc).__name__}: {exc}")

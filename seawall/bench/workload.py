@@ -49,6 +49,7 @@ class BenchRequest:
     max_tokens: int
     role: str = ""  # burst workload: "steady" or "burst"
     session_id: str = ""
+    priority: int = 0  # lower runs sooner (the API's meaning)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class WorkloadSpec:
     # custom and burst: a system prompt of this many tokens in front of every (burst) prompt, one per group
     shared_prefix_len: int = 0
     shared_prefix_groups: int = 1
+    # every kind: (priority, share of the requests) pairs; the rest run at priority 0
+    priority_mix: tuple[tuple[int, float], ...] = ()
 
 
 def prompt_ids(seed: int, index: int, length: int, vocab_size: int, salt: int = 0) -> tuple[int, ...]:
@@ -120,6 +123,10 @@ def _group(spec: WorkloadSpec, position: int, count: int) -> int:
 
 
 def build(spec: WorkloadSpec) -> Workload:
+    return with_priorities(spec, _build(spec))
+
+
+def _build(spec: WorkloadSpec) -> Workload:
     if spec.shared_prefix_len < 0 or spec.shared_prefix_groups < 1:
         raise InvalidArgument("--shared-prefix-len must be >= 0 and --shared-prefix-groups >= 1")
     if spec.shared_prefix_len and spec.kind == "mooncake":
@@ -245,6 +252,45 @@ def _mooncake(spec: WorkloadSpec) -> Workload:
                          session_id=t.session_id) for i, t in enumerate(turns)]
     return Workload(reqs, [], f"mooncake: {len(reqs)} turns of {len({t.session_id for t in turns})} sessions, "
                               f"{spec.block_tokens} tokens per 512-token block")
+
+
+def parse_priority_mix(text: str) -> tuple[tuple[int, float], ...]:
+    """``"-1:0.2,1:0.5"`` -> ``((-1, 0.2), (1, 0.5))``: 20 % of the requests at priority -1, half at 1."""
+    mix = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        priority, sep, share = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            mix.append((int(priority), float(share)))
+        except ValueError:
+            raise InvalidArgument(f"--priority-mix: {item!r} is not PRIORITY:SHARE (e.g. -1:0.2, lower runs "
+                                  "sooner)") from None
+    return tuple(mix)
+
+
+def with_priorities(spec: WorkloadSpec, workload: Workload) -> Workload:
+    """Gives ``round(share * n)`` of the requests each priority of ``spec.priority_mix``, which ones drawn from
+    the seed: every policy of a comparison sees the same requests in each class."""
+    mix = spec.priority_mix
+    if not mix:
+        return workload
+    shares = [s for _, s in mix]
+    if any(not 0 < s <= 1 for s in shares) or sum(shares) > 1 + 1e-9:
+        raise InvalidArgument(f"--priority-mix: each share must be in (0, 1] and together at most 1, got {shares}")
+    if len({p for p, _ in mix}) < len(mix) or any(p == 0 for p, _ in mix):
+        raise InvalidArgument("--priority-mix: name each priority once, and not 0 (the rest's priority)")
+    order = list(range(len(workload.requests)))
+    random.Random(f"seawall-bench-priority:{spec.seed}").shuffle(order)
+    assigned: dict[int, int] = {}
+    start = 0
+    for priority, share in mix:
+        count = round(share * len(order))
+        assigned.update((k, priority) for k in order[start:start + count])
+        start += count
+    reqs = [dataclasses.replace(r, priority=assigned.get(k, 0)) for k, r in enumerate(workload.requests)]
+    classes = ", ".join(f"{sum(r.priority == p for r in reqs)} at priority {p}" for p, _ in mix)
+    return dataclasses.replace(workload, requests=reqs, description=f"{workload.description} ({classes})")
 
 
 def without_bursts(workload: Workload, tokens_needed: dict[int, int] | None = None) -> Workload:

@@ -103,6 +103,10 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shared-prefix-groups", type=int, default=1,
                    help="split those requests, in arrival order, into this many groups with a system prompt "
                         "each (default 1), e.g. one per burst")
+    g.add_argument("--priority-mix", default="", metavar="P:SHARE,...",
+                   help="send these shares of the requests (drawn from the seed) at these priorities, the rest "
+                        "at 0; lower runs sooner, e.g. --priority-mix=-1:0.2 (a fifth urgent; the = keeps the leading minus from "
+                        "reading as a flag). Latencies are reported per class")
     g.add_argument("--num-requests", type=int, default=64, help="requests to send (default 64)")
     g.add_argument("--duration", type=float, default=None, help="send only for this many seconds instead")
     g.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
@@ -138,7 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def workload_spec(args: argparse.Namespace):
     from seawall.bench.arrivals import ArrivalSpec
-    from seawall.bench.workload import WorkloadSpec
+    from seawall.bench.workload import WorkloadSpec, parse_priority_mix
 
     if args.cv is not None and args.burstiness is not None:
         raise InvalidArgument("give --cv or --burstiness, not both")
@@ -156,7 +160,7 @@ def workload_spec(args: argparse.Namespace):
         steady_output_len=args.steady_output_len, steady_ramp_s=args.steady_ramp_s, burst_at=args.burst_at, burst_size=args.burst_size,
         burst_prompt_len=args.burst_prompt_len, burst_output_len=args.burst_output_len,
         block_tokens=args.block_tokens, shared_prefix_len=args.shared_prefix_len,
-        shared_prefix_groups=args.shared_prefix_groups)
+        shared_prefix_groups=args.shared_prefix_groups, priority_mix=parse_priority_mix(args.priority_mix))
 
 
 def mesh_options(args: argparse.Namespace, policy: str):
@@ -238,6 +242,11 @@ def run(args: argparse.Namespace) -> int:
     report, runs, controls = run_bench(opts, mesh_factory(args) if args.spawn else None)
     print(f"workload: {report['workload']['description']}")
     print(rep.format_table(report["results"], report["ratios"]))
+    classes = {f"{n} priority {p}": c for n, r in report["results"].items()
+               for p, c in (r.get("by_priority") or {}).items()}
+    if classes:
+        print("\nby priority (lower runs sooner):")
+        print(rep.format_table(classes))
     if any(len(s) > 1 for s in report["sweep"].values()):
         print("\nlatency vs load:")
         print(rep.format_table({f"{n} @ {s['rate']:g}/s": s for n, runs in report["sweep"].items() for s in runs}))

@@ -147,8 +147,9 @@ class ToolCallStream:
 
 class AutoToolStream:
     """One choice of a ``"auto"`` request, streamed: text goes out as text until the parser sees a tool call
-    begin (what could still be the start of one is held back); from there the reply is kept, and its calls
-    go out once it ends. A reply that turns out not to hold a call goes out as text."""
+    begin (what could still be the start of one is held back); from there each call goes out as OpenAI streams
+    them: its id and name once the name is written, then its arguments piece by piece. A reply that turns out
+    not to hold a call (cut short before any call's name was complete) goes out as text."""
 
     def __init__(self, parser: ToolParser) -> None:
         self.parser = parser
@@ -156,6 +157,7 @@ class AutoToolStream:
         self.sent = 0  # characters of text sent as content
         self.calling = False
         self.started = False
+        self.calls: list[tuple[str, int]] = []  # per call streamed: its id, characters of arguments sent
 
     def delta(self, merged: Delta) -> tuple[dict[str, Any], str | None]:
         self.text += merged.text
@@ -169,13 +171,33 @@ class AutoToolStream:
             if finish is not None and not self.calling:
                 upto = len(self.text)
             self._send(out, upto)
-        if self.calling and finish is not None:
-            content, calls = self.parser.split(self.text)
-            if calls:
-                out["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
-                return out, tool_finish_reason(finish)
+        if not self.calling:
+            return out, finish
+        if finish is None:
+            self._stream_calls(out, self.parser.partial(self.text))
+            return out, None
+        _, calls = self.parser.split(self.text)
+        if calls:
+            self._stream_calls(out, [(c["function"]["name"], c["function"]["arguments"]) for c in calls])
+            return out, tool_finish_reason(finish)
+        self._stream_calls(out, self.parser.partial(self.text))  # cut short (max_tokens): what it got to
+        if not self.calls:  # not even a call's name: the reply was text after all
             self._send(out, len(self.text))
         return out, finish
+
+    def _stream_calls(self, out: dict[str, Any], calls: list[tuple[str, str]]) -> None:
+        """What each call has that was not sent: a new call's id, name and arguments so far; more arguments."""
+        deltas = []
+        for k, (name, args) in enumerate(calls):
+            if k == len(self.calls):
+                self.calls.append((f"call_{uuid.uuid4().hex[:24]}", 0))
+                deltas.append({"index": k, "id": self.calls[k][0], "type": "function",
+                               "function": {"name": name, "arguments": args}})
+            elif len(args) > self.calls[k][1]:
+                deltas.append({"index": k, "function": {"arguments": args[self.calls[k][1]:]}})
+            self.calls[k] = (self.calls[k][0], len(args))
+        if deltas:
+            out["tool_calls"] = deltas
 
     def _send(self, out: dict[str, Any], upto: int) -> None:
         if upto > self.sent:

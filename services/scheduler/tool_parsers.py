@@ -9,7 +9,10 @@ parser finds it in the text. As vLLM's parsers of the same names:
   by ``;``), optionally after ``<|python_tag|>``.
 
 A parser also says where in a reply so far the tool calls begin, and how much of its end could still be the
-start of one, so that streaming sends text as text and holds back what may turn out to be a call.
+start of one, so that streaming sends text as text and holds back what may turn out to be a call; and which
+calls a reply so far has begun (``partial``), so that a call's name goes out once written and its arguments
+piece by piece as they are generated, as OpenAI streams them. A call's ``arguments`` are the text the model
+wrote for them (valid JSON: the whole call parsed), so the streamed pieces join to the non-streamed string.
 """
 
 from __future__ import annotations
@@ -42,6 +45,88 @@ class ToolParser:
         """How many characters at the end of ``text`` could begin a tool call: not yet sent as text."""
         raise NotImplementedError
 
+    def partial(self, text: str) -> list[tuple[str, str]]:
+        """The calls begun in ``text`` (a reply so far) whose name is complete: (name, the arguments written so
+        far, a prefix of the call's final ``arguments``). Stops at the first call it cannot read yet."""
+        raise NotImplementedError
+
+
+def _head(key: str) -> re.Pattern[str]:
+    """A call object's start written name first, up to where its arguments' value begins."""
+    return re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:' + key + r')"\s*:\s*')
+
+
+def value_end(text: str) -> int | None:
+    """Where the JSON object, array or string at the start of ``text`` ends, or None while it is unfinished (or
+    is another kind of value, whose end shows only in what follows it)."""
+    if not text or text[0] not in '{["':
+        return None
+    depth, in_string, escaped = 0, False, False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                if depth == 0:
+                    return i + 1
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def call_prefix(body: str, head: re.Pattern[str]) -> tuple[str, str, bool] | None:
+    """A call object being written (``body``, from its ``{``): its name, its arguments' text so far and whether
+    they are complete; None until the name is written, or for a call not written name first."""
+    m = head.match(body)
+    if m is None:
+        return None
+    try:
+        name = json.loads(m.group(1))
+    except ValueError:
+        return None
+    args = body[m.end():]
+    end = value_end(args)
+    if end is None and args[:1] not in ("", "{", "[", '"'):
+        return None  # a number or a literal as arguments: not a prefix we can vouch for
+    return name, args if end is None else args[:end], end is not None
+
+
+def _read_calls(bodies: list[str], head: re.Pattern[str], key: str) -> list[dict[str, Any]] | None:
+    """Whole call bodies as OpenAI calls, each's arguments as written; None if any is not a call."""
+    try:
+        objects = [json.loads(body) for body in bodies]
+    except ValueError:  # e.g. cut short by max_tokens
+        return None
+    calls = _calls(objects, key)
+    if not calls:
+        return None
+    for call, body in zip(calls, bodies, strict=True):
+        written = call_prefix(body, head)
+        if written is not None and written[2] and written[0] == call["function"]["name"]:
+            call["function"]["arguments"] = written[1]
+    return calls
+
+
+def _partial(bodies: list[str], head: re.Pattern[str]) -> list[tuple[str, str]]:
+    out = []
+    for body in bodies:
+        written = call_prefix(body, head)
+        if written is None:
+            break
+        out.append(written[:2])
+        if not written[2]:
+            break
+    return out
+
 
 def partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of ``text`` that is a proper start of ``marker``."""
@@ -63,19 +148,20 @@ class HermesParser(ToolParser):
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+    _HEAD = _head("arguments")
 
     def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         at = text.find(self.OPEN)
         if at < 0:
             return text, []
-        try:
-            objects = [json.loads(body) for body in self._BLOCK.findall(text[at:])]
-        except ValueError:  # e.g. cut short by max_tokens: the reply stays text
-            return text, []
-        calls = _calls(objects, "arguments")
-        if not calls:
+        calls = _read_calls(self._BLOCK.findall(text[at:]), self._HEAD, "arguments")
+        if not calls:  # e.g. cut short by max_tokens: the reply stays text
             return text, []
         return (text[:at].strip() or None), calls
+
+    def partial(self, text: str) -> list[tuple[str, str]]:
+        at = text.find(self.OPEN)
+        return [] if at < 0 else _partial(self._BLOCK.findall(text[at:]), self._HEAD)
 
     def start(self, text: str) -> int | None:
         at = text.find(self.OPEN)
@@ -88,17 +174,18 @@ class HermesParser(ToolParser):
 class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     TAG = "<|python_tag|>"
+    _HEAD = _head("parameters|arguments")
+
+    def _bodies(self, text: str) -> list[str]:
+        body = text.strip().removeprefix(self.TAG).strip()
+        return [part for part in body.split(";") if part.strip()] if body.startswith("{") else []
 
     def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        body = text.strip().removeprefix(self.TAG).strip()
-        if not body.startswith("{"):
-            return text, []
-        try:
-            objects = [json.loads(part) for part in body.split(";") if part.strip()]
-        except ValueError:
-            return text, []
-        calls = _calls(objects, "parameters")
+        calls = _read_calls(self._bodies(text), self._HEAD, "parameters")
         return (None, calls) if calls else (text, [])
+
+    def partial(self, text: str) -> list[tuple[str, str]]:
+        return _partial(self._bodies(text), self._HEAD)
 
     def start(self, text: str) -> int | None:
         stripped = text.lstrip()

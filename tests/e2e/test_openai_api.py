@@ -424,7 +424,10 @@ def test_auto_tool_calls_are_read_in_the_models_own_syntax(hermes_http):
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
     assert "".join(d.get("content") or "" for d in deltas) == "Let me check."
     streamed = [c for d in deltas for c in d.get("tool_calls", [])]
-    assert [c["function"] for c in streamed] == [call["function"]]
+    # the name once, then the arguments piece by piece as the model writes them, joining to the whole call's
+    assert streamed[0]["function"]["name"] == "weather" and streamed[0]["id"].startswith("call_")
+    assert len(streamed) > 3 and all(c["index"] == 0 and "name" not in c["function"] for c in streamed[1:])
+    assert "".join(c["function"]["arguments"] for c in streamed) == call["function"]["arguments"]
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
     # A reply without a call is text (a mesh without a parser refuses "auto": test_chat_features_... above).
     plain = hermes_http.post("/v1/chat/completions", json={**body, "structured_outputs": {"choice": ["Sunny."]}})
@@ -446,7 +449,9 @@ def test_thinking_comes_back_as_reasoning_and_tool_calls_are_read_from_the_answe
     assert len([d for d in deltas if d.get("reasoning_content")]) > 1  # streamed as it was written
     assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
     assert "".join(d.get("content") or "" for d in deltas) == "\n\nLet me check."  # as written after </think>
-    assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["weather"]
+    streamed = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [c["function"]["name"] for c in streamed if "id" in c] == ["weather"]
+    assert json.loads("".join(c["function"]["arguments"] for c in streamed)) == {"city": "Oslo", "days": 2}
     plain = hermes_http.post("/v1/chat/completions", json={**body, "tools": None, "structured_outputs": {
         "choice": ["<think>Sunny, surely.</think>Sunny."]}}).json()["choices"][0]
     assert plain["message"] == {"role": "assistant", "content": "Sunny.", "reasoning_content": "Sunny, surely."}

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.common.errors import InvalidArgument
 from services.scheduler.chat_tools import AutoToolStream
-from services.scheduler.tool_parsers import HermesParser, Llama3JsonParser, tool_parser
+from services.scheduler.tool_parsers import HermesParser, Llama3JsonParser, tool_parser, value_end
 from services.scheduler.tracked import Delta
 
 
@@ -68,3 +70,72 @@ def test_a_streamed_auto_reply_sends_text_holds_back_a_possible_call_and_sends_c
     cut = AutoToolStream(HermesParser())
     cut.delta(Delta(text='<tool_call>{"name"'))
     assert cut.delta(Delta(text=": ", finish_reason="length")) == ({"content": '<tool_call>{"name": '}, "length")
+
+
+def streamed_calls(parser, pieces, finish="stop"):
+    """Streams ``pieces`` through an AutoToolStream; returns the content, each call as the client joins it
+    (id, name, arguments), the number of deltas that carried each call, and the finish reason."""
+    stream = AutoToolStream(parser)
+    out = [stream.delta(Delta(text=t)) for t in pieces[:-1]] + [stream.delta(Delta(text=pieces[-1],
+                                                                                finish_reason=finish))]
+    content = "".join(d.get("content") or "" for d, _ in out)
+    calls: dict[int, dict] = {}
+    pieces_per_call: dict[int, int] = {}
+    for d, _ in out:
+        for c in d.get("tool_calls", []):
+            k = c["index"]
+            if k not in calls:
+                assert c["id"].startswith("call_") and c["type"] == "function"
+                calls[k] = {"id": c["id"], "name": c["function"]["name"], "arguments": ""}
+            else:
+                assert "id" not in c and "name" not in c["function"]  # the header goes out once
+            calls[k]["arguments"] += c["function"]["arguments"]
+            pieces_per_call[k] = pieces_per_call.get(k, 0) + 1
+    return content, [calls[k] for k in sorted(calls)], pieces_per_call, out[-1][1]
+
+
+HERMES_TWO_CALLS = ('Checking.<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo \\"Norway\\" {}", '
+                    '"days": [1, {"x": "]"}]}}\n</tool_call>\n<tool_call>{"name": "clock", "arguments": {}}'
+                    '</tool_call>')
+
+
+def test_a_streamed_call_sends_its_name_once_then_its_arguments_as_they_are_written():
+    text = HERMES_TWO_CALLS
+    content, calls, pieces, finish = streamed_calls(HermesParser(), list(text))  # one character a step
+    _, whole = HermesParser().split(text)
+    assert content == "Checking." and finish == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in calls] == [(w["function"]["name"], w["function"]["arguments"])
+                                                            for w in whole]
+    # the arguments as the model wrote them: the streamed pieces join to exactly the non-streamed string
+    assert json.loads(calls[0]["arguments"]) == {"city": 'Oslo "Norway" {}', "days": [1, {"x": "]"}]}
+    assert pieces[0] > 10 and pieces[1] >= 2  # piece by piece, not once complete
+    llama = '<|python_tag|>{"name": "weather", "parameters": {"city": "Rome"}}; {"name": "clock", "parameters": {}}'
+    content, calls, pieces, finish = streamed_calls(Llama3JsonParser(), list(llama))
+    assert content == "" and finish == "tool_calls" and pieces[0] > 5
+    assert [(c["name"], c["arguments"]) for c in calls] == [("weather", '{"city": "Rome"}'), ("clock", "{}")]
+
+
+@given(cuts=st.lists(st.integers(0, len(HERMES_TWO_CALLS)), max_size=12))
+def test_any_cut_of_a_streamed_reply_gives_the_whole_replys_calls(cuts):
+    bounds = sorted({0, *cuts, len(HERMES_TWO_CALLS)})
+    pieces = [HERMES_TWO_CALLS[a:b] for a, b in zip(bounds, bounds[1:], strict=False)] or [""]
+    content, calls, _, finish = streamed_calls(HermesParser(), pieces)
+    text, whole = HermesParser().split(HERMES_TWO_CALLS)
+    assert content.strip() == text and finish == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in calls] == [(w["function"]["name"], w["function"]["arguments"])
+                                                            for w in whole]
+
+
+def test_a_call_cut_short_after_it_began_streaming_keeps_what_was_sent():
+    content, calls, _, finish = streamed_calls(HermesParser(), ['<tool_call>{"name": "weather", "arguments": {"ci',
+                                                               'ty": "Os'], finish="length")
+    assert content == "" and finish == "length"
+    assert [(c["name"], c["arguments"]) for c in calls] == [("weather", '{"city": "Os')]
+
+
+def test_where_a_json_value_ends():
+    assert value_end('{"a": "}", "b": [1, 2]} trailing') == len('{"a": "}", "b": [1, 2]}')
+    assert value_end('"say \\"hi\\""}') == len('"say \\"hi\\""')
+    assert value_end('[{"x": "]"}]') == len('[{"x": "]"}]')
+    assert value_end('{"a": "\\\\"}') == len('{"a": "\\\\"}')  # an escaped backslash ends before the quote
+    assert value_end('{"a": 1') is None and value_end("12}") is None and value_end("") is None

@@ -69,3 +69,21 @@ def test_hf_baseline_runs_the_same_requests(tiny_model_dir):
         records, api = run_hf(str(tiny_model_dir), wl, progress=False, use_cb=use_cb)
         assert [r.num_tokens for r in records] == [5] * 4, api
         assert all(r.ttft > 0 and len(r.gaps()) == 4 for r in records), api
+
+
+def test_a_priority_mix_is_sent_and_reported_per_class(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    # One sequence at a time and every request arriving at once: after the first, the queue is served by
+    # priority: the urgent fifth waits for at most the first request and each other, the rest for ~half the run.
+    # Seed 3 makes requests 3, 9, 15 and 19 urgent: in arrival order the last of them would start last.
+    code = main(["bench", "--spawn", "--num-requests", "20", "--seed", "3", "--arrival", "burst", "--prompt-len", "16",
+                 "--output-len", "32", "--max-num-seqs", "1", "--priority-mix=-1:0.2", "--warmup", "1",
+                 "--json", str(out), "--no-progress"])
+    assert code == 0
+    assert "by priority (lower runs sooner):" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    res = report["results"]["sarathi"]
+    assert sorted(r["priority"] for r in report["requests"]["sarathi"]) == [-1] * 4 + [0] * 16
+    urgent, normal = res["by_priority"]["-1"], res["by_priority"]["0"]
+    assert (urgent["num_finished"], normal["num_finished"]) == (4, 16)
+    assert urgent["ttft_p99"] < normal["ttft_p50"]

@@ -18,8 +18,8 @@ from seawall.bench.metrics import (
 )
 
 
-def rec(index, sent, times, role="", error=None, queue_delay=None):
-    return RequestRecord(index, sent, 10, len(times), role, sent=sent, chunk_times=list(times),
+def rec(index, sent, times, role="", error=None, queue_delay=None, priority=0):
+    return RequestRecord(index, sent, 10, len(times), role, priority, sent=sent, chunk_times=list(times),
                          chunk_tokens=[1] * len(times), error=error, queue_delay=queue_delay)
 
 
@@ -148,3 +148,16 @@ def test_the_fastserve_targets_report_the_gain_the_worst_request_and_how_many_we
     assert t["fastserve_mean_latency_2x_fcfs"] == {"gain": pytest.approx(1.75 / 1.05), "met": False}
     assert t["fastserve_no_request_worse_1_5x"] == {"worst_ratio": pytest.approx(2.0), "requests_over_1_5x": 2,
                                                     "met": False}
+
+
+def test_latencies_per_priority_class_when_the_run_has_several():
+    records = [rec(0, 0.0, [0.1, 0.2], priority=-1), rec(1, 0.0, [0.3, 0.5], priority=-1),
+               rec(2, 0.0, [1.0, 1.1, 1.2]), rec(3, 0.0, [2.0, 2.5], error="boom")]
+    s = summarize(records, slo_ttft=0.5)
+    urgent, normal = s["by_priority"]["-1"], s["by_priority"]["0"]
+    assert (urgent["num_requests"], urgent["num_finished"]) == (2, 2)
+    assert urgent["ttft_p50"] == pytest.approx(0.2) and urgent["e2e_mean"] == pytest.approx(0.35)
+    assert urgent["tbt_p50"] == pytest.approx(0.15) and urgent["goodput_frac"] == 1.0
+    assert (normal["num_requests"], normal["num_finished"]) == (2, 1)
+    assert normal["ttft_p50"] == pytest.approx(1.0) and normal["goodput_frac"] == 0.0
+    assert "by_priority" not in summarize([rec(0, 0.0, [0.1]), rec(1, 0.0, [0.2])])

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from seawall.bench.arrivals import ArrivalSpec
-from seawall.bench.workload import WorkloadSpec, build, nominal_rate, with_rate, without_bursts
+from seawall.bench.workload import (
+    WorkloadSpec,
+    build,
+    nominal_rate,
+    parse_priority_mix,
+    with_rate,
+    without_bursts,
+)
 from services.common.errors import InvalidArgument
 
 
@@ -136,3 +144,34 @@ def test_a_shared_prefix_is_refused_where_it_has_no_meaning():
         build(WorkloadSpec(shared_prefix_len=16, shared_prefix_groups=0))
     with pytest.raises(InvalidArgument, match="Mooncake"):
         build(WorkloadSpec(kind="mooncake", shared_prefix_len=16))
+
+
+def test_a_priority_mix_gives_exact_shares_drawn_from_the_seed():
+    spec = WorkloadSpec(num_requests=40, priority_mix=parse_priority_mix("-1:0.2, 2:0.25"))
+    wl = build(spec)
+    counts = {p: sum(r.priority == p for r in wl.requests) for p in (-1, 0, 2)}
+    assert counts == {-1: 8, 0: 22, 2: 10}
+    assert "8 at priority -1, 10 at priority 2" in wl.description
+    # the same requests in each class for every run of the seed (every policy of a comparison), others for
+    # another seed, and nothing else about the requests changes
+    assert build(spec) == wl
+    other = build(dataclasses.replace(spec, seed=1))
+    assert [r.priority for r in other.requests] != [r.priority for r in wl.requests]
+    plain = build(dataclasses.replace(spec, priority_mix=()))
+    assert {r.priority for r in plain.requests} == {0}
+    assert [dataclasses.replace(r, priority=0) for r in wl.requests] == plain.requests
+    # the burst scenario's requests get classes too, and its control run keeps them
+    burst = build(dataclasses.replace(spec, kind="burst", steady_users=6, burst_size=2, priority_mix=((-1, 0.5),)))
+    assert sum(r.priority == -1 for r in burst.requests) == 4
+    kept = {r.index: r.priority for r in without_bursts(burst).requests}
+    assert kept == {r.index: r.priority for r in burst.requests if r.role == "steady"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("-1", "not PRIORITY:SHARE"), ("x:0.2", "not PRIORITY:SHARE"), ("-1:half", "not PRIORITY:SHARE"),
+    ("-1:0.6,1:0.6", "together at most 1"), ("-1:0", "in (0, 1]"), ("0:0.5", "not 0"),
+    ("1:0.2,1:0.3", "each priority once"),
+])
+def test_a_bad_priority_mix_says_what_to_fix(text, message):
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        build(WorkloadSpec(num_requests=4, priority_mix=parse_priority_mix(text)))
