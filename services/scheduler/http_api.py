@@ -62,6 +62,7 @@ def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.stored, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", responses.input_items, methods=["GET"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
     ]

@@ -52,6 +52,7 @@ class StoredResponse:
     response: dict[str, Any]
     messages: list[dict[str, Any]]  # the conversation including this reply, without instructions
     session_id: str
+    input_items: list[dict[str, Any]] = field(default_factory=list)  # this request's input, as items with ids
 
 
 @dataclass
@@ -64,6 +65,7 @@ class ResponsesRequest:
     logprobs: bool
     store: bool
     session_id: str
+    input_items: list[dict[str, Any]] = field(default_factory=list)
 
 
 def parse_request(body: dict[str, Any], previous: StoredResponse | None, response_id: str) -> ResponsesRequest:
@@ -107,7 +109,7 @@ def parse_request(body: dict[str, Any], previous: StoredResponse | None, respons
         "truncation": "disabled", "user": body.get("user"),
     }
     session = _session(body, previous) or (response_id if store else "")
-    return ResponsesRequest(chat, messages, echoed, logprobs, store, session)
+    return ResponsesRequest(chat, messages, echoed, logprobs, store, session, input_items(body["input"]))
 
 
 def _logprobs(body: dict[str, Any], chat: dict[str, Any]) -> bool:
@@ -181,6 +183,49 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
             raise InvalidArgument(f"{where}: items of type {kind!r} are not supported (message, function_call, "
                                   "function_call_output)")
     return out
+
+
+_ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def input_items(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``input`` (already read by ``input_messages``) as the items ``GET .../input_items`` lists: each with an id
+    (the client's, else a new one) and a message's text as content parts."""
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    out = []
+    for item in items:
+        kind = item.get("type", "message")
+        entry = {"id": item.get("id") or f"{_ITEM_ID_PREFIX[kind]}_{uuid.uuid4().hex}", **item, "type": kind}
+        if kind == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item["role"] == "assistant" else "input_text"
+            entry["content"] = [{"type": part, "text": item["content"]}]
+        out.append(entry)
+    return out
+
+
+def list_page(items: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
+    """One page of ``items`` as OpenAI lists them (``limit`` 1-100, default 20; ``order`` ``desc``, the
+    default, or ``asc``; ``after`` an item id: the items that follow it in that order)."""
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidArgument(f"order must be \"asc\" or \"desc\", got {order!r}")
+    try:
+        limit = int(query.get("limit", 20))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise InvalidArgument(f"limit must be an integer from 1 to 100, got {query.get('limit')!r}")
+    ordered = items if order == "asc" else items[::-1]
+    start = 0
+    if "after" in query:
+        ids = [item["id"] for item in ordered]
+        if query["after"] not in ids:
+            raise InvalidArgument(f"after names no input item of this response: {query['after']!r}")
+        start = ids.index(query["after"]) + 1
+    page = ordered[start:start + limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ordered)}
 
 
 def _text(content: Any, where: str) -> str:

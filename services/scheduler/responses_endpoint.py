@@ -1,4 +1,5 @@
-"""OpenAI's Responses API endpoints (``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``), served
+"""OpenAI's Responses API endpoints (``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``), served
 next to the chat API whose path runs them: services/scheduler/responses_api.py translates a request into the
 chat request and the reply back into output items; this module submits, streams and stores."""
 
@@ -24,6 +25,7 @@ from services.scheduler.responses_api import (
     ResponsesRequest,
     ResponseStore,
     StoredResponse,
+    list_page,
     output_messages,
     parse_request,
     status_of,
@@ -113,7 +115,8 @@ class ResponsesEndpoint:
                               "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
                               "total_tokens": n_in + n_out}}
         if req.store:
-            self.store.put(StoredResponse(response, req.messages + output_messages(items.items), req.session_id))
+            self.store.put(StoredResponse(response, req.messages + output_messages(items.items), req.session_id,
+                                          req.input_items))
         return response
 
     async def stored(self, request: Request) -> Response:
@@ -124,6 +127,14 @@ class ResponsesEndpoint:
                 self.store.delete(rid)
                 return JSONResponse({"id": rid, "object": "response", "deleted": True})
             return JSONResponse(self.store.get(rid).response)
+        except SeawallError as exc:
+            return error_response(exc)
+
+    async def input_items(self, request: Request) -> Response:
+        """``GET /v1/responses/{id}/input_items``: the items a stored response was sent as input, a page at a time."""
+        try:
+            stored = self.store.get(request.path_params["response_id"])
+            return JSONResponse(list_page(stored.input_items, dict(request.query_params)))
         except SeawallError as exc:
             return error_response(exc)
 

@@ -189,9 +189,18 @@ def test_a_forced_function_call_and_its_output_continue_the_conversation(client,
 def test_stored_responses_are_retrieved_and_deleted_and_unstored_ones_are_not_kept(client, model):
     kept = client.responses.create(model=model, input="Keep me", max_output_tokens=3, temperature=0)
     assert client.responses.retrieve(kept.id).output_text == kept.output_text
+    (item,) = client.responses.input_items.list(kept.id).data
+    assert item.type == "message" and item.role == "user" and item.content[0].text == "Keep me"
+    turn = client.responses.create(model=model, input=[{"role": "user", "content": "One"}, {
+        "role": "user", "content": [{"type": "input_text", "text": "Two"}]}], max_output_tokens=2,
+        previous_response_id=kept.id)
+    pages = client.responses.input_items.list(turn.id, limit=1, order="asc")
+    assert [i.content[0].text for i in pages] == ["One", "Two"]  # the SDK follows has_more / after
     client.responses.delete(kept.id)
     with pytest.raises(openai.NotFoundError, match="no stored response"):
         client.responses.retrieve(kept.id)
+    with pytest.raises(openai.NotFoundError, match="no stored response"):
+        client.responses.input_items.list(kept.id)
     gone = client.responses.create(model=model, input="Forget me", max_output_tokens=3, store=False)
     with pytest.raises(openai.NotFoundError, match="store false"):
         client.responses.create(model=model, input="More", previous_response_id=gone.id)

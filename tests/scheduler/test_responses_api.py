@@ -9,7 +9,9 @@ from services.scheduler.responses_api import (
     OutputItems,
     ResponseStore,
     StoredResponse,
+    input_items,
     input_messages,
+    list_page,
     output_messages,
     parse_request,
     status_of,
@@ -202,3 +204,33 @@ def test_thinking_is_a_reasoning_item_before_the_answer():
     assert thought["content"] == [{"type": "reasoning_text", "text": "Plan more"}] and events[0]["item"]["content"] == []
     assert message["content"][0]["text"] == "Answer" and events[5]["output_index"] == 1
     assert output_messages(items.items) == [{"role": "assistant", "content": "Answer"}]  # thinking is not replayed
+
+
+def test_input_items_keep_their_ids_and_get_new_ones_with_text_as_parts():
+    (only,) = input_items("Hi")
+    assert only["id"].startswith("msg_") and only["type"] == "message" and only["role"] == "user"
+    assert only["content"] == [{"type": "input_text", "text": "Hi"}]
+    items = input_items([{"role": "assistant", "content": "Hello"},
+                         {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+                         {"id": "mine", "type": "function_call_output", "call_id": "c1", "output": "sunny"}])
+    assert items[0]["content"] == [{"type": "output_text", "text": "Hello"}]
+    assert items[1]["id"].startswith("fc_") and items[1]["name"] == "weather"
+    assert items[2]["id"] == "mine" and items[2]["output"] == "sunny"
+    assert parse_request({"input": "Hi"}, None, "resp_1").input_items[0]["content"][0]["text"] == "Hi"
+
+
+def test_a_list_page_is_newest_first_by_default_and_continues_after_an_id():
+    items = [{"id": f"i{k}"} for k in range(5)]
+    page = list_page(items, {"limit": "2"})
+    assert [i["id"] for i in page["data"]] == ["i4", "i3"] and page["has_more"]
+    assert (page["first_id"], page["last_id"]) == ("i4", "i3")
+    rest = list_page(items, {"limit": "2", "after": "i3"})
+    assert [i["id"] for i in rest["data"]] == ["i2", "i1"] and rest["has_more"]
+    last = list_page(items, {"order": "asc", "after": "i2"})
+    assert [i["id"] for i in last["data"]] == ["i3", "i4"] and not last["has_more"]
+    assert list_page([], {}) == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+    for query, fragment in [({"limit": "0"}, "limit must be an integer from 1 to 100"),
+                            ({"limit": "x"}, "limit must be"), ({"order": "up"}, "order must be"),
+                            ({"after": "nope"}, "after names no input item")]:
+        with pytest.raises(InvalidArgument, match=fragment):
+            list_page(items, query)
