@@ -23,6 +23,7 @@ from seawall.commands.trace import default_trace_file
 from seawall.compose import ComposeMesh, ComposeOptions
 from seawall.launcher import LocalMesh, MeshOptions
 from seawall.trace_receiver import TraceReceiver
+from services.common.errors import InvalidArgument
 from services.scheduler.main import add_scheduling_flags, core_config_from, scheduling_flags
 from services.scheduler.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.scheduler.tool_parsers import PARSERS
@@ -54,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="read tool calls in the model's own syntax, for tool_choice \"auto\" (default: none)")
     p.add_argument("--reasoning-parser", choices=tuple(REASONING_PARSERS), default=None,
                    help="return a chat reply's thinking (<think>...</think>) as reasoning_content (default: none)")
+    p.add_argument("--structured-output-in-reasoning", action="store_true",
+                   help="with --reasoning-parser: constrain a structured output from the reply's first token, "
+                        "thought included (default: the answer after the thought)")
     p.add_argument("--no-kvcache", action="store_true", help="start no kvcache service (no multi-turn KV reuse)")
     p.add_argument("--kvcache-dram-bytes", type=int, default=None, help="kvcache DRAM tier size")
     p.add_argument("--kvcache-disk-dir", default=None, help="kvcache disk tier directory (default: none)")
@@ -100,6 +104,10 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         sched += ["--tool-call-parser", args.tool_call_parser]
     if args.reasoning_parser:
         sched += ["--reasoning-parser", args.reasoning_parser]
+    if args.structured_output_in_reasoning:
+        if not args.reasoning_parser:
+            raise InvalidArgument("--structured-output-in-reasoning needs --reasoning-parser")
+        sched.append("--structured-output-in-reasoning")
     workers = ["--device", args.device]
     if args.kv_cache_bytes:
         workers += ["--kv-cache-bytes", str(args.kv_cache_bytes)]

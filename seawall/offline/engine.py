@@ -64,7 +64,7 @@ class OfflineEngine:
         if bad is not None:
             raise InvalidArgument(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
         params.check_vocab(vocab)
-        self.runner.grammars.validate(params.structured_output)
+        self.runner.grammars.validate(params.structured_output, params.free_thought)
         limit = self.scheduler.config.max_model_len
         if n >= limit:
             raise InvalidArgument(f"prompt has {n} tokens; the model's context is {limit}, leaving no room to "

@@ -15,6 +15,12 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
 
+class FreeThought(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FREE_THOUGHT_NONE: _ClassVar[FreeThought]
+    FREE_THOUGHT_REQUIRED: _ClassVar[FreeThought]
+    FREE_THOUGHT_OPTIONAL: _ClassVar[FreeThought]
+
 class KVDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     KV_DTYPE_UNSPECIFIED: _ClassVar[KVDtype]
@@ -49,6 +55,9 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_ERROR: FinishReason
+FREE_THOUGHT_NONE: FreeThought
+FREE_THOUGHT_REQUIRED: FreeThought
+FREE_THOUGHT_OPTIONAL: FreeThought
 KV_DTYPE_UNSPECIFIED: KVDtype
 KV_DTYPE_FLOAT32: KVDtype
 KV_DTYPE_FLOAT16: KVDtype
@@ -120,16 +129,18 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., include_stop_str_in_output: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., keep_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
-    __slots__ = ("json_schema", "regex", "choice", "grammar")
+    __slots__ = ("json_schema", "regex", "choice", "grammar", "free_thought")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    FREE_THOUGHT_FIELD_NUMBER: _ClassVar[int]
     json_schema: str
     regex: str
     choice: Choices
     grammar: str
-    def __init__(self, json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., grammar: _Optional[str] = ...) -> None: ...
+    free_thought: FreeThought
+    def __init__(self, json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., grammar: _Optional[str] = ..., free_thought: _Optional[_Union[FreeThought, str]] = ...) -> None: ...
 
 class Choices(_message.Message):
     __slots__ = ("choices",)

@@ -25,6 +25,9 @@ _FINISH_FROM_PROTO = {v: k for k, v in _FINISH_TO_PROTO.items()}
 # SamplingParams.structured_output kinds <-> StructuredOutput's oneof members.
 _STRUCTURED_PROTO_FIELDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 _STRUCTURED_KINDS = {field: kind for kind, field in _STRUCTURED_PROTO_FIELDS.items()}
+_FREE_THOUGHT_TO_PROTO = {"": common_pb2.FREE_THOUGHT_NONE, "required": common_pb2.FREE_THOUGHT_REQUIRED,
+                          "optional": common_pb2.FREE_THOUGHT_OPTIONAL}
+_FREE_THOUGHT_FROM_PROTO = {v: k for k, v in _FREE_THOUGHT_TO_PROTO.items()}
 
 
 def finish_reason_to_proto(reason: str | None) -> int:
@@ -57,6 +60,7 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
             msg.structured_output.choice.choices.extend(json.loads(spec))
         else:
             setattr(msg.structured_output, _STRUCTURED_PROTO_FIELDS[kind], spec)
+        msg.structured_output.free_thought = _FREE_THOUGHT_TO_PROTO[p.free_thought]
     return msg
 
 
@@ -69,6 +73,13 @@ def _structured_from_proto(msg: common_pb2.SamplingParams) -> tuple[str, str] | 
     if which == "choice":
         return ("choice", json.dumps(list(msg.structured_output.choice.choices)))
     return (_STRUCTURED_KINDS[which], getattr(msg.structured_output, which))
+
+
+def _free_thought_from_proto(msg: common_pb2.SamplingParams) -> str:
+    value = msg.structured_output.free_thought
+    if value not in _FREE_THOUGHT_FROM_PROTO:
+        raise InvalidArgument(f"structured_output.free_thought: unknown value {value}")
+    return _FREE_THOUGHT_FROM_PROTO[value]
 
 
 def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 16) -> SamplingParams:
@@ -96,6 +107,7 @@ def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         allowed_token_ids=tuple(msg.allowed_token_ids),
         structured_output=_structured_from_proto(msg),
+        free_thought=_free_thought_from_proto(msg),
         skip_special_tokens=not msg.keep_special_tokens,
     )
 

@@ -21,6 +21,10 @@ MAX_SEED = 2**63
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value is [-100, 100]
 # What SamplingParams.structured_output can constrain the output to (services/engine/grammar.py compiles them).
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
+# Where a reasoning model's free thought ends and the structured output begins (SamplingParams.free_thought):
+# "" none; "required": up to the first "</think>" (the template opened it); "optional": a "<think>...</think>"
+# the reply may open with.
+FREE_THOUGHTS = ("", "required", "optional")
 ANY_JSON_OBJECT = '{"type": "object"}'
 # Temperatures below this are treated as greedy: dividing logits by them overflows fp32.
 GREEDY_TEMPERATURE = 1e-5
@@ -82,6 +86,9 @@ class SamplingParams:
     # schema, as JSON text), "regex", "choice" (a JSON array of the allowed strings), "grammar" (Lark or GBNF).
     # The request ends when the grammar is complete. None = free text.
     structured_output: tuple[str, str] | None = None
+    # A reasoning model thinks unconstrained first (one of FREE_THOUGHTS): the structured output applies to the
+    # answer after the thought, as vLLM applies it with a reasoning parser. Set by the chat API's reasoning parser.
+    free_thought: str = ""
     # Leave special tokens (end-of-turn markers, tool-call tags) out of the output text, as vLLM does by default.
     skip_special_tokens: bool = True
 
@@ -139,6 +146,11 @@ class SamplingParams:
             if self.min_tokens:
                 raise InvalidArgument(f"min_tokens must be 0 with structured output (the grammar decides where the "
                                       f"output ends), got {self.min_tokens!r}")
+        if self.free_thought not in FREE_THOUGHTS:
+            raise InvalidArgument(f"free_thought must be one of {FREE_THOUGHTS}, got {self.free_thought!r}")
+        if self.free_thought and self.structured_output is None:
+            raise InvalidArgument(f"free_thought {self.free_thought!r} places a structured output after the "
+                                  "thought: it needs one")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raises InvalidArgument when a token the params name to bias or allow is not in the vocabulary (the

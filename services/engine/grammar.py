@@ -7,6 +7,9 @@ the set of tokens that keep the output inside the grammar, as a bitmask (bit ``t
 = token ``t`` allowed). Once the grammar is complete only the end-of-sequence tokens are allowed, so a request
 ends with ``stop``.
 
+``SamplingParams.free_thought`` puts a reasoning model's thought first: free text up to ``</think>``, then the
+spec (``structured_grammar``).
+
 The scheduler validates a spec at admission (a bad schema or regex is INVALID_ARGUMENT with llguidance's
 message); the worker that samples keeps a matcher per sequence. A matcher's state is a function of the output
 tokens alone, so it is rebuilt wherever the sequence lands: a decode worker after the prefill worker sampled
@@ -52,6 +55,28 @@ def llguidance_grammar(kind: str, spec: str) -> str:
     raise InvalidArgument(f"unknown structured output kind {kind!r}; known: {', '.join(STRUCTURED_KINDS)}")
 
 
+# A reasoning model's thought before the constrained answer (SamplingParams.free_thought), as llguidance Lark: a
+# lazy lexeme ends at the first "</think>", as the reasoning parsers split (services/scheduler/reasoning_parsers.py),
+# then blanks (Qwen3 and R1 write "\n\n" there), then the answer's own grammar, referenced as a subgrammar so
+# that every kind composes the same way.
+_BLANKS = r"/[ \t\r\n]*/"
+_THOUGHT = {
+    "required": f"start: thought {_BLANKS} @answer\nthought[lazy]: " + r"/(?s:.*)<\/think>/",
+    "optional": f"start: thought? {_BLANKS} @answer\nthought[lazy]: " + r"/[ \t\r\n]*<think>(?s:.*)<\/think>/",
+}
+
+
+def structured_grammar(kind: str, spec: str, free_thought: str = "") -> str:
+    """The llguidance grammar for a structured output, after a free thought when ``free_thought`` says so."""
+    grammar = llguidance_grammar(kind, spec)
+    if not free_thought:
+        return grammar
+    # json and regex come as llguidance's top-level JSON with one grammar; choice and grammar as Lark text.
+    answer = json.loads(grammar)["grammars"][0] if kind in ("json", "regex") else {"lark_grammar": grammar}
+    return json.dumps({"grammars": [{"name": "reply", "lark_grammar": _THOUGHT[free_thought]},
+                                    {**answer, "name": "answer"}]})
+
+
 class GrammarCompiler:
     """Compiles and validates structured-output specs for one checkpoint's tokenizer; makes matchers.
 
@@ -66,7 +91,7 @@ class GrammarCompiler:
         self._lltok: llguidance.LLTokenizer | None = None
         # Spec -> a fresh matcher of its grammar: building one parses the grammar (~0.8 ms for a small regex),
         # copying it takes ~2 us.
-        self._templates: dict[tuple[str, str], llguidance.LLMatcher] = {}
+        self._templates: dict[tuple[str, str, str], llguidance.LLMatcher] = {}
         self._executor: llguidance.LLExecutor | None = None
 
     @property
@@ -78,27 +103,28 @@ class GrammarCompiler:
                                                  eos_token=self._eos or None)
         return self._lltok
 
-    def _template(self, structured: tuple[str, str]) -> llguidance.LLMatcher:
+    def _template(self, structured: tuple[str, str], free_thought: str) -> llguidance.LLMatcher:
         """The spec's matcher in its start state, compiled and validated against the tokenizer; raises
         InvalidArgument with what is wrong."""
-        template = self._templates.get(structured)
+        key = (*structured, free_thought)
+        template = self._templates.get(key)
         if template is None:
-            grammar = llguidance_grammar(*structured)
+            grammar = structured_grammar(*structured, free_thought)
             error = llguidance.LLMatcher.validate_grammar(grammar, self.lltokenizer)
             if error:
                 raise InvalidArgument(f"structured output ({structured[0]}) is not usable: {error.strip()}")
             template = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0)
             if len(self._templates) >= _MAX_CACHED_GRAMMARS:
                 self._templates.pop(next(iter(self._templates)))
-            self._templates[structured] = template
+            self._templates[key] = template
         return template
 
-    def validate(self, structured: tuple[str, str] | None) -> None:
+    def validate(self, structured: tuple[str, str] | None, free_thought: str = "") -> None:
         if structured is not None:
-            self._template(structured)
+            self._template(structured, free_thought)
 
-    def matcher(self, structured: tuple[str, str]) -> SequenceGrammar:
-        return SequenceGrammar(self._template(structured).deep_copy())
+    def matcher(self, structured: tuple[str, str], free_thought: str = "") -> SequenceGrammar:
+        return SequenceGrammar(self._template(structured, free_thought).deep_copy())
 
     def masks(self, grammars: list[SequenceGrammar], outputs: list[list[int]]) -> list[torch.Tensor | None]:
         """Each grammar's mask of the tokens allowed after its output tokens, as llguidance's bitmask: rows of one

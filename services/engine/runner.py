@@ -163,7 +163,7 @@ class ModelRunner:
             return None
         for k in constrained:
             if seqs[k].grammar is None:
-                seqs[k].grammar = self.grammars.matcher(seqs[k].params.structured_output)
+                seqs[k].grammar = self.grammars.matcher(seqs[k].params.structured_output, seqs[k].params.free_thought)
         grammars = [seqs[k].grammar for k in constrained]
         outputs = [rows[k].output_token_ids for k in constrained]
 

@@ -54,6 +54,10 @@ class SchedulerServiceConfig:
     # How the chat and Responses APIs read a reply's thinking: "deepseek_r1", "qwen3"
     # (services/scheduler/reasoning_parsers.py); None = the reply is all answer.
     reasoning_parser: str | None = None
+    # With a reasoning parser, a chat request's structured output (or forced tool call) applies to the answer
+    # after the thought (vLLM's default); True = from the first token, thought included (vLLM's
+    # enable_in_reasoning).
+    structured_output_in_reasoning: bool = False
     # A KV transfer not done within this many seconds fails; the request is recomputed on the receiver.
     transfer_timeout_s: float = 30.0
     # A worker that does not answer a step within this many seconds is declared dead.

@@ -50,10 +50,12 @@ _CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs",
 
 
 def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
-               tool_parser: ToolParser | None = None, reasoning: ReasoningParser | None = None) -> Starlette:
+               tool_parser: ToolParser | None = None, reasoning: ReasoningParser | None = None,
+               structured_in_reasoning: bool = False) -> Starlette:
     """The API's routes; with ``registry``, also Prometheus text at ``/metrics``; ``tool_parser`` reads tool
-    calls in the model's own syntax (``tool_choice: "auto"``), ``reasoning`` a chat reply's thinking."""
-    api = OpenAIApi(frontend, tool_parser, reasoning)
+    calls in the model's own syntax (``tool_choice: "auto"``), ``reasoning`` a chat reply's thinking, whose
+    structured output applies after the thought unless ``structured_in_reasoning``."""
+    api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning)
     responses = ResponsesEndpoint(api)
     routes = [
         Route("/health", api.health, methods=["GET"]),
@@ -78,10 +80,11 @@ class OpenAIApi:
     """The completions and chat endpoints, and the request plumbing the Responses endpoint runs on."""
 
     def __init__(self, frontend: Frontend, tool_parser: ToolParser | None = None,
-                 reasoning: ReasoningParser | None = None) -> None:
+                 reasoning: ReasoningParser | None = None, structured_in_reasoning: bool = False) -> None:
         self.frontend = frontend
         self.tool_parser = tool_parser
         self.reasoning = reasoning
+        self.structured_in_reasoning = structured_in_reasoning
         self._template = _chat_template(frontend)
         self.texts = TokenTexts(frontend.tokenizer)
 
@@ -143,6 +146,9 @@ class OpenAIApi:
                 raise InvalidArgument("a forced tool call constrains the output already: drop response_format "
                                       "(or the structured output) or tool_choice")
             params = replace(params, structured_output=tools.structured_output)
+        if self.reasoning is not None and params.structured_output is not None and not self.structured_in_reasoning:
+            # A reasoning model thinks first; the format (or the forced call) is its answer's, as in vLLM.
+            params = replace(params, free_thought="required" if self.reasoning.open_optional else "optional")
         return prompt, params, n, tools
 
     async def tokenize(self, request: Request) -> Response:
@@ -313,14 +319,14 @@ class OpenAIApi:
         """A whole chat reply's thinking (None without a reasoning parser, or without a thought) and answer."""
         if self.reasoning is None:
             return None, text
-        thought, answer = self.reasoning.split(text, constrained=tracked.request.params.structured_output is not None)
+        thought, answer = self.reasoning.split(text, constrained=_constrained_from_start(tracked))
         return thought, answer or ""
 
     def reasoning_stream(self, tracked: TrackedRequest) -> ReasoningStream | None:
         """A splitter of a chat reply's thinking as it streams, when the mesh reads reasoning."""
         if self.reasoning is None:
             return None
-        return ReasoningStream(self.reasoning, constrained=tracked.request.params.structured_output is not None)
+        return ReasoningStream(self.reasoning, constrained=_constrained_from_start(tracked))
 
     def _logprobs(self, tracked: TrackedRequest, delta: Delta, chat: bool, offset: int = 0,
                   echo: bool = False) -> dict | None:
@@ -367,6 +373,12 @@ def _session(body: dict) -> str:
     if not isinstance(session, str):
         raise InvalidArgument("session_id must be a string")
     return session
+
+
+def _constrained_from_start(tracked: TrackedRequest) -> bool:
+    """Whether a grammar wrote the reply from its first token (so it thinks only if the grammar opens a thought)."""
+    params = tracked.request.params
+    return params.structured_output is not None and not params.free_thought
 
 
 def _priority(body: dict) -> int:

@@ -152,12 +152,16 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    help="read tool calls in the model's own syntax, for tool_choice \"auto\" (default: none)")
     p.add_argument("--reasoning-parser", choices=tuple(REASONING_PARSERS), default=None,
                    help="return a chat reply's thinking as reasoning_content (default: none)")
+    p.add_argument("--structured-output-in-reasoning", action="store_true",
+                   help="with --reasoning-parser: constrain a structured output from the reply's first token, "
+                        "thought included (default: the answer after the thought)")
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
                    kvcache_address=args.kvcache, step_pipelining=args.step_pipelining,
-                   tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
+                   tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                   structured_output_in_reasoning=args.structured_output_in_reasoning)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -198,7 +202,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
         log.info("scheduler gRPC on %s:%d (%s, policy %s)", config.host, port, config.mode, config.core.policy)
         if http_socket is not None:
             app = create_app(frontend, metrics.registry, tool_parser(config.tool_call_parser),
-                             reasoning_parser(config.reasoning_parser))
+                             reasoning_parser(config.reasoning_parser), config.structured_output_in_reasoning)
             http = _Uvicorn(uvicorn.Config(app, host=config.host, port=config.http_port, log_level="warning",
                                            lifespan="off"))
             tg.start_soon(http.serve, [http_socket])

@@ -8,8 +8,10 @@ vLLM's field), the Responses API as a reasoning item; tool calls are read from t
 * ``qwen3`` (Qwen3, QwQ): thinking only inside ``<think>...</think>`` at the start of the reply; a reply without
   it (``"chat_template_kwargs": {"enable_thinking": false}``) is all answer.
 
-A reply constrained by a grammar (structured output, forced tool calls) is thinking only if it opens with
-``<think>``: the grammar decides what it writes, from its first token.
+A structured output (or a forced tool call) applies to the answer after the thought: the chat path sets
+``SamplingParams.free_thought`` and the worker's grammar lets the thought run free up to ``</think>``. With
+``--structured-output-in-reasoning`` the grammar writes the reply from its first token instead, and such a
+reply is thinking only if it opens with ``<think>``.
 
 One splitter serves the whole reply and the stream (``ReasoningStream``), so the two cannot disagree: markers
 split across pieces are found, and what could still begin one is held back, as stop strings are.

@@ -63,6 +63,16 @@ def test_structured_output_round_trips(structured):
     assert params_from_proto(_wire(params_to_proto(params))) == params
 
 
+@pytest.mark.parametrize("free_thought", ["required", "optional"])
+def test_a_free_thought_before_the_structured_output_round_trips(free_thought):
+    params = SamplingParams(structured_output=("json", '{"type": "object"}'), free_thought=free_thought)
+    assert params_from_proto(_wire(params_to_proto(params))) == params
+    with pytest.raises(InvalidArgument, match="needs one"):
+        SamplingParams(free_thought=free_thought)
+    with pytest.raises(InvalidArgument, match="free_thought must be one of"):
+        SamplingParams(structured_output=("json", '{"type": "object"}'), free_thought="sometimes")
+
+
 def test_an_empty_structured_output_message_is_refused():
     msg = params_to_proto(SamplingParams())
     msg.structured_output.SetInParent()

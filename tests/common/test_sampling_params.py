@@ -60,6 +60,8 @@ BAD_VALUES = [
     ("structured_output", ("yaml", "a: 1"), "one of json, regex, choice, grammar"),
     ("structured_output", ("json", "{not json"), "not valid JSON"),
     ("structured_output", ("json", "[1, 2]"), "JSON schema object"),
+    ("free_thought", "always", "free_thought must be one of"),
+    ("free_thought", "required", "needs one"),
     ("structured_output", ("choice", "[]"), "non-empty list of non-empty strings"),
     ("structured_output", ("regex", ""), "non-empty spec"),
     ("structured_output", "json", "(kind, spec) pair"),

@@ -399,11 +399,14 @@ def test_tokenize_and_detokenize_round_trip_and_count_what_a_chat_would_send(htt
 
 @pytest.fixture(scope="module")
 def hermes_http(tiny_model_dir, tmp_path_factory):
-    """A colocated mesh that reads tool calls in the Hermes syntax (tool_choice "auto") and thinking in Qwen3's."""
+    """A colocated mesh that reads tool calls in the Hermes syntax (tool_choice "auto") and thinking in Qwen3's.
+    Its structured outputs apply from the first token, thought included, so that a choice can make the built-in
+    model write what a Qwen3 model would."""
     from tests.e2e.conftest import start_mesh
 
     mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("hermes"), mode="colocated",
-                      scheduler_args=["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"])
+                      scheduler_args=["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+                                      "--structured-output-in-reasoning"])
     with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
         yield client
     mesh.stop()
@@ -461,6 +464,30 @@ def test_thinking_comes_back_as_reasoning_and_tool_calls_are_read_from_the_answe
     kinds = [item["type"] for item in response["output"]]
     assert kinds == ["reasoning", "message", "function_call"], response
     assert response["output"][0]["content"][0]["text"] == "\nThe user wants Oslo.\n"
+
+
+def test_a_reasoning_model_thinks_freely_before_its_structured_answer(tiny_model_dir, tmp_path):
+    """With a reasoning parser a structured output (or a forced call) is the answer's: the thought before it is
+    free text. The built-in model never closes its thought, so within max_tokens all of it is thinking, where
+    the format would otherwise have forced JSON from the first token (the grammar's own tests in
+    tests/engine/test_grammar.py follow a thought to its end)."""
+    from tests.e2e.conftest import start_mesh
+
+    mesh = start_mesh(tiny_model_dir, tmp_path, mode="colocated", scheduler_args=["--reasoning-parser", "deepseek_r1"])
+    try:
+        with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
+            body = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 12,
+                    "temperature": 0, "response_format": {"type": "json_object"}}
+            choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+            assert choice["finish_reason"] == "length" and not choice["message"]["content"]
+            thought = choice["message"]["reasoning_content"]
+            assert thought and not thought.lstrip().startswith("{")
+            forced = client.post("/v1/chat/completions", json={**body, "response_format": None, "tools": [WEATHER],
+                                                                "tool_choice": "required"}).json()["choices"][0]
+            assert forced["message"]["reasoning_content"] == thought  # the same free thought, greedy
+            assert not forced["message"].get("tool_calls")
+    finally:
+        mesh.stop()
 
 
 def test_text_parts_give_the_same_chat_as_a_string(http):

@@ -98,7 +98,7 @@ def test_a_matcher_made_later_catches_up_on_tokens_sampled_elsewhere(compiler, c
 def test_matchers_of_one_spec_are_copies_of_one_compiled_grammar_and_independent(compiler, checkpoint):
     spec = ("regex", "[0-9]+")
     a, b = compiler.matcher(spec), compiler.matcher(spec)
-    assert len([k for k in compiler._templates if k == spec]) == 1
+    assert len([k for k in compiler._templates if k[:2] == spec]) == 1
     digit = checkpoint.tokenizer.encode("7").ids[0]
     assert not torch.equal(next_mask(compiler, a, [digit]), next_mask(compiler, b, []))  # a moved on, b did not
 
@@ -109,3 +109,43 @@ def test_masks_for_a_batch_equal_the_masks_one_by_one(compiler, checkpoint):
     batch = compiler.masks([compiler.matcher(s) for s in specs], outputs)
     for spec, output, mask in zip(specs, outputs, batch, strict=True):
         assert torch.equal(mask, next_mask(compiler, compiler.matcher(spec), output)), spec
+
+
+SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                     "additionalProperties": False})
+
+
+def feed(compiler, checkpoint, structured, free_thought, text):
+    """The mask after ``text``'s tokens (each checked to be allowed where it was written)."""
+    grammar, out = compiler.matcher(structured, free_thought), []
+    for token in checkpoint.tokenizer.encode(text).ids:
+        assert token in allowed(next_mask(compiler, grammar, out), compiler.vocab_size), (text, out)
+        out.append(token)
+    return allowed(next_mask(compiler, grammar, out), compiler.vocab_size)
+
+
+def test_a_required_thought_is_free_text_up_to_its_end_then_the_spec_applies(compiler, checkpoint):
+    decode, eos = checkpoint.tokenizer.decode, set(checkpoint.eos_token_ids)
+    structured = ("json", SCHEMA)
+    # Thinking: anything, JSON-like or not, and no end of sequence (the answer has not come yet).
+    thinking = feed(compiler, checkpoint, structured, "required", '<think>{ "no": json here\n')
+    assert len(thinking) > compiler.vocab_size // 2 and not thinking & eos
+    # After </think>: blanks, then the schema's JSON, then only the end.
+    after = feed(compiler, checkpoint, structured, "required", "<think>hmm</think>\n\n")
+    assert after and all(decode([t]).strip() in ("", "{") or decode([t]).lstrip().startswith("{") for t in after)
+    assert feed(compiler, checkpoint, structured, "required", 'hmm</think>\n\n{"a": 12}') <= eos
+    # The template opened the thought: JSON at the start is still thinking.
+    assert not feed(compiler, checkpoint, structured, "required", '{"a": 12}') <= eos
+
+
+def test_an_optional_thought_may_be_left_out_and_any_kind_of_spec_follows_one(compiler, checkpoint):
+    eos = set(checkpoint.eos_token_ids)
+    assert feed(compiler, checkpoint, ("json", SCHEMA), "optional", '{"a": 1}') <= eos
+    assert feed(compiler, checkpoint, ("json", SCHEMA), "optional", '<think>x</think>{"a": 1}') <= eos
+    for structured, answer in [(("regex", "[0-9]+/x"), "12/x"), (("choice", '["yes", "no"]'), "no"),
+                               (("grammar", 'start: "a" b\nb: "c"'), "ac")]:
+        assert feed(compiler, checkpoint, structured, "optional", f"<think>1 {{</think>\n{answer}") <= eos
+        assert feed(compiler, checkpoint, structured, "required", f"1 {{</think>\n{answer}") <= eos
+    # Without the thought's opening tag the reply is the answer from its first token.
+    first = feed(compiler, checkpoint, ("choice", '["yes", "no"]'), "optional", "")
+    assert {checkpoint.tokenizer.decode([t]).strip()[:1] for t in first} <= {"", "<", "y", "n"}

@@ -13,6 +13,7 @@ import pytest
 
 from seawall import Client
 from seawall.launcher import free_port
+from services.common.errors import InvalidArgument
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +117,9 @@ def test_up_passes_the_tool_call_and_reasoning_parsers_to_the_scheduler():
                                                "qwen3"])).scheduler_args
     assert sched[sched.index("--tool-call-parser") + 1] == "hermes"
     assert sched[sched.index("--reasoning-parser") + 1] == "qwen3"
+    assert "--structured-output-in-reasoning" not in sched
+    inside = up.options_from(parser.parse_args(["up", "--reasoning-parser", "qwen3",
+                                                "--structured-output-in-reasoning"])).scheduler_args
+    assert "--structured-output-in-reasoning" in inside
+    with pytest.raises(InvalidArgument, match="needs --reasoning-parser"):
+        up.options_from(parser.parse_args(["up", "--structured-output-in-reasoning"]))
