@@ -1,5 +1,6 @@
-"""Request priority (vLLM's meaning: lower runs sooner) in the first-come-first-served policies: it orders
-prompts and decodes before arrival, and a more important prompt takes blocks from less important requests."""
+"""Request priority (vLLM's meaning: lower runs sooner): in the first-come-first-served policies it orders
+prompts and decodes before arrival, and a more important prompt takes blocks from less important requests; in
+FastServe's it orders the classes, each run by the MLFQ."""
 
 from __future__ import annotations
 
@@ -88,11 +89,34 @@ def test_a_decode_short_of_blocks_takes_them_from_the_least_important_even_if_it
     assert r1.status is RequestStatus.RUNNING and r1.num_preemptions == 0
 
 
-def test_fastserve_orders_by_its_levels_and_ignores_priority():
-    def plans(priorities):
-        s = create_scheduler(policy="fastserve", num_blocks=16, num_host_blocks=16)
-        for r in _with_priorities(priorities, prompt_len=6, max_tokens=12):
+@pytest.mark.parametrize("policy", ["fastserve", "fastserve+sarathi"])
+def test_fastserve_runs_a_more_important_class_first_and_its_mlfq_within_each(policy):
+    def finish_order(priorities, max_num_seqs=1):
+        s = create_scheduler(policy=policy, num_blocks=32, num_host_blocks=32, max_num_seqs=max_num_seqs)
+        reqs = _with_priorities(priorities, prompt_len=6, max_tokens=12)
+        for r in reqs:
             s.add(r)
-        return [step(s)[0].num_scheduled_tokens for _ in range(12)]
+        done = []
+        for _ in range(200):
+            if not s.has_work:
+                break
+            step(s)
+            done += [r.request_id for r in reqs if r.status is RequestStatus.FINISHED and r.request_id not in done]
+        return done
 
-    assert plans([3, 0, -2, 1]) == plans([0, 0, 0, 0])
+    # One slot: the urgent request first, then the normal ones in the MLFQ's order, the background one last.
+    assert finish_order([3, 0, -2, 0]) == ["r2", "r1", "r3", "r0"]
+    # All of one priority: the MLFQ alone, as before priorities existed.
+    assert finish_order([0, 0, 0, 0]) == finish_order([5, 5, 5, 5])
+    # A long job of the important class at a deep level still runs before a fresh less important one.
+    s = create_scheduler(policy=policy, num_blocks=32, num_host_blocks=32, max_num_seqs=1)
+    long, = _with_priorities([0], prompt_len=6, max_tokens=40)
+    s.add(long)
+    for _ in range(10):
+        step(s)
+    assert s.policy.mlfq.jobs[long.request_id].level > 0
+    late, = _with_priorities([1], prompt_len=6, max_tokens=4)
+    late.request_id, late.arrival_time = "late", 100.0
+    s.add(late)
+    for _ in range(10):
+        assert list(step(s)[0].num_scheduled_tokens) == [long.request_id]

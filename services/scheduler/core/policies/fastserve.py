@@ -2,7 +2,7 @@
 swapping (FastServe, papers.md §2).
 
 Every live request (running, waiting, swapped) has a place in the MLFQ (``mlfq.py``); a step walks them in
-priority order:
+priority order (the requests' own ``priority`` first, strictly, as in every policy; the MLFQ within one):
 
 * **Token-level preemption.** Only the first ``max_num_seqs`` in that order run; a lower-priority running
   request that loses its slot keeps its KV and simply does not run this step. A higher-priority request
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from services.scheduler.core.policies.base import Policy, Step, arrival, chunk_budget
+from services.scheduler.core.policies.base import Policy, Step, chunk_budget, rank
 from services.scheduler.core.policies.mlfq import MLFQ
 from services.scheduler.core.request import Request, RequestStatus
 
@@ -119,16 +119,16 @@ class FastServePolicy(Policy):
     def pick_victim(self, s: Scheduler, req: Request, candidates: list[Request]) -> Request | None:
         """A request that can be swapped out, behind ``req`` in priority: the furthest next scheduled time
         first (``enst``), or the lowest priority (``priority``). When none can, KV must be dropped for
-        recompute, and that follows arrival order as vLLM does (the newest gives way, possibly ``req``
-        itself): the oldest request then always keeps its work, so starvation promotions cannot make
-        requests recompute each other forever."""
-        rank = self._rank
-        own = rank.get(req.request_id, -1)
+        recompute, and that follows the requests' own priority and arrival as vLLM does (the least important
+        newest gives way, possibly ``req`` itself): a fixed order, so the first in it always keeps its work and
+        starvation promotions cannot make requests recompute each other forever."""
+        place = self._rank
+        own = place.get(req.request_id, -1)
         behind = [r for r in candidates
-                  if r is not req and rank.get(r.request_id, len(rank)) > own and s.can_swap_out(r)]
+                  if r is not req and place.get(r.request_id, len(place)) > own and s.can_swap_out(r)]
         if behind:
             return max(behind, key=self._eviction_key)
-        return max((r for r in candidates if arrival(r) >= arrival(req)), key=arrival, default=None)
+        return max((r for r in candidates if rank(r) >= rank(req)), key=rank, default=None)
 
     def _eviction_key(self, req: Request) -> tuple[float, int]:
         """Larger goes to host first: (ENST, rank) under "enst", the rank alone under "priority"."""

@@ -7,7 +7,8 @@ Level i has quantum ``q[i] = base * ratio**i``; level 0 runs first, first in fir
     not run for starvation_s -> level 0 (starvation promotion)
 
 Order inside a level is a ticket: joining the back takes the next positive ticket, joining the front the
-next negative one, so sorting by ``(level, ticket)`` is the priority order. A job keeps its ticket while it
+next negative one, so sorting by ``(level, ticket)`` is the priority order. A request's own ``priority`` (the
+API's) comes before all of it: the MLFQ orders each priority class, a more important class runs first. A job keeps its ticket while it
 stays in its level, so the jobs at the head of a queue keep running until their quantum is used.
 
 **Wait bound** (``max_wait_ratio``; in neither FastServe source, off by default). MLFQ can keep a job that has
@@ -131,20 +132,20 @@ class MLFQ:
         return promoted
 
     def order(self, live: Iterable[Request], now: float | None = None) -> list[Request]:
-        """Priority order, ``(level, ticket)``; with the wait bound on and ``now`` given, overdue jobs come
-        first, oldest first."""
+        """Priority order, ``(priority, level, ticket)``; with the wait bound on and ``now`` given, overdue jobs
+        come first in their priority class, oldest first."""
         jobs = self.jobs
         if self.config.max_wait_ratio is None or now is None:
-            return sorted(live, key=lambda r: (jobs[r.request_id].level, jobs[r.request_id].ticket))
+            return sorted(live, key=lambda r: (r.priority, jobs[r.request_id].level, jobs[r.request_id].ticket))
         if self.fcfs is not None:
             step_s = self.config.fcfs_step_s or (0.0 if math.isinf(self._shortest_step) else self._shortest_step)
             self._credit = self.fcfs.waits(step_s)
 
-        def key(r: Request) -> tuple[int, float, int]:
+        def key(r: Request) -> tuple[int, int, float, int]:
             job = jobs[r.request_id]
             if self.overdue(r.request_id, now):
-                return 0, job.joined, job.seq
-            return 1, job.level, job.ticket
+                return r.priority, 0, job.joined, job.seq
+            return r.priority, 1, job.level, job.ticket
 
         return sorted(live, key=key)
 
@@ -169,8 +170,9 @@ class MLFQ:
                 higher_n += level_n
                 higher_q += level_n * self.quanta_through(level) if level_n else 0.0
                 level, level_n = job.level, 0
-            # Jobs ahead at level l < L also run the quanta of levels l+1 .. L-1 before this one's turn.
-            between = higher_n * self.quanta_through(level - 1) - higher_q
+            # Jobs ahead at level l < L also run the quanta of levels l+1 .. L-1 before this one's turn (none
+            # when a less important priority class starts again at a lower level: an estimate, as a whole).
+            between = max(0.0, higher_n * self.quanta_through(level - 1) - higher_q)
             execute = (ahead_left + between) / batch_slots
             promote = max(0.0, self.config.starvation_s - (now - job.last_run))
             out[req.request_id] = min(execute, promote)
