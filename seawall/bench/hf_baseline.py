@@ -65,7 +65,8 @@ def run_hf(model_dir: str, workload: Workload, *, max_batch: int = 64, progress:
 
 
 def _records(workload: Workload) -> list[RequestRecord]:
-    return [RequestRecord(r.index, r.arrival, len(r.prompt), r.max_tokens, r.role) for r in workload.requests]
+    return [RequestRecord(r.index, r.arrival, len(r.prompt), r.max_tokens, r.role, priority=r.priority)
+            for r in workload.requests]
 
 
 def _continuous(model, workload: Workload, max_batch: int, bar: Progress) -> list[RequestRecord]:

@@ -34,13 +34,13 @@ class RequestRecord:
     prompt_len: int
     max_tokens: int
     role: str = ""
-    priority: int = 0
     sent: float | None = None
     chunk_times: list[float] = field(default_factory=list)  # when each chunk with tokens arrived
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each chunk
     queue_delay: float | None = None  # server-reported, seconds
     finish_reason: str | None = None
     error: str | None = None
+    priority: int = 0  # as sent (lower runs sooner)
 
     @property
     def num_tokens(self) -> int:

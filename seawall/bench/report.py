@@ -101,6 +101,23 @@ def ttft_cdf(records: list[RequestRecord]) -> list[tuple[float, float]]:
     return [(v, (i + 1) / n) for i, v in enumerate(ttft)]
 
 
+def _ttft_cdfs(runs: dict[str, list[RequestRecord]]) -> str:
+    """The TTFT CDF of each system, one line per priority class when the run had several."""
+    classes = sorted({r.priority for records in runs.values() for r in records})
+    if len(classes) < 2:
+        return svg.line_chart("TTFT CDF", {n: ttft_cdf(r) for n, r in runs.items()}, "TTFT, ms",
+                              "fraction of requests")
+    lines = {f"{n}, priority {p}": ttft_cdf([r for r in records if r.priority == p])
+             for n, records in runs.items() for p in classes}
+    return svg.line_chart("TTFT CDF by priority (lower runs sooner)", lines, "TTFT, ms", "fraction of requests")
+
+
+def priority_table(results: dict[str, dict]) -> str | None:
+    """Each system's latencies per priority class (``by_priority``), or None when no run had classes."""
+    classes = {f"{n} priority {p}": c for n, r in results.items() for p, c in (r.get("by_priority") or {}).items()}
+    return format_table(classes) if classes else None
+
+
 def plots(report: dict, runs: dict[str, list[RequestRecord]],
           controls: dict[str, list[RequestRecord]] | None = None) -> list[str]:
     """The report's figures; ``controls`` (each system's run without the burst) join the TBT timeline, so
@@ -115,7 +132,7 @@ def plots(report: dict, runs: dict[str, list[RequestRecord]],
                            **{f"{n}, no burst": tbt_timeline(r, origin, span) for n, r in (controls or {}).items()}},
                           x_label, "gap, ms",
                           vlines=[b - origin for b in bursts], step=True),
-           svg.line_chart("TTFT CDF", {n: ttft_cdf(r) for n, r in runs.items()}, "TTFT, ms", "fraction of requests")]
+           _ttft_cdfs(runs)]
     sweep = report.get("sweep") or {}
     if any(len(v) > 1 for v in sweep.values()):
         for key, label in (("tbt_p99", "TBT p99, ms"), ("ttft_p50", "TTFT p50, ms"), ("e2e_mean", "E2E mean, ms")):
@@ -143,6 +160,9 @@ def _slo_text(report: dict) -> str:
 def write_html(path: Path, report: dict, runs: dict[str, list[RequestRecord]],
                controls: dict[str, list[RequestRecord]] | None = None) -> None:
     table = format_table(report["results"], report.get("ratios"))
+    classes = priority_table(report["results"])
+    if classes:
+        table += f"\n\nby priority (lower runs sooner):\n{classes}"
     meta = {k: report.get(k) for k in ("date", "commit", "command", "target")}
     figs = "\n".join(f"<figure>{fig}</figure>" for fig in plots(report, runs, controls))
     notes = "".join(f"<li>{escape(n)}</li>" for n in report.get("notes", []))

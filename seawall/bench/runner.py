@@ -206,7 +206,7 @@ async def _poll(backend: Backend, t0: float, poll_s: float, out: list[StatsSampl
 
 async def run_load(backend: Backend, workload: Workload, *, max_concurrency: int | None = None,
                    tag: str = "run", progress: bool = True, poll_s: float = 0.1) -> RunResult:
-    records = [RequestRecord(r.index, r.arrival, len(r.prompt), r.max_tokens, r.role, r.priority)
+    records = [RequestRecord(r.index, r.arrival, len(r.prompt), r.max_tokens, r.role, priority=r.priority)
                for r in workload.requests]
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     bar = Progress(len(records), tag, progress)

@@ -242,11 +242,9 @@ def run(args: argparse.Namespace) -> int:
     report, runs, controls = run_bench(opts, mesh_factory(args) if args.spawn else None)
     print(f"workload: {report['workload']['description']}")
     print(rep.format_table(report["results"], report["ratios"]))
-    classes = {f"{n} priority {p}": c for n, r in report["results"].items()
-               for p, c in (r.get("by_priority") or {}).items()}
+    classes = rep.priority_table(report["results"])
     if classes:
-        print("\nby priority (lower runs sooner):")
-        print(rep.format_table(classes))
+        print(f"\nby priority (lower runs sooner):\n{classes}")
     if any(len(s) > 1 for s in report["sweep"].values()):
         print("\nlatency vs load:")
         print(rep.format_table({f"{n} @ {s['rate']:g}/s": s for n, runs in report["sweep"].items() for s in runs}))

@@ -19,8 +19,8 @@ from seawall.bench.metrics import (
 
 
 def rec(index, sent, times, role="", error=None, queue_delay=None, priority=0):
-    return RequestRecord(index, sent, 10, len(times), role, priority, sent=sent, chunk_times=list(times),
-                         chunk_tokens=[1] * len(times), error=error, queue_delay=queue_delay)
+    return RequestRecord(index, sent, 10, len(times), role, sent=sent, chunk_times=list(times),
+                         chunk_tokens=[1] * len(times), error=error, queue_delay=queue_delay, priority=priority)
 
 
 def test_percentiles_interpolate_like_numpy():

@@ -97,3 +97,18 @@ def test_capacity_search_brackets_the_highest_passing_rate():
     assert few["capacity_rate"] == 2.0 and not few["upper_failed"]  # every probe passed: a lower bound
     with pytest.raises(InvalidArgument, match="SLO"):
         capacity_search(probe, slo_ttft=None, slo_tbt=None)
+
+
+def test_priority_classes_get_their_own_table_and_ttft_cdfs(tmp_path, report_and_runs):
+    _, runs = report_and_runs
+    for records in runs.values():
+        records[4].priority = records[5].priority = -1  # the burst's two requests were urgent
+    spec = WorkloadSpec(kind="burst", steady_users=4, burst_size=2, burst_at=1.0, burst_prompt_len=500)
+    systems = [System(n, [{"rate": None, **summarize(r, bursts=[(1.0, (4, 5))])}], r) for n, r in runs.items()]
+    report = _report(BenchOptions(workload=spec), systems, [])
+    assert set(report["results"]["sarathi"]["by_priority"]) == {"-1", "0"}
+    assert report["results"]["sarathi"]["by_priority"]["-1"]["num_requests"] == 2
+    write_html(tmp_path / "out.html", report, runs)
+    html = (tmp_path / "out.html").read_text()
+    assert "by priority (lower runs sooner)" in html and "sarathi priority -1" in html
+    assert "TTFT CDF by priority" in html and "vllm, priority -1" in html and "vllm, priority 0" in html
