@@ -17,7 +17,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 
 class FreeThought(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    FREE_THOUGHT_NONE: _ClassVar[FreeThought]
+    FREE_THOUGHT_UNSPECIFIED: _ClassVar[FreeThought]
     FREE_THOUGHT_REQUIRED: _ClassVar[FreeThought]
     FREE_THOUGHT_OPTIONAL: _ClassVar[FreeThought]
 
@@ -55,7 +55,7 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_ERROR: FinishReason
-FREE_THOUGHT_NONE: FreeThought
+FREE_THOUGHT_UNSPECIFIED: FreeThought
 FREE_THOUGHT_REQUIRED: FreeThought
 FREE_THOUGHT_OPTIONAL: FreeThought
 KV_DTYPE_UNSPECIFIED: KVDtype

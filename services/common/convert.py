@@ -25,7 +25,7 @@ _FINISH_FROM_PROTO = {v: k for k, v in _FINISH_TO_PROTO.items()}
 # SamplingParams.structured_output kinds <-> StructuredOutput's oneof members.
 _STRUCTURED_PROTO_FIELDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 _STRUCTURED_KINDS = {field: kind for kind, field in _STRUCTURED_PROTO_FIELDS.items()}
-_FREE_THOUGHT_TO_PROTO = {"": common_pb2.FREE_THOUGHT_NONE, "required": common_pb2.FREE_THOUGHT_REQUIRED,
+_FREE_THOUGHT_TO_PROTO = {"": common_pb2.FREE_THOUGHT_UNSPECIFIED, "required": common_pb2.FREE_THOUGHT_REQUIRED,
                           "optional": common_pb2.FREE_THOUGHT_OPTIONAL}
 _FREE_THOUGHT_FROM_PROTO = {v: k for k, v in _FREE_THOUGHT_TO_PROTO.items()}
 
