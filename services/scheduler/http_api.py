@@ -39,6 +39,8 @@ from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_o
 from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_response, json_body
+from services.scheduler.reasoning_parsers import CLOSE as REASONING_CLOSE
+from services.scheduler.reasoning_parsers import OPEN as REASONING_OPEN
 from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
@@ -259,7 +261,7 @@ class OpenAIApi:
             extras.fill(choice, tracked[i], out)
             choices.append(choice)
         obj = "chat.completion" if chat else "text_completion"
-        return JSONResponse({**head, "object": obj, "choices": choices, "usage": _usage(tracked, n)})
+        return JSONResponse({**head, "object": obj, "choices": choices, "usage": self._usage(tracked, n, chat)})
 
     async def collect(self, request: Request, tracked: list[TrackedRequest]) -> list[Delta]:
         """Every choice's whole output; aborts them all if the client disconnects first."""
@@ -312,8 +314,12 @@ class OpenAIApi:
                 first[i] = False
                 yield _event({**head, "object": obj, "choices": [choice]})
         if include_usage:
-            yield _event({**head, "object": obj, "choices": [], "usage": _usage(tracked, n)})
+            yield _event({**head, "object": obj, "choices": [], "usage": self._usage(tracked, n, chat)})
         yield "data: [DONE]\n\n"
+
+    def _usage(self, tracked: list[TrackedRequest], n: int, chat: bool) -> dict:
+        thought = sum(self.reasoning_tokens(t) for t in tracked) if chat and self.reasoning is not None else None
+        return _usage(tracked, n, thought)
 
     def split_reasoning(self, tracked: TrackedRequest, text: str) -> tuple[str | None, str]:
         """A whole chat reply's thinking (None without a reasoning parser, or without a thought) and answer."""
@@ -321,6 +327,28 @@ class OpenAIApi:
             return None, text
         thought, answer = self.reasoning.split(text, constrained=_constrained_from_start(tracked))
         return thought, answer or ""
+
+    def reasoning_tokens(self, tracked: TrackedRequest) -> int:
+        """How many of a chat reply's output tokens are its thought, through the token that closes it (OpenAI's
+        usage ``reasoning_tokens``): the shortest prefix whose text holds ``</think>``, found by bisection (a
+        longer prefix holds it too); all of them when the thought never closed."""
+        if self.reasoning is None:
+            return 0
+        ids, params = tracked.request.output_token_ids, tracked.request.params
+
+        def text(k: int) -> str:
+            return self.frontend.tokenizer.decode(ids[:k], skip_special_tokens=params.skip_special_tokens)
+
+        thought, answer = self.reasoning.split(text(len(ids)), constrained=_constrained_from_start(tracked))
+        if thought is None and not text(len(ids)).lstrip().startswith(REASONING_OPEN):
+            return 0
+        if answer is None and REASONING_CLOSE not in text(len(ids)):
+            return len(ids)
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if REASONING_CLOSE in text(mid) else (mid + 1, hi)
+        return lo
 
     def reasoning_stream(self, tracked: TrackedRequest) -> ReasoningStream | None:
         """A splitter of a chat reply's thinking as it streams, when the mesh reads reasoning."""
@@ -391,13 +419,17 @@ def _priority(body: dict) -> int:
     return priority
 
 
-def _usage(tracked: Sequence[TrackedRequest], n: int) -> dict:
-    """Prompt tokens once per prompt (its n choices share it), completion tokens of every choice."""
+def _usage(tracked: Sequence[TrackedRequest], n: int, reasoning_tokens: int | None = None) -> dict:
+    """Prompt tokens once per prompt (its n choices share it), completion tokens of every choice; with
+    ``reasoning_tokens`` (a chat reply read by a reasoning parser), how many of those were thought."""
     firsts = [t.request for t in tracked[::n]]
     n_prompt = sum(len(r.prompt_token_ids) for r in firsts)
     n_out = sum(len(t.request.output_token_ids) for t in tracked)
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-            "prompt_tokens_details": {"cached_tokens": sum(r.num_prefix_hit_tokens for r in firsts)}}
+    usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+             "prompt_tokens_details": {"cached_tokens": sum(r.num_prefix_hit_tokens for r in firsts)}}
+    if reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return usage
 
 
 def _event(obj: dict) -> str:

@@ -458,12 +458,20 @@ def test_thinking_comes_back_as_reasoning_and_tool_calls_are_read_from_the_answe
     plain = hermes_http.post("/v1/chat/completions", json={**body, "tools": None, "structured_outputs": {
         "choice": ["<think>Sunny, surely.</think>Sunny."]}}).json()["choices"][0]
     assert plain["message"] == {"role": "assistant", "content": "Sunny.", "reasoning_content": "Sunny, surely."}
+    # usage counts the thought's tokens, through the one that closes it
+    thought_tokens = hermes_http.post("/tokenize", json={"prompt": "<think>Sunny, surely.</think>"}).json()["count"]
+    usage = hermes_http.post("/v1/chat/completions", json={**body, "tools": None, "structured_outputs": {
+        "choice": ["<think>Sunny, surely.</think>Sunny."]}}).json()["usage"]
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": thought_tokens}
+    assert usage["completion_tokens"] > thought_tokens
     response = hermes_http.post("/v1/responses", json={
         "input": "Weather in Oslo?", "max_output_tokens": 100, "temperature": 0, "tools": [
             {"type": "function", **WEATHER["function"]}], "structured_outputs": {"choice": [reply]}}).json()
     kinds = [item["type"] for item in response["output"]]
     assert kinds == ["reasoning", "message", "function_call"], response
     assert response["output"][0]["content"][0]["text"] == "\nThe user wants Oslo.\n"
+    assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == hermes_http.post("/tokenize", json={
+        "prompt": "<think>\nThe user wants Oslo.\n</think>"}).json()["count"]
 
 
 def test_a_reasoning_model_thinks_freely_before_its_structured_answer(tiny_model_dir, tmp_path):
@@ -482,6 +490,8 @@ def test_a_reasoning_model_thinks_freely_before_its_structured_answer(tiny_model
             assert choice["finish_reason"] == "length" and not choice["message"]["content"]
             thought = choice["message"]["reasoning_content"]
             assert thought and not thought.lstrip().startswith("{")
+            usage = client.post("/v1/chat/completions", json=body).json()["usage"]
+            assert usage["completion_tokens_details"]["reasoning_tokens"] == usage["completion_tokens"] == 12
             forced = client.post("/v1/chat/completions", json={**body, "response_format": None, "tools": [WEATHER],
                                                                 "tool_choice": "required"}).json()["choices"][0]
             assert forced["message"]["reasoning_content"] == thought  # the same free thought, greedy
