@@ -42,17 +42,25 @@ class TransferMetrics:
                                  registry=registry, buckets=LATENCY_BUCKETS)
 
 
+def priority_class(priority: int) -> str:
+    """A request priority as a bounded label value: "high" (< 0), "normal" (0), "low" (> 0)."""
+    return "high" if priority < 0 else "low" if priority > 0 else "normal"
+
+
 class RequestMetrics:
-    """Client-facing latencies, measured where tokens are streamed (the scheduler)."""
+    """Client-facing latencies, measured where tokens are streamed (the scheduler). The per-request ones carry
+    the request's ``priority_class``, so an operator sees what each class gets under load; the per-token gap
+    does not (a labelled lookup per token)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.ttft = Histogram("seawall_request_ttft_seconds", "Arrival to first token", registry=registry,
+        by_class = ("priority_class",)
+        self.ttft = Histogram("seawall_request_ttft_seconds", "Arrival to first token", by_class, registry=registry,
                               buckets=LATENCY_BUCKETS)
         self.tbt = Histogram("seawall_request_tbt_seconds", "Gap between consecutive tokens of a request",
                              registry=registry, buckets=LATENCY_BUCKETS)
-        self.e2e = Histogram("seawall_request_e2e_seconds", "Arrival to last token", registry=registry,
+        self.e2e = Histogram("seawall_request_e2e_seconds", "Arrival to last token", by_class, registry=registry,
                              buckets=LATENCY_BUCKETS)
-        self.queue = Histogram("seawall_request_queue_seconds", "Arrival to the first step that ran it",
+        self.queue = Histogram("seawall_request_queue_seconds", "Arrival to the first step that ran it", by_class,
                                registry=registry, buckets=LATENCY_BUCKETS)
         self.finished = Counter("seawall_requests_finished", "Requests finished, by reason", ("reason",),
                                 registry=registry)

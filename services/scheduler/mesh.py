@@ -26,6 +26,7 @@ from seawall.v1 import common_pb2, worker_pb2
 from services.common import tracing as tr
 from services.common.convert import plan_to_proto, result_from_proto
 from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.metrics import priority_class
 from services.common.sampling_params import FinishReason
 from services.common.step import StepPlan
 from services.common.tracing import Tracing
@@ -317,7 +318,8 @@ class Mesh:
             tracked = self.tracked.get(rid)
             if tracked is not None and tracked.first_scheduled is None:
                 tracked.first_scheduled = now
-                self.metrics.requests.queue.observe(now - tracked.arrival)
+                self.metrics.requests.queue.labels(priority_class(tracked.request.priority)).observe(
+                    now - tracked.arrival)
                 if tracked.trace is not None:
                     tracked.trace.started()
         return now
@@ -358,12 +360,12 @@ class Mesh:
     def _observe_token(self, tracked: TrackedRequest, reason: str | None, now: float) -> None:
         m = self.metrics.requests
         if tracked.last_token_at is None:
-            m.ttft.observe(now - tracked.arrival)
+            m.ttft.labels(priority_class(tracked.request.priority)).observe(now - tracked.arrival)
         else:
             m.tbt.observe(now - tracked.last_token_at)
         tracked.last_token_at = now
         if reason is not None:
-            m.e2e.observe(now - tracked.arrival)
+            m.e2e.labels(priority_class(tracked.request.priority)).observe(now - tracked.arrival)
         if tracked.trace is not None:
             tracked.trace.token(len(tracked.request.output_token_ids))
 

@@ -567,6 +567,7 @@ def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, defau
     from prometheus_client.parser import text_string_to_metric_families
 
     http.post("/v1/completions", json={"prompt": random_prompts([40], seed=8)[0], "max_tokens": 5})
+    http.post("/v1/completions", json={"prompt": random_prompts([40], seed=9)[0], "max_tokens": 5, "priority": -2})
     families = {}
     for name, url in default_mesh.metrics_urls.items():
         text = httpx.get(url, timeout=10).text
@@ -576,8 +577,10 @@ def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, defau
                  "seawall_step_seconds", "seawall_kv_blocks", "seawall_requests", "seawall_queue_length",
                  "seawall_preemptions", "seawall_kv_transfer_bytes"):
         assert name in sched, name
-    ttft_count = next(s.value for s in sched["seawall_request_ttft_seconds"].samples if s.name.endswith("_count"))
-    assert ttft_count >= 1
+    counts = {(f, s.labels.get("priority_class")): s.value for f in ("ttft", "e2e", "queue")
+              for s in sched[f"seawall_request_{f}_seconds"].samples if s.name.endswith("_count")}
+    for f in ("ttft", "e2e", "queue"):  # each request's latencies under its priority's class
+        assert counts[(f, "normal")] >= 1 and counts[(f, "high")] >= 1, counts
     moved = sum(s.value for s in sched["seawall_kv_transfer_bytes"].samples if s.name.endswith("_total"))
     assert moved > 0  # the disaggregated hand-off pulled KV
     for worker in ("prefill-0", "decode-1"):
