@@ -39,8 +39,6 @@ from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_o
 from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_response, json_body
-from services.scheduler.reasoning_parsers import CLOSE as REASONING_CLOSE
-from services.scheduler.reasoning_parsers import OPEN as REASONING_OPEN
 from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
@@ -329,26 +327,14 @@ class OpenAIApi:
         return thought, answer or ""
 
     def reasoning_tokens(self, tracked: TrackedRequest) -> int:
-        """How many of a chat reply's output tokens are its thought, through the token that closes it (OpenAI's
-        usage ``reasoning_tokens``): the shortest prefix whose text holds ``</think>``, found by bisection (a
-        longer prefix holds it too); all of them when the thought never closed."""
+        """How many of a chat reply's output tokens are its thought (OpenAI's usage ``reasoning_tokens``)."""
         if self.reasoning is None:
             return 0
-        ids, params = tracked.request.output_token_ids, tracked.request.params
-
-        def text(k: int) -> str:
-            return self.frontend.tokenizer.decode(ids[:k], skip_special_tokens=params.skip_special_tokens)
-
-        thought, answer = self.reasoning.split(text(len(ids)), constrained=_constrained_from_start(tracked))
-        if thought is None and not text(len(ids)).lstrip().startswith(REASONING_OPEN):
-            return 0
-        if answer is None and REASONING_CLOSE not in text(len(ids)):
-            return len(ids)
-        lo, hi = 1, len(ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if REASONING_CLOSE in text(mid) else (mid + 1, hi)
-        return lo
+        params = tracked.request.params
+        return self.reasoning.thought_tokens(
+            tracked.request.output_token_ids,
+            lambda ids: self.frontend.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens),
+            constrained=_constrained_from_start(tracked))
 
     def reasoning_stream(self, tracked: TrackedRequest) -> ReasoningStream | None:
         """A splitter of a chat reply's thinking as it streams, when the mesh reads reasoning."""

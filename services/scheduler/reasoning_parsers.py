@@ -19,6 +19,7 @@ split across pieces are found, and what could still begin one is held back, as s
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
@@ -37,6 +38,23 @@ class ReasoningParser:
         stream = ReasoningStream(self, constrained)
         thought, answer = stream.feed(text, final=True)
         return thought or None, answer or None
+
+    def thought_tokens(self, token_ids: Sequence[int], decode: Callable[[Sequence[int]], str],
+                       constrained: bool = False) -> int:
+        """How many of a reply's tokens are its thought, through the token that closes it: the shortest prefix
+        whose text holds ``</think>`` (found by bisection: a longer prefix holds it too); all of them when the
+        thought never closed; 0 for a reply that does not think."""
+        text = decode(token_ids)
+        thought, _ = self.split(text, constrained)
+        if CLOSE not in text:
+            return len(token_ids) if thought is not None else 0
+        if thought is None and not text.lstrip().startswith(OPEN):
+            return 0  # an answer that happens to contain the marker
+        lo, hi = 1, len(token_ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if CLOSE in decode(token_ids[:mid]) else (mid + 1, hi)
+        return lo
 
 
 class ReasoningStream:

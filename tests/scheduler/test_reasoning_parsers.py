@@ -60,3 +60,25 @@ def test_unknown_parser_names_are_refused_with_the_choices():
     assert reasoning_parser(None) is None and reasoning_parser("qwen3") is QWEN3
     with pytest.raises(InvalidArgument, match="deepseek_r1, qwen3"):
         reasoning_parser("o1")
+
+
+def _pieces(*texts):
+    """A reply as token ids over a vocabulary of the given pieces (one token each), and its decoder."""
+    vocab = list(dict.fromkeys(texts))
+    return [vocab.index(t) for t in texts], lambda ids: "".join(vocab[i] for i in ids)
+
+
+@pytest.mark.parametrize("parser, pieces, constrained, want", [
+    (QWEN3, ("<think>", "plan", "</", "think>", "\n", "Answer."), False, 4),  # through the token closing it
+    (QWEN3, ("<", "think>", "a", "</think>", "b"), False, 4),
+    (R1, ("plan", "more", "</think>", "Answer."), False, 3),  # the template opened the thought
+    (R1, ("never", " closed"), False, 2),  # all of it
+    (QWEN3, ("Just", " an", " answer"), False, 0),
+    (QWEN3, ("An", " answer", " naming", " </think>"), False, 0),  # the marker inside an answer
+    (R1, ("{", "}"), True, 0),  # a grammar wrote it from the first token, with no thought
+    (QWEN3, ("<think>", "</think>", "x"), False, 2),  # an empty thought still costs its markers
+])
+def test_thought_tokens_count_the_reply_through_the_token_that_closes_the_thought(parser, pieces, constrained,
+                                                                                  want):
+    ids, decode = _pieces(*pieces)
+    assert parser.thought_tokens(ids, decode, constrained=constrained) == want
