@@ -46,7 +46,9 @@ from services.scheduler.tracked import Delta, TrackedRequest
 
 # Chat fields handled here rather than by SamplingParams.from_openai.
 _CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "tools",
-              "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n"}
+              "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n", "reasoning_effort"}
+# OpenAI's reasoning_effort values; the chat template gets the value (gpt-oss's reads it, others ignore it).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
 def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
@@ -127,7 +129,7 @@ class OpenAIApi:
         may answer with."""
         self._check_model(body)
         tools = tool_calling(body, self.tool_parser)
-        prompt = self._render_chat(body, body.get("chat_template_kwargs") or {})
+        prompt = self._render_chat(body, _template_kwargs(body))
         sampling = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
         if body.get("max_completion_tokens") is not None:
             sampling["max_tokens"] = body["max_completion_tokens"]
@@ -158,7 +160,7 @@ class OpenAIApi:
             body = await json_body(request)
             self._check_model(body)
             if "messages" in body:
-                ids = self._render_chat(body, body.get("chat_template_kwargs") or {})
+                ids = self._render_chat(body, _template_kwargs(body))
             elif isinstance(body.get("prompt"), str):
                 ids = self.frontend.encode(body["prompt"])
             else:
@@ -387,6 +389,20 @@ def _session(body: dict) -> str:
     if not isinstance(session, str):
         raise InvalidArgument("session_id must be a string")
     return session
+
+
+def _template_kwargs(body: dict) -> dict:
+    """What the chat template is rendered with besides the messages: ``chat_template_kwargs`` (vLLM's), and
+    OpenAI's ``reasoning_effort`` as the template variable of that name, as vLLM passes it."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise InvalidArgument(f"chat_template_kwargs must be an object, got {kwargs!r}")
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return kwargs
+    if effort not in REASONING_EFFORTS:
+        raise InvalidArgument(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
+    return {"reasoning_effort": effort, **kwargs}
 
 
 def _constrained_from_start(tracked: TrackedRequest) -> bool:

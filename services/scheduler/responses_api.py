@@ -88,6 +88,9 @@ def parse_request(body: dict[str, Any], previous: StoredResponse | None, respons
             chat[key] = body[key]
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
+    effort = _reasoning_effort(body.get("reasoning"))
+    if effort is not None:
+        chat["reasoning_effort"] = effort
     if body.get("tools"):
         chat["tools"] = _chat_tools(body["tools"])
     if body.get("tool_choice") is not None:
@@ -110,6 +113,19 @@ def parse_request(body: dict[str, Any], previous: StoredResponse | None, respons
     }
     session = _session(body, previous) or (response_id if store else "")
     return ResponsesRequest(chat, messages, echoed, logprobs, store, session, input_items(body["input"]))
+
+
+def _reasoning_effort(reasoning: Any) -> str | None:
+    """``reasoning``: its ``effort`` goes to the chat request (the template's ``reasoning_effort``). A
+    ``summary`` is accepted, but none is written: the reasoning item carries the thought itself."""
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary", "generate_summary"}:
+        raise InvalidArgument(f"reasoning must be {{\"effort\": ..., \"summary\": ...}}, got {reasoning!r}")
+    summary = reasoning.get("summary", reasoning.get("generate_summary"))
+    if summary not in (None, "auto", "concise", "detailed"):
+        raise InvalidArgument(f"reasoning.summary must be auto, concise or detailed, got {summary!r}")
+    return reasoning.get("effort")
 
 
 def _logprobs(body: dict[str, Any], chat: dict[str, Any]) -> bool:
@@ -141,9 +157,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     if body.get("truncation") not in (None, "disabled"):
         raise InvalidArgument("truncation \"auto\" is not supported: a conversation longer than the context is "
                               "refused; send \"disabled\" (the default)")
-    reasoning = body.get("reasoning")
-    if reasoning and any(v is not None for v in reasoning.values()):
-        raise InvalidArgument("this model does not reason: leave out reasoning (effort, summary)")
     for key in ("conversation", "prompt"):
         if body.get(key) is not None:
             raise InvalidArgument(f"{key!r} (stored on OpenAI's side) is not supported: send input, and "

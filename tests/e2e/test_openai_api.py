@@ -500,6 +500,40 @@ def test_a_reasoning_model_thinks_freely_before_its_structured_answer(tiny_model
         mesh.stop()
 
 
+def test_reasoning_effort_reaches_the_chat_template(tiny_model_dir, tmp_path):
+    """As in gpt-oss's template, a chat template may read ``reasoning_effort``: the chat API's field and the
+    Responses API's ``reasoning.effort`` both reach it (a copy of the built-in model with such a template)."""
+    import shutil
+
+    from tests.e2e.conftest import start_mesh
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
+                               + config["chat_template"])
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    mesh = start_mesh(model, tmp_path / "logs", mode="colocated")
+    try:
+        with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
+            messages = [{"role": "user", "content": "Hi"}]
+            plain = client.post("/tokenize", json={"messages": messages}).json()["count"]
+            high = client.post("/tokenize", json={"messages": messages, "reasoning_effort": "high"}).json()
+            assert high["count"] > plain
+            text = client.post("/detokenize", json={"tokens": high["tokens"]}).json()["prompt"]
+            assert text.startswith("Reasoning: high\n")
+            chat = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2,
+                                                              "reasoning_effort": "high"}).json()
+            assert chat["usage"]["prompt_tokens"] == high["count"]
+            reply = client.post("/v1/responses", json={"input": "Hi", "max_output_tokens": 2,
+                                                       "reasoning": {"effort": "high", "summary": "auto"}}).json()
+            assert reply["usage"]["input_tokens"] == high["count"]
+            bad = client.post("/v1/chat/completions", json={"messages": messages, "reasoning_effort": "max"})
+            assert bad.status_code == 400 and "reasoning_effort must be one of" in bad.json()["error"]["message"]
+    finally:
+        mesh.stop()
+
+
 def test_text_parts_give_the_same_chat_as_a_string(http):
     body = {"max_tokens": 6, "temperature": 0, "return_token_ids": True}
     whole = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "Hi\nthere"}]})

@@ -121,7 +121,8 @@ def test_a_continuation_starts_from_the_stored_conversation_and_shares_its_sessi
     ({"input": "x", "response_format": {}}, "takes text.format"),
     ({"input": "x", "background": True}, "background responses are not supported"),
     ({"input": "x", "truncation": "auto"}, "truncation \"auto\" is not supported"),
-    ({"input": "x", "reasoning": {"effort": "high"}}, "does not reason"),
+    ({"input": "x", "reasoning": {"effort": "high", "summary": "bullet points"}}, "reasoning.summary must be"),
+    ({"input": "x", "reasoning": "high"}, "reasoning must be"),
     ({"input": "x", "conversation": "conv_1"}, "'conversation'"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include may list only"),
     ({"input": "x", "top_logprobs": 2}, "top_logprobs needs include"),
@@ -234,3 +235,10 @@ def test_a_list_page_is_newest_first_by_default_and_continues_after_an_id():
                             ({"after": "nope"}, "after names no input item")]:
         with pytest.raises(InvalidArgument, match=fragment):
             list_page(items, query)
+
+
+def test_reasoning_effort_goes_to_the_chat_request_and_a_summary_is_accepted():
+    req = parse_request({"input": "x", "reasoning": {"effort": "low", "summary": "auto"}}, None, "resp_1")
+    assert req.chat["reasoning_effort"] == "low"
+    assert "reasoning_effort" not in parse_request({"input": "x", "reasoning": {"summary": "auto"}}, None,
+                                                   "resp_2").chat
