@@ -8,6 +8,11 @@ tokens), output lengths (1-120), priorities, and some are aborted after their se
 * every request that ran to its end produced exactly transformers' greedy tokens (the oracle);
 * once all are done, no worker holds a block for a live sequence (device or host): nothing leaked.
 
+With ``--kvcache`` the mesh has the kvcache service too, and about half the requests are a later turn of an
+earlier one (its prompt, its output, and new tokens, in the same session): their prefixes are stored after
+each turn and loaded from kvcache (DualPath) while the pool is under the same pressure (the workers' own
+prefix caches are off, so every hit is a kvcache load).
+
     .venv/bin/python bench/soak.py                                   # every policy, both modes
     .venv/bin/python bench/soak.py --configs fastserve:colocated "sarathi:disaggregated:--kv-transport grpc"
     .venv/bin/python bench/soak.py --requests 120 --seed 7
@@ -22,6 +27,7 @@ import argparse
 import functools
 import random
 import shlex
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -34,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from seawall import AsyncClient  # noqa: E402
 from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
+from services.common.errors import ResourceExhausted  # noqa: E402
 from services.engine.runner import resolve_model_dir  # noqa: E402
 
 DEFAULT_CONFIGS = [f"{p}:{m}" for p in ("sarathi", "vllm", "fcfs", "fastserve", "fastserve+sarathi")
@@ -48,15 +55,17 @@ class SoakRequest:
     priority: int
     abort: bool  # abort it after its second token
     delay: float
+    parent: int | None = None  # a later turn of this request: its prompt follows the parent's prompt and output
 
 
-def make_requests(n: int, seed: int, spread: float) -> list[SoakRequest]:
+def make_requests(n: int, seed: int, spread: float, sessions: bool = False) -> list[SoakRequest]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        length = rng.randint(4, 40) if rng.random() < 0.5 else rng.randint(40, 300)
+        parent = rng.randrange(i) if sessions and i and rng.random() < 0.5 else None
+        length = rng.randint(4, 40) if parent is not None or rng.random() < 0.5 else rng.randint(40, 300)
         out.append(SoakRequest(i, tuple(rng.randrange(3, 4096) for _ in range(length)), rng.randint(1, 120),
-                               rng.choice((0, 0, 0, -1, 2)), rng.random() < 0.15, rng.random() * spread))
+                               rng.choice((0, 0, 0, -1, 2)), rng.random() < 0.15, rng.random() * spread, parent))
     return out
 
 
@@ -70,41 +79,69 @@ class Oracle:
 
     @functools.cache  # noqa: B019 - one oracle per run; its cache is the point
     def greedy(self, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-        with torch.no_grad():
-            out = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
-                                      pad_token_id=0)
+        ids = torch.tensor([prompt])
+        with torch.no_grad():  # every position attended: a later turn's prompt may hold any token, pad id included
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                      do_sample=False, pad_token_id=0)
         ids = out[0, len(prompt):].tolist()
         return ids[: next((k + 1 for k, t in enumerate(ids) if t in self.eos), len(ids))]
 
 
-async def _load(address: str, requests: list[SoakRequest], oracle: Oracle) -> tuple[list[str], int, int, list]:
+async def _load(address: str, requests: list[SoakRequest], oracle: Oracle,
+                sessions: bool) -> tuple[list[str], int, int, list]:
     problems: list[str] = []
-    finished = aborted = 0
+    finished = aborted = refused = 0
+    ended = {r.index: anyio.Event() for r in requests}
+    history: dict[int, tuple[int, ...]] = {}  # a request's prompt and output: what a later turn starts with
     async with AsyncClient(address) as client:
+        stats = await client.stats()
+        pool_tokens = min(w.num_device_blocks for w in stats.workers) * 16
 
         async def one(r: SoakRequest) -> None:
-            nonlocal finished, aborted
+            try:
+                await turn(r)
+            finally:
+                ended[r.index].set()
+
+        async def turn(r: SoakRequest) -> None:
+            nonlocal finished, aborted, refused
             await anyio.sleep(r.delay)
+            prompt = r.prompt
+            if r.parent is not None:
+                await ended[r.parent].wait()
+                prompt = history.get(r.parent, ()) + r.prompt
+            # Every turn of a conversation, the first too, is in its session: its KV is kept for the next one.
+            session = {"session_id": f"soak-session-{_root(requests, r.index)}"} if sessions else {}
             got: list[int] = []
+            finish = None
             try:
                 with anyio.fail_after(300):
-                    async for chunk in client.stream(list(r.prompt), max_tokens=r.max_tokens, temperature=0,
-                                                     priority=r.priority, request_id=f"soak-{r.index}"):
+                    async for chunk in client.stream(list(prompt), max_tokens=r.max_tokens, temperature=0,
+                                                     priority=r.priority, request_id=f"soak-{r.index}", **session):
                         got += chunk.token_ids
+                        finish = chunk.finish_reason or finish
                         if r.abort and len(got) >= 2:
                             await client.abort(f"soak-{r.index}")
                             aborted += 1
                             return
+            except ResourceExhausted as exc:
+                # A later turn can outgrow the tight pool: refusing it at once is right (it could never finish).
+                if not got and len(prompt) + r.max_tokens > pool_tokens:
+                    refused += 1
+                else:
+                    problems.append(f"request {r.index}: refused though it fits the pool: {exc}")
+                return
             except Exception as exc:  # noqa: BLE001 - reported as a problem, the soak goes on
                 problems.append(f"request {r.index}: {type(exc).__name__}: {exc}")
                 return
-            want = oracle.greedy(r.prompt, r.max_tokens)
+            want = oracle.greedy(prompt, r.max_tokens)
+            history[r.index] = prompt + tuple(got)
             if got != want:
                 at = next((k for k, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
                           min(len(got), len(want)))
-                problems.append(f"request {r.index} (prompt {len(r.prompt)}, max_tokens {r.max_tokens}, priority "
-                                f"{r.priority}): its {len(got)} tokens differ from transformers' {len(want)} "
-                                f"from position {at}")
+                problems.append(f"request {r.index} (prompt {len(prompt)}, max_tokens {r.max_tokens}, priority "
+                                f"{r.priority}{', a later turn' if r.parent is not None else ''}): its {len(got)} "
+                                f"tokens (finish {finish}) differ from transformers' {len(want)} from position {at}")
             finished += 1
 
         async with anyio.create_task_group() as tg:
@@ -114,7 +151,25 @@ async def _load(address: str, requests: list[SoakRequest], oracle: Oracle) -> tu
         stats = await client.stats()
     held = [(w.worker_id, w.num_device_blocks_used, w.num_host_blocks_used) for w in stats.workers]
     problems += [f"{w} holds {d} device and {h} host blocks after every request ended" for w, d, h in held if d or h]
-    return problems, finished, aborted, [stats.num_preemptions]
+    return problems, finished, aborted, [stats.num_preemptions, refused]
+
+
+def _kvcache_loads(address: str) -> int:
+    """Prefixes the kvcache service loaded into workers (either read path): later turns that hit."""
+    import grpc
+
+    from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stats = kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.KVCacheStatsRequest())
+    return sum(p.num_loads for p in stats.paths)
+
+
+def _root(requests: list[SoakRequest], index: int) -> int:
+    """The first turn of the conversation ``index`` belongs to: its session."""
+    while requests[index].parent is not None:
+        index = requests[index].parent
+    return index
 
 
 def soak(config: str, args: argparse.Namespace, oracle: Oracle, model_dir: Path) -> list[str]:
@@ -122,19 +177,25 @@ def soak(config: str, args: argparse.Namespace, oracle: Oracle, model_dir: Path)
     extra = shlex.split(flags[0]) if flags else []
     log_dir = Path(tempfile.mkdtemp(prefix="seawall-soak-"))
     options = MeshOptions(model=str(model_dir), mode=mode, num_prefill=0 if mode == "colocated" else 1,
-                          num_decode=1, grpc_port=0, http_port=None, scheduler_args=["--policy", policy, *extra],
+                          num_decode=1, grpc_port=0, http_port=None,
+                          # Without the workers' own prefix cache every later turn's prefix comes from kvcache.
+                          scheduler_args=["--policy", policy, *(["--no-prefix-caching"] if args.kvcache else []),
+                                          *extra],
                           worker_args=["--kv-cache-bytes", str(args.kv_bytes), "--swap-bytes",
                                        str(4 * args.kv_bytes)],
-                          log_dir=log_dir, startup_timeout_s=180)
+                          log_dir=log_dir, startup_timeout_s=180, kvcache=args.kvcache)
     mesh = LocalMesh(options)
     mesh.start()
     try:
-        requests = make_requests(args.requests, args.seed, args.spread)
-        problems, finished, aborted, (preemptions,) = anyio.run(_load, mesh.grpc_address, requests, oracle)
+        requests = make_requests(args.requests, args.seed, args.spread, sessions=args.kvcache)
+        problems, finished, aborted, (preemptions, refused) = anyio.run(_load, mesh.grpc_address, requests, oracle,
+                                                                        args.kvcache)
+        loads = _kvcache_loads(mesh.kvcache_address) if args.kvcache else None
     finally:
         mesh.stop()
     verdict = "ok" if not problems else f"{len(problems)} PROBLEMS (logs: {log_dir})"
-    print(f"{config:45} finished {finished:4} aborted {aborted:3} preemptions {preemptions:5}  {verdict}", flush=True)
+    print(f"{config:45} finished {finished:4} aborted {aborted:3} refused {refused:2} preemptions {preemptions:5}"
+          + (f" kvcache loads {loads:3}" if loads is not None else "") + f"  {verdict}", flush=True)
     for p in problems[:10]:
         print(f"    {p}", flush=True)
     return problems
@@ -148,8 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spread", type=float, default=1.5, help="arrivals over this many seconds (default 1.5)")
     p.add_argument("--kv-bytes", type=int, default=2**20, help="KV pool per worker (default 1 MiB: 32 blocks)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kvcache", action="store_true",
+                   help="start the kvcache service and make about half the requests later turns of earlier ones")
     p.add_argument("--model", default=None, help="checkpoint dir (default: the built-in model)")
     args = p.parse_args(argv)
+    # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so each mesh's finally stops its processes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model_dir = Path(resolve_model_dir(args.model))
     oracle = Oracle(model_dir)
     problems = [x for k, config in enumerate(args.configs)

@@ -16,6 +16,7 @@ never judged, except the issue's targets, which are printed as ratios when their
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -239,7 +240,13 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress, burst_control=not args.no_burst_control, hf_baseline=args.hf_baseline,
         hf_max_batch=args.hf_max_batch,
         model_dir=args.model, mesh_flags=mesh_flags(args) if args.spawn else [])
-    report, runs, controls = run_bench(opts, mesh_factory(args) if args.spawn else None)
+    # A SIGTERM unwinds like Ctrl-C, so the meshes a --spawn run started are stopped, not orphaned.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)) if args.spawn else None
+    try:
+        report, runs, controls = run_bench(opts, mesh_factory(args) if args.spawn else None)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     print(f"workload: {report['workload']['description']}")
     print(rep.format_table(report["results"], report["ratios"]))
     classes = rep.priority_table(report["results"])

@@ -63,3 +63,12 @@ class _MeshCollector:
         for role in ("prefill", "decode", "hybrid"):
             workers.add_metric([role], len(self.mesh.live_links(role)))
         yield workers
+        dual = self.mesh.dual_path
+        if dual is not None:  # the per-request decision; the kvcache service counts the bytes each path moved
+            choices = CounterMetricFamily("seawall_dual_path_choices", "Prompts with a prefix in kvcache, by what "
+                                          "the scheduler chose: load it via the prefill or the decode worker, or "
+                                          "compute it (load-or-recompute)", labels=["choice"])
+            for path, n in dual.loads.items():
+                choices.add_metric([path], n)
+            choices.add_metric(["recompute"], dual.recomputes)
+            yield choices

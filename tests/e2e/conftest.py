@@ -31,8 +31,12 @@ def hf_greedy(hf_model):
 
     @functools.cache
     def generate(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+        ids = torch.tensor([prompt])
+        # Every position attended: without a mask transformers masks out the pad id (0), which a prompt that
+        # embeds generated tokens (a later turn) may hold.
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
+                                 pad_token_id=0)
         ids = out[0, len(prompt):].tolist()
         return ids[: next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))]
 

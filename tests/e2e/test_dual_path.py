@@ -34,6 +34,13 @@ def _wait_blocks_free(client, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def _scrape(http_url):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(httpx.get(f"{http_url}/metrics", timeout=10).text)}
+
+
 def _kv_stats(address):
     with grpc.insecure_channel(address) as channel:
         return kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.KVCacheStatsRequest())
@@ -149,6 +156,9 @@ def test_a_responses_api_conversation_loads_each_turns_prefix_from_kvcache(tiny_
             # The workers cache nothing here: the first turn's blocks came from kvcache (stored as its session).
             assert second.usage.input_tokens_details.cached_tokens >= 64
             assert sum(p.num_loads for p in _kv_stats(mesh.kvcache_address).paths) >= 1
+            choices = {s.labels["choice"]: s.value for s in _scrape(mesh.http_url)["seawall_dual_path_choices"].samples
+                       if s.name.endswith("_total")}  # the scheduler's side of the same decision
+            assert choices["pe-read"] + choices["de-read"] >= 1 and choices["recompute"] == 0, choices
             chat = api.chat.completions.create(model="tiny", max_tokens=6, temperature=0, messages=[
                 {"role": "user", "content": question}, {"role": "assistant", "content": first.output_text},
                 {"role": "user", "content": "Why?"}])

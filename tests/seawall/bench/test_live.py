@@ -87,3 +87,35 @@ def test_a_priority_mix_is_sent_and_reported_per_class(tmp_path, capsys):
     urgent, normal = res["by_priority"]["-1"], res["by_priority"]["0"]
     assert (urgent["num_finished"], normal["num_finished"]) == (4, 16)
     assert urgent["ttft_p99"] < normal["ttft_p50"]
+
+
+def test_a_terminated_benchmark_stops_the_mesh_it_started(tmp_path):
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    logs = tmp_path / "mesh"
+    proc = subprocess.Popen([sys.executable, "-m", "seawall", "bench", "--spawn", "--num-requests", "400",
+                             "--rate", "2", "--prompt-len", "8", "--output-len", "4", "--warmup", "0",
+                             "--mesh-log-dir", str(logs), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port = None
+        deadline = time.monotonic() + 120
+        while port is None and time.monotonic() < deadline:  # the scheduler is up: the run is under way
+            log = logs / "sarathi" / "scheduler.log"  # one directory per policy
+            text = log.read_text() if log.exists() else ""
+            found = re.search(r"scheduler gRPC on [\d.]+:(\d+)", text)
+            port = int(found.group(1)) if found and "joined" in text else None
+            time.sleep(0.2)
+        assert port is not None, "the mesh never came up"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        with pytest.raises(OSError):  # the scheduler was stopped with the benchmark, not left running
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        proc.kill()
