@@ -64,7 +64,8 @@ class RequestRecord:
 
     def as_dict(self) -> dict:
         gaps = self.gaps()
-        return {"index": self.index, "role": self.role, "priority": self.priority, "arrival": self.arrival, "sent": self.sent,
+        return {"index": self.index, "role": self.role, "priority": self.priority, "arrival": self.arrival,
+                "sent": self.sent,
                 "prompt_len": self.prompt_len, "output_tokens": self.num_tokens, "ttft": self.ttft,
                 "e2e": self.e2e, "tbt_mean": float(np.mean(gaps)) if gaps else None,
                 "max_gap": max(gaps) if gaps else None, "queue_delay": self.queue_delay,

@@ -6,8 +6,9 @@ not start, ``hf-transformers``) to its summary at the first rate (``metrics.summ
 requests/s); ``ratios`` divides each by the first system's; ``paired`` compares E2E request by request with
 the first system; ``sweep`` holds one summary per rate, ``capacity`` the capacity searches, ``requests`` one
 record per request. With a ``--priority-mix``, each summary's ``by_priority`` maps each priority to its
-class's latencies (``metrics.class_summary``). The HTML has the table and SVG plots: TBT over time around the bursts, the TTFT CDF,
-latency against load (with several rates), goodput and capacity per system.
+class's latencies (``metrics.class_summary``). The HTML has the table and SVG plots: TBT over time around the
+bursts, the TTFT CDF (one line per priority class when there are several), latency against load (with
+several rates), goodput and capacity per system.
 """
 
 from __future__ import annotations

@@ -105,9 +105,9 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
                    help="split those requests, in arrival order, into this many groups with a system prompt "
                         "each (default 1), e.g. one per burst")
     g.add_argument("--priority-mix", default="", metavar="P:SHARE,...",
-                   help="send these shares of the requests (drawn from the seed) at these priorities, the rest "
-                        "at 0; lower runs sooner, e.g. --priority-mix=-1:0.2 (a fifth urgent; the = keeps the leading minus from "
-                        "reading as a flag). Latencies are reported per class")
+                   help="send these shares of the requests (drawn from the seed) at these priorities, the "
+                        "rest at 0; lower runs sooner, e.g. --priority-mix=-1:0.2 (a fifth urgent; the = keeps "
+                        "the leading minus from reading as a flag). Latencies are reported per class")
     g.add_argument("--num-requests", type=int, default=64, help="requests to send (default 64)")
     g.add_argument("--duration", type=float, default=None, help="send only for this many seconds instead")
     g.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from services.common.errors import InvalidArgument
-from services.scheduler.tool_parsers import ToolParser, openai_call
+from services.scheduler.tool_parsers import ToolParser, ValueScan, openai_call
 
 if TYPE_CHECKING:
     from services.scheduler.tracked import Delta
@@ -158,6 +158,7 @@ class AutoToolStream:
         self.calling = False
         self.started = False
         self.calls: list[tuple[str, int]] = []  # per call streamed: its id, characters of arguments sent
+        self._scans: list[ValueScan] = []  # per call begun: where its arguments end, scanned as they grow
 
     def delta(self, merged: Delta) -> tuple[dict[str, Any], str | None]:
         self.text += merged.text
@@ -174,13 +175,14 @@ class AutoToolStream:
         if not self.calling:
             return out, finish
         if finish is None:
-            self._stream_calls(out, self.parser.partial(self.text))
+            self._stream_calls(out, self.parser.partial(self.text, self._scans))
             return out, None
         _, calls = self.parser.split(self.text)
         if calls:
             self._stream_calls(out, [(c["function"]["name"], c["function"]["arguments"]) for c in calls])
             return out, tool_finish_reason(finish)
-        self._stream_calls(out, self.parser.partial(self.text))  # cut short (max_tokens): what it got to
+        # Cut short (max_tokens): what it got to.
+        self._stream_calls(out, self.parser.partial(self.text, self._scans))
         if not self.calls:  # not even a call's name: the reply was text after all
             self._send(out, len(self.text))
         return out, finish

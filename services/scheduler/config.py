@@ -89,6 +89,9 @@ class SchedulerServiceConfig:
             raise ValueError(f"kvcache_address must be host:port, got {self.kvcache_address!r}")
         if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
             raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {self.tool_call_parser!r}")
+        if self.structured_output_in_reasoning and self.reasoning_parser is None:
+            raise ValueError("structured_output_in_reasoning needs a reasoning_parser (it says where a structured "
+                             "output starts in a reasoning model's reply)")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")

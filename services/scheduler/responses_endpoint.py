@@ -112,7 +112,8 @@ class ResponsesEndpoint:
                     "error": {"code": "server_error", "message": detail} if status == "failed" else None,
                     "output": items.items,
                     "usage": {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": r.num_prefix_hit_tokens},
-                              "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": self.api.reasoning_tokens(tracked)},
+                              "output_tokens": n_out,
+                              "output_tokens_details": {"reasoning_tokens": self.api.reasoning_tokens(tracked)},
                               "total_tokens": n_in + n_out}}
         if req.store:
             self.store.put(StoredResponse(response, req.messages + output_messages(items.items), req.session_id,

@@ -20,6 +20,7 @@ from services.worker.config import WorkerConfig
     ({"transfer_timeout_s": 0}, "transfer_timeout_s must be > 0"),
     ({"tool_call_parser": "mistral"}, "tool_call_parser must be one of hermes, llama3_json"),
     ({"reasoning_parser": "o1"}, "reasoning_parser must be one of deepseek_r1, qwen3"),
+    ({"structured_output_in_reasoning": True}, "structured_output_in_reasoning needs a reasoning_parser"),
 ])
 def test_scheduler_service_config_rejects_what_cannot_work(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from services.common.errors import InvalidArgument
 from services.scheduler.chat_tools import AutoToolStream
-from services.scheduler.tool_parsers import HermesParser, Llama3JsonParser, tool_parser, value_end
+from services.scheduler.tool_parsers import HermesParser, Llama3JsonParser, ValueScan, tool_parser, value_end
 from services.scheduler.tracked import Delta
 
 
@@ -139,3 +139,11 @@ def test_where_a_json_value_ends():
     assert value_end('[{"x": "]"}]') == len('[{"x": "]"}]')
     assert value_end('{"a": "\\\\"}') == len('{"a": "\\\\"}')  # an escaped backslash ends before the quote
     assert value_end('{"a": 1') is None and value_end("12}") is None and value_end("") is None
+    # Resumed on a growing text, a scanner reads each character once and finds the same end.
+    text = '{"s": "a \\"} [", "n": [1, {"x": "]"}]} and more'
+    scan = ValueScan()
+    for k in range(len(text) + 1):
+        found = scan.end(text[:k])
+        assert found == value_end(text[:k]), k
+        assert scan.pos <= k
+    assert found == len('{"s": "a \\"} [", "n": [1, {"x": "]"}]}')

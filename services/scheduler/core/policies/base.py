@@ -113,10 +113,6 @@ class Policy(abc.ABC):
         """Asserts the policy's own state agrees with the scheduler's ``requests``."""
 
 
-def arrival(req: Request) -> tuple[float, str]:
-    return req.arrival_time, req.request_id
-
-
 def rank(req: Request) -> tuple[int, float, str]:
     """Who goes first: the highest priority (the lowest value), then the earliest arrival."""
     return req.priority, req.arrival_time, req.request_id

@@ -8,8 +8,9 @@ Level i has quantum ``q[i] = base * ratio**i``; level 0 runs first, first in fir
 
 Order inside a level is a ticket: joining the back takes the next positive ticket, joining the front the
 next negative one, so sorting by ``(level, ticket)`` is the priority order. A request's own ``priority`` (the
-API's) comes before all of it: the MLFQ orders each priority class, a more important class runs first. A job keeps its ticket while it
-stays in its level, so the jobs at the head of a queue keep running until their quantum is used.
+API's) comes before all of it: the MLFQ orders each priority class, a more important class runs first. A job
+keeps its ticket while it stays in its level, so the jobs at the head of a queue keep running until their
+quantum is used.
 
 **Wait bound** (``max_wait_ratio``; in neither FastServe source, off by default). MLFQ can keep a job that has
 started waiting behind every later short job, without limit short of starvation promotion. With the bound,
