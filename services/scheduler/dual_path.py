@@ -215,8 +215,12 @@ class DualPath:
 
     def _settle(self, req: Request, prefill: WorkerLink, ok: bool, hit_tokens: int) -> None:
         rid = req.request_id
-        if not prefill.alive or rid not in prefill.core.arriving:
-            return  # aborted meanwhile, or the worker died (its requests were placed elsewhere)
+        if not prefill.alive:
+            return  # the worker died: its requests were placed elsewhere
+        if prefill.core.arriving.get(rid) is not req:  # aborted meanwhile: the load was the last writer
+            prefill.core.release_landing(req)
+            prefill.wake()
+            return
         if ok:
             req.num_prefix_hit_tokens = hit_tokens
             prefill.core.arrive(rid)

@@ -430,8 +430,12 @@ class Mesh:
             self._release_source(arrival)
             self.metrics.transfers.seconds.labels(self.config.kv_transport).observe(anyio.current_time() - started)
             span.end()
-        if not dst.alive or rid not in dst.core.arriving:
-            return  # aborted meanwhile, or the receiver died (its requests were placed elsewhere)
+        if not dst.alive:
+            return  # the receiver died: its requests were placed elsewhere
+        if dst.core.arriving.get(rid) is not arrival.request:  # aborted meanwhile: the pull was the last writer
+            dst.core.release_landing(arrival.request)
+            dst.wake()
+            return
         if error:
             log.warning("KV transfer of %s failed (%s): recomputing on %s", rid, error, dst.worker_id)
             dst.core.cancel_arrival(rid)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 
+import anyio
 import grpc
 import pytest
 
-from seawall import Client
-from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
+from seawall import AsyncClient, Client
+from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc, worker_pb2
+from services.common.shaper import MIN_BURST_BYTES
 from tests.e2e.conftest import random_prompts, start_mesh
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -165,5 +167,84 @@ def test_a_responses_api_conversation_loads_each_turns_prefix_from_kvcache(tiny_
             assert second.output_text == chat.choices[0].message.content  # computed whole: the same reply
         with Client(mesh.grpc_address) as client:
             _wait_blocks_free(client)
+    finally:
+        mesh.stop()
+
+
+# --- an abort while KV is on its way in ---------------------------------------------------------------------
+# Loads and pulls are shaped to take ~2 s, so the abort lands mid-transfer: the blocks the transfer writes into
+# must stay held until it ended (a late write would land in whoever took them), and a request that needs them
+# waits for them, then matches transformers.
+
+_BLOCK_BYTES = 4 * 2 * 16 * 2 * 32 * 4  # tiny preset, fp32
+_SLOW_GBPS = (6 * _BLOCK_BYTES - MIN_BURST_BYTES) / 2.0 / 1e9  # 6 blocks in ~2 s past the bucket's burst
+
+
+async def _used_blocks(client, role=None) -> int:
+    stats = await client.stats()
+    return sum(w.num_device_blocks_used for w in stats.workers if role is None or w.role == role)
+
+
+async def _wait_used(client, want, role=None, timeout_s=20.0) -> None:
+    with anyio.fail_after(timeout_s):
+        while await _used_blocks(client, role) != want:
+            await anyio.sleep(0.02)
+
+
+async def _abort_mid_transfer(client, prompt, held, role=None, **session) -> None:
+    """Streams ``prompt``, aborts it once ``held`` blocks are reserved for its incoming KV, and checks that
+    they stay held after the abort (the transfer still runs)."""
+    async def run():
+        async for chunk in client.stream(prompt, request_id="aborted", max_tokens=20, temperature=0, **session):
+            last = chunk
+        assert last.finish_reason == "abort"
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await _wait_used(client, held, role)
+        assert await client.abort("aborted")
+    await anyio.sleep(0.3)
+    assert await _used_blocks(client, role) == held, "the aborted request's blocks were freed mid-transfer"
+
+
+@pytest.mark.anyio
+async def test_an_abort_during_a_kvcache_load_holds_its_blocks_until_the_load_landed(tiny_model_dir, tmp_path,
+                                                                                    hf_greedy):
+    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated", http=False,
+                      scheduler_args=["--no-prefix-caching", "--kv-read-policy", "pe-read"],
+                      worker_args=["--kv-cache-bytes", str(14 * _BLOCK_BYTES)],
+                      kvcache_args=["--storage-gbps", str(_SLOW_GBPS)])
+    try:
+        async with AsyncClient(mesh.grpc_address) as client:
+            prompt = random_prompts([100], seed=41)[0]
+            first = await client.generate(prompt, max_tokens=6, temperature=0, session_id="s")
+            await _wait_used(client, 0)  # its 6 full blocks reached kvcache
+            # The next turn loads those 6 blocks into 6 reserved ones: aborted meanwhile.
+            await _abort_mid_transfer(client, prompt + first.token_ids + [5, 6, 7], 6, session_id="s")
+            # 8 blocks are free, this one needs 10: it runs once the load landed and its blocks came back.
+            other = random_prompts([150], seed=42)[0]
+            out = await client.generate(other, max_tokens=8, temperature=0)
+            assert out.token_ids == hf_greedy(other, 8)
+            await _wait_used(client, 0)
+        paths = {p.path: p.num_loads for p in _kv_stats(mesh.kvcache_address).paths}
+        assert paths.get(kvcache_pb2.KV_READ_PATH_PE_READ, 0) == 1, paths
+    finally:
+        mesh.stop()
+
+
+@pytest.mark.anyio
+async def test_an_abort_during_a_hand_off_holds_the_decode_workers_blocks_until_the_pull_ended(
+        tiny_model_dir, tmp_path, hf_greedy):
+    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", http=False,
+                      worker_args=["--kv-cache-bytes", str(14 * _BLOCK_BYTES), "--compute-gbps", str(_SLOW_GBPS)])
+    decode = worker_pb2.WORKER_ROLE_DECODE
+    try:
+        async with AsyncClient(mesh.grpc_address) as client:
+            # The prompt's 96 tokens hand off into 6 blocks on the decode worker: aborted during the pull.
+            await _abort_mid_transfer(client, random_prompts([96], seed=43)[0], 6, role=decode)
+            other = random_prompts([150], seed=44)[0]
+            out = await client.generate(other, max_tokens=8, temperature=0)
+            assert out.token_ids == hf_greedy(other, 8)
+            await _wait_used(client, 0)
     finally:
         mesh.stop()

@@ -3,7 +3,9 @@
 A prompt runs on a prefill worker's scheduler; ``hand_off`` ends it there but keeps its blocks while their
 KV is sent, ``release_handed_off`` frees them after. On the decode worker's scheduler ``reserve_arrival``
 reserves blocks for the incoming KV, ``arrive`` makes the request schedulable once it landed, and
-``cancel_arrival`` recomputes it locally when the transfer failed. ``drain`` empties a dead worker's core.
+``cancel_arrival`` recomputes it locally when the transfer failed. A request finished while arriving (an
+abort) keeps its blocks until its transfer ended (``release_landing``): the bytes still in flight must not
+land in whoever takes the blocks next. ``drain`` empties a dead worker's core.
 """
 
 from __future__ import annotations
@@ -88,6 +90,14 @@ class HandOff:
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
 
+    def release_landing(self: Scheduler, request: Request) -> None:
+        """The transfer into ``request``, finished while it was arriving, ended: its blocks are free now.
+        Nothing happens unless it was finished while arriving (the transfer's owner calls it either way)."""
+        if any(r is request for r in self.landing):
+            self.landing.remove(request)
+            self.blocks.free(request.block_ids)
+            request.block_ids = []
+
     def drain(self: Scheduler) -> list[Request]:
         """Removes every request (the worker died): each comes back reset to be recomputed elsewhere, with
         the tokens it already produced. The pools are abandoned with the worker."""
@@ -97,6 +107,7 @@ class HandOff:
             req.num_pending = 0  # sampled on the dead worker, never to arrive
             self._forget(req)
         self.arriving.clear()
+        self.landing.clear()
         self.handed_off.clear()
         self._expected.clear()
         self.waiting.clear()

@@ -68,6 +68,9 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
         self.running: list[Request] = []  # holding device blocks (not necessarily scheduled every step)
         self.swapped: deque[Request] = deque()  # KV on host blocks
         self.arriving: dict[str, Request] = {}  # KV being transferred in; not schedulable yet
+        # Arrivals finished (aborted) while their KV was still being written: their blocks stay referenced
+        # until the transfer's owner calls ``release_landing``, or a late write would land in a new owner's KV.
+        self.landing: list[Request] = []
         self.handed_off: dict[str, list[int]] = {}  # blocks held while their KV is sent to another worker
         self.requests: dict[str, Request] = {}
         self.now = 0.0  # start of the latest step: the caller's clock, or the logical one
@@ -120,8 +123,10 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
             self.swapped.remove(req)
             self.host_blocks.free(req.host_block_ids)
             req.host_block_ids = []
-        self.arriving.pop(request_id, None)
-        if req.hold_blocks_on_finish and req.block_ids and reason in (FinishReason.STOP, FinishReason.LENGTH):
+        if req.status is RequestStatus.ARRIVING:
+            del self.arriving[request_id]
+            self.landing.append(req)  # keeps its blocks: see release_landing
+        elif req.hold_blocks_on_finish and req.block_ids and reason in (FinishReason.STOP, FinishReason.LENGTH):
             self._hold(req)
         else:
             self._release(req)
@@ -482,6 +487,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
     def check_integrity(self) -> None:
         owners = {r.request_id: r.block_ids for r in [*self.running, *self.arriving.values()]}
         owners.update({f"{rid} (handed off)": ids for rid, ids in self.handed_off.items()})
+        owners.update({f"{r.request_id} (landing {i})": r.block_ids for i, r in enumerate(self.landing)})
         self.blocks.check_integrity(owners)
         assert all(r.status is RequestStatus.RUNNING and r.block_ids for r in self.running), "running w/o blocks"
         assert all(r.status is RequestStatus.ARRIVING for r in self.arriving.values())

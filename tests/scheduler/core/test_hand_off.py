@@ -65,13 +65,42 @@ def test_arrival_that_does_not_fit_is_refused_without_side_effects():
     assert "r0" not in decode.requests and decode.blocks.num_free == 2
 
 
-def test_abort_during_arrival_frees_the_reserved_blocks():
+def test_abort_during_arrival_keeps_the_blocks_until_the_transfer_ended():
+    # The transfer may still be writing into the reserved blocks: handed to another request at once, a late
+    # write would land in that request's KV.
+    decode = create_scheduler(num_blocks=6)  # 4 tokens a block
+    moved = Request("r0", list(range(1, 11)), SamplingParams(), 0.0, num_computed_tokens=10)
+    reserved = decode.reserve_arrival(moved)
+    decode.finish("r0")
+    decode.check_integrity()
+    assert not decode.arriving and "r0" not in decode.requests
+    assert decode.blocks.num_free == 3  # the 3 reserved blocks are still held
+    other = create_requests(1, prompt_len=16, start=1)[0]  # needs 4 blocks: waits for them
+    decode.add(other)
+    assert not decode.schedule().num_scheduled_tokens
+    # The id is free again: a new request under it, aborted while arriving too, is released on its own.
+    again = Request("r0", list(range(1, 11)), SamplingParams(), 0.0, num_computed_tokens=10)
+    assert len(decode.reserve_arrival(again)) == 3
+    decode.finish("r0")
+    assert decode.blocks.num_free == 0
+    decode.release_landing(again)
+    assert decode.blocks.num_free == 3 and not decode.schedule().num_scheduled_tokens
+    decode.release_landing(moved)
+    decode.check_integrity()
+    assert decode.blocks.num_free == 6 and moved.block_ids == []
+    plan = decode.schedule()
+    assert plan.num_scheduled_tokens == {other.request_id: 16}
+    assert set(plan.new[0].block_ids) & set(reserved)  # the blocks serve a new owner only now
+    decode.release_landing(moved)  # a second call (or one for a request never aborted) does nothing
+    decode.check_integrity()
+
+
+def test_drain_forgets_the_blocks_of_aborted_arrivals():
     decode = create_scheduler()
     moved = Request("r0", list(range(1, 11)), SamplingParams(), 0.0, num_computed_tokens=10)
     decode.reserve_arrival(moved)
     decode.finish("r0")
-    decode.check_integrity()
-    assert decode.blocks.num_free == decode.blocks.num_blocks and not decode.arriving
+    assert decode.drain() == [] and not decode.landing
 
 
 def test_drain_returns_every_request_reset_for_recompute_with_its_outputs():
