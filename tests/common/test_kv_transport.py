@@ -125,7 +125,11 @@ async def test_a_deadline_during_a_large_post_ends_timed_out_and_later_transfers
     start = time.monotonic()
     out = await a.write("slow", b.name, ids, ids, timeout_s=1e-4)
     assert out.status is TransferState.TIMED_OUT, out
-    assert time.monotonic() - start < 0.5  # the post keeps copying in its thread; the caller does not wait
+    # The post copied on in its thread: the outcome came once it was done (no byte lands after it), not later.
+    assert time.monotonic() - start < 0.5 and "may still land" not in out.error
+    after = b.pool.device_kv.clone()
+    await anyio.sleep(0.2)
+    assert torch.equal(b.pool.device_kv, after)
     out = await a.write("after", b.name, ids, ids, timeout_s=30)
     assert out.ok and torch.equal(b.pool.device_kv, a.pool.device_kv)
 
@@ -155,6 +159,38 @@ async def test_abort_ends_an_in_flight_transfer_as_aborted(pair, large_pair):
         assert not la.abort("q")  # already ended
     assert outcomes["q"].status is TransferState.ABORTED, outcomes["q"]
     assert not a.abort("never-started") and not a.abort("p")
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_no_byte_lands_after_a_failed_outcome():
+    # A 256 MiB write copies for tens of ms in its post threads; aborted meanwhile, its outcome waits for them:
+    # the caller hands the destination blocks to another request as soon as it learns the transfer failed.
+    a = NixlKVAgent(f"ha{next(_names)}", _pool(LARGE, 2048, seed=1))
+    b = NixlKVAgent(f"hb{next(_names)}", _pool(LARGE, 2048, seed=2))
+    a.add_peer(b.metadata(), b.kv_layout())
+    try:
+        ids = list(range(2048))
+        for tid in ("x", "y"):
+            async with anyio.create_task_group() as tg:
+                out = {}
+
+                async def run(tid=tid, out=out):
+                    out["o"] = await a.write(tid, b.name, ids, ids, timeout_s=30)
+
+                tg.start_soon(run)
+                while a.state(tid) is not TransferState.POSTED:
+                    await anyio.sleep(0)
+                await anyio.sleep(0.005)  # the threads are copying
+                assert a.abort(tid)
+            assert out["o"].status is TransferState.ABORTED and "may still land" not in out["o"].error
+            landed = b.pool.device_kv.clone()
+            await anyio.sleep(0.3)
+            assert torch.equal(b.pool.device_kv, landed), "bytes landed after the outcome"
+            b.pool.device_kv.copy_(torch.randn(b.pool.device_kv.shape))  # fresh contents for the second try
+    finally:
+        a.close()
+        b.close()
 
 
 @pytest.mark.anyio
