@@ -3,7 +3,8 @@
 Each configuration (policy, mode, extra scheduler flags) starts a mesh whose workers hold a small KV pool
 (``--kv-cache-bytes``, 32 blocks of the built-in model by default), so requests are preempted, swapped and
 recomputed all the time. Requests arrive over ``--spread`` seconds with random prompt lengths (4-300
-tokens), output lengths (1-120), priorities, and some are aborted after their second token. Then:
+tokens), output lengths (1-120), priorities; some are aborted after their second token, and some
+(``--early-aborts``) 0-100 ms after they were sent: while queued, admitted, loading a prefix. Then:
 
 * every request that ran to its end produced exactly transformers' greedy tokens (the oracle), or left
   them only at a near-tie, where the two best logits are within 1e-4 of each other and fp32 rounding picks
@@ -58,16 +59,21 @@ class SoakRequest:
     abort: bool  # abort it after its second token
     delay: float
     parent: int | None = None  # a later turn of this request: its prompt follows the parent's prompt and output
+    abort_early: float | None = None  # abort it this many seconds after sending it, whatever it is doing then
 
 
-def make_requests(n: int, seed: int, spread: float, sessions: bool = False) -> list[SoakRequest]:
-    rng = random.Random(seed)
+def make_requests(n: int, seed: int, spread: float, sessions: bool = False,
+                  early_aborts: float = 0.0) -> list[SoakRequest]:
+    """``early_aborts``: the share of requests aborted 0-100 ms after they are sent (queued, being admitted,
+    loading their prefix, computing it): drawn apart, so a seed's requests are the same with or without."""
+    rng, early = random.Random(seed), random.Random(seed + 1_000_003)
     out = []
     for i in range(n):
         parent = rng.randrange(i) if sessions and i and rng.random() < 0.5 else None
         length = rng.randint(4, 40) if parent is not None or rng.random() < 0.5 else rng.randint(40, 300)
         out.append(SoakRequest(i, tuple(rng.randrange(3, 4096) for _ in range(length)), rng.randint(1, 120),
-                               rng.choice((0, 0, 0, -1, 2)), rng.random() < 0.15, rng.random() * spread, parent))
+                               rng.choice((0, 0, 0, -1, 2)), rng.random() < 0.15, rng.random() * spread, parent,
+                               early.uniform(0, 0.1) if early.random() < early_aborts else None))
     return out
 
 
@@ -129,17 +135,11 @@ async def _load(address: str, requests: list[SoakRequest], oracle: Oracle,
             # Every turn of a conversation, the first too, is in its session: its KV is kept for the next one.
             session = {"session_id": f"soak-session-{_root(requests, r.index)}"} if sessions else {}
             got: list[int] = []
-            finish = None
             try:
-                with anyio.fail_after(300):
-                    async for chunk in client.stream(list(prompt), max_tokens=r.max_tokens, temperature=0,
-                                                     priority=r.priority, request_id=f"soak-{r.index}", **session):
-                        got += chunk.token_ids
-                        finish = chunk.finish_reason or finish
-                        if r.abort and len(got) >= 2:
-                            await client.abort(f"soak-{r.index}")
-                            aborted += 1
-                            return
+                finish = await _stream(client, r, prompt, session, got)
+                if finish == "abort":
+                    aborted += 1
+                    return
             except ResourceExhausted as exc:
                 # A later turn can outgrow the tight pool: refusing it at once is right (it could never finish).
                 if not got and len(prompt) + r.max_tokens > pool_tokens:
@@ -163,6 +163,34 @@ async def _load(address: str, requests: list[SoakRequest], oracle: Oracle,
     problems += [f"{w} holds {d} device and {h} host blocks after every request ended" for w, d, h in held if d or h]
     problems += [v for v in verdicts if v and v != "tie"]
     return problems, finished, aborted, [stats.num_preemptions, refused, verdicts.count("tie")]
+
+
+async def _stream(client: AsyncClient, r: SoakRequest, prompt: tuple[int, ...], session: dict,
+                  got: list[int]) -> str | None:
+    """Streams one request into ``got``, aborting it as ``r`` says; its finish reason."""
+    rid, finish, asked, error = f"soak-{r.index}", None, False, None
+
+    async def abort_early(delay: float) -> None:
+        await anyio.sleep(delay)
+        await client.abort(rid)
+
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as tg:
+            if r.abort_early is not None:
+                tg.start_soon(abort_early, r.abort_early)
+            try:
+                async for chunk in client.stream(list(prompt), max_tokens=r.max_tokens, temperature=0,
+                                                 priority=r.priority, request_id=rid, **session):
+                    got += chunk.token_ids
+                    finish = chunk.finish_reason or finish
+                    if r.abort and len(got) >= 2 and finish is None and not asked:
+                        asked = await client.abort(rid)
+            except Exception as exc:  # noqa: BLE001 - raised as itself below, not in an exception group
+                error = exc
+            tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return finish
 
 
 def _compare(oracle: Oracle, r: SoakRequest, prompt: tuple[int, ...], got: list[int], finish: str | None) -> str:
@@ -216,7 +244,8 @@ def soak(config: str, args: argparse.Namespace, oracle: Oracle, model_dir: Path)
     mesh = LocalMesh(options)
     mesh.start()
     try:
-        requests = make_requests(args.requests, args.seed, args.spread, sessions=args.kvcache)
+        requests = make_requests(args.requests, args.seed, args.spread, sessions=args.kvcache,
+                                 early_aborts=args.early_aborts)
         problems, finished, aborted, (preemptions, refused, ties) = anyio.run(
             _load, mesh.grpc_address, requests, oracle, args.kvcache)
         loads = _kvcache_loads(mesh.kvcache_address) if args.kvcache else None
@@ -241,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kvcache", action="store_true",
                    help="start the kvcache service and make about half the requests later turns of earlier ones")
+    p.add_argument("--early-aborts", type=float, default=0.1,
+                   help="share of requests aborted 0-100 ms after they are sent, whatever they are doing then "
+                        "(default 0.1)")
     p.add_argument("--model", default=None, help="checkpoint dir (default: the built-in model)")
     args = p.parse_args(argv)
     # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so each mesh's finally stops its processes.

@@ -161,7 +161,10 @@ class DualPath:
             return False
         self.mesh.where[req.request_id] = prefill
         k = req.num_cached_blocks
-        ok = await self._load(req, prefill, hashes[k:], ids[k:len(hashes)], "pe-read") if k < len(hashes) else True
+        ok = True
+        if k < len(hashes):
+            await prefill.plans_done()  # the blocks' previous owners are done with them on the worker
+            ok = await self._load(req, prefill, hashes[k:], ids[k:len(hashes)], "pe-read")
         self._settle(req, prefill, ok, len(hashes) * bs)
         return True
 
@@ -176,8 +179,10 @@ class DualPath:
         loaded = False
         try:
             kd = stage.num_cached_blocks
-            if kd < len(hashes) and not await self._load(req, decode, hashes[kd:], staged[kd:], "de-read"):
-                return False
+            if kd < len(hashes):
+                await decode.plans_done()  # the blocks' previous owners are done with them on the worker
+                if not await self._load(req, decode, hashes[kd:], staged[kd:], "de-read"):
+                    return False
             loaded = True
             if not self._live(req) or not prefill.alive or not decode.alive:
                 return False
@@ -187,7 +192,10 @@ class DualPath:
                 return False
             self.mesh.where[req.request_id] = prefill
             kp = req.num_cached_blocks
-            ok = kp >= len(hashes) or await self._pull(req, prefill, decode, staged[kp:], ids[kp:len(hashes)])
+            ok = True
+            if kp < len(hashes):
+                await prefill.plans_done()
+                ok = await self._pull(req, prefill, decode, staged[kp:], ids[kp:len(hashes)])
             if ok and self._live(req):
                 self.decode_for[req.request_id] = decode  # the hand-off finds the prefix there
             self._settle(req, prefill, ok, n)

@@ -232,6 +232,7 @@ class Mesh:
                     self._place_arrivals(link)
                     plan = link.core.schedule(now=anyio.current_time())
                     if plan.num_scheduled_tokens or plan.finished or plan.swap_out or plan.swap_in or plan.copy:
+                        link.note_sent(plan.step_id)  # before any await: blocks it freed are free from now on
                         in_flight.append(await self._send(link, call, plan, pipelined=bool(in_flight)))
                         continue
                     if not in_flight:
@@ -279,6 +280,7 @@ class Mesh:
         for trace_, n in step.traced:
             trace_.prefill_chunk(step.start_ns, time.time_ns(), link.worker_id, step.plan.step_id, n)
         result = result_from_proto(msg)
+        link.note_done(step.plan.step_id)
         for rid, (start, tokens) in result.prompt_logprobs.items():  # before the first token that ends them
             tracked = self.tracked.get(rid)
             if tracked is not None:
@@ -406,6 +408,7 @@ class Mesh:
 
     async def _transfer(self, arrival: Arrival, dst: WorkerLink, dst_blocks: list[int]) -> None:
         rid = arrival.request.request_id
+        await dst.plans_done()  # the blocks' previous owners are done with them on the worker
         skip = arrival.request.num_cached_blocks  # leading blocks the receiver already caches
         request = worker_pb2.PullKVRequest(
             transfer_id=f"{rid}/{next(self._ids)}", src=arrival.src.endpoint(),
@@ -455,6 +458,7 @@ class Mesh:
         if not link.alive:
             return
         link.alive = False
+        link.release_fences()
         self.links.pop(link.worker_id, None)
         self.num_preemptions_gone += sum(link.core.preemptions.values())
         log.warning("worker %s at %s failed (%s): moving its requests to live workers", link.worker_id,

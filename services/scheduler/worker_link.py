@@ -45,6 +45,11 @@ class WorkerLink:
     num_steps: int = 0
     last_result_at: float = 0.0  # scheduler clock: when the worker's latest step result came back
     arrivals: deque[Arrival] = field(default_factory=deque)
+    # Step ids of the latest plan committed to the worker (scheduled to be sent) and of the latest whose result
+    # came back: see plans_done.
+    last_sent: int = 0
+    last_done: int = 0
+    _fences: list[tuple[int, anyio.Event]] = field(default_factory=list)
     _wake: anyio.Event = field(default_factory=anyio.Event)
 
     @classmethod
@@ -88,6 +93,37 @@ class WorkerLink:
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def plans_done(self) -> None:
+        """Returns once every plan committed to the worker so far has run (or the worker is gone).
+
+        A block the core just freed may still be read or written by a plan in flight: its previous owner's
+        swap-out, its last decode. The worker runs plans in order, but nothing orders them with writers from
+        outside the step stream, so a transfer into freshly reserved blocks (a kvcache load, a pull) waits for
+        this first, or the plan ahead would copy the new bytes out as the old owner's KV, or overwrite them."""
+        target = self.last_sent
+        if self.last_done >= target or not self.alive:
+            return
+        event = anyio.Event()
+        self._fences.append((target, event))
+        await event.wait()
+
+    def note_sent(self, step_id: int) -> None:
+        self.last_sent = step_id
+
+    def note_done(self, step_id: int) -> None:
+        self.last_done = step_id
+        self.release_fences()
+
+    def release_fences(self) -> None:
+        """Wakes the ``plans_done`` callers whose plans ran, or all of them once the worker is gone."""
+        waiting = []
+        for target, event in self._fences:
+            if self.alive and self.last_done < target:
+                waiting.append((target, event))
+            else:
+                event.set()
+        self._fences = waiting
 
     async def wait_for_work(self) -> None:
         await self._wake.wait()
