@@ -163,7 +163,8 @@ class DualPath:
         k = req.num_cached_blocks
         ok = True
         if k < len(hashes):
-            await prefill.plans_done()  # the blocks' previous owners are done with them on the worker
+            # Their previous owners are done with the blocks on the worker before the load writes them.
+            await prefill.plans_done(prefill.core.reuse_fence(ids[k:len(hashes)]))
             ok = await self._load(req, prefill, hashes[k:], ids[k:len(hashes)], "pe-read")
         self._settle(req, prefill, ok, len(hashes) * bs)
         return True
@@ -180,7 +181,7 @@ class DualPath:
         try:
             kd = stage.num_cached_blocks
             if kd < len(hashes):
-                await decode.plans_done()  # the blocks' previous owners are done with them on the worker
+                await decode.plans_done(decode.core.reuse_fence(staged[kd:]))
                 if not await self._load(req, decode, hashes[kd:], staged[kd:], "de-read"):
                     return False
             loaded = True
@@ -194,7 +195,7 @@ class DualPath:
             kp = req.num_cached_blocks
             ok = True
             if kp < len(hashes):
-                await prefill.plans_done()
+                await prefill.plans_done(prefill.core.reuse_fence(ids[kp:len(hashes)]))
                 ok = await self._pull(req, prefill, decode, staged[kp:], ids[kp:len(hashes)])
             if ok and self._live(req):
                 self.decode_for[req.request_id] = decode  # the hand-off finds the prefix there

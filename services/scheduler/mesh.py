@@ -408,8 +408,9 @@ class Mesh:
 
     async def _transfer(self, arrival: Arrival, dst: WorkerLink, dst_blocks: list[int]) -> None:
         rid = arrival.request.request_id
-        await dst.plans_done()  # the blocks' previous owners are done with them on the worker
         skip = arrival.request.num_cached_blocks  # leading blocks the receiver already caches
+        # Their previous owners are done with the blocks on the worker before the pull writes them.
+        await dst.plans_done(dst.core.reuse_fence(dst_blocks[skip:]))
         request = worker_pb2.PullKVRequest(
             transfer_id=f"{rid}/{next(self._ids)}", src=arrival.src.endpoint(),
             src_block_ids=arrival.src_blocks[skip: len(dst_blocks)], dst_block_ids=dst_blocks[skip:],

@@ -45,10 +45,9 @@ class WorkerLink:
     num_steps: int = 0
     last_result_at: float = 0.0  # scheduler clock: when the worker's latest step result came back
     arrivals: deque[Arrival] = field(default_factory=deque)
-    # Step ids of the latest plan committed to the worker (scheduled to be sent) and of the latest whose result
-    # came back: see plans_done.
-    last_sent: int = 0
-    last_done: int = 0
+    # Step ids of the plans committed to the worker (scheduled to be sent) whose results are not back: see
+    # plans_done.
+    in_flight: deque[int] = field(default_factory=deque)
     _fences: list[tuple[int, anyio.Event]] = field(default_factory=list)
     _wake: anyio.Event = field(default_factory=anyio.Event)
 
@@ -94,33 +93,36 @@ class WorkerLink:
     def wake(self) -> None:
         self._wake.set()
 
-    async def plans_done(self) -> None:
-        """Returns once every plan committed to the worker so far has run (or the worker is gone).
+    async def plans_done(self, upto: int) -> None:
+        """Returns once the worker ran every plan it was sent up to step ``upto`` (or the worker is gone).
 
-        A block the core just freed may still be read or written by a plan in flight: its previous owner's
-        swap-out, its last decode. The worker runs plans in order, but nothing orders them with writers from
-        outside the step stream, so a transfer into freshly reserved blocks (a kvcache load, a pull) waits for
-        this first, or the plan ahead would copy the new bytes out as the old owner's KV, or overwrite them."""
-        target = self.last_sent
-        if self.last_done >= target or not self.alive:
+        The worker runs plans in order, but nothing orders them with writers from outside the step stream: a
+        transfer into blocks that a plan still in flight copies out (their previous owner's swap-out) or
+        writes (its last decode) waits for that plan first (``upto`` from ``Scheduler.reuse_fence``), or the
+        plan would copy the new bytes out as the old owner's KV, or overwrite them."""
+        if not self._pending(upto):
             return
         event = anyio.Event()
-        self._fences.append((target, event))
+        self._fences.append((upto, event))
         await event.wait()
 
+    def _pending(self, upto: int) -> bool:
+        return self.alive and bool(self.in_flight) and self.in_flight[0] <= upto
+
     def note_sent(self, step_id: int) -> None:
-        self.last_sent = step_id
+        self.in_flight.append(step_id)
 
     def note_done(self, step_id: int) -> None:
-        self.last_done = step_id
+        while self.in_flight and self.in_flight[0] <= step_id:
+            self.in_flight.popleft()
         self.release_fences()
 
     def release_fences(self) -> None:
         """Wakes the ``plans_done`` callers whose plans ran, or all of them once the worker is gone."""
         waiting = []
-        for target, event in self._fences:
-            if self.alive and self.last_done < target:
-                waiting.append((target, event))
+        for upto, event in self._fences:
+            if self._pending(upto):
+                waiting.append((upto, event))
             else:
                 event.set()
         self._fences = waiting

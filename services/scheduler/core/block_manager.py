@@ -28,6 +28,10 @@ class BlockManager:
         self._ref = [0] * num_blocks
         self._hash_of: dict[int, int] = {}  # block → hash, for cached blocks
         self._block_of: dict[int, int] = {}  # hash → block
+        # The owner's clock (its latest plan's step id) when each block last became free: plans up to that one
+        # may still use it on the worker (see Scheduler.reuse_fence).
+        self.clock = 0
+        self.freed_at = [0] * num_blocks
 
     @property
     def num_free(self) -> int:
@@ -86,6 +90,7 @@ class BlockManager:
             self._ref[b] -= 1
             if self._ref[b] == 0:
                 self._free[b] = None
+                self.freed_at[b] = self.clock
 
     def cache(self, block: int, block_hash: int) -> None:
         """Marks a full block as holding the prefix named ``block_hash`` (first writer wins)."""

@@ -3,7 +3,8 @@
 A prompt runs on a prefill worker's scheduler; ``hand_off`` ends it there but keeps its blocks while their
 KV is sent, ``release_handed_off`` frees them after. On the decode worker's scheduler ``reserve_arrival``
 reserves blocks for the incoming KV, ``arrive`` makes the request schedulable once it landed, and
-``cancel_arrival`` recomputes it locally when the transfer failed. A request finished while arriving (an
+``cancel_arrival`` recomputes it locally when the transfer failed; ``reuse_fence`` says which plan must have
+run before the transfer writes into the reserved blocks. A request finished while arriving (an
 abort) keeps its blocks until its transfer ended (``release_landing``): the bytes still in flight must not
 land in whoever takes the blocks next. ``drain`` empties a dead worker's core.
 """
@@ -67,6 +68,13 @@ class HandOff:
         self.arriving[request.request_id] = request
         self.policy.on_add(request, self.now)
         return list(request.block_ids)
+
+    def reuse_fence(self: Scheduler, block_ids: list[int]) -> int:
+        """The latest plan that may still use ``block_ids`` on the worker (0: none). The core frees blocks as
+        it plans, while the plans before may still copy them out (a swap-out) or write them (a last decode);
+        a transfer from outside the step stream (a load, a pull) writes into reserved blocks only once that
+        plan ran."""
+        return max((self.blocks.freed_at[b] for b in block_ids), default=0)
 
     def arrive(self: Scheduler, request_id: str) -> None:
         """The request's KV landed in its blocks: it runs from the next step on."""

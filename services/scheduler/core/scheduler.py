@@ -147,6 +147,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
         back); None advances the logical clock by the modeled duration of the previous plan."""
         now = self._advance_clock(now)
         self._step_id += 1
+        self.blocks.clock = self._step_id  # blocks this plan frees may still be used by it (reuse_fence)
         if self._host_to_free:
             self.host_blocks.free(self._host_to_free)
             self._host_to_free = []
