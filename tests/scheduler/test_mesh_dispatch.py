@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 from tokenizers import Tokenizer
 
-from seawall.v1 import worker_pb2
 from services.common.sampling_params import SamplingParams
 from services.common.step import SampledToken, StepResult
 from services.engine.builtin_model import ensure_default_model
@@ -19,6 +18,7 @@ from services.scheduler.core.scheduler import SchedulerConfig
 from services.scheduler.mesh import Mesh
 from services.scheduler.tracked import TrackedRequest
 from services.scheduler.worker_link import WorkerLink
+from tests.scheduler.links import add_link
 
 pytestmark = pytest.mark.anyio
 
@@ -26,14 +26,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
-
-
-def _link(mesh: Mesh, worker_id: str, role: int) -> WorkerLink:
-    info = worker_pb2.WorkerInfo(role=role, model="tiny", num_device_blocks=64, max_model_len=4096)
-    info.kv_layout.block_size = 16
-    link = WorkerLink.connect(worker_id, "127.0.0.1:1", info, mesh.config.core)  # never dialled here
-    mesh.links[worker_id] = link
-    return link
 
 
 def _step(link: WorkerLink, token: int = 7) -> list:
@@ -52,8 +44,8 @@ def _step(link: WorkerLink, token: int = 7) -> list:
 async def test_a_multi_step_result_on_a_prefill_worker_hands_off_at_most_once(max_tokens):
     core = SchedulerConfig(chunk_size=256, num_decode_steps=4)
     mesh = Mesh(replace(SchedulerServiceConfig(mode="disaggregated"), core=core))
-    prefill = _link(mesh, "p", worker_pb2.WORKER_ROLE_PREFILL)
-    decode = _link(mesh, "d", worker_pb2.WORKER_ROLE_DECODE)
+    prefill = add_link(mesh, "p", "prefill")
+    decode = add_link(mesh, "d", "decode")
     decode.alive = False  # the decode worker is gone: the prefill worker decodes
     tokenizer = Tokenizer.from_file(str(ensure_default_model() / "tokenizer.json"))
     tracked = TrackedRequest(Request("r", list(range(3, 40)), SamplingParams(max_tokens=max_tokens), 0.0),

@@ -9,7 +9,6 @@ import anyio
 import pytest
 
 from seawall.launcher import free_port
-from seawall.v1 import worker_pb2
 from services.common.sampling_params import SamplingParams
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request, RequestStatus
@@ -17,10 +16,9 @@ from services.scheduler.dual_path import DualPath
 from services.scheduler.kvcache_client import KVCacheClient
 from services.scheduler.mesh import Mesh
 from services.scheduler.worker_link import Arrival, WorkerLink
+from tests.scheduler.links import add_link
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-ROLES = {"prefill": worker_pb2.WORKER_ROLE_PREFILL, "decode": worker_pb2.WORKER_ROLE_DECODE,
-         "hybrid": worker_pb2.WORKER_ROLE_HYBRID}
 
 
 @pytest.fixture
@@ -29,11 +27,7 @@ def anyio_backend():
 
 
 def _link(mesh: Mesh, worker_id: str, role: str, blocks: int = 64) -> WorkerLink:
-    info = worker_pb2.WorkerInfo(role=ROLES[role], model="tiny", num_device_blocks=blocks, max_model_len=4096)
-    info.kv_layout.block_size = 16
-    link = WorkerLink.connect(worker_id, f"127.0.0.1:{free_port()}", info, mesh.config.core)  # nothing listens
-    mesh.links[worker_id] = link
-    return link
+    return add_link(mesh, worker_id, role, blocks, address=f"127.0.0.1:{free_port()}")  # nothing listens
 
 
 def _plan_then_free(link: WorkerLink, prompt_len: int) -> int:

@@ -6,18 +6,15 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from seawall.v1 import worker_pb2
 from services.common.sampling_params import SamplingParams
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request
 from services.scheduler.dual_path import DualPath
 from services.scheduler.mesh import Mesh
 from services.scheduler.worker_link import WorkerLink
+from tests.scheduler.links import add_link
 
 pytestmark = pytest.mark.anyio
-
-ROLES = {"prefill": worker_pb2.WORKER_ROLE_PREFILL, "decode": worker_pb2.WORKER_ROLE_DECODE}
-
 
 @pytest.fixture
 def anyio_backend():
@@ -25,11 +22,7 @@ def anyio_backend():
 
 
 def _link(mesh: Mesh, worker_id: str, role: str, blocks: int = 256) -> WorkerLink:
-    info = worker_pb2.WorkerInfo(role=ROLES[role], model="tiny", num_device_blocks=blocks, max_model_len=4096)
-    info.kv_layout.block_size = 16
-    link = WorkerLink.connect(worker_id, "127.0.0.1:1", info, mesh.config.core)  # never dialled here
-    mesh.links[worker_id] = link
-    return link
+    return add_link(mesh, worker_id, role, blocks)
 
 
 def _req(rid: str, prompt_len: int, outputs: int = 0, first: int = 3) -> Request:
