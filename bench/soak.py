@@ -46,6 +46,7 @@ from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
 from services.common.errors import ResourceExhausted  # noqa: E402
 from services.engine.runner import resolve_model_dir  # noqa: E402
 
+STREAM_TIMEOUT_S = 300
 DEFAULT_CONFIGS = [f"{p}:{m}" for p in ("sarathi", "vllm", "fcfs", "fastserve", "fastserve+sarathi")
                    for m in ("colocated", "disaggregated")]
 
@@ -167,30 +168,41 @@ async def _load(address: str, requests: list[SoakRequest], oracle: Oracle,
 
 async def _stream(client: AsyncClient, r: SoakRequest, prompt: tuple[int, ...], session: dict,
                   got: list[int]) -> str | None:
-    """Streams one request into ``got``, aborting it as ``r`` says; its finish reason."""
-    rid, finish, asked, error = f"soak-{r.index}", None, False, None
+    """Streams one request into ``got``, aborting it as ``r`` says; its finish reason. A stream that does not
+    end in ``STREAM_TIMEOUT_S`` (an abort that did not end it, a request stuck) raises TimeoutError."""
+    state = {"finish": None, "asked": False}
+    try:
+        with anyio.fail_after(STREAM_TIMEOUT_S):
+            await _read(client, r, prompt, session, got, state)
+    except TimeoutError:
+        raise TimeoutError(f"its stream did not end in {STREAM_TIMEOUT_S} s ({len(got)} tokens, "
+                           f"{'aborted' if state['asked'] else 'not aborted'} by the soak)") from None
+    return state["finish"]
 
-    async def abort_early(delay: float) -> None:
+
+async def _read(client: AsyncClient, r: SoakRequest, prompt: tuple[int, ...], session: dict, got: list[int],
+                state: dict) -> None:
+    rid, error = f"soak-{r.index}", None
+
+    async def abort(delay: float = 0.0) -> None:
         await anyio.sleep(delay)
-        await client.abort(rid)
+        state["asked"] = await client.abort(rid) or state["asked"]
 
-    with anyio.fail_after(300):
-        async with anyio.create_task_group() as tg:
-            if r.abort_early is not None:
-                tg.start_soon(abort_early, r.abort_early)
-            try:
-                async for chunk in client.stream(list(prompt), max_tokens=r.max_tokens, temperature=0,
-                                                 priority=r.priority, request_id=rid, **session):
-                    got += chunk.token_ids
-                    finish = chunk.finish_reason or finish
-                    if r.abort and len(got) >= 2 and finish is None and not asked:
-                        asked = await client.abort(rid)
-            except Exception as exc:  # noqa: BLE001 - raised as itself below, not in an exception group
-                error = exc
-            tg.cancel_scope.cancel()
+    async with anyio.create_task_group() as tg:
+        if r.abort_early is not None:
+            tg.start_soon(abort, r.abort_early)
+        try:
+            async for chunk in client.stream(list(prompt), max_tokens=r.max_tokens, temperature=0,
+                                             priority=r.priority, request_id=rid, **session):
+                got += chunk.token_ids
+                state["finish"] = chunk.finish_reason or state["finish"]
+                if r.abort and len(got) >= 2 and state["finish"] is None and not state["asked"]:
+                    await abort()
+        except Exception as exc:  # noqa: BLE001 - raised as itself below, not in an exception group
+            error = exc
+        tg.cancel_scope.cancel()
     if error is not None:
         raise error
-    return finish
 
 
 def _compare(oracle: Oracle, r: SoakRequest, prompt: tuple[int, ...], got: list[int], finish: str | None) -> str:
