@@ -208,6 +208,9 @@ class DualPath:
                     decode.core.cache_arrival(stage.request_id)
                 else:
                     decode.core.finish(stage.request_id)
+                    decode.core.release_landing(stage)  # its load ended: nothing writes into its blocks
+                # An idle decode worker sleeps until woken: a hand-off waiting for these blocks must run now.
+                decode.wake()
 
     async def _pull(self, req: Request, prefill: WorkerLink, decode: WorkerLink, src: list[int],
                     dst: list[int]) -> bool:

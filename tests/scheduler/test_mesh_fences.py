@@ -134,6 +134,9 @@ async def test_a_de_read_load_waits_for_the_decode_workers_plans_in_flight():
             assert "r#kv" in decode.core.arriving and not client.num_failures  # staged, not loading
             decode.note_done(step)
         assert client.num_failures == 1 and not decode.core.arriving  # loaded (failed), the stage let go
+        assert decode.core.blocks.num_free == 3  # its blocks too (none left landing)
+        with anyio.fail_after(1):
+            await decode.wait_for_work()  # and the worker's loop was woken: a hand-off may be waiting for them
     finally:
         await client.close()
 
