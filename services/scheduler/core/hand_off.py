@@ -101,7 +101,7 @@ class HandOff:
     def release_landing(self: Scheduler, request: Request) -> None:
         """The transfer into ``request``, finished while it was arriving, ended: its blocks are free now.
         Nothing happens unless it was finished while arriving (the transfer's owner calls it either way)."""
-        if any(r is request for r in self.landing):
+        if request in self.landing:  # by identity: a Request compares as an entity
             self.landing.remove(request)
             self.blocks.free(request.block_ids)
             request.block_ids = []
