@@ -6,7 +6,10 @@ not start, ``hf-transformers``) to its summary at the first rate (``metrics.summ
 requests/s); ``ratios`` divides each by the first system's; ``paired`` compares E2E request by request with
 the first system; ``sweep`` holds one summary per rate, ``capacity`` the capacity searches, ``requests`` one
 record per request. With a ``--priority-mix``, each summary's ``by_priority`` maps each priority to its
-class's latencies (``metrics.class_summary``). The HTML has the table and SVG plots: TBT over time around the
+class's latencies (``metrics.class_summary``). ``targets`` holds the issue's targets (``targets.py``); with
+``--repeats N``, every other key is round 1's, ``rounds`` holds each round's results, ratios, paired
+comparisons and targets, and ``targets`` is judged on the median over the rounds (each entry's ``rounds`` lists
+its figures round by round). The HTML has the table and SVG plots: TBT over time around the
 bursts, the TTFT CDF (one line per priority class when there are several), latency against load (with
 several rates), goodput and capacity per system.
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from seawall.bench import svg
 from seawall.bench.metrics import RequestRecord
+from seawall.bench.targets import HEADLINE
 
 COLUMNS = (  # (key, header, scale, format)
     ("ttft_p50", "TTFT p50 ms", 1e3, "{:.0f}"), ("ttft_p99", "TTFT p99 ms", 1e3, "{:.0f}"),
@@ -53,6 +57,23 @@ def format_table(results: dict[str, dict], ratios: dict[str, dict] | None = None
             rows.append(f"{name:<{width}} " + " ".join(
                 f"{_cell(rat.get(k), 1, '{:.2f}x'):>{max(len(heads[k]), 8)}}" for k in rcols))
     return "\n".join(rows)
+
+
+def format_targets(report: dict) -> list[str]:
+    """A line per target the run measured (and, over repeated rounds, its headline figure in each round)."""
+    lines = []
+    for name, t in report["targets"].items():
+        rounds = t.get("rounds")
+        t = {k: v for k, v in t.items() if k != "rounds"}
+        if all(v is None for v in t.values()):
+            continue  # e.g. bursts that caught no request decoding: nothing to print, the JSON keeps the entry
+        figures = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in t.items())
+        lines.append(f"target {name}{f' (median of {len(rounds)} rounds)' if rounds else ''}: {figures}")
+        key = HEADLINE.get(name)
+        if rounds and key:
+            lines.append(f"  {key} by round: " + ", ".join("-" if r.get(key) is None else f"{r[key]:.3g}"
+                                                         for r in rounds))
+    return lines
 
 
 def write_json(path: Path, report: dict) -> None:
@@ -164,6 +185,9 @@ def write_html(path: Path, report: dict, runs: dict[str, list[RequestRecord]],
     classes = priority_table(report["results"])
     if classes:
         table += f"\n\nby priority (lower runs sooner):\n{classes}"
+    targets = format_targets(report)
+    if targets:
+        table += "\n\n" + "\n".join(targets)
     meta = {k: report.get(k) for k in ("date", "commit", "command", "target")}
     figs = "\n".join(f"<figure>{fig}</figure>" for fig in plots(report, runs, controls))
     notes = "".join(f"<li>{escape(n)}</li>" for n in report.get("notes", []))

@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 
 from seawall.bench import capacity as cap
+from seawall.bench import targets as tg
 from seawall.bench.arrivals import describe
 from seawall.bench.metrics import RequestRecord, control_metrics, control_tokens, paired, ratios, summarize
 from seawall.bench.runner import GrpcBackend, HttpBackend, RunResult, run_load, warm_up
@@ -55,6 +56,7 @@ class BenchOptions:
     hf_max_batch: int = 64
     model_dir: str | None = None  # weights for the transformers baseline
     mesh_flags: list[str] = field(default_factory=list)  # recorded in the report
+    repeats: int = 1  # rounds of every system; with more than one the targets are judged on their medians
 
 
 @dataclass
@@ -163,29 +165,21 @@ def _hf_system(opts: BenchOptions) -> tuple[System, str]:
 
 def run_bench(opts: BenchOptions, mesh_factory: MeshFactory | None = None
               ) -> tuple[dict, dict[str, list[RequestRecord]], dict[str, list[RequestRecord]]]:
-    """Runs every system; returns the report (JSON-ready), the first-rate records of each system and those of
-    its control run (burst workload; the systems that had one)."""
+    """Runs every system (``opts.repeats`` rounds of them); returns the report (JSON-ready), the first round's
+    records of each system and those of its control run (burst workload; the systems that had one)."""
     if opts.policies and mesh_factory is None:
         raise InvalidArgument("--policies needs --spawn: the benchmark starts one mesh per policy")
     if mesh_factory is None and not (opts.address or opts.http):
         raise InvalidArgument("say where the mesh is: --address HOST:PORT, --http URL, or --spawn")
     if opts.rates and nominal_rate(opts.workload) is None:
         raise InvalidArgument("--rates needs a rate-driven workload (poisson, gamma, onoff, bursts or trace arrivals)")
-    systems: list[System] = []
+    if opts.repeats < 1:
+        raise InvalidArgument(f"--repeats must be at least 1, got {opts.repeats}")
     notes: list[str] = []
     # Prompts for a mesh someone else started are salted at random: it may hold an earlier run's prefixes.
     salt = 0 if mesh_factory else random.randrange(1, 2**31)
-    for policy in opts.policies or ["mesh"]:
-        if mesh_factory is None:
-            systems.append(_run_system(opts, "mesh", opts.address, opts.http, salt))
-            continue
-        print(f"seawall bench: starting a mesh with --policy {policy}", file=sys.stderr, flush=True)
-        mesh = mesh_factory(policy)
-        try:
-            http = mesh.http_url if opts.http else None
-            systems.append(_run_system(opts, policy, mesh.grpc_address, http, salt))
-        finally:
-            mesh.stop()
+    rounds = [_round(opts, mesh_factory, k, salt + k * ROUND_SALT) for k in range(opts.repeats)]
+    systems = rounds[0]
     if opts.hf_baseline:
         try:
             system, api = _hf_system(opts)
@@ -195,8 +189,41 @@ def run_bench(opts: BenchOptions, mesh_factory: MeshFactory | None = None
         except Exception as exc:  # noqa: BLE001 - the baseline is a row; its failure is reported, not fatal
             log.exception("transformers baseline failed")
             notes.append(f"{HF_NAME}: failed: {type(exc).__name__}: {exc}")
-    return (_report(opts, systems, notes), {s.name: s.records for s in systems},
+    report = _report(opts, systems, notes)
+    if opts.repeats > 1:
+        later = [_report(opts, r, []) for r in rounds[1:]]
+        report["rounds"] = [_round_entry(report, k=0)] + [_round_entry(r, k) for k, r in enumerate(later, 1)]
+        report["targets"] = tg.over_rounds([tg.figures(r) for r in [report, *later]])
+    return (report, {s.name: s.records for s in systems},
             {s.name: s.control for s in systems if s.control})
+
+
+# A round's prompts are salted apart from every other round's (a run inside a round salts up to 10,000 apart).
+ROUND_SALT = 100_000
+
+
+def _round(opts: BenchOptions, mesh_factory: MeshFactory | None, k: int, salt: int) -> list[System]:
+    """One round: each system once, in the given order on even rounds and reversed on odd ones, so that a box
+    slowing down over the rounds does not always favour the same policy; returned in the given order."""
+    if mesh_factory is None:
+        return [_run_system(opts, "mesh", opts.address, opts.http, salt)]
+    order = opts.policies if k % 2 == 0 else opts.policies[::-1]
+    ran: dict[str, System] = {}
+    for policy in order:
+        label = f" (round {k + 1} of {opts.repeats})" if opts.repeats > 1 else ""
+        print(f"seawall bench: starting a mesh with --policy {policy}{label}", file=sys.stderr, flush=True)
+        mesh = mesh_factory(policy)
+        try:
+            http = mesh.http_url if opts.http else None
+            ran[policy] = _run_system(opts, policy, mesh.grpc_address, http, salt)
+        finally:
+            mesh.stop()
+    return [ran[p] for p in opts.policies]
+
+
+def _round_entry(report: dict, k: int) -> dict:
+    return {"round": k + 1, "results": report["results"], "ratios": report["ratios"], "paired": report["paired"],
+            "capacity": report["capacity"], "targets": report["targets"]}
 
 
 def _report(opts: BenchOptions, systems: list[System], notes: list[str]) -> dict:
@@ -221,6 +248,7 @@ def _report(opts: BenchOptions, systems: list[System], notes: list[str]) -> dict
                      "arrivals_measured": describe([r.arrival for r in workload.requests])},
         "slo": {"ttft": opts.slo_ttft, "tbt": opts.slo_tbt},
         "baseline": base.name,
+        "repeats": opts.repeats,
         "results": results,
         "ratios": ratios(results, base.name),
         "paired": {s.name: paired(s.records, base.records) for s in systems[1:]},
@@ -229,39 +257,8 @@ def _report(opts: BenchOptions, systems: list[System], notes: list[str]) -> dict
         "requests": {s.name: [r.as_dict() for r in s.records] for s in systems},
         "notes": notes,
     }
-    report["targets"] = targets(report)
+    report["targets"] = tg.judge(tg.figures(report))
     return report
-
-
-def targets(report: dict) -> dict:
-    """The issue's targets, for whichever of their systems this run has (None where it has not)."""
-    res, out = report["results"], {}
-    for name in ("sarathi", "vllm"):
-        if not report["workload"]["bursts"] or name not in res:
-            continue
-        r50, r99 = res[name].get("burst_tbt_ratio"), res[name].get("burst_tbt_ratio_p99")
-        c50, c99 = res[name].get("burst_tbt_ratio_control"), res[name].get("burst_tbt_ratio_control_p99")
-        entry = {"vs_steady_p50": r50, "vs_steady_p99": r99, "vs_control_p50": c50, "vs_control_p99": c99,
-                 "max_stall": res[name].get("max_stall")}
-        if name == "sarathi":  # "p99 TBT of the running decodes <= 2x their steady-state TBT"
-            entry.update(met=None if r50 is None else r50 <= 2.0, met_vs_steady_p99=None if r99 is None else r99 <= 2.0,
-                         met_vs_control_p50=None if c50 is None else c50 <= 2.0)
-        out[f"{name}_burst_tbt_p99_vs_steady"] = entry
-    if "fcfs" in res and "fastserve" in res:
-        f, s = res["fcfs"].get("e2e_mean"), res["fastserve"].get("e2e_mean")
-        gain = f / s if f and s else None
-        worst = over = None
-        if report["baseline"] == "fcfs":
-            worst = report["paired"]["fastserve"].get("worst_e2e_ratio")
-            over = report["paired"]["fastserve"].get("num_worse_1_5x")
-        out["fastserve_mean_latency_2x_fcfs"] = {"gain": gain, "met": None if gain is None else gain >= 2.0}
-        out["fastserve_no_request_worse_1_5x"] = {"worst_ratio": worst, "requests_over_1_5x": over,
-                                                  "met": None if worst is None else worst <= 1.5}
-    caps = report.get("capacity") or {}
-    if "sarathi" in caps and "vllm" in caps and caps["vllm"]["capacity_rate"]:
-        gain = caps["sarathi"]["capacity_rate"] / caps["vllm"]["capacity_rate"]
-        out["sarathi_capacity_1_5x_vllm"] = {"gain": gain, "met": gain >= 1.5}
-    return out
 
 
 def _commit() -> str | None:

@@ -134,6 +134,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-burst-control", action="store_true",
                    help="burst workload: skip the control run without the burst (it gives the steady state at "
                         "the burst's own tokens: burst_tbt_ratio_control)")
+    g.add_argument("--repeats", type=int, default=1,
+                   help="run every policy this many times, round by round, alternating their order; the targets "
+                        "are judged on the median of their per-round figures (ratios within a round), so that one "
+                        "run on a busier minute does not decide them (default 1)")
     g.add_argument("--warmup", type=int, default=4, help="warm-up requests before timing (default 4)")
     g.add_argument("--json", type=Path, default=None, help="write the report here")
     g.add_argument("--html", type=Path, default=None, help="write an HTML report with plots here")
@@ -206,9 +210,13 @@ def mesh_factory(args: argparse.Namespace):
 
     logs = args.mesh_log_dir or Path(tempfile.mkdtemp(prefix="seawall-bench-"))
 
+    starts: dict[str, int] = {}
+
     def start(policy: str) -> LocalMesh:
         options = mesh_options(args, policy)
-        options.log_dir = logs / policy.replace("+", "-")
+        # one directory per mesh: with --repeats a policy's later meshes get -2, -3, ...
+        starts[policy] = n = starts.get(policy, 0) + 1
+        options.log_dir = logs / (policy.replace("+", "-") + (f"-{n}" if n > 1 else ""))
         mesh = LocalMesh(options)
         mesh.start()
         return mesh
@@ -238,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         capacity_probes=args.capacity_probes, capacity_tolerance=args.capacity_tolerance, slo_ttft=args.slo_ttft,
         slo_tbt=args.slo_tbt, max_concurrency=args.max_concurrency, warmup=args.warmup,
         progress=not args.no_progress, burst_control=not args.no_burst_control, hf_baseline=args.hf_baseline,
-        hf_max_batch=args.hf_max_batch,
+        hf_max_batch=args.hf_max_batch, repeats=args.repeats,
         model_dir=args.model, mesh_flags=mesh_flags(args) if args.spawn else [])
     # A SIGTERM unwinds like Ctrl-C, so the meshes a --spawn run started are stopped, not orphaned.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)) if args.spawn else None
@@ -248,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     print(f"workload: {report['workload']['description']}")
+    if args.repeats > 1:
+        print(f"(the tables are round 1 of {args.repeats}; the targets below are judged on all rounds)")
     print(rep.format_table(report["results"], report["ratios"]))
     classes = rep.priority_table(report["results"])
     if classes:
@@ -259,11 +269,8 @@ def run(args: argparse.Namespace) -> int:
         upper = (f"failed at {c['upper_rate']:.3g}" if c["upper_failed"] else
                  "a lower bound: the probes ran out before one failed")
         print(f"capacity {name}: {c['capacity_rate']:.3g} req/s ({upper}; {len(c['probes'])} probes)")
-    for name, t in report["targets"].items():
-        if all(v is None for v in t.values()):
-            continue  # e.g. bursts that caught no request decoding: nothing to print, the JSON keeps the entry
-        figures = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in t.items())
-        print(f"target {name}: {figures}")
+    for line in rep.format_targets(report):
+        print(line)
     for note in report["notes"]:
         print(f"note: {note}")
     if args.json:

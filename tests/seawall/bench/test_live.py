@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -90,7 +91,6 @@ def test_a_priority_mix_is_sent_and_reported_per_class(tmp_path, capsys):
 
 
 def test_a_terminated_benchmark_stops_the_mesh_it_started(tmp_path):
-    import re
     import signal
     import socket
     import subprocess
@@ -119,3 +119,28 @@ def test_a_terminated_benchmark_stops_the_mesh_it_started(tmp_path):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
     finally:
         proc.kill()
+
+
+def test_repeats_alternate_the_policies_and_judge_the_targets_on_every_round(tmp_path, capsys):
+    out, logs = tmp_path / "bench.json", tmp_path / "mesh"
+    code = main(["bench", "--spawn", "--policies", "fcfs,fastserve", "--repeats", "2", "--num-requests", "12",
+                 "--arrival", "burst", "--lengths", "pareto", "--prompt-len", "16", "--max-output-len", "48",
+                 "--max-num-seqs", "2", "--warmup", "1", "--json", str(out), "--mesh-log-dir", str(logs),
+                 "--no-progress"])
+    assert code == 0
+    captured = capsys.readouterr()
+    started = re.findall(r"--policy (\w+) \(round (\d) of 2\)", captured.err)
+    assert started == [("fcfs", "1"), ("fastserve", "1"), ("fastserve", "2"), ("fcfs", "2")]
+    assert sorted(p.name for p in logs.iterdir()) == ["fastserve", "fastserve-2", "fcfs", "fcfs-2"]
+    report = json.loads(out.read_text())
+    assert report["repeats"] == 2 and [r["round"] for r in report["rounds"]] == [1, 2]
+    for r in report["rounds"]:
+        assert list(r["results"]) == ["fcfs", "fastserve"]  # the given order, whichever ran first
+        assert all(res["num_finished"] == 12 for res in r["results"].values())
+    gain = report["targets"]["fastserve_mean_latency_2x_fcfs"]
+    per_round = [r["results"]["fcfs"]["e2e_mean"] / r["results"]["fastserve"]["e2e_mean"] for r in report["rounds"]]
+    assert [g["gain"] for g in gain["rounds"]] == pytest.approx(per_round)
+    assert gain["gain"] == pytest.approx(sum(per_round) / 2)  # the median of two
+    assert gain["met"] == (gain["gain"] >= 2.0)
+    assert "target fastserve_mean_latency_2x_fcfs (median of 2 rounds)" in captured.out
+    assert "gain by round:" in captured.out
