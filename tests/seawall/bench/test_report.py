@@ -74,6 +74,7 @@ def test_html_has_the_plots_as_valid_svg(tmp_path, report_and_runs):
     for s in svgs:
         ET.fromstring(s)
     assert "TBT over time" in html and "TTFT CDF" in html and "Goodput" in html
+    assert "target sarathi_burst_tbt_p99_vs_steady: vs_steady_p50 3" in html  # the targets, under the table
 
 
 def test_a_control_run_joins_the_tbt_timeline_only(tmp_path, report_and_runs):
