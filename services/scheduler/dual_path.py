@@ -28,6 +28,7 @@ import grpc
 
 from seawall.v1 import common_pb2, worker_pb2
 from services.common.block_hash import extend_hashes
+from services.common.rpc import rpc
 from services.scheduler.config import READ_POLICIES
 from services.scheduler.core.request import Request
 from services.scheduler.kvcache_client import KVCacheClient
@@ -219,8 +220,8 @@ class DualPath:
             dst_block_ids=dst, timeout_ms=int(self.mesh.config.transfer_timeout_s * 1e3),
             transport=self.mesh.transport)
         try:
-            reply = await prefill.stub.PullKV(request, timeout=self.mesh.config.transfer_timeout_s + 5,
-                                              metadata=self.mesh.trace_metadata(req))
+            reply = await rpc(prefill.stub.PullKV(request, timeout=self.mesh.config.transfer_timeout_s + 5,
+                                                  metadata=self.mesh.trace_metadata(req)))
         except grpc.aio.AioRpcError:
             return False
         return reply.status == _DONE

@@ -14,6 +14,7 @@ import grpc
 
 from seawall.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
 from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.rpc import rpc
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,8 @@ class KVCacheClient:
         if not hashes or not self.available:
             return 0
         try:
-            reply = await self._stub.Lookup(kvcache_pb2.LookupRequest(block_hashes=hashes, pin_ms=pin_ms),
-                                            timeout=self.timeout_s, metadata=metadata)
+            reply = await rpc(self._stub.Lookup(kvcache_pb2.LookupRequest(block_hashes=hashes, pin_ms=pin_ms),
+                                                timeout=self.timeout_s, metadata=metadata))
         except grpc.aio.AioRpcError as exc:
             self._failed("lookup", exc)
             return 0
@@ -65,7 +66,7 @@ class KVCacheClient:
                                           target_block_ids=target_block_ids, timeout_ms=int(self.timeout_s * 1e3),
                                           transport=self.transport, path=PATHS[path])
         try:
-            return await self._stub.Load(request, timeout=self.timeout_s + 5, metadata=metadata)
+            return await rpc(self._stub.Load(request, timeout=self.timeout_s + 5, metadata=metadata))
         except grpc.aio.AioRpcError as exc:
             self._failed("load", exc)
             return kvcache_pb2.LoadResponse(status=common_pb2.TRANSFER_STATUS_FAILED, error=exc.details() or "")
@@ -76,7 +77,7 @@ class KVCacheClient:
                                            block_hashes=hashes, timeout_ms=int(self.timeout_s * 1e3),
                                            transport=self.transport)
         try:
-            return await self._stub.Store(request, timeout=self.timeout_s + 5, metadata=metadata)
+            return await rpc(self._stub.Store(request, timeout=self.timeout_s + 5, metadata=metadata))
         except grpc.aio.AioRpcError as exc:
             self._failed("store", exc)
             return kvcache_pb2.StoreResponse(status=common_pb2.TRANSFER_STATUS_FAILED, error=exc.details() or "")

@@ -27,6 +27,7 @@ from services.common import tracing as tr
 from services.common.convert import plan_to_proto, result_from_proto
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.metrics import priority_class
+from services.common.rpc import rpc
 from services.common.sampling_params import FinishReason
 from services.common.step import StepPlan
 from services.common.tracing import Tracing
@@ -239,7 +240,7 @@ class Mesh:
                         await link.wait_for_work()
                         continue
                 with anyio.fail_after(self.config.step_timeout_s):
-                    msg = await call.read()
+                    msg = await rpc(call.read())
                 if msg is grpc.aio.EOF:
                     raise ConnectionError("the worker closed its step stream")
                 self._finish_step(link, in_flight.popleft(), msg)
@@ -257,7 +258,7 @@ class Mesh:
                                         or (ahead == "prompts" and not link.core.samples_a_decode(plan)))
         step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(), expected)
         with anyio.fail_after(self.config.step_timeout_s):
-            await call.write(self._plan_message(link, plan))
+            await rpc(call.write(self._plan_message(link, plan)))
         if pipelined:
             self.metrics.pipelined_steps.labels(link.worker_id).inc()
         if expected:
@@ -422,7 +423,7 @@ class Mesh:
                 if tracked is not None and tracked.trace is not None else trace.INVALID_SPAN)
         try:
             with anyio.move_on_after(self.config.transfer_timeout_s + 5):
-                reply = await dst.stub.PullKV(request, metadata=tr.to_grpc_metadata(tr.span_context(span)))
+                reply = await rpc(dst.stub.PullKV(request, metadata=tr.to_grpc_metadata(tr.span_context(span))))
                 span.set_attributes({tr.KV_BYTES: reply.bytes, tr.KV_STATUS: reply.status,
                                      tr.KV_GBPS: reply.bytes / max(reply.duration_ms, 1e-3) / 1e6})
                 error = "" if reply.status == common_pb2.TRANSFER_STATUS_DONE else reply.error or "failed"
@@ -470,8 +471,10 @@ class Mesh:
             arrival.request.reset_for_recompute()
             orphans.append(arrival.request)
         link.arrivals.clear()
+        self.metrics.worker_failures.labels(link.role).inc()
         for req in orphans:
             self.where.pop(req.request_id, None)
             if req.request_id in self.tracked:
+                self.metrics.requests_moved.inc()
                 self.place(req)
         self._tg.start_soon(link.channel.close)

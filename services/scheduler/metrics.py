@@ -18,6 +18,12 @@ class SchedulerMetrics:
         self.pipelined_steps = Counter(
             "seawall_steps_pipelined", "Plans sent while the worker's previous step still ran (planned ahead)",
             ("worker",), registry=self.registry)
+        self.worker_failures = Counter(
+            "seawall_worker_failures", "Workers dropped as failed (a step, a call or the connection failed)",
+            ("role",), registry=self.registry)
+        self.requests_moved = Counter(
+            "seawall_requests_moved", "Requests taken off a failed worker and placed again (recomputed; their "
+            "streams go on)", registry=self.registry)
 
     def watch(self, mesh) -> None:
         """Registers the scrape-time collector over ``mesh``."""
