@@ -20,6 +20,13 @@ prefix caches are off, so every hit is a kvcache load).
     .venv/bin/python bench/soak.py --configs fastserve:colocated "sarathi:disaggregated:--kv-transport grpc"
     .venv/bin/python bench/soak.py --requests 120 --seed 7
 
+``--kill-at S`` adds a crash: S seconds into the load one worker, drawn from the seed, is killed (SIGKILL)
+and started again ``--respawn-after`` seconds later. Its requests must be recomputed elsewhere (or once it is
+back) and still match transformers; their streams must go on; no block may leak. ``--workers N`` gives the
+mesh N decode (colocated: hybrid) workers, so another can take over at once.
+
+    .venv/bin/python bench/soak.py --workers 2 --kill-at 1.0 --kvcache
+
 Exit status 1 when any request differs or any block leaked. Too long for the default test suite (a minute
 or so per configuration); run it after changing the scheduler core, the step loop or the KV paths.
 """
@@ -33,6 +40,7 @@ import shlex
 import signal
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,8 +112,8 @@ class Oracle:
         return ids[: next((k + 1 for k, t in enumerate(ids) if t in self.eos), len(ids))]
 
 
-async def _load(address: str, requests: list[SoakRequest], oracle: Oracle,
-                sessions: bool) -> tuple[list[str], int, int, list]:
+async def _load(address: str, requests: list[SoakRequest], oracle: Oracle, sessions: bool,
+                chaos: Callable[[], Awaitable[None]] | None = None) -> tuple[list[str], int, int, list]:
     problems: list[str] = []
     finished = aborted = refused = 0
     verdicts: list[str] = []  # of the requests that ran to their end: "" exact, "tie", or the problem
@@ -153,6 +161,8 @@ async def _load(address: str, requests: list[SoakRequest], oracle: Oracle,
         async with anyio.create_task_group() as tg:
             for r in requests:
                 tg.start_soon(one, r)
+            if chaos is not None:
+                tg.start_soon(chaos)
         await anyio.sleep(0.5)  # the last drops reach the workers' cores
         stats = await client.stats()
     held = [(w.worker_id, w.num_device_blocks_used, w.num_host_blocks_used) for w in stats.workers]
@@ -243,7 +253,8 @@ def soak(config: str, args: argparse.Namespace, oracle: Oracle, model_dir: Path)
     extra = shlex.split(flags[0]) if flags else []
     log_dir = Path(tempfile.mkdtemp(prefix="seawall-soak-"))
     options = MeshOptions(model=str(model_dir), mode=mode, num_prefill=0 if mode == "colocated" else 1,
-                          num_decode=1, grpc_port=0, http_port=None,
+                          # the HTTP API for /metrics: how many requests a killed worker's death moved
+                          num_decode=args.workers, grpc_port=0, http_port=0 if args.kill_at is not None else None,
                           # Without the workers' own prefix cache every later turn's prefix comes from kvcache.
                           scheduler_args=["--policy", policy, *(["--no-prefix-caching"] if args.kvcache else []),
                                           *extra],
@@ -252,18 +263,33 @@ def soak(config: str, args: argparse.Namespace, oracle: Oracle, model_dir: Path)
                           log_dir=log_dir, startup_timeout_s=180, kvcache=args.kvcache)
     mesh = LocalMesh(options)
     mesh.start()
+    killed: list[str] = []
     try:
         requests = make_requests(args.requests, args.seed, args.spread, sessions=args.kvcache,
                                  early_aborts=args.early_aborts)
+        chaos = None
+        if args.kill_at is not None:
+            workers = [c.name for c in mesh.children if c.name.startswith(("prefill-", "decode-"))]
+            victim = random.Random(args.seed + 2_000_003).choice(workers)
+
+            async def chaos() -> None:
+                await anyio.sleep(args.kill_at)
+                await anyio.to_thread.run_sync(mesh.kill, victim)
+                killed.append(victim)
+                await anyio.sleep(args.respawn_after)
+                await anyio.to_thread.run_sync(mesh.respawn, victim)
+
         problems, finished, aborted, (preemptions, refused, ties) = anyio.run(
-            _load, mesh.grpc_address, requests, oracle, args.kvcache)
+            _load, mesh.grpc_address, requests, oracle, args.kvcache, chaos)
         loads = _kvcache_loads(mesh.kvcache_address) if args.kvcache else None
+        moved = mesh.counter("seawall_requests_moved") if killed else None
     finally:
         mesh.stop()
     verdict = "ok" if not problems else f"{len(problems)} PROBLEMS (logs: {log_dir})"
     print(f"{config:45} finished {finished:4} (near-ties {ties}) aborted {aborted:3} refused {refused:2} "
           f"preemptions {preemptions:5}"
-          + (f" kvcache loads {loads:3}" if loads is not None else "") + f"  {verdict}", flush=True)
+          + (f" kvcache loads {loads:3}" if loads is not None else "")
+          + (f" killed {killed[0]} (moving {moved:.0f} requests)" if killed else "") + f"  {verdict}", flush=True)
     for p in problems[:10]:
         print(f"    {p}", flush=True)
     return problems
@@ -282,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--early-aborts", type=float, default=0.1,
                    help="share of requests aborted 0-100 ms after they are sent, whatever they are doing then "
                         "(default 0.1)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="decode workers (colocated: hybrid workers) per mesh (default 1)")
+    p.add_argument("--kill-at", type=float, default=None, metavar="S",
+                   help="kill one worker (drawn from the seed) S seconds into the load, with SIGKILL")
+    p.add_argument("--respawn-after", type=float, default=1.0, metavar="S",
+                   help="with --kill-at: start the killed worker again this many seconds later (default 1)")
     p.add_argument("--model", default=None, help="checkpoint dir (default: the built-in model)")
     args = p.parse_args(argv)
     # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so each mesh's finally stops its processes.

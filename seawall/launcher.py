@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +190,19 @@ class LocalMesh:
 
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
+
+    def counter(self, name: str, **labels: str) -> float:
+        """A counter of this mesh's scheduler (``name`` without ``_total``), summed over the samples that carry
+        ``labels``; 0 before it first counts. The mesh needs its HTTP API: /metrics is served there."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.metrics_urls["scheduler"], timeout=10) as response:
+            text = response.read().decode()
+        family = next((f for f in text_string_to_metric_families(text) if f.name == name), None)
+        if family is None:
+            return 0.0
+        return sum(s.value for s in family.samples
+                   if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in labels.items()))
 
     def kill(self, name: str) -> None:
         """Kills one child at once (SIGKILL): a crash, for failure tests."""

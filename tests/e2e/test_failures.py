@@ -88,7 +88,7 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
         tiny_model_dir, tmp_path, hf_greedy):
     # Planning every step ahead: the dead worker takes sampled tokens that never arrive with it.
     m = start_mesh(tiny_model_dir, tmp_path / "logs", num_decode=2,
-                   scheduler_args=["--chunk-size", "64", "--step-pipelining", "all"], http=False)
+                   scheduler_args=["--chunk-size", "64", "--step-pipelining", "all"])
     try:
         prompts = random_prompts([10, 40, 90, 130], seed=5)
         max_tokens = 80
@@ -118,6 +118,9 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
                     await anyio.sleep(0.05)
         assert killed.is_set()
         assert [w.address for w in stats.workers if w.role == 2] != []
+        # Placed by token load, the four requests were spread over both decode workers: decode-1's moved.
+        assert m.counter("seawall_worker_failures", role="decode") == 1
+        assert m.counter("seawall_requests_moved") >= 1
         for i, prompt in enumerate(prompts):
             assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
             assert finish[i] in ("stop", "length")
@@ -131,7 +134,7 @@ async def test_killing_a_prefill_worker_mid_prompt_still_completes_every_request
     # Small chunks keep the long prompts prefilling while the worker dies; with one prefill worker the decode
     # worker is the only one left and computes the prompts itself.
     m = start_mesh(tiny_model_dir, tmp_path / "logs", num_prefill=num_prefill,
-                   scheduler_args=["--chunk-size", "32"], http=False)
+                   scheduler_args=["--chunk-size", "32"])
     try:
         prompts = random_prompts([300, 600, 900, 40], seed=7)
         max_tokens = 24
@@ -161,6 +164,8 @@ async def test_killing_a_prefill_worker_mid_prompt_still_completes_every_request
             stats = await _wait_all_blocks_free(client)
         assert killed_at and killed_at[0] > 0  # some prompt had not produced its first token yet
         assert len(stats.workers) == num_prefill  # prefill-0 dropped
+        assert m.counter("seawall_worker_failures", role="prefill") == 1
+        assert m.counter("seawall_requests_moved") >= 1  # the prompt it was computing
         for i, prompt in enumerate(prompts):
             assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
     finally:

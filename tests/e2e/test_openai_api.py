@@ -628,21 +628,11 @@ def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, defau
         assert "seawall_gc_pause_seconds" in fams, name
 
 
-def _pipelined_steps(default_mesh) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(default_mesh.metrics_urls["scheduler"], timeout=10).text
-    family = next((f for f in text_string_to_metric_families(text) if f.name == "seawall_steps_pipelined"), None)
-    if family is None:
-        return 0.0
-    return sum(s.value for s in family.samples if s.name.endswith("_total"))
-
-
 def test_prompt_chunks_are_sent_without_waiting_for_the_previous_chunks_result(http, default_mesh, hf_greedy):
     # 300 tokens at chunk 64: chunks 1-4 sample nothing, so chunks 2-5 go out while the one before still runs.
     prompt = random_prompts([300], seed=21)[0]
-    before = _pipelined_steps(default_mesh)
+    before = default_mesh.counter("seawall_steps_pipelined")
     body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "return_token_ids": True}
     choice = http.post("/v1/completions", json=body).json()["choices"][0]
     assert choice["token_ids"] == hf_greedy(prompt, 6)
-    assert _pipelined_steps(default_mesh) - before >= 3
+    assert default_mesh.counter("seawall_steps_pipelined") - before >= 3
