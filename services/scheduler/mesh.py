@@ -72,10 +72,14 @@ class Mesh:
         self._depth = 1 if config.step_pipelining == "off" else _PIPELINE_DEPTH
 
     async def run(self) -> None:
-        """Drives every worker until cancelled."""
+        """Drives every worker until cancelled from outside. A task group that ends by itself was cancelled by
+        one of its tasks raising a stray CancelledError (services/common/rpc.py has how gRPC does that): no
+        worker is driven any more, so the process stops instead of answering every call with an error."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
             await anyio.sleep_forever()
+        raise RuntimeError("the mesh's task group ended by itself (a task raised a stray CancelledError): no "
+                           "worker is driven any more")
 
     async def close(self) -> None:
         for link in self.links.values():

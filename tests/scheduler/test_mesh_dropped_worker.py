@@ -123,3 +123,24 @@ async def test_rpc_turns_a_call_cancelled_by_its_channel_into_a_cancelled_rpc_er
     finally:
         await channel.close()
         await server.stop(None)
+
+
+async def test_a_mesh_whose_task_group_ends_by_itself_raises_instead_of_returning():
+    # Before rpc(), a pull's stray CancelledError cancelled the group, run() returned quietly, and the
+    # scheduler went on answering every call with "This task group is not active".
+    import asyncio
+
+    mesh = Mesh(SchedulerServiceConfig(mode="colocated"))
+
+    async def stray() -> None:
+        raise asyncio.CancelledError()  # what grpc.aio raises for a call its channel's close cancelled
+
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mesh.run)
+            await _until(lambda: mesh._tg is not None, "the mesh to start")
+            mesh._tg.start_soon(stray)
+            await anyio.sleep(5)
+            pytest.fail("the mesh's task group was cancelled and nothing noticed")
+    (error,) = raised.value.exceptions
+    assert isinstance(error, RuntimeError) and "ended by itself" in str(error)
