@@ -209,8 +209,8 @@ def _round(opts: BenchOptions, mesh_factory: MeshFactory | None, k: int, salt: i
         return [_run_system(opts, "mesh", opts.address, opts.http, salt)]
     order = opts.policies if k % 2 == 0 else opts.policies[::-1]
     ran: dict[str, System] = {}
+    label = f" (round {k + 1} of {opts.repeats})" if opts.repeats > 1 else ""
     for policy in order:
-        label = f" (round {k + 1} of {opts.repeats})" if opts.repeats > 1 else ""
         print(f"seawall bench: starting a mesh with --policy {policy}{label}", file=sys.stderr, flush=True)
         mesh = mesh_factory(policy)
         try:

@@ -5,6 +5,8 @@ worker with a KV pull pending stopped the whole mesh)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 import grpc
 import pytest
@@ -55,9 +57,11 @@ async def _serve(servicer) -> tuple[grpc.aio.Server, int]:
 
 
 async def _until(condition, what: str) -> None:
-    with anyio.fail_after(10):
+    with anyio.move_on_after(10):
         while not condition():
             await anyio.sleep(0.01)
+        return
+    pytest.fail(f"waited 10 s for {what}")
 
 
 async def test_dropping_a_worker_with_a_step_and_a_pull_pending_leaves_the_mesh_running():
@@ -128,8 +132,6 @@ async def test_rpc_turns_a_call_cancelled_by_its_channel_into_a_cancelled_rpc_er
 async def test_a_mesh_whose_task_group_ends_by_itself_raises_instead_of_returning():
     # Before rpc(), a pull's stray CancelledError cancelled the group, run() returned quietly, and the
     # scheduler went on answering every call with "This task group is not active".
-    import asyncio
-
     mesh = Mesh(SchedulerServiceConfig(mode="colocated"))
 
     async def stray() -> None:
