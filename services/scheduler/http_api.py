@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import jinja2.sandbox
+from anyio.abc import TaskGroup
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -51,14 +52,15 @@ _CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs",
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
-def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
+def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry | None = None,
                tool_parser: ToolParser | None = None, reasoning: ReasoningParser | None = None,
                structured_in_reasoning: bool = False) -> Starlette:
-    """The API's routes; with ``registry``, also Prometheus text at ``/metrics``; ``tool_parser`` reads tool
-    calls in the model's own syntax (``tool_choice: "auto"``), ``reasoning`` a chat reply's thinking, whose
-    structured output applies after the thought unless ``structured_in_reasoning``."""
+    """The API's routes; ``tasks`` runs background responses; with ``registry``, also Prometheus text at
+    ``/metrics``; ``tool_parser`` reads tool calls in the model's own syntax (``tool_choice: "auto"``),
+    ``reasoning`` a chat reply's thinking, whose structured output applies after the thought unless
+    ``structured_in_reasoning``."""
     api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning)
-    responses = ResponsesEndpoint(api)
+    responses = ResponsesEndpoint(api, tasks)
     routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
@@ -66,6 +68,7 @@ def create_app(frontend: Frontend, registry: CollectorRegistry | None = None,
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.stored, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", responses.cancel, methods=["POST"]),
         Route("/v1/responses/{response_id}/input_items", responses.input_items, methods=["GET"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),

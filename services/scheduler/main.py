@@ -201,7 +201,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
         port = await server.start(config.host, config.grpc_port)
         log.info("scheduler gRPC on %s:%d (%s, policy %s)", config.host, port, config.mode, config.core.policy)
         if http_socket is not None:
-            app = create_app(frontend, metrics.registry, tool_parser(config.tool_call_parser),
+            app = create_app(frontend, tg, metrics.registry, tool_parser(config.tool_call_parser),
                              reasoning_parser(config.reasoning_parser), config.structured_output_in_reasoning)
             http = _Uvicorn(uvicorn.Config(app, host=config.host, port=config.http_port, log_level="warning",
                                            lifespan="off"))

@@ -43,6 +43,7 @@ _CHAT_SPELLINGS = {"messages": "input", "max_tokens": "max_output_tokens", "max_
 _LOGPROBS = "message.output_text.logprobs"
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _ROLES = ("user", "system", "developer", "assistant")
+_RUNNING = ("queued", "in_progress")  # a background response's statuses before it ends
 
 
 @dataclass
@@ -66,6 +67,7 @@ class ResponsesRequest:
     store: bool
     session_id: str
     input_items: list[dict[str, Any]] = field(default_factory=list)
+    background: bool = False  # runs past the request that created it (responses_background.py)
 
 
 def parse_request(body: dict[str, Any], previous: StoredResponse | None, response_id: str) -> ResponsesRequest:
@@ -76,8 +78,7 @@ def parse_request(body: dict[str, Any], previous: StoredResponse | None, respons
         if key in body:
             raise InvalidArgument(f"{key!r} is a chat completions field; the Responses API takes {instead}")
     _refuse_unsupported(body)
-    history = previous.messages if previous is not None else []
-    messages = history + input_messages(body.get("input"))
+    messages = _history(previous) + input_messages(body.get("input"))
     system = body.get("instructions")
     if system is not None and not isinstance(system, str):
         raise InvalidArgument(f"instructions must be a string, got {system!r}")
@@ -99,20 +100,41 @@ def parse_request(body: dict[str, Any], previous: StoredResponse | None, respons
     if text_format is not None:
         chat["response_format"] = text_format
     logprobs = _logprobs(body, chat)
-    store = body.get("store", True)
-    if not isinstance(store, bool):
-        raise InvalidArgument(f"store must be true or false, got {store!r}")
+    store, background = _storage(body)
     echoed = {
         "instructions": system, "max_output_tokens": body.get("max_output_tokens"),
         "metadata": body.get("metadata") or {}, "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": body.get("previous_response_id"), "store": store,
+        "previous_response_id": body.get("previous_response_id"), "store": store, "background": background,
         "temperature": body.get("temperature"), "text": body.get("text") or {"format": {"type": "text"}},
         "tool_choice": body.get("tool_choice") or ("auto" if body.get("tools") else "none"),
         "tools": body.get("tools") or [], "top_logprobs": body.get("top_logprobs"), "top_p": body.get("top_p"),
         "truncation": "disabled", "user": body.get("user"),
     }
     session = _session(body, previous) or (response_id if store else "")
-    return ResponsesRequest(chat, messages, echoed, logprobs, store, session, input_items(body["input"]))
+    return ResponsesRequest(chat, messages, echoed, logprobs, store, session, input_items(body["input"]), background)
+
+
+def _history(previous: StoredResponse | None) -> list[dict[str, Any]]:
+    """The conversation a continuation starts from; a background response still running has none yet."""
+    if previous is None:
+        return []
+    if previous.response["status"] in _RUNNING:
+        rid = previous.response["id"]
+        raise InvalidArgument(f"previous_response_id {rid!r} is still {previous.response['status']}: continue it "
+                              f"once it has ended (poll GET /v1/responses/{rid})")
+    return previous.messages
+
+
+def _storage(body: dict[str, Any]) -> tuple[bool, bool]:
+    """``store`` (default true) and ``background`` (default false; only with store)."""
+    store, background = body.get("store", True), body.get("background") or False
+    for key, value in (("store", store), ("background", background)):
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{key} must be true or false, got {value!r}")
+    if background and not store:
+        raise InvalidArgument("a background response is stored, to be polled and cancelled: leave store out (or "
+                              "true) with background true")
+    return store, background
 
 
 def _reasoning_effort(reasoning: Any) -> str | None:
@@ -152,8 +174,6 @@ def _session(body: dict[str, Any], previous: StoredResponse | None) -> str:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    if body.get("background"):
-        raise InvalidArgument("background responses are not supported: leave background out (or false)")
     if body.get("truncation") not in (None, "disabled"):
         raise InvalidArgument("truncation \"auto\" is not supported: a conversation longer than the context is "
                               "refused; send \"disabled\" (the default)")

@@ -4,12 +4,14 @@ request shapes, its response parsing (pydantic models, ``parse`` helpers) and it
 from __future__ import annotations
 
 import json
+import time
 from typing import Literal
 
 import openai
 import pytest
 from pydantic import BaseModel
 
+from seawall import Client
 from tests.e2e.conftest import random_prompts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -204,6 +206,79 @@ def test_stored_responses_are_retrieved_and_deleted_and_unstored_ones_are_not_ke
     gone = client.responses.create(model=model, input="Forget me", max_output_tokens=3, store=False)
     with pytest.raises(openai.NotFoundError, match="store false"):
         client.responses.create(model=model, input="More", previous_response_id=gone.id)
+
+
+def _poll(client, response_id, until=("completed", "incomplete", "failed", "cancelled"), timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while (response := client.responses.retrieve(response_id)).status not in until:
+        assert time.monotonic() < deadline, f"still {response.status} after {timeout_s} s"
+        time.sleep(0.02)
+    return response
+
+
+def test_a_background_response_is_queued_then_polled_to_the_same_reply(client, model):
+    whole = client.responses.create(model=model, input="Poll me", max_output_tokens=9, temperature=0)
+    queued = client.responses.create(model=model, input="Poll me", max_output_tokens=9, temperature=0, background=True)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    done = _poll(client, queued.id)
+    assert done.status == whole.status and done.output_text == whole.output_text and done.background is True
+    assert done.usage.output_tokens == whole.usage.output_tokens
+    reply = client.responses.create(model=model, input="And?", previous_response_id=queued.id, max_output_tokens=2)
+    assert reply.status in ("completed", "incomplete")
+
+
+def test_a_background_stream_left_early_goes_on_and_is_taken_up_where_it_was_left(client, model):
+    stream = client.responses.create(model=model, input="Resume me", max_output_tokens=40, temperature=0,
+                                     background=True, stream=True, extra_body={"ignore_eos": True})
+    seen = []
+    for event in stream:
+        seen.append(event)
+        if len(seen) == 6:
+            break
+    stream.close()  # the client goes away; the response goes on
+    rid = seen[0].response.id
+    assert [e.type for e in seen[:3]] == ["response.created", "response.queued", "response.in_progress"]
+    assert seen[0].response.status == "queued" and seen[2].response.status == "in_progress"
+    rest = list(client.responses.retrieve(rid, stream=True, starting_after=seen[-1].sequence_number))
+    events = seen + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert rest[-1].type == "response.incomplete" and rest[-1].response.usage.output_tokens == 40
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == rest[-1].response.output_text == client.responses.retrieve(rid).output_text
+    replay = list(client.responses.retrieve(rid, stream=True))  # after it ended, from the start
+    assert [e.sequence_number for e in replay] == list(range(len(events)))
+
+
+def test_a_background_response_is_cancelled_with_the_output_it_had_and_its_blocks_freed(client, model,
+                                                                                        default_mesh):
+    running = client.responses.create(model=model, input="Cancel me", max_output_tokens=3000, background=True,
+                                      extra_body={"ignore_eos": True})
+    with pytest.raises(openai.BadRequestError, match="still (queued|in_progress): cancel it first"):
+        client.responses.delete(running.id)
+    with pytest.raises(openai.BadRequestError, match="still (queued|in_progress): continue it once it has ended"):
+        client.responses.create(model=model, input="More", previous_response_id=running.id)
+    _poll(client, running.id, until=("in_progress",))
+    cancelled = client.responses.cancel(running.id)
+    assert cancelled.status == "cancelled" and 0 < cancelled.usage.output_tokens < 3000
+    assert cancelled.output_text and cancelled.output[0].status == "incomplete"
+    assert client.responses.cancel(running.id).status == "cancelled"  # again: the same response
+    assert client.responses.retrieve(running.id).status == "cancelled"
+    with Client(default_mesh.grpc_address) as grpc_client:
+        deadline = time.monotonic() + 10
+        while (stats := grpc_client.stats()).num_running or any(w.num_device_blocks_used for w in stats.workers):
+            assert time.monotonic() < deadline, f"blocks still in use: {stats}"
+            time.sleep(0.05)
+    ended = client.responses.create(model=model, input="Done", max_output_tokens=2, background=True)
+    _poll(client, ended.id)
+    with pytest.raises(openai.BadRequestError, match="has already ended .* nothing to cancel"):
+        client.responses.cancel(ended.id)
+    plain = client.responses.create(model=model, input="Plain", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="not created with background: true; only background"):
+        client.responses.cancel(plain.id)
+    with pytest.raises(openai.BadRequestError, match="cannot be streamed again"):
+        list(client.responses.retrieve(plain.id, stream=True))
+    with pytest.raises(openai.BadRequestError, match="a background response is stored"):
+        client.responses.create(model=model, input="x", background=True, store=False)
 
 
 def test_responses_api_errors_say_what_to_send(client, model):

@@ -21,8 +21,8 @@ WEATHER = {"type": "function", "name": "weather", "description": "Now",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
 
-def _stored(rid: str, messages=(), session="") -> StoredResponse:
-    return StoredResponse({"id": rid, "object": "response"}, list(messages), session)
+def _stored(rid: str, messages=(), session="", status="completed") -> StoredResponse:
+    return StoredResponse({"id": rid, "object": "response", "status": status}, list(messages), session)
 
 
 def test_input_items_become_chat_messages_and_calls_join_the_assistant_turn():
@@ -115,11 +115,24 @@ def test_a_continuation_starts_from_the_stored_conversation_and_shares_its_sessi
     assert parse_request({"input": "x", "store": False}, None, "resp_5").session_id == ""  # nothing to continue
 
 
+def test_a_background_request_is_stored_and_says_so_and_a_running_one_cannot_be_continued_yet():
+    req = parse_request({"input": "x", "background": True}, None, "resp_1")
+    assert req.background and req.store and req.echoed["background"] is True
+    assert parse_request({"input": "x"}, None, "resp_2").echoed["background"] is False
+    for status in ("queued", "in_progress"):
+        with pytest.raises(InvalidArgument, match=f"'resp_1' is still {status}: continue it once it has ended"):
+            parse_request({"input": "y", "previous_response_id": "resp_1"}, _stored("resp_1", status=status), "resp_3")
+    cancelled = _stored("resp_1", [{"role": "user", "content": "x"}], status="cancelled")
+    assert parse_request({"input": "y", "previous_response_id": "resp_1"}, cancelled, "resp_3").messages[0] == {
+        "role": "user", "content": "x"}
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"messages": []}, "the Responses API takes input"),
     ({"input": "x", "max_tokens": 3}, "takes max_output_tokens"),
     ({"input": "x", "response_format": {}}, "takes text.format"),
-    ({"input": "x", "background": True}, "background responses are not supported"),
+    ({"input": "x", "background": True, "store": False}, "a background response is stored"),
+    ({"input": "x", "background": "yes"}, "background must be true or false"),
     ({"input": "x", "truncation": "auto"}, "truncation \"auto\" is not supported"),
     ({"input": "x", "reasoning": {"effort": "high", "summary": "bullet points"}}, "reasoning.summary must be"),
     ({"input": "x", "reasoning": "high"}, "reasoning must be"),
