@@ -29,6 +29,7 @@ from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
 from services.common.convert import finish_reason_from_proto, params_to_proto, sampled_token_from_proto
 from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.rpc import rpc, rpc_stream
 from services.common.sampling_params import SamplingParams, logit_bias_pairs
 from services.common.step import SampledToken
 
@@ -162,7 +163,7 @@ class AsyncClient:
         """Streams a request's output; leaving the loop early aborts the request on the server."""
         call = self._stub.Generate(build_request(prompt, request_id, sampling))
         try:
-            async for reply in call:
+            async for reply in rpc_stream(call):
                 yield _chunk(reply)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
@@ -173,7 +174,8 @@ class AsyncClient:
                        **sampling: Any) -> Completion:
         chunks, last = [], None
         try:
-            async for reply in self._stub.Generate(build_request(prompt, request_id, sampling, final_only=True)):
+            async for reply in rpc_stream(self._stub.Generate(build_request(prompt, request_id, sampling,
+                                                                            final_only=True))):
                 chunks.append(_chunk(reply))
                 last = reply
         except grpc.aio.AioRpcError as exc:
@@ -185,17 +187,24 @@ class AsyncClient:
         (``GenerateBatch``): for batch jobs, where one call per prompt costs both sides a call's work each."""
         fold = _BatchFold(len(prompts))
         try:
-            async for reply in self._stub.GenerateBatch(build_batch(prompts, sampling)):
+            async for reply in rpc_stream(self._stub.GenerateBatch(build_batch(prompts, sampling))):
                 fold.add(reply)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
         return fold.completions()
 
     async def abort(self, request_id: str) -> bool:
-        return (await self._stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id))).found
+        """Ends a live request (its stream gets finish reason ``abort``); False when none has that id."""
+        try:
+            return (await rpc(self._stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id)))).found
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
 
     async def stats(self) -> scheduler_pb2.GetStatsResponse:
-        return await self._stub.GetStats(scheduler_pb2.GetStatsRequest())
+        try:
+            return await rpc(self._stub.GetStats(scheduler_pb2.GetStatsRequest()))
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
 
 
 class Client:
@@ -244,7 +253,13 @@ class Client:
         return fold.completions()
 
     def abort(self, request_id: str) -> bool:
-        return self._stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id)).found
+        try:
+            return self._stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id)).found
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
 
     def stats(self) -> scheduler_pb2.GetStatsResponse:
-        return self._stub.GetStats(scheduler_pb2.GetStatsRequest())
+        try:
+            return self._stub.GetStats(scheduler_pb2.GetStatsRequest())
+        except grpc.RpcError as exc:
+            raise _error(exc) from None

@@ -42,6 +42,7 @@ from google.protobuf import message_factory
 from seawall.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.kv_transport import TransferOutcome, TransferState
+from services.common.rpc import rpc, rpc_stream
 
 if TYPE_CHECKING:
     from services.common.shaper import TokenBucket
@@ -137,7 +138,7 @@ async def push_blocks(channel_or_address: grpc.aio.Channel | str, pool: PagedKVP
     async def call(channel: grpc.aio.Channel) -> str:
         write_kv = channel.stream_unary(_WRITE_KV, request_serializer=None,
                                         response_deserializer=worker_pb2.WriteKVResponse.FromString)
-        response = await write_kv(chunks(), timeout=timeout_s)
+        response = await rpc(write_kv(chunks(), timeout=timeout_s))
         if response.bytes != expected:
             return f"the peer wrote {response.bytes} bytes of the {expected} sent"
         return ""
@@ -165,7 +166,7 @@ async def pull_blocks(channel_or_address: grpc.aio.Channel | str, pool: PagedKVP
                                        response_deserializer=None)
         request = worker_pb2.ReadKVRequest(block_ids=src.tolist(), max_chunk_bytes=max_chunk_bytes)
         done = 0
-        async for message in read_kv(request, timeout=timeout_s):
+        async for message in rpc_stream(read_kv(request, timeout=timeout_s)):
             try:
                 ids, data = _decode_chunk(message)
                 if bucket is not None:

@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.errors import EXIT_PORT_IN_USE, PortInUse, SeawallError
+from services.common.rpc import rpc
 
 log = logging.getLogger(__name__)
 Config = TypeVar("Config")
@@ -84,7 +85,7 @@ async def wait_healthy(address: str, timeout_s: float, service: str = "") -> boo
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 try:
-                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                    reply = await rpc(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0))
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return True
                 except grpc.aio.AioRpcError:

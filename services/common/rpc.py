@@ -13,13 +13,14 @@ awaiting task, in two cases that anyio cannot handle:
   as its own and lets it escape as a stray cancellation too.
 
 ``rpc`` turns the first into the failed call it is and, in the second, lets the scope cancel the task again at
-a checkpoint, with a CancelledError it knows.
+a checkpoint, with a CancelledError it knows. ``rpc_stream`` does the same for each read of a streaming
+call's responses.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from typing import TypeVar
 
 import anyio.lowlevel
@@ -40,3 +41,14 @@ async def rpc(call: Awaitable[T]) -> T:
             raise
         raise grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                    details="the call was cancelled locally: its channel was closed") from None
+
+
+async def rpc_stream(call: AsyncIterable[T]) -> AsyncIterator[T]:
+    """``async for`` over a streaming call's responses, each read awaited as ``rpc`` awaits a call."""
+    responses = call.__aiter__()
+    while True:
+        try:
+            response = await rpc(responses.__anext__())
+        except StopAsyncIteration:
+            return
+        yield response

@@ -21,6 +21,7 @@ from services.common import tracing as tr
 from services.common.errors import Unavailable
 from services.common.grpc_server import CHANNEL_OPTIONS, Server, run_service, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
+from services.common.rpc import rpc
 from services.common.tracing import setup_tracing
 from services.engine.config import EngineConfig
 from services.engine.runner import ModelRunner
@@ -142,8 +143,8 @@ async def register(scheduler: str, address: str, info: worker_pb2.WorkerInfo, ti
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
             while True:
                 try:
-                    reply = await stub.RegisterWorker(
-                        scheduler_pb2.RegisterWorkerRequest(address=address, info=info), timeout=5.0)
+                    reply = await rpc(stub.RegisterWorker(
+                        scheduler_pb2.RegisterWorkerRequest(address=address, info=info), timeout=5.0))
                     log.info("registered with the scheduler at %s as %s", scheduler, reply.worker_id)
                     return reply.worker_id
                 except grpc.aio.AioRpcError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
+import anyio
 import grpc
 import grpc.aio
 import numpy as np
@@ -163,3 +164,45 @@ async def test_a_deadline_shorter_than_the_transfer_is_timed_out(server):
     start = time.monotonic()
     out = await push_blocks(address, _pool(), np.arange(32), np.arange(32), transfer_id="d", timeout_s=0)
     assert out.status is TransferState.TIMED_OUT and out.bytes == 0 and time.monotonic() - start < 1
+
+
+class _HungPeer(worker_pb2_grpc.WorkerServicer):
+    """Takes pushed chunks and pull requests and never answers either."""
+
+    async def WriteKV(self, request_iterator, context):
+        async for _ in request_iterator:
+            pass
+        await anyio.sleep_forever()
+
+    async def ReadKV(self, request, context):
+        await anyio.sleep_forever()
+        yield worker_pb2.KVChunk()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_transfers_whose_channel_is_closed_under_them_are_aborted_and_their_task_group_goes_on():
+    # gRPC ends a call on a closed channel by raising a blank CancelledError in the awaiting task, which in a
+    # task group cancels the whole group (services/common/rpc.py): the scheduler closes a dropped worker's
+    # channel while calls to it are pending.
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(_HungPeer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=GRPC_KV_OPTIONS)
+    outcomes = {}
+    try:
+        async with anyio.create_task_group() as tg:
+            async def transfer(move) -> None:
+                outcomes[move.__name__] = await move(channel, _pool(), [1, 2], [3, 4], transfer_id=move.__name__,
+                                                     timeout_s=20)
+
+            tg.start_soon(transfer, push_blocks)
+            tg.start_soon(transfer, pull_blocks)
+            await anyio.sleep(0.5)
+            await channel.close()
+        assert {name: o.status for name, o in outcomes.items()} == {"push_blocks": TransferState.ABORTED,
+                                                                    "pull_blocks": TransferState.ABORTED}
+        assert all("its channel was closed" in o.error for o in outcomes.values())
+    finally:
+        await server.stop(None)

@@ -8,10 +8,12 @@ import socket
 import sys
 
 import anyio
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2_grpc
 
 from services.common.errors import EXIT_PORT_IN_USE, InvalidArgument
-from services.common.grpc_server import QuietCancelledCalls, Server, run_service
+from services.common.grpc_server import QuietCancelledCalls, Server, run_service, wait_healthy
 
 
 def _record(exc_info) -> logging.LogRecord:
@@ -68,3 +70,24 @@ def test_services_run_on_uvloop_where_it_is_installed():
 
     assert run_service(lambda: None, serve) == 0
     assert seen[0].startswith("uvloop")
+
+
+class _HungHealth(health_pb2_grpc.HealthServicer):
+    async def Check(self, request, context):
+        await anyio.sleep_forever()
+
+
+def test_waiting_for_a_service_whose_health_check_never_answers_ends_at_the_timeout():
+    # The timeout falls inside a pending Check call: without services/common/rpc.py gRPC's blank
+    # CancelledError escaped the timeout's scope instead of the wait returning False.
+    async def main() -> bool:
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(_HungHealth(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            return await wait_healthy(f"127.0.0.1:{port}", 0.5)
+        finally:
+            await server.stop(None)
+
+    assert anyio.run(main) is False

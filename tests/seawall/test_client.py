@@ -1,11 +1,18 @@
-"""The SDK's request building: Python-friendly shapes for sampling options, validated before sending."""
+"""The SDK: Python-friendly shapes for sampling options, validated before sending; its calls' errors as
+Seawall's exceptions, and its calls inside anyio timeouts."""
 
 from __future__ import annotations
 
+import socket
+
+import anyio
+import grpc
 import pytest
 
+from seawall import AsyncClient, Client
 from seawall.client import build_batch, build_request
-from services.common.errors import InvalidArgument
+from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.errors import InvalidArgument, SeawallError, Unavailable
 
 
 def test_stop_takes_a_string_or_a_list_as_the_openai_api_does():
@@ -27,3 +34,89 @@ def test_a_batch_takes_a_list_of_prompts_each_sent_final_only_with_the_same_samp
     for bad in ("one string", []):
         with pytest.raises(ValueError, match="non-empty list of prompts"):
             build_batch(bad, {})
+
+
+class _HungScheduler(scheduler_pb2_grpc.SchedulerServicer):
+    async def GetStats(self, request, context):
+        await anyio.sleep_forever()
+
+    async def Abort(self, request, context):
+        await anyio.sleep_forever()
+
+    async def Generate(self, request, context):
+        await anyio.sleep_forever()
+        yield scheduler_pb2.GenerateResponse()
+
+
+async def _hung_scheduler() -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server()
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(_HungScheduler(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def test_a_timeout_around_a_pending_call_ends_inside_its_own_scope():
+    # gRPC ends a unary call cancelled by a cancel scope with a blank CancelledError, which the scope took for
+    # someone else's and let escape (services/common/rpc.py).
+    async def main() -> list[bool]:
+        server, address = await _hung_scheduler()
+        caught = []
+        try:
+            async with AsyncClient(address) as client:
+                for call in (client.stats, lambda: client.abort("r")):
+                    with anyio.move_on_after(0.3) as scope:
+                        await call()
+                    caught.append(scope.cancelled_caught)
+        finally:
+            await server.stop(None)
+        return caught
+
+    assert anyio.run(main) == [True, True]
+
+
+def test_closing_the_client_fails_its_pending_calls_and_leaves_their_task_group_running():
+    # gRPC ends the calls of a closed channel with a blank CancelledError, which in a task group cancelled
+    # the whole group; each call now fails with an error of its own.
+    async def main() -> dict[str, str]:
+        server, address = await _hung_scheduler()
+        errors: dict[str, str] = {}
+        try:
+            client = AsyncClient(address)
+            calls = {"stream": lambda: anext(client.stream([1, 2])), "generate": lambda: client.generate([1, 2]),
+                     "stats": client.stats}
+            async with anyio.create_task_group() as tg:
+                async def call(name: str) -> None:
+                    with pytest.raises(SeawallError) as err:
+                        await calls[name]()
+                    errors[name] = str(err.value)
+
+                for name in calls:
+                    tg.start_soon(call, name)
+                await anyio.sleep(0.3)
+                await client.close()
+        finally:
+            await server.stop(None)
+        return errors
+
+    errors = anyio.run(main)
+    assert sorted(errors) == ["generate", "stats", "stream"]
+    assert all("its channel was closed" in e for e in errors.values()), errors
+
+
+def test_a_scheduler_that_is_not_there_is_unavailable_for_every_call():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+
+    async def calls() -> None:
+        async with AsyncClient(address) as client:
+            for call in (client.stats, lambda: client.abort("r")):
+                with pytest.raises(Unavailable):
+                    await call()
+
+    anyio.run(calls)
+    with Client(address) as client:
+        for call in (client.stats, lambda: client.abort("r")):
+            with pytest.raises(Unavailable):
+                call()
