@@ -37,6 +37,7 @@ from services.common.openai_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_openai_completion, num_choices
+from services.common.version import VERSION
 from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_response, json_body
@@ -63,6 +64,7 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
     responses = ResponsesEndpoint(api, tasks)
     routes = [
         Route("/health", api.health, methods=["GET"]),
+        Route("/version", api.version, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
@@ -97,6 +99,10 @@ class OpenAIApi:
         workers = len(self.frontend.mesh.live_links())
         return JSONResponse({"status": "ok" if workers else "no workers", "workers": workers},
                             status_code=200 if workers else 503)
+
+    async def version(self, request: Request) -> Response:
+        """The running Seawall's version (vLLM serves the same shape at the same path)."""
+        return JSONResponse({"version": VERSION})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{

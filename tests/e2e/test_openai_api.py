@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 
 from seawall import Client
 from services.common.errors import InvalidArgument
+from services.common.version import VERSION
 from tests.e2e.conftest import random_prompts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -34,6 +35,7 @@ def test_models_and_health(http):
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
     health = http.get("/health")
     assert health.status_code == 200 and health.json()["workers"] == 2
+    assert http.get("/version").json() == {"version": VERSION}
 
 
 def test_completion_with_token_ids_matches_transformers_and_the_grpc_api(http, default_mesh, hf_greedy):
