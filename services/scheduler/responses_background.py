@@ -77,6 +77,10 @@ class BackgroundRuns:
     def running(self, response_id: str) -> BackgroundRun | None:
         return self._live.get(response_id)
 
+    def forget(self, response_id: str) -> None:
+        """Drops a finished run's events (its response was deleted)."""
+        self._finished.pop(response_id, None)
+
     def events(self, response_id: str) -> BackgroundRun:
         run = self.get(response_id)
         if run is None:

@@ -169,6 +169,7 @@ class ResponsesEndpoint:
                     raise InvalidArgument(f"response {rid!r} is still {stored.response['status']}: cancel it first "
                                           f"(POST /v1/responses/{rid}/cancel)")
                 self.store.delete(rid)
+                self.background.forget(rid)
                 return JSONResponse({"id": rid, "object": "response", "deleted": True})
             query = request.query_params
             if query.get("stream", "false").lower() not in ("true", "1"):

@@ -86,5 +86,8 @@ async def test_only_the_last_finished_runs_keep_their_events_and_a_running_one_a
         assert runs.get("resp_0") is None and runs.get("resp_1") is not None and runs.events("resp_long") is long
         with pytest.raises(NotFound, match="no longer kept .* last 2 background responses"):
             runs.events("resp_0")
+        runs.forget("resp_1")  # deleted: its events go with it
+        runs.forget("resp_long")  # still running: kept until it ends
+        assert runs.get("resp_1") is None and runs.get("resp_2") is not None and runs.running("resp_long") is long
         tg.cancel_scope.cancel()  # a shutdown: the run still going ends, and is kept as finished
     assert long.finished.is_set() and runs.running("resp_long") is None
