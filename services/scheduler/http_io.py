@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from services.common.errors import InvalidArgument, SeawallError
@@ -21,6 +21,9 @@ def error_response(exc: SeawallError) -> JSONResponse:
 async def json_body(request: Request) -> dict:
     try:
         body = json.loads(await request.body())
+    except ClientDisconnect:
+        # Nobody is left to read the answer; without this the server logs the disconnect as a crash.
+        raise InvalidArgument("the client disconnected before it had sent the whole request body") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"the request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
