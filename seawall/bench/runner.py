@@ -88,7 +88,11 @@ class HttpBackend:
             raise InvalidArgument("--http needs the httpx package (pip install httpx); or use --address "
                                   "HOST:PORT (gRPC)") from exc
         self.url = url.rstrip("/").removesuffix("/v1")
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+        # No pool cap: a capped pool holds a burst's requests back on this side, and their wait would count as
+        # the server's TTFT (httpx allows 100 connections by default). Idle connections are dropped after 2 s,
+        # before the server's keep-alive timeout (uvicorn: 5 s) could close one as it is reused.
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0))
         self.grpc = GrpcBackend(stats_address) if stats_address else None
 
     async def stream(self, req: BenchRequest, tag: str) -> AsyncIterator[Piece]:
