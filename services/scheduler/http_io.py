@@ -5,6 +5,7 @@ overload."""
 from __future__ import annotations
 
 import json
+import math
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
@@ -20,7 +21,7 @@ def error_response(exc: SeawallError) -> JSONResponse:
 
 async def json_body(request: Request) -> dict:
     try:
-        body = json.loads(await request.body())
+        body = json.loads(await request.body(), parse_constant=_not_a_number, parse_float=_finite)
     except ClientDisconnect:
         # Nobody is left to read the answer; without this the server logs the disconnect as a crash.
         raise InvalidArgument("the client disconnected before it had sent the whole request body") from None
@@ -29,3 +30,16 @@ async def json_body(request: Request) -> dict:
     if not isinstance(body, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return body
+
+
+# Python's json reads NaN and Infinity (not JSON) and turns 1e999 into inf; a field echoed back (a response's
+# metadata) would then fail to serialize, as a 500 after the request ran.
+def _not_a_number(name: str) -> float:
+    raise InvalidArgument(f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise InvalidArgument(f"the number {text} in the request body is out of range (at most about 1.8e308)")
+    return value

@@ -597,6 +597,9 @@ def test_malformed_json_and_bad_chat_messages_get_400(http):
     assert http.post("/v1/completions", content=b"{not json").status_code == 400
     response = http.post("/v1/chat/completions", json={"messages": [{"role": "user"}]})
     assert response.status_code == 400 and "messages[0]" in response.json()["error"]["message"]
+    # Python's json reads these; echoed back in the response's metadata they made a 500 after the request ran.
+    response = http.post("/v1/responses", content=b'{"input": "Hi", "max_output_tokens": 2, "metadata": {"a": Infinity}}')
+    assert response.status_code == 400 and "Infinity is not a JSON number" in response.json()["error"]["message"]
 
 
 def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, default_mesh):
