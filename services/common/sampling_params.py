@@ -18,6 +18,9 @@ from services.common.errors import InvalidArgument
 
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63
+# Token ids and counts travel as uint32 in the contract (common.proto SamplingParams): larger ones are refused
+# here, at intake, not found when the scheduler converts a plan holding them.
+MAX_UINT32 = 2**32 - 1
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value is [-100, 100]
 # What SamplingParams.structured_output can constrain the output to (services/engine/grammar.py compiles them).
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
@@ -93,9 +96,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        _check_int("max_tokens", self.max_tokens, lo=1)
+        _check_int("max_tokens", self.max_tokens, lo=1, hi=MAX_UINT32)
         _check_float("temperature", self.temperature, lo=0.0)
-        _check_int("top_k", self.top_k)
+        _check_int("top_k", self.top_k, hi=MAX_UINT32)
         if self.top_k < -1:
             raise InvalidArgument(f"top_k must be -1 or 0 (off) or an integer >= 1, got {self.top_k!r}")
         _check_float("top_p", self.top_p)
@@ -111,7 +114,7 @@ class SamplingParams:
         _check_float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
         self._check_stops()
         _check_bool("ignore_eos", self.ignore_eos)
-        _check_int("min_tokens", self.min_tokens, lo=0)
+        _check_int("min_tokens", self.min_tokens, lo=0, hi=MAX_UINT32)
         if self.min_tokens > self.max_tokens:
             raise InvalidArgument(
                 f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens!r}"
@@ -131,7 +134,7 @@ class SamplingParams:
         for pair in self.logit_bias:
             if not isinstance(pair, tuple) or len(pair) != 2:
                 raise InvalidArgument(f"logit_bias must hold (token id, bias) pairs, got {pair!r}")
-            _check_int("logit_bias token id", pair[0], lo=0)
+            _check_int("logit_bias token id", pair[0], lo=0, hi=MAX_UINT32)
             _check_float(f"logit_bias[{pair[0]}]", pair[1], lo=-MAX_LOGIT_BIAS, hi=MAX_LOGIT_BIAS)
             if pair[0] <= last:
                 raise InvalidArgument(f"logit_bias token ids must be unique and sorted, got {pair[0]} after {last}")
@@ -140,7 +143,7 @@ class SamplingParams:
             raise InvalidArgument(
                 f"allowed_token_ids must be a tuple of integers >= 0, got {self.allowed_token_ids!r}")
         for t in self.allowed_token_ids:
-            _check_int("allowed_token_ids", t, lo=0)
+            _check_int("allowed_token_ids", t, lo=0, hi=MAX_UINT32)
         if self.structured_output is not None:
             _check_structured(self.structured_output)
             if self.min_tokens:
@@ -173,7 +176,7 @@ class SamplingParams:
                 f"stop_token_ids must be a tuple of integers >= 0, got {self.stop_token_ids!r}"
             )
         for t in self.stop_token_ids:
-            _check_int("stop_token_ids", t, lo=0)
+            _check_int("stop_token_ids", t, lo=0, hi=MAX_UINT32)
 
     @property
     def is_greedy(self) -> bool:
@@ -358,7 +361,9 @@ def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = No
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{name} must be an integer, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise InvalidArgument(f"{name} must be an integer {_range(lo, hi)}, got {value!r}")
+        # The contract's uint32 cap is named only to a value past it: below the floor, the floor is what matters.
+        shown = None if hi == MAX_UINT32 and value <= hi else hi
+        raise InvalidArgument(f"{name} must be an integer {_range(lo, shown)}, got {value!r}")
 
 
 def _check_float(name: str, value: Any, lo: float | None = None, hi: float | None = None) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seawall.v1 import worker_pb2
 from services.common.convert import (
@@ -114,3 +116,22 @@ def test_columns_that_do_not_line_up_are_rejected():
     result.num_sampled_tokens[1] = 2
     with pytest.raises(InvalidArgument, match="do not line up"):
         result_from_proto(result)
+
+
+_INTS = st.integers(-2, 2**64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries({}, optional={
+    "max_tokens": _INTS, "top_k": _INTS, "min_tokens": _INTS, "seed": _INTS, "logprobs": _INTS,
+    "prompt_logprobs": _INTS, "stop_token_ids": st.lists(_INTS, max_size=2).map(tuple),
+    "allowed_token_ids": st.lists(_INTS, max_size=2).map(tuple),
+    "logit_bias": st.lists(_INTS, max_size=2, unique=True).map(lambda ids: tuple((t, 1.0) for t in sorted(ids)))}))
+def test_any_params_that_validate_fit_the_contract(fields):
+    # A request whose params passed validation but not the proto's ranges (top_k 2**40: a uint32 field) was
+    # queued, and the scheduler's step loop then died converting its plan: one request took the mesh down.
+    try:
+        params = SamplingParams(**fields)
+    except InvalidArgument:
+        return
+    assert params_from_proto(params_to_proto(params)) == params
