@@ -64,10 +64,8 @@ class Frontend:
         if len(set(ids)) < len(ids):
             dup = next(rid for rid in ids if ids.count(rid) > 1)
             raise InvalidArgument(f"request id {dup!r} appears more than once in the batch; ids must be unique")
+        self.check_batch_size(len(items))
         limit = self.mesh.config.max_queue_len
-        if len(items) > limit:
-            raise InvalidArgument(f"a batch of {len(items)} requests can never fit the queue ({limit} places, "
-                                  "--max-queue-len): send at most that many at once")
         room = limit - self.mesh.num_waiting
         if len(items) > room:
             raise ResourceExhausted(f"a batch of {len(items)} requests does not fit the queue ({room} of {limit} "
@@ -81,6 +79,14 @@ class Frontend:
                     self.mesh.abort(queued.request_id, FinishReason.ABORT)
                 raise
         return tracked
+
+    def check_batch_size(self, count: int) -> None:
+        """Refuses a batch that could never be queued whole; callers that fan a request out into ``count``
+        requests (OpenAI's ``n``) check before building them: ``n`` of 2**40 would never finish building."""
+        limit = self.mesh.config.max_queue_len
+        if count > limit:
+            raise InvalidArgument(f"a batch of {count} requests can never fit the queue ({limit} places, "
+                                  "--max-queue-len): send at most that many at once")
 
     def _prepare(self, item: Submission, trace_parent) -> TrackedRequest:
         prompt = list(item.prompt_token_ids)

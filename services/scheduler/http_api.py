@@ -210,6 +210,7 @@ class OpenAIApi:
         if len(prompts) == 1 and n == 1:
             return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session,
                                          priority=priority)]
+        self.frontend.check_batch_size(len(prompts) * n)
         items = [Submission(p, params.for_choice(j), session_id=session, priority=priority)
                  for p in prompts for j in range(n)]
         labels = [f"prompt[{k // n}]" if len(prompts) > 1 else "" for k in range(len(items))]

@@ -568,17 +568,22 @@ def test_a_structured_output_that_cannot_be_compiled_is_400_with_the_reason(http
     ({"prompt": ["hi", [1, 99999]]}, "prompt[1]: prompt token id 99999 is outside the vocabulary"),
     ({"prompt": "hi", "n": 0}, "n must be an integer >= 1"),
     ({"prompt": "hi", "n": 2000}, "a batch of 2000 requests can never fit the queue (1024 places"),
+    # Refused before its choices are built: the scheduler once spent minutes (and GBs) building 2**40 of them.
+    ({"prompt": ["a", "b"], "n": 2**40}, "a batch of 2199023255552 requests can never fit the queue"),
     ({"prompt": "hi", "best_of": 2}, "best_of must be 1"),
     ({"prompt": "hi", "echo": "yes"}, "echo must be true or false"),
     ({"prompt": "hi", "logit_bias": {"4096": 5}}, "logit_bias names token id 4096, outside the vocabulary"),
     ({"prompt": "hi", "logit_bias": {"5": 150}}, "logit_bias[5] must be in [-100.0, 100.0]"),
     ({"prompt": "hi", "allowed_token_ids": [3, 5000]}, "allowed_token_ids has token id 5000, outside"),
+    # Past the contract's uint32: queued, it stopped the scheduler when its plan was converted.
+    ({"prompt": "hi", "top_k": 2**40}, "top_k must be an integer <= 4294967295"),
 ])
 def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(http, body, fragment):
     response = http.post("/v1/completions", json=body)
     assert response.status_code == 400
     assert fragment in response.json()["error"]["message"]
     assert response.json()["error"]["code"] == "invalid_argument"
+    assert http.get("/health").status_code == 200
 
 
 @pytest.mark.parametrize("extra, fragment", [
