@@ -21,6 +21,10 @@ MAX_SEED = 2**63
 # Token ids and counts travel as uint32 in the contract (common.proto SamplingParams): larger ones are refused
 # here, at intake, not found when the scheduler converts a plan holding them.
 MAX_UINT32 = 2**32 - 1
+# Temperature and penalties travel as float32: past its largest value they would arrive as inf, and the
+# sampler's fp32 math would turn masked logits into NaN (a worker's step fails, and so would the next
+# worker's the request is moved to).
+MAX_FLOAT32 = 3.4028234663852886e38
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value is [-100, 100]
 # What SamplingParams.structured_output can constrain the output to (services/engine/grammar.py compiles them).
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
@@ -97,7 +101,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1, hi=MAX_UINT32)
-        _check_float("temperature", self.temperature, lo=0.0)
+        _check_float("temperature", self.temperature, lo=0.0, hi=MAX_FLOAT32)
         _check_int("top_k", self.top_k, hi=MAX_UINT32)
         if self.top_k < -1:
             raise InvalidArgument(f"top_k must be -1 or 0 (off) or an integer >= 1, got {self.top_k!r}")
@@ -107,7 +111,7 @@ class SamplingParams:
         _check_float("min_p", self.min_p, lo=0.0, hi=1.0)
         if self.seed is not None:
             _check_int("seed", self.seed, lo=0, hi=MAX_SEED - 1)
-        _check_float("repetition_penalty", self.repetition_penalty)
+        _check_float("repetition_penalty", self.repetition_penalty, hi=MAX_FLOAT32)
         if self.repetition_penalty <= 0.0:
             raise InvalidArgument(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
         _check_float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
@@ -372,6 +376,9 @@ def _check_float(name: str, value: Any, lo: float | None = None, hi: float | Non
     if not math.isfinite(value):
         raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
+        if hi == MAX_FLOAT32:  # a limit of the contract's float32, named only to a value past it
+            shown = "<= 3.4e38 (a float32)" if value > hi else _range(lo, None)
+            raise InvalidArgument(f"{name} must be {shown}, got {value!r}")
         raise InvalidArgument(f"{name} must be {_range(lo, hi)}, got {value!r}")
 
 

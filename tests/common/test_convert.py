@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -119,19 +121,28 @@ def test_columns_that_do_not_line_up_are_rejected():
 
 
 _INTS = st.integers(-2, 2**64)
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.5, 1.0, 3.4e38, 3.5e38, 1e308])
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.fixed_dictionaries({}, optional={
     "max_tokens": _INTS, "top_k": _INTS, "min_tokens": _INTS, "seed": _INTS, "logprobs": _INTS,
+    "temperature": _FLOATS, "repetition_penalty": _FLOATS, "top_p": _FLOATS, "min_p": _FLOATS,
+    "presence_penalty": _FLOATS, "frequency_penalty": _FLOATS,
     "prompt_logprobs": _INTS, "stop_token_ids": st.lists(_INTS, max_size=2).map(tuple),
     "allowed_token_ids": st.lists(_INTS, max_size=2).map(tuple),
     "logit_bias": st.lists(_INTS, max_size=2, unique=True).map(lambda ids: tuple((t, 1.0) for t in sorted(ids)))}))
 def test_any_params_that_validate_fit_the_contract(fields):
     # A request whose params passed validation but not the proto's ranges (top_k 2**40: a uint32 field) was
-    # queued, and the scheduler's step loop then died converting its plan: one request took the mesh down.
+    # queued, and the scheduler's step loop then died converting its plan: one request took the mesh down. A
+    # temperature past float32's range became inf in the plan, and NaN in the sampler: every worker it was
+    # moved to died in turn.
     try:
         params = SamplingParams(**fields)
     except InvalidArgument:
         return
-    assert params_from_proto(params_to_proto(params)) == params
+    back = params_from_proto(params_to_proto(params))  # float fields are float32 in the contract
+    floats = {f: pytest.approx(getattr(params, f), rel=1e-6, abs=1e-30) for f in (
+        "temperature", "repetition_penalty", "top_p", "min_p", "presence_penalty", "frequency_penalty")}
+    assert back == dataclasses.replace(params, **{f: getattr(back, f) for f in floats})
+    assert {f: getattr(back, f) for f in floats} == floats
