@@ -41,6 +41,9 @@ class SchedulerServiceConfig:
     core: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(chunk_size=256))
     # Requests waiting (admitted, not yet started) beyond which Generate answers RESOURCE_EXHAUSTED.
     max_queue_len: int = 1024
+    # How many times a request is moved off a worker that failed while holding it; past that it ends with an
+    # error: a request that fails the step of any worker it lands on must not take every worker down in turn.
+    max_moves: int = 3
     # How KV moves between workers: "nixl" (when both sides have an agent) or "grpc" (streamed chunks).
     kv_transport: str = "nixl"
     # The kvcache service (host:port) for multi-turn KV reuse; None = none.
@@ -73,14 +76,10 @@ class SchedulerServiceConfig:
     step_pipelining: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.kv_transport not in TRANSPORTS:
-            raise ValueError(f"kv_transport must be one of {', '.join(TRANSPORTS)}, got {self.kv_transport!r}")
-        if self.step_pipelining not in STEP_PIPELINING:
-            raise ValueError(f"step_pipelining must be one of {', '.join(STEP_PIPELINING)}, got {self.step_pipelining!r}")
-        if self.kv_read_policy not in READ_POLICIES:
-            raise ValueError(f"kv_read_policy must be one of {', '.join(READ_POLICIES)}, got {self.kv_read_policy!r}")
+        for name, choices in (("mode", MODES), ("kv_transport", TRANSPORTS), ("step_pipelining", STEP_PIPELINING),
+                              ("kv_read_policy", READ_POLICIES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         for name in ("grpc_port", "http_port", "metrics_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port < 65536:
@@ -95,8 +94,9 @@ class SchedulerServiceConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
-        if self.max_queue_len < 1:
-            raise ValueError(f"max_queue_len must be >= 1, got {self.max_queue_len}")
+        for name, least in (("max_queue_len", 1), ("max_moves", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         for name in ("transfer_timeout_s", "step_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

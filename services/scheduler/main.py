@@ -61,6 +61,8 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preemption-mode", choices=("swap", "recompute"), default=None,
                    help="default: the policy's own (swap for fastserve*, recompute for the others)")
     p.add_argument("--max-queue-len", type=int, default=1024, help="queued requests before 429 (default 1024)")
+    p.add_argument("--max-moves", type=int, default=3,
+                   help="times a request is moved off a failed worker before it ends with an error (default 3)")
     p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
     p.add_argument("--kv-read-policy", choices=READ_POLICIES, default="dual",
                    help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")
@@ -91,6 +93,7 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
     scheduler command line."""
     flags = ["--policy", policy or args.policy, *(["--chunk-size", str(args.chunk_size)] if args.chunk_size else []),
              "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
+             "--max-moves", str(args.max_moves),
              "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq,
              "--step-pipelining", args.step_pipelining, "--decode-steps", str(args.decode_steps)]
     for name in ("max_num_batched_tokens", "preemption_mode", "tbt_target_s", "starvation_s", "max_wait_ratio",
@@ -131,7 +134,7 @@ def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
     return SchedulerServiceConfig(model=args.model, served_model_name=args.served_model_name, host=args.host,
                                   grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
                                   core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,
-                                  kv_read_policy=args.kv_read_policy)
+                                  kv_read_policy=args.kv_read_policy, max_moves=args.max_moves)
 
 
 def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:

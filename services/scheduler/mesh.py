@@ -478,7 +478,16 @@ class Mesh:
         self.metrics.worker_failures.labels(link.role).inc()
         for req in orphans:
             self.where.pop(req.request_id, None)
-            if req.request_id in self.tracked:
-                self.metrics.requests_moved.inc()
-                self.place(req)
+            tracked = self.tracked.get(req.request_id)
+            if tracked is None:
+                continue
+            tracked.moves += 1
+            if tracked.moves > self.config.max_moves:
+                tracked.end(FinishReason.ERROR, f"the request was on {tracked.moves} workers that failed while "
+                                                f"running it, the last with: {why}; it is not moved again "
+                                                f"(--max-moves {self.config.max_moves})")
+                self._forget(req.request_id)
+                continue
+            self.metrics.requests_moved.inc()
+            self.place(req)
         self._tg.start_soon(link.channel.close)

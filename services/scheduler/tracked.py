@@ -42,6 +42,7 @@ class TrackedRequest:
         self.detok = IncrementalDetokenizer(tokenizer, request.params, prompt_token_ids=request.prompt_token_ids)
         self.finish_reason: str | None = None
         self.num_emitted = 0  # tokens streamed so far
+        self.moves = 0  # times moved off a worker that failed while holding it (SchedulerServiceConfig.max_moves)
         self._pending = Delta()
         self.arrived = anyio.Event()  # set when _pending holds something; replaced by take()
         self.done = anyio.Event()  # set with the last token: a non-streaming reader wakes once, not per token
