@@ -25,6 +25,9 @@ MAX_UINT32 = 2**32 - 1
 # sampler's fp32 math would turn masked logits into NaN (a worker's step fails, and so would the next
 # worker's the request is moved to).
 MAX_FLOAT32 = 3.4028234663852886e38
+# Below float32's smallest normal number a top_p or repetition_penalty could arrive as 0, which the contract
+# reads as "unset" (1.0): the opposite of what was asked.
+MIN_FLOAT32 = 1.1754943508222875e-38
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value is [-100, 100]
 # What SamplingParams.structured_output can constrain the output to (services/engine/grammar.py compiles them).
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
@@ -106,14 +109,15 @@ class SamplingParams:
         if self.top_k < -1:
             raise InvalidArgument(f"top_k must be -1 or 0 (off) or an integer >= 1, got {self.top_k!r}")
         _check_float("top_p", self.top_p)
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not MIN_FLOAT32 <= self.top_p <= 1.0:
+            raise InvalidArgument(f"top_p must be in (0, 1] (at least 1.2e-38, a float32), got {self.top_p!r}")
         _check_float("min_p", self.min_p, lo=0.0, hi=1.0)
         if self.seed is not None:
             _check_int("seed", self.seed, lo=0, hi=MAX_SEED - 1)
         _check_float("repetition_penalty", self.repetition_penalty, hi=MAX_FLOAT32)
-        if self.repetition_penalty <= 0.0:
-            raise InvalidArgument(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if self.repetition_penalty < MIN_FLOAT32:
+            raise InvalidArgument(f"repetition_penalty must be > 0 (at least 1.2e-38, a float32), got "
+                                  f"{self.repetition_penalty!r}")
         _check_float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
         _check_float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
         self._check_stops()
