@@ -6,15 +6,11 @@ from __future__ import annotations
 import anyio
 import grpc
 import pytest
-from tokenizers import Tokenizer
 
 from seawall.v1 import worker_pb2, worker_pb2_grpc
-from services.common.sampling_params import SamplingParams
-from services.engine.builtin_model import ensure_default_model
 from services.scheduler.config import SchedulerServiceConfig
-from services.scheduler.core.request import Request
 from services.scheduler.mesh import Mesh
-from services.scheduler.tracked import TrackedRequest
+from tests.scheduler.links import tracked_request, worker_info
 
 pytestmark = pytest.mark.anyio
 
@@ -39,18 +35,13 @@ async def test_a_result_whose_columns_do_not_line_up_fails_the_worker_and_requeu
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     mesh = Mesh(SchedulerServiceConfig(mode="colocated"))
-    info = worker_pb2.WorkerInfo(role=worker_pb2.WORKER_ROLE_DECODE, model="tiny", num_device_blocks=64,
-                                 max_model_len=4096)
-    info.kv_layout.block_size = 16
-    tokenizer = Tokenizer.from_file(str(ensure_default_model() / "tokenizer.json"))
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(mesh.run)
             while mesh._tg is None:
                 await anyio.sleep(0.01)
-            link = mesh.register(f"127.0.0.1:{port}", info)
-            tracked = TrackedRequest(Request("r", list(range(3, 40)), SamplingParams(max_tokens=4), 0.0),
-                                     tokenizer, 0.0)
+            link = mesh.register(f"127.0.0.1:{port}", worker_info())
+            tracked = tracked_request("r")
             mesh.submit(tracked)
             with anyio.fail_after(10):
                 while link.alive:

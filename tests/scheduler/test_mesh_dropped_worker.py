@@ -10,18 +10,15 @@ import asyncio
 import anyio
 import grpc
 import pytest
-from tokenizers import Tokenizer
 
 from seawall.v1 import worker_pb2, worker_pb2_grpc
 from services.common.rpc import rpc
 from services.common.sampling_params import SamplingParams
-from services.engine.builtin_model import ensure_default_model
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request
 from services.scheduler.mesh import Mesh
-from services.scheduler.tracked import TrackedRequest
 from services.scheduler.worker_link import Arrival
-from tests.scheduler.links import ROLES, add_link
+from tests.scheduler.links import add_link, tracked_request, worker_info
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -68,17 +65,13 @@ async def test_dropping_a_worker_with_a_step_and_a_pull_pending_leaves_the_mesh_
     stalled = _StalledWorker()
     server, port = await _serve(stalled)
     mesh = Mesh(SchedulerServiceConfig(mode="colocated", step_timeout_s=60))
-    info = worker_pb2.WorkerInfo(role=ROLES["decode"], model="tiny", num_device_blocks=64, max_model_len=4096)
-    info.kv_layout.block_size = 16
-    tokenizer = Tokenizer.from_file(str(ensure_default_model() / "tokenizer.json"))
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(mesh.run)
             await _until(lambda: mesh._tg is not None, "the mesh to start")
-            dst = mesh.register(f"127.0.0.1:{port}", info)
+            dst = mesh.register(f"127.0.0.1:{port}", worker_info())
             # A request running on it: the mesh's loop for it awaits the step's result.
-            tracked = TrackedRequest(Request("r", list(range(3, 40)), SamplingParams(max_tokens=4), 0.0),
-                                     tokenizer, 0.0)
+            tracked = tracked_request("r")
             mesh.submit(tracked)
             # A hand-off into it: the pull is pending on the worker.
             src = add_link(mesh, "src", "prefill")
