@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import anyio.lowlevel
 import grpc
@@ -34,21 +34,30 @@ async def rpc(call: Awaitable[T]) -> T:
     cancelled. A task being cancelled still unwinds with a cancellation its scope recognises."""
     try:
         return await call
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            await anyio.lowlevel.checkpoint()  # a cancel scope delivers its own cancellation here
-            raise
-        raise grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                   details="the call was cancelled locally: its channel was closed") from None
+    except asyncio.CancelledError as exc:
+        await _cancelled(exc)
 
 
 async def rpc_stream(call: AsyncIterable[T]) -> AsyncIterator[T]:
-    """``async for`` over a streaming call's responses, each read awaited as ``rpc`` awaits a call."""
+    """``async for`` over a streaming call's responses, each read handled as ``rpc`` handles a call (inline:
+    a stream reads once per token, so no coroutine per read)."""
     responses = call.__aiter__()
     while True:
         try:
-            response = await rpc(responses.__anext__())
+            response = await responses.__anext__()
         except StopAsyncIteration:
             return
+        except asyncio.CancelledError as exc:
+            await _cancelled(exc)
         yield response
+
+
+async def _cancelled(exc: asyncio.CancelledError) -> NoReturn:
+    """``exc`` came from a gRPC call: re-raised where the task is being cancelled (after a checkpoint, where a
+    cancel scope delivers its own cancellation), else the failed call it stands for."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        await anyio.lowlevel.checkpoint()
+        raise exc
+    raise grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                               details="the call was cancelled locally: its channel was closed") from None
