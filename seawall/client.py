@@ -34,10 +34,6 @@ from services.common.sampling_params import SamplingParams, logit_bias_pairs
 from services.common.step import SampledToken
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
-_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
-           grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
-           grpc.StatusCode.NOT_FOUND: errors.NotFound, grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
-           grpc.StatusCode.FAILED_PRECONDITION: errors.ModelLoadError}
 
 
 @dataclass
@@ -49,6 +45,8 @@ class Chunk:
     text: str
     finish_reason: str | None = None
     queue_delay_ms: float = 0.0
+    # With the finish reason: the stop string or token that matched, or, for "error", what went wrong.
+    finish_detail: str = ""
     # With ``logprobs=k``: each token's logprob, rank and top-k candidates, aligned with ``token_ids``.
     logprobs: list[SampledToken] = field(default_factory=list)
     # With ``prompt_logprobs=k``, in the chunk with the first token: prompt positions 1, 2, ... scored.
@@ -63,6 +61,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    finish_detail: str = ""  # as in Chunk
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     queue_delay_ms: float = 0.0
@@ -99,7 +98,7 @@ def _chunk(reply: scheduler_pb2.GenerateResponse) -> Chunk:
     logprobs = [sampled_token_from_proto(lp.sampled.token_id, lp) for lp in reply.logprobs]
     prompt = [sampled_token_from_proto(lp.sampled.token_id, lp) for lp in reply.prompt_logprobs]
     return Chunk(reply.request_id, list(reply.token_ids), reply.text, finish_reason_from_proto(reply.finish_reason),
-                 reply.queue_delay_ms, logprobs, prompt)
+                 reply.queue_delay_ms, reply.finish_detail, logprobs, prompt)
 
 
 def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> Completion:
@@ -110,6 +109,7 @@ def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> C
         out.logprobs.extend(c.logprobs)
         out.prompt_logprobs.extend(c.prompt_logprobs)
         out.finish_reason = c.finish_reason or out.finish_reason
+        out.finish_detail = c.finish_detail or out.finish_detail
     if last is not None:
         out.prompt_tokens = last.usage.prompt_tokens
         out.cached_prompt_tokens = last.usage.cached_prompt_tokens
@@ -141,7 +141,7 @@ class _BatchFold:
 
 
 def _error(exc: grpc.RpcError) -> errors.SeawallError:
-    return _ERRORS.get(exc.code(), errors.SeawallError)(exc.details() or str(exc.code()))
+    return errors.error_for_code(exc.code().name, exc.details() or str(exc.code()))
 
 
 class AsyncClient:

@@ -4,7 +4,8 @@ Input line:  ``{"custom_id", "method": "POST", "url": "/v1/completions", "body":
 Output line: ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`` — the body is
 an OpenAI completion whose choices also carry ``token_ids`` (vLLM's ``return_token_ids``); ``n`` choices
 (seeded ones with ``seed + j``) and ``echo`` (with ``logprobs``: the prompt's tokens scored) as the HTTP API
-has them. A bad line gets status 400 and a message; the other lines still run.
+has them. A bad line gets status 400 and a message, as does one whose request fails while it runs (constraints
+that leave no token possible); the other lines still run.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def run_batch(engine: OfflineEngine, lines: list[str], model_name: str) -> list[
     created = int(time.time())
     out = []
     for it in items:
-        if it.error is not None:
-            out.append(_error_line(it, it.error))
+        failed = it.error or next((c.error for c in by_line.get(it.line_no, ()) if c.error is not None), None)
+        if failed is not None:  # a choice that failed fails the line, as a choice fails a response of the API
+            out.append(_error_line(it, failed))
         else:
             out.append(_response_line(it, by_line[it.line_no], engine, model_name, created))
     return out

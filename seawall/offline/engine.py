@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from services.common.block_hash import hash_seed
-from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.common.step import SampledToken, merge_prompt_scores
 from services.engine.config import EngineConfig
@@ -31,6 +31,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    error: SeawallError | None = None  # with finish_reason "error": what went wrong
     logprobs: list[SampledToken] = field(default_factory=list)
     # With SamplingParams.prompt_logprobs: prompt positions 1, 2, ... scored.
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
@@ -98,12 +99,13 @@ class OfflineEngine:
                 merge_prompt_scores(done[rid].prompt_logprobs, start, tokens)
             for event in self.scheduler.on_result(plan, result):
                 self._apply(event, done[event.request_id], detoks[event.request_id])
+            for rid, error in result.errors.items():
+                self._fail(done[rid], error)
             idle_steps = 0 if plan.num_scheduled_tokens else idle_steps + 1
             if idle_steps and not self.scheduler.running and self.scheduler.waiting:
                 # Nothing fits and nothing runs: the head request can never be scheduled.
-                head = self.scheduler.waiting[0]
-                done[head.request_id].finish_reason = FinishReason.ERROR
-                self.scheduler.finish(head.request_id, FinishReason.ERROR)
+                self._fail(done[self.scheduler.waiting[0].request_id],
+                           ResourceExhausted("the request does not fit the KV pool beside the others"))
             # The core always makes progress within a step or two (a swap-in, then its run); more idle
             # steps in a row mean a scheduling bug, which must not hang the caller.
             assert idle_steps < 8, f"scheduler made no progress in {idle_steps} steps: {self.scheduler.running}"
@@ -112,6 +114,11 @@ class OfflineEngine:
             comp.num_preemptions = reqs[rid].num_preemptions
             comp.num_cached_prompt_tokens = reqs[rid].num_prefix_hit_tokens
         return [done[rid] for rid in order]
+
+    def _fail(self, comp: Completion, error: SeawallError) -> None:
+        if comp.finish_reason is None:  # else it ended at a token of the step that failed it, or before
+            comp.finish_reason, comp.error = FinishReason.ERROR, error
+            self.scheduler.finish(comp.request_id, FinishReason.ERROR)
 
     def _apply(self, event, comp: Completion, detok: IncrementalDetokenizer) -> None:
         if comp.finish_reason is not None:

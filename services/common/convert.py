@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 
+import grpc
+
 from seawall.v1 import common_pb2, worker_pb2
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, error_for_code
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 
@@ -28,6 +30,8 @@ _STRUCTURED_KINDS = {field: kind for kind, field in _STRUCTURED_PROTO_FIELDS.ite
 _FREE_THOUGHT_TO_PROTO = {"": common_pb2.FREE_THOUGHT_UNSPECIFIED, "required": common_pb2.FREE_THOUGHT_REQUIRED,
                           "optional": common_pb2.FREE_THOUGHT_OPTIONAL}
 _FREE_THOUGHT_FROM_PROTO = {v: k for k, v in _FREE_THOUGHT_TO_PROTO.items()}
+# SequenceError.code is a grpc.StatusCode's number.
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 def finish_reason_to_proto(reason: str | None) -> int:
@@ -168,6 +172,8 @@ def result_to_proto(result: StepResult, step_seconds: float = 0.0) -> worker_pb2
         msg.prompt_logprob_starts.append(start)
         msg.num_prompt_logprobs.append(len(tokens))
         msg.prompt_logprobs.extend(token_logprobs_to_proto(t) for t in tokens)
+    msg.errors.extend(worker_pb2.SequenceError(seq_id=seq_id, code=grpc.StatusCode[exc.grpc_code].value[0],
+                                               message=str(exc)) for seq_id, exc in result.errors.items())
     return msg
 
 
@@ -180,6 +186,8 @@ def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
                               "line up")
     if msg.prompt_logprob_seq_ids:
         result.prompt_logprobs = _prompt_logprobs_from_proto(msg)
+    for e in msg.errors:
+        result.errors[e.seq_id] = error_for_code(_CODE_NAMES.get(e.code, "INTERNAL"), e.message)
     sampled = result.sampled
     if not msg.logprobs:
         if len(ids) == len(seq_ids):  # one token each: the usual step

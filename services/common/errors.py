@@ -56,3 +56,11 @@ class PortInUse(Unavailable):
 
 # A process exit status, distinct from 1 (a crash) and 2 (a bad flag or model).
 EXIT_PORT_IN_USE = 3
+
+
+def error_for_code(grpc_code: str, message: str) -> SeawallError:
+    """The error a ``grpc.StatusCode`` name stands for (``SeawallError`` itself for codes without a class of
+    their own): how an error that crossed the wire as a status becomes one again."""
+    kinds = (InvalidArgument, NotFound, ResourceExhausted, ModelLoadError, Unavailable)
+    kind = next((k for k in kinds if k.grpc_code == grpc_code), SeawallError)
+    return kind(message)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.errors import SeawallError
 from services.common.sampling_params import SamplingParams
 
 
@@ -92,3 +93,7 @@ class StepResult:
     # Prompt tokens scored this step (SamplingParams.prompt_logprobs): per sequence, the position of the first
     # one and a SampledToken per consecutive position (token_id is the prompt's token there).
     prompt_logprobs: dict[str, tuple[int, list[SampledToken]]] = field(default_factory=dict)
+    # Sequences that failed alone (the rest of the step stands), e.g. constraints that leave no token possible.
+    # The worker keeps such a sequence, runs none of it again and reports the error whenever a plan schedules
+    # it, until a plan finishes it: plans sent before the scheduler learned of the error still run.
+    errors: dict[str, SeawallError] = field(default_factory=dict)

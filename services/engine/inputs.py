@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from services.common.errors import SeawallError
 from services.common.sampling_params import SamplingParams
 from services.engine.attention import (
     AttentionBatch,
@@ -50,6 +51,8 @@ class SequenceState:
     params: SamplingParams
     # Structured output: the grammar's matcher, made on the first token this worker samples for it.
     grammar: SequenceGrammar | None = None
+    # Set when the sequence failed alone (StepResult.errors): it is kept, never run again, until finished.
+    error: SeawallError | None = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ import torch
 
 from services.common.errors import InvalidArgument
 from services.common.heap import keep_freed_heap
+from services.common.sampling_params import SamplingParams
 from services.common.step import NewSequence, SampledToken, StepPlan, StepResult
 from services.engine import cpu_kernels
 from services.engine.builtin_model import ensure_default_model
@@ -92,7 +93,9 @@ class ModelRunner:
         result = StepResult(plan.step_id)
         if plan.num_scheduled_tokens:
             scheduled = [(self._get(sid), n) for sid, n in plan.num_scheduled_tokens.items() if n > 0]
-            result.sampled = self._run(scheduled, result.prompt_logprobs)
+            result.sampled = self._run([(seq, n) for seq, n in scheduled if seq.error is None],
+                                       result.prompt_logprobs)
+            result.errors = {seq.seq_id: seq.error for seq, _ in scheduled if seq.error is not None}
         result.forward_seconds = time.perf_counter() - started
         return result
 
@@ -117,7 +120,7 @@ class ModelRunner:
             for sid, token in self._pass(batch, prompt_logprobs).items():
                 sampled.setdefault(sid, []).append(token)
             batch = []
-            for sid in [sid for sid, left in extra.items() if left]:
+            for sid in [sid for sid, left in extra.items() if left and self.seqs[sid].error is None]:
                 extra[sid] -= 1
                 batch.append((self.seqs[sid], 1))
         return sampled
@@ -145,8 +148,13 @@ class ModelRunner:
         if masks is not None:
             masks.result()
         out = self.sampler(logits, rows, self.checkpoint.eos_token_ids)
+        for i in out.no_token:
+            seq = self.seqs[inputs.sample_seq_ids[i]]
+            seq.error = InvalidArgument(no_token_message(seq.params, len(rows[i].output_token_ids)))
         sampled: dict[str, SampledToken] = {}
         for i, sid in enumerate(inputs.sample_seq_ids):
+            if self.seqs[sid].error is not None:
+                continue
             token = out.token_ids[i]
             self.seqs[sid].token_ids.append(token)
             lp = out.logprobs[i]
@@ -209,6 +217,21 @@ class ModelRunner:
         if seq is None:
             raise KeyError(f"step plan names sequence {seq_id!r} which this worker does not hold")
         return seq
+
+
+def no_token_message(params: SamplingParams, num_outputs: int) -> str:
+    """Why a request could not go on: its constraints (named, as the client sent them) left no token possible."""
+    held = []
+    if params.structured_output is not None:
+        held.append(f"the structured output ({params.structured_output[0]})")
+    if params.allowed_token_ids:
+        held.append(f"allowed_token_ids ({len(params.allowed_token_ids)} tokens)")
+    if num_outputs < params.min_tokens:
+        held.append(f"min_tokens ({params.min_tokens}: no end-of-sequence or stop token yet)")
+    if params.has_penalties:
+        held.append("the penalties")
+    return (f"no token satisfies {' and '.join(held) or 'the constraints'} at output token {num_outputs + 1}: "
+            "they contradict each other; loosen one of them")
 
 
 def resolve_model_dir(model: str | None) -> str:

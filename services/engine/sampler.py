@@ -11,6 +11,7 @@ Pipeline, per row (rows are batched; only seeded draws loop in Python)::
             -> greedy rows: argmax
             -> sampled rows: / temperature -> top-k -> top-p -> min-p -> softmax
                              -> argmax(probs / Exp(1) noise)   (the exponential race)
+        a row whose constraints ruled out every token picks a -inf logit: reported (``no_token``), not used
 
 A seeded row draws its noise from a fresh ``torch.Generator`` seeded from ``(seed, len(output))``, so the
 k-th output token depends only on the seed, k and that row's logits: not on the batch around it, on
@@ -20,7 +21,7 @@ preemption (recompute replays the same steps) or on the process.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -59,10 +60,13 @@ class TokenLogprobs:
 
 @dataclass
 class SamplerOutput:
-    """``token_ids[i]`` is row i's new token; ``logprobs[i]`` is None unless row i asked for logprobs."""
+    """``token_ids[i]`` is row i's new token; ``logprobs[i]`` is None unless row i asked for logprobs.
+    ``no_token``: rows whose constraints left no token possible (their entry in ``token_ids`` means nothing),
+    e.g. ``allowed_token_ids`` that the grammar never allows, or only end tokens while ``min_tokens`` holds."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    no_token: list[int] = field(default_factory=list)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -122,7 +126,7 @@ class Sampler:
         logprobs: list[TokenLogprobs | None] = [None] * n
         if raw_logprobs is not None:
             _fill_logprobs(logprobs, raw_logprobs, want, tokens, rows)
-        return SamplerOutput(token_list, logprobs)
+        return SamplerOutput(token_list, logprobs, _no_token(x, tokens, rows))
 
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
@@ -188,6 +192,18 @@ def _constrain_tokens(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
                               device=x.device)
         # Token ids are unique within a row, so no (row, token) is written twice.
         x[_index(bias, x.device)[row_idx], cols] += values
+
+
+def _no_token(x: torch.Tensor, tokens: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
+    """The constrained rows whose token is -inf after the constraints: greedy or sampled, a row with any token
+    left picks one of them (truncation keeps the best), so -inf means every token was ruled out."""
+    limited = [i for i, r in enumerate(rows) if r.token_mask is not None or r.params.allowed_token_ids
+               or len(r.output_token_ids) < r.params.min_tokens or r.params.has_penalties]
+    if not limited:
+        return []
+    idx = _index(limited, x.device)
+    picked = x[idx, tokens[idx]]
+    return [i for i, ruled_out in zip(limited, (picked == float("-inf")).tolist(), strict=True) if ruled_out]
 
 
 def _apply_penalties(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:

@@ -40,7 +40,7 @@ from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_o
 from services.common.version import VERSION
 from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
 from services.scheduler.frontend import Frontend, Submission
-from services.scheduler.http_io import error_response, json_body
+from services.scheduler.http_io import error_body, error_response, json_body
 from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
@@ -255,6 +255,9 @@ class OpenAIApi:
             return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed, tools),
                                      media_type="text/event-stream")
         merged = await self.collect(request, tracked)
+        failed = next((out.error for out in merged if out.error is not None), None)
+        if failed is not None:  # a choice that failed fails the response, as in vLLM
+            return error_response(failed)
         choices = []
         for i, out in enumerate(merged):
             choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason,
@@ -323,6 +326,14 @@ class OpenAIApi:
                 extras.fill(choice, tracked[i], merged)
                 first[i] = False
                 yield _event({**head, "object": obj, "choices": [choice]})
+                if merged.error is not None:
+                    # The status line went out with the first event: the error comes as an event (vLLM's and
+                    # OpenAI's shape, which OpenAI's clients raise), and the other choices are cut short.
+                    for other in tracked:
+                        self.frontend.mesh.abort(other.request_id)
+                    yield _event(error_body(merged.error))
+                    yield "data: [DONE]\n\n"
+                    return
         if include_usage:
             yield _event({**head, "object": obj, "choices": [], "usage": self._usage(tracked, n, chat)})
         yield "data: [DONE]\n\n"

@@ -13,10 +13,13 @@ from starlette.responses import JSONResponse
 from services.common.errors import InvalidArgument, SeawallError
 
 
+def error_body(exc: SeawallError) -> dict:
+    return {"error": {"message": str(exc), "type": type(exc).__name__, "code": exc.grpc_code.lower()}}
+
+
 def error_response(exc: SeawallError) -> JSONResponse:
     headers = {"Retry-After": "1"} if exc.http_status == 429 else None
-    body = {"error": {"message": str(exc), "type": type(exc).__name__, "code": exc.grpc_code.lower()}}
-    return JSONResponse(body, status_code=exc.http_status, headers=headers)
+    return JSONResponse(error_body(exc), status_code=exc.http_status, headers=headers)
 
 
 async def json_body(request: Request) -> dict:

@@ -25,7 +25,7 @@ from opentelemetry import trace
 from seawall.v1 import common_pb2, worker_pb2
 from services.common import tracing as tr
 from services.common.convert import plan_to_proto, result_from_proto
-from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
 from services.common.metrics import priority_class
 from services.common.rpc import rpc
 from services.common.sampling_params import FinishReason
@@ -121,7 +121,9 @@ class Mesh:
         else:
             self.place(req)
 
-    def abort(self, request_id: str, reason: str = FinishReason.ABORT) -> bool:
+    def abort(self, request_id: str, reason: str = FinishReason.ABORT, error: SeawallError | None = None) -> bool:
+        """Ends a request wherever it is (queued, running, its KV in flight) and frees what it holds. ``error``:
+        it failed (finish reason "error"), and its client is told why."""
         tracked = self.tracked.get(request_id)
         if tracked is None:
             return False
@@ -134,7 +136,10 @@ class Mesh:
                 dst.arrivals.remove(arrival)
                 self._release_source(arrival)
         self.unplaced = deque(r for r in self.unplaced if r.request_id != request_id)
-        tracked.end(reason)
+        if error is not None:
+            tracked.fail(error)
+        else:
+            tracked.end(reason)
         self._forget(request_id)
         return True
 
@@ -291,6 +296,9 @@ class Mesh:
             if tracked is not None:
                 tracked.add_prompt_logprobs(start, tokens)
         self._dispatch(link, link.core.on_result(step.plan, result), now)
+        for rid, error in result.errors.items():
+            if self.where.get(rid) is link:  # else it ended meanwhile (or this is a plan sent before it failed)
+                self.abort(rid, error=error)
 
     def _plan_message(self, link: WorkerLink, plan: StepPlan):
         msg = plan_to_proto(plan, link.epoch)
@@ -483,9 +491,9 @@ class Mesh:
                 continue
             tracked.moves += 1
             if tracked.moves > self.config.max_moves:
-                tracked.end(FinishReason.ERROR, f"the request was on {tracked.moves} workers that failed while "
-                                                f"running it, the last with: {why}; it is not moved again "
-                                                f"(--max-moves {self.config.max_moves})")
+                tracked.fail(SeawallError(f"the request was on {tracked.moves} workers that failed while running "
+                                          f"it, the last with: {why}; it is not moved again "
+                                          f"(--max-moves {self.config.max_moves})"))
                 self._forget(req.request_id)
                 continue
             self.metrics.requests_moved.inc()

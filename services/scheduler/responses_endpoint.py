@@ -73,7 +73,7 @@ class ResponsesEndpoint:
         items.feed({"reasoning": thought, "content": message["content"], "tool_calls": calls},
                    self._output_logprobs(req, out))
         items.close(_item_status(finish))
-        return JSONResponse(self._finish_response(head, req, tracked, items, finish, out.detail))
+        return JSONResponse(self._finish_response(head, req, tracked, items, finish, out.detail, out.error))
 
     def _start_background(self, head: dict, req: ResponsesRequest, tracked: TrackedRequest,
                           tools: ToolCalling | None, stream: bool) -> Response:
@@ -116,7 +116,7 @@ class ResponsesEndpoint:
         yield event({"type": f"response.{status}", "response": _snapshot(head, status)})
         items, calls = OutputItems(), tools.stream() if tools else None
         thoughts = self.api.reasoning_stream(tracked)
-        finish, detail = None, ""
+        finish, detail, error = None, "", None
         async for ready in self.api.stream([tracked]):
             if status == "queued":
                 status = "in_progress"
@@ -128,12 +128,12 @@ class ResponsesEndpoint:
                     merged = replace(merged, text=answer)
                 delta, finish = calls.delta(merged) if calls else ({"content": merged.text}, merged.finish_reason)
                 delta = {**delta, "reasoning": thought}
-                detail = merged.detail or detail
+                detail, error = merged.detail or detail, merged.error or error
                 for e in items.feed(delta, self._output_logprobs(req, merged)):
                     yield event(e)
         for e in items.close(_item_status(finish)):
             yield event(e)
-        response = self._finish_response(head, req, tracked, items, finish, detail)
+        response = self._finish_response(head, req, tracked, items, finish, detail, error)
         kind = {"completed": "completed", "incomplete": "incomplete"}.get(response["status"], "failed")
         yield event({"type": f"response.{kind}", "response": response})
 
@@ -141,13 +141,15 @@ class ResponsesEndpoint:
         return chat_logprobs(delta.logprobs, self.api.texts)["content"] if req.logprobs else None
 
     def _finish_response(self, head: dict, req: ResponsesRequest, tracked: TrackedRequest, items: OutputItems,
-                         finish: str | None, detail: str) -> dict:
+                         finish: str | None, detail: str, error: SeawallError | None) -> dict:
         """The whole response object, kept for previous_response_id and GET when the request asked to store it."""
         status, incomplete = status_of(finish)
         r = tracked.request
         n_in, n_out = len(r.prompt_token_ids), len(r.output_token_ids)
+        # OpenAI's codes: a request that cannot go on as asked is an invalid prompt, anything else the server's.
+        code = "invalid_prompt" if isinstance(error, InvalidArgument) else "server_error"
         response = {**head, "status": status, "completed_at": int(time.time()), "incomplete_details": incomplete,
-                    "error": {"code": "server_error", "message": detail} if status == "failed" else None,
+                    "error": {"code": code, "message": detail} if status == "failed" else None,
                     "output": items.items,
                     "usage": {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": r.num_prefix_hit_tokens},
                               "output_tokens": n_out,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import anyio
 from tokenizers import Tokenizer
 
+from services.common.errors import SeawallError
 from services.common.sampling_params import FinishReason
 from services.common.step import SampledToken, merge_prompt_scores
 from services.engine.detokenizer import IncrementalDetokenizer
@@ -25,6 +26,9 @@ class Delta:
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
     finish_reason: str | None = None
     detail: str = ""
+    # With finish_reason "error": what went wrong, as the error the client is given (its status says whose
+    # fault: InvalidArgument for a request that cannot go on, SeawallError for the mesh's own failures).
+    error: SeawallError | None = None
 
 
 class TrackedRequest:
@@ -86,6 +90,12 @@ class TrackedRequest:
         if not self.finished:
             self._pending.text += self.detok.flush()
             self._arrive(reason, detail)
+
+    def fail(self, error: SeawallError) -> None:
+        """Ends the stream with ``error`` (finish reason "error", its message as the detail)."""
+        if not self.finished:
+            self._pending.error = error
+            self.end(FinishReason.ERROR, str(error))
 
     def take(self) -> Delta:
         """Everything that arrived since the last take (empty if nothing did); the last take carries the

@@ -17,7 +17,7 @@ from services.common.convert import (
     result_from_proto,
     result_to_proto,
 )
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, SeawallError
 from services.common.sampling_params import SamplingParams
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 
@@ -107,6 +107,15 @@ def test_prompt_scores_round_trip_beside_the_sampled_tokens():
     msg.num_prompt_logprobs[1] = 1
     with pytest.raises(InvalidArgument, match="prompt logprobs do not line up"):
         result_from_proto(msg)
+
+
+def test_sequence_errors_come_back_as_the_same_kind_of_error_beside_the_tokens():
+    result = StepResult(6, sampled={"ok": [SampledToken(7)]},
+                        errors={"stuck": InvalidArgument("no token is possible"), "odd": SeawallError("broken")})
+    back = result_from_proto(_wire(result_to_proto(result)))
+    assert back.sampled == result.sampled
+    assert {sid: (type(e), str(e)) for sid, e in back.errors.items()} == {
+        "stuck": (InvalidArgument, "no token is possible"), "odd": (SeawallError, "broken")}
 
 
 def test_columns_that_do_not_line_up_are_rejected():

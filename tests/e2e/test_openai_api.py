@@ -558,6 +558,38 @@ def test_a_structured_output_that_cannot_be_compiled_is_400_with_the_reason(http
         client.generate("hi", max_tokens=4, structured_output=("regex", "[a-"))
 
 
+def test_constraints_that_leave_no_token_end_the_request_with_a_400_that_says_so(http, default_mesh, tiny_model_dir):
+    """Contradictions only sampling finds: allowed_token_ids the grammar never allows (the first token, on the
+    prefill worker), or only end tokens while min_tokens holds them back; and "a" then the end the grammar
+    wants, which allowed_token_ids rules out (the second token, on the decode worker)."""
+    (a,) = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")).encode("a").ids
+    base = {"prompt": "hi", "max_tokens": 8, "temperature": 0, "allowed_token_ids": [a]}
+    first = "no token satisfies the structured output (regex) and allowed_token_ids (1 tokens) at output token 1"
+    later = first.replace("token 1", "token 2")
+    for body, fragment in [({**base, "guided_regex": "b"}, first), ({**base, "guided_regex": "a"}, later),
+                           ({**base, "allowed_token_ids": [1, 5], "min_tokens": 2},
+                            "allowed_token_ids (2 tokens) and min_tokens (2: no end-of-sequence or stop token yet)")]:
+        response = http.post("/v1/completions", json=body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_argument"
+        assert fragment in response.json()["error"]["message"]
+    # Streamed: the tokens before it, then the error as an event (which OpenAI's clients raise).
+    events = _sse(http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "stream": True, "return_token_ids": True,
+        **{k: v for k, v in base.items() if k != "prompt"}, "guided_regex": "a"}))
+    assert [t for e in events[:-1] for t in e["choices"][0]["token_ids"]] == [a]
+    assert events[-2]["choices"][0]["finish_reason"] == "error" and later in events[-1]["error"]["message"]
+    reply = http.post("/v1/responses", json={"input": "Hi", "max_output_tokens": 8, "temperature": 0,
+                                             "allowed_token_ids": [a], "guided_regex": "a"}).json()
+    assert reply["status"] == "failed" and reply["error"]["code"] == "invalid_prompt"
+    assert later in reply["error"]["message"]
+    with Client(default_mesh.grpc_address) as client:
+        out = client.generate("hi", max_tokens=8, temperature=0, allowed_token_ids=[a], structured_output=("regex", "a"))
+        assert (out.token_ids, out.finish_reason) == ([a], "error") and later in out.finish_detail
+        stats = client.stats()
+        assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens must be"),
     ({"prompt": "hi", "temprature": 0.5}, "unknown field 'temprature'"),

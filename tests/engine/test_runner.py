@@ -106,6 +106,29 @@ def test_multi_step_plans_sample_what_single_steps_do(runner, params):
     d.run({"finished": ["a", "b"]})
 
 
+def test_a_sequence_whose_constraints_leave_no_token_fails_alone_and_is_kept_until_finished(runner):
+    d = Driver(runner)
+    a = runner.checkpoint.tokenizer.encode("a").ids
+    assert len(a) == 1
+    # "a" is all the grammar allows first, then only end-of-sequence, which allowed_token_ids rules out.
+    stuck = SamplingParams(max_tokens=8, temperature=0, structured_output=("regex", "a"), allowed_token_ids=tuple(a))
+    reference = d.generate("ok", _prompt(12), [0], 4)
+    d.run({"finished": ["ok"]})
+    new = [NewSequence("ok", _prompt(12), 12, 0, [0], GREEDY), NewSequence("stuck", _prompt(9, 1), 9, 0, [1], stuck)]
+    step = runner.execute(StepPlan(100, new=new, num_scheduled_tokens={"ok": 15, "stuck": 12}))
+    # Each ran the prompt and sampled; "stuck" sampled "a", then failed: its further passes did not run.
+    assert {sid: [t.token_id for t in tokens] for sid, tokens in step.sampled.items()} == {"ok": reference,
+                                                                                          "stuck": a}
+    assert list(step.errors) == ["stuck"] and isinstance(step.errors["stuck"], InvalidArgument)
+    assert str(step.errors["stuck"]).startswith("no token satisfies the structured output (regex) and "
+                                                "allowed_token_ids (1 tokens) at output token 2")
+    # A plan sent before the scheduler heard of it still names it: it is reported again, the rest runs.
+    again = runner.execute(StepPlan(101, num_scheduled_tokens={"ok": 1, "stuck": 1}))
+    assert list(again.sampled) == ["ok"] and list(again.errors) == ["stuck"]
+    runner.execute(StepPlan(102, finished=["ok", "stuck"]))
+    assert "stuck" not in runner.seqs
+
+
 def test_plans_that_overrun_known_tokens_or_blocks_are_rejected(runner):
     d = Driver(runner)
     with pytest.raises(ValueError, match="no room for 12 more"):  # past its known tokens: one block holds 16

@@ -168,6 +168,24 @@ def test_repetition_penalty_matches_hugging_face():
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
+def test_rows_whose_constraints_rule_out_every_token_are_reported_greedy_or_sampled():
+    logits = torch.randn(6, 64, generator=torch.Generator().manual_seed(7))
+    grammar = SamplingRow(SamplingParams(temperature=0.0, allowed_token_ids=(5, 6)), [], [],
+                          token_mask=_bitmask([7, 8], 64))  # the grammar allows neither allowed token
+    rows = [
+        grammar,
+        row(temperature=0.0, allowed_token_ids=(0,), min_tokens=1),  # only eos allowed, and eos is held back
+        row(temperature=1.0, seed=3, allowed_token_ids=(0, 1), min_tokens=1, stop_token_ids=(1,)),
+        row(temperature=0.0, allowed_token_ids=(0, 9), min_tokens=1),  # 9 is still possible
+        row(temperature=0.0),
+        row(temperature=0.7, top_k=2, allowed_token_ids=(0,), output=[4]),  # min_tokens reached: eos possible
+    ]
+    out = sampler(logits, rows, eos_token_ids=(0,))
+    assert out.no_token == [0, 1, 2]
+    assert out.token_ids[3:] == [9, int(logits[4].argmax()), 0]
+    assert sampler(logits, [row(temperature=0.0)] * 6).no_token == []
+
+
 # --- min_tokens ------------------------------------------------------------------------------------------
 
 

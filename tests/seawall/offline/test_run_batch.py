@@ -45,6 +45,8 @@ def test_bad_lines_get_400_and_the_others_still_run(tmp_path, tiny_model_dir):
         _req("ok2", prompt=[10, 11, 12], max_tokens=3, temperature=0),
         _req("bias", prompt="x", logit_bias={"99999": 1}),
         _req("allowed", prompt=[10, 11, 12], max_tokens=5, temperature=0.9, allowed_token_ids=[7, 70, 700]),
+        # Only the end-of-sequence tokens, which min_tokens holds back: found when it samples, not at intake.
+        _req("stuck", prompt=[10, 11, 12], max_tokens=5, temperature=0, allowed_token_ids=[1, 5], min_tokens=2),
     ]
     code, out = _run(tmp_path, tiny_model_dir, rows)
     assert code == 0
@@ -57,7 +59,8 @@ def test_bad_lines_get_400_and_the_others_still_run(tmp_path, tiny_model_dir):
     assert set(by_id["allowed"]["response"]["body"]["choices"][0]["token_ids"]) <= {7, 70, 700}
     expected = {"temp": "temperature", "neg": "max_tokens", "topp": "top_p", "url": "/v1/completions",
                 "long": "context", "vocab": "vocabulary", "empty": "empty", "noprompt": "prompt",
-                "bias": "logit_bias names token id 99999"}
+                "bias": "logit_bias names token id 99999",
+                "stuck": "no token satisfies allowed_token_ids (2 tokens) and min_tokens (2"}
     for cid, word in expected.items():
         resp = by_id[cid]["response"]
         assert resp["status_code"] == 400, (cid, resp)
