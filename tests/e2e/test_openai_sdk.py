@@ -102,6 +102,13 @@ def test_errors_arrive_as_the_clients_exception_classes(client, model):
                                        top_logprobs=99)
     with pytest.raises(openai.BadRequestError, match="needs \"logprobs\": true"):
         client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], top_logprobs=2)
+    # Found only while it runs (only end tokens allowed, held back by min_tokens): streamed, after the headers.
+    stuck = {"allowed_token_ids": [1, 5], "min_tokens": 2}
+    with pytest.raises(openai.BadRequestError, match="no token satisfies allowed_token_ids"):
+        client.completions.create(model=model, prompt="hi", max_tokens=4, extra_body=stuck)
+    stream = client.completions.create(model=model, prompt="hi", max_tokens=4, stream=True, extra_body=stuck)
+    with pytest.raises(openai.APIError, match="no token satisfies allowed_token_ids"):
+        list(stream)
 
 
 # --- the Responses API -----------------------------------------------------------------------------------
