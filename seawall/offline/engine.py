@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from services.common.block_hash import hash_seed
-from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
+from services.common.errors import ResourceExhausted, SeawallError
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.common.step import SampledToken, merge_prompt_scores
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.runner import ModelRunner
+from services.scheduler.admission import validate_request
 from services.scheduler.core.block_manager import BlockManager
 from services.scheduler.core.request import Request
 from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
@@ -56,27 +57,12 @@ class OfflineEngine:
         return self.tokenizer.encode(text).ids
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raises InvalidArgument for what the model cannot run, ResourceExhausted for what the pool cannot hold."""
-        n = len(prompt_token_ids)
-        vocab = self.checkpoint.config.vocab_size
-        if n == 0:
-            raise InvalidArgument("prompt is empty; send at least one token")
-        bad = next((t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidArgument(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
-        params.check_vocab(vocab)
+        """Raises InvalidArgument for what the model or the policy cannot run, ResourceExhausted for what the pool
+        cannot hold (the scheduler service's checks, services/scheduler/admission.py)."""
+        config = self.scheduler.config
+        validate_request(prompt_token_ids, params, self.checkpoint.config.vocab_size, config.max_model_len,
+                         self.blocks.block_size, self.blocks.num_blocks, config.whole_prompt_limit)
         self.runner.grammars.validate(params.structured_output, params.free_thought)
-        limit = self.scheduler.config.max_model_len
-        if n >= limit:
-            raise InvalidArgument(f"prompt has {n} tokens; the model's context is {limit}, leaving no room to "
-                                  "generate: shorten the prompt")
-        # A request that cannot finish even alone in the pool would preempt itself forever: refuse it now.
-        worst = min(n + params.max_tokens, limit)
-        if self.blocks.blocks_needed(worst, 0) > self.blocks.num_blocks:
-            raise ResourceExhausted(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs "
-                f"{self.blocks.blocks_needed(worst, 0)} KV blocks; the pool holds {self.blocks.num_blocks}: "
-                "lower max_tokens or raise --kv-cache-bytes")
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[Completion]:
         """Runs all prompts together to completion; validate them first."""

@@ -9,10 +9,12 @@ from services.common.sampling_params import SamplingParams
 
 
 def validate_request(prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int, max_model_len: int,
-                     block_size: int, pool_blocks: int | None) -> None:
-    """Raises InvalidArgument for what the model cannot run, ResourceExhausted for what no pool can hold.
+                     block_size: int, pool_blocks: int | None, whole_prompt_limit: int | None = None) -> None:
+    """Raises InvalidArgument for what the model or the scheduling policy cannot run, ResourceExhausted for what
+    no pool can hold.
 
     ``pool_blocks``: blocks of the smallest pool the request may land in (None: not known yet).
+    ``whole_prompt_limit``: ``SchedulerConfig.whole_prompt_limit``.
     """
     n = len(prompt_token_ids)
     if n == 0:
@@ -24,10 +26,17 @@ def validate_request(prompt_token_ids: Sequence[int], params: SamplingParams, vo
     if n >= max_model_len:
         raise InvalidArgument(f"prompt has {n} tokens; the model's context is {max_model_len}, leaving no room to "
                               "generate: shorten the prompt")
+    worst = min(n + params.max_tokens, max_model_len)
+    if whole_prompt_limit is not None and worst > whole_prompt_limit:
+        # It would wait forever: vLLM refuses such a configuration at start; this refuses only what cannot fit.
+        raise InvalidArgument(
+            f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) may need {worst} tokens in one step: the "
+            "scheduling policy runs a prompt whole (and a preempted request's prompt and output again), and a step "
+            f"holds at most {whole_prompt_limit} (--max-num-batched-tokens): lower max_tokens or shorten the "
+            "prompt, or serve with a larger --max-num-batched-tokens or a chunking policy (sarathi)")
     if pool_blocks is None:
         return
     # A request that cannot finish even alone in the pool would preempt itself forever: refuse it now.
-    worst = min(n + params.max_tokens, max_model_len)
     need = -(-worst // block_size)
     if need > pool_blocks:
         raise ResourceExhausted(

@@ -93,7 +93,7 @@ class Frontend:
         pools = [link.info.num_device_blocks for link in self.mesh.live_links()]
         block_size = self.mesh.live_links()[0].info.kv_layout.block_size if pools else 16
         validate_request(prompt, item.params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
-                         min(pools) if pools else None)
+                         min(pools) if pools else None, self.mesh.config.core.whole_prompt_limit)
         self.grammars.validate(item.params.structured_output, item.params.free_thought)
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids,

@@ -7,6 +7,7 @@ import pytest
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling_params import SamplingParams
 from services.scheduler.admission import validate_request
+from services.scheduler.core.config import SchedulerConfig
 
 
 def _check(prompt, max_tokens=4, pool_blocks=100):
@@ -34,3 +35,24 @@ def test_what_no_pool_can_hold_is_resource_exhausted_with_the_fix():
 
 def test_the_context_limit_caps_what_a_request_can_need():
     _check([1] * 10, max_tokens=10_000, pool_blocks=16)  # at most 64 tokens = 16 blocks
+
+
+@pytest.mark.parametrize("policy, limited", [("vllm", True), ("fcfs", True), ("fastserve", True),
+                                             ("sarathi", False), ("fastserve+sarathi", False)])
+def test_a_policy_that_runs_prompts_whole_refuses_what_could_never_fit_one_step(policy, limited):
+    """It would wait forever: the step takes a prompt whole, and a recompute takes its prompt and output."""
+    limit = SchedulerConfig(policy=policy, max_num_batched_tokens=32).whole_prompt_limit
+    assert limit == (32 if limited else None)
+    assert SchedulerConfig(policy=policy).whole_prompt_limit is None  # no token budget: anything fits
+
+    def check(n, max_tokens):
+        validate_request([1] * n, SamplingParams(max_tokens=max_tokens), vocab_size=50, max_model_len=64,
+                         block_size=4, pool_blocks=100, whole_prompt_limit=limit)
+
+    check(20, 12)
+    if limited:
+        with pytest.raises(InvalidArgument, match=r"prompt \(20 tokens\) \+ max_tokens \(13\) may need 33 tokens "
+                                                  r"in one step.*at most 32 \(--max-num-batched-tokens\)"):
+            check(20, 13)
+    else:
+        check(40, 20)

@@ -148,6 +148,15 @@ class SchedulerConfig:
             raise ValueError(f"tbt_target_s must be > 0 or None, got {self.tbt_target_s}")
 
     @property
+    def whole_prompt_limit(self) -> int | None:
+        """The most tokens of one request a step must take at once (None: no such bound): a policy that does not
+        chunk runs a prompt whole in one step, and a preempted request's prompt and output again when it is
+        recomputed, so a request that could grow past ``max_num_batched_tokens`` might never run."""
+        if POLICY_CLASSES[self.policy].chunked:
+            return None
+        return self.max_num_batched_tokens
+
+    @property
     def derived_token_budget(self) -> int | None:
         """Sarathi's tau from ``tbt_target_s`` when ``chunk_size`` is not given; None otherwise. Raises
         ValueError when the step-time model cannot fit even a one-token step in the target (checked where the

@@ -147,6 +147,19 @@ def test_preemption_under_a_small_pool_keeps_outputs(tiny_model_dir, mode, struc
         assert all(re.fullmatch("[a-z]+", c.text) and c.finish_reason == "length" for c in got)
 
 
+def test_a_request_a_whole_prompt_policy_could_never_fit_in_a_step_is_refused_up_front(tmp_path, tiny_model_dir):
+    # Before, the 70-token prompt waited forever behind a 64-token step (the mesh never answered; here it ended
+    # with an error blaming the KV pool).
+    rows = [_req("long", prompt=[7] * 70, max_tokens=4), _req("fits", prompt=[7] * 40, max_tokens=24, ignore_eos=True)]
+    code, out = _run(tmp_path, tiny_model_dir, rows, "--policy", "vllm", "--max-num-batched-tokens", "64")
+    assert code == 0
+    long, fits = out
+    assert long["response"]["status_code"] == 400
+    assert "may need 74 tokens in one step" in long["error"]["message"]
+    assert fits["response"]["status_code"] == 200
+    assert len(fits["response"]["body"]["choices"][0]["token_ids"]) == 24
+
+
 def test_a_request_the_pool_can_never_hold_is_refused_up_front(tmp_path, tiny_model_dir):
     from seawall.offline.engine import OfflineEngine
 
