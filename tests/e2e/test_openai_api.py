@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 import pytest
@@ -579,6 +580,18 @@ def test_constraints_that_leave_no_token_end_the_request_with_a_400_that_says_so
         **{k: v for k, v in base.items() if k != "prompt"}, "guided_regex": "a"}))
     assert [t for e in events[:-1] for t in e["choices"][0]["token_ids"]] == [a]
     assert events[-2]["choices"][0]["finish_reason"] == "error" and later in events[-1]["error"]["message"]
+    # One failed choice ends the stream of them all: the other ("the" goes on with "bbb...") is aborted, not
+    # left running its 3000 tokens (over 10 s here).
+    (b,) = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")).encode("b").ids
+    events = _sse(http.post("/v1/completions", json={"prompt": ["hi", "the"], "max_tokens": 3000, "stream": True,
+                                                     "temperature": 0, "allowed_token_ids": [a, b],
+                                                     "guided_regex": "a|b+"}))
+    assert later.replace("(1 tokens)", "(2 tokens)") in events[-1]["error"]["message"]
+    with Client(default_mesh.grpc_address) as client:
+        deadline = time.monotonic() + 3
+        while client.stats().num_running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.stats().num_running == 0
     reply = http.post("/v1/responses", json={"input": "Hi", "max_output_tokens": 8, "temperature": 0,
                                              "allowed_token_ids": [a], "guided_regex": "a"}).json()
     assert reply["status"] == "failed" and reply["error"]["code"] == "invalid_prompt"
