@@ -59,6 +59,23 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
+def open_final_message(rendered: str, final: dict[str, Any]) -> str:
+    """The rendered chat cut right after the final message's text, so that the model continues that message
+    (``continue_final_message``): whatever the template wrote after it (its end of turn) is dropped. The cut is
+    transformers' ``apply_chat_template`` one, whitespace included: a template that trims the text ("... is "
+    rendered "... is") is cut after the trimmed text."""
+    content = final.get("content") or ""
+    if not content.strip():
+        raise InvalidArgument("continue_final_message needs a final message with text to continue")
+    at = rendered.rfind(content.strip())
+    if at < 0:
+        raise InvalidArgument("continue_final_message: the chat template does not write the final message's "
+                              "text as sent, so there is no place to continue it")
+    if rendered[at:at + len(content.lstrip())] == content:
+        return rendered[:at + len(content.lstrip())]
+    return rendered[:at + len(content.strip())]
+
+
 def _content(content: Any, where: str) -> str | None:
     if content is None or isinstance(content, str):
         return content

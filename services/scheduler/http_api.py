@@ -38,7 +38,7 @@ from services.common.openai_logprobs import (
 )
 from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_openai_completion, num_choices
 from services.common.version import VERSION
-from services.scheduler.chat_tools import ToolCalling, chat_messages, tool_calling
+from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_body, error_response, json_body
 from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
@@ -48,7 +48,8 @@ from services.scheduler.tracked import Delta, TrackedRequest
 
 # Chat fields handled here rather than by SamplingParams.from_openai.
 _CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "tools",
-              "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n", "reasoning_effort"}
+              "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n", "reasoning_effort",
+              "add_generation_prompt", "continue_final_message"}
 # OpenAI's reasoning_effort values; the chat template gets the value (gpt-oss's reads it, others ignore it).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
@@ -234,13 +235,17 @@ class OpenAIApi:
         messages = chat_messages(body.get("messages"))
         if self._template is None:
             raise InvalidArgument("this model has no chat template; use /v1/completions")
+        add_prompt, continue_final = _turn_options(body)
         # Tools go to the template as the client sent them: templates that describe tools to the model do so.
-        tools = {"tools": body["tools"]} if body.get("tools") else {}
+        # chat_template_kwargs come last and win, as in vLLM.
+        variables = {**_special_tokens(self.frontend), "add_generation_prompt": add_prompt,
+                     **({"tools": body["tools"]} if body.get("tools") else {}), **kwargs, "messages": messages}
         try:
-            text = self._template.render(messages=messages, add_generation_prompt=True,
-                                         **_special_tokens(self.frontend), **tools, **kwargs)
+            text = self._template.render(**variables)
         except jinja2.TemplateError as exc:  # e.g. a template that raises on a role order it does not support
             raise InvalidArgument(f"the model's chat template cannot render these messages: {exc}") from None
+        if continue_final:
+            text = open_final_message(text, messages[-1])
         return self.frontend.encode(text)
 
     async def _respond(self, request: Request, body: dict, tracked: list[TrackedRequest], n: int,
@@ -418,12 +423,27 @@ def _template_kwargs(body: dict) -> dict:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidArgument(f"chat_template_kwargs must be an object, got {kwargs!r}")
+    if "messages" in kwargs:
+        raise InvalidArgument("chat_template_kwargs cannot hold messages: send them as the request's messages")
     effort = body.get("reasoning_effort")
     if effort is None:
         return kwargs
     if effort not in REASONING_EFFORTS:
         raise InvalidArgument(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
     return {"reasoning_effort": effort, **kwargs}
+
+
+def _turn_options(body: dict) -> tuple[bool, bool]:
+    """vLLM's ``add_generation_prompt`` (open the assistant's turn; default true) and ``continue_final_message``
+    (continue the final message instead, e.g. an assistant reply begun by the client; default false)."""
+    add, cont = body.get("add_generation_prompt"), body.get("continue_final_message", False)
+    for name, value in (("add_generation_prompt", add), ("continue_final_message", cont)):
+        if value is not None and not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be true or false, got {value!r}")
+    if add and cont:
+        raise InvalidArgument("add_generation_prompt and continue_final_message cannot both be true: continuing "
+                              "the final message opens no new turn")
+    return (not cont) if add is None else add, bool(cont)
 
 
 def _constrained_from_start(tracked: TrackedRequest) -> bool:

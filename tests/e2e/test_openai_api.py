@@ -537,6 +537,30 @@ def test_reasoning_effort_reaches_the_chat_template(tiny_model_dir, tmp_path):
         mesh.stop()
 
 
+def test_a_chat_continues_the_final_message_as_transformers_renders_it(http, hf_greedy, tiny_model_dir):
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My answer is "}]
+    want = tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=True, return_dict=False)
+    body = {"messages": messages, "continue_final_message": True, "max_tokens": 8, "temperature": 0,
+            "return_token_ids": True}
+    assert http.post("/tokenize", json={"messages": messages, "continue_final_message": True}).json()["tokens"] == want
+    reply = http.post("/v1/chat/completions", json=body).json()
+    assert reply["choices"][0]["token_ids"] == hf_greedy(want, 8) and reply["usage"]["prompt_tokens"] == len(want)
+    # Without it, the assistant's message is a finished turn and a new one opens.
+    closed = http.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    assert closed == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    for extra, fragment in [({"add_generation_prompt": True}, "cannot both be true"),
+                            ({"continue_final_message": "yes"}, "continue_final_message must be true or false"),
+                            ({"chat_template_kwargs": {"messages": []}}, "cannot hold messages")]:
+        response = http.post("/v1/chat/completions", json={**body, **extra})
+        assert response.status_code == 400 and fragment in response.json()["error"]["message"], extra
+    # Template variables the server sets may be overridden (they were a 500: passed twice to the template).
+    kwargs = {"bos_token": "", "add_generation_prompt": False}
+    got = http.post("/tokenize", json={"messages": messages, "chat_template_kwargs": kwargs}).json()["tokens"]
+    assert got == tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs)
+
+
 def test_text_parts_give_the_same_chat_as_a_string(http):
     body = {"max_tokens": 6, "temperature": 0, "return_token_ids": True}
     whole = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "Hi\nthere"}]})

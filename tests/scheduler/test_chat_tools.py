@@ -7,7 +7,7 @@ import json
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.scheduler.chat_tools import chat_messages, tool_calling
+from services.scheduler.chat_tools import chat_messages, open_final_message, tool_calling
 
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -40,6 +40,30 @@ def test_bad_messages_are_named(messages, fragment):
     with pytest.raises(InvalidArgument) as exc:
         chat_messages(messages)
     assert fragment in str(exc.value)
+
+
+# A template that trims what it writes (Llama 3's) and one that writes it as sent.
+TRIMS = ("{% for m in messages %}<|{{ m.role }}|>\n{{ m.content | trim }}<|end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+AS_SENT = TRIMS.replace(" | trim", "")
+
+
+@pytest.mark.parametrize("template", [TRIMS, AS_SENT], ids=["trims", "as-sent"])
+@pytest.mark.parametrize("text", ["The answer is", "The answer is ", "  indented", "two\nlines\n", "Hi"])
+def test_the_final_message_is_opened_where_transformers_opens_it(tiny_model_dir, template, text):
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": text}]
+    closed = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
+    want = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, continue_final_message=True)
+    assert open_final_message(closed, messages[-1]) == want
+
+
+def test_a_final_message_with_nothing_to_continue_is_refused():
+    with pytest.raises(InvalidArgument, match="needs a final message with text"):
+        open_final_message("<|user|>\n<|end|>", {"role": "user", "content": "  "})
+    with pytest.raises(InvalidArgument, match="does not write the final message's text as sent"):
+        open_final_message("<|user|>\nHI<|end|>", {"role": "user", "content": "hi"})
 
 
 def test_auto_with_a_parser_reads_the_models_own_calls():
