@@ -77,9 +77,10 @@ def build_request(prompt: str | Sequence[int], request_id: str | None, sampling:
     session_id = sampling.pop("session_id", "") or ""
     priority = sampling.pop("priority", 0) or 0
     # Python shapes as the OpenAI API takes them: one stop string, or lists where the dataclass keeps tuples.
-    if isinstance(sampling.get("stop"), str):
-        sampling["stop"] = (sampling["stop"],)
-    for key in ("stop", "stop_token_ids", "allowed_token_ids"):
+    for key in ("stop", "bad_words"):
+        if isinstance(sampling.get(key), str):
+            sampling[key] = (sampling[key],)
+    for key in ("stop", "stop_token_ids", "allowed_token_ids", "bad_words"):
         if isinstance(sampling.get(key), list):
             sampling[key] = tuple(sampling[key])
     if isinstance(sampling.get("logit_bias"), dict):

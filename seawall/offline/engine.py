@@ -14,6 +14,7 @@ from services.common.block_hash import hash_seed
 from services.common.errors import ResourceExhausted, SeawallError
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.common.step import SampledToken, merge_prompt_scores
+from services.engine.bad_words import bad_words_token_ids
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.runner import ModelRunner
@@ -63,6 +64,7 @@ class OfflineEngine:
         validate_request(prompt_token_ids, params, self.checkpoint.config.vocab_size, config.max_model_len,
                          self.blocks.block_size, self.blocks.num_blocks, config.whole_prompt_limit)
         self.runner.grammars.validate(params.structured_output, params.free_thought)
+        bad_words_token_ids(self.tokenizer, params.bad_words)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[Completion]:
         """Runs all prompts together to completion; validate them first."""

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seawall/v1/common.proto\x12\nseawall.v1\"\x92\x05\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x01\x88\x01\x01\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x15\n\x08logprobs\x18\x0e \x01(\rH\x02\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\rH\x03\x88\x01\x01\x12=\n\nlogit_bias\x18\x11 \x03(\x0b\x32).seawall.v1.SamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x12 \x03(\r\x12\x37\n\x11structured_output\x18\x13 \x01(\x0b\x32\x1c.seawall.v1.StructuredOutput\x12\x1b\n\x13keep_special_tokens\x18\x14 \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xb1\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x13.seawall.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12-\n\x0c\x66ree_thought\x18\x05 \x01(\x0e\x32\x17.seawall.v1.FreeThoughtB\x0c\n\nconstraint\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"?\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\"a\n\rTokenLogprobs\x12)\n\x07sampled\x18\x01 \x01(\x0b\x32\x18.seawall.v1.TokenLogprob\x12%\n\x03top\x18\x02 \x03(\x0b\x32\x18.seawall.v1.TokenLogprob\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\xce\x01\n\x08KVLayout\x12\x12\n\nblock_size\x18\x01 \x01(\r\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\"\n\x05\x64type\x18\x05 \x01(\x0e\x32\x13.seawall.v1.KVDtype\x12\x17\n\x0f\x62ytes_per_block\x18\x06 \x01(\x04\x12\x19\n\x11regions_per_block\x18\x07 \x01(\r\x12\x1a\n\x12region_block_bytes\x18\x08 \x01(\x04\"i\n\x0cMemoryRegion\x12\x0c\n\x04\x61\x64\x64r\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\r\x12(\n\x08mem_type\x18\x04 \x01(\x0e\x32\x16.seawall.v1.MemoryType\"j\n\x11NixlAgentMetadata\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12)\n\x07regions\x18\x03 \x03(\x0b\x32\x18.seawall.v1.MemoryRegion\"\x96\x01\n\nKVEndpoint\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x35\n\x0e\x61gent_metadata\x18\x02 \x01(\x0b\x32\x1d.seawall.v1.NixlAgentMetadata\x12\'\n\tkv_layout\x18\x03 \x01(\x0b\x32\x14.seawall.v1.KVLayout\x12\x14\n\x0cgrpc_address\x18\x04 \x01(\t*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*a\n\x0b\x46reeThought\x12\x1c\n\x18\x46REE_THOUGHT_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46REE_THOUGHT_REQUIRED\x10\x01\x12\x19\n\x15\x46REE_THOUGHT_OPTIONAL\x10\x02*}\n\x07KVDtype\x12\x18\n\x14KV_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10KV_DTYPE_FLOAT32\x10\x01\x12\x14\n\x10KV_DTYPE_FLOAT16\x10\x02\x12\x15\n\x11KV_DTYPE_BFLOAT16\x10\x03\x12\x15\n\x11KV_DTYPE_FP8_E4M3\x10\x04*k\n\nMemoryType\x12\x1b\n\x17MEMORY_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_TYPE_DRAM\x10\x01\x12\x14\n\x10MEMORY_TYPE_VRAM\x10\x02\x12\x14\n\x10MEMORY_TYPE_FILE\x10\x03*Y\n\x0bKVTransport\x12\x1c\n\x18KV_TRANSPORT_UNSPECIFIED\x10\x00\x12\x15\n\x11KV_TRANSPORT_NIXL\x10\x01\x12\x15\n\x11KV_TRANSPORT_GRPC\x10\x02*\xc2\x01\n\x0eTransferStatus\x12\x1f\n\x1bTRANSFER_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TRANSFER_STATUS_DONE\x10\x01\x12\x1a\n\x16TRANSFER_STATUS_FAILED\x10\x02\x12\x1d\n\x19TRANSFER_STATUS_TIMED_OUT\x10\x03\x12\x1b\n\x17TRANSFER_STATUS_ABORTED\x10\x04\x12\x1d\n\x19TRANSFER_STATUS_NOT_FOUND\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seawall/v1/common.proto\x12\nseawall.v1\"\xa5\x05\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x01\x88\x01\x01\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x15\n\x08logprobs\x18\x0e \x01(\rH\x02\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\rH\x03\x88\x01\x01\x12=\n\nlogit_bias\x18\x11 \x03(\x0b\x32).seawall.v1.SamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x12 \x03(\r\x12\x37\n\x11structured_output\x18\x13 \x01(\x0b\x32\x1c.seawall.v1.StructuredOutput\x12\x1b\n\x13keep_special_tokens\x18\x14 \x01(\x08\x12\x11\n\tbad_words\x18\x15 \x03(\t\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xb1\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x13.seawall.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12-\n\x0c\x66ree_thought\x18\x05 \x01(\x0e\x32\x17.seawall.v1.FreeThoughtB\x0c\n\nconstraint\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"?\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\"a\n\rTokenLogprobs\x12)\n\x07sampled\x18\x01 \x01(\x0b\x32\x18.seawall.v1.TokenLogprob\x12%\n\x03top\x18\x02 \x03(\x0b\x32\x18.seawall.v1.TokenLogprob\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\xce\x01\n\x08KVLayout\x12\x12\n\nblock_size\x18\x01 \x01(\r\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\"\n\x05\x64type\x18\x05 \x01(\x0e\x32\x13.seawall.v1.KVDtype\x12\x17\n\x0f\x62ytes_per_block\x18\x06 \x01(\x04\x12\x19\n\x11regions_per_block\x18\x07 \x01(\r\x12\x1a\n\x12region_block_bytes\x18\x08 \x01(\x04\"i\n\x0cMemoryRegion\x12\x0c\n\x04\x61\x64\x64r\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\r\x12(\n\x08mem_type\x18\x04 \x01(\x0e\x32\x16.seawall.v1.MemoryType\"j\n\x11NixlAgentMetadata\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12)\n\x07regions\x18\x03 \x03(\x0b\x32\x18.seawall.v1.MemoryRegion\"\x96\x01\n\nKVEndpoint\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x35\n\x0e\x61gent_metadata\x18\x02 \x01(\x0b\x32\x1d.seawall.v1.NixlAgentMetadata\x12\'\n\tkv_layout\x18\x03 \x01(\x0b\x32\x14.seawall.v1.KVLayout\x12\x14\n\x0cgrpc_address\x18\x04 \x01(\t*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*a\n\x0b\x46reeThought\x12\x1c\n\x18\x46REE_THOUGHT_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46REE_THOUGHT_REQUIRED\x10\x01\x12\x19\n\x15\x46REE_THOUGHT_OPTIONAL\x10\x02*}\n\x07KVDtype\x12\x18\n\x14KV_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10KV_DTYPE_FLOAT32\x10\x01\x12\x14\n\x10KV_DTYPE_FLOAT16\x10\x02\x12\x15\n\x11KV_DTYPE_BFLOAT16\x10\x03\x12\x15\n\x11KV_DTYPE_FP8_E4M3\x10\x04*k\n\nMemoryType\x12\x1b\n\x17MEMORY_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_TYPE_DRAM\x10\x01\x12\x14\n\x10MEMORY_TYPE_VRAM\x10\x02\x12\x14\n\x10MEMORY_TYPE_FILE\x10\x03*Y\n\x0bKVTransport\x12\x1c\n\x18KV_TRANSPORT_UNSPECIFIED\x10\x00\x12\x15\n\x11KV_TRANSPORT_NIXL\x10\x01\x12\x15\n\x11KV_TRANSPORT_GRPC\x10\x02*\xc2\x01\n\x0eTransferStatus\x12\x1f\n\x1bTRANSFER_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TRANSFER_STATUS_DONE\x10\x01\x12\x1a\n\x16TRANSFER_STATUS_FAILED\x10\x02\x12\x1d\n\x19TRANSFER_STATUS_TIMED_OUT\x10\x03\x12\x1b\n\x17TRANSFER_STATUS_ABORTED\x10\x04\x12\x1d\n\x19TRANSFER_STATUS_NOT_FOUND\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,38 +33,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1739
-  _globals['_FINISHREASON']._serialized_end=1884
-  _globals['_FREETHOUGHT']._serialized_start=1886
-  _globals['_FREETHOUGHT']._serialized_end=1983
-  _globals['_KVDTYPE']._serialized_start=1985
-  _globals['_KVDTYPE']._serialized_end=2110
-  _globals['_MEMORYTYPE']._serialized_start=2112
-  _globals['_MEMORYTYPE']._serialized_end=2219
-  _globals['_KVTRANSPORT']._serialized_start=2221
-  _globals['_KVTRANSPORT']._serialized_end=2310
-  _globals['_TRANSFERSTATUS']._serialized_start=2313
-  _globals['_TRANSFERSTATUS']._serialized_end=2507
+  _globals['_FINISHREASON']._serialized_start=1758
+  _globals['_FINISHREASON']._serialized_end=1903
+  _globals['_FREETHOUGHT']._serialized_start=1905
+  _globals['_FREETHOUGHT']._serialized_end=2002
+  _globals['_KVDTYPE']._serialized_start=2004
+  _globals['_KVDTYPE']._serialized_end=2129
+  _globals['_MEMORYTYPE']._serialized_start=2131
+  _globals['_MEMORYTYPE']._serialized_end=2238
+  _globals['_KVTRANSPORT']._serialized_start=2240
+  _globals['_KVTRANSPORT']._serialized_end=2329
+  _globals['_TRANSFERSTATUS']._serialized_start=2332
+  _globals['_TRANSFERSTATUS']._serialized_end=2526
   _globals['_SAMPLINGPARAMS']._serialized_start=40
-  _globals['_SAMPLINGPARAMS']._serialized_end=698
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=592
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=640
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=701
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=878
-  _globals['_CHOICES']._serialized_start=880
-  _globals['_CHOICES']._serialized_end=906
-  _globals['_TOKENLOGPROB']._serialized_start=908
-  _globals['_TOKENLOGPROB']._serialized_end=971
-  _globals['_TOKENLOGPROBS']._serialized_start=973
-  _globals['_TOKENLOGPROBS']._serialized_end=1070
-  _globals['_USAGE']._serialized_start=1072
-  _globals['_USAGE']._serialized_end=1159
-  _globals['_KVLAYOUT']._serialized_start=1162
-  _globals['_KVLAYOUT']._serialized_end=1368
-  _globals['_MEMORYREGION']._serialized_start=1370
-  _globals['_MEMORYREGION']._serialized_end=1475
-  _globals['_NIXLAGENTMETADATA']._serialized_start=1477
-  _globals['_NIXLAGENTMETADATA']._serialized_end=1583
-  _globals['_KVENDPOINT']._serialized_start=1586
-  _globals['_KVENDPOINT']._serialized_end=1736
+  _globals['_SAMPLINGPARAMS']._serialized_end=717
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=611
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=659
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=720
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=897
+  _globals['_CHOICES']._serialized_start=899
+  _globals['_CHOICES']._serialized_end=925
+  _globals['_TOKENLOGPROB']._serialized_start=927
+  _globals['_TOKENLOGPROB']._serialized_end=990
+  _globals['_TOKENLOGPROBS']._serialized_start=992
+  _globals['_TOKENLOGPROBS']._serialized_end=1089
+  _globals['_USAGE']._serialized_start=1091
+  _globals['_USAGE']._serialized_end=1178
+  _globals['_KVLAYOUT']._serialized_start=1181
+  _globals['_KVLAYOUT']._serialized_end=1387
+  _globals['_MEMORYREGION']._serialized_start=1389
+  _globals['_MEMORYREGION']._serialized_end=1494
+  _globals['_NIXLAGENTMETADATA']._serialized_start=1496
+  _globals['_NIXLAGENTMETADATA']._serialized_end=1602
+  _globals['_KVENDPOINT']._serialized_start=1605
+  _globals['_KVENDPOINT']._serialized_end=1755
 # @@protoc_insertion_point(module_scope)

@@ -50,7 +50,7 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
         include_stop_str_in_output=p.include_stop_str_in_output, logit_bias=dict(p.logit_bias),
         keep_special_tokens=not p.skip_special_tokens,
-        allowed_token_ids=list(p.allowed_token_ids),
+        allowed_token_ids=list(p.allowed_token_ids), bad_words=list(p.bad_words),
     )
     if p.seed is not None:
         msg.seed = p.seed
@@ -110,6 +110,7 @@ def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         allowed_token_ids=tuple(msg.allowed_token_ids),
+        bad_words=tuple(msg.bad_words),
         structured_output=_structured_from_proto(msg),
         free_thought=_free_thought_from_proto(msg),
         skip_special_tokens=not msg.keep_special_tokens,

@@ -29,6 +29,8 @@ MAX_FLOAT32 = 3.4028234663852886e38
 # reads as "unset" (1.0): the opposite of what was asked.
 MIN_FLOAT32 = 1.1754943508222875e-38
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value is [-100, 100]
+# bad_words: each is checked against the output at every token, so a request may not name without bound.
+MAX_BAD_WORDS = 1024
 # What SamplingParams.structured_output can constrain the output to (services/engine/grammar.py compiles them).
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
 # Where a reasoning model's free thought ends and the structured output begins (SamplingParams.free_thought):
@@ -92,6 +94,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # vLLM's allowed_token_ids: only these tokens can be chosen (every other logit is -inf); empty = all.
     allowed_token_ids: tuple[int, ...] = ()
+    # vLLM's bad_words: words the output must not write (services/engine/bad_words.py); empty = none.
+    bad_words: tuple[str, ...] = ()
     # Structured output: (kind, spec) the output must match, kind one of STRUCTURED_KINDS: "json" (a JSON
     # schema, as JSON text), "regex", "choice" (a JSON array of the allowed strings), "grammar" (Lark or GBNF).
     # The request ends when the grammar is complete. None = free text.
@@ -152,6 +156,12 @@ class SamplingParams:
                 f"allowed_token_ids must be a tuple of integers >= 0, got {self.allowed_token_ids!r}")
         for t in self.allowed_token_ids:
             _check_int("allowed_token_ids", t, lo=0, hi=MAX_UINT32)
+        if not isinstance(self.bad_words, tuple) or len(self.bad_words) > MAX_BAD_WORDS:
+            raise InvalidArgument(f"bad_words must be a list of at most {MAX_BAD_WORDS} words, got "
+                                  f"{self.bad_words!r:.200}")
+        for w in self.bad_words:
+            if not isinstance(w, str) or not w.strip():
+                raise InvalidArgument(f"bad_words must hold words (strings with more than blanks), got {w!r}")
         if self.structured_output is not None:
             _check_structured(self.structured_output)
             if self.min_tokens:
@@ -193,8 +203,8 @@ class SamplingParams:
 
     @property
     def constrains_tokens(self) -> bool:
-        """True when logit_bias, allowed_token_ids or a structured output changes the logits."""
-        return bool(self.logit_bias or self.allowed_token_ids or self.structured_output)
+        """True when logit_bias, allowed_token_ids, bad_words or a structured output changes the logits."""
+        return bool(self.logit_bias or self.allowed_token_ids or self.bad_words or self.structured_output)
 
     @property
     def has_penalties(self) -> bool:
@@ -403,7 +413,7 @@ _OPENAI_FIELDS = frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "ignore_eos",
     "min_tokens", "include_stop_str_in_output", "prompt_logprobs", "logit_bias", "allowed_token_ids",
-    "skip_special_tokens",
+    "bad_words", "skip_special_tokens",
 })
 # Handled by the API layer, not by sampling; or OpenAI's bookkeeping, which does not change the output of a
 # server that keeps nothing for later (``store``, ``metadata``: accepted, as vLLM accepts them, so clients that
@@ -467,12 +477,12 @@ def _check_unsupported(key: str, value: Any) -> None:
 
 def _convert_openai(key: str, value: Any) -> Any:
     """JSON shapes to dataclass shapes: lists become tuples, a single stop string a 1-tuple."""
-    if key == "stop":
+    if key in ("stop", "bad_words"):
         if isinstance(value, str):
             return (value,)
         if isinstance(value, list) and all(isinstance(s, str) for s in value):
             return tuple(value)
-        raise InvalidArgument(f"stop must be a string or a list of strings, got {value!r}")
+        raise InvalidArgument(f"{key} must be a string or a list of strings, got {value!r:.200}")
     if key in ("stop_token_ids", "allowed_token_ids"):
         if isinstance(value, list):
             return tuple(value)

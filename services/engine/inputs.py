@@ -51,6 +51,8 @@ class SequenceState:
     params: SamplingParams
     # Structured output: the grammar's matcher, made on the first token this worker samples for it.
     grammar: SequenceGrammar | None = None
+    # bad_words as token sequences (services/engine/bad_words.py), encoded when the worker first sees it.
+    bad_words: tuple[tuple[int, ...], ...] = ()
     # Set when the sequence failed alone (StepResult.errors): it is kept, never run again, until finished.
     error: SeawallError | None = None
 

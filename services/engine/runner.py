@@ -18,6 +18,7 @@ from services.common.heap import keep_freed_heap
 from services.common.sampling_params import SamplingParams
 from services.common.step import NewSequence, SampledToken, StepPlan, StepResult
 from services.engine import cpu_kernels
+from services.engine.bad_words import bad_words_token_ids
 from services.engine.builtin_model import ensure_default_model
 from services.engine.config import EngineConfig
 from services.engine.grammar import GrammarCompiler
@@ -132,7 +133,8 @@ class ModelRunner:
         rows = []
         for sid in inputs.sample_seq_ids:
             seq = self.seqs[sid]
-            rows.append(SamplingRow(seq.params, seq.token_ids[: seq.prompt_len], seq.token_ids[seq.prompt_len:]))
+            rows.append(SamplingRow(seq.params, seq.token_ids[: seq.prompt_len], seq.token_ids[seq.prompt_len:],
+                                    bad_words=seq.bad_words))
         # Grammar masks depend on the tokens so far only: computed beside the forward pass (llguidance drops
         # the GIL), as vLLM and SGLang overlap them with the GPU.
         masks = self._grammar_masks([self.seqs[sid] for sid in inputs.sample_seq_ids], rows)
@@ -209,7 +211,8 @@ class ModelRunner:
             raise InvalidArgument(f"sequence {new.seq_id} has {len(new.token_ids)} tokens; the model's context is "
                                   f"{self.max_model_len}")
         self.seqs[new.seq_id] = SequenceState(
-            new.seq_id, list(new.token_ids), new.prompt_len, new.num_computed_tokens, list(new.block_ids), new.params
+            new.seq_id, list(new.token_ids), new.prompt_len, new.num_computed_tokens, list(new.block_ids), new.params,
+            bad_words=bad_words_token_ids(self.checkpoint.tokenizer, new.params.bad_words),
         )
 
     def _get(self, seq_id: str) -> SequenceState:
@@ -226,6 +229,8 @@ def no_token_message(params: SamplingParams, num_outputs: int) -> str:
         held.append(f"the structured output ({params.structured_output[0]})")
     if params.allowed_token_ids:
         held.append(f"allowed_token_ids ({len(params.allowed_token_ids)} tokens)")
+    if params.bad_words:
+        held.append(f"bad_words ({len(params.bad_words)} words)")
     if num_outputs < params.min_tokens:
         held.append(f"min_tokens ({params.min_tokens}: no end-of-sequence or stop token yet)")
     if not held:  # penalties can rule a token out only by overflowing float32 (a huge repetition_penalty)

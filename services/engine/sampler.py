@@ -4,7 +4,7 @@ Pipeline, per row (rows are batched; only seeded draws loop in Python)::
 
     raw logits --log_softmax--> logprobs (of the raw model distribution, as vLLM v1 reports them)
         |
-        +-> grammar mask (structured output) and allowed_token_ids (others -inf)
+        +-> grammar mask (structured output) and allowed_token_ids (others -inf), bad_words (-inf)
             -> logit_bias (added; Hugging Face applies sequence_bias first too)
             -> repetition penalty (prompt + output ids) -> presence/frequency penalty (output ids)
             -> min_tokens: eos + stop_token_ids set to -inf while len(output) < min_tokens
@@ -44,6 +44,9 @@ class SamplingRow:
     # Structured output: the tokens the grammar allows next, as llguidance's bitmask (int32, bit t % 32 of word
     # t // 32 = token t); None = unconstrained (services/engine/grammar.py).
     token_mask: torch.Tensor | None = None
+    # bad_words as token sequences (services/engine/bad_words.py): a sequence's last token is banned where the
+    # output ends with the rest.
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -161,7 +164,8 @@ def _flat_ids(
 
 
 def _constrain_tokens(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
-    """A grammar's mask and allowed_token_ids (every other logit -inf), then logit_bias (added), in place on fp32
+    """A grammar's mask and allowed_token_ids (every other logit -inf), bad_words (their banned tokens -inf), then
+    logit_bias (added), in place on fp32
     logits. Token ids are checked against the vocabulary at admission (``SamplingParams.check_vocab``)."""
     masked = [i for i, r in enumerate(rows) if r.token_mask is not None]
     if masked:
@@ -185,6 +189,10 @@ def _constrain_tokens(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         keep = torch.zeros(len(allow), x.shape[1], dtype=torch.bool, device=x.device)
         keep[_flat_ids([rows[i].params.allowed_token_ids for i in allow], x.device)] = True
         x[idx] = x[idx].masked_fill(~keep, float("-inf"))
+    banned = [(i, word[-1]) for i, r in enumerate(rows) for word in r.bad_words
+              if word[-1] < x.shape[1] and _ends_with(r.output_token_ids, word[:-1])]
+    if banned:
+        x[_index([i for i, _ in banned], x.device), _index([t for _, t in banned], x.device)] = float("-inf")
     bias = [i for i, r in enumerate(rows) if r.params.logit_bias]
     if bias:
         row_idx, cols = _flat_ids([[t for t, _ in rows[i].params.logit_bias] for i in bias], x.device)
@@ -194,11 +202,15 @@ def _constrain_tokens(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         x[_index(bias, x.device)[row_idx], cols] += values
 
 
+def _ends_with(tokens: Sequence[int], tail: tuple[int, ...]) -> bool:
+    return not tail or (len(tokens) >= len(tail) and tuple(tokens[len(tokens) - len(tail):]) == tail)
+
+
 def _no_token(x: torch.Tensor, tokens: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
     """The constrained rows whose token is -inf after the constraints: greedy or sampled, a row with any token
     left picks one of them (truncation keeps the best), so -inf means every token was ruled out."""
     limited = [i for i, r in enumerate(rows) if r.token_mask is not None or r.params.allowed_token_ids
-               or len(r.output_token_ids) < r.params.min_tokens or r.params.has_penalties]
+               or r.bad_words or len(r.output_token_ids) < r.params.min_tokens or r.params.has_penalties]
     if not limited:
         return []
     idx = _index(limited, x.device)

@@ -10,6 +10,7 @@ import anyio
 
 from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
 from services.common.sampling_params import FinishReason, SamplingParams
+from services.engine.bad_words import bad_words_token_ids
 from services.engine.grammar import GrammarCompiler
 from services.engine.loader import Checkpoint
 from services.scheduler.admission import validate_request
@@ -95,6 +96,7 @@ class Frontend:
         validate_request(prompt, item.params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
                          min(pools) if pools else None, self.mesh.config.core.whole_prompt_limit)
         self.grammars.validate(item.params.structured_output, item.params.free_thought)
+        bad_words_token_ids(self.tokenizer, item.params.bad_words)  # a word no token writes is refused here
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids,
                           priority=item.priority)

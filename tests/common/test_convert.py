@@ -145,7 +145,7 @@ _FLOATS = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
     "temperature": _FLOATS, "repetition_penalty": _FLOATS, "top_p": _FLOATS, "min_p": _FLOATS,
     "presence_penalty": _FLOATS, "frequency_penalty": _FLOATS,
     "prompt_logprobs": _INTS, "stop_token_ids": st.lists(_INTS, max_size=2).map(tuple),
-    "allowed_token_ids": st.lists(_INTS, max_size=2).map(tuple),
+    "allowed_token_ids": st.lists(_INTS, max_size=2).map(tuple), "bad_words": st.lists(st.text(), max_size=2).map(tuple),
     "logit_bias": st.lists(_INTS, max_size=2, unique=True).map(lambda ids: tuple((t, 1.0) for t in sorted(ids)))}))
 def test_any_params_that_validate_fit_the_contract(fields):
     # A request whose params passed validation but not the proto's ranges (top_k 2**40: a uint32 field) was

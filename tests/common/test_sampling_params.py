@@ -57,6 +57,8 @@ BAD_VALUES = [
     ("logit_bias", ((7, 1.0), (3, 1.0)), "unique and sorted"),
     ("allowed_token_ids", [1, 2], "tuple"),
     ("allowed_token_ids", (-3,), ">= 0"),
+    ("bad_words", ["word"], "list of at most 1024 words"),
+    ("bad_words", (" \n", "ok"), "strings with more than blanks"),
     ("structured_output", ("yaml", "a: 1"), "one of json, regex, choice, grammar"),
     ("structured_output", ("json", "{not json"), "not valid JSON"),
     ("structured_output", ("json", "[1, 2]"), "JSON schema object"),

@@ -269,6 +269,38 @@ def test_logit_bias_and_allowed_token_ids_steer_greedy_output_as_transformers_do
         assert set(sampled.token_ids) <= set(allowed)
 
 
+def test_bad_words_keep_words_out_of_greedy_output_as_transformers_bans_their_tokens(http, default_mesh, hf_model,
+                                                                                    tiny_model_dir):
+    from services.engine.bad_words import bad_words_token_ids
+
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    prompt = random_prompts([29], seed=21)[0]
+
+    def hf(words=()):
+        bad = {"bad_words_ids": [list(w) for w in bad_words_token_ids(tokenizer, words)]} if words else {}
+        with torch.no_grad():
+            return hf_model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0,
+                                     **bad)[0, len(prompt):].tolist()
+
+    def mesh(words):
+        body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
+                "bad_words": words}
+        return http.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
+
+    # The first word the model would write, and then a two-token word it writes next (banned only after its
+    # first token, which is still written).
+    first = tokenizer.decode(hf()[:1]).strip()
+    out = hf([first])
+    pair = tokenizer.decode(out[:2])
+    assert tokenizer.encode(pair, add_special_tokens=False).ids == out[:2] and pair == pair.strip()
+    assert out[0] != hf()[0] and mesh([first]) == out
+    both = hf([first, pair])
+    assert both[0] == out[0] and both[1] != out[1] and mesh([first, pair]) == both
+    with Client(default_mesh.grpc_address) as client:
+        assert client.generate(prompt, max_tokens=12, temperature=0, ignore_eos=True, bad_words=[first, pair]
+                               ).token_ids == both
+
+
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
                                           "n": {"type": "integer", "minimum": 0, "maximum": 999}},
           "required": ["ok", "color", "n"], "additionalProperties": False}

@@ -186,6 +186,21 @@ def test_rows_whose_constraints_rule_out_every_token_are_reported_greedy_or_samp
     assert sampler(logits, [row(temperature=0.0)] * 6).no_token == []
 
 
+def test_bad_words_ban_a_words_last_token_where_the_output_ends_with_the_rest():
+    logits = torch.zeros(4, 16)
+    logits[:, 9] = 5.0  # 9 is everyone's argmax
+    words = ((9,), (3, 4, 9)), ((3, 4, 9),), ((3, 4, 9),), ((2, 9),)
+    outputs = [[], [7, 3, 4], [3, 4, 7], [2]]
+    rows = [SamplingRow(SamplingParams(temperature=0.0, bad_words=("w",)), [], out, bad_words=w)
+            for out, w in zip(outputs, words, strict=True)]
+    out = sampler(logits, rows)
+    # Banned everywhere (one token), after "3 4" (the output ends so), not after "3 4 7", and after "2".
+    assert [t != 9 for t in out.token_ids] == [True, True, False, True]
+    only = SamplingRow(SamplingParams(temperature=0.0, allowed_token_ids=(9,), bad_words=("w",)), [], [],
+                       bad_words=((9,),))
+    assert sampler(logits[:1], [only]).no_token == [0]  # the one allowed token is a bad word
+
+
 # --- min_tokens ------------------------------------------------------------------------------------------
 
 
