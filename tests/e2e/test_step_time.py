@@ -28,13 +28,15 @@ def test_a_tbt_target_gives_each_worker_a_budget_from_its_measured_steps(tiny_mo
             prompts = random_prompts([30, 200, 450], seed=51)
             outs = client.generate_batch(prompts, max_tokens=48, temperature=0)
             # Steps on the scheduler's clock also carry the mesh's share, which the profile (run alone) did not
-            # see: after a few dozen steps the core has added it to the fixed cost, and the budget followed.
+            # see: after a few dozen steps the core has corrected the fixed cost, and the budget followed. Up,
+            # usually; but a profile taken while the machine was busy (CI beside other work) ran slow, and the
+            # correction then goes down: only that it moved is certain.
             (after,) = client.stats().workers
         for prompt, out in zip(prompts, outs, strict=True):
             assert out.token_ids == hf_greedy(prompt, 48)
-        assert after.step_time.base_ms > model.base_ms and after.step_time.per_token_ms == model.per_token_ms
+        assert after.step_time.base_ms != model.base_ms and after.step_time.per_token_ms == model.per_token_ms
         fits_after = (15 - after.step_time.base_ms - after.step_time.per_seq_ms) / after.step_time.per_token_ms
-        assert 0 < after.prompt_token_budget <= min(fits_after + 1, worker.prompt_token_budget)
+        assert 0 < after.prompt_token_budget <= fits_after + 1
     finally:
         m.stop()
 

@@ -16,6 +16,7 @@ import pytest
 from seawall.offline.engine import Completion, OfflineEngine
 from services.common.errors import SeawallError
 from services.common.sampling_params import SamplingParams
+from services.engine.bad_words import bad_words_token_ids
 from services.engine.config import EngineConfig
 from services.scheduler.core.config import SchedulerConfig
 
@@ -58,6 +59,8 @@ def _params(rng: random.Random, vocab: int) -> SamplingParams:
         kw["allowed_token_ids"] = tuple(rng.sample(range(vocab), rng.choice([1, 3, 50])))
     if rng.random() < 0.2:
         kw["stop"] = (rng.choice(["e", "the", "\n", "a"]),)
+    if rng.random() < 0.2:
+        kw["bad_words"] = tuple(rng.sample(["the", "a", "e", "of", "ing", "hello world", "1"], 2))
     if rng.random() < 0.25:
         kw["structured_output"] = rng.choice(STRUCTURED)
     elif rng.random() < 0.2:  # min_tokens is refused beside a structured output
@@ -77,7 +80,8 @@ def _matches(structured: tuple[str, str], text: str) -> bool:
         return False
 
 
-def _broken_promises(p: SamplingParams, prompt: list[int], c: Completion, eos: set[int]) -> list[str]:
+def _broken_promises(p: SamplingParams, prompt: list[int], c: Completion, eos: set[int],
+                     bad_words: tuple[tuple[int, ...], ...]) -> list[str]:
     if c.finish_reason == "error":
         # Only constraints that contradict each other may end a request that validated.
         return [] if str(c.error).startswith("no token satisfies") else [f"error: {c.error}"]
@@ -93,6 +97,8 @@ def _broken_promises(p: SamplingParams, prompt: list[int], c: Completion, eos: s
         broken.append("went on past a stop token")
     if c.finish_reason == "stop" and not p.stop and out[-1] not in stops:
         broken.append("stop without a stop token")
+    if any(out[i:i + len(w)] == list(w) for w in bad_words for i in range(len(out))):
+        broken.append("a bad word written")
     if p.logprobs is not None and (len(c.logprobs) != len(out)
                                    or any(len(t.top_logprobs) != p.logprobs for t in c.logprobs)):
         broken.append("logprobs missing")
@@ -129,7 +135,8 @@ def test_random_mixes_of_options_keep_their_promises_in_any_batch(tiny_model_dir
             batch.append((prompt, params))
         done = engine.generate([b[0] for b in batch], [b[1] for b in batch])
         for (prompt, params), c in zip(batch, done, strict=True):
-            assert not (broken := _broken_promises(params, prompt, c, eos)), (broken, params)
+            bad_words = bad_words_token_ids(engine.tokenizer, params.bad_words)
+            assert not (broken := _broken_promises(params, prompt, c, eos, bad_words)), (broken, params)
             if params.temperature == 0 or params.seed is not None:
                 (alone,) = engine.generate([prompt], [params])
                 assert alone.token_ids == c.token_ids, params
