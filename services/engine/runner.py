@@ -235,7 +235,7 @@ def no_token_message(params: SamplingParams, num_outputs: int) -> str:
         held.append(f"min_tokens ({params.min_tokens}: no end-of-sequence or stop token yet)")
     if not held:  # penalties can rule a token out only by overflowing float32 (a huge repetition_penalty)
         held.append("the penalties")
-    return (f"no token satisfies {' and '.join(held) or 'the constraints'} at output token {num_outputs + 1}: "
+    return (f"no token satisfies {' and '.join(held)} at output token {num_outputs + 1}: "
             "they contradict each other; loosen one of them")
 
 
