@@ -5,7 +5,8 @@ type or out of range (huge integers, NaN, empty lists...); then random bodies ge
 Found this way (seventeenth session), each a single request: ``top_k`` 2**63 queued, then stopped the
 scheduler converting its plan; ``n`` 2**40 hung it building choices; ``temperature`` 1e308 reached the workers
 as inf and failed each one's step in turn (the mesh answered 503: no workers); ``metadata`` Infinity ran, then
-failed to serialize as a 500. ``SEAWALL_FUZZ_REQUESTS`` / ``SEAWALL_FUZZ_SEED`` run longer or other seeds."""
+failed to serialize as a 500. Eighteenth session: ``chat_template_kwargs`` naming a variable the server sets
+(``bos_token``) was a 500. ``SEAWALL_FUZZ_REQUESTS`` / ``SEAWALL_FUZZ_SEED`` run longer or other seeds."""
 
 from __future__ import annotations
 
@@ -26,13 +27,14 @@ BODIES = {
                         "seed": 1, "top_p": 1.0, "top_k": 5, "echo": False, "logit_bias": {"5": 1},
                         "return_token_ids": True, "min_tokens": 0, "stream": False,
                         "stream_options": {"include_usage": True}, "priority": 0, "prompt_logprobs": 1,
-                        "structured_outputs": {"regex": "a+"}, "allowed_token_ids": [5, 6]},
+                        "structured_outputs": {"regex": "a+"}, "allowed_token_ids": [5, 6], "bad_words": ["the"]},
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0,
                              "logprobs": True, "top_logprobs": 2, "n": 1, "stream": False,
                              "tools": [{"type": "function", "function": {
                                  "name": "f", "parameters": {"type": "object", "properties": {}}}}],
                              "tool_choice": "required", "response_format": {"type": "json_object"},
-                             "reasoning_effort": "low", "session_id": "s"},
+                             "reasoning_effort": "low", "session_id": "s", "continue_final_message": False,
+                             "add_generation_prompt": True, "chat_template_kwargs": {"bos_token": "<s>"}},
     "/v1/responses": {"input": "Hi", "max_output_tokens": 3, "instructions": "be brief", "store": True,
                       "background": False, "tools": [{"type": "function", "name": "f", "parameters": {}}],
                       "text": {"format": {"type": "text"}}, "include": [], "previous_response_id": None,
