@@ -40,7 +40,7 @@ from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_o
 from services.common.version import VERSION
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.frontend import Frontend, Submission
-from services.scheduler.http_io import error_body, error_response, json_body
+from services.scheduler.http_io import error_body, error_response, json_body, streaming
 from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
@@ -207,6 +207,7 @@ class OpenAIApi:
         """One request per choice, all queued or none; an error names the prompt it is about when there are
         several."""
         session, priority = _session(body), _priority(body)
+        streaming(body)  # refused before anything is queued
         parent = tracing.extract(request.headers)
         if len(prompts) == 1 and n == 1:
             return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session,
@@ -255,8 +256,8 @@ class OpenAIApi:
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.frontend.model_name}
         extras = _Extras(bool(body.get("return_token_ids")), body.get("prompt_logprobs") is not None, self.texts)
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        stream, include_usage = streaming(body)
+        if stream:
             return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed, tools),
                                      media_type="text/event-stream")
         merged = await self.collect(request, tracked)

@@ -22,7 +22,7 @@ from services.common.errors import InvalidArgument, SeawallError
 from services.common.openai_logprobs import chat_logprobs
 from services.common.sampling_params import FinishReason
 from services.scheduler.chat_tools import ToolCalling
-from services.scheduler.http_io import error_response, json_body
+from services.scheduler.http_io import error_response, json_body, streaming
 from services.scheduler.responses_api import (
     OutputItems,
     ResponsesRequest,
@@ -52,6 +52,7 @@ class ResponsesEndpoint:
         try:
             body = await json_body(request)
             previous, rid = body.get("previous_response_id"), f"resp_{uuid.uuid4().hex}"
+            stream, _ = streaming(body)
             req = parse_request(body, self.store.get(previous) if previous is not None else None, rid)
             prompt, params, _, tools = self.api.chat_request(req.chat)
             (tracked,) = self.api.submit(request, {"session_id": req.session_id, "priority": body.get("priority")},
@@ -61,8 +62,8 @@ class ResponsesEndpoint:
         head = {"id": rid, "object": "response", "created_at": int(time.time()),
                 "model": self.api.frontend.model_name, **req.echoed}
         if req.background:
-            return self._start_background(head, req, tracked, tools, stream=bool(body.get("stream")))
-        if body.get("stream"):
+            return self._start_background(head, req, tracked, tools, stream=stream)
+        if stream:
             return StreamingResponse(_sse(self._response_events(head, req, tracked, tools)),
                                      media_type="text/event-stream")
         (out,) = await self.api.collect(request, [tracked])

@@ -678,6 +678,9 @@ def test_constraints_that_leave_no_token_end_the_request_with_a_400_that_says_so
     ({"prompt": "hi", "allowed_token_ids": [3, 5000]}, "allowed_token_ids has token id 5000, outside"),
     # Past the contract's uint32: queued, it stopped the scheduler when its plan was converted.
     ({"prompt": "hi", "top_k": 2**40}, "top_k must be an integer <= 4294967295"),
+    # A number streamed (truthy), and stream_options that were no object then failed the stream: a 500.
+    ({"prompt": "hi", "stream": 1e308, "stream_options": 1}, "stream must be true or false"),
+    ({"prompt": "hi", "stream": True, "stream_options": 1}, "stream_options must be an object"),
 ])
 def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(http, body, fragment):
     response = http.post("/v1/completions", json=body)
