@@ -40,7 +40,7 @@ from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_o
 from services.common.version import VERSION
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.frontend import Frontend, Submission
-from services.scheduler.http_io import error_body, error_response, json_body, streaming
+from services.scheduler.http_io import error_body, error_response, flag, json_body, streaming
 from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
@@ -144,9 +144,9 @@ class OpenAIApi:
         if body.get("max_completion_tokens") is not None:
             sampling["max_tokens"] = body["max_completion_tokens"]
         top = body.get("top_logprobs")
-        if top is not None and not body.get("logprobs"):
+        if top is not None and not flag(body, "logprobs"):
             raise InvalidArgument("top_logprobs needs \"logprobs\": true")
-        if body.get("logprobs"):
+        if flag(body, "logprobs"):
             top = top or 0
             if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
                 raise InvalidArgument(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r}")
@@ -207,7 +207,9 @@ class OpenAIApi:
         """One request per choice, all queued or none; an error names the prompt it is about when there are
         several."""
         session, priority = _session(body), _priority(body)
-        streaming(body)  # refused before anything is queued
+        # Checked here, before anything is queued; read when the response is written.
+        streaming(body)
+        flag(body, "return_token_ids")
         parent = tracing.extract(request.headers)
         if len(prompts) == 1 and n == 1:
             return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session,
@@ -255,7 +257,7 @@ class OpenAIApi:
         output is a forced tool call, returned as ``tool_calls``."""
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.frontend.model_name}
-        extras = _Extras(bool(body.get("return_token_ids")), body.get("prompt_logprobs") is not None, self.texts)
+        extras = _Extras(flag(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts)
         stream, include_usage = streaming(body)
         if stream:
             return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed, tools),

@@ -681,6 +681,7 @@ def test_constraints_that_leave_no_token_end_the_request_with_a_400_that_says_so
     # A number streamed (truthy), and stream_options that were no object then failed the stream: a 500.
     ({"prompt": "hi", "stream": 1e308, "stream_options": 1}, "stream must be true or false"),
     ({"prompt": "hi", "stream": True, "stream_options": 1}, "stream_options must be an object"),
+    ({"prompt": "hi", "return_token_ids": "yes"}, "return_token_ids must be true or false"),
 ])
 def test_bad_completion_requests_get_400_with_a_message_that_says_what_to_fix(http, body, fragment):
     response = http.post("/v1/completions", json=body)
@@ -709,6 +710,9 @@ def test_malformed_json_and_bad_chat_messages_get_400(http):
     # Python's json reads these; echoed back in the response's metadata they made a 500 after the request ran.
     response = http.post("/v1/responses", content=b'{"input": "Hi", "max_output_tokens": 2, "metadata": {"a": Infinity}}')
     assert response.status_code == 400 and "Infinity is not a JSON number" in response.json()["error"]["message"]
+    # Chat's logprobs is a switch (top_logprobs says how many); a number used to mean true.
+    response = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "logprobs": 5})
+    assert response.status_code == 400 and "logprobs must be true or false" in response.json()["error"]["message"]
 
 
 def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, default_mesh):
