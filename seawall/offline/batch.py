@@ -24,7 +24,7 @@ from services.common.openai_logprobs import (
     echoed_completion_logprobs,
     vllm_prompt_logprobs,
 )
-from services.common.sampling_params import SamplingParams, from_openai_completion
+from services.common.sampling_params import SamplingParams, from_openai_completion, prompt_truncation
 
 SUPPORTED_URLS = ("/v1/completions",)
 
@@ -73,6 +73,9 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem) 
     else:
         raise InvalidArgument("body.prompt must be a string or a list of token ids (one prompt per line)")
     item.params, item.n, echo = from_openai_completion(body)
+    keep = prompt_truncation(body, engine.scheduler.config.max_model_len)
+    if keep is not None and len(ids) > keep:
+        ids, prompt = ids[-keep:], None  # echoed as what ran: its tokens decoded
     if echo:
         item.echo = prompt if isinstance(prompt, str) else engine.tokenizer.decode(ids, skip_special_tokens=False)
     item.prompt_token_ids = ids

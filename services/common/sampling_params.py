@@ -420,7 +420,7 @@ _OPENAI_FIELDS = frozenset({
 # always send them work).
 _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",
                              "session_id", "priority", "metadata", "store", "service_tier", "prompt_cache_key",
-                             "safety_identifier"})
+                             "safety_identifier", "truncate_prompt_tokens"})
 # Accepted only with the value that means "off".
 _UNSUPPORTED_FIELDS = frozenset({"n", "best_of", "echo", "suffix"})
 # Structured output, in OpenAI's and vLLM's spellings (structured_from_openai).
@@ -459,6 +459,18 @@ def echo_flag(body: dict[str, Any]) -> bool:
     if echo is not None and not isinstance(echo, bool):
         raise InvalidArgument(f"echo must be true or false, got {echo!r}")
     return bool(echo)
+
+
+def prompt_truncation(body: dict[str, Any], max_model_len: int) -> int | None:
+    """vLLM's ``truncate_prompt_tokens``: how many of a prompt's last tokens to keep (-1: the model's context);
+    None: the whole prompt. Handled by the API layer, on the tokens after tokenizing or chat rendering."""
+    k = body.get("truncate_prompt_tokens")
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or not (k >= 1 or k == -1):
+        raise InvalidArgument(f"truncate_prompt_tokens must be an integer >= 1 (keep the prompt's last k tokens) "
+                              f"or -1 (the model's context), got {k!r}")
+    return max_model_len if k == -1 else k
 
 
 def _check_unsupported(key: str, value: Any) -> None:

@@ -36,7 +36,13 @@ from services.common.openai_logprobs import (
     echoed_completion_logprobs,
     vllm_prompt_logprobs,
 )
-from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, from_openai_completion, num_choices
+from services.common.sampling_params import (
+    MAX_LOGPROBS,
+    SamplingParams,
+    from_openai_completion,
+    num_choices,
+    prompt_truncation,
+)
 from services.common.version import VERSION
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.frontend import Frontend, Submission
@@ -114,7 +120,10 @@ class OpenAIApi:
         try:
             body = await json_body(request)
             self._check_model(body)
-            given = self._prompts(body.get("prompt"))
+            keep = prompt_truncation(body, self.frontend.max_model_len)
+            # A truncated prompt is echoed as what ran: its tokens decoded.
+            given = [(ids[-keep:], None) if keep is not None and len(ids) > keep else (ids, text)
+                     for ids, text in self._prompts(body.get("prompt"))]
             prompts = [ids for ids, _ in given]
             params, n, echo = from_openai_completion(body)
             tracked = self.submit(request, body, prompts, params, n)
@@ -140,6 +149,9 @@ class OpenAIApi:
         self._check_model(body)
         tools = tool_calling(body, self.tool_parser)
         prompt = self._render_chat(body, _template_kwargs(body))
+        keep = prompt_truncation(body, self.frontend.max_model_len)
+        if keep is not None:
+            prompt = prompt[-keep:]
         sampling = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
         if body.get("max_completion_tokens") is not None:
             sampling["max_tokens"] = body["max_completion_tokens"]

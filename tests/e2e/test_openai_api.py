@@ -593,6 +593,27 @@ def test_a_chat_continues_the_final_message_as_transformers_renders_it(http, hf_
     assert got == tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs)
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(http, hf_greedy, tiny_model_dir):
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    prompt = random_prompts([40], seed=31)[0]
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "return_token_ids": True, "echo": True,
+            "truncate_prompt_tokens": 10}
+    reply = http.post("/v1/completions", json=body).json()
+    choice = reply["choices"][0]
+    assert reply["usage"]["prompt_tokens"] == 10 and choice["token_ids"] == hf_greedy(prompt[-10:], 6)
+    assert choice["text"].startswith(tokenizer.decode(prompt[-10:], skip_special_tokens=False))  # what ran
+    text = http.post("/v1/completions", json={"prompt": "one two three four five six seven", "max_tokens": 1,
+                                               "truncate_prompt_tokens": 3}).json()
+    chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hello there"}],
+                                                    "max_tokens": 1, "truncate_prompt_tokens": 4}).json()
+    whole = http.post("/v1/completions", json={**body, "truncate_prompt_tokens": -1}).json()  # the context: all
+    assert (text["usage"]["prompt_tokens"], chat["usage"]["prompt_tokens"], whole["usage"]["prompt_tokens"]) == (
+        3, 4, 40)
+    for bad in (0, -2, "5", 2.5):
+        response = http.post("/v1/completions", json={**body, "truncate_prompt_tokens": bad})
+        assert response.status_code == 400 and "truncate_prompt_tokens must be" in response.json()["error"]["message"]
+
+
 def test_text_parts_give_the_same_chat_as_a_string(http):
     body = {"max_tokens": 6, "temperature": 0, "return_token_ids": True}
     whole = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "Hi\nthere"}]})

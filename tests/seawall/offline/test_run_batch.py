@@ -45,6 +45,8 @@ def test_bad_lines_get_400_and_the_others_still_run(tmp_path, tiny_model_dir):
         _req("ok2", prompt=[10, 11, 12], max_tokens=3, temperature=0),
         _req("bias", prompt="x", logit_bias={"99999": 1}),
         _req("allowed", prompt=[10, 11, 12], max_tokens=5, temperature=0.9, allowed_token_ids=[7, 70, 700]),
+        _req("cut", prompt=list(range(10, 60)), max_tokens=3, truncate_prompt_tokens=7),
+        _req("badcut", prompt="x", truncate_prompt_tokens=0),
         # Only the end-of-sequence tokens, which min_tokens holds back: found when it samples, not at intake.
         _req("stuck", prompt=[10, 11, 12], max_tokens=5, temperature=0, allowed_token_ids=[1, 5], min_tokens=2),
     ]
@@ -52,7 +54,8 @@ def test_bad_lines_get_400_and_the_others_still_run(tmp_path, tiny_model_dir):
     assert code == 0
     by_id = {r["custom_id"]: r for r in out}
     assert len(out) == len(rows)
-    for cid in ("ok", "ok2", "allowed"):
+    assert by_id["cut"]["response"]["body"]["usage"]["prompt_tokens"] == 7
+    for cid in ("ok", "ok2", "allowed", "cut"):
         body = by_id[cid]["response"]["body"]
         assert by_id[cid]["response"]["status_code"] == 200 and by_id[cid]["error"] is None
         assert len(body["choices"][0]["token_ids"]) == body["usage"]["completion_tokens"] > 0
@@ -60,7 +63,8 @@ def test_bad_lines_get_400_and_the_others_still_run(tmp_path, tiny_model_dir):
     expected = {"temp": "temperature", "neg": "max_tokens", "topp": "top_p", "url": "/v1/completions",
                 "long": "context", "vocab": "vocabulary", "empty": "empty", "noprompt": "prompt",
                 "bias": "logit_bias names token id 99999",
-                "stuck": "no token satisfies allowed_token_ids (2 tokens) and min_tokens (2"}
+                "stuck": "no token satisfies allowed_token_ids (2 tokens) and min_tokens (2",
+                "badcut": "truncate_prompt_tokens must be an integer >= 1"}
     for cid, word in expected.items():
         resp = by_id[cid]["response"]
         assert resp["status_code"] == 400, (cid, resp)
