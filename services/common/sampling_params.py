@@ -435,7 +435,7 @@ _FLOAT_FIELDS = frozenset({
 def from_openai_completion(body: dict[str, Any]) -> tuple[SamplingParams, int, bool]:
     """A ``/v1/completions`` body's sampling, ``n`` and ``echo``: ``n`` and ``echo`` are the API layer's (it
     fans choices out and prefixes the prompt); with ``echo`` and ``logprobs`` the prompt is scored as well."""
-    n, echo = num_choices(body), echo_flag(body)
+    n, echo = num_choices(body), bool_field(body, "echo")
     params = SamplingParams.from_openai({k: v for k, v in body.items() if k not in ("n", "echo")})
     if echo and params.logprobs is not None:
         params = replace(params, prompt_logprobs=params.logprobs)
@@ -453,12 +453,13 @@ def num_choices(body: dict[str, Any]) -> int:
     return n
 
 
-def echo_flag(body: dict[str, Any]) -> bool:
-    """OpenAI's ``echo``: each choice's text (and logprobs) start with the prompt's. Handled by the API layer."""
-    echo = body.get("echo")
-    if echo is not None and not isinstance(echo, bool):
-        raise InvalidArgument(f"echo must be true or false, got {echo!r}")
-    return bool(echo)
+def bool_field(body: dict[str, Any], name: str) -> bool:
+    """A true/false field of a request body (absent or null: false), such as OpenAI's ``echo``; anything else is
+    refused rather than read as truthy."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be true or false, got {value!r}")
+    return bool(value)
 
 
 def prompt_truncation(body: dict[str, Any], max_model_len: int) -> int | None:

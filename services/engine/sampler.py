@@ -129,7 +129,7 @@ class Sampler:
         logprobs: list[TokenLogprobs | None] = [None] * n
         if raw_logprobs is not None:
             _fill_logprobs(logprobs, raw_logprobs, want, tokens, rows)
-        return SamplerOutput(token_list, logprobs, _no_token(x, tokens, rows))
+        return SamplerOutput(token_list, logprobs, _no_token(x, tokens))
 
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
@@ -165,8 +165,8 @@ def _flat_ids(
 
 def _constrain_tokens(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
     """A grammar's mask and allowed_token_ids (every other logit -inf), bad_words (their banned tokens -inf), then
-    logit_bias (added), in place on fp32
-    logits. Token ids are checked against the vocabulary at admission (``SamplingParams.check_vocab``)."""
+    logit_bias (added), in place on fp32 logits. Token ids are checked against the vocabulary at admission
+    (``SamplingParams.check_vocab``)."""
     masked = [i for i, r in enumerate(rows) if r.token_mask is not None]
     if masked:
         vocab = x.shape[1]
@@ -206,16 +206,10 @@ def _ends_with(tokens: Sequence[int], tail: tuple[int, ...]) -> bool:
     return not tail or (len(tokens) >= len(tail) and tuple(tokens[len(tokens) - len(tail):]) == tail)
 
 
-def _no_token(x: torch.Tensor, tokens: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
-    """The constrained rows whose token is -inf after the constraints: greedy or sampled, a row with any token
-    left picks one of them (truncation keeps the best), so -inf means every token was ruled out."""
-    limited = [i for i, r in enumerate(rows) if r.token_mask is not None or r.params.allowed_token_ids
-               or r.bad_words or len(r.output_token_ids) < r.params.min_tokens or r.params.has_penalties]
-    if not limited:
-        return []
-    idx = _index(limited, x.device)
-    picked = x[idx, tokens[idx]]
-    return [i for i, ruled_out in zip(limited, (picked == float("-inf")).tolist(), strict=True) if ruled_out]
+def _no_token(x: torch.Tensor, tokens: torch.Tensor) -> list[int]:
+    """The rows whose token is -inf after the constraints: greedy or sampled, a row with any token left picks one
+    of them (truncation keeps the best), so -inf means every token was ruled out."""
+    return (x.gather(1, tokens[:, None])[:, 0] == float("-inf")).nonzero()[:, 0].tolist()
 
 
 def _apply_penalties(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:

@@ -39,6 +39,7 @@ from services.common.openai_logprobs import (
 from services.common.sampling_params import (
     MAX_LOGPROBS,
     SamplingParams,
+    bool_field,
     from_openai_completion,
     num_choices,
     prompt_truncation,
@@ -46,7 +47,7 @@ from services.common.sampling_params import (
 from services.common.version import VERSION
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.frontend import Frontend, Submission
-from services.scheduler.http_io import error_body, error_response, flag, json_body, streaming
+from services.scheduler.http_io import error_body, error_response, json_body, streaming
 from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
@@ -156,9 +157,10 @@ class OpenAIApi:
         if body.get("max_completion_tokens") is not None:
             sampling["max_tokens"] = body["max_completion_tokens"]
         top = body.get("top_logprobs")
-        if top is not None and not flag(body, "logprobs"):
+        logprobs = bool_field(body, "logprobs")
+        if top is not None and not logprobs:
             raise InvalidArgument("top_logprobs needs \"logprobs\": true")
-        if flag(body, "logprobs"):
+        if logprobs:
             top = top or 0
             if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
                 raise InvalidArgument(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r}")
@@ -221,7 +223,7 @@ class OpenAIApi:
         session, priority = _session(body), _priority(body)
         # Checked here, before anything is queued; read when the response is written.
         streaming(body)
-        flag(body, "return_token_ids")
+        bool_field(body, "return_token_ids")
         parent = tracing.extract(request.headers)
         if len(prompts) == 1 and n == 1:
             return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session,
@@ -269,7 +271,7 @@ class OpenAIApi:
         output is a forced tool call, returned as ``tool_calls``."""
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.frontend.model_name}
-        extras = _Extras(flag(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts)
+        extras = _Extras(bool_field(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts)
         stream, include_usage = streaming(body)
         if stream:
             return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed, tools),
@@ -451,14 +453,12 @@ def _template_kwargs(body: dict) -> dict:
 def _turn_options(body: dict) -> tuple[bool, bool]:
     """vLLM's ``add_generation_prompt`` (open the assistant's turn; default true) and ``continue_final_message``
     (continue the final message instead, e.g. an assistant reply begun by the client; default false)."""
-    add, cont = body.get("add_generation_prompt"), body.get("continue_final_message", False)
-    for name, value in (("add_generation_prompt", add), ("continue_final_message", cont)):
-        if value is not None and not isinstance(value, bool):
-            raise InvalidArgument(f"{name} must be true or false, got {value!r}")
+    cont = bool_field(body, "continue_final_message")
+    add = bool_field(body, "add_generation_prompt") if body.get("add_generation_prompt") is not None else not cont
     if add and cont:
         raise InvalidArgument("add_generation_prompt and continue_final_message cannot both be true: continuing "
                               "the final message opens no new turn")
-    return (not cont) if add is None else add, bool(cont)
+    return add, cont
 
 
 def _constrained_from_start(tracked: TrackedRequest) -> bool:

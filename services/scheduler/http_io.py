@@ -11,6 +11,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from services.common.errors import InvalidArgument, SeawallError
+from services.common.sampling_params import bool_field
 
 
 def error_body(exc: SeawallError) -> dict:
@@ -22,18 +23,10 @@ def error_response(exc: SeawallError) -> JSONResponse:
     return JSONResponse(error_body(exc), status_code=exc.http_status, headers=headers)
 
 
-def flag(body: dict, name: str) -> bool:
-    """A true/false field (absent: false); anything else is refused rather than read as truthy."""
-    value = body.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be true or false, got {value!r}")
-    return bool(value)
-
-
 def streaming(body: dict) -> tuple[bool, bool]:
     """OpenAI's ``stream`` and ``stream_options.include_usage``, type-checked: a number as ``stream`` used to
     stream (truthy), and a ``stream_options`` that was no object then failed the response, a 500."""
-    stream, options = flag(body, "stream"), body.get("stream_options")
+    stream, options = bool_field(body, "stream"), body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidArgument(f"stream_options must be an object such as {{\"include_usage\": true}}, got {options!r}")
     usage = (options or {}).get("include_usage")
