@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from services.engine.builtin_model import PRESETS, init_model
 
@@ -32,3 +33,18 @@ def tiny_model_dir(tmp_path_factory):
 def second_model_dir(tmp_path_factory):
     return init_model(tmp_path_factory.mktemp("models") / "second", preset="tiny", seed=7,
                       overrides=SECOND_MODEL_OVERRIDES, num_shards=2)
+
+
+@pytest.fixture(scope="session")
+def looping_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model without attention output (o_proj zero): each token's successor depends on that token
+    alone, so greedy output soon runs in a loop, which speculative decoding's n-gram lookup predicts."""
+    out = tmp_path_factory.mktemp("models") / "looping"
+    out.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.name != "model.safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    weights = load_file(tiny_model_dir / "model.safetensors")
+    save_file({k: v * 0 if k.endswith("o_proj.weight") else v for k, v in weights.items()},
+              out / "model.safetensors", metadata={"format": "pt"})
+    return out

@@ -41,14 +41,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="FastServe's queue constants: default (the paper's, with the code's 3 s starvation "
                         "threshold), paper, or released-code")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV of shared prompt prefixes")
-    p.add_argument("--decode-steps", type=int, default=8,
+    p.add_argument("--decode-steps", type=int, default=None,
                    help="multi-step decoding: while nothing waits, up to this many decode passes per step "
-                        "(default 8: nothing streams from a batch file, so only throughput counts; 1 = off)")
+                        "(default 8: nothing streams from a batch file, so only throughput counts; 1 = off; "
+                        "1 with --speculative-tokens)")
+    p.add_argument("--speculative-tokens", type=int, default=0,
+                   help="speculative decoding by n-gram lookup: a decode verifies up to this many tokens drafted "
+                        "from its own context in one pass, keeping those it would have sampled (default 0: off)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--no-cpu-kernels", action="store_true",
                    help="CPU fp32 attention, norms and RoPE as plain torch ops instead of the fused C kernels")
     p.set_defaults(func=run)
+
+
+def _decode_steps(args: argparse.Namespace) -> int:
+    """--decode-steps, else 8, or 1 with --speculative-tokens (the two exclude each other)."""
+    if args.decode_steps is not None:
+        return args.decode_steps
+    return 1 if args.speculative_tokens else 8
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
                                 enable_prefix_caching=not args.no_prefix_caching,
                                 preemption_mode=args.preemption_mode, policy=args.policy,
                                 tbt_target_s=args.tbt_target_s, mlfq=MLFQ_PRESETS[args.mlfq](),
-                                num_decode_steps=args.decode_steps)
+                                num_decode_steps=_decode_steps(args),
+                                num_speculative_tokens=args.speculative_tokens)
     except ValueError as exc:
         raise InvalidArgument(as_flag(str(exc))) from exc
     engine = OfflineEngine(

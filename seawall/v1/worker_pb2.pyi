@@ -113,7 +113,7 @@ class ContinuingSequence(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., block_ids: _Optional[_Iterable[int]] = ..., replace_block_table: _Optional[bool] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "scheduled_seq_ids", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context")
+    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "scheduled_seq_ids", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context", "speculative")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class StepPlan(_message.Message):
     SWAP_IN_FIELD_NUMBER: _ClassVar[int]
     COPY_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     scheduler_id: str
     new_sequences: _containers.RepeatedCompositeFieldContainer[NewSequence]
@@ -143,7 +144,8 @@ class StepPlan(_message.Message):
     swap_in: _containers.RepeatedCompositeFieldContainer[BlockMove]
     copy: _containers.RepeatedCompositeFieldContainer[BlockMove]
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., scheduled_seq_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    speculative: bool
+    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., scheduled_seq_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., speculative: _Optional[bool] = ...) -> None: ...
 
 class SequenceError(_message.Message):
     __slots__ = ("seq_id", "code", "message")
@@ -156,7 +158,7 @@ class SequenceError(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled_seq_ids", "num_sampled_tokens", "sampled_token_ids", "logprobs", "prompt_logprob_seq_ids", "prompt_logprob_starts", "num_prompt_logprobs", "prompt_logprobs", "errors", "forward_time_ms", "step_time_ms", "num_tokens", "num_seqs", "num_sampled", "num_blocks_moved")
+    __slots__ = ("step_id", "sampled_seq_ids", "num_sampled_tokens", "sampled_token_ids", "logprobs", "prompt_logprob_seq_ids", "prompt_logprob_starts", "num_prompt_logprobs", "prompt_logprobs", "errors", "forward_time_ms", "step_time_ms", "num_tokens", "num_seqs", "num_sampled", "num_blocks_moved", "num_draft_tokens", "num_accepted_tokens")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +175,8 @@ class StepResult(_message.Message):
     NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_MOVED_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sampled_seq_ids: _containers.RepeatedScalarFieldContainer[str]
     num_sampled_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -189,7 +193,9 @@ class StepResult(_message.Message):
     num_seqs: int
     num_sampled: int
     num_blocks_moved: int
-    def __init__(self, step_id: _Optional[int] = ..., sampled_seq_ids: _Optional[_Iterable[str]] = ..., num_sampled_tokens: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_logprob_seq_ids: _Optional[_Iterable[str]] = ..., prompt_logprob_starts: _Optional[_Iterable[int]] = ..., num_prompt_logprobs: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., forward_time_ms: _Optional[float] = ..., step_time_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., num_seqs: _Optional[int] = ..., num_sampled: _Optional[int] = ..., num_blocks_moved: _Optional[int] = ...) -> None: ...
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    def __init__(self, step_id: _Optional[int] = ..., sampled_seq_ids: _Optional[_Iterable[str]] = ..., num_sampled_tokens: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_logprob_seq_ids: _Optional[_Iterable[str]] = ..., prompt_logprob_starts: _Optional[_Iterable[int]] = ..., num_prompt_logprobs: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., forward_time_ms: _Optional[float] = ..., step_time_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., num_seqs: _Optional[int] = ..., num_sampled: _Optional[int] = ..., num_blocks_moved: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ...) -> None: ...
 
 class PushKVRequest(_message.Message):
     __slots__ = ("transfer_id", "dst", "src_block_ids", "dst_block_ids", "notification_key", "timeout_ms", "transport")

@@ -122,7 +122,7 @@ def plan_to_proto(plan: StepPlan, scheduler_id: str = "") -> worker_pb2.StepPlan
                               finished_seq_ids=plan.finished,
                               swap_out=_moves(plan.swap_out), swap_in=_moves(plan.swap_in), copy=_moves(plan.copy),
                               scheduled_seq_ids=plan.num_scheduled_tokens.keys(),
-                              num_scheduled_tokens=plan.num_scheduled_tokens.values())
+                              num_scheduled_tokens=plan.num_scheduled_tokens.values(), speculative=plan.speculative)
     # add() builds each submessage in place; append() would build it, then copy it.
     for new in plan.new:
         msg.new_sequences.add(
@@ -145,7 +145,8 @@ def plan_from_proto(msg: worker_pb2.StepPlan) -> StepPlan:
                               f"{len(msg.num_scheduled_tokens)} num_scheduled_tokens; send one count per sequence")
     plan = StepPlan(msg.step_id, finished=list(msg.finished_seq_ids), swap_out=_pairs(msg.swap_out),
                     swap_in=_pairs(msg.swap_in), copy=_pairs(msg.copy),
-                    num_scheduled_tokens=dict(zip(msg.scheduled_seq_ids, msg.num_scheduled_tokens, strict=True)))
+                    num_scheduled_tokens=dict(zip(msg.scheduled_seq_ids, msg.num_scheduled_tokens, strict=True)),
+                    speculative=msg.speculative)
     for new in msg.new_sequences:
         plan.new.append(NewSequence(new.seq_id, list(new.token_ids), new.num_prompt_tokens,
                                     new.num_computed_tokens, list(new.block_ids),
@@ -163,7 +164,9 @@ def result_to_proto(result: StepResult, step_seconds: float = 0.0) -> worker_pb2
     ids = [t.token_id for tokens in sampled.values() for t in tokens]
     msg = worker_pb2.StepResult(step_id=result.step_id, forward_time_ms=result.forward_seconds * 1e3,
                                 step_time_ms=step_seconds * 1e3, num_sampled=len(sampled),
-                                sampled_seq_ids=sampled.keys(), num_sampled_tokens=counts, sampled_token_ids=ids)
+                                sampled_seq_ids=sampled.keys(), num_sampled_tokens=counts, sampled_token_ids=ids,
+                                num_draft_tokens=result.num_draft_tokens,
+                                num_accepted_tokens=result.num_accepted_tokens)
     if any(tokens[0].logprob is not None for tokens in sampled.values()):
         empty = common_pb2.TokenLogprobs()
         msg.logprobs.extend(token_logprobs_to_proto(t) if t.logprob is not None else empty
@@ -179,7 +182,8 @@ def result_to_proto(result: StepResult, step_seconds: float = 0.0) -> worker_pb2
 
 
 def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
-    result = StepResult(msg.step_id, forward_seconds=msg.forward_time_ms / 1e3)
+    result = StepResult(msg.step_id, forward_seconds=msg.forward_time_ms / 1e3,
+                        num_draft_tokens=msg.num_draft_tokens, num_accepted_tokens=msg.num_accepted_tokens)
     seq_ids, counts, ids = msg.sampled_seq_ids, msg.num_sampled_tokens, list(msg.sampled_token_ids)
     if len(seq_ids) != len(counts) or sum(counts) != len(ids) or (msg.logprobs and len(msg.logprobs) != len(ids)):
         raise InvalidArgument(f"step {msg.step_id}: {len(seq_ids)} sampled_seq_ids, {len(counts)} counts summing "

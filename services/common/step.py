@@ -62,6 +62,10 @@ class StepPlan:
     # Forward passes the plan takes: 1, or more for multi-step decodes. The scheduler's note, not sent: a
     # worker derives the passes from the tokens it knows.
     num_passes: int = 1
+    # A decode scheduled past its known tokens verifies up to that many draft tokens in this one pass
+    # instead of running multi-step passes: the worker drafts them, runs newest token + drafts, and samples
+    # (and returns) the drafts its sampler agrees with plus the token after them.
+    speculative: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -97,3 +101,6 @@ class StepResult:
     # The worker keeps such a sequence, runs none of it again and reports the error whenever a plan schedules
     # it, until a plan finishes it: plans sent before the scheduler learned of the error still run.
     errors: dict[str, SeawallError] = field(default_factory=dict)
+    # Speculative plans: draft tokens run, and how many of them were kept.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0

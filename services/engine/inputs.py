@@ -32,6 +32,7 @@ from services.engine.attention import (
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
     from services.engine.grammar import SequenceGrammar
+    from services.engine.ngram import NgramIndex
 
 # A decode bucket closes when the next context needs this many times the bucket's first block count:
 # padding wastes at most ~1/3 of a bucket's attention work, and few buckets keep SDPA calls few.
@@ -55,6 +56,10 @@ class SequenceState:
     bad_words: tuple[tuple[int, ...], ...] = ()
     # Set when the sequence failed alone (StepResult.errors): it is kept, never run again, until finished.
     error: SeawallError | None = None
+    # Speculative decoding: the draft tokens at the end of token_ids in the step being run (runner.py), and
+    # the n-gram index they are drafted from (made on the first draft).
+    num_drafts: int = 0
+    ngrams: NgramIndex | None = None
 
 
 @dataclass
@@ -68,6 +73,9 @@ class StepInputs:
     # After them, per sequence scoring its prompt (SamplingParams.prompt_logprobs): (seq_id, position of the
     # first prompt token scored, how many), rows in that order.
     scored: list[tuple[str, int, int]] = field(default_factory=list)
+    # After those, per sequence verifying drafts (SequenceState.num_drafts): (seq_id, drafts), a row for the
+    # newest known token and each draft but the last (whose row is the sampled one), in that order.
+    verified: list[tuple[str, int]] = field(default_factory=list)
 
 
 def prepare_inputs(
@@ -90,6 +98,8 @@ def prepare_inputs(
     sample_ids: list[str] = []
     score_rows: list[int] = []
     scored: list[tuple[str, int, int]] = []
+    verify_rows: list[int] = []
+    verified: list[tuple[str, int]] = []
     for seq, n in ordered:
         start = seq.num_computed
         base = len(ids)
@@ -104,7 +114,10 @@ def prepare_inputs(
             if count > 0:
                 score_rows.extend(range(base, base + count))
                 scored.append((seq.seq_id, start + 1, count))
-    logits_index += score_rows
+        if seq.num_drafts:
+            verify_rows.extend(range(base, base + seq.num_drafts))
+            verified.append((seq.seq_id, seq.num_drafts))
+    logits_index += score_rows + verify_rows
     slot_blocks = [seq.block_ids[p // block_size] for seq, n in ordered
                    for p in range(seq.num_computed, seq.num_computed + n)]
     # One tensor for the four per-token rows (each conversion from Python lists has a fixed cost).
@@ -122,7 +135,7 @@ def prepare_inputs(
     if kernels is not None:
         if fresh or prefixed:
             attention.chunk_rows = _chunk_rows(fresh + prefixed, offset, block_size, device)
-        return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored)
+        return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified)
     for length, group in groupby(fresh, key=lambda sn: sn[1]):
         count = len(list(group))
         attention.fresh.append(FreshChunks(offset, count, length))
@@ -130,7 +143,7 @@ def prepare_inputs(
     for seq, n in prefixed:
         attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device))
         offset += n
-    return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored)
+    return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified)
 
 
 def _check(seq: SequenceState, n: int, block_size: int) -> None:

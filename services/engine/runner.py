@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -25,6 +26,7 @@ from services.engine.grammar import GrammarCompiler
 from services.engine.inputs import SequenceState, prepare_inputs
 from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.engine.loader import Checkpoint, load_checkpoint_meta, load_model
+from services.engine.ngram import NgramIndex
 from services.engine.sampler import Sampler, SamplingRow
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,10 @@ class ModelRunner:
         self.grammars = GrammarCompiler(self.checkpoint.tokenizer, self.checkpoint.config.vocab_size,
                                         self.checkpoint.eos_token_ids)
         self.seqs: dict[str, SequenceState] = {}
+        # Where a speculative plan's draft tokens come from: (sequence, most drafts) -> drafts. Any drafts give
+        # the same output (only those the sampler agrees with are kept); tests swap in drafts whose fate
+        # they know.
+        self.drafter: Callable[[SequenceState, int], list[int]] = ngram_drafts
         self._mask_thread: ThreadPoolExecutor | None = None  # made by the first structured-output request
         log.info("runner ready: %s on %s/%s, %d device blocks, %d host blocks, attention: %s", self.checkpoint.path,
                  self.device, self.dtype, self.kv.num_blocks, self.kv.num_host_blocks,
@@ -94,18 +100,19 @@ class ModelRunner:
         result = StepResult(plan.step_id)
         if plan.num_scheduled_tokens:
             scheduled = [(self._get(sid), n) for sid, n in plan.num_scheduled_tokens.items() if n > 0]
-            result.sampled = self._run([(seq, n) for seq, n in scheduled if seq.error is None],
-                                       result.prompt_logprobs)
+            result.sampled = self._run([(seq, n) for seq, n in scheduled if seq.error is None], result,
+                                       plan.speculative)
             result.errors = {seq.seq_id: seq.error for seq, _ in scheduled if seq.error is not None}
         result.forward_seconds = time.perf_counter() - started
         return result
 
-    def _run(self, scheduled: list[tuple[SequenceState, int]],
-             prompt_logprobs: dict[str, tuple[int, list[SampledToken]]]) -> dict[str, list[SampledToken]]:
+    def _run(self, scheduled: list[tuple[SequenceState, int]], result: StepResult,
+             speculative: bool) -> dict[str, list[SampledToken]]:
         """Runs the plan's tokens; a sequence scheduled past its known tokens (a multi-step decode) goes on
         with one pass per extra token, fed what it sampled. It runs them all even past a stop token: the
         scheduler counts on exactly that many tokens and drops what follows a stop (one row of a pass).
-        Prompt tokens scored on the way go into ``prompt_logprobs``."""
+        In a ``speculative`` plan the extra tokens are drafts instead, verified in the one pass. Prompt
+        tokens scored on the way go into ``result.prompt_logprobs``."""
         block_size = self.config.block_size
         batch, extra = [], {}
         for seq, n in scheduled:
@@ -113,22 +120,39 @@ class ModelRunner:
             if n > known and (known < 1 or -(-(seq.num_computed + n) // block_size) > len(seq.block_ids)):
                 raise ValueError(f"sequence {seq.seq_id}: {n} tokens scheduled from {seq.num_computed} with "
                                  f"{known} known and {len(seq.block_ids)} blocks: no room for {n - known} more")
+            if n > known and speculative:
+                drafts = self._draft(seq, n - known)
+                seq.token_ids.extend(drafts)
+                seq.num_drafts = len(drafts)
+                result.num_draft_tokens += len(drafts)
+                batch.append((seq, known + len(drafts)))
+                continue
             batch.append((seq, min(n, known)))
             if n > known:
                 extra[seq.seq_id] = n - known
         sampled: dict[str, list[SampledToken]] = {}
+        if speculative:
+            return self._pass(batch, result)
         while batch:
-            for sid, token in self._pass(batch, prompt_logprobs).items():
-                sampled.setdefault(sid, []).append(token)
+            for sid, tokens in self._pass(batch, result).items():
+                sampled.setdefault(sid, []).extend(tokens)
             batch = []
             for sid in [sid for sid, left in extra.items() if left and self.seqs[sid].error is None]:
                 extra[sid] -= 1
                 batch.append((self.seqs[sid], 1))
         return sampled
 
+    def _draft(self, seq: SequenceState, k: int) -> list[int]:
+        """Up to ``k`` draft tokens for ``seq``; none under a grammar, whose mask for each draft would need the
+        matcher moved along the drafts."""
+        if seq.params.structured_output is not None:
+            return []
+        return self.drafter(seq, k)[:k]
+
     def _pass(self, scheduled: list[tuple[SequenceState, int]],
-              prompt_logprobs: dict[str, tuple[int, list[SampledToken]]]) -> dict[str, SampledToken]:
-        """One forward pass over the scheduled tokens, then sampling where a sequence reaches its end."""
+              result: StepResult) -> dict[str, list[SampledToken]]:
+        """One forward pass over the scheduled tokens, then sampling where a sequence reaches its end: one
+        token, or for a sequence verifying drafts, the drafts kept and the token after them."""
         inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels)
         rows = []
         for sid in inputs.sample_seq_ids:
@@ -141,26 +165,56 @@ class ModelRunner:
         logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index)
         for seq, n in scheduled:
             seq.num_computed += n
+        n_sampled = len(inputs.sample_seq_ids)
+        n_scored = sum(n for _, _, n in inputs.scored)
         if inputs.scored:
-            n_sampled = len(inputs.sample_seq_ids)
-            prompt_logprobs.update(self._score_prompts(logits[n_sampled:], inputs.scored))
+            result.prompt_logprobs.update(self._score_prompts(logits[n_sampled:n_sampled + n_scored],
+                                                              inputs.scored))
+        if inputs.verified:
+            # Each draft's row samples as if the drafts before it were outputs already: the same penalties,
+            # min_tokens, bad words and seeded draws as a pass per token would have had.
+            for sid, m in inputs.verified:
+                seq = self.seqs[sid]
+                known = len(seq.token_ids) - m
+                rows += [SamplingRow(seq.params, seq.token_ids[: seq.prompt_len],
+                                     seq.token_ids[seq.prompt_len:known + j], bad_words=seq.bad_words)
+                         for j in range(m)]
+            logits = torch.cat([logits[:n_sampled], logits[n_sampled + n_scored:]])
+        elif inputs.scored:
             logits = logits[:n_sampled]
         if not inputs.sample_seq_ids:
             return {}
         if masks is not None:
             masks.result()
         out = self.sampler(logits, rows, self.checkpoint.eos_token_ids)
-        for i in out.no_token:
-            seq = self.seqs[inputs.sample_seq_ids[i]]
-            seq.error = InvalidArgument(no_token_message(seq.params, len(rows[i].output_token_ids)))
-        sampled: dict[str, SampledToken] = {}
+        no_token = set(out.no_token)
+        verify_row = n_sampled
+        sampled: dict[str, list[SampledToken]] = {}
         for i, sid in enumerate(inputs.sample_seq_ids):
-            if self.seqs[sid].error is not None:
-                continue
-            token = out.token_ids[i]
-            self.seqs[sid].token_ids.append(token)
-            lp = out.logprobs[i]
-            sampled[sid] = SampledToken(token) if lp is None else SampledToken(token, lp.logprob, lp.rank, lp.top)
+            seq = self.seqs[sid]
+            m = seq.num_drafts
+            # The rows of this sequence's positions in order: its drafts' (if any), then its sampled one.
+            order = [*range(verify_row, verify_row + m), i]
+            verify_row += m
+            drafts = seq.token_ids[len(seq.token_ids) - m:]
+            del seq.token_ids[len(seq.token_ids) - m:]
+            seq.num_drafts = 0
+            kept = []
+            for j, r in enumerate(order):
+                if r in no_token:
+                    seq.error = InvalidArgument(no_token_message(seq.params, len(rows[r].output_token_ids)))
+                    break
+                lp = out.logprobs[r]
+                token = out.token_ids[r]
+                kept.append(SampledToken(token) if lp is None else SampledToken(token, lp.logprob, lp.rank, lp.top))
+                if j == m or token != drafts[j]:
+                    break  # the first token the sampler did not draft ends the step: later rows saw wrong drafts
+            result.num_accepted_tokens += sum(t.token_id == d for t, d in zip(kept, drafts, strict=False))
+            # KV stands for the newest token and each draft kept; a rejected draft's slot is rewritten later.
+            seq.num_computed -= m + 1 - len(kept)
+            seq.token_ids.extend(t.token_id for t in kept)
+            if kept:
+                sampled[sid] = kept
         return sampled
 
     def _grammar_masks(self, seqs: list[SequenceState], rows: list[SamplingRow]) -> Future | None:
@@ -237,6 +291,13 @@ def no_token_message(params: SamplingParams, num_outputs: int) -> str:
         held.append("the penalties")
     return (f"no token satisfies {' and '.join(held)} at output token {num_outputs + 1}: "
             "they contradict each other; loosen one of them")
+
+
+def ngram_drafts(seq: SequenceState, k: int) -> list[int]:
+    """Drafts by n-gram lookup in the sequence's own tokens (ngram.py), its index kept with the sequence."""
+    if seq.ngrams is None:
+        seq.ngrams = NgramIndex()
+    return seq.ngrams.propose(seq.token_ids, k)
 
 
 def resolve_model_dir(model: str | None) -> str:

@@ -106,5 +106,6 @@ def as_flag(message: str) -> str:
     """``num_decode_steps must be ...`` -> ``--decode-steps must be ...``: the name the user typed."""
     name, _, rest = message.partition(" ")
     name = name.removeprefix("mlfq.")
-    flag = "decode-steps" if name == "num_decode_steps" else name.replace("_", "-")
+    renamed = {"num_decode_steps": "decode-steps", "num_speculative_tokens": "speculative-tokens"}
+    flag = renamed.get(name) or name.replace("_", "-")
     return f"--{flag} {rest}"

@@ -86,6 +86,9 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
                    help="plan a worker's next step before its current result: behind every step (all: async "
                         "scheduling), behind steps without decodes (prompts), behind prompt chunks that sample "
                         "nothing only (known), never (off), or auto (default: all)")
+    p.add_argument("--speculative-tokens", type=int, default=0,
+                   help="speculative decoding by n-gram lookup: a decode verifies up to this many tokens drafted "
+                        "from its own context in one pass, keeping those it would have sampled (default 0: off)")
 
 
 def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> list[str]:
@@ -95,7 +98,8 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
              "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
              "--max-moves", str(args.max_moves),
              "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq,
-             "--step-pipelining", args.step_pipelining, "--decode-steps", str(args.decode_steps)]
+             "--step-pipelining", args.step_pipelining, "--decode-steps", str(args.decode_steps),
+             "--speculative-tokens", str(args.speculative_tokens)]
     for name in ("max_num_batched_tokens", "preemption_mode", "tbt_target_s", "starvation_s", "max_wait_ratio",
                  "wait_slack_s", "wait_credit"):
         if getattr(args, name) is not None:
@@ -111,12 +115,16 @@ def _mlfq(args: argparse.Namespace) -> MLFQConfig:
 def core_config_from(args: argparse.Namespace) -> SchedulerConfig:
     """The scheduler core's config from ``add_scheduling_flags``' flags; a value it cannot take is an
     ``InvalidArgument`` naming the flag (launchers call this to refuse bad flags before starting anything)."""
+    if args.speculative_tokens and args.step_pipelining == "all":
+        raise InvalidArgument("--speculative-tokens needs --step-pipelining auto, prompts, known or off: behind "
+                              "every plan (all), each decode has a token in flight and none can speculate")
     try:
         return SchedulerConfig(chunk_size=chunk_size(args), max_num_batched_tokens=args.max_num_batched_tokens,
                                max_num_seqs=args.max_num_seqs, policy=args.policy,
                                preemption_mode=args.preemption_mode,
                                enable_prefix_caching=not args.no_prefix_caching, tbt_target_s=args.tbt_target_s,
-                               mlfq=_mlfq(args), num_decode_steps=args.decode_steps)
+                               mlfq=_mlfq(args), num_decode_steps=args.decode_steps,
+                               num_speculative_tokens=args.speculative_tokens)
     except ValueError as exc:
         raise InvalidArgument(as_flag(str(exc))) from None
 

@@ -262,9 +262,11 @@ class Mesh:
     async def _send(self, link: WorkerLink, call, plan: StepPlan, pipelined: bool) -> _InFlight:
         # A prefill worker's sampled token hands the request off, so its core must not plan a decode after it.
         hands_off = link.role == "prefill" and self.config.mode == "disaggregated"
-        ahead = "off" if hands_off else self._plans_ahead()
-        expected = self._depth > 1 and (ahead == "all" or not link.core.samples(plan)
-                                        or (ahead == "prompts" and not link.core.samples_a_decode(plan)))
+        ahead = "off" if hands_off else self._plans_ahead(link)
+        # A speculative plan's result decides how many tokens it computed: the next plan waits for it.
+        expected = self._depth > 1 and not plan.speculative and (
+            ahead == "all" or not link.core.samples(plan)
+            or (ahead == "prompts" and not link.core.samples_a_decode(plan)))
         step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(), expected)
         with anyio.fail_after(self.config.step_timeout_s):
             await rpc(call.write(self._plan_message(link, plan)))
@@ -274,12 +276,16 @@ class Mesh:
             link.core.expect(plan)
         return step
 
-    def _plans_ahead(self) -> str:
+    def _plans_ahead(self, link: WorkerLink) -> str:
         """The effective ``--step-pipelining``: behind which plans the next one is sent at once. "all":
         every plan; "prompts": plans whose samples are first tokens of prompts, not decodes; "known": plans
-        that sample nothing; "off": none. "auto" is "all" on every device (config.py says why)."""
+        that sample nothing; "off": none. "auto" is "all" on every device (config.py says why), but
+        "prompts" with speculative decoding: a decode planned behind a decode has a token in flight and
+        cannot speculate, so behind "all" no decode ever would."""
         setting = self.config.step_pipelining
-        return "all" if setting == "auto" else setting
+        if setting != "auto":
+            return setting
+        return "prompts" if link.core.config.num_speculative_tokens else "all"
 
     def _finish_step(self, link: WorkerLink, step: _InFlight, msg) -> None:
         link.num_steps += 1
@@ -291,6 +297,9 @@ class Mesh:
             trace_.prefill_chunk(step.start_ns, time.time_ns(), link.worker_id, step.plan.step_id, n)
         result = result_from_proto(msg)
         link.note_done(step.plan.step_id)
+        if result.num_draft_tokens:
+            self.metrics.draft_tokens.labels(link.worker_id).inc(result.num_draft_tokens)
+            self.metrics.accepted_tokens.labels(link.worker_id).inc(result.num_accepted_tokens)
         for rid, (start, tokens) in result.prompt_logprobs.items():  # before the first token that ends them
             tracked = self.tracked.get(rid)
             if tracked is not None:
@@ -343,7 +352,8 @@ class Mesh:
         steps = self.metrics.steps
         steps.step_seconds.labels(link.worker_id).observe(seconds)
         steps.step_tokens.labels(link.worker_id).observe(plan.total_tokens)
-        if self.dual_path is not None and plan.num_passes == 1:  # what computing a prefix costs there
+        # What computing a prefix costs there (a speculative plan's count holds drafts the worker may not run).
+        if self.dual_path is not None and plan.num_passes == 1 and not plan.speculative:
             self.dual_path.steps[link.worker_id].step(plan.total_tokens, seconds)
         block_bytes = link.info.kv_layout.bytes_per_block
         if plan.swap_out:

@@ -24,6 +24,13 @@ class SchedulerMetrics:
         self.requests_moved = Counter(
             "seawall_requests_moved", "Requests taken off a failed worker and placed again (recomputed; their "
             "streams go on)", registry=self.registry)
+        # Acceptance rate = accepted / draft (vLLM's spec_decode_num_draft_tokens / _num_accepted_tokens).
+        self.draft_tokens = Counter(
+            "seawall_spec_decode_draft_tokens", "Draft tokens verified by speculative decoding", ("worker",),
+            registry=self.registry)
+        self.accepted_tokens = Counter(
+            "seawall_spec_decode_accepted_tokens", "Draft tokens kept: the sampler agreed with them", ("worker",),
+            registry=self.registry)
 
     def watch(self, mesh) -> None:
         """Registers the scrape-time collector over ``mesh``."""

@@ -25,7 +25,11 @@ def hf_model(tiny_model_dir):
 @pytest.fixture(scope="session")
 def hf_greedy(hf_model):
     """``hf_greedy(prompt, max_tokens)``: the token ids transformers generates greedily, up to EOS."""
-    model = hf_model
+    return greedy_oracle(hf_model)
+
+
+def greedy_oracle(model):
+    """``oracle(prompt, max_tokens)``: the token ids transformers ``model`` generates greedily, up to EOS."""
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
 

@@ -126,6 +126,11 @@ class SchedulerConfig:
     # blocks reserved ahead. Amortizes the per-step cost of scheduling and of the plan's and result's trips
     # where forward passes are short; tokens then reach clients in groups of up to this many. 1 = off.
     num_decode_steps: int = 1
+    # Speculative decoding by n-gram lookup (vLLM's "ngram" method, prompt lookup decoding): a decode may run
+    # its newest token and up to this many draft tokens in one pass; the worker drafts them from earlier
+    # tokens of the same sequence and keeps those its sampler would have sampled anyway (speculative.py).
+    # More tokens per pass where outputs repeat their context (code edits, summaries, loops). 0 = off.
+    num_speculative_tokens: int = 0
     # Correct step_time's fixed cost from the durations schedule(now) measures (step_time.StepTimeCalibration):
     # the live mesh, whose clock is real, turns it on; the simulator and the offline engine keep their model.
     calibrate_step_time: bool = False
@@ -139,6 +144,11 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.num_decode_steps < 1:
             raise ValueError(f"num_decode_steps must be >= 1 (1 = one pass per step), got {self.num_decode_steps}")
+        if self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0 (0 = off), got {self.num_speculative_tokens}")
+        if self.num_speculative_tokens and self.num_decode_steps > 1:
+            raise ValueError("num_speculative_tokens and num_decode_steps > 1 exclude each other: a plan's extra "
+                             "decode tokens are either drafts to verify in one pass or passes of their own")
         if self.policy not in POLICY_CLASSES:
             raise ValueError(f"policy must be one of {', '.join(POLICY_CLASSES)}, got {self.policy!r}")
         if self.preemption_mode not in (None, "swap", "recompute"):

@@ -32,10 +32,13 @@ class MultiStep:
             out.append((req, room if room > 1 and self._reserve(req, room) else 1))
         return out
 
-    def _predict(self: Scheduler, scheduled: list[tuple[Request, int]]) -> float:
+    def _predict(self: Scheduler, scheduled: list[tuple[Request, int]], speculative: bool = False) -> float:
         """The step-time model's estimate of a plan: its first pass, plus a decode pass per extra token of the
-        multi-step decodes (a pass runs every decode with tokens left)."""
+        multi-step decodes (a pass runs every decode with tokens left). A speculative plan is one pass over
+        all its tokens, drafts included (as many as the worker may draft)."""
         predict = self.config.step_time.predict
+        if speculative:
+            return predict(sum(n for _, n in scheduled), len(scheduled))
         seconds = predict(sum(min(n, r.num_uncomputed) for r, n in scheduled), len(scheduled))
         extra = sorted((n - r.num_uncomputed for r, n in scheduled if n > r.num_uncomputed), reverse=True)
         for j in range(1, extra[0] + 1 if extra else 1):

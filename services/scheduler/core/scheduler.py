@@ -30,6 +30,7 @@ from services.scheduler.core.multi_step import MultiStep
 from services.scheduler.core.policies import POLICY_NAMES, Step, make_policy
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.shared_prefix import SharedPrefix
+from services.scheduler.core.speculative import Speculative
 from services.scheduler.core.step_time import StepTimeCalibration, StepTimeModel
 
 POLICIES = POLICY_NAMES  # the registry's names, for CLI choices
@@ -51,7 +52,7 @@ class PrefixCacheStats:
     hit_blocks: int = 0  # of those, served from the cache
 
 
-class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
+class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
         """``blocks``: the worker's device pool; ``host_blocks``: its host pool, for swapping (None: no swap).
@@ -160,15 +161,17 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
             self.running = [r for r in self.running if r not in ending]
         self.policy.compose(self, step)
         self.running.extend(ending)
+        speculative = self._speculate(step)
         scheduled = self._multi_step(step.scheduled)
         # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
         plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in,
-                        copy=self._copy)
+                        copy=self._copy, speculative=speculative)
         self._to_drop, self._swap_out, self._swap_in, self._copy = [], [], [], []
         self._fill_plan(plan, scheduled)
-        plan.num_passes = 1 + max((n - r.num_uncomputed for r, n in scheduled), default=0)
+        if not speculative:  # drafts are verified in the one pass
+            plan.num_passes = 1 + max((n - r.num_uncomputed for r, n in scheduled), default=0)
         self._last_ran = list(plan.num_scheduled_tokens)
-        self._last_step_s = self._predict(scheduled)
+        self._last_step_s = self._predict(scheduled, speculative)
         return plan
 
     def _advance_clock(self, now: float | None) -> float:
@@ -217,17 +220,23 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
         """``plan`` (just scheduled) is on its way and the caller plans the next step before its result:
         its tokens count as computed now, and each sequence reaching the end of its tokens gets a pending
         token, decoded by the next plan (the worker appends what it sampled). ``on_result`` fills the tokens
-        in, in plan order, whatever became of the request meanwhile."""
+        in, in plan order, whatever became of the request meanwhile. A speculative plan cannot be expected:
+        what it keeps is in its result only (speculative.py)."""
+        if plan.speculative:
+            raise ValueError(f"step {plan.step_id} verifies draft tokens: its result decides how many tokens it "
+                             "computed, so the next plan must wait for it")
         self._apply_sent(plan)
         self._expected.add(plan.step_id)
 
-    def _apply_sent(self, plan: StepPlan) -> None:
-        """What a plan does whatever its result: tokens computed, and a pending token per token sampled (one
-        where the plan reaches the end of the known tokens, more for a multi-step decode)."""
+    def _apply_sent(self, plan: StepPlan, result: StepResult | None = None) -> None:
+        """What a plan does: tokens computed, and a pending token per token sampled (one where the plan
+        reaches the end of the known tokens, more for a multi-step decode or a decode whose drafts were
+        kept). Only a speculative plan needs its ``result`` for that."""
         for rid, n in plan.num_scheduled_tokens.items():
             req = self.requests.get(rid)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue
+            n = self._kept(plan, req, n, result)
             req.num_pending += max(0, req.num_computed_tokens + n - req.num_tokens + 1)
             req.num_computed_tokens += n
             self._cache_full_blocks(req)
@@ -268,7 +277,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix):
         if plan.step_id in self._expected:
             self._expected.discard(plan.step_id)
         else:
-            self._apply_sent(plan)
+            self._apply_sent(plan, result)
         return self._resolve(plan, result)
 
     # --- machinery the policies call -------------------------------------------------------------------------
