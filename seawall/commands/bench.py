@@ -197,6 +197,8 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
                  f"--prefill {args.prefill} --decode {args.decode}")
     if args.decode_steps != 1:
         flags.append(f"--decode-steps {args.decode_steps}")
+    if args.speculative_tokens:
+        flags.append(f"--speculative-tokens {args.speculative_tokens}")
     for name in ("tbt_target_s", "max_num_batched_tokens", "preemption_mode", "kv_cache_bytes", "torch_threads"):
         if getattr(args, name):
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")

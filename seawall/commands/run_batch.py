@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         Path(args.output).write_text(text)
+    if engine.num_draft_tokens:
+        print(f"speculative decoding: {engine.num_accepted_tokens} of {engine.num_draft_tokens} draft tokens kept "
+              f"({engine.num_accepted_tokens / engine.num_draft_tokens:.0%})", file=sys.stderr)
     return 0
 
 

@@ -178,7 +178,9 @@ def test_a_request_the_pool_can_never_hold_is_refused_up_front(tmp_path, tiny_mo
 
 
 @pytest.mark.parametrize(("flags", "message"), [(["--decode-steps", "0"], "--decode-steps must be >= 1"),
-                                                (["--chunk-size", "0"], "--chunk-size must be >= 1")])
+                                                (["--chunk-size", "0"], "--chunk-size must be >= 1"),
+                                                (["--speculative-tokens", "2", "--decode-steps", "8"],
+                                                 "exclude each other")])
 def test_a_bad_scheduling_flag_is_named_as_typed(tmp_path, tiny_model_dir, capsys, flags, message):
     code, out = _run(tmp_path, tiny_model_dir, [_req("a", prompt="hi", max_tokens=1)], *flags)
     assert code == 2 and out == []
@@ -219,3 +221,17 @@ def test_n_choices_and_an_echo_scored_as_transformers_scores_it(tmp_path, tiny_m
     torch.testing.assert_close(torch.tensor([scored[p][str(prompt[p])]["logprob"] for p in range(1, len(prompt))]),
                                want[: len(prompt) - 1], atol=1e-4, rtol=0)
     assert by_id["bad-n"]["status_code"] == 400 and "n must be an integer" in by_id["bad-n"]["body"]["error"]["message"]
+
+
+def test_speculative_tokens_give_the_same_greedy_output(tmp_path, looping_model_dir, capsys):
+    # Multi-step decoding is on by default and excludes speculation: --speculative-tokens alone turns it off.
+    rows = [_req(f"r{i}", prompt=[(31 * i + 7 * j) % 4000 + 10 for j in range(5 + 9 * i)], max_tokens=90,
+                 temperature=0) for i in range(4)]
+    outputs = []
+    for flags in ([], ["--speculative-tokens", "4"]):
+        code, out = _run(tmp_path, looping_model_dir, rows, *flags)
+        assert code == 0
+        outputs.append([r["response"]["body"]["choices"][0]["token_ids"] for r in out])
+    assert outputs[0] == outputs[1] and all(len(ids) == 90 for ids in outputs[0])
+    kept = re.search(r"speculative decoding: (\d+) of (\d+) draft tokens kept", capsys.readouterr().err)
+    assert kept and int(kept[1]) > 90  # of 360 tokens, a quarter or more came as kept drafts (once loops formed)
