@@ -27,7 +27,7 @@ from services.engine.inputs import SequenceState, prepare_inputs
 from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.engine.loader import Checkpoint, load_checkpoint_meta, load_model
 from services.engine.ngram import NgramIndex
-from services.engine.sampler import Sampler, SamplingRow
+from services.engine.sampler import Sampler, SamplerOutput, SamplingRow
 
 log = logging.getLogger(__name__)
 
@@ -192,30 +192,41 @@ class ModelRunner:
         sampled: dict[str, list[SampledToken]] = {}
         for i, sid in enumerate(inputs.sample_seq_ids):
             seq = self.seqs[sid]
-            m = seq.num_drafts
-            # The rows of this sequence's positions in order: its drafts' (if any), then its sampled one.
-            order = [*range(verify_row, verify_row + m), i]
-            verify_row += m
-            drafts = seq.token_ids[len(seq.token_ids) - m:]
-            del seq.token_ids[len(seq.token_ids) - m:]
-            seq.num_drafts = 0
-            kept = []
-            for j, r in enumerate(order):
-                if r in no_token:
-                    seq.error = InvalidArgument(no_token_message(seq.params, len(rows[r].output_token_ids)))
-                    break
-                lp = out.logprobs[r]
-                token = out.token_ids[r]
-                kept.append(SampledToken(token) if lp is None else SampledToken(token, lp.logprob, lp.rank, lp.top))
-                if j == m or token != drafts[j]:
-                    break  # the first token the sampler did not draft ends the step: later rows saw wrong drafts
-            result.num_accepted_tokens += sum(t.token_id == d for t, d in zip(kept, drafts, strict=False))
-            # KV stands for the newest token and each draft kept; a rejected draft's slot is rewritten later.
-            seq.num_computed -= m + 1 - len(kept)
-            seq.token_ids.extend(t.token_id for t in kept)
+            if m := seq.num_drafts:
+                kept = self._keep_drafts(seq, [*range(verify_row, verify_row + m), i], out, rows, no_token, result)
+                verify_row += m
+            elif i in no_token:
+                seq.error = InvalidArgument(no_token_message(seq.params, len(rows[i].output_token_ids)))
+                continue
+            else:
+                kept = [_sampled_token(out, i)]
+                seq.token_ids.append(kept[0].token_id)
             if kept:
                 sampled[sid] = kept
         return sampled
+
+    def _keep_drafts(self, seq: SequenceState, order: list[int], out: SamplerOutput, rows: list[SamplingRow],
+                     no_token: set[int], result: StepResult) -> list[SampledToken]:
+        """The tokens ``seq`` keeps from a pass that verified its drafts: ``order`` holds the sampler rows of
+        its newest token and each draft but the last, then the last's. Each row's sample is kept while it
+        equals the next draft; the first that does not is kept too, and ends it (later rows saw wrong drafts)."""
+        m = seq.num_drafts
+        drafts = seq.token_ids[len(seq.token_ids) - m:]
+        del seq.token_ids[len(seq.token_ids) - m:]
+        seq.num_drafts = 0
+        kept = []
+        for j, r in enumerate(order):
+            if r in no_token:
+                seq.error = InvalidArgument(no_token_message(seq.params, len(rows[r].output_token_ids)))
+                break
+            kept.append(_sampled_token(out, r))
+            if j == m or kept[-1].token_id != drafts[j]:
+                break
+        result.num_accepted_tokens += sum(t.token_id == d for t, d in zip(kept, drafts, strict=False))
+        # KV stands for the newest token and each draft kept; a rejected draft's slot is rewritten later.
+        seq.num_computed -= m + 1 - len(kept)
+        seq.token_ids.extend(t.token_id for t in kept)
+        return kept
 
     def _grammar_masks(self, seqs: list[SequenceState], rows: list[SamplingRow]) -> Future | None:
         """Starts setting each structured row's ``token_mask`` (the tokens its grammar allows next) on the mask
@@ -274,6 +285,12 @@ class ModelRunner:
         if seq is None:
             raise KeyError(f"step plan names sequence {seq_id!r} which this worker does not hold")
         return seq
+
+
+def _sampled_token(out: SamplerOutput, row: int) -> SampledToken:
+    lp = out.logprobs[row]
+    token = out.token_ids[row]
+    return SampledToken(token) if lp is None else SampledToken(token, lp.logprob, lp.rank, lp.top)
 
 
 def no_token_message(params: SamplingParams, num_outputs: int) -> str:
