@@ -12,7 +12,7 @@ with ``num_speculative_tokens`` 0 and ``--k`` (5), on two models:
   context, such as code edits, which a random-weight model cannot produce).
 
 Rounds alternate the two settings; the median tokens/s of each is printed with the ratio, the share of drafts
-kept and the tokens per step of a decode. Multi-step decoding is off in both, so the ratio is speculation's own.
+kept and the engine steps each took (prompt steps included). Multi-step decoding is off in both, so the ratio is speculation's own.
 
     .venv/bin/python bench/speculative.py [--batch 1,8,64] [--k 5] [--rounds 3]
 """
@@ -29,25 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from safetensors.torch import load_file, save_file  # noqa: E402
-
 from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
-from services.engine.builtin_model import ensure_default_model  # noqa: E402
+from services.engine.builtin_model import ensure_default_model, without_attention_output  # noqa: E402
 from services.engine.config import EngineConfig  # noqa: E402
 from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
-
-
-def looping_model(src: Path, out: Path) -> Path:
-    """``src`` with every o_proj zeroed: a token's successor depends on that token alone."""
-    out.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            (out / f.name).write_bytes(f.read_bytes())
-    weights = load_file(src / "model.safetensors")
-    save_file({k: v * 0 if k.endswith("o_proj.weight") else v for k, v in weights.items()},
-              out / "model.safetensors", metadata={"format": "pt"})
-    return out
 
 
 def main() -> int:
@@ -60,11 +46,11 @@ def main() -> int:
     args = p.parse_args()
     tiny = ensure_default_model()
     with tempfile.TemporaryDirectory() as tmp:
-        models = {"tiny": tiny, "looping": looping_model(tiny, Path(tmp) / "looping")}
+        models = {"tiny": tiny, "looping": without_attention_output(tiny, Path(tmp) / "looping")}
         print(f"(batch x ({args.prompt_len} + {args.output_len}) tokens, greedy; k = {args.k}; median of "
               f"{args.rounds} rounds)")
         print(f"{'model':8} {'batch':>5} {'off tok/s':>10} {'on tok/s':>10} {'on/off':>7} {'kept':>6} "
-              f"{'tok/step':>8}  outputs")
+              f"{'steps off/on':>12}  outputs")
         for name, model_dir in models.items():
             engines = {k: OfflineEngine(EngineConfig(model=str(model_dir), kv_cache_bytes=128 << 20),
                                         SchedulerConfig(chunk_size=512, enable_prefix_caching=False,
@@ -91,7 +77,7 @@ def main() -> int:
                 kept = spec.num_accepted_tokens / max(1, spec.num_draft_tokens)
                 same = "identical" if outputs[0] == outputs[args.k] else "DIFFERENT"
                 print(f"{name:8} {batch:5} {off:10.0f} {on:10.0f} {on / off:6.2f}x {kept:6.0%} "
-                      f"{args.output_len / steps[args.k]:8.2f}  {same}")
+                      f"{steps[0]:>5} / {steps[args.k]:<5}  {same}")
     return 0
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from safetensors.torch import load_file, save_file
 
-from services.engine.builtin_model import PRESETS, init_model
+from services.engine.builtin_model import PRESETS, init_model, without_attention_output
 
 # The oracle's second model: different head counts, GQA ratio 3, llama3 RoPE scaling, untied embeddings,
 # and weights split over shards with an index.
@@ -37,14 +36,6 @@ def second_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def looping_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model without attention output (o_proj zero): each token's successor depends on that token
-    alone, so greedy output soon runs in a loop, which speculative decoding's n-gram lookup predicts."""
-    out = tmp_path_factory.mktemp("models") / "looping"
-    out.mkdir()
-    for f in tiny_model_dir.iterdir():
-        if f.name != "model.safetensors":
-            (out / f.name).write_bytes(f.read_bytes())
-    weights = load_file(tiny_model_dir / "model.safetensors")
-    save_file({k: v * 0 if k.endswith("o_proj.weight") else v for k, v in weights.items()},
-              out / "model.safetensors", metadata={"format": "pt"})
-    return out
+    """The tiny model without attention output: its greedy output soon loops, which speculative decoding's
+    n-gram drafts predict (``without_attention_output``)."""
+    return without_attention_output(tiny_model_dir, tmp_path_factory.mktemp("models") / "looping")

@@ -507,3 +507,21 @@ def ensure_default_model(preset: str = "tiny") -> Path:
             f"built-in model at {out} is incomplete after initialisation; delete it and retry"
         )
     return out
+
+
+def without_attention_output(src: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """A copy of single-file checkpoint ``src`` in ``out`` with every attention output projection (o_proj)
+    zero: each token's successor then depends on that token alone, so greedy output soon runs in a loop.
+    Random weights never copy their context the way real outputs do (code edits, extraction); this stand-in
+    makes speculative decoding's n-gram drafts right, for its tests and bench/speculative.py."""
+    from safetensors.torch import load_file, save_file
+
+    src, out = Path(src), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copyfile(f, out / f.name)
+    weights = load_file(src / "model.safetensors")
+    save_file({k: v * 0 if k.endswith("o_proj.weight") else v for k, v in weights.items()},
+              out / "model.safetensors", metadata={"format": "pt"})
+    return out
