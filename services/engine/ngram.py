@@ -31,8 +31,8 @@ class NgramIndex:
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """``k`` tokens that followed the latest earlier occurrence of the longest matching suffix of
         ``tokens`` (read as a loop where they run past the end); empty when no suffix of ``MIN_N`` or more
-        tokens occurred before. ``tokens`` only
-        grows between calls (a sequence rebuilt from scratch gets a new index)."""
+        tokens occurred before. ``tokens`` only grows between calls (a sequence rebuilt from scratch gets a
+        new index)."""
         end = len(tokens)
         if k < 1 or end <= MIN_N:
             return []

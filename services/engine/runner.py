@@ -130,9 +130,9 @@ class ModelRunner:
             batch.append((seq, min(n, known)))
             if n > known:
                 extra[seq.seq_id] = n - known
-        sampled: dict[str, list[SampledToken]] = {}
         if speculative:
             return self._pass(batch, result)
+        sampled: dict[str, list[SampledToken]] = {}
         while batch:
             for sid, tokens in self._pass(batch, result).items():
                 sampled.setdefault(sid, []).extend(tokens)
