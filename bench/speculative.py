@@ -33,7 +33,7 @@ from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
 from services.engine.builtin_model import ensure_default_model, without_attention_output  # noqa: E402
 from services.engine.config import EngineConfig  # noqa: E402
-from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
+from services.scheduler.core.scheduler import DraftStats, SchedulerConfig  # noqa: E402
 
 
 def main() -> int:
@@ -64,7 +64,7 @@ def main() -> int:
                 for r in range(args.rounds + 1):  # round 0 warms up
                     for k in (list(engines) if r % 2 else list(engines)[::-1]):
                         engine = engines[k]
-                        engine.num_draft_tokens = engine.num_accepted_tokens = 0
+                        engine.scheduler.draft_stats = DraftStats()  # this round's
                         step0 = engine.scheduler._step_id
                         t = time.perf_counter()
                         out = engine.generate(prompts, params)
@@ -74,7 +74,7 @@ def main() -> int:
                             rates[k].append(sum(map(len, outputs[k])) / elapsed)
                 off, on = (statistics.median(rates[k]) for k in engines)
                 spec = engines[args.k]
-                kept = spec.num_accepted_tokens / max(1, spec.num_draft_tokens)
+                kept = spec.scheduler.draft_stats.kept / max(1, spec.scheduler.draft_stats.drafted)
                 same = "identical" if outputs[0] == outputs[args.k] else "DIFFERENT"
                 print(f"{name:8} {batch:5} {off:10.0f} {on:10.0f} {on / off:6.2f}x {kept:6.0%} "
                       f"{steps[0]:>5} / {steps[args.k]:<5}  {same}")

@@ -86,6 +86,8 @@ class StatsSample:
     num_swapped: int
     prefix_queried_blocks: int = 0  # full prompt blocks looked up in the prefix caches since start, all workers
     prefix_hit_blocks: int = 0  # of those, served from a cache
+    draft_tokens: int = 0  # speculative decoding: draft tokens verified since start, all workers
+    accepted_draft_tokens: int = 0  # of those, kept
 
 
 def pct(values, q: float) -> float | None:
@@ -267,17 +269,21 @@ def class_summary(records: list[RequestRecord], slo_ttft: float | None = None, s
 def stats_summary(stats: list[StatsSample]) -> dict:
     if not stats:
         return {"preemptions": None, "kv_blocks_peak": None, "kv_blocks_total": None, "host_blocks_peak": None,
-                "max_waiting": None, "max_swapped": None, "prefix_hit_blocks": None, "prefix_hit_rate": None}
+                "max_waiting": None, "max_swapped": None, "prefix_hit_blocks": None, "prefix_hit_rate": None,
+                "draft_tokens": None, "draft_acceptance": None}
     first, last = stats[0], stats[-1]
     # Counters since the mesh started: the run's share is the difference (clamped: a worker that died takes
     # its counts with it).
     queried = max(0, last.prefix_queried_blocks - first.prefix_queried_blocks)
     hits = max(0, last.prefix_hit_blocks - first.prefix_hit_blocks)
+    drafts = max(0, last.draft_tokens - first.draft_tokens)
+    kept = max(0, last.accepted_draft_tokens - first.accepted_draft_tokens)
     return {"preemptions": last.num_preemptions - first.num_preemptions,
             "kv_blocks_peak": max(s.blocks_used for s in stats), "kv_blocks_total": last.blocks_total,
             "host_blocks_peak": max(s.host_blocks_used for s in stats),
             "max_waiting": max(s.num_waiting for s in stats), "max_swapped": max(s.num_swapped for s in stats),
-            "prefix_hit_blocks": hits, "prefix_hit_rate": min(1.0, hits / queried) if queried else None}
+            "prefix_hit_blocks": hits, "prefix_hit_rate": min(1.0, hits / queried) if queried else None,
+            "draft_tokens": drafts, "draft_acceptance": min(1.0, kept / drafts) if drafts else None}
 
 
 def paired(records: list[RequestRecord], baseline: list[RequestRecord]) -> dict:

@@ -32,6 +32,7 @@ COLUMNS = (  # (key, header, scale, format)
     ("e2e_mean", "E2E mean s", 1, "{:.2f}"), ("throughput_tok_s", "tok/s", 1, "{:.0f}"),
     ("goodput", "goodput req/s", 1, "{:.2f}"), ("preemptions", "preempt", 1, "{:.0f}"),
     ("kv_blocks_peak", "KV peak", 1, "{:.0f}"), ("prefix_hit_rate", "prefix hits", 100, "{:.0f}%"),
+    ("draft_acceptance", "drafts kept", 100, "{:.0f}%"),  # only runs with --speculative-tokens have drafts
 )
 RATIO_COLUMNS = ("ttft_p50", "ttft_p99", "tbt_p99", "max_stall", "e2e_mean", "throughput_tok_s", "goodput")
 

@@ -69,7 +69,9 @@ class GrpcBackend:
                            sum(w.num_device_blocks_used for w in s.workers), sum(w.num_device_blocks for w in s.workers),
                            sum(w.num_host_blocks_used for w in s.workers), s.num_running, s.num_waiting,
                            s.num_swapped, sum(w.num_prefix_queried_blocks for w in s.workers),
-                           sum(w.num_prefix_hit_blocks for w in s.workers))
+                           sum(w.num_prefix_hit_blocks for w in s.workers),
+                           sum(w.num_draft_tokens for w in s.workers),
+                           sum(w.num_accepted_draft_tokens for w in s.workers))
 
     async def policy(self) -> str:
         return (await self.client.stats()).policy

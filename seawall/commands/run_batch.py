@@ -90,9 +90,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         Path(args.output).write_text(text)
-    if engine.num_draft_tokens:
-        print(f"speculative decoding: {engine.num_accepted_tokens} of {engine.num_draft_tokens} draft tokens kept "
-              f"({engine.num_accepted_tokens / engine.num_draft_tokens:.0%})", file=sys.stderr)
+    drafts = engine.scheduler.draft_stats
+    if drafts.drafted:
+        print(f"speculative decoding: {drafts.kept} of {drafts.drafted} draft tokens kept "
+              f"({drafts.kept / drafts.drafted:.0%})", file=sys.stderr)
     return 0
 
 

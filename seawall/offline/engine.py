@@ -53,8 +53,6 @@ class OfflineEngine:
         seed = hash_seed(str(self.checkpoint.path), engine_config.block_size)
         self.scheduler = Scheduler(config, self.blocks, self.host_blocks, hash_seed=seed)
         self._ids = itertools.count()
-        # Speculative decoding (SchedulerConfig.num_speculative_tokens): draft tokens run, and kept.
-        self.num_draft_tokens = self.num_accepted_tokens = 0
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids
@@ -85,8 +83,6 @@ class OfflineEngine:
         while self.scheduler.has_work:
             plan = self.scheduler.schedule()
             result = self.runner.execute(plan)  # even an empty plan carries drops and swaps
-            self.num_draft_tokens += result.num_draft_tokens
-            self.num_accepted_tokens += result.num_accepted_tokens
             for rid, (start, tokens) in result.prompt_logprobs.items():
                 merge_prompt_scores(done[rid].prompt_logprobs, start, tokens)
             for event in self.scheduler.on_result(plan, result):

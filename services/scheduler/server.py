@@ -98,6 +98,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 num_running=len(link.core.running),
                 num_prefix_queried_blocks=link.core.prefix_stats.queried_blocks,
                 num_prefix_hit_blocks=link.core.prefix_stats.hit_blocks,
+                num_draft_tokens=link.core.draft_stats.drafted,
+                num_accepted_draft_tokens=link.core.draft_stats.kept,
                 prompt_token_budget=_budget(link.core.config), step_time=_step_time(link.core.config.step_time)))
         return reply
 

@@ -56,5 +56,8 @@ async def test_greedy_output_with_ngram_drafts_matches_transformers(mesh, loopin
     total = sum(len(c.token_ids) for chunks in streamed for c in chunks)
     drafts, kept = mesh.counter("seawall_spec_decode_draft_tokens"), mesh.counter("seawall_spec_decode_accepted_tokens")
     assert kept > 0.5 * total and drafts >= kept
+    # GetStats tells the same per worker.
+    assert sum(w.num_accepted_draft_tokens for w in stats.workers) == kept
+    assert sum(w.num_draft_tokens for w in stats.workers) == drafts
     assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
 

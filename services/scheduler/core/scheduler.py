@@ -35,7 +35,7 @@ from services.scheduler.core.step_time import StepTimeCalibration, StepTimeModel
 
 POLICIES = POLICY_NAMES  # the registry's names, for CLI choices
 
-__all__ = ["POLICIES", "MLFQConfig", "PrefixCacheStats", "Scheduler", "SchedulerConfig", "StepTimeModel",
+__all__ = ["POLICIES", "DraftStats", "MLFQConfig", "PrefixCacheStats", "Scheduler", "SchedulerConfig", "StepTimeModel",
            "TokenEvent"]
 
 
@@ -52,6 +52,12 @@ class PrefixCacheStats:
     hit_blocks: int = 0  # of those, served from the cache
 
 
+@dataclass
+class DraftStats:
+    drafted: int = 0  # draft tokens the worker verified (speculative plans' results)
+    kept: int = 0  # of those, kept
+
+
 class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
@@ -64,6 +70,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         self.policy = make_policy(config)
         self.preemption_mode = config.preemption_mode or self.policy.default_preemption
         self.prefix_stats = PrefixCacheStats()
+        self.draft_stats = DraftStats()
         self.preemptions = {"swap": 0, "recompute": 0}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # holding device blocks (not necessarily scheduled every step)
@@ -278,6 +285,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
             self._expected.discard(plan.step_id)
         else:
             self._apply_sent(plan, result)
+        self.draft_stats.drafted += result.num_draft_tokens
+        self.draft_stats.kept += result.num_accepted_tokens
         return self._resolve(plan, result)
 
     # --- machinery the policies call -------------------------------------------------------------------------

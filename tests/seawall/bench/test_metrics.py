@@ -127,6 +127,14 @@ def test_prefix_hits_are_the_runs_share_of_the_meshs_counters():
     assert summarize([rec(0, 0.0, [0.1])], stats=gone)["prefix_hit_blocks"] == 0
 
 
+def test_draft_acceptance_is_the_runs_share_of_the_meshs_counters():
+    stats = [StatsSample(0.0, 0, 0, 100, 0, 0, 0, 0, draft_tokens=50, accepted_draft_tokens=10),
+             StatsSample(0.2, 0, 0, 100, 0, 0, 0, 0, draft_tokens=250, accepted_draft_tokens=160)]
+    s = summarize([rec(0, 0.0, [0.1])], stats=stats)
+    assert s["draft_tokens"] == 200 and s["draft_acceptance"] == pytest.approx(0.75)
+    assert summarize([rec(0, 0.0, [0.1])], stats=stats[:1] * 2)["draft_acceptance"] is None  # no speculation
+
+
 def test_paired_and_ratios():
     base = [rec(0, 0.0, [1.0]), rec(1, 0.0, [2.0])]
     other = [rec(0, 0.0, [2.0]), rec(1, 0.0, [1.0])]

@@ -83,7 +83,7 @@ def test_greedy_output_with_drafts_kept_or_not_equals_transformers(oracle, k, wr
     _known_drafts(engine, {tuple(p): e for p, e in zip(prompts, expected, strict=True)}, wrong)
     done = engine.generate(prompts, [SamplingParams(max_tokens=m, temperature=0) for m in max_tokens])
     assert [c.token_ids for c in done] == expected
-    assert 0 < engine.num_accepted_tokens < engine.num_draft_tokens  # steps kept drafts, and rejected some
+    assert 0 < engine.scheduler.draft_stats.kept < engine.scheduler.draft_stats.drafted  # steps kept drafts, and rejected some
 
 
 @pytest.mark.oracle
@@ -94,7 +94,7 @@ def test_ngram_drafts_on_looping_output_are_kept_and_equal_transformers(looping_
     done = engine.generate(prompts, [SamplingParams(max_tokens=m, temperature=0) for m in max_tokens])
     expected = _hf_greedy(looping_model_dir, prompts, max_tokens, set(engine.checkpoint.eos_token_ids))
     assert [c.token_ids for c in done] == expected
-    assert engine.num_accepted_tokens > 0.5 * sum(map(len, expected))
+    assert engine.scheduler.draft_stats.kept > 0.5 * sum(map(len, expected))
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13])
@@ -117,7 +117,7 @@ def test_any_mix_of_options_gives_what_it_gives_without_drafts(tiny_model_dir, s
     spec = _engine(tiny_model_dir, 4, chunk_size=64)
     _known_drafts(spec, {tuple(p): e.token_ids for p, e in zip(prompts, expected, strict=True)}, 0.2, seed)
     got = spec.generate(prompts, params)
-    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
+    assert 0 < spec.scheduler.draft_stats.kept < spec.scheduler.draft_stats.drafted
     for p, e, g in zip(params, expected, got, strict=True):
         assert (g.token_ids, g.text, g.finish_reason, str(g.error)) == (e.token_ids, e.text, e.finish_reason,
                                                                         str(e.error)), p
