@@ -18,6 +18,7 @@ the first token, a recompute after preemption.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 
@@ -94,6 +95,15 @@ class GrammarCompiler:
         self._templates: dict[tuple[str, str, str], llguidance.LLMatcher] = {}
         self._executor: llguidance.LLExecutor | None = None
 
+    @functools.cached_property
+    def _end_mask(self) -> torch.Tensor:
+        """The mask of a grammar that ended: the end-of-sequence tokens alone."""
+        words = [0] * self.mask_words
+        for t in self._eos:
+            if 0 <= t < self.vocab_size:
+                words[t // 32] |= 1 << (t % 32)
+        return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
     @property
     def lltokenizer(self) -> llguidance.LLTokenizer:
         # Built on first use (~20 ms for the built-in model, about a second for a 128K vocabulary): services
@@ -126,22 +136,40 @@ class GrammarCompiler:
     def matcher(self, structured: tuple[str, str], free_thought: str = "") -> SequenceGrammar:
         return SequenceGrammar(self._template(structured, free_thought).deep_copy())
 
-    def masks(self, grammars: list[SequenceGrammar], outputs: list[list[int]]) -> list[torch.Tensor | None]:
-        """Each grammar's mask of the tokens allowed after its output tokens, as llguidance's bitmask: rows of one
-        int32 [len(grammars), words] tensor, computed in one call. Once a grammar is complete only the
-        end-of-sequence tokens are allowed (also past them: a multi-step plan runs past a stop, and the scheduler
-        drops what follows). None for a matcher that failed."""
+    def masks(self, grammars: list[SequenceGrammar], outputs: list[list[int]],
+              drafts: list[list[int]] | None = None) -> list[torch.Tensor | None]:
+        """Each grammar's mask of the tokens allowed after its output tokens, as llguidance's bitmask, computed
+        in one call: an int32 ``[1, words]`` tensor, or with ``drafts`` (speculative decoding) ``[1 + len(draft),
+        words]``, row j the mask after the output and the first j drafts (the matcher is left where the output
+        leaves it). Once a grammar is complete only the end-of-sequence tokens are allowed (also past them: a
+        multi-step plan runs past a stop, and the scheduler drops what follows). None for a matcher that
+        failed."""
+        drafts = drafts or [[] for _ in grammars]
+        starts = [0]
+        for draft in drafts:
+            starts.append(starts[-1] + 1 + len(draft))
         # llguidance.torch has helpers for this, but importing it compiles TorchScript kernels this does not use.
-        out = torch.zeros(len(grammars), self.mask_words, dtype=torch.int32)
-        live = [(g.sync(o), k) for k, (g, o) in enumerate(zip(grammars, outputs, strict=True))]
-        live = [(m, k) for m, k in live if m is not None]
+        out = torch.zeros(starts[-1], self.mask_words, dtype=torch.int32)
+        for k in range(len(drafts)):
+            # llguidance writes a draft's row only while the drafts before it are allowed and the grammar has not
+            # ended. Past its end only end-of-sequence tokens are allowed, as for a matcher that stopped; a row
+            # after a draft the grammar refuses is never kept (the row before cannot sample that draft).
+            out[starts[k] + 1:starts[k + 1]] = self._end_mask
+        live = [(g.sync(o), starts[k], list(d))
+                for k, (g, o, d) in enumerate(zip(grammars, outputs, drafts, strict=True))]
+        live = [entry for entry in live if entry[0] is not None]
         if live:
             if self._executor is None:
                 # One thread: the worker's cores run the forward pass; batching saves the per-call overhead.
                 self._executor = llguidance.LLExecutor(num_threads=1)
-            self._executor.unsafe_compute_mask_ptr(live, out.data_ptr(), self.mask_words * 4, len(grammars))
-        done = {k for _, k in live}
-        return [out[k:k + 1] if k in done else None for k in range(len(grammars))]
+            # The draft call refuses a matcher without drafts: those go in the plain call.
+            if drafted := [entry for entry in live if entry[2]]:
+                self._executor.unsafe_compute_mask_ptr_with_draft_token(drafted, out.data_ptr(),
+                                                                        self.mask_words * 4, starts[-1])
+            if plain := [(m, row) for m, row, d in live if not d]:
+                self._executor.unsafe_compute_mask_ptr(plain, out.data_ptr(), self.mask_words * 4, starts[-1])
+        done = {row for _, row, _ in live}
+        return [out[starts[k]:starts[k + 1]] if starts[k] in done else None for k in range(len(grammars))]
 
 
 class SequenceGrammar:

@@ -121,7 +121,7 @@ class ModelRunner:
                 raise ValueError(f"sequence {seq.seq_id}: {n} tokens scheduled from {seq.num_computed} with "
                                  f"{known} known and {len(seq.block_ids)} blocks: no room for {n - known} more")
             if n > known and speculative:
-                drafts = self._draft(seq, n - known)
+                drafts = self.drafter(seq, n - known)[:n - known]
                 seq.token_ids.extend(drafts)
                 seq.num_drafts = len(drafts)
                 result.num_draft_tokens += len(drafts)
@@ -142,13 +142,6 @@ class ModelRunner:
                 batch.append((self.seqs[sid], 1))
         return sampled
 
-    def _draft(self, seq: SequenceState, k: int) -> list[int]:
-        """Up to ``k`` draft tokens for ``seq``; none under a grammar, whose mask for each draft would need the
-        matcher moved along the drafts."""
-        if seq.params.structured_output is not None:
-            return []
-        return self.drafter(seq, k)[:k]
-
     def _pass(self, scheduled: list[tuple[SequenceState, int]],
               result: StepResult) -> dict[str, list[SampledToken]]:
         """One forward pass over the scheduled tokens, then sampling where a sequence reaches its end: one
@@ -159,9 +152,18 @@ class ModelRunner:
             seq = self.seqs[sid]
             rows.append(SamplingRow(seq.params, seq.token_ids[: seq.prompt_len], seq.token_ids[seq.prompt_len:],
                                     bad_words=seq.bad_words))
+        # Each draft's row samples as if the drafts before it were outputs already: the same grammar, penalties,
+        # min_tokens, bad words and seeded draws as a pass per token would have had.
+        verify: dict[str, list[SamplingRow]] = {}
+        for sid, m in inputs.verified:
+            seq = self.seqs[sid]
+            known = len(seq.token_ids) - m
+            verify[sid] = [SamplingRow(seq.params, seq.token_ids[: seq.prompt_len],
+                                       seq.token_ids[seq.prompt_len:known + j], bad_words=seq.bad_words)
+                           for j in range(m)]
         # Grammar masks depend on the tokens so far only: computed beside the forward pass (llguidance drops
         # the GIL), as vLLM and SGLang overlap them with the GPU.
-        masks = self._grammar_masks([self.seqs[sid] for sid in inputs.sample_seq_ids], rows)
+        masks = self._grammar_masks([self.seqs[sid] for sid in inputs.sample_seq_ids], rows, verify)
         logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index)
         for seq, n in scheduled:
             seq.num_computed += n
@@ -171,14 +173,7 @@ class ModelRunner:
             result.prompt_logprobs.update(self._score_prompts(logits[n_sampled:n_sampled + n_scored],
                                                               inputs.scored))
         if inputs.verified:
-            # Each draft's row samples as if the drafts before it were outputs already: the same penalties,
-            # min_tokens, bad words and seeded draws as a pass per token would have had.
-            for sid, m in inputs.verified:
-                seq = self.seqs[sid]
-                known = len(seq.token_ids) - m
-                rows += [SamplingRow(seq.params, seq.token_ids[: seq.prompt_len],
-                                     seq.token_ids[seq.prompt_len:known + j], bad_words=seq.bad_words)
-                         for j in range(m)]
+            rows += [row for sid, _ in inputs.verified for row in verify[sid]]
             logits = torch.cat([logits[:n_sampled], logits[n_sampled + n_scored:]])
         elif inputs.scored:
             logits = logits[:n_sampled]
@@ -228,11 +223,12 @@ class ModelRunner:
         seq.token_ids.extend(t.token_id for t in kept)
         return kept
 
-    def _grammar_masks(self, seqs: list[SequenceState], rows: list[SamplingRow]) -> Future | None:
+    def _grammar_masks(self, seqs: list[SequenceState], rows: list[SamplingRow],
+                       verify: dict[str, list[SamplingRow]]) -> Future | None:
         """Starts setting each structured row's ``token_mask`` (the tokens its grammar allows next) on the mask
-        thread; None when no row is structured. A matcher is made on the first token this worker samples for
-        a sequence and catches up on the tokens sampled elsewhere (the prefill worker's first token, those
-        before a preemption)."""
+        thread, and its draft rows' (``verify``: the rows before the last draft); None when no row is
+        structured. A matcher is made on the first token this worker samples for a sequence and catches up
+        on the tokens sampled elsewhere (the prefill worker's first token, those before a preemption)."""
         constrained = [k for k, seq in enumerate(seqs) if seq.params.structured_output is not None]
         if not constrained:
             return None
@@ -240,11 +236,16 @@ class ModelRunner:
             if seqs[k].grammar is None:
                 seqs[k].grammar = self.grammars.matcher(seqs[k].params.structured_output, seqs[k].params.free_thought)
         grammars = [seqs[k].grammar for k in constrained]
-        outputs = [rows[k].output_token_ids for k in constrained]
+        # A sampled row's output ends with the sequence's drafts (if any): the matcher stays before them.
+        cuts = [len(rows[k].output_token_ids) - seqs[k].num_drafts for k in constrained]
+        outputs = [rows[k].output_token_ids[:cut] for k, cut in zip(constrained, cuts, strict=True)]
+        drafts = [rows[k].output_token_ids[cut:] for k, cut in zip(constrained, cuts, strict=True)]
 
         def fill() -> None:
-            for k, mask in zip(constrained, self.grammars.masks(grammars, outputs), strict=True):
-                rows[k].token_mask = mask
+            for k, masks in zip(constrained, self.grammars.masks(grammars, outputs, drafts), strict=True):
+                if masks is not None:
+                    for j, row in enumerate([*verify.get(seqs[k].seq_id, ()), rows[k]]):
+                        row.token_mask = masks[j:j + 1]
 
         if self._mask_thread is None:
             self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")

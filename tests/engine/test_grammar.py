@@ -149,3 +149,34 @@ def test_an_optional_thought_may_be_left_out_and_any_kind_of_spec_follows_one(co
     # Without the thought's opening tag the reply is the answer from its first token.
     first = feed(compiler, checkpoint, ("choice", '["yes", "no"]'), "optional", "")
     assert {checkpoint.tokenizer.decode([t]).strip()[:1] for t in first} <= {"", "<", "y", "n"}
+
+
+def test_masks_along_drafts_are_the_masks_token_by_token_and_leave_the_matcher_where_it_was(compiler, checkpoint):
+    """Speculative decoding: row j is the mask after the output and the first j drafts. Past a draft the
+    grammar refuses nothing is kept, and past its end only the end-of-sequence tokens are allowed."""
+    encode, vocab, eos = checkpoint.tokenizer.encode, compiler.vocab_size, set(checkpoint.eos_token_ids)
+    spec = ("regex", "(ab|cd)+x")
+    good = encode("ab").ids + encode("cd").ids
+    for drafts, refused_at in ((good + encode("x").ids + [1, 1], None), (good + encode("zz").ids + good, len(good))):
+        grammar, plain = compiler.matcher(spec), compiler.matcher(spec)
+        output = encode("ab").ids
+        (masks,) = compiler.masks([grammar], [output], [drafts])
+        assert masks.shape == (1 + len(drafts), compiler.mask_words)
+        for j in range(1 + len(drafts)):
+            if refused_at is not None and j > refused_at:
+                break  # never sampled from: the row before cannot sample the refused draft
+            expected = allowed(next_mask(compiler, plain, output + drafts[:j]), vocab)
+            assert allowed(masks[j:j + 1], vocab) == expected, j
+        if refused_at is None:
+            assert allowed(masks[-1:], vocab) == eos  # past the end
+        # The sequence's matcher stayed after its output: its next mask is row 0's.
+        assert torch.equal(next_mask(compiler, grammar, output), masks[:1])
+
+
+def test_a_batch_mixes_matchers_with_and_without_drafts(compiler):
+    specs = [("regex", "[a-c]+"), ("choice", '["yes", "no"]'), ("regex", "[0-9]{2}")]
+    grammars = [compiler.matcher(s) for s in specs]
+    drafted = compiler.masks(grammars, [[], [], []], [[], [3], []])
+    assert [m.shape[0] for m in drafted] == [1, 2, 1]
+    alone = [next_mask(compiler, compiler.matcher(s), []) for s in specs]
+    assert all(torch.equal(m[:1], a) for m, a in zip(drafted, alone, strict=True))

@@ -31,8 +31,8 @@ class Speculative:
             return False
         speculative = False
         for i, (req, n) in enumerate(step.scheduled):
-            if n != 1 or req.num_pending or not req.is_decoding or req.params.structured_output is not None:
-                continue  # a grammar's mask for each draft would need its matcher moved along the drafts
+            if n != 1 or req.num_pending or not req.is_decoding:
+                continue
             room = int(min(1 + k, 1 + step.tokens, req.params.max_tokens - len(req.output_token_ids),
                            self.config.max_model_len - req.num_tokens))
             if room > 1 and self._reserve(req, room):

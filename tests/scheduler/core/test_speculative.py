@@ -84,13 +84,13 @@ def test_the_token_budget_and_free_blocks_bound_the_drafts():
     s.check_integrity()
 
 
-def test_prompts_and_structured_outputs_do_not_speculate():
+def test_decodes_speculate_beside_a_prompt_and_under_a_grammar():
     s = create_scheduler(num_speculative_tokens=3)
     s.add(Request("json", list(range(3, 13)), SamplingParams(max_tokens=9, structured_output=("json", "{}")), 0.0))
     step(s)
     s.add(create_requests(1, prompt_len=6, start=1)[0])
     plan = s.schedule()
-    assert plan.num_scheduled_tokens == {"json": 1, "r1": 6} and not plan.speculative
+    assert plan.num_scheduled_tokens == {"json": 4, "r1": 6} and plan.speculative  # the prompt runs whole
 
 
 def test_a_speculative_plan_is_applied_with_its_result_never_ahead_of_it():
