@@ -44,7 +44,7 @@ class Speculative:
     def _kept(self: Scheduler, plan: StepPlan, req: Request, n: int, result: StepResult | None) -> int:
         """The tokens of ``req`` that ``plan`` ran and kept: ``n``, or for a decode verifying drafts, the newest
         token and the drafts kept, one per token sampled (none when the sequence failed)."""
-        if not plan.speculative or n <= req.num_uncomputed:
+        if n <= req.num_uncomputed:
             return n
         if result is None:
             raise ValueError(f"step {plan.step_id} verifies draft tokens: apply it with its result (on_result), "
