@@ -115,9 +115,6 @@ def _mlfq(args: argparse.Namespace) -> MLFQConfig:
 def core_config_from(args: argparse.Namespace) -> SchedulerConfig:
     """The scheduler core's config from ``add_scheduling_flags``' flags; a value it cannot take is an
     ``InvalidArgument`` naming the flag (launchers call this to refuse bad flags before starting anything)."""
-    if args.speculative_tokens and args.step_pipelining == "all":
-        raise InvalidArgument("--speculative-tokens needs --step-pipelining auto, prompts, known or off: behind "
-                              "every plan (all), each decode has a token in flight and none can speculate")
     try:
         return SchedulerConfig(chunk_size=chunk_size(args), max_num_batched_tokens=args.max_num_batched_tokens,
                                max_num_seqs=args.max_num_seqs, policy=args.policy,

@@ -262,11 +262,13 @@ class Mesh:
     async def _send(self, link: WorkerLink, call, plan: StepPlan, pipelined: bool) -> _InFlight:
         # A prefill worker's sampled token hands the request off, so its core must not plan a decode after it.
         hands_off = link.role == "prefill" and self.config.mode == "disaggregated"
-        ahead = "off" if hands_off else self._plans_ahead(link)
-        # A speculative plan's result decides how many tokens it computed: the next plan waits for it.
+        ahead = "off" if hands_off else self._plans_ahead()
+        # A speculative plan's result decides how many tokens it computed: the next plan waits for it. So does
+        # the plan after a decode when the core would speculate next (a decode with a token in flight cannot).
         expected = self._depth > 1 and not plan.speculative and (
             ahead == "all" or not link.core.samples(plan)
-            or (ahead == "prompts" and not link.core.samples_a_decode(plan)))
+            or (ahead == "prompts" and not link.core.samples_a_decode(plan))) and not (
+            link.core.speculation_due and link.core.samples_a_decode(plan))
         step = _InFlight(plan, self._note_started(plan), self._traced_chunks(link, plan), time.time_ns(), expected)
         with anyio.fail_after(self.config.step_timeout_s):
             await rpc(call.write(self._plan_message(link, plan)))
@@ -276,16 +278,13 @@ class Mesh:
             link.core.expect(plan)
         return step
 
-    def _plans_ahead(self, link: WorkerLink) -> str:
+    def _plans_ahead(self) -> str:
         """The effective ``--step-pipelining``: behind which plans the next one is sent at once. "all":
         every plan; "prompts": plans whose samples are first tokens of prompts, not decodes; "known": plans
-        that sample nothing; "off": none. "auto" is "all" on every device (config.py says why), but
-        "prompts" with speculative decoding: a decode planned behind a decode has a token in flight and
-        cannot speculate, so behind "all" no decode ever would."""
+        that sample nothing; "off": none. "auto" is "all" on every device (config.py says why). With
+        speculative decoding, not behind a decode while the core would speculate next (``_send``)."""
         setting = self.config.step_pipelining
-        if setting != "auto":
-            return setting
-        return "prompts" if link.core.config.num_speculative_tokens else "all"
+        return "all" if setting == "auto" else setting
 
     def _finish_step(self, link: WorkerLink, step: _InFlight, msg) -> None:
         link.num_steps += 1

@@ -8,7 +8,6 @@ import pytest
 
 from services.common.sampling_params import SamplingParams
 from services.scheduler.config import SchedulerServiceConfig
-from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.request import Request
 from services.scheduler.dual_path import DualPath
 from services.scheduler.mesh import Mesh
@@ -85,11 +84,5 @@ async def test_decode_placement_by_token_load_with_room():
 ])
 async def test_step_pipelining_by_setting(setting, ahead):
     mesh = Mesh(SchedulerServiceConfig(mode="colocated", step_pipelining=setting))
-    assert mesh._plans_ahead(_link(mesh, "w", "hybrid")) == ahead  # auto: all, on a GPU and on a CPU alike
+    assert mesh._plans_ahead() == ahead  # auto: all, on a GPU and on a CPU alike
 
-
-async def test_speculative_decoding_plans_ahead_of_prompts_only():
-    # Behind a decode the next plan's decodes would have a token in flight, and could not speculate.
-    config = SchedulerServiceConfig(mode="colocated", core=SchedulerConfig(num_speculative_tokens=3))
-    mesh = Mesh(config)
-    assert mesh._plans_ahead(_link(mesh, "w", "hybrid")) == "prompts"

@@ -39,8 +39,7 @@ def test_a_value_the_core_cannot_take_is_refused_naming_the_flag():
                           (["--chunk-size", "0"], "--chunk-size must be >= 1"),
                           (["--policy", "fastserve", "--starvation-s", "0"], "--starvation-s must be > 0"),
                           (["--speculative-tokens", "-1"], "--speculative-tokens must be >= 0"),
-                          (["--speculative-tokens", "2", "--decode-steps", "4"], "exclude each other"),
-                          (["--speculative-tokens", "2", "--step-pipelining", "all"], "needs --step-pipelining")):
+                          (["--speculative-tokens", "2", "--decode-steps", "4"], "exclude each other")):
         with pytest.raises(InvalidArgument, match=message):
             core_config_from(parse(argv))
     assert "--decode-steps" in scheduling_flags(parse(["--decode-steps", "4"]))

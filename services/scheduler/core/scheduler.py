@@ -71,6 +71,9 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         self.preemption_mode = config.preemption_mode or self.policy.default_preemption
         self.prefix_stats = PrefixCacheStats()
         self.draft_stats = DraftStats()
+        # Speculative decoding's pause where drafts keep missing (speculative.py): the kept-drafts estimate,
+        # the steps left in a pause, whether the next speculative step is a probe after one.
+        self._draft_gain, self._draft_pause, self._draft_probing = 1.0, 0, False
         self.preemptions = {"swap": 0, "recompute": 0}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # holding device blocks (not necessarily scheduled every step)
@@ -285,6 +288,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         if plan.step_id in self._expected:
             self._expected.discard(plan.step_id)
         else:
+            if plan.speculative:
+                self._note_kept(plan, result)
             self._apply_sent(plan, result)
         self.draft_stats.drafted += result.num_draft_tokens
         self.draft_stats.kept += result.num_accepted_tokens

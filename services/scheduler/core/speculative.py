@@ -8,11 +8,24 @@ speculative plan may verify up to ``k`` drafts, so it gets blocks for ``1 + k`` 
 against the step's token budget. How many tokens it kept is known from the result alone, so such a plan is
 applied when its result arrives, never ahead of it (``Scheduler.expect`` refuses it), and a request with
 tokens in flight does not speculate.
+
+Where drafts keep missing (text that does not repeat its context), speculating costs: the drafts' rows in
+the pass, and in the live mesh the planning ahead it forgoes. So the core keeps an estimate of the drafts
+kept per speculating decode, and below ``MIN_KEPT`` it pauses for ``PAUSE_STEPS`` steps, then probes with
+one speculative step, whose result alone decides whether it speculates on. ``speculation_due`` tells the
+step loop when the next plan would speculate, so that it does not plan that one ahead.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+# Drafts kept per speculating decode (an average over recent steps, each weighing ``_GAIN_WEIGHT``) below
+# which speculation pauses: a tenth of a token a step is about what a wrong draft's rows cost in the pass
+# (bench/README.md "Speculative decoding").
+MIN_KEPT = 0.25
+_GAIN_WEIGHT = 0.2
+PAUSE_STEPS = 32
 
 if TYPE_CHECKING:
     from services.common.step import StepPlan, StepResult
@@ -28,6 +41,9 @@ class Speculative:
         whether any decode got room (the plan is then speculative)."""
         k = self.config.num_speculative_tokens
         if not k:
+            return False
+        if self._draft_pause:
+            self._draft_pause -= 1
             return False
         speculative = False
         for i, (req, n) in enumerate(step.scheduled):
@@ -50,3 +66,22 @@ class Speculative:
             raise ValueError(f"step {plan.step_id} verifies draft tokens: apply it with its result (on_result), "
                              "not ahead of it (expect)")
         return len(result.sampled.get(req.request_id, ()))
+
+    @property
+    def speculation_due(self: Scheduler) -> bool:
+        """Whether the next plan may speculate (speculation on and not paused): a decode planned ahead of it
+        would have a token in flight, and could not."""
+        return bool(self.config.num_speculative_tokens) and not self._draft_pause
+
+    def _note_kept(self: Scheduler, plan: StepPlan, result: StepResult) -> None:
+        """Updates the kept-drafts estimate with a speculative plan's result (before it is applied) and
+        pauses speculation when it falls below ``MIN_KEPT``."""
+        decodes = sum(1 for rid, n in plan.num_scheduled_tokens.items()
+                      if (req := self.requests.get(rid)) is not None and n > req.num_uncomputed)
+        if not decodes:
+            return
+        kept = result.num_accepted_tokens / decodes
+        self._draft_gain = kept if self._draft_probing else (1 - _GAIN_WEIGHT) * self._draft_gain + _GAIN_WEIGHT * kept
+        self._draft_probing = self._draft_gain < MIN_KEPT
+        if self._draft_probing:
+            self._draft_pause = PAUSE_STEPS

@@ -23,7 +23,10 @@ def _decoding(n=2, max_tokens=20, k=3, **overrides):
 
 
 def _result(plan, **tokens):
-    return StepResult(plan.step_id, {rid: [SampledToken(t) for t in ids] for rid, ids in tokens.items()})
+    """What a worker returns: each sequence's kept drafts and the token after them (the count of kept drafts
+    with them)."""
+    return StepResult(plan.step_id, {rid: [SampledToken(t) for t in ids] for rid, ids in tokens.items()},
+                      num_accepted_tokens=sum(max(0, len(ids) - 1) for ids in tokens.values()))
 
 
 def test_each_decode_may_verify_up_to_k_drafts_in_one_pass():
@@ -130,3 +133,29 @@ def test_every_block_returns_after_random_kept_counts():
         s.on_result(plan, result)
         s.check_integrity()
     assert s.blocks.num_free == s.blocks.num_blocks
+
+
+def test_drafts_that_keep_missing_pause_speculation_until_a_probe_keeps_some():
+    from services.scheduler.core.speculative import PAUSE_STEPS
+
+    s = _decoding(n=2, max_tokens=1000)
+    misses = 0
+    while (plan := s.schedule()).speculative:  # every step keeps no draft: one token per decode
+        assert s.speculation_due
+        s.on_result(plan, _result(plan, r0=[8], r1=[8]))
+        misses += 1
+    assert 5 < misses < 30 and not s.speculation_due  # paused: the step loop may plan ahead again
+    s.on_result(plan, _result(plan, r0=[8], r1=[8]))
+    for _ in range(PAUSE_STEPS - 1):
+        plan = s.schedule()
+        assert not plan.speculative and plan.num_scheduled_tokens == {"r0": 1, "r1": 1}
+        s.on_result(plan, _result(plan, r0=[8], r1=[8]))
+    assert s.speculation_due
+    probe = s.schedule()
+    assert probe.speculative  # a probe: its result alone decides
+    s.on_result(probe, _result(probe, r0=[8, 9, 9, 5], r1=[8, 9]))  # 2 of 3 drafts kept a decode
+    for _ in range(3):
+        plan = s.schedule()
+        assert plan.speculative
+        s.on_result(plan, _result(plan, r0=[8, 9, 5], r1=[8, 9, 5]))
+    s.check_integrity()
