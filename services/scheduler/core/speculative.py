@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 # Drafts kept per speculating decode (an average over recent steps, each weighing ``_GAIN_WEIGHT``) below
-# which speculation pauses: a tenth of a token a step is about what a wrong draft's rows cost in the pass
+# which speculation pauses for ``PAUSE_STEPS``: a quarter of a token a step is about what planning ahead saves
+# the live mesh (a round trip beside a few-ms step), and more than wrong drafts' rows cost in the pass
 # (bench/README.md "Speculative decoding").
 MIN_KEPT = 0.25
 _GAIN_WEIGHT = 0.2
