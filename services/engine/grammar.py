@@ -150,7 +150,7 @@ class GrammarCompiler:
             starts.append(starts[-1] + 1 + len(draft))
         # llguidance.torch has helpers for this, but importing it compiles TorchScript kernels this does not use.
         out = torch.zeros(starts[-1], self.mask_words, dtype=torch.int32)
-        for k in range(len(drafts)):
+        for k in (k for k, draft in enumerate(drafts) if draft):
             # llguidance writes a draft's row only while the drafts before it are allowed and the grammar has not
             # ended. Past its end only end-of-sequence tokens are allowed, as for a matcher that stopped; a row
             # after a draft the grammar refuses is never kept (the row before cannot sample that draft).

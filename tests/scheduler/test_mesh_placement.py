@@ -85,4 +85,3 @@ async def test_decode_placement_by_token_load_with_room():
 async def test_step_pipelining_by_setting(setting, ahead):
     mesh = Mesh(SchedulerServiceConfig(mode="colocated", step_pipelining=setting))
     assert mesh._plans_ahead() == ahead  # auto: all, on a GPU and on a CPU alike
-

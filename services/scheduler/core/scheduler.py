@@ -246,8 +246,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
             req = self.requests.get(rid)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue
-            if plan.speculative:
-                n = self._kept(plan, req, n, result)
+            if plan.speculative:  # never expected (expect refuses it): its result is here
+                n = self._kept(req, n, result)
             req.num_pending += max(0, req.num_computed_tokens + n - req.num_tokens + 1)
             req.num_computed_tokens += n
             self._cache_full_blocks(req)

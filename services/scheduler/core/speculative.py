@@ -58,14 +58,11 @@ class Speculative:
                 speculative = True
         return speculative
 
-    def _kept(self: Scheduler, plan: StepPlan, req: Request, n: int, result: StepResult | None) -> int:
-        """The tokens of ``req`` that ``plan`` ran and kept: ``n``, or for a decode verifying drafts, the newest
-        token and the drafts kept, one per token sampled (none when the sequence failed)."""
+    def _kept(self: Scheduler, req: Request, n: int, result: StepResult) -> int:
+        """The tokens of ``req`` that a speculative plan ran and kept: ``n``, or for a decode verifying drafts,
+        the newest token and the drafts kept, one per token sampled (none when the sequence failed)."""
         if n <= req.num_uncomputed:
             return n
-        if result is None:
-            raise ValueError(f"step {plan.step_id} verifies draft tokens: apply it with its result (on_result), "
-                             "not ahead of it (expect)")
         return len(result.sampled.get(req.request_id, ()))
 
     @property
