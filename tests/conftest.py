@@ -39,3 +39,14 @@ def looping_model_dir(tiny_model_dir, tmp_path_factory):
     """The tiny model without attention output: its greedy output soon loops, which speculative decoding's
     n-gram drafts predict (``without_attention_output``)."""
     return without_attention_output(tiny_model_dir, tmp_path_factory.mktemp("models") / "looping")
+
+
+@pytest.fixture(scope="session")
+def lora_dirs(tiny_model_dir, tmp_path_factory):
+    """Adapters for the tiny model by name (tests/lora_adapters.py), written by peft."""
+    pytest.importorskip("peft")
+    from tests.lora_adapters import ADAPTERS, make_adapter
+
+    root = tmp_path_factory.mktemp("loras")
+    return {name: make_adapter(tiny_model_dir, root / name, seed, **cfg)
+            for seed, (name, cfg) in enumerate(ADAPTERS.items())}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from services.common.block_hash import hash_seed
 from services.common.errors import ResourceExhausted, SeawallError
 from services.common.sampling_params import FinishReason, SamplingParams
-from services.common.step import SampledToken, merge_prompt_scores
+from services.common.step import LoraRef, SampledToken, merge_prompt_scores
 from services.engine.bad_words import bad_words_token_ids
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
@@ -66,18 +66,22 @@ class OfflineEngine:
         self.runner.grammars.validate(params.structured_output, params.free_thought)
         bad_words_token_ids(self.tokenizer, params.bad_words)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[Completion]:
-        """Runs all prompts together to completion; validate them first."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+                 loras: Sequence[LoraRef | None] | None = None) -> list[Completion]:
+        """Runs all prompts together to completion, each with its LoRA adapter (``loras``; None: the base
+        model); validate them first."""
+        loras = loras if loras is not None else [None] * len(prompts)
         done: dict[str, Completion] = {}
         detoks: dict[str, IncrementalDetokenizer] = {}
         reqs: dict[str, Request] = {}
         order = []
-        for prompt, p in zip(prompts, params, strict=True):
+        for prompt, p, lora in zip(prompts, params, loras, strict=True):
             rid = f"req-{next(self._ids)}"
             order.append(rid)
             done[rid] = Completion(rid, list(prompt))
             detoks[rid] = IncrementalDetokenizer(self.tokenizer, p, prompt_token_ids=prompt)
-            reqs[rid] = Request(rid, list(prompt), p, arrival_time=0.0, eos_token_ids=self.checkpoint.eos_token_ids)
+            reqs[rid] = Request(rid, list(prompt), p, arrival_time=0.0, eos_token_ids=self.checkpoint.eos_token_ids,
+                                lora=lora)
             self.scheduler.add(reqs[rid])
         idle_steps = 0
         while self.scheduler.has_work:

@@ -231,3 +231,11 @@ class KVEndpoint(_message.Message):
     kv_layout: KVLayout
     grpc_address: str
     def __init__(self, agent_name: _Optional[str] = ..., agent_metadata: _Optional[_Union[NixlAgentMetadata, _Mapping]] = ..., kv_layout: _Optional[_Union[KVLayout, _Mapping]] = ..., grpc_address: _Optional[str] = ...) -> None: ...
+
+class LoraAdapter(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from seawall.v1 import common_pb2 as seawall_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seawall/v1/worker.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"\x80\x03\n\nWorkerInfo\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.seawall.v1.WorkerRole\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11num_device_blocks\x18\x03 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x04 \x01(\r\x12\'\n\tkv_layout\x18\x05 \x01(\x0b\x32\x14.seawall.v1.KVLayout\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12+\n\x04nixl\x18\x07 \x01(\x0b\x32\x1d.seawall.v1.NixlAgentMetadata\x12\x15\n\rmax_model_len\x18\x08 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\t \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\n \x01(\r\x12\x15\n\reos_token_ids\x18\x0b \x03(\r\x12\x0f\n\x07version\x18\x0c \x01(\t\x12.\n\tstep_time\x18\r \x01(\x0b\x32\x1b.seawall.v1.StepTimeProfile\"L\n\x0fStepTimeProfile\x12\x0f\n\x07\x62\x61se_ms\x18\x01 \x01(\x01\x12\x14\n\x0cper_token_ms\x18\x02 \x01(\x01\x12\x12\n\nper_seq_ms\x18\x03 \x01(\x01\"7\n\tBlockMove\x12\x14\n\x0csrc_block_id\x18\x01 \x01(\r\x12\x14\n\x0c\x64st_block_id\x18\x02 \x01(\r\"\xa0\x02\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.seawall.v1.SamplingParams\x12@\n\rtrace_context\x18\x07 \x03(\x0b\x32).seawall.v1.NewSequence.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x01\n\x12\x43ontinuingSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x15\n\rnew_block_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\x12\x1a\n\x12\x61ppended_token_ids\x18\x04 \x03(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12\x1b\n\x13replace_block_table\x18\x06 \x01(\x08\"\xed\x03\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x14\n\x0cscheduler_id\x18\x02 \x01(\t\x12.\n\rnew_sequences\x18\x03 \x03(\x0b\x32\x17.seawall.v1.NewSequence\x12\x32\n\ncontinuing\x18\x04 \x03(\x0b\x32\x1e.seawall.v1.ContinuingSequence\x12\x19\n\x11scheduled_seq_ids\x18\x0b \x03(\t\x12\x1c\n\x14num_scheduled_tokens\x18\x0c \x03(\r\x12\x18\n\x10\x66inished_seq_ids\x18\x06 \x03(\t\x12\'\n\x08swap_out\x18\x07 \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12&\n\x07swap_in\x18\x08 \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12#\n\x04\x63opy\x18\t \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12=\n\rtrace_context\x18\n \x03(\x0b\x32&.seawall.v1.StepPlan.TraceContextEntry\x12\x13\n\x0bspeculative\x18\r \x01(\x08\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x05\x10\x06\">\n\rSequenceError\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x96\x04\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x17\n\x0fsampled_seq_ids\x18\n \x03(\t\x12\x1a\n\x12num_sampled_tokens\x18\x0b \x03(\r\x12\x19\n\x11sampled_token_ids\x18\x0c \x03(\r\x12+\n\x08logprobs\x18\r \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12\x1e\n\x16prompt_logprob_seq_ids\x18\x0e \x03(\t\x12\x1d\n\x15prompt_logprob_starts\x18\x0f \x03(\r\x12\x1b\n\x13num_prompt_logprobs\x18\x10 \x03(\r\x12\x32\n\x0fprompt_logprobs\x18\x11 \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12)\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x19.seawall.v1.SequenceError\x12\x17\n\x0f\x66orward_time_ms\x18\x04 \x01(\x01\x12\x14\n\x0cstep_time_ms\x18\x05 \x01(\x01\x12\x12\n\nnum_tokens\x18\x06 \x01(\r\x12\x10\n\x08num_seqs\x18\x07 \x01(\r\x12\x13\n\x0bnum_sampled\x18\x08 \x01(\r\x12\x18\n\x10num_blocks_moved\x18\t \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x12 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x13 \x01(\rJ\x04\x08\x02\x10\x03\"\xd1\x01\n\rPushKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12#\n\x03\x64st\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x15\n\rsrc_block_ids\x18\x03 \x03(\r\x12\x15\n\rdst_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\"o\n\x0ePushKVResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xd1\x01\n\rPullKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12#\n\x03src\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x15\n\rsrc_block_ids\x18\x03 \x03(\r\x12\x15\n\rdst_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\"o\n\x0ePullKVResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\t\";\n\x12WorkerAbortRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\x12\x14\n\x0ctransfer_ids\x18\x02 \x03(\t\"L\n\x13WorkerAbortResponse\x12\x17\n\x0funknown_seq_ids\x18\x01 \x03(\t\x12\x1c\n\x14unknown_transfer_ids\x18\x02 \x03(\t\"\x1e\n\x0b\x46reeRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\"\'\n\x0c\x46reeResponse\x12\x17\n\x0funknown_seq_ids\x18\x01 \x03(\t\";\n\rReadKVRequest\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x04\"?\n\x07KVChunk\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\"4\n\x0fWriteKVResponse\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x12\n\nnum_blocks\x18\x02 \x01(\r*r\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x16\n\x12WORKER_ROLE_HYBRID\x10\x03\x32\xc1\x04\n\x06Worker\x12?\n\x08\x44\x65scribe\x12\x1b.seawall.v1.DescribeRequest\x1a\x16.seawall.v1.WorkerInfo\x12\x34\n\x04Step\x12\x14.seawall.v1.StepPlan\x1a\x16.seawall.v1.StepResult\x12>\n\nStepStream\x12\x14.seawall.v1.StepPlan\x1a\x16.seawall.v1.StepResult(\x01\x30\x01\x12?\n\x06PushKV\x12\x19.seawall.v1.PushKVRequest\x1a\x1a.seawall.v1.PushKVResponse\x12?\n\x06PullKV\x12\x19.seawall.v1.PullKVRequest\x1a\x1a.seawall.v1.PullKVResponse\x12H\n\x05\x41\x62ort\x12\x1e.seawall.v1.WorkerAbortRequest\x1a\x1f.seawall.v1.WorkerAbortResponse\x12\x39\n\x04\x46ree\x12\x17.seawall.v1.FreeRequest\x1a\x18.seawall.v1.FreeResponse\x12:\n\x06ReadKV\x12\x19.seawall.v1.ReadKVRequest\x1a\x13.seawall.v1.KVChunk0\x01\x12=\n\x07WriteKV\x12\x13.seawall.v1.KVChunk\x1a\x1b.seawall.v1.WriteKVResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seawall/v1/worker.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"\x80\x03\n\nWorkerInfo\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.seawall.v1.WorkerRole\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11num_device_blocks\x18\x03 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x04 \x01(\r\x12\'\n\tkv_layout\x18\x05 \x01(\x0b\x32\x14.seawall.v1.KVLayout\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12+\n\x04nixl\x18\x07 \x01(\x0b\x32\x1d.seawall.v1.NixlAgentMetadata\x12\x15\n\rmax_model_len\x18\x08 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\t \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\n \x01(\r\x12\x15\n\reos_token_ids\x18\x0b \x03(\r\x12\x0f\n\x07version\x18\x0c \x01(\t\x12.\n\tstep_time\x18\r \x01(\x0b\x32\x1b.seawall.v1.StepTimeProfile\"L\n\x0fStepTimeProfile\x12\x0f\n\x07\x62\x61se_ms\x18\x01 \x01(\x01\x12\x14\n\x0cper_token_ms\x18\x02 \x01(\x01\x12\x12\n\nper_seq_ms\x18\x03 \x01(\x01\"7\n\tBlockMove\x12\x14\n\x0csrc_block_id\x18\x01 \x01(\r\x12\x14\n\x0c\x64st_block_id\x18\x02 \x01(\r\"\xc7\x02\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.seawall.v1.SamplingParams\x12@\n\rtrace_context\x18\x07 \x03(\x0b\x32).seawall.v1.NewSequence.TraceContextEntry\x12%\n\x04lora\x18\x08 \x01(\x0b\x32\x17.seawall.v1.LoraAdapter\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x01\n\x12\x43ontinuingSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x15\n\rnew_block_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\x12\x1a\n\x12\x61ppended_token_ids\x18\x04 \x03(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12\x1b\n\x13replace_block_table\x18\x06 \x01(\x08\"\xed\x03\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x14\n\x0cscheduler_id\x18\x02 \x01(\t\x12.\n\rnew_sequences\x18\x03 \x03(\x0b\x32\x17.seawall.v1.NewSequence\x12\x32\n\ncontinuing\x18\x04 \x03(\x0b\x32\x1e.seawall.v1.ContinuingSequence\x12\x19\n\x11scheduled_seq_ids\x18\x0b \x03(\t\x12\x1c\n\x14num_scheduled_tokens\x18\x0c \x03(\r\x12\x18\n\x10\x66inished_seq_ids\x18\x06 \x03(\t\x12\'\n\x08swap_out\x18\x07 \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12&\n\x07swap_in\x18\x08 \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12#\n\x04\x63opy\x18\t \x03(\x0b\x32\x15.seawall.v1.BlockMove\x12=\n\rtrace_context\x18\n \x03(\x0b\x32&.seawall.v1.StepPlan.TraceContextEntry\x12\x13\n\x0bspeculative\x18\r \x01(\x08\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x05\x10\x06\">\n\rSequenceError\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x96\x04\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x17\n\x0fsampled_seq_ids\x18\n \x03(\t\x12\x1a\n\x12num_sampled_tokens\x18\x0b \x03(\r\x12\x19\n\x11sampled_token_ids\x18\x0c \x03(\r\x12+\n\x08logprobs\x18\r \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12\x1e\n\x16prompt_logprob_seq_ids\x18\x0e \x03(\t\x12\x1d\n\x15prompt_logprob_starts\x18\x0f \x03(\r\x12\x1b\n\x13num_prompt_logprobs\x18\x10 \x03(\r\x12\x32\n\x0fprompt_logprobs\x18\x11 \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12)\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x19.seawall.v1.SequenceError\x12\x17\n\x0f\x66orward_time_ms\x18\x04 \x01(\x01\x12\x14\n\x0cstep_time_ms\x18\x05 \x01(\x01\x12\x12\n\nnum_tokens\x18\x06 \x01(\r\x12\x10\n\x08num_seqs\x18\x07 \x01(\r\x12\x13\n\x0bnum_sampled\x18\x08 \x01(\r\x12\x18\n\x10num_blocks_moved\x18\t \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x12 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x13 \x01(\rJ\x04\x08\x02\x10\x03\"\xd1\x01\n\rPushKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12#\n\x03\x64st\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x15\n\rsrc_block_ids\x18\x03 \x03(\r\x12\x15\n\rdst_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\"o\n\x0ePushKVResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xd1\x01\n\rPullKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12#\n\x03src\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x15\n\rsrc_block_ids\x18\x03 \x03(\r\x12\x15\n\rdst_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\"o\n\x0ePullKVResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\t\";\n\x12WorkerAbortRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\x12\x14\n\x0ctransfer_ids\x18\x02 \x03(\t\"L\n\x13WorkerAbortResponse\x12\x17\n\x0funknown_seq_ids\x18\x01 \x03(\t\x12\x1c\n\x14unknown_transfer_ids\x18\x02 \x03(\t\"\x1e\n\x0b\x46reeRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\"\'\n\x0c\x46reeResponse\x12\x17\n\x0funknown_seq_ids\x18\x01 \x03(\t\";\n\rReadKVRequest\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x04\"?\n\x07KVChunk\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\"4\n\x0fWriteKVResponse\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x12\n\nnum_blocks\x18\x02 \x01(\r*r\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x16\n\x12WORKER_ROLE_HYBRID\x10\x03\x32\xc1\x04\n\x06Worker\x12?\n\x08\x44\x65scribe\x12\x1b.seawall.v1.DescribeRequest\x1a\x16.seawall.v1.WorkerInfo\x12\x34\n\x04Step\x12\x14.seawall.v1.StepPlan\x1a\x16.seawall.v1.StepResult\x12>\n\nStepStream\x12\x14.seawall.v1.StepPlan\x1a\x16.seawall.v1.StepResult(\x01\x30\x01\x12?\n\x06PushKV\x12\x19.seawall.v1.PushKVRequest\x1a\x1a.seawall.v1.PushKVResponse\x12?\n\x06PullKV\x12\x19.seawall.v1.PullKVRequest\x1a\x1a.seawall.v1.PullKVResponse\x12H\n\x05\x41\x62ort\x12\x1e.seawall.v1.WorkerAbortRequest\x1a\x1f.seawall.v1.WorkerAbortResponse\x12\x39\n\x04\x46ree\x12\x17.seawall.v1.FreeRequest\x1a\x18.seawall.v1.FreeResponse\x12:\n\x06ReadKV\x12\x19.seawall.v1.ReadKVRequest\x1a\x13.seawall.v1.KVChunk0\x01\x12=\n\x07WriteKV\x12\x13.seawall.v1.KVChunk\x1a\x1b.seawall.v1.WriteKVResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NEWSEQUENCE_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_STEPPLAN_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERROLE']._serialized_start=3202
-  _globals['_WORKERROLE']._serialized_end=3316
+  _globals['_WORKERROLE']._serialized_start=3241
+  _globals['_WORKERROLE']._serialized_end=3355
   _globals['_DESCRIBEREQUEST']._serialized_start=64
   _globals['_DESCRIBEREQUEST']._serialized_end=81
   _globals['_WORKERINFO']._serialized_start=84
@@ -47,41 +47,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BLOCKMOVE']._serialized_start=548
   _globals['_BLOCKMOVE']._serialized_end=603
   _globals['_NEWSEQUENCE']._serialized_start=606
-  _globals['_NEWSEQUENCE']._serialized_end=894
-  _globals['_NEWSEQUENCE_TRACECONTEXTENTRY']._serialized_start=843
-  _globals['_NEWSEQUENCE_TRACECONTEXTENTRY']._serialized_end=894
-  _globals['_CONTINUINGSEQUENCE']._serialized_start=897
-  _globals['_CONTINUINGSEQUENCE']._serialized_end=1061
-  _globals['_STEPPLAN']._serialized_start=1064
-  _globals['_STEPPLAN']._serialized_end=1557
-  _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_start=843
-  _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_end=894
-  _globals['_SEQUENCEERROR']._serialized_start=1559
-  _globals['_SEQUENCEERROR']._serialized_end=1621
-  _globals['_STEPRESULT']._serialized_start=1624
-  _globals['_STEPRESULT']._serialized_end=2158
-  _globals['_PUSHKVREQUEST']._serialized_start=2161
-  _globals['_PUSHKVREQUEST']._serialized_end=2370
-  _globals['_PUSHKVRESPONSE']._serialized_start=2372
-  _globals['_PUSHKVRESPONSE']._serialized_end=2483
-  _globals['_PULLKVREQUEST']._serialized_start=2486
-  _globals['_PULLKVREQUEST']._serialized_end=2695
-  _globals['_PULLKVRESPONSE']._serialized_start=2697
-  _globals['_PULLKVRESPONSE']._serialized_end=2808
-  _globals['_WORKERABORTREQUEST']._serialized_start=2810
-  _globals['_WORKERABORTREQUEST']._serialized_end=2869
-  _globals['_WORKERABORTRESPONSE']._serialized_start=2871
-  _globals['_WORKERABORTRESPONSE']._serialized_end=2947
-  _globals['_FREEREQUEST']._serialized_start=2949
-  _globals['_FREEREQUEST']._serialized_end=2979
-  _globals['_FREERESPONSE']._serialized_start=2981
-  _globals['_FREERESPONSE']._serialized_end=3020
-  _globals['_READKVREQUEST']._serialized_start=3022
-  _globals['_READKVREQUEST']._serialized_end=3081
-  _globals['_KVCHUNK']._serialized_start=3083
-  _globals['_KVCHUNK']._serialized_end=3146
-  _globals['_WRITEKVRESPONSE']._serialized_start=3148
-  _globals['_WRITEKVRESPONSE']._serialized_end=3200
-  _globals['_WORKER']._serialized_start=3319
-  _globals['_WORKER']._serialized_end=3896
+  _globals['_NEWSEQUENCE']._serialized_end=933
+  _globals['_NEWSEQUENCE_TRACECONTEXTENTRY']._serialized_start=882
+  _globals['_NEWSEQUENCE_TRACECONTEXTENTRY']._serialized_end=933
+  _globals['_CONTINUINGSEQUENCE']._serialized_start=936
+  _globals['_CONTINUINGSEQUENCE']._serialized_end=1100
+  _globals['_STEPPLAN']._serialized_start=1103
+  _globals['_STEPPLAN']._serialized_end=1596
+  _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_start=882
+  _globals['_STEPPLAN_TRACECONTEXTENTRY']._serialized_end=933
+  _globals['_SEQUENCEERROR']._serialized_start=1598
+  _globals['_SEQUENCEERROR']._serialized_end=1660
+  _globals['_STEPRESULT']._serialized_start=1663
+  _globals['_STEPRESULT']._serialized_end=2197
+  _globals['_PUSHKVREQUEST']._serialized_start=2200
+  _globals['_PUSHKVREQUEST']._serialized_end=2409
+  _globals['_PUSHKVRESPONSE']._serialized_start=2411
+  _globals['_PUSHKVRESPONSE']._serialized_end=2522
+  _globals['_PULLKVREQUEST']._serialized_start=2525
+  _globals['_PULLKVREQUEST']._serialized_end=2734
+  _globals['_PULLKVRESPONSE']._serialized_start=2736
+  _globals['_PULLKVRESPONSE']._serialized_end=2847
+  _globals['_WORKERABORTREQUEST']._serialized_start=2849
+  _globals['_WORKERABORTREQUEST']._serialized_end=2908
+  _globals['_WORKERABORTRESPONSE']._serialized_start=2910
+  _globals['_WORKERABORTRESPONSE']._serialized_end=2986
+  _globals['_FREEREQUEST']._serialized_start=2988
+  _globals['_FREEREQUEST']._serialized_end=3018
+  _globals['_FREERESPONSE']._serialized_start=3020
+  _globals['_FREERESPONSE']._serialized_end=3059
+  _globals['_READKVREQUEST']._serialized_start=3061
+  _globals['_READKVREQUEST']._serialized_end=3120
+  _globals['_KVCHUNK']._serialized_start=3122
+  _globals['_KVCHUNK']._serialized_end=3185
+  _globals['_WRITEKVRESPONSE']._serialized_start=3187
+  _globals['_WRITEKVRESPONSE']._serialized_end=3239
+  _globals['_WORKER']._serialized_start=3358
+  _globals['_WORKER']._serialized_end=3935
 # @@protoc_insertion_point(module_scope)

@@ -72,7 +72,7 @@ class BlockMove(_message.Message):
     def __init__(self, src_block_id: _Optional[int] = ..., dst_block_id: _Optional[int] = ...) -> None: ...
 
 class NewSequence(_message.Message):
-    __slots__ = ("seq_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "block_ids", "sampling", "trace_context")
+    __slots__ = ("seq_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "block_ids", "sampling", "trace_context", "lora")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class NewSequence(_message.Message):
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_prompt_tokens: int
@@ -94,7 +95,8 @@ class NewSequence(_message.Message):
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    lora: _common_pb2.LoraAdapter
+    def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., lora: _Optional[_Union[_common_pb2.LoraAdapter, _Mapping]] = ...) -> None: ...
 
 class ContinuingSequence(_message.Message):
     __slots__ = ("seq_id", "new_block_ids", "num_computed_tokens", "appended_token_ids", "block_ids", "replace_block_table")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Sequence
+from functools import lru_cache
 
 _MASK = (1 << 64) - 1
 
@@ -18,6 +19,14 @@ _MASK = (1 << 64) - 1
 def hash_seed(model_name: str, block_size: int, layout: str = "") -> int:
     """``hash[-1]`` for a model and KV layout."""
     digest = hashlib.blake2b(f"seawall-v1|{model_name}|{block_size}|{layout}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@lru_cache(maxsize=256)
+def adapter_seed(seed: int, name: str, path: str) -> int:
+    """``hash[-1]`` for a LoRA adapter's requests (name and path) on the model of ``seed``: the same tokens
+    hold other KV under an adapter, so its blocks never match the base model's or another adapter's."""
+    digest = hashlib.blake2b(f"{seed}|lora|{name}|{path}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
 

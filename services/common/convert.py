@@ -14,7 +14,7 @@ import grpc
 from seawall.v1 import common_pb2, worker_pb2
 from services.common.errors import InvalidArgument, error_for_code
 from services.common.sampling_params import FinishReason, SamplingParams
-from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
+from services.common.step import ContinuingSequence, LoraRef, NewSequence, SampledToken, StepPlan, StepResult
 
 _FINISH_TO_PROTO = {
     None: common_pb2.FINISH_REASON_UNSPECIFIED,
@@ -128,7 +128,8 @@ def plan_to_proto(plan: StepPlan, scheduler_id: str = "") -> worker_pb2.StepPlan
         msg.new_sequences.add(
             seq_id=new.seq_id, token_ids=new.token_ids, num_prompt_tokens=new.prompt_len,
             num_computed_tokens=new.num_computed_tokens, block_ids=new.block_ids,
-            sampling=params_to_proto(new.params))
+            sampling=params_to_proto(new.params),
+            lora=None if new.lora is None else common_pb2.LoraAdapter(name=new.lora.name, path=new.lora.path))
     add = msg.continuing.add
     for cont in plan.continuing:
         if cont.block_ids is None:
@@ -150,7 +151,8 @@ def plan_from_proto(msg: worker_pb2.StepPlan) -> StepPlan:
     for new in msg.new_sequences:
         plan.new.append(NewSequence(new.seq_id, list(new.token_ids), new.num_prompt_tokens,
                                     new.num_computed_tokens, list(new.block_ids),
-                                    params_from_proto(new.sampling)))
+                                    params_from_proto(new.sampling),
+                                    LoraRef(new.lora.name, new.lora.path) if new.HasField("lora") else None))
     for cont in msg.continuing:
         plan.continuing.append(ContinuingSequence(
             cont.seq_id, list(cont.new_block_ids), list(cont.appended_token_ids),

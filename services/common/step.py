@@ -28,6 +28,15 @@ from services.common.errors import SeawallError
 from services.common.sampling_params import SamplingParams
 
 
+@dataclass(frozen=True)
+class LoraRef:
+    """A LoRA adapter as a sequence names it: its served name and the directory of its files
+    (``services/common/lora.py`` reads them)."""
+
+    name: str
+    path: str
+
+
 @dataclass
 class NewSequence:
     seq_id: str
@@ -36,6 +45,7 @@ class NewSequence:
     num_computed_tokens: int  # tokens whose KV is already in the blocks (prefix-cache hit or transferred)
     block_ids: list[int]
     params: SamplingParams
+    lora: LoraRef | None = None  # the adapter the sequence runs with; None = the base model
 
 
 @dataclass

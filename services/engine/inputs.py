@@ -28,10 +28,12 @@ from services.engine.attention import (
     FreshChunks,
     PrefixChunk,
 )
+from services.engine.lora import LoraBatch, lora_batch
 
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
     from services.engine.grammar import SequenceGrammar
+    from services.engine.lora import LoraWeights
     from services.engine.ngram import NgramIndex
 
 # A decode bucket closes when the next context needs this many times the bucket's first block count:
@@ -60,6 +62,8 @@ class SequenceState:
     # the n-gram index they are drafted from (made on the first draft).
     num_drafts: int = 0
     ngrams: NgramIndex | None = None
+    # The LoRA adapter its tokens run with (lora.py), or None for the base model.
+    lora: LoraWeights | None = None
 
 
 @dataclass
@@ -76,6 +80,8 @@ class StepInputs:
     # After those, per sequence verifying drafts (SequenceState.num_drafts): (seq_id, drafts), a row for the
     # newest known token and each draft but the last (whose row is the sampled one), in that order.
     verified: list[tuple[str, int]] = field(default_factory=list)
+    # The adapters of the pass's sequences and their rows; None when every token runs the base model.
+    lora: LoraBatch | None = None
 
 
 def prepare_inputs(
@@ -124,6 +130,7 @@ def prepare_inputs(
     flat = _t2d([ids, positions, slot_blocks, [p % block_size for p in positions]], device)
     input_ids, positions_t = flat[0], flat[1]
     attention = AttentionBatch(flat[2], flat[3], kernels=kernels)
+    lora = lora_batch([(seq.lora, n) for seq, n in ordered], device)
     if kernels is None:
         offset = 0
         for bucket in _decode_buckets(decodes, block_size):
@@ -135,7 +142,8 @@ def prepare_inputs(
     if kernels is not None:
         if fresh or prefixed:
             attention.chunk_rows = _chunk_rows(fresh + prefixed, offset, block_size, device)
-        return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified)
+        return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified,
+                      lora)
     for length, group in groupby(fresh, key=lambda sn: sn[1]):
         count = len(list(group))
         attention.fresh.append(FreshChunks(offset, count, length))
@@ -143,7 +151,8 @@ def prepare_inputs(
     for seq, n in prefixed:
         attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device))
         offset += n
-    return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified)
+    return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified,
+                      lora)
 
 
 def _check(seq: SequenceState, n: int, block_size: int) -> None:

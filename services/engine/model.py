@@ -20,6 +20,7 @@ from torch import nn
 
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.kv_pool import PagedKVPool
+from services.engine.lora import LoraBatch
 from services.engine.model_config import ModelConfig
 from services.engine.rope import RotaryEmbedding
 
@@ -77,9 +78,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool) -> torch.Tensor:
+    def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
+        if lora is not None:
+            lora.add(qkv, x, self.layer, "qkv")
         # q and k rotate in one pass: they are adjacent in the fused projection's output.
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         if self.q_norm is not None:
@@ -88,20 +91,27 @@ class Attention(nn.Module):
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.layer)
-        o = paged_attention(q, k, v, k_cache, v_cache, batch)
-        return self.o_proj(o.reshape(t, self.q_size))
+        o = paged_attention(q, k, v, k_cache, v_cache, batch).reshape(t, self.q_size)
+        out = self.o_proj(o)
+        return out if lora is None else lora.add(out, o, self.layer, "o")
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
+        self.layer = layer
         self.intermediate = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if lora is not None:
+            lora.add(gate_up, x, self.layer, "gate_up")
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        h = F.silu(gate) * up
+        out = self.down_proj(h)
+        return out if lora is None else lora.add(out, h, self.layer, "down")
 
 
 class DecoderLayer(nn.Module):
@@ -110,15 +120,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, layer)
 
-    def forward(self, x, residual, cos, sin, batch: AttentionBatch, kv) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, residual, cos, sin, batch: AttentionBatch, kv,
+                lora: LoraBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` is the previous block's output, ``residual`` the stream before it (None for the first layer);
         returns the same pair for the next layer, so each residual add rides along with the next norm."""
         h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, cos, sin, batch, kv)
+        h = self.self_attn(h, cos, sin, batch, kv, lora)
         h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        return self.mlp(h, lora), residual
 
 
 class LlamaModel(nn.Module):
@@ -146,20 +157,23 @@ class LlamaForCausalLM(nn.Module):
         batch: AttentionBatch,
         kv: PagedKVPool,
         logits_index: torch.Tensor,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
-        """Runs the flat batch and returns logits ``[len(logits_index), vocab]`` of the selected tokens only."""
+        """Runs the flat batch and returns logits ``[len(logits_index), vocab]`` of the selected tokens only;
+        ``lora``: the adapters of the batch's sequences (lora.py)."""
         if batch.kernels is not None:
-            return self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels)
+            return self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels, lora)
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         residual = None
         for layer in self.model.layers:
-            x, residual = layer(x, residual, cos, sin, batch, kv)
+            x, residual = layer(x, residual, cos, sin, batch, kv, lora)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
         return self.lm_head(x).float()
 
     def _forward_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
-                       kv: PagedKVPool, logits_index: torch.Tensor, kernels: CpuKernels) -> torch.Tensor:
+                       kv: PagedKVPool, logits_index: torch.Tensor, kernels: CpuKernels,
+                       lora: LoraBatch | None) -> torch.Tensor:
         """``forward`` with the fused CPU kernels for norms (residual add folded in), RoPE and SiLU·mul; the same
         ops in the same order as the modules, so the same numbers as the torch path up to the kernels' rounding."""
         c = self.config
@@ -172,6 +186,8 @@ class LlamaForCausalLM(nn.Module):
             h = kernels.add_rms_norm(x, residual, w.input_norm, eps)
             residual = x if residual is None else residual  # the kernel added x into residual in place
             qkv = F.linear(h, w.qkv, w.qkv_bias)
+            if lora is not None:
+                lora.add(qkv, h, i, "qkv")
             qk = qkv[:, : q_size + kv_size].view(t, -1, d)  # q and k rotate in one pass, as in Attention
             if w.q_norm is not None:
                 qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
@@ -180,9 +196,15 @@ class LlamaForCausalLM(nn.Module):
             k_cache, v_cache = kv.layer(i)
             o = paged_attention(qk[:, : c.num_attention_heads], qk[:, c.num_attention_heads :], v, k_cache, v_cache,
                                 batch)
-            h = kernels.add_rms_norm(F.linear(o.view(t, q_size), w.o), residual, w.post_norm, eps)
-            del qkv, qk, v, o  # freed before the MLP's big temporaries, as when Attention.forward returned
-            x = F.linear(kernels.silu_mul(F.linear(h, w.gate_up)), w.down)
+            o = o.view(t, q_size)
+            out = F.linear(o, w.o)
+            h = kernels.add_rms_norm(out if lora is None else lora.add(out, o, i, "o"), residual, w.post_norm, eps)
+            del qkv, qk, v, o, out  # freed before the MLP's big temporaries, as when Attention.forward returned
+            if lora is None:
+                x = F.linear(kernels.silu_mul(F.linear(h, w.gate_up)), w.down)
+            else:
+                act = kernels.silu_mul(lora.add(F.linear(h, w.gate_up), h, i, "gate_up"))
+                x = lora.add(F.linear(act, w.down), act, i, "down")
         h = kernels.add_rms_norm(x[logits_index], residual[logits_index], self.model.norm.weight, eps)
         return F.linear(h, self.lm_head.weight).float()
 

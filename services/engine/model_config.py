@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import ModelLoadError
+from services.common.lora import ModelShape
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -78,6 +79,12 @@ class ModelConfig:
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def lora_shape(self) -> ModelShape:
+        """The dimensions a LoRA adapter for this model must have."""
+        return ModelShape(self.num_hidden_layers, self.hidden_size, self.intermediate_size,
+                          self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:

@@ -26,6 +26,7 @@ from services.engine.grammar import GrammarCompiler
 from services.engine.inputs import SequenceState, prepare_inputs
 from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.engine.loader import Checkpoint, load_checkpoint_meta, load_model
+from services.engine.lora import LoraCache
 from services.engine.ngram import NgramIndex
 from services.engine.sampler import Sampler, SamplerOutput, SamplingRow
 
@@ -58,6 +59,7 @@ class ModelRunner:
         self.grammars = GrammarCompiler(self.checkpoint.tokenizer, self.checkpoint.config.vocab_size,
                                         self.checkpoint.eos_token_ids)
         self.seqs: dict[str, SequenceState] = {}
+        self.loras = LoraCache(mc.lora_shape, self.device, self.dtype)
         # Where a speculative plan's draft tokens come from: (sequence, most drafts) -> drafts. Any drafts give
         # the same output (only those the sampler agrees with are kept); tests swap in drafts whose fate
         # they know.
@@ -164,7 +166,8 @@ class ModelRunner:
         # Grammar masks depend on the tokens so far only: computed beside the forward pass (llguidance drops
         # the GIL), as vLLM and SGLang overlap them with the GPU.
         masks = self._grammar_masks([self.seqs[sid] for sid in inputs.sample_seq_ids], rows, verify)
-        logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index)
+        logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index,
+                            inputs.lora)
         for seq, n in scheduled:
             seq.num_computed += n
         n_sampled = len(inputs.sample_seq_ids)
@@ -276,10 +279,15 @@ class ModelRunner:
         if len(new.token_ids) > self.max_model_len:
             raise InvalidArgument(f"sequence {new.seq_id} has {len(new.token_ids)} tokens; the model's context is "
                                   f"{self.max_model_len}")
-        self.seqs[new.seq_id] = SequenceState(
+        seq = self.seqs[new.seq_id] = SequenceState(
             new.seq_id, list(new.token_ids), new.prompt_len, new.num_computed_tokens, list(new.block_ids), new.params,
             bad_words=bad_words_token_ids(self.checkpoint.tokenizer, new.params.bad_words),
         )
+        if new.lora is not None:
+            try:
+                seq.lora = self.loras.get(new.lora, {id(s.lora) for s in self.seqs.values() if s.lora is not None})
+            except InvalidArgument as exc:  # files changed or gone since the scheduler checked them
+                seq.error = exc
 
     def _get(self, seq_id: str) -> SequenceState:
         seq = self.seqs.get(seq_id)

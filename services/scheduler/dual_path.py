@@ -83,7 +83,7 @@ class DualPath:
     async def _admit_to(self, req: Request, prefill: WorkerLink) -> None:
         mesh = self.mesh
         bs = prefill.core.blocks.block_size
-        hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, prefill.core.hash_seed)
+        hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, prefill.core.seed_of(req))
         hashes = hashes[: (len(req.prompt_token_ids) - 1) // bs]  # one prompt token must run
         local = prefill.cached_prefix_tokens(req) // bs
         hit = await self.client.lookup(hashes, metadata=mesh.trace_metadata(req)) if len(hashes) > local else 0
@@ -253,7 +253,7 @@ class DualPath:
             bs = link.core.blocks.block_size
             # A decode of its last token may still be running (planned ahead): its block is left out. Only
             # blocks of kept tokens count: a stop string may have cut outputs whose KV a multi-step computed.
-            hashes = extend_hashes(req.block_hashes, req.token_ids, bs, link.core.hash_seed)
+            hashes = extend_hashes(req.block_hashes, req.token_ids, bs, link.core.seed_of(req))
             full = min((req.num_computed_tokens - req.num_pending) // bs, len(held), len(hashes))
             hashes = hashes[:full]
             if full and link.alive:

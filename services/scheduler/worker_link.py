@@ -78,7 +78,7 @@ class WorkerLink:
         """Prompt tokens of ``req`` whose KV this worker's prefix cache holds (cache-aware routing)."""
         bs = self.core.blocks.block_size
         tokens = req.all_token_ids
-        hashes = extend_hashes(req.block_hashes, tokens, bs, self.core.hash_seed)
+        hashes = extend_hashes(req.block_hashes, tokens, bs, self.core.seed_of(req))
         # At least one token must run (its logits give the next token), as the core's admission does.
         return len(self.core.blocks.cached_prefix(hashes[: (len(tokens) - 1) // bs])) * bs
 

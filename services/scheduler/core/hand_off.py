@@ -55,7 +55,7 @@ class HandOff:
             # Leading blocks this worker already caches need not travel: the caller transfers only
             # block_ids[num_cached_blocks:].
             hashes = extend_hashes(request.block_hashes, request.token_ids, self.blocks.block_size,
-                                   self.hash_seed)
+                                   self.seed_of(request))
             cached = self.blocks.cached_prefix(hashes[: request.num_computed_tokens // self.blocks.block_size])
             self.blocks.take_cached(cached)
         got = self.blocks.allocate(need - len(cached))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from services.common.sampling_params import SamplingParams
+from services.common.step import LoraRef
 
 
 class RequestStatus(enum.Enum):
@@ -28,6 +29,9 @@ class Request:
     # Lower runs sooner (vLLM's meaning; 0 = normal): the first-come-first-served policies order by it, then
     # by arrival, and take blocks from the least important first. FastServe's levels ignore it.
     priority: int = 0
+    # The LoRA adapter it runs with (None: the base model). Its KV differs from the base model's for the same
+    # tokens, so its block hashes start from a seed of their own (``hash_salt``).
+    lora: LoraRef | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 
-from services.common.block_hash import extend_hashes
+from services.common.block_hash import adapter_seed, extend_hashes
 from services.common.sampling_params import FinishReason, check_stop
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 from services.scheduler.core.block_manager import BlockManager
@@ -105,6 +105,10 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         self._step_id = 0
         # Only a real clock measures steps; the logical one advances by the model itself.
         self._calibration = StepTimeCalibration() if config.calibrate_step_time else None
+
+    def seed_of(self, req: Request) -> int:
+        """The seed of ``req``'s block hashes: the model's, or its LoRA adapter's."""
+        return self.hash_seed if req.lora is None else adapter_seed(self.hash_seed, req.lora.name, req.lora.path)
 
     @property
     def has_work(self) -> bool:
@@ -399,7 +403,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         # A request scoring its prompt must compute every position: a cached block would skip its scores.
         use_cache = self.config.enable_prefix_caching and req.params.prompt_logprobs is None
         if use_cache:
-            hashes = extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.hash_seed)
+            hashes = extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.seed_of(req))
             # At least one token must run: its logits give the next token.
             queried = min(len(hashes), (req.num_tokens - 1) // self.blocks.block_size)
             cached = self.blocks.cached_prefix(hashes[:queried])
@@ -438,7 +442,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         full = min(req.num_computed_tokens, req.num_tokens - req.num_pending) // self.blocks.block_size
         if full <= req.num_cached_blocks:
             return
-        extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.hash_seed)
+        extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.seed_of(req))
         for i in range(req.num_cached_blocks, full):
             self.blocks.cache(req.block_ids[i], req.block_hashes[i])
             self._computing.pop(req.block_hashes[i], None)  # in the cache now: waiters find it there
@@ -504,7 +508,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
                     plan.continuing.append(ContinuingSequence(rid, req.block_ids[sent:]))
             else:
                 plan.new.append(NewSequence(rid, req.all_token_ids, len(req.prompt_token_ids),
-                                            req.num_computed_tokens, list(req.block_ids), req.params))
+                                            req.num_computed_tokens, list(req.block_ids), req.params, req.lora))
                 self._on_worker.add(rid)
             self._sent_blocks[rid] = len(req.block_ids)
             plan.num_scheduled_tokens[rid] = n

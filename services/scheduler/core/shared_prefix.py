@@ -39,7 +39,7 @@ class SharedPrefix:
         if not self._computing or req.params.prompt_logprobs is not None:
             return False
         bs = self.blocks.block_size
-        hashes = extend_hashes(req.block_hashes, req.token_ids, bs, self.hash_seed)
+        hashes = extend_hashes(req.block_hashes, req.token_ids, bs, self.seed_of(req))
         queried = min(len(hashes), (req.num_tokens - 1) // bs)  # at least one token runs, as in admission
         start = len(self.blocks.cached_prefix(hashes[:queried]))
         for k, h in enumerate(hashes[start:queried]):

@@ -1,0 +1,140 @@
+"""LoRA adapters in PEFT's format (``adapter_config.json`` + ``adapter_model.safetensors``), read and checked
+without torch: the scheduler checks an adapter against the base model before it serves it, and each worker
+loads the same files by the path a sequence names (``services/engine/lora.py``).
+
+An adapter adds ``scaling * B(A(x))`` to some of each layer's projections: A is ``[r, in]``, B ``[out, r]``,
+``scaling = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA). What PEFT can save beyond that (DoRA, biases,
+embedding or lm_head adapters, per-module ranks, modules saved whole) is refused with what was found.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from safetensors import safe_open
+
+from services.common.errors import InvalidArgument
+from services.common.step import LoraRef
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+# The projections an adapter may change, and the block of the decoder layer each sits in.
+MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The base model's dimensions an adapter must fit (from its ``ModelConfig``)."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    q_size: int  # num_attention_heads * head_dim
+    kv_size: int  # num_key_value_heads * head_dim
+
+    def in_out(self, module: str) -> tuple[int, int]:
+        h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}[module]
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """A checked adapter: its rank, scaling and the (layer, module) pairs it changes."""
+
+    ref: LoraRef
+    rank: int
+    scaling: float
+    # (layer, module) -> (A tensor name, B tensor name) in the safetensors file.
+    tensors: dict[tuple[int, str], tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def weights_path(self) -> Path:
+        return Path(self.ref.path) / WEIGHTS_FILE
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise InvalidArgument(f"LoRA name {name!r}: use 1-128 letters, digits and . _ : / - (starting with a "
+                              "letter or digit)")
+    return name
+
+
+def read_lora(ref: LoraRef, shape: ModelShape, max_rank: int) -> LoraSpec:
+    """Reads and checks an adapter's config and tensor shapes (no tensor data is read); raises
+    ``InvalidArgument`` saying what does not fit."""
+    where = f"LoRA {ref.name!r} ({ref.path})"
+    root = Path(ref.path)
+    try:
+        cfg = json.loads((root / CONFIG_FILE).read_text())
+    except OSError as exc:
+        raise InvalidArgument(f"{where}: cannot read {CONFIG_FILE}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"{where}: {CONFIG_FILE} is not JSON: {exc}") from None
+    if not isinstance(cfg, dict) or cfg.get("peft_type", "LORA") != "LORA":
+        raise InvalidArgument(f"{where}: not a LoRA adapter (peft_type {cfg.get('peft_type')!r})")
+    _refuse_extras(cfg, where)
+    rank, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
+    if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, int | float):
+        raise InvalidArgument(f"{where}: r must be a positive integer and lora_alpha a number")
+    if rank > max_rank:
+        raise InvalidArgument(f"{where}: rank {rank} is above --max-lora-rank {max_rank}; raise the flag")
+    scaling = alpha / (math.sqrt(rank) if cfg.get("use_rslora") else rank)
+    tensors = _tensor_names(root / WEIGHTS_FILE, where, rank, shape)
+    return LoraSpec(ref, rank, float(scaling), tensors)
+
+
+def _refuse_extras(cfg: dict, where: str) -> None:
+    unsupported = {
+        "use_dora": "DoRA adapters", "modules_to_save": "modules saved whole (modules_to_save)",
+        "rank_pattern": "per-module ranks (rank_pattern)", "alpha_pattern": "per-module alphas (alpha_pattern)",
+        "fan_in_fan_out": "fan_in_fan_out weights", "lora_bias": "LoRA biases (lora_bias)",
+        "trainable_token_indices": "trainable token indices", "layer_replication": "layer replication",
+    }
+    found = [what for key, what in unsupported.items() if cfg.get(key)]
+    if cfg.get("bias", "none") != "none":
+        found.append(f"bias {cfg['bias']!r}")
+    if found:
+        raise InvalidArgument(f"{where}: {', '.join(found)} not supported; a plain LoRA (A and B per "
+                              f"projection, bias 'none') is")
+
+
+def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[tuple[int, str], tuple[str, str]]:
+    parts: dict[tuple[int, str], dict[str, str]] = {}
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                m = _KEY.search(key)
+                if m is None:
+                    raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder "
+                                          f"layer's projection ({', '.join(MODULES)})")
+                layer, module, ab = int(m[1]), m[2], m[3]
+                if module not in MODULES:
+                    raise InvalidArgument(f"{where}: adapts {module!r}; supported: {', '.join(MODULES)}")
+                if layer >= shape.num_layers:
+                    raise InvalidArgument(f"{where}: adapts layer {layer}; the model has {shape.num_layers}")
+                fan_in, fan_out = shape.in_out(module)
+                want = (rank, fan_in) if ab == "A" else (fan_out, rank)
+                got = tuple(f.get_slice(key).get_shape())
+                if got != want:
+                    raise InvalidArgument(f"{where}: {key} has shape {got}; this model needs {want} (an adapter "
+                                          "for another base model?)")
+                parts.setdefault((layer, module), {})[ab] = key
+    except OSError as exc:
+        raise InvalidArgument(f"{where}: cannot read {WEIGHTS_FILE}: {exc.strerror or exc}") from None
+    except InvalidArgument:
+        raise
+    except Exception as exc:  # safetensors raises its own error types for a damaged file
+        raise InvalidArgument(f"{where}: {WEIGHTS_FILE} is not a readable safetensors file: {exc}") from None
+    half = [f"layer {layer} {module}" for (layer, module), ab in parts.items() if len(ab) != 2]
+    if half:
+        raise InvalidArgument(f"{where}: {half[0]} has only one of lora_A and lora_B")
+    if not parts:
+        raise InvalidArgument(f"{where}: {WEIGHTS_FILE} holds no LoRA weights")
+    return {k: (ab["A"], ab["B"]) for k, ab in sorted(parts.items())}

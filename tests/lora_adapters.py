@@ -1,0 +1,42 @@
+"""LoRA adapters for tests, written by ``peft`` itself (the format users bring), and ``peft``'s greedy output,
+the oracle for the engine's adapters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# Two adapters unlike each other: every projection at rank 8, and q/k/v/up at rank 4 with rsLoRA's scaling.
+ADAPTERS = {
+    "alpha": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"]},
+    "beta": {"r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": ["q_proj", "k_proj", "v_proj",
+                                                                             "up_proj"]},
+}
+
+
+def make_adapter(model_dir, out_dir, seed: int, **config) -> Path:
+    """A random (non-zero) adapter for ``model_dir`` saved by peft into ``out_dir``."""
+    import peft
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, **config)).save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def peft_greedy(model_dir, adapter_dir, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy continuations of ``max_tokens`` tokens (no end token stops them) with the adapter, or with the
+    base model when ``adapter_dir`` is None."""
+    import peft
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter_dir is not None:
+        model = peft.PeftModel.from_pretrained(model, adapter_dir)
+    model.eval()
+    with torch.no_grad():
+        return [model.generate(torch.tensor([p]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                               do_sample=False, pad_token_id=0)[0, len(p):].tolist() for p in prompts]

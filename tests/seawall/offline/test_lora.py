@@ -1,0 +1,95 @@
+"""LoRA adapters through the scheduler core and the model runner: greedy output of every adapter (and of the
+base model) in one batch equals ``transformers`` + ``peft`` token for token, whatever the chunk size, the
+policy, preemptions by swap or recompute, or the prefix cache; an adapter's KV is never served to another."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+
+from seawall.offline.engine import OfflineEngine
+from services.common.errors import InvalidArgument
+from services.common.sampling_params import SamplingParams
+from services.common.step import LoraRef
+from services.engine.config import EngineConfig
+from services.scheduler.core.config import SchedulerConfig
+from tests.lora_adapters import peft_greedy
+
+pytest.importorskip("peft")
+
+MAX_TOKENS = 20
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+def _engine(model_dir, kv_kib: int = 8192, kernels: bool = True, **sched) -> OfflineEngine:
+    return OfflineEngine(EngineConfig(model=str(model_dir), kv_cache_bytes=kv_kib << 10, swap_bytes=4 << 20,
+                                      cpu_kernels=kernels), SchedulerConfig(**sched))
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_model_dir, lora_dirs):
+    """Prompts, the adapter (or None) each runs with, and peft's greedy output for each."""
+    rng = random.Random(3)
+    prompts = [[i + 6] + [rng.randrange(6, 500) for _ in range(rng.choice([3, 17, 40, 90]))] for i in range(9)]
+    names = [None, "alpha", "beta"] * 3
+    expected = {name: peft_greedy(tiny_model_dir, lora_dirs[name] if name else None, prompts, MAX_TOKENS)
+                for name in set(names)}
+    refs = [LoraRef(n, str(lora_dirs[n])) if n else None for n in names]
+    return prompts, refs, [expected[n][i] for i, n in enumerate(names)], expected
+
+
+def test_adapters_change_the_output(oracle):
+    prompts, _, _, expected = oracle
+    for name in ("alpha", "beta"):
+        assert sum(a != b for a, b in zip(expected[name], expected[None], strict=True)) >= len(prompts) - 1
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("kernels, kv_kib, sched", [
+    (True, 8192, {"chunk_size": 16}),
+    (False, 8192, {"chunk_size": 64}),
+    (True, 8192, {"policy": "vllm"}),
+    (True, 512, {"policy": "fastserve"}),  # a small pool: swaps
+    (True, 512, {"policy": "sarathi", "preemption_mode": "recompute", "chunk_size": 32}),
+    (True, 8192, {"num_speculative_tokens": 3}),
+    (True, 8192, {"num_decode_steps": 4}),
+])
+def test_greedy_output_of_mixed_adapters_equals_peft(tiny_model_dir, oracle, kernels, kv_kib, sched):
+    prompts, refs, want, _ = oracle
+    engine = _engine(tiny_model_dir, kv_kib, kernels, **sched)
+    outs = engine.generate(prompts, [GREEDY] * len(prompts), refs)
+    assert [o.token_ids for o in outs] == want
+    if kv_kib < 1024:
+        assert sum(o.num_preemptions for o in outs) > 0
+    engine.scheduler.check_integrity()
+
+
+def test_prefix_cache_is_shared_within_an_adapter_never_across(tiny_model_dir, oracle):
+    prompts, _, _, expected = oracle
+    alpha, beta = oracle[1][1], oracle[1][2]
+    engine = _engine(tiny_model_dir)
+    prompt = prompts[3]  # 90+ tokens: several full blocks
+    runs = [(None, expected[None][3]), (alpha, expected["alpha"][3]), (beta, expected["beta"][3]),
+            (alpha, expected["alpha"][3])]
+    cached = []
+    for ref, want in runs:
+        (out,) = engine.generate([prompt], [GREEDY], [ref])
+        assert out.token_ids == want
+        cached.append(out.num_cached_prompt_tokens)
+    assert cached[:3] == [0, 0, 0]  # the base model's blocks hold other KV than an adapter's
+    assert cached[3] >= 16 * ((len(prompt) - 1) // 16)
+
+
+def test_an_adapter_the_worker_cannot_load_fails_its_request_alone(tiny_model_dir, lora_dirs, tmp_path, oracle):
+    prompts, _, _, expected = oracle
+    gone = tmp_path / "gone"
+    shutil.copytree(lora_dirs["alpha"], gone)
+    (gone / "adapter_model.safetensors").unlink()
+    engine = _engine(tiny_model_dir)
+    outs = engine.generate(prompts[:2], [GREEDY] * 2, [LoraRef("gone", str(gone)), None])
+    assert outs[0].finish_reason == "error" and isinstance(outs[0].error, InvalidArgument)
+    assert "cannot read adapter_model.safetensors" in str(outs[0].error)
+    assert outs[1].token_ids == expected[None][1]
+    assert engine.blocks.num_free == engine.blocks.num_blocks
