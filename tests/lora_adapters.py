@@ -28,8 +28,9 @@ def make_adapter(model_dir, out_dir, seed: int, **config) -> Path:
 
 
 def peft_greedy(model_dir, adapter_dir, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Greedy continuations of ``max_tokens`` tokens (no end token stops them) with the adapter, or with the
-    base model when ``adapter_dir`` is None."""
+    """Greedy continuations of up to ``max_tokens`` tokens, each ending at its first end-of-sequence token (the
+    checkpoint's generation config names them), with the adapter, or with the base model when ``adapter_dir``
+    is None."""
     import peft
     import transformers
 
@@ -38,5 +39,5 @@ def peft_greedy(model_dir, adapter_dir, prompts: list[list[int]], max_tokens: in
         model = peft.PeftModel.from_pretrained(model, adapter_dir)
     model.eval()
     with torch.no_grad():
-        return [model.generate(torch.tensor([p]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                               do_sample=False, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+        return [model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
+                               pad_token_id=0)[0, len(p):].tolist() for p in prompts]

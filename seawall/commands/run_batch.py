@@ -11,6 +11,7 @@ from services.common.errors import InvalidArgument, NotFound
 from services.engine.config import EngineConfig
 from services.scheduler.core.config import MLFQ_PRESETS, SchedulerConfig
 from services.scheduler.core.policies import POLICY_NAMES
+from services.scheduler.main import add_lora_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--speculative-tokens", type=int, default=0,
                    help="speculative decoding by n-gram lookup: a decode verifies up to this many tokens drafted "
                         "from its own context in one pass, keeping those it would have sampled (default 0: off)")
+    add_lora_flags(p, runtime=False)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--no-cpu-kernels", action="store_true",
@@ -63,9 +65,10 @@ def _decode_steps(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seawall.offline.batch import run_batch
+    from seawall.offline.batch import base_names, run_batch
     from seawall.offline.engine import OfflineEngine
     from services.scheduler.config import as_flag
+    from services.scheduler.lora_registry import LoraRegistry
 
     lines = _read_lines(args.input)
     try:
@@ -84,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
         sched,
     )
     model_name = args.model or "seawall-builtin-tiny"
-    results = run_batch(engine, lines, model_name)
+    loras = LoraRegistry(engine.checkpoint.config.lora_shape, args.max_lora_rank, base_names(engine, model_name))
+    for name, path in args.lora_modules:
+        loras.add(name, path)
+    results = run_batch(engine, lines, model_name, loras)
     text = "".join(json.dumps(r) + "\n" for r in results)
     if args.output == "-":
         sys.stdout.write(text)

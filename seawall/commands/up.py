@@ -8,6 +8,7 @@ SIGTERM, then stops every child cleanly.
     seawall up                                     # built-in model, disaggregated 1 prefill + 1 decode
     seawall up --mode colocated --workers 2        # two workers running mixed batches (Sarathi-Serve)
     seawall up --model ~/models/Llama-3.2-1B --policy fastserve --http-port 8080
+    seawall up --model ~/models/Llama-3.2-1B --lora-modules sql=~/loras/sql chat=~/loras/chat
     seawall up --compose docker-compose.yml        # the compose topology, as local processes
 """
 
@@ -24,7 +25,17 @@ from seawall.compose import ComposeMesh, ComposeOptions
 from seawall.launcher import LocalMesh, MeshOptions
 from seawall.trace_receiver import TraceReceiver
 from services.common.errors import InvalidArgument
-from services.scheduler.main import add_scheduling_flags, core_config_from, scheduling_flags
+from services.common.lora import read_lora
+from services.common.step import LoraRef
+from services.engine.model_config import ModelConfig
+from services.engine.runner import resolve_model_dir
+from services.scheduler.main import (
+    add_lora_flags,
+    add_scheduling_flags,
+    core_config_from,
+    lora_flags,
+    scheduling_flags,
+)
 from services.scheduler.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.scheduler.tool_parsers import PARSERS
 from services.worker.config import STEP_THREADS
@@ -58,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--structured-output-in-reasoning", action="store_true",
                    help="with --reasoning-parser: constrain a structured output from the reply's first token, "
                         "thought included (default: the answer after the thought)")
+    add_lora_flags(p)
     p.add_argument("--no-kvcache", action="store_true", help="start no kvcache service (no multi-turn KV reuse)")
     p.add_argument("--kvcache-dram-bytes", type=int, default=None, help="kvcache DRAM tier size")
     p.add_argument("--kvcache-disk-dir", default=None, help="kvcache disk tier directory (default: none)")
@@ -97,6 +109,16 @@ def worker_thread_args(args: argparse.Namespace) -> list[str]:
     return [] if args.step_thread == "auto" else ["--step-thread", args.step_thread]
 
 
+def checked_lora_flags(args: argparse.Namespace) -> list[str]:
+    """The scheduler's LoRA flags, each adapter checked against the model first: a bad one is refused here,
+    before any process starts."""
+    if args.lora_modules:
+        shape = ModelConfig.from_dir(resolve_model_dir(args.model)).lora_shape
+        for name, path in args.lora_modules:
+            read_lora(LoraRef(name, path), shape, args.max_lora_rank)
+    return lora_flags(args)
+
+
 def options_from(args: argparse.Namespace) -> MeshOptions:
     core_config_from(args)  # a bad scheduling flag is refused here, before any process starts
     sched = scheduling_flags(args)
@@ -108,6 +130,7 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         if not args.reasoning_parser:
             raise InvalidArgument("--structured-output-in-reasoning needs --reasoning-parser")
         sched.append("--structured-output-in-reasoning")
+    sched += checked_lora_flags(args)
     workers = ["--device", args.device]
     if args.kv_cache_bytes:
         workers += ["--kv-cache-bytes", str(args.kv_cache_bytes)]

@@ -4,7 +4,7 @@ Input line:  ``{"custom_id", "method": "POST", "url": "/v1/completions", "body":
 Output line: ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`` — the body is
 an OpenAI completion whose choices also carry ``token_ids`` (vLLM's ``return_token_ids``); ``n`` choices
 (seeded ones with ``seed + j``) and ``echo`` (with ``logprobs``: the prompt's tokens scored) as the HTTP API
-has them. A bad line gets status 400 and a message, as does one whose request fails while it runs (constraints
+has them; ``body.model`` names a LoRA adapter (``--lora-modules``) or the base model. A bad line gets status 400 and a message, as does one whose request fails while it runs (constraints
 that leave no token possible); the other lines still run.
 """
 
@@ -25,6 +25,8 @@ from services.common.openai_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.common.sampling_params import SamplingParams, from_openai_completion, prompt_truncation
+from services.common.step import LoraRef
+from services.scheduler.lora_registry import LoraRegistry
 
 SUPPORTED_URLS = ("/v1/completions",)
 
@@ -39,9 +41,10 @@ class BatchItem:
     n: int = 1
     echo: str | None = None  # with ``echo``, the prompt text each choice starts with
     prompt_scores: bool = False  # ``prompt_logprobs`` asked for: choices carry them, as vLLM's do
+    lora: LoraRef | None = None  # the adapter body.model names; None = the base model
 
 
-def parse_line(engine: OfflineEngine, line_no: int, line: str) -> BatchItem:
+def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegistry) -> BatchItem:
     try:
         raw = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -51,6 +54,10 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str) -> BatchItem:
     item = BatchItem(line_no, raw.get("custom_id"))
     try:
         _parse_request(engine, raw, item)
+        model = raw["body"].get("model")
+        if model is not None and not isinstance(model, str):
+            raise InvalidArgument(f"body.model must be a string, got {model!r}")
+        item.lora = loras.resolve(model)
         engine.validate(item.prompt_token_ids, item.params)
     except SeawallError as exc:
         item.error = exc
@@ -82,11 +89,15 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem) 
     item.prompt_scores = body.get("prompt_logprobs") is not None
 
 
-def run_batch(engine: OfflineEngine, lines: list[str], model_name: str) -> list[dict[str, Any]]:
-    items = [parse_line(engine, i + 1, line) for i, line in enumerate(lines) if line.strip()]
+def run_batch(engine: OfflineEngine, lines: list[str], model_name: str,
+              loras: LoraRegistry | None = None) -> list[dict[str, Any]]:
+    """``loras``: the adapters lines may name besides the base model (``base_names``); default none."""
+    loras = loras or LoraRegistry(engine.checkpoint.config.lora_shape, 1, base_names(engine, model_name))
+    items = [parse_line(engine, i + 1, line, loras) for i, line in enumerate(lines) if line.strip()]
     good = [it for it in items if it.error is None]
     runs = [(it, j) for it in good for j in range(it.n)]  # one request per choice
-    completions = engine.generate([it.prompt_token_ids for it, _ in runs], [it.params.for_choice(j) for it, j in runs])
+    completions = engine.generate([it.prompt_token_ids for it, _ in runs], [it.params.for_choice(j) for it, j in runs],
+                                  [it.lora for it, _ in runs])
     by_line: dict[int, list[Completion]] = {}
     for (it, _), comp in zip(runs, completions, strict=True):
         by_line.setdefault(it.line_no, []).append(comp)
@@ -97,8 +108,15 @@ def run_batch(engine: OfflineEngine, lines: list[str], model_name: str) -> list[
         if failed is not None:  # a choice that failed fails the line, as a choice fails a response of the API
             out.append(_error_line(it, failed))
         else:
-            out.append(_response_line(it, by_line[it.line_no], engine, model_name, created))
+            out.append(_response_line(it, by_line[it.line_no], engine, it.lora.name if it.lora else model_name,
+                                      created))
     return out
+
+
+def base_names(engine: OfflineEngine, model_name: str) -> tuple[str, ...]:
+    """What ``body.model`` may say for the base model: the served name, the checkpoint's path or its name."""
+    path = engine.checkpoint.path
+    return model_name, str(path), path.name
 
 
 def _response_line(item: BatchItem, comps: list[Completion], engine: OfflineEngine, model: str, created: int) -> dict:

@@ -74,6 +74,14 @@ class SchedulerServiceConfig:
     # the CPU too under bursts (lower p99 TBT in 11 of 11 paired runs), while "prompts" keeps ~3 % more
     # throughput on big batches (bench/README.md, "Step pipelining").
     step_pipelining: str = "auto"
+    # LoRA adapters served from the start, (name, directory) each (vLLM's --lora-modules); requests select one
+    # by its name in the "model" field.
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    # The highest adapter rank accepted (vLLM's --max-lora-rank).
+    max_lora_rank: int = 16
+    # Let clients load and unload adapters through the HTTP API (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): off
+    # by default, since it has the scheduler and the workers read any path the client names.
+    allow_runtime_lora_updating: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (("mode", MODES), ("kv_transport", TRANSPORTS), ("step_pipelining", STEP_PIPELINING),
@@ -94,7 +102,7 @@ class SchedulerServiceConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
-        for name, least in (("max_queue_len", 1), ("max_moves", 0)):
+        for name, least in (("max_queue_len", 1), ("max_moves", 0), ("max_lora_rank", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         for name in ("transfer_timeout_s", "step_timeout_s"):

@@ -10,11 +10,13 @@ import anyio
 
 from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
 from services.common.sampling_params import FinishReason, SamplingParams
+from services.common.step import LoraRef
 from services.engine.bad_words import bad_words_token_ids
 from services.engine.grammar import GrammarCompiler
 from services.engine.loader import Checkpoint
 from services.scheduler.admission import validate_request
 from services.scheduler.core.request import Request
+from services.scheduler.lora_registry import LoraRegistry
 from services.scheduler.mesh import Mesh
 from services.scheduler.request_trace import RequestTrace
 from services.scheduler.tracked import BatchWatch, Delta, TrackedRequest
@@ -29,14 +31,17 @@ class Submission:
     request_id: str = ""
     session_id: str = ""
     priority: int = 0  # lower runs sooner (vLLM's meaning)
+    lora: LoraRef | None = None  # the LoRA adapter it runs with (LoraRegistry.resolve); None = the base model
 
 
 class Frontend:
-    def __init__(self, checkpoint: Checkpoint, mesh: Mesh, served_model_name: str | None = None) -> None:
+    def __init__(self, checkpoint: Checkpoint, mesh: Mesh, served_model_name: str | None = None,
+                 max_lora_rank: int = 16) -> None:
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer
         self.mesh = mesh
         self.model_name = served_model_name or checkpoint.path.name
+        self.loras = LoraRegistry(checkpoint.config.lora_shape, max_lora_rank, (self.model_name, str(checkpoint.path)))
         # Structured-output specs are compiled here once, so a bad schema is refused before it is queued.
         self.grammars = GrammarCompiler(checkpoint.tokenizer, checkpoint.config.vocab_size, checkpoint.eos_token_ids)
 
@@ -47,10 +52,11 @@ class Frontend:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids
 
-    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-               request_id: str = "", trace_parent=None, session_id: str = "", priority: int = 0) -> TrackedRequest:
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str = "",
+               trace_parent=None, session_id: str = "", priority: int = 0, lora: LoraRef | None = None) -> TrackedRequest:
         """Validates and queues a request; raises InvalidArgument or ResourceExhausted."""
-        tracked = self._prepare(Submission(prompt_token_ids, params, request_id, session_id, priority), trace_parent)
+        tracked = self._prepare(Submission(prompt_token_ids, params, request_id, session_id, priority, lora),
+                                trace_parent)
         self._enqueue(tracked)
         return tracked
 
@@ -99,11 +105,12 @@ class Frontend:
         bad_words_token_ids(self.tokenizer, item.params.bad_words)  # a word no token writes is refused here
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids,
-                          priority=item.priority)
+                          priority=item.priority, lora=item.lora)
         tracked = TrackedRequest(request, self.tokenizer, anyio.current_time(), item.session_id)
         tracing = self.mesh.tracing
         if tracing.enabled:
-            tracked.trace = RequestTrace(tracing.tracer, request, self.model_name, trace_parent)
+            model = item.lora.name if item.lora is not None else self.model_name
+            tracked.trace = RequestTrace(tracing.tracer, request, model, trace_parent)
         return tracked
 
     def _enqueue(self, tracked: TrackedRequest) -> None:

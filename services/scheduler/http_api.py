@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from services.common import tracing
-from services.common.errors import InvalidArgument, NotFound, SeawallError
+from services.common.errors import InvalidArgument, SeawallError
 from services.common.openai_logprobs import (
     TokenTexts,
     chat_logprobs,
@@ -44,10 +44,12 @@ from services.common.sampling_params import (
     num_choices,
     prompt_truncation,
 )
+from services.common.step import LoraRef
 from services.common.version import VERSION
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_body, error_response, json_body, streaming
+from services.scheduler.lora_endpoints import LoraEndpoints
 from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
@@ -63,11 +65,11 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry | None = None,
                tool_parser: ToolParser | None = None, reasoning: ReasoningParser | None = None,
-               structured_in_reasoning: bool = False) -> Starlette:
+               structured_in_reasoning: bool = False, lora_updating: bool = False) -> Starlette:
     """The API's routes; ``tasks`` runs background responses; with ``registry``, also Prometheus text at
     ``/metrics``; ``tool_parser`` reads tool calls in the model's own syntax (``tool_choice: "auto"``),
     ``reasoning`` a chat reply's thinking, whose structured output applies after the thought unless
-    ``structured_in_reasoning``."""
+    ``structured_in_reasoning``; ``lora_updating`` serves the endpoints that load and unload LoRA adapters."""
     api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning)
     responses = ResponsesEndpoint(api, tasks)
     routes = [
@@ -83,6 +85,10 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
     ]
+    if lora_updating:
+        loras = LoraEndpoints(frontend.loras)
+        routes += [Route("/v1/load_lora_adapter", loras.load, methods=["POST"]),
+                   Route("/v1/unload_lora_adapter", loras.unload, methods=["POST"])]
     if registry is not None:
         async def metrics(request: Request) -> Response:
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -113,9 +119,15 @@ class OpenAIApi:
         return JSONResponse({"version": VERSION})
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.frontend.model_name, "object": "model", "created": 0, "owned_by": "seawall",
-            "max_model_len": self.frontend.max_model_len}]})
+        """The base model, then each LoRA adapter (its ``parent`` the base model, its ``root`` its directory), as
+        vLLM lists them."""
+        base = self.frontend.model_name
+        data = [{"id": base, "object": "model", "created": 0, "owned_by": "seawall",
+                 "root": str(self.frontend.checkpoint.path), "parent": None,
+                 "max_model_len": self.frontend.max_model_len}]
+        data += [{"id": spec.ref.name, "object": "model", "created": 0, "owned_by": "seawall", "root": spec.ref.path,
+                  "parent": base, "max_model_len": self.frontend.max_model_len} for spec in self.frontend.loras]
+        return JSONResponse({"object": "list", "data": data})
 
     async def completions(self, request: Request) -> Response:
         try:
@@ -207,29 +219,33 @@ class OpenAIApi:
             return error_response(exc)
         return JSONResponse({"prompt": self.frontend.tokenizer.decode(tokens, skip_special_tokens=False)})
 
-    def _check_model(self, body: dict) -> None:
-        """A request for another model gets 404, as OpenAI and vLLM answer it, rather than this model's output.
-        The checkpoint's path is accepted too (vLLM serves a model under the path it was given)."""
+    def _check_model(self, body: dict) -> LoraRef | None:
+        """The LoRA adapter the body's ``model`` names, or None for the base model (its served name or its
+        checkpoint's path, as vLLM accepts); another model gets 404, as OpenAI and vLLM answer it."""
         model = body.get("model")
-        if model is None or model in (self.frontend.model_name, str(self.frontend.checkpoint.path)):
-            return
-        raise NotFound(f"the model {model!r} does not exist here; this server serves {self.frontend.model_name!r} "
-                       "(GET /v1/models)")
+        if model is not None and not isinstance(model, str):
+            raise InvalidArgument(f"model must be a string, got {model!r}")
+        return self.frontend.loras.resolve(model)
+
+    def served_name(self, body: dict) -> str:
+        """The ``model`` a response names: the adapter's name, or the base model's served name."""
+        lora = self._check_model(body)
+        return self.frontend.model_name if lora is None else lora.name
 
     def submit(self, request: Request, body: dict, prompts: list[list[int]], params: SamplingParams,
                 n: int) -> list[TrackedRequest]:
         """One request per choice, all queued or none; an error names the prompt it is about when there are
         several."""
-        session, priority = _session(body), _priority(body)
+        session, priority, lora = _session(body), _priority(body), self._check_model(body)
         # Checked here, before anything is queued; read when the response is written.
         streaming(body)
         bool_field(body, "return_token_ids")
         parent = tracing.extract(request.headers)
         if len(prompts) == 1 and n == 1:
             return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session,
-                                         priority=priority)]
+                                         priority=priority, lora=lora)]
         self.frontend.check_batch_size(len(prompts) * n)
-        items = [Submission(p, params.for_choice(j), session_id=session, priority=priority)
+        items = [Submission(p, params.for_choice(j), session_id=session, priority=priority, lora=lora)
                  for p in prompts for j in range(n)]
         labels = [f"prompt[{k // n}]" if len(prompts) > 1 else "" for k in range(len(items))]
         return self.frontend.submit_many(items, parent, labels)
@@ -270,7 +286,7 @@ class OpenAIApi:
         """``echoed``: per choice, the prompt text its output follows (completions' ``echo``); ``tools``: the
         output is a forced tool call, returned as ``tool_calls``."""
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-                "model": self.frontend.model_name}
+                "model": self.served_name(body)}
         extras = _Extras(bool_field(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts)
         stream, include_usage = streaming(body)
         if stream:

@@ -163,13 +163,42 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--structured-output-in-reasoning", action="store_true",
                    help="with --reasoning-parser: constrain a structured output from the reply's first token, "
                         "thought included (default: the answer after the thought)")
+    add_lora_flags(p)
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
                    kvcache_address=args.kvcache, step_pipelining=args.step_pipelining,
                    tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                   structured_output_in_reasoning=args.structured_output_in_reasoning)
+                   structured_output_in_reasoning=args.structured_output_in_reasoning,
+                   lora_modules=tuple(args.lora_modules), max_lora_rank=args.max_lora_rank,
+                   allow_runtime_lora_updating=args.allow_runtime_lora_updating)
+
+
+def add_lora_flags(p: argparse.ArgumentParser, runtime: bool = True) -> None:
+    """LoRA flags, vLLM's names (``seawall up`` passes them through; ``run-batch`` takes all but ``runtime``'s)."""
+    p.add_argument("--lora-modules", nargs="+", type=lora_module, default=[], metavar="NAME=PATH",
+                   help="LoRA adapters (PEFT format) to serve, each selected by its name in a request's model field")
+    p.add_argument("--max-lora-rank", type=int, default=16, help="highest adapter rank accepted (default 16)")
+    if runtime:
+        p.add_argument("--allow-runtime-lora-updating", action="store_true",
+                       help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (default: off)")
+
+
+def lora_flags(args: argparse.Namespace) -> list[str]:
+    """``add_lora_flags``' flags as a scheduler command line."""
+    flags = ["--max-lora-rank", str(args.max_lora_rank)]
+    if args.lora_modules:
+        flags += ["--lora-modules", *(f"{name}={path}" for name, path in args.lora_modules)]
+    return flags + (["--allow-runtime-lora-updating"] if args.allow_runtime_lora_updating else [])
+
+
+def lora_module(value: str) -> tuple[str, str]:
+    """``NAME=PATH`` (vLLM's form) as (name, absolute path): workers may run in other directories."""
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{value!r}: give an adapter as NAME=PATH")
+    return name, os.path.abspath(path)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -196,7 +225,10 @@ async def serve(config: SchedulerServiceConfig) -> None:
         mesh.dual_path = DualPath(mesh, kvcache, config.kv_read_policy)
     metrics.watch(mesh)
     serve_metrics(metrics.registry, config.host, config.metrics_port)
-    frontend = Frontend(checkpoint, mesh, config.served_model_name)
+    frontend = Frontend(checkpoint, mesh, config.served_model_name, config.max_lora_rank)
+    for name, path in config.lora_modules:
+        frontend.loras.add(name, path)  # a bad adapter stops the start, saying why
+        log.info("serving LoRA adapter %r from %s", name, path)
     server = Server()
     server.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                SchedulerServicer(frontend, mesh, config.core.policy),
@@ -210,7 +242,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
         log.info("scheduler gRPC on %s:%d (%s, policy %s)", config.host, port, config.mode, config.core.policy)
         if http_socket is not None:
             app = create_app(frontend, tg, metrics.registry, tool_parser(config.tool_call_parser),
-                             reasoning_parser(config.reasoning_parser), config.structured_output_in_reasoning)
+                             reasoning_parser(config.reasoning_parser), config.structured_output_in_reasoning,
+                             lora_updating=config.allow_runtime_lora_updating)
             http = _Uvicorn(uvicorn.Config(app, host=config.host, port=config.http_port, log_level="warning",
                                            lifespan="off"))
             tg.start_soon(http.serve, [http_socket])

@@ -55,12 +55,12 @@ class ResponsesEndpoint:
             stream, _ = streaming(body)
             req = parse_request(body, self.store.get(previous) if previous is not None else None, rid)
             prompt, params, _, tools = self.api.chat_request(req.chat)
-            (tracked,) = self.api.submit(request, {"session_id": req.session_id, "priority": body.get("priority")},
-                                         [prompt], params, 1)
+            (tracked,) = self.api.submit(request, {"session_id": req.session_id, "priority": body.get("priority"),
+                                                   "model": body.get("model")}, [prompt], params, 1)
         except SeawallError as exc:
             return error_response(exc)
         head = {"id": rid, "object": "response", "created_at": int(time.time()),
-                "model": self.api.frontend.model_name, **req.echoed}
+                "model": self.api.served_name(body), **req.echoed}
         if req.background:
             return self._start_background(head, req, tracked, tools, stream=stream)
         if stream:

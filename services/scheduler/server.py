@@ -57,19 +57,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _submit(self, request, parent):
         item = self._submission(request)
         return self.frontend.submit(item.prompt_token_ids, item.params, item.request_id, parent, item.session_id,
-                                    item.priority)
+                                    item.priority, item.lora)
 
     def _submission(self, request) -> Submission:
-        if request.model and request.model not in (self.frontend.model_name, str(self.frontend.checkpoint.path)):
-            raise InvalidArgument(f"model {request.model!r} is not served here; this mesh serves "
-                                  f"{self.frontend.model_name!r} (or leave model empty)")
+        lora = self.frontend.loras.resolve(request.model)
         which = request.WhichOneof("prompt")
         if which is None:
             raise InvalidArgument("set the prompt: text or token_ids")
         prompt = self.frontend.encode(request.text) if which == "text" else list(request.token_ids.ids)
         room = max(self.frontend.max_model_len - len(prompt), 1)
         params = params_from_proto(request.sampling, default_max_tokens=room)
-        return Submission(prompt, params, request.request_id, request.session_id, request.priority)
+        return Submission(prompt, params, request.request_id, request.session_id, request.priority, lora)
 
     async def Abort(self, request, context):
         return scheduler_pb2.AbortResponse(found=self.mesh.abort(request.request_id))

@@ -19,7 +19,7 @@ from services.common.convert import (
 )
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.sampling_params import SamplingParams
-from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
+from services.common.step import ContinuingSequence, LoraRef, NewSequence, SampledToken, StepPlan, StepResult
 
 
 def _wire(msg):
@@ -34,14 +34,15 @@ def test_a_plan_with_every_kind_of_entry_round_trips():
                                                                          prompt_logprobs=0,
                                                                          logit_bias=((3, -1.5), (9, 2.0)),
                                                                          allowed_token_ids=(9, 3, 4),
-                                                                         skip_special_tokens=False))],
+                                                                         skip_special_tokens=False)),
+             NewSequence("g", [1, 2], 2, 0, [7], SamplingParams(), LoraRef("sql", "/loras/sql"))],
         continuing=[
             ContinuingSequence("b", [11], [42]),  # a decode that needs a new block
             ContinuingSequence("c", [], [43]),  # a decode with room left, handed a token it did not sample
             ContinuingSequence("d", [], [], [1, 2, 3]),  # swapped in: a new block table
             ContinuingSequence("e", [], [], []),  # a new, empty block table is not "no change"
         ],
-        num_scheduled_tokens={"a": 2, "b": 1, "c": 1, "d": 1, "e": 0, "f": 1},  # f: nothing changed
+        num_scheduled_tokens={"a": 2, "b": 1, "c": 1, "d": 1, "e": 0, "f": 1, "g": 2},  # f: nothing changed
         finished=["z"], swap_out=[(1, 2)], swap_in=[(3, 4)], copy=[(5, 6)],
     )
     msg = _wire(plan_to_proto(plan, "sched-1"))

@@ -123,3 +123,22 @@ def test_up_passes_the_tool_call_and_reasoning_parsers_to_the_scheduler():
     assert "--structured-output-in-reasoning" in inside
     with pytest.raises(InvalidArgument, match="needs --reasoning-parser"):
         up.options_from(parser.parse_args(["up", "--structured-output-in-reasoning"]))
+
+
+def test_up_checks_lora_adapters_before_starting_anything_and_passes_them_on(tiny_model_dir, lora_dirs, tmp_path):
+    from seawall.cli import build_parser
+    from seawall.commands import up
+
+    parser = build_parser()
+    sched = up.options_from(parser.parse_args(["up", "--model", str(tiny_model_dir), "--lora-modules",
+                                               f"alpha={lora_dirs['alpha']}", "--allow-runtime-lora-updating"]
+                                              )).scheduler_args
+    assert sched[sched.index("--lora-modules") + 1] == f"alpha={lora_dirs['alpha']}"
+    assert "--allow-runtime-lora-updating" in sched
+    with pytest.raises(InvalidArgument, match=r"LoRA 'alpha'.*rank 8 is above --max-lora-rank 4"):
+        up.options_from(parser.parse_args(["up", "--model", str(tiny_model_dir), "--lora-modules",
+                                           f"alpha={lora_dirs['alpha']}", "--max-lora-rank", "4"]))
+    with pytest.raises(InvalidArgument, match="cannot read adapter_config.json"):
+        up.options_from(parser.parse_args(["up", "--lora-modules", f"x={tmp_path}"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["up", "--lora-modules", "no-equals-sign"])

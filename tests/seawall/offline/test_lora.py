@@ -20,7 +20,7 @@ from tests.lora_adapters import peft_greedy
 pytest.importorskip("peft")
 
 MAX_TOKENS = 20
-GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 
 
 def _engine(model_dir, kv_kib: int = 8192, kernels: bool = True, **sched) -> OfflineEngine:

@@ -235,3 +235,21 @@ def test_speculative_tokens_give_the_same_greedy_output(tmp_path, looping_model_
     assert outputs[0] == outputs[1] and all(len(ids) == 90 for ids in outputs[0])
     kept = re.search(r"speculative decoding: (\d+) of (\d+) draft tokens kept", capsys.readouterr().err)
     assert kept and int(kept[1]) > 90  # of 360 tokens, a quarter or more came as kept drafts (once loops formed)
+
+
+def test_lines_select_lora_adapters_by_model(tmp_path, tiny_model_dir, lora_dirs):
+    from tests.lora_adapters import peft_greedy
+
+    prompt = [9, 40, 300, 22, 7, 81, 15]
+    rows = [_req("alpha", prompt=prompt, max_tokens=12, temperature=0, model="alpha"),
+            _req("base", prompt=prompt, max_tokens=12, temperature=0, model=tiny_model_dir.name),
+            _req("unknown", prompt=prompt, max_tokens=12, model="gamma")]
+    code, out = _run(tmp_path, tiny_model_dir, rows, "--lora-modules", f"alpha={lora_dirs['alpha']}")
+    assert code == 0
+    by_id = {o["custom_id"]: o["response"] for o in out}
+    alpha = by_id["alpha"]["body"]
+    assert alpha["model"] == "alpha"
+    assert alpha["choices"][0]["token_ids"] == peft_greedy(tiny_model_dir, lora_dirs["alpha"], [prompt], 12)[0]
+    assert by_id["base"]["body"]["choices"][0]["token_ids"] == peft_greedy(tiny_model_dir, None, [prompt], 12)[0]
+    assert by_id["unknown"]["status_code"] == 404
+    assert "'gamma' does not exist" in by_id["unknown"]["body"]["error"]["message"]
