@@ -1,11 +1,12 @@
 """LoRA adapters on a worker: loaded on first use by the path a sequence names, and applied to the tokens of
 the sequences that use them, any mix of adapters (and none) in one batch.
 
-Each projection adds ``scaling * B(A(x))`` to the base output, in the order PEFT computes it, so greedy
-output matches ``transformers`` + ``peft``. The engine fuses q/k/v and gate/up; so are their adapters: one
-``A`` (the parts' A stacked) per fused projection, then each part's B written into its slice of the output.
-Tokens of one adapter are gathered (``index_select``) and added back (``index_add_``); a batch of one
-adapter skips both.
+Each projection adds ``scaling * B(A(x))`` to the base output, as PEFT does (greedy output matches
+``transformers`` + ``peft``). The engine fuses q/k/v and gate/up; so are their adapters: the parts' A stacked,
+and their B as one block-diagonal matrix over the fused output (zeros for parts the adapter leaves alone),
+so an adapter costs two matmuls per projection whatever it adapts; the second accumulates into the base
+output with the scaling folded in (``addmm_``). Tokens of one adapter are gathered (``index_select``) and
+added back (``index_add_``); a batch of one adapter skips both.
 """
 
 from __future__ import annotations
@@ -29,16 +30,9 @@ FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("g
 
 
 @dataclass
-class _Part:
-    out: slice  # the part's columns of the fused projection's output
-    rank: slice  # its rows of the stacked A
-    b: torch.Tensor  # [out, r]
-
-
-@dataclass
 class ProjectionLora:
-    a: torch.Tensor  # [sum of the parts' ranks, in]
-    parts: list[_Part]
+    a: torch.Tensor  # [R, in]: the parts' A stacked (R = the sum of their ranks)
+    bt: torch.Tensor  # [R, out]: the parts' B, block-diagonal over the fused output, transposed for ``x @ bt``
 
 
 class LoraWeights:
@@ -54,17 +48,16 @@ class LoraWeights:
         with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
             for layer, projections in enumerate(self.layers):
                 for fused, modules in FUSED.items():
-                    a_parts, parts, col, row = [], [], 0, 0
-                    for module in modules:
-                        names = spec.tensors.get((layer, module))
-                        if names is not None:
-                            a_parts.append(f.get_tensor(names[0]))
-                            b = f.get_tensor(names[1]).to(device=device, dtype=dtype)
-                            parts.append(_Part(slice(col, col + outs[module]), slice(row, row + spec.rank), b))
-                            row += spec.rank
-                        col += outs[module]
-                    if parts:
-                        projections[fused] = ProjectionLora(torch.cat(a_parts).to(device=device, dtype=dtype), parts)
+                    present = [(m, spec.tensors[(layer, m)]) for m in modules if (layer, m) in spec.tensors]
+                    if not present:
+                        continue
+                    a = torch.cat([f.get_tensor(a_name) for _, (a_name, _) in present])
+                    bt = torch.zeros(a.shape[0], sum(outs[m] for m in modules))
+                    for i, (module, (_, b_name)) in enumerate(present):
+                        col = sum(outs[m] for m in modules[: modules.index(module)])
+                        bt[i * spec.rank:(i + 1) * spec.rank, col:col + outs[module]] = f.get_tensor(b_name).T
+                    projections[fused] = ProjectionLora(a.to(device=device, dtype=dtype),
+                                                        bt.to(device=device, dtype=dtype))
 
 
 class LoraBatch:
@@ -79,13 +72,10 @@ class LoraBatch:
             proj = weights.layers[layer].get(projection)
             if proj is None:
                 continue
-            xa = F.linear(x if rows is None else x.index_select(0, rows), proj.a)
-            for part in proj.parts:
-                delta = F.linear(xa[:, part.rank], part.b) * weights.scaling
-                if rows is None:
-                    y[:, part.out] += delta
-                else:
-                    y[:, part.out].index_add_(0, rows, delta)
+            if rows is None:
+                y.addmm_(F.linear(x, proj.a), proj.bt, alpha=weights.scaling)
+            else:
+                y.index_add_(0, rows, F.linear(x.index_select(0, rows), proj.a) @ proj.bt, alpha=weights.scaling)
         return y
 
 
