@@ -177,8 +177,10 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
 
 def add_lora_flags(p: argparse.ArgumentParser, runtime: bool = True) -> None:
     """LoRA flags, vLLM's names (``seawall up`` passes them through; ``run-batch`` takes all but ``runtime``'s)."""
-    p.add_argument("--lora-modules", nargs="+", type=lora_module, default=[], metavar="NAME=PATH",
-                   help="LoRA adapters (PEFT format) to serve, each selected by its name in a request's model field")
+    p.add_argument("--lora-modules", nargs="+", type=lora_module, metavar="NAME=PATH",
+                   default=env_lora_modules(),
+                   help="LoRA adapters (PEFT format) to serve, each selected by its name in a request's model "
+                        "field (env SEAWALL_LORA_MODULES, space-separated; default none)")
     p.add_argument("--max-lora-rank", type=int, default=16, help="highest adapter rank accepted (default 16)")
     if runtime:
         p.add_argument("--allow-runtime-lora-updating", action="store_true",
@@ -191,6 +193,14 @@ def lora_flags(args: argparse.Namespace) -> list[str]:
     if args.lora_modules:
         flags += ["--lora-modules", *(f"{name}={path}" for name, path in args.lora_modules)]
     return flags + (["--allow-runtime-lora-updating"] if args.allow_runtime_lora_updating else [])
+
+
+def env_lora_modules() -> list[tuple[str, str]]:
+    """``SEAWALL_LORA_MODULES``: ``NAME=PATH`` entries separated by spaces (how docker-compose.yml passes them)."""
+    try:
+        return [lora_module(m) for m in os.environ.get("SEAWALL_LORA_MODULES", "").split()]
+    except argparse.ArgumentTypeError as exc:
+        raise InvalidArgument(f"SEAWALL_LORA_MODULES: {exc}") from None
 
 
 def lora_module(value: str) -> tuple[str, str]:

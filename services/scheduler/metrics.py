@@ -41,6 +41,22 @@ class _MeshCollector:
     def __init__(self, mesh) -> None:
         self.mesh = mesh
 
+    def _lora_requests(self, cores) -> GaugeMetricFamily:
+        """Live requests per LoRA adapter, as ``seawall_requests`` counts them (vLLM's lora_requests_info, as one
+        series per adapter and state); adapters with no live request have none."""
+        family = GaugeMetricFamily("seawall_lora_requests", "Live requests per LoRA adapter and state",
+                                   labels=["lora_name", "state"])
+        counts: dict[tuple[str, str], int] = {}
+        waiting = [*self.mesh.unplaced, *(r for c in cores for r in c.waiting)]
+        running = [r for c in cores for r in (*c.running, *c.arriving.values())]
+        for state, reqs in (("running", running), ("waiting", waiting)):
+            for req in reqs:
+                if req.lora is not None:
+                    counts[req.lora.name, state] = counts.get((req.lora.name, state), 0) + 1
+        for labels, n in sorted(counts.items()):
+            family.add_metric(list(labels), n)
+        return family
+
     def collect(self):
         links = self.mesh.live_links()
         requests = GaugeMetricFamily("seawall_requests", "Live requests by state", labels=["state"])
@@ -49,6 +65,7 @@ class _MeshCollector:
         requests.add_metric(["waiting"], self.mesh.num_waiting)
         requests.add_metric(["swapped"], sum(len(c.swapped) for c in cores))
         yield requests
+        yield self._lora_requests(cores)
         levels = GaugeMetricFamily("seawall_queue_length", "Waiting requests per queue level (MLFQ; 0 = highest)",
                                    labels=["worker", "level"])
         blocks = GaugeMetricFamily("seawall_kv_blocks", "KV blocks per worker pool and state",

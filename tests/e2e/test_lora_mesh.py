@@ -6,6 +6,8 @@ loaded back) included. Adapters load and unload at runtime; what names no served
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import httpx
 import pytest
@@ -110,3 +112,22 @@ async def test_grpc_names_an_unknown_model_not_found(mesh):
     async with AsyncClient(mesh.grpc_address) as client:
         with pytest.raises(NotFound, match="'nope' does not exist here"):
             await client.generate([5, 6, 7], model="nope", max_tokens=2)
+
+
+async def test_unloading_an_adapter_lets_its_running_requests_finish(mesh, lora_dirs):
+    async with httpx.AsyncClient(base_url=mesh.http_url, timeout=120) as http:
+        r = await http.post("/v1/load_lora_adapter", json={"lora_name": "eps", "lora_path": str(lora_dirs["alpha"])})
+        assert r.status_code == 200
+        body = {"model": "eps", "prompt": PROMPTS[0], "max_tokens": 600, "ignore_eos": True, "stream": True,
+                "temperature": 0}
+        texts, finish = 0, None
+        async with http.stream("POST", "/v1/completions", json=body) as stream:
+            async for line in stream.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                if texts == 0:  # the request runs: take its adapter away
+                    assert (await http.post("/v1/unload_lora_adapter", json={"lora_name": "eps"})).status_code == 200
+                texts += 1
+                finish = json.loads(line[6:])["choices"][0]["finish_reason"] or finish
+        assert finish == "length" and texts > 1
+        assert (await http.post("/v1/completions", json={**body, "stream": False})).status_code == 404

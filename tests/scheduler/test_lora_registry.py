@@ -39,3 +39,17 @@ def test_a_name_is_taken_once_and_never_the_base_models(registry, lora_dirs):
         registry.remove("alpha")
     with pytest.raises(NotFound):
         registry.resolve("alpha")
+
+
+def test_the_scheduler_takes_adapters_from_flags_or_the_environment(monkeypatch, tmp_path):
+    from services.scheduler.main import parse_args
+
+    assert parse_args(["--lora-modules", "a=x", f"b={tmp_path}"]).lora_modules == (
+        ("a", str(tmp_path.cwd() / "x")), ("b", str(tmp_path)))
+    monkeypatch.setenv("SEAWALL_LORA_MODULES", "sql=/models/sql  chat=/models/chat")
+    config = parse_args([])
+    assert config.lora_modules == (("sql", "/models/sql"), ("chat", "/models/chat"))
+    assert config.max_lora_rank == 16 and not config.allow_runtime_lora_updating
+    monkeypatch.setenv("SEAWALL_LORA_MODULES", "no-path")
+    with pytest.raises(InvalidArgument, match="SEAWALL_LORA_MODULES: 'no-path': give an adapter as NAME=PATH"):
+        parse_args([])

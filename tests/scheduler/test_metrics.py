@@ -1,0 +1,29 @@
+"""The scheduler's scrape-time metrics over real per-worker cores (no worker processes)."""
+
+from __future__ import annotations
+
+from services.common.sampling_params import SamplingParams
+from services.common.step import LoraRef
+from services.scheduler.config import SchedulerServiceConfig
+from services.scheduler.core.request import Request
+from services.scheduler.mesh import Mesh
+from services.scheduler.metrics import SchedulerMetrics
+from tests.scheduler.links import add_link
+
+
+def test_live_requests_are_counted_per_lora_adapter_and_state():
+    mesh = Mesh(SchedulerServiceConfig(mode="colocated"))
+    link = add_link(mesh, "w", "hybrid", blocks=4)  # room for one 40-token request at a time
+    sql = LoraRef("sql", "/loras/sql")
+    for i, lora in enumerate((sql, sql, None, LoraRef("chat", "/loras/chat"))):
+        link.core.add(Request(f"r{i}", list(range(3, 43)), SamplingParams(max_tokens=8), 0.0, lora=lora))
+    link.core.schedule(0.0)  # r0 starts; the others wait for blocks
+    metrics = SchedulerMetrics()
+    metrics.watch(mesh)
+
+    def value(name: str, state: str) -> float | None:
+        return metrics.registry.get_sample_value("seawall_lora_requests", {"lora_name": name, "state": state})
+
+    assert (value("sql", "running"), value("sql", "waiting"), value("chat", "waiting")) == (1, 1, 1)
+    assert value("chat", "running") is None
+    assert metrics.registry.get_sample_value("seawall_requests", {"state": "waiting"}) == 3
