@@ -10,6 +10,7 @@ import pytest
 from seawall import AsyncClient
 from services.common.errors import ResourceExhausted
 from tests.e2e.conftest import random_prompts, start_mesh
+from tests.lora_adapters import peft_greedy
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -85,12 +86,15 @@ async def test_an_http_client_that_gives_up_on_a_non_streaming_completion_frees_
 
 
 async def test_killing_the_decode_worker_mid_stream_still_completes_every_request_exactly(
-        tiny_model_dir, tmp_path, hf_greedy):
-    # Planning every step ahead: the dead worker takes sampled tokens that never arrive with it.
+        tiny_model_dir, tmp_path, hf_greedy, lora_dirs):
+    # Planning every step ahead: the dead worker takes sampled tokens that never arrive with it. Half the
+    # requests run a LoRA adapter, which the worker they move to loads.
     m = start_mesh(tiny_model_dir, tmp_path / "logs", num_decode=2,
-                   scheduler_args=["--chunk-size", "64", "--step-pipelining", "all"])
+                   scheduler_args=["--chunk-size", "64", "--step-pipelining", "all",
+                                   "--lora-modules", f"alpha={lora_dirs['alpha']}"])
     try:
         prompts = random_prompts([10, 40, 90, 130], seed=5)
+        models = ["", "alpha", "", "alpha"]
         max_tokens = 80
         got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
         finish: dict[int, str] = {}
@@ -98,7 +102,8 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
 
         async with AsyncClient(m.grpc_address) as client:
             async def one(i):
-                async for chunk in client.stream(prompts[i], max_tokens=max_tokens, temperature=0):
+                async for chunk in client.stream(prompts[i], max_tokens=max_tokens, temperature=0,
+                                                 model=models[i]):
                     got[i].extend(chunk.token_ids)
                     finish[i] = chunk.finish_reason
 
@@ -122,7 +127,9 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
         assert m.counter("seawall_worker_failures", role="decode") == 1
         assert m.counter("seawall_requests_moved") >= 1
         for i, prompt in enumerate(prompts):
-            assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
+            want = (peft_greedy(tiny_model_dir, lora_dirs["alpha"], [prompt], max_tokens)[0] if models[i]
+                    else hf_greedy(prompt, max_tokens))
+            assert got[i] == want, f"request {i}"
             assert finish[i] in ("stop", "length")
     finally:
         m.stop()

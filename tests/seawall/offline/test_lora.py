@@ -93,3 +93,19 @@ def test_an_adapter_the_worker_cannot_load_fails_its_request_alone(tiny_model_di
     assert "cannot read adapter_model.safetensors" in str(outs[0].error)
     assert outs[1].token_ids == expected[None][1]
     assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+@pytest.mark.oracle
+def test_an_adapter_of_the_second_model_equals_peft(second_model_dir, tmp_path):
+    """GQA ratio 3, head_dim 16, untied embeddings, llama3 RoPE, sharded weights: other shapes for every A and B."""
+    from tests.lora_adapters import make_adapter
+
+    adapter = make_adapter(second_model_dir, tmp_path / "second", 5, r=4, lora_alpha=12,
+                           target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"])
+    rng = random.Random(8)
+    prompts = [[rng.randrange(6, 500) for _ in range(n)] for n in (4, 37, 70)]
+    want = peft_greedy(second_model_dir, adapter, prompts, MAX_TOKENS)
+    engine = _engine(second_model_dir, chunk_size=16)
+    outs = engine.generate(prompts, [GREEDY] * 3, [LoraRef("s", str(adapter))] * 2 + [None])
+    assert [o.token_ids for o in outs[:2]] == want[:2]
+    assert outs[2].token_ids == peft_greedy(second_model_dir, None, prompts[2:], MAX_TOKENS)[0]
