@@ -47,6 +47,19 @@ def greedy_oracle(model):
     return lambda prompt, max_tokens: generate(tuple(prompt), max_tokens)
 
 
+def greedy_misses(model, prompt: list[int], output: list[int], tol: float = 1e-4) -> list[int]:
+    """The positions of ``output`` where transformers ``model`` would not have chosen that token greedily, from
+    one forward pass over prompt + output (teacher forcing): the same verdict as generating token by token
+    and comparing (the first token that differs is not the greedy choice after a prefix both share), in one
+    pass instead of one per token. A token within ``tol`` of the best logit counts as chosen: one pass over
+    the whole sequence and one per token round differently, so a near-tie may go either way."""
+    ids = torch.tensor([list(prompt) + list(output)])
+    with torch.no_grad():
+        logits = model(ids, attention_mask=torch.ones_like(ids)).logits[0, len(prompt) - 1 : -1].float()
+    chosen = logits.gather(1, torch.tensor(output)[:, None])[:, 0]
+    return torch.nonzero(logits.max(-1).values - chosen > tol).flatten().tolist()
+
+
 def start_mesh(model_dir, log_dir, mode="disaggregated", num_prefill=1, num_decode=1, scheduler_args=(),
                worker_args=(), http=True, kvcache_args=None) -> LocalMesh:
     """A mesh on free ports with small KV pools (so several fit in memory), logs under ``log_dir``."""

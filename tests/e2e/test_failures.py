@@ -9,7 +9,7 @@ import pytest
 
 from seawall import AsyncClient
 from services.common.errors import ResourceExhausted
-from tests.e2e.conftest import random_prompts, start_mesh
+from tests.e2e.conftest import greedy_misses, random_prompts, start_mesh
 from tests.lora_adapters import peft_greedy
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
@@ -239,7 +239,7 @@ async def test_more_than_the_queue_holds_is_refused_with_resource_exhausted(tiny
 
 
 async def test_with_the_decode_worker_gone_the_prefill_worker_decodes_then_hands_off_when_one_returns(
-        tiny_model_dir, tmp_path, hf_greedy):
+        tiny_model_dir, tmp_path, hf_model):
     # Multi-step decoding: a result of the prefill worker holds several tokens of a request, and the first
     # one after a decode worker is back hands the request off (once).
     m = start_mesh(tiny_model_dir, tmp_path / "logs",
@@ -283,7 +283,8 @@ async def test_with_the_decode_worker_gone_the_prefill_worker_decodes_then_hands
             stats = await client.stats()
         assert phases == ["decoding on prefill-0", "handed off"]
         for i, prompt in enumerate(prompts):
-            assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
+            # 3900 tokens each: checked in one teacher-forced pass (~0.4 s) rather than generated (~17 s).
+            assert len(got[i]) == max_tokens and greedy_misses(hf_model, prompt, got[i]) == [], f"request {i}"
             assert finish[i] == "length"
         assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
     finally:
