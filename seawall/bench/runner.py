@@ -48,6 +48,8 @@ def _sampling(req: BenchRequest) -> dict:
     out = {"max_tokens": req.max_tokens, "temperature": 0.0, "ignore_eos": True}
     if req.priority:
         out["priority"] = req.priority
+    if req.model:
+        out["model"] = req.model
     return out
 
 

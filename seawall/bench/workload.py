@@ -50,6 +50,7 @@ class BenchRequest:
     role: str = ""  # burst workload: "steady" or "burst"
     session_id: str = ""
     priority: int = 0  # lower runs sooner (the API's meaning)
+    model: str = ""  # a LoRA adapter's name; "" = the base model
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,9 @@ class WorkloadSpec:
     shared_prefix_groups: int = 1
     # every kind: (priority, share of the requests) pairs; the rest run at priority 0
     priority_mix: tuple[tuple[int, float], ...] = ()
+    # every kind: each request runs one of these LoRA adapters, drawn from the seed (vLLM bench's
+    # --lora-modules); none = the base model
+    lora_names: tuple[str, ...] = ()
 
 
 def prompt_ids(seed: int, index: int, length: int, vocab_size: int, salt: int = 0) -> tuple[int, ...]:
@@ -123,7 +127,7 @@ def _group(spec: WorkloadSpec, position: int, count: int) -> int:
 
 
 def build(spec: WorkloadSpec) -> Workload:
-    return with_priorities(spec, _build(spec))
+    return with_adapters(spec, with_priorities(spec, _build(spec)))
 
 
 def _build(spec: WorkloadSpec) -> Workload:
@@ -291,6 +295,17 @@ def with_priorities(spec: WorkloadSpec, workload: Workload) -> Workload:
     reqs = [dataclasses.replace(r, priority=assigned.get(k, 0)) for k, r in enumerate(workload.requests)]
     classes = ", ".join(f"{sum(r.priority == p for r in reqs)} at priority {p}" for p, _ in mix)
     return dataclasses.replace(workload, requests=reqs, description=f"{workload.description} ({classes})")
+
+
+def with_adapters(spec: WorkloadSpec, workload: Workload) -> Workload:
+    """Gives each request one of ``spec.lora_names``, drawn from the seed: every policy of a comparison sees
+    the same request run the same adapter."""
+    if not spec.lora_names:
+        return workload
+    rng = random.Random(f"seawall-bench-lora:{spec.seed}")
+    reqs = [dataclasses.replace(r, model=rng.choice(spec.lora_names)) for r in workload.requests]
+    return dataclasses.replace(workload, requests=reqs, description=f"{workload.description} (each request one of "
+                               f"{len(spec.lora_names)} LoRA adapters)")
 
 
 def without_bursts(workload: Workload, tokens_needed: dict[int, int] | None = None) -> Workload:

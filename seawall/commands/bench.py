@@ -35,7 +35,7 @@ def _csv(kind):
 
 def _add_target(p: argparse.ArgumentParser) -> None:
     from seawall.commands.up import add_worker_thread_flags
-    from services.scheduler.main import add_scheduling_flags
+    from services.scheduler.main import add_lora_flags, add_scheduling_flags
 
     g = p.add_argument_group("target: a running mesh, or --spawn one per policy")
     g.add_argument("--address", default=None, help="gRPC address of a running mesh (HOST:PORT)")
@@ -58,6 +58,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-cpu-kernels", action="store_true",
                    help="workers run CPU attention, norms and RoPE as plain torch ops, not the fused C kernels")
     g.add_argument("--kvcache", action="store_true", help="also start the kvcache service (multi-turn reuse)")
+    add_lora_flags(g, runtime=False)
     g.add_argument("--mesh-log-dir", type=Path, default=None, help="where spawned services log (default: a temp dir)")
     p.set_defaults(mode="colocated")
 
@@ -108,6 +109,9 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
                    help="send these shares of the requests (drawn from the seed) at these priorities, the "
                         "rest at 0; lower runs sooner, e.g. --priority-mix=-1:0.2 (a fifth urgent; the = keeps "
                         "the leading minus from reading as a flag). Latencies are reported per class")
+    g.add_argument("--loras", type=_csv(str), default=None, metavar="NAME,...",
+                   help="each request runs one of these LoRA adapters, drawn from the seed (default: with --spawn "
+                        "and --lora-modules, those; else none: the base model)")
     g.add_argument("--num-requests", type=int, default=64, help="requests to send (default 64)")
     g.add_argument("--duration", type=float, default=None, help="send only for this many seconds instead")
     g.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
@@ -165,17 +169,18 @@ def workload_spec(args: argparse.Namespace):
         steady_output_len=args.steady_output_len, steady_ramp_s=args.steady_ramp_s, burst_at=args.burst_at, burst_size=args.burst_size,
         burst_prompt_len=args.burst_prompt_len, burst_output_len=args.burst_output_len,
         block_tokens=args.block_tokens, shared_prefix_len=args.shared_prefix_len,
-        shared_prefix_groups=args.shared_prefix_groups, priority_mix=parse_priority_mix(args.priority_mix))
+        shared_prefix_groups=args.shared_prefix_groups, priority_mix=parse_priority_mix(args.priority_mix),
+        lora_names=tuple(args.loras or (name for name, _ in args.lora_modules)))
 
 
 def mesh_options(args: argparse.Namespace, policy: str):
     """The spawned mesh for one policy: free ports, HTTP only with --api http, kvcache only with --kvcache."""
-    from seawall.commands.up import worker_thread_args
+    from seawall.commands.up import checked_lora_flags, worker_thread_args
     from seawall.launcher import MeshOptions
     from services.scheduler.main import core_config_from, scheduling_flags
 
     core_config_from(args)  # a bad scheduling flag is refused before any mesh starts
-    sched = scheduling_flags(args, policy)
+    sched = scheduling_flags(args, policy) + checked_lora_flags(args)
     workers = ["--device", args.device] + (["--kv-cache-bytes", str(args.kv_cache_bytes)] if args.kv_cache_bytes
                                            else []) + (["--no-nixl"] if args.no_nixl else [])
     workers += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
@@ -204,6 +209,7 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     flags += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
     flags += [f"--step-thread {args.step_thread}"] if args.step_thread != "auto" else []
+    flags += [f"--lora-modules {' '.join(f'{n}={p}' for n, p in args.lora_modules)}"] if args.lora_modules else []
     return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
 
 

@@ -171,16 +171,15 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    kvcache_address=args.kvcache, step_pipelining=args.step_pipelining,
                    tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                    structured_output_in_reasoning=args.structured_output_in_reasoning,
-                   lora_modules=tuple(args.lora_modules), max_lora_rank=args.max_lora_rank,
+                   lora_modules=tuple(args.lora_modules or env_lora_modules()), max_lora_rank=args.max_lora_rank,
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating)
 
 
 def add_lora_flags(p: argparse.ArgumentParser, runtime: bool = True) -> None:
     """LoRA flags, vLLM's names (``seawall up`` passes them through; ``run-batch`` takes all but ``runtime``'s)."""
-    p.add_argument("--lora-modules", nargs="+", type=lora_module, metavar="NAME=PATH",
-                   default=env_lora_modules(),
+    p.add_argument("--lora-modules", nargs="+", type=lora_module, metavar="NAME=PATH", default=[],
                    help="LoRA adapters (PEFT format) to serve, each selected by its name in a request's model "
-                        "field (env SEAWALL_LORA_MODULES, space-separated; default none)")
+                        "field (default none; the scheduler also reads $SEAWALL_LORA_MODULES, space-separated)")
     p.add_argument("--max-lora-rank", type=int, default=16, help="highest adapter rank accepted (default 16)")
     if runtime:
         p.add_argument("--allow-runtime-lora-updating", action="store_true",
@@ -192,7 +191,7 @@ def lora_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--max-lora-rank", str(args.max_lora_rank)]
     if args.lora_modules:
         flags += ["--lora-modules", *(f"{name}={path}" for name, path in args.lora_modules)]
-    return flags + (["--allow-runtime-lora-updating"] if args.allow_runtime_lora_updating else [])
+    return flags + (["--allow-runtime-lora-updating"] if getattr(args, "allow_runtime_lora_updating", False) else [])
 
 
 def env_lora_modules() -> list[tuple[str, str]]:

@@ -144,3 +144,16 @@ def test_repeats_alternate_the_policies_and_judge_the_targets_on_every_round(tmp
     assert gain["met"] == (gain["gain"] >= 2.0)
     assert "target fastserve_mean_latency_2x_fcfs (median of 2 rounds)" in captured.out
     assert "gain by round:" in captured.out
+
+
+def test_requests_run_the_lora_adapters_they_name(tmp_path, lora_dirs):
+    out = tmp_path / "bench.json"
+    # "gamma" is no adapter of the spawned mesh: its requests are refused (404), so only "alpha"'s finish.
+    code = main(["bench", "--spawn", "--num-requests", "8", "--arrival", "burst", "--prompt-len", "16",
+                 "--output-len", "4", "--warmup", "0", "--lora-modules", f"alpha={lora_dirs['alpha']}",
+                 "--loras", "alpha,gamma", "--json", str(out), "--no-progress"])
+    assert code == 0
+    res = json.loads(out.read_text())["results"]["sarathi"]
+    wl = build(WorkloadSpec(arrivals=ArrivalSpec("burst"), num_requests=8, prompt_len=16, output_len=4,
+                            lora_names=("alpha", "gamma")))
+    assert 0 < res["num_finished"] == sum(r.model == "alpha" for r in wl.requests) < 8

@@ -175,3 +175,11 @@ def test_a_priority_mix_gives_exact_shares_drawn_from_the_seed():
 def test_a_bad_priority_mix_says_what_to_fix(text, message):
     with pytest.raises(InvalidArgument, match=re.escape(message)):
         build(WorkloadSpec(num_requests=4, priority_mix=parse_priority_mix(text)))
+
+
+def test_lora_adapters_are_drawn_from_the_seed_the_same_for_every_build():
+    spec = WorkloadSpec(num_requests=40, lora_names=("a", "b", "c"))
+    models = [r.model for r in build(spec).requests]
+    assert models == [r.model for r in build(spec).requests] and set(models) == {"a", "b", "c"}
+    assert "3 LoRA adapters" in build(spec).description
+    assert {r.model for r in build(WorkloadSpec(num_requests=5)).requests} == {""}
