@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from services.common.lora import LoraSpec, ModelShape, read_lora
+from services.common.lora import MODULES, LoraSpec, ModelShape, read_lora
 from services.common.step import LoraRef
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,7 @@ class LoraWeights:
     def __init__(self, spec: LoraSpec, shape: ModelShape, device: torch.device, dtype: torch.dtype) -> None:
         self.spec = spec
         self.scaling = spec.scaling
-        outs = {"q_proj": shape.q_size, "k_proj": shape.kv_size, "v_proj": shape.kv_size, "o_proj": shape.hidden_size,
-                "gate_proj": shape.intermediate_size, "up_proj": shape.intermediate_size,
-                "down_proj": shape.hidden_size}
+        outs = {module: shape.in_out(module)[1] for module in MODULES}
         self.layers: list[dict[str, ProjectionLora]] = [{} for _ in range(shape.num_layers)]
         with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
             for layer, projections in enumerate(self.layers):

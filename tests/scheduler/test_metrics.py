@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.common.sampling_params import SamplingParams
 from services.common.step import LoraRef
 from services.scheduler.config import SchedulerServiceConfig
@@ -11,7 +13,13 @@ from services.scheduler.metrics import SchedulerMetrics
 from tests.scheduler.links import add_link
 
 
-def test_live_requests_are_counted_per_lora_adapter_and_state():
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"  # worker links open grpc.aio channels, which need the running loop
+
+
+@pytest.mark.anyio
+async def test_live_requests_are_counted_per_lora_adapter_and_state():
     mesh = Mesh(SchedulerServiceConfig(mode="colocated"))
     link = add_link(mesh, "w", "hybrid", blocks=4)  # room for one 40-token request at a time
     sql = LoraRef("sql", "/loras/sql")
