@@ -72,11 +72,13 @@ class Completion:
 def build_request(prompt: str | Sequence[int], request_id: str | None, sampling: dict[str, Any],
                   final_only: bool = False) -> scheduler_pb2.GenerateRequest:
     """``sampling`` holds SamplingParams fields, plus ``session_id`` (turns of one conversation: their KV is
-    kept in kvcache for the next turn), ``priority`` (lower runs sooner, 0 = normal) and ``model`` (a LoRA
-    adapter's name; default the base model). ``final_only``: one response at the end instead of one per step."""
+    kept in kvcache for the next turn), ``priority`` (lower runs sooner, 0 = normal), ``model`` (a LoRA
+    adapter's name; default the base model) and ``cache_salt`` (only requests with the same salt share cached
+    KV). ``final_only``: one response at the end instead of one per step."""
     session_id = sampling.pop("session_id", "") or ""
     priority = sampling.pop("priority", 0) or 0
     model = sampling.pop("model", "") or ""
+    cache_salt = sampling.pop("cache_salt", "") or ""
     # Python shapes as the OpenAI API takes them: one stop string, or lists where the dataclass keeps tuples.
     for key in ("stop", "bad_words"):
         if isinstance(sampling.get(key), str):
@@ -88,7 +90,8 @@ def build_request(prompt: str | Sequence[int], request_id: str | None, sampling:
         sampling["logit_bias"] = logit_bias_pairs(sampling["logit_bias"])
     msg = scheduler_pb2.GenerateRequest(request_id=request_id or f"sdk-{uuid.uuid4().hex[:16]}",
                                         sampling=params_to_proto(SamplingParams(**sampling)), session_id=session_id,
-                                        final_only=final_only, priority=priority, model=model)
+                                        final_only=final_only, priority=priority, model=model,
+                                        cache_salt=cache_salt)
     if isinstance(prompt, str):
         msg.text = prompt
     else:

@@ -26,6 +26,7 @@ from services.common.openai_logprobs import (
 )
 from services.common.sampling_params import SamplingParams, from_openai_completion, prompt_truncation
 from services.common.step import LoraRef
+from services.scheduler.admission import check_cache_salt
 from services.scheduler.lora_registry import LoraRegistry
 
 SUPPORTED_URLS = ("/v1/completions",)
@@ -42,6 +43,7 @@ class BatchItem:
     echo: str | None = None  # with ``echo``, the prompt text each choice starts with
     prompt_scores: bool = False  # ``prompt_logprobs`` asked for: choices carry them, as vLLM's do
     lora: LoraRef | None = None  # the adapter body.model names; None = the base model
+    cache_salt: str = ""  # body.cache_salt: only lines with the same salt share cached KV
 
 
 def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegistry) -> BatchItem:
@@ -58,6 +60,7 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegist
         if model is not None and not isinstance(model, str):
             raise InvalidArgument(f"body.model must be a string, got {model!r}")
         item.lora = loras.resolve(model)
+        item.cache_salt = check_cache_salt(raw["body"].get("cache_salt"))
         engine.validate(item.prompt_token_ids, item.params)
     except SeawallError as exc:
         item.error = exc
@@ -97,7 +100,7 @@ def run_batch(engine: OfflineEngine, lines: list[str], model_name: str,
     good = [it for it in items if it.error is None]
     runs = [(it, j) for it in good for j in range(it.n)]  # one request per choice
     completions = engine.generate([it.prompt_token_ids for it, _ in runs], [it.params.for_choice(j) for it, j in runs],
-                                  [it.lora for it, _ in runs])
+                                  [it.lora for it, _ in runs], [it.cache_salt for it, _ in runs])
     by_line: dict[int, list[Completion]] = {}
     for (it, _), comp in zip(runs, completions, strict=True):
         by_line.setdefault(it.line_no, []).append(comp)

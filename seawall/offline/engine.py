@@ -67,21 +67,23 @@ class OfflineEngine:
         bad_words_token_ids(self.tokenizer, params.bad_words)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-                 loras: Sequence[LoraRef | None] | None = None) -> list[Completion]:
+                 loras: Sequence[LoraRef | None] | None = None,
+                 cache_salts: Sequence[str] | None = None) -> list[Completion]:
         """Runs all prompts together to completion, each with its LoRA adapter (``loras``; None: the base
-        model); validate them first."""
+        model) and cache salt (``cache_salts``; "": none); validate them first."""
         loras = loras if loras is not None else [None] * len(prompts)
+        cache_salts = cache_salts if cache_salts is not None else [""] * len(prompts)
         done: dict[str, Completion] = {}
         detoks: dict[str, IncrementalDetokenizer] = {}
         reqs: dict[str, Request] = {}
         order = []
-        for prompt, p, lora in zip(prompts, params, loras, strict=True):
+        for prompt, p, lora, salt in zip(prompts, params, loras, cache_salts, strict=True):
             rid = f"req-{next(self._ids)}"
             order.append(rid)
             done[rid] = Completion(rid, list(prompt))
             detoks[rid] = IncrementalDetokenizer(self.tokenizer, p, prompt_token_ids=prompt)
             reqs[rid] = Request(rid, list(prompt), p, arrival_time=0.0, eos_token_ids=self.checkpoint.eos_token_ids,
-                                lora=lora)
+                                lora=lora, cache_salt=salt)
             self.scheduler.add(reqs[rid])
         idle_steps = 0
         while self.scheduler.has_work:

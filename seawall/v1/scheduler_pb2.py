@@ -26,7 +26,7 @@ from seawall.v1 import common_pb2 as seawall_dot_v1_dot_common__pb2
 from seawall.v1 import worker_pb2 as seawall_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aseawall/v1/scheduler.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\x1a\x17seawall/v1/worker.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\">\n\rStreamOptions\x12\x18\n\x10return_token_ids\x18\x01 \x01(\x08\x12\x13\n\x0breturn_text\x18\x02 \x01(\x08\"\x94\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.seawall.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.seawall.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x31\n\x0estream_options\x18\x07 \x01(\x0b\x32\x19.seawall.v1.StreamOptions\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x12\n\nfinal_only\x18\t \x01(\x08\x42\x08\n\x06prompt\"\xaa\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12+\n\x08logprobs\x18\x04 \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.seawall.v1.FinishReason\x12\x15\n\rfinish_detail\x18\x06 \x01(\t\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.seawall.v1.Usage\x12\x16\n\x0equeue_delay_ms\x18\x08 \x01(\x01\x12\x32\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\"E\n\x14GenerateBatchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.seawall.v1.GenerateRequest\"L\n\x0b\x42\x61tchOutput\x12\r\n\x05index\x18\x01 \x01(\r\x12.\n\x08response\x18\x02 \x01(\x0b\x32\x1c.seawall.v1.GenerateResponse\"A\n\x15GenerateBatchResponse\x12(\n\x07outputs\x18\x01 \x03(\x0b\x32\x17.seawall.v1.BatchOutput\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x11\n\x0fGetStatsRequest\"\xcc\x03\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.seawall.v1.WorkerRole\x12\x19\n\x11num_device_blocks\x18\x04 \x01(\r\x12\x1e\n\x16num_device_blocks_used\x18\x05 \x01(\r\x12 \n\x18num_device_blocks_cached\x18\x06 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x07 \x01(\r\x12\x1c\n\x14num_host_blocks_used\x18\x08 \x01(\r\x12\x13\n\x0bnum_running\x18\t \x01(\r\x12!\n\x19num_prefix_queried_blocks\x18\n \x01(\x04\x12\x1d\n\x15num_prefix_hit_blocks\x18\x0b \x01(\x04\x12\x1b\n\x13prompt_token_budget\x18\x0c \x01(\r\x12.\n\tstep_time\x18\r \x01(\x0b\x32\x1b.seawall.v1.StepTimeProfile\x12\x18\n\x10num_draft_tokens\x18\x0e \x01(\x04\x12!\n\x19num_accepted_draft_tokens\x18\x0f \x01(\x04\"\xe4\x01\n\x10GetStatsResponse\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x15\n\rqueue_lengths\x18\x02 \x03(\r\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x13\n\x0bnum_swapped\x18\x05 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12\x14\n\x0cnum_finished\x18\x07 \x01(\x04\x12\x11\n\tnum_steps\x18\x08 \x01(\x04\x12(\n\x07workers\x18\t \x03(\x0b\x32\x17.seawall.v1.WorkerStats\"N\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12$\n\x04info\x18\x02 \x01(\x0b\x32\x16.seawall.v1.WorkerInfo\"A\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0cscheduler_id\x18\x02 \x01(\t2\x8a\x03\n\tScheduler\x12G\n\x08Generate\x12\x1b.seawall.v1.GenerateRequest\x1a\x1c.seawall.v1.GenerateResponse0\x01\x12V\n\rGenerateBatch\x12 .seawall.v1.GenerateBatchRequest\x1a!.seawall.v1.GenerateBatchResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.seawall.v1.AbortRequest\x1a\x19.seawall.v1.AbortResponse\x12\x45\n\x08GetStats\x12\x1b.seawall.v1.GetStatsRequest\x1a\x1c.seawall.v1.GetStatsResponse\x12W\n\x0eRegisterWorker\x12!.seawall.v1.RegisterWorkerRequest\x1a\".seawall.v1.RegisterWorkerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aseawall/v1/scheduler.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\x1a\x17seawall/v1/worker.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\">\n\rStreamOptions\x12\x18\n\x10return_token_ids\x18\x01 \x01(\x08\x12\x13\n\x0breturn_text\x18\x02 \x01(\x08\"\xa8\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.seawall.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.seawall.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x31\n\x0estream_options\x18\x07 \x01(\x0b\x32\x19.seawall.v1.StreamOptions\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x12\n\nfinal_only\x18\t \x01(\x08\x12\x12\n\ncache_salt\x18\n \x01(\tB\x08\n\x06prompt\"\xaa\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12+\n\x08logprobs\x18\x04 \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.seawall.v1.FinishReason\x12\x15\n\rfinish_detail\x18\x06 \x01(\t\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.seawall.v1.Usage\x12\x16\n\x0equeue_delay_ms\x18\x08 \x01(\x01\x12\x32\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\"E\n\x14GenerateBatchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.seawall.v1.GenerateRequest\"L\n\x0b\x42\x61tchOutput\x12\r\n\x05index\x18\x01 \x01(\r\x12.\n\x08response\x18\x02 \x01(\x0b\x32\x1c.seawall.v1.GenerateResponse\"A\n\x15GenerateBatchResponse\x12(\n\x07outputs\x18\x01 \x03(\x0b\x32\x17.seawall.v1.BatchOutput\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x11\n\x0fGetStatsRequest\"\xcc\x03\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.seawall.v1.WorkerRole\x12\x19\n\x11num_device_blocks\x18\x04 \x01(\r\x12\x1e\n\x16num_device_blocks_used\x18\x05 \x01(\r\x12 \n\x18num_device_blocks_cached\x18\x06 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x07 \x01(\r\x12\x1c\n\x14num_host_blocks_used\x18\x08 \x01(\r\x12\x13\n\x0bnum_running\x18\t \x01(\r\x12!\n\x19num_prefix_queried_blocks\x18\n \x01(\x04\x12\x1d\n\x15num_prefix_hit_blocks\x18\x0b \x01(\x04\x12\x1b\n\x13prompt_token_budget\x18\x0c \x01(\r\x12.\n\tstep_time\x18\r \x01(\x0b\x32\x1b.seawall.v1.StepTimeProfile\x12\x18\n\x10num_draft_tokens\x18\x0e \x01(\x04\x12!\n\x19num_accepted_draft_tokens\x18\x0f \x01(\x04\"\xe4\x01\n\x10GetStatsResponse\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x15\n\rqueue_lengths\x18\x02 \x03(\r\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x13\n\x0bnum_swapped\x18\x05 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12\x14\n\x0cnum_finished\x18\x07 \x01(\x04\x12\x11\n\tnum_steps\x18\x08 \x01(\x04\x12(\n\x07workers\x18\t \x03(\x0b\x32\x17.seawall.v1.WorkerStats\"N\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12$\n\x04info\x18\x02 \x01(\x0b\x32\x16.seawall.v1.WorkerInfo\"A\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0cscheduler_id\x18\x02 \x01(\t2\x8a\x03\n\tScheduler\x12G\n\x08Generate\x12\x1b.seawall.v1.GenerateRequest\x1a\x1c.seawall.v1.GenerateResponse0\x01\x12V\n\rGenerateBatch\x12 .seawall.v1.GenerateBatchRequest\x1a!.seawall.v1.GenerateBatchResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.seawall.v1.AbortRequest\x1a\x19.seawall.v1.AbortResponse\x12\x45\n\x08GetStats\x12\x1b.seawall.v1.GetStatsRequest\x1a\x1c.seawall.v1.GetStatsResponse\x12W\n\x0eRegisterWorker\x12!.seawall.v1.RegisterWorkerRequest\x1a\".seawall.v1.RegisterWorkerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,29 +38,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMOPTIONS']._serialized_start=117
   _globals['_STREAMOPTIONS']._serialized_end=179
   _globals['_GENERATEREQUEST']._serialized_start=182
-  _globals['_GENERATEREQUEST']._serialized_end=458
-  _globals['_GENERATERESPONSE']._serialized_start=461
-  _globals['_GENERATERESPONSE']._serialized_end=759
-  _globals['_GENERATEBATCHREQUEST']._serialized_start=761
-  _globals['_GENERATEBATCHREQUEST']._serialized_end=830
-  _globals['_BATCHOUTPUT']._serialized_start=832
-  _globals['_BATCHOUTPUT']._serialized_end=908
-  _globals['_GENERATEBATCHRESPONSE']._serialized_start=910
-  _globals['_GENERATEBATCHRESPONSE']._serialized_end=975
-  _globals['_ABORTREQUEST']._serialized_start=977
-  _globals['_ABORTREQUEST']._serialized_end=1011
-  _globals['_ABORTRESPONSE']._serialized_start=1013
-  _globals['_ABORTRESPONSE']._serialized_end=1043
-  _globals['_GETSTATSREQUEST']._serialized_start=1045
-  _globals['_GETSTATSREQUEST']._serialized_end=1062
-  _globals['_WORKERSTATS']._serialized_start=1065
-  _globals['_WORKERSTATS']._serialized_end=1525
-  _globals['_GETSTATSRESPONSE']._serialized_start=1528
-  _globals['_GETSTATSRESPONSE']._serialized_end=1756
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=1758
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=1836
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1838
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1903
-  _globals['_SCHEDULER']._serialized_start=1906
-  _globals['_SCHEDULER']._serialized_end=2300
+  _globals['_GENERATEREQUEST']._serialized_end=478
+  _globals['_GENERATERESPONSE']._serialized_start=481
+  _globals['_GENERATERESPONSE']._serialized_end=779
+  _globals['_GENERATEBATCHREQUEST']._serialized_start=781
+  _globals['_GENERATEBATCHREQUEST']._serialized_end=850
+  _globals['_BATCHOUTPUT']._serialized_start=852
+  _globals['_BATCHOUTPUT']._serialized_end=928
+  _globals['_GENERATEBATCHRESPONSE']._serialized_start=930
+  _globals['_GENERATEBATCHRESPONSE']._serialized_end=995
+  _globals['_ABORTREQUEST']._serialized_start=997
+  _globals['_ABORTREQUEST']._serialized_end=1031
+  _globals['_ABORTRESPONSE']._serialized_start=1033
+  _globals['_ABORTRESPONSE']._serialized_end=1063
+  _globals['_GETSTATSREQUEST']._serialized_start=1065
+  _globals['_GETSTATSREQUEST']._serialized_end=1082
+  _globals['_WORKERSTATS']._serialized_start=1085
+  _globals['_WORKERSTATS']._serialized_end=1545
+  _globals['_GETSTATSRESPONSE']._serialized_start=1548
+  _globals['_GETSTATSRESPONSE']._serialized_end=1776
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=1778
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=1856
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1858
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1923
+  _globals['_SCHEDULER']._serialized_start=1926
+  _globals['_SCHEDULER']._serialized_end=2320
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ class StreamOptions(_message.Message):
     def __init__(self, return_token_ids: _Optional[bool] = ..., return_text: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "text", "token_ids", "sampling", "session_id", "stream_options", "priority", "final_only")
+    __slots__ = ("request_id", "model", "text", "token_ids", "sampling", "session_id", "stream_options", "priority", "final_only", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class GenerateRequest(_message.Message):
     STREAM_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     FINAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
@@ -42,7 +43,8 @@ class GenerateRequest(_message.Message):
     stream_options: StreamOptions
     priority: int
     final_only: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., priority: _Optional[int] = ..., final_only: _Optional[bool] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., priority: _Optional[int] = ..., final_only: _Optional[bool] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "token_ids", "text", "logprobs", "finish_reason", "finish_detail", "usage", "queue_delay_ms", "prompt_logprobs")

@@ -23,10 +23,10 @@ def hash_seed(model_name: str, block_size: int, layout: str = "") -> int:
 
 
 @lru_cache(maxsize=256)
-def adapter_seed(seed: int, name: str, path: str) -> int:
-    """``hash[-1]`` for a LoRA adapter's requests (name and path) on the model of ``seed``: the same tokens
-    hold other KV under an adapter, so its blocks never match the base model's or another adapter's."""
-    digest = hashlib.blake2b(f"{seed}|lora|{name}|{path}".encode(), digest_size=8).digest()
+def salted_seed(seed: int, salt: str) -> int:
+    """``hash[-1]`` for requests whose blocks must never match other requests' (``Request.hash_salt``): a
+    LoRA adapter's (the same tokens hold other KV under an adapter), or a tenant's ``cache_salt``."""
+    digest = hashlib.blake2b(f"{seed}|{salt}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
 

@@ -42,3 +42,18 @@ def validate_request(prompt_token_ids: Sequence[int], params: SamplingParams, vo
         raise ResourceExhausted(
             f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs {need} KV blocks; the pool holds "
             f"{pool_blocks}: lower max_tokens or give the workers more KV memory (--kv-cache-bytes)")
+
+
+MAX_CACHE_SALT_LEN = 1024
+
+
+def check_cache_salt(salt: object) -> str:
+    """vLLM's ``cache_salt`` as given (None: no salt): a non-empty string, so that an empty one is not mistaken
+    for isolation it does not give."""
+    if salt is None:
+        return ""
+    if not isinstance(salt, str) or not salt:
+        raise InvalidArgument(f"cache_salt must be a non-empty string, got {salt!r}")
+    if len(salt) > MAX_CACHE_SALT_LEN:
+        raise InvalidArgument(f"cache_salt has {len(salt)} characters; at most {MAX_CACHE_SALT_LEN}")
+    return salt

@@ -14,7 +14,7 @@ from services.common.step import LoraRef
 from services.engine.bad_words import bad_words_token_ids
 from services.engine.grammar import GrammarCompiler
 from services.engine.loader import Checkpoint
-from services.scheduler.admission import validate_request
+from services.scheduler.admission import check_cache_salt, validate_request
 from services.scheduler.core.request import Request
 from services.scheduler.lora_registry import LoraRegistry
 from services.scheduler.mesh import Mesh
@@ -32,6 +32,7 @@ class Submission:
     session_id: str = ""
     priority: int = 0  # lower runs sooner (vLLM's meaning)
     lora: LoraRef | None = None  # the LoRA adapter it runs with (LoraRegistry.resolve); None = the base model
+    cache_salt: str = ""  # only requests with the same salt share cached KV (admission.check_cache_salt)
 
 
 class Frontend:
@@ -53,10 +54,11 @@ class Frontend:
         return self.tokenizer.encode(text).ids
 
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str = "",
-               trace_parent=None, session_id: str = "", priority: int = 0, lora: LoraRef | None = None) -> TrackedRequest:
+               trace_parent=None, session_id: str = "", priority: int = 0, lora: LoraRef | None = None,
+               cache_salt: str = "") -> TrackedRequest:
         """Validates and queues a request; raises InvalidArgument or ResourceExhausted."""
-        tracked = self._prepare(Submission(prompt_token_ids, params, request_id, session_id, priority, lora),
-                                trace_parent)
+        tracked = self._prepare(Submission(prompt_token_ids, params, request_id, session_id, priority, lora,
+                                           cache_salt), trace_parent)
         self._enqueue(tracked)
         return tracked
 
@@ -105,7 +107,7 @@ class Frontend:
         bad_words_token_ids(self.tokenizer, item.params.bad_words)  # a word no token writes is refused here
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids,
-                          priority=item.priority, lora=item.lora)
+                          priority=item.priority, lora=item.lora, cache_salt=check_cache_salt(item.cache_salt or None))
         tracked = TrackedRequest(request, self.tokenizer, anyio.current_time(), item.session_id)
         tracing = self.mesh.tracing
         if tracing.enabled:

@@ -46,6 +46,7 @@ from services.common.sampling_params import (
 )
 from services.common.step import LoraRef
 from services.common.version import VERSION
+from services.scheduler.admission import check_cache_salt
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_body, error_response, json_body, streaming
@@ -237,15 +238,16 @@ class OpenAIApi:
         """One request per choice, all queued or none; an error names the prompt it is about when there are
         several."""
         session, priority, lora = _session(body), _priority(body), self._check_model(body)
+        salt = check_cache_salt(body.get("cache_salt"))
         # Checked here, before anything is queued; read when the response is written.
         streaming(body)
         bool_field(body, "return_token_ids")
         parent = tracing.extract(request.headers)
         if len(prompts) == 1 and n == 1:
             return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session,
-                                         priority=priority, lora=lora)]
+                                         priority=priority, lora=lora, cache_salt=salt)]
         self.frontend.check_batch_size(len(prompts) * n)
-        items = [Submission(p, params.for_choice(j), session_id=session, priority=priority, lora=lora)
+        items = [Submission(p, params.for_choice(j), session_id=session, priority=priority, lora=lora, cache_salt=salt)
                  for p in prompts for j in range(n)]
         labels = [f"prompt[{k // n}]" if len(prompts) > 1 else "" for k in range(len(items))]
         return self.frontend.submit_many(items, parent, labels)

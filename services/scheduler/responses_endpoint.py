@@ -56,7 +56,8 @@ class ResponsesEndpoint:
             req = parse_request(body, self.store.get(previous) if previous is not None else None, rid)
             prompt, params, _, tools = self.api.chat_request(req.chat)
             (tracked,) = self.api.submit(request, {"session_id": req.session_id, "priority": body.get("priority"),
-                                                   "model": body.get("model")}, [prompt], params, 1)
+                                                   "model": body.get("model"), "cache_salt": body.get("cache_salt")},
+                                         [prompt], params, 1)
         except SeawallError as exc:
             return error_response(exc)
         head = {"id": rid, "object": "response", "created_at": int(time.time()),

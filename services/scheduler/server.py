@@ -57,7 +57,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _submit(self, request, parent):
         item = self._submission(request)
         return self.frontend.submit(item.prompt_token_ids, item.params, item.request_id, parent, item.session_id,
-                                    item.priority, item.lora)
+                                    item.priority, item.lora, item.cache_salt)
 
     def _submission(self, request) -> Submission:
         lora = self.frontend.loras.resolve(request.model)
@@ -67,7 +67,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         prompt = self.frontend.encode(request.text) if which == "text" else list(request.token_ids.ids)
         room = max(self.frontend.max_model_len - len(prompt), 1)
         params = params_from_proto(request.sampling, default_max_tokens=room)
-        return Submission(prompt, params, request.request_id, request.session_id, request.priority, lora)
+        return Submission(prompt, params, request.request_id, request.session_id, request.priority, lora,
+                          request.cache_salt)
 
     async def Abort(self, request, context):
         return scheduler_pb2.AbortResponse(found=self.mesh.abort(request.request_id))

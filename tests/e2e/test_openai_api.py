@@ -775,3 +775,33 @@ def test_prompt_chunks_are_sent_without_waiting_for_the_previous_chunks_result(h
     choice = http.post("/v1/completions", json=body).json()["choices"][0]
     assert choice["token_ids"] == hf_greedy(prompt, 6)
     assert default_mesh.counter("seawall_steps_pipelined") - before >= 3
+
+
+def test_only_requests_with_the_same_cache_salt_share_cached_kv(http, default_mesh):
+    prompt = list(range(300, 380))  # 80 tokens: 4 full blocks a later request can take from the cache
+
+    def cached(**extra) -> int:
+        r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached(cache_salt="tenant-a") == 0
+    assert cached(cache_salt="tenant-b") == 0  # the same prompt, another tenant: nothing to learn from timing
+    assert cached() == 0
+    assert cached(cache_salt="tenant-a") == 64
+    assert cached() == 64
+    for bad in ("", 5):
+        r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "cache_salt": bad})
+        assert r.status_code == 400 and "cache_salt must be a non-empty string" in r.json()["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_the_sdk_sends_a_cache_salt(default_mesh):
+    from seawall import AsyncClient
+
+    prompt = list(range(400, 470))
+    async with AsyncClient(default_mesh.grpc_address) as client:
+        first = await client.generate(prompt, max_tokens=2, cache_salt="s")
+        salted = await client.generate(prompt, max_tokens=2, cache_salt="s")
+        plain = await client.generate(prompt, max_tokens=2)
+    assert (first.cached_prompt_tokens, salted.cached_prompt_tokens, plain.cached_prompt_tokens) == (0, 64, 0)

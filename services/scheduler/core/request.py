@@ -32,6 +32,9 @@ class Request:
     # The LoRA adapter it runs with (None: the base model). Its KV differs from the base model's for the same
     # tokens, so its block hashes start from a seed of their own (``hash_salt``).
     lora: LoraRef | None = None
+    # vLLM's cache_salt: only requests with the same salt share cached KV (a tenant's prompts cannot be probed
+    # by another's timing). "" = none.
+    cache_salt: str = ""
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
@@ -58,6 +61,14 @@ class Request:
         self.block_ids, self.host_block_ids = [], []
         self.num_computed_tokens = self.num_cached_blocks = 0
         self.status = RequestStatus.WAITING
+
+    @property
+    def hash_salt(self) -> str:
+        """What sets this request's block hashes apart from the model's: its adapter and its cache salt."""
+        if self.lora is None and not self.cache_salt:
+            return ""
+        lora = f"lora|{self.lora.name}|{self.lora.path}" if self.lora is not None else ""
+        return f"{lora}|salt|{self.cache_salt}" if self.cache_salt else lora
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 
-from services.common.block_hash import adapter_seed, extend_hashes
+from services.common.block_hash import extend_hashes, salted_seed
 from services.common.sampling_params import FinishReason, check_stop
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 from services.scheduler.core.block_manager import BlockManager
@@ -107,8 +107,9 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         self._calibration = StepTimeCalibration() if config.calibrate_step_time else None
 
     def seed_of(self, req: Request) -> int:
-        """The seed of ``req``'s block hashes: the model's, or its LoRA adapter's."""
-        return self.hash_seed if req.lora is None else adapter_seed(self.hash_seed, req.lora.name, req.lora.path)
+        """The seed of ``req``'s block hashes: the model's, or salted by its LoRA adapter or cache salt."""
+        salt = req.hash_salt
+        return salted_seed(self.hash_seed, salt) if salt else self.hash_seed
 
     @property
     def has_work(self) -> bool:
