@@ -48,21 +48,34 @@ def _kv_stats(address):
         return kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.KVCacheStatsRequest())
 
 
+@pytest.fixture(scope="module")
+def pe_read_mesh(tiny_model_dir, tmp_path_factory):
+    """Shared by the tests that load through the prefill worker (each with sessions and prompts of its own):
+    workers cache no prefixes, so every reused block comes from kvcache; multi-step decoding on."""
+    mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), scheduler_args=[
+        "--chunk-size", "64", "--no-prefix-caching", "--kv-read-policy", "pe-read", "--decode-steps", "4"],
+        kvcache_args=[])
+    yield mesh
+    mesh.stop()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_next_turn_loads_its_prefix_from_kvcache_and_matches_transformers(case, tiny_model_dir, tmp_path,
-                                                                              hf_greedy):
+                                                                              hf_greedy, request):
     sched_args, kv_args = CASES[case]
     block_bytes = 4 * 2 * 16 * 2 * 32 * 4  # layers x (k, v) x block x kv heads x head dim x fp32 (tiny preset)
     kv_args = [a.replace("DIR", str(tmp_path / "kv")).replace("DRAM", str(4 * block_bytes)) for a in kv_args]
+    own = case != "pe-read-dram"
     mesh = start_mesh(tiny_model_dir, tmp_path / "logs", scheduler_args=["--chunk-size", "64",
-                      "--no-prefix-caching", *sched_args], kvcache_args=kv_args, http=False)
+                      "--no-prefix-caching", *sched_args], kvcache_args=kv_args, http=False) if own else (
+        request.getfixturevalue("pe_read_mesh"))
     try:
         with Client(mesh.grpc_address) as client:
             prompt = random_prompts([90], seed=21)[0]
-            first = client.generate(prompt, max_tokens=10, temperature=0, session_id="s1")
+            first = client.generate(prompt, max_tokens=10, temperature=0, session_id=f"s-{case}")
             assert first.token_ids == hf_greedy(prompt, 10) and first.cached_prompt_tokens == 0
             second_prompt = prompt + first.token_ids + random_prompts([23], seed=22)[0]
-            second = client.generate(second_prompt, max_tokens=8, temperature=0, session_id="s1")
+            second = client.generate(second_prompt, max_tokens=8, temperature=0, session_id=f"s-{case}")
             assert second.token_ids == hf_greedy(second_prompt, 8)
             # Turn 1 stored its 6 full blocks (99 tokens computed); turn 2 loads them.
             assert second.cached_prompt_tokens == 96
@@ -75,7 +88,8 @@ def test_the_next_turn_loads_its_prefix_from_kvcache_and_matches_transformers(ca
             assert paths.get(want, 0) >= 1, paths
             _wait_blocks_free(client)  # the last turn's blocks are held until its store to kvcache ended
     finally:
-        mesh.stop()
+        if own:
+            mesh.stop()
 
 
 def test_kvcache_down_means_recompute_and_the_mesh_recovers_when_it_returns(tiny_model_dir, tmp_path, hf_greedy):
@@ -121,54 +135,46 @@ def _stop_inside_a_group(tokenizer, prompt_len: int, ref: list[int], k_steps: in
     raise AssertionError("no stop string fits")
 
 
-def test_a_stop_string_inside_a_multi_step_group_stores_only_the_kept_tokens(tiny_model_dir, tmp_path, hf_greedy):
+def test_a_stop_string_inside_a_multi_step_group_stores_only_the_kept_tokens(tiny_model_dir, pe_read_mesh,
+                                                                            hf_greedy):
     from tokenizers import Tokenizer
 
-    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", scheduler_args=[
-        "--chunk-size", "64", "--no-prefix-caching", "--kv-read-policy", "pe-read", "--decode-steps", "4"],
-        kvcache_args=[], http=False)
-    try:
-        with Client(mesh.grpc_address) as client:
-            prompt = random_prompts([93], seed=23)[0]
-            ref = hf_greedy(prompt, 60)
-            stop, k = _stop_inside_a_group(Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")), 93, ref, 4)
-            first = client.generate(prompt, max_tokens=60, temperature=0, stop=(stop,), session_id="s1")
-            assert first.finish_reason == "stop" and first.token_ids == ref[: k + 1]
-            second_prompt = prompt + first.token_ids + random_prompts([20], seed=24)[0]
-            second = client.generate(second_prompt, max_tokens=8, temperature=0, session_id="s1")
-            assert second.token_ids == hf_greedy(second_prompt, 8)
-            assert second.cached_prompt_tokens == (93 + k + 1) // 16 * 16  # the kept tokens' full blocks
-            _wait_blocks_free(client)
-    finally:
-        mesh.stop()
+    mesh = pe_read_mesh
+    with Client(mesh.grpc_address) as client:
+        prompt = random_prompts([93], seed=23)[0]
+        ref = hf_greedy(prompt, 60)
+        stop, k = _stop_inside_a_group(Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")), 93, ref, 4)
+        first = client.generate(prompt, max_tokens=60, temperature=0, stop=(stop,), session_id="s-stop")
+        assert first.finish_reason == "stop" and first.token_ids == ref[: k + 1]
+        second_prompt = prompt + first.token_ids + random_prompts([20], seed=24)[0]
+        second = client.generate(second_prompt, max_tokens=8, temperature=0, session_id="s-stop")
+        assert second.token_ids == hf_greedy(second_prompt, 8)
+        assert second.cached_prompt_tokens == (93 + k + 1) // 16 * 16  # the kept tokens' full blocks
+        _wait_blocks_free(client)
 
 
-def test_a_responses_api_conversation_loads_each_turns_prefix_from_kvcache(tiny_model_dir, tmp_path):
+def test_a_responses_api_conversation_loads_each_turns_prefix_from_kvcache(pe_read_mesh):
     import openai
 
-    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", scheduler_args=["--chunk-size", "64", "--no-prefix-caching"],
-                      kvcache_args=[])
-    try:
-        with openai.OpenAI(base_url=f"{mesh.http_url}/v1", api_key="unused", max_retries=0) as api:
-            question = "How do bursts of long prompts stall decoding? " * 6
-            first = api.responses.create(model="tiny", input=question, max_output_tokens=6, temperature=0)
-            assert first.usage.input_tokens_details.cached_tokens == 0
-            second = api.responses.create(model="tiny", previous_response_id=first.id, input="Why?",
-                                          max_output_tokens=6, temperature=0)
-            # The workers cache nothing here: the first turn's blocks came from kvcache (stored as its session).
-            assert second.usage.input_tokens_details.cached_tokens >= 64
-            assert sum(p.num_loads for p in _kv_stats(mesh.kvcache_address).paths) >= 1
-            choices = {s.labels["choice"]: s.value for s in _scrape(mesh.http_url)["seawall_dual_path_choices"].samples
-                       if s.name.endswith("_total")}  # the scheduler's side of the same decision
-            assert choices["pe-read"] + choices["de-read"] >= 1 and choices["recompute"] == 0, choices
-            chat = api.chat.completions.create(model="tiny", max_tokens=6, temperature=0, messages=[
-                {"role": "user", "content": question}, {"role": "assistant", "content": first.output_text},
-                {"role": "user", "content": "Why?"}])
-            assert second.output_text == chat.choices[0].message.content  # computed whole: the same reply
-        with Client(mesh.grpc_address) as client:
-            _wait_blocks_free(client)
-    finally:
-        mesh.stop()
+    mesh = pe_read_mesh
+    with openai.OpenAI(base_url=f"{mesh.http_url}/v1", api_key="unused", max_retries=0) as api:
+        question = "How do bursts of long prompts stall decoding? " * 6
+        first = api.responses.create(model="tiny", input=question, max_output_tokens=6, temperature=0)
+        assert first.usage.input_tokens_details.cached_tokens == 0
+        second = api.responses.create(model="tiny", previous_response_id=first.id, input="Why?",
+                                      max_output_tokens=6, temperature=0)
+        # The workers cache nothing here: the first turn's blocks came from kvcache (stored as its session).
+        assert second.usage.input_tokens_details.cached_tokens >= 64
+        assert sum(p.num_loads for p in _kv_stats(mesh.kvcache_address).paths) >= 1
+        choices = {s.labels["choice"]: s.value for s in _scrape(mesh.http_url)["seawall_dual_path_choices"].samples
+                   if s.name.endswith("_total")}  # the scheduler's side of the same decision
+        assert choices["pe-read"] + choices["de-read"] >= 1 and choices["recompute"] == 0, choices
+        chat = api.chat.completions.create(model="tiny", max_tokens=6, temperature=0, messages=[
+            {"role": "user", "content": question}, {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "Why?"}])
+        assert second.output_text == chat.choices[0].message.content  # computed whole: the same reply
+    with Client(mesh.grpc_address) as client:
+        _wait_blocks_free(client)
 
 
 # --- an abort while KV is on its way in ---------------------------------------------------------------------
