@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --reasoning-parser: constrain a structured output from the reply's first token, "
                         "thought included (default: the answer after the thought)")
     add_lora_flags(p)
+    p.add_argument("--max-cpu-loras", type=int, default=8,
+                   help="LoRA adapters each worker keeps loaded besides those its running sequences use (default 8)")
     p.add_argument("--no-kvcache", action="store_true", help="start no kvcache service (no multi-turn KV reuse)")
     p.add_argument("--kvcache-dram-bytes", type=int, default=None, help="kvcache DRAM tier size")
     p.add_argument("--kvcache-disk-dir", default=None, help="kvcache disk tier directory (default: none)")
@@ -138,7 +140,7 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         workers.append("--no-nixl")
     if args.no_cpu_kernels:
         workers.append("--no-cpu-kernels")
-    workers += worker_thread_args(args)
+    workers += worker_thread_args(args) + ["--max-cpu-loras", str(args.max_cpu_loras)]
     kvcache = []
     if args.kvcache_dram_bytes:
         kvcache += ["--dram-bytes", str(args.kvcache_dram_bytes)]

@@ -28,6 +28,9 @@ class EngineConfig:
     # Fused C kernels for the CPU fp32 path: paged attention, norms, RoPE, SwiGLU, greedy argmax (built once
     # with the system C compiler; without one, or when False, these run as torch ops: same tokens, slower).
     cpu_kernels: bool = True
+    # LoRA adapters kept loaded beyond those live sequences use (vLLM's --max-cpu-loras): a returning adapter
+    # is not read from disk again.
+    max_idle_loras: int = 8
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -36,6 +39,8 @@ class EngineConfig:
             raise InvalidArgument(f"kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
         if not isinstance(self.cpu_kernels, bool):
             raise InvalidArgument(f"cpu_kernels must be true or false, got {self.cpu_kernels!r}")
+        if self.max_idle_loras < 0:
+            raise InvalidArgument(f"max_idle_loras must be >= 0, got {self.max_idle_loras}")
         if self.swap_bytes < 0:
             raise InvalidArgument(f"swap_bytes must be >= 0, got {self.swap_bytes}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:

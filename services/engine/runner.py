@@ -59,7 +59,7 @@ class ModelRunner:
         self.grammars = GrammarCompiler(self.checkpoint.tokenizer, self.checkpoint.config.vocab_size,
                                         self.checkpoint.eos_token_ids)
         self.seqs: dict[str, SequenceState] = {}
-        self.loras = LoraCache(mc.lora_shape, self.device, self.dtype)
+        self.loras = LoraCache(mc.lora_shape, self.device, self.dtype, config.max_idle_loras)
         # Where a speculative plan's draft tokens come from: (sequence, most drafts) -> drafts. Any drafts give
         # the same output (only those the sampler agrees with are kept); tests swap in drafts whose fate
         # they know.

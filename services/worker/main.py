@@ -42,12 +42,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swap-bytes", type=int, default=256 * 2**20, help="bytes of host swap pool")
     p.add_argument("--no-cpu-kernels", action="store_true",
                    help="CPU fp32 attention, norms and RoPE as plain torch ops instead of the fused C kernels")
+    p.add_argument("--max-cpu-loras", type=int, default=8,
+                   help="LoRA adapters kept loaded besides those running sequences use (default 8)")
 
 
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
                         kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes,
-                        cpu_kernels=not args.no_cpu_kernels)
+                        cpu_kernels=not args.no_cpu_kernels, max_idle_loras=args.max_cpu_loras)
 
 
 def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:

@@ -142,3 +142,15 @@ def test_up_checks_lora_adapters_before_starting_anything_and_passes_them_on(tin
         up.options_from(parser.parse_args(["up", "--lora-modules", f"x={tmp_path}"]))
     with pytest.raises(SystemExit):
         parser.parse_args(["up", "--lora-modules", "no-equals-sign"])
+
+
+def test_up_passes_the_idle_lora_cache_size_to_every_worker():
+    from seawall.cli import build_parser
+    from seawall.commands import up
+    from services.worker.main import parse_args
+
+    worker_args = up.options_from(build_parser().parse_args(["up", "--max-cpu-loras", "2"])).worker_args
+    assert worker_args[worker_args.index("--max-cpu-loras") + 1] == "2"
+    assert parse_args(["--max-cpu-loras", "2"], "decode").engine.max_idle_loras == 2
+    with pytest.raises(InvalidArgument, match="max_idle_loras must be >= 0"):
+        parse_args(["--max-cpu-loras", "-1"], "decode")
