@@ -93,7 +93,7 @@ def prepare_inputs(
     on an inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
-    decodes = sorted((s for s, n in scheduled if n == 1), key=lambda s: s.num_computed)
+    decodes = _decode_order([s for s, n in scheduled if n == 1], kernels is not None)
     fresh = sorted(((s, n) for s, n in scheduled if n > 1 and s.num_computed == 0), key=lambda sn: sn[1])
     prefixed = [(s, n) for s, n in scheduled if n > 1 and s.num_computed > 0]
     ordered = [(s, 1) for s in decodes] + fresh + prefixed
@@ -153,6 +153,16 @@ def prepare_inputs(
         offset += n
     return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified,
                       lora)
+
+
+def _decode_order(decodes: list[SequenceState], any_order: bool) -> list[SequenceState]:
+    """Decodes by context length (attention's buckets group similar lengths); where attention takes them in
+    ``any_order`` (the fused kernels), grouped by LoRA adapter first, so that each adapter's decodes are one
+    run of rows, which its projections read and write as views (lora.py), without a gather and a scatter."""
+    decodes.sort(key=lambda s: s.num_computed)
+    if any_order and any(s.lora is not None for s in decodes):
+        decodes.sort(key=lambda s: 0 if s.lora is None else id(s.lora))  # stable: by context within an adapter
+    return decodes
 
 
 def _check(seq: SequenceState, n: int, block_size: int) -> None:

@@ -5,8 +5,10 @@ Each projection adds ``scaling * B(A(x))`` to the base output, as PEFT does (gre
 ``transformers`` + ``peft``). The engine fuses q/k/v and gate/up; so are their adapters: the parts' A stacked,
 and their B as one block-diagonal matrix over the fused output (zeros for parts the adapter leaves alone),
 so an adapter costs two matmuls per projection whatever it adapts; the second accumulates into the base
-output with the scaling folded in (``addmm_``). Tokens of one adapter are gathered (``index_select``) and
-added back (``index_add_``); a batch of one adapter skips both.
+output with the scaling folded in (``addmm_``). An adapter whose tokens are one run of rows (a
+batch of one adapter, or the decodes of each adapter, which the fused CPU path groups by adapter) reads and
+writes them as views; tokens spread over the batch are gathered (``index_select``) and added back
+(``index_add_``).
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ class LoraWeights:
 
 
 class LoraBatch:
-    """The adapters of one forward pass: per adapter, the flat rows of its tokens (None: every token)."""
+    """The adapters of one forward pass: per adapter, the flat rows of its tokens: a slice when they are one run
+    (``slice(None)``: every token), else their indices."""
 
-    def __init__(self, groups: list[tuple[LoraWeights, torch.Tensor | None]]) -> None:
+    def __init__(self, groups: list[tuple[LoraWeights, slice | torch.Tensor]]) -> None:
         self.groups = groups
 
     def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, projection: str) -> torch.Tensor:
@@ -70,8 +73,8 @@ class LoraBatch:
             proj = weights.layers[layer].get(projection)
             if proj is None:
                 continue
-            if rows is None:
-                y.addmm_(F.linear(x, proj.a), proj.bt, alpha=weights.scaling)
+            if isinstance(rows, slice):
+                y[rows].addmm_(F.linear(x[rows], proj.a), proj.bt, alpha=weights.scaling)
             else:
                 y.index_add_(0, rows, F.linear(x.index_select(0, rows), proj.a) @ proj.bt, alpha=weights.scaling)
         return y
@@ -88,11 +91,15 @@ def lora_batch(spans: list[tuple[LoraWeights | None, int]], device: torch.device
         num_tokens += n
     if not rows:
         return None
-    if len(rows) == 1:
-        weights, only = next(iter(rows.values()))
-        if len(only) == num_tokens:
-            return LoraBatch([(weights, None)])
-    return LoraBatch([(w, torch.tensor(r, dtype=torch.long, device=device)) for w, r in rows.values()])
+    return LoraBatch([(w, _rows(r, num_tokens, device)) for w, r in rows.values()])
+
+
+def _rows(rows: list[int], num_tokens: int, device: torch.device) -> slice | torch.Tensor:
+    if len(rows) == num_tokens:
+        return slice(None)
+    if rows[-1] - rows[0] == len(rows) - 1:  # ascending, so one run
+        return slice(rows[0], rows[-1] + 1)
+    return torch.tensor(rows, dtype=torch.long, device=device)
 
 
 class LoraCache:

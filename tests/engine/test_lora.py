@@ -13,15 +13,16 @@ def _cache(model_dir, max_idle: int = 8) -> LoraCache:
     return LoraCache(ModelConfig.from_dir(model_dir).lora_shape, torch.device("cpu"), torch.float32, max_idle)
 
 
-def test_rows_are_grouped_per_adapter_and_a_batch_of_one_adapter_skips_the_gather(tiny_model_dir, lora_dirs):
+def test_rows_are_grouped_per_adapter_and_runs_of_rows_skip_the_gather(tiny_model_dir, lora_dirs):
     cache = _cache(tiny_model_dir)
     a = cache.get(LoraRef("alpha", str(lora_dirs["alpha"])), set())
     b = cache.get(LoraRef("beta", str(lora_dirs["beta"])), set())
     assert lora_batch([(None, 3), (None, 1)], torch.device("cpu")) is None
     (only,) = lora_batch([(a, 3), (a, 2)], torch.device("cpu")).groups
-    assert only == (a, None)
-    groups = lora_batch([(a, 1), (None, 2), (b, 3), (a, 2)], torch.device("cpu")).groups
-    assert [(w, rows.tolist()) for w, rows in groups] == [(a, [0, 6, 7]), (b, [3, 4, 5])]
+    assert only == (a, slice(None))
+    (first, second) = lora_batch([(a, 1), (None, 2), (b, 3), (a, 2)], torch.device("cpu")).groups
+    assert first[0] is a and first[1].tolist() == [0, 6, 7]  # spread: gathered
+    assert second == (b, slice(3, 6))  # one run: a view
 
 
 def test_a_batch_adds_what_peft_adds_to_each_projection(tiny_model_dir, lora_dirs):
@@ -32,11 +33,13 @@ def test_a_batch_adds_what_peft_adds_to_each_projection(tiny_model_dir, lora_dir
     raw = load_file(str(lora_dirs["alpha"] / "adapter_model.safetensors"))
     shape = cache.shape
     x = torch.randn(5, shape.hidden_size)
-    y = torch.zeros(5, shape.q_size + 2 * shape.kv_size)
-    lora_batch([(None, 2), (a, 3)], torch.device("cpu")).add(y, x, 1, "qkv")
     key = "base_model.model.model.layers.1.self_attn.{}_proj.lora_{}.weight"
-    want = torch.cat([x[2:] @ raw[key.format(p, "A")].T @ raw[key.format(p, "B")].T * 2.0 for p in "qkv"], dim=1)
-    assert torch.allclose(y[2:], want, atol=1e-5) and not y[:2].any()
+    for spans, rows in (([(None, 2), (a, 3)], [2, 3, 4]), ([(a, 1), (None, 2), (a, 2)], [0, 3, 4])):
+        y = torch.zeros(5, shape.q_size + 2 * shape.kv_size)
+        lora_batch(spans, torch.device("cpu")).add(y, x, 1, "qkv")  # a run of rows (a view), then spread rows
+        want = torch.cat([x[rows] @ raw[key.format(p, "A")].T @ raw[key.format(p, "B")].T * 2.0 for p in "qkv"], 1)
+        others = [i for i in range(5) if i not in rows]
+        assert torch.allclose(y[rows], want, atol=1e-5) and not y[others].any()
 
 
 def test_idle_adapters_beyond_the_limit_are_dropped_but_never_those_in_use(tiny_model_dir, lora_dirs, tmp_path):
