@@ -56,10 +56,7 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegist
     item = BatchItem(line_no, raw.get("custom_id"))
     try:
         _parse_request(engine, raw, item)
-        model = raw["body"].get("model")
-        if model is not None and not isinstance(model, str):
-            raise InvalidArgument(f"body.model must be a string, got {model!r}")
-        item.lora = loras.resolve(model)
+        item.lora = loras.resolve(raw["body"].get("model"))
         item.cache_salt = check_cache_salt(raw["body"].get("cache_salt"))
         engine.validate(item.prompt_token_ids, item.params)
     except SeawallError as exc:

@@ -223,10 +223,7 @@ class OpenAIApi:
     def _check_model(self, body: dict) -> LoraRef | None:
         """The LoRA adapter the body's ``model`` names, or None for the base model (its served name or its
         checkpoint's path, as vLLM accepts); another model gets 404, as OpenAI and vLLM answer it."""
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise InvalidArgument(f"model must be a string, got {model!r}")
-        return self.frontend.loras.resolve(model)
+        return self.frontend.loras.resolve(body.get("model"))
 
     def served_name(self, body: dict) -> str:
         """The ``model`` a response names: the adapter's name, or the base model's served name."""

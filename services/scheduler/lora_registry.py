@@ -36,9 +36,11 @@ class LoraRegistry:
         if self._specs.pop(name, None) is None:
             raise NotFound(f"no LoRA adapter named {name!r} is loaded")
 
-    def resolve(self, model: str | None) -> LoraRef | None:
-        """The adapter a request's ``model`` field names, or None for the base model (empty, or one of its
-        names); raises ``NotFound`` saying what is served."""
+    def resolve(self, model: object) -> LoraRef | None:
+        """The adapter a request's ``model`` field names, or None for the base model (None, empty, or one of
+        its names); raises ``NotFound`` saying what is served, ``InvalidArgument`` for what is no name."""
+        if model is not None and not isinstance(model, str):
+            raise InvalidArgument(f"model must be a string, got {model!r}")
         if not model or model in self.base_names:
             return None
         spec = self._specs.get(model)

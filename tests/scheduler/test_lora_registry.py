@@ -53,3 +53,8 @@ def test_the_scheduler_takes_adapters_from_flags_or_the_environment(monkeypatch,
     monkeypatch.setenv("SEAWALL_LORA_MODULES", "no-path")
     with pytest.raises(InvalidArgument, match="SEAWALL_LORA_MODULES: 'no-path': give an adapter as NAME=PATH"):
         parse_args([])
+
+
+def test_a_model_field_that_is_no_string_is_refused(registry):
+    with pytest.raises(InvalidArgument, match="model must be a string, got 5"):
+        registry.resolve(5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import overload
 
 from services.common.sampling_params import SamplingParams
@@ -62,9 +63,10 @@ class Request:
         self.num_computed_tokens = self.num_cached_blocks = 0
         self.status = RequestStatus.WAITING
 
-    @property
+    @cached_property
     def hash_salt(self) -> str:
-        """What sets this request's block hashes apart from the model's: its adapter and its cache salt."""
+        """What sets this request's block hashes apart from the model's: its adapter and its cache salt (read
+        each time its hashes grow, so made once)."""
         if self.lora is None and not self.cache_salt:
             return ""
         lora = f"lora|{self.lora.name}|{self.lora.path}" if self.lora is not None else ""
