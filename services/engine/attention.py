@@ -12,6 +12,10 @@ The step's tokens are flattened: ``[T, heads, head_dim]``. Every token's K/V is 
       keys:    [ 0 ............ start | start ......... start+q )
       query i: sees keys j <= start + i
 
+In a sliding-window layer (Mistral; Qwen2/3 layers past ``max_window_layers``) a query at position p sees
+keys ``(p - window, p]`` only: the same groups with a window mask, or the kernels told the window, which then
+skip the blocks before it.
+
 Measured in bench/attention_impl.py: ``index_select`` on the flattened block rows gathers ~5x faster than
 advanced indexing of the strided per-layer view, and length buckets beat padding every decode to the
 longest. On the CPU in fp32, when the fused kernels load (services/engine/cpu_kernels), K/V are written by
@@ -40,6 +44,8 @@ class DecodeGroup:
     size: int
     block_tables: torch.Tensor  # [size, max_blocks], padded with block 0 (masked out)
     mask: torch.Tensor  # [size, 1, 1, max_blocks * block_size] bool: key is inside the context
+    # The same, inside the last ``AttentionBatch.window`` keys only; None where the window cuts nothing off.
+    window_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -69,6 +75,9 @@ class FreshChunks:
     token_start: int
     count: int
     length: int
+    # [length, length] causal mask within the window, when the window is shorter than the chunk (else None:
+    # plain causal attention is the same thing).
+    window_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -80,6 +89,7 @@ class PrefixChunk:
     context_len: int  # cached prefix + this chunk
     block_table: torch.Tensor  # [ceil(context_len / block_size)] block ids
     mask: torch.Tensor  # [num_tokens, context_len] bool
+    window_mask: torch.Tensor | None = None  # the same, inside the window; None where it cuts nothing off
 
 
 @dataclass
@@ -94,6 +104,9 @@ class AttentionBatch:
     decode_rows: DecodeRows | None = None  # instead of ``decodes`` when ``kernels`` is set
     chunk_rows: ChunkRows | None = None  # instead of ``fresh`` and ``prefixed`` when ``kernels`` is set
     kernels: CpuKernels | None = None
+    # Sliding-window attention: the keys a query sees in a sliding layer (itself and the window - 1 before
+    # it, as transformers masks them); the groups' window masks are built only when this is set.
+    window: int | None = None
 
 
 def paged_attention(
@@ -103,16 +116,21 @@ def paged_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     batch: AttentionBatch,
+    sliding: bool = False,
 ) -> torch.Tensor:
-    """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``."""
+    """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``.
+    ``sliding``: this layer attends within ``batch.window`` only (a no-op when the batch has no window)."""
     out = torch.empty_like(q)
+    windowed = sliding and batch.window is not None
     if batch.kernels is not None:
+        window = batch.window if windowed else None
         batch.kernels.kv_write(k_cache, v_cache, k, v, batch.slot_blocks, batch.slot_offsets)
         if (d := batch.decode_rows) is not None:
             span = slice(d.token_start, d.token_start + d.size)
-            batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens)
+            batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens, window)
         if (c := batch.chunk_rows) is not None:
-            batch.kernels.paged_prefill(out, q, k_cache, v_cache, c.token_starts, c.lens, c.prefix, c.block_tables)
+            batch.kernels.paged_prefill(out, q, k_cache, v_cache, c.token_starts, c.lens, c.prefix, c.block_tables,
+                                        window)
     else:
         k_cache[batch.slot_blocks, batch.slot_offsets] = k
         v_cache[batch.slot_blocks, batch.slot_offsets] = v
@@ -120,13 +138,14 @@ def paged_attention(
         span = slice(g.token_start, g.token_start + g.size)
         o = F.scaled_dot_product_attention(
             q[span].unsqueeze(2), gather(k_cache, g.block_tables), gather(v_cache, g.block_tables),
-            attn_mask=g.mask, enable_gqa=True,
+            attn_mask=g.window_mask if windowed and g.window_mask is not None else g.mask, enable_gqa=True,
         )
         out[span] = o.squeeze(2)
     for g in batch.fresh:
         span = slice(g.token_start, g.token_start + g.count * g.length)
+        mask = g.window_mask if windowed else None
         o = F.scaled_dot_product_attention(_per_chunk(q[span], g), _per_chunk(k[span], g), _per_chunk(v[span], g),
-                                           is_causal=True, enable_gqa=True)
+                                           attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         out[span] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
     for c in batch.prefixed:
         span = slice(c.token_start, c.token_start + c.num_tokens)
@@ -134,7 +153,8 @@ def paged_attention(
         keys = gather(k_cache, table)[:, :, : c.context_len]
         values = gather(v_cache, table)[:, :, : c.context_len]
         o = F.scaled_dot_product_attention(q[span].transpose(0, 1).unsqueeze(0), keys, values,
-                                           attn_mask=c.mask, enable_gqa=True)
+                                           attn_mask=c.window_mask if windowed and c.window_mask is not None
+                                           else c.mask, enable_gqa=True)
         out[span] = o.squeeze(0).transpose(0, 1)
     return out
 

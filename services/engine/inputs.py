@@ -86,11 +86,12 @@ class StepInputs:
 
 def prepare_inputs(
     scheduled: list[tuple[SequenceState, int]], block_size: int, device: torch.device,
-    kernels: CpuKernels | None = None,
+    kernels: CpuKernels | None = None, window: int | None = None,
 ) -> StepInputs:
     """``scheduled``: (sequence, number of tokens to run); with ``kernels``, attention runs the fused CPU
-    kernels: the decodes form one ``DecodeRows``, the prompt chunks one ``ChunkRows``. Raises ``ValueError``
-    on an inconsistent plan."""
+    kernels: the decodes form one ``DecodeRows``, the prompt chunks one ``ChunkRows``. ``window``: the
+    model's sliding window (its sliding layers' masks are built too). Raises ``ValueError`` on an
+    inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
     decodes = _decode_order([s for s, n in scheduled if n == 1], kernels is not None)
@@ -129,12 +130,12 @@ def prepare_inputs(
     # One tensor for the four per-token rows (each conversion from Python lists has a fixed cost).
     flat = _t2d([ids, positions, slot_blocks, [p % block_size for p in positions]], device)
     input_ids, positions_t = flat[0], flat[1]
-    attention = AttentionBatch(flat[2], flat[3], kernels=kernels)
+    attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window)
     lora = lora_batch([(seq.lora, n) for seq, n in ordered], device)
     if kernels is None:
         offset = 0
         for bucket in _decode_buckets(decodes, block_size):
-            attention.decodes.append(_decode_group(bucket, offset, block_size, device))
+            attention.decodes.append(_decode_group(bucket, offset, block_size, device, window))
             offset += len(bucket)
     elif decodes:
         attention.decode_rows = _decode_rows(decodes, positions_t[: len(decodes)], block_size, device)
@@ -146,10 +147,10 @@ def prepare_inputs(
                       lora)
     for length, group in groupby(fresh, key=lambda sn: sn[1]):
         count = len(list(group))
-        attention.fresh.append(FreshChunks(offset, count, length))
+        attention.fresh.append(FreshChunks(offset, count, length, _causal_window(length, length, window, device)))
         offset += count * length
     for seq, n in prefixed:
-        attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device))
+        attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device, window))
         offset += n
     return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified,
                       lora)
@@ -188,13 +189,17 @@ def _decode_buckets(decodes: list[SequenceState], block_size: int) -> list[list[
     return buckets
 
 
-def _decode_group(seqs: list[SequenceState], token_start: int, block_size: int, device) -> DecodeGroup:
+def _decode_group(seqs: list[SequenceState], token_start: int, block_size: int, device,
+                  window: int | None) -> DecodeGroup:
     context_lens = [s.num_computed + 1 for s in seqs]
     max_blocks = -(-max(context_lens) // block_size)
     tables = [(s.block_ids + [0] * max_blocks)[:max_blocks] for s in seqs]
-    keys = torch.arange(max_blocks * block_size, device=device)
-    mask = (keys[None, :] < _t(context_lens, device)[:, None])[:, None, None, :]
-    return DecodeGroup(token_start, len(seqs), _t2d(tables, device), mask)
+    keys = torch.arange(max_blocks * block_size, device=device)[None, :]
+    ends = _t(context_lens, device)[:, None]
+    mask = keys < ends
+    cut = window is not None and max(context_lens) > window
+    window_mask = (mask & (keys >= ends - window))[:, None, None, :] if cut else None
+    return DecodeGroup(token_start, len(seqs), _t2d(tables, device), mask[:, None, None, :], window_mask)
 
 
 def _decode_rows(seqs: list[SequenceState], positions: torch.Tensor, block_size: int, device) -> DecodeRows:
@@ -215,13 +220,24 @@ def _chunk_rows(chunks: list[tuple[SequenceState, int]], offset: int, block_size
     return ChunkRows(_t(starts, device), _t(lens, device), _t(prefix, device), _t2d(tables, device))
 
 
-def _prefix_chunk(seq: SequenceState, n: int, token_start: int, block_size: int, device) -> PrefixChunk:
+def _prefix_chunk(seq: SequenceState, n: int, token_start: int, block_size: int, device,
+                  window: int | None) -> PrefixChunk:
     start = seq.num_computed
     context = start + n
     table = _t(seq.block_ids[: -(-context // block_size)], device)
     q = torch.arange(n, device=device)[:, None]
     k = torch.arange(context, device=device)[None, :]
-    return PrefixChunk(token_start, n, context, table, k <= start + q)
+    return PrefixChunk(token_start, n, context, table, k <= start + q, _causal_window(n, context, window, device))
+
+
+def _causal_window(queries: int, keys: int, window: int | None, device) -> torch.Tensor | None:
+    """``[queries, keys]``: the last ``queries`` of ``keys`` positions, each seeing itself and the ``window - 1``
+    keys before it; None without a window or where it cuts nothing off (causal attention is the same)."""
+    if window is None or keys <= window:
+        return None
+    q = torch.arange(keys - queries, keys, device=device)[:, None]
+    k = torch.arange(keys, device=device)[None, :]
+    return (k <= q) & (k > q - window)
 
 
 def _t(values, device) -> torch.Tensor:

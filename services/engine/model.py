@@ -67,6 +67,7 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
+        self.sliding = config.slides(layer)
         self.q_size = config.num_attention_heads * config.head_dim
         self.kv_size = config.num_key_value_heads * config.head_dim
         self.heads, self.kv_heads, self.head_dim = (
@@ -91,7 +92,7 @@ class Attention(nn.Module):
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.layer)
-        o = paged_attention(q, k, v, k_cache, v_cache, batch).reshape(t, self.q_size)
+        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding).reshape(t, self.q_size)
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
 
@@ -195,7 +196,7 @@ class LlamaForCausalLM(nn.Module):
             v = qkv[:, q_size + kv_size :].view(t, c.num_key_value_heads, d)
             k_cache, v_cache = kv.layer(i)
             o = paged_attention(qk[:, : c.num_attention_heads], qk[:, c.num_attention_heads :], v, k_cache, v_cache,
-                                batch)
+                                batch, c.slides(i))
             o = o.view(t, q_size)
             out = F.linear(o, w.o)
             h = kernels.add_rms_norm(out if lora is None else lora.add(out, o, i, "o"), residual, w.post_norm, eps)

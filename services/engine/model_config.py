@@ -1,8 +1,9 @@
 """The architecture of a Llama-family checkpoint, parsed from its Hugging Face ``config.json``.
 
 Llama, Mistral, Qwen2 (biases on q/k/v) and Qwen3 (an RMSNorm over each head of q and k before RoPE) share
-one decoder here. Sliding-window attention is not implemented: a checkpoint that turns it on serves contexts
-up to the window, where full attention computes the same thing (``max_model_len``)."""
+one decoder here. Sliding-window attention is read as transformers reads it: Mistral's ``sliding_window``
+applies to every layer; Qwen2/3's only with ``use_sliding_window``, to the layers ``layer_types`` names
+``sliding_attention`` (without it, the layers from ``max_window_layers`` on)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ class ModelConfig:
     attention_bias: bool = False
     # Qwen3 normalizes each head of q and k (RMSNorm over head_dim) before RoPE.
     qk_norm: bool = False
-    # Tokens a query attends back over when the checkpoint turns sliding-window attention on, else None.
+    # Keys a query in a sliding layer sees (itself and window - 1 before it) when the checkpoint turns
+    # sliding-window attention on, else None; which layers slide (None with a window: all of them).
     sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
@@ -70,11 +73,18 @@ class ModelConfig:
 
     @property
     def max_model_len(self) -> int:
-        """The longest context served: the model's, or its attention window when that is shorter (within the
-        window sliding-window attention equals full attention, which is what the engine computes)."""
-        if self.sliding_window is None:
-            return self.max_position_embeddings
-        return min(self.max_position_embeddings, self.sliding_window)
+        """The longest context served."""
+        return self.max_position_embeddings
+
+    def slides(self, layer: int) -> bool:
+        """Whether ``layer`` attends within ``sliding_window`` only."""
+        return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
+
+    @property
+    def uniform_window(self) -> int | None:
+        """The window when every layer attends within it (KV before it is never read again, so its blocks can
+        be freed), else None."""
+        return self.sliding_window if all(self.slides(i) for i in range(self.num_hidden_layers)) else None
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -125,7 +135,8 @@ class ModelConfig:
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
                 qk_norm=arch == "Qwen3ForCausalLM",
-                sliding_window=_sliding_window(raw, arch),
+                sliding_window=(window := _sliding_window(raw, arch)),
+                sliding_layers=_sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None,
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
@@ -150,8 +161,23 @@ class ModelConfig:
 
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
-    ``use_sliding_window`` (their configs carry a window they leave off)."""
+    ``use_sliding_window`` (their configs carry a window they leave off); Llama has none."""
     window = raw.get("sliding_window")
-    if arch.startswith("Qwen") and not raw.get("use_sliding_window"):
+    if arch == "LlamaForCausalLM" or (arch.startswith("Qwen") and not raw.get("use_sliding_window")):
         return None
+    if window is not None and int(window) < 1:
+        raise ModelLoadError(f"config.json: sliding_window must be >= 1, got {window}")
     return int(window) if window else None
+
+
+def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...] | None:
+    """Which layers slide, as transformers decides: all of Mistral's (it ignores ``layer_types``); Qwen's as
+    ``layer_types`` says, else those from ``max_window_layers`` (default 28) on. None: all."""
+    if not arch.startswith("Qwen"):
+        return None
+    types = raw.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise ModelLoadError(f"config.json: layer_types must list one type per layer ({layers})")
+        return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+    return tuple(range(int(raw.get("max_window_layers", 28)), layers))

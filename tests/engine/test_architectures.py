@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seawall.offline.engine import OfflineEngine
-from services.common.errors import InvalidArgument
+from services.common.errors import ModelLoadError
 from services.common.sampling_params import SamplingParams
 from services.engine.config import EngineConfig
 from services.engine.model_config import ModelConfig
@@ -26,10 +26,14 @@ CASES = {
     "llama": lambda: transformers.LlamaConfig(
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 128}, **COMMON),
-    "mistral": lambda: transformers.MistralConfig(sliding_window=256, **COMMON),
+    # Sliding-window attention in every layer, a window shorter than most prompts and not a block multiple.
+    "mistral": lambda: transformers.MistralConfig(sliding_window=24, **COMMON),
     "qwen2": lambda: transformers.Qwen2Config(tie_word_embeddings=False, **COMMON),  # biases on q/k/v
-    # Norms on q and k heads; head_dim * heads (128) differs from hidden_size; tied embeddings.
-    "qwen3": lambda: transformers.Qwen3Config(head_dim=32, tie_word_embeddings=True, **COMMON),
+    # Norms on q and k heads; head_dim * heads (128) differs from hidden_size; tied embeddings; sliding and
+    # full attention layers mixed.
+    "qwen3": lambda: transformers.Qwen3Config(
+        head_dim=32, tie_word_embeddings=True, use_sliding_window=True, sliding_window=37,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], **COMMON),
 }
 MAX_TOKENS = 16
 
@@ -69,20 +73,27 @@ def test_greedy_tokens_and_logprobs_match_transformers(checkpoint, cpu_kernels):
         assert [lp.logprob for lp in comp.logprobs] == pytest.approx(want, abs=1e-4)
 
 
-def test_a_sliding_window_caps_the_context_where_full_attention_is_exact(checkpoint):
+def test_sliding_windows_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
-    window = getattr(model.config, "sliding_window", None) if model.config.model_type == "mistral" else None
-    assert config.max_model_len == (window or 512)
-    if window:
-        engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32"))
-        with pytest.raises(InvalidArgument, match=f"context is {window}"):
-            engine.validate(list(range(3, 3 + window)), SamplingParams(max_tokens=4))
+    types = getattr(model.config, "layer_types", None) or ["full_attention"] * 3
+    if model.config.model_type == "mistral":  # transformers' Mistral slides in every layer
+        types = ["sliding_attention"] * 3
+    assert [config.slides(i) for i in range(3)] == [t == "sliding_attention" for t in types]
+    assert config.sliding_window == (model.config.sliding_window if "sliding_attention" in types else None)
+    assert config.max_model_len == 512
 
 
-def test_qwen_configs_that_leave_the_window_off_serve_the_whole_context():
+def test_qwen_windows_follow_use_sliding_window_and_max_window_layers():
     raw = dict(COMMON, architectures=["Qwen2ForCausalLM"], sliding_window=64, use_sliding_window=False)
-    assert ModelConfig.from_dict(raw).max_model_len == 512
-    assert ModelConfig.from_dict({**raw, "use_sliding_window": True}).max_model_len == 64
-    assert ModelConfig.from_dict(dict(COMMON, architectures=["MistralForCausalLM"], sliding_window=None)
-                                 ).max_model_len == 512
+    assert ModelConfig.from_dict(raw).sliding_window is None
+    on = ModelConfig.from_dict({**raw, "use_sliding_window": True, "max_window_layers": 1})
+    assert on.sliding_window == 64 and [on.slides(i) for i in range(3)] == [False, True, True]
+    assert on.uniform_window is None  # full layers read every key: no block is ever freed
+    assert ModelConfig.from_dict({**raw, "use_sliding_window": True, "max_window_layers": 0}).uniform_window == 64
+    mistral = ModelConfig.from_dict(dict(COMMON, architectures=["MistralForCausalLM"], sliding_window=None))
+    assert mistral.sliding_window is None and mistral.uniform_window is None
+    llama = ModelConfig.from_dict(dict(COMMON, architectures=["LlamaForCausalLM"], sliding_window=64))
+    assert llama.sliding_window is None  # transformers' Llama has no window
+    with pytest.raises(ModelLoadError, match="one type per layer"):
+        ModelConfig.from_dict({**raw, "use_sliding_window": True, "layer_types": ["sliding_attention"]})

@@ -31,10 +31,11 @@ def _pool(num_blocks, block_size, kv_heads, head_dim, layers=3, seed=0):
     return pool[:, 1, 0], pool[:, 1, 1]  # a middle layer: strided views, as the engine's pool hands out
 
 
-def _reference_decode(q, k_cache, v_cache, tables, lens):
+def _reference_decode(q, k_cache, v_cache, tables, lens, window=None):
     block_size = k_cache.shape[1]
-    keys = torch.arange(tables.shape[1] * block_size)
-    mask = (keys[None, :] < lens[:, None])[:, None, None, :]
+    keys = torch.arange(tables.shape[1] * block_size)[None, :]
+    mask = (keys < lens[:, None]) & (keys >= lens[:, None] - (window or 1 << 30))
+    mask = mask[:, None, None, :]
     out = F.scaled_dot_product_attention(q.unsqueeze(2), gather(k_cache, tables), gather(v_cache, tables),
                                          attn_mask=mask, enable_gqa=True)
     return out.squeeze(2)
@@ -46,8 +47,10 @@ SHAPES = [(1, 2, 2, 32, 16), (3, 4, 2, 64, 16), (64, 2, 2, 32, 16), (20, 2, 3, 1
           (12, 8, 1, 48, 32), (16, 8, 8, 128, 16)]
 
 
+@pytest.mark.parametrize("window", [None, 1, 17, 40])
 @pytest.mark.parametrize(("rows", "kv_heads", "group", "head_dim", "block_size"), SHAPES)
-def test_paged_decode_matches_gather_and_sdpa(kernels, rows, kv_heads, group, head_dim, block_size):
+def test_paged_decode_matches_gather_and_sdpa(kernels, rows, kv_heads, group, head_dim, block_size, window):
+    """Also with a sliding window: of one token, ending mid-block, spanning block boundaries."""
     g = torch.Generator().manual_seed(rows * 7 + head_dim)
     k_cache, v_cache = _pool(256, block_size, kv_heads, head_dim)
     # Contexts from one token to a few blocks, with block boundaries; tables are random blocks of the pool.
@@ -59,8 +62,35 @@ def test_paged_decode_matches_gather_and_sdpa(kernels, rows, kv_heads, group, he
     qkv = torch.randn((rows, (kv_heads * group + 2 * kv_heads) * head_dim), generator=g)
     q = qkv[:, : kv_heads * group * head_dim].view(rows, kv_heads * group, head_dim)
     out = torch.full_like(q, float("nan"))
-    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens)
-    torch.testing.assert_close(out, _reference_decode(q, k_cache, v_cache, tables, lens), atol=2e-6, rtol=1e-5)
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens, window)
+    torch.testing.assert_close(out, _reference_decode(q, k_cache, v_cache, tables, lens, window), atol=2e-6,
+                               rtol=1e-5)
+
+
+def test_a_window_never_reads_the_blocks_before_it(kernels):
+    """Blocks wholly before every query's window may be freed and reused: their table entries point at NaNs
+    here, and no output sees them (decodes and chunks, the first block of the window entered part way)."""
+    g = torch.Generator().manual_seed(5)
+    k_cache, v_cache = _pool(16, 16, 2, 32)
+    clean_k, clean_v = k_cache.clone(), v_cache.clone()
+    k_cache[15] = float("nan")
+    v_cache[15] = float("nan")
+    tables = torch.tensor([[15, 15, 3, 4, 5], [15, 6, 7, 8, 9]])
+    lens, window = torch.tensor([75, 50]), 40  # keys [35, 75) and [10, 50): blocks 2-4 and 0-3
+    tables[1, 0] = 0  # the second row's window starts in its first block: a real one
+    q = torch.randn(2, 4, 32, generator=g)
+    out = torch.empty_like(q)
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens, window)
+    torch.testing.assert_close(out, _reference_decode(q, clean_k, clean_v, tables, lens, window), atol=2e-6,
+                               rtol=1e-5)
+    # Rows see keys from [33, 35) on and [5, 10) on.
+    starts, chunk_lens, prefix = torch.tensor([0, 3]), torch.tensor([3, 6]), torch.tensor([72, 44])
+    q = torch.randn(9, 4, 32, generator=g)
+    out = torch.empty_like(q)
+    kernels.paged_prefill(out, q, k_cache, v_cache, starts, chunk_lens, prefix, tables, window)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, _reference_chunks(q, clean_k, clean_v, starts, chunk_lens, prefix, tables,
+                                                      window), atol=3e-6, rtol=1e-5)
 
 
 def test_one_long_decode_split_across_heads(kernels):
@@ -93,7 +123,7 @@ def test_paged_decode_ignores_padding_blocks_and_large_scores(kernels):
     torch.testing.assert_close(out, _reference_decode(q, clean_k, clean_v, tables, lens), atol=1e-5, rtol=1e-5)
 
 
-def _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables):
+def _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables, window=None):
     block_size, heads, dim = k_cache.shape[1:]
     out = torch.empty_like(q)
     for c in range(len(lens)):
@@ -101,7 +131,8 @@ def _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables):
         ctx = p + n
         keys = k_cache[tables[c]].reshape(-1, heads, dim)[:ctx].transpose(0, 1)[None]
         values = v_cache[tables[c]].reshape(-1, heads, dim)[:ctx].transpose(0, 1)[None]
-        mask = torch.arange(ctx)[None, :] <= (p + torch.arange(n))[:, None]
+        key, query = torch.arange(ctx)[None, :], (p + torch.arange(n))[:, None]
+        mask = (key <= query) & (key > query - (window or 1 << 30))
         rows = q[start : start + n].transpose(0, 1)[None]
         out[start : start + n] = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask,
                                                                 enable_gqa=True)[0].transpose(0, 1)
@@ -120,8 +151,10 @@ CHUNK_CASES = [
 ]
 
 
+@pytest.mark.parametrize("window", [None, 1, 30, 100])
 @pytest.mark.parametrize(("kv_heads", "group", "head_dim", "block_size", "chunks"), CHUNK_CASES)
-def test_paged_prefill_matches_gather_and_sdpa(kernels, kv_heads, group, head_dim, block_size, chunks):
+def test_paged_prefill_matches_gather_and_sdpa(kernels, kv_heads, group, head_dim, block_size, chunks, window):
+    """Also with sliding windows shorter than a key tile, than a chunk, and starting inside a tile."""
     g = torch.Generator().manual_seed(head_dim + len(chunks))
     k_cache, v_cache = _pool(512, block_size, kv_heads, head_dim)
     prefix = torch.tensor([p for p, _ in chunks])
@@ -133,10 +166,10 @@ def test_paged_prefill_matches_gather_and_sdpa(kernels, kv_heads, group, head_di
     qkv = torch.randn((total, (kv_heads * group + 2 * kv_heads) * head_dim), generator=g)
     q = qkv[:, : kv_heads * group * head_dim].view(total, kv_heads * group, head_dim)
     out = torch.full_like(q, float("nan"))
-    kernels.paged_prefill(out, q, k_cache, v_cache, starts, lens, prefix, tables)
+    kernels.paged_prefill(out, q, k_cache, v_cache, starts, lens, prefix, tables, window)
     assert torch.isnan(out[:5]).all()  # rows outside the chunks are left alone
-    torch.testing.assert_close(out[5:], _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables)[5:],
-                               atol=3e-6, rtol=1e-5)
+    reference = _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables, window)
+    torch.testing.assert_close(out[5:], reference[5:], atol=3e-6, rtol=1e-5)
 
 
 def test_kv_write_matches_index_put(kernels):

@@ -80,22 +80,24 @@ static inline __attribute__((always_inline)) float softmax_step(float *p, int n,
 }
 
 /* One query token, KV heads [head, head + heads) and their `group` query heads each:
- * out = softmax(q . K^T * scale) V over the first context_len tokens of `table`, in one pass over the
+ * out = softmax(q . K^T * scale) V over tokens [first, context_len) of `table`, in one pass over the
  * blocks with a running max and sum per query head (online softmax). */
 static inline __attribute__((always_inline)) void attend(
     const float *q, float *out, const float *k_cache, const float *v_cache, const int64_t *table,
-    int context_len, int64_t block_stride, int block_size, int kv_heads, int head, int heads, int head_dim,
-    int group, float scale) {
+    int first, int context_len, int64_t block_stride, int block_size, int kv_heads, int head, int heads,
+    int head_dim, int group, float scale) {
     const int rows = heads * group; /* query heads of this job */
     float m[rows], l[rows], acc[rows * head_dim], s[rows * block_size];
     for (int r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.f;
     memset(acc, 0, sizeof(acc));
     const int64_t token_stride = (int64_t)kv_heads * head_dim, head_offset = (int64_t)head * head_dim;
-    for (int start = 0, b = 0; start < context_len; start += block_size, b++) {
-        const int n = context_len - start < block_size ? context_len - start : block_size;
-        const float *kb = k_cache + table[b] * block_stride + head_offset;
-        const float *vb = v_cache + table[b] * block_stride + head_offset;
-        const int64_t next = start + block_size < context_len ? table[b + 1] * block_stride + head_offset : -1;
+    /* Keys [first, context_len): the first block may be entered part way (a sliding window's start). */
+    for (int b = first / block_size, start = first; start < context_len; start = ++b * block_size) {
+        const int skip = start - b * block_size;
+        const int n = (context_len - b * block_size < block_size ? context_len - b * block_size : block_size) - skip;
+        const float *kb = k_cache + table[b] * block_stride + head_offset + skip * token_stride;
+        const float *vb = v_cache + table[b] * block_stride + head_offset + skip * token_stride;
+        const int64_t next = (b + 1) * block_size < context_len ? table[b + 1] * block_stride + head_offset : -1;
         for (int t = 0; t < n; t++) {
             if (next >= 0)
                 prefetch_token(k_cache, v_cache, next + t * token_stride, heads * head_dim);
@@ -123,13 +125,14 @@ static inline __attribute__((always_inline)) void attend(
 }
 
 /* Decode attention: row i (one query token) attends to the first context_lens[i] tokens of its block table
- * (block_tables[i * table_stride ...]). Queries have kv_heads * group heads of head_dim.
+ * (block_tables[i * table_stride ...]), or with window > 0 to the last `window` of them (sliding-window
+ * attention; the blocks before are never read). Queries have kv_heads * group heads of head_dim.
  * A job is one row and all its heads, so each block is read front to back, as one region; with fewer rows
  * than a few per thread, a job is one row and one KV head, so a lone long decode still uses every thread. */
 void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, int64_t q_row_stride,
                           const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                           int kv_heads, int head_dim, int group, int num_rows, const int64_t *block_tables,
-                          int64_t table_stride, const int64_t *context_lens, float scale) {
+                          int64_t table_stride, const int64_t *context_lens, int window, float scale) {
     const int split = num_rows < 4 * omp_get_max_threads();
     const int heads = split ? 1 : kv_heads, per_row = kv_heads / heads, jobs = num_rows * per_row;
 #pragma omp parallel for schedule(dynamic, 1) if (jobs > 1)
@@ -139,13 +142,13 @@ void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, in
         const float *qi = q + i * q_row_stride + head_offset;
         float *oi = out + i * out_row_stride + head_offset;
         const int64_t *table = block_tables + i * table_stride;
-        const int ctx = (int)context_lens[i];
+        const int ctx = (int)context_lens[i], first = window > 0 && ctx > window ? ctx - window : 0;
         /* Constant head sizes let the compiler unroll the inner loops into a few vector instructions. */
         switch (head_dim) {
-        case 32: attend(qi, oi, k_cache, v_cache, table, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale); break;
-        case 64: attend(qi, oi, k_cache, v_cache, table, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale); break;
-        case 128: attend(qi, oi, k_cache, v_cache, table, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale); break;
-        default: attend(qi, oi, k_cache, v_cache, table, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale);
+        case 32: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale); break;
+        case 64: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale); break;
+        case 128: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale); break;
+        default: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale);
         }
     }
 }
@@ -302,7 +305,7 @@ static inline __attribute__((always_inline)) void weigh_values(float *acc, const
 }
 
 /* Prompt chunks: chunk c's query rows [token_starts[c], + lens[c]) attend causally to the first
- * prefix[c] + i + 1 tokens of its block table (its cached prefix, then itself: its own K/V are already in
+ * prefix[c] + i + 1 tokens of its block table (with window > 0, to the last `window` of those) (its cached prefix, then itself: its own K/V are already in
  * the pool, so nothing is gathered). One job is one chunk, one KV head and up to ROW_TILE rows. It walks
  * the keys in tiles of KEY_TILE, copies each tile's K transposed (head_dim x keys) so that a row's scores
  * are vector FMAs across 64 keys, and keeps an online softmax per row and query head; a row's query heads
@@ -314,7 +317,7 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                            const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                            int kv_heads, int head_dim, int group, int num_chunks, const int64_t *token_starts,
                            const int64_t *lens, const int64_t *prefix, const int64_t *block_tables,
-                           int64_t table_stride, float scale) {
+                           int64_t table_stride, int window, float scale) {
     int64_t tiles_before[num_chunks + 1];
     tiles_before[0] = 0;
     for (int c = 0; c < num_chunks; c++) tiles_before[c + 1] = tiles_before[c] + (lens[c] + ROW_TILE - 1) / ROW_TILE;
@@ -336,7 +339,9 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
         float *acc = calloc((size_t)nq * head_dim, sizeof(float));
         const float *vrow[KEY_TILE];
         for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0.f;
-        for (int64_t ts = 0; ts < last_key_end; ts += KEY_TILE) {
+        /* With a window, row i sees keys [key_end - window, key_end): tiles before row 0's first are skipped. */
+        const int64_t first_key = window > 0 && first_key_end > window ? first_key_end - window : 0;
+        for (int64_t ts = first_key / KEY_TILE * KEY_TILE; ts < last_key_end; ts += KEY_TILE) {
             const int n_tile = (int)(last_key_end - ts < KEY_TILE ? last_key_end - ts : KEY_TILE);
             for (int t = 0; t < n_tile; t++) {
                 const int64_t key = ts + t;
@@ -347,9 +352,11 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                 vrow[t] = v_cache + at;
             }
             for (int i = 0; i < rows; i++) {
-                const int64_t key_end = first_key_end + i;
-                if (key_end <= ts)
+                const int64_t key_end = first_key_end + i, key_start = window > 0 && key_end > window ? key_end - window : 0;
+                if (key_end <= ts || key_start >= ts + n_tile)
                     continue;
+                /* The row's keys in this tile: [skip, n) (skip > 0 only where its window starts inside it). */
+                const int skip = (int)(key_start > ts ? key_start - ts : 0);
                 const int n = (int)(key_end - ts < n_tile ? key_end - ts : n_tile);
                 const float *qi = q + (token_starts[c] + row0 + i) * q_row_stride + (int64_t)h * group * head_dim;
                 float corr[group];
@@ -372,16 +379,16 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                         *(v16u *)(sj + 32) = s2;
                         *(v16u *)(sj + 48) = s3;
                     }
-                    corr[j] = softmax_step(sj, n, &m[r], &l[r]);
+                    corr[j] = softmax_step(sj + skip, n - skip, &m[r], &l[r]);
                 }
                 /* The group's query heads share this KV head's V rows: each row is loaded once for all of them. */
                 float *a = acc + (int64_t)i * group * head_dim;
                 switch (group) {
-                case 1: weigh_values(a, s, corr, vrow, n, head_dim, 1); break;
-                case 2: weigh_values(a, s, corr, vrow, n, head_dim, 2); break;
-                case 4: weigh_values(a, s, corr, vrow, n, head_dim, 4); break;
-                case 8: weigh_values(a, s, corr, vrow, n, head_dim, 8); break;
-                default: weigh_values(a, s, corr, vrow, n, head_dim, group);
+                case 1: weigh_values(a, s + skip, corr, vrow + skip, n - skip, head_dim, 1); break;
+                case 2: weigh_values(a, s + skip, corr, vrow + skip, n - skip, head_dim, 2); break;
+                case 4: weigh_values(a, s + skip, corr, vrow + skip, n - skip, head_dim, 4); break;
+                case 8: weigh_values(a, s + skip, corr, vrow + skip, n - skip, head_dim, 8); break;
+                default: weigh_values(a, s + skip, corr, vrow + skip, n - skip, head_dim, group);
                 }
             }
         }
