@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from services.engine.builtin_model import PRESETS, init_model, without_attention_output
@@ -39,6 +42,22 @@ def looping_model_dir(tiny_model_dir, tmp_path_factory):
     """The tiny model without attention output: its greedy output soon loops, which speculative decoding's
     n-gram drafts predict (``without_attention_output``)."""
     return without_attention_output(tiny_model_dir, tmp_path_factory.mktemp("models") / "looping")
+
+
+# The sliding-window model's window: shorter than most test prompts, not a multiple of the block size.
+WINDOW = 40
+
+
+@pytest.fixture(scope="session")
+def windowed_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model's weights as a Mistral checkpoint whose every layer attends within ``WINDOW`` keys (the
+    same tensor names; transformers then masks as Mistral 7B v0.1 does)."""
+    out = tmp_path_factory.mktemp("models") / "windowed"
+    shutil.copytree(tiny_model_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=WINDOW)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -46,8 +46,10 @@ class OfflineEngine:
         self.runner = ModelRunner(engine_config)
         self.checkpoint = self.runner.checkpoint
         self.tokenizer = self.checkpoint.tokenizer
-        config = replace(scheduler_config or SchedulerConfig(), max_model_len=self.runner.max_model_len)
-        self.blocks = BlockManager(self.runner.kv.num_blocks, engine_config.block_size)
+        window = self.checkpoint.config.uniform_window
+        config = replace(scheduler_config or SchedulerConfig(), max_model_len=self.runner.max_model_len,
+                         sliding_window=window)
+        self.blocks = BlockManager(self.runner.kv.num_blocks, engine_config.block_size, reserve_null=window is not None)
         num_host = self.runner.kv.num_host_blocks
         self.host_blocks = BlockManager(num_host, engine_config.block_size) if num_host else None
         seed = hash_seed(str(self.checkpoint.path), engine_config.block_size)

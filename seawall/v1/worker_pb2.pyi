@@ -24,7 +24,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version", "step_time")
+    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version", "step_time", "sliding_window")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class WorkerInfo(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_FIELD_NUMBER: _ClassVar[int]
+    SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
     role: WorkerRole
     model: str
     num_device_blocks: int
@@ -51,7 +52,8 @@ class WorkerInfo(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     version: str
     step_time: StepTimeProfile
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., step_time: _Optional[_Union[StepTimeProfile, _Mapping]] = ...) -> None: ...
+    sliding_window: int
+    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., step_time: _Optional[_Union[StepTimeProfile, _Mapping]] = ..., sliding_window: _Optional[int] = ...) -> None: ...
 
 class StepTimeProfile(_message.Message):
     __slots__ = ("base_ms", "per_token_ms", "per_seq_ms")

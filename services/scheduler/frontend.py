@@ -99,7 +99,7 @@ class Frontend:
 
     def _prepare(self, item: Submission, trace_parent) -> TrackedRequest:
         prompt = list(item.prompt_token_ids)
-        pools = [link.info.num_device_blocks for link in self.mesh.live_links()]
+        pools = [link.core.blocks.num_blocks for link in self.mesh.live_links()]
         block_size = self.mesh.live_links()[0].info.kv_layout.block_size if pools else 16
         validate_request(prompt, item.params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
                          min(pools) if pools else None, self.mesh.config.core.whole_prompt_limit)

@@ -56,7 +56,7 @@ class WorkerLink:
         block_size = info.kv_layout.block_size
         # The mesh's clock is real: each core corrects its step-time model from the steps it measures.
         core_config = replace(config, max_model_len=info.max_model_len or config.max_model_len,
-                              calibrate_step_time=True)
+                              calibrate_step_time=True, sliding_window=info.sliding_window or None)
         if info.HasField("step_time"):  # the worker's own step times (services/engine/step_profile.py)
             fit = info.step_time
             core_config = replace(core_config, step_time=StepTimeModel(
@@ -65,7 +65,8 @@ class WorkerLink:
         host = BlockManager(info.num_host_blocks, block_size) if info.num_host_blocks else None
         # Every worker's core hashes with the same seed (model name and block size, not a path that differs
         # between hosts), so a request's block hashes stay valid when it moves between workers.
-        core = Scheduler(core_config, BlockManager(info.num_device_blocks, block_size), host,
+        device = BlockManager(info.num_device_blocks, block_size, reserve_null=bool(info.sliding_window))
+        core = Scheduler(core_config, device, host,
                          hash_seed=hash_seed(Path(info.model).name, block_size))
         channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         return cls(worker_id, address, info, core, channel, worker_pb2_grpc.WorkerStub(channel))

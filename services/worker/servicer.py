@@ -76,7 +76,8 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         msg = worker_pb2.WorkerInfo(
             role=_ROLES[self.config.role], model=str(r.checkpoint.path), num_device_blocks=r.kv.num_blocks,
             num_host_blocks=r.kv.num_host_blocks, kv_layout=kv_layout_proto(r.kv.layout), device=str(r.device),
-            max_model_len=r.max_model_len, eos_token_ids=r.checkpoint.eos_token_ids, version=VERSION)
+            max_model_len=r.max_model_len, eos_token_ids=r.checkpoint.eos_token_ids, version=VERSION,
+            sliding_window=r.checkpoint.config.uniform_window or 0)
         if self.agent is not None:
             msg.nixl.CopyFrom(self.agent.metadata())
         if self.step_time is not None:

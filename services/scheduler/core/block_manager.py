@@ -10,6 +10,10 @@ Invariants (``check_integrity``):
 * ``num_free + num_used == num_blocks``; a block is in the free queue exactly when its ref count is 0;
 * the hash map points only at cached blocks and each cached block at its own hash (both directions agree);
 * every owner's blocks are referenced at least once per owner holding them.
+
+With ``reserve_null`` (a sliding-window model), block 0 is never handed out: a request's block table names it
+where its blocks fell out of the attention window and were freed (vLLM's null block). Freeing or sharing
+it is a no-op; whatever lands in it is never read.
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from collections.abc import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
-        self.num_blocks = num_blocks
+    def __init__(self, num_blocks: int, block_size: int, reserve_null: bool = False) -> None:
+        if num_blocks < 1 + reserve_null or block_size < 1:
+            raise ValueError(f"num_blocks must be >= {1 + reserve_null} and block_size >= 1, got {num_blocks}, "
+                             f"{block_size}")
+        self.null_block = 0 if reserve_null else None
+        first = int(reserve_null)
+        self._ids = range(first, num_blocks)
+        self.num_blocks = len(self._ids)  # blocks an owner can hold
         self.block_size = block_size
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(self._ids)  # LRU first
         self._ref = [0] * num_blocks
         self._hash_of: dict[int, int] = {}  # block → hash, for cached blocks
         self._block_of: dict[int, int] = {}  # hash → block
@@ -66,6 +74,8 @@ class BlockManager:
     def share(self, blocks: Sequence[int]) -> None:
         """References already referenced ``blocks`` for one more owner (a forked request)."""
         for b in blocks:
+            if b == self.null_block:
+                continue
             assert self._ref[b] > 0, f"block {b} is shared but not referenced"
             self._ref[b] += 1
 
@@ -86,6 +96,8 @@ class BlockManager:
     def free(self, blocks: Sequence[int]) -> None:
         """Drops one reference to each block, tail first; unreferenced blocks join the free queue."""
         for b in reversed(blocks):
+            if b == self.null_block:
+                continue
             assert self._ref[b] > 0, f"block {b} freed but not referenced"
             self._ref[b] -= 1
             if self._ref[b] == 0:
@@ -94,20 +106,22 @@ class BlockManager:
 
     def cache(self, block: int, block_hash: int) -> None:
         """Marks a full block as holding the prefix named ``block_hash`` (first writer wins)."""
-        if block in self._hash_of or block_hash in self._block_of:
+        if block in self._hash_of or block_hash in self._block_of or block == self.null_block:
             return
         self._hash_of[block] = block_hash
         self._block_of[block_hash] = block
 
     def check_integrity(self, owned: dict[str, list[int]]) -> None:
         """Raises AssertionError naming the culprit when ``owned`` (owner → blocks) disagrees with the pool."""
-        used = [b for b in range(self.num_blocks) if self._ref[b] > 0]
+        used = [b for b in self._ids if self._ref[b] > 0]
         assert len(self._free) + len(used) == self.num_blocks, "free + used != total"
-        for b in range(self.num_blocks):
+        for b in self._ids:
             assert (self._ref[b] == 0) == (b in self._free), f"block {b}: ref {self._ref[b]} vs free queue"
+        assert self.null_block is None or self._ref[self.null_block] == 0, "the null block was referenced"
+        assert self.null_block not in self._hash_of, "the null block was cached"
         assert all(self._block_of[h] == b for b, h in self._hash_of.items()), "hash maps disagree"
         assert len(self._block_of) == len(self._hash_of), "hash maps differ in size"
-        refs = Counter(b for blocks in owned.values() for b in blocks)
+        refs = Counter(b for blocks in owned.values() for b in blocks if b != self.null_block)
         for b, n in refs.items():
             assert self._ref[b] == n, f"block {b} is held {n} times but has ref count {self._ref[b]}"
         leaked = set(used) - set(refs)

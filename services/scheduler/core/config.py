@@ -134,6 +134,10 @@ class SchedulerConfig:
     # Correct step_time's fixed cost from the durations schedule(now) measures (step_time.StepTimeCalibration):
     # the live mesh, whose clock is real, turns it on; the simulator and the offline engine keep their model.
     calibrate_step_time: bool = False
+    # Every layer of the model attends within this many keys (sliding-window attention; None: full
+    # attention): a running request's blocks that fell out of the window are freed as it advances, so a
+    # long sequence holds about window / block_size blocks. The pool must reserve the null block.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "chunk_size"):

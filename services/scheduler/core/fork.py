@@ -45,6 +45,7 @@ class Fork:
         child.block_hashes = list(parent.block_hashes)
         child.num_computed_tokens = computed
         child.num_cached_blocks = min(parent.num_cached_blocks, full)
+        child.num_dropped_blocks = parent.num_dropped_blocks  # the null block is shared as it stands
         child.block_ids = shared + copied
         child.status = RequestStatus.RUNNING
         self.requests[child.request_id] = child

@@ -51,18 +51,21 @@ class HandOff:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         need = self.blocks.blocks_needed(request.num_computed_tokens, 0)
         cached: list[int] = []
-        if self.config.enable_prefix_caching:
+        # Blocks the sender dropped out of a sliding window hold nothing to send: the null block stands in
+        # for them, and like cached ones they are not transferred (the caller skips num_cached_blocks).
+        dropped = [self.blocks.null_block] * request.num_dropped_blocks
+        if self.config.enable_prefix_caching and not dropped:
             # Leading blocks this worker already caches need not travel: the caller transfers only
             # block_ids[num_cached_blocks:].
             hashes = extend_hashes(request.block_hashes, request.token_ids, self.blocks.block_size,
                                    self.seed_of(request))
             cached = self.blocks.cached_prefix(hashes[: request.num_computed_tokens // self.blocks.block_size])
             self.blocks.take_cached(cached)
-        got = self.blocks.allocate(need - len(cached))
+        got = self.blocks.allocate(need - len(cached) - len(dropped))
         if got is None:
             self.blocks.free(cached)
             return None
-        request.block_ids, request.num_cached_blocks = cached + got, len(cached)
+        request.block_ids, request.num_cached_blocks = dropped + cached + got, len(dropped) + len(cached)
         request.status = RequestStatus.ARRIVING
         self.requests[request.request_id] = request
         self.arriving[request.request_id] = request

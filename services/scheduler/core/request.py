@@ -47,6 +47,9 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     # Leading blocks already registered in the prefix cache.
     num_cached_blocks: int = 0
+    # Leading blocks that fell out of a sliding attention window and were freed: the null block stands in
+    # for them in block_ids (sliding_window.py).
+    num_dropped_blocks: int = 0
     # Prompt tokens served from the prefix cache at admission (reported as cached_prompt_tokens).
     num_prefix_hit_tokens: int = 0
     # When it finishes (stop or length), keep its blocks in ``Scheduler.handed_off`` instead of freeing them,
@@ -60,7 +63,7 @@ class Request:
         """Forgets every block and computed token (the KV is gone); outputs are kept, so it recomputes
         prompt + outputs and continues where it stopped."""
         self.block_ids, self.host_block_ids = [], []
-        self.num_computed_tokens = self.num_cached_blocks = 0
+        self.num_computed_tokens = self.num_cached_blocks = self.num_dropped_blocks = 0
         self.status = RequestStatus.WAITING
 
     @cached_property
@@ -85,6 +88,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+
+    @property
+    def live_block_ids(self) -> list[int]:
+        """Its blocks that hold KV still read (all but those dropped out of a sliding window)."""
+        return self.block_ids[self.num_dropped_blocks:]
 
     @property
     def num_uncomputed(self) -> int:

@@ -30,6 +30,7 @@ from services.scheduler.core.multi_step import MultiStep
 from services.scheduler.core.policies import POLICY_NAMES, Step, make_policy
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.shared_prefix import SharedPrefix
+from services.scheduler.core.sliding_window import SlidingWindow
 from services.scheduler.core.speculative import Speculative
 from services.scheduler.core.step_time import StepTimeCalibration, StepTimeModel
 
@@ -58,7 +59,7 @@ class DraftStats:
     kept: int = 0  # of those, kept
 
 
-class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
+class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculative):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
         """``blocks``: the worker's device pool; ``host_blocks``: its host pool, for swapping (None: no swap).
@@ -67,6 +68,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         self.blocks = blocks
         self.host_blocks = host_blocks
         self.hash_seed = hash_seed
+        self._check_window()
         self.policy = make_policy(config)
         self.preemption_mode = config.preemption_mode or self.policy.default_preemption
         self.prefix_stats = PrefixCacheStats()
@@ -168,6 +170,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
             self.host_blocks.free(self._host_to_free)
             self._host_to_free = []
         self._swapped_in_now, self._preempted_now = set(), set()
+        self._drop_out_of_window()
         step = Step(now, self.config.max_num_batched_tokens or float("inf"), self.config.max_num_seqs)
         # Requests whose tokens in flight end them (max_tokens, the context) have nothing left to run: the
         # policy does not see them this step.
@@ -355,7 +358,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         """Moves swapped ``req`` back into device blocks that hold its KV and ``n`` more tokens; it is RUNNING
         (not scheduled: the caller adds it to ``step``). False when the blocks cannot be found; ``evict``:
         take them from the policy's victims."""
-        need = max(len(req.host_block_ids), self.blocks.blocks_needed(req.num_computed_tokens + n, 0))
+        need = max(len(req.host_block_ids),
+                   self.blocks.blocks_needed(req.num_computed_tokens + n, req.num_dropped_blocks))
         while (dev := self.blocks.allocate(need)) is None:
             victim = self._victim(req, step) if evict else None
             if victim is None or victim is req:
@@ -377,7 +381,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
 
     def swap_out(self, req: Request) -> bool:
         """Copies running ``req``'s KV to host blocks (proactive swapping); False when the host pool is full."""
-        host = self.host_blocks.allocate(len(req.block_ids)) if self.swap_enabled else None
+        host = self.host_blocks.allocate(len(req.live_block_ids)) if self.swap_enabled else None
         if host is None:
             return False
         self.running.remove(req)
@@ -389,7 +393,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
     def can_swap_out(self, req: Request) -> bool:
         """Whether preempting running ``req`` now would swap its KV out (rather than drop it)."""
         return (self.swap_enabled and req.request_id not in self._swapped_in_now
-                and self.host_blocks.num_free >= len(req.block_ids))
+                and self.host_blocks.num_free >= len(req.live_block_ids))
 
     def _victim(self, req: Request, step: Step) -> Request | None:
         taken = step.ids | self._swapped_in_now
@@ -444,7 +448,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         if full <= req.num_cached_blocks:
             return
         extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.seed_of(req))
-        for i in range(req.num_cached_blocks, full):
+        for i in range(max(req.num_cached_blocks, req.num_dropped_blocks), full):
             self.blocks.cache(req.block_ids[i], req.block_hashes[i])
             self._computing.pop(req.block_hashes[i], None)  # in the cache now: waiters find it there
         req.num_cached_blocks = full
@@ -454,7 +458,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         self.running.remove(req)
         req.num_preemptions += 1
         self._preempted_now.add(req.request_id)
-        host = self.host_blocks.allocate(len(req.block_ids)) if self.can_swap_out(req) else None
+        host = self.host_blocks.allocate(len(req.live_block_ids)) if self.can_swap_out(req) else None
         self.preemptions["recompute" if host is None else "swap"] += 1
         if host is None:
             self._release(req)
@@ -465,7 +469,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
 
     def _move_out(self, req: Request, host: list[int]) -> None:
         self._preempted_now.add(req.request_id)
-        self._swap_out.extend(zip(req.block_ids, host, strict=True))
+        self._swap_out.extend(zip(req.live_block_ids, host, strict=True))
         self.blocks.free(req.block_ids)
         # The worker keeps the sequence; its new block table is sent in full when it runs again.
         req.block_ids, req.host_block_ids = [], host
@@ -477,7 +481,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
     def _move_in(self, req: Request, dev: list[int]) -> None:
         self._swap_in.extend(zip(req.host_block_ids, dev, strict=False))  # dev may hold room to grow
         self._host_to_free.extend(req.host_block_ids)
-        req.host_block_ids, req.block_ids = [], dev
+        # Blocks dropped out of a sliding window were not swapped: the null block stands in for them again.
+        req.host_block_ids, req.block_ids = [], [self.blocks.null_block] * req.num_dropped_blocks + dev
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         self._swapped_in_now.add(req.request_id)
@@ -486,7 +491,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, Speculative):
         self._forget_computing(req)
         self.blocks.free(req.block_ids)
         req.block_ids = []
-        req.num_computed_tokens = req.num_cached_blocks = 0
+        req.num_computed_tokens = req.num_cached_blocks = req.num_dropped_blocks = 0
         self._sent_blocks.pop(req.request_id, None)
         if req.request_id in self._on_worker:
             self._on_worker.discard(req.request_id)

@@ -80,6 +80,8 @@ def _one_step(s, now, budget):
     before = {r.request_id: (r.num_computed_tokens, r.num_tokens, r.is_decoding) for r in s.requests.values()}
     plan, events = step(s, now=plan_now)
     _check_budgets(s, plan, before, budget)
+    if (window := s.config.sliding_window) is not None:  # no block a later query reads was freed
+        assert all(r.num_dropped_blocks * 4 <= max(0, r.num_computed_tokens - window + 1) for r in s.running)
     still_live = [rid for rid in plan.num_scheduled_tokens if rid in s.requests]
     assert sum(s.queue_lengths()) == len(s.requests) - len(s.arriving) - len(still_live)
     return events
@@ -98,12 +100,16 @@ def _one_step(s, now, budget):
     mode=st.sampled_from([None, "swap", "recompute"]),
     mlfq=mlfq_configs,
     explicit_time=st.booleans(),
+    window=st.sampled_from([None, None, 5, 9]),
 )
 def test_every_policy_stays_consistent_within_budget_and_finishes_everything(
-        policy, script, chunk, tbt, max_batched, max_seqs, num_blocks, host, mode, mlfq, explicit_time):
-    s = create_scheduler(num_blocks=num_blocks, block_size=4, num_host_blocks=NUM_HOST if host else 0,
+        policy, script, chunk, tbt, max_batched, max_seqs, num_blocks, host, mode, mlfq, explicit_time, window):
+    # With a window, the pool reserves the null block on top of the blocks the largest request may need.
+    s = create_scheduler(num_blocks=num_blocks + (window is not None), block_size=4,
+                         num_host_blocks=NUM_HOST if host else 0,
                          policy=policy, chunk_size=chunk, tbt_target_s=tbt, max_num_batched_tokens=max_batched,
-                         max_num_seqs=max_seqs, preemption_mode=mode, step_time=STEP_TIME, mlfq=mlfq)
+                         max_num_seqs=max_seqs, preemption_mode=mode, step_time=STEP_TIME, mlfq=mlfq,
+                         sliding_window=window)
     budget = _budget(s.config)
     added, aborted, finished = [], set(), set()
     now = 0.0 if explicit_time else None
@@ -133,7 +139,7 @@ def test_every_policy_stays_consistent_within_budget_and_finishes_everything(
         now = None if now is None else now + 0.02
     assert not s.has_work, f"stalled: running {s.running}, waiting {list(s.waiting)}, swapped {list(s.swapped)}"
     assert finished == set(added) - aborted
-    assert s.blocks.num_free == num_blocks and not s.requests
+    assert s.blocks.num_free == s.blocks.num_blocks and not s.requests
     if host:
         s.schedule()  # host blocks read by the last swap-ins are released one plan later
         assert s.host_blocks.num_free == NUM_HOST

@@ -17,7 +17,8 @@ EOS = 0
 
 def create_scheduler(num_blocks=64, block_size=4, num_host_blocks=0, **overrides) -> Scheduler:
     host = BlockManager(num_host_blocks, block_size) if num_host_blocks else None
-    return Scheduler(SchedulerConfig(**overrides), BlockManager(num_blocks, block_size), host)
+    window = overrides.get("sliding_window") is not None  # the pool then reserves the null block
+    return Scheduler(SchedulerConfig(**overrides), BlockManager(num_blocks, block_size, reserve_null=window), host)
 
 
 def create_requests(n, prompt_len=10, max_tokens=5, start=0, shared_prefix=0) -> list[Request]:

@@ -75,7 +75,9 @@ def _run_batch(tmp_path, model_dir, prompts, *flags):
     return [json.loads(line) for line in dst.read_text().splitlines()]
 
 
-CASES = [(chunk, block, "sarathi") for chunk in (1, 7, 16, 64, None) for block in (16, 32)]
+# Chunks of one token run the 16 prompts in ~1,800 steps (a minute in CI per case): one block size only.
+CASES = [(1, 16, "sarathi")]
+CASES += [(chunk, block, "sarathi") for chunk in (7, 16, 64, None) for block in (16, 32)]
 CASES += [(None, 16, "vllm")]
 
 
