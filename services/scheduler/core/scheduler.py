@@ -416,10 +416,11 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         req.block_ids = list(cached)
         req.num_cached_blocks = len(cached)
         req.num_computed_tokens = len(cached) * self.blocks.block_size
+        self._drop_behind_window(req)  # a long cached prefix: only its last window is taken
         n = int(min(req.num_uncomputed, room))
         if n < 1 or not self._reserve(req, n):
-            self.blocks.free(cached)
-            req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
+            self.blocks.free(req.block_ids)
+            req.block_ids, req.num_computed_tokens, req.num_cached_blocks, req.num_dropped_blocks = [], 0, 0, 0
             return 0
         if use_cache:
             self._note_computing(req, hashes, len(cached))

@@ -30,17 +30,18 @@ class SlidingWindow:
 
     def _drop_out_of_window(self: Scheduler) -> None:
         """Frees each running request's blocks that no query of it reads again."""
+        if self.config.sliding_window is not None:
+            for req in self.running:
+                self._drop_behind_window(req)
+
+    def _drop_behind_window(self: Scheduler, req: Request) -> None:
+        """Frees ``req``'s blocks wholly before the window of its next query (at ``num_computed_tokens``)."""
         window = self.config.sliding_window
         if window is None:
             return
-        bs, null = self.blocks.block_size, self.blocks.null_block
-        for req in self.running:
-            keep_from = max(0, req.num_computed_tokens - window + 1) // bs  # first block still read
-            if keep_from > req.num_dropped_blocks:
-                self._drop(req, keep_from, null)
-
-    def _drop(self: Scheduler, req: Request, upto: int, null: int) -> None:
-        dropped = req.block_ids[req.num_dropped_blocks:upto]
-        self.blocks.free(dropped)
-        req.block_ids[req.num_dropped_blocks:upto] = [null] * len(dropped)
-        req.num_dropped_blocks = upto
+        keep_from = max(0, req.num_computed_tokens - window + 1) // self.blocks.block_size  # first block read
+        if keep_from > req.num_dropped_blocks:
+            dropped = req.block_ids[req.num_dropped_blocks:keep_from]
+            self.blocks.free(dropped)
+            req.block_ids[req.num_dropped_blocks:keep_from] = [self.blocks.null_block] * len(dropped)
+            req.num_dropped_blocks = keep_from

@@ -154,6 +154,8 @@ def test_dropped_blocks_stay_in_the_prefix_cache_for_the_next_request():
     s.add(again)
     step(s)
     assert again.num_prefix_hit_tokens == 28  # 7 full blocks of the prompt, freed as the first one ran
+    # Of the cached prefix it keeps only what its window reads, from admission on.
+    assert again.num_dropped_blocks == expected_dropped(28)
     while s.has_work:
         step(s)
     assert s.blocks.num_free == s.blocks.num_blocks
