@@ -64,7 +64,8 @@ class OfflineEngine:
         cannot hold (the scheduler service's checks, services/scheduler/admission.py)."""
         config = self.scheduler.config
         validate_request(prompt_token_ids, params, self.checkpoint.config.vocab_size, config.max_model_len,
-                         self.blocks.block_size, self.blocks.num_blocks, config.whole_prompt_limit)
+                         self.blocks.block_size, self.blocks.num_blocks, config.whole_prompt_limit,
+                         config.window_blocks(self.blocks.block_size))
         self.runner.grammars.validate(params.structured_output, params.free_thought)
         bad_words_token_ids(self.tokenizer, params.bad_words)
 

@@ -9,12 +9,14 @@ from services.common.sampling_params import SamplingParams
 
 
 def validate_request(prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int, max_model_len: int,
-                     block_size: int, pool_blocks: int | None, whole_prompt_limit: int | None = None) -> None:
+                     block_size: int, pool_blocks: int | None, whole_prompt_limit: int | None = None,
+                     window_blocks: int | None = None) -> None:
     """Raises InvalidArgument for what the model or the scheduling policy cannot run, ResourceExhausted for what
     no pool can hold.
 
     ``pool_blocks``: blocks of the smallest pool the request may land in (None: not known yet).
     ``whole_prompt_limit``: ``SchedulerConfig.whole_prompt_limit``.
+    ``window_blocks``: ``SchedulerConfig.window_blocks`` (a sliding-window model holds no more than that).
     """
     n = len(prompt_token_ids)
     if n == 0:
@@ -38,6 +40,8 @@ def validate_request(prompt_token_ids: Sequence[int], params: SamplingParams, vo
         return
     # A request that cannot finish even alone in the pool would preempt itself forever: refuse it now.
     need = -(-worst // block_size)
+    if window_blocks is not None:
+        need = min(need, window_blocks)
     if need > pool_blocks:
         raise ResourceExhausted(
             f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs {need} KV blocks; the pool holds "

@@ -99,10 +99,13 @@ class Frontend:
 
     def _prepare(self, item: Submission, trace_parent) -> TrackedRequest:
         prompt = list(item.prompt_token_ids)
-        pools = [link.core.blocks.num_blocks for link in self.mesh.live_links()]
-        block_size = self.mesh.live_links()[0].info.kv_layout.block_size if pools else 16
+        links = self.mesh.live_links()
+        pools = [link.core.blocks.num_blocks for link in links]
+        block_size = links[0].info.kv_layout.block_size if links else 16
+        held = [link.core.config.window_blocks(block_size) for link in links]
         validate_request(prompt, item.params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
-                         min(pools) if pools else None, self.mesh.config.core.whole_prompt_limit)
+                         min(pools) if pools else None, self.mesh.config.core.whole_prompt_limit,
+                         max(held) if held and None not in held else None)
         self.grammars.validate(item.params.structured_output, item.params.free_thought)
         bad_words_token_ids(self.tokenizer, item.params.bad_words)  # a word no token writes is refused here
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,

@@ -170,6 +170,19 @@ class SchedulerConfig:
             return None
         return self.max_num_batched_tokens
 
+    def window_blocks(self, block_size: int) -> int | None:
+        """The most blocks one request holds at once, whatever its length, when blocks behind a sliding window
+        are freed (None: its whole context may be held). A step runs up to a chunk of it (or the extra decode
+        tokens of a multi-step or speculative decode) after its window, and blocks the step left behind are
+        freed when the next one is planned. A policy that runs prompts whole holds a whole prompt."""
+        if self.sliding_window is None or not POLICY_CLASSES[self.policy].chunked:
+            return None
+        budget = self.chunk_size or self.derived_token_budget or self.max_num_batched_tokens
+        if budget is None:
+            return None
+        step = max(budget, self.num_decode_steps, 1 + self.num_speculative_tokens)
+        return -(-(self.sliding_window - 1 + step) // block_size) + 1
+
     @property
     def derived_token_budget(self) -> int | None:
         """Sarathi's tau from ``tbt_target_s`` when ``chunk_size`` is not given; None otherwise. Raises

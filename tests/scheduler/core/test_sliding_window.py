@@ -159,3 +159,16 @@ def test_dropped_blocks_stay_in_the_prefix_cache_for_the_next_request():
     while s.has_work:
         step(s)
     assert s.blocks.num_free == s.blocks.num_blocks
+
+
+def test_the_blocks_a_request_holds_at_most_follow_the_window_and_the_step():
+    def held(**kw):
+        return SchedulerConfig(**kw).window_blocks(16)
+
+    assert held(chunk_size=16) is None  # no window: the whole context
+    assert held(sliding_window=40, chunk_size=16) == 5  # keys (p - 40, p + 16): 55 tokens, 4 blocks + 1 ragged
+    assert held(sliding_window=40, max_num_batched_tokens=64) == 8
+    assert held(sliding_window=40, chunk_size=1, num_decode_steps=8) == 4
+    assert held(sliding_window=40, chunk_size=1, num_speculative_tokens=5) == 4
+    assert held(sliding_window=40) is None  # whole prompts in one step
+    assert held(sliding_window=40, policy="vllm", chunk_size=16) is None

@@ -131,3 +131,20 @@ def test_prefix_cache_hits_past_the_window_match_transformers(windowed_model_dir
     got = engine.generate(second, params)
     assert [c.num_cached_prompt_tokens for c in got] == [112, 112, 112]
     assert [c.token_ids for c in got] == _greedy(hf_model, second, max_tokens=12)
+
+
+def test_a_request_longer_than_the_pool_runs_when_its_window_fits(windowed_model_dir, hf_model, block_bytes):
+    """300 + 30 tokens need 21 blocks whole; a 12-block pool holds its window and a 16-token chunk (5)."""
+    from services.common.errors import ResourceExhausted
+
+    g = torch.Generator().manual_seed(43)
+    prompt = torch.randint(3, 4096, (300,), generator=g).tolist()
+    params = SamplingParams(max_tokens=30, temperature=0)
+    engine, used = _engine(windowed_model_dir, SchedulerConfig(chunk_size=16), block_bytes, blocks=12)
+    engine.validate(prompt, params)
+    (comp,) = engine.generate([prompt], [params])
+    assert comp.token_ids == _greedy(hf_model, [prompt])[0] and max(used) <= 5
+    # A policy that runs a prompt whole needs all of it at once.
+    whole, _ = _engine(windowed_model_dir, SchedulerConfig(policy="vllm"), block_bytes, blocks=12)
+    with pytest.raises(ResourceExhausted, match="needs 21 KV blocks"):
+        whole.validate(prompt, params)
