@@ -2,7 +2,8 @@
 run in chunks on the prefill worker, which frees their blocks behind the window as it goes; the decode worker
 receives only the blocks still read (NIXL), and decodes on past the window. Greedy output equals
 transformers' for every request, in a session too (a turn that ran past the window stores no KV to
-kvcache: its first blocks are gone; the prefill worker's prefix cache still holds them)."""
+kvcache: its first blocks are gone; the prefill worker's prefix cache still holds them), and for a context
+longer than the workers' KV pools, which admission lets in because its window fits."""
 
 from __future__ import annotations
 
@@ -63,3 +64,13 @@ async def test_a_session_past_the_window_equals_transformers(mesh, greedy):
     assert turn1.token_ids == greedy(first, MAX_TOKENS)
     assert turn2.token_ids == greedy(second, 8)
     assert other.token_ids == greedy(short, 8) and other.cached_prompt_tokens == 32
+
+
+async def test_a_context_longer_than_the_pool_runs_on_its_window(mesh, greedy):
+    """1200 + 20 tokens would need 77 blocks whole; each worker's pool has 64 (2 MiB), its window 5."""
+    (prompt,) = random_prompts([1200], seed=41)
+    async with AsyncClient(mesh.grpc_address) as client:
+        out = await client.generate(prompt, max_tokens=20, temperature=0)
+        stats = await client.stats()
+    assert all(w.num_device_blocks == 64 - 1 for w in stats.workers)  # block 0 is the null block
+    assert out.token_ids == greedy(prompt, 20)
