@@ -255,7 +255,7 @@ class DualPath:
             # blocks of kept tokens count: a stop string may have cut outputs whose KV a multi-step computed.
             hashes = extend_hashes(req.block_hashes, req.token_ids, bs, link.core.seed_of(req))
             full = min((req.num_computed_tokens - req.num_pending) // bs, len(held), len(hashes))
-            if req.num_dropped_blocks:  # a sliding window freed its first blocks: no prefix to continue from
+            if req.num_dropped_blocks:  # never for a session's turn (it keeps its blocks): no prefix to store
                 full = 0
             hashes = hashes[:full]
             if full and link.alive:

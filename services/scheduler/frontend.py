@@ -102,7 +102,9 @@ class Frontend:
         links = self.mesh.live_links()
         pools = [link.core.blocks.num_blocks for link in links]
         block_size = links[0].info.kv_layout.block_size if links else 16
-        held = [link.core.config.window_blocks(block_size) for link in links]
+        # A session's turn keeps every block for kvcache (sliding_window.py): its whole context counts.
+        session = bool(item.session_id) and self.mesh.dual_path is not None
+        held = [None if session else link.core.config.window_blocks(block_size) for link in links]
         validate_request(prompt, item.params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
                          min(pools) if pools else None, self.mesh.config.core.whole_prompt_limit,
                          max(held) if held and None not in held else None)

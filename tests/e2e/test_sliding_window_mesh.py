@@ -1,9 +1,9 @@
 """A sliding-window model (every layer attending within 40 keys) through the live disaggregated mesh: prompts
 run in chunks on the prefill worker, which frees their blocks behind the window as it goes; the decode worker
 receives only the blocks still read (NIXL), and decodes on past the window. Greedy output equals
-transformers' for every request, in a session too (a turn that ran past the window stores no KV to
-kvcache: its first blocks are gone; the prefill worker's prefix cache still holds them), and for a context
-longer than the workers' KV pools, which admission lets in because its window fits."""
+transformers' for every request, and for a context longer than the workers' KV pools, which admission
+lets in because its window fits. A session's turn keeps all its blocks, stores them to kvcache, and the next
+turn loads its whole prefix."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from seawall import AsyncClient
 from tests.e2e.conftest import greedy_oracle, random_prompts, start_mesh
+from tests.e2e.test_dual_path import _kv_stats
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -53,17 +54,19 @@ async def test_concurrent_requests_past_the_window_equal_transformers(mesh, gree
     assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
 
 
-async def test_a_session_past_the_window_equals_transformers(mesh, greedy):
+async def test_a_session_past_the_window_stores_its_turns_and_equals_transformers(mesh, greedy):
     first = PROMPTS[3]
     async with AsyncClient(mesh.grpc_address) as client:
         turn1 = await client.generate(first, session_id="s-window", max_tokens=MAX_TOKENS, temperature=0)
         second = first + turn1.token_ids + [7, 8, 9]
         turn2 = await client.generate(second, session_id="s-window", max_tokens=8, temperature=0)
-        short = first[:32] + [11, 12]  # turn 1's first blocks, freed behind its window but still cached
-        other = await client.generate(short, session_id="s-other", max_tokens=8, temperature=0)
+        short = first[:32] + [11, 12]  # turn 1's first blocks
+        other = await client.generate(short, max_tokens=8, temperature=0)
     assert turn1.token_ids == greedy(first, MAX_TOKENS)
-    assert turn2.token_ids == greedy(second, 8)
+    assert turn2.token_ids == greedy(second, 8) and turn2.cached_prompt_tokens == 112  # 100 + 24 tokens
     assert other.token_ids == greedy(short, 8) and other.cached_prompt_tokens == 32
+    # Turn 1 stored its 7 full blocks (124 tokens computed), its first ones too.
+    assert sum(t.num_blocks for t in _kv_stats(mesh.kvcache_address).tiers) >= 7
 
 
 async def test_a_context_longer_than_the_pool_runs_on_its_window(mesh, greedy):

@@ -6,7 +6,7 @@ query at position p reads keys ``(p - window, p]`` only. A running request's nex
 read again: each step frees them (vLLM v1's sliding-window manager). The pool's null block takes their
 place in ``block_ids``, which keeps every position's index (``block_ids[p // block_size]``); the worker's
 table may still name the old blocks there, which it never reads (its attention skips them). A long
-sequence then holds about ``window / block_size + 1`` blocks, not one per 16 tokens of its context.
+sequence then holds about ``window / block_size + 2`` blocks, not one per 16 tokens of its context.
 
 Freed blocks that were cached stay cached (another request may share the prefix). Plans already sent may
 still read a freed block; the worker runs plans in order, and transfers into it wait on ``reuse_fence``, as
@@ -35,9 +35,12 @@ class SlidingWindow:
                 self._drop_behind_window(req)
 
     def _drop_behind_window(self: Scheduler, req: Request) -> None:
-        """Frees ``req``'s blocks wholly before the window of its next query (at ``num_computed_tokens``)."""
+        """Frees ``req``'s blocks wholly before the window of its next query (at ``num_computed_tokens``).
+        A request whose KV is stored when it finishes (a session's turn, ``hold_blocks_on_finish``) keeps
+        them all: the next turn loads its whole prefix from block 0, and reuse across turns is worth more
+        to an agentic session than the memory."""
         window = self.config.sliding_window
-        if window is None:
+        if window is None or req.hold_blocks_on_finish:
             return
         keep_from = max(0, req.num_computed_tokens - window + 1) // self.blocks.block_size  # first block read
         if keep_from > req.num_dropped_blocks:

@@ -172,3 +172,16 @@ def test_the_blocks_a_request_holds_at_most_follow_the_window_and_the_step():
     assert held(sliding_window=40, chunk_size=1, num_speculative_tokens=5) == 4
     assert held(sliding_window=40) is None  # whole prompts in one step
     assert held(sliding_window=40, policy="vllm", chunk_size=16) is None
+
+
+def test_a_request_whose_kv_is_stored_keeps_every_block():
+    """A session's turn (its blocks held at the end, for kvcache): the next turn loads its prefix from block 0."""
+    s = windowed(chunk_size=8)
+    s.add(req := create_requests(1, prompt_len=30, max_tokens=10)[0])
+    req.hold_blocks_on_finish = True
+    while s.has_work:
+        step(s)
+    held = s.handed_off["r0"]
+    assert req.num_dropped_blocks == 0 and 0 not in held and len(held) == -(-39 // BS)
+    s.release_handed_off("r0")
+    assert s.blocks.num_free == s.blocks.num_blocks
