@@ -91,6 +91,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     model = model.to_empty(device=device).to(dtype)
     # RoPE frequencies stay fp32 whatever the weights' dtype, as in transformers.
     model.rotary.inv_freq = inverse_frequencies(ckpt.config).to(device)
+    if model.local_rotary is not None:
+        model.local_rotary.inv_freq = inverse_frequencies(ckpt.config, local=True).to(device)
     if ckpt.config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     try:

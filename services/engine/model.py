@@ -29,10 +29,12 @@ if TYPE_CHECKING:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, scale_in_fp32: bool = False) -> None:
+        """``scale_in_fp32``: Gemma's order in low precision, the weight applied before the cast back."""
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.scale_in_fp32 = scale_in_fp32
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-norm with the residual add folded in, as vLLM does: returns ``(norm(x + residual), x + residual)``,
@@ -42,10 +44,10 @@ class RMSNorm(nn.Module):
         return self._norm(x), x
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.scale_in_fp32)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale_in_fp32: bool = False) -> torch.Tensor:
     """RMSNorm over the last dimension, as transformers computes it."""
     if x.dtype == torch.float32:  # the fused op is bit-identical to the steps below in fp32, and one op
         return F.rms_norm(x, weight.shape, weight, eps)
@@ -53,14 +55,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    return (h * weight.float()).to(dtype) if scale_in_fp32 else weight * h.to(dtype)
 
 
 def norm_heads(qk: torch.Tensor, heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor,
-               eps: float) -> torch.Tensor:
-    """Qwen3's per-head RMSNorm of q (the first ``heads`` heads of ``qk``) and of k, as a new ``[T, heads +
-    kv_heads, D]`` tensor."""
-    return torch.cat([rms_norm(qk[:, :heads], q_weight, eps), rms_norm(qk[:, heads:], k_weight, eps)], dim=1)
+               eps: float, scale_in_fp32: bool = False) -> torch.Tensor:
+    """Qwen3's (and Gemma 3's) per-head RMSNorm of q (the first ``heads`` heads of ``qk``) and of k, as a new
+    ``[T, heads + kv_heads, D]`` tensor."""
+    return torch.cat([rms_norm(qk[:, :heads], q_weight, eps, scale_in_fp32),
+                      rms_norm(qk[:, heads:], k_weight, eps, scale_in_fp32)], dim=1)
+
+
+_ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class Attention(nn.Module):
@@ -76,8 +82,10 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.q_norm = self.k_norm = None
         if config.qk_norm:
-            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.norm_unit_offset)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.norm_unit_offset)
+        # Attention scales scores by head_dim ** -0.5; another scale (Gemma's) is folded into q.
+        self.q_scale = config.attn_scale * config.head_dim**0.5 if config.attn_scale is not None else None
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None) -> torch.Tensor:
         t = x.shape[0]
@@ -87,9 +95,12 @@ class Attention(nn.Module):
         # q and k rotate in one pass: they are adjacent in the fused projection's output.
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         if self.q_norm is not None:
-            qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                            self.q_norm.scale_in_fp32)
         qk = RotaryEmbedding.apply(qk, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
+        if self.q_scale is not None:
+            q = q * self.q_scale
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.layer)
         o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding).reshape(t, self.q_size)
@@ -104,13 +115,14 @@ class MLP(nn.Module):
         self.intermediate = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act = _ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if lora is not None:
             lora.add(gate_up, x, self.layer, "gate_up")
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        h = F.silu(gate) * up
+        h = self.act(gate) * up
         out = self.down_proj(h)
         return out if lora is None else lora.add(out, h, self.layer, "down")
 
@@ -118,10 +130,17 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        def norm():
+            return RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_unit_offset)
+
+        self.input_layernorm = norm()
         self.self_attn = Attention(config, layer)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = norm()
         self.mlp = MLP(config, layer)
+        self.sandwich = config.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
 
     def forward(self, x, residual, cos, sin, batch: AttentionBatch, kv,
                 lora: LoraBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,6 +148,11 @@ class DecoderLayer(nn.Module):
         returns the same pair for the next layer, so each residual add rides along with the next norm."""
         h, residual = self.input_layernorm(x, residual)
         h = self.self_attn(h, cos, sin, batch, kv, lora)
+        if self.sandwich:  # the attention's output is normed before it joins the stream, the MLP's too
+            h, _ = self.post_attention_layernorm(h)
+            h, residual = self.pre_feedforward_layernorm(h, residual)
+            h, _ = self.post_feedforward_layernorm(self.mlp(h, lora))
+            return h, residual
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h, lora), residual
 
@@ -138,7 +162,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_unit_offset)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -147,6 +171,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config)
         self.rotary = RotaryEmbedding(config)
+        self.local_rotary = RotaryEmbedding(config, local=True) if config.local_rope_theta is not None else None
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -162,12 +187,17 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Runs the flat batch and returns logits ``[len(logits_index), vocab]`` of the selected tokens only;
         ``lora``: the adapters of the batch's sequences (lora.py)."""
-        if batch.kernels is not None:
+        c = self.config
+        if batch.kernels is not None and c.is_llama_like:
             return self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels, lora)
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        if c.embed_scale != 1.0:  # in the weights' dtype, as transformers scales
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        rope = self.rotary.cos_sin(positions, x.dtype)
+        local = self.local_rotary.cos_sin(positions, x.dtype) if self.local_rotary is not None else rope
         residual = None
-        for layer in self.model.layers:
+        for i, layer in enumerate(self.model.layers):
+            cos, sin = local if c.slides(i) else rope
             x, residual = layer(x, residual, cos, sin, batch, kv, lora)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
         return self.lm_head(x).float()
@@ -232,6 +262,8 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue  # old checkpoints saved the RoPE buffer; it is recomputed from the config
+            if self.config.norm_unit_offset and name.endswith("norm.weight"):
+                tensor = tensor.float() + 1.0  # Gemma stores w for a scale of 1 + w
             fused = _fused_target(name)
             if fused is None:
                 _copy(params, name, tensor)

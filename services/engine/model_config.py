@@ -1,9 +1,15 @@
 """The architecture of a Llama-family checkpoint, parsed from its Hugging Face ``config.json``.
 
-Llama, Mistral, Qwen2 (biases on q/k/v) and Qwen3 (an RMSNorm over each head of q and k before RoPE) share
-one decoder here. Sliding-window attention is read as transformers reads it: Mistral's ``sliding_window``
+Llama, Mistral, Qwen2 (biases on q/k/v), Qwen3 (an RMSNorm over each head of q and k before RoPE) and
+Gemma 3's text model (below) share one decoder here, their differences as fields. Sliding-window attention is read as transformers reads it: Mistral's ``sliding_window``
 applies to every layer; Qwen2/3's only with ``use_sliding_window``, to the layers ``layer_types`` names
-``sliding_attention`` (without it, the layers from ``max_window_layers`` on)."""
+``sliding_attention`` (without it, the layers from ``max_window_layers`` on); Gemma 3's as ``layer_types``
+says, else five sliding layers to one full (``sliding_window_pattern``).
+
+Gemma 3 (``Gemma3ForCausalLM``, the text model): RMSNorm weights stored as an offset from 1, norms on each
+sublayer's output as well as its input ("sandwich"), GELU (tanh) gating, embeddings scaled by
+sqrt(hidden_size), attention scaled by ``query_pre_attn_scalar``, and a RoPE base of its own for the sliding
+layers. Soft-capping (Gemma 2) is refused."""
 
 from __future__ import annotations
 
@@ -15,7 +21,9 @@ from typing import Any
 from services.common.errors import ModelLoadError
 from services.common.lora import ModelShape
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "Gemma3ForCausalLM")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -44,6 +52,20 @@ class ModelConfig:
     # sliding-window attention on, else None; which layers slide (None with a window: all of them).
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] | None = None
+    # The MLP's gate activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU).
+    hidden_act: str = "silu"
+    # Gemma: token embeddings are multiplied by this (sqrt(hidden_size)).
+    embed_scale: float = 1.0
+    # Gemma: RMSNorm weights are stored as w for a scale of (1 + w), applied in fp32.
+    norm_unit_offset: bool = False
+    # Gemma 2/3: each sublayer's output is normed too before it joins the residual stream, and the MLP has a
+    # norm of its own before it (post_attention_layernorm, pre/post_feedforward_layernorm).
+    sandwich_norms: bool = False
+    # Attention scores scaled by this instead of head_dim ** -0.5 (Gemma's query_pre_attn_scalar ** -0.5).
+    attn_scale: float | None = None
+    # RoPE base of the sliding layers when it differs from rope_theta (Gemma 3's rope_local_base_freq); they
+    # rotate without rope_scaling.
+    local_rope_theta: float | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
@@ -58,6 +80,9 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim"):
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config.json: {name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+            raise ModelLoadError(f"config.json: hidden activation {self.hidden_act!r} is not supported; supported: "
+                                 f"{', '.join(SUPPORTED_ACTIVATIONS)}")
         rope_type = self.rope_type
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ModelLoadError(
@@ -87,6 +112,12 @@ class ModelConfig:
         return self.sliding_window if all(self.slides(i) for i in range(self.num_hidden_layers)) else None
 
     @property
+    def is_llama_like(self) -> bool:
+        """The decoder the fused CPU forward computes: SwiGLU, pre-norms only, plain embeddings and scaling."""
+        return (self.hidden_act == "silu" and self.embed_scale == 1.0 and not self.norm_unit_offset
+                and not self.sandwich_norms and self.attn_scale is None and self.local_rope_theta is None)
+
+    @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
@@ -114,12 +145,20 @@ class ModelConfig:
             eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             rope_scaling = raw.get("rope_scaling")
             rope_theta = raw.get("rope_theta")
-            # transformers >= 5 may nest the base in rope_parameters instead of rope_theta.
+            local_theta = raw.get("rope_local_base_freq")
+            # transformers >= 5 may nest the base in rope_parameters instead of rope_theta, per layer type
+            # where those differ (Gemma 3).
             params = raw.get("rope_parameters")
+            if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+                local_theta = local_theta or (params.get("sliding_attention") or {}).get("rope_theta")
+                params = params["full_attention"]
             if isinstance(params, dict):
                 rope_theta = rope_theta or params.get("rope_theta")
                 if params.get("rope_type", "default") != "default" and not rope_scaling:
                     rope_scaling = params
+            gemma = arch == "Gemma3ForCausalLM"
+            if gemma:
+                _check_gemma(raw)
             return cls(
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=int(raw["hidden_size"]),
@@ -130,13 +169,19 @@ class ModelConfig:
                 head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(rope_theta or 10000.0),
+                rope_theta=float(rope_theta or (1e6 if gemma else 10000.0)),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
-                qk_norm=arch == "Qwen3ForCausalLM",
+                qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
                 sliding_window=(window := _sliding_window(raw, arch)),
                 sliding_layers=_sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None,
+                hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu"),
+                embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma else 1.0,
+                norm_unit_offset=gemma,
+                sandwich_norms=gemma,
+                attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
+                local_rope_theta=float(local_theta or 10000.0) if gemma else None,
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
@@ -162,7 +207,7 @@ class ModelConfig:
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
     ``use_sliding_window`` (their configs carry a window they leave off); Llama has none."""
-    window = raw.get("sliding_window")
+    window = raw.get("sliding_window", 4096 if arch == "Gemma3ForCausalLM" else None)  # transformers' default
     if arch == "LlamaForCausalLM" or (arch.startswith("Qwen") and not raw.get("use_sliding_window")):
         return None
     if window is not None and int(window) < 1:
@@ -171,13 +216,26 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
 
 
 def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...] | None:
-    """Which layers slide, as transformers decides: all of Mistral's (it ignores ``layer_types``); Qwen's as
-    ``layer_types`` says, else those from ``max_window_layers`` (default 28) on. None: all."""
-    if not arch.startswith("Qwen"):
+    """Which layers slide, as transformers decides: all of Mistral's (it ignores ``layer_types``); Qwen's and
+    Gemma's as ``layer_types`` says, else Qwen's from ``max_window_layers`` (default 28) on, Gemma's all but
+    every ``sliding_window_pattern``-th (default 6). None: all."""
+    if arch == "MistralForCausalLM":
         return None
     types = raw.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise ModelLoadError(f"config.json: layer_types must list one type per layer ({layers})")
         return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+    if arch == "Gemma3ForCausalLM":
+        pattern = int(raw.get("sliding_window_pattern", 6))
+        return tuple(i for i in range(layers) if (i + 1) % pattern)
     return tuple(range(int(raw.get("max_window_layers", 28)), layers))
+
+
+def _check_gemma(raw: dict[str, Any]) -> None:
+    """Refuses what the engine does not compute, saying what it found."""
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if raw.get(name) is not None:
+            raise ModelLoadError(f"config.json: {name} is {raw[name]}; soft-capping (Gemma 2) is not supported")
+    if raw.get("use_bidirectional_attention"):
+        raise ModelLoadError("config.json: use_bidirectional_attention is set; only causal attention is supported")

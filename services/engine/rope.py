@@ -13,9 +13,14 @@ import torch
 from services.engine.model_config import ModelConfig
 
 
-def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+def inverse_frequencies(config: ModelConfig, local: bool = False) -> torch.Tensor:
+    """The frequencies of the model's layers, or with ``local`` of its sliding layers where those have a base
+    of their own (``local_rope_theta``, unscaled)."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    theta = config.local_rope_theta if local else config.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if local:
+        return inv_freq
     scaling = config.rope_scaling or {}
     rope_type = config.rope_type
     if rope_type == "linear":
@@ -44,9 +49,9 @@ def _llama3_scale(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 class RotaryEmbedding(torch.nn.Module):
     """Applies RoPE to flattened ``[num_tokens, heads, head_dim]`` queries and keys at given positions."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, local: bool = False) -> None:
         super().__init__()
-        self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
+        self.register_buffer("inv_freq", inverse_frequencies(config, local), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]

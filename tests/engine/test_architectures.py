@@ -34,6 +34,10 @@ CASES = {
     "qwen3": lambda: transformers.Qwen3Config(
         head_dim=32, tie_word_embeddings=True, use_sliding_window=True, sliding_window=37,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"], **COMMON),
+    # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
+    # query scale that is not head_dim's, sliding layers with a RoPE base of their own.
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        head_dim=32, query_pre_attn_scalar=24, sliding_window=24, sliding_window_pattern=2, **COMMON),
 }
 MAX_TOKENS = 16
 
@@ -97,3 +101,21 @@ def test_qwen_windows_follow_use_sliding_window_and_max_window_layers():
     assert llama.sliding_window is None  # transformers' Llama has no window
     with pytest.raises(ModelLoadError, match="one type per layer"):
         ModelConfig.from_dict({**raw, "use_sliding_window": True, "layer_types": ["sliding_attention"]})
+
+
+def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
+    """gemma-3-1b-it's config.json as published (rope bases and the window pattern as plain fields)."""
+    raw = dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", vocab_size=262144, hidden_size=1152,
+               intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+               head_dim=256, max_position_embeddings=32768, query_pre_attn_scalar=256, rope_theta=1000000,
+               rope_local_base_freq=10000, rope_scaling=None, sliding_window=512, sliding_window_pattern=6,
+               hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None, attn_logit_softcapping=None)
+    config = ModelConfig.from_dict(raw)
+    assert [i for i in range(26) if not config.slides(i)] == [5, 11, 17, 23] and config.uniform_window is None
+    assert (config.rope_theta, config.local_rope_theta, config.attn_scale) == (1e6, 1e4, 1 / 16)
+    assert config.tie_word_embeddings and config.qk_norm and config.embed_scale == 1152**0.5
+    assert not config.is_llama_like and ModelConfig.from_dict(dict(COMMON, hidden_act="silu")).is_llama_like
+    with pytest.raises(ModelLoadError, match="soft-capping"):
+        ModelConfig.from_dict({**raw, "final_logit_softcapping": 30.0})
+    with pytest.raises(ModelLoadError, match="activation 'gelu' is not supported"):
+        ModelConfig.from_dict(dict(COMMON, hidden_act="gelu"))
