@@ -1,7 +1,8 @@
 """The architecture of a Llama-family checkpoint, parsed from its Hugging Face ``config.json``.
 
-Llama, Mistral, Qwen2 (biases on q/k/v), Qwen3 (an RMSNorm over each head of q and k before RoPE) and
-Gemma 3's text model (below) share one decoder here, their differences as fields. Sliding-window attention is read as transformers reads it: Mistral's ``sliding_window``
+Llama, Mistral, Qwen2 (biases on q/k/v), Qwen3 (an RMSNorm over each head of q and k before RoPE), Phi-3
+(q/k/v and gate/up stored fused, as the engine computes them) and Gemma 3's text model (below) share one
+decoder here, their differences as fields. Sliding-window attention is read as transformers reads it: Mistral's ``sliding_window``
 applies to every layer; Qwen2/3's only with ``use_sliding_window``, to the layers ``layer_types`` names
 ``sliding_attention`` (without it, the layers from ``max_window_layers`` on); Gemma 3's as ``layer_types``
 says, else five sliding layers to one full (``sliding_window_pattern``).
@@ -22,7 +23,7 @@ from services.common.errors import ModelLoadError
 from services.common.lora import ModelShape
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "Gemma3ForCausalLM")
+                           "Gemma3ForCausalLM", "Phi3ForCausalLM")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -159,6 +160,10 @@ class ModelConfig:
             gemma = arch == "Gemma3ForCausalLM"
             if gemma:
                 _check_gemma(raw)
+            partial = raw.get("partial_rotary_factor") or (params or {}).get("partial_rotary_factor") or 1.0
+            if float(partial) != 1.0:
+                raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
+                                     "is not supported")
             return cls(
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=int(raw["hidden_size"]),
@@ -216,10 +221,11 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
 
 
 def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...] | None:
-    """Which layers slide, as transformers decides: all of Mistral's (it ignores ``layer_types``); Qwen's and
+    """Which layers slide, as transformers decides: all of Mistral's and Phi-3's (they ignore ``layer_types``);
+    Qwen's and
     Gemma's as ``layer_types`` says, else Qwen's from ``max_window_layers`` (default 28) on, Gemma's all but
     every ``sliding_window_pattern``-th (default 6). None: all."""
-    if arch == "MistralForCausalLM":
+    if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
         return None
     types = raw.get("layer_types")
     if types is not None:

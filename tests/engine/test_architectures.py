@@ -36,6 +36,8 @@ CASES = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention"], **COMMON),
     # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
     # query scale that is not head_dim's, sliding layers with a RoPE base of their own.
+    # q/k/v and gate/up stored fused; a window in every layer.
+    "phi3": lambda: transformers.Phi3Config(sliding_window=32, **{**COMMON, "pad_token_id": 0}),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         head_dim=32, query_pre_attn_scalar=24, sliding_window=24, sliding_window_pattern=2, **COMMON),
 }
@@ -81,7 +83,7 @@ def test_sliding_windows_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
     types = getattr(model.config, "layer_types", None) or ["full_attention"] * 3
-    if model.config.model_type == "mistral":  # transformers' Mistral slides in every layer
+    if model.config.model_type in ("mistral", "phi3"):  # transformers' Mistral and Phi-3 slide in every layer
         types = ["sliding_attention"] * 3
     assert [config.slides(i) for i in range(3)] == [t == "sliding_attention" for t in types]
     assert config.sliding_window == (model.config.sliding_window if "sliding_attention" in types else None)
@@ -119,3 +121,5 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
         ModelConfig.from_dict({**raw, "final_logit_softcapping": 30.0})
     with pytest.raises(ModelLoadError, match="activation 'gelu' is not supported"):
         ModelConfig.from_dict(dict(COMMON, hidden_act="gelu"))
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor is 0.75"):  # Phi-4-mini
+        ModelConfig.from_dict(dict(COMMON, architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.75))
