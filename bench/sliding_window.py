@@ -17,9 +17,7 @@ identical in both settings (they are checked).
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import shutil
 import statistics
 import sys
 import tempfile
@@ -32,19 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.block_hash import hash_seed  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
-from services.engine.builtin_model import ensure_default_model  # noqa: E402
+from services.engine.builtin_model import ensure_default_model, with_sliding_window  # noqa: E402
 from services.engine.config import EngineConfig  # noqa: E402
 from services.scheduler.core.block_manager import BlockManager  # noqa: E402
 from services.scheduler.core.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-
-
-def windowed_checkpoint(out: Path, window: int) -> Path:
-    shutil.copytree(ensure_default_model(), out)
-    config = json.loads((out / "config.json").read_text())
-    config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=window,
-                  max_position_embeddings=max(config["max_position_embeddings"], 8192))
-    (out / "config.json").write_text(json.dumps(config))
-    return out
 
 
 def keep_every_block(engine: OfflineEngine) -> None:
@@ -91,7 +80,8 @@ def main() -> int:
     prompts = [[rng.randrange(3, 4000) for _ in range(args.prompt_len)] for _ in range(args.batch)]
     params = [SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)] * args.batch
     with tempfile.TemporaryDirectory() as tmp:
-        model = windowed_checkpoint(Path(tmp) / "windowed", args.window)
+        model = with_sliding_window(ensure_default_model(), Path(tmp) / "windowed", args.window,
+                                    max_position_embeddings=8192)
         probe = OfflineEngine(EngineConfig(model=str(model), kv_cache_bytes=1 << 20))
         pool = args.pool_blocks * probe.runner.layout.bytes_per_block
         # No prefix caching: every round computes its prompts, whichever setting ran before.

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
-from services.engine.builtin_model import PRESETS, init_model, without_attention_output
+from services.engine.builtin_model import PRESETS, init_model, with_sliding_window, without_attention_output
 
 # The oracle's second model: different head counts, GQA ratio 3, llama3 RoPE scaling, untied embeddings,
 # and weights split over shards with an index.
@@ -50,14 +47,8 @@ WINDOW = 40
 
 @pytest.fixture(scope="session")
 def windowed_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model's weights as a Mistral checkpoint whose every layer attends within ``WINDOW`` keys (the
-    same tensor names; transformers then masks as Mistral 7B v0.1 does)."""
-    out = tmp_path_factory.mktemp("models") / "windowed"
-    shutil.copytree(tiny_model_dir, out)
-    config = json.loads((out / "config.json").read_text())
-    config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=WINDOW)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    return out
+    """The tiny model's weights as a Mistral checkpoint whose every layer attends within ``WINDOW`` keys."""
+    return with_sliding_window(tiny_model_dir, tmp_path_factory.mktemp("models") / "windowed", WINDOW)
 
 
 @pytest.fixture(scope="session")

@@ -525,3 +525,18 @@ def without_attention_output(src: str | os.PathLike[str], out: str | os.PathLike
     save_file({k: v * 0 if k.endswith("o_proj.weight") else v for k, v in weights.items()},
               out / "model.safetensors", metadata={"format": "pt"})
     return out
+
+
+def with_sliding_window(src: str | os.PathLike[str], out: str | os.PathLike[str], window: int,
+                        max_position_embeddings: int | None = None) -> Path:
+    """A copy of checkpoint ``src`` in ``out`` as a Mistral checkpoint whose every layer attends within
+    ``window`` keys (the same tensor names; transformers then masks as Mistral 7B v0.1 does): the built-in
+    model as a sliding-window model, for tests and bench/sliding_window.py."""
+    src, out = Path(src), Path(out)
+    shutil.copytree(src, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=window)
+    if max_position_embeddings is not None:
+        config["max_position_embeddings"] = max_position_embeddings
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
