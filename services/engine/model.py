@@ -1,11 +1,14 @@
-"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV.
+"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV; Gemma 3's
+differences (sandwich norms, GELU gating, scaled embeddings and queries, a RoPE of the sliding layers' own)
+are options of the same modules, set by ``ModelConfig``.
 
 The model knows nothing about scheduling: it takes flat token ids and positions plus an ``AttentionBatch``
 that says where each token's K/V lives. q/k/v and gate/up projections are fused at load time (one matmul
 each instead of three and two); ``load_weights`` maps Hugging Face names onto the fused parameters.
 
 Two paths over the same weights: the modules' own ``forward`` (torch ops, any device and dtype), and, when
-the batch carries the fused CPU kernels, ``_forward_fused``: one flat loop over each layer's tensors. On the
+the batch carries the fused CPU kernels and the model is Llama-shaped, ``_forward_fused``: one flat loop
+over each layer's tensors. On the
 tiny model a 64-decode pass is ~1.6 ms, and the modules' calls and attribute look-ups cost ~0.1 ms of it.
 """
 
