@@ -1,4 +1,4 @@
-"""Rotary position embeddings with the checkpoint's scaling (default, linear, llama3).
+"""Rotary position embeddings with the checkpoint's scaling (default, linear, llama3, yarn).
 
 The inverse frequencies follow ``transformers``' ``ROPE_INIT_FUNCTIONS`` exactly, so positions rotate
 bit-for-bit as the oracle rotates them.
@@ -27,7 +27,62 @@ def inverse_frequencies(config: ModelConfig, local: bool = False) -> torch.Tenso
         inv_freq = inv_freq / float(scaling["factor"])
     elif rope_type == "llama3":
         inv_freq = _llama3_scale(inv_freq, scaling)
+    elif rope_type == "yarn":
+        inv_freq = _yarn_frequencies(config, scaling)
     return inv_freq
+
+
+def attention_factor(config: ModelConfig, local: bool = False) -> float:
+    """What cos and sin are multiplied by: 1, except under YaRN (its attention temperature, sqrt(1/t))."""
+    if local or config.rope_type != "yarn":
+        return 1.0
+    scaling = config.rope_scaling or {}
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = _yarn_factor(config, scaling)
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
+    return _yarn_mscale(factor)
+
+
+def _yarn_factor(config: ModelConfig, scaling: dict) -> float:
+    if scaling.get("factor") is not None:
+        return float(scaling["factor"])
+    return config.max_position_embeddings / _original_context(config, scaling)
+
+
+def _original_context(config: ModelConfig, scaling: dict) -> float:
+    return float(scaling.get("original_max_position_embeddings") or config.max_position_embeddings)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_frequencies(config: ModelConfig, scaling: dict) -> torch.Tensor:
+    """YaRN (NTK-by-parts): frequencies that rotate fewer than ``beta_slow`` times over the original context
+    are interpolated by ``factor``, those that rotate more than ``beta_fast`` times kept, a linear ramp
+    between; as transformers' ``_compute_yarn_parameters``, op for op."""
+    dim, base = config.head_dim, config.rope_theta
+    factor = _yarn_factor(config, scaling)
+    original = _original_context(config, scaling)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no singularity
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
 def _llama3_scale(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -52,11 +107,15 @@ class RotaryEmbedding(torch.nn.Module):
     def __init__(self, config: ModelConfig, local: bool = False) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inverse_frequencies(config, local), persistent=False)
+        self.scale = attention_factor(config, local)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+        cos, sin = emb.cos(), emb.sin()
+        if self.scale != 1.0:
+            cos, sin = cos * self.scale, sin * self.scale
+        return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,9 @@ CASES = {
     # Sliding-window attention in every layer, a window shorter than most prompts and not a block multiple.
     "mistral": lambda: transformers.MistralConfig(sliding_window=24, **COMMON),
     "qwen2": lambda: transformers.Qwen2Config(tie_word_embeddings=False, **COMMON),  # biases on q/k/v
+    # YaRN scaling (Qwen2.5 / Qwen3 past 32K): frequencies by parts, cos and sin scaled.
+    "qwen2-yarn": lambda: transformers.Qwen2Config(
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}, **COMMON),
     # Norms on q and k heads; head_dim * heads (128) differs from hidden_size; tied embeddings; sliding and
     # full attention layers mixed.
     "qwen3": lambda: transformers.Qwen3Config(
