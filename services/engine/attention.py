@@ -107,6 +107,8 @@ class AttentionBatch:
     # Sliding-window attention: the keys a query sees in a sliding layer (itself and the window - 1 before
     # it, as transformers masks them); the groups' window masks are built only when this is set.
     window: int | None = None
+    # Gemma 2: scores become softcap * tanh(score / softcap) before the softmax (None: not capped).
+    softcap: float | None = None
 
 
 def paged_attention(
@@ -127,36 +129,50 @@ def paged_attention(
         batch.kernels.kv_write(k_cache, v_cache, k, v, batch.slot_blocks, batch.slot_offsets)
         if (d := batch.decode_rows) is not None:
             span = slice(d.token_start, d.token_start + d.size)
-            batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens, window)
+            batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens, window,
+                                       batch.softcap)
         if (c := batch.chunk_rows) is not None:
             batch.kernels.paged_prefill(out, q, k_cache, v_cache, c.token_starts, c.lens, c.prefix, c.block_tables,
-                                        window)
+                                        window, batch.softcap)
     else:
         k_cache[batch.slot_blocks, batch.slot_offsets] = k
         v_cache[batch.slot_blocks, batch.slot_offsets] = v
     for g in batch.decodes:
         span = slice(g.token_start, g.token_start + g.size)
-        o = F.scaled_dot_product_attention(
-            q[span].unsqueeze(2), gather(k_cache, g.block_tables), gather(v_cache, g.block_tables),
-            attn_mask=g.window_mask if windowed and g.window_mask is not None else g.mask, enable_gqa=True,
-        )
+        o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables), gather(v_cache, g.block_tables),
+                  g.window_mask if windowed and g.window_mask is not None else g.mask, batch.softcap)
         out[span] = o.squeeze(2)
     for g in batch.fresh:
         span = slice(g.token_start, g.token_start + g.count * g.length)
         mask = g.window_mask if windowed else None
-        o = F.scaled_dot_product_attention(_per_chunk(q[span], g), _per_chunk(k[span], g), _per_chunk(v[span], g),
-                                           attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        o = _sdpa(_per_chunk(q[span], g), _per_chunk(k[span], g), _per_chunk(v[span], g), mask, batch.softcap,
+                  causal=mask is None)
         out[span] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
     for c in batch.prefixed:
         span = slice(c.token_start, c.token_start + c.num_tokens)
         table = c.block_table[None]
         keys = gather(k_cache, table)[:, :, : c.context_len]
         values = gather(v_cache, table)[:, :, : c.context_len]
-        o = F.scaled_dot_product_attention(q[span].transpose(0, 1).unsqueeze(0), keys, values,
-                                           attn_mask=c.window_mask if windowed and c.window_mask is not None
-                                           else c.mask, enable_gqa=True)
+        o = _sdpa(q[span].transpose(0, 1).unsqueeze(0), keys, values,
+                  c.window_mask if windowed and c.window_mask is not None else c.mask, batch.softcap)
         out[span] = o.squeeze(0).transpose(0, 1)
     return out
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, softcap: float | None,
+          causal: bool = False) -> torch.Tensor:
+    """SDPA with grouped KV heads (``mask`` True where a key is seen; ``causal`` instead of a mask); with
+    ``softcap``, written out as transformers' eager attention (SDPA cannot cap scores)."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+    group = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
+    scores = torch.tanh(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 / softcap) * softcap
+    if causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
 def _per_chunk(x: torch.Tensor, g: FreshChunks) -> torch.Tensor:

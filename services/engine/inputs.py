@@ -86,11 +86,12 @@ class StepInputs:
 
 def prepare_inputs(
     scheduled: list[tuple[SequenceState, int]], block_size: int, device: torch.device,
-    kernels: CpuKernels | None = None, window: int | None = None,
+    kernels: CpuKernels | None = None, window: int | None = None, softcap: float | None = None,
 ) -> StepInputs:
     """``scheduled``: (sequence, number of tokens to run); with ``kernels``, attention runs the fused CPU
     kernels: the decodes form one ``DecodeRows``, the prompt chunks one ``ChunkRows``. ``window``: the
-    model's sliding window (its sliding layers' masks are built too). Raises ``ValueError`` on an
+    model's sliding window (its sliding layers' masks are built too); ``softcap``: its attention soft-cap
+    (Gemma 2). Raises ``ValueError`` on an
     inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
@@ -130,7 +131,7 @@ def prepare_inputs(
     # One tensor for the four per-token rows (each conversion from Python lists has a fixed cost).
     flat = _t2d([ids, positions, slot_blocks, [p % block_size for p in positions]], device)
     input_ids, positions_t = flat[0], flat[1]
-    attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window)
+    attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window, softcap=softcap)
     lora = lora_batch([(seq.lora, n) for seq, n in ordered], device)
     if kernels is None:
         offset = 0

@@ -203,7 +203,10 @@ class LlamaForCausalLM(nn.Module):
             cos, sin = local if c.slides(i) else rope
             x, residual = layer(x, residual, cos, sin, batch, kv, lora)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
-        return self.lm_head(x).float()
+        logits = self.lm_head(x)
+        if c.final_softcap is not None:  # Gemma 2
+            logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
+        return logits.float()
 
     def _forward_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                        kv: PagedKVPool, logits_index: torch.Tensor, kernels: CpuKernels,

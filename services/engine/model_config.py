@@ -7,10 +7,11 @@ applies to every layer; Qwen2/3's only with ``use_sliding_window``, to the layer
 ``sliding_attention`` (without it, the layers from ``max_window_layers`` on); Gemma 3's as ``layer_types``
 says, else five sliding layers to one full (``sliding_window_pattern``).
 
-Gemma 3 (``Gemma3ForCausalLM``, the text model): RMSNorm weights stored as an offset from 1, norms on each
-sublayer's output as well as its input ("sandwich"), GELU (tanh) gating, embeddings scaled by
-sqrt(hidden_size), attention scaled by ``query_pre_attn_scalar``, and a RoPE base of its own for the sliding
-layers. Soft-capping (Gemma 2) is refused."""
+Gemma 2 and 3 (``Gemma2ForCausalLM``; ``Gemma3ForCausalLM``, the text model): RMSNorm weights stored as an
+offset from 1, norms on each sublayer's output as well as its input ("sandwich"), GELU (tanh) gating,
+embeddings scaled by sqrt(hidden_size), attention scaled by ``query_pre_attn_scalar``; Gemma 2 soft-caps
+attention scores and final logits (``cap * tanh(x / cap)``) and slides every other layer; Gemma 3 has q/k
+norms and a RoPE base of its own for the sliding layers."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from services.common.errors import ModelLoadError
 from services.common.lora import ModelShape
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "Gemma3ForCausalLM", "Phi3ForCausalLM")
+                           "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
+_GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -67,6 +69,9 @@ class ModelConfig:
     # RoPE base of the sliding layers when it differs from rope_theta (Gemma 3's rope_local_base_freq); they
     # rotate without rope_scaling.
     local_rope_theta: float | None = None
+    # Gemma 2: attention scores and final logits become cap * tanh(x / cap) (None: not capped).
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
@@ -116,7 +121,8 @@ class ModelConfig:
     def is_llama_like(self) -> bool:
         """The decoder the fused CPU forward computes: SwiGLU, pre-norms only, plain embeddings and scaling."""
         return (self.hidden_act == "silu" and self.embed_scale == 1.0 and not self.norm_unit_offset
-                and not self.sandwich_norms and self.attn_scale is None and self.local_rope_theta is None)
+                and not self.sandwich_norms and self.attn_scale is None and self.local_rope_theta is None
+                and self.final_softcap is None)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -157,9 +163,9 @@ class ModelConfig:
                 rope_theta = rope_theta or params.get("rope_theta")
                 if params.get("rope_type", "default") != "default" and not rope_scaling:
                     rope_scaling = params
-            gemma = arch == "Gemma3ForCausalLM"
+            gemma, gemma3 = arch in _GEMMAS, arch == "Gemma3ForCausalLM"
             if gemma:
-                _check_gemma(raw)
+                _check_gemma(raw, gemma3)
             partial = raw.get("partial_rotary_factor") or (params or {}).get("partial_rotary_factor") or 1.0
             if float(partial) != 1.0:
                 raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
@@ -174,11 +180,13 @@ class ModelConfig:
                 head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(rope_theta or (1e6 if gemma else 10000.0)),
+                rope_theta=float(rope_theta or (1e6 if gemma3 else 10000.0)),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
                 qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+                attn_softcap=_float_or_none(raw, "attn_logit_softcapping", 50.0) if not gemma3 and gemma else None,
+                final_softcap=_float_or_none(raw, "final_logit_softcapping", 30.0) if not gemma3 and gemma else None,
                 sliding_window=(window := _sliding_window(raw, arch)),
                 sliding_layers=_sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None,
                 hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu"),
@@ -186,7 +194,7 @@ class ModelConfig:
                 norm_unit_offset=gemma,
                 sandwich_norms=gemma,
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
-                local_rope_theta=float(local_theta or 10000.0) if gemma else None,
+                local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
@@ -212,7 +220,7 @@ class ModelConfig:
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
     ``use_sliding_window`` (their configs carry a window they leave off); Llama has none."""
-    window = raw.get("sliding_window", 4096 if arch == "Gemma3ForCausalLM" else None)  # transformers' default
+    window = raw.get("sliding_window", 4096 if arch in _GEMMAS else None)  # transformers' default
     if arch == "LlamaForCausalLM" or (arch.startswith("Qwen") and not raw.get("use_sliding_window")):
         return None
     if window is not None and int(window) < 1:
@@ -232,16 +240,22 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
         if not isinstance(types, list) or len(types) != layers:
             raise ModelLoadError(f"config.json: layer_types must list one type per layer ({layers})")
         return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
-    if arch == "Gemma3ForCausalLM":
-        pattern = int(raw.get("sliding_window_pattern", 6))
+    if arch in _GEMMAS:
+        pattern = int(raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2))
         return tuple(i for i in range(layers) if (i + 1) % pattern)
     return tuple(range(int(raw.get("max_window_layers", 28)), layers))
 
 
-def _check_gemma(raw: dict[str, Any]) -> None:
+def _float_or_none(raw: dict[str, Any], name: str, default: float) -> float | None:
+    """A field that may be absent (``default``) or null (None)."""
+    value = raw.get(name, default)
+    return None if value is None else float(value)
+
+
+def _check_gemma(raw: dict[str, Any], gemma3: bool) -> None:
     """Refuses what the engine does not compute, saying what it found."""
-    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+    for name in ("final_logit_softcapping", "attn_logit_softcapping") if gemma3 else ():
         if raw.get(name) is not None:
-            raise ModelLoadError(f"config.json: {name} is {raw[name]}; soft-capping (Gemma 2) is not supported")
+            raise ModelLoadError(f"config.json: {name} is {raw[name]}; Gemma 3 checkpoints are not soft-capped")
     if raw.get("use_bidirectional_attention"):
         raise ModelLoadError("config.json: use_bidirectional_attention is set; only causal attention is supported")

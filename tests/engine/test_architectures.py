@@ -37,6 +37,11 @@ CASES = {
     "qwen3": lambda: transformers.Qwen3Config(
         head_dim=32, tie_word_embeddings=True, use_sliding_window=True, sliding_window=37,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"], **COMMON),
+    # Gemma 2: soft-capped attention scores (a cap low enough to change them) and final logits, every other
+    # layer sliding.
+    "gemma2": lambda: transformers.Gemma2Config(
+        head_dim=32, query_pre_attn_scalar=24, sliding_window=24, attn_logit_softcapping=4.0,
+        final_logit_softcapping=3.0, **COMMON),
     # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
     # query scale that is not head_dim's, sliding layers with a RoPE base of their own.
     # q/k/v and gate/up stored fused; a window in every layer.
@@ -120,8 +125,12 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
     assert (config.rope_theta, config.local_rope_theta, config.attn_scale) == (1e6, 1e4, 1 / 16)
     assert config.tie_word_embeddings and config.qk_norm and config.embed_scale == 1152**0.5
     assert not config.is_llama_like and ModelConfig.from_dict(dict(COMMON, hidden_act="silu")).is_llama_like
-    with pytest.raises(ModelLoadError, match="soft-capping"):
+    with pytest.raises(ModelLoadError, match="not soft-capped"):
         ModelConfig.from_dict({**raw, "final_logit_softcapping": 30.0})
+    gemma2 = {k: v for k, v in raw.items() if not k.endswith("softcapping")}
+    gemma2 = ModelConfig.from_dict({**gemma2, "architectures": ["Gemma2ForCausalLM"], "sliding_window_pattern": 2})
+    assert (gemma2.attn_softcap, gemma2.final_softcap) == (50.0, 30.0)  # transformers' defaults when absent
+    assert gemma2.local_rope_theta is None and not gemma2.qk_norm and not gemma2.slides(1) and gemma2.slides(2)
     with pytest.raises(ModelLoadError, match="activation 'gelu' is not supported"):
         ModelConfig.from_dict(dict(COMMON, hidden_act="gelu"))
     with pytest.raises(ModelLoadError, match="partial_rotary_factor is 0.75"):  # Phi-4-mini

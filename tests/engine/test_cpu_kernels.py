@@ -253,3 +253,37 @@ def test_runner_uses_the_kernels_only_when_enabled(tiny_model_dir, enabled):
     runner = ModelRunner(EngineConfig(model=str(tiny_model_dir), device="cpu", kv_cache_bytes=1 << 20,
                                       swap_bytes=0, cpu_kernels=enabled))
     assert (runner.kernels is not None) == enabled
+
+
+def _capped_reference(q, keys, values, mask, cap):
+    """Eager attention with soft-capped scores (transformers' Gemma 2): q [H, D], keys/values [S, Hkv, D]."""
+    group = q.shape[0] // keys.shape[1]
+    k = keys.repeat_interleave(group, 1).transpose(0, 1)
+    v = values.repeat_interleave(group, 1).transpose(0, 1)
+    scores = torch.tanh((q[:, None, :] @ k.transpose(1, 2))[:, 0] * q.shape[-1] ** -0.5 / cap) * cap
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    return (weights[:, None, :] @ v)[:, 0]
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_soft_capped_scores_match_eager_attention(kernels, window):
+    """Gemma 2's attention soft-cap in the decode and chunk kernels; scores large enough that the cap bites."""
+    g = torch.Generator().manual_seed(11)
+    k_cache, v_cache = _pool(64, 16, 2, 32)
+    tables = torch.randperm(64, generator=g)[:8][None]
+    cap = 2.0
+    q = torch.randn(1, 4, 32, generator=g) * 10
+    out = torch.empty_like(q)
+    lens = torch.tensor([100])
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens, window, cap)
+    keys, values = (c[tables[0]].reshape(-1, 2, 32)[:100] for c in (k_cache, v_cache))
+    seen = torch.arange(100) >= 100 - (window or 100)
+    torch.testing.assert_close(out[0], _capped_reference(q[0], keys, values, seen, cap), atol=2e-6, rtol=1e-5)
+    q = torch.randn(30, 4, 32, generator=g) * 10  # a 30-token chunk after 70 cached tokens
+    out = torch.empty_like(q)
+    kernels.paged_prefill(out, q, k_cache, v_cache, torch.tensor([0]), torch.tensor([30]), torch.tensor([70]),
+                          tables, window, cap)
+    for i in (0, 13, 29):
+        pos = 70 + i
+        seen = (torch.arange(100) <= pos) & (torch.arange(100) > pos - (window or 1000))
+        torch.testing.assert_close(out[i], _capped_reference(q[i], keys, values, seen, cap), atol=3e-6, rtol=1e-5)

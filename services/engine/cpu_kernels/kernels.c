@@ -79,13 +79,18 @@ static inline __attribute__((always_inline)) float softmax_step(float *p, int n,
     return corr;
 }
 
+/* Gemma 2's attention soft-capping: scores become cap * tanh(score / cap) before the softmax. */
+static inline void soft_cap(float *p, int n, float cap) {
+    for (int t = 0; t < n; t++) p[t] = cap * tanhf(p[t] / cap);
+}
+
 /* One query token, KV heads [head, head + heads) and their `group` query heads each:
  * out = softmax(q . K^T * scale) V over tokens [first, context_len) of `table`, in one pass over the
  * blocks with a running max and sum per query head (online softmax). */
 static inline __attribute__((always_inline)) void attend(
     const float *q, float *out, const float *k_cache, const float *v_cache, const int64_t *table,
     int first, int context_len, int64_t block_stride, int block_size, int kv_heads, int head, int heads,
-    int head_dim, int group, float scale) {
+    int head_dim, int group, float scale, float softcap) {
     const int rows = heads * group; /* query heads of this job */
     float m[rows], l[rows], acc[rows * head_dim], s[rows * block_size];
     for (int r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.f;
@@ -106,6 +111,8 @@ static inline __attribute__((always_inline)) void attend(
         }
         for (int r = 0; r < rows; r++) {
             float *p = s + r * block_size;
+            if (softcap > 0.f)
+                soft_cap(p, n, softcap);
             const float corr = softmax_step(p, n, &m[r], &l[r]);
             float *a = acc + r * head_dim;
             const float *vr = vb + (r / group) * head_dim;
@@ -126,13 +133,15 @@ static inline __attribute__((always_inline)) void attend(
 
 /* Decode attention: row i (one query token) attends to the first context_lens[i] tokens of its block table
  * (block_tables[i * table_stride ...]), or with window > 0 to the last `window` of them (sliding-window
- * attention; the blocks before are never read). Queries have kv_heads * group heads of head_dim.
+ * attention; the blocks before are never read); with softcap > 0 each score is capped first (Gemma 2).
+ * Queries have kv_heads * group heads of head_dim.
  * A job is one row and all its heads, so each block is read front to back, as one region; with fewer rows
  * than a few per thread, a job is one row and one KV head, so a lone long decode still uses every thread. */
 void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, int64_t q_row_stride,
                           const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                           int kv_heads, int head_dim, int group, int num_rows, const int64_t *block_tables,
-                          int64_t table_stride, const int64_t *context_lens, int window, float scale) {
+                          int64_t table_stride, const int64_t *context_lens, int window, float scale,
+                          float softcap) {
     const int split = num_rows < 4 * omp_get_max_threads();
     const int heads = split ? 1 : kv_heads, per_row = kv_heads / heads, jobs = num_rows * per_row;
 #pragma omp parallel for schedule(dynamic, 1) if (jobs > 1)
@@ -145,10 +154,10 @@ void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, in
         const int ctx = (int)context_lens[i], first = window > 0 && ctx > window ? ctx - window : 0;
         /* Constant head sizes let the compiler unroll the inner loops into a few vector instructions. */
         switch (head_dim) {
-        case 32: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale); break;
-        case 64: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale); break;
-        case 128: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale); break;
-        default: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale);
+        case 32: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale, softcap); break;
+        case 64: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale, softcap); break;
+        case 128: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale, softcap); break;
+        default: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale, softcap);
         }
     }
 }
@@ -305,8 +314,9 @@ static inline __attribute__((always_inline)) void weigh_values(float *acc, const
 }
 
 /* Prompt chunks: chunk c's query rows [token_starts[c], + lens[c]) attend causally to the first
- * prefix[c] + i + 1 tokens of its block table (with window > 0, to the last `window` of those) (its cached prefix, then itself: its own K/V are already in
- * the pool, so nothing is gathered). One job is one chunk, one KV head and up to ROW_TILE rows. It walks
+ * prefix[c] + i + 1 tokens of its block table: its cached prefix, then itself (its own K/V are already in
+ * the pool, so nothing is gathered); with window > 0, the last `window` of those; with softcap > 0, scores
+ * capped as in the decode. One job is one chunk, one KV head and up to ROW_TILE rows. It walks
  * the keys in tiles of KEY_TILE, copies each tile's K transposed (head_dim x keys) so that a row's scores
  * are vector FMAs across 64 keys, and keeps an online softmax per row and query head; a row's query heads
  * then weigh V together (weigh_values). The inner loops run independent FMA chains: with one, each FMA
@@ -317,7 +327,7 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                            const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                            int kv_heads, int head_dim, int group, int num_chunks, const int64_t *token_starts,
                            const int64_t *lens, const int64_t *prefix, const int64_t *block_tables,
-                           int64_t table_stride, int window, float scale) {
+                           int64_t table_stride, int window, float scale, float softcap) {
     int64_t tiles_before[num_chunks + 1];
     tiles_before[0] = 0;
     for (int c = 0; c < num_chunks; c++) tiles_before[c + 1] = tiles_before[c] + (lens[c] + ROW_TILE - 1) / ROW_TILE;
@@ -379,6 +389,8 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                         *(v16u *)(sj + 32) = s2;
                         *(v16u *)(sj + 48) = s3;
                     }
+                    if (softcap > 0.f)
+                        soft_cap(sj + skip, n - skip, softcap);
                     corr[j] = softmax_step(sj + skip, n - skip, &m[r], &l[r]);
                 }
                 /* The group's query heads share this KV head's V rows: each row is loaded once for all of them. */
