@@ -24,6 +24,9 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 # The projections of a decoder layer an adapter may change.
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Phi-3's checkpoints (and so its adapters) have q/k/v and gate/up fused, as the engine computes them: the
+# parts each replaces.
+FUSED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
@@ -41,7 +44,8 @@ class ModelShape:
     def in_out(self, module: str) -> tuple[int, int]:
         h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}[module]
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h), "qkv_proj": (h, q + 2 * kv),
+                "gate_up_proj": (h, 2 * i)}[module]
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,9 @@ def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[
                     raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder "
                                           f"layer's projection ({', '.join(MODULES)})")
                 layer, module, ab = int(m[1]), m[2], m[3]
-                if module not in MODULES:
-                    raise InvalidArgument(f"{where}: adapts {module!r}; supported: {', '.join(MODULES)}")
+                if module not in MODULES and module not in FUSED_MODULES:
+                    raise InvalidArgument(f"{where}: adapts {module!r}; supported: "
+                                          f"{', '.join((*MODULES, *FUSED_MODULES))}")
                 if layer >= shape.num_layers:
                     raise InvalidArgument(f"{where}: adapts layer {layer}; the model has {shape.num_layers}")
                 fan_in, fan_out = shape.in_out(module)
@@ -135,6 +140,10 @@ def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[
     half = [f"layer {layer} {module}" for (layer, module), ab in parts.items() if len(ab) != 2]
     if half:
         raise InvalidArgument(f"{where}: {half[0]} has only one of lora_A and lora_B")
+    both = [f"layer {layer}: {fused} and {part}" for (layer, fused), ab in parts.items() if fused in FUSED_MODULES
+            for part in FUSED_MODULES[fused] if (layer, part) in parts]
+    if both:
+        raise InvalidArgument(f"{where}: adapts {both[0]}, the same projection twice")
     if not parts:
         raise InvalidArgument(f"{where}: {WEIGHTS_FILE} holds no LoRA weights")
     return {k: (ab["A"], ab["B"]) for k, ab in sorted(parts.items())}

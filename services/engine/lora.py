@@ -21,14 +21,16 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from services.common.lora import MODULES, LoraSpec, ModelShape, read_lora
+from services.common.lora import FUSED_MODULES, MODULES, LoraSpec, ModelShape, read_lora
 from services.common.step import LoraRef
 
 log = logging.getLogger(__name__)
 
-# The model's fused projections and the adapter modules inside each, in the order of their output slices.
+# The model's fused projections and the adapter modules inside each, in the order of their output slices;
+# an adapter of a checkpoint stored fused (Phi-3) adapts the whole projection as one module instead.
 FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
          "down": ("down_proj",)}
+WHOLE = {fused: module for module, parts in FUSED_MODULES.items() for fused, ours in FUSED.items() if ours == parts}
 
 
 @dataclass
@@ -43,11 +45,13 @@ class LoraWeights:
     def __init__(self, spec: LoraSpec, shape: ModelShape, device: torch.device, dtype: torch.dtype) -> None:
         self.spec = spec
         self.scaling = spec.scaling
-        outs = {module: shape.in_out(module)[1] for module in MODULES}
+        outs = {module: shape.in_out(module)[1] for module in (*MODULES, *FUSED_MODULES)}
         self.layers: list[dict[str, ProjectionLora]] = [{} for _ in range(shape.num_layers)]
         with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
             for layer, projections in enumerate(self.layers):
                 for fused, modules in FUSED.items():
+                    if (layer, WHOLE.get(fused)) in spec.tensors:
+                        modules = (WHOLE[fused],)
                     present = [(m, spec.tensors[(layer, m)]) for m in modules if (layer, m) in spec.tensors]
                     if not present:
                         continue

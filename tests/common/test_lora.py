@@ -72,6 +72,14 @@ def test_missing_damaged_or_foreign_files_are_refused(lora_dirs, shape, tmp_path
               str(out / WEIGHTS_FILE))
     with pytest.raises(InvalidArgument, match="adapts layer 9; the model has 4"):
         read_lora(LoraRef("x", str(out)), shape, max_rank=16)
+    h, qkv = shape.in_out("qkv_proj")
+    layer0 = "base_model.model.model.layers.0.self_attn"
+    save_file({f"{layer0}.qkv_proj.lora_A.weight": np.zeros((8, h), np.float32),
+               f"{layer0}.qkv_proj.lora_B.weight": np.zeros((qkv, 8), np.float32),
+               f"{layer0}.k_proj.lora_A.weight": np.zeros((8, h), np.float32),
+               f"{layer0}.k_proj.lora_B.weight": np.zeros((shape.kv_size, 8), np.float32)}, str(out / WEIGHTS_FILE))
+    with pytest.raises(InvalidArgument, match="adapts layer 0: qkv_proj and k_proj, the same projection twice"):
+        read_lora(LoraRef("x", str(out)), shape, max_rank=16)
 
 
 def test_second_model_refuses_an_adapter_of_the_first(lora_dirs, second_model_dir):

@@ -109,3 +109,35 @@ def test_an_adapter_of_the_second_model_equals_peft(second_model_dir, tmp_path):
     outs = engine.generate(prompts, [GREEDY] * 3, [LoraRef("s", str(adapter))] * 2 + [None])
     assert [o.token_ids for o in outs[:2]] == want[:2]
     assert outs[2].token_ids == peft_greedy(second_model_dir, None, prompts[2:], MAX_TOKENS)[0]
+
+
+@pytest.mark.oracle
+def test_an_adapter_of_fused_projections_equals_peft(tiny_model_dir, tmp_path):
+    """Phi-3 stores q/k/v and gate/up fused, and its adapters adapt them whole (``qkv_proj``,
+    ``gate_up_proj``): one A and one B over the engine's fused projection, any mix with the base model."""
+    import torch
+    import transformers
+
+    from tests.lora_adapters import make_adapter
+
+    config = transformers.Phi3Config(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # decisive logits: greedy choices are not near-ties
+        for name, p in model.named_parameters():
+            p.normal_(1.0, 0.2) if "norm" in name else p.normal_(0.0, 0.3)
+    base = tmp_path / "phi3"
+    model.save_pretrained(base)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, base / name)
+    adapter = make_adapter(base, tmp_path / "phi3-lora", 5, r=8, lora_alpha=16,
+                           target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+    rng = random.Random(4)
+    prompts = [[rng.randrange(6, 4000) for _ in range(n)] for n in (5, 30, 70)]
+    want, plain = peft_greedy(base, adapter, prompts, MAX_TOKENS), peft_greedy(base, None, prompts, MAX_TOKENS)
+    assert want != plain
+    refs = [LoraRef("phi", str(adapter)), None, LoraRef("phi", str(adapter))]
+    got = _engine(base, chunk_size=16).generate(prompts, [GREEDY] * 3, refs)
+    assert [c.token_ids for c in got] == [want[0], plain[1], want[2]]
