@@ -12,7 +12,7 @@ The step's tokens are flattened: ``[T, heads, head_dim]``. Every token's K/V is 
       keys:    [ 0 ............ start | start ......... start+q )
       query i: sees keys j <= start + i
 
-In a sliding-window layer (Mistral; Qwen2/3 layers past ``max_window_layers``) a query at position p sees
+In a sliding-window layer (Mistral, Phi-3, Gemma's local layers, Qwen2/3 with a window) a query at position p sees
 keys ``(p - window, p]`` only: the same groups with a window mask, or the kernels told the window, which then
 skip the blocks before it.
 

@@ -91,8 +91,7 @@ def prepare_inputs(
     """``scheduled``: (sequence, number of tokens to run); with ``kernels``, attention runs the fused CPU
     kernels: the decodes form one ``DecodeRows``, the prompt chunks one ``ChunkRows``. ``window``: the
     model's sliding window (its sliding layers' masks are built too); ``softcap``: its attention soft-cap
-    (Gemma 2). Raises ``ValueError`` on an
-    inconsistent plan."""
+    (Gemma 2). Raises ``ValueError`` on an inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
     decodes = _decode_order([s for s, n in scheduled if n == 1], kernels is not None)

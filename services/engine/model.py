@@ -1,6 +1,6 @@
-"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV; Gemma 3's
-differences (sandwich norms, GELU gating, scaled embeddings and queries, a RoPE of the sliding layers' own)
-are options of the same modules, set by ``ModelConfig``.
+"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV; Gemma 2 / 3's
+differences (sandwich norms, GELU gating, scaled embeddings and queries, soft-capped logits, a RoPE of the
+sliding layers' own) are options of the same modules, set by ``ModelConfig``.
 
 The model knows nothing about scheduling: it takes flat token ids and positions plus an ``AttentionBatch``
 that says where each token's K/V lives. q/k/v and gate/up projections are fused at load time (one matmul

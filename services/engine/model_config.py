@@ -1,11 +1,10 @@
 """The architecture of a Llama-family checkpoint, parsed from its Hugging Face ``config.json``.
 
 Llama, Mistral, Qwen2 (biases on q/k/v), Qwen3 (an RMSNorm over each head of q and k before RoPE), Phi-3
-(q/k/v and gate/up stored fused, as the engine computes them) and Gemma 3's text model (below) share one
-decoder here, their differences as fields. Sliding-window attention is read as transformers reads it: Mistral's ``sliding_window``
-applies to every layer; Qwen2/3's only with ``use_sliding_window``, to the layers ``layer_types`` names
-``sliding_attention`` (without it, the layers from ``max_window_layers`` on); Gemma 3's as ``layer_types``
-says, else five sliding layers to one full (``sliding_window_pattern``).
+(q/k/v and gate/up stored fused, as the engine computes them) and Gemma 2 / 3 (below) share one decoder
+here, their differences as fields. Sliding-window attention is read as transformers reads it (see
+``_sliding_layers``): Mistral's and Phi-3's ``sliding_window`` applies to every layer; Qwen2/3's only with
+``use_sliding_window``, to the layers ``layer_types`` names ``sliding_attention``; Gemma's to its local layers.
 
 Gemma 2 and 3 (``Gemma2ForCausalLM``; ``Gemma3ForCausalLM``, the text model): RMSNorm weights stored as an
 offset from 1, norms on each sublayer's output as well as its input ("sandwich"), GELU (tanh) gating,
@@ -86,6 +85,10 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim"):
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config.json: {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("embed_scale", "attn_scale", "local_rope_theta", "attn_softcap", "final_softcap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"config.json: hidden activation {self.hidden_act!r} is not supported; supported: "
                                  f"{', '.join(SUPPORTED_ACTIVATIONS)}")
@@ -230,9 +233,8 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
 
 def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...] | None:
     """Which layers slide, as transformers decides: all of Mistral's and Phi-3's (they ignore ``layer_types``);
-    Qwen's and
-    Gemma's as ``layer_types`` says, else Qwen's from ``max_window_layers`` (default 28) on, Gemma's all but
-    every ``sliding_window_pattern``-th (default 6). None: all."""
+    Qwen's and Gemma's as ``layer_types`` says, else Qwen's from ``max_window_layers`` (default 28) on,
+    Gemma's all but every ``sliding_window_pattern``-th (default 6 for Gemma 3, 2 for Gemma 2). None: all."""
     if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
         return None
     types = raw.get("layer_types")
@@ -257,5 +259,7 @@ def _check_gemma(raw: dict[str, Any], gemma3: bool) -> None:
     for name in ("final_logit_softcapping", "attn_logit_softcapping") if gemma3 else ():
         if raw.get(name) is not None:
             raise ModelLoadError(f"config.json: {name} is {raw[name]}; Gemma 3 checkpoints are not soft-capped")
+    if not float(raw.get("query_pre_attn_scalar", 256)) > 0:
+        raise ModelLoadError(f"config.json: query_pre_attn_scalar must be > 0, got {raw['query_pre_attn_scalar']}")
     if raw.get("use_bidirectional_attention"):
         raise ModelLoadError("config.json: use_bidirectional_attention is set; only causal attention is supported")

@@ -148,9 +148,9 @@ class ModelRunner:
               result: StepResult) -> dict[str, list[SampledToken]]:
         """One forward pass over the scheduled tokens, then sampling where a sequence reaches its end: one
         token, or for a sequence verifying drafts, the drafts kept and the token after them."""
-        model = self.model.config
-        inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels, model.sliding_window,
-                                model.attn_softcap)
+        arch = self.model.config
+        inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels, arch.sliding_window,
+                                arch.attn_softcap)
         rows = []
         for sid in inputs.sample_seq_ids:
             seq = self.seqs[sid]

@@ -125,6 +125,10 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
     assert (config.rope_theta, config.local_rope_theta, config.attn_scale) == (1e6, 1e4, 1 / 16)
     assert config.tie_word_embeddings and config.qk_norm and config.embed_scale == 1152**0.5
     assert not config.is_llama_like and ModelConfig.from_dict(dict(COMMON, hidden_act="silu")).is_llama_like
+    with pytest.raises(ModelLoadError, match="query_pre_attn_scalar must be > 0"):
+        ModelConfig.from_dict({**raw, "query_pre_attn_scalar": 0})
+    with pytest.raises(ModelLoadError, match="attn_softcap must be > 0"):
+        ModelConfig.from_dict({**raw, "architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": -1.0})
     with pytest.raises(ModelLoadError, match="not soft-capped"):
         ModelConfig.from_dict({**raw, "final_logit_softcapping": 30.0})
     gemma2 = {k: v for k, v in raw.items() if not k.endswith("softcapping")}

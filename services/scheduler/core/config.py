@@ -136,7 +136,8 @@ class SchedulerConfig:
     calibrate_step_time: bool = False
     # Every layer of the model attends within this many keys (sliding-window attention; None: full
     # attention): a running request's blocks that fell out of the window are freed as it advances, so a
-    # long sequence holds about window / block_size blocks. The pool must reserve the null block.
+    # long sequence holds about window / block_size + 2 blocks (window_blocks). The pool must reserve the
+    # null block.
     sliding_window: int | None = None
 
     def __post_init__(self) -> None:
@@ -158,6 +159,8 @@ class SchedulerConfig:
         if self.preemption_mode not in (None, "swap", "recompute"):
             raise ValueError(f"preemption_mode must be swap, recompute or None (the policy's choice), "
                              f"got {self.preemption_mode!r}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None (full attention), got {self.sliding_window}")
         if self.tbt_target_s is not None and not self.tbt_target_s > 0:
             raise ValueError(f"tbt_target_s must be > 0 or None, got {self.tbt_target_s}")
 

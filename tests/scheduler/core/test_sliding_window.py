@@ -39,9 +39,11 @@ def test_the_null_block_is_never_handed_out_and_freeing_it_does_nothing():
         BlockManager(1, BS, reserve_null=True)
 
 
-def test_a_window_needs_a_pool_with_the_null_block():
+def test_a_window_needs_a_pool_with_the_null_block_and_a_key():
     with pytest.raises(ValueError, match="reserve_null"):
         Scheduler(SchedulerConfig(sliding_window=WINDOW), BlockManager(16, BS))
+    with pytest.raises(ValueError, match="sliding_window must be >= 1"):
+        SchedulerConfig(sliding_window=0)
 
 
 @pytest.mark.parametrize("chunk_size", [3, 8, None])
