@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from services.common.errors import InvalidArgument, NotFound
-from services.engine.config import EngineConfig
+from services.engine.config import EngineConfig, add_max_model_len_flag
 from services.scheduler.core.config import MLFQ_PRESETS, SchedulerConfig
 from services.scheduler.core.policies import POLICY_NAMES
 from services.scheduler.main import add_lora_flags
@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tokens (decodes + prompt chunks) per step (default: no limit)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step (default 256)")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes")
+    add_max_model_len_flag(p)
     p.add_argument("--swap-bytes", type=int, default=256 * 2**20, help="host memory for swapped-out KV, bytes")
     p.add_argument("--policy", choices=POLICY_NAMES, default="sarathi",
                    help="step policy: sarathi (stall-free chunked prefill, default), vllm (prefill-first), "
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     engine = OfflineEngine(
         EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
                      kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes,
-                     cpu_kernels=not args.no_cpu_kernels),
+                     cpu_kernels=not args.no_cpu_kernels, max_model_len=args.max_model_len),
         sched,
     )
     model_name = args.model or "seawall-builtin-tiny"

@@ -27,6 +27,7 @@ from seawall.trace_receiver import TraceReceiver
 from services.common.errors import InvalidArgument
 from services.common.lora import read_lora
 from services.common.step import LoraRef
+from services.engine.config import add_max_model_len_flag
 from services.engine.model_config import ModelConfig
 from services.engine.runner import resolve_model_dir
 from services.scheduler.main import (
@@ -55,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="workers' torch device: cpu, cuda, cuda:N or auto")
     add_worker_thread_flags(p)
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
+    add_max_model_len_flag(p)
     p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
     p.add_argument("--no-cpu-kernels", action="store_true",
                    help="workers run CPU attention, norms and RoPE as plain torch ops, not the fused C kernels")
@@ -134,6 +136,10 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         sched.append("--structured-output-in-reasoning")
     sched += checked_lora_flags(args)
     workers = ["--device", args.device]
+    if args.max_model_len is not None:  # refused here when the model cannot serve it, before any process starts
+        ModelConfig.from_dir(resolve_model_dir(args.model)).with_max_model_len(args.max_model_len)
+        sched += ["--max-model-len", str(args.max_model_len)]
+        workers += ["--max-model-len", str(args.max_model_len)]
     if args.kv_cache_bytes:
         workers += ["--kv-cache-bytes", str(args.kv_cache_bytes)]
     if args.no_nixl:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,9 @@ class EngineConfig:
     # LoRA adapters kept loaded beyond those live sequences use (vLLM's --max-cpu-loras): a returning adapter
     # is not read from disk again.
     max_idle_loras: int = 8
+    # The longest context served (vLLM's --max-model-len); None = the model's max_position_embeddings. It
+    # picks LongRoPE's factors (rope.py) and bounds what the scheduler admits.
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -41,6 +46,8 @@ class EngineConfig:
             raise InvalidArgument(f"cpu_kernels must be true or false, got {self.cpu_kernels!r}")
         if self.max_idle_loras < 0:
             raise InvalidArgument(f"max_idle_loras must be >= 0, got {self.max_idle_loras}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise InvalidArgument(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.swap_bytes < 0:
             raise InvalidArgument(f"swap_bytes must be >= 0, got {self.swap_bytes}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
@@ -57,3 +64,15 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.float32 if self.torch_device().type == "cpu" else torch.bfloat16
         return _DTYPES[self.dtype]
+
+
+def add_max_model_len_flag(p: argparse.ArgumentParser) -> None:
+    """``--max-model-len``, vLLM's name: the scheduler and every worker take the same value (docker-compose.yml
+    gives them all ``SEAWALL_MAX_MODEL_LEN``; empty there means the model's)."""
+    env = os.environ.get("SEAWALL_MAX_MODEL_LEN", "").strip()
+    if env and not env.isdigit():
+        p.error(f"SEAWALL_MAX_MODEL_LEN must be a whole number of tokens, got {env!r}")
+    p.add_argument("--max-model-len", type=int, default=int(env) if env else None,
+                   help="longest context served, prompt and output (default: $SEAWALL_MAX_MODEL_LEN, else the "
+                        "model's max_position_embeddings; LongRoPE models keep their short factors at or below "
+                        "their pretrained context)")

@@ -39,10 +39,11 @@ def check_model_dir(model_dir: str | Path) -> Path:
     return path
 
 
-def load_checkpoint_meta(model_dir: str | Path) -> Checkpoint:
-    """Everything but the weights (cheap: the scheduler and clients need only this)."""
+def load_checkpoint_meta(model_dir: str | Path, max_model_len: int | None = None) -> Checkpoint:
+    """Everything but the weights (cheap: the scheduler and clients need only this); ``max_model_len`` caps the
+    context served (--max-model-len)."""
     path = check_model_dir(model_dir)
-    config = ModelConfig.from_dir(path)
+    config = ModelConfig.from_dir(path).with_max_model_len(max_model_len)
     tok_path = path / "tokenizer.json"
     if not tok_path.exists():
         raise ModelLoadError(f"{path} has no tokenizer.json (a `tokenizers` file is required)")

@@ -15,18 +15,18 @@ norms and a RoPE base of its own for the sliding layers."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from services.common.errors import ModelLoadError
+from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.lora import ModelShape
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,11 @@ class ModelConfig:
     rope_theta: float = 10000.0
     # rope_scaling as in the checkpoint ({"rope_type": "llama3", "factor": ..., ...}) or None.
     rope_scaling: dict[str, Any] | None = None
+    # The share of each head RoPE rotates (its first rotary_dim features; Phi-4-mini: 0.75); the rest pass.
+    partial_rotary_factor: float = 1.0
+    # The context served when capped below max_position_embeddings (--max-model-len), else None. LongRoPE
+    # picks its frequencies by it.
+    served_context: int | None = None
     tie_word_embeddings: bool = False
     # Qwen2 puts biases on q/k/v; Llama checkpoints may set attention_bias.
     attention_bias: bool = False
@@ -98,6 +103,14 @@ class ModelConfig:
                 f"config.json: rope_scaling type {rope_type!r} is not supported; "
                 f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ModelLoadError(f"config.json: partial_rotary_factor {self.partial_rotary_factor} must leave an even "
+                                 f"number of rotated features per head, at least 2 (head_dim {self.head_dim})")
+        if rope_type == "longrope":
+            _check_longrope(self.rope_scaling or {}, self.rotary_dim)
+        if self.served_context is not None and not 1 <= self.served_context <= self.max_position_embeddings:
+            raise InvalidArgument(f"max_model_len {self.served_context} must be between 1 and the model's "
+                                  f"max_position_embeddings ({self.max_position_embeddings})")
 
     @property
     def rope_type(self) -> str:
@@ -108,7 +121,16 @@ class ModelConfig:
     @property
     def max_model_len(self) -> int:
         """The longest context served."""
-        return self.max_position_embeddings
+        return self.served_context or self.max_position_embeddings
+
+    def with_max_model_len(self, max_model_len: int | None) -> ModelConfig:
+        """This model serving at most ``max_model_len`` tokens of context (None: all it has)."""
+        return self if max_model_len is None else replace(self, served_context=max_model_len)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The features of each head that RoPE rotates (the first ones), as transformers rounds them."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def slides(self, layer: int) -> bool:
         """Whether ``layer`` attends within ``sliding_window`` only."""
@@ -169,10 +191,16 @@ class ModelConfig:
             gemma, gemma3 = arch in _GEMMAS, arch == "Gemma3ForCausalLM"
             if gemma:
                 _check_gemma(raw, gemma3)
-            partial = raw.get("partial_rotary_factor") or (params or {}).get("partial_rotary_factor") or 1.0
-            if float(partial) != 1.0:
+            partial = float(raw.get("partial_rotary_factor") or (params or {}).get("partial_rotary_factor") or 1.0)
+            if partial != 1.0 and arch != "Phi3ForCausalLM":  # only transformers' Phi-3 rotates part of a head
                 raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
-                                     "is not supported")
+                                     "is supported for Phi3ForCausalLM only")
+            longrope = bool(rope_scaling) and rope_scaling.get("rope_type", rope_scaling.get("type")) == "longrope"
+            if longrope and rope_scaling.get("original_max_position_embeddings") is None \
+                    and raw.get("original_max_position_embeddings") is not None:
+                # Phi-3 keeps the pretrained context beside rope_scaling; transformers moves it in.
+                rope_scaling = {**rope_scaling,
+                                "original_max_position_embeddings": raw["original_max_position_embeddings"]}
             return cls(
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=int(raw["hidden_size"]),
@@ -185,6 +213,7 @@ class ModelConfig:
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(rope_theta or (1e6 if gemma3 else 10000.0)),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
+                partial_rotary_factor=partial,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
                 qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
@@ -263,3 +292,17 @@ def _check_gemma(raw: dict[str, Any], gemma3: bool) -> None:
         raise ModelLoadError(f"config.json: query_pre_attn_scalar must be > 0, got {raw['query_pre_attn_scalar']}")
     if raw.get("use_bidirectional_attention"):
         raise ModelLoadError("config.json: use_bidirectional_attention is set; only causal attention is supported")
+
+
+def _check_longrope(scaling: dict[str, Any], rotary_dim: int) -> None:
+    """LongRoPE needs one short and one long factor per rotated frequency and the pretrained context."""
+    for name in ("short_factor", "long_factor"):
+        factors = scaling.get(name)
+        if not isinstance(factors, list) or len(factors) != rotary_dim // 2 \
+                or not all(isinstance(f, int | float) and f > 0 for f in factors):
+            raise ModelLoadError(f"config.json: rope_scaling.{name} must list {rotary_dim // 2} positive numbers "
+                                 "(one per rotated frequency)")
+    original = scaling.get("original_max_position_embeddings")
+    if not isinstance(original, int) or original < 2:
+        raise ModelLoadError("config.json: LongRoPE needs original_max_position_embeddings (the pretrained context), "
+                             f"an integer >= 2; got {original!r}")

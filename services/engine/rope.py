@@ -1,4 +1,5 @@
-"""Rotary position embeddings with the checkpoint's scaling (default, linear, llama3, yarn).
+"""Rotary position embeddings with the checkpoint's scaling (default, linear, llama3, yarn, longrope), over the
+whole head or its first ``rotary_dim`` features (Phi-4-mini).
 
 The inverse frequencies follow ``transformers``' ``ROPE_INIT_FUNCTIONS`` exactly, so positions rotate
 bit-for-bit as the oracle rotates them.
@@ -16,7 +17,7 @@ from services.engine.model_config import ModelConfig
 def inverse_frequencies(config: ModelConfig, local: bool = False) -> torch.Tensor:
     """The frequencies of the model's layers, or with ``local`` of its sliding layers where those have a base
     of their own (``local_rope_theta``, unscaled)."""
-    dim = config.head_dim
+    dim = config.rotary_dim
     theta = config.local_rope_theta if local else config.rope_theta
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if local:
@@ -29,16 +30,24 @@ def inverse_frequencies(config: ModelConfig, local: bool = False) -> torch.Tenso
         inv_freq = _llama3_scale(inv_freq, scaling)
     elif rope_type == "yarn":
         inv_freq = _yarn_frequencies(config, scaling)
+    elif rope_type == "longrope":
+        inv_freq = _longrope_frequencies(config, scaling)
     return inv_freq
 
 
 def attention_factor(config: ModelConfig, local: bool = False) -> float:
-    """What cos and sin are multiplied by: 1, except under YaRN (its attention temperature, sqrt(1/t))."""
-    if local or config.rope_type != "yarn":
+    """What cos and sin are multiplied by: 1, except under YaRN (its attention temperature, sqrt(1/t)) and
+    LongRoPE (sqrt(1 + ln(factor) / ln(original context)))."""
+    if local or config.rope_type not in ("yarn", "longrope"):
         return 1.0
     scaling = config.rope_scaling or {}
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
+    if config.rope_type == "longrope":
+        # The factor is the checkpoint's (not the served context's), as in transformers and vLLM.
+        original = _original_context(config, scaling)
+        factor = scaling.get("factor") or config.max_position_embeddings / original
+        return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     factor = _yarn_factor(config, scaling)
     mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
     if mscale and mscale_all_dim:
@@ -85,6 +94,24 @@ def _yarn_frequencies(config: ModelConfig, scaling: dict) -> torch.Tensor:
     return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
+def uses_long_factors(config: ModelConfig) -> bool:
+    """LongRoPE: whether the long factors apply, for every position. transformers switches by the length of
+    each forward pass, which a cache of rotated keys cannot follow (keys rotated one way would meet queries
+    rotated the other); like vLLM, the engine picks once, by the context it serves: long when that exceeds
+    the pretrained one (--max-model-len at or below it keeps the short factors)."""
+    return config.max_model_len > _original_context(config, config.rope_scaling or {})
+
+
+def _longrope_frequencies(config: ModelConfig, scaling: dict) -> torch.Tensor:
+    """LongRoPE (Phi-3.5, Phi-4-mini): each frequency divided by its own rescale factor; as transformers'
+    ``_compute_longrope_parameters``, op for op."""
+    dim = config.rotary_dim
+    factors = scaling["long_factor"] if uses_long_factors(config) else scaling["short_factor"]
+    ext_factors = torch.tensor(factors, dtype=torch.float32)
+    inv_freq_shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (ext_factors * config.rope_theta**inv_freq_shape)
+
+
 def _llama3_scale(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     factor = float(scaling["factor"])
     low_freq_factor = float(scaling["low_freq_factor"])
@@ -102,7 +129,8 @@ def _llama3_scale(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Applies RoPE to flattened ``[num_tokens, heads, head_dim]`` queries and keys at given positions."""
+    """Applies RoPE to flattened ``[num_tokens, heads, head_dim]`` queries and keys at given positions (to the
+    first ``rotary_dim`` features of each head: cos and sin are that wide)."""
 
     def __init__(self, config: ModelConfig, local: bool = False) -> None:
         super().__init__()
@@ -119,6 +147,9 @@ class RotaryEmbedding(torch.nn.Module):
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
+        rot = cos.shape[-1]
+        if rot < x.shape[-1]:  # partial rotary: the other features pass unchanged
+            return torch.cat((RotaryEmbedding.apply(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
+        half = rot // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin

@@ -43,7 +43,7 @@ class ModelRunner:
         # freed memory for reuse rather than faulting in fresh pages every step (heap.py has the numbers).
         keep_freed_heap()
         self.config = config
-        self.checkpoint = checkpoint or load_checkpoint_meta(resolve_model_dir(config.model))
+        self.checkpoint = checkpoint or load_checkpoint_meta(resolve_model_dir(config.model), config.max_model_len)
         self.device = config.torch_device()
         self.dtype = config.torch_dtype()
         self.model = load_model(self.checkpoint, self.device, self.dtype)

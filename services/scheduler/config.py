@@ -25,6 +25,8 @@ class SchedulerServiceConfig:
     model: str | None = None
     # Name clients use in the OpenAI API's "model" field; None = the model directory's name.
     served_model_name: str | None = None
+    # The longest context served (--max-model-len); None = the model's. Workers must serve the same.
+    max_model_len: int | None = None
     host: str = "127.0.0.1"
     # The Scheduler gRPC service (clients, workers registering). 0 picks a free port.
     grpc_port: int = 50051
@@ -102,6 +104,8 @@ class SchedulerServiceConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         for name, least in (("max_queue_len", 1), ("max_moves", 0), ("max_lora_rank", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")

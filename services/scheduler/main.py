@@ -23,6 +23,7 @@ from services.common.metrics import serve_metrics
 from services.common.ports import listen_tcp
 from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
 from services.common.tracing import setup_tracing
+from services.engine.config import add_max_model_len_flag
 from services.engine.loader import load_checkpoint_meta
 from services.engine.runner import resolve_model_dir
 from services.scheduler.config import (
@@ -136,7 +137,8 @@ def chunk_size(args: argparse.Namespace) -> int | None:
 
 def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
     core = core_config_from(args)
-    return SchedulerServiceConfig(model=args.model, served_model_name=args.served_model_name, host=args.host,
+    return SchedulerServiceConfig(model=args.model, served_model_name=args.served_model_name,
+                                  max_model_len=args.max_model_len, host=args.host,
                                   grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
                                   core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,
                                   kv_read_policy=args.kv_read_policy, max_moves=args.max_moves)
@@ -146,6 +148,7 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p = argparse.ArgumentParser(prog="python -m services.scheduler", description=__doc__)
     p.add_argument("--model", default=None, help="Hugging Face checkpoint dir (default: the built-in model)")
     p.add_argument("--served-model-name", default=None, help="model name in the API (default: the dir's name)")
+    add_max_model_len_flag(p)
     p.add_argument("--host", default=os.environ.get("SEAWALL_HOST", "127.0.0.1"), help="listen address")
     p.add_argument("--grpc-port", type=int, default=50051, help="Scheduler gRPC port (default 50051)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port, 0 = off (default 8000)")
@@ -223,7 +226,7 @@ class _Uvicorn(uvicorn.Server):
 
 
 async def serve(config: SchedulerServiceConfig) -> None:
-    checkpoint = load_checkpoint_meta(resolve_model_dir(config.model))
+    checkpoint = load_checkpoint_meta(resolve_model_dir(config.model), config.max_model_len)
     config = replace(config, core=replace(config.core, max_model_len=checkpoint.config.max_model_len))
     metrics = SchedulerMetrics()
     tracing = setup_tracing(SCHEDULER_SERVICE, config.otlp_endpoint)

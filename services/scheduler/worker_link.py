@@ -54,9 +54,13 @@ class WorkerLink:
     @classmethod
     def connect(cls, worker_id: str, address: str, info: worker_pb2.WorkerInfo, config: SchedulerConfig) -> WorkerLink:
         block_size = info.kv_layout.block_size
+        if info.max_model_len and info.max_model_len != config.max_model_len:
+            # Requests move between workers (hand-offs, failures), and a LongRoPE model rotates by the context
+            # served: every worker must serve the scheduler's.
+            raise ValueError(f"max_model_len {info.max_model_len} is the worker's context and the scheduler's is "
+                             f"{config.max_model_len}: start both with the same value")
         # The mesh's clock is real: each core corrects its step-time model from the steps it measures.
-        core_config = replace(config, max_model_len=info.max_model_len or config.max_model_len,
-                              calibrate_step_time=True, sliding_window=info.sliding_window or None)
+        core_config = replace(config, calibrate_step_time=True, sliding_window=info.sliding_window or None)
         if info.HasField("step_time"):  # the worker's own step times (services/engine/step_profile.py)
             fit = info.step_time
             core_config = replace(core_config, step_time=StepTimeModel(

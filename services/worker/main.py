@@ -23,7 +23,7 @@ from services.common.grpc_server import CHANNEL_OPTIONS, Server, run_service, wa
 from services.common.metrics import serve_metrics
 from services.common.rpc import rpc
 from services.common.tracing import setup_tracing
-from services.engine.config import EngineConfig
+from services.engine.config import EngineConfig, add_max_model_len_flag
 from services.engine.runner import ModelRunner
 from services.engine.step_profile import profile_step_time
 from services.engine.torch_thread import InlineTorch, TorchThread
@@ -44,12 +44,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="CPU fp32 attention, norms and RoPE as plain torch ops instead of the fused C kernels")
     p.add_argument("--max-cpu-loras", type=int, default=8,
                    help="LoRA adapters kept loaded besides those running sequences use (default 8)")
+    add_max_model_len_flag(p)
 
 
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
                         kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes,
-                        cpu_kernels=not args.no_cpu_kernels, max_idle_loras=args.max_cpu_loras)
+                        cpu_kernels=not args.no_cpu_kernels, max_idle_loras=args.max_cpu_loras,
+                        max_model_len=args.max_model_len)
 
 
 def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:

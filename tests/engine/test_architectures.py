@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seawall.offline.engine import OfflineEngine
-from services.common.errors import ModelLoadError
+from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.sampling_params import SamplingParams
 from services.engine.config import EngineConfig
 from services.engine.model_config import ModelConfig
@@ -46,37 +46,40 @@ CASES = {
     # query scale that is not head_dim's, sliding layers with a RoPE base of their own.
     # q/k/v and gate/up stored fused; a window in every layer.
     "phi3": lambda: transformers.Phi3Config(sliding_window=32, **{**COMMON, "pad_token_id": 0}),
+    # Phi-4-mini's shape: RoPE over the first 3/4 of each head, LongRoPE factors (the long ones: the context
+    # served, 512, exceeds the pretrained one, and every prompt here does too, as transformers then uses them).
+    "phi4-mini": lambda: phi4_mini_config(),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         head_dim=32, query_pre_attn_scalar=24, sliding_window=24, sliding_window_pattern=2, **COMMON),
 }
 MAX_TOKENS = 16
+PRETRAINED_CONTEXT = 32  # phi4-mini's original_max_position_embeddings
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def checkpoint(request, tmp_path_factory, tiny_model_dir):
-    """A checkpoint of this architecture saved by transformers (the built-in model's tokenizer beside it), the
-    model it was saved from, and prompts."""
+def phi4_mini_config():
+    rotated = 6  # head_dim 16 * 0.75 / 2
+    return transformers.Phi3Config(
+        partial_rotary_factor=0.75, original_max_position_embeddings=PRETRAINED_CONTEXT, tie_word_embeddings=True,
+        rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.3 * i for i in range(rotated)],
+                      "long_factor": [2.0**i for i in range(rotated)]},
+        **{**COMMON, "pad_token_id": 0})
+
+
+def save_checkpoint(config, out, tiny_model_dir):
+    """The transformers model of ``config`` on decisive random weights, saved into ``out`` with the built-in
+    model's tokenizer."""
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CASES[request.param]()).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # weights that give decisive logits, so greedy choices are not near-ties
         for name, p in model.named_parameters():
             p.normal_(1.0, 0.2) if "norm" in name else p.normal_(0.0, 0.3)
-    out = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_model_dir / name, out / name)
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (1, 17, 40, 150)]
-    return out, model, prompts
+    return model
 
 
-@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
-def test_greedy_tokens_and_logprobs_match_transformers(checkpoint, cpu_kernels):
-    path, model, prompts = checkpoint
-    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
-                           SchedulerConfig(chunk_size=16))
-    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
-                                                   logprobs=0)] * len(prompts))
+def assert_matches_transformers(model, prompts, got):
     for prompt, comp in zip(prompts, got, strict=True):
         with torch.no_grad():
             ref = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
@@ -87,12 +90,50 @@ def test_greedy_tokens_and_logprobs_match_transformers(checkpoint, cpu_kernels):
         assert [lp.logprob for lp in comp.logprobs] == pytest.approx(want, abs=1e-4)
 
 
+@pytest.fixture(scope="module", params=list(CASES))
+def checkpoint(request, tmp_path_factory, tiny_model_dir):
+    """A checkpoint of this architecture saved by transformers (the built-in model's tokenizer beside it), the
+    model it was saved from, and prompts."""
+    out = tmp_path_factory.mktemp(request.param)
+    model = save_checkpoint(CASES[request.param](), out, tiny_model_dir)
+    g = torch.Generator().manual_seed(3)
+    lengths = (40, 150) if request.param == "phi4-mini" else (1, 17, 40, 150)  # all past PRETRAINED_CONTEXT
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in lengths]
+    return out, model, prompts
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
+def test_greedy_tokens_and_logprobs_match_transformers(checkpoint, cpu_kernels):
+    path, model, prompts = checkpoint
+    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
+                           SchedulerConfig(chunk_size=16))
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                                                   logprobs=0)] * len(prompts))
+    assert_matches_transformers(model, prompts, got)
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
+def test_longrope_within_the_pretrained_context_uses_the_short_factors(tmp_path, tiny_model_dir, cpu_kernels):
+    """``--max-model-len`` at the pretrained context: the short factors, as transformers uses them for
+    sequences that never pass it."""
+    model = save_checkpoint(phi4_mini_config(), tmp_path, tiny_model_dir)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (1, 9, PRETRAINED_CONTEXT - MAX_TOKENS)]
+    engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32", cpu_kernels=cpu_kernels,
+                                        max_model_len=PRETRAINED_CONTEXT), SchedulerConfig(chunk_size=8))
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                                                   logprobs=0)] * len(prompts))
+    assert_matches_transformers(model, prompts, got)
+    with pytest.raises(InvalidArgument, match="context is 32"):
+        engine.validate(list(range(3, 3 + PRETRAINED_CONTEXT)), SamplingParams(max_tokens=1))
+
+
 def test_sliding_windows_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
     types = getattr(model.config, "layer_types", None) or ["full_attention"] * 3
-    if model.config.model_type in ("mistral", "phi3"):  # transformers' Mistral and Phi-3 slide in every layer
-        types = ["sliding_attention"] * 3
+    if model.config.model_type in ("mistral", "phi3") and model.config.sliding_window:
+        types = ["sliding_attention"] * 3  # transformers' Mistral and Phi-3 slide in every layer
     assert [config.slides(i) for i in range(3)] == [t == "sliding_attention" for t in types]
     assert config.sliding_window == (model.config.sliding_window if "sliding_attention" in types else None)
     assert config.max_model_len == 512
@@ -137,5 +178,5 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
     assert gemma2.local_rope_theta is None and not gemma2.qk_norm and not gemma2.slides(1) and gemma2.slides(2)
     with pytest.raises(ModelLoadError, match="activation 'gelu' is not supported"):
         ModelConfig.from_dict(dict(COMMON, hidden_act="gelu"))
-    with pytest.raises(ModelLoadError, match="partial_rotary_factor is 0.75"):  # Phi-4-mini
-        ModelConfig.from_dict(dict(COMMON, architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.75))
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor is 0.75"):  # Phi-3 only
+        ModelConfig.from_dict(dict(COMMON, architectures=["Qwen2ForCausalLM"], partial_rotary_factor=0.75))

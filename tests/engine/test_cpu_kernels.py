@@ -196,10 +196,12 @@ def test_add_rms_norm_matches_torch(kernels, rows):
     torch.testing.assert_close(out, F.rms_norm(summed, (96,), weight, 1e-5))
 
 
-@pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(1, 3, 16), (37, 6, 64), (600, 12, 32)])
-def test_rope_in_place_matches_rotary_embedding(kernels, tokens, heads, head_dim):
+@pytest.mark.parametrize(("tokens", "heads", "head_dim", "rot"),
+                         [(1, 3, 16, 16), (37, 6, 64, 64), (600, 12, 32, 32), (37, 6, 64, 48), (5, 2, 32, 2)])
+def test_rope_in_place_matches_rotary_embedding(kernels, tokens, heads, head_dim, rot):
+    """``rot`` < head_dim: partial rotary (Phi-4-mini), the other features of each head untouched."""
     g = torch.Generator().manual_seed(tokens)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
     freqs = torch.randint(0, 4000, (tokens,), generator=g).float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
@@ -207,9 +209,10 @@ def test_rope_in_place_matches_rotary_embedding(kernels, tokens, heads, head_dim
     x = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     expected = RotaryEmbedding.apply(x.clone(), cos, sin)
     untouched = qkv[:, heads * head_dim :].clone()
+    passed = x[..., rot:].clone()
     kernels.rope_(x, cos, sin)
     torch.testing.assert_close(x, expected, atol=1e-5, rtol=1e-5)
-    assert torch.equal(qkv[:, heads * head_dim :], untouched)
+    assert torch.equal(qkv[:, heads * head_dim :], untouched) and torch.equal(x[..., rot:], passed)
 
 
 def test_silu_mul_matches_torch(kernels):

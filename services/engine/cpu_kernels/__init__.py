@@ -57,7 +57,7 @@ class CpuKernels:
         self._norm.argtypes = [_P, _I64, _P, _I64, _P, _I64, _P, _I, _I, ctypes.c_float]
         self._rope = lib.seawall_rope
         self._rope.restype = None
-        self._rope.argtypes = [_P, _I64, _P, _P, _I, _I, _I]
+        self._rope.argtypes = [_P, _I64, _P, _P, _I, _I, _I, _I]
         self._silu_mul = lib.seawall_silu_mul
         self._silu_mul.restype = None
         self._silu_mul.argtypes = [_P, _I64, _P, _I64, _I, _I]
@@ -138,12 +138,16 @@ class CpuKernels:
         return out
 
     def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        """Rotates ``x`` ``[T, heads, D]`` in place (rows strided, heads contiguous); cos/sin ``[T, 1, D]``."""
+        """Rotates ``x`` ``[T, heads, D]`` in place (rows strided, heads contiguous); cos/sin ``[T, 1, R]``, R <= D
+        (the first R features of each head rotate)."""
         t, heads, d = x.shape
         _check_rows(x)
-        if not (cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == t * d):
-            raise ValueError(f"cos/sin must be contiguous [{t}, 1, {d}], got {tuple(cos.shape)}/{tuple(sin.shape)}")
-        self._rope(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), t, heads, d)
+        r = cos.shape[-1]
+        if not (cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == t * r
+                and 2 <= r <= d and r % 2 == 0):
+            raise ValueError(f"cos/sin must be contiguous [{t}, 1, R], R even and <= {d}, got "
+                             f"{tuple(cos.shape)}/{tuple(sin.shape)}")
+        self._rope(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), t, heads, d, r)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` of ``[T, 2 * I]`` rows whose halves are gate and up."""

@@ -203,13 +203,14 @@ void seawall_add_rms_norm(float *out, int64_t out_stride, const float *x, int64_
 }
 
 /* Rotary embedding in place over `heads` heads of head_dim per token (q and k side by side in the fused
- * projection's output), rotate-half form: cos/sin rows are [head_dim] per token, both halves equal. */
+ * projection's output), rotate-half form over each head's first rot_dim features (the rest pass: partial
+ * rotary): cos/sin rows are [rot_dim] per token, both halves equal. */
 void seawall_rope(float *x, int64_t x_stride, const float *cos, const float *sin, int tokens, int heads,
-                  int head_dim) {
-    const int half = head_dim / 2;
-#pragma omp parallel for schedule(static) if ((int64_t)tokens * heads * head_dim >= PARALLEL_FLOATS)
+                  int head_dim, int rot_dim) {
+    const int half = rot_dim / 2;
+#pragma omp parallel for schedule(static) if ((int64_t)tokens * heads * rot_dim >= PARALLEL_FLOATS)
     for (int t = 0; t < tokens; t++) {
-        const float *c = cos + (int64_t)t * head_dim, *s = sin + (int64_t)t * head_dim;
+        const float *c = cos + (int64_t)t * rot_dim, *s = sin + (int64_t)t * rot_dim;
         for (int h = 0; h < heads; h++) {
             float *a = x + t * x_stride + (int64_t)h * head_dim, *b = a + half;
 #pragma omp simd

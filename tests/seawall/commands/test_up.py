@@ -93,6 +93,19 @@ def test_up_and_bench_pass_no_cpu_kernels_to_the_workers():
     assert "--no-cpu-kernels" in bench.mesh_flags(args)
 
 
+def test_up_passes_max_model_len_to_the_scheduler_and_every_worker_and_refuses_one_the_model_lacks():
+    from seawall.cli import build_parser
+    from seawall.commands import up
+
+    parser = build_parser()
+    options = up.options_from(parser.parse_args(["up", "--max-model-len", "256"]))
+    for flags in (options.scheduler_args, options.worker_args):
+        assert flags[flags.index("--max-model-len") + 1] == "256"
+    assert "--max-model-len" not in up.options_from(parser.parse_args(["up"])).worker_args
+    with pytest.raises(InvalidArgument, match="max_model_len 100000 must be between 1 and the model's"):
+        up.options_from(parser.parse_args(["up", "--max-model-len", "100000"]))
+
+
 def test_up_and_bench_pass_the_step_thread_to_the_workers_when_one_is_chosen():
     from seawall.cli import build_parser
     from seawall.commands import bench, up

@@ -177,6 +177,20 @@ def test_a_request_the_pool_can_never_hold_is_refused_up_front(tmp_path, tiny_mo
     assert len(fits["response"]["body"]["choices"][0]["token_ids"]) == 20
 
 
+def test_max_model_len_bounds_prompt_and_output(tmp_path, tiny_model_dir, capsys):
+    rows = [_req("long", prompt=[7] * 64, max_tokens=1), _req("capped", prompt=[7] * 40, max_tokens=100, ignore_eos=True)]
+    code, out = _run(tmp_path, tiny_model_dir, rows, "--max-model-len", "64")
+    assert code == 0
+    long, capped = out
+    assert long["response"]["status_code"] == 400 and "the model's context is 64" in long["error"]["message"]
+    choice = capped["response"]["body"]["choices"][0]
+    assert len(choice["token_ids"]) == 24 and choice["finish_reason"] == "length"
+    (tmp_path / "too-long").mkdir()
+    code, out = _run(tmp_path / "too-long", tiny_model_dir, rows, "--max-model-len", "1000000")
+    assert code == 2 and out == []
+    assert "max_model_len 1000000 must be between 1 and the model's max_position_embeddings" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("flags", "message"), [(["--decode-steps", "0"], "--decode-steps must be >= 1"),
                                                 (["--chunk-size", "0"], "--chunk-size must be >= 1"),
                                                 (["--speculative-tokens", "2", "--decode-steps", "8"],
