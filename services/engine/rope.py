@@ -16,7 +16,13 @@ from services.engine.model_config import ModelConfig
 
 def inverse_frequencies(config: ModelConfig, local: bool = False) -> torch.Tensor:
     """The frequencies of the model's layers, or with ``local`` of its sliding layers where those have a base
-    of their own (``local_rope_theta``, unscaled)."""
+    of their own (``local_rope_theta``, unscaled). Computed on the CPU whatever the default device: under the
+    meta device the model is built on, these few ops would import torch._dynamo (~2 s of start-up)."""
+    with torch.device("cpu"):
+        return _inverse_frequencies(config, local)
+
+
+def _inverse_frequencies(config: ModelConfig, local: bool) -> torch.Tensor:
     dim = config.rotary_dim
     theta = config.local_rope_theta if local else config.rope_theta
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))

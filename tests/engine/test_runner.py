@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from services.common.errors import InvalidArgument
@@ -175,3 +179,14 @@ def test_prompt_logprobs_match_transformers_whatever_the_chunks(runner, tiny_mod
         assert tok.rank == int((ref[pos - 1] > ref[pos - 1, prompt[pos]]).sum()) + 1
         top = torch.topk(ref[pos - 1], 2)
         assert [t for t, _ in tok.top_logprobs] == top.indices.tolist()
+
+
+def test_loading_a_model_does_not_import_torch_dynamo(tiny_model_dir):
+    """Building the model on the meta device once ran two ops (the embedding's init, the RoPE frequencies)
+    through torch._refs, whose first use imports torch._dynamo: ~3 s of every worker's start-up on 2 cores."""
+    code = ("import sys; from services.engine.runner import ModelRunner; from services.engine.config import "
+            f"EngineConfig; ModelRunner(EngineConfig(model={str(tiny_model_dir)!r})); "
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
