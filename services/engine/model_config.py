@@ -114,9 +114,7 @@ class ModelConfig:
 
     @property
     def rope_type(self) -> str:
-        if not self.rope_scaling:
-            return "default"
-        return str(self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default")))
+        return _rope_type(self.rope_scaling)
 
     @property
     def max_model_len(self) -> int:
@@ -195,8 +193,7 @@ class ModelConfig:
             if partial != 1.0 and arch != "Phi3ForCausalLM":  # only transformers' Phi-3 rotates part of a head
                 raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
                                      "is supported for Phi3ForCausalLM only")
-            longrope = bool(rope_scaling) and rope_scaling.get("rope_type", rope_scaling.get("type")) == "longrope"
-            if longrope and rope_scaling.get("original_max_position_embeddings") is None \
+            if _rope_type(rope_scaling) == "longrope" and rope_scaling.get("original_max_position_embeddings") is None \
                     and raw.get("original_max_position_embeddings") is not None:
                 # Phi-3 keeps the pretrained context beside rope_scaling; transformers moves it in.
                 rope_scaling = {**rope_scaling,
@@ -247,6 +244,13 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ModelLoadError(f"{path} must hold a JSON object")
         return cls.from_dict(raw)
+
+
+def _rope_type(scaling: dict[str, Any] | None) -> str:
+    """``rope_type`` (or the older ``type``) of a ``rope_scaling``; "default" when unscaled."""
+    if not scaling:
+        return "default"
+    return str(scaling.get("rope_type", scaling.get("type", "default")))
 
 
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:

@@ -79,7 +79,7 @@ def _yarn_frequencies(config: ModelConfig, scaling: dict) -> torch.Tensor:
     """YaRN (NTK-by-parts): frequencies that rotate fewer than ``beta_slow`` times over the original context
     are interpolated by ``factor``, those that rotate more than ``beta_fast`` times kept, a linear ramp
     between; as transformers' ``_compute_yarn_parameters``, op for op."""
-    dim, base = config.head_dim, config.rope_theta
+    dim, base = config.rotary_dim, config.rope_theta  # transformers: head_dim * partial_rotary_factor
     factor = _yarn_factor(config, scaling)
     original = _original_context(config, scaling)
     beta_fast = scaling.get("beta_fast") or 32
