@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from seawall import AsyncClient  # noqa: E402
 from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
-from services.engine.runner import resolve_model_dir  # noqa: E402
+from services.engine.checkpoint import resolve_model_dir  # noqa: E402
 
 SESSIONS = 40  # chat sessions the waves continue, round robin
 CONCURRENCY = 24  # requests in flight at once (below the scheduler's queue bound)

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from seawall import AsyncClient  # noqa: E402
 from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
 from services.common.errors import ResourceExhausted  # noqa: E402
-from services.engine.runner import resolve_model_dir  # noqa: E402
+from services.engine.checkpoint import resolve_model_dir  # noqa: E402
 
 STREAM_TIMEOUT_S = 300
 NEAR_TIE = 1e-4  # both tokens within this of the best logit: either is a right answer

@@ -23,7 +23,7 @@ import grpc
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import EXIT_PORT_IN_USE, InvalidArgument, Unavailable
-from services.engine.runner import resolve_model_dir
+from services.engine.checkpoint import resolve_model_dir
 
 
 @dataclass

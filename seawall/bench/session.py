@@ -154,7 +154,7 @@ def _run_system(opts: BenchOptions, name: str, address: str | None, http: str | 
 
 def _hf_system(opts: BenchOptions) -> tuple[System, str]:
     from seawall.bench.hf_baseline import run_hf
-    from services.engine.runner import resolve_model_dir
+    from services.engine.checkpoint import resolve_model_dir
 
     workload = build(opts.workload)
     records, api = run_hf(resolve_model_dir(opts.model_dir), workload, max_batch=opts.hf_max_batch,

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from services.common.errors import InvalidArgument, NotFound
-from services.engine.config import EngineConfig, add_max_model_len_flag
+from services.engine.config import EngineConfig
+from services.engine.model_config import add_max_model_len_flag
 from services.scheduler.core.config import MLFQ_PRESETS, SchedulerConfig
 from services.scheduler.core.policies import POLICY_NAMES
 from services.scheduler.main import add_lora_flags

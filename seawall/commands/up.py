@@ -27,9 +27,8 @@ from seawall.trace_receiver import TraceReceiver
 from services.common.errors import InvalidArgument
 from services.common.lora import read_lora
 from services.common.step import LoraRef
-from services.engine.config import add_max_model_len_flag
-from services.engine.model_config import ModelConfig
-from services.engine.runner import resolve_model_dir
+from services.engine.checkpoint import resolve_model_dir
+from services.engine.model_config import ModelConfig, add_max_model_len_flag
 from services.scheduler.main import (
     add_lora_flags,
     add_scheduling_flags,

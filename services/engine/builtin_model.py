@@ -39,13 +39,14 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import save as safetensors_save
 from tokenizers import Tokenizer
 
 from services.common.errors import InvalidArgument, ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
 
 BUILTIN_VERSION = 1
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
@@ -114,7 +115,7 @@ _POSITIVE_INT_FIELDS = (
     "num_key_value_heads", "head_dim", "max_position_embeddings",
 )  # fmt: skip
 _POSITIVE_FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = ("float32", "bfloat16", "float16")
 _LLAMA3_ROPE_KEYS = {
     "rope_type",
     "factor",
@@ -278,6 +279,8 @@ def _approx_normal(
     bell-shaped, bounded at +-3.46 std) is exact in int64, its conversion to float64 is exact, and the one
     multiply and add after it are correctly rounded IEEE operations.
     """
+    import torch
+
     n = math.prod(shape)
     draws = torch.randint(0, 2**50, (4, n), generator=generator, dtype=torch.int64)
     centred = draws.sum(dim=0) - 2 * 2**50  # exact: |value| < 2**51
@@ -288,7 +291,9 @@ def _approx_normal(
 
 def generate_weights(cfg: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     """All tensors of the checkpoint, in module order, in ``cfg['torch_dtype']``."""
-    dtype = _DTYPES[cfg["torch_dtype"]]
+    import torch  # here, not at the top: the scheduler finds the built-in model without torch
+
+    dtype = getattr(torch, cfg["torch_dtype"])
     weights = {}
     for name, shape, mean, std in _weight_specs(cfg):
         generator = torch.Generator(device="cpu").manual_seed(_tensor_seed(seed, name))
@@ -341,6 +346,8 @@ def _tokenizer_config(model_max_length: int) -> dict[str, Any]:
 
 
 def _write_checkpoint(directory: Path, cfg: dict[str, Any], seed: int, num_shards: int) -> None:
+    from safetensors.torch import save as safetensors_save
+
     config = hf_config(cfg)
     weights = generate_weights(cfg, seed)
     metadata = {"format": "pt"}

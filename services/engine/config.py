@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 from dataclasses import dataclass
 
 import torch
@@ -65,14 +63,3 @@ class EngineConfig:
             return torch.float32 if self.torch_device().type == "cpu" else torch.bfloat16
         return _DTYPES[self.dtype]
 
-
-def add_max_model_len_flag(p: argparse.ArgumentParser) -> None:
-    """``--max-model-len``, vLLM's name: the scheduler and every worker take the same value (docker-compose.yml
-    gives them all ``SEAWALL_MAX_MODEL_LEN``; empty there means the model's)."""
-    env = os.environ.get("SEAWALL_MAX_MODEL_LEN", "").strip()
-    if env and not env.isdigit():
-        p.error(f"SEAWALL_MAX_MODEL_LEN must be a whole number of tokens, got {env!r}")
-    p.add_argument("--max-model-len", type=int, default=int(env) if env else None,
-                   help="longest context served, prompt and output (default: $SEAWALL_MAX_MODEL_LEN, else the "
-                        "model's max_position_embeddings; LongRoPE models keep their short factors at or below "
-                        "their pretrained context)")

@@ -21,13 +21,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from typing import TYPE_CHECKING
 
 import llguidance
-import torch
 from tokenizers import Tokenizer
 
 from services.common.errors import InvalidArgument
 from services.common.sampling_params import STRUCTURED_KINDS
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,7 @@ class GrammarCompiler:
     @functools.cached_property
     def _end_mask(self) -> torch.Tensor:
         """The mask of a grammar that ended: the end-of-sequence tokens alone."""
+        import torch  # the masks are the worker's: the scheduler compiles grammars without torch
         words = [0] * self.mask_words
         for t in self._eos:
             if 0 <= t < self.vocab_size:
@@ -144,6 +148,8 @@ class GrammarCompiler:
         leaves it). Once a grammar is complete only the end-of-sequence tokens are allowed (also past them: a
         multi-step plan runs past a stop, and the scheduler drops what follows). None for a matcher that
         failed."""
+        import torch
+
         drafts = drafts or [[] for _ in grammars]
         starts = [0]
         for draft in drafts:

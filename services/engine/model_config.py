@@ -14,7 +14,9 @@ norms and a RoPE base of its own for the sliding layers."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -310,3 +312,15 @@ def _check_longrope(scaling: dict[str, Any], rotary_dim: int) -> None:
     if not isinstance(original, int) or original < 2:
         raise ModelLoadError("config.json: LongRoPE needs original_max_position_embeddings (the pretrained context), "
                              f"an integer >= 2; got {original!r}")
+
+
+def add_max_model_len_flag(p: argparse.ArgumentParser) -> None:
+    """``--max-model-len``, vLLM's name: the scheduler and every worker take the same value (docker-compose.yml
+    gives them all ``SEAWALL_MAX_MODEL_LEN``; empty there means the model's)."""
+    env = os.environ.get("SEAWALL_MAX_MODEL_LEN", "").strip()
+    if env and not env.isdigit():
+        p.error(f"SEAWALL_MAX_MODEL_LEN must be a whole number of tokens, got {env!r}")
+    p.add_argument("--max-model-len", type=int, default=int(env) if env else None,
+                   help="longest context served, prompt and output (default: $SEAWALL_MAX_MODEL_LEN, else the "
+                        "model's max_position_embeddings; LongRoPE models keep their short factors at or below "
+                        "their pretrained context)")

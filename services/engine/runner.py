@@ -20,12 +20,12 @@ from services.common.sampling_params import SamplingParams
 from services.common.step import NewSequence, SampledToken, StepPlan, StepResult
 from services.engine import cpu_kernels
 from services.engine.bad_words import bad_words_token_ids
-from services.engine.builtin_model import ensure_default_model
+from services.engine.checkpoint import Checkpoint, load_checkpoint_meta, resolve_model_dir
 from services.engine.config import EngineConfig
 from services.engine.grammar import GrammarCompiler
 from services.engine.inputs import SequenceState, prepare_inputs
 from services.engine.kv_pool import KVLayout, PagedKVPool
-from services.engine.loader import Checkpoint, load_checkpoint_meta, load_model
+from services.engine.loader import load_model
 from services.engine.lora import LoraCache
 from services.engine.ngram import NgramIndex
 from services.engine.sampler import Sampler, SamplerOutput, SamplingRow
@@ -327,7 +327,3 @@ def ngram_drafts(seq: SequenceState, k: int) -> list[int]:
         seq.ngrams = NgramIndex()
     return seq.ngrams.propose(seq.token_ids, k)
 
-
-def resolve_model_dir(model: str | None) -> str:
-    """The model directory to load: the given one, or the built-in model (created on first use)."""
-    return model or str(ensure_default_model())

@@ -12,8 +12,8 @@ from services.common.errors import InvalidArgument, ResourceExhausted, SeawallEr
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.common.step import LoraRef
 from services.engine.bad_words import bad_words_token_ids
+from services.engine.checkpoint import Checkpoint
 from services.engine.grammar import GrammarCompiler
-from services.engine.loader import Checkpoint
 from services.scheduler.admission import check_cache_salt, validate_request
 from services.scheduler.core.request import Request
 from services.scheduler.lora_registry import LoraRegistry

@@ -23,9 +23,8 @@ from services.common.metrics import serve_metrics
 from services.common.ports import listen_tcp
 from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
 from services.common.tracing import setup_tracing
-from services.engine.config import add_max_model_len_flag
-from services.engine.loader import load_checkpoint_meta
-from services.engine.runner import resolve_model_dir
+from services.engine.checkpoint import load_checkpoint_meta, resolve_model_dir
+from services.engine.model_config import add_max_model_len_flag
 from services.scheduler.config import (
     DEFAULT_CHUNK_SIZE,
     MODES,

@@ -23,7 +23,8 @@ from services.common.grpc_server import CHANNEL_OPTIONS, Server, run_service, wa
 from services.common.metrics import serve_metrics
 from services.common.rpc import rpc
 from services.common.tracing import setup_tracing
-from services.engine.config import EngineConfig, add_max_model_len_flag
+from services.engine.config import EngineConfig
+from services.engine.model_config import add_max_model_len_flag
 from services.engine.runner import ModelRunner
 from services.engine.step_profile import profile_step_time
 from services.engine.torch_thread import InlineTorch, TorchThread

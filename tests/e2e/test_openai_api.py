@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -311,8 +312,8 @@ def test_structured_output_matches_transformers_under_the_same_grammar(http, def
     catches up on it and goes on."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
+    from services.engine.checkpoint import load_checkpoint_meta
     from services.engine.grammar import GrammarCompiler
-    from services.engine.loader import load_checkpoint_meta
 
     checkpoint = load_checkpoint_meta(tiny_model_dir)
     compiler = GrammarCompiler(checkpoint.tokenizer, checkpoint.config.vocab_size, checkpoint.eos_token_ids)
@@ -805,3 +806,15 @@ async def test_the_sdk_sends_a_cache_salt(default_mesh):
         salted = await client.generate(prompt, max_tokens=2, cache_salt="s")
         plain = await client.generate(prompt, max_tokens=2)
     assert (first.cached_prompt_tokens, salted.cached_prompt_tokens, plain.cached_prompt_tokens) == (0, 64, 0)
+
+
+def test_the_scheduler_serves_without_torch(http, default_mesh):
+    """After chat, structured outputs and completions above: the scheduler process never loaded torch (it reads
+    the checkpoint's config and tokenizer and compiles grammars; tensors are the workers'), so it starts in
+    under a second of imports and holds no torch heap."""
+    reply = http.post("/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2,
+                                               "response_format": {"type": "json_object"}})
+    assert reply.status_code == 200, reply.text
+    (scheduler,) = [c for c in default_mesh.children if c.name == "scheduler"]
+    maps = Path(f"/proc/{scheduler.proc.pid}/maps").read_text()
+    assert "libtorch" not in maps

@@ -5,7 +5,8 @@ import argparse
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.engine.config import EngineConfig, add_max_model_len_flag
+from services.engine.config import EngineConfig
+from services.engine.model_config import add_max_model_len_flag
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from services.common.errors import InvalidArgument
+from services.engine.checkpoint import load_checkpoint_meta
 from services.engine.grammar import GrammarCompiler
-from services.engine.loader import load_checkpoint_meta
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,72 @@
+"""A Hugging Face checkpoint directory without its weights: ``config.json``, ``tokenizer.json`` and
+``generation_config.json`` (what the scheduler needs; ``loader.py`` adds the weights). Imports no torch, so
+the scheduler starts without it. Every failure names the file and the fix."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from services.common.errors import ModelLoadError, NotFound
+from services.engine.builtin_model import ensure_default_model
+from services.engine.model_config import ModelConfig
+
+
+@dataclass
+class Checkpoint:
+    """A loaded model directory."""
+
+    path: Path
+    config: ModelConfig
+    tokenizer: Tokenizer
+    eos_token_ids: tuple[int, ...]  # from generation_config.json when present, else config.json
+    generation_defaults: dict
+
+
+def check_model_dir(model_dir: str | Path) -> Path:
+    path = Path(model_dir).expanduser()
+    if not path.exists():
+        raise NotFound(f"model directory {str(path)!r} does not exist; pass --model DIR of a Hugging Face checkpoint "
+                       "or omit it to use the built-in model")
+    if not path.is_dir():
+        raise ModelLoadError(f"{str(path)!r} is not a directory; --model takes a checkpoint directory")
+    return path
+
+
+def load_checkpoint_meta(model_dir: str | Path, max_model_len: int | None = None) -> Checkpoint:
+    """Everything but the weights (cheap: the scheduler and clients need only this); ``max_model_len`` caps the
+    context served (--max-model-len)."""
+    path = check_model_dir(model_dir)
+    config = ModelConfig.from_dir(path).with_max_model_len(max_model_len)
+    tok_path = path / "tokenizer.json"
+    if not tok_path.exists():
+        raise ModelLoadError(f"{path} has no tokenizer.json (a `tokenizers` file is required)")
+    try:
+        tokenizer = Tokenizer.from_file(str(tok_path))
+    except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+        raise ModelLoadError(f"{tok_path} cannot be read: {exc}") from exc
+    gen = read_json(path / "generation_config.json") if (path / "generation_config.json").exists() else {}
+    eos = gen.get("eos_token_id", None)
+    if eos is None:
+        eos_ids = config.eos_token_ids
+    else:
+        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+    return Checkpoint(path, config, tokenizer, eos_ids, gen)
+
+
+def resolve_model_dir(model: str | None) -> str:
+    """The model directory to load: the given one, or the built-in model (created on first use)."""
+    return model or str(ensure_default_model())
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return data
