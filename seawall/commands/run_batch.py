@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from services.common.errors import InvalidArgument, NotFound
-from services.engine.config import EngineConfig
 from services.engine.model_config import add_max_model_len_flag
 from services.scheduler.core.config import MLFQ_PRESETS, SchedulerConfig
 from services.scheduler.core.policies import POLICY_NAMES
@@ -69,6 +68,7 @@ def _decode_steps(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from seawall.offline.batch import base_names, run_batch
     from seawall.offline.engine import OfflineEngine
+    from services.engine.config import EngineConfig
     from services.scheduler.config import as_flag
     from services.scheduler.lora_registry import LoraRegistry
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from services.common.errors import InvalidArgument
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+# Names only: the CLI and the scheduler build this config without importing torch (2-3 s), so torch is
+# imported where a device or dtype is first needed.
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -54,12 +58,16 @@ class EngineConfig:
             raise InvalidArgument(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype == "auto":
             return torch.float32 if self.torch_device().type == "cpu" else torch.bfloat16
-        return _DTYPES[self.dtype]
+        return getattr(torch, self.dtype)
 
