@@ -27,6 +27,7 @@ MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 # Phi-3's checkpoints (and so its adapters) have q/k/v and gate/up fused, as the engine computes them: the
 # parts each replaces.
 FUSED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
@@ -40,6 +41,9 @@ class ModelShape:
     intermediate_size: int
     q_size: int  # num_attention_heads * head_dim
     kv_size: int  # num_key_value_heads * head_dim
+    # Layers whose MLP is a mixture of experts: an adapter of their gate/up/down projections has nothing to
+    # adapt (the experts' own adapters are not supported).
+    moe_layers: tuple[int, ...] = ()
 
     def in_out(self, module: str) -> tuple[int, int]:
         h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
@@ -124,6 +128,9 @@ def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[
                                           f"{', '.join((*MODULES, *FUSED_MODULES))}")
                 if layer >= shape.num_layers:
                     raise InvalidArgument(f"{where}: adapts layer {layer}; the model has {shape.num_layers}")
+                if layer in shape.moe_layers and module not in _ATTENTION_MODULES:
+                    raise InvalidArgument(f"{where}: adapts {module} of layer {layer}, whose MLP is a mixture of "
+                                          "experts; adapters of the attention projections only are supported there")
                 fan_in, fan_out = shape.in_out(module)
                 want = (rank, fan_in) if ab == "A" else (fan_out, rank)
                 got = tuple(f.get_slice(key).get_shape())

@@ -1,6 +1,7 @@
 """A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV; Gemma 2 / 3's
 differences (sandwich norms, GELU gating, scaled embeddings and queries, soft-capped logits, a RoPE of the
-sliding layers' own) are options of the same modules, set by ``ModelConfig``.
+sliding layers' own) are options of the same modules, set by ``ModelConfig``; a mixture-of-experts layer
+(Mixtral, Qwen-MoE) has a ``SparseMoE`` (moe.py) where the others have an ``MLP``.
 
 The model knows nothing about scheduling: it takes flat token ids and positions plus an ``AttentionBatch``
 that says where each token's K/V lives. q/k/v and gate/up projections are fused at load time (one matmul
@@ -25,6 +26,7 @@ from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.kv_pool import PagedKVPool
 from services.engine.lora import LoraBatch
 from services.engine.model_config import ModelConfig
+from services.engine.moe import SparseMoE, checkpoint_name, expert_target, stack_experts
 from services.engine.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -112,12 +114,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, intermediate: int | None = None) -> None:
         super().__init__()
         self.layer = layer
-        self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.intermediate = intermediate or config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
+        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
         self.act = _ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
@@ -139,7 +141,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = norm()
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = norm()
-        self.mlp = MLP(config, layer)
+        if config.is_moe(layer):
+            shared = config.shared_expert_intermediate_size
+            self.mlp = SparseMoE(config, MLP(config, layer, shared) if shared else None)
+        else:
+            self.mlp = MLP(config, layer)
         self.sandwich = config.sandwich_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
@@ -240,7 +246,9 @@ class LlamaForCausalLM(nn.Module):
             out = F.linear(o, w.o)
             h = kernels.add_rms_norm(out if lora is None else lora.add(out, o, i, "o"), residual, w.post_norm, eps)
             del qkv, qk, v, o, out  # freed before the MLP's big temporaries, as when Attention.forward returned
-            if lora is None:
+            if w.moe is not None:
+                x = w.moe(h, act_mul=kernels.silu_mul)
+            elif lora is None:
                 x = F.linear(kernels.silu_mul(F.linear(h, w.gate_up)), w.down)
             else:
                 act = kernels.silu_mul(lora.add(F.linear(h, w.gate_up), h, i, "gate_up"))
@@ -255,8 +263,9 @@ class LlamaForCausalLM(nn.Module):
         if cached is None:
             cached = [_LayerWeights(layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight,
                                     layer.self_attn.qkv_proj.bias, layer.self_attn.o_proj.weight,
-                                    layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.weight,
-                                    layer.mlp.down_proj.weight,
+                                    layer.post_attention_layernorm.weight,
+                                    *((None, None, layer.mlp) if isinstance(layer.mlp, SparseMoE)
+                                      else (layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight, None)),
                                     *((layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight)
                                       if self.config.qk_norm else (None, None)))
                       for layer in self.model.layers]
@@ -264,15 +273,23 @@ class LlamaForCausalLM(nn.Module):
         return cached
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Loads Hugging Face-named tensors, fusing q/k/v and gate/up. Raises ``KeyError`` naming what is missing."""
+        """Loads Hugging Face-named tensors, fusing q/k/v and gate/up and stacking experts. Raises ``KeyError``
+        naming what is missing."""
         params = dict(self.named_parameters(remove_duplicate=False))
         pending: dict[str, dict[str, torch.Tensor]] = {}
+        experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
         loaded: set[str] = set()
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue  # old checkpoints saved the RoPE buffer; it is recomputed from the config
             if self.config.norm_unit_offset and name.endswith("norm.weight"):
                 tensor = tensor.float() + 1.0  # Gemma stores w for a scale of 1 + w
+            name = checkpoint_name(name)
+            expert = expert_target(name)
+            if expert is not None:
+                target, index, part = expert
+                experts.setdefault(target, {})[index, part] = tensor
+                continue
             fused = _fused_target(name)
             if fused is None:
                 _copy(params, name, tensor)
@@ -287,6 +304,9 @@ class LlamaForCausalLM(nn.Module):
                 raise KeyError(f"{target}: missing {missing} projection weights")
             _copy(params, target, torch.cat([parts[p] for p in order], dim=0))
             loaded.add(target)
+        for target, parts in experts.items():
+            _copy(params, target, stack_experts(target, parts, self.config.num_experts))
+            loaded.add(target)
         if self.config.tie_word_embeddings:
             loaded.add("lm_head.weight")
         absent = sorted(set(params) - loaded)
@@ -300,8 +320,9 @@ class _LayerWeights(NamedTuple):
     qkv_bias: torch.Tensor | None
     o: torch.Tensor
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: torch.Tensor | None  # None in a mixture-of-experts layer, whose MLP is ``moe``
+    down: torch.Tensor | None
+    moe: SparseMoE | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
 
@@ -312,6 +333,8 @@ _FUSED = {
     "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
     "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
     "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+    "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", "gate"),  # Qwen2-MoE
+    "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", "up"),
 }
 
 

@@ -25,8 +25,13 @@ from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.lora import ModelShape
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
+                           "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
+                           "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# transformers' defaults for what an MoE config.json may leave out: experts, experts per token, expert width
+# (None: intermediate_size), shared expert width (Qwen2-MoE).
+_MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (60, 4, 1408, 5632),
+                 "Qwen3MoeForCausalLM": (128, 8, 768, 0)}
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -78,6 +83,19 @@ class ModelConfig:
     # Gemma 2: attention scores and final logits become cap * tanh(x / cap) (None: not capped).
     attn_softcap: float | None = None
     final_softcap: float | None = None
+    # Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE; moe.py): experts in each MoE layer (0: dense MLPs
+    # only), how many each token is routed to, each one's width, whether the chosen experts' probabilities
+    # are renormalized to sum to 1, which layers route (the rest keep a dense MLP of intermediate_size), and
+    # Qwen2-MoE's shared expert's width (0: none).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
+    # transformers' Mixtral weighs expert outputs by the fp32 probabilities; Qwen's cast them to the model's
+    # dtype first (the two differ in bf16 only).
+    routing_weights_fp32: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
@@ -110,6 +128,8 @@ class ModelConfig:
                                  f"number of rotated features per head, at least 2 (head_dim {self.head_dim})")
         if rope_type == "longrope":
             _check_longrope(self.rope_scaling or {}, self.rotary_dim)
+        if self.num_experts:
+            _check_moe(self)
         if self.served_context is not None and not 1 <= self.served_context <= self.max_position_embeddings:
             raise InvalidArgument(f"max_model_len {self.served_context} must be between 1 and the model's "
                                   f"max_position_embeddings ({self.max_position_embeddings})")
@@ -136,6 +156,10 @@ class ModelConfig:
         """Whether ``layer`` attends within ``sliding_window`` only."""
         return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
 
+    def is_moe(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is a mixture of experts."""
+        return layer in self.moe_layers
+
     @property
     def uniform_window(self) -> int | None:
         """The window when every layer attends within it (KV before it is never read again, so its blocks can
@@ -157,7 +181,8 @@ class ModelConfig:
     def lora_shape(self) -> ModelShape:
         """The dimensions a LoRA adapter for this model must have."""
         return ModelShape(self.num_hidden_layers, self.hidden_size, self.intermediate_size,
-                          self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim)
+                          self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim,
+                          self.moe_layers)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -195,6 +220,9 @@ class ModelConfig:
             if partial != 1.0 and arch != "Phi3ForCausalLM":  # only transformers' Phi-3 rotates part of a head
                 raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
                                      "is supported for Phi3ForCausalLM only")
+            if arch in _MOE_DEFAULTS and arch != "MixtralForCausalLM" and raw.get("use_sliding_window"):
+                raise ModelLoadError(f"config.json: use_sliding_window is set; {arch} is served with full "
+                                     "attention only")
             if _rope_type(rope_scaling) == "longrope" and rope_scaling.get("original_max_position_embeddings") is None \
                     and raw.get("original_max_position_embeddings") is not None:
                 # Phi-3 keeps the pretrained context beside rope_scaling; transformers moves it in.
@@ -214,8 +242,9 @@ class ModelConfig:
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 partial_rotary_factor=partial,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
-                attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
-                qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+                attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
+                                    else raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
                 attn_softcap=_float_or_none(raw, "attn_logit_softcapping", 50.0) if not gemma3 and gemma else None,
                 final_softcap=_float_or_none(raw, "final_logit_softcapping", 30.0) if not gemma3 and gemma else None,
                 sliding_window=(window := _sliding_window(raw, arch)),
@@ -226,6 +255,7 @@ class ModelConfig:
                 sandwich_norms=gemma,
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
+                **_moe_fields(raw, arch, int(raw["num_hidden_layers"])),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
@@ -267,10 +297,11 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
 
 
 def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...] | None:
-    """Which layers slide, as transformers decides: all of Mistral's and Phi-3's (they ignore ``layer_types``);
+    """Which layers slide, as transformers decides: all of Mistral's, Mixtral's and Phi-3's (they ignore
+    ``layer_types``);
     Qwen's and Gemma's as ``layer_types`` says, else Qwen's from ``max_window_layers`` (default 28) on,
     Gemma's all but every ``sliding_window_pattern``-th (default 6 for Gemma 3, 2 for Gemma 2). None: all."""
-    if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
+    if arch in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
         return None
     types = raw.get("layer_types")
     if types is not None:
@@ -281,6 +312,47 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
         pattern = int(raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2))
         return tuple(i for i in range(layers) if (i + 1) % pattern)
     return tuple(range(int(raw.get("max_window_layers", 28)), layers))
+
+
+def _moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
+    """The mixture-of-experts fields, as transformers reads them: Mixtral routes in every layer, experts as wide
+    as ``intermediate_size``, top-k renormalized; Qwen routes in every ``decoder_sparse_step``-th layer not in
+    ``mlp_only_layers``, experts ``moe_intermediate_size`` wide, renormalized only with ``norm_topk_prob``."""
+    if arch not in _MOE_DEFAULTS:
+        return {}
+    experts, top_k, width, shared = _MOE_DEFAULTS[arch]
+    if arch == "MixtralForCausalLM":
+        return dict(num_experts=int(raw.get("num_local_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
+                    moe_intermediate_size=int(raw["intermediate_size"]), norm_topk_prob=True,
+                    moe_layers=tuple(range(layers)), routing_weights_fp32=True)
+    step = int(raw.get("decoder_sparse_step") or 1)
+    dense = raw.get("mlp_only_layers") or []
+    if step < 1 or not isinstance(dense, list):
+        raise ModelLoadError("config.json: decoder_sparse_step must be >= 1 and mlp_only_layers a list of layers")
+    # transformers >= 5 writes Qwen3-MoE's expert count as num_local_experts; hub checkpoints say num_experts.
+    num = int(raw.get("num_experts") or raw.get("num_local_experts") or experts)
+    return dict(num_experts=num, num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
+                moe_intermediate_size=int(raw.get("moe_intermediate_size") or width),
+                norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0) if num else (),
+                shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", shared) or 0)
+                if arch == "Qwen2MoeForCausalLM" else 0)
+
+
+def _check_moe(config: ModelConfig) -> None:
+    if not 1 <= config.num_experts_per_tok <= config.num_experts:
+        raise ModelLoadError(f"config.json: num_experts_per_tok must be between 1 and the number of experts "
+                             f"({config.num_experts}), got {config.num_experts_per_tok}")
+    if config.moe_intermediate_size < 1 or config.shared_expert_intermediate_size < 0:
+        raise ModelLoadError("config.json: moe_intermediate_size must be >= 1 and shared_expert_intermediate_size "
+                             f">= 0, got {config.moe_intermediate_size} and {config.shared_expert_intermediate_size}")
+    if config.hidden_act != "silu":
+        raise ModelLoadError(f"config.json: experts with hidden activation {config.hidden_act!r}; only silu is "
+                             "supported in a mixture of experts")
+    if any(not 0 <= layer < config.num_hidden_layers for layer in config.moe_layers):
+        raise ModelLoadError(f"config.json: mixture-of-experts layers {config.moe_layers} outside the "
+                             f"{config.num_hidden_layers} layers")
 
 
 def _float_or_none(raw: dict[str, Any], name: str, default: float) -> float | None:

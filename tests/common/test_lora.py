@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -9,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from services.common.errors import InvalidArgument
 from services.common.lora import CONFIG_FILE, WEIGHTS_FILE, ModelShape, check_name, read_lora
@@ -93,3 +94,16 @@ def test_names_clients_cannot_send_plainly_are_refused(name):
     with pytest.raises(InvalidArgument, match="LoRA name"):
         check_name(name)
     assert check_name("sql-lora/v2.1") == "sql-lora/v2.1"
+
+
+def test_adapters_of_a_mixture_of_experts_mlp_are_refused(lora_dirs, shape, tmp_path):
+    """An MoE layer has no dense gate/up/down to adapt; adapters of its attention projections still fit."""
+    moe = dataclasses.replace(shape, moe_layers=(1,))
+    with pytest.raises(InvalidArgument, match="adapts (gate|up|down)_proj of layer 1, whose MLP is a mixture of "
+                                              "experts; adapters of the attention projections only"):
+        read_lora(LoraRef("alpha", str(lora_dirs["alpha"])), moe, max_rank=16)
+    out = _copy(lora_dirs, tmp_path)
+    weights = load_file(str(out / WEIGHTS_FILE))
+    save_file({k: v for k, v in weights.items() if ".self_attn." in k}, str(out / WEIGHTS_FILE))
+    attention_only = read_lora(LoraRef("x", str(out)), moe, max_rank=16)
+    assert {m for _, m in attention_only.tensors} == {"q_proj", "k_proj", "v_proj", "o_proj"}

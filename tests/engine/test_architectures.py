@@ -12,9 +12,11 @@ import torch
 from seawall.offline.engine import OfflineEngine
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.sampling_params import SamplingParams
+from services.common.step import LoraRef
 from services.engine.config import EngineConfig
 from services.engine.model_config import ModelConfig
 from services.scheduler.core.scheduler import SchedulerConfig
+from tests.lora_adapters import make_adapter, peft_greedy
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
@@ -51,6 +53,17 @@ CASES = {
     "phi4-mini": lambda: phi4_mini_config(),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         head_dim=32, query_pre_attn_scalar=24, sliding_window=24, sliding_window_pattern=2, **COMMON),
+    # Mixtral: every layer routes each token to 2 of 4 experts, their probabilities renormalized.
+    "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **COMMON),
+    # Qwen2-MoE: a sigmoid-gated shared expert beside 3 of 8 routed ones (not renormalized), q/k/v biases,
+    # layer 1 dense.
+    "qwen2-moe": lambda: transformers.Qwen2MoeConfig(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        mlp_only_layers=[1], **COMMON),
+    # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
+    "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
+        **COMMON),
 }
 MAX_TOKENS = 16
 PRETRAINED_CONTEXT = 32  # phi4-mini's original_max_position_embeddings
@@ -180,3 +193,63 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
         ModelConfig.from_dict(dict(COMMON, hidden_act="gelu"))
     with pytest.raises(ModelLoadError, match="partial_rotary_factor is 0.75"):  # Phi-3 only
         ModelConfig.from_dict(dict(COMMON, architectures=["Qwen2ForCausalLM"], partial_rotary_factor=0.75))
+
+
+def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoint):
+    path, model, _ = checkpoint
+    config = ModelConfig.from_dir(path)
+    routed = [hasattr(layer.mlp, "experts") for layer in model.model.layers]
+    assert [config.is_moe(i) for i in range(3)] == routed
+    if any(routed):
+        assert config.num_experts == model.config.num_experts
+        assert config.num_experts_per_tok == model.config.num_experts_per_tok
+
+
+def test_attention_adapters_on_a_mixture_of_experts_model_match_peft(tmp_path, tiny_model_dir):
+    """LoRA on an MoE model adapts the attention projections (those of its experts are refused, see
+    tests/common/test_lora.py); the experts run beside it unchanged."""
+    save_checkpoint(CASES["qwen2-moe"](), tmp_path / "model", tiny_model_dir)
+    adapter = make_adapter(tmp_path / "model", tmp_path / "adapter", seed=5, r=4, lora_alpha=8,
+                           target_modules=["q_proj", "v_proj", "o_proj"])
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (5, 40)]
+    engine = OfflineEngine(EngineConfig(model=str(tmp_path / "model"), dtype="float32"), SchedulerConfig(chunk_size=16))
+    ref = LoraRef("attn", str(adapter))
+    got = engine.generate(prompts * 2, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0)] * 4,
+                          loras=[ref, ref, None, None])
+    want = peft_greedy(tmp_path / "model", adapter, prompts, MAX_TOKENS)
+    assert [c.token_ids for c in got[:2]] == want
+    assert [c.token_ids for c in got[2:]] == peft_greedy(tmp_path / "model", None, prompts, MAX_TOKENS)
+    assert want != [c.token_ids for c in got[2:]]  # the adapter changes the output
+
+
+def test_mixture_of_experts_hub_configs_and_what_is_refused():
+    """Qwen3-30B-A3B's fields as published (num_experts; transformers >= 5 writes num_local_experts), and
+    configs the engine cannot serve refused saying why."""
+    raw = dict(COMMON, architectures=["Qwen3MoeForCausalLM"], num_experts=128, num_experts_per_tok=8,
+               moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+               use_sliding_window=False, sliding_window=None)
+    config = ModelConfig.from_dict(raw)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (128, 8, 768)
+    assert config.moe_layers == (0, 1, 2) and config.norm_topk_prob and config.qk_norm
+    assert config.lora_shape.moe_layers == (0, 1, 2)
+    renamed = {k: v for k, v in raw.items() if k != "num_experts"} | {"num_local_experts": 16}
+    assert ModelConfig.from_dict(renamed).num_experts == 16
+    mixtral = ModelConfig.from_dict(dict(COMMON, architectures=["MixtralForCausalLM"], sliding_window=4096))
+    assert (mixtral.num_experts, mixtral.num_experts_per_tok, mixtral.moe_intermediate_size) == (8, 2, 128)
+    assert mixtral.uniform_window == 4096  # every layer slides, as in Mistral
+    with pytest.raises(ModelLoadError, match="num_experts_per_tok must be between 1 and the number of experts"):
+        ModelConfig.from_dict({**raw, "num_experts": 4, "num_experts_per_tok": 8})
+    with pytest.raises(ModelLoadError, match="use_sliding_window is set; Qwen3MoeForCausalLM is served with full"):
+        ModelConfig.from_dict({**raw, "use_sliding_window": True, "sliding_window": 64})
+
+
+def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_model_dir):
+    from safetensors.torch import load_file, save_file
+
+    save_checkpoint(CASES["mixtral"](), tmp_path, tiny_model_dir)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    del weights["model.layers.2.block_sparse_moe.experts.3.w3.weight"]
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"layers\.2\.mlp\.experts\.gate_up_proj: missing expert 3 up"):
+        OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32"), SchedulerConfig())

@@ -68,10 +68,15 @@ async def test_loads_into_one_worker_share_its_storage_nic_and_two_workers_have_
 
 
 async def test_a_shaped_store_takes_its_bytes_over_the_rate_and_unshaped_is_the_default(make_kvcache, make_worker):
-    plain = await make_kvcache(dram_blocks=N)
+    plain = await make_kvcache(dram_blocks=N + 1)
     assert not plain.servicer.mover.shaper.enabled
-    kv = await make_kvcache(dram_blocks=N, storage_gbps=RATE_GBPS)
+    kv = await make_kvcache(dram_blocks=N + 1, storage_gbps=RATE_GBPS)
     worker = await make_worker(seed=3, num_blocks=N)
+    # One block through each first: a service's first transfer from a worker sets up its NIXL connection,
+    # which on a busy box takes longer than the unshaped store itself.
+    await _store(plain, worker, chain(1, start=N))
+    await _store(kv, worker, chain(1, start=N))
+    await anyio.sleep(REFILL_S)
     start = time.perf_counter()
     await _store(plain, worker, chain(N))
     unshaped = time.perf_counter() - start
