@@ -11,6 +11,7 @@ from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
 from services.engine.checkpoint import Checkpoint, read_json
+from services.engine.fp8 import dequantize
 from services.engine.model import LlamaForCausalLM
 from services.engine.rope import inverse_frequencies
 
@@ -51,8 +52,20 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         model.local_rotary.inv_freq = inverse_frequencies(ckpt.config, local=True).to(device)
     if ckpt.config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    weights = iter_weights(ckpt.path)
+    block = ckpt.config.fp8_block
     try:
-        model.load_weights(iter_weights(ckpt.path))
+        model.load_weights(dequantize(weights, block) if block else _unquantized(weights))
     except KeyError as exc:
         raise ModelLoadError(f"{ckpt.path}: {exc.args[0]}") from exc
     return model.eval()
+
+
+def _unquantized(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Refuses FP8 tensors in a checkpoint whose config does not say how they are scaled (cast as they are, they
+    would load as different weights)."""
+    for name, tensor in weights:
+        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise KeyError(f"weight {name!r} is FP8 but config.json has no quantization_config saying how it is "
+                           "scaled")
+        yield name, tensor

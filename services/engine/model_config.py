@@ -96,6 +96,9 @@ class ModelConfig:
     # transformers' Mixtral weighs expert outputs by the fp32 probabilities; Qwen's cast them to the model's
     # dtype first (the two differ in bf16 only).
     routing_weights_fp32: bool = False
+    # Block-wise FP8 weights (quantization_config quant_method "fp8"): the (rows, cols) tile each scale
+    # covers; None: weights as stored. fp8.py dequantizes them while they load.
+    fp8_block: tuple[int, int] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
@@ -256,6 +259,7 @@ class ModelConfig:
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
                 **_moe_fields(raw, arch, int(raw["num_hidden_layers"])),
+                fp8_block=_fp8_block(raw.get("quantization_config")),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
@@ -338,6 +342,28 @@ def _moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                 moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0) if num else (),
                 shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", shared) or 0)
                 if arch == "Qwen2MoeForCausalLM" else 0)
+
+
+def _fp8_block(quant: Any) -> tuple[int, int] | None:
+    """The tile of a block-wise FP8 checkpoint's scales; refuses every other quantization, saying what is
+    served instead of loading weights it would misread."""
+    if quant is None:
+        return None
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method != "fp8":
+        raise ModelLoadError(f"config.json: quantization {method!r} is not supported; block-wise FP8 checkpoints "
+                             "(quant_method fp8) are, dequantized when they load, and unquantized ones")
+    unsupported = [f"{key} {quant[key]!r}" for key, ok in (("activation_scheme", "dynamic"), ("fmt", "e4m3"),
+                                                            ("scale_fmt", "float"), ("expert_dtype", "fp8"))
+                   if str(quant.get(key, ok)).lower() != ok]
+    if unsupported:
+        raise ModelLoadError(f"config.json: FP8 with {', '.join(unsupported)} is not supported; dynamic activation "
+                             "scales, e4m3 weights and float scales are")
+    block = quant.get("weight_block_size")
+    if not isinstance(block, list) or len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
+        raise ModelLoadError(f"config.json: FP8 weight_block_size must list two positive integers, got {block!r} "
+                             "(per-tensor FP8 scales are not supported)")
+    return block[0], block[1]
 
 
 def _check_moe(config: ModelConfig) -> None:

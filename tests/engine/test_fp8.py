@@ -1,0 +1,114 @@
+"""Block-wise FP8 checkpoints (services/engine/fp8.py): quantized here as Qwen's and DeepSeek's FP8 releases
+are (e4m3 weights, one fp32 scale per tile), and compared with transformers loading the same files (it
+dequantizes them on a machine without an FP8 GPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from seawall.offline.engine import OfflineEngine
+from services.common.errors import ModelLoadError
+from services.common.sampling_params import SamplingParams
+from services.engine.config import EngineConfig
+from services.engine.fp8 import dequantize
+from services.engine.model_config import ModelConfig
+from services.scheduler.core.scheduler import SchedulerConfig
+from tests.engine.test_architectures import CASES, MAX_TOKENS, assert_matches_transformers, save_checkpoint
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
+
+transformers = pytest.importorskip("transformers")
+
+BLOCK = [32, 16]  # not square; divides every projection, as transformers needs (the unit test covers partial tiles)
+FP8_MAX = 448.0  # e4m3's largest value
+
+
+def quantize(weight: torch.Tensor, block=BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 e4m3 weight and its per-tile scales, each tile scaled to use e4m3's whole range."""
+    rows, cols = weight.shape
+    grid = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
+    padded = torch.zeros(grid[0] * block[0], grid[1] * block[1])
+    padded[:rows, :cols] = weight
+    tiles = padded.view(grid[0], block[0], grid[1], block[1])
+    scales = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
+    q = (tiles / scales[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(padded.shape)[:rows, :cols].contiguous(), scales
+
+
+def write_fp8(src, out, quant_config=None):
+    """``src``'s checkpoint with every projection (experts' too) quantized, written to ``out``."""
+    out.mkdir()
+    tensors = {}
+    for name, t in load_file(str(src / "model.safetensors")).items():
+        if name.endswith("proj.weight") or ".experts." in name:
+            tensors[name], tensors[name + "_scale_inv"] = quantize(t)
+        else:
+            tensors[name] = t
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = quant_config or {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                                     "fmt": "e4m3", "weight_block_size": BLOCK}
+    (out / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (src / name).exists():
+            (out / name).write_bytes((src / name).read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3-moe"])
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
+def test_fp8_checkpoints_match_transformers_loading_the_same_files(tmp_path, tiny_model_dir, arch, cpu_kernels):
+    save_checkpoint(CASES[arch](), tmp_path / "bf16", tiny_model_dir)
+    path = write_fp8(tmp_path / "bf16", tmp_path / "fp8")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (3, 40)]
+    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
+                           SchedulerConfig(chunk_size=16))
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                                                   logprobs=0)] * len(prompts))
+    assert_matches_transformers(ref, prompts, got)
+
+
+def test_dequantized_weights_are_the_tiles_times_their_scales():
+    """Tiles at the edges may be partial (ceil(rows / bm) x ceil(cols / bn) scales), as vLLM reads them."""
+    w = torch.randn(70, 100)
+    q, scales = quantize(w, block=[32, 48])
+    assert scales.shape == (3, 3)
+    ((name, got),) = list(dequantize([("x.weight", q), ("x.weight_scale_inv", scales)], (32, 48)))
+    assert name == "x.weight" and got.dtype == torch.float32
+    assert torch.equal(got[31, 47], q[31, 47].float() * scales[0, 0])  # last element of the first tile
+    assert torch.equal(got[32, 48], q[32, 48].float() * scales[1, 1])
+    assert torch.equal(got[69, 99], q[69, 99].float() * scales[2, 2])  # the partial corner tile
+    assert torch.allclose(got, w, rtol=0.07, atol=1e-3)  # e4m3 keeps 3 mantissa bits
+
+
+def test_what_cannot_be_loaded_is_refused_saying_why(tmp_path, tiny_model_dir):
+    base = dict(CASES["llama"]().to_dict(), architectures=["LlamaForCausalLM"])
+    for quant, message in [
+        ({"quant_method": "awq", "bits": 4}, "quantization 'awq' is not supported; block-wise FP8"),
+        ({"quant_method": "compressed-tensors"}, "quantization 'compressed-tensors' is not supported"),
+        ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": BLOCK},
+         "activation_scheme 'static' is not supported"),
+        ({"quant_method": "fp8", "weight_block_size": None}, "per-tensor FP8 scales are not supported"),
+    ]:
+        with pytest.raises(ModelLoadError, match=message):
+            ModelConfig.from_dict({**base, "quantization_config": quant})
+    save_checkpoint(CASES["llama"](), tmp_path / "bf16", tiny_model_dir)
+    path = write_fp8(tmp_path / "bf16", tmp_path / "fp8")
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["model.layers.1.mlp.down_proj.weight_scale_inv"]
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="FP8 weight 'model.layers.1.mlp.down_proj.weight' has no "
+                                             "'model.layers.1.mlp.down_proj.weight_scale_inv' beside it"):
+        OfflineEngine(EngineConfig(model=str(path), dtype="float32"), SchedulerConfig())
+    config = json.loads((path / "config.json").read_text())
+    del config["quantization_config"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="is FP8 but config.json has no quantization_config"):
+        OfflineEngine(EngineConfig(model=str(path), dtype="float32"), SchedulerConfig())
