@@ -2,7 +2,8 @@
 # The foundation issue's GPU checks as one script, for a session that is lent a CUDA device:
 #   1. the token-exact oracle with the engine on CUDA in fp32 (transformers runs on the CPU as the reference);
 #   2. engine throughput against transformers on the same GPU, fp32 and bf16 (bf16 prints greedy agreement
-#      instead of exact ids).
+#      instead of exact ids);
+#   3. the mixture-of-experts layer in bf16: grouped GEMMs against one matmul per expert.
 # Results go to $OUT (the device tool's output folder) or ./gpu-results. Not yet run: no device was lent to
 # the session that wrote it, so expect to fix small things on the first run.
 set -euo pipefail
@@ -23,3 +24,6 @@ for dtype in float32 bfloat16; do
   .venv/bin/python bench/engine_throughput.py --device cuda --dtype "$dtype" --preset small \
     --json "$out/throughput_$dtype.json" 2>&1 | tee "$out/throughput_$dtype.txt"
 done
+# 3. the mixture-of-experts layer at Qwen3-30B-A3B's width: grouped GEMMs against one matmul per expert.
+.venv/bin/python bench/moe_layer.py --device cuda --dtype bfloat16 --hidden 2048 --expert-width 768 \
+  2>&1 | tee "$out/moe_layer.txt"

@@ -2,9 +2,9 @@
 experts, each a SwiGLU MLP, and the token's output is their outputs weighted by the router's probabilities.
 
 Computed as transformers computes it, so that fp32 outputs match it: softmax over the router's logits in fp32,
-top-k, renormalized to sum to 1 where the checkpoint says so, then experts in index order, each on the tokens
-routed to it, added into the output (so a token's sum runs over its experts in the same order). Qwen2-MoE adds
-a shared expert every token passes, scaled by a sigmoid gate of its own.
+top-k, renormalized to sum to 1 where the checkpoint says so, then each expert on the tokens routed to it (one
+grouped GEMM per projection for all experts), added into the output in expert order, as transformers adds
+them. Qwen2-MoE adds a shared expert every token passes, scaled by a sigmoid gate of its own.
 
 The experts' weights are stacked as transformers >= 5 holds them: ``experts.gate_up_proj`` ``[E, 2I, H]``
 (each expert's gate then up rows) and ``experts.down_proj`` ``[E, H, I]``; ``load_expert_weights`` stacks a
@@ -40,7 +40,6 @@ class SparseMoE(nn.Module):
     def __init__(self, config: ModelConfig, shared_expert: nn.Module | None = None) -> None:
         super().__init__()
         self.top_k = config.num_experts_per_tok
-        self.intermediate = config.moe_intermediate_size
         self.normalize = config.norm_topk_prob
         self.weights_in_fp32 = config.routing_weights_fp32
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)  # the router
@@ -53,7 +52,7 @@ class SparseMoE(nn.Module):
         """``x`` ``[T, H]``; ``act_mul`` maps a fused gate/up projection ``[n, 2I]`` to silu(gate) * up (the fused
         CPU kernel; default: torch ops). ``lora`` is the dense MLP's argument: adapters of an MoE layer's MLP are
         refused when they are read (services/common/lora.py), so there is nothing to add."""
-        act_mul = act_mul or _silu_mul
+        act_mul = act_mul or silu_mul
         logits = F.linear(x, self.gate.weight)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
@@ -61,27 +60,45 @@ class SparseMoE(nn.Module):
             weights /= weights.sum(dim=-1, keepdim=True)
         if not self.weights_in_fp32:
             weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        # Group the (token, slot) pairs by expert once: one sort instead of a mask per expert.
+        # Each (token, slot) pair as a row, grouped by expert (a stable sort keeps a token's rows in expert
+        # order), then every expert's rows in one grouped GEMM per projection: no loop over experts and no
+        # device-to-host sync, which matters with 128 experts on a GPU.
         flat = chosen.flatten()
         order = torch.argsort(flat, stable=True)
         tokens = order // self.top_k
-        slot_weights = weights.flatten()[order]
-        start = 0
-        gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
-        for expert, count in enumerate(torch.bincount(flat, minlength=gate_up.shape[0]).tolist()):
-            if not count:
-                continue
-            rows = tokens[start : start + count]
-            h = F.linear(act_mul(F.linear(x[rows], gate_up[expert])), down[expert])
-            out.index_add_(0, rows, (h * slot_weights[start : start + count, None]).to(out.dtype))
-            start += count
+        offsets = torch.bincount(flat, minlength=self.experts.gate_up_proj.shape[0]).cumsum(0).to(torch.int32)
+        rows = x[tokens]
+        h = grouped_mm(act_mul(grouped_mm(rows, self.experts.gate_up_proj.transpose(1, 2), offsets)),
+                        self.experts.down_proj.transpose(1, 2), offsets)
+        out = torch.zeros_like(x)
+        # index_add_ sums each token's rows in their order, experts ascending, as transformers adds them.
+        out.index_add_(0, tokens, (h * weights.flatten()[order, None]).to(out.dtype))
         if self.shared_expert is not None:
             out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * self.shared_expert(x, None)
         return out
 
 
-def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def grouped_mm(rows: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``rows`` ``[n, K]`` grouped by ``offsets`` (each group's end), group g times ``weights[g]`` ``[K, N]``."""
+    try:  # torch >= 2.10 names it; 2.9 has the private op (on CPUs, and on GPUs from SM80)
+        grouped = getattr(F, "grouped_mm", None) or torch._grouped_mm
+        return grouped(rows, weights, offs=offsets)
+    except (AttributeError, NotImplementedError, RuntimeError):  # older torch, older GPUs
+        return looped_mm(rows, weights, offsets)
+
+
+def looped_mm(rows: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``grouped_mm`` as one matmul per group (one device-to-host sync for the offsets)."""
+    out = rows.new_empty(rows.shape[0], weights.shape[2])
+    start = 0
+    for group, end in enumerate(offsets.tolist()):
+        if end > start:
+            torch.mm(rows[start:end], weights[group], out=out[start:end])
+        start = end
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
