@@ -103,13 +103,19 @@ class RooflineCostModel:
         q_width = m.num_heads * m.head_dim // tp
         kv_width = 2 * m.num_kv_heads * m.head_dim // tp
         mlp_width = (2 if m.gated_mlp else 1) * m.intermediate_size // tp
-        # One layer's matrix multiplies as (input width, output width) per GPU.
+        # One layer's matrix multiplies as (input width, output width) per GPU; a mixture of experts adds its
+        # router here (replicated) and its experts in _experts_time.
         self._gemms = [
             (m.hidden_size, q_width + kv_width),  # fused q, k, v
             (q_width, m.hidden_size),  # o
-            (m.hidden_size, mlp_width),  # gate and up (fused), or OPT's fc1
-            (m.intermediate_size // tp, m.hidden_size),  # down, or fc2
         ]
+        if m.intermediate_size:
+            self._gemms += [
+                (m.hidden_size, mlp_width),  # gate and up (fused), or OPT's fc1
+                (m.intermediate_size // tp, m.hidden_size),  # down, or fc2
+            ]
+        if m.num_experts:
+            self._gemms.append((m.hidden_size, m.num_experts))
         self._q_width = q_width
         # K and V rows of one token in one layer on one GPU (KV heads shard with tp; replicated past them).
         self._kv_row_bytes = 2 * max(1, m.num_kv_heads // tp) * m.head_dim * d
@@ -123,6 +129,23 @@ class RooflineCostModel:
         flops = 2.0 * tokens * k * n
         nbytes = (k * n + tokens * (k + n)) * DTYPE_BYTES
         eff = e.matmul_max * tokens / (tokens + e.matmul_half_tokens)
+        return max(flops / (g.peak_flops * eff), nbytes / (g.hbm_bandwidth * e.memory))
+
+    def _experts_time(self, tokens: int) -> float:
+        """One layer's routed experts (each sharded ``tp`` ways by width) for ``tokens`` tokens. Routing is taken
+        as uniform: the step reads the weights of the E * (1 - (1 - k/E)^T) experts it touches in expectation,
+        and each GEMM runs on its share of the T * k rows, which sets its efficiency as a dense GEMM's of that
+        many tokens: a decode batch is bound by the experts it reads, a long prompt by its FLOPs."""
+        m, e, g = self.model, self.eff, self.gpu
+        if not m.num_experts or tokens <= 0:
+            return 0.0
+        touched = m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens)
+        rows = tokens * m.experts_per_token
+        width = m.expert_size // self.tp
+        flops = 2.0 * rows * 3 * m.hidden_size * width
+        nbytes = (touched * 3 * m.hidden_size * width + rows * 2 * (m.hidden_size + width)) * DTYPE_BYTES
+        per_expert = rows / touched
+        eff = e.matmul_max * per_expert / (per_expert + e.matmul_half_tokens)
         return max(flops / (g.peak_flops * eff), nbytes / (g.hbm_bandwidth * e.memory))
 
     def _attention_time(self, s: StepShape) -> float:
@@ -149,7 +172,7 @@ class RooflineCostModel:
         if s.num_tokens <= 0:
             return 0.0
         e = self.eff
-        layer = sum(self._gemm_time(s.num_tokens, k, n) for k, n in self._gemms)
+        layer = sum(self._gemm_time(s.num_tokens, k, n) for k, n in self._gemms) + self._experts_time(s.num_tokens)
         layer += self._attention_time(s) + 2 * self._allreduce_time(s.num_tokens) + e.layer_overhead_s
         lm_head = self._gemm_time(s.num_sampled, *self._lm_head)
         return (self.model.num_layers * layer + lm_head + e.step_overhead_s + e.seq_overhead_s * s.num_seqs)

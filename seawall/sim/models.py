@@ -25,15 +25,37 @@ class ModelSpec:
     gated_mlp: bool  # SwiGLU (three matrices) vs a plain two-matrix MLP (OPT)
     max_context: int
     tied_embeddings: bool = False
+    # A mixture of experts in every layer (Mixtral, Qwen3-MoE): routed SwiGLU experts, how many each token
+    # runs, each one's width. intermediate_size is then a dense MLP beside them that every token runs (a
+    # shared expert; 0: none).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_size: int = 0
 
     @property
-    def linear_params_per_layer(self) -> int:
-        """Parameters of one layer's matrix multiplies (q, k, v, o and the MLP)."""
+    def attention_params_per_layer(self) -> int:
         q = self.hidden_size * self.num_heads * self.head_dim
         kv = 2 * self.hidden_size * self.num_kv_heads * self.head_dim
         o = self.num_heads * self.head_dim * self.hidden_size
+        return q + kv + o
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert's parameters (gate, up, down)."""
+        return 3 * self.hidden_size * self.expert_size
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """Parameters of one layer's matrix multiplies (q, k, v, o, the MLP, the router and every expert)."""
         mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
-        return q + kv + o + mlp
+        router = self.hidden_size * self.num_experts
+        return self.attention_params_per_layer + mlp + router + self.num_experts * self.expert_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through (MoE: its experts only; dense: all of them)."""
+        unused = (self.num_experts - self.experts_per_token) * self.expert_params
+        return self.num_params - self.num_layers * unused
 
     @property
     def linear_params(self) -> int:
@@ -60,7 +82,8 @@ class ModelSpec:
     def activation_bytes(self, num_tokens: int, tp: int) -> int:
         """Peak activation memory of a forward pass over ``num_tokens`` tokens, per GPU (rough: the
         residual stream, q/k/v and the MLP's widest tensors, plus fp32 logits of one row per sequence)."""
-        per_token = (8 * self.hidden_size + 2 * self.intermediate_size) * DTYPE_BYTES // tp
+        widest = max(self.intermediate_size, self.experts_per_token * self.expert_size)
+        per_token = (8 * self.hidden_size + 2 * widest) * DTYPE_BYTES // tp
         return num_tokens * per_token
 
 
@@ -74,6 +97,11 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("Llama-2-70B", 80, 8192, 64, 8, 128, 28672, 32000, True, 4096),
         ModelSpec("Qwen2.5-32B", 64, 5120, 40, 8, 128, 27648, 152064, True, 32768),
         ModelSpec("OPT-13B", 40, 5120, 40, 40, 128, 20480, 50272, False, 2048, tied_embeddings=True),
+        # Mixtures of experts: 46.7B parameters, 12.9B active; 30.5B, 3.3B active.
+        ModelSpec("Mixtral-8x7B", 32, 4096, 32, 8, 128, 0, 32000, True, 32768, num_experts=8,
+                  experts_per_token=2, expert_size=14336),
+        ModelSpec("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 0, 151936, True, 40960, num_experts=128,
+                  experts_per_token=8, expert_size=768),
     )
 }
 

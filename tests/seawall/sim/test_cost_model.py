@@ -120,3 +120,28 @@ def test_measured_table_errors_name_the_problem(tmp_path):
     path.write_text(json.dumps({"format": MEASURED_FORMAT, "samples": [{"num_tokens": 1}]}))
     with pytest.raises(InvalidArgument, match="seconds"):
         MeasuredCostModel.from_file(path)
+
+
+@pytest.mark.parametrize("model, total, active", [("Mixtral-8x7B", 46.7e9, 12.9e9), ("Qwen3-30B-A3B", 30.5e9, 3.3e9)])
+def test_mixtures_of_experts_have_their_published_sizes(model, total, active):
+    m = get_model(model)
+    assert m.num_params == pytest.approx(total, rel=0.01) and m.active_params == pytest.approx(active, rel=0.02)
+    assert get_model("Llama-3-8B").active_params == get_model("Llama-3-8B").num_params
+
+
+def test_a_decode_reads_only_the_experts_its_tokens_route_to():
+    m, gpu = get_model("Qwen3-30B-A3B"), get_gpu("H100")
+    cost = RooflineCostModel(m, gpu)
+    eff = cost.eff
+    # One token touches exactly k experts: the layer's experts cost k experts' weights at memory speed.
+    assert cost._experts_time(1) == pytest.approx(
+        (8 * m.expert_params + 8 * 2 * (m.hidden_size + m.expert_size)) * 2 / (gpu.hbm_bandwidth * eff.memory))
+    # A large batch touches every expert: the read is all 128 experts, no more, however many tokens.
+    assert cost._experts_time(256) < 128 / 8 * cost._experts_time(1) * 1.1
+    # So a step of 64 decodes costs far less than 64 single-token steps, and a long prompt is compute bound.
+    one, batch = cost.step_time(StepShape.of(decodes=[1024])), cost.step_time(StepShape.of(decodes=[1024] * 64))
+    assert batch < 8 * one
+    assert cost._experts_time(8192) > 2 * 8192 * 8 * m.expert_params / gpu.peak_flops
+    with pytest.raises(InvalidArgument, match="does not fit on 1 x H100"):
+        kv_pool_blocks(get_model("Mixtral-8x7B"), gpu)  # 93 GB of weights
+    assert kv_pool_blocks(get_model("Mixtral-8x7B"), gpu, tp=2) > 0
