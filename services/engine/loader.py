@@ -53,9 +53,10 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     if ckpt.config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     weights = iter_weights(ckpt.path)
-    block = ckpt.config.fp8_block
+    config = ckpt.config
     try:
-        model.load_weights(dequantize(weights, block) if block else _unquantized(weights))
+        model.load_weights(dequantize(weights, config.fp8_scales, config.fp8_block) if config.fp8_scales
+                           else _unquantized(weights))
     except KeyError as exc:
         raise ModelLoadError(f"{ckpt.path}: {exc.args[0]}") from exc
     return model.eval()

@@ -1,6 +1,7 @@
-"""Block-wise FP8 checkpoints (services/engine/fp8.py): quantized here as Qwen's and DeepSeek's FP8 releases
-are (e4m3 weights, one fp32 scale per tile), and compared with transformers loading the same files (it
-dequantizes them on a machine without an FP8 GPU)."""
+"""FP8 checkpoints (services/engine/fp8.py): quantized here as Qwen's and DeepSeek's FP8 releases are (e4m3
+weights, one fp32 scale per tile) and as llm-compressor writes compressed-tensors ones (per channel, per
+tensor or per block), and compared with transformers loading the same files (it dequantizes them on a
+machine without an FP8 GPU; compressed-tensors ones with run_compressed=False)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,12 @@ FP8_MAX = 448.0  # e4m3's largest value
 
 
 def quantize(weight: torch.Tensor, block=BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8 e4m3 weight and its per-tile scales, each tile scaled to use e4m3's whole range."""
+    """fp8 e4m3 weight and its scales (per tile; "channel": per row; "tensor": one), each scaled to use e4m3's
+    whole range."""
+    if block in ("channel", "tensor"):
+        scales = (weight.abs().amax(dim=1, keepdim=True) if block == "channel" else weight.abs().amax()) / FP8_MAX
+        return (weight / scales).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scales.reshape(-1, 1)[
+            : weight.shape[0] if block == "channel" else 1]
     rows, cols = weight.shape
     grid = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
     padded = torch.zeros(grid[0] * block[0], grid[1] * block[1])
@@ -40,13 +46,13 @@ def quantize(weight: torch.Tensor, block=BLOCK) -> tuple[torch.Tensor, torch.Ten
     return q.view(padded.shape)[:rows, :cols].contiguous(), scales
 
 
-def write_fp8(src, out, quant_config=None):
+def write_fp8(src, out, quant_config=None, strategy=BLOCK, scale_name="weight_scale_inv"):
     """``src``'s checkpoint with every projection (experts' too) quantized, written to ``out``."""
     out.mkdir()
     tensors = {}
     for name, t in load_file(str(src / "model.safetensors")).items():
         if name.endswith("proj.weight") or ".experts." in name:
-            tensors[name], tensors[name + "_scale_inv"] = quantize(t)
+            tensors[name], tensors[name.removesuffix("weight") + scale_name] = quantize(t, strategy)
         else:
             tensors[name] = t
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -75,27 +81,66 @@ def test_fp8_checkpoints_match_transformers_loading_the_same_files(tmp_path, tin
     assert_matches_transformers(ref, prompts, got)
 
 
+def compressed_tensors_config(strategy) -> dict:
+    """llm-compressor's FP8-dynamic scheme (channel), FP8 (tensor) or FP8-block."""
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
+               "strategy": "block" if isinstance(strategy, list) else strategy}
+    if isinstance(strategy, list):
+        weights["block_structure"] = strategy
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "ignore": ["lm_head"], "config_groups": {"group_0": {
+                "targets": ["Linear"], "weights": weights,
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor", BLOCK])
+def test_compressed_tensors_fp8_matches_transformers_loading_the_same_files(tmp_path, tiny_model_dir, strategy):
+    pytest.importorskip("compressed_tensors")
+    save_checkpoint(CASES["qwen2"](), tmp_path / "bf16", tiny_model_dir)
+    path = write_fp8(tmp_path / "bf16", tmp_path / "fp8", compressed_tensors_config(strategy), strategy,
+                     "weight_scale")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32,
+        quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)).eval()
+    assert type(ref.model.layers[0].mlp.down_proj) is torch.nn.Linear  # decompressed, as the engine holds it
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (3, 40)]
+    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32"), SchedulerConfig(chunk_size=16))
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                                                   logprobs=0)] * len(prompts))
+    assert_matches_transformers(ref, prompts, got)
+
+
 def test_dequantized_weights_are_the_tiles_times_their_scales():
     """Tiles at the edges may be partial (ceil(rows / bm) x ceil(cols / bn) scales), as vLLM reads them."""
     w = torch.randn(70, 100)
     q, scales = quantize(w, block=[32, 48])
     assert scales.shape == (3, 3)
-    ((name, got),) = list(dequantize([("x.weight", q), ("x.weight_scale_inv", scales)], (32, 48)))
+    ((name, got),) = list(dequantize([("x.weight", q), ("x.weight_scale_inv", scales)], "weight_scale_inv",
+                                     (32, 48)))
     assert name == "x.weight" and got.dtype == torch.float32
     assert torch.equal(got[31, 47], q[31, 47].float() * scales[0, 0])  # last element of the first tile
     assert torch.equal(got[32, 48], q[32, 48].float() * scales[1, 1])
     assert torch.equal(got[69, 99], q[69, 99].float() * scales[2, 2])  # the partial corner tile
     assert torch.allclose(got, w, rtol=0.07, atol=1e-3)  # e4m3 keeps 3 mantissa bits
+    for strategy in ("channel", "tensor"):  # compressed-tensors' scales, after the weight or before it
+        q, scales = quantize(w, strategy)
+        ((_, got),) = list(dequantize([("x.weight_scale", scales), ("x.weight", q)], "weight_scale", None))
+        assert torch.equal(got, q.float() * scales) and torch.allclose(got, w, rtol=0.07, atol=1e-3)
 
 
 def test_what_cannot_be_loaded_is_refused_saying_why(tmp_path, tiny_model_dir):
     base = dict(CASES["llama"]().to_dict(), architectures=["LlamaForCausalLM"])
     for quant, message in [
-        ({"quant_method": "awq", "bits": 4}, "quantization 'awq' is not supported; block-wise FP8"),
-        ({"quant_method": "compressed-tensors"}, "quantization 'compressed-tensors' is not supported"),
+        ({"quant_method": "awq", "bits": 4}, "quantization 'awq' is not supported; FP8 checkpoints"),
+        ({"quant_method": "compressed-tensors"}, "compressed-tensors format None is not supported"),
         ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": BLOCK},
          "activation_scheme 'static' is not supported"),
         ({"quant_method": "fp8", "weight_block_size": None}, "per-tensor FP8 scales are not supported"),
+        ({**compressed_tensors_config("channel"), "format": "pack-quantized"},
+         "format 'pack-quantized' is not supported; float-quantized"),
+        ({**compressed_tensors_config("channel"), "kv_cache_scheme": {"num_bits": 8}}, "quantized KV cache"),
+        (_static_activations(), "static activation scales are not supported; dynamic ones"),
     ]:
         with pytest.raises(ModelLoadError, match=message):
             ModelConfig.from_dict({**base, "quantization_config": quant})
@@ -112,3 +157,9 @@ def test_what_cannot_be_loaded_is_refused_saying_why(tmp_path, tiny_model_dir):
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="is FP8 but config.json has no quantization_config"):
         OfflineEngine(EngineConfig(model=str(path), dtype="float32"), SchedulerConfig())
+
+
+def _static_activations() -> dict:
+    config = compressed_tensors_config("tensor")
+    config["config_groups"]["group_0"]["input_activations"]["dynamic"] = False
+    return config
