@@ -102,7 +102,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                             self.q_norm.scale_in_fp32)
-        qk = RotaryEmbedding.apply(qk, cos, sin)
+        if cos is not None:  # None: a layer without positions (SmolLM3's NoPE layers)
+            qk = RotaryEmbedding.apply(qk, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         if self.q_scale is not None:
             q = q * self.q_scale
@@ -209,7 +210,7 @@ class LlamaForCausalLM(nn.Module):
         local = self.local_rotary.cos_sin(positions, x.dtype) if self.local_rotary is not None else rope
         residual = None
         for i, layer in enumerate(self.model.layers):
-            cos, sin = local if c.slides(i) else rope
+            cos, sin = (None, None) if i in c.nope_layers else local if c.slides(i) else rope
             x, residual = layer(x, residual, cos, sin, batch, kv, lora)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
         logits = self.lm_head(x)
@@ -237,7 +238,8 @@ class LlamaForCausalLM(nn.Module):
             qk = qkv[:, : q_size + kv_size].view(t, -1, d)  # q and k rotate in one pass, as in Attention
             if w.q_norm is not None:
                 qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
-            kernels.rope_(qk, cos, sin)
+            if i not in c.nope_layers:
+                kernels.rope_(qk, cos, sin)
             v = qkv[:, q_size + kv_size :].view(t, c.num_key_value_heads, d)
             k_cache, v_cache = kv.layer(i)
             o = paged_attention(qk[:, : c.num_attention_heads], qk[:, c.num_attention_heads :], v, k_cache, v_cache,

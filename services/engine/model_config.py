@@ -26,7 +26,7 @@ from services.common.lora import ModelShape
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
-                           "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+                           "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM")
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # transformers' defaults for what an MoE config.json may leave out: experts, experts per token, expert width
 # (None: intermediate_size), shared expert width (Qwen2-MoE).
@@ -96,6 +96,8 @@ class ModelConfig:
     # transformers' Mixtral weighs expert outputs by the fp32 probabilities; Qwen's cast them to the model's
     # dtype first (the two differ in bf16 only).
     routing_weights_fp32: bool = False
+    # Layers whose attention uses no positions (no RoPE; SmolLM3's every fourth layer).
+    nope_layers: tuple[int, ...] = ()
     # FP8 weights (fp8.py dequantizes them while they load): the name of their scale tensors
     # ("weight_scale_inv" for quant_method fp8, "weight_scale" for compressed-tensors; None: weights as
     # stored) and the (rows, cols) tile each scale covers (None: per output channel or per tensor).
@@ -261,6 +263,7 @@ class ModelConfig:
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
                 **_moe_fields(raw, arch, int(raw["num_hidden_layers"])),
+                nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
                 **_fp8_fields(raw.get("quantization_config")),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
@@ -295,7 +298,8 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
     ``use_sliding_window`` (their configs carry a window they leave off); Llama has none."""
     window = raw.get("sliding_window", 4096 if arch in _GEMMAS else None)  # transformers' default
-    if arch == "LlamaForCausalLM" or (arch.startswith("Qwen") and not raw.get("use_sliding_window")):
+    if arch == "LlamaForCausalLM" or ((arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM")
+                                      and not raw.get("use_sliding_window")):
         return None
     if window is not None and int(window) < 1:
         raise ModelLoadError(f"config.json: sliding_window must be >= 1, got {window}")
@@ -426,6 +430,20 @@ def _check_moe(config: ModelConfig) -> None:
     if any(not 0 <= layer < config.num_hidden_layers for layer in config.moe_layers):
         raise ModelLoadError(f"config.json: mixture-of-experts layers {config.moe_layers} outside the "
                              f"{config.num_hidden_layers} layers")
+
+
+def _nope_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: ``no_rope_layers`` (1 = RoPE, 0 = none, per layer), else every
+    ``no_rope_layer_interval``-th (default 4), as transformers reads them."""
+    if arch != "SmolLM3ForCausalLM":
+        return ()
+    flags = raw.get("no_rope_layers")
+    if flags is None:
+        interval = int(raw.get("no_rope_layer_interval") or 4)
+        return tuple(i for i in range(layers) if (i + 1) % interval == 0)
+    if not isinstance(flags, list) or len(flags) != layers:
+        raise ModelLoadError(f"config.json: no_rope_layers must give one 0 or 1 per layer ({layers})")
+    return tuple(i for i, uses_rope in enumerate(flags) if not uses_rope)
 
 
 def _float_or_none(raw: dict[str, Any], name: str, default: float) -> float | None:

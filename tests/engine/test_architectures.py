@@ -53,6 +53,9 @@ CASES = {
     "phi4-mini": lambda: phi4_mini_config(),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         head_dim=32, query_pre_attn_scalar=24, sliding_window=24, sliding_window_pattern=2, **COMMON),
+    # SmolLM3: a layer without RoPE (NoPE), which with use_sliding_window also attends within a window.
+    "smollm3": lambda: transformers.SmolLM3Config(
+        no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=24, **{**COMMON, "pad_token_id": 0}),
     # Mixtral: every layer routes each token to 2 of 4 experts, their probabilities renormalized.
     "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **COMMON),
     # Qwen2-MoE: a sigmoid-gated shared expert beside 3 of 8 routed ones (not renormalized), q/k/v biases,
@@ -253,3 +256,11 @@ def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_mode
     save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match=r"layers\.2\.mlp\.experts\.gate_up_proj: missing expert 3 up"):
         OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32"), SchedulerConfig())
+
+
+def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
+    path, model, _ = checkpoint
+    flags = getattr(model.config, "no_rope_layers", None) or [1, 1, 1]
+    assert ModelConfig.from_dir(path).nope_layers == tuple(i for i, rope in enumerate(flags) if not rope)
+    default = ModelConfig.from_dict(dict(COMMON, architectures=["SmolLM3ForCausalLM"], num_hidden_layers=8))
+    assert default.nope_layers == (3, 7)  # every fourth layer, transformers' default interval
