@@ -148,6 +148,7 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(config, layer)
         self.sandwich = config.sandwich_norms
+        self.residual_scale = config.residual_scale
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
@@ -163,6 +164,9 @@ class DecoderLayer(nn.Module):
             h, residual = self.pre_feedforward_layernorm(h, residual)
             h, _ = self.post_feedforward_layernorm(self.mlp(h, lora))
             return h, residual
+        if self.residual_scale != 1.0:  # Granite scales each sublayer's output before it joins the stream
+            h, residual = self.post_attention_layernorm(h * self.residual_scale, residual)
+            return self.mlp(h, lora) * self.residual_scale, residual
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h, lora), residual
 
@@ -204,8 +208,8 @@ class LlamaForCausalLM(nn.Module):
         if batch.kernels is not None and c.is_llama_like:
             return self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels, lora)
         x = self.model.embed_tokens(input_ids)
-        if c.embed_scale != 1.0:  # in the weights' dtype, as transformers scales
-            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        if c.embed_scale != 1.0:  # Gemma's rounded to the weights' dtype first, as transformers scales
+            x = x * (torch.tensor(c.embed_scale, dtype=x.dtype) if c.embed_scale_rounded else c.embed_scale)
         rope = self.rotary.cos_sin(positions, x.dtype)
         local = self.local_rotary.cos_sin(positions, x.dtype) if self.local_rotary is not None else rope
         residual = None
@@ -214,6 +218,8 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, cos, sin, batch, kv, lora)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
         logits = self.lm_head(x)
+        if c.logits_divisor != 1.0:  # Granite
+            logits = logits / c.logits_divisor
         if c.final_softcap is not None:  # Gemma 2
             logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
         return logits.float()

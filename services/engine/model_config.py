@@ -26,7 +26,8 @@ from services.common.lora import ModelShape
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
-                           "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM")
+                           "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
+                           "GraniteForCausalLM")
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # transformers' defaults for what an MoE config.json may leave out: experts, experts per token, expert width
 # (None: intermediate_size), shared expert width (Qwen2-MoE).
@@ -68,8 +69,14 @@ class ModelConfig:
     sliding_layers: tuple[int, ...] | None = None
     # The MLP's gate activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU).
     hidden_act: str = "silu"
-    # Gemma: token embeddings are multiplied by this (sqrt(hidden_size)).
+    # Token embeddings are multiplied by this (Gemma: sqrt(hidden_size), rounded to the weights' dtype first,
+    # embed_scale_rounded; Granite: embedding_multiplier).
     embed_scale: float = 1.0
+    embed_scale_rounded: bool = False
+    # Granite: each sublayer's output is multiplied by this before it joins the residual stream
+    # (residual_multiplier), and the logits are divided by logits_divisor (logits_scaling).
+    residual_scale: float = 1.0
+    logits_divisor: float = 1.0
     # Gemma: RMSNorm weights are stored as w for a scale of (1 + w), applied in fp32.
     norm_unit_offset: bool = False
     # Gemma 2/3: each sublayer's output is normed too before it joins the residual stream, and the MLP has a
@@ -117,7 +124,8 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim"):
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config.json: {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("embed_scale", "attn_scale", "local_rope_theta", "attn_softcap", "final_softcap"):
+        for name in ("embed_scale", "attn_scale", "local_rope_theta", "attn_softcap", "final_softcap",
+                     "residual_scale", "logits_divisor"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
@@ -178,7 +186,7 @@ class ModelConfig:
         """The decoder the fused CPU forward computes: SwiGLU, pre-norms only, plain embeddings and scaling."""
         return (self.hidden_act == "silu" and self.embed_scale == 1.0 and not self.norm_unit_offset
                 and not self.sandwich_norms and self.attn_scale is None and self.local_rope_theta is None
-                and self.final_softcap is None)
+                and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -221,6 +229,7 @@ class ModelConfig:
                 if params.get("rope_type", "default") != "default" and not rope_scaling:
                     rope_scaling = params
             gemma, gemma3 = arch in _GEMMAS, arch == "Gemma3ForCausalLM"
+            granite = arch == "GraniteForCausalLM"
             if gemma:
                 _check_gemma(raw, gemma3)
             partial = float(raw.get("partial_rotary_factor") or (params or {}).get("partial_rotary_factor") or 1.0)
@@ -257,10 +266,15 @@ class ModelConfig:
                 sliding_window=(window := _sliding_window(raw, arch)),
                 sliding_layers=_sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None,
                 hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu"),
-                embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma else 1.0,
+                embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma else float(raw.get("embedding_multiplier", 1.0))
+                if granite else 1.0,
+                embed_scale_rounded=gemma,
+                residual_scale=float(raw.get("residual_multiplier", 1.0)) if granite else 1.0,
+                logits_divisor=float(raw.get("logits_scaling", 1.0)) if granite else 1.0,
                 norm_unit_offset=gemma,
                 sandwich_norms=gemma,
-                attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
+                attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma
+                else float(raw.get("attention_multiplier", 1.0)) if granite else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
                 **_moe_fields(raw, arch, int(raw["num_hidden_layers"])),
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),

@@ -56,6 +56,11 @@ CASES = {
     # SmolLM3: a layer without RoPE (NoPE), which with use_sliding_window also attends within a window.
     "smollm3": lambda: transformers.SmolLM3Config(
         no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=24, **{**COMMON, "pad_token_id": 0}),
+    # Granite: scaled embeddings, a score scale of its own, sublayer outputs scaled before the residual add,
+    # logits divided.
+    "granite": lambda: transformers.GraniteConfig(
+        embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.22, logits_scaling=8.0,
+        **{**COMMON, "pad_token_id": 0}),
     # Mixtral: every layer routes each token to 2 of 4 experts, their probabilities renormalized.
     "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **COMMON),
     # Qwen2-MoE: a sigmoid-gated shared expert beside 3 of 8 routed ones (not renormalized), q/k/v biases,
