@@ -27,7 +27,7 @@ from services.common.lora import ModelShape
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
-                           "GraniteForCausalLM")
+                           "GraniteForCausalLM", "SeedOssForCausalLM")
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # transformers' defaults for what an MoE config.json may leave out: experts, experts per token, expert width
 # (None: intermediate_size), shared expert width (Qwen2-MoE).
@@ -236,6 +236,10 @@ class ModelConfig:
             if partial != 1.0 and arch != "Phi3ForCausalLM":  # only transformers' Phi-3 rotates part of a head
                 raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
                                      "is supported for Phi3ForCausalLM only")
+            for name in ("mlp_bias", "attention_out_bias"):
+                if raw.get(name):
+                    raise ModelLoadError(f"config.json: {name} is set; biases on the MLP and the attention output "
+                                         "projection are not supported (q/k/v biases are)")
             if arch in _MOE_DEFAULTS and arch != "MixtralForCausalLM" and raw.get("use_sliding_window"):
                 raise ModelLoadError(f"config.json: use_sliding_window is set; {arch} is served with full "
                                      "attention only")
@@ -259,7 +263,8 @@ class ModelConfig:
                 partial_rotary_factor=partial,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
-                                    else raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                                    else raw.get("attention_bias", arch in ("Qwen2ForCausalLM",
+                                                                            "SeedOssForCausalLM"))),
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
                 attn_softcap=_float_or_none(raw, "attn_logit_softcapping", 50.0) if not gemma3 and gemma else None,
                 final_softcap=_float_or_none(raw, "final_logit_softcapping", 30.0) if not gemma3 and gemma else None,

@@ -61,6 +61,8 @@ CASES = {
     "granite": lambda: transformers.GraniteConfig(
         embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.22, logits_scaling=8.0,
         **{**COMMON, "pad_token_id": 0}),
+    # Seed-OSS: Llama with biases on q/k/v by default.
+    "seed-oss": lambda: transformers.SeedOssConfig(**{**COMMON, "pad_token_id": 0}),
     # Mixtral: every layer routes each token to 2 of 4 experts, their probabilities renormalized.
     "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **COMMON),
     # Qwen2-MoE: a sigmoid-gated shared expert beside 3 of 8 routed ones (not renormalized), q/k/v biases,
@@ -269,3 +271,10 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     assert ModelConfig.from_dir(path).nope_layers == tuple(i for i, rope in enumerate(flags) if not rope)
     default = ModelConfig.from_dict(dict(COMMON, architectures=["SmolLM3ForCausalLM"], num_hidden_layers=8))
     assert default.nope_layers == (3, 7)  # every fourth layer, transformers' default interval
+
+
+def test_biases_the_engine_does_not_compute_are_refused():
+    for name in ("mlp_bias", "attention_out_bias"):
+        with pytest.raises(ModelLoadError, match=f"{name} is set; biases on the MLP and the attention output"):
+            ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"], **{name: True}))
+    assert ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"])).attention_bias
