@@ -71,6 +71,14 @@ def norm_heads(qk: torch.Tensor, heads: int, q_weight: torch.Tensor, k_weight: t
                       rms_norm(qk[:, heads:], k_weight, eps, scale_in_fp32)], dim=1)
 
 
+def norm_projections(qkv: torch.Tensor, q_size: int, kv_size: int, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                     eps: float, scale_in_fp32: bool = False) -> torch.Tensor:
+    """OLMo's RMSNorm of the whole q and k projections (not per head), as a new ``[T, q_size + kv_size]``
+    tensor."""
+    return torch.cat([rms_norm(qkv[:, :q_size], q_weight, eps, scale_in_fp32),
+                      rms_norm(qkv[:, q_size : q_size + kv_size], k_weight, eps, scale_in_fp32)], dim=1)
+
+
 _ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
@@ -86,9 +94,13 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.q_norm = self.k_norm = None
+        self.qk_norm_whole = config.qk_norm_whole
         if config.qk_norm:
-            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.norm_unit_offset)
-            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.norm_unit_offset)
+            whole = config.qk_norm_whole
+            self.q_norm = RMSNorm(self.q_size if whole else config.head_dim, config.rms_norm_eps,
+                                  config.norm_scale_in_fp32)
+            self.k_norm = RMSNorm(self.kv_size if whole else config.head_dim, config.rms_norm_eps,
+                                  config.norm_scale_in_fp32)
         # Attention scales scores by head_dim ** -0.5; another scale (Gemma's) is folded into q.
         self.q_scale = config.attn_scale * config.head_dim**0.5 if config.attn_scale is not None else None
 
@@ -98,8 +110,12 @@ class Attention(nn.Module):
         if lora is not None:
             lora.add(qkv, x, self.layer, "qkv")
         # q and k rotate in one pass: they are adjacent in the fused projection's output.
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
-        if self.q_norm is not None:
+        if self.qk_norm_whole:
+            qk = norm_projections(qkv, self.q_size, self.kv_size, self.q_norm.weight, self.k_norm.weight,
+                                  self.q_norm.eps, self.q_norm.scale_in_fp32).view(t, -1, self.head_dim)
+        else:
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+        if self.q_norm is not None and not self.qk_norm_whole:
             qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                             self.q_norm.scale_in_fp32)
         if cos is not None:  # None: a layer without positions (SmolLM3's NoPE layers)
@@ -137,9 +153,13 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         def norm():
-            return RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_unit_offset)
+            return RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_scale_in_fp32)
 
-        self.input_layernorm = norm()
+        self.pre_norms = config.pre_norms
+        if self.pre_norms:
+            self.input_layernorm = norm()
+        else:  # OLMo 2: the MLP's output is normed, and no sublayer's input
+            self.post_feedforward_layernorm = norm()
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = norm()
         if config.is_moe(layer):
@@ -157,6 +177,11 @@ class DecoderLayer(nn.Module):
                 lora: LoraBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` is the previous block's output, ``residual`` the stream before it (None for the first layer);
         returns the same pair for the next layer, so each residual add rides along with the next norm."""
+        if not self.pre_norms:  # OLMo 2: sublayers read the stream as it is and their outputs are normed
+            residual = x if residual is None else x + residual
+            residual = residual + self.post_attention_layernorm._norm(self.self_attn(residual, cos, sin, batch, kv,
+                                                                                    lora))
+            return self.post_feedforward_layernorm._norm(self.mlp(residual, lora)), residual
         h, residual = self.input_layernorm(x, residual)
         h = self.self_attn(h, cos, sin, batch, kv, lora)
         if self.sandwich:  # the attention's output is normed before it joins the stream, the MLP's too
@@ -179,7 +204,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_unit_offset)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_scale_in_fp32)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -241,8 +266,11 @@ class LlamaForCausalLM(nn.Module):
             qkv = F.linear(h, w.qkv, w.qkv_bias)
             if lora is not None:
                 lora.add(qkv, h, i, "qkv")
-            qk = qkv[:, : q_size + kv_size].view(t, -1, d)  # q and k rotate in one pass, as in Attention
-            if w.q_norm is not None:
+            if c.qk_norm_whole:  # OLMoE
+                qk = norm_projections(qkv, q_size, kv_size, w.q_norm, w.k_norm, eps).view(t, -1, d)
+            else:
+                qk = qkv[:, : q_size + kv_size].view(t, -1, d)  # q and k rotate in one pass, as in Attention
+            if w.q_norm is not None and not c.qk_norm_whole:
                 qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
             if i not in c.nope_layers:
                 kernels.rope_(qk, cos, sin)

@@ -27,12 +27,13 @@ from services.common.lora import ModelShape
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
-                           "GraniteForCausalLM", "SeedOssForCausalLM")
+                           "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM")
+_OLMOS = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # transformers' defaults for what an MoE config.json may leave out: experts, experts per token, expert width
 # (None: intermediate_size), shared expert width (Qwen2-MoE).
 _MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (60, 4, 1408, 5632),
-                 "Qwen3MoeForCausalLM": (128, 8, 768, 0)}
+                 "Qwen3MoeForCausalLM": (128, 8, 768, 0), "OlmoeForCausalLM": (64, 8, None, 0)}
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -61,8 +62,13 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # Qwen2 puts biases on q/k/v; Llama checkpoints may set attention_bias.
     attention_bias: bool = False
-    # Qwen3 normalizes each head of q and k (RMSNorm over head_dim) before RoPE.
+    # Qwen3 normalizes each head of q and k (RMSNorm over head_dim) before RoPE; OLMo 2 and OLMoE normalize
+    # the whole q and k projections instead (qk_norm_whole).
     qk_norm: bool = False
+    qk_norm_whole: bool = False
+    # False: no norms on sublayer inputs, only on their outputs before the residual add (OLMo 2's
+    # post_attention_layernorm and post_feedforward_layernorm).
+    pre_norms: bool = True
     # Keys a query in a sliding layer sees (itself and window - 1 before it) when the checkpoint turns
     # sliding-window attention on, else None; which layers slide (None with a window: all of them).
     sliding_window: int | None = None
@@ -185,8 +191,13 @@ class ModelConfig:
     def is_llama_like(self) -> bool:
         """The decoder the fused CPU forward computes: SwiGLU, pre-norms only, plain embeddings and scaling."""
         return (self.hidden_act == "silu" and self.embed_scale == 1.0 and not self.norm_unit_offset
-                and not self.sandwich_norms and self.attn_scale is None and self.local_rope_theta is None
+                and not self.sandwich_norms and self.pre_norms and self.attn_scale is None and self.local_rope_theta is None
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0)
+
+    @property
+    def norm_scale_in_fp32(self) -> bool:
+        """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's and OLMo 2's order)."""
+        return self.norm_unit_offset or self.architecture == "Olmo2ForCausalLM"
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -236,6 +247,9 @@ class ModelConfig:
             if partial != 1.0 and arch != "Phi3ForCausalLM":  # only transformers' Phi-3 rotates part of a head
                 raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
                                      "is supported for Phi3ForCausalLM only")
+            if raw.get("clip_qkv") is not None:
+                raise ModelLoadError(f"config.json: clip_qkv is {raw['clip_qkv']}; clipping q, k and v is not "
+                                     "supported")
             for name in ("mlp_bias", "attention_out_bias"):
                 if raw.get(name):
                     raise ModelLoadError(f"config.json: {name} is set; biases on the MLP and the attention output "
@@ -265,7 +279,9 @@ class ModelConfig:
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
                                     else raw.get("attention_bias", arch in ("Qwen2ForCausalLM",
                                                                             "SeedOssForCausalLM"))),
-                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
+                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", *_OLMOS),
+                qk_norm_whole=arch in _OLMOS,
+                pre_norms=arch != "Olmo2ForCausalLM",
                 attn_softcap=_float_or_none(raw, "attn_logit_softcapping", 50.0) if not gemma3 and gemma else None,
                 final_softcap=_float_or_none(raw, "final_logit_softcapping", 30.0) if not gemma3 and gemma else None,
                 sliding_window=(window := _sliding_window(raw, arch)),
@@ -345,7 +361,7 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
 
 def _moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     """The mixture-of-experts fields, as transformers reads them: Mixtral routes in every layer, experts as wide
-    as ``intermediate_size``, top-k renormalized; Qwen routes in every ``decoder_sparse_step``-th layer not in
+    as ``intermediate_size``, top-k renormalized; OLMoE the same, renormalized only with ``norm_topk_prob``; Qwen routes in every ``decoder_sparse_step``-th layer not in
     ``mlp_only_layers``, experts ``moe_intermediate_size`` wide, renormalized only with ``norm_topk_prob``."""
     if arch not in _MOE_DEFAULTS:
         return {}
@@ -355,6 +371,11 @@ def _moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
                     moe_intermediate_size=int(raw["intermediate_size"]), norm_topk_prob=True,
                     moe_layers=tuple(range(layers)), routing_weights_fp32=True)
+    if arch == "OlmoeForCausalLM":
+        return dict(num_experts=int(raw.get("num_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
+                    moe_intermediate_size=int(raw["intermediate_size"]),
+                    norm_topk_prob=bool(raw.get("norm_topk_prob", False)), moe_layers=tuple(range(layers)))
     step = int(raw.get("decoder_sparse_step") or 1)
     dense = raw.get("mlp_only_layers") or []
     if step < 1 or not isinstance(dense, list):

@@ -63,6 +63,10 @@ CASES = {
         **{**COMMON, "pad_token_id": 0}),
     # Seed-OSS: Llama with biases on q/k/v by default.
     "seed-oss": lambda: transformers.SeedOssConfig(**{**COMMON, "pad_token_id": 0}),
+    # OLMo 2: no norms on sublayer inputs, norms on their outputs, q and k normed over whole projections.
+    "olmo2": lambda: transformers.Olmo2Config(**{**COMMON, "pad_token_id": 0}),
+    # OLMoE: OLMo's q/k norms, pre-norms, 2 of 8 experts as wide as intermediate_size, not renormalized.
+    "olmoe": lambda: transformers.OlmoeConfig(num_experts=8, num_experts_per_tok=2, **{**COMMON, "pad_token_id": 0}),
     # Mixtral: every layer routes each token to 2 of 4 experts, their probabilities renormalized.
     "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **COMMON),
     # Qwen2-MoE: a sigmoid-gated shared expert beside 3 of 8 routed ones (not renormalized), q/k/v biases,
