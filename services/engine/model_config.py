@@ -10,7 +10,11 @@ Gemma 2 and 3 (``Gemma2ForCausalLM``; ``Gemma3ForCausalLM``, the text model): RM
 offset from 1, norms on each sublayer's output as well as its input ("sandwich"), GELU (tanh) gating,
 embeddings scaled by sqrt(hidden_size), attention scaled by ``query_pre_attn_scalar``; Gemma 2 soft-caps
 attention scores and final logits (``cap * tanh(x / cap)``) and slides every other layer; Gemma 3 has q/k
-norms and a RoPE base of its own for the sliding layers."""
+norms and a RoPE base of its own for the sliding layers.
+
+Also: SmolLM3 (layers without RoPE), Granite (scalar multipliers), Seed-OSS (q/k/v biases), OLMo 2 (norms on
+sublayer outputs only, q/k normed over whole projections), and mixtures of experts (Mixtral, Qwen2/3-MoE,
+OLMoE; their fields in ``moe_config.py``). FP8 checkpoints' scaling is read by ``quant_config.py``."""
 
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from typing import Any
 
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.lora import ModelShape
+from services.engine.moe_config import MOE_DEFAULTS, check_moe, moe_fields
+from services.engine.quant_config import fp8_fields
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
@@ -30,10 +36,6 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
-# transformers' defaults for what an MoE config.json may leave out: experts, experts per token, expert width
-# (None: intermediate_size), shared expert width (Qwen2-MoE).
-_MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (60, 4, 1408, 5632),
-                 "Qwen3MoeForCausalLM": (128, 8, 768, 0), "OlmoeForCausalLM": (64, 8, None, 0)}
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -150,7 +152,7 @@ class ModelConfig:
         if rope_type == "longrope":
             _check_longrope(self.rope_scaling or {}, self.rotary_dim)
         if self.num_experts:
-            _check_moe(self)
+            check_moe(self)
         if self.served_context is not None and not 1 <= self.served_context <= self.max_position_embeddings:
             raise InvalidArgument(f"max_model_len {self.served_context} must be between 1 and the model's "
                                   f"max_position_embeddings ({self.max_position_embeddings})")
@@ -254,7 +256,7 @@ class ModelConfig:
                 if raw.get(name):
                     raise ModelLoadError(f"config.json: {name} is set; biases on the MLP and the attention output "
                                          "projection are not supported (q/k/v biases are)")
-            if arch in _MOE_DEFAULTS and arch != "MixtralForCausalLM" and raw.get("use_sliding_window"):
+            if arch in MOE_DEFAULTS and arch != "MixtralForCausalLM" and raw.get("use_sliding_window"):
                 raise ModelLoadError(f"config.json: use_sliding_window is set; {arch} is served with full "
                                      "attention only")
             if _rope_type(rope_scaling) == "longrope" and rope_scaling.get("original_max_position_embeddings") is None \
@@ -297,9 +299,9 @@ class ModelConfig:
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma
                 else float(raw.get("attention_multiplier", 1.0)) if granite else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
-                **_moe_fields(raw, arch, int(raw["num_hidden_layers"])),
+                **moe_fields(raw, arch, int(raw["num_hidden_layers"])),
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
-                **_fp8_fields(raw.get("quantization_config")),
+                **fp8_fields(raw.get("quantization_config")),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
@@ -343,9 +345,8 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
 
 def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...] | None:
     """Which layers slide, as transformers decides: all of Mistral's, Mixtral's and Phi-3's (they ignore
-    ``layer_types``);
-    Qwen's and Gemma's as ``layer_types`` says, else Qwen's from ``max_window_layers`` (default 28) on,
-    Gemma's all but every ``sliding_window_pattern``-th (default 6 for Gemma 3, 2 for Gemma 2). None: all."""
+    ``layer_types``); the others' as ``layer_types`` says, else Qwen's from ``max_window_layers`` (default 28)
+    on, Gemma's all but every ``sliding_window_pattern``-th (default 6 for Gemma 3, 2 for Gemma 2). None: all."""
     if arch in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
         return None
     types = raw.get("layer_types")
@@ -357,119 +358,6 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
         pattern = int(raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2))
         return tuple(i for i in range(layers) if (i + 1) % pattern)
     return tuple(range(int(raw.get("max_window_layers", 28)), layers))
-
-
-def _moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
-    """The mixture-of-experts fields, as transformers reads them: Mixtral routes in every layer, experts as wide
-    as ``intermediate_size``, top-k renormalized; OLMoE the same, renormalized only with ``norm_topk_prob``; Qwen routes in every ``decoder_sparse_step``-th layer not in
-    ``mlp_only_layers``, experts ``moe_intermediate_size`` wide, renormalized only with ``norm_topk_prob``."""
-    if arch not in _MOE_DEFAULTS:
-        return {}
-    experts, top_k, width, shared = _MOE_DEFAULTS[arch]
-    if arch == "MixtralForCausalLM":
-        return dict(num_experts=int(raw.get("num_local_experts") or experts),
-                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
-                    moe_intermediate_size=int(raw["intermediate_size"]), norm_topk_prob=True,
-                    moe_layers=tuple(range(layers)), routing_weights_fp32=True)
-    if arch == "OlmoeForCausalLM":
-        return dict(num_experts=int(raw.get("num_experts") or experts),
-                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
-                    moe_intermediate_size=int(raw["intermediate_size"]),
-                    norm_topk_prob=bool(raw.get("norm_topk_prob", False)), moe_layers=tuple(range(layers)))
-    step = int(raw.get("decoder_sparse_step") or 1)
-    dense = raw.get("mlp_only_layers") or []
-    if step < 1 or not isinstance(dense, list):
-        raise ModelLoadError("config.json: decoder_sparse_step must be >= 1 and mlp_only_layers a list of layers")
-    # transformers >= 5 writes Qwen3-MoE's expert count as num_local_experts; hub checkpoints say num_experts.
-    num = int(raw.get("num_experts") or raw.get("num_local_experts") or experts)
-    return dict(num_experts=num, num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
-                moe_intermediate_size=int(raw.get("moe_intermediate_size") or width),
-                norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-                moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0) if num else (),
-                shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", shared) or 0)
-                if arch == "Qwen2MoeForCausalLM" else 0)
-
-
-def _fp8_fields(quant: Any) -> dict[str, Any]:
-    """How an FP8 checkpoint's weights are scaled; refuses every other quantization, saying what is served,
-    instead of loading weights it would misread."""
-    if quant is None:
-        return {}
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
-    if method == "fp8":
-        return dict(fp8_scales="weight_scale_inv", fp8_block=_fp8_block(quant))
-    if method == "compressed-tensors":
-        return dict(fp8_scales="weight_scale", fp8_block=_compressed_fp8_block(quant))
-    raise ModelLoadError(f"config.json: quantization {method!r} is not supported; FP8 checkpoints (quant_method fp8, "
-                         "or compressed-tensors' float-quantized format) are, dequantized when they load, and "
-                         "unquantized ones")
-
-
-def _fp8_block(quant: dict[str, Any]) -> tuple[int, int]:
-    unsupported = [f"{key} {quant[key]!r}" for key, ok in (("activation_scheme", "dynamic"), ("fmt", "e4m3"),
-                                                            ("scale_fmt", "float"), ("expert_dtype", "fp8"))
-                   if str(quant.get(key, ok)).lower() != ok]
-    if unsupported:
-        raise ModelLoadError(f"config.json: FP8 with {', '.join(unsupported)} is not supported; dynamic activation "
-                             "scales, e4m3 weights and float scales are")
-    block = quant.get("weight_block_size")
-    if not _is_block(block):
-        raise ModelLoadError(f"config.json: FP8 weight_block_size must list two positive integers, got {block!r} "
-                             "(per-tensor FP8 scales are not supported with quant_method fp8)")
-    return block[0], block[1]
-
-
-def _compressed_fp8_block(quant: dict[str, Any]) -> tuple[int, int] | None:
-    """compressed-tensors: every group's weights 8-bit float, symmetric, with static scales per channel, per
-    tensor or per block (one block shape), and activations dynamic or unquantized."""
-    where = "config.json: compressed-tensors"
-    if quant.get("format") != "float-quantized":
-        raise ModelLoadError(f"{where} format {quant.get('format')!r} is not supported; float-quantized (FP8 "
-                             "weights) is")
-    if quant.get("kv_cache_scheme"):
-        raise ModelLoadError(f"{where} with a quantized KV cache (kv_cache_scheme) is not supported")
-    groups = quant.get("config_groups")
-    if not isinstance(groups, dict) or not groups:
-        raise ModelLoadError(f"{where} needs config_groups saying how weights are quantized")
-    blocks = set()
-    for name, group in groups.items():
-        w, act = group.get("weights") or {}, group.get("input_activations")
-        if (w.get("type"), w.get("num_bits"), w.get("symmetric", True), w.get("dynamic", False)) != ("float", 8, True,
-                                                                                                      False):
-            raise ModelLoadError(f"{where} group {name!r}: weights {w}; static symmetric 8-bit float weights are "
-                                 "supported")
-        if w.get("strategy") not in ("channel", "tensor", "block"):
-            raise ModelLoadError(f"{where} group {name!r}: weight strategy {w.get('strategy')!r} is not supported; "
-                                 "channel, tensor and block are")
-        if w.get("strategy") == "block":
-            if not _is_block(w.get("block_structure")):
-                raise ModelLoadError(f"{where} group {name!r}: block_structure must list two positive integers")
-            blocks.add(tuple(w["block_structure"]))
-        if act is not None and not act.get("dynamic"):
-            raise ModelLoadError(f"{where} group {name!r}: static activation scales are not supported; dynamic "
-                                 "ones (FP8-dynamic) are")
-    if len(blocks) > 1 or (blocks and len(groups) > 1):
-        raise ModelLoadError(f"{where}: groups with different weight strategies are not supported")
-    return next(iter(blocks), None)
-
-
-def _is_block(block: Any) -> bool:
-    return isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
-
-
-def _check_moe(config: ModelConfig) -> None:
-    if not 1 <= config.num_experts_per_tok <= config.num_experts:
-        raise ModelLoadError(f"config.json: num_experts_per_tok must be between 1 and the number of experts "
-                             f"({config.num_experts}), got {config.num_experts_per_tok}")
-    if config.moe_intermediate_size < 1 or config.shared_expert_intermediate_size < 0:
-        raise ModelLoadError("config.json: moe_intermediate_size must be >= 1 and shared_expert_intermediate_size "
-                             f">= 0, got {config.moe_intermediate_size} and {config.shared_expert_intermediate_size}")
-    if config.hidden_act != "silu":
-        raise ModelLoadError(f"config.json: experts with hidden activation {config.hidden_act!r}; only silu is "
-                             "supported in a mixture of experts")
-    if any(not 0 <= layer < config.num_hidden_layers for layer in config.moe_layers):
-        raise ModelLoadError(f"config.json: mixture-of-experts layers {config.moe_layers} outside the "
-                             f"{config.num_hidden_layers} layers")
 
 
 def _nope_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]:

@@ -5,6 +5,7 @@ the fused CPU kernels and with plain torch ops."""
 from __future__ import annotations
 
 import shutil
+import weakref
 
 import pytest
 import torch
@@ -106,14 +107,27 @@ def save_checkpoint(config, out, tiny_model_dir):
     return model
 
 
+# transformers' greedy continuation and per-step log-softmax of each (model, prompt), generated once: the
+# kernel and torch-op variants of a test compare against the same reference.
+_REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+    refs = _REFERENCES.setdefault(model, {})
+    if tuple(prompt) not in refs:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                                 do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        refs[tuple(prompt)] = (out.sequences[0, len(prompt):].tolist(),
+                               [torch.log_softmax(step[0].float(), -1) for step in out.logits])
+    return refs[tuple(prompt)]
+
+
 def assert_matches_transformers(model, prompts, got):
     for prompt, comp in zip(prompts, got, strict=True):
-        with torch.no_grad():
-            ref = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                                 do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        assert comp.token_ids == ref.sequences[0, len(prompt):].tolist()
-        want = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(ref.logits, comp.token_ids,
-                                                                                     strict=True)]
+        tokens, logprobs = _reference(model, prompt)
+        assert comp.token_ids == tokens
+        want = [step[t].item() for step, t in zip(logprobs, comp.token_ids, strict=True)]
         assert [lp.logprob for lp in comp.logprobs] == pytest.approx(want, abs=1e-4)
 
 

@@ -1,0 +1,63 @@
+"""The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE), read as
+transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from services.common.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from services.engine.model_config import ModelConfig
+
+# transformers' defaults for what an MoE config.json may leave out: experts, experts per token, expert width
+# (None: intermediate_size), shared expert width (Qwen2-MoE).
+MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (60, 4, 1408, 5632),
+                "Qwen3MoeForCausalLM": (128, 8, 768, 0), "OlmoeForCausalLM": (64, 8, None, 0)}
+
+
+def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
+    """The mixture-of-experts fields, as transformers reads them: Mixtral routes in every layer, experts as wide
+    as ``intermediate_size``, top-k renormalized; OLMoE the same, renormalized only with ``norm_topk_prob``;
+    Qwen routes in every ``decoder_sparse_step``-th layer not in ``mlp_only_layers``, experts
+    ``moe_intermediate_size`` wide, renormalized only with ``norm_topk_prob``."""
+    if arch not in MOE_DEFAULTS:
+        return {}
+    experts, top_k, width, shared = MOE_DEFAULTS[arch]
+    if arch == "MixtralForCausalLM":
+        return dict(num_experts=int(raw.get("num_local_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
+                    moe_intermediate_size=int(raw["intermediate_size"]), norm_topk_prob=True,
+                    moe_layers=tuple(range(layers)), routing_weights_fp32=True)
+    if arch == "OlmoeForCausalLM":
+        return dict(num_experts=int(raw.get("num_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
+                    moe_intermediate_size=int(raw["intermediate_size"]),
+                    norm_topk_prob=bool(raw.get("norm_topk_prob", False)), moe_layers=tuple(range(layers)))
+    step = int(raw.get("decoder_sparse_step") or 1)
+    dense = raw.get("mlp_only_layers") or []
+    if step < 1 or not isinstance(dense, list):
+        raise ModelLoadError("config.json: decoder_sparse_step must be >= 1 and mlp_only_layers a list of layers")
+    # transformers >= 5 writes Qwen3-MoE's expert count as num_local_experts; hub checkpoints say num_experts.
+    num = int(raw.get("num_experts") or raw.get("num_local_experts") or experts)
+    return dict(num_experts=num, num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
+                moe_intermediate_size=int(raw.get("moe_intermediate_size") or width),
+                norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0) if num else (),
+                shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", shared) or 0)
+                if arch == "Qwen2MoeForCausalLM" else 0)
+
+
+def check_moe(config: ModelConfig) -> None:
+    if not 1 <= config.num_experts_per_tok <= config.num_experts:
+        raise ModelLoadError(f"config.json: num_experts_per_tok must be between 1 and the number of experts "
+                             f"({config.num_experts}), got {config.num_experts_per_tok}")
+    if config.moe_intermediate_size < 1 or config.shared_expert_intermediate_size < 0:
+        raise ModelLoadError("config.json: moe_intermediate_size must be >= 1 and shared_expert_intermediate_size "
+                             f">= 0, got {config.moe_intermediate_size} and {config.shared_expert_intermediate_size}")
+    if config.hidden_act != "silu":
+        raise ModelLoadError(f"config.json: experts with hidden activation {config.hidden_act!r}; only silu is "
+                             "supported in a mixture of experts")
+    if any(not 0 <= layer < config.num_hidden_layers for layer in config.moe_layers):
+        raise ModelLoadError(f"config.json: mixture-of-experts layers {config.moe_layers} outside the "
+                             f"{config.num_hidden_layers} layers")

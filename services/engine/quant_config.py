@@ -1,0 +1,75 @@
+"""The ``quantization_config`` of a ``config.json``: how an FP8 checkpoint's weights are scaled (fp8.py
+dequantizes them), every other quantization refused saying what is served; no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.common.errors import ModelLoadError
+
+
+def fp8_fields(quant: Any) -> dict[str, Any]:
+    """How an FP8 checkpoint's weights are scaled; refuses every other quantization, saying what is served,
+    instead of loading weights it would misread."""
+    if quant is None:
+        return {}
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method == "fp8":
+        return dict(fp8_scales="weight_scale_inv", fp8_block=_fp8_block(quant))
+    if method == "compressed-tensors":
+        return dict(fp8_scales="weight_scale", fp8_block=_compressed_fp8_block(quant))
+    raise ModelLoadError(f"config.json: quantization {method!r} is not supported; FP8 checkpoints (quant_method fp8, "
+                         "or compressed-tensors' float-quantized format) are, dequantized when they load, and "
+                         "unquantized ones")
+
+
+def _fp8_block(quant: dict[str, Any]) -> tuple[int, int]:
+    unsupported = [f"{key} {quant[key]!r}" for key, ok in (("activation_scheme", "dynamic"), ("fmt", "e4m3"),
+                                                            ("scale_fmt", "float"), ("expert_dtype", "fp8"))
+                   if str(quant.get(key, ok)).lower() != ok]
+    if unsupported:
+        raise ModelLoadError(f"config.json: FP8 with {', '.join(unsupported)} is not supported; dynamic activation "
+                             "scales, e4m3 weights and float scales are")
+    block = quant.get("weight_block_size")
+    if not _is_block(block):
+        raise ModelLoadError(f"config.json: FP8 weight_block_size must list two positive integers, got {block!r} "
+                             "(per-tensor FP8 scales are not supported with quant_method fp8)")
+    return block[0], block[1]
+
+
+def _compressed_fp8_block(quant: dict[str, Any]) -> tuple[int, int] | None:
+    """compressed-tensors: every group's weights 8-bit float, symmetric, with static scales per channel, per
+    tensor or per block (one block shape), and activations dynamic or unquantized."""
+    where = "config.json: compressed-tensors"
+    if quant.get("format") != "float-quantized":
+        raise ModelLoadError(f"{where} format {quant.get('format')!r} is not supported; float-quantized (FP8 "
+                             "weights) is")
+    if quant.get("kv_cache_scheme"):
+        raise ModelLoadError(f"{where} with a quantized KV cache (kv_cache_scheme) is not supported")
+    groups = quant.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ModelLoadError(f"{where} needs config_groups saying how weights are quantized")
+    blocks = set()
+    for name, group in groups.items():
+        w, act = group.get("weights") or {}, group.get("input_activations")
+        if (w.get("type"), w.get("num_bits"), w.get("symmetric", True), w.get("dynamic", False)) != ("float", 8, True,
+                                                                                                      False):
+            raise ModelLoadError(f"{where} group {name!r}: weights {w}; static symmetric 8-bit float weights are "
+                                 "supported")
+        if w.get("strategy") not in ("channel", "tensor", "block"):
+            raise ModelLoadError(f"{where} group {name!r}: weight strategy {w.get('strategy')!r} is not supported; "
+                                 "channel, tensor and block are")
+        if w.get("strategy") == "block":
+            if not _is_block(w.get("block_structure")):
+                raise ModelLoadError(f"{where} group {name!r}: block_structure must list two positive integers")
+            blocks.add(tuple(w["block_structure"]))
+        if act is not None and not act.get("dynamic"):
+            raise ModelLoadError(f"{where} group {name!r}: static activation scales are not supported; dynamic "
+                                 "ones (FP8-dynamic) are")
+    if len(blocks) > 1 or (blocks and len(groups) > 1):
+        raise ModelLoadError(f"{where}: groups with different weight strategies are not supported")
+    return next(iter(blocks), None)
+
+
+def _is_block(block: Any) -> bool:
+    return isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
