@@ -13,7 +13,8 @@ attention scores and final logits (``cap * tanh(x / cap)``) and slides every oth
 norms and a RoPE base of its own for the sliding layers.
 
 Also: SmolLM3 (layers without RoPE), Granite (scalar multipliers), Seed-OSS (q/k/v biases), OLMo 2 (norms on
-sublayer outputs only, q/k normed over whole projections), and mixtures of experts (Mixtral, Qwen2/3-MoE,
+sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's norm placement, Qwen3's q/k
+norms, local layers with RoPE and global ones without), and mixtures of experts (Mixtral, Qwen2/3-MoE,
 OLMoE; their fields in ``moe_config.py``). FP8 checkpoints' scaling is read by ``quant_config.py``."""
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from services.engine.quant_config import fp8_fields
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
-                           "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM")
+                           "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
+                           "Exaone4ForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -281,9 +283,10 @@ class ModelConfig:
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
                                     else raw.get("attention_bias", arch in ("Qwen2ForCausalLM",
                                                                             "SeedOssForCausalLM"))),
-                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", *_OLMOS),
+                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
+                                 *_OLMOS),
                 qk_norm_whole=arch in _OLMOS,
-                pre_norms=arch != "Olmo2ForCausalLM",
+                pre_norms=arch not in ("Olmo2ForCausalLM", "Exaone4ForCausalLM"),
                 attn_softcap=_float_or_none(raw, "attn_logit_softcapping", 50.0) if not gemma3 and gemma else None,
                 final_softcap=_float_or_none(raw, "final_logit_softcapping", 30.0) if not gemma3 and gemma else None,
                 sliding_window=(window := _sliding_window(raw, arch)),
@@ -357,12 +360,22 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
     if arch in _GEMMAS:
         pattern = int(raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2))
         return tuple(i for i in range(layers) if (i + 1) % pattern)
+    if arch == "Exaone4ForCausalLM":  # "LLLG": local, local, local, global, repeated; n: every n-th global
+        pattern = raw.get("sliding_window_pattern", 4)
+        if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+            return tuple(i for i in range(layers) if pattern[i % len(pattern)] == "L")
+        return tuple(i for i in range(layers) if (i + 1) % int(pattern))
     return tuple(range(int(raw.get("max_window_layers", 28)), layers))
 
 
 def _nope_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]:
-    """SmolLM3's layers without RoPE: ``no_rope_layers`` (1 = RoPE, 0 = none, per layer), else every
-    ``no_rope_layer_interval``-th (default 4), as transformers reads them."""
+    """Layers without RoPE, as transformers reads them: SmolLM3's ``no_rope_layers`` (1 = RoPE, 0 = none, per
+    layer), else every ``no_rope_layer_interval``-th (default 4); EXAONE 4's global layers when others slide."""
+    if arch == "Exaone4ForCausalLM":
+        if _sliding_window(raw, arch) is None:
+            return ()
+        local = _sliding_layers(raw, arch, layers)
+        return tuple(i for i in range(layers) if local is not None and i not in local)
     if arch != "SmolLM3ForCausalLM":
         return ()
     flags = raw.get("no_rope_layers")

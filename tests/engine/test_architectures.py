@@ -68,6 +68,10 @@ CASES = {
     "olmo2": lambda: transformers.Olmo2Config(**{**COMMON, "pad_token_id": 0}),
     # OLMoE: OLMo's q/k norms, pre-norms, 2 of 8 experts as wide as intermediate_size, not renormalized.
     "olmoe": lambda: transformers.OlmoeConfig(num_experts=8, num_experts_per_tok=2, **{**COMMON, "pad_token_id": 0}),
+    # EXAONE 4: norms on sublayer outputs only, per-head q/k norms, local layers with RoPE and a window, the
+    # global one (every third here) without RoPE.
+    "exaone4": lambda: transformers.Exaone4Config(sliding_window=24, sliding_window_pattern=3,
+                                                  **{**COMMON, "pad_token_id": 0}),
     # Mixtral: every layer routes each token to 2 of 4 experts, their probabilities renormalized.
     "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **COMMON),
     # Qwen2-MoE: a sigmoid-gated shared expert beside 3 of 8 routed ones (not renormalized), q/k/v biases,
@@ -285,10 +289,16 @@ def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_mode
 
 def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
-    flags = getattr(model.config, "no_rope_layers", None) or [1, 1, 1]
-    assert ModelConfig.from_dir(path).nope_layers == tuple(i for i, rope in enumerate(flags) if not rope)
+    if model.config.model_type == "exaone4":  # global layers take no positions
+        want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
+    else:
+        want = tuple(i for i, rope in enumerate(getattr(model.config, "no_rope_layers", None) or [1] * 3) if not rope)
+    assert ModelConfig.from_dir(path).nope_layers == want
     default = ModelConfig.from_dict(dict(COMMON, architectures=["SmolLM3ForCausalLM"], num_hidden_layers=8))
     assert default.nope_layers == (3, 7)  # every fourth layer, transformers' default interval
+    hub = ModelConfig.from_dict(dict(COMMON, architectures=["Exaone4ForCausalLM"], num_hidden_layers=8,
+                                     sliding_window=4096, sliding_window_pattern="LLLG"))
+    assert hub.nope_layers == (3, 7) and hub.sliding_layers == (0, 1, 2, 4, 5, 6)
 
 
 def test_biases_the_engine_does_not_compute_are_refused():
