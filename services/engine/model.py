@@ -1,7 +1,8 @@
 """A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV; Gemma 2 / 3's
 differences (sandwich norms, GELU gating, scaled embeddings and queries, soft-capped logits, a RoPE of the
-sliding layers' own) are options of the same modules, set by ``ModelConfig``; a mixture-of-experts layer
-(Mixtral, Qwen-MoE) has a ``SparseMoE`` (moe.py) where the others have an ``MLP``.
+sliding layers' own), and those of the other architectures ``model_config.py`` lists, are options of the same
+modules, set by ``ModelConfig``; a mixture-of-experts layer has a ``SparseMoE`` (moe.py) where the others have
+an ``MLP``.
 
 The model knows nothing about scheduling: it takes flat token ids and positions plus an ``AttentionBatch``
 that says where each token's K/V lives. q/k/v and gate/up projections are fused at load time (one matmul
@@ -115,9 +116,9 @@ class Attention(nn.Module):
                                   self.q_norm.eps, self.q_norm.scale_in_fp32).view(t, -1, self.head_dim)
         else:
             qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
-        if self.q_norm is not None and not self.qk_norm_whole:
-            qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
-                            self.q_norm.scale_in_fp32)
+            if self.q_norm is not None:
+                qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                                self.q_norm.scale_in_fp32)
         if cos is not None:  # None: a layer without positions (SmolLM3's NoPE layers)
             qk = RotaryEmbedding.apply(qk, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
@@ -158,7 +159,7 @@ class DecoderLayer(nn.Module):
         self.pre_norms = config.pre_norms
         if self.pre_norms:
             self.input_layernorm = norm()
-        else:  # OLMo 2: the MLP's output is normed, and no sublayer's input
+        else:  # OLMo 2, EXAONE 4: the MLP's output is normed, and no sublayer's input
             self.post_feedforward_layernorm = norm()
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = norm()
@@ -177,7 +178,7 @@ class DecoderLayer(nn.Module):
                 lora: LoraBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` is the previous block's output, ``residual`` the stream before it (None for the first layer);
         returns the same pair for the next layer, so each residual add rides along with the next norm."""
-        if not self.pre_norms:  # OLMo 2: sublayers read the stream as it is and their outputs are normed
+        if not self.pre_norms:  # OLMo 2, EXAONE 4: sublayers read the stream as it is, their outputs are normed
             residual = x if residual is None else x + residual
             residual = residual + self.post_attention_layernorm._norm(self.self_attn(residual, cos, sin, batch, kv,
                                                                                     lora))
@@ -270,8 +271,8 @@ class LlamaForCausalLM(nn.Module):
                 qk = norm_projections(qkv, q_size, kv_size, w.q_norm, w.k_norm, eps).view(t, -1, d)
             else:
                 qk = qkv[:, : q_size + kv_size].view(t, -1, d)  # q and k rotate in one pass, as in Attention
-            if w.q_norm is not None and not c.qk_norm_whole:
-                qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
+                if w.q_norm is not None:
+                    qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
             if i not in c.nope_layers:
                 kernels.rope_(qk, cos, sin)
             v = qkv[:, q_size + kv_size :].view(t, c.num_key_value_heads, d)
