@@ -27,7 +27,7 @@ from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.kv_pool import PagedKVPool
 from services.engine.lora import LoraBatch
 from services.engine.model_config import ModelConfig
-from services.engine.moe import SparseMoE, checkpoint_name, expert_target, stack_experts
+from services.engine.moe import SparseMoE, checkpoint_name, copy_expert, expert_target, missing_experts
 from services.engine.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -314,7 +314,7 @@ class LlamaForCausalLM(nn.Module):
         naming what is missing."""
         params = dict(self.named_parameters(remove_duplicate=False))
         pending: dict[str, dict[str, torch.Tensor]] = {}
-        experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+        experts: dict[str, set[tuple[int, str]]] = {}  # stacked expert parameter -> (expert, part) copied
         loaded: set[str] = set()
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
@@ -325,7 +325,10 @@ class LlamaForCausalLM(nn.Module):
             expert = expert_target(name)
             if expert is not None:
                 target, index, part = expert
-                experts.setdefault(target, {})[index, part] = tensor
+                if target not in params:
+                    raise KeyError(f"unexpected weight {name!r} in checkpoint (no mixture of experts there)")
+                copy_expert(params[target], index, part, tensor)
+                experts.setdefault(target, set()).add((index, part))
                 continue
             fused = _fused_target(name)
             if fused is None:
@@ -341,8 +344,10 @@ class LlamaForCausalLM(nn.Module):
                 raise KeyError(f"{target}: missing {missing} projection weights")
             _copy(params, target, torch.cat([parts[p] for p in order], dim=0))
             loaded.add(target)
-        for target, parts in experts.items():
-            _copy(params, target, stack_experts(target, parts, self.config.num_experts))
+        for target, seen in experts.items():
+            missing = missing_experts(target, seen, self.config.num_experts)
+            if missing:
+                raise KeyError(missing)
             loaded.add(target)
         if self.config.tie_word_embeddings:
             loaded.add("lm_head.weight")

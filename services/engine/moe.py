@@ -7,8 +7,8 @@ grouped GEMM per projection for all experts), added into the output in expert or
 them. Qwen2-MoE adds a shared expert every token passes, scaled by a sigmoid gate of its own.
 
 The experts' weights are stacked as transformers >= 5 holds them: ``experts.gate_up_proj`` ``[E, 2I, H]``
-(each expert's gate then up rows) and ``experts.down_proj`` ``[E, H, I]``; ``load_expert_weights`` stacks a
-checkpoint's per-expert tensors into them.
+(each expert's gate then up rows) and ``experts.down_proj`` ``[E, H, I]``; ``copy_expert`` copies a
+checkpoint's per-expert tensors into them as they load.
 """
 
 from __future__ import annotations
@@ -113,13 +113,26 @@ def expert_target(name: str) -> tuple[str, int, str] | None:
     return f"{m[1]}mlp.experts.{'down_proj' if part == 'down' else 'gate_up_proj'}", int(m[2]), part
 
 
-def stack_experts(target: str, parts: dict[tuple[int, str], torch.Tensor], num_experts: int) -> torch.Tensor:
-    """One stacked parameter from its per-expert tensors; raises ``KeyError`` naming the first one missing."""
+def copy_expert(param: torch.Tensor, index: int, part: str, tensor: torch.Tensor) -> None:
+    """One expert's gate, up or down weight into its slice of the stacked parameter, as it streams by: no
+    layer's experts are held twice (a 30B MoE's experts are most of its weights). Raises ``KeyError`` on a
+    shape the config does not imply."""
+    if index >= param.shape[0]:
+        raise KeyError(f"expert {index} {part} weight: the config has {param.shape[0]} experts")
+    rows = param.shape[1] // 2
+    target = param[index] if part == "down" else param[index, :rows] if part == "gate" else param[index, rows:]
+    if tuple(target.shape) != tuple(tensor.shape):
+        raise KeyError(f"expert {index} {part} weight has shape {tuple(tensor.shape)}; the config implies "
+                       f"{tuple(target.shape)} for each of {param.shape[0]} experts")
+    with torch.no_grad():
+        target.copy_(tensor.to(param.dtype))
+
+
+def missing_experts(target: str, seen: set[tuple[int, str]], num_experts: int) -> str | None:
+    """What a stacked parameter still lacks, named, or None."""
     names = ("down",) if target.endswith("down_proj") else ("gate", "up")
-    missing = [f"expert {e} {p}" for e in range(num_experts) for p in names if (e, p) not in parts]
-    if missing:
-        raise KeyError(f"{target}: missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} weights")
-    return torch.stack([torch.cat([parts[e, p] for p in names]) for e in range(num_experts)])
+    missing = [f"expert {e} {p}" for e in range(num_experts) for p in names if (e, p) not in seen]
+    return f"{target}: missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} weights" if missing else None
 
 
 def checkpoint_name(name: str) -> str:
