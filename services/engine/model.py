@@ -310,10 +310,14 @@ class LlamaForCausalLM(nn.Module):
         return cached
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Loads Hugging Face-named tensors, fusing q/k/v and gate/up and stacking experts. Raises ``KeyError``
-        naming what is missing."""
+        """Loads Hugging Face-named tensors into the fused q/k/v and gate/up and the stacked experts, each as it
+        streams by. Raises ``KeyError`` naming what is missing."""
         params = dict(self.named_parameters(remove_duplicate=False))
-        pending: dict[str, dict[str, torch.Tensor]] = {}
+        c = self.config
+        q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        # Where each part of a fused projection goes (gate/up: halves of whatever width the target has).
+        rows = {"q": (0, q_size), "k": (q_size, q_size + kv_size), "v": (q_size + kv_size, q_size + 2 * kv_size)}
+        fused_parts: dict[str, set[str]] = {}  # fused parameter -> parts copied into it
         experts: dict[str, set[tuple[int, str]]] = {}  # stacked expert parameter -> (expert, part) copied
         loaded: set[str] = set()
         for name, tensor in weights:
@@ -335,14 +339,19 @@ class LlamaForCausalLM(nn.Module):
                 _copy(params, name, tensor)
                 loaded.add(name)
                 continue
+            # Each part straight into its rows of the fused parameter, as it streams by: holding the parts until
+            # the end held most of the model's weights twice.
             target, part = fused
-            pending.setdefault(target, {})[part] = tensor
-        for target, parts in pending.items():
-            order = ("q", "k", "v") if "qkv" in target else ("gate", "up")
-            missing = [p for p in order if p not in parts]
+            if target not in params:
+                raise KeyError(f"unexpected weight {name!r} in checkpoint")
+            half = params[target].shape[0] // 2
+            start, end = rows[part] if part in rows else (0, half) if part == "gate" else (half, 2 * half)
+            _copy_rows(params[target], name, start, end, tensor)
+            fused_parts.setdefault(target, set()).add(part)
+        for target, parts in fused_parts.items():
+            missing = [p for p in (("q", "k", "v") if "qkv" in target else ("gate", "up")) if p not in parts]
             if missing:
                 raise KeyError(f"{target}: missing {missing} projection weights")
-            _copy(params, target, torch.cat([parts[p] for p in order], dim=0))
             loaded.add(target)
         for target, seen in experts.items():
             missing = missing_experts(target, seen, self.config.num_experts)
@@ -385,6 +394,15 @@ def _fused_target(name: str) -> tuple[str, str] | None:
         if f".{src}." in name:
             return name.replace(src, dst), part
     return None
+
+
+def _copy_rows(param: nn.Parameter, name: str, start: int, end: int, tensor: torch.Tensor) -> None:
+    """``tensor`` (a checkpoint's q, k, v, gate or up weight or bias) into rows ``start:end`` of a fused parameter."""
+    target = param[start:end]
+    if tuple(target.shape) != tuple(tensor.shape):
+        raise KeyError(f"weight {name!r} has shape {tuple(tensor.shape)}, the config implies {tuple(target.shape)}")
+    with torch.no_grad():
+        target.copy_(tensor.to(param.dtype))
 
 
 def _copy(params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
