@@ -17,6 +17,9 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+# What a checkpoint's FP8 tensors are stored as.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
 
 def dequantize(weights: Iterable[tuple[str, torch.Tensor]], scale_name: str, block: tuple[int, int] | None
                ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -32,7 +35,7 @@ def dequantize(weights: Iterable[tuple[str, torch.Tensor]], scale_name: str, blo
                 yield weight_name, _dequantize_one(weight_name, weights_waiting.pop(weight_name), tensor, block)
             else:
                 scales_waiting[weight_name] = tensor
-        elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        elif tensor.dtype in FP8_DTYPES:
             if name in scales_waiting:
                 yield name, _dequantize_one(name, tensor, scales_waiting.pop(name), block)
             else:  # shards keep a weight and its scales together, so this waits for the next tensor or two

@@ -11,7 +11,7 @@ from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
 from services.engine.checkpoint import Checkpoint, read_json
-from services.engine.fp8 import dequantize
+from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.model import LlamaForCausalLM
 from services.engine.rope import inverse_frequencies
 
@@ -66,7 +66,7 @@ def _unquantized(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[
     """Refuses FP8 tensors in a checkpoint whose config does not say how they are scaled (cast as they are, they
     would load as different weights)."""
     for name, tensor in weights:
-        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        if tensor.dtype in FP8_DTYPES:
             raise KeyError(f"weight {name!r} is FP8 but config.json has no quantization_config saying how it is "
                            "scaled")
         yield name, tensor

@@ -155,6 +155,13 @@ class ModelConfig:
             _check_longrope(self.rope_scaling or {}, self.rotary_dim)
         if self.num_experts:
             check_moe(self)
+        if any(not 0 <= layer < self.num_hidden_layers for layer in self.nope_layers):
+            raise ModelLoadError(f"config.json: layers without RoPE {self.nope_layers} outside the "
+                                 f"{self.num_hidden_layers} layers")
+        if self.fp8_scales not in (None, "weight_scale", "weight_scale_inv") or (
+                self.fp8_block is not None and (self.fp8_scales is None or min(self.fp8_block) < 1)):
+            raise ModelLoadError(f"FP8 scales {self.fp8_scales!r} in blocks {self.fp8_block}: scales are "
+                                 "weight_scale or weight_scale_inv, blocks two positive sizes")
         if self.served_context is not None and not 1 <= self.served_context <= self.max_position_embeddings:
             raise InvalidArgument(f"max_model_len {self.served_context} must be between 1 and the model's "
                                   f"max_position_embeddings ({self.max_position_embeddings})")
@@ -375,7 +382,7 @@ def _nope_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]
         if _sliding_window(raw, arch) is None:
             return ()
         local = _sliding_layers(raw, arch, layers)
-        return tuple(i for i in range(layers) if local is not None and i not in local)
+        return tuple(i for i in range(layers) if i not in local)
     if arch != "SmolLM3ForCausalLM":
         return ()
     flags = raw.get("no_rope_layers")

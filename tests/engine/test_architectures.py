@@ -4,6 +4,7 @@ the fused CPU kernels and with plain torch ops."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import weakref
 
@@ -299,6 +300,8 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     hub = ModelConfig.from_dict(dict(COMMON, architectures=["Exaone4ForCausalLM"], num_hidden_layers=8,
                                      sliding_window=4096, sliding_window_pattern="LLLG"))
     assert hub.nope_layers == (3, 7) and hub.sliding_layers == (0, 1, 2, 4, 5, 6)
+    with pytest.raises(ModelLoadError, match=r"layers without RoPE \(3, 8\) outside the 8 layers"):
+        dataclasses.replace(hub, nope_layers=(3, 8))
 
 
 def test_biases_the_engine_does_not_compute_are_refused():

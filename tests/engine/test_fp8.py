@@ -5,6 +5,7 @@ machine without an FP8 GPU; compressed-tensors ones with run_compressed=False)."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -144,6 +145,8 @@ def test_what_cannot_be_loaded_is_refused_saying_why(tmp_path, tiny_model_dir):
     ]:
         with pytest.raises(ModelLoadError, match=message):
             ModelConfig.from_dict({**base, "quantization_config": quant})
+    with pytest.raises(ModelLoadError, match="blocks two positive sizes"):
+        dataclasses.replace(ModelConfig.from_dict(base), fp8_scales="weight_scale_inv", fp8_block=(128, 0))
     save_checkpoint(CASES["llama"](), tmp_path / "bf16", tiny_model_dir)
     path = write_fp8(tmp_path / "bf16", tmp_path / "fp8")
     tensors = load_file(str(path / "model.safetensors"))
