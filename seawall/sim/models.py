@@ -102,6 +102,12 @@ MODELS: dict[str, ModelSpec] = {
                   experts_per_token=2, expert_size=14336),
         ModelSpec("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 0, 151936, True, 40960, num_experts=128,
                   experts_per_token=8, expert_size=768),
+        # GPT-OSS as Seawall serves it (experts unpacked from MXFP4 to bf16): 20.9B and 116.8B parameters.
+        # Half the layers attend within 128 keys; the cost model charges them full attention.
+        ModelSpec("gpt-oss-20b", 24, 2880, 64, 8, 64, 0, 201088, True, 131072, num_experts=32,
+                  experts_per_token=4, expert_size=2880),
+        ModelSpec("gpt-oss-120b", 36, 2880, 64, 8, 64, 0, 201088, True, 131072, num_experts=128,
+                  experts_per_token=4, expert_size=2880),
     )
 }
 

@@ -14,7 +14,7 @@ The step's tokens are flattened: ``[T, heads, head_dim]``. Every token's K/V is 
 
 In a sliding-window layer (Mistral, Phi-3, Gemma's local layers, Qwen2/3 with a window) a query at position p sees
 keys ``(p - window, p]`` only: the same groups with a window mask, or the kernels told the window, which then
-skip the blocks before it.
+skip the blocks before it. GPT-OSS's attention sinks add one term per head to each softmax's denominator.
 
 Measured in bench/attention_impl.py: ``index_select`` on the flattened block rows gathers ~5x faster than
 advanced indexing of the strided per-layer view, and length buckets beat padding every decode to the
@@ -119,9 +119,12 @@ def paged_attention(
     v_cache: torch.Tensor,
     batch: AttentionBatch,
     sliding: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``.
-    ``sliding``: this layer attends within ``batch.window`` only (a no-op when the batch has no window)."""
+    ``sliding``: this layer attends within ``batch.window`` only (a no-op when the batch has no window).
+    ``sinks`` ``[Hq]`` (GPT-OSS): each head's softmax has one more logit, its sink, that weighs no value, so a
+    head can attend to nothing."""
     out = torch.empty_like(q)
     windowed = sliding and batch.window is not None
     if batch.kernels is not None:
@@ -130,23 +133,23 @@ def paged_attention(
         if (d := batch.decode_rows) is not None:
             span = slice(d.token_start, d.token_start + d.size)
             batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens, window,
-                                       batch.softcap)
+                                       batch.softcap, sinks)
         if (c := batch.chunk_rows) is not None:
             batch.kernels.paged_prefill(out, q, k_cache, v_cache, c.token_starts, c.lens, c.prefix, c.block_tables,
-                                        window, batch.softcap)
+                                        window, batch.softcap, sinks)
     else:
         k_cache[batch.slot_blocks, batch.slot_offsets] = k
         v_cache[batch.slot_blocks, batch.slot_offsets] = v
     for g in batch.decodes:
         span = slice(g.token_start, g.token_start + g.size)
         o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables), gather(v_cache, g.block_tables),
-                  g.window_mask if windowed and g.window_mask is not None else g.mask, batch.softcap)
+                  g.window_mask if windowed and g.window_mask is not None else g.mask, batch.softcap, sinks)
         out[span] = o.squeeze(2)
     for g in batch.fresh:
         span = slice(g.token_start, g.token_start + g.count * g.length)
         mask = g.window_mask if windowed else None
         o = _sdpa(_per_chunk(q[span], g), _per_chunk(k[span], g), _per_chunk(v[span], g), mask, batch.softcap,
-                  causal=mask is None)
+                  sinks, causal=mask is None)
         out[span] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
     for c in batch.prefixed:
         span = slice(c.token_start, c.token_start + c.num_tokens)
@@ -154,25 +157,55 @@ def paged_attention(
         keys = gather(k_cache, table)[:, :, : c.context_len]
         values = gather(v_cache, table)[:, :, : c.context_len]
         o = _sdpa(q[span].transpose(0, 1).unsqueeze(0), keys, values,
-                  c.window_mask if windowed and c.window_mask is not None else c.mask, batch.softcap)
+                  c.window_mask if windowed and c.window_mask is not None else c.mask, batch.softcap, sinks)
         out[span] = o.squeeze(0).transpose(0, 1)
     return out
 
 
+# The written-out attention holds its scores: queries go in tiles of at most this many scores (1 GiB in fp32),
+# so a long chunk never asks for [heads, rows, keys] at once (a 32K-token prompt in one chunk: 256 GiB).
+EAGER_SCORES = 1 << 28
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, softcap: float | None,
-          causal: bool = False) -> torch.Tensor:
+          sinks: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
     """SDPA with grouped KV heads (``mask`` True where a key is seen; ``causal`` instead of a mask); with
-    ``softcap``, written out as transformers' eager attention (SDPA cannot cap scores)."""
-    if softcap is None:
+    ``softcap`` or ``sinks``, written out as transformers' eager attention (SDPA can neither cap scores nor
+    add a sink to the softmax), in tiles of queries."""
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
     group = q.shape[-3] // k.shape[-3]
     k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
-    scores = torch.tanh(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 / softcap) * softcap
+    rows = q.shape[-2]
+    tile = max(1, EAGER_SCORES // (q.numel() // (rows * q.shape[-1]) * k.shape[-2]))
+    if tile >= rows:
+        return _eager(q, k, v, mask, softcap, sinks, causal)
+    out = torch.empty_like(q)
+    for start in range(0, rows, tile):
+        end = min(rows, start + tile)
+        part = mask[..., start:end, :] if mask is not None and mask.shape[-2] == rows else mask
+        out[..., start:end, :] = _eager(q[..., start:end, :], k, v, part, softcap, sinks, causal, start)
+    return out
+
+
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, softcap: float | None,
+           sinks: torch.Tensor | None, causal: bool, first_row: int = 0) -> torch.Tensor:
+    """Attention of query rows ``[first_row, first_row + rows)`` (causal: row i sees keys up to i), k and v with
+    as many heads as q."""
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if causal:
-        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+        rows = torch.arange(first_row, first_row + q.shape[-2], device=q.device)
+        mask = rows[:, None] >= torch.arange(k.shape[-2], device=q.device)[None, :]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    # The sink is one more column of the softmax, dropped after it: it only adds to the denominator.
+    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+    return probs.to(q.dtype) @ v
 
 
 def _per_chunk(x: torch.Tensor, g: FreshChunks) -> torch.Tensor:

@@ -12,7 +12,9 @@ from safetensors import SafetensorError, safe_open
 from services.common.errors import ModelLoadError
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
+from services.engine.gpt_oss_weights import gpt_oss_weights
 from services.engine.model import LlamaForCausalLM
+from services.engine.mxfp4 import pair_packed
 from services.engine.rope import inverse_frequencies
 
 
@@ -54,9 +56,13 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         model.lm_head.weight = model.model.embed_tokens.weight
     weights = iter_weights(ckpt.path)
     config = ckpt.config
+    weights = dequantize(weights, config.fp8_scales, config.fp8_block) if config.fp8_scales else _unquantized(weights)
+    if config.mxfp4:
+        weights = pair_packed(weights)
+    if config.architecture == "GptOssForCausalLM":
+        weights = gpt_oss_weights(weights)
     try:
-        model.load_weights(dequantize(weights, config.fp8_scales, config.fp8_block) if config.fp8_scales
-                           else _unquantized(weights))
+        model.load_weights(weights)
     except KeyError as exc:
         raise ModelLoadError(f"{ckpt.path}: {exc.args[0]}") from exc
     return model.eval()

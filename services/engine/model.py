@@ -93,7 +93,9 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = (
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        # GPT-OSS: a learned logit per head that joins its softmax (attention.py).
+        self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks else None
         self.q_norm = self.k_norm = None
         self.qk_norm_whole = config.qk_norm_whole
         if config.qk_norm:
@@ -126,7 +128,7 @@ class Attention(nn.Module):
             q = q * self.q_scale
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.layer)
-        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding).reshape(t, self.q_size)
+        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks).reshape(t, self.q_size)
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
 

@@ -15,7 +15,9 @@ norms and a RoPE base of its own for the sliding layers.
 Also: SmolLM3 (layers without RoPE), Granite (scalar multipliers), Seed-OSS (q/k/v biases), OLMo 2 (norms on
 sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's norm placement, Qwen3's q/k
 norms, local layers with RoPE and global ones without), and mixtures of experts (Mixtral, Qwen2/3-MoE,
-OLMoE; their fields in ``moe_config.py``). FP8 checkpoints' scaling is read by ``quant_config.py``."""
+OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
+a learned sink logit per head in each softmax. FP8 and MXFP4 checkpoints' scaling is read by
+``quant_config.py``."""
 
 from __future__ import annotations
 
@@ -29,14 +31,17 @@ from typing import Any
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.lora import ModelShape
 from services.engine.moe_config import MOE_DEFAULTS, check_moe, moe_fields
-from services.engine.quant_config import fp8_fields
+from services.engine.quant_config import quant_fields
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
-                           "Exaone4ForCausalLM")
+                           "Exaone4ForCausalLM", "GptOssForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
+_GPT_OSS = ("GptOssForCausalLM",)
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                 "original_max_position_embeddings": 4096}
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -64,8 +69,12 @@ class ModelConfig:
     # picks its frequencies by it.
     served_context: int | None = None
     tie_word_embeddings: bool = False
-    # Qwen2 puts biases on q/k/v; Llama checkpoints may set attention_bias.
+    # Qwen2 puts biases on q/k/v; Llama checkpoints may set attention_bias. GPT-OSS has one on the output
+    # projection too (o_proj_bias), and a learned logit per head that joins each softmax and weighs no value
+    # (attention_sinks: a head may attend to nothing).
     attention_bias: bool = False
+    o_proj_bias: bool = False
+    attention_sinks: bool = False
     # Qwen3 normalizes each head of q and k (RMSNorm over head_dim) before RoPE; OLMo 2 and OLMoE normalize
     # the whole q and k projections instead (qk_norm_whole).
     qk_norm: bool = False
@@ -113,6 +122,13 @@ class ModelConfig:
     # transformers' Mixtral weighs expert outputs by the fp32 probabilities; Qwen's cast them to the model's
     # dtype first (the two differ in bf16 only).
     routing_weights_fp32: bool = False
+    # GPT-OSS's experts: the router has a bias and takes the softmax of the top-k logits (not the top k of
+    # the softmax); experts have biases and a clamped SwiGLU, (up + 1) * gate * sigmoid(swiglu_alpha * gate)
+    # with gate <= swiglu_limit and |up| <= swiglu_limit (None: plain SwiGLU).
+    softmax_after_topk: bool = False
+    moe_biases: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
     # Layers whose attention uses no positions (no RoPE; SmolLM3's every fourth layer).
     nope_layers: tuple[int, ...] = ()
     # FP8 weights (fp8.py dequantizes them while they load): the name of their scale tensors
@@ -120,6 +136,9 @@ class ModelConfig:
     # stored) and the (rows, cols) tile each scale covers (None: per output channel or per tensor).
     fp8_scales: str | None = None
     fp8_block: tuple[int, int] | None = None
+    # MXFP4 experts (GPT-OSS; mxfp4.py dequantizes them while they load): 4-bit floats in blocks of 32 that
+    # share a power-of-two scale.
+    mxfp4: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
@@ -135,7 +154,7 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config.json: {name} must be >= 1, got {getattr(self, name)}")
         for name in ("embed_scale", "attn_scale", "local_rope_theta", "attn_softcap", "final_softcap",
-                     "residual_scale", "logits_divisor"):
+                     "residual_scale", "logits_divisor", "swiglu_limit"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
@@ -203,12 +222,15 @@ class ModelConfig:
         """The decoder the fused CPU forward computes: SwiGLU, pre-norms only, plain embeddings and scaling."""
         return (self.hidden_act == "silu" and self.embed_scale == 1.0 and not self.norm_unit_offset
                 and not self.sandwich_norms and self.pre_norms and self.attn_scale is None and self.local_rope_theta is None
-                and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0)
+                and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
+                and not self.o_proj_bias and not self.attention_sinks and not self.moe_biases
+                and self.swiglu_limit is None)
 
     @property
     def norm_scale_in_fp32(self) -> bool:
-        """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's and OLMo 2's order)."""
-        return self.norm_unit_offset or self.architecture == "Olmo2ForCausalLM"
+        """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's, OLMo 2's and GPT-OSS's
+        order)."""
+        return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "GptOssForCausalLM")
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -237,24 +259,12 @@ class ModelConfig:
             heads = int(raw["num_attention_heads"])
             eos = raw.get("eos_token_id")
             eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-            rope_scaling = raw.get("rope_scaling")
-            rope_theta = raw.get("rope_theta")
-            local_theta = raw.get("rope_local_base_freq")
-            # transformers >= 5 may nest the base in rope_parameters instead of rope_theta, per layer type
-            # where those differ (Gemma 3).
-            params = raw.get("rope_parameters")
-            if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
-                local_theta = local_theta or (params.get("sliding_attention") or {}).get("rope_theta")
-                params = params["full_attention"]
-            if isinstance(params, dict):
-                rope_theta = rope_theta or params.get("rope_theta")
-                if params.get("rope_type", "default") != "default" and not rope_scaling:
-                    rope_scaling = params
+            rope_theta, rope_scaling, local_theta, params = _rope_fields(raw, arch)
             gemma, gemma3 = arch in _GEMMAS, arch == "Gemma3ForCausalLM"
-            granite = arch == "GraniteForCausalLM"
+            granite, gpt_oss = arch == "GraniteForCausalLM", arch == "GptOssForCausalLM"
             if gemma:
                 _check_gemma(raw, gemma3)
-            partial = float(raw.get("partial_rotary_factor") or (params or {}).get("partial_rotary_factor") or 1.0)
+            partial = float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0)
             if partial != 1.0 and arch != "Phi3ForCausalLM":  # only transformers' Phi-3 rotates part of a head
                 raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
                                      "is supported for Phi3ForCausalLM only")
@@ -280,7 +290,7 @@ class ModelConfig:
                 num_hidden_layers=int(raw["num_hidden_layers"]),
                 num_attention_heads=heads,
                 num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+                head_dim=int(raw.get("head_dim") or (64 if gpt_oss else int(raw["hidden_size"]) // heads)),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(rope_theta or (1e6 if gemma3 else 10000.0)),
@@ -289,7 +299,9 @@ class ModelConfig:
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
                                     else raw.get("attention_bias", arch in ("Qwen2ForCausalLM",
-                                                                            "SeedOssForCausalLM"))),
+                                                                            "SeedOssForCausalLM", *_GPT_OSS))),
+                o_proj_bias=gpt_oss and bool(raw.get("attention_bias", True)),
+                attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
                                  *_OLMOS),
                 qk_norm_whole=arch in _OLMOS,
@@ -311,7 +323,7 @@ class ModelConfig:
                 local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
                 **moe_fields(raw, arch, int(raw["num_hidden_layers"])),
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
-                **fp8_fields(raw.get("quantization_config")),
+                **quant_fields(raw.get("quantization_config")),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
@@ -334,6 +346,25 @@ class ModelConfig:
         return cls.from_dict(raw)
 
 
+def _rope_fields(raw: dict[str, Any], arch: str) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """The RoPE base, scaling and local base (Gemma 3's sliding layers) as the checkpoint gives them, and its
+    ``rope_parameters`` (empty when absent): transformers >= 5 may nest the base there instead of in
+    rope_theta, per layer type where those differ (Gemma 3)."""
+    rope_scaling, rope_theta = raw.get("rope_scaling"), raw.get("rope_theta")
+    local_theta = raw.get("rope_local_base_freq")
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        local_theta = local_theta or (params.get("sliding_attention") or {}).get("rope_theta")
+        params = params["full_attention"]
+    if isinstance(params, dict):
+        rope_theta = rope_theta or params.get("rope_theta")
+        if params.get("rope_type", "default") != "default" and not rope_scaling:
+            rope_scaling = params
+    if arch in _GPT_OSS and not rope_scaling and rope_theta is None:  # transformers' defaults: YaRN to 128K
+        rope_theta, rope_scaling = 150000.0, dict(_GPT_OSS_ROPE)
+    return rope_theta, rope_scaling, local_theta, params if isinstance(params, dict) else {}
+
+
 def _rope_type(scaling: dict[str, Any] | None) -> str:
     """``rope_type`` (or the older ``type``) of a ``rope_scaling``; "default" when unscaled."""
     if not scaling:
@@ -344,7 +375,7 @@ def _rope_type(scaling: dict[str, Any] | None) -> str:
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
     ``use_sliding_window`` (their configs carry a window they leave off); Llama has none."""
-    window = raw.get("sliding_window", 4096 if arch in _GEMMAS else None)  # transformers' default
+    window = raw.get("sliding_window", 4096 if arch in _GEMMAS else 128 if arch in _GPT_OSS else None)  # transformers'
     if arch == "LlamaForCausalLM" or ((arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM")
                                       and not raw.get("use_sliding_window")):
         return None
@@ -356,7 +387,8 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
 def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...] | None:
     """Which layers slide, as transformers decides: all of Mistral's, Mixtral's and Phi-3's (they ignore
     ``layer_types``); the others' as ``layer_types`` says, else Qwen's from ``max_window_layers`` (default 28)
-    on, Gemma's all but every ``sliding_window_pattern``-th (default 6 for Gemma 3, 2 for Gemma 2). None: all."""
+    on, Gemma's and GPT-OSS's all but every ``sliding_window_pattern``-th (default 6 for Gemma 3, else 2). None:
+    all."""
     if arch in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
         return None
     types = raw.get("layer_types")
@@ -364,7 +396,7 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
         if not isinstance(types, list) or len(types) != layers:
             raise ModelLoadError(f"config.json: layer_types must list one type per layer ({layers})")
         return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
-    if arch in _GEMMAS:
+    if arch in (*_GEMMAS, *_GPT_OSS):
         pattern = int(raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2))
         return tuple(i for i in range(layers) if (i + 1) % pattern)
     if arch == "Exaone4ForCausalLM":  # "LLLG": local, local, local, global, repeated; n: every n-th global

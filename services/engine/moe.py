@@ -1,10 +1,13 @@
-"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE): a router picks each token's top-k
-experts, each a SwiGLU MLP, and the token's output is their outputs weighted by the router's probabilities.
+"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS): a router picks each
+token's top-k experts, each a SwiGLU MLP, and the token's output is their outputs weighted by the router's
+probabilities.
 
 Computed as transformers computes it, so that fp32 outputs match it: softmax over the router's logits in fp32,
 top-k, renormalized to sum to 1 where the checkpoint says so, then each expert on the tokens routed to it (one
 grouped GEMM per projection for all experts), added into the output in expert order, as transformers adds
-them. Qwen2-MoE adds a shared expert every token passes, scaled by a sigmoid gate of its own.
+them. Qwen2-MoE adds a shared expert every token passes, scaled by a sigmoid gate of its own. GPT-OSS's
+router has a bias and takes the softmax of the top-k logits instead; its experts have biases and a clamped
+SwiGLU (``ClampedSwiGLU``).
 
 The experts' weights are stacked as transformers >= 5 holds them: ``experts.gate_up_proj`` ``[E, 2I, H]``
 (each expert's gate then up rows) and ``experts.down_proj`` ``[E, H, I]``; ``copy_expert`` copies a
@@ -30,10 +33,27 @@ _PART = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "
 
 
 class Experts(nn.Module):
-    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, biases: bool = False) -> None:
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        # GPT-OSS: each expert's projections have biases (gate's then up's, as the weights' rows).
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate)) if biases else None
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden)) if biases else None
+
+
+class ClampedSwiGLU:
+    """GPT-OSS's activation of a fused gate/up projection: ``(up + 1) * gate * sigmoid(alpha * gate)`` with gate
+    clamped to at most ``limit`` and up to ``[-limit, limit]``."""
+
+    def __init__(self, limit: float, alpha: float) -> None:
+        self.limit, self.alpha = limit, alpha
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
 
 class SparseMoE(nn.Module):
@@ -42,8 +62,11 @@ class SparseMoE(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.normalize = config.norm_topk_prob
         self.weights_in_fp32 = config.routing_weights_fp32
-        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)  # the router
-        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
+        self.softmax_after_topk = config.softmax_after_topk
+        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)  # the router
+        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size,
+                               config.moe_biases)
+        self.act = ClampedSwiGLU(config.swiglu_limit, config.swiglu_alpha) if config.swiglu_limit is not None else None
         self.shared_expert = shared_expert
         self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False) if shared_expert is not None else None
 
@@ -52,14 +75,18 @@ class SparseMoE(nn.Module):
         """``x`` ``[T, H]``; ``act_mul`` maps a fused gate/up projection ``[n, 2I]`` to silu(gate) * up (the fused
         CPU kernel; default: torch ops). ``lora`` is the dense MLP's argument: adapters of an MoE layer's MLP are
         refused when they are read (services/common/lora.py), so there is nothing to add."""
-        act_mul = act_mul or silu_mul
-        logits = F.linear(x, self.gate.weight)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
-        if self.normalize:
-            weights /= weights.sum(dim=-1, keepdim=True)
-        if not self.weights_in_fp32:
-            weights = weights.to(x.dtype)
+        act_mul = self.act or act_mul or silu_mul
+        logits = F.linear(x, self.gate.weight, self.gate.bias)
+        if self.softmax_after_topk:  # GPT-OSS: in the model's dtype, as transformers computes it
+            top, chosen = torch.topk(logits, self.top_k, dim=-1)
+            weights = torch.softmax(top, dim=-1, dtype=top.dtype)
+        else:
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+            if self.normalize:
+                weights /= weights.sum(dim=-1, keepdim=True)
+            if not self.weights_in_fp32:
+                weights = weights.to(x.dtype)
         # Each (token, slot) pair as a row, grouped by expert (a stable sort keeps a token's rows in expert
         # order), then every expert's rows in one grouped GEMM per projection: no loop over experts and no
         # device-to-host sync, which matters with 128 experts on a GPU.
@@ -68,8 +95,14 @@ class SparseMoE(nn.Module):
         tokens = order // self.top_k
         offsets = torch.bincount(flat, minlength=self.experts.gate_up_proj.shape[0]).cumsum(0).to(torch.int32)
         rows = x[tokens]
-        h = grouped_mm(act_mul(grouped_mm(rows, self.experts.gate_up_proj.transpose(1, 2), offsets)),
-                        self.experts.down_proj.transpose(1, 2), offsets)
+        experts = self.experts
+        gate_up = grouped_mm(rows, experts.gate_up_proj.transpose(1, 2), offsets)
+        if experts.gate_up_proj_bias is not None:  # each row plus its expert's biases
+            expert_of_row = flat[order]
+            gate_up += experts.gate_up_proj_bias.index_select(0, expert_of_row)
+        h = grouped_mm(act_mul(gate_up), experts.down_proj.transpose(1, 2), offsets)
+        if experts.down_proj_bias is not None:
+            h += experts.down_proj_bias.index_select(0, expert_of_row)
         out = torch.zeros_like(x)
         # index_add_ sums each token's rows in their order, experts ascending, as transformers adds them.
         out.index_add_(0, tokens, (h * weights.flatten()[order, None]).to(out.dtype))

@@ -1,4 +1,4 @@
-"""The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE), read as
+"""The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS), read as
 transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ if TYPE_CHECKING:
 # transformers' defaults for what an MoE config.json may leave out: experts, experts per token, expert width
 # (None: intermediate_size), shared expert width (Qwen2-MoE).
 MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (60, 4, 1408, 5632),
-                "Qwen3MoeForCausalLM": (128, 8, 768, 0), "OlmoeForCausalLM": (64, 8, None, 0)}
+                "Qwen3MoeForCausalLM": (128, 8, 768, 0), "OlmoeForCausalLM": (64, 8, None, 0),
+                "GptOssForCausalLM": (128, 4, None, 0)}
 
 
 def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     """The mixture-of-experts fields, as transformers reads them: Mixtral routes in every layer, experts as wide
     as ``intermediate_size``, top-k renormalized; OLMoE the same, renormalized only with ``norm_topk_prob``;
     Qwen routes in every ``decoder_sparse_step``-th layer not in ``mlp_only_layers``, experts
-    ``moe_intermediate_size`` wide, renormalized only with ``norm_topk_prob``."""
+    ``moe_intermediate_size`` wide, renormalized only with ``norm_topk_prob``; GPT-OSS routes in every layer,
+    softmax over the top-k logits of a router with a bias, to experts with biases and a clamped SwiGLU."""
     if arch not in MOE_DEFAULTS:
         return {}
     experts, top_k, width, shared = MOE_DEFAULTS[arch]
@@ -29,6 +31,12 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
                     moe_intermediate_size=int(raw["intermediate_size"]), norm_topk_prob=True,
                     moe_layers=tuple(range(layers)), routing_weights_fp32=True)
+    if arch == "GptOssForCausalLM":
+        return dict(num_experts=int(raw.get("num_local_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
+                    moe_intermediate_size=int(raw["intermediate_size"]), moe_layers=tuple(range(layers)),
+                    softmax_after_topk=True, moe_biases=True, swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
+                    swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)))
     if arch == "OlmoeForCausalLM":
         return dict(num_experts=int(raw.get("num_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
@@ -58,6 +66,8 @@ def check_moe(config: ModelConfig) -> None:
     if config.hidden_act != "silu":
         raise ModelLoadError(f"config.json: experts with hidden activation {config.hidden_act!r}; only silu is "
                              "supported in a mixture of experts")
+    if not config.swiglu_alpha > 0:
+        raise ModelLoadError(f"config.json: swiglu_alpha must be > 0, got {config.swiglu_alpha}")
     if any(not 0 <= layer < config.num_hidden_layers for layer in config.moe_layers):
         raise ModelLoadError(f"config.json: mixture-of-experts layers {config.moe_layers} outside the "
                              f"{config.num_hidden_layers} layers")

@@ -1,5 +1,6 @@
 """The ``quantization_config`` of a ``config.json``: how an FP8 checkpoint's weights are scaled (fp8.py
-dequantizes them), every other quantization refused saying what is served; no torch."""
+dequantizes them), whether its experts are MXFP4 (mxfp4.py), every other quantization refused saying what is
+served; no torch."""
 
 from __future__ import annotations
 
@@ -8,19 +9,21 @@ from typing import Any
 from services.common.errors import ModelLoadError
 
 
-def fp8_fields(quant: Any) -> dict[str, Any]:
-    """How an FP8 checkpoint's weights are scaled; refuses every other quantization, saying what is served,
-    instead of loading weights it would misread."""
+def quant_fields(quant: Any) -> dict[str, Any]:
+    """How an FP8 checkpoint's weights are scaled, or that its experts are MXFP4; refuses every other
+    quantization, saying what is served, instead of loading weights it would misread."""
     if quant is None:
         return {}
     method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method == "mxfp4":  # GPT-OSS: the experts in 4 bits; the rest of the model as stored
+        return dict(mxfp4=True)
     if method == "fp8":
         return dict(fp8_scales="weight_scale_inv", fp8_block=_fp8_block(quant))
     if method == "compressed-tensors":
         return dict(fp8_scales="weight_scale", fp8_block=_compressed_fp8_block(quant))
     raise ModelLoadError(f"config.json: quantization {method!r} is not supported; FP8 checkpoints (quant_method fp8, "
-                         "or compressed-tensors' float-quantized format) are, dequantized when they load, and "
-                         "unquantized ones")
+                         "or compressed-tensors' float-quantized format) and MXFP4 ones (GPT-OSS) are, dequantized "
+                         "when they load, and unquantized ones")
 
 
 def _fp8_block(quant: dict[str, Any]) -> tuple[int, int]:

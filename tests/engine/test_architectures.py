@@ -80,6 +80,12 @@ CASES = {
     "qwen2-moe": lambda: transformers.Qwen2MoeConfig(
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, shared_expert_intermediate_size=48,
         mlp_only_layers=[1], **COMMON),
+    # GPT-OSS: a sink logit per head in each softmax (large enough to matter, see save_checkpoint), biases on
+    # every attention projection, sliding and full layers alternating, YaRN; 2 of 4 experts by the softmax of
+    # the top-2 logits of a router with a bias, experts with biases and a SwiGLU clamped low enough to clip.
+    "gpt-oss": lambda: transformers.GptOssConfig(
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
+        swiglu_limit=2.0, **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -105,7 +111,8 @@ def save_checkpoint(config, out, tiny_model_dir):
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # weights that give decisive logits, so greedy choices are not near-ties
         for name, p in model.named_parameters():
-            p.normal_(1.0, 0.2) if "norm" in name else p.normal_(0.0, 0.3)
+            # Sinks (GPT-OSS) near the scores' scale, so that they change the attention.
+            p.normal_(1.0, 0.2) if "norm" in name else p.normal_(4.0, 2.0) if "sinks" in name else p.normal_(0.0, 0.3)
     model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_model_dir / name, out / name)
@@ -275,6 +282,44 @@ def test_mixture_of_experts_hub_configs_and_what_is_refused():
         ModelConfig.from_dict({**raw, "num_experts": 4, "num_experts_per_tok": 8})
     with pytest.raises(ModelLoadError, match="use_sliding_window is set; Qwen3MoeForCausalLM is served with full"):
         ModelConfig.from_dict({**raw, "use_sliding_window": True, "sliding_window": 64})
+
+
+GPT_OSS_20B = {  # its config.json as released, but for the 24 layer types (generated below)
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "eos_token_id": 200002, "experts_per_token": 4,
+    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+    "intermediate_size": 2880, "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32,
+    "pad_token_id": 199999, "quantization_config": {"modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+        "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                           "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                           "truncate": False},
+    "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+    "vocab_size": 201088, "layer_types": ["sliding_attention", "full_attention"] * 12}
+
+
+def test_gpt_oss_configs_read_as_released_and_with_transformers_defaults():
+    config = ModelConfig.from_dict(GPT_OSS_20B)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (32, 4, 2880)
+    assert config.moe_layers == tuple(range(24)) and config.softmax_after_topk and config.moe_biases
+    assert (config.swiglu_limit, config.swiglu_alpha) == (7.0, 1.702)
+    assert config.attention_bias and config.o_proj_bias and config.attention_sinks and config.mxfp4
+    assert config.sliding_window == 128 and config.sliding_layers == tuple(range(0, 24, 2))
+    assert config.rope_type == "yarn" and config.rope_theta == 150000 and not config.is_llama_like
+    # What config.json leaves out is what transformers assumes.
+    minimal = {k: GPT_OSS_20B[k] for k in ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                           "num_attention_heads", "num_key_value_heads", "vocab_size")}
+    theirs = transformers.GptOssConfig(**{k: v for k, v in minimal.items() if k != "architectures"})
+    ours = ModelConfig.from_dict(minimal)
+    assert (ours.head_dim, ours.sliding_window, ours.rope_theta) == (theirs.head_dim, theirs.sliding_window,
+                                                                    theirs.rope_parameters["rope_theta"])
+    assert [ours.slides(i) for i in range(24)] == [t == "sliding_attention" for t in theirs.layer_types]
+    assert ours.rope_scaling == {k: v for k, v in theirs.rope_parameters.items() if k != "rope_theta"}
+    assert (ours.num_experts, ours.num_experts_per_tok) == (theirs.num_local_experts, theirs.num_experts_per_tok)
+    assert (ours.swiglu_limit, ours.swiglu_alpha) == (theirs.swiglu_limit, theirs.swiglu_alpha)
+    with pytest.raises(ModelLoadError, match="swiglu_limit must be > 0"):
+        ModelConfig.from_dict({**GPT_OSS_20B, "swiglu_limit": 0})
 
 
 def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_model_dir):

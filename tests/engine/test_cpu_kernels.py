@@ -290,3 +290,43 @@ def test_soft_capped_scores_match_eager_attention(kernels, window):
         pos = 70 + i
         seen = (torch.arange(100) <= pos) & (torch.arange(100) > pos - (window or 1000))
         torch.testing.assert_close(out[i], _capped_reference(q[i], keys, values, seen, cap), atol=3e-6, rtol=1e-5)
+
+
+def _sink_reference(q, keys, values, seen, sinks):
+    """transformers' GPT-OSS eager attention of one query token: the sink joins each head's softmax."""
+    group = q.shape[0] // keys.shape[1]
+    k = keys.repeat_interleave(group, 1).transpose(0, 1)
+    v = values.repeat_interleave(group, 1).transpose(0, 1)
+    scores = ((q[:, None, :] @ k.transpose(1, 2))[:, 0] * q.shape[-1] ** -0.5).masked_fill(~seen, float("-inf"))
+    probs = torch.softmax(torch.cat([scores, sinks[:, None]], -1), -1)[:, :-1]
+    return (probs[:, None, :] @ v)[:, 0]
+
+
+@pytest.mark.parametrize("rows", [1, 40])  # one job per KV head, one job per row
+@pytest.mark.parametrize("window", [None, 20])
+def test_attention_sinks_match_eager_attention(kernels, rows, window):
+    """GPT-OSS's sinks in the decode and chunk kernels: one per query head (4 query heads per KV head here, so
+    a sink read for the wrong head shows), some above the scores and some below."""
+    g = torch.Generator().manual_seed(12)
+    k_cache, v_cache = _pool(64, 16, 2, 32)
+    tables = torch.randperm(64, generator=g)[:8][None].repeat(rows, 1)
+    sinks = torch.tensor([-3.0, 0.0, 2.0, 5.0, 8.0, -1.0, 1.0, 4.0])
+    q = torch.randn(rows, 8, 32, generator=g) * 2
+    lens = torch.randint(1, 101, (rows,), generator=g)
+    out = torch.empty_like(q)
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens, window, None, sinks)
+    keys, values = (c[tables[0]].reshape(-1, 2, 32)[:100] for c in (k_cache, v_cache))
+    for i in range(rows):
+        n = int(lens[i])
+        seen = (torch.arange(100) < n) & (torch.arange(100) >= n - (window or n))
+        torch.testing.assert_close(out[i], _sink_reference(q[i], keys, values, seen, sinks), atol=2e-6, rtol=1e-5)
+    q = torch.randn(30, 8, 32, generator=g) * 2  # a 30-token chunk after 70 cached tokens
+    out = torch.empty_like(q)
+    kernels.paged_prefill(out, q, k_cache, v_cache, torch.tensor([0]), torch.tensor([30]), torch.tensor([70]),
+                          tables[:1], window, None, sinks)
+    for i in (0, 13, 29):
+        pos = 70 + i
+        seen = (torch.arange(100) <= pos) & (torch.arange(100) > pos - (window or 1000))
+        torch.testing.assert_close(out[i], _sink_reference(q[i], keys, values, seen, sinks), atol=3e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="8 contiguous fp32 CPU sinks"):
+        kernels.paged_decode(out[:1], q[:1], k_cache, v_cache, tables[:1], lens[:1], None, None, sinks[:4])

@@ -86,11 +86,13 @@ static inline void soft_cap(float *p, int n, float cap) {
 
 /* One query token, KV heads [head, head + heads) and their `group` query heads each:
  * out = softmax(q . K^T * scale) V over tokens [first, context_len) of `table`, in one pass over the
- * blocks with a running max and sum per query head (online softmax). */
+ * blocks with a running max and sum per query head (online softmax). With `sinks` (GPT-OSS; this job's query
+ * heads' learned logits), each head's softmax has one more term, exp(sink), that weighs no value: it joins
+ * the sum at the end. */
 static inline __attribute__((always_inline)) void attend(
     const float *q, float *out, const float *k_cache, const float *v_cache, const int64_t *table,
     int first, int context_len, int64_t block_stride, int block_size, int kv_heads, int head, int heads,
-    int head_dim, int group, float scale, float softcap) {
+    int head_dim, int group, float scale, float softcap, const float *sinks) {
     const int rows = heads * group; /* query heads of this job */
     float m[rows], l[rows], acc[rows * head_dim], s[rows * block_size];
     for (int r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.f;
@@ -126,14 +128,15 @@ static inline __attribute__((always_inline)) void attend(
         }
     }
     for (int r = 0; r < rows; r++) {
-        const float inv = 1.f / l[r];
+        const float inv = 1.f / (sinks ? l[r] + exp_clamped(sinks[r] - m[r]) : l[r]);
         for (int d = 0; d < head_dim; d++) out[r * head_dim + d] = acc[r * head_dim + d] * inv;
     }
 }
 
 /* Decode attention: row i (one query token) attends to the first context_lens[i] tokens of its block table
  * (block_tables[i * table_stride ...]), or with window > 0 to the last `window` of them (sliding-window
- * attention; the blocks before are never read); with softcap > 0 each score is capped first (Gemma 2).
+ * attention; the blocks before are never read); with softcap > 0 each score is capped first (Gemma 2);
+ * with sinks (one logit per query head, or NULL) each head's softmax has a sink term (GPT-OSS).
  * Queries have kv_heads * group heads of head_dim.
  * A job is one row and all its heads, so each block is read front to back, as one region; with fewer rows
  * than a few per thread, a job is one row and one KV head, so a lone long decode still uses every thread. */
@@ -141,7 +144,7 @@ void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, in
                           const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                           int kv_heads, int head_dim, int group, int num_rows, const int64_t *block_tables,
                           int64_t table_stride, const int64_t *context_lens, int window, float scale,
-                          float softcap) {
+                          float softcap, const float *sinks) {
     const int split = num_rows < 4 * omp_get_max_threads();
     const int heads = split ? 1 : kv_heads, per_row = kv_heads / heads, jobs = num_rows * per_row;
 #pragma omp parallel for schedule(dynamic, 1) if (jobs > 1)
@@ -152,12 +155,13 @@ void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, in
         float *oi = out + i * out_row_stride + head_offset;
         const int64_t *table = block_tables + i * table_stride;
         const int ctx = (int)context_lens[i], first = window > 0 && ctx > window ? ctx - window : 0;
+        const float *sk = sinks ? sinks + h * group : NULL;
         /* Constant head sizes let the compiler unroll the inner loops into a few vector instructions. */
         switch (head_dim) {
-        case 32: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale, softcap); break;
-        case 64: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale, softcap); break;
-        case 128: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale, softcap); break;
-        default: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale, softcap);
+        case 32: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale, softcap, sk); break;
+        case 64: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale, softcap, sk); break;
+        case 128: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale, softcap, sk); break;
+        default: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale, softcap, sk);
         }
     }
 }
@@ -314,21 +318,21 @@ static inline __attribute__((always_inline)) void weigh_values(float *acc, const
         }
 }
 
-/* Prompt chunks: chunk c's query rows [token_starts[c], + lens[c]) attend causally to the first
- * prefix[c] + i + 1 tokens of its block table: its cached prefix, then itself (its own K/V are already in
- * the pool, so nothing is gathered); with window > 0, the last `window` of those; with softcap > 0, scores
- * capped as in the decode. One job is one chunk, one KV head and up to ROW_TILE rows. It walks
- * the keys in tiles of KEY_TILE, copies each tile's K transposed (head_dim x keys) so that a row's scores
- * are vector FMAs across 64 keys, and keeps an online softmax per row and query head; a row's query heads
- * then weigh V together (weigh_values). The inner loops run independent FMA chains: with one, each FMA
- * waited on the last (latency-bound, 2.5x slower). Measured on 64 fresh 128-token prompts, tiny model:
+/* Prompt chunks: chunk c's query rows [token_starts[c], + lens[c]) attend causally to the first prefix[c]
+ * + i + 1 tokens of its block table: its cached prefix, then itself (its own K/V are already in the pool,
+ * so nothing is gathered); with window > 0, the last `window` of those; with softcap > 0, scores capped as
+ * in the decode; sinks as in the decode. One job is one chunk, one KV head and up to ROW_TILE rows. It
+ * walks the keys in tiles of KEY_TILE, copies each tile's K transposed (head_dim x keys) so that a row's
+ * scores are vector FMAs across 64 keys, and keeps an online softmax per row and query head; a row's query
+ * heads then weigh V together (weigh_values). The inner loops run independent FMA chains: with one, each
+ * FMA waited on the last (latency-bound, 2.5x slower). Measured on 64 fresh 128-token prompts, tiny model:
  * scores ~26 % of the time, the softmax ~36 % (head_dim 32 leaves little work per exp), V ~12 %. */
 
 void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, int64_t q_row_stride,
                            const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                            int kv_heads, int head_dim, int group, int num_chunks, const int64_t *token_starts,
                            const int64_t *lens, const int64_t *prefix, const int64_t *block_tables,
-                           int64_t table_stride, int window, float scale, float softcap) {
+                           int64_t table_stride, int window, float scale, float softcap, const float *sinks) {
     int64_t tiles_before[num_chunks + 1];
     tiles_before[0] = 0;
     for (int c = 0; c < num_chunks; c++) tiles_before[c + 1] = tiles_before[c] + (lens[c] + ROW_TILE - 1) / ROW_TILE;
@@ -409,7 +413,7 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
             float *o = out + (token_starts[c] + row0 + i) * out_row_stride + (int64_t)h * group * head_dim;
             for (int j = 0; j < group; j++) {
                 const int r = i * group + j;
-                const float inv = 1.f / l[r];
+                const float inv = 1.f / (sinks ? l[r] + exp_clamped(sinks[h * group + j] - m[r]) : l[r]);
                 for (int d = 0; d < head_dim; d++) o[j * head_dim + d] = acc[(int64_t)r * head_dim + d] * inv;
             }
         }
