@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tool-call-parser", choices=tuple(PARSERS), default=None,
                    help="read tool calls in the model's own syntax, for tool_choice \"auto\" (default: none)")
     p.add_argument("--reasoning-parser", choices=tuple(REASONING_PARSERS), default=None,
-                   help="return a chat reply's thinking (<think>...</think>) as reasoning_content (default: none)")
+                   help="return a chat reply's thinking (<think>...</think>, or harmony's analysis channel) as "
+                        "reasoning_content (default: none)")
     p.add_argument("--structured-output-in-reasoning", action="store_true",
                    help="with --reasoning-parser: constrain a structured output from the reply's first token, "
                         "thought included (default: the answer after the thought)")
@@ -122,17 +123,27 @@ def checked_lora_flags(args: argparse.Namespace) -> list[str]:
     return lora_flags(args)
 
 
-def options_from(args: argparse.Namespace) -> MeshOptions:
-    core_config_from(args)  # a bad scheduling flag is refused here, before any process starts
-    sched = scheduling_flags(args)
+def _parser_flags(args: argparse.Namespace) -> list[str]:
+    """The scheduler's tool-call and reasoning parser flags, refused here when they do not go together."""
+    flags = []
     if args.tool_call_parser:
-        sched += ["--tool-call-parser", args.tool_call_parser]
+        flags += ["--tool-call-parser", args.tool_call_parser]
     if args.reasoning_parser:
-        sched += ["--reasoning-parser", args.reasoning_parser]
+        flags += ["--reasoning-parser", args.reasoning_parser]
+    if args.tool_call_parser == "harmony" and args.reasoning_parser != "harmony":
+        raise InvalidArgument("--tool-call-parser harmony needs --reasoning-parser harmony (it reads the answer that "
+                              "parser leaves)")
     if args.structured_output_in_reasoning:
         if not args.reasoning_parser:
             raise InvalidArgument("--structured-output-in-reasoning needs --reasoning-parser")
-        sched.append("--structured-output-in-reasoning")
+        flags.append("--structured-output-in-reasoning")
+    return flags
+
+
+def options_from(args: argparse.Namespace) -> MeshOptions:
+    core_config_from(args)  # a bad scheduling flag is refused here, before any process starts
+    sched = scheduling_flags(args)
+    sched += _parser_flags(args)
     sched += checked_lora_flags(args)
     workers = ["--device", args.device]
     if args.max_model_len is not None:  # refused here when the model cannot serve it, before any process starts

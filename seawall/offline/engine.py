@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from services.common.block_hash import hash_seed
 from services.common.errors import ResourceExhausted, SeawallError
-from services.common.sampling_params import FinishReason, SamplingParams
+from services.common.sampling_params import FinishReason, SamplingParams, text_left_out
 from services.common.step import LoraRef, SampledToken, merge_prompt_scores
 from services.engine.bad_words import bad_words_token_ids
 from services.engine.config import EngineConfig
@@ -95,7 +95,7 @@ class OfflineEngine:
             for rid, (start, tokens) in result.prompt_logprobs.items():
                 merge_prompt_scores(done[rid].prompt_logprobs, start, tokens)
             for event in self.scheduler.on_result(plan, result):
-                self._apply(event, done[event.request_id], detoks[event.request_id])
+                self._apply(event, reqs[event.request_id], done[event.request_id], detoks[event.request_id])
             for rid, error in result.errors.items():
                 self._fail(done[rid], error)
             idle_steps = 0 if plan.num_scheduled_tokens else idle_steps + 1
@@ -117,13 +117,16 @@ class OfflineEngine:
             comp.finish_reason, comp.error = FinishReason.ERROR, error
             self.scheduler.finish(comp.request_id, FinishReason.ERROR)
 
-    def _apply(self, event, comp: Completion, detok: IncrementalDetokenizer) -> None:
+    def _apply(self, event, request: Request, comp: Completion, detok: IncrementalDetokenizer) -> None:
         if comp.finish_reason is not None:
             return  # a stop string ended it at an earlier token of the same multi-step result
         comp.token_ids.append(event.token.token_id)
         comp.logprobs.append(event.token)
-        detok.push(event.token.token_id)
         reason = event.finish_reason
+        if text_left_out(request.params, event.token.token_id, reason, request.eos_token_ids):
+            detok.push_stop_token()
+        else:
+            detok.push(event.token.token_id)
         if reason is None and detok.finished_by_stop_string is not None:
             reason = FinishReason.STOP
             self.scheduler.finish(event.request_id, reason, num_outputs=len(comp.token_ids))

@@ -372,6 +372,15 @@ def check_stop(
     return None
 
 
+def text_left_out(params: SamplingParams, token_id: int, finish_reason: str | None,
+                  eos_token_ids: Collection[int]) -> bool:
+    """Whether the token that ended the output is a stop token whose text the output leaves out, as vLLM does:
+    an eos (unless ``ignore_eos``) or one of ``stop_token_ids`` that stopped it, without
+    ``include_stop_str_in_output``. (A special token's text is empty unless ``skip_special_tokens`` is off.)"""
+    return (finish_reason == FinishReason.STOP and not params.include_stop_str_in_output
+            and ((not params.ignore_eos and token_id in eos_token_ids) or token_id in params.stop_token_ids))
+
+
 # --- validation helpers -------------------------------------------------------------------------------
 
 

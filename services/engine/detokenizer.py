@@ -92,6 +92,11 @@ class IncrementalDetokenizer:
         self._settle()
         return delta
 
+    def push_stop_token(self) -> None:
+        """The token that ended the output as a stop token (an eos, or one of ``stop_token_ids``): counted, its
+        text left out, as vLLM leaves it out (the request's ``include_stop_str_in_output`` keeps it: ``push``)."""
+        self.num_tokens += 1
+
     def _step(self, token_id: int) -> str:
         old_len = self._length
         self._tail += self._decoder.step(token_id)

@@ -96,14 +96,7 @@ class SchedulerServiceConfig:
                 raise ValueError(f"{name} must be in [0, 65535], got {port}")
         if self.kvcache_address is not None and ":" not in self.kvcache_address:
             raise ValueError(f"kvcache_address must be host:port, got {self.kvcache_address!r}")
-        if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
-            raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {self.tool_call_parser!r}")
-        if self.structured_output_in_reasoning and self.reasoning_parser is None:
-            raise ValueError("structured_output_in_reasoning needs a reasoning_parser (it says where a structured "
-                             "output starts in a reasoning model's reply)")
-        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
-            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
-                             f"got {self.reasoning_parser!r}")
+        self._check_parsers()
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         for name, least in (("max_queue_len", 1), ("max_moves", 0), ("max_lora_rank", 1)):
@@ -112,6 +105,19 @@ class SchedulerServiceConfig:
         for name in ("transfer_timeout_s", "step_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+    def _check_parsers(self) -> None:
+        if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {self.tool_call_parser!r}")
+        if self.structured_output_in_reasoning and self.reasoning_parser is None:
+            raise ValueError("structured_output_in_reasoning needs a reasoning_parser (it says where a structured "
+                             "output starts in a reasoning model's reply)")
+        if self.tool_call_parser == "harmony" and self.reasoning_parser != "harmony":
+            raise ValueError("tool_call_parser harmony reads the answer the harmony reasoning parser leaves: set "
+                             "reasoning_parser to harmony too (--reasoning-parser harmony)")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
 
 
 def as_flag(message: str) -> str:

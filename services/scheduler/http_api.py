@@ -51,7 +51,7 @@ from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_body, error_response, json_body, streaming
 from services.scheduler.lora_endpoints import LoraEndpoints
-from services.scheduler.reasoning_parsers import ReasoningParser, ReasoningStream
+from services.scheduler.reasoning_parsers import AnyReasoning, AnyStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parsers import ToolParser
 from services.scheduler.tracked import Delta, TrackedRequest
@@ -65,7 +65,7 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
 def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry | None = None,
-               tool_parser: ToolParser | None = None, reasoning: ReasoningParser | None = None,
+               tool_parser: ToolParser | None = None, reasoning: AnyReasoning | None = None,
                structured_in_reasoning: bool = False, lora_updating: bool = False) -> Starlette:
     """The API's routes; ``tasks`` runs background responses; with ``registry``, also Prometheus text at
     ``/metrics``; ``tool_parser`` reads tool calls in the model's own syntax (``tool_choice: "auto"``),
@@ -102,7 +102,7 @@ class OpenAIApi:
     """The completions and chat endpoints, and the request plumbing the Responses endpoint runs on."""
 
     def __init__(self, frontend: Frontend, tool_parser: ToolParser | None = None,
-                 reasoning: ReasoningParser | None = None, structured_in_reasoning: bool = False) -> None:
+                 reasoning: AnyReasoning | None = None, structured_in_reasoning: bool = False) -> None:
         self.frontend = frontend
         self.tool_parser = tool_parser
         self.reasoning = reasoning
@@ -187,7 +187,9 @@ class OpenAIApi:
             params = replace(params, structured_output=tools.structured_output)
         if self.reasoning is not None and params.structured_output is not None and not self.structured_in_reasoning:
             # A reasoning model thinks first; the format (or the forced call) is its answer's, as in vLLM.
-            params = replace(params, free_thought="required" if self.reasoning.open_optional else "optional")
+            params = replace(params, free_thought=self.reasoning.free_thought())
+        if self.reasoning is not None and self.reasoning.special_tokens:  # harmony's markers are special tokens
+            params = replace(params, skip_special_tokens=False)
         return prompt, params, n, tools
 
     async def tokenize(self, request: Request) -> Response:
@@ -396,11 +398,11 @@ class OpenAIApi:
             lambda ids: self.frontend.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens),
             constrained=_constrained_from_start(tracked))
 
-    def reasoning_stream(self, tracked: TrackedRequest) -> ReasoningStream | None:
+    def reasoning_stream(self, tracked: TrackedRequest) -> AnyStream | None:
         """A splitter of a chat reply's thinking as it streams, when the mesh reads reasoning."""
         if self.reasoning is None:
             return None
-        return ReasoningStream(self.reasoning, constrained=_constrained_from_start(tracked))
+        return self.reasoning.stream(constrained=_constrained_from_start(tracked))
 
     def _logprobs(self, tracked: TrackedRequest, delta: Delta, chat: bool, offset: int = 0,
                   echo: bool = False) -> dict | None:

@@ -6,7 +6,9 @@ vLLM's field), the Responses API as a reasoning item; tool calls are read from t
   ``<think>`` is optional (newer chat templates put it in the prompt), so a reply that never closes its thought
   is all thinking.
 * ``qwen3`` (Qwen3, QwQ): thinking only inside ``<think>...</think>`` at the start of the reply; a reply without
-  it (``"chat_template_kwargs": {"enable_thinking": false}``) is all answer.
+  it (``"chat_template_kwargs": {"enable_thinking": false}``) is all answer;
+* ``harmony`` (gpt-oss): the ``analysis`` channel's messages are the thinking, ``final``'s the answer
+  (services/scheduler/harmony.py).
 
 A structured output (or a forced tool call) applies to the answer after the thought: the chat path sets
 ``SamplingParams.free_thought`` and the worker's grammar lets the thought run free up to ``</think>``. With
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
+from services.scheduler.harmony import HarmonyReasoning, HarmonyStream
 from services.scheduler.tool_parsers import partial_suffix
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -32,6 +35,16 @@ OPEN, CLOSE = "<think>", "</think>"
 class ReasoningParser:
     name: str
     open_optional: bool  # thinking may start without <think> (the template opened it)
+    special_tokens: bool = False  # the markers are plain text: the reply is decoded as the request asks
+
+    def stream(self, constrained: bool = False) -> ReasoningStream:
+        """A splitter of one reply as it streams."""
+        return ReasoningStream(self, constrained)
+
+    def free_thought(self) -> str:
+        """``SamplingParams.free_thought`` for a structured answer after the thought: the grammar lets the thought
+        run free up to ``</think>``, which must open with ``<think>`` unless the template opened it."""
+        return "required" if self.open_optional else "optional"
 
     def split(self, text: str, constrained: bool = False) -> tuple[str | None, str | None]:
         """A whole reply as (thinking, answer), None for an empty part."""
@@ -87,11 +100,16 @@ class ReasoningStream:
         return thought, answer
 
 
-PARSERS = {p.name: p for p in (ReasoningParser("deepseek_r1", open_optional=True),
-                               ReasoningParser("qwen3", open_optional=False))}
+# What the chat API holds: a parser of either kind, and the stream it makes.
+AnyReasoning = ReasoningParser | HarmonyReasoning
+AnyStream = ReasoningStream | HarmonyStream
+
+PARSERS: dict[str, AnyReasoning] = {
+    p.name: p for p in (ReasoningParser("deepseek_r1", open_optional=True),
+                        ReasoningParser("qwen3", open_optional=False), HarmonyReasoning())}
 
 
-def reasoning_parser(name: str | None) -> ReasoningParser | None:
+def reasoning_parser(name: str | None) -> AnyReasoning | None:
     if name is None:
         return None
     if name not in PARSERS:

@@ -6,7 +6,9 @@ parser finds it in the text. As vLLM's parsers of the same names:
 * ``hermes`` (Hermes 2/3, Qwen 2.5/3 and most models trained on their format): ``<tool_call>{"name": ...,
   "arguments": {...}}</tool_call>`` blocks, after optional text;
 * ``llama3_json`` (Llama 3.1-3.3): the whole reply is ``{"name": ..., "parameters": {...}}`` (several joined
-  by ``;``), optionally after ``<|python_tag|>``.
+  by ``;``), optionally after ``<|python_tag|>``;
+* ``harmony`` (gpt-oss; with ``--reasoning-parser harmony``, which reads the reply's messages): a message to
+  ``functions.NAME`` whose content is the call's arguments (services/scheduler/harmony.py).
 
 A parser also says where in a reply so far the tool calls begin, and how much of its end could still be the
 start of one, so that streaming sends text as text and holds back what may turn out to be a call; and which
@@ -231,7 +233,54 @@ class Llama3JsonParser(ToolParser):
         return len(text) if not stripped or self.TAG.startswith(stripped) else 0
 
 
-PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser)}
+class HarmonyParser(ToolParser):
+    """Reads the answer the harmony reasoning parser leaves (services/scheduler/harmony.py): text, with each
+    function call written ``<|channel|>commentary to=functions.NAME<|message|>ARGUMENTS``, then ``<|call|>``
+    once its message ended (the reasoning parser writes a call's head whole, once the model's header is)."""
+
+    name = "harmony"
+    HEAD, MESSAGE, END = "<|channel|>commentary to=functions.", "<|message|>", "<|call|>"
+
+    def _calls(self, text: str) -> list[tuple[str, str]]:
+        """Each call begun: its name and the arguments written so far."""
+        out, at = [], text.find(self.HEAD)
+        while at >= 0:
+            name_at = at + len(self.HEAD)
+            body = text.find(self.MESSAGE, name_at)
+            if body < 0:
+                break
+            end = text.find(self.END, body)
+            out.append((text[name_at:body], text[body + len(self.MESSAGE): end if end >= 0 else len(text)]))
+            at = -1 if end < 0 else text.find(self.HEAD, end)
+        return out
+
+    def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        at = text.find(self.HEAD)
+        calls = self._calls(text)
+        if at < 0 or not all(_is_json(args) for _, args in calls):  # none, or cut short by max_tokens: text
+            return text, []
+        return (text[:at].strip() or None), [openai_call(name, args) for name, args in calls]
+
+    def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
+        return self._calls(text)
+
+    def start(self, text: str) -> int | None:
+        at = text.find(self.HEAD)
+        return at if at >= 0 else None
+
+    def held(self, text: str) -> int:
+        return partial_suffix(text, self.HEAD)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser, HarmonyParser)}
 
 
 def tool_parser(name: str | None) -> ToolParser | None:

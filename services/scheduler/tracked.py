@@ -9,7 +9,7 @@ import anyio
 from tokenizers import Tokenizer
 
 from services.common.errors import SeawallError
-from services.common.sampling_params import FinishReason
+from services.common.sampling_params import FinishReason, text_left_out
 from services.common.step import SampledToken, merge_prompt_scores
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.scheduler.core.request import Request
@@ -66,7 +66,12 @@ class TrackedRequest:
         if self.finished:
             return finish_reason
         self.num_emitted += 1
-        text = self.detok.push(token.token_id)
+        request = self.request
+        if text_left_out(request.params, token.token_id, finish_reason, request.eos_token_ids):
+            self.detok.push_stop_token()
+            text = ""
+        else:
+            text = self.detok.push(token.token_id)
         if finish_reason is None and self.detok.finished_by_stop_string is not None:
             finish_reason = FinishReason.STOP
         if finish_reason is not None:

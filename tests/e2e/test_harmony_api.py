@@ -1,0 +1,87 @@
+"""gpt-oss's harmony format through the chat and Responses APIs of a live mesh (``--reasoning-parser harmony
+--tool-call-parser harmony``). The built-in model, with three of its special tokens renamed to harmony's
+markers, is made to write what gpt-oss would by a Lark grammar that names those special tokens: so the reply
+holds real special tokens, which the API must decode (a mesh that skipped them would lose every header)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+from tests.e2e.test_openai_api import WEATHER, _sse
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+END, CHANNEL, MESSAGE = 2, 3, 4  # the built-in tokenizer's <|pad|>, <|start_header_id|>, <|end_header_id|>
+THINK = f'<[{CHANNEL}]> "analysis" <[{MESSAGE}]> "The user wants Oslo." <[{END}]>'
+
+
+def _grammar(*parts: str) -> dict:
+    return {"grammar": "start: " + " ".join(parts)}
+
+
+@pytest.fixture(scope="module")
+def harmony_http(tiny_model_dir, tmp_path_factory):
+    from tests.e2e.conftest import start_mesh
+
+    model = tmp_path_factory.mktemp("harmony") / "model"
+    shutil.copytree(tiny_model_dir, model)
+    names = {END: "<|end|>", CHANNEL: "<|channel|>", MESSAGE: "<|message|>"}
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    for token in tokenizer["added_tokens"]:
+        token["content"] = names.get(token["id"], token["content"])
+    vocab = tokenizer["model"]["vocab"]
+    tokenizer["model"]["vocab"] = {k: i for k, i in vocab.items() if i not in names} | {n: i for i, n in names.items()}
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.update(pad_token="<|end|>", chat_template="{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                                                     "{% endfor %}assistant:")
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    mesh = start_mesh(model, tmp_path_factory.mktemp("harmony-logs"), mode="colocated", scheduler_args=[
+        "--reasoning-parser", "harmony", "--tool-call-parser", "harmony", "--structured-output-in-reasoning"])
+    with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
+        yield client
+    mesh.stop()
+
+
+def test_the_analysis_channel_is_the_thought_and_final_the_answer(harmony_http):
+    body = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 60, "temperature": 0,
+            "structured_outputs": _grammar(THINK, f'<[{CHANNEL}]> "final" <[{MESSAGE}]> "Sunny."')}
+    choice = harmony_http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "Sunny.",
+                                 "reasoning_content": "The user wants Oslo."}
+    assert choice["finish_reason"] == "stop"
+    events = _sse(harmony_http.post("/v1/chat/completions", json={**body, "stream": True}))
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "The user wants Oslo."
+    assert "".join(d.get("content") or "" for d in deltas) == "Sunny."
+    # usage counts the thought's tokens, through the <|end|> that closes it: 1 + "analysis" + 1 + text + 1
+    analysis = len(harmony_http.post("/tokenize", json={"prompt": "analysis"}).json()["tokens"])
+    text = len(harmony_http.post("/tokenize", json={"prompt": "The user wants Oslo."}).json()["tokens"])
+    usage = harmony_http.post("/v1/chat/completions", json=body).json()["usage"]
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": 3 + analysis + text}
+
+
+def test_a_message_to_a_function_is_a_tool_call(harmony_http):
+    call = f'<[{CHANNEL}]> "commentary to=functions.weather" <[{MESSAGE}]> "{{\\"city\\": \\"Oslo\\", \\"days\\": 2}}"'
+    body = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 80, "temperature": 0,
+            "tools": [WEATHER], "structured_outputs": _grammar(THINK, call)}
+    choice = harmony_http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert choice["message"]["reasoning_content"] == "The user wants Oslo."
+    (got,) = choice["message"]["tool_calls"]
+    assert got["function"] == {"name": "weather", "arguments": '{"city": "Oslo", "days": 2}'}
+    events = _sse(harmony_http.post("/v1/chat/completions", json={**body, "stream": True}))
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    streamed = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [c["function"]["name"] for c in streamed if "id" in c] == ["weather"]
+    assert "".join(c["function"]["arguments"] for c in streamed) == got["function"]["arguments"]
+    assert not "".join(d.get("content") or "" for d in deltas)
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    response = harmony_http.post("/v1/responses", json={
+        "input": "Weather in Oslo?", "max_output_tokens": 80, "temperature": 0,
+        "tools": [{"type": "function", **WEATHER["function"]}], "structured_outputs": _grammar(THINK, call)}).json()
+    assert [item["type"] for item in response["output"]] == ["reasoning", "function_call"], response
