@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
-import jinja2.sandbox
+import jinja2
 from anyio.abc import TaskGroup
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
@@ -47,6 +47,7 @@ from services.common.sampling_params import (
 from services.common.step import LoraRef
 from services.common.version import VERSION
 from services.scheduler.admission import check_cache_salt
+from services.scheduler.chat_template import load_template, special_tokens, template_messages
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_body, error_response, json_body, streaming
@@ -107,7 +108,8 @@ class OpenAIApi:
         self.tool_parser = tool_parser
         self.reasoning = reasoning
         self.structured_in_reasoning = structured_in_reasoning
-        self._template = _chat_template(frontend)
+        self._template = load_template(frontend.checkpoint.path)
+        self._special_tokens = special_tokens(frontend.checkpoint.path)
         self.texts = TokenTexts(frontend.tokenizer)
 
     async def health(self, request: Request) -> Response:
@@ -272,8 +274,9 @@ class OpenAIApi:
         add_prompt, continue_final = _turn_options(body)
         # Tools go to the template as the client sent them: templates that describe tools to the model do so.
         # chat_template_kwargs come last and win, as in vLLM.
-        variables = {**_special_tokens(self.frontend), "add_generation_prompt": add_prompt,
-                     **({"tools": body["tools"]} if body.get("tools") else {}), **kwargs, "messages": messages}
+        variables = {**self._special_tokens, "add_generation_prompt": add_prompt,
+                     **({"tools": body["tools"]} if body.get("tools") else {}), **kwargs,
+                     "messages": template_messages(messages)}
         try:
             text = self._template.render(**variables)
         except jinja2.TemplateError as exc:  # e.g. a template that raises on a role order it does not support
@@ -509,28 +512,3 @@ def _usage(tracked: Sequence[TrackedRequest], n: int, reasoning_tokens: int | No
 
 def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
-
-
-def _chat_template(frontend: Frontend) -> jinja2.Template | None:
-    cfg = _tokenizer_config(frontend)
-    source = cfg.get("chat_template")
-    if isinstance(source, list):  # several named templates: take the default one
-        source = next((t["template"] for t in source if t.get("name") == "default"), None)
-    if not source:
-        return None
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(source)
-
-
-def _special_tokens(frontend: Frontend) -> dict[str, str]:
-    cfg = _tokenizer_config(frontend)
-    out = {}
-    for key in ("bos_token", "eos_token"):
-        value = cfg.get(key)
-        out[key] = value.get("content", "") if isinstance(value, dict) else (value or "")
-    return out
-
-
-def _tokenizer_config(frontend: Frontend) -> dict:
-    path = frontend.checkpoint.path / "tokenizer_config.json"
-    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,79 @@
+"""Chat templates render as transformers' ``apply_chat_template`` renders them (services/scheduler/
+chat_template.py): the same text for templates that use what transformers gives them, read from where
+transformers reads them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jinja2
+import pytest
+
+from services.scheduler.chat_template import load_template, special_tokens, template_messages
+
+transformers = pytest.importorskip("transformers")
+
+# Each feature transformers gives templates, used as templates in the wild use it.
+TEMPLATE = (
+    "{{ bos_token }}{% if strftime_now is defined %}Today: {{ strftime_now('%d %b %Y') }}\n{% endif %}"
+    "{% if tools %}Tools: {{ tools | tojson }}\nIndented: {{ tools[0] | tojson(indent=2) }}\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role not in ['system', 'user', 'assistant', 'tool'] %}{{ raise_exception('bad role ' + m.role) }}"
+    "{% endif %}"
+    "{% if loop.index > 5 %}{% break %}{% endif %}"
+    "<{{ m.role }}>{% if m.thinking is defined %}[{{ m.thinking }}]{% endif %}"
+    "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}"
+    "{% endif %}{{ pad_token }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}")
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Temperature in <°C> & wind",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Zürich?"},
+            {"role": "assistant", "content": "Sunny.", "reasoning_content": "Look it up."},
+            {"role": "user", "content": "Tomorrow?"}]
+
+
+@pytest.fixture
+def checkpoint(tmp_path, tiny_model_dir):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, tmp_path / name)
+    return tmp_path
+
+
+def _theirs(path, messages, **kwargs):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+
+
+def _ours(path, messages, tools=None, add_generation_prompt=False):
+    return load_template(path).render(**special_tokens(path), messages=template_messages(messages),
+                                      add_generation_prompt=add_generation_prompt, **({"tools": tools} if tools else {}))
+
+
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+def test_templates_render_as_transformers_renders_them(checkpoint, where):
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    if where == "chat_template.jinja":  # it wins over tokenizer_config.json's, as in transformers
+        (checkpoint / "chat_template.jinja").write_text(TEMPLATE)
+        config["chat_template"] = "{{ 'not this one' }}"
+    else:
+        config["chat_template"] = TEMPLATE
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    for messages, kwargs in ((MESSAGES, {"tools": TOOLS, "add_generation_prompt": True}), (MESSAGES * 2, {})):
+        want = _theirs(checkpoint, messages, **kwargs)
+        assert _ours(checkpoint, messages, **kwargs) == want
+    assert '"Temperature in <°C> & wind"' in want or '"Temperature in <°C> & wind"' in _ours(
+        checkpoint, MESSAGES, TOOLS)  # neither HTML-escaped nor ASCII-escaped
+    assert "[Look it up.]" in want  # reasoning_content reaches a template that reads "thinking"
+    with pytest.raises(jinja2.TemplateError, match="bad role critic"):
+        _ours(checkpoint, [{"role": "critic", "content": "x"}])
+
+
+def test_no_template_anywhere_is_none_and_named_templates_take_the_default(checkpoint):
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    assert load_template(checkpoint) is None
+    config["chat_template"] = [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "plain"}]
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    assert load_template(checkpoint).render(messages=[]) == "plain"
