@@ -14,6 +14,7 @@ from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
 from services.engine.model import LlamaForCausalLM
+from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
 from services.engine.rope import inverse_frequencies
 
@@ -48,6 +49,7 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     with torch.device("meta"):
         model = LlamaForCausalLM(ckpt.config)
     model = model.to_empty(device=device).to(dtype)
+    routers_in_fp32(model)
     # RoPE frequencies stay fp32 whatever the weights' dtype, as in transformers.
     model.rotary.inv_freq = inverse_frequencies(ckpt.config).to(device)
     if model.local_rotary is not None:

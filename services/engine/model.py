@@ -16,6 +16,7 @@ tiny model a 64-decode pass is ~1.6 ms, and the modules' calls and attribute loo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -323,8 +324,8 @@ class LlamaForCausalLM(nn.Module):
         experts: dict[str, set[tuple[int, str]]] = {}  # stacked expert parameter -> (expert, part) copied
         loaded: set[str] = set()
         for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue  # old checkpoints saved the RoPE buffer; it is recomputed from the config
+            if "rotary_emb.inv_freq" in name or (c.mtp_layers and _layer_of(name) >= c.num_hidden_layers):
+                continue  # the RoPE buffer old checkpoints saved (recomputed), multi-token-prediction layers
             if self.config.norm_unit_offset and name.endswith("norm.weight"):
                 tensor = tensor.float() + 1.0  # Gemma stores w for a scale of 1 + w
             name = checkpoint_name(name)
@@ -389,6 +390,12 @@ _FUSED = {
     "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", "gate"),  # Qwen2-MoE
     "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", "up"),
 }
+
+
+def _layer_of(name: str) -> int:
+    """The decoder layer a weight belongs to, -1 for none."""
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return int(m[1]) if m else -1
 
 
 def _fused_target(name: str) -> tuple[str, str] | None:

@@ -37,9 +37,10 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
-                           "Exaone4ForCausalLM", "GptOssForCausalLM")
+                           "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
 _GPT_OSS = ("GptOssForCausalLM",)
+_PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4MoeForCausalLM")
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                  "original_max_position_embeddings": 4096}
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
@@ -122,15 +123,28 @@ class ModelConfig:
     # transformers' Mixtral weighs expert outputs by the fp32 probabilities; Qwen's cast them to the model's
     # dtype first (the two differ in bf16 only).
     routing_weights_fp32: bool = False
-    # GPT-OSS's experts: the router has a bias and takes the softmax of the top-k logits (not the top k of
-    # the softmax); experts have biases and a clamped SwiGLU, (up + 1) * gate * sigmoid(swiglu_alpha * gate)
-    # with gate <= swiglu_limit and |up| <= swiglu_limit (None: plain SwiGLU).
-    softmax_after_topk: bool = False
+    # How the router picks and weighs experts (moe.py): "softmax" (the top k of the softmax over its logits:
+    # Mixtral, Qwen, OLMoE), "topk_softmax" (the softmax of the top k logits: GPT-OSS), "sigmoid" (GLM-4.5,
+    # DeepSeek-V3: sigmoid scores in fp32; the top k by score plus a learned correction bias, within the
+    # moe_topk_groups best of moe_groups groups of experts; weighed by their scores, renormalized with
+    # norm_topk_prob, times routed_scaling_factor).
+    moe_routing: str = "softmax"
+    moe_groups: int = 1
+    moe_topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    # Qwen2-MoE scales its shared expert by a sigmoid gate of its own; GLM-4.5 adds it as it is.
+    shared_expert_gated: bool = True
+    # GPT-OSS's experts: the router and each expert have biases; experts have a clamped SwiGLU,
+    # (up + 1) * gate * sigmoid(swiglu_alpha * gate) with gate <= swiglu_limit and |up| <= swiglu_limit
+    # (None: plain SwiGLU).
     moe_biases: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
     # Layers whose attention uses no positions (no RoPE; SmolLM3's every fourth layer).
     nope_layers: tuple[int, ...] = ()
+    # Multi-token-prediction layers the checkpoint holds after the model's own (GLM-4.5, DeepSeek-V3:
+    # num_nextn_predict_layers): not served, their weights skipped.
+    mtp_layers: int = 0
     # FP8 weights (fp8.py dequantizes them while they load): the name of their scale tensors
     # ("weight_scale_inv" for quant_method fp8, "weight_scale" for compressed-tensors; None: weights as
     # stored) and the (rows, cols) tile each scale covers (None: per output channel or per tensor).
@@ -154,7 +168,7 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config.json: {name} must be >= 1, got {getattr(self, name)}")
         for name in ("embed_scale", "attn_scale", "local_rope_theta", "attn_softcap", "final_softcap",
-                     "residual_scale", "logits_divisor", "swiglu_limit"):
+                     "residual_scale", "logits_divisor", "swiglu_limit", "routed_scaling_factor"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
@@ -264,10 +278,11 @@ class ModelConfig:
             granite, gpt_oss = arch == "GraniteForCausalLM", arch == "GptOssForCausalLM"
             if gemma:
                 _check_gemma(raw, gemma3)
-            partial = float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0)
-            if partial != 1.0 and arch != "Phi3ForCausalLM":  # only transformers' Phi-3 rotates part of a head
+            partial = float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor")
+                            or (0.5 if arch == "Glm4MoeForCausalLM" else 1.0))  # transformers' defaults
+            if partial != 1.0 and arch not in _PARTIAL_ROTARY:  # transformers' others rotate whole heads
                 raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
-                                     "is supported for Phi3ForCausalLM only")
+                                     f"is supported for {' and '.join(_PARTIAL_ROTARY)} only")
             if raw.get("clip_qkv") is not None:
                 raise ModelLoadError(f"config.json: clip_qkv is {raw['clip_qkv']}; clipping q, k and v is not "
                                      "supported")
@@ -303,7 +318,7 @@ class ModelConfig:
                 o_proj_bias=gpt_oss and bool(raw.get("attention_bias", True)),
                 attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
-                                 *_OLMOS),
+                                 *_OLMOS) or (arch == "Glm4MoeForCausalLM" and bool(raw.get("use_qk_norm"))),
                 qk_norm_whole=arch in _OLMOS,
                 pre_norms=arch not in ("Olmo2ForCausalLM", "Exaone4ForCausalLM"),
                 attn_softcap=_float_or_none(raw, "attn_logit_softcapping", 50.0) if not gemma3 and gemma else None,
@@ -323,6 +338,7 @@ class ModelConfig:
                 local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
                 **moe_fields(raw, arch, int(raw["num_hidden_layers"])),
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
+                mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
                 **quant_fields(raw.get("quantization_config")),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,

@@ -7,7 +7,8 @@ top-k, renormalized to sum to 1 where the checkpoint says so, then each expert o
 grouped GEMM per projection for all experts), added into the output in expert order, as transformers adds
 them. Qwen2-MoE adds a shared expert every token passes, scaled by a sigmoid gate of its own. GPT-OSS's
 router has a bias and takes the softmax of the top-k logits instead; its experts have biases and a clamped
-SwiGLU (``ClampedSwiGLU``).
+SwiGLU (``ClampedSwiGLU``). GLM-4.5 routes as DeepSeek-V3 does (``_sigmoid_routing``), its router in fp32 in
+any dtype, and adds an ungated shared expert.
 
 The experts' weights are stacked as transformers >= 5 holds them: ``experts.gate_up_proj`` ``[E, 2I, H]``
 (each expert's gate then up rows) and ``experts.down_proj`` ``[E, H, I]``; ``copy_expert`` copies a
@@ -62,13 +63,18 @@ class SparseMoE(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.normalize = config.norm_topk_prob
         self.weights_in_fp32 = config.routing_weights_fp32
-        self.softmax_after_topk = config.softmax_after_topk
+        self.routing = config.moe_routing
+        self.groups, self.topk_groups = config.moe_groups, config.moe_topk_groups
+        self.scaling = config.routed_scaling_factor
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)  # the router
+        if self.routing == "sigmoid":  # added to the scores when experts are chosen, not when they are weighed
+            self.gate.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts))
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size,
                                config.moe_biases)
         self.act = ClampedSwiGLU(config.swiglu_limit, config.swiglu_alpha) if config.swiglu_limit is not None else None
         self.shared_expert = shared_expert
-        self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False) if shared_expert is not None else None
+        self.shared_expert_gate = (nn.Linear(config.hidden_size, 1, bias=False)
+                                   if shared_expert is not None and config.shared_expert_gated else None)
 
     def forward(self, x: torch.Tensor, lora: object = None,
                 act_mul: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
@@ -76,11 +82,13 @@ class SparseMoE(nn.Module):
         CPU kernel; default: torch ops). ``lora`` is the dense MLP's argument: adapters of an MoE layer's MLP are
         refused when they are read (services/common/lora.py), so there is nothing to add."""
         act_mul = self.act or act_mul or silu_mul
-        logits = F.linear(x, self.gate.weight, self.gate.bias)
-        if self.softmax_after_topk:  # GPT-OSS: in the model's dtype, as transformers computes it
-            top, chosen = torch.topk(logits, self.top_k, dim=-1)
+        if self.routing == "sigmoid":
+            weights, chosen = self._sigmoid_routing(x)
+        elif self.routing == "topk_softmax":  # GPT-OSS: in the model's dtype, as transformers computes it
+            top, chosen = torch.topk(F.linear(x, self.gate.weight, self.gate.bias), self.top_k, dim=-1)
             weights = torch.softmax(top, dim=-1, dtype=top.dtype)
         else:
+            logits = F.linear(x, self.gate.weight)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
             weights, chosen = torch.topk(probs, self.top_k, dim=-1)
             if self.normalize:
@@ -107,8 +115,28 @@ class SparseMoE(nn.Module):
         # index_add_ sums each token's rows in their order, experts ascending, as transformers adds them.
         out.index_add_(0, tokens, (h * weights.flatten()[order, None]).to(out.dtype))
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * self.shared_expert(x, None)
+            shared = self.shared_expert(x, None)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * shared
+            out = out + shared
         return out
+
+    def _sigmoid_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek-V3's routing, as transformers' GLM-4.5 computes it (fp32): sigmoid scores; each group of
+        experts ranked by the sum of its two best scores plus their correction biases; the top k experts by
+        score plus bias among the ``topk_groups`` best groups; weighed by their scores (no bias), renormalized
+        and scaled."""
+        scores = F.linear(x.float(), self.gate.weight.float()).sigmoid()
+        choice = scores + self.gate.e_score_correction_bias.float()
+        if self.groups > 1:
+            best = choice.view(x.shape[0], self.groups, -1).topk(2, dim=-1)[0].sum(dim=-1)
+            keep = torch.zeros_like(best).scatter_(1, best.topk(self.topk_groups, dim=-1)[1], 1.0).bool()
+            choice = choice.masked_fill(~keep.repeat_interleave(choice.shape[1] // self.groups, dim=1), float("-inf"))
+        chosen = choice.topk(self.top_k, dim=-1)[1]
+        weights = scores.gather(1, chosen)
+        if self.normalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.scaling, chosen
 
 
 def grouped_mm(rows: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -169,5 +197,13 @@ def missing_experts(target: str, seen: set[tuple[int, str]], num_experts: int) -
 
 
 def checkpoint_name(name: str) -> str:
-    """Mixtral's router under the name the model holds it by (``block_sparse_moe`` -> ``mlp``)."""
-    return name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
+    """Mixtral's router and GLM-4.5's shared expert under the names the model holds them by."""
+    return name.replace(".block_sparse_moe.gate.", ".mlp.gate.").replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+
+
+def routers_in_fp32(model: nn.Module) -> None:
+    """Sigmoid routers stay fp32 in a low-precision model, as transformers keeps them: a bf16 router would pick
+    other experts."""
+    for module in model.modules():
+        if isinstance(module, SparseMoE) and module.routing == "sigmoid":
+            module.gate.float()

@@ -1,4 +1,4 @@
-"""The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS), read as
+"""The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, GLM-4.5), read as
 transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 # (None: intermediate_size), shared expert width (Qwen2-MoE).
 MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (60, 4, 1408, 5632),
                 "Qwen3MoeForCausalLM": (128, 8, 768, 0), "OlmoeForCausalLM": (64, 8, None, 0),
-                "GptOssForCausalLM": (128, 4, None, 0)}
+                "GptOssForCausalLM": (128, 4, None, 0), "Glm4MoeForCausalLM": (128, 8, 1408, 0)}
+MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid")
 
 
 def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
@@ -22,7 +23,9 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     as ``intermediate_size``, top-k renormalized; OLMoE the same, renormalized only with ``norm_topk_prob``;
     Qwen routes in every ``decoder_sparse_step``-th layer not in ``mlp_only_layers``, experts
     ``moe_intermediate_size`` wide, renormalized only with ``norm_topk_prob``; GPT-OSS routes in every layer,
-    softmax over the top-k logits of a router with a bias, to experts with biases and a clamped SwiGLU."""
+    softmax over the top-k logits of a router with a bias, to experts with biases and a clamped SwiGLU; GLM-4.5
+    routes from layer ``first_k_dense_replace`` on, by sigmoid scores within groups (DeepSeek-V3's routing),
+    beside ``n_shared_experts`` shared experts' worth of an ungated shared expert."""
     if arch not in MOE_DEFAULTS:
         return {}
     experts, top_k, width, shared = MOE_DEFAULTS[arch]
@@ -35,8 +38,17 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
         return dict(num_experts=int(raw.get("num_local_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
                     moe_intermediate_size=int(raw["intermediate_size"]), moe_layers=tuple(range(layers)),
-                    softmax_after_topk=True, moe_biases=True, swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
+                    moe_routing="topk_softmax", moe_biases=True, swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
                     swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)))
+    if arch == "Glm4MoeForCausalLM":
+        first, width = int(raw.get("first_k_dense_replace", 1)), int(raw.get("moe_intermediate_size") or width)
+        return dict(num_experts=int(raw.get("n_routed_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
+                    norm_topk_prob=bool(raw.get("norm_topk_prob", True)), moe_layers=tuple(range(first, layers)),
+                    shared_expert_intermediate_size=width * int(raw.get("n_shared_experts", 1)),
+                    shared_expert_gated=False, moe_routing="sigmoid", moe_groups=int(raw.get("n_group") or 1),
+                    moe_topk_groups=int(raw.get("topk_group") or 1),
+                    routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)), routing_weights_fp32=True)
     if arch == "OlmoeForCausalLM":
         return dict(num_experts=int(raw.get("num_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
@@ -66,6 +78,15 @@ def check_moe(config: ModelConfig) -> None:
     if config.hidden_act != "silu":
         raise ModelLoadError(f"config.json: experts with hidden activation {config.hidden_act!r}; only silu is "
                              "supported in a mixture of experts")
+    if config.moe_routing not in MOE_ROUTINGS:
+        raise ModelLoadError(f"moe_routing must be one of {', '.join(MOE_ROUTINGS)}, got {config.moe_routing!r}")
+    groups, chosen = config.moe_groups, config.moe_topk_groups
+    if groups < 1 or config.num_experts % groups or not 1 <= chosen <= groups or (
+            groups > 1 and config.num_experts // groups < 2) or config.num_experts_per_tok > chosen * (
+            config.num_experts // groups):
+        raise ModelLoadError(f"config.json: {config.num_experts} experts in n_group {groups} groups of at least 2, "
+                             f"topk_group {chosen} of them, must hold num_experts_per_tok "
+                             f"({config.num_experts_per_tok}) experts")
     if not config.swiglu_alpha > 0:
         raise ModelLoadError(f"config.json: swiglu_alpha must be > 0, got {config.swiglu_alpha}")
     if any(not 0 <= layer < config.num_hidden_layers for layer in config.moe_layers):

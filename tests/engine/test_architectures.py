@@ -86,6 +86,12 @@ CASES = {
     "gpt-oss": lambda: transformers.GptOssConfig(
         head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
         swiglu_limit=2.0, **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
+    # GLM-4.5: DeepSeek-V3's routing (sigmoid scores, a correction bias, the best 2 of 4 groups, renormalized and
+    # scaled), an ungated shared expert, layer 0 dense, q/k norms and biases, RoPE over half of each head.
+    "glm4-moe": lambda: transformers.Glm4MoeConfig(
+        n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=2, n_group=4,
+        topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+        **{**COMMON, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -113,6 +119,9 @@ def save_checkpoint(config, out, tiny_model_dir):
         for name, p in model.named_parameters():
             # Sinks (GPT-OSS) near the scores' scale, so that they change the attention.
             p.normal_(1.0, 0.2) if "norm" in name else p.normal_(4.0, 2.0) if "sinks" in name else p.normal_(0.0, 0.3)
+        for name, b in model.named_buffers():  # GLM-4.5's routing bias: enough to change which experts are chosen
+            if "e_score_correction_bias" in name:
+                b.normal_(0.0, 0.3)
     model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_model_dir / name, out / name)
@@ -241,7 +250,8 @@ def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoi
     routed = [hasattr(layer.mlp, "experts") for layer in model.model.layers]
     assert [config.is_moe(i) for i in range(3)] == routed
     if any(routed):
-        assert config.num_experts == model.config.num_experts
+        names = ("num_experts", "num_local_experts", "n_routed_experts")  # as each architecture names it
+        assert config.num_experts == next(getattr(model.config, n) for n in names if hasattr(model.config, n))
         assert config.num_experts_per_tok == model.config.num_experts_per_tok
 
 
@@ -302,7 +312,7 @@ GPT_OSS_20B = {  # its config.json as released, but for the 24 layer types (gene
 def test_gpt_oss_configs_read_as_released_and_with_transformers_defaults():
     config = ModelConfig.from_dict(GPT_OSS_20B)
     assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (32, 4, 2880)
-    assert config.moe_layers == tuple(range(24)) and config.softmax_after_topk and config.moe_biases
+    assert config.moe_layers == tuple(range(24)) and config.moe_routing == "topk_softmax" and config.moe_biases
     assert (config.swiglu_limit, config.swiglu_alpha) == (7.0, 1.702)
     assert config.attention_bias and config.o_proj_bias and config.attention_sinks and config.mxfp4
     assert config.sliding_window == 128 and config.sliding_layers == tuple(range(0, 24, 2))
@@ -320,6 +330,54 @@ def test_gpt_oss_configs_read_as_released_and_with_transformers_defaults():
     assert (ours.swiglu_limit, ours.swiglu_alpha) == (theirs.swiglu_limit, theirs.swiglu_alpha)
     with pytest.raises(ModelLoadError, match="swiglu_limit must be > 0"):
         ModelConfig.from_dict({**GPT_OSS_20B, "swiglu_limit": 0})
+
+
+GLM_45_AIR = {  # its config.json as released
+    "architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "first_k_dense_replace": 1, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 10944, "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46,
+    "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000, "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1,
+    "use_qk_norm": False, "vocab_size": 151552, "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329}
+
+
+def test_glm_configs_read_as_released_and_what_cannot_route_is_refused():
+    config = ModelConfig.from_dict(GLM_45_AIR)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (128, 8, 1408)
+    assert config.moe_layers == tuple(range(1, 46)) and config.shared_expert_intermediate_size == 1408
+    assert config.moe_routing == "sigmoid" and not config.shared_expert_gated and config.norm_topk_prob
+    assert config.rotary_dim == 64 and config.attention_bias and not config.qk_norm and config.mtp_layers == 1
+    assert ModelConfig.from_dict({k: v for k, v in GLM_45_AIR.items() if k != "partial_rotary_factor"}).rotary_dim == 64
+    with pytest.raises(ModelLoadError, match="128 experts in n_group 3 groups"):
+        ModelConfig.from_dict({**GLM_45_AIR, "n_group": 3})
+    with pytest.raises(ModelLoadError, match="topk_group 1 of them, must hold num_experts_per_tok"):
+        ModelConfig.from_dict({**GLM_45_AIR, "n_group": 64})  # one group of 2 cannot hold 8 experts
+
+
+def test_multi_token_prediction_layers_are_skipped_and_routers_stay_fp32(tmp_path, tiny_model_dir):
+    """GLM-4.5's checkpoints hold a multi-token-prediction layer after the model's own; a checkpoint without
+    num_nextn_predict_layers that holds one is refused, naming the weight."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    model = save_checkpoint(CASES["glm4-moe"](), tmp_path, tiny_model_dir)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    weights |= {"model.layers.3.eh_proj.weight": torch.ones(64, 128), "model.layers.3.enorm.weight": torch.ones(64)}
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    prompts = [[5, 6, 7, 8]]
+    engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32"), SchedulerConfig())
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                                                   logprobs=0)])
+    assert_matches_transformers(model, prompts, got)
+    bf16 = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="bfloat16"), SchedulerConfig())
+    gate = bf16.runner.model.model.layers[1].mlp.gate
+    assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32  # as transformers keeps them
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    with pytest.raises(ModelLoadError, match="unexpected weight 'model.layers.3"):
+        OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32"), SchedulerConfig())
 
 
 def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_model_dir):

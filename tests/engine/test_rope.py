@@ -73,7 +73,7 @@ def test_longrope_and_partial_rotary_configs_are_checked():
         ModelConfig.from_dict({k: v for k, v in raw.items() if k != "original_max_position_embeddings"})
     with pytest.raises(ModelLoadError, match="even number of rotated features"):
         ModelConfig.from_dict({**raw, "rope_scaling": None, "partial_rotary_factor": 0.01})
-    with pytest.raises(ModelLoadError, match="for Phi3ForCausalLM only"):
+    with pytest.raises(ModelLoadError, match="RoPE over part of each head is supported for Phi3ForCausalLM"):
         ModelConfig.from_dict({**raw, "architectures": ["LlamaForCausalLM"], "partial_rotary_factor": 0.5})
     with pytest.raises(InvalidArgument, match="max_model_len 131073 must be between 1 and"):
         ModelConfig.from_dict(raw).with_max_model_len(131073)
