@@ -37,10 +37,12 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
-                           "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM")
+                           "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
+                           "Dots1ForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
+_WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
 _GPT_OSS = ("GptOssForCausalLM",)
-_PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4MoeForCausalLM")
+_PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                  "original_max_position_embeddings": 4096}
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
@@ -132,6 +134,9 @@ class ModelConfig:
     moe_groups: int = 1
     moe_topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    # Whether a sigmoid router computes its logits in fp32 with fp32 weights (GLM-4.5, dots.llm1; transformers
+    # keeps them fp32), or in the model's dtype (MiniMax-M2; the scores are fp32 either way).
+    router_fp32: bool = True
     # Qwen2-MoE scales its shared expert by a sigmoid gate of its own; GLM-4.5 adds it as it is.
     shared_expert_gated: bool = True
     # GPT-OSS's experts: the router and each expert have biases; experts have a clamped SwiGLU,
@@ -278,11 +283,10 @@ class ModelConfig:
             granite, gpt_oss = arch == "GraniteForCausalLM", arch == "GptOssForCausalLM"
             if gemma:
                 _check_gemma(raw, gemma3)
-            partial = float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor")
-                            or (0.5 if arch == "Glm4MoeForCausalLM" else 1.0))  # transformers' defaults
-            if partial != 1.0 and arch not in _PARTIAL_ROTARY:  # transformers' others rotate whole heads
-                raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head "
-                                     f"is supported for {' and '.join(_PARTIAL_ROTARY)} only")
+            head_dim = _head_dim(raw, arch, heads)
+            window = _sliding_window(raw, arch)  # with no layer sliding, there is no window
+            sliding_layers = _sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None
+            partial = _partial_rotary(raw, arch, params, head_dim)
             if raw.get("clip_qkv") is not None:
                 raise ModelLoadError(f"config.json: clip_qkv is {raw['clip_qkv']}; clipping q, k and v is not "
                                      "supported")
@@ -305,7 +309,7 @@ class ModelConfig:
                 num_hidden_layers=int(raw["num_hidden_layers"]),
                 num_attention_heads=heads,
                 num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=int(raw.get("head_dim") or (64 if gpt_oss else int(raw["hidden_size"]) // heads)),
+                head_dim=head_dim,
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(rope_theta or (1e6 if gemma3 else 10000.0)),
@@ -318,13 +322,14 @@ class ModelConfig:
                 o_proj_bias=gpt_oss and bool(raw.get("attention_bias", True)),
                 attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
-                                 *_OLMOS) or (arch == "Glm4MoeForCausalLM" and bool(raw.get("use_qk_norm"))),
-                qk_norm_whole=arch in _OLMOS,
+                                 "Dots1ForCausalLM", *_WHOLE_QK_NORM)
+                or (arch == "Glm4MoeForCausalLM" and bool(raw.get("use_qk_norm"))),
+                qk_norm_whole=arch in _WHOLE_QK_NORM,
                 pre_norms=arch not in ("Olmo2ForCausalLM", "Exaone4ForCausalLM"),
                 attn_softcap=_float_or_none(raw, "attn_logit_softcapping", 50.0) if not gemma3 and gemma else None,
                 final_softcap=_float_or_none(raw, "final_logit_softcapping", 30.0) if not gemma3 and gemma else None,
-                sliding_window=(window := _sliding_window(raw, arch)),
-                sliding_layers=_sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None,
+                sliding_window=window if sliding_layers != () else None,
+                sliding_layers=sliding_layers or None,
                 hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu"),
                 embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma else float(raw.get("embedding_multiplier", 1.0))
                 if granite else 1.0,
@@ -360,6 +365,25 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ModelLoadError(f"{path} must hold a JSON object")
         return cls.from_dict(raw)
+
+
+def _head_dim(raw: dict[str, Any], arch: str, heads: int) -> int:
+    """``head_dim``, else transformers' default: GPT-OSS's 64, MiniMax-M2's 128, hidden_size / heads."""
+    defaults = {"GptOssForCausalLM": 64, "MiniMaxM2ForCausalLM": 128}
+    return int(raw.get("head_dim") or defaults.get(arch) or int(raw["hidden_size"]) // heads)
+
+
+def _partial_rotary(raw: dict[str, Any], arch: str, params: dict[str, Any], head_dim: int) -> float:
+    """The share of each head RoPE rotates, as transformers reads it: ``partial_rotary_factor`` (top level or in
+    rope_parameters), MiniMax-M2's ``rotary_dim``, GLM-4.5's default of a half; only the architectures whose
+    transformers model rotates part of a head may."""
+    partial = float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor")
+                    or (raw["rotary_dim"] / head_dim if raw.get("rotary_dim") else 0)
+                    or (0.5 if arch == "Glm4MoeForCausalLM" else 1.0))
+    if partial != 1.0 and arch not in _PARTIAL_ROTARY:
+        raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head is "
+                             f"supported for {', '.join(_PARTIAL_ROTARY)} only")
+    return partial
 
 
 def _rope_fields(raw: dict[str, Any], arch: str) -> tuple[Any, Any, Any, dict[str, Any]]:
@@ -420,7 +444,7 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
         if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
             return tuple(i for i in range(layers) if pattern[i % len(pattern)] == "L")
         return tuple(i for i in range(layers) if (i + 1) % int(pattern))
-    return tuple(range(int(raw.get("max_window_layers", 28)), layers))
+    return tuple(range(int(raw.get("max_window_layers", 62 if arch == "Dots1ForCausalLM" else 28)), layers))
 
 
 def _nope_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]:

@@ -66,6 +66,7 @@ class SparseMoE(nn.Module):
         self.routing = config.moe_routing
         self.groups, self.topk_groups = config.moe_groups, config.moe_topk_groups
         self.scaling = config.routed_scaling_factor
+        self.router_fp32 = config.router_fp32
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)  # the router
         if self.routing == "sigmoid":  # added to the scores when experts are chosen, not when they are weighed
             self.gate.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts))
@@ -126,7 +127,8 @@ class SparseMoE(nn.Module):
         experts ranked by the sum of its two best scores plus their correction biases; the top k experts by
         score plus bias among the ``topk_groups`` best groups; weighed by their scores (no bias), renormalized
         and scaled."""
-        scores = F.linear(x.float(), self.gate.weight.float()).sigmoid()
+        logits = F.linear(x.float(), self.gate.weight.float()) if self.router_fp32 else F.linear(x, self.gate.weight)
+        scores = logits.float().sigmoid()
         choice = scores + self.gate.e_score_correction_bias.float()
         if self.groups > 1:
             best = choice.view(x.shape[0], self.groups, -1).topk(2, dim=-1)[0].sum(dim=-1)
@@ -196,14 +198,22 @@ def missing_experts(target: str, seen: set[tuple[int, str]], num_experts: int) -
     return f"{target}: missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} weights" if missing else None
 
 
+_RENAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".mlp.shared_experts.", ".mlp.shared_expert."),
+            (".block_sparse_moe.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
+            (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"))
+
+
 def checkpoint_name(name: str) -> str:
-    """Mixtral's router and GLM-4.5's shared expert under the names the model holds them by."""
-    return name.replace(".block_sparse_moe.gate.", ".mlp.gate.").replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+    """Mixtral's and MiniMax-M2's routers, GLM-4.5's shared expert and MiniMax-M2's routing bias under the names
+    the model holds them by."""
+    for old, new in _RENAMES:
+        name = name.replace(old, new)
+    return name
 
 
 def routers_in_fp32(model: nn.Module) -> None:
     """Sigmoid routers stay fp32 in a low-precision model, as transformers keeps them: a bf16 router would pick
     other experts."""
     for module in model.modules():
-        if isinstance(module, SparseMoE) and module.routing == "sigmoid":
+        if isinstance(module, SparseMoE) and module.routing == "sigmoid" and module.router_fp32:
             module.gate.float()

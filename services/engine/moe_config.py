@@ -1,4 +1,5 @@
-"""The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, GLM-4.5), read as
+"""The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, GLM-4.5,
+dots.llm1, MiniMax-M2), read as
 transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ if TYPE_CHECKING:
 # (None: intermediate_size), shared expert width (Qwen2-MoE).
 MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (60, 4, 1408, 5632),
                 "Qwen3MoeForCausalLM": (128, 8, 768, 0), "OlmoeForCausalLM": (64, 8, None, 0),
-                "GptOssForCausalLM": (128, 4, None, 0), "Glm4MoeForCausalLM": (128, 8, 1408, 0)}
+                "GptOssForCausalLM": (128, 4, None, 0), "Glm4MoeForCausalLM": (128, 8, 1408, 0),
+                "Dots1ForCausalLM": (128, 6, 1408, 0), "MiniMaxM2ForCausalLM": (256, 8, None, 0)}
+# DeepSeek-V3's fields (n_routed_experts, n_shared_experts, first_k_dense_replace, n_group, ...), and the
+# defaults transformers gives them per architecture: norm_topk_prob, first_k_dense_replace, n_shared_experts.
+_DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0)}
 MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid")
 
 
@@ -24,8 +29,9 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     Qwen routes in every ``decoder_sparse_step``-th layer not in ``mlp_only_layers``, experts
     ``moe_intermediate_size`` wide, renormalized only with ``norm_topk_prob``; GPT-OSS routes in every layer,
     softmax over the top-k logits of a router with a bias, to experts with biases and a clamped SwiGLU; GLM-4.5
-    routes from layer ``first_k_dense_replace`` on, by sigmoid scores within groups (DeepSeek-V3's routing),
-    beside ``n_shared_experts`` shared experts' worth of an ungated shared expert."""
+    and dots.llm1 route from layer ``first_k_dense_replace`` on, by sigmoid scores within groups (DeepSeek-V3's
+    routing), beside ``n_shared_experts`` shared experts' worth of an ungated shared expert; MiniMax-M2 routes
+    in every layer by sigmoid scores, its router in the model's dtype."""
     if arch not in MOE_DEFAULTS:
         return {}
     experts, top_k, width, shared = MOE_DEFAULTS[arch]
@@ -40,12 +46,19 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                     moe_intermediate_size=int(raw["intermediate_size"]), moe_layers=tuple(range(layers)),
                     moe_routing="topk_softmax", moe_biases=True, swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
                     swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)))
-    if arch == "Glm4MoeForCausalLM":
-        first, width = int(raw.get("first_k_dense_replace", 1)), int(raw.get("moe_intermediate_size") or width)
+    if arch == "MiniMaxM2ForCausalLM":
+        return dict(num_experts=int(raw.get("num_local_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
+                    moe_intermediate_size=int(raw["intermediate_size"]), norm_topk_prob=True,
+                    moe_layers=tuple(range(layers)), moe_routing="sigmoid", router_fp32=False,
+                    routing_weights_fp32=True)
+    if arch in _DEEPSEEK_STYLE:
+        normalize, dense, shared = _DEEPSEEK_STYLE[arch]
+        first, width = int(raw.get("first_k_dense_replace") or dense), int(raw.get("moe_intermediate_size") or width)
         return dict(num_experts=int(raw.get("n_routed_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
-                    norm_topk_prob=bool(raw.get("norm_topk_prob", True)), moe_layers=tuple(range(first, layers)),
-                    shared_expert_intermediate_size=width * int(raw.get("n_shared_experts", 1)),
+                    norm_topk_prob=bool(raw.get("norm_topk_prob", normalize)), moe_layers=tuple(range(first, layers)),
+                    shared_expert_intermediate_size=width * int(raw.get("n_shared_experts") or shared),
                     shared_expert_gated=False, moe_routing="sigmoid", moe_groups=int(raw.get("n_group") or 1),
                     moe_topk_groups=int(raw.get("topk_group") or 1),
                     routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)), routing_weights_fp32=True)

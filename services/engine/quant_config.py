@@ -27,9 +27,12 @@ def quant_fields(quant: Any) -> dict[str, Any]:
 
 
 def _fp8_block(quant: dict[str, Any]) -> tuple[int, int]:
+    # MiniMax-M2 writes the format as torch names it (float8_e4m3fn), DeepSeek-V3 as e4m3.
+    fmt = str(quant.get("fmt", "e4m3")).lower()
+    fmt = {"float8_e4m3fn": "e4m3"}.get(fmt, fmt)
     unsupported = [f"{key} {quant[key]!r}" for key, ok in (("activation_scheme", "dynamic"), ("fmt", "e4m3"),
                                                             ("scale_fmt", "float"), ("expert_dtype", "fp8"))
-                   if str(quant.get(key, ok)).lower() != ok]
+                   if (fmt if key == "fmt" else str(quant.get(key, ok)).lower()) != ok]
     if unsupported:
         raise ModelLoadError(f"config.json: FP8 with {', '.join(unsupported)} is not supported; dynamic activation "
                              "scales, e4m3 weights and float scales are")

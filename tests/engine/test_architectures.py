@@ -92,6 +92,16 @@ CASES = {
         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=2, n_group=4,
         topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
         **{**COMMON, "pad_token_id": 0}),
+    # dots.llm1: the same routing (1 of 2 groups), Qwen3's per-head q/k norms, no biases, whole-head RoPE.
+    "dots1": lambda: transformers.Dots1Config(
+        n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=1, n_group=2,
+        topk_group=1, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=1.5,
+        **{**COMMON, "pad_token_id": 0}),
+    # MiniMax-M2: sigmoid routing with a correction bias (its router in the model's dtype), q and k normed over
+    # their whole projections, RoPE over half of each head (its legacy rotary_dim).
+    "minimax-m2": lambda: transformers.MiniMaxM2Config(
+        num_local_experts=8, num_experts_per_tok=2, rotary_dim=8, head_dim=16,
+        **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -378,6 +388,24 @@ def test_multi_token_prediction_layers_are_skipped_and_routers_stay_fp32(tmp_pat
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
     with pytest.raises(ModelLoadError, match="unexpected weight 'model.layers.3"):
         OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32"), SchedulerConfig())
+
+
+MINIMAX_M2 = {  # its config.json as released, but for the fields that describe other variants' attention
+    "architectures": ["MiniMaxM2ForCausalLM"], "head_dim": 128, "hidden_act": "silu", "hidden_size": 3072,
+    "intermediate_size": 1536, "max_position_embeddings": 196608, "num_attention_heads": 48,
+    "num_experts_per_tok": 8, "num_hidden_layers": 62, "num_key_value_heads": 8, "num_local_experts": 256,
+    "rms_norm_eps": 1e-06, "rope_theta": 5000000, "rotary_dim": 64, "scoring_func": "sigmoid",
+    "use_qk_norm": True, "qk_norm_type": "per_layer", "use_routing_bias": True, "vocab_size": 200064,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]}}
+
+
+def test_minimax_m2_config_reads_as_released():
+    config = ModelConfig.from_dict(MINIMAX_M2)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (256, 8, 1536)
+    assert config.moe_routing == "sigmoid" and not config.router_fp32 and config.moe_layers == tuple(range(62))
+    assert config.rotary_dim == 64 and config.qk_norm and config.qk_norm_whole
+    assert config.fp8_scales == "weight_scale_inv" and config.fp8_block == (128, 128)
 
 
 def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_model_dir):
