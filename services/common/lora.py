@@ -44,6 +44,8 @@ class ModelShape:
     # Layers whose MLP is a mixture of experts: an adapter of their gate/up/down projections has nothing to
     # adapt (the experts' own adapters are not supported).
     moe_layers: tuple[int, ...] = ()
+    # DeepSeek-V3's latent attention: no q/k/v/o projections of the shapes above to adapt.
+    latent_attention: bool = False
 
     def in_out(self, module: str) -> tuple[int, int]:
         h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
@@ -128,6 +130,9 @@ def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[
                                           f"{', '.join((*MODULES, *FUSED_MODULES))}")
                 if layer >= shape.num_layers:
                     raise InvalidArgument(f"{where}: adapts layer {layer}; the model has {shape.num_layers}")
+                if shape.latent_attention and module in _ATTENTION_MODULES:
+                    raise InvalidArgument(f"{where}: adapts {module}; adapters of latent attention (DeepSeek-V3's) "
+                                          "are not supported, those of its dense layers' MLPs are")
                 if layer in shape.moe_layers and module not in _ATTENTION_MODULES:
                     raise InvalidArgument(f"{where}: adapts {module} of layer {layer}, whose MLP is a mixture of "
                                           "experts; adapters of the attention projections only are supported there")

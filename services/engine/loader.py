@@ -13,6 +13,7 @@ from services.common.errors import ModelLoadError
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
+from services.engine.mla import deinterleave_rope
 from services.engine.model import LlamaForCausalLM
 from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
@@ -63,6 +64,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         weights = pair_packed(weights)
     if config.architecture == "GptOssForCausalLM":
         weights = gpt_oss_weights(weights)
+    if config.rope_interleaved:
+        weights = ((name, deinterleave_rope(name, tensor, config)) for name, tensor in weights)
     try:
         model.load_weights(weights)
     except KeyError as exc:

@@ -27,6 +27,7 @@ from torch import nn
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.kv_pool import PagedKVPool
 from services.engine.lora import LoraBatch
+from services.engine.mla import LatentAttention
 from services.engine.model_config import ModelConfig
 from services.engine.moe import SparseMoE, checkpoint_name, copy_expert, expert_target, missing_experts
 from services.engine.rope import RotaryEmbedding
@@ -164,7 +165,8 @@ class DecoderLayer(nn.Module):
             self.input_layernorm = norm()
         else:  # OLMo 2, EXAONE 4: the MLP's output is normed, and no sublayer's input
             self.post_feedforward_layernorm = norm()
-        self.self_attn = Attention(config, layer)
+        # DeepSeek-V3's latent attention, or the others' grouped-query attention.
+        self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
         self.post_attention_layernorm = norm()
         if config.is_moe(layer):
             shared = config.shared_expert_intermediate_size
@@ -338,15 +340,13 @@ class LlamaForCausalLM(nn.Module):
                 experts.setdefault(target, set()).add((index, part))
                 continue
             fused = _fused_target(name)
-            if fused is None:
+            if fused is None or fused[0] not in params:  # not fused here (latent attention's q_proj is its own)
                 _copy(params, name, tensor)
                 loaded.add(name)
                 continue
             # Each part straight into its rows of the fused parameter, as it streams by: holding the parts until
             # the end held most of the model's weights twice.
             target, part = fused
-            if target not in params:
-                raise KeyError(f"unexpected weight {name!r} in checkpoint")
             half = params[target].shape[0] // 2
             start, end = rows[part] if part in rows else (0, half) if part == "gate" else (half, 2 * half)
             _copy_rows(params[target], name, start, end, tensor)

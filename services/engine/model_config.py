@@ -30,6 +30,7 @@ from typing import Any
 
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.lora import ModelShape
+from services.engine.mla_config import check_mla, mla_fields
 from services.engine.moe_config import MOE_DEFAULTS, check_moe, moe_fields
 from services.engine.quant_config import quant_fields
 
@@ -38,7 +39,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
                            "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
-                           "Dots1ForCausalLM")
+                           "Dots1ForCausalLM", "DeepseekV3ForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
 _GPT_OSS = ("GptOssForCausalLM",)
@@ -147,6 +148,18 @@ class ModelConfig:
     swiglu_alpha: float = 1.0
     # Layers whose attention uses no positions (no RoPE; SmolLM3's every fourth layer).
     nope_layers: tuple[int, ...] = ()
+    # Multi-head latent attention (DeepSeek-V3, Kimi K2; mla.py), when kv_lora_rank > 0: the KV cache holds one
+    # latent per token (kv_lora_rank features, then qk_rope_head_dim rotated ones: head_dim, one KV head);
+    # queries go through a q_lora_rank bottleneck (None: one projection); each head's key has
+    # qk_nope_head_dim features from the latent beside the shared rotated ones, its value v_head_dim.
+    kv_lora_rank: int = 0
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # DeepSeek's checkpoints store the rotated features in interleaved pairs (transformers' rope_interleave):
+    # mla.py reorders those rows as they load.
+    rope_interleaved: bool = False
     # Multi-token-prediction layers the checkpoint holds after the model's own (GLM-4.5, DeepSeek-V3:
     # num_nextn_predict_layers): not served, their weights skipped.
     mtp_layers: int = 0
@@ -180,17 +193,9 @@ class ModelConfig:
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"config.json: hidden activation {self.hidden_act!r} is not supported; supported: "
                                  f"{', '.join(SUPPORTED_ACTIVATIONS)}")
-        rope_type = self.rope_type
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ModelLoadError(
-                f"config.json: rope_scaling type {rope_type!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-            )
-        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
-            raise ModelLoadError(f"config.json: partial_rotary_factor {self.partial_rotary_factor} must leave an even "
-                                 f"number of rotated features per head, at least 2 (head_dim {self.head_dim})")
-        if rope_type == "longrope":
-            _check_longrope(self.rope_scaling or {}, self.rotary_dim)
+        if self.mla:  # before the RoPE checks, which read its rotated block
+            check_mla(self)
+        self._check_rope()
         if self.num_experts:
             check_moe(self)
         if any(not 0 <= layer < self.num_hidden_layers for layer in self.nope_layers):
@@ -203,6 +208,19 @@ class ModelConfig:
         if self.served_context is not None and not 1 <= self.served_context <= self.max_position_embeddings:
             raise InvalidArgument(f"max_model_len {self.served_context} must be between 1 and the model's "
                                   f"max_position_embeddings ({self.max_position_embeddings})")
+
+    def _check_rope(self) -> None:
+        rope_type = self.rope_type
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ModelLoadError(
+                f"config.json: rope_scaling type {rope_type!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ModelLoadError(f"config.json: partial_rotary_factor {self.partial_rotary_factor} must leave an even "
+                                 f"number of rotated features per head, at least 2 (head_dim {self.head_dim})")
+        if rope_type == "longrope":
+            _check_longrope(self.rope_scaling or {}, self.rotary_dim)
 
     @property
     def rope_type(self) -> str:
@@ -219,8 +237,14 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
-        """The features of each head that RoPE rotates (the first ones), as transformers rounds them."""
-        return int(self.head_dim * self.partial_rotary_factor)
+        """The features of each head that RoPE rotates (the first ones), as transformers rounds them; latent
+        attention's rotated block."""
+        return self.qk_rope_head_dim if self.mla else int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention (mla.py)."""
+        return self.kv_lora_rank > 0
 
     def slides(self, layer: int) -> bool:
         """Whether ``layer`` attends within ``sliding_window`` only."""
@@ -243,7 +267,7 @@ class ModelConfig:
                 and not self.sandwich_norms and self.pre_norms and self.attn_scale is None and self.local_rope_theta is None
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
                 and not self.o_proj_bias and not self.attention_sinks and not self.moe_biases
-                and self.swiglu_limit is None)
+                and self.swiglu_limit is None and not self.mla)
 
     @property
     def norm_scale_in_fp32(self) -> bool:
@@ -260,7 +284,7 @@ class ModelConfig:
         """The dimensions a LoRA adapter for this model must have."""
         return ModelShape(self.num_hidden_layers, self.hidden_size, self.intermediate_size,
                           self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim,
-                          self.moe_layers)
+                          self.moe_layers, latent_attention=self.mla)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -284,6 +308,7 @@ class ModelConfig:
             if gemma:
                 _check_gemma(raw, gemma3)
             head_dim = _head_dim(raw, arch, heads)
+            latent = mla_fields(raw, arch)  # DeepSeek-V3: the cache holds latents, one "head" of their width
             window = _sliding_window(raw, arch)  # with no layer sliding, there is no window
             sliding_layers = _sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None
             partial = _partial_rotary(raw, arch, params, head_dim)
@@ -308,8 +333,8 @@ class ModelConfig:
                 intermediate_size=int(raw["intermediate_size"]),
                 num_hidden_layers=int(raw["num_hidden_layers"]),
                 num_attention_heads=heads,
-                num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=head_dim,
+                num_key_value_heads=latent.pop("num_key_value_heads", int(raw.get("num_key_value_heads") or heads)),
+                head_dim=latent.pop("head_dim", head_dim),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(rope_theta or (1e6 if gemma3 else 10000.0)),
@@ -342,6 +367,7 @@ class ModelConfig:
                 else float(raw.get("attention_multiplier", 1.0)) if granite else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
                 **moe_fields(raw, arch, int(raw["num_hidden_layers"])),
+                **latent,
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
                 mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
                 **quant_fields(raw.get("quantization_config")),

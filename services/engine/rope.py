@@ -57,8 +57,8 @@ def attention_factor(config: ModelConfig, local: bool = False) -> float:
     factor = _yarn_factor(config, scaling)
     mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
     if mscale and mscale_all_dim:
-        return float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
-    return _yarn_mscale(factor)
+        return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+    return yarn_mscale(factor)
 
 
 def _yarn_factor(config: ModelConfig, scaling: dict) -> float:
@@ -71,7 +71,7 @@ def _original_context(config: ModelConfig, scaling: dict) -> float:
     return float(scaling.get("original_max_position_embeddings") or config.max_position_embeddings)
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 

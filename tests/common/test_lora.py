@@ -107,3 +107,14 @@ def test_adapters_of_a_mixture_of_experts_mlp_are_refused(lora_dirs, shape, tmp_
     save_file({k: v for k, v in weights.items() if ".self_attn." in k}, str(out / WEIGHTS_FILE))
     attention_only = read_lora(LoraRef("x", str(out)), moe, max_rank=16)
     assert {m for _, m in attention_only.tensors} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+def test_adapters_of_latent_attention_are_refused(lora_dirs, shape, tmp_path):
+    """DeepSeek-V3's latent attention has no q/k/v/o projections of those shapes; its dense MLPs' adapters fit."""
+    latent = dataclasses.replace(shape, latent_attention=True)
+    with pytest.raises(InvalidArgument, match="adapters of latent attention .* are not supported"):
+        read_lora(LoraRef("alpha", str(lora_dirs["alpha"])), latent, max_rank=16)
+    out = _copy(lora_dirs, tmp_path)
+    weights = load_file(str(out / WEIGHTS_FILE))
+    save_file({k: v for k, v in weights.items() if ".mlp." in k}, str(out / WEIGHTS_FILE))
+    assert read_lora(LoraRef("x", str(out)), latent, max_rank=16).tensors

@@ -5,6 +5,7 @@ the fused CPU kernels and with plain torch ops."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import weakref
 
@@ -102,6 +103,21 @@ CASES = {
     "minimax-m2": lambda: transformers.MiniMaxM2Config(
         num_local_experts=8, num_experts_per_tok=2, rotary_dim=8, head_dim=16,
         **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
+    # DeepSeek-V3: latent attention (queries through a rank-24 bottleneck, a 32-feature latent and 8 rotated
+    # features in interleaved pairs, values narrower than keys), YaRN with mscale_all_dim (which scales the
+    # scores too), the routing above.
+    "deepseek-v3": lambda: transformers.DeepseekV3Config(
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, moe_intermediate_size=32,
+        n_shared_experts=1, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                             "original_max_position_embeddings": 128, "mscale": 1.0,
+                                             "mscale_all_dim": 1.0},
+        **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # DeepSeek-V2-Lite's attention shape: one query projection, no bottleneck; rotated features not interleaved.
+    "deepseek-v3-no-q-lora": lambda: transformers.DeepseekV3Config(
+        kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+        moe_intermediate_size=32, rope_interleave=False, **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -406,6 +422,39 @@ def test_minimax_m2_config_reads_as_released():
     assert config.moe_routing == "sigmoid" and not config.router_fp32 and config.moe_layers == tuple(range(62))
     assert config.rotary_dim == 64 and config.qk_norm and config.qk_norm_whole
     assert config.fp8_scales == "weight_scale_inv" and config.fp8_block == (128, 128)
+
+
+DEEPSEEK_V3 = {  # its config.json as released
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "first_k_dense_replace": 3,
+    "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8,
+    "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                                           "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                           "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_group": 4,
+    "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 129280}
+
+
+def test_deepseek_v3_config_reads_as_released():
+    """The cache holds one 576-wide latent per token; the rest as transformers reads it."""
+    from services.engine.mla import softmax_scale
+
+    config = ModelConfig.from_dict(DEEPSEEK_V3)
+    assert config.mla and (config.num_key_value_heads, config.head_dim, config.rotary_dim) == (1, 576, 64)
+    assert config.rope_interleaved and config.q_lora_rank == 1536 and config.mtp_layers == 1
+    assert config.moe_layers == tuple(range(3, 61)) and (config.moe_groups, config.moe_topk_groups) == (8, 4)
+    assert config.routed_scaling_factor == 2.5 and config.fp8_block == (128, 128) and not config.is_llama_like
+    assert config.lora_shape.latent_attention
+    assert softmax_scale(config) == pytest.approx(192**-0.5 * (0.1 * math.log(40) + 1) ** 2)
+    with pytest.raises(ModelLoadError, match="DeepSeek-V3's sigmoid / noaux_tc routing is supported"):
+        ModelConfig.from_dict({**DEEPSEEK_V3, "scoring_func": "softmax", "topk_method": "group_limited_greedy"})
+    with pytest.raises(ModelLoadError, match="an even qk_rope_head_dim"):
+        ModelConfig.from_dict({**DEEPSEEK_V3, "qk_rope_head_dim": 63})
 
 
 def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_model_dir):

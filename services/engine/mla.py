@@ -1,0 +1,93 @@
+"""Multi-head latent attention (DeepSeek-V3, DeepSeek-R1, Kimi K2), with its latent as the KV cache.
+
+Each token's keys and values come from one latent: ``kv_a_proj_with_mqa`` gives ``c`` (``kv_lora_rank``
+features, RMS-normed) and ``k_rope`` (``qk_rope_head_dim`` features, rotated, shared by every head); head h's
+key is ``[W_UK[h] c, k_rope]`` and its value ``W_UV[h] c``, both read from ``kv_b_proj``. transformers
+expands those per head. Here they are not: ``q_nope[h] . W_UK[h] c = (W_UK[h]^T q_nope[h]) . c``, so each
+query is turned into the latent's space (``q_lat``, absorbed) and attends to ``[c, k_rope]`` itself, one KV
+head shared by all query heads (the paged kernels as they are, head_dim ``kv_lora_rank + qk_rope_head_dim``).
+The values are the same latents: attention's output ``sum_j p_j c_j`` is then mapped by ``W_UV[h]``. So the
+cache holds 576 numbers per token and layer (DeepSeek-V3) where the expanded keys and values take 40,960; the
+pool's V half of each slot is not used (the K half serves as both; reclaiming it is not done).
+
+Scores are scaled by ``qk_head_dim ** -0.5`` times YaRN's ``mscale_all_dim`` correction squared, as
+transformers scales them; the kernels scale by the cache's head_dim ** -0.5, so the queries carry the ratio.
+DeepSeek's checkpoints store the rotated features interleaved (pairs ``(x0, x1), (x2, x3)``; transformers'
+``rope_interleave``): ``deinterleave_rope`` permutes those rows of ``q_b_proj`` (or ``q_proj``) and
+``kv_a_proj_with_mqa`` as they load, evens then odds, which is what transformers' interleaved rotation
+computes; q and k are permuted alike, so their dot products are unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from services.engine.attention import AttentionBatch, paged_attention
+from services.engine.kv_pool import PagedKVPool
+from services.engine.model_config import ModelConfig
+from services.engine.rope import RotaryEmbedding, yarn_mscale
+
+# transformers' DeepseekV3RMSNorm default, which its q_a_layernorm and kv_a_layernorm keep (not rms_norm_eps).
+_LATENT_NORM_EPS = 1e-6
+
+
+class LatentAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, norm: type[nn.Module]) -> None:
+        super().__init__()
+        self.layer = layer
+        self.heads = config.num_attention_heads
+        self.nope, self.rope, self.rank, self.v = (config.qk_nope_head_dim, config.qk_rope_head_dim,
+                                                   config.kv_lora_rank, config.v_head_dim)
+        q_out, bias = self.heads * (self.nope + self.rope), config.attention_bias
+        if config.q_lora_rank:
+            self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=bias)
+            self.q_a_layernorm = norm(config.q_lora_rank, _LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(config.q_lora_rank, q_out, bias=False)
+        else:
+            self.q_proj = nn.Linear(config.hidden_size, q_out, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(config.hidden_size, self.rank + self.rope, bias=bias)
+        self.kv_a_layernorm = norm(self.rank, _LATENT_NORM_EPS)
+        self.kv_b_proj = nn.Linear(self.rank, self.heads * (self.nope + self.v), bias=False)
+        self.o_proj = nn.Linear(self.heads * self.v, config.hidden_size, bias=bias)
+        self.q_scale = softmax_scale(config) * math.sqrt(self.rank + self.rope)
+
+    def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_b_proj(self.q_a_layernorm._norm(self.q_a_proj(x))) if hasattr(self, "q_b_proj") else self.q_proj(x)
+        q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope], dim=-1)
+        c, k_rope = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        c = self.kv_a_layernorm._norm(c)
+        rotated = RotaryEmbedding.apply(torch.cat([q_rope, k_rope[:, None]], dim=1), cos, sin)  # one pass
+        w = self.kv_b_proj.weight.view(self.heads, self.nope + self.v, self.rank)
+        q_lat = torch.einsum("thn,hnr->thr", q_nope, w[:, : self.nope])  # W_UK absorbed into the query
+        query = torch.cat([q_lat, rotated[:, : self.heads]], dim=-1) * self.q_scale
+        key = torch.cat([c, rotated[:, self.heads]], dim=-1)[:, None]  # [T, 1, rank + rope]: the cache entry
+        k_cache, _ = kv.layer(self.layer)
+        o = paged_attention(query, key, key, k_cache, k_cache, batch)  # the latents are the values too
+        out = torch.einsum("thr,hvr->thv", o[..., : self.rank], w[:, self.nope :])  # W_UV
+        return self.o_proj(out.reshape(t, self.heads * self.v))
+
+
+def softmax_scale(config: ModelConfig) -> float:
+    """transformers' score scale: qk_head_dim ** -0.5, times YaRN's mscale_all_dim correction squared."""
+    scale = (config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
+    scaling = config.rope_scaling or {}
+    if config.rope_type != "default" and scaling.get("mscale_all_dim"):
+        scale *= yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
+    return scale
+
+
+def deinterleave_rope(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """A query or latent projection's weight (or bias) with each rotated block's rows reordered from pairs to
+    halves (evens, then odds); other tensors as they are."""
+    if name.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight")):
+        rows = tensor.view(config.num_attention_heads, config.qk_nope_head_dim + config.qk_rope_head_dim, -1)
+        rope = rows[:, config.qk_nope_head_dim :]
+        return torch.cat([rows[:, : config.qk_nope_head_dim], rope[:, 0::2], rope[:, 1::2]], dim=1).view_as(tensor)
+    if name.endswith(("self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_proj_with_mqa.bias")):
+        rope = tensor[config.kv_lora_rank :]
+        return torch.cat([tensor[: config.kv_lora_rank], rope[0::2], rope[1::2]])
+    return tensor

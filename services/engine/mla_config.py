@@ -1,0 +1,36 @@
+"""The latent-attention fields of a ``config.json`` (DeepSeek-V3 and the models built on it: DeepSeek-R1,
+Kimi K2; mla.py computes it), read as transformers reads them, and their checks; no torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from services.common.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from services.engine.model_config import ModelConfig
+
+
+def mla_fields(raw: dict[str, Any], arch: str) -> dict[str, Any]:
+    """DeepSeek-V3's latent attention (mla.py), with transformers' defaults: the cache holds one latent per
+    token, so one KV head of kv_lora_rank + qk_rope_head_dim features. Its routing must be the sigmoid one."""
+    if arch != "DeepseekV3ForCausalLM":
+        return {}
+    if raw.get("scoring_func", "sigmoid") != "sigmoid" or raw.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise ModelLoadError(f"config.json: routing {raw.get('scoring_func')!r} / {raw.get('topk_method')!r}; "
+                             "DeepSeek-V3's sigmoid / noaux_tc routing is supported")
+    rank, rope = int(raw.get("kv_lora_rank") or 512), int(raw.get("qk_rope_head_dim") or 64)
+    q_rank = raw.get("q_lora_rank", 1536)
+    return dict(kv_lora_rank=rank, q_lora_rank=int(q_rank) if q_rank else None,
+                qk_nope_head_dim=int(raw.get("qk_nope_head_dim") or 128), qk_rope_head_dim=rope,
+                v_head_dim=int(raw.get("v_head_dim") or 128), num_key_value_heads=1, head_dim=rank + rope,
+                rope_interleaved=bool(raw.get("rope_interleave", True)))
+
+
+def check_mla(config: ModelConfig) -> None:
+    if config.num_key_value_heads != 1 or config.head_dim != config.kv_lora_rank + config.qk_rope_head_dim \
+            or config.qk_rope_head_dim % 2 or min(config.qk_nope_head_dim, config.v_head_dim) < 1:
+        raise ModelLoadError(f"config.json: latent attention needs an even qk_rope_head_dim and positive "
+                             f"qk_nope_head_dim and v_head_dim (got {config.qk_rope_head_dim}, "
+                             f"{config.qk_nope_head_dim}, {config.v_head_dim}), cached as one head of "
+                             "kv_lora_rank + qk_rope_head_dim")
