@@ -21,37 +21,17 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from typing import Any
 
 from services.common.errors import InvalidArgument
-
-
-def openai_call(name: str, arguments: str) -> dict[str, Any]:
-    """One entry of an OpenAI ``tool_calls`` list."""
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-class ToolParser:
-    name = ""
-
-    def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        """The reply's text (None when there is none) and its tool calls (empty: a plain reply)."""
-        raise NotImplementedError
-
-    def start(self, text: str) -> int | None:
-        """Where the tool calls begin in ``text`` (a reply so far), or None if they have not begun."""
-        raise NotImplementedError
-
-    def held(self, text: str) -> int:
-        """How many characters at the end of ``text`` could begin a tool call: not yet sent as text."""
-        raise NotImplementedError
-
-    def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
-        """The calls begun in ``text`` (a reply so far) whose name is complete: (name, the arguments written so
-        far, a prefix of the call's final ``arguments``). Stops at the first call it cannot read yet. ``scans``:
-        one scanner per call, kept by the caller between calls on a growing reply (filled in as calls begin)."""
-        raise NotImplementedError
+from services.scheduler.tool_formats import (
+    DeepSeekV3Parser,
+    DeepSeekV31Parser,
+    Glm45Parser,
+    MiniMaxM2Parser,
+    Qwen3CoderParser,
+)
+from services.scheduler.tool_parser_base import ToolParser, openai_call, partial_suffix
 
 
 def _head(key: str) -> re.Pattern[str]:
@@ -151,11 +131,6 @@ def _partial(bodies: list[str], head: re.Pattern[str], scans: list[ValueScan] | 
         if not written[2]:
             break
     return out
-
-
-def partial_suffix(text: str, marker: str) -> int:
-    """The length of the longest end of ``text`` that is a proper start of ``marker``."""
-    return next((k for k in range(min(len(text), len(marker) - 1), 0, -1) if marker.startswith(text[-k:])), 0)
 
 
 def _calls(objects: list[Any], key: str) -> list[dict[str, Any]] | None:
@@ -280,7 +255,9 @@ def _is_json(text: str) -> bool:
     return True
 
 
-PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser, HarmonyParser)}
+PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
+    HermesParser, Llama3JsonParser, HarmonyParser, Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser, DeepSeekV3Parser,
+    DeepSeekV31Parser)}
 
 
 def tool_parser(name: str | None) -> ToolParser | None:

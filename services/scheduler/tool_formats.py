@@ -1,0 +1,197 @@
+"""Tool-call syntaxes of the newer model families, as vLLM's parsers of the same names read them:
+
+* ``qwen3_coder`` (Qwen3-Coder, Qwen3.5): ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...
+  </function></tool_call>``;
+* ``glm45`` (GLM-4.5, GLM-4.6): ``<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...
+  </tool_call>``;
+* ``minimax_m2``: ``<minimax:tool_call><invoke name="NAME"><parameter name="KEY">VALUE</parameter>...
+  </invoke>...</minimax:tool_call>``;
+* ``deepseek_v3`` (DeepSeek-V3-0324, R1-0528) and ``deepseek_v31`` (DeepSeek-V3.1): calls between
+  ``<｜tool▁calls▁begin｜>`` and ``<｜tool▁calls▁end｜>``, each ``<｜tool▁call▁begin｜>`` name ``<｜tool▁sep｜>``
+  JSON arguments (V3: ``function<｜tool▁sep｜>NAME`` and the JSON in a ```` ```json ```` fence)
+  ``<｜tool▁call▁end｜>``.
+
+The first three write each argument as a key and a raw value: a call's ``arguments`` are the JSON object of
+its values, each read as JSON where it is JSON (``2``, ``true``, ``{"a": 1}``) and as a string otherwise, as
+vLLM reads them without the tool's schema; a streamed call sends that object's text up to its last complete
+argument, so the pieces join to the whole call's. DeepSeek's are the JSON text the model wrote. Values and
+names are cut at their closing tags; text before the first call is the reply's content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.scheduler.tool_parser_base import ToolParser, openai_call, partial_suffix
+
+
+@dataclass
+class _Call:
+    name: str
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # the arguments whose value is complete
+    args: str | None = None  # JSON-argument formats: the text written so far
+    complete: bool = False  # its closing tag was seen
+
+    def arguments(self) -> str:
+        """The call's ``arguments``; while incomplete, a prefix of them."""
+        if self.args is not None:
+            return self.args
+        text = json.dumps({key: _value(value) for key, value in self.pairs}, ensure_ascii=False)
+        return text if self.complete else text[:-1]
+
+
+def _value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+class _BlockParser(ToolParser):
+    """Calls from ``OPEN`` on; ``_calls`` reads them from there."""
+
+    OPEN = ""
+
+    def _calls(self, text: str) -> list[_Call]:
+        raise NotImplementedError
+
+    def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        at = text.find(self.OPEN)
+        calls = self._calls(text[at:]) if at >= 0 else []
+        if not calls or not all(c.complete and _is_object(c.arguments()) for c in calls):
+            return text, []  # no call, or one cut short by max_tokens: the reply stays text
+        return (text[:at].strip() or None), [openai_call(c.name, c.arguments()) for c in calls]
+
+    def partial(self, text: str, scans: list | None = None) -> list[tuple[str, str]]:
+        at = text.find(self.OPEN)
+        return [(c.name, c.arguments()) for c in self._calls(text[at:])] if at >= 0 else []
+
+    def start(self, text: str) -> int | None:
+        at = text.find(self.OPEN)
+        return at if at >= 0 else None
+
+    def held(self, text: str) -> int:
+        return partial_suffix(text, self.OPEN)
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[str, bool]]:
+    """Each ``open_tag ... close_tag`` block's body and whether it closed (the last may still be written)."""
+    out, at = [], text.find(open_tag)
+    while at >= 0:
+        body = at + len(open_tag)
+        end = text.find(close_tag, body)
+        out.append((text[body:] if end < 0 else text[body:end], end >= 0))
+        at = -1 if end < 0 else text.find(open_tag, end + len(close_tag))
+    return out
+
+
+def _strip_newline(value: str) -> str:
+    """A value without the one newline its tags are written on lines of their own with."""
+    return value.removeprefix("\n").removesuffix("\n")
+
+
+class Qwen3CoderParser(_BlockParser):
+    name = "qwen3_coder"
+    OPEN = "<tool_call>"
+    _FUNCTION = re.compile(r"<function=([^>\n]+)>")
+    _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+    def _calls(self, text: str) -> list[_Call]:
+        out = []
+        for body, _ in _blocks(text, self.OPEN, "</tool_call>"):
+            function = self._FUNCTION.search(body)
+            if function is None:
+                break
+            pairs = [(k, _strip_newline(v)) for k, v in self._PARAMETER.findall(body, function.end())]
+            out.append(_Call(function[1], pairs, complete="</function>" in body))
+        return out
+
+
+class Glm45Parser(_BlockParser):
+    name = "glm45"
+    OPEN = "<tool_call>"
+    _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+
+    def _calls(self, text: str) -> list[_Call]:
+        out = []
+        for body, closed in _blocks(text, self.OPEN, "</tool_call>"):
+            ends = [i for i in (body.find("\n"), body.find("<arg_key>")) if i >= 0]
+            if not ends and not closed:
+                break  # the name is still being written
+            name = body[: min(ends) if ends else len(body)].strip()
+            out.append(_Call(name, self._PAIR.findall(body), complete=closed))
+        return out
+
+
+class MiniMaxM2Parser(_BlockParser):
+    name = "minimax_m2"
+    OPEN = "<minimax:tool_call>"
+    _INVOKE = re.compile(r'<invoke name="([^"]*)">')
+    _PARAMETER = re.compile(r'<parameter name="([^"]*)">(.*?)</parameter>', re.S)
+
+    def _calls(self, text: str) -> list[_Call]:
+        out = []
+        for block, _ in _blocks(text, self.OPEN, "</minimax:tool_call>"):
+            for invoke in self._INVOKE.finditer(block):
+                end = block.find("</invoke>", invoke.end())
+                body = block[invoke.end(): end if end >= 0 else len(block)]
+                pairs = [(k, _strip_newline(v)) for k, v in self._PARAMETER.findall(body)]
+                out.append(_Call(invoke[1], pairs, complete=end >= 0))
+                if end < 0:
+                    return out
+        return out
+
+
+class DeepSeekV31Parser(_BlockParser):
+    name = "deepseek_v31"
+    OPEN, CALL, SEP, END = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+
+    def _calls(self, text: str) -> list[_Call]:
+        out = []
+        for body, closed in _blocks(text, self.CALL, self.END):
+            head, sep, rest = body.partition(self.SEP)
+            read = self._name_and_arguments(head, rest) if sep else None
+            if read is None:
+                break  # the name is still being written
+            name, args, args_closed = read
+            if not (closed or args_closed):  # still written: short of what could begin the end of the arguments
+                args = args[: len(args) - max(partial_suffix(args, marker) for marker in self._ends())]
+            out.append(_Call(name, args=args, complete=closed))
+        return out
+
+    def _name_and_arguments(self, head: str, rest: str) -> tuple[str, str, bool] | None:
+        """The call's name, its arguments' text so far, and whether they ended; None until the name is whole."""
+        return head.strip(), rest, False
+
+    def _ends(self) -> tuple[str, ...]:
+        return (self.END,)
+
+
+class DeepSeekV3Parser(DeepSeekV31Parser):
+    """``function<｜tool▁sep｜>NAME`` on a line, then the arguments in a ```` ```json ```` fence."""
+
+    name = "deepseek_v3"
+    FENCE_OPEN, FENCE_CLOSE = "\n```json\n", "\n```"
+
+    def _name_and_arguments(self, head: str, rest: str) -> tuple[str, str, bool] | None:
+        line_end = rest.find("\n")
+        if line_end < 0:
+            return None
+        fenced = rest[line_end:]
+        if not fenced.startswith(self.FENCE_OPEN):
+            return rest[:line_end].strip(), "", False  # the fence is still being written
+        args, close, _ = fenced[len(self.FENCE_OPEN):].partition(self.FENCE_CLOSE)
+        return rest[:line_end].strip(), args, bool(close)
+
+    def _ends(self) -> tuple[str, ...]:
+        return (self.FENCE_CLOSE, self.END)

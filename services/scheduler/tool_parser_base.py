@@ -1,0 +1,42 @@
+"""What every tool-call parser is (``ToolParser``) and the two helpers they share: an OpenAI call entry, and how
+much of a reply's end could still begin a marker."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.scheduler.tool_parsers import ValueScan
+
+
+def openai_call(name: str, arguments: str) -> dict[str, Any]:
+    """One entry of an OpenAI ``tool_calls`` list."""
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+class ToolParser:
+    name = ""
+
+    def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """The reply's text (None when there is none) and its tool calls (empty: a plain reply)."""
+        raise NotImplementedError
+
+    def start(self, text: str) -> int | None:
+        """Where the tool calls begin in ``text`` (a reply so far), or None if they have not begun."""
+        raise NotImplementedError
+
+    def held(self, text: str) -> int:
+        """How many characters at the end of ``text`` could begin a tool call: not yet sent as text."""
+        raise NotImplementedError
+
+    def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
+        """The calls begun in ``text`` (a reply so far) whose name is complete: (name, the arguments written so
+        far, a prefix of the call's final ``arguments``). Stops at the first call it cannot read yet. ``scans``:
+        one scanner per call, kept by the caller between calls on a growing reply (filled in as calls begin)."""
+        raise NotImplementedError
+
+
+def partial_suffix(text: str, marker: str) -> int:
+    """The length of the longest end of ``text`` that is a proper start of ``marker``."""
+    return next((k for k in range(min(len(text), len(marker) - 1), 0, -1) if marker.startswith(text[-k:])), 0)

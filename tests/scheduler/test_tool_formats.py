@@ -1,0 +1,71 @@
+"""The tool-call syntaxes of Qwen3-Coder, GLM-4.5, MiniMax-M2 and DeepSeek-V3 / V3.1 (services/scheduler/
+tool_formats.py), as plain data: whole replies split into text and calls, and every cut of a reply giving
+calls whose arguments are prefixes of the whole reply's (what the stream sends joins to what it returns)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.scheduler.tool_parsers import tool_parser
+
+WEATHER = {"city": "Oslo", "days": 2, "metric": True, "where": {"lat": 59.9}}
+CLOCK: dict = {}
+
+REPLIES = {
+    "qwen3_coder": (
+        "Checking.\n<tool_call>\n<function=weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n"
+        "</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=where>\n{\"lat\": 59.9}\n</parameter>\n"
+        "</function>\n</tool_call>\n<tool_call>\n<function=clock>\n</function>\n</tool_call>"),
+    "glm45": (
+        "Checking.\n<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n"
+        "<arg_value>2</arg_value>\n<arg_key>metric</arg_key>\n<arg_value>true</arg_value>\n<arg_key>where</arg_key>\n"
+        "<arg_value>{\"lat\": 59.9}</arg_value>\n</tool_call><tool_call>clock\n</tool_call>"),
+    "minimax_m2": (
+        "Checking.\n<minimax:tool_call>\n<invoke name=\"weather\">\n<parameter name=\"city\">Oslo</parameter>\n"
+        "<parameter name=\"days\">2</parameter>\n<parameter name=\"metric\">true</parameter>\n"
+        "<parameter name=\"where\">{\"lat\": 59.9}</parameter>\n</invoke>\n<invoke name=\"clock\">\n</invoke>\n"
+        "</minimax:tool_call>"),
+    "deepseek_v3": (
+        "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>weather\n```json\n"
+        + json.dumps(WEATHER) + "\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>clock\n```json\n"
+        "{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    "deepseek_v31": (
+        "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>weather<｜tool▁sep｜>" + json.dumps(WEATHER)
+        + "<｜tool▁call▁end｜><｜tool▁call▁begin｜>clock<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+}
+
+
+@pytest.mark.parametrize("name", list(REPLIES))
+def test_replies_split_into_text_and_calls_with_typed_arguments(name):
+    parser = tool_parser(name)
+    content, calls = parser.split(REPLIES[name])
+    assert content == "Checking."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("weather", WEATHER), ("clock", CLOCK)]
+    assert parser.split("Sunny.") == ("Sunny.", [])
+    assert parser.start(REPLIES[name]) == len("Checking.") + (name in ("qwen3_coder", "glm45", "minimax_m2"))
+    head = parser.OPEN[:4]
+    assert parser.held("Checking." + head) == len(head) and parser.held("Checking.") == 0
+
+
+@pytest.mark.parametrize("name", list(REPLIES))
+def test_every_cut_of_a_reply_streams_prefixes_of_its_calls(name):
+    parser, reply = tool_parser(name), REPLIES[name]
+    final = [(c["function"]["name"], c["function"]["arguments"]) for c in parser.split(reply)[1]]
+    seen = 0
+    for cut in range(len(reply) + 1):
+        partial = parser.partial(reply[:cut])
+        assert len(partial) >= seen  # a call, once begun, stays
+        seen = len(partial)
+        for (got_name, got_args), (want_name, want_args) in zip(partial, final, strict=False):
+            assert got_name == want_name and want_args.startswith(got_args), (cut, got_args)
+    assert parser.partial(reply) == final
+
+
+@pytest.mark.parametrize("name", list(REPLIES))
+def test_a_call_cut_short_stays_text(name):
+    parser, reply = tool_parser(name), REPLIES[name]
+    cut = reply[: reply.index("Oslo") + 2]
+    assert parser.split(cut) == (cut, [])
