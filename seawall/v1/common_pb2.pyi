@@ -179,7 +179,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class KVLayout(_message.Message):
-    __slots__ = ("block_size", "num_layers", "num_kv_heads", "head_dim", "dtype", "bytes_per_block", "regions_per_block", "region_block_bytes")
+    __slots__ = ("block_size", "num_layers", "num_kv_heads", "head_dim", "dtype", "bytes_per_block", "regions_per_block", "region_block_bytes", "kv_parts")
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,7 @@ class KVLayout(_message.Message):
     BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     REGIONS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     REGION_BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_PARTS_FIELD_NUMBER: _ClassVar[int]
     block_size: int
     num_layers: int
     num_kv_heads: int
@@ -196,7 +197,8 @@ class KVLayout(_message.Message):
     bytes_per_block: int
     regions_per_block: int
     region_block_bytes: int
-    def __init__(self, block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[_Union[KVDtype, str]] = ..., bytes_per_block: _Optional[int] = ..., regions_per_block: _Optional[int] = ..., region_block_bytes: _Optional[int] = ...) -> None: ...
+    kv_parts: int
+    def __init__(self, block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[_Union[KVDtype, str]] = ..., bytes_per_block: _Optional[int] = ..., regions_per_block: _Optional[int] = ..., region_block_bytes: _Optional[int] = ..., kv_parts: _Optional[int] = ...) -> None: ...
 
 class MemoryRegion(_message.Message):
     __slots__ = ("addr", "length", "device_id", "mem_type")

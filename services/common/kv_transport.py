@@ -139,7 +139,7 @@ def kv_layout_proto(layout: KVLayout) -> common_pb2.KVLayout:
     return common_pb2.KVLayout(
         block_size=layout.block_size, num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads,
         head_dim=layout.head_dim, dtype=kv_dtype_proto(layout.dtype), bytes_per_block=layout.bytes_per_block,
-        regions_per_block=1, region_block_bytes=layout.bytes_per_block,
+        regions_per_block=1, region_block_bytes=layout.bytes_per_block, kv_parts=layout.num_parts,
     )
 
 
@@ -147,7 +147,7 @@ _MEM_TYPES = {"DRAM": common_pb2.MEMORY_TYPE_DRAM, "VRAM": common_pb2.MEMORY_TYP
 _MEM_NAMES = {v: k for k, v in _MEM_TYPES.items()}
 # Layout fields two pools must agree on for their bytes to mean the same thing.
 _LAYOUT_FIELDS = ("block_size", "bytes_per_block", "num_layers", "num_kv_heads", "head_dim", "dtype",
-                  "regions_per_block", "region_block_bytes")
+                  "regions_per_block", "region_block_bytes", "kv_parts")
 
 # Transfers at least this large are posted from a worker thread (see the module docstring); smaller ones
 # inline, where a thread hop (~0.1 ms) would cost more than the copy.

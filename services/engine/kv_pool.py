@@ -4,6 +4,9 @@ Layout (block-major)::
 
     device_kv[num_blocks, num_layers, 2 (k|v), block_size, kv_heads, head_dim]
 
+(with ``num_parts`` 1, one tensor per layer instead of two: DeepSeek-V3's latent, which serves as both; the
+layer's K and V views are then the same view).
+
 One block — every layer's K and V for ``block_size`` tokens — is one contiguous region, so a swap, a copy or
 a NIXL transfer of ``n`` blocks costs ``n`` descriptors rather than ``n * 2 * num_layers``. Attention reads a
 layer as the strided view ``device_kv[:, layer, 0|1]`` shaped ``[num_blocks, block_size, kv_heads, head_dim]``;
@@ -28,10 +31,11 @@ class KVLayout:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    num_parts: int = 2  # keys and values, or 1 latent serving as both
 
     @property
     def block_shape(self) -> tuple[int, ...]:
-        return (self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)
+        return (self.num_layers, self.num_parts, self.block_size, self.num_kv_heads, self.head_dim)
 
     @property
     def bytes_per_block(self) -> int:
@@ -68,7 +72,8 @@ class PagedKVPool:
         pin = device.type == "cuda"
         self.host_kv = torch.zeros((num_host_blocks, *layout.block_shape), dtype=layout.dtype, pin_memory=pin)
         # Made once: a view costs a few microseconds, and every layer of every pass asks for its pair.
-        self._layers = [(self.device_kv[:, i, 0], self.device_kv[:, i, 1]) for i in range(layout.num_layers)]
+        last = layout.num_parts - 1  # a latent-only pool hands out its one view as K and as V
+        self._layers = [(self.device_kv[:, i, 0], self.device_kv[:, i, last]) for i in range(layout.num_layers)]
 
     @property
     def num_blocks(self) -> int:

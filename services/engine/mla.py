@@ -7,8 +7,8 @@ expands those per head. Here they are not: ``q_nope[h] . W_UK[h] c = (W_UK[h]^T 
 query is turned into the latent's space (``q_lat``, absorbed) and attends to ``[c, k_rope]`` itself, one KV
 head shared by all query heads (the paged kernels as they are, head_dim ``kv_lora_rank + qk_rope_head_dim``).
 The values are the same latents: attention's output ``sum_j p_j c_j`` is then mapped by ``W_UV[h]``. So the
-cache holds 576 numbers per token and layer (DeepSeek-V3) where the expanded keys and values take 40,960; the
-pool's V half of each slot is not used (the K half serves as both; reclaiming it is not done).
+cache holds 576 numbers per token and layer (DeepSeek-V3) where the expanded keys and values take 40,960: the
+pool holds one tensor per layer (``KVLayout.num_parts`` 1), handed out as both K and V.
 
 Scores are scaled by ``qk_head_dim ** -0.5`` times YaRN's ``mscale_all_dim`` correction squared, as
 transformers scales them; the kernels scale by the cache's head_dim ** -0.5, so the queries carry the ratio.
@@ -65,8 +65,8 @@ class LatentAttention(nn.Module):
         q_lat = torch.einsum("thn,hnr->thr", q_nope, w[:, : self.nope])  # W_UK absorbed into the query
         query = torch.cat([q_lat, rotated[:, : self.heads]], dim=-1) * self.q_scale
         key = torch.cat([c, rotated[:, self.heads]], dim=-1)[:, None]  # [T, 1, rank + rope]: the cache entry
-        k_cache, _ = kv.layer(self.layer)
-        o = paged_attention(query, key, key, k_cache, k_cache, batch)  # the latents are the values too
+        cache, _ = kv.layer(self.layer)  # one latent per token: the pool's K and V views are the same
+        o = paged_attention(query, key, key, cache, cache, batch)  # the latents are the values too
         out = torch.einsum("thr,hvr->thv", o[..., : self.rank], w[:, self.nope :])  # W_UV
         return self.o_proj(out.reshape(t, self.heads * self.v))
 

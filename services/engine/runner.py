@@ -49,7 +49,7 @@ class ModelRunner:
         self.model = load_model(self.checkpoint, self.device, self.dtype)
         mc = self.checkpoint.config
         self.layout = KVLayout(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim,
-                               self.dtype)
+                               self.dtype, num_parts=1 if mc.mla else 2)  # latent attention caches one latent
         num_blocks = self.layout.blocks_for_budget(self._kv_budget())
         self.kv = PagedKVPool(self.layout, num_blocks, self.layout.blocks_for_budget(config.swap_bytes), self.device)
         # Fused C kernels (attention, norms, RoPE, SwiGLU, argmax) where they apply (CPU, fp32) and can be built.

@@ -15,7 +15,8 @@ File (little endian)::
         16     8  data length (bytes) = the layout's bytes_per_block
         24     4  CRC-32 of the data
         28    20  layout: block_size, num_layers, num_kv_heads, head_dim, KVDtype (u32 each)
-        48    12  zero
+        48     4  tensors per layer (u32): 1 for a latent, 2 (or 0, files from before this field) for K and V
+        52     8  zero
         60     4  CRC-32 of bytes 0..59
         64     n  the block's bytes, exactly as in a block-major pool
 
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"SWKV"
 VERSION = 1
-_HEADER = struct.Struct("<4sHHQQIIIIII12x")  # everything before the header CRC
+_HEADER = struct.Struct("<4sHHQQIIIIIII8x")  # everything before the header CRC
 _HEADER_CRC = struct.Struct("<I")
 HEADER_BYTES = _HEADER.size + _HEADER_CRC.size
 assert HEADER_BYTES == 64
@@ -85,7 +86,8 @@ def file_bytes(layout: KVLayout) -> int:
 
 def encode_header(block_hash: int, layout: KVLayout, data_len: int, data_crc: int) -> bytes:
     head = _HEADER.pack(MAGIC, VERSION, HEADER_BYTES, block_hash, data_len, data_crc, layout.block_size,
-                        layout.num_layers, layout.num_kv_heads, layout.head_dim, dtype_code(layout.dtype))
+                        layout.num_layers, layout.num_kv_heads, layout.head_dim, dtype_code(layout.dtype),
+                        layout.num_parts)
     return head + _HEADER_CRC.pack(zlib.crc32(head))
 
 
@@ -97,10 +99,11 @@ def decode_header(buf: bytes | memoryview) -> Header | None:
     (crc,) = _HEADER_CRC.unpack_from(buf, _HEADER.size)
     if zlib.crc32(head) != crc:
         return None
-    magic, version, size, h, data_len, data_crc, bs, nl, nkv, hd, dt = _HEADER.unpack(head)
+    magic, version, size, h, data_len, data_crc, bs, nl, nkv, hd, dt, parts = _HEADER.unpack(head)
     if magic != MAGIC or version != VERSION or size != HEADER_BYTES or dt not in TORCH_DTYPES:
         return None
-    layout = KVLayout(num_layers=nl, block_size=bs, num_kv_heads=nkv, head_dim=hd, dtype=TORCH_DTYPES[dt])
+    layout = KVLayout(num_layers=nl, block_size=bs, num_kv_heads=nkv, head_dim=hd, dtype=TORCH_DTYPES[dt],
+                      num_parts=parts or 2)
     return Header(h, data_len, data_crc, layout)
 
 

@@ -23,7 +23,7 @@ def layout_from_proto(msg: common_pb2.KVLayout, what: str) -> KVLayout:
     if not msg.block_size or msg.dtype not in TORCH_DTYPES:
         raise InvalidArgument(f"{what}.kv_layout is missing or has no dtype; send the endpoint's KVLayout")
     layout = KVLayout(num_layers=msg.num_layers, block_size=msg.block_size, num_kv_heads=msg.num_kv_heads,
-                      head_dim=msg.head_dim, dtype=TORCH_DTYPES[msg.dtype])
+                      head_dim=msg.head_dim, dtype=TORCH_DTYPES[msg.dtype], num_parts=msg.kv_parts or 2)
     if msg.regions_per_block != 1 or msg.bytes_per_block != layout.bytes_per_block \
             or msg.region_block_bytes != layout.bytes_per_block:
         raise InvalidArgument(
@@ -36,7 +36,8 @@ def layout_from_proto(msg: common_pb2.KVLayout, what: str) -> KVLayout:
 
 def describe(layout: KVLayout) -> str:
     """A short human form for error messages: ``layers x block_size x kv_heads x head_dim dtype``."""
-    return (f"{layout.num_layers} layers x {layout.block_size} tokens x {layout.num_kv_heads} kv heads x "
+    latent = " (latent)" if layout.num_parts == 1 else ""
+    return (f"{layout.num_layers} layers{latent} x {layout.block_size} tokens x {layout.num_kv_heads} kv heads x "
             f"{layout.head_dim} {str(layout.dtype).removeprefix('torch.')} ({layout.bytes_per_block} B/block)")
 
 

@@ -227,6 +227,9 @@ def test_add_peer_is_idempotent_and_rejects_another_layout():
         half = KVLayout(2, 16, 2, 16, torch.float16)
         with pytest.raises(InvalidArgument, match=r"dtype .*same model, block size and dtype"):
             a.add_peer(b.metadata(), kv_layout_proto(half))
+        latent = KVLayout(2, 16, 2, 32, torch.float32, num_parts=1)  # as many bytes a block, one tensor a layer
+        with pytest.raises(InvalidArgument, match=r"different KV layout: head_dim 32 \(here 16\), kv_parts 1"):
+            a.add_peer(b.metadata(), kv_layout_proto(latent))
         wrong = b.metadata()
         wrong.agent_name = "impostor"
         with pytest.raises(InvalidArgument, match="belongs to agent"):
@@ -246,7 +249,8 @@ def test_metadata_and_layout_describe_the_device_pool():
     assert region.mem_type == common_pb2.MEMORY_TYPE_DRAM and region.device_id == 0
     assert layout == common_pb2.KVLayout(
         block_size=16, num_layers=4, num_kv_heads=8, head_dim=64, dtype=common_pb2.KV_DTYPE_FLOAT16,
-        bytes_per_block=LARGE.bytes_per_block, regions_per_block=1, region_block_bytes=LARGE.bytes_per_block)
+        bytes_per_block=LARGE.bytes_per_block, regions_per_block=1, region_block_bytes=LARGE.bytes_per_block,
+        kv_parts=2)
 
 
 def test_terminal_states_map_to_the_proto_enum():

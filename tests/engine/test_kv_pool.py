@@ -68,3 +68,13 @@ def test_nixl_agents_register_the_pools_and_write_blocks_by_id():
     for s, d in pairs:
         assert torch.equal(dst.device_kv[d], src.device_kv[s])
     assert not torch.equal(dst.device_kv[1], src.device_kv[1])  # untouched blocks stay as they were
+
+
+def test_a_latent_pool_holds_one_tensor_per_layer_handed_out_as_k_and_v():
+    """DeepSeek-V3's latent attention caches one latent per token: half the bytes of a K and V pool."""
+    latent = KVLayout(num_layers=3, block_size=16, num_kv_heads=1, head_dim=8, dtype=torch.float32, num_parts=1)
+    assert latent.bytes_per_block == 3 * 16 * 8 * 4
+    pool = PagedKVPool(latent, 4, 2, torch.device("cpu"))
+    k, v = pool.layer(2)
+    assert k.data_ptr() == v.data_ptr() and k.shape == (4, 16, 1, 8)
+    assert pool.block_region(1)[1] == latent.bytes_per_block

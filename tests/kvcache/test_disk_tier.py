@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -42,6 +44,12 @@ def test_the_header_round_trips_and_names_hash_layout_and_checksum():
         assert decode_header(bytes(bad)) is None
     assert decode_header(head[:63]) is None
     assert file_bytes(LAYOUT) == BPB + 64
+    latent = dataclasses.replace(LAYOUT, num_parts=1)  # one tensor per layer (DeepSeek-V3's latent)
+    assert decode_header(encode_header(7, latent, latent.bytes_per_block, 1)).layout == latent
+    old = bytearray(head)  # a file from before the parts field: zero there means keys and values
+    old[48:52] = bytes(4)
+    old[60:64] = zlib.crc32(bytes(old[:60])).to_bytes(4, "little")
+    assert decode_header(bytes(old)).layout == LAYOUT
 
 
 def test_a_block_written_reads_back_exactly(tmp_path):
