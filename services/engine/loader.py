@@ -13,11 +13,10 @@ from services.common.errors import ModelLoadError
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
-from services.engine.mla import deinterleave_rope
 from services.engine.model import LlamaForCausalLM
 from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
-from services.engine.rope import inverse_frequencies
+from services.engine.rope import deinterleave_rope, inverse_frequencies
 
 
 def iter_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -13,7 +13,7 @@ pool holds one tensor per layer (``KVLayout.num_parts`` 1), handed out as both K
 Scores are scaled by ``qk_head_dim ** -0.5`` times YaRN's ``mscale_all_dim`` correction squared, as
 transformers scales them; the kernels scale by the cache's head_dim ** -0.5, so the queries carry the ratio.
 DeepSeek's checkpoints store the rotated features interleaved (pairs ``(x0, x1), (x2, x3)``; transformers'
-``rope_interleave``): ``deinterleave_rope`` permutes those rows of ``q_b_proj`` (or ``q_proj``) and
+``rope_interleave``): ``rope.deinterleave_rope`` permutes those rows of ``q_b_proj`` (or ``q_proj``) and
 ``kv_a_proj_with_mqa`` as they load, evens then odds, which is what transformers' interleaved rotation
 computes; q and k are permuted alike, so their dot products are unchanged.
 """
@@ -78,16 +78,3 @@ def softmax_scale(config: ModelConfig) -> float:
     if config.rope_type != "default" and scaling.get("mscale_all_dim"):
         scale *= yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
     return scale
-
-
-def deinterleave_rope(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
-    """A query or latent projection's weight (or bias) with each rotated block's rows reordered from pairs to
-    halves (evens, then odds); other tensors as they are."""
-    if name.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight")):
-        rows = tensor.view(config.num_attention_heads, config.qk_nope_head_dim + config.qk_rope_head_dim, -1)
-        rope = rows[:, config.qk_nope_head_dim :]
-        return torch.cat([rows[:, : config.qk_nope_head_dim], rope[:, 0::2], rope[:, 1::2]], dim=1).view_as(tensor)
-    if name.endswith(("self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_proj_with_mqa.bias")):
-        rope = tensor[config.kv_lora_rank :]
-        return torch.cat([tensor[: config.kv_lora_rank], rope[0::2], rope[1::2]])
-    return tensor

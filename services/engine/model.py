@@ -29,8 +29,9 @@ from services.engine.kv_pool import PagedKVPool
 from services.engine.lora import LoraBatch
 from services.engine.mla import LatentAttention
 from services.engine.model_config import ModelConfig
-from services.engine.moe import SparseMoE, checkpoint_name, copy_expert, expert_target, missing_experts
+from services.engine.moe import SparseMoE, copy_expert, expert_target, missing_experts
 from services.engine.rope import RotaryEmbedding
+from services.engine.weight_names import checkpoint_name
 
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
@@ -330,7 +331,7 @@ class LlamaForCausalLM(nn.Module):
                 continue  # the RoPE buffer old checkpoints saved (recomputed), multi-token-prediction layers
             if self.config.norm_unit_offset and name.endswith("norm.weight"):
                 tensor = tensor.float() + 1.0  # Gemma stores w for a scale of 1 + w
-            name = checkpoint_name(name)
+            name = checkpoint_name(name, c.architecture)
             expert = expert_target(name)
             if expert is not None:
                 target, index, part = expert

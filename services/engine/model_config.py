@@ -12,7 +12,8 @@ embeddings scaled by sqrt(hidden_size), attention scaled by ``query_pre_attn_sca
 attention scores and final logits (``cap * tanh(x / cap)``) and slides every other layer; Gemma 3 has q/k
 norms and a RoPE base of its own for the sliding layers.
 
-Also: SmolLM3 (layers without RoPE), Granite (scalar multipliers), Seed-OSS (q/k/v biases), OLMo 2 (norms on
+Also: SmolLM3 (layers without RoPE), Granite (scalar multipliers), Seed-OSS (q/k/v biases), GLM-4 (Gemma's
+sandwich norms, RoPE over half of each head in interleaved pairs), OLMo 2 (norms on
 sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's norm placement, Qwen3's q/k
 norms, local layers with RoPE and global ones without), and mixtures of experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -39,11 +40,11 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
                            "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
-                           "Dots1ForCausalLM", "DeepseekV3ForCausalLM")
+                           "Dots1ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
 _GPT_OSS = ("GptOssForCausalLM",)
-_PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
+_PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                  "original_max_position_embeddings": 4096}
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
@@ -342,7 +343,7 @@ class ModelConfig:
                 partial_rotary_factor=partial,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
-                                    else raw.get("attention_bias", arch in ("Qwen2ForCausalLM",
+                                    else raw.get("attention_bias", arch in ("Qwen2ForCausalLM", "Glm4ForCausalLM",
                                                                             "SeedOssForCausalLM", *_GPT_OSS))),
                 o_proj_bias=gpt_oss and bool(raw.get("attention_bias", True)),
                 attention_sinks=gpt_oss,
@@ -362,7 +363,9 @@ class ModelConfig:
                 residual_scale=float(raw.get("residual_multiplier", 1.0)) if granite else 1.0,
                 logits_divisor=float(raw.get("logits_scaling", 1.0)) if granite else 1.0,
                 norm_unit_offset=gemma,
-                sandwich_norms=gemma,
+                sandwich_norms=gemma or arch == "Glm4ForCausalLM",
+                # GLM-4 rotates interleaved pairs of features: the loader reorders its q/k rows (rope.py).
+                rope_interleaved=latent.pop("rope_interleaved", arch == "Glm4ForCausalLM"),
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma
                 else float(raw.get("attention_multiplier", 1.0)) if granite else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
@@ -395,7 +398,7 @@ class ModelConfig:
 
 def _head_dim(raw: dict[str, Any], arch: str, heads: int) -> int:
     """``head_dim``, else transformers' default: GPT-OSS's 64, MiniMax-M2's 128, hidden_size / heads."""
-    defaults = {"GptOssForCausalLM": 64, "MiniMaxM2ForCausalLM": 128}
+    defaults = {"GptOssForCausalLM": 64, "MiniMaxM2ForCausalLM": 128, "Glm4ForCausalLM": 128}
     return int(raw.get("head_dim") or defaults.get(arch) or int(raw["hidden_size"]) // heads)
 
 
@@ -405,7 +408,7 @@ def _partial_rotary(raw: dict[str, Any], arch: str, params: dict[str, Any], head
     transformers model rotates part of a head may."""
     partial = float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor")
                     or (raw["rotary_dim"] / head_dim if raw.get("rotary_dim") else 0)
-                    or (0.5 if arch == "Glm4MoeForCausalLM" else 1.0))
+                    or (0.5 if arch in ("Glm4ForCausalLM", "Glm4MoeForCausalLM") else 1.0))
     if partial != 1.0 and arch not in _PARTIAL_ROTARY:
         raise ModelLoadError(f"config.json: partial_rotary_factor is {partial}; RoPE over part of each head is "
                              f"supported for {', '.join(_PARTIAL_ROTARY)} only")

@@ -198,19 +198,6 @@ def missing_experts(target: str, seen: set[tuple[int, str]], num_experts: int) -
     return f"{target}: missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} weights" if missing else None
 
 
-_RENAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".mlp.shared_experts.", ".mlp.shared_expert."),
-            (".block_sparse_moe.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
-            (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"))
-
-
-def checkpoint_name(name: str) -> str:
-    """Mixtral's and MiniMax-M2's routers, GLM-4.5's shared expert and MiniMax-M2's routing bias under the names
-    the model holds them by."""
-    for old, new in _RENAMES:
-        name = name.replace(old, new)
-    return name
-
-
 def routers_in_fp32(model: nn.Module) -> None:
     """Sigmoid routers stay fp32 in a low-precision model, as transformers keeps them: a bf16 router would pick
     other experts."""

@@ -159,3 +159,29 @@ class RotaryEmbedding(torch.nn.Module):
         half = rot // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
+
+
+def deinterleave_rope(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """A checkpoint whose rotated features are interleaved pairs (DeepSeek's ``rope_interleave``, GLM-4's
+    interleaved rotation): each query and key projection's rotated rows (weight or bias) reordered to halves,
+    evens then odds, as this module rotates them. q and k are permuted alike, so their dot products, and
+    attention, are transformers'; values and the rows RoPE passes are untouched. Other tensors as they are."""
+    if config.mla:
+        nope, rope = config.qk_nope_head_dim, config.qk_rope_head_dim
+        if name.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight")):
+            return _deinterleave(tensor, config.num_attention_heads, nope, rope)
+        if name.endswith(("self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_proj_with_mqa.bias")):
+            return _deinterleave(tensor, 1, config.kv_lora_rank, rope)  # the latent, then its rotated block
+        return tensor
+    for proj, heads in (("q_proj", config.num_attention_heads), ("k_proj", config.num_key_value_heads)):
+        if name.endswith((f"self_attn.{proj}.weight", f"self_attn.{proj}.bias")):
+            return _deinterleave(tensor, heads, 0, config.rotary_dim)
+    return tensor
+
+
+def _deinterleave(tensor: torch.Tensor, heads: int, start: int, width: int) -> torch.Tensor:
+    """Rows ``[start, start + width)`` of each of ``heads`` equal blocks reordered: evens, then odds."""
+    rows = tensor.reshape(heads, -1, *tensor.shape[1:])
+    block = rows[:, start : start + width]
+    return torch.cat([rows[:, :start], block[:, 0::2], block[:, 1::2], rows[:, start + width :]], dim=1
+                     ).reshape(tensor.shape)

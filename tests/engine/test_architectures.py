@@ -87,6 +87,9 @@ CASES = {
     "gpt-oss": lambda: transformers.GptOssConfig(
         head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
         swiglu_limit=2.0, **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
+    # GLM-4 (0414, Z1): norms on each sublayer's input and output (named for where they sit), q/k/v biases,
+    # RoPE over the first half of each head in interleaved pairs, gate/up stored fused.
+    "glm4": lambda: transformers.Glm4Config(head_dim=16, **{**COMMON, "pad_token_id": 0}),
     # GLM-4.5: DeepSeek-V3's routing (sigmoid scores, a correction bias, the best 2 of 4 groups, renormalized and
     # scaled), an ungated shared expert, layer 0 dense, q/k norms and biases, RoPE over half of each head.
     "glm4-moe": lambda: transformers.Glm4MoeConfig(

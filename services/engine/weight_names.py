@@ -1,0 +1,23 @@
+"""Checkpoint tensors the model holds under other names: Mixtral's and MiniMax-M2's routers and routing bias,
+GLM-4.5's shared experts, and GLM-4's four norms, which transformers names by where they sit rather than by
+what they norm (its ``post_attention_layernorm`` is the MLP's input norm)."""
+
+from __future__ import annotations
+
+_RENAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".mlp.shared_experts.", ".mlp.shared_expert."),
+            (".block_sparse_moe.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
+            (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"))
+# GLM-4 (dense): its sandwich norms under the names Gemma's have here; one rename per name (they overlap).
+_GLM4 = ((".post_self_attn_layernorm.", ".post_attention_layernorm."),
+         (".post_attention_layernorm.", ".pre_feedforward_layernorm."),
+         (".post_mlp_layernorm.", ".post_feedforward_layernorm."))
+
+
+def checkpoint_name(name: str, architecture: str = "") -> str:
+    """The name the model holds a checkpoint's tensor by."""
+    for old, new in _RENAMES:
+        name = name.replace(old, new)
+    if architecture == "Glm4ForCausalLM":
+        old, new = next(((o, n) for o, n in _GLM4 if o in name), ("", ""))
+        name = name.replace(old, new) if old else name
+    return name
