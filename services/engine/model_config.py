@@ -13,7 +13,7 @@ attention scores and final logits (``cap * tanh(x / cap)``) and slides every oth
 norms and a RoPE base of its own for the sliding layers.
 
 Also: SmolLM3 (layers without RoPE), Granite (scalar multipliers), Seed-OSS (q/k/v biases), GLM-4 (Gemma's
-sandwich norms, RoPE over half of each head in interleaved pairs), OLMo 2 (norms on
+sandwich norms, RoPE over half of each head in interleaved pairs), OLMo 2 and 3 (norms on
 sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's norm placement, Qwen3's q/k
 norms, local layers with RoPE and global ones without), and mixtures of experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -40,10 +40,13 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
                            "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
-                           "Dots1ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM")
-_OLMOS = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
+                           "Dots1ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM", "Olmo3ForCausalLM")
+_OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
+_POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
 _GPT_OSS = ("GptOssForCausalLM",)
+# transformers' RoPE bases where config.json leaves them out, when not 10000.
+_DEFAULT_THETA = {"Gemma3ForCausalLM": 1e6, "Olmo3ForCausalLM": 500000.0}
 _PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                  "original_max_position_embeddings": 4096}
@@ -274,7 +277,8 @@ class ModelConfig:
     def norm_scale_in_fp32(self) -> bool:
         """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's, OLMo 2's and GPT-OSS's
         order)."""
-        return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "GptOssForCausalLM")
+        return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM",
+                                                              "GptOssForCausalLM")
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -338,7 +342,7 @@ class ModelConfig:
                 head_dim=latent.pop("head_dim", head_dim),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(rope_theta or (1e6 if gemma3 else 10000.0)),
+                rope_theta=float(rope_theta or _DEFAULT_THETA.get(arch, 10000.0)),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 partial_rotary_factor=partial,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
@@ -351,7 +355,7 @@ class ModelConfig:
                                  "Dots1ForCausalLM", *_WHOLE_QK_NORM)
                 or (arch == "Glm4MoeForCausalLM" and bool(raw.get("use_qk_norm"))),
                 qk_norm_whole=arch in _WHOLE_QK_NORM,
-                pre_norms=arch not in ("Olmo2ForCausalLM", "Exaone4ForCausalLM"),
+                pre_norms=arch not in _POST_NORMS,
                 attn_softcap=_float_or_none(raw, "attn_logit_softcapping", 50.0) if not gemma3 and gemma else None,
                 final_softcap=_float_or_none(raw, "final_logit_softcapping", 30.0) if not gemma3 and gemma else None,
                 sliding_window=window if sliding_layers != () else None,
@@ -368,7 +372,8 @@ class ModelConfig:
                 rope_interleaved=latent.pop("rope_interleaved", arch == "Glm4ForCausalLM"),
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma
                 else float(raw.get("attention_multiplier", 1.0)) if granite else None,
-                local_rope_theta=float(local_theta or 10000.0) if gemma3 else None,
+                local_rope_theta=float(local_theta or 10000.0) if gemma3
+                else _olmo3_local_theta(arch, rope_scaling, local_theta or rope_theta),
                 **moe_fields(raw, arch, int(raw["num_hidden_layers"])),
                 **latent,
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
@@ -394,6 +399,13 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ModelLoadError(f"{path} must hold a JSON object")
         return cls.from_dict(raw)
+
+
+def _olmo3_local_theta(arch: str, rope_scaling: Any, theta: Any) -> float | None:
+    """OLMo 3's sliding layers rotate without the full layers' scaling (YaRN): a RoPE of their own then."""
+    if arch != "Olmo3ForCausalLM" or not rope_scaling:
+        return None
+    return float(theta or _DEFAULT_THETA[arch])
 
 
 def _head_dim(raw: dict[str, Any], arch: str, heads: int) -> int:
@@ -465,8 +477,9 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
         if not isinstance(types, list) or len(types) != layers:
             raise ModelLoadError(f"config.json: layer_types must list one type per layer ({layers})")
         return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
-    if arch in (*_GEMMAS, *_GPT_OSS):
-        pattern = int(raw.get("sliding_window_pattern", 6 if arch == "Gemma3ForCausalLM" else 2))
+    if arch in (*_GEMMAS, *_GPT_OSS, "Olmo3ForCausalLM"):
+        default = {"Gemma3ForCausalLM": 6, "Olmo3ForCausalLM": 4}.get(arch, 2)
+        pattern = int(raw.get("sliding_window_pattern", default))
         return tuple(i for i in range(layers) if (i + 1) % pattern)
     if arch == "Exaone4ForCausalLM":  # "LLLG": local, local, local, global, repeated; n: every n-th global
         pattern = raw.get("sliding_window_pattern", 4)

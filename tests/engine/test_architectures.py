@@ -68,6 +68,10 @@ CASES = {
     "seed-oss": lambda: transformers.SeedOssConfig(**{**COMMON, "pad_token_id": 0}),
     # OLMo 2: no norms on sublayer inputs, norms on their outputs, q and k normed over whole projections.
     "olmo2": lambda: transformers.Olmo2Config(**{**COMMON, "pad_token_id": 0}),
+    # OLMo 3: OLMo 2 with three of every four layers sliding, YaRN on the full layers only.
+    "olmo3": lambda: transformers.Olmo3Config(
+        sliding_window=24, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+        **{**COMMON, "num_hidden_layers": 4, "pad_token_id": 0}),
     # OLMoE: OLMo's q/k norms, pre-norms, 2 of 8 experts as wide as intermediate_size, not renormalized.
     "olmoe": lambda: transformers.OlmoeConfig(num_experts=8, num_experts_per_tok=2, **{**COMMON, "pad_token_id": 0}),
     # EXAONE 4: norms on sublayer outputs only, per-head q/k norms, local layers with RoPE and a window, the
@@ -165,9 +169,16 @@ _REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
     refs = _REFERENCES.setdefault(model, {})
     if tuple(prompt) not in refs:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                                 do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        # No end of sequence, as ignore_eos runs: an EOS is generated like any token and the output goes on
+        # (min_new_tokens would forbid EOS instead, and pick the next best token where EOS is the greedy one).
+        eos, model.generation_config.eos_token_id = model.generation_config.eos_token_id, None
+        try:
+            with torch.no_grad():
+                out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                     pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        finally:
+            model.generation_config.eos_token_id = eos
+        assert out.sequences.shape[1] == len(prompt) + MAX_TOKENS
         refs[tuple(prompt)] = (out.sequences[0, len(prompt):].tolist(),
                                [torch.log_softmax(step[0].float(), -1) for step in out.logits])
     return refs[tuple(prompt)]
@@ -222,10 +233,11 @@ def test_longrope_within_the_pretrained_context_uses_the_short_factors(tmp_path,
 def test_sliding_windows_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
-    types = getattr(model.config, "layer_types", None) or ["full_attention"] * 3
+    layers = model.config.num_hidden_layers
+    types = getattr(model.config, "layer_types", None) or ["full_attention"] * layers
     if model.config.model_type in ("mistral", "phi3") and model.config.sliding_window:
-        types = ["sliding_attention"] * 3  # transformers' Mistral and Phi-3 slide in every layer
-    assert [config.slides(i) for i in range(3)] == [t == "sliding_attention" for t in types]
+        types = ["sliding_attention"] * layers  # transformers' Mistral and Phi-3 slide in every layer
+    assert [config.slides(i) for i in range(layers)] == [t == "sliding_attention" for t in types]
     assert config.sliding_window == (model.config.sliding_window if "sliding_attention" in types else None)
     assert config.max_model_len == 512
 
@@ -277,7 +289,7 @@ def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoi
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
     routed = [hasattr(layer.mlp, "experts") for layer in model.model.layers]
-    assert [config.is_moe(i) for i in range(3)] == routed
+    assert [config.is_moe(i) for i in range(len(routed))] == routed
     if any(routed):
         names = ("num_experts", "num_local_experts", "n_routed_experts")  # as each architecture names it
         assert config.num_experts == next(getattr(model.config, n) for n in names if hasattr(model.config, n))
