@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from services.common.errors import InvalidArgument
-from services.scheduler.tool_parsers import ToolParser, ValueScan, openai_call
+from services.scheduler.tool_parser_base import ToolParser, openai_call
+from services.scheduler.tool_parsers import ValueScan
 
 if TYPE_CHECKING:
     from services.scheduler.tracked import Delta

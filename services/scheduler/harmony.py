@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
-from services.scheduler.tool_parsers import HarmonyParser, partial_suffix
+from services.scheduler.tool_parser_base import partial_suffix
+from services.scheduler.tool_parsers import HarmonyParser
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 # What ends a message's content: its end, a stop token the decoded text kept, or the next message's start.

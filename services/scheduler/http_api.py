@@ -54,7 +54,7 @@ from services.scheduler.http_io import error_body, error_response, json_body, st
 from services.scheduler.lora_endpoints import LoraEndpoints
 from services.scheduler.reasoning_parsers import AnyReasoning, AnyStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
-from services.scheduler.tool_parsers import ToolParser
+from services.scheduler.tool_parser_base import ToolParser
 from services.scheduler.tracked import Delta, TrackedRequest
 
 # Chat fields handled here rather than by SamplingParams.from_openai.

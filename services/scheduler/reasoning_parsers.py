@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
 from services.scheduler.harmony import HarmonyReasoning, HarmonyStream
-from services.scheduler.tool_parsers import partial_suffix
+from services.scheduler.tool_parser_base import partial_suffix
 
 OPEN, CLOSE = "<think>", "</think>"
 

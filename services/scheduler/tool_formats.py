@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.scheduler.tool_parser_base import ToolParser, openai_call, partial_suffix
+from services.scheduler.tool_parser_base import MarkedParser, is_json_object, openai_call, partial_suffix
 
 
 @dataclass
@@ -50,10 +50,8 @@ def _value(raw: str) -> Any:
         return raw
 
 
-class _BlockParser(ToolParser):
+class _BlockParser(MarkedParser):
     """Calls from ``OPEN`` on; ``_calls`` reads them from there."""
-
-    OPEN = ""
 
     def _calls(self, text: str) -> list[_Call]:
         raise NotImplementedError
@@ -61,27 +59,13 @@ class _BlockParser(ToolParser):
     def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         at = text.find(self.OPEN)
         calls = self._calls(text[at:]) if at >= 0 else []
-        if not calls or not all(c.complete and _is_object(c.arguments()) for c in calls):
+        if not calls or not all(c.complete and is_json_object(c.arguments()) for c in calls):
             return text, []  # no call, or one cut short by max_tokens: the reply stays text
         return (text[:at].strip() or None), [openai_call(c.name, c.arguments()) for c in calls]
 
     def partial(self, text: str, scans: list | None = None) -> list[tuple[str, str]]:
         at = text.find(self.OPEN)
         return [(c.name, c.arguments()) for c in self._calls(text[at:])] if at >= 0 else []
-
-    def start(self, text: str) -> int | None:
-        at = text.find(self.OPEN)
-        return at if at >= 0 else None
-
-    def held(self, text: str) -> int:
-        return partial_suffix(text, self.OPEN)
-
-
-def _is_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
 
 
 def _blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[str, bool]]:

@@ -1,8 +1,10 @@
-"""What every tool-call parser is (``ToolParser``) and the two helpers they share: an OpenAI call entry, and how
-much of a reply's end could still begin a marker."""
+"""What every tool-call parser is (``ToolParser``; ``MarkedParser``: one whose calls begin at a marker) and the
+helpers they share: an OpenAI call entry, how much of a reply's end could still begin a marker, and whether a
+call's arguments are a JSON object."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -40,3 +42,24 @@ class ToolParser:
 def partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of ``text`` that is a proper start of ``marker``."""
     return next((k for k in range(min(len(text), len(marker) - 1), 0, -1) if marker.startswith(text[-k:])), 0)
+
+
+class MarkedParser(ToolParser):
+    """A syntax whose tool calls begin at the marker ``OPEN``: text before it is content, and a reply's end that
+    could still begin it is held back."""
+
+    OPEN = ""
+
+    def start(self, text: str) -> int | None:
+        at = text.find(self.OPEN)
+        return at if at >= 0 else None
+
+    def held(self, text: str) -> int:
+        return partial_suffix(text, self.OPEN)
+
+
+def is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False

@@ -31,7 +31,12 @@ from services.scheduler.tool_formats import (
     MiniMaxM2Parser,
     Qwen3CoderParser,
 )
-from services.scheduler.tool_parser_base import ToolParser, openai_call, partial_suffix
+from services.scheduler.tool_parser_base import (
+    MarkedParser,
+    ToolParser,
+    is_json_object,
+    openai_call,
+)
 
 
 def _head(key: str) -> re.Pattern[str]:
@@ -144,7 +149,7 @@ def _calls(objects: list[Any], key: str) -> list[dict[str, Any]] | None:
     return calls
 
 
-class HermesParser(ToolParser):
+class HermesParser(MarkedParser):
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     _HEAD = _head("arguments")
@@ -171,13 +176,6 @@ class HermesParser(ToolParser):
 
     def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
         return _partial(self._blocks(text), self._HEAD, scans)
-
-    def start(self, text: str) -> int | None:
-        at = text.find(self.OPEN)
-        return at if at >= 0 else None
-
-    def held(self, text: str) -> int:
-        return partial_suffix(text, self.OPEN)
 
 
 class Llama3JsonParser(ToolParser):
@@ -208,13 +206,14 @@ class Llama3JsonParser(ToolParser):
         return len(text) if not stripped or self.TAG.startswith(stripped) else 0
 
 
-class HarmonyParser(ToolParser):
+class HarmonyParser(MarkedParser):
     """Reads the answer the harmony reasoning parser leaves (services/scheduler/harmony.py): text, with each
     function call written ``<|channel|>commentary to=functions.NAME<|message|>ARGUMENTS``, then ``<|call|>``
     once its message ended (the reasoning parser writes a call's head whole, once the model's header is)."""
 
     name = "harmony"
     HEAD, MESSAGE, END = "<|channel|>commentary to=functions.", "<|message|>", "<|call|>"
+    OPEN = HEAD
 
     def _calls(self, text: str) -> list[tuple[str, str]]:
         """Each call begun: its name and the arguments written so far."""
@@ -232,27 +231,12 @@ class HarmonyParser(ToolParser):
     def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         at = text.find(self.HEAD)
         calls = self._calls(text)
-        if at < 0 or not all(_is_json(args) for _, args in calls):  # none, or cut short by max_tokens: text
+        if at < 0 or not all(is_json_object(args) for _, args in calls):  # none, or cut short by max_tokens
             return text, []
         return (text[:at].strip() or None), [openai_call(name, args) for name, args in calls]
 
     def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
         return self._calls(text)
-
-    def start(self, text: str) -> int | None:
-        at = text.find(self.HEAD)
-        return at if at >= 0 else None
-
-    def held(self, text: str) -> int:
-        return partial_suffix(text, self.HEAD)
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
