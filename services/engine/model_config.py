@@ -40,11 +40,13 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
                            "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
-                           "Dots1ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM", "Olmo3ForCausalLM")
+                           "Dots1ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM", "Olmo3ForCausalLM",
+                           "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
 _GPT_OSS = ("GptOssForCausalLM",)
+_GRANITES = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")  # the multipliers
 # transformers' RoPE bases where config.json leaves them out, when not 10000.
 _DEFAULT_THETA = {"Gemma3ForCausalLM": 1e6, "Olmo3ForCausalLM": 500000.0}
 _PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
@@ -140,7 +142,8 @@ class ModelConfig:
     moe_topk_groups: int = 1
     routed_scaling_factor: float = 1.0
     # Whether a sigmoid router computes its logits in fp32 with fp32 weights (GLM-4.5, dots.llm1; transformers
-    # keeps them fp32), or in the model's dtype (MiniMax-M2; the scores are fp32 either way).
+    # keeps them fp32), or in the model's dtype (MiniMax-M2; the scores are fp32 either way); a top-k-softmax
+    # router's softmax in fp32, cast back (Granite MoE), or in the model's dtype (GPT-OSS).
     router_fp32: bool = True
     # Qwen2-MoE scales its shared expert by a sigmoid gate of its own; GLM-4.5 adds it as it is.
     shared_expert_gated: bool = True
@@ -309,7 +312,7 @@ class ModelConfig:
             eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             rope_theta, rope_scaling, local_theta, params = _rope_fields(raw, arch)
             gemma, gemma3 = arch in _GEMMAS, arch == "Gemma3ForCausalLM"
-            granite, gpt_oss = arch == "GraniteForCausalLM", arch == "GptOssForCausalLM"
+            granite, gpt_oss = arch in _GRANITES, arch == "GptOssForCausalLM"
             if gemma:
                 _check_gemma(raw, gemma3)
             head_dim = _head_dim(raw, arch, heads)

@@ -85,9 +85,10 @@ class SparseMoE(nn.Module):
         act_mul = self.act or act_mul or silu_mul
         if self.routing == "sigmoid":
             weights, chosen = self._sigmoid_routing(x)
-        elif self.routing == "topk_softmax":  # GPT-OSS: in the model's dtype, as transformers computes it
+        elif self.routing == "topk_softmax":  # as transformers computes it: GPT-OSS's in the model's dtype
             top, chosen = torch.topk(F.linear(x, self.gate.weight, self.gate.bias), self.top_k, dim=-1)
-            weights = torch.softmax(top, dim=-1, dtype=top.dtype)
+            weights = (torch.softmax(top.float(), dim=-1).to(x.dtype) if self.router_fp32
+                       else torch.softmax(top, dim=-1, dtype=top.dtype))
         else:
             logits = F.linear(x, self.gate.weight)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (60, 4, 1408, 5632),
                 "Qwen3MoeForCausalLM": (128, 8, 768, 0), "OlmoeForCausalLM": (64, 8, None, 0),
                 "GptOssForCausalLM": (128, 4, None, 0), "Glm4MoeForCausalLM": (128, 8, 1408, 0),
+                "GraniteMoeForCausalLM": (8, 2, None, 0), "GraniteMoeSharedForCausalLM": (8, 2, None, 0),
                 "Dots1ForCausalLM": (128, 6, 1408, 0), "MiniMaxM2ForCausalLM": (256, 8, None, 0),
                 "DeepseekV3ForCausalLM": (256, 8, 2048, 0)}
 # DeepSeek-V3's fields (n_routed_experts, n_shared_experts, first_k_dense_replace, n_group, ...), and the
@@ -46,8 +47,15 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
         return dict(num_experts=int(raw.get("num_local_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
                     moe_intermediate_size=int(raw["intermediate_size"]), moe_layers=tuple(range(layers)),
-                    moe_routing="topk_softmax", moe_biases=True, swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
+                    moe_routing="topk_softmax", router_fp32=False, moe_biases=True, swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
                     swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)))
+    if arch.startswith("GraniteMoe"):  # the softmax of the top-k logits, in fp32; Shared: an ungated shared MLP
+        return dict(num_experts=int(raw.get("num_local_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
+                    moe_intermediate_size=int(raw["intermediate_size"]), moe_layers=tuple(range(layers)),
+                    moe_routing="topk_softmax", shared_expert_gated=False,
+                    shared_expert_intermediate_size=int(raw.get("shared_intermediate_size") or 0)
+                    if arch == "GraniteMoeSharedForCausalLM" else 0)
     if arch == "MiniMaxM2ForCausalLM":
         return dict(num_experts=int(raw.get("num_local_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),

@@ -1,12 +1,17 @@
 """Checkpoint tensors the model holds under other names: Mixtral's and MiniMax-M2's routers and routing bias,
-GLM-4.5's shared experts, and GLM-4's four norms, which transformers names by where they sit rather than by
+GLM-4.5's shared experts, Granite MoE's stacked experts, router and shared MLP, and GLM-4's four norms, which transformers names by where they sit rather than by
 what they norm (its ``post_attention_layernorm`` is the MLP's input norm)."""
 
 from __future__ import annotations
 
 _RENAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".mlp.shared_experts.", ".mlp.shared_expert."),
             (".block_sparse_moe.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
-            (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"))
+            (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
+            (".block_sparse_moe.input_linear.weight", ".mlp.experts.gate_up_proj"),
+            (".block_sparse_moe.output_linear.weight", ".mlp.experts.down_proj"),
+            (".block_sparse_moe.router.layer.", ".mlp.gate."),
+            (".shared_mlp.input_linear.", ".mlp.shared_expert.gate_up_proj."),
+            (".shared_mlp.output_linear.", ".mlp.shared_expert.down_proj."))
 # GLM-4 (dense): its sandwich norms under the names Gemma's have here; one rename per name (they overlap).
 _GLM4 = ((".post_self_attn_layernorm.", ".post_attention_layernorm."),
          (".post_attention_layernorm.", ".pre_feedforward_layernorm."),

@@ -64,6 +64,15 @@ CASES = {
     "granite": lambda: transformers.GraniteConfig(
         embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.22, logits_scaling=8.0,
         **{**COMMON, "pad_token_id": 0}),
+    # Granite 3 MoE: Granite's multipliers, 2 of 4 experts by the softmax of the top-2 logits (stored stacked);
+    # the Shared variant adds an ungated shared MLP.
+    "granitemoe": lambda: transformers.GraniteMoeConfig(
+        num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0, attention_multiplier=0.1,
+        residual_multiplier=0.22, logits_scaling=8.0, **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
+    "granitemoe-shared": lambda: transformers.GraniteMoeSharedConfig(
+        num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48, embedding_multiplier=12.0,
+        attention_multiplier=0.1, residual_multiplier=0.22, logits_scaling=8.0,
+        **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
     # Seed-OSS: Llama with biases on q/k/v by default.
     "seed-oss": lambda: transformers.SeedOssConfig(**{**COMMON, "pad_token_id": 0}),
     # OLMo 2: no norms on sublayer inputs, norms on their outputs, q and k normed over whole projections.
@@ -288,7 +297,7 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
 def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoint):
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
-    routed = [hasattr(layer.mlp, "experts") for layer in model.model.layers]
+    routed = [hasattr(getattr(layer, "mlp", None) or layer.block_sparse_moe, "experts") for layer in model.model.layers]
     assert [config.is_moe(i) for i in range(len(routed))] == routed
     if any(routed):
         names = ("num_experts", "num_local_experts", "n_routed_experts")  # as each architecture names it
