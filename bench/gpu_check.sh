@@ -3,7 +3,9 @@
 #   1. the token-exact oracle with the engine on CUDA in fp32 (transformers runs on the CPU as the reference);
 #   2. engine throughput against transformers on the same GPU, fp32 and bf16 (bf16 prints greedy agreement
 #      instead of exact ids);
-#   3. the mixture-of-experts layer in bf16: grouped GEMMs against one matmul per expert.
+#   3. the mixture-of-experts layer in bf16: grouped GEMMs against one matmul per expert;
+#   4. every architecture in bf16 on CUDA against transformers in bf16 on CUDA (greedy agreement, logprob gap):
+#      GPT-OSS's sinks, DeepSeek-V3's latent attention and the sigmoid routers have only run on the CPU.
 # Results go to $OUT (the device tool's output folder) or ./gpu-results. Not yet run: no device was lent to
 # the session that wrote it, so expect to fix small things on the first run.
 set -euo pipefail
@@ -27,3 +29,5 @@ done
 # 3. the mixture-of-experts layer at Qwen3-30B-A3B's width: grouped GEMMs against one matmul per expert.
 .venv/bin/python bench/moe_layer.py --device cuda --dtype bfloat16 --hidden 2048 --expert-width 768 \
   2>&1 | tee "$out/moe_layer.txt"
+# 4. every architecture in bf16 against transformers in bf16, both on the GPU.
+.venv/bin/python bench/architectures_device.py --device cuda --dtype bfloat16 2>&1 | tee "$out/architectures_bf16.txt"

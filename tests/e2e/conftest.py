@@ -86,3 +86,18 @@ def default_mesh(tiny_model_dir, tmp_path_factory):
 def random_prompts(lengths, vocab=4096, seed=99) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+async def generate_all(client, prompts: list[list[int]], **kwargs) -> list:
+    """Every prompt's output from ``client`` (an ``AsyncClient``), all requests in flight at once."""
+    import anyio
+
+    outs: list = [None] * len(prompts)
+
+    async def one(i: int) -> None:
+        outs[i] = await client.generate(prompts[i], **kwargs)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(one, i)
+    return outs

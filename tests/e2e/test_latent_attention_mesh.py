@@ -5,11 +5,10 @@ its own. Greedy output equals transformers' (which expands the latents per head)
 
 from __future__ import annotations
 
-import anyio
 import pytest
 
 from seawall import AsyncClient
-from tests.e2e.conftest import greedy_oracle, random_prompts, start_mesh
+from tests.e2e.conftest import generate_all, greedy_oracle, random_prompts, start_mesh
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -37,14 +36,8 @@ def mesh(checkpoint, tmp_path_factory):
 
 async def test_latents_move_between_workers_and_through_kvcache(mesh, checkpoint):
     greedy = greedy_oracle(checkpoint[1])
-    outs = [None] * len(PROMPTS)
     async with AsyncClient(mesh.grpc_address) as client:
-        async def one(i):
-            outs[i] = await client.generate(PROMPTS[i], max_tokens=MAX_TOKENS, temperature=0)
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(PROMPTS)):
-                tg.start_soon(one, i)
+        outs = await generate_all(client, PROMPTS, max_tokens=MAX_TOKENS, temperature=0)
         stats = await client.stats()  # before the session, whose blocks stay held until kvcache stores them
         first = PROMPTS[3]
         turn1 = await client.generate(first, session_id="s-mla", max_tokens=MAX_TOKENS, temperature=0)

@@ -7,11 +7,10 @@ turn loads its whole prefix."""
 
 from __future__ import annotations
 
-import anyio
 import pytest
 
 from seawall import AsyncClient
-from tests.e2e.conftest import greedy_oracle, random_prompts, start_mesh
+from tests.e2e.conftest import generate_all, greedy_oracle, random_prompts, start_mesh
 from tests.e2e.test_dual_path import _kv_stats
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
@@ -40,14 +39,8 @@ def mesh(windowed_model_dir, tmp_path_factory):
 
 
 async def test_concurrent_requests_past_the_window_equal_transformers(mesh, greedy):
-    outs = [None] * len(PROMPTS)
     async with AsyncClient(mesh.grpc_address) as client:
-        async def one(i):
-            outs[i] = await client.generate(PROMPTS[i], max_tokens=MAX_TOKENS, temperature=0)
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(PROMPTS)):
-                tg.start_soon(one, i)
+        outs = await generate_all(client, PROMPTS, max_tokens=MAX_TOKENS, temperature=0)
         stats = await client.stats()
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert out.token_ids == greedy(prompt, MAX_TOKENS), f"the {len(prompt)}-token prompt diverged"

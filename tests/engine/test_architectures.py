@@ -193,6 +193,17 @@ def _reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]
     return refs[tuple(prompt)]
 
 
+def engine_matches_transformers(path, model, cpu_kernels: bool, lengths=(3, 40)) -> None:
+    """The checkpoint at ``path`` served greedily (chunks of 16) gives ``model``'s tokens and logprobs."""
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in lengths]
+    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
+                           SchedulerConfig(chunk_size=16))
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                                                   logprobs=0)] * len(prompts))
+    assert_matches_transformers(model, prompts, got)
+
+
 def assert_matches_transformers(model, prompts, got):
     for prompt, comp in zip(prompts, got, strict=True):
         tokens, logprobs = _reference(model, prompt)

@@ -20,7 +20,13 @@ from services.engine.config import EngineConfig
 from services.engine.fp8 import dequantize
 from services.engine.model_config import ModelConfig
 from services.scheduler.core.scheduler import SchedulerConfig
-from tests.engine.test_architectures import CASES, MAX_TOKENS, assert_matches_transformers, save_checkpoint
+from tests.engine.test_architectures import (
+    CASES,
+    MAX_TOKENS,
+    assert_matches_transformers,
+    engine_matches_transformers,
+    save_checkpoint,
+)
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
@@ -73,13 +79,7 @@ def test_fp8_checkpoints_match_transformers_loading_the_same_files(tmp_path, tin
     save_checkpoint(CASES[arch](), tmp_path / "bf16", tiny_model_dir)
     path = write_fp8(tmp_path / "bf16", tmp_path / "fp8")
     ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (3, 40)]
-    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
-                           SchedulerConfig(chunk_size=16))
-    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
-                                                   logprobs=0)] * len(prompts))
-    assert_matches_transformers(ref, prompts, got)
+    engine_matches_transformers(path, ref, cpu_kernels)
 
 
 def compressed_tensors_config(strategy) -> dict:

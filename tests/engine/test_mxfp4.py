@@ -10,15 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from seawall.offline.engine import OfflineEngine
 from services.common.errors import ModelLoadError
-from services.common.sampling_params import SamplingParams
-from services.engine.config import EngineConfig
 from services.engine.gpt_oss_weights import gpt_oss_weights
 from services.engine.model_config import ModelConfig
 from services.engine.mxfp4 import FP4_VALUES, Packed, pair_packed, unpack
-from services.scheduler.core.scheduler import SchedulerConfig
-from tests.engine.test_architectures import CASES, MAX_TOKENS, assert_matches_transformers, save_checkpoint
+from tests.engine.test_architectures import CASES, engine_matches_transformers, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -98,10 +94,4 @@ def test_mxfp4_checkpoints_match_transformers_dequantizing_the_same_files(tmp_pa
     path = write_mxfp4(tmp_path / "fp32", tmp_path / "mxfp4")
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         path, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32).eval()
-    g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (3, 40)]
-    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
-                           SchedulerConfig(chunk_size=16))
-    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
-                                                   logprobs=0)] * len(prompts))
-    assert_matches_transformers(ref, prompts, got)
+    engine_matches_transformers(path, ref, cpu_kernels)

@@ -123,8 +123,8 @@ def test_a_terminated_benchmark_stops_the_mesh_it_started(tmp_path):
 
 def test_repeats_alternate_the_policies_and_judge_the_targets_on_every_round(tmp_path, capsys):
     out, logs = tmp_path / "bench.json", tmp_path / "mesh"
-    code = main(["bench", "--spawn", "--policies", "fcfs,fastserve", "--repeats", "2", "--num-requests", "12",
-                 "--arrival", "burst", "--lengths", "pareto", "--prompt-len", "16", "--max-output-len", "48",
+    code = main(["bench", "--spawn", "--policies", "fcfs,fastserve", "--repeats", "2", "--num-requests", "6",
+                 "--arrival", "burst", "--lengths", "pareto", "--prompt-len", "16", "--max-output-len", "24",
                  "--max-num-seqs", "2", "--warmup", "1", "--json", str(out), "--mesh-log-dir", str(logs),
                  "--no-progress"])
     assert code == 0
@@ -136,7 +136,7 @@ def test_repeats_alternate_the_policies_and_judge_the_targets_on_every_round(tmp
     assert report["repeats"] == 2 and [r["round"] for r in report["rounds"]] == [1, 2]
     for r in report["rounds"]:
         assert list(r["results"]) == ["fcfs", "fastserve"]  # the given order, whichever ran first
-        assert all(res["num_finished"] == 12 for res in r["results"].values())
+        assert all(res["num_finished"] == 6 for res in r["results"].values())
     gain = report["targets"]["fastserve_mean_latency_2x_fcfs"]
     per_round = [r["results"]["fcfs"]["e2e_mean"] / r["results"]["fastserve"]["e2e_mean"] for r in report["rounds"]]
     assert [g["gain"] for g in gain["rounds"]] == pytest.approx(per_round)
