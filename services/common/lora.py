@@ -46,6 +46,8 @@ class ModelShape:
     moe_layers: tuple[int, ...] = ()
     # DeepSeek-V3's latent attention: no q/k/v/o projections of the shapes above to adapt.
     latent_attention: bool = False
+    # False: MLPs without a gate (Arcee), whose projections adapters are not supported for.
+    gated_mlp: bool = True
 
     def in_out(self, module: str) -> tuple[int, int]:
         h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
@@ -115,6 +117,23 @@ def _refuse_extras(cfg: dict, where: str) -> None:
                               f"projection, bias 'none') is")
 
 
+def _check_module(where: str, layer: int, module: str, shape: ModelShape) -> None:
+    """Refuses an adapter of a projection this model does not have, saying which ones it may adapt."""
+    if module not in MODULES and module not in FUSED_MODULES:
+        raise InvalidArgument(f"{where}: adapts {module!r}; supported: {', '.join((*MODULES, *FUSED_MODULES))}")
+    if layer >= shape.num_layers:
+        raise InvalidArgument(f"{where}: adapts layer {layer}; the model has {shape.num_layers}")
+    if not shape.gated_mlp and module not in _ATTENTION_MODULES:
+        raise InvalidArgument(f"{where}: adapts {module}; adapters of an MLP without a gate (Arcee's) are not "
+                              "supported, those of the attention projections are")
+    if shape.latent_attention and module in _ATTENTION_MODULES:
+        raise InvalidArgument(f"{where}: adapts {module}; adapters of latent attention (DeepSeek-V3's) are not "
+                              "supported, those of its dense layers' MLPs are")
+    if layer in shape.moe_layers and module not in _ATTENTION_MODULES:
+        raise InvalidArgument(f"{where}: adapts {module} of layer {layer}, whose MLP is a mixture of experts; "
+                              "adapters of the attention projections only are supported there")
+
+
 def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[tuple[int, str], tuple[str, str]]:
     parts: dict[tuple[int, str], dict[str, str]] = {}
     try:
@@ -125,17 +144,7 @@ def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[
                     raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder "
                                           f"layer's projection ({', '.join(MODULES)})")
                 layer, module, ab = int(m[1]), m[2], m[3]
-                if module not in MODULES and module not in FUSED_MODULES:
-                    raise InvalidArgument(f"{where}: adapts {module!r}; supported: "
-                                          f"{', '.join((*MODULES, *FUSED_MODULES))}")
-                if layer >= shape.num_layers:
-                    raise InvalidArgument(f"{where}: adapts layer {layer}; the model has {shape.num_layers}")
-                if shape.latent_attention and module in _ATTENTION_MODULES:
-                    raise InvalidArgument(f"{where}: adapts {module}; adapters of latent attention (DeepSeek-V3's) "
-                                          "are not supported, those of its dense layers' MLPs are")
-                if layer in shape.moe_layers and module not in _ATTENTION_MODULES:
-                    raise InvalidArgument(f"{where}: adapts {module} of layer {layer}, whose MLP is a mixture of "
-                                          "experts; adapters of the attention projections only are supported there")
+                _check_module(where, layer, module, shape)
                 fan_in, fan_out = shape.in_out(module)
                 want = (rank, fan_in) if ab == "A" else (fan_out, rank)
                 got = tuple(f.get_slice(key).get_shape())

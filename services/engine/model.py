@@ -83,7 +83,8 @@ def norm_projections(qkv: torch.Tensor, q_size: int, kv_size: int, q_weight: tor
                       rms_norm(qkv[:, q_size : q_size + kv_size], k_weight, eps, scale_in_fp32)], dim=1)
 
 
-_ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+_ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+                "relu2": lambda x: torch.square(F.relu(x))}
 
 
 class Attention(nn.Module):
@@ -141,11 +142,17 @@ class MLP(nn.Module):
         super().__init__()
         self.layer = layer
         self.intermediate = intermediate or config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
+        self.gated = config.mlp_gated
+        if self.gated:
+            self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
+        else:  # Arcee: no gate (and no LoRA adapters here: they are refused when read)
+            self.up_proj = nn.Linear(config.hidden_size, self.intermediate, bias=False)
         self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
         self.act = _ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        if not self.gated:
+            return self.down_proj(self.act(self.up_proj(x)))
         gate_up = self.gate_up_proj(x)
         if lora is not None:
             lora.add(gate_up, x, self.layer, "gate_up")

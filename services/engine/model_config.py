@@ -41,7 +41,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
                            "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
                            "Dots1ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM", "Olmo3ForCausalLM",
-                           "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
+                           "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM", "ArceeForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
@@ -53,7 +53,7 @@ _PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                  "original_max_position_embeddings": 4096}
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
-SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "relu2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -96,8 +96,10 @@ class ModelConfig:
     # sliding-window attention on, else None; which layers slide (None with a window: all of them).
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] | None = None
-    # The MLP's gate activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU).
+    # The MLP's gate activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU); "relu2" (relu(x)²).
     hidden_act: str = "silu"
+    # False: the MLP has no gate, its up projection's activation goes straight down (Arcee's ReLU²).
+    mlp_gated: bool = True
     # Token embeddings are multiplied by this (Gemma: sqrt(hidden_size), rounded to the weights' dtype first,
     # embed_scale_rounded; Granite: embedding_multiplier).
     embed_scale: float = 1.0
@@ -292,7 +294,7 @@ class ModelConfig:
         """The dimensions a LoRA adapter for this model must have."""
         return ModelShape(self.num_hidden_layers, self.hidden_size, self.intermediate_size,
                           self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim,
-                          self.moe_layers, latent_attention=self.mla)
+                          self.moe_layers, latent_attention=self.mla, gated_mlp=self.mlp_gated)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -363,7 +365,9 @@ class ModelConfig:
                 final_softcap=_float_or_none(raw, "final_logit_softcapping", 30.0) if not gemma3 and gemma else None,
                 sliding_window=window if sliding_layers != () else None,
                 sliding_layers=sliding_layers or None,
-                hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu"),
+                hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act")
+                               or ("relu2" if arch == "ArceeForCausalLM" else "silu")),
+                mlp_gated=arch != "ArceeForCausalLM",
                 embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma else float(raw.get("embedding_multiplier", 1.0))
                 if granite else 1.0,
                 embed_scale_rounded=gemma,

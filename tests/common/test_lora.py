@@ -118,3 +118,14 @@ def test_adapters_of_latent_attention_are_refused(lora_dirs, shape, tmp_path):
     weights = load_file(str(out / WEIGHTS_FILE))
     save_file({k: v for k, v in weights.items() if ".mlp." in k}, str(out / WEIGHTS_FILE))
     assert read_lora(LoraRef("x", str(out)), latent, max_rank=16).tensors
+
+
+def test_adapters_of_an_mlp_without_a_gate_are_refused(lora_dirs, shape, tmp_path):
+    """Arcee's MLP has an up projection and no gate; its attention projections' adapters fit."""
+    ungated = dataclasses.replace(shape, gated_mlp=False)
+    with pytest.raises(InvalidArgument, match="adapters of an MLP without a gate .* are not supported"):
+        read_lora(LoraRef("alpha", str(lora_dirs["alpha"])), ungated, max_rank=16)
+    out = _copy(lora_dirs, tmp_path)
+    weights = load_file(str(out / WEIGHTS_FILE))
+    save_file({k: v for k, v in weights.items() if ".self_attn." in k}, str(out / WEIGHTS_FILE))
+    assert read_lora(LoraRef("x", str(out)), ungated, max_rank=16).tensors

@@ -73,6 +73,8 @@ CASES = {
         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48, embedding_multiplier=12.0,
         attention_multiplier=0.1, residual_multiplier=0.22, logits_scaling=8.0,
         **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
+    # Arcee (AFM): Llama with an MLP without a gate, its activation relu(x)².
+    "arcee": lambda: transformers.ArceeConfig(**{**COMMON, "pad_token_id": 0}),
     # Seed-OSS: Llama with biases on q/k/v by default.
     "seed-oss": lambda: transformers.SeedOssConfig(**{**COMMON, "pad_token_id": 0}),
     # OLMo 2: no norms on sublayer inputs, norms on their outputs, q and k normed over whole projections.
