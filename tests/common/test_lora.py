@@ -109,23 +109,17 @@ def test_adapters_of_a_mixture_of_experts_mlp_are_refused(lora_dirs, shape, tmp_
     assert {m for _, m in attention_only.tensors} == {"q_proj", "k_proj", "v_proj", "o_proj"}
 
 
-def test_adapters_of_latent_attention_are_refused(lora_dirs, shape, tmp_path):
-    """DeepSeek-V3's latent attention has no q/k/v/o projections of those shapes; its dense MLPs' adapters fit."""
-    latent = dataclasses.replace(shape, latent_attention=True)
-    with pytest.raises(InvalidArgument, match="adapters of latent attention .* are not supported"):
-        read_lora(LoraRef("alpha", str(lora_dirs["alpha"])), latent, max_rank=16)
+@pytest.mark.parametrize("field, refused, kept", [
+    ("latent_attention", "adapters of latent attention .* are not supported", ".mlp."),  # DeepSeek-V3
+    ("gated_mlp", "adapters of an MLP without a gate .* are not supported", ".self_attn."),  # Arcee
+])
+def test_adapters_of_projections_the_model_lacks_are_refused(lora_dirs, shape, tmp_path, field, refused, kept):
+    """Latent attention has no q/k/v/o of those shapes, a gateless MLP no gate/up/down pair; the other part's
+    adapters fit."""
+    odd = dataclasses.replace(shape, **{field: not getattr(shape, field)})
+    with pytest.raises(InvalidArgument, match=refused):
+        read_lora(LoraRef("alpha", str(lora_dirs["alpha"])), odd, max_rank=16)
     out = _copy(lora_dirs, tmp_path)
     weights = load_file(str(out / WEIGHTS_FILE))
-    save_file({k: v for k, v in weights.items() if ".mlp." in k}, str(out / WEIGHTS_FILE))
-    assert read_lora(LoraRef("x", str(out)), latent, max_rank=16).tensors
-
-
-def test_adapters_of_an_mlp_without_a_gate_are_refused(lora_dirs, shape, tmp_path):
-    """Arcee's MLP has an up projection and no gate; its attention projections' adapters fit."""
-    ungated = dataclasses.replace(shape, gated_mlp=False)
-    with pytest.raises(InvalidArgument, match="adapters of an MLP without a gate .* are not supported"):
-        read_lora(LoraRef("alpha", str(lora_dirs["alpha"])), ungated, max_rank=16)
-    out = _copy(lora_dirs, tmp_path)
-    weights = load_file(str(out / WEIGHTS_FILE))
-    save_file({k: v for k, v in weights.items() if ".self_attn." in k}, str(out / WEIGHTS_FILE))
-    assert read_lora(LoraRef("x", str(out)), ungated, max_rank=16).tensors
+    save_file({k: v for k, v in weights.items() if kept in k}, str(out / WEIGHTS_FILE))
+    assert read_lora(LoraRef("x", str(out)), odd, max_rank=16).tensors
