@@ -69,7 +69,8 @@ class TraceReceiver:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> TraceReceiver:
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        # Without SO_REUSEPORT a taken port fails here instead of splitting spans with another process.
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.so_reuseport", 0)])
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self), self._server)
         self.port = self._server.add_insecure_port(f"{self.host}:{self.port}")
         self._server.start()

@@ -26,6 +26,10 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+# grpcio sets SO_REUSEPORT on Linux by default, so a second server on a taken port binds without error and the
+# kernel splits connections between two processes: a client then reaches the wrong service (UNIMPLEMENTED).
+# Off, a taken port is an error at start (PortInUse), as it is for every other server.
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
 
 
 class Server:
@@ -35,7 +39,7 @@ class Server:
     """
 
     def __init__(self) -> None:
-        self.grpc = grpc.aio.server(options=CHANNEL_OPTIONS)
+        self.grpc = grpc.aio.server(options=SERVER_OPTIONS)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         self._names: list[str] = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2_grpc
 
-from services.common.errors import EXIT_PORT_IN_USE, InvalidArgument
+from services.common.errors import EXIT_PORT_IN_USE, InvalidArgument, PortInUse
 from services.common.grpc_server import QuietCancelledCalls, Server, run_service, wait_healthy
 
 
@@ -47,6 +47,20 @@ def test_a_port_in_use_exits_with_its_own_code_even_from_inside_a_task_group():
                 await Server().start("127.0.0.1", port)
 
         assert run_service(lambda: None, serve) == EXIT_PORT_IN_USE
+
+
+def test_a_second_server_on_a_port_another_server_holds_raises_port_in_use():
+    # grpcio's default SO_REUSEPORT would let both bind and split the first one's clients between them.
+    async def main():
+        first = Server()
+        port = await first.start("127.0.0.1", 0)
+        try:
+            with pytest.raises(PortInUse, match=f"127.0.0.1:{port}"):
+                await Server().start("127.0.0.1", port)
+        finally:
+            await first.stop(0)
+
+    anyio.run(main)
 
 
 def test_a_user_error_exits_2_and_a_bug_still_raises():
