@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DeepSeek-V3, DeepSeek-R1, Kimi K2), with its latent as the KV cache.
+"""Multi-head latent attention (DeepSeek-V2, DeepSeek-V3, DeepSeek-R1, Kimi K2), with its latent as the KV cache.
 
 Each token's keys and values come from one latent: ``kv_a_proj_with_mqa`` gives ``c`` (``kv_lora_rank``
 features, RMS-normed) and ``k_rope`` (``qk_rope_head_dim`` features, rotated, shared by every head); head h's

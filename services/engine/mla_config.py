@@ -1,5 +1,5 @@
-"""The latent-attention fields of a ``config.json`` (DeepSeek-V3 and the models built on it: DeepSeek-R1,
-Kimi K2; mla.py computes it), read as transformers reads them, and their checks; no torch."""
+"""The latent-attention fields of a ``config.json`` (DeepSeek-V2, DeepSeek-V3 and the models built on it:
+DeepSeek-R1, Kimi K2; mla.py computes it), read as transformers reads them, and their checks; no torch."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ if TYPE_CHECKING:
 
 
 def mla_fields(raw: dict[str, Any], arch: str) -> dict[str, Any]:
-    """DeepSeek-V3's latent attention (mla.py), with transformers' defaults: the cache holds one latent per
-    token, so one KV head of kv_lora_rank + qk_rope_head_dim features. Its routing must be the sigmoid one."""
-    if arch != "DeepseekV3ForCausalLM":
+    """DeepSeek-V2's and -V3's latent attention (mla.py), with transformers' defaults: the cache holds one latent
+    per token, so one KV head of kv_lora_rank + qk_rope_head_dim features. V3's routing must be the sigmoid
+    one, V2's the softmax one (moe_config.py); V2 always rotates interleaved pairs."""
+    if arch == "DeepseekV2ForCausalLM":
+        if raw.get("scoring_func", "softmax") != "softmax":
+            raise ModelLoadError(f"config.json: scoring_func {raw['scoring_func']!r}; DeepSeek-V2 routes by softmax")
+        raw = {**raw, "rope_interleave": True}
+    elif arch != "DeepseekV3ForCausalLM":
         return {}
-    if raw.get("scoring_func", "sigmoid") != "sigmoid" or raw.get("topk_method", "noaux_tc") != "noaux_tc":
+    elif raw.get("scoring_func", "sigmoid") != "sigmoid" or raw.get("topk_method", "noaux_tc") != "noaux_tc":
         raise ModelLoadError(f"config.json: routing {raw.get('scoring_func')!r} / {raw.get('topk_method')!r}; "
                              "DeepSeek-V3's sigmoid / noaux_tc routing is supported")
     rank, rope = int(raw.get("kv_lora_rank") or 512), int(raw.get("qk_rope_head_dim") or 64)

@@ -173,7 +173,7 @@ class DecoderLayer(nn.Module):
             self.input_layernorm = norm()
         else:  # OLMo 2, EXAONE 4: the MLP's output is normed, and no sublayer's input
             self.post_feedforward_layernorm = norm()
-        # DeepSeek-V3's latent attention, or the others' grouped-query attention.
+        # DeepSeek-V2's and -V3's latent attention, or the others' grouped-query attention.
         self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
         self.post_attention_layernorm = norm()
         if config.is_moe(layer):

@@ -40,8 +40,9 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
                            "GraniteForCausalLM", "SeedOssForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM",
                            "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
-                           "Dots1ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM", "Olmo3ForCausalLM",
-                           "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM", "ArceeForCausalLM")
+                           "Dots1ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM",
+                           "Olmo3ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
+                           "ArceeForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
@@ -138,7 +139,9 @@ class ModelConfig:
     # Mixtral, Qwen, OLMoE), "topk_softmax" (the softmax of the top k logits: GPT-OSS), "sigmoid" (GLM-4.5,
     # DeepSeek-V3: sigmoid scores in fp32; the top k by score plus a learned correction bias, within the
     # moe_topk_groups best of moe_groups groups of experts; weighed by their scores, renormalized with
-    # norm_topk_prob, times routed_scaling_factor).
+    # norm_topk_prob, times routed_scaling_factor), "group_softmax" (DeepSeek-V2: a softmax over fp32 logits
+    # of an fp32 router; the top k within the moe_topk_groups groups whose best score is highest; weighed by
+    # their scores times routed_scaling_factor, not renormalized).
     moe_routing: str = "softmax"
     moe_groups: int = 1
     moe_topk_groups: int = 1
@@ -318,7 +321,7 @@ class ModelConfig:
             if gemma:
                 _check_gemma(raw, gemma3)
             head_dim = _head_dim(raw, arch, heads)
-            latent = mla_fields(raw, arch)  # DeepSeek-V3: the cache holds latents, one "head" of their width
+            latent = mla_fields(raw, arch)  # DeepSeek-V2/V3: the cache holds latents, one "head" of their width
             window = _sliding_window(raw, arch)  # with no layer sliding, there is no window
             sliding_layers = _sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None
             partial = _partial_rotary(raw, arch, params, head_dim)

@@ -8,7 +8,8 @@ grouped GEMM per projection for all experts), added into the output in expert or
 them. Qwen2-MoE adds a shared expert every token passes, scaled by a sigmoid gate of its own. GPT-OSS's
 router has a bias and takes the softmax of the top-k logits instead; its experts have biases and a clamped
 SwiGLU (``ClampedSwiGLU``). GLM-4.5 routes as DeepSeek-V3 does (``_sigmoid_routing``), its router in fp32 in
-any dtype, and adds an ungated shared expert.
+any dtype, and adds an ungated shared expert; DeepSeek-V2 routes by softmax within groups
+(``_group_softmax_routing``), its router in fp32 too.
 
 The experts' weights are stacked as transformers >= 5 holds them: ``experts.gate_up_proj`` ``[E, 2I, H]``
 (each expert's gate then up rows) and ``experts.down_proj`` ``[E, H, I]``; ``copy_expert`` copies a
@@ -85,6 +86,8 @@ class SparseMoE(nn.Module):
         act_mul = self.act or act_mul or silu_mul
         if self.routing == "sigmoid":
             weights, chosen = self._sigmoid_routing(x)
+        elif self.routing == "group_softmax":
+            weights, chosen = self._group_softmax_routing(x)
         elif self.routing == "topk_softmax":  # as transformers computes it: GPT-OSS's in the model's dtype
             top, chosen = torch.topk(F.linear(x, self.gate.weight, self.gate.bias), self.top_k, dim=-1)
             weights = (torch.softmax(top.float(), dim=-1).to(x.dtype) if self.router_fp32
@@ -139,6 +142,20 @@ class SparseMoE(nn.Module):
         weights = scores.gather(1, chosen)
         if self.normalize:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.scaling, chosen
+
+
+    def _group_softmax_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek-V2's routing, as transformers computes it: softmax over fp32 logits; with groups, the top k
+        among the ``topk_groups`` groups whose best expert scores highest; weighed by their scores times
+        ``routed_scaling_factor``, not renormalized."""
+        scores = torch.softmax(F.linear(x.float(), self.gate.weight.float()), dim=-1)
+        choice = scores
+        if self.groups > 1:
+            best = scores.view(x.shape[0], self.groups, -1).amax(dim=-1)
+            keep = torch.zeros_like(best).scatter_(1, best.topk(self.topk_groups, dim=-1)[1], 1.0).bool()
+            choice = scores.masked_fill(~keep.repeat_interleave(scores.shape[1] // self.groups, dim=1), 0.0)
+        weights, chosen = choice.topk(self.top_k, dim=-1)
         return weights * self.scaling, chosen
 
 
@@ -203,5 +220,5 @@ def routers_in_fp32(model: nn.Module) -> None:
     """Sigmoid routers stay fp32 in a low-precision model, as transformers keeps them: a bf16 router would pick
     other experts."""
     for module in model.modules():
-        if isinstance(module, SparseMoE) and module.routing == "sigmoid" and module.router_fp32:
+        if isinstance(module, SparseMoE) and module.routing in ("sigmoid", "group_softmax") and module.router_fp32:
             module.gate.float()

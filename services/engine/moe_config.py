@@ -1,5 +1,5 @@
 """The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, GLM-4.5,
-dots.llm1, MiniMax-M2), read as
+dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3), read as
 transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (6
                 "GptOssForCausalLM": (128, 4, None, 0), "Glm4MoeForCausalLM": (128, 8, 1408, 0),
                 "GraniteMoeForCausalLM": (8, 2, None, 0), "GraniteMoeSharedForCausalLM": (8, 2, None, 0),
                 "Dots1ForCausalLM": (128, 6, 1408, 0), "MiniMaxM2ForCausalLM": (256, 8, None, 0),
-                "DeepseekV3ForCausalLM": (256, 8, 2048, 0)}
+                "DeepseekV2ForCausalLM": (64, 0, 1407, 0), "DeepseekV3ForCausalLM": (256, 8, 2048, 0)}
 # DeepSeek-V3's fields (n_routed_experts, n_shared_experts, first_k_dense_replace, n_group, ...), and the
 # defaults transformers gives them per architecture: norm_topk_prob, first_k_dense_replace, n_shared_experts.
 _DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0),
-                   "DeepseekV3ForCausalLM": (True, 3, 1)}
-MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid")
+                   "DeepseekV2ForCausalLM": (False, 0, 2), "DeepseekV3ForCausalLM": (True, 3, 1)}
+MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "group_softmax")
 
 
 def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
@@ -34,7 +34,8 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     softmax over the top-k logits of a router with a bias, to experts with biases and a clamped SwiGLU; GLM-4.5
     and dots.llm1 route from layer ``first_k_dense_replace`` on, by sigmoid scores within groups (DeepSeek-V3's
     routing), beside ``n_shared_experts`` shared experts' worth of an ungated shared expert; MiniMax-M2 routes
-    in every layer by sigmoid scores, its router in the model's dtype."""
+    in every layer by sigmoid scores, its router in the model's dtype; DeepSeek-V2 as dots.llm1 but by softmax
+    scores (``_deepseek_v2_routing``)."""
     if arch not in MOE_DEFAULTS:
         return {}
     experts, top_k, width, shared = MOE_DEFAULTS[arch]
@@ -71,7 +72,8 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                     shared_expert_intermediate_size=width * int(raw.get("n_shared_experts") or shared),
                     shared_expert_gated=False, moe_routing="sigmoid", moe_groups=int(raw.get("n_group") or 1),
                     moe_topk_groups=int(raw.get("topk_group") or 1),
-                    routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)), routing_weights_fp32=True)
+                    routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)), routing_weights_fp32=True) | (
+                        _deepseek_v2_routing(raw) if arch == "DeepseekV2ForCausalLM" else {})
     if arch == "OlmoeForCausalLM":
         return dict(num_experts=int(raw.get("num_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
@@ -89,6 +91,26 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                 moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0) if num else (),
                 shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", shared) or 0)
                 if arch == "Qwen2MoeForCausalLM" else 0)
+
+
+def _deepseek_v2_routing(raw: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V2's softmax routing as transformers computes it: "greedy" (V2-Lite) picks the top k of all
+    experts, "group_limited_greedy" (V2, V2.5) within the topk_group groups with the best single score; the
+    weights are not renormalized (transformers reads no norm_topk_prob, so a config asking for it is
+    refused), and every layer from first_k_dense_replace routes (moe_layer_freq must be 1)."""
+    method = raw.get("topk_method") or "greedy"
+    if method not in ("greedy", "group_limited_greedy"):
+        raise ModelLoadError(f"config.json: topk_method {method!r}; DeepSeek-V2 routes by greedy or "
+                             "group_limited_greedy")
+    if raw.get("norm_topk_prob") or int(raw.get("moe_layer_freq") or 1) != 1:
+        raise ModelLoadError("config.json: norm_topk_prob true or moe_layer_freq other than 1; DeepSeek-V2 is "
+                             "served as released (routing weights not renormalized, every layer routing)")
+    if not raw.get("num_experts_per_tok"):
+        raise ModelLoadError("config.json: DeepSeek-V2 needs num_experts_per_tok (experts per token)")
+    grouped = method == "group_limited_greedy"
+    return dict(moe_routing="group_softmax", norm_topk_prob=False,
+                moe_groups=int(raw.get("n_group") or 0) if grouped else 1,
+                moe_topk_groups=int(raw.get("topk_group") or 0) if grouped else 1)
 
 
 def check_moe(config: ModelConfig) -> None:

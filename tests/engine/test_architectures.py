@@ -136,6 +136,15 @@ CASES = {
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
         n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
         moe_intermediate_size=32, rope_interleave=False, **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # DeepSeek-V2: V2-Lite's attention (no query bottleneck) and YaRN; V2's routing (softmax scores of an fp32
+    # router, the top 2 within the best group by its best score, scaled, not renormalized), two shared experts.
+    "deepseek-v2": lambda: transformers.DeepseekV2Config(
+        kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, topk_method="group_limited_greedy",
+        routed_scaling_factor=1.5, first_k_dense_replace=1, moe_intermediate_size=32, n_shared_experts=2,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "mscale": 0.707,
+                         "mscale_all_dim": 0.707, "original_max_position_embeddings": 128},
+        **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -492,6 +501,49 @@ def test_deepseek_v3_config_reads_as_released():
         ModelConfig.from_dict({**DEEPSEEK_V3, "scoring_func": "softmax", "topk_method": "group_limited_greedy"})
     with pytest.raises(ModelLoadError, match="an even qk_rope_head_dim"):
         ModelConfig.from_dict({**DEEPSEEK_V3, "qk_rope_head_dim": 63})
+
+
+DEEPSEEK_V2_LITE = {  # its config.json as released
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "bos_token_id": 100000,
+    "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2,
+    "norm_topk_prob": False, "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+    "num_key_value_heads": 16, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                                           "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                                           "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "topk_group": 1,
+    "topk_method": "greedy", "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 102400}
+# DeepSeek-V2 (236B) differs in size and routing: six of 160 experts within the best 3 of 8 groups.
+DEEPSEEK_V2 = {**DEEPSEEK_V2_LITE, "hidden_size": 5120, "intermediate_size": 12288, "q_lora_rank": 1536,
+               "moe_intermediate_size": 1536, "n_group": 8, "topk_group": 3, "n_routed_experts": 160,
+               "num_hidden_layers": 60, "num_attention_heads": 128, "num_key_value_heads": 128,
+               "routed_scaling_factor": 16.0, "topk_method": "group_limited_greedy"}
+
+
+def test_deepseek_v2_configs_read_as_released():
+    """Latents cached as for V3 (interleaved rotation without a rope_interleave field); softmax routing, greedy
+    over all experts in V2-Lite, within groups in V2; what transformers would not compute as configured is
+    refused."""
+    from services.engine.mla import softmax_scale
+
+    lite, full = ModelConfig.from_dict(DEEPSEEK_V2_LITE), ModelConfig.from_dict(DEEPSEEK_V2)
+    assert lite.mla and (lite.num_key_value_heads, lite.head_dim, lite.rotary_dim) == (1, 576, 64)
+    assert lite.rope_interleaved and lite.q_lora_rank is None and full.q_lora_rank == 1536
+    assert (lite.moe_routing, lite.moe_groups, lite.moe_topk_groups, lite.norm_topk_prob) == ("group_softmax", 1, 1,
+                                                                                               False)
+    assert (full.moe_groups, full.moe_topk_groups, full.routed_scaling_factor) == (8, 3, 16.0)
+    assert lite.moe_layers == tuple(range(1, 27)) and lite.shared_expert_intermediate_size == 2 * 1408
+    assert softmax_scale(lite) == pytest.approx(192**-0.5 * (0.1 * 0.707 * math.log(40) + 1) ** 2)
+    for change, error in [({"scoring_func": "sigmoid"}, "DeepSeek-V2 routes by softmax"),
+                          ({"topk_method": "noaux_tc"}, "routes by greedy or group_limited_greedy"),
+                          ({"norm_topk_prob": True}, "served as released"),
+                          ({"moe_layer_freq": 2}, "served as released"),
+                          ({"num_experts_per_tok": None}, "needs num_experts_per_tok"),
+                          ({"n_group": None}, "in n_group 0 groups")]:
+        with pytest.raises(ModelLoadError, match=error):
+            ModelConfig.from_dict({**DEEPSEEK_V2, **change})
 
 
 def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_model_dir):
