@@ -22,12 +22,11 @@ and refuses ``"auto"`` without one, saying what to send instead. ``"none"`` gene
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from services.common.errors import InvalidArgument
-from services.scheduler.tool_parser_base import ToolParser, openai_call
+from services.scheduler.tool_parser_base import ToolParser, new_call_id, openai_call
 from services.scheduler.tool_parsers import ValueScan
 
 if TYPE_CHECKING:
@@ -141,7 +140,7 @@ class ToolCallStream:
         self.tools = tools
         self.text = ""
         self.started = False
-        self.id = f"call_{uuid.uuid4().hex[:24]}"
+        self.id = new_call_id()
 
     def delta(self, merged: Delta) -> tuple[dict[str, Any], str | None]:
         self.text += merged.text
@@ -210,7 +209,7 @@ class AutoToolStream:
         deltas = []
         for k, (name, args) in enumerate(calls):
             if k == len(self.calls):
-                self.calls.append((f"call_{uuid.uuid4().hex[:24]}", 0))
+                self.calls.append((self.parser.call_id(self.text, k) or new_call_id(), 0))
                 deltas.append({"index": k, "id": self.calls[k][0], "type": "function",
                                "function": {"name": name, "arguments": args}})
             elif len(args) > self.calls[k][1]:

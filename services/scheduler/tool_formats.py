@@ -9,7 +9,9 @@
 * ``deepseek_v3`` (DeepSeek-V3-0324, R1-0528) and ``deepseek_v31`` (DeepSeek-V3.1): calls between
   ``<｜tool▁calls▁begin｜>`` and ``<｜tool▁calls▁end｜>``, each ``<｜tool▁call▁begin｜>`` name ``<｜tool▁sep｜>``
   JSON arguments (V3: ``function<｜tool▁sep｜>NAME`` and the JSON in a ```` ```json ```` fence)
-  ``<｜tool▁call▁end｜>``.
+  ``<｜tool▁call▁end｜>``;
+* ``kimi_k2`` (Kimi K2): the same shape with Kimi's markers, each call headed by its id,
+  ``functions.NAME:INDEX``, which becomes the call's id (its chat template writes the ids back in later turns).
 
 The first three write each argument as a key and a raw value: a call's ``arguments`` are the JSON object of
 its values, each read as JSON where it is JSON (``2``, ``true``, ``{"a": 1}``) and as a string otherwise, as
@@ -34,6 +36,7 @@ class _Call:
     pairs: list[tuple[str, str]] = field(default_factory=list)  # the arguments whose value is complete
     args: str | None = None  # JSON-argument formats: the text written so far
     complete: bool = False  # its closing tag was seen
+    id: str | None = None  # as the model wrote it (Kimi K2), else None: a new one
 
     def arguments(self) -> str:
         """The call's ``arguments``; while incomplete, a prefix of them."""
@@ -61,11 +64,16 @@ class _BlockParser(MarkedParser):
         calls = self._calls(text[at:]) if at >= 0 else []
         if not calls or not all(c.complete and is_json_object(c.arguments()) for c in calls):
             return text, []  # no call, or one cut short by max_tokens: the reply stays text
-        return (text[:at].strip() or None), [openai_call(c.name, c.arguments()) for c in calls]
+        return (text[:at].strip() or None), [openai_call(c.name, c.arguments(), c.id) for c in calls]
 
     def partial(self, text: str, scans: list | None = None) -> list[tuple[str, str]]:
         at = text.find(self.OPEN)
         return [(c.name, c.arguments()) for c in self._calls(text[at:])] if at >= 0 else []
+
+    def call_id(self, text: str, index: int) -> str | None:
+        at = text.find(self.OPEN)
+        calls = self._calls(text[at:]) if at >= 0 else []
+        return calls[index].id if index < len(calls) else None
 
 
 def _blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[str, bool]]:
@@ -150,7 +158,7 @@ class DeepSeekV31Parser(_BlockParser):
             name, args, args_closed = read
             if not (closed or args_closed):  # still written: short of what could begin the end of the arguments
                 args = args[: len(args) - max(partial_suffix(args, marker) for marker in self._ends())]
-            out.append(_Call(name, args=args, complete=closed))
+            out.append(_Call(name, args=args, complete=closed, id=self._id(head)))
         return out
 
     def _name_and_arguments(self, head: str, rest: str) -> tuple[str, str, bool] | None:
@@ -159,6 +167,9 @@ class DeepSeekV31Parser(_BlockParser):
 
     def _ends(self) -> tuple[str, ...]:
         return (self.END,)
+
+    def _id(self, head: str) -> str | None:
+        return None
 
 
 class DeepSeekV3Parser(DeepSeekV31Parser):
@@ -179,3 +190,18 @@ class DeepSeekV3Parser(DeepSeekV31Parser):
 
     def _ends(self) -> tuple[str, ...]:
         return (self.FENCE_CLOSE, self.END)
+
+
+class KimiK2Parser(DeepSeekV31Parser):
+    """``<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>`` JSON ``<|tool_call_end|>``, as
+    vLLM's ``kimi_k2`` reads it: the name is what follows the last dot before the colon, the head the id."""
+
+    name = "kimi_k2"
+    OPEN, CALL = "<|tool_calls_section_begin|>", "<|tool_call_begin|>"
+    SEP, END = "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+
+    def _name_and_arguments(self, head: str, rest: str) -> tuple[str, str, bool] | None:
+        return head.strip().split(":")[0].split(".")[-1], rest.lstrip(), False
+
+    def _id(self, head: str) -> str | None:
+        return head.strip()

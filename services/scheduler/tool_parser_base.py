@@ -12,9 +12,13 @@ if TYPE_CHECKING:
     from services.scheduler.tool_parsers import ValueScan
 
 
-def openai_call(name: str, arguments: str) -> dict[str, Any]:
-    """One entry of an OpenAI ``tool_calls`` list."""
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+def openai_call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
+    """One entry of an OpenAI ``tool_calls`` list; its id ``call_id``, else a new one."""
+    return {"id": call_id or new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 class ToolParser:
@@ -31,6 +35,11 @@ class ToolParser:
     def held(self, text: str) -> int:
         """How many characters at the end of ``text`` could begin a tool call: not yet sent as text."""
         raise NotImplementedError
+
+    def call_id(self, text: str, index: int) -> str | None:
+        """The id the model wrote for call ``index`` of ``text`` (Kimi K2 numbers its calls and reads the ids back
+        in later turns), or None where its syntax has none."""
+        return None
 
     def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
         """The calls begun in ``text`` (a reply so far) whose name is complete: (name, the arguments written so

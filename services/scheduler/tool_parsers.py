@@ -28,6 +28,7 @@ from services.scheduler.tool_formats import (
     DeepSeekV3Parser,
     DeepSeekV31Parser,
     Glm45Parser,
+    KimiK2Parser,
     MiniMaxM2Parser,
     Qwen3CoderParser,
 )
@@ -241,7 +242,7 @@ class HarmonyParser(MarkedParser):
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
     HermesParser, Llama3JsonParser, HarmonyParser, Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser, DeepSeekV3Parser,
-    DeepSeekV31Parser)}
+    DeepSeekV31Parser, KimiK2Parser)}
 
 
 def tool_parser(name: str | None) -> ToolParser | None:

@@ -1,5 +1,5 @@
-"""The tool-call syntaxes of Qwen3-Coder, GLM-4.5, MiniMax-M2 and DeepSeek-V3 / V3.1 (services/scheduler/
-tool_formats.py), as plain data: whole replies split into text and calls, and every cut of a reply giving
+"""The tool-call syntaxes of Qwen3-Coder, GLM-4.5, MiniMax-M2, DeepSeek-V3 / V3.1 and Kimi K2
+(services/scheduler/tool_formats.py), as plain data: whole replies split into text and calls, and every cut of a reply giving
 calls whose arguments are prefixes of the whole reply's (what the stream sends joins to what it returns)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import json
 import pytest
 
 from services.scheduler.tool_parsers import tool_parser
+from tests.scheduler.test_tool_parsers import streamed_calls
 
 WEATHER = {"city": "Oslo", "days": 2, "metric": True, "where": {"lat": 59.9}}
 CLOCK: dict = {}
@@ -34,6 +35,10 @@ REPLIES = {
     "deepseek_v31": (
         "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>weather<｜tool▁sep｜>" + json.dumps(WEATHER)
         + "<｜tool▁call▁end｜><｜tool▁call▁begin｜>clock<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    "kimi_k2": (
+        "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.weather:3<|tool_call_argument_begin|>"
+        + json.dumps(WEATHER) + "<|tool_call_end|><|tool_call_begin|>functions.clock:4<|tool_call_argument_begin|>"
+        "{}<|tool_call_end|><|tool_calls_section_end|>"),
 }
 
 
@@ -69,3 +74,15 @@ def test_a_call_cut_short_stays_text(name):
     parser, reply = tool_parser(name), REPLIES[name]
     cut = reply[: reply.index("Oslo") + 2]
     assert parser.split(cut) == (cut, [])
+
+
+def test_kimi_k2_calls_keep_the_ids_the_model_wrote_whole_and_streamed():
+    """Kimi K2's chat template writes each call's id back into later turns, where the model expects its own
+    ``functions.NAME:INDEX``: the ids go to the client as written."""
+    reply = REPLIES["kimi_k2"]
+    _, calls = tool_parser("kimi_k2").split(reply)
+    assert [c["id"] for c in calls] == ["functions.weather:3", "functions.clock:4"]
+    content, streamed, _, finish = streamed_calls(tool_parser("kimi_k2"), list(reply), id_prefix="functions.")
+    assert content == "Checking." and finish == "tool_calls"
+    assert [(c["id"], c["name"], c["arguments"]) for c in streamed] == [
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]

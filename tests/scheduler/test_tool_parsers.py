@@ -72,7 +72,7 @@ def test_a_streamed_auto_reply_sends_text_holds_back_a_possible_call_and_sends_c
     assert cut.delta(Delta(text=": ", finish_reason="length")) == ({"content": '<tool_call>{"name": '}, "length")
 
 
-def streamed_calls(parser, pieces, finish="stop"):
+def streamed_calls(parser, pieces, finish="stop", id_prefix="call_"):
     """Streams ``pieces`` through an AutoToolStream; returns the content, each call as the client joins it
     (id, name, arguments), the number of deltas that carried each call, and the finish reason."""
     stream = AutoToolStream(parser)
@@ -85,7 +85,7 @@ def streamed_calls(parser, pieces, finish="stop"):
         for c in d.get("tool_calls", []):
             k = c["index"]
             if k not in calls:
-                assert c["id"].startswith("call_") and c["type"] == "function"
+                assert c["id"].startswith(id_prefix) and c["type"] == "function"
                 calls[k] = {"id": c["id"], "name": c["function"]["name"], "arguments": ""}
             else:
                 assert "id" not in c and "name" not in c["function"]  # the header goes out once
