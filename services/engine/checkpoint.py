@@ -1,5 +1,6 @@
-"""A Hugging Face checkpoint directory without its weights: ``config.json``, ``tokenizer.json`` and
-``generation_config.json`` (what the scheduler needs; ``loader.py`` adds the weights). Imports no torch, so
+"""A Hugging Face checkpoint directory without its weights: ``config.json``, ``tokenizer.json`` (or tiktoken
+ranks, tiktoken_vocab.py) and ``generation_config.json`` (what the scheduler needs; ``loader.py`` adds the
+weights). Imports no torch, so
 the scheduler starts without it. Every failure names the file and the fix."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tokenizers import Tokenizer
 from services.common.errors import ModelLoadError, NotFound
 from services.engine.builtin_model import ensure_default_model
 from services.engine.model_config import ModelConfig
+from services.engine.tiktoken_vocab import RANKS_FILE, load_tiktoken_dir
 
 
 @dataclass
@@ -41,13 +43,7 @@ def load_checkpoint_meta(model_dir: str | Path, max_model_len: int | None = None
     context served (--max-model-len)."""
     path = check_model_dir(model_dir)
     config = ModelConfig.from_dir(path).with_max_model_len(max_model_len)
-    tok_path = path / "tokenizer.json"
-    if not tok_path.exists():
-        raise ModelLoadError(f"{path} has no tokenizer.json (a `tokenizers` file is required)")
-    try:
-        tokenizer = Tokenizer.from_file(str(tok_path))
-    except Exception as exc:  # tokenizers raises a bare Exception on malformed files
-        raise ModelLoadError(f"{tok_path} cannot be read: {exc}") from exc
+    tokenizer = load_tokenizer(path)
     gen = read_json(path / "generation_config.json") if (path / "generation_config.json").exists() else {}
     eos = gen.get("eos_token_id", None)
     if eos is None:
@@ -55,6 +51,20 @@ def load_checkpoint_meta(model_dir: str | Path, max_model_len: int | None = None
     else:
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
     return Checkpoint(path, config, tokenizer, eos_ids, gen)
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    """``tokenizer.json``, else the tiktoken ranks some checkpoints ship instead (Kimi K2)."""
+    tok_path = path / "tokenizer.json"
+    if not tok_path.exists():
+        if (path / RANKS_FILE).exists():
+            config_path = path / "tokenizer_config.json"
+            return load_tiktoken_dir(path, read_json(config_path) if config_path.exists() else {})
+        raise ModelLoadError(f"{path} has no tokenizer.json (a `tokenizers` file is required) and no {RANKS_FILE}")
+    try:
+        return Tokenizer.from_file(str(tok_path))
+    except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+        raise ModelLoadError(f"{tok_path} cannot be read: {exc}") from exc
 
 
 def resolve_model_dir(model: str | None) -> str:

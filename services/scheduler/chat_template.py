@@ -10,6 +10,8 @@ What it may use, as transformers gives it: ``tojson`` without HTML escaping (jin
 ``{% break %}`` and ``{% continue %}``; ``{% generation %}`` blocks (they mark the assistant's tokens for
 training and render their body); every special token of the tokenizer config (``bos_token``, ...); and each
 message's reasoning under both ``reasoning_content`` and ``thinking`` (gpt-oss's template reads the latter).
+A tokenizer class may feed the template its own way: Kimi K2's sorts the keys of the tools, at every depth,
+before rendering (``tools_for_template``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import jinja2.sandbox
 
 # The names a message's reasoning may come under; templates read the first, gpt-oss's reads "thinking".
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# Tokenizer classes (tokenizer_config.json's auto_map) whose apply_chat_template sorts the tools' keys.
+_SORTS_TOOLS = ("tokenization_kimi.TikTokenTokenizer",)
 
 
 class _Generation(jinja2.ext.Extension):
@@ -86,6 +90,21 @@ def special_tokens(checkpoint_dir: Path) -> dict[str, str]:
         if key.endswith("_token") and isinstance(value, (str, dict)):
             out[key] = value.get("content", "") if isinstance(value, dict) else value
     return out
+
+
+def sorts_tools(checkpoint_dir: Path) -> bool:
+    """Whether the checkpoint's tokenizer sorts the tools' keys before rendering them (Kimi K2's does)."""
+    auto = (tokenizer_config(checkpoint_dir).get("auto_map") or {}).get("AutoTokenizer") or [None]
+    return (auto[0] if isinstance(auto, list) else auto) in _SORTS_TOOLS
+
+
+def sorted_keys(value: Any) -> Any:
+    """``value`` with every object's keys in sorted order, at every depth."""
+    if isinstance(value, dict):
+        return {key: sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [sorted_keys(item) for item in value]
+    return value
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -47,7 +47,13 @@ from services.common.sampling_params import (
 from services.common.step import LoraRef
 from services.common.version import VERSION
 from services.scheduler.admission import check_cache_salt
-from services.scheduler.chat_template import load_template, special_tokens, template_messages
+from services.scheduler.chat_template import (
+    load_template,
+    sorted_keys,
+    sorts_tools,
+    special_tokens,
+    template_messages,
+)
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_body, error_response, json_body, streaming
@@ -110,6 +116,7 @@ class OpenAIApi:
         self.structured_in_reasoning = structured_in_reasoning
         self._template = load_template(frontend.checkpoint.path)
         self._special_tokens = special_tokens(frontend.checkpoint.path)
+        self._sort_tools = sorts_tools(frontend.checkpoint.path)
         self.texts = TokenTexts(frontend.tokenizer)
 
     async def health(self, request: Request) -> Response:
@@ -272,10 +279,11 @@ class OpenAIApi:
         if self._template is None:
             raise InvalidArgument("this model has no chat template; use /v1/completions")
         add_prompt, continue_final = _turn_options(body)
-        # Tools go to the template as the client sent them: templates that describe tools to the model do so.
-        # chat_template_kwargs come last and win, as in vLLM.
+        # Tools go to the template as the client sent them (keys sorted where the tokenizer sorts them):
+        # templates that describe tools to the model do so. chat_template_kwargs come last and win, as in vLLM.
+        tools = sorted_keys(body["tools"]) if self._sort_tools and body.get("tools") else body.get("tools")
         variables = {**self._special_tokens, "add_generation_prompt": add_prompt,
-                     **({"tools": body["tools"]} if body.get("tools") else {}), **kwargs,
+                     **({"tools": tools} if tools else {}), **kwargs,
                      "messages": template_messages(messages)}
         try:
             text = self._template.render(**variables)

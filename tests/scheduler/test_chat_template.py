@@ -10,7 +10,13 @@ import shutil
 import jinja2
 import pytest
 
-from services.scheduler.chat_template import load_template, special_tokens, template_messages
+from services.scheduler.chat_template import (
+    load_template,
+    sorted_keys,
+    sorts_tools,
+    special_tokens,
+    template_messages,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -77,3 +83,17 @@ def test_no_template_anywhere_is_none_and_named_templates_take_the_default(check
     config["chat_template"] = [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "plain"}]
     (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
     assert load_template(checkpoint).render(messages=[]) == "plain"
+
+
+def test_kimi_k2s_tokenizer_sorts_the_tools_keys_at_every_depth_and_others_keep_them(checkpoint):
+    """Kimi K2's tokenizer class sorts the tools before its template renders them (its deep_sort_dict), so the
+    model saw them sorted in training; other tokenizers pass them as sent."""
+    assert not sorts_tools(checkpoint)
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    assert sorts_tools(checkpoint)
+    tool = {"type": "function", "function": {"parameters": {"required": ["b", "a"], "properties": {"b": {}, "a": {}}},
+                                             "name": "f"}}
+    assert json.dumps(sorted_keys([tool])) == json.dumps([{"function": {"name": "f", "parameters": {
+        "properties": {"a": {}, "b": {}}, "required": ["b", "a"]}}, "type": "function"}])  # lists keep their order
