@@ -72,7 +72,8 @@ class Planner:
         return plan
 
     def time(self, chunks: Sequence[tuple[int, int]], decodes: Sequence[int], repeats: int) -> float:
-        """The median seconds of ``repeats`` runs of the step; its sequences are dropped after each."""
+        """The fewest seconds of ``repeats`` runs of the step (other work on the machine only ever adds time);
+        its sequences are dropped after each."""
         times = []
         for _ in range(repeats):
             plan = self.plan(chunks, decodes)
@@ -80,21 +81,31 @@ class Planner:
             self.runner.execute(plan)
             times.append(time.perf_counter() - t)
             self.runner.execute(StepPlan(next(self.ids), finished=list(plan.num_scheduled_tokens)))
-        return statistics.median(times)
+        return min(times)
 
 
-def profile_step_time(runner: ModelRunner, repeats: int = 3) -> StepTimeFit:
-    """Times ``PROFILE_SHAPES`` (those that fit the pool and the context) on ``runner`` and fits them."""
+def profile_step_time(runner: ModelRunner, repeats: int = 3, attempts: int = 3) -> StepTimeFit:
+    """Times ``PROFILE_SHAPES`` (those that fit the pool and the context) on ``runner`` and fits them. A fit
+    with (next to) no cost per token is noise (a machine busy while the small steps ran; no model computes 256
+    tokens as fast as 16): measured again, with twice the repeats, up to ``attempts`` times."""
     planner = Planner(runner)
     planner.time([(16, 0)], [], 1)  # warm-up: first-call costs are not a step's
-    samples = []
-    for chunk, decodes in PROFILE_SHAPES:
-        chunks, contexts = ([(chunk, 0)] if chunk else []), [PROFILE_CONTEXT] * decodes
-        if max(chunk, PROFILE_CONTEXT + 1) > runner.max_model_len or \
-                planner.blocks_needed(chunks, contexts) > runner.kv.num_blocks:
-            continue
-        samples.append((chunk + decodes, len(chunks) + decodes, planner.time(chunks, contexts, repeats)))
-    return fit_step_time(samples)
+    for attempt in range(attempts):
+        samples = []
+        for chunk, decodes in PROFILE_SHAPES:
+            chunks, contexts = ([(chunk, 0)] if chunk else []), [PROFILE_CONTEXT] * decodes
+            if max(chunk, PROFILE_CONTEXT + 1) > runner.max_model_len or \
+                    planner.blocks_needed(chunks, contexts) > runner.kv.num_blocks:
+                continue
+            samples.append((chunk + decodes, len(chunks) + decodes,
+                            planner.time(chunks, contexts, repeats << attempt)))
+        fit = fit_step_time(samples)
+        sizes = [tokens for tokens, _, _ in samples]
+        # "No cost": the largest step's tokens add under 1% of a step (one size alone cannot tell).
+        spread = max(sizes) - min(sizes)
+        if not spread or fit.per_token_s * spread >= 0.01 * statistics.fmean(s for _, _, s in samples):
+            break
+    return fit
 
 
 def fit_step_time(samples: Sequence[tuple[int, int, float]]) -> StepTimeFit:

@@ -6,7 +6,13 @@ import pytest
 
 from services.engine.config import EngineConfig
 from services.engine.runner import ModelRunner
-from services.engine.step_profile import StepTimeFit, fit_step_time, profile_step_time
+from services.engine.step_profile import (
+    PROFILE_SHAPES,
+    Planner,
+    StepTimeFit,
+    fit_step_time,
+    profile_step_time,
+)
 from services.scheduler.core.step_time import StepTimeModel
 from services.worker.config import WorkerConfig
 from services.worker.main import parse_args
@@ -41,6 +47,27 @@ def test_the_built_in_models_profile_has_a_cost_per_step_and_per_token(runner):
     model = StepTimeModel(fit.base_s, fit.per_token_s, fit.per_seq_s)
     assert fit.base_s > 0 and model.predict(256) > model.predict(1)
     assert runner.seqs == {}  # the profile's sequences are gone: the worker starts empty
+
+
+def test_a_profile_without_a_cost_per_token_is_measured_again_with_more_repeats(runner, monkeypatch):
+    """A machine busy while the small steps ran can make every step look alike: no real model computes 256
+    tokens as fast as 16, so that fit is measured again."""
+    calls = []
+
+    def timed(self, chunks, decodes, repeats):
+        calls.append(repeats)
+        tokens = sum(new for new, _ in chunks) + len(decodes)
+        busy = len(calls) <= 1 + len(PROFILE_SHAPES)  # the warm-up and the first pass: flat
+        return 0.01 if busy else 0.004 + 1e-5 * tokens
+
+    monkeypatch.setattr(Planner, "time", timed)
+    fit = profile_step_time(runner, repeats=2)
+    assert fit.per_token_s == pytest.approx(1e-5) and fit.base_s == pytest.approx(0.004)
+    assert calls == [1] + [2] * len(PROFILE_SHAPES) + [4] * len(PROFILE_SHAPES)
+    calls.clear()
+    monkeypatch.setattr(Planner, "time", lambda self, chunks, decodes, repeats: calls.append(repeats) or 0.01)
+    assert profile_step_time(runner, repeats=1, attempts=3).per_token_s < 1e-12  # gives up after three passes
+    assert calls == [1] + [1] * len(PROFILE_SHAPES) + [2] * len(PROFILE_SHAPES) + [4] * len(PROFILE_SHAPES)
 
 
 def test_shapes_larger_than_the_pool_are_left_out(tiny_model_dir):
