@@ -2,7 +2,7 @@
 measured FILE``; format ``seawall-step-times/v1``, see ``seawall/sim/cost_model.py``).
 
 Runs real step plans through ``ModelRunner`` over a grid of step shapes — prompt chunks of several sizes,
-decode batches of several sizes and contexts, and mixed (Sarathi-style) steps — and records the median wall
+decode batches of several sizes and contexts, and mixed (Sarathi-style) steps — and records the fastest wall
 time of each. The KV blocks hold whatever the pool holds (timing does not depend on the values).
 
     .venv/bin/python bench/step_times.py --out step_times.json [--model DIR] [--device cuda] [--quick]
