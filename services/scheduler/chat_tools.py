@@ -245,7 +245,7 @@ def tool_calling(body: dict[str, Any], parser: ToolParser | None = None) -> Tool
         return None
     if choice is None or choice == "auto":
         if parser is not None:
-            return ToolCalling(None, parser=parser)
+            return ToolCalling(None, parser=parser.for_tools(schemas))
         raise InvalidArgument("tool_choice \"auto\" (the default with tools) needs a parser of this model's own "
                               "tool-call format: start the mesh with --tool-call-parser (hermes, llama3_json), or "
                               "send tool_choice \"required\" or {\"type\": \"function\", \"function\": "

@@ -14,14 +14,17 @@
   ``functions.NAME:INDEX``, which becomes the call's id (its chat template writes the ids back in later turns).
 
 The first three write each argument as a key and a raw value: a call's ``arguments`` are the JSON object of
-its values, each read as JSON where it is JSON (``2``, ``true``, ``{"a": 1}``) and as a string otherwise, as
-vLLM reads them without the tool's schema; a streamed call sends that object's text up to its last complete
-argument, so the pieces join to the whole call's. DeepSeek's are the JSON text the model wrote. Values and
+its values, each read as JSON where it is JSON (``2``, ``true``, ``{"a": 1}``) and as a string otherwise; where
+the request's tool declares the parameter's type, a value whose JSON reading is not of that type stays the
+text written when the type admits a string (a ``string`` parameter keeps ``"007"``, ``"12"`` and ``"true"``
+as written, as vLLM's parsers type them by the schema); a streamed call sends that object's text up to its
+last complete argument, so the pieces join to the whole call's. DeepSeek's are the JSON text the model wrote. Values and
 names are cut at their closing tags; text before the first call is the reply's content.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass, field
@@ -37,24 +40,65 @@ class _Call:
     args: str | None = None  # JSON-argument formats: the text written so far
     complete: bool = False  # its closing tag was seen
     id: str | None = None  # as the model wrote it (Kimi K2), else None: a new one
+    params: dict[str, Any] = field(default_factory=dict)  # the tool's parameter schemas, by name
 
     def arguments(self) -> str:
         """The call's ``arguments``; while incomplete, a prefix of them."""
         if self.args is not None:
             return self.args
-        text = json.dumps({key: _value(value) for key, value in self.pairs}, ensure_ascii=False)
+        text = json.dumps({key: _value(value, self.params.get(key)) for key, value in self.pairs}, ensure_ascii=False)
         return text if self.complete else text[:-1]
 
 
-def _value(raw: str) -> Any:
+# JSON schema's name for each type json.loads returns.
+_JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "object", list: "array",
+               type(None): "null"}
+
+
+def _value(raw: str, schema: Any = None) -> Any:
+    """A raw argument value: its JSON reading, unless the schema declares types that reading is not of and
+    that admit a string, then the text itself."""
     try:
-        return json.loads(raw)
+        parsed = json.loads(raw)
     except ValueError:
         return raw
+    kinds = _declared_types(schema)
+    kind = _JSON_TYPES[type(parsed)]
+    if not kinds or kind in kinds or (kind == "integer" and "number" in kinds):
+        return parsed
+    return raw if "string" in kinds else parsed
+
+
+def _declared_types(schema: Any) -> set[str]:
+    """The JSON types a parameter's schema admits: its ``type`` (a name or a list), its ``enum`` values' types,
+    or its ``anyOf`` / ``oneOf`` members' types; empty when it declares none."""
+    if not isinstance(schema, dict):
+        return set()
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        return {declared}
+    if isinstance(declared, list):
+        return {t for t in declared if isinstance(t, str)}
+    if isinstance(schema.get("enum"), list):
+        return {_JSON_TYPES.get(type(v), "string") for v in schema["enum"]}
+    members = schema.get("anyOf") or schema.get("oneOf")
+    return set().union(*(_declared_types(m) for m in members)) if isinstance(members, list) else set()
 
 
 class _BlockParser(MarkedParser):
     """Calls from ``OPEN`` on; ``_calls`` reads them from there."""
+
+    _schemas: dict[str, dict] = {}  # for_tools replaces it (never changes it): the function schemas
+
+    def for_tools(self, schemas: dict[str, dict]) -> _BlockParser:
+        typed = copy.copy(self)
+        typed._schemas = schemas
+        return typed
+
+    def _params(self, function: str) -> dict[str, Any]:
+        """The parameter schemas of ``function``'s tool (none if the request has no such tool)."""
+        properties = self._schemas.get(function, {}).get("properties")
+        return properties if isinstance(properties, dict) else {}
 
     def _calls(self, text: str) -> list[_Call]:
         raise NotImplementedError
@@ -105,7 +149,7 @@ class Qwen3CoderParser(_BlockParser):
             if function is None:
                 break
             pairs = [(k, _strip_newline(v)) for k, v in self._PARAMETER.findall(body, function.end())]
-            out.append(_Call(function[1], pairs, complete="</function>" in body))
+            out.append(_Call(function[1], pairs, complete="</function>" in body, params=self._params(function[1])))
         return out
 
 
@@ -121,7 +165,7 @@ class Glm45Parser(_BlockParser):
             if not ends and not closed:
                 break  # the name is still being written
             name = body[: min(ends) if ends else len(body)].strip()
-            out.append(_Call(name, self._PAIR.findall(body), complete=closed))
+            out.append(_Call(name, self._PAIR.findall(body), complete=closed, params=self._params(name)))
         return out
 
 
@@ -138,7 +182,7 @@ class MiniMaxM2Parser(_BlockParser):
                 end = block.find("</invoke>", invoke.end())
                 body = block[invoke.end(): end if end >= 0 else len(block)]
                 pairs = [(k, _strip_newline(v)) for k, v in self._PARAMETER.findall(body)]
-                out.append(_Call(invoke[1], pairs, complete=end >= 0))
+                out.append(_Call(invoke[1], pairs, complete=end >= 0, params=self._params(invoke[1])))
                 if end < 0:
                     return out
         return out

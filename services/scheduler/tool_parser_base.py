@@ -36,6 +36,11 @@ class ToolParser:
         """How many characters at the end of ``text`` could begin a tool call: not yet sent as text."""
         raise NotImplementedError
 
+    def for_tools(self, schemas: dict[str, dict]) -> ToolParser:
+        """This parser for one request whose tools' parameter schemas are ``schemas`` (function name -> JSON
+        schema): syntaxes that write arguments as raw text type them by it; the others need nothing."""
+        return self
+
     def call_id(self, text: str, index: int) -> str | None:
         """The id the model wrote for call ``index`` of ``text`` (Kimi K2 numbers its calls and reads the ids back
         in later turns), or None where its syntax has none."""

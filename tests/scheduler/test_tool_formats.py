@@ -86,3 +86,33 @@ def test_kimi_k2_calls_keep_the_ids_the_model_wrote_whole_and_streamed():
     assert content == "Checking." and finish == "tool_calls"
     assert [(c["id"], c["name"], c["arguments"]) for c in streamed] == [
         (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+XML_FORMATS = ["qwen3_coder", "glm45", "minimax_m2"]
+TYPED = {"weather": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": ["integer", "null"]}, "metric": {"enum": ["true", "false"]},
+    "where": {"anyOf": [{"type": "object"}, {"type": "string"}]}}}}
+
+
+@pytest.mark.parametrize("name", XML_FORMATS)
+def test_raw_argument_values_are_typed_by_the_tools_schema_where_it_declares_them(name):
+    """A value whose JSON reading is not of the declared type stays the text written when the type admits a
+    string; values of undeclared parameters, and every value without a schema, are read as JSON."""
+    reply = REPLIES[name].replace("Oslo", "0047").replace(">2<", ">007<").replace("\n2\n", "\n007\n")
+    parser = tool_parser(name).for_tools(TYPED)
+    _, calls = parser.split(reply)
+    weather = json.loads(calls[0]["function"]["arguments"])
+    # "0047" is not JSON, "007" neither (a leading zero): both stay text; "true" matches a string enum;
+    # {"lat": 59.9} is an object, which the declared anyOf admits.
+    assert weather == {"city": "0047", "days": "007", "metric": "true", "where": {"lat": 59.9}}
+    numeric = REPLIES[name].replace("Oslo", "1234")
+    typed = json.loads(tool_parser(name).for_tools(TYPED).split(numeric)[1][0]["function"]["arguments"])
+    untyped = json.loads(tool_parser(name).split(numeric)[1][0]["function"]["arguments"])
+    assert typed["city"] == "1234" and untyped["city"] == 1234  # a string parameter keeps its digits as text
+    assert typed["days"] == untyped["days"] == 2 and typed["metric"] == "true" and untyped["metric"] is True
+    for cut in range(len(reply) + 1):  # streamed typed: prefixes of the typed whole
+        for (_, got), want in zip(parser.partial(reply[:cut]), calls, strict=False):
+            assert want["function"]["arguments"].startswith(got)
+    shared = tool_parser(name)  # the server's parser: typing is per request and leaves it as it was
+    shared.for_tools(TYPED)
+    assert json.loads(shared.split(numeric)[1][0]["function"]["arguments"])["city"] == 1234
