@@ -115,3 +115,35 @@ def test_what_cannot_be_read_is_refused_naming_the_file(tmp_path, tiny_model_dir
     (path / "tiktoken.model").unlink()
     with pytest.raises(ModelLoadError, match="has no tokenizer.json .* and no tiktoken.model"):
         load_checkpoint_meta(path)
+
+
+@pytest.mark.oracle
+def test_a_kimi_k2_shaped_checkpoint_serves_text_as_transformers_and_tiktoken_do(tmp_path, tiny_model_dir, ranks):
+    """DeepSeek-V3's architecture (Kimi K2's) with its tokenizer as tiktoken ranks: a text prompt encodes as
+    tiktoken encodes it, greedy tokens are transformers', and the streamed text is tiktoken's decoding."""
+    pytest.importorskip("transformers")
+    from seawall.offline.engine import OfflineEngine
+    from services.common.sampling_params import SamplingParams
+    from services.engine.config import EngineConfig
+    from services.scheduler.core.scheduler import SchedulerConfig
+    from tests.engine.test_architectures import CASES, assert_matches_transformers, save_checkpoint
+
+    config = CASES["deepseek-v3"]()
+    config.vocab_size = len(ranks) + 258
+    path = kimi_dir(tmp_path, tiny_model_dir, ranks)
+    model = save_checkpoint(config, path, tiny_model_dir)
+    (path / "tokenizer.json").unlink()  # the ranks are the tokenizer
+    write_ranks(path / "tiktoken.model", ranks)
+    named = {str(len(ranks) + i): {"content": name, "special": True} for i, name in enumerate(SPECIAL)}
+    (path / "tokenizer_config.json").write_text(json.dumps({**KIMI_CONFIG, "added_tokens_decoder": named}))
+    special = {name: len(ranks) + i for i, name in enumerate(SPECIAL)}  # and the reserved rest, as Kimi's code
+    special |= {f"<|reserved_token_{i}|>": i for i in range(len(ranks) + len(SPECIAL), len(ranks) + 258)}
+    oracle = tiktoken.Encoding("oracle", pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32"), SchedulerConfig(chunk_size=16))
+    prompt = engine.encode("[BOS]The server's cache, 你好世界 — 12345 tokens.<|im_end|>")
+    assert prompt == oracle.encode("[BOS]The server's cache, 你好世界 — 12345 tokens.<|im_end|>",
+                                   allowed_special="all")
+    (out,) = engine.generate([prompt], [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0,
+                                                       skip_special_tokens=False)])
+    assert_matches_transformers(model, [prompt], [out])
+    assert out.text == oracle.decode(out.token_ids)
