@@ -20,6 +20,7 @@ class FreeThought(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FREE_THOUGHT_UNSPECIFIED: _ClassVar[FreeThought]
     FREE_THOUGHT_REQUIRED: _ClassVar[FreeThought]
     FREE_THOUGHT_OPTIONAL: _ClassVar[FreeThought]
+    FREE_THOUGHT_HARMONY: _ClassVar[FreeThought]
 
 class KVDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +59,7 @@ FINISH_REASON_ERROR: FinishReason
 FREE_THOUGHT_UNSPECIFIED: FreeThought
 FREE_THOUGHT_REQUIRED: FreeThought
 FREE_THOUGHT_OPTIONAL: FreeThought
+FREE_THOUGHT_HARMONY: FreeThought
 KV_DTYPE_UNSPECIFIED: KVDtype
 KV_DTYPE_FLOAT32: KVDtype
 KV_DTYPE_FLOAT16: KVDtype

@@ -28,7 +28,7 @@ _FINISH_FROM_PROTO = {v: k for k, v in _FINISH_TO_PROTO.items()}
 _STRUCTURED_PROTO_FIELDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 _STRUCTURED_KINDS = {field: kind for kind, field in _STRUCTURED_PROTO_FIELDS.items()}
 _FREE_THOUGHT_TO_PROTO = {"": common_pb2.FREE_THOUGHT_UNSPECIFIED, "required": common_pb2.FREE_THOUGHT_REQUIRED,
-                          "optional": common_pb2.FREE_THOUGHT_OPTIONAL}
+                          "optional": common_pb2.FREE_THOUGHT_OPTIONAL, "harmony": common_pb2.FREE_THOUGHT_HARMONY}
 _FREE_THOUGHT_FROM_PROTO = {v: k for k, v in _FREE_THOUGHT_TO_PROTO.items()}
 # SequenceError.code is a grpc.StatusCode's number.
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}

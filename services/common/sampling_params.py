@@ -35,8 +35,8 @@ MAX_BAD_WORDS = 1024
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
 # Where a reasoning model's free thought ends and the structured output begins (SamplingParams.free_thought):
 # "" none; "required": up to the first "</think>" (the template opened it); "optional": a "<think>...</think>"
-# the reply may open with.
-FREE_THOUGHTS = ("", "required", "optional")
+# the reply may open with; "harmony": gpt-oss's analysis-channel messages, then the final channel's header.
+FREE_THOUGHTS = ("", "required", "optional", "harmony")
 ANY_JSON_OBJECT = '{"type": "object"}'
 # Temperatures below this are treated as greedy: dividing logits by them overflows fp32.
 GREEDY_TEMPERATURE = 1e-5

@@ -67,6 +67,11 @@ _BLANKS = r"/[ \t\r\n]*/"
 _THOUGHT = {
     "required": f"start: thought {_BLANKS} @answer\nthought[lazy]: " + r"/(?s:.*)<\/think>/",
     "optional": f"start: thought? {_BLANKS} @answer\nthought[lazy]: " + r"/[ \t\r\n]*<think>(?s:.*)<\/think>/",
+    # Harmony's markers are special tokens, named as the tokenizer names them: a thought is an analysis message
+    # (its text cannot hold a special token, so <|end|> ends it), the answer the final channel's message.
+    "harmony": 'start: thought* <|channel|> "final" <|message|> @answer\n'
+               'thought: <|channel|> "analysis" <|message|> text <|end|> <|start|> "assistant"\n'
+               "text: /(?s:.*)/",
 }
 
 

@@ -27,7 +27,6 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.common.errors import InvalidArgument
 from services.scheduler.tool_parser_base import partial_suffix
 from services.scheduler.tool_parsers import HarmonyParser
 
@@ -133,9 +132,8 @@ class HarmonyReasoning:
         return HarmonyStream()
 
     def free_thought(self) -> str:
-        raise InvalidArgument("a structured output (or a forced tool call) with --reasoning-parser harmony "
-                              "constrains the whole reply, harmony's headers included: start the mesh with "
-                              "--structured-output-in-reasoning, or use tool_choice \"auto\"")
+        """A structured answer comes after any analysis messages, in the final channel."""
+        return "harmony"
 
     def thought_tokens(self, token_ids: Sequence[int], decode: Callable[[Sequence[int]], str],
                        constrained: bool = False) -> int:

@@ -68,7 +68,7 @@ def test_structured_output_round_trips(structured):
     assert params_from_proto(_wire(params_to_proto(params))) == params
 
 
-@pytest.mark.parametrize("free_thought", ["required", "optional"])
+@pytest.mark.parametrize("free_thought", ["required", "optional", "harmony"])
 def test_a_free_thought_before_the_structured_output_round_trips(free_thought):
     params = SamplingParams(structured_output=("json", '{"type": "object"}'), free_thought=free_thought)
     assert params_from_proto(_wire(params_to_proto(params))) == params

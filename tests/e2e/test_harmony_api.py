@@ -1,5 +1,5 @@
 """gpt-oss's harmony format through the chat and Responses APIs of a live mesh (``--reasoning-parser harmony
---tool-call-parser harmony``). The built-in model, with three of its special tokens renamed to harmony's
+--tool-call-parser harmony``). The built-in model, with four of its special tokens renamed to harmony's
 markers, is made to write what gpt-oss would by a Lark grammar that names those special tokens: so the reply
 holds real special tokens, which the API must decode (a mesh that skipped them would lose every header)."""
 
@@ -15,7 +15,8 @@ from tests.e2e.test_openai_api import WEATHER, _sse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-END, CHANNEL, MESSAGE = 2, 3, 4  # the built-in tokenizer's <|pad|>, <|start_header_id|>, <|end_header_id|>
+# The built-in tokenizer's <|pad|>, <|start_header_id|>, <|end_header_id|>, <|begin_of_text|>.
+END, CHANNEL, MESSAGE, START = 2, 3, 4, 0
 THINK = f'<[{CHANNEL}]> "analysis" <[{MESSAGE}]> "The user wants Oslo." <[{END}]>'
 
 
@@ -24,12 +25,10 @@ def _grammar(*parts: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def harmony_http(tiny_model_dir, tmp_path_factory):
-    from tests.e2e.conftest import start_mesh
-
+def harmony_model(tiny_model_dir, tmp_path_factory):
     model = tmp_path_factory.mktemp("harmony") / "model"
     shutil.copytree(tiny_model_dir, model)
-    names = {END: "<|end|>", CHANNEL: "<|channel|>", MESSAGE: "<|message|>"}
+    names = {END: "<|end|>", CHANNEL: "<|channel|>", MESSAGE: "<|message|>", START: "<|start|>"}
     tokenizer = json.loads((model / "tokenizer.json").read_text())
     for token in tokenizer["added_tokens"]:
         token["content"] = names.get(token["id"], token["content"])
@@ -40,11 +39,26 @@ def harmony_http(tiny_model_dir, tmp_path_factory):
     config.update(pad_token="<|end|>", chat_template="{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
                                                      "{% endfor %}assistant:")
     (model / "tokenizer_config.json").write_text(json.dumps(config))
-    mesh = start_mesh(model, tmp_path_factory.mktemp("harmony-logs"), mode="colocated", scheduler_args=[
-        "--reasoning-parser", "harmony", "--tool-call-parser", "harmony", "--structured-output-in-reasoning"])
-    with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
-        yield client
-    mesh.stop()
+    return model
+
+
+def _harmony_mesh(model, logs, *flags):
+    from tests.e2e.conftest import start_mesh
+
+    mesh = start_mesh(model, logs, mode="colocated", scheduler_args=[
+        "--reasoning-parser", "harmony", "--tool-call-parser", "harmony", *flags])
+    try:
+        with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
+            yield client
+    finally:
+        mesh.stop()
+
+
+@pytest.fixture(scope="module")
+def harmony_http(harmony_model, tmp_path_factory):
+    """Structured outputs constrain the whole reply: the tests make the model write harmony with them."""
+    yield from _harmony_mesh(harmony_model, tmp_path_factory.mktemp("harmony-logs"),
+                             "--structured-output-in-reasoning")
 
 
 def test_the_analysis_channel_is_the_thought_and_final_the_answer(harmony_http):
@@ -85,3 +99,19 @@ def test_a_message_to_a_function_is_a_tool_call(harmony_http):
         "input": "Weather in Oslo?", "max_output_tokens": 80, "temperature": 0,
         "tools": [{"type": "function", **WEATHER["function"]}], "structured_outputs": _grammar(THINK, call)}).json()
     assert [item["type"] for item in response["output"]] == ["reasoning", "function_call"], response
+
+
+def test_a_structured_output_constrains_the_final_message_after_the_analysis(harmony_model, tmp_path):
+    """Without --structured-output-in-reasoning the schema applies in the final channel: the grammar lets the
+    analysis messages through and then holds the final message to the schema (logit_bias nudges the model to
+    the final channel; tests/engine/test_grammar.py walks thoughts through the same grammar)."""
+    for client in _harmony_mesh(harmony_model, tmp_path / "logs"):
+        (final,) = client.post("/tokenize", json={"prompt": "final"}).json()["tokens"]
+        schema = {"type": "object", "properties": {"a": {"enum": [1, 2]}}, "required": ["a"],
+                  "additionalProperties": False}
+        body = {"messages": [{"role": "user", "content": "Pick."}], "max_tokens": 60, "temperature": 0,
+                "logit_bias": {str(END): 100, str(final): 100},
+                "response_format": {"type": "json_schema", "json_schema": {"name": "pick", "schema": schema}}}
+        choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+        assert choice["finish_reason"] == "stop" and json.loads(choice["message"]["content"]) in ({"a": 1}, {"a": 2})
+        assert choice["message"].get("reasoning_content") is None  # the thought it ended at once

@@ -180,3 +180,44 @@ def test_a_batch_mixes_matchers_with_and_without_drafts(compiler):
     assert [m.shape[0] for m in drafted] == [1, 2, 1]
     alone = [next_mask(compiler, compiler.matcher(s), []) for s in specs]
     assert all(torch.equal(m[:1], a) for m, a in zip(drafted, alone, strict=True))
+
+
+@pytest.fixture(scope="module")
+def harmony(tiny_model_dir):
+    """The built-in tokenizer with four special tokens renamed to harmony's markers, and a compiler for it."""
+    from tokenizers import Tokenizer
+
+    raw = json.loads((tiny_model_dir / "tokenizer.json").read_text())
+    names = {2: "<|end|>", 3: "<|channel|>", 4: "<|message|>", 0: "<|start|>"}
+    for token in raw["added_tokens"]:
+        token["content"] = names.get(token["id"], token["content"])
+    vocab = raw["model"]["vocab"]
+    raw["model"]["vocab"] = {k: i for k, i in vocab.items() if i not in names} | {n: i for i, n in names.items()}
+    tokenizer = Tokenizer.from_str(json.dumps(raw))
+    checkpoint = load_checkpoint_meta(tiny_model_dir)
+    return tokenizer, GrammarCompiler(tokenizer, checkpoint.config.vocab_size, checkpoint.eos_token_ids)
+
+
+def test_a_harmony_thought_is_any_analysis_messages_then_the_spec_in_the_final_channel(harmony):
+    tokenizer, compiler = harmony
+    eos = set(compiler._eos)
+
+    def feed_harmony(text):
+        grammar, out = compiler.matcher(("json", SCHEMA), "harmony"), []
+        for token in tokenizer.encode(text).ids:
+            if token not in allowed(next_mask(compiler, grammar, out), compiler.vocab_size):
+                return None  # refused here
+            out.append(token)
+        return allowed(next_mask(compiler, grammar, out), compiler.vocab_size)
+
+    thought = "<|channel|>analysis<|message|>{ not json, any text\n<|end|><|start|>assistant"
+    final = '<|channel|>final<|message|>{"a": 7}'
+    assert feed_harmony(final) <= eos and feed_harmony(thought + final) <= eos
+    assert feed_harmony(thought + thought + final) <= eos
+    # Inside a thought: free text and its end, no other marker, no end of sequence.
+    inside = feed_harmony("<|channel|>analysis<|message|>hmm")
+    assert 2 in inside and not inside & ({0, 3, 4} | eos) and len(inside) > compiler.vocab_size // 2
+    # The final channel's header is required before the answer, and the answer is the spec's.
+    assert feed_harmony('{"a": 7}') is None and feed_harmony("<|channel|>commentary") is None
+    after_header = feed_harmony("<|channel|>final<|message|>")
+    assert {tokenizer.decode([t]) for t in after_header} <= {"{", " {"} | {tokenizer.decode([t]) for t in eos}
