@@ -13,6 +13,7 @@ from services.common.errors import ModelLoadError
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
+from services.engine.int_packed import dequantize_packed
 from services.engine.model import LlamaForCausalLM
 from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
@@ -59,6 +60,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     weights = iter_weights(ckpt.path)
     config = ckpt.config
     weights = dequantize(weights, config.fp8_scales, config.fp8_block) if config.fp8_scales else _unquantized(weights)
+    if config.packed_int_bits:
+        weights = dequantize_packed(weights, config.packed_int_bits)
     if config.mxfp4:
         weights = pair_packed(weights)
     if config.architecture == "GptOssForCausalLM":

@@ -183,6 +183,9 @@ class ModelConfig:
     # MXFP4 experts (GPT-OSS; mxfp4.py dequantizes them while they load): 4-bit floats in blocks of 32 that
     # share a power-of-two scale.
     mxfp4: bool = False
+    # compressed-tensors' pack-quantized integer weights (int_packed.py dequantizes them while they load): their
+    # bits, 4 or 8 (0: none).
+    packed_int_bits: int = 0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
@@ -217,6 +220,9 @@ class ModelConfig:
                 self.fp8_block is not None and (self.fp8_scales is None or min(self.fp8_block) < 1)):
             raise ModelLoadError(f"FP8 scales {self.fp8_scales!r} in blocks {self.fp8_block}: scales are "
                                  "weight_scale or weight_scale_inv, blocks two positive sizes")
+        if self.packed_int_bits not in (0, 4, 8) or (self.packed_int_bits and self.fp8_scales):
+            raise ModelLoadError(f"packed integer weights of {self.packed_int_bits} bits: 4 or 8, and not beside "
+                                 "FP8 scales")
         if self.served_context is not None and not 1 <= self.served_context <= self.max_position_embeddings:
             raise InvalidArgument(f"max_model_len {self.served_context} must be between 1 and the model's "
                                   f"max_position_embeddings ({self.max_position_embeddings})")

@@ -1,6 +1,6 @@
 """The ``quantization_config`` of a ``config.json``: how an FP8 checkpoint's weights are scaled (fp8.py
-dequantizes them), whether its experts are MXFP4 (mxfp4.py), every other quantization refused saying what is
-served; no torch."""
+dequantizes them), whether its experts are MXFP4 (mxfp4.py), how many bits its packed integer weights have
+(int_packed.py), every other quantization refused saying what is served; no torch."""
 
 from __future__ import annotations
 
@@ -19,11 +19,14 @@ def quant_fields(quant: Any) -> dict[str, Any]:
         return dict(mxfp4=True)
     if method == "fp8":
         return dict(fp8_scales="weight_scale_inv", fp8_block=_fp8_block(quant))
+    if method == "compressed-tensors" and quant.get("format") == "pack-quantized":
+        return dict(packed_int_bits=_packed_int_bits(quant))
     if method == "compressed-tensors":
         return dict(fp8_scales="weight_scale", fp8_block=_compressed_fp8_block(quant))
     raise ModelLoadError(f"config.json: quantization {method!r} is not supported; FP8 checkpoints (quant_method fp8, "
-                         "or compressed-tensors' float-quantized format) and MXFP4 ones (GPT-OSS) are, dequantized "
-                         "when they load, and unquantized ones")
+                         "or compressed-tensors' float-quantized format), compressed-tensors' pack-quantized INT4 "
+                         "and INT8 weights and MXFP4 ones (GPT-OSS) are, dequantized when they load, and unquantized "
+                         "ones")
 
 
 def _fp8_block(quant: dict[str, Any]) -> tuple[int, int]:
@@ -75,6 +78,39 @@ def _compressed_fp8_block(quant: dict[str, Any]) -> tuple[int, int] | None:
     if len(blocks) > 1 or (blocks and len(groups) > 1):
         raise ModelLoadError(f"{where}: groups with different weight strategies are not supported")
     return next(iter(blocks), None)
+
+
+def _packed_int_bits(quant: dict[str, Any]) -> int:
+    """compressed-tensors' pack-quantized format: every group's weights 4- or 8-bit integers, symmetric, with
+    static scales per channel or per group of inputs, in contiguous groups; activations unquantized (W4A16,
+    W8A16)."""
+    where = "config.json: compressed-tensors pack-quantized"
+    if quant.get("kv_cache_scheme"):
+        raise ModelLoadError(f"{where} with a quantized KV cache (kv_cache_scheme) is not supported")
+    groups = quant.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ModelLoadError(f"{where} needs config_groups saying how weights are quantized")
+    bits = set()
+    for name, group in groups.items():
+        w = group.get("weights") or {}
+        if w.get("type") != "int" or w.get("num_bits") not in (4, 8) or not w.get("symmetric", True) \
+                or w.get("dynamic", False):
+            raise ModelLoadError(f"{where} group {name!r}: weights {w}; static symmetric 4- or 8-bit integer "
+                                 "weights are supported (no zero points)")
+        if w.get("strategy") not in ("channel", "group") or (w.get("strategy") == "group" and not (
+                isinstance(w.get("group_size"), int) and w["group_size"] > 0)):
+            raise ModelLoadError(f"{where} group {name!r}: weight strategy {w.get('strategy')!r} (group_size "
+                                 f"{w.get('group_size')!r}); channel, and group with a positive group_size, are")
+        if w.get("actorder") not in (None, "weight"):
+            raise ModelLoadError(f"{where} group {name!r}: actorder {w['actorder']!r} stores groups out of order "
+                                 "(g_idx), which is not supported; none or \"weight\" is")
+        if group.get("input_activations") is not None:
+            raise ModelLoadError(f"{where} group {name!r}: quantized activations are not supported with integer "
+                                 "weights; W4A16 and W8A16 are")
+        bits.add(w["num_bits"])
+    if len(bits) > 1:
+        raise ModelLoadError(f"{where}: groups of {sorted(bits)} bits; one width for every group is supported")
+    return bits.pop()
 
 
 def _is_block(block: Any) -> bool:
