@@ -52,7 +52,7 @@ def _compressed_fp8_block(quant: dict[str, Any]) -> tuple[int, int] | None:
     where = "config.json: compressed-tensors"
     if quant.get("format") != "float-quantized":
         raise ModelLoadError(f"{where} format {quant.get('format')!r} is not supported; float-quantized (FP8 "
-                             "weights) is")
+                             "weights) and pack-quantized (INT4 and INT8 weights) are")
     if quant.get("kv_cache_scheme"):
         raise ModelLoadError(f"{where} with a quantized KV cache (kv_cache_scheme) is not supported")
     groups = quant.get("config_groups")
