@@ -61,7 +61,7 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     config = ckpt.config
     weights = dequantize(weights, config.fp8_scales, config.fp8_block) if config.fp8_scales else _unquantized(weights)
     if config.packed_int_bits:
-        weights = dequantize_packed(weights, config.packed_int_bits)
+        weights = dequantize_packed(weights, config.packed_int_bits, config.packed_int_zero_points)
     if config.mxfp4:
         weights = pair_packed(weights)
     if config.architecture == "GptOssForCausalLM":

@@ -184,8 +184,9 @@ class ModelConfig:
     # share a power-of-two scale.
     mxfp4: bool = False
     # compressed-tensors' pack-quantized integer weights (int_packed.py dequantizes them while they load): their
-    # bits, 4 or 8 (0: none).
+    # bits, 4 or 8 (0: none), and whether they have zero points (asymmetric schemes).
     packed_int_bits: int = 0
+    packed_int_zero_points: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"

@@ -20,7 +20,7 @@ def quant_fields(quant: Any) -> dict[str, Any]:
     if method == "fp8":
         return dict(fp8_scales="weight_scale_inv", fp8_block=_fp8_block(quant))
     if method == "compressed-tensors" and quant.get("format") == "pack-quantized":
-        return dict(packed_int_bits=_packed_int_bits(quant))
+        return _packed_int(quant)
     if method == "compressed-tensors":
         return dict(fp8_scales="weight_scale", fp8_block=_compressed_fp8_block(quant))
     raise ModelLoadError(f"config.json: quantization {method!r} is not supported; FP8 checkpoints (quant_method fp8, "
@@ -80,23 +80,22 @@ def _compressed_fp8_block(quant: dict[str, Any]) -> tuple[int, int] | None:
     return next(iter(blocks), None)
 
 
-def _packed_int_bits(quant: dict[str, Any]) -> int:
-    """compressed-tensors' pack-quantized format: every group's weights 4- or 8-bit integers, symmetric, with
-    static scales per channel or per group of inputs, in contiguous groups; activations unquantized (W4A16,
-    W8A16)."""
+def _packed_int(quant: dict[str, Any]) -> dict[str, Any]:
+    """compressed-tensors' pack-quantized format: every group's weights 4- or 8-bit integers, with static
+    scales (and zero points, if asymmetric) per channel or per group of inputs, in contiguous groups;
+    activations unquantized (W4A16, W8A16)."""
     where = "config.json: compressed-tensors pack-quantized"
     if quant.get("kv_cache_scheme"):
         raise ModelLoadError(f"{where} with a quantized KV cache (kv_cache_scheme) is not supported")
     groups = quant.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise ModelLoadError(f"{where} needs config_groups saying how weights are quantized")
-    bits = set()
+    bits, symmetric = set(), set()
     for name, group in groups.items():
         w = group.get("weights") or {}
-        if w.get("type") != "int" or w.get("num_bits") not in (4, 8) or not w.get("symmetric", True) \
-                or w.get("dynamic", False):
-            raise ModelLoadError(f"{where} group {name!r}: weights {w}; static symmetric 4- or 8-bit integer "
-                                 "weights are supported (no zero points)")
+        if w.get("type") != "int" or w.get("num_bits") not in (4, 8) or w.get("dynamic", False):
+            raise ModelLoadError(f"{where} group {name!r}: weights {w}; static 4- or 8-bit integer weights are "
+                                 "supported")
         if w.get("strategy") not in ("channel", "group") or (w.get("strategy") == "group" and not (
                 isinstance(w.get("group_size"), int) and w["group_size"] > 0)):
             raise ModelLoadError(f"{where} group {name!r}: weight strategy {w.get('strategy')!r} (group_size "
@@ -108,9 +107,11 @@ def _packed_int_bits(quant: dict[str, Any]) -> int:
             raise ModelLoadError(f"{where} group {name!r}: quantized activations are not supported with integer "
                                  "weights; W4A16 and W8A16 are")
         bits.add(w["num_bits"])
-    if len(bits) > 1:
-        raise ModelLoadError(f"{where}: groups of {sorted(bits)} bits; one width for every group is supported")
-    return bits.pop()
+        symmetric.add(bool(w.get("symmetric", True)))
+    if len(bits) > 1 or len(symmetric) > 1:
+        raise ModelLoadError(f"{where}: groups of {sorted(bits)} bits, symmetric {sorted(symmetric)}; one width "
+                             "and one kind for every group is supported")
+    return dict(packed_int_bits=bits.pop(), packed_int_zero_points=not symmetric.pop())
 
 
 def _is_block(block: Any) -> bool:

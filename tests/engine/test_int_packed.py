@@ -29,57 +29,69 @@ from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 GROUP = 16  # divides every projection's inputs here
 
 
-def scheme(bits: int, strategy: str) -> QuantizationScheme:
+def scheme(bits: int, strategy: str, symmetric: bool = True) -> QuantizationScheme:
     return QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
-        num_bits=bits, type="int", symmetric=True, strategy=strategy, group_size=GROUP if strategy == "group" else None))
+        num_bits=bits, type="int", symmetric=symmetric, strategy=strategy,
+        group_size=GROUP if strategy == "group" else None))
 
 
-def pack(weight: torch.Tensor, bits: int, strategy: str, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
-    """``weight`` quantized (absmax scales in ``dtype``) and packed by compressed-tensors."""
-    largest = (1 << (bits - 1)) - 1
+def pack(weight: torch.Tensor, bits: int, strategy: str, dtype=torch.bfloat16, symmetric=True
+         ) -> dict[str, torch.Tensor]:
+    """``weight`` quantized (absmax scales in ``dtype``; asymmetric: min-max, with zero points) and packed by
+    compressed-tensors."""
     rows = weight.shape[0]
     spread = weight.float().view(rows, -1, GROUP) if strategy == "group" else weight.float().view(rows, 1, -1)
-    scale = (spread.abs().amax(-1) / largest).clamp(min=1e-8).to(dtype)
-    return PackedQuantizationCompressor.compress({"weight": weight.to(dtype), "weight_scale": scale},
-                                                 scheme(bits, strategy))
+    state = {"weight": weight.to(dtype)}
+    if symmetric:
+        state["weight_scale"] = (spread.abs().amax(-1) / ((1 << (bits - 1)) - 1)).clamp(min=1e-8).to(dtype)
+    else:
+        low, high = spread.amin(-1).clamp(max=0), spread.amax(-1).clamp(min=0)
+        state["weight_scale"] = ((high - low) / ((1 << bits) - 1)).clamp(min=1e-8).to(dtype)
+        zero = torch.round(-low / state["weight_scale"].float()) - (1 << (bits - 1))
+        state["weight_zero_point"] = zero.clamp(-(1 << (bits - 1)), (1 << (bits - 1)) - 1).to(torch.int8)
+    return PackedQuantizationCompressor.compress(state, scheme(bits, strategy, symmetric))
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("strategy", ["group", "channel"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_unpacked_weights_are_compressed_tensors_own_decompression(bits, strategy, dtype):
+@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "zero-points"])
+def test_unpacked_weights_are_compressed_tensors_own_decompression(bits, strategy, dtype, symmetric):
     torch.manual_seed(bits)
-    parts = pack(torch.randn(24, 64), bits, strategy, dtype)
-    want = PackedQuantizationCompressor.decompress(parts, scheme(bits, strategy))["weight"]
+    parts = pack(torch.randn(24, 64) + 0.5, bits, strategy, dtype, symmetric)
+    assert ("weight_zero_point" in parts) == (not symmetric)
+    want = PackedQuantizationCompressor.decompress(parts, scheme(bits, strategy, symmetric))["weight"]
     got = unpack("x.weight", parts, bits)
     assert got.dtype == want.dtype and torch.equal(got, want)
 
 
-def quant_config(bits: int, strategy: str) -> dict:
-    """What llm-compressor writes for W4A16 (group) or W8A16 (channel)."""
-    weights = {"num_bits": bits, "type": "int", "symmetric": True, "dynamic": False, "strategy": strategy,
+def quant_config(bits: int, strategy: str, symmetric: bool = True) -> dict:
+    """What llm-compressor writes for W4A16 (group; W4A16_ASYM: with zero points) or W8A16 (channel)."""
+    weights = {"num_bits": bits, "type": "int", "symmetric": symmetric, "dynamic": False, "strategy": strategy,
                "group_size": GROUP if strategy == "group" else None, "actorder": None}
     return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
             "ignore": ["lm_head"], "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
                                                                  "input_activations": None}}}
 
 
-def write_packed(src, out, bits, strategy, decompressed=None):
+def write_packed(src, out, bits, strategy, decompressed=None, symmetric=True):
     """``src``'s checkpoint with every projection (experts' too) packed, written to ``out``; with
     ``decompressed``, also compressed-tensors' decompression of it as a plain checkpoint there."""
     out.mkdir()
     tensors, plain = {}, {}
     for name, t in load_file(str(src / "model.safetensors")).items():
         if name.endswith("proj.weight") or ".experts." in name:
-            parts = pack(t, bits, strategy)
+            parts = pack(t, bits, strategy, symmetric=symmetric)
             module = name.removesuffix(".weight")
             tensors |= {f"{module}.{part}": value for part, value in parts.items()}
-            plain[name] = PackedQuantizationCompressor.decompress(parts, scheme(bits, strategy))["weight"].float()
+            plain[name] = PackedQuantizationCompressor.decompress(parts, scheme(bits, strategy, symmetric))[
+                "weight"].float()
         else:
             tensors[name] = plain[name] = t
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**config, "quantization_config": quant_config(bits, strategy)}))
+    (out / "config.json").write_text(json.dumps({**config, "quantization_config": quant_config(bits, strategy,
+                                                                                               symmetric)}))
     for target, weights, extra in ((out, None, {}), (decompressed, plain, config)):
         if target is None:
             continue
@@ -102,10 +114,11 @@ def generate(path, prompts):
 PROMPTS = [torch.randint(3, 4096, (n,), generator=torch.Generator().manual_seed(9)).tolist() for n in (3, 40)]
 
 
-@pytest.mark.parametrize("bits, strategy", [(4, "group"), (8, "channel")])
-def test_a_packed_checkpoint_matches_transformers_loading_the_same_files(tmp_path, tiny_model_dir, bits, strategy):
+@pytest.mark.parametrize("bits, strategy, symmetric", [(4, "group", True), (8, "channel", True), (4, "group", False)])
+def test_a_packed_checkpoint_matches_transformers_loading_the_same_files(tmp_path, tiny_model_dir, bits, strategy,
+                                                                          symmetric):
     save_checkpoint(CASES["qwen2"](), tmp_path / "fp32", tiny_model_dir)
-    path = write_packed(tmp_path / "fp32", tmp_path / "packed", bits, strategy)
+    path = write_packed(tmp_path / "fp32", tmp_path / "packed", bits, strategy, symmetric=symmetric)
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32,
         quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)).eval()
@@ -127,7 +140,10 @@ def test_what_cannot_be_loaded_is_refused_saying_why():
     config = quant_config(4, "group")
     weights = config["config_groups"]["group_0"]["weights"]
     assert ModelConfig.from_dict({**base, "quantization_config": config}).packed_int_bits == 4
-    for change, error in [({"num_bits": 3}, "4- or 8-bit integer"), ({"symmetric": False}, "no zero points"),
+    asymmetric = ModelConfig.from_dict({**base, "quantization_config": {**config, "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {**weights, "symmetric": False}}}}})
+    assert asymmetric.packed_int_zero_points
+    for change, error in [({"num_bits": 3}, "4- or 8-bit integer"),
                           ({"strategy": "tensor"}, "weight strategy 'tensor'"), ({"group_size": None}, "group_size"),
                           ({"actorder": "group"}, "actorder 'group' stores groups out of order")]:
         bad = {**config, "config_groups": {"group_0": {"targets": ["Linear"], "weights": {**weights, **change}}}}
