@@ -503,6 +503,30 @@ def test_deepseek_v3_config_reads_as_released():
         ModelConfig.from_dict({**DEEPSEEK_V3, "qk_rope_head_dim": 63})
 
 
+# Kimi K2 Thinking: DeepSeek-V3's architecture with 384 experts in one group, and INT4 experts.
+KIMI_K2_THINKING = {**DEEPSEEK_V3, "bos_token_id": 163584, "eos_token_id": 163586, "max_position_embeddings": 262144,
+                    "n_group": 1, "n_routed_experts": 384, "num_attention_heads": 64, "num_key_value_heads": 64,
+                    "num_nextn_predict_layers": 0, "first_k_dense_replace": 1, "routed_scaling_factor": 2.827,
+                    "rope_theta": 50000.0, "topk_group": 1, "vocab_size": 163840,
+                    "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0,
+                                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                     "type": "yarn"},
+                    "quantization_config": {
+                        "quant_method": "compressed-tensors", "format": "pack-quantized", "kv_cache_scheme": None,
+                        "quantization_status": "compressed", "ignore": ["lm_head"], "config_groups": {"group_0": {
+                            "input_activations": None, "output_activations": None, "targets": ["Linear"],
+                            "weights": {"actorder": None, "block_structure": None, "dynamic": False,
+                                        "group_size": 32, "num_bits": 4, "observer": "minmax", "observer_kwargs": {},
+                                        "strategy": "group", "symmetric": True, "type": "int"}}}}}
+
+
+def test_kimi_k2_thinking_config_reads_with_its_int4_experts():
+    config = ModelConfig.from_dict(KIMI_K2_THINKING)
+    assert config.mla and (config.num_experts, config.moe_groups, config.moe_topk_groups) == (384, 1, 1)
+    assert (config.packed_int_bits, config.packed_int_zero_points, config.fp8_scales) == (4, False, None)
+    assert config.moe_layers == tuple(range(1, 61)) and config.mtp_layers == 0
+
+
 DEEPSEEK_V2_LITE = {  # its config.json as released
     "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "bos_token_id": 100000,
     "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
