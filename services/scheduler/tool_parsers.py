@@ -38,6 +38,7 @@ from services.scheduler.tool_parser_base import (
     is_json_object,
     openai_call,
 )
+from services.scheduler.tool_pythonic import PythonicParser
 
 
 def _head(key: str) -> re.Pattern[str]:
@@ -242,7 +243,7 @@ class HarmonyParser(MarkedParser):
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
     HermesParser, Llama3JsonParser, HarmonyParser, Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser, DeepSeekV3Parser,
-    DeepSeekV31Parser, KimiK2Parser)}
+    DeepSeekV31Parser, KimiK2Parser, PythonicParser)}
 
 
 def tool_parser(name: str | None) -> ToolParser | None:

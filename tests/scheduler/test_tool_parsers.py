@@ -147,3 +147,33 @@ def test_where_a_json_value_ends():
         assert found == value_end(text[:k]), k
         assert scan.pos <= k
     assert found == len('{"s": "a \\"} [", "n": [1, {"x": "]"}]}')
+
+
+PYTHONIC = ('''[weather(city="Oslo, \\"NO\\" (x)", days=2, where={"lat": 59.9, "tags": (1, 'a)')}), '''
+            "clock()]")
+
+
+def test_pythonic_reads_a_reply_that_is_a_list_of_calls_with_literal_arguments():
+    p = tool_parser("pythonic")
+    content, calls = p.split(PYTHONIC)
+    assert content is None and names_and_args(calls) == [
+        ("weather", {"city": 'Oslo, "NO" (x)', "days": 2, "where": {"lat": 59.9, "tags": [1, "a)"]}}), ("clock", {})]
+    assert names_and_args(p.split("<|python_start|>[clock(tz='UTC')]<|python_end|>")[1]) == [("clock", {"tz": "UTC"})]
+    for text in ("The weather is fine.", "[1, 2]", "[weather(city)]", "[weather(city=here)]", "[f(x={1, 2})]",
+                 '[weather(city="Os'):
+        assert p.split(text) == (text, [])  # not calls of literals, or cut short: the reply stays text
+    assert p.start("  [weather(") == 2 and p.start("Hi [x()]") is None
+    assert p.held("  ") == 2 and p.held("<|python") == len("<|python") and p.held("Hello") == 0
+
+
+@given(st.lists(st.integers(0, len(PYTHONIC)), max_size=6).map(sorted))
+def test_pythonic_calls_stream_as_prefixes_of_the_whole_and_join_to_it(cuts):
+    pieces = [PYTHONIC[a:b] for a, b in zip([0, *cuts], [*cuts, len(PYTHONIC)], strict=True)]
+    content, calls, _, finish = streamed_calls(tool_parser("pythonic"), [p for p in pieces if p] or [""])
+    _, whole = tool_parser("pythonic").split(PYTHONIC)
+    assert content == "" and finish == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in calls] == [(w["function"]["name"], w["function"]["arguments"])
+                                                            for w in whole]
+    for cut in range(len(PYTHONIC) + 1):
+        for (name, args), w in zip(tool_parser("pythonic").partial(PYTHONIC[:cut]), whole, strict=False):
+            assert name == w["function"]["name"] and w["function"]["arguments"].startswith(args)
