@@ -55,9 +55,11 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-def tiktoken_tokenizer(ranks: dict[bytes, int], pattern: str, special: dict[str, int]) -> Tokenizer:
+def tiktoken_tokenizer(ranks: dict[bytes, int], pattern: str, special: dict[str, int],
+                       kept: frozenset[str] = frozenset()) -> Tokenizer:
     """The byte-level BPE that encodes as tiktoken's ``Encoding(pat_str=pattern, mergeable_ranks=ranks,
-    special_tokens=special)`` does with every special token allowed."""
+    special_tokens=special)`` does with every special token allowed. Those in ``kept`` are not special to
+    `tokenizers` (decoding keeps them when it skips special tokens: Kimi K2's tool-call markers)."""
     as_text = _byte_chars()
     vocab = {as_text(token): rank for token, rank in ranks.items()}
     merges = []
@@ -72,7 +74,10 @@ def tiktoken_tokenizer(ranks: dict[bytes, int], pattern: str, special: dict[str,
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     for name, token_id in sorted(special.items(), key=lambda item: item[1]):
-        tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False)])
+        if name in kept:
+            tokenizer.add_tokens([AddedToken(name, special=False, normalized=False)])
+        else:
+            tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False)])
         if tokenizer.token_to_id(name) != token_id:
             raise ModelLoadError(f"special token {name!r} has id {token_id}, but the ranks end at {len(ranks)} and "
                                  "the special tokens must follow them without gaps")
@@ -81,7 +86,8 @@ def tiktoken_tokenizer(ranks: dict[bytes, int], pattern: str, special: dict[str,
 
 def load_tiktoken_dir(path: Path, tokenizer_config: dict) -> Tokenizer:
     """A checkpoint's ``tiktoken.model`` with the pattern of the class its tokenizer_config.json names and the
-    special tokens it lists (ids it leaves out are ``<|reserved_token_ID|>``, as Kimi's code names them)."""
+    special tokens it lists (ids it leaves out are ``<|reserved_token_ID|>``, as Kimi's code names them); those
+    it marks ``"special": false`` are kept when decoding skips special tokens, as transformers keeps them."""
     auto = (tokenizer_config.get("auto_map") or {}).get("AutoTokenizer") or [None]
     cls = auto[0] if isinstance(auto, list) else auto
     if cls not in KNOWN_CLASSES:
@@ -89,15 +95,17 @@ def load_tiktoken_dir(path: Path, tokenizer_config: dict) -> Tokenizer:
                              f"pattern is known ({', '.join(KNOWN_CLASSES)}); add a tokenizer.json")
     pattern, count = KNOWN_CLASSES[cls]
     ranks = read_ranks(path / RANKS_FILE)
-    named = {}
+    named, kept = {}, set()
     for key, entry in (tokenizer_config.get("added_tokens_decoder") or {}).items():
         content = entry.get("content") if isinstance(entry, dict) else None
         if not isinstance(content, str) or not str(key).isdigit():
             raise ModelLoadError(f"{path}/tokenizer_config.json: added_tokens_decoder[{key!r}] must map an id to "
                                  "an object with a content string")
         named[int(key)] = content
+        if entry.get("special") is False:
+            kept.add(content)
     special = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(len(ranks), len(ranks) + count)}
-    return tiktoken_tokenizer(ranks, pattern, special)
+    return tiktoken_tokenizer(ranks, pattern, special, frozenset(kept))
 
 
 def _byte_chars():

@@ -82,7 +82,8 @@ def kimi_dir(tmp_path: Path, tiny_model_dir: Path, ranks: dict[bytes, int]) -> P
     out.mkdir()
     shutil.copy(tiny_model_dir / "config.json", out / "config.json")
     write_ranks(out / "tiktoken.model", ranks)
-    named = {str(len(ranks) + i): {"content": name, "special": True} for i, name in enumerate(SPECIAL)}
+    named = {str(len(ranks) + i): {"content": name, "special": name != "<|tool_call_begin|>"}
+             for i, name in enumerate(SPECIAL)}
     (out / "tokenizer_config.json").write_text(json.dumps({**KIMI_CONFIG, "added_tokens_decoder": named}))
     return out
 
@@ -94,6 +95,10 @@ def test_a_checkpoint_with_kimi_ranks_loads_its_tokenizer_with_its_special_token
     # Ids the config does not name are reserved, as Kimi's code names them: 256 + 2 in all.
     assert tokenizer.token_to_id(f"<|reserved_token_{n + 4}|>") == n + 4
     assert tokenizer.get_vocab_size() == n + 258 and tokenizer.id_to_token(n + 258) is None
+    # Decoding that skips special tokens keeps those the config marks "special": false (a tool-call marker).
+    call = tokenizer.encode("[BOS]<|tool_call_begin|>x").ids
+    assert tokenizer.decode(call) == "<|tool_call_begin|>x" and tokenizer.decode(call, skip_special_tokens=False) \
+        == "[BOS]<|tool_call_begin|>x"
     oracle = tiktoken.Encoding("oracle", pat_str=KIMI_PATTERN, mergeable_ranks=ranks,
                                special_tokens={name: n + i for i, name in enumerate(SPECIAL)})
     prompt = "[BOS]Hello, 世界!<|im_end|>"
