@@ -197,7 +197,9 @@ class OpenAIApi:
         if self.reasoning is not None and params.structured_output is not None and not self.structured_in_reasoning:
             # A reasoning model thinks first; the format (or the forced call) is its answer's, as in vLLM.
             params = replace(params, free_thought=self.reasoning.free_thought())
-        if self.reasoning is not None and self.reasoning.special_tokens:  # harmony's markers are special tokens
+        if (self.reasoning is not None and self.reasoning.special_tokens) or (
+                tools is not None and tools.parser is not None and tools.parser.special_tokens):
+            # The markers are special tokens (harmony's; Mistral's [TOOL_CALLS]): the parsers must see them.
             params = replace(params, skip_special_tokens=False)
         return prompt, params, n, tools
 

@@ -23,6 +23,7 @@ def new_call_id() -> str:
 
 class ToolParser:
     name = ""
+    special_tokens = False  # whether its markers are special tokens: replies are then decoded with them
 
     def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """The reply's text (None when there is none) and its tool calls (empty: a plain reply)."""

@@ -8,7 +8,9 @@ parser finds it in the text. As vLLM's parsers of the same names:
 * ``llama3_json`` (Llama 3.1-3.3): the whole reply is ``{"name": ..., "parameters": {...}}`` (several joined
   by ``;``), optionally after ``<|python_tag|>``;
 * ``harmony`` (gpt-oss; with ``--reasoning-parser harmony``, which reads the reply's messages): a message to
-  ``functions.NAME`` whose content is the call's arguments (services/scheduler/harmony.py).
+  ``functions.NAME`` whose content is the call's arguments (services/scheduler/harmony.py);
+* ``mistral`` (Mistral 7B v0.3, Nemo, Small): ``[TOOL_CALLS]`` then a JSON array of ``{"name", "arguments"}``
+  objects, or (tokenizers v11 on) ``NAME[ARGS]{...}`` after each ``[TOOL_CALLS]``.
 
 A parser also says where in a reply so far the tool calls begin, and how much of its end could still be the
 start of one, so that streaming sends text as text and holds back what may turn out to be a call; and which
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 from typing import Any
 
 from services.common.errors import InvalidArgument
@@ -241,9 +245,75 @@ class HarmonyParser(MarkedParser):
         return self._calls(text)
 
 
+class MistralParser(MarkedParser):
+    """``[TOOL_CALLS]`` is a control token, so such replies are decoded with their special tokens. Call ids are
+    nine letters and digits: Mistral's chat templates refuse any other id sent back in a later turn."""
+
+    name = "mistral"
+    OPEN, ARGS = "[TOOL_CALLS]", "[ARGS]"
+    special_tokens = True
+    _HEAD = _head("arguments")
+
+    def _bodies(self, text: str) -> list[str] | None:
+        """The array format's call objects, each up to its end or the end of ``text``; None for the v11 format."""
+        at = text.find(self.OPEN)
+        rest = text[at + len(self.OPEN):].lstrip() if at >= 0 else ""
+        if not rest.startswith("["):
+            return None
+        out, pos = [], 1
+        while (start := rest.find("{", pos)) >= 0 and not rest[pos:start].strip(" \n,"):
+            end = value_end(rest[start:])
+            out.append(rest[start:] if end is None else rest[start:start + end])
+            if end is None:
+                break
+            pos = start + end
+        return out
+
+    def _named(self, text: str) -> list[tuple[str, str, bool]]:
+        """The v11 format's calls begun: name, arguments so far, whether they ended."""
+        out = []
+        for segment in text.split(self.OPEN)[1:]:
+            name, sep, args = segment.partition(self.ARGS)
+            if not sep:
+                break  # the name is still being written
+            end = value_end(args.lstrip())
+            args = args.lstrip()
+            out.append((name.strip(), args if end is None else args[:end], end is not None))
+            if end is None:
+                break
+        return out
+
+    def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        at, bodies = text.find(self.OPEN), self._bodies(text)
+        if at < 0:
+            return text, []
+        if bodies is not None:
+            calls = _read_calls(bodies, self._HEAD, "arguments") or []
+        else:
+            named = self._named(text)
+            complete = named and all(done and is_json_object(args) for _, args, done in named)
+            calls = [openai_call(name, args) for name, args, _ in named] if complete else []
+        if not calls:  # e.g. cut short by max_tokens: the reply stays text
+            return text, []
+        return (text[:at].strip() or None), [{**call, "id": mistral_call_id()} for call in calls]
+
+    def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
+        bodies = self._bodies(text)
+        if bodies is not None:
+            return _partial(bodies, self._HEAD, scans)
+        return [(name, args) for name, args, _ in self._named(text)]
+
+    def call_id(self, text: str, index: int) -> str | None:
+        return mistral_call_id()
+
+
+def mistral_call_id() -> str:
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
+
+
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
     HermesParser, Llama3JsonParser, HarmonyParser, Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser, DeepSeekV3Parser,
-    DeepSeekV31Parser, KimiK2Parser, PythonicParser)}
+    DeepSeekV31Parser, KimiK2Parser, PythonicParser, MistralParser)}
 
 
 def tool_parser(name: str | None) -> ToolParser | None:

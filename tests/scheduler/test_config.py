@@ -18,7 +18,7 @@ from services.worker.config import WorkerConfig
     ({"kvcache_address": "kvcache"}, "host:port"),
     ({"max_queue_len": 0}, "max_queue_len must be >= 1"),
     ({"transfer_timeout_s": 0}, "transfer_timeout_s must be > 0"),
-    ({"tool_call_parser": "mistral"}, "tool_call_parser must be one of hermes, llama3_json"),
+    ({"tool_call_parser": "xlam"}, "tool_call_parser must be one of hermes, llama3_json"),
     ({"reasoning_parser": "o1"}, "reasoning_parser must be one of deepseek_r1, qwen3"),
     ({"structured_output_in_reasoning": True}, "structured_output_in_reasoning needs a reasoning_parser"),
 ])

@@ -48,7 +48,7 @@ def test_llama3_json_reads_a_reply_that_is_calls():
 def test_parser_names():
     assert tool_parser(None) is None and isinstance(tool_parser("hermes"), HermesParser)
     with pytest.raises(InvalidArgument, match="--tool-call-parser must be one of hermes, llama3_json"):
-        tool_parser("mistral")
+        tool_parser("xlam")
 
 
 def test_a_streamed_auto_reply_sends_text_holds_back_a_possible_call_and_sends_calls_at_the_end():
@@ -177,3 +177,25 @@ def test_pythonic_calls_stream_as_prefixes_of_the_whole_and_join_to_it(cuts):
     for cut in range(len(PYTHONIC) + 1):
         for (name, args), w in zip(tool_parser("pythonic").partial(PYTHONIC[:cut]), whole, strict=False):
             assert name == w["function"]["name"] and w["function"]["arguments"].startswith(args)
+
+
+MISTRAL = {  # Mistral 7B v0.3 and Nemo write an array; tokenizers v11 on, NAME[ARGS]{...} per call
+    "array": 'Checking.[TOOL_CALLS] [{"name": "weather", "arguments": {"city": "Oslo", "x": [1, "]"]}}, '
+             '{"name": "clock", "arguments": {}}]',
+    "v11": 'Checking.[TOOL_CALLS]weather[ARGS]{"city": "Oslo", "x": [1, "]"]}[TOOL_CALLS]clock[ARGS]{}'}
+
+
+@pytest.mark.parametrize("form", list(MISTRAL))
+def test_mistral_calls_in_either_form_with_the_nine_character_ids_its_templates_require(form):
+    p, reply = tool_parser("mistral"), MISTRAL[form]
+    content, calls = p.split(reply)
+    assert content == "Checking." and names_and_args(calls) == [("weather", {"city": "Oslo", "x": [1, "]"]}),
+                                                                ("clock", {})]
+    assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in calls) and p.special_tokens
+    _, streamed, _, finish = streamed_calls(p, list(reply), id_prefix="")
+    assert finish == "tool_calls" and [(c["name"], c["arguments"]) for c in streamed] == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in streamed)
+    cut = reply[: reply.index("Oslo")]
+    assert p.split(cut) == (cut, []) and p.split("Sunny.") == ("Sunny.", [])
+    assert p.held("Checking.[TOOL_") == len("[TOOL_")
