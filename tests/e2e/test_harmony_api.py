@@ -6,12 +6,12 @@ holds real special tokens, which the API must decode (a mesh that skipped them w
 from __future__ import annotations
 
 import json
-import shutil
 
 import httpx
 import pytest
 
 from tests.e2e.test_openai_api import WEATHER, _sse
+from tests.renamed_tokens import copy_with_renamed_tokens
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -26,15 +26,8 @@ def _grammar(*parts: str) -> dict:
 
 @pytest.fixture(scope="module")
 def harmony_model(tiny_model_dir, tmp_path_factory):
-    model = tmp_path_factory.mktemp("harmony") / "model"
-    shutil.copytree(tiny_model_dir, model)
-    names = {END: "<|end|>", CHANNEL: "<|channel|>", MESSAGE: "<|message|>", START: "<|start|>"}
-    tokenizer = json.loads((model / "tokenizer.json").read_text())
-    for token in tokenizer["added_tokens"]:
-        token["content"] = names.get(token["id"], token["content"])
-    vocab = tokenizer["model"]["vocab"]
-    tokenizer["model"]["vocab"] = {k: i for k, i in vocab.items() if i not in names} | {n: i for i, n in names.items()}
-    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    model = copy_with_renamed_tokens(tiny_model_dir, tmp_path_factory.mktemp("harmony") / "model", {
+        END: "<|end|>", CHANNEL: "<|channel|>", MESSAGE: "<|message|>", START: "<|start|>"})
     config = json.loads((model / "tokenizer_config.json").read_text())
     config.update(pad_token="<|end|>", chat_template="{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
                                                      "{% endfor %}assistant:")

@@ -5,13 +5,11 @@ by a Lark grammar that names them by id."""
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import httpx
 import pytest
 
 from tests.e2e.test_openai_api import WEATHER, _sse
+from tests.renamed_tokens import copy_with_renamed_tokens
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -22,15 +20,8 @@ TOOL_CALLS, ARGS = 3, 4  # the built-in tokenizer's <|start_header_id|>, <|end_h
 def mistral_http(tiny_model_dir, tmp_path_factory):
     from tests.e2e.conftest import start_mesh
 
-    model = tmp_path_factory.mktemp("mistral") / "model"
-    shutil.copytree(tiny_model_dir, model)
-    names = {TOOL_CALLS: "[TOOL_CALLS]", ARGS: "[ARGS]"}
-    tokenizer = json.loads((model / "tokenizer.json").read_text())
-    for token in tokenizer["added_tokens"]:
-        token["content"] = names.get(token["id"], token["content"])
-    vocab = tokenizer["model"]["vocab"]
-    tokenizer["model"]["vocab"] = {k: i for k, i in vocab.items() if i not in names} | {n: i for i, n in names.items()}
-    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    model = copy_with_renamed_tokens(tiny_model_dir, tmp_path_factory.mktemp("mistral") / "model",
+                                     {TOOL_CALLS: "[TOOL_CALLS]", ARGS: "[ARGS]"})
     mesh = start_mesh(model, tmp_path_factory.mktemp("mistral-logs"), mode="colocated",
                       scheduler_args=["--tool-call-parser", "mistral"])
     try:

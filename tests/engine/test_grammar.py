@@ -10,6 +10,7 @@ import torch
 from services.common.errors import InvalidArgument
 from services.engine.checkpoint import load_checkpoint_meta
 from services.engine.grammar import GrammarCompiler
+from tests.renamed_tokens import rename_tokens
 
 
 @pytest.fixture(scope="module")
@@ -189,11 +190,7 @@ def harmony(tiny_model_dir):
 
     raw = json.loads((tiny_model_dir / "tokenizer.json").read_text())
     names = {2: "<|end|>", 3: "<|channel|>", 4: "<|message|>", 0: "<|start|>"}
-    for token in raw["added_tokens"]:
-        token["content"] = names.get(token["id"], token["content"])
-    vocab = raw["model"]["vocab"]
-    raw["model"]["vocab"] = {k: i for k, i in vocab.items() if i not in names} | {n: i for i, n in names.items()}
-    tokenizer = Tokenizer.from_str(json.dumps(raw))
+    tokenizer = Tokenizer.from_str(json.dumps(rename_tokens(raw, names)))
     checkpoint = load_checkpoint_meta(tiny_model_dir)
     return tokenizer, GrammarCompiler(tokenizer, checkpoint.config.vocab_size, checkpoint.eos_token_ids)
 
