@@ -241,6 +241,7 @@ class KimiK2Parser(DeepSeekV31Parser):
     vLLM's ``kimi_k2`` reads it: the name is what follows the last dot before the colon, the head the id."""
 
     name = "kimi_k2"
+    special_tokens = True  # its tokenizer may list the markers as special tokens: decode with them either way
     OPEN, CALL = "<|tool_calls_section_begin|>", "<|tool_call_begin|>"
     SEP, END = "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 
