@@ -10,7 +10,8 @@ parser finds it in the text. As vLLM's parsers of the same names:
 * ``harmony`` (gpt-oss; with ``--reasoning-parser harmony``, which reads the reply's messages): a message to
   ``functions.NAME`` whose content is the call's arguments (services/scheduler/harmony.py);
 * ``mistral`` (Mistral 7B v0.3, Nemo, Small): ``[TOOL_CALLS]`` then a JSON array of ``{"name", "arguments"}``
-  objects, or (tokenizers v11 on) ``NAME[ARGS]{...}`` after each ``[TOOL_CALLS]``.
+  objects, or (tokenizers v11 on) ``NAME[ARGS]{...}`` after each ``[TOOL_CALLS]``;
+* ``granite`` (Granite 3.x): the whole reply is such an array, after ``<|tool_call|>`` (or ``<tool_call>``).
 
 A parser also says where in a reply so far the tool calls begin, and how much of its end could still be the
 start of one, so that streaming sends text as text and holds back what may turn out to be a call; and which
@@ -255,19 +256,9 @@ class MistralParser(MarkedParser):
     _HEAD = _head("arguments")
 
     def _bodies(self, text: str) -> list[str] | None:
-        """The array format's call objects, each up to its end or the end of ``text``; None for the v11 format."""
+        """The array format's call objects; None for the v11 format."""
         at = text.find(self.OPEN)
-        rest = text[at + len(self.OPEN):].lstrip() if at >= 0 else ""
-        if not rest.startswith("["):
-            return None
-        out, pos = [], 1
-        while (start := rest.find("{", pos)) >= 0 and not rest[pos:start].strip(" \n,"):
-            end = value_end(rest[start:])
-            out.append(rest[start:] if end is None else rest[start:start + end])
-            if end is None:
-                break
-            pos = start + end
-        return out
+        return array_bodies(text[at + len(self.OPEN):] if at >= 0 else "")
 
     def _named(self, text: str) -> list[tuple[str, str, bool]]:
         """The v11 format's calls begun: name, arguments so far, whether they ended."""
@@ -307,13 +298,56 @@ class MistralParser(MarkedParser):
         return mistral_call_id()
 
 
+class GraniteParser(ToolParser):
+    name = "granite"
+    TAGS = ("<|tool_call|>", "<tool_call>")
+    _HEAD = _head("arguments")
+
+    def _bodies(self, text: str) -> list[str]:
+        body = text.strip()
+        for tag in self.TAGS:
+            body = body.removeprefix(tag)
+        return array_bodies(body) or []
+
+    def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        calls = _read_calls(self._bodies(text), self._HEAD, "arguments")
+        return (None, calls) if calls else (text, [])
+
+    def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
+        return _partial(self._bodies(text), self._HEAD, scans)
+
+    def start(self, text: str) -> int | None:
+        stripped = text.lstrip()
+        return len(text) - len(stripped) if stripped.startswith(("[", *self.TAGS)) else None
+
+    def held(self, text: str) -> int:
+        stripped = text.lstrip()
+        return len(text) if not stripped or any(tag.startswith(stripped) for tag in self.TAGS) else 0
+
+
+def array_bodies(text: str) -> list[str] | None:
+    """A JSON array of objects being written (``text``, blanks before its ``[`` allowed): each object's text, up
+    to its end or the end of ``text``; None when ``text`` is not such an array."""
+    rest = text.lstrip()
+    if not rest.startswith("["):
+        return None
+    out, pos = [], 1
+    while (start := rest.find("{", pos)) >= 0 and not rest[pos:start].strip(" \n,"):
+        end = value_end(rest[start:])
+        out.append(rest[start:] if end is None else rest[start:start + end])
+        if end is None:
+            break
+        pos = start + end
+    return out
+
+
 def mistral_call_id() -> str:
     return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
     HermesParser, Llama3JsonParser, HarmonyParser, Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser, DeepSeekV3Parser,
-    DeepSeekV31Parser, KimiK2Parser, PythonicParser, MistralParser)}
+    DeepSeekV31Parser, KimiK2Parser, PythonicParser, MistralParser, GraniteParser)}
 
 
 def tool_parser(name: str | None) -> ToolParser | None:

@@ -199,3 +199,18 @@ def test_mistral_calls_in_either_form_with_the_nine_character_ids_its_templates_
     cut = reply[: reply.index("Oslo")]
     assert p.split(cut) == (cut, []) and p.split("Sunny.") == ("Sunny.", [])
     assert p.held("Checking.[TOOL_") == len("[TOOL_")
+
+
+GRANITE = '<|tool_call|>[{"name": "weather", "arguments": {"city": "Oslo"}}, {"name": "clock", "arguments": {}}]'
+
+
+def test_granite_reads_a_reply_that_is_an_array_of_calls_after_its_tag():
+    p = tool_parser("granite")
+    for reply in (GRANITE, GRANITE.removeprefix("<|tool_call|>"), GRANITE.replace("<|tool_call|>", "<tool_call>")):
+        content, calls = p.split(reply)
+        assert content is None and names_and_args(calls) == [("weather", {"city": "Oslo"}), ("clock", {})]
+    assert p.split("Sunny.") == ("Sunny.", []) and p.split(GRANITE[:40]) == (GRANITE[:40], [])
+    assert p.start("  <|tool_call|>[") == 2 and p.start("Hi") is None and p.held("<|tool") == len("<|tool")
+    _, streamed, _, finish = streamed_calls(p, list(GRANITE))
+    assert finish == "tool_calls" and [(c["name"], c["arguments"]) for c in streamed] == [
+        ("weather", '{"city": "Oslo"}'), ("clock", "{}")]
