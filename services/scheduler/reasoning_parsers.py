@@ -7,6 +7,8 @@ vLLM's field), the Responses API as a reasoning item; tool calls are read from t
   is all thinking.
 * ``qwen3`` (Qwen3, QwQ): thinking only inside ``<think>...</think>`` at the start of the reply; a reply without
   it (``"chat_template_kwargs": {"enable_thinking": false}``) is all answer;
+* ``seed_oss`` (Seed-OSS): as ``qwen3``, inside ``<seed:think>...</seed:think>``; decoded with special tokens
+  (the markers reach the splitter however the tokenizer lists them);
 * ``harmony`` (gpt-oss): the ``analysis`` channel's messages are the thinking, ``final``'s the answer
   (services/scheduler/harmony.py).
 
@@ -36,6 +38,8 @@ class ReasoningParser:
     name: str
     open_optional: bool  # thinking may start without <think> (the template opened it)
     special_tokens: bool = False  # the markers are plain text: the reply is decoded as the request asks
+    open_tag: str = OPEN
+    close_tag: str = CLOSE
 
     def stream(self, constrained: bool = False) -> ReasoningStream:
         """A splitter of one reply as it streams."""
@@ -43,7 +47,12 @@ class ReasoningParser:
 
     def free_thought(self) -> str:
         """``SamplingParams.free_thought`` for a structured answer after the thought: the grammar lets the thought
-        run free up to ``</think>``, which must open with ``<think>`` unless the template opened it."""
+        run free up to ``</think>``, which must open with ``<think>`` unless the template opened it. The
+        grammar's thought is written with those two markers: other markers are refused."""
+        if (self.open_tag, self.close_tag) != (OPEN, CLOSE):
+            raise InvalidArgument(f"a structured output (or a forced tool call) after a {self.open_tag} thought is "
+                                  "not supported: start the mesh with --structured-output-in-reasoning, or use "
+                                  "tool_choice \"auto\"")
         return "required" if self.open_optional else "optional"
 
     def split(self, text: str, constrained: bool = False) -> tuple[str | None, str | None]:
@@ -59,14 +68,14 @@ class ReasoningParser:
         thought never closed; 0 for a reply that does not think."""
         text = decode(token_ids)
         thought, _ = self.split(text, constrained)
-        if CLOSE not in text:
+        if self.close_tag not in text:
             return len(token_ids) if thought is not None else 0
-        if thought is None and not text.lstrip().startswith(OPEN):
+        if thought is None and not text.lstrip().startswith(self.open_tag):
             return 0  # an answer that happens to contain the marker
         lo, hi = 1, len(token_ids)
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if CLOSE in decode(token_ids[:mid]) else (mid + 1, hi)
+            lo, hi = (lo, mid) if self.close_tag in decode(token_ids[:mid]) else (mid + 1, hi)
         return lo
 
 
@@ -75,6 +84,7 @@ class ReasoningStream:
 
     def __init__(self, parser: ReasoningParser, constrained: bool = False) -> None:
         self.open_optional = parser.open_optional and not constrained
+        self.open, self.close = parser.open_tag, parser.close_tag
         self.state = "start"  # start -> thinking -> answer, or start -> answer
         self.pending = ""  # text not yet sent: a possible start of a marker
 
@@ -83,19 +93,19 @@ class ReasoningStream:
         thought = answer = ""
         if self.state == "start":
             head = self.pending.lstrip()
-            if head.startswith(OPEN):
-                self.state, self.pending = "thinking", head[len(OPEN):]
-            elif OPEN.startswith(head) and not final:
+            if head.startswith(self.open):
+                self.state, self.pending = "thinking", head[len(self.open):]
+            elif self.open.startswith(head) and not final:
                 return "", ""  # blanks, or a start of <think>: not decided yet
             else:
                 self.state = "thinking" if self.open_optional else "answer"
         if self.state == "thinking":
-            at = self.pending.find(CLOSE)
+            at = self.pending.find(self.close)
             if at < 0:
-                keep = 0 if final else partial_suffix(self.pending, CLOSE)
+                keep = 0 if final else partial_suffix(self.pending, self.close)
                 thought, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep:]
                 return thought, ""
-            thought, self.pending, self.state = self.pending[:at], self.pending[at + len(CLOSE):], "answer"
+            thought, self.pending, self.state = self.pending[:at], self.pending[at + len(self.close):], "answer"
         answer, self.pending = self.pending, ""
         return thought, answer
 
@@ -106,7 +116,10 @@ AnyStream = ReasoningStream | HarmonyStream
 
 PARSERS: dict[str, AnyReasoning] = {
     p.name: p for p in (ReasoningParser("deepseek_r1", open_optional=True),
-                        ReasoningParser("qwen3", open_optional=False), HarmonyReasoning())}
+                        ReasoningParser("qwen3", open_optional=False),
+                        ReasoningParser("seed_oss", open_optional=False, special_tokens=True,
+                                        open_tag="<seed:think>", close_tag="</seed:think>"),
+                        HarmonyReasoning())}
 
 
 def reasoning_parser(name: str | None) -> AnyReasoning | None:

@@ -1,7 +1,7 @@
 """Tool-call syntaxes of the newer model families, as vLLM's parsers of the same names read them:
 
 * ``qwen3_coder`` (Qwen3-Coder, Qwen3.5): ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...
-  </function></tool_call>``;
+  </function></tool_call>``; ``seed_oss`` (Seed-OSS) the same inside ``<seed:tool_call>`` blocks;
 * ``glm45`` (GLM-4.5, GLM-4.6): ``<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...
   </tool_call>``;
 * ``minimax_m2``: ``<minimax:tool_call><invoke name="NAME"><parameter name="KEY">VALUE</parameter>...
@@ -138,19 +138,27 @@ def _strip_newline(value: str) -> str:
 
 class Qwen3CoderParser(_BlockParser):
     name = "qwen3_coder"
-    OPEN = "<tool_call>"
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
     _FUNCTION = re.compile(r"<function=([^>\n]+)>")
     _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 
     def _calls(self, text: str) -> list[_Call]:
         out = []
-        for body, _ in _blocks(text, self.OPEN, "</tool_call>"):
+        for body, _ in _blocks(text, self.OPEN, self.CLOSE):
             function = self._FUNCTION.search(body)
             if function is None:
                 break
             pairs = [(k, _strip_newline(v)) for k, v in self._PARAMETER.findall(body, function.end())]
             out.append(_Call(function[1], pairs, complete="</function>" in body, params=self._params(function[1])))
         return out
+
+
+class SeedOssParser(Qwen3CoderParser):
+    """Seed-OSS: Qwen3-Coder's calls inside ``<seed:tool_call>`` blocks."""
+
+    name = "seed_oss"
+    special_tokens = True  # its markers reach the parser however the tokenizer lists them
+    OPEN, CLOSE = "<seed:tool_call>", "</seed:tool_call>"
 
 
 class Glm45Parser(_BlockParser):

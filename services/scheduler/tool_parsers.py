@@ -36,6 +36,7 @@ from services.scheduler.tool_formats import (
     KimiK2Parser,
     MiniMaxM2Parser,
     Qwen3CoderParser,
+    SeedOssParser,
 )
 from services.scheduler.tool_parser_base import (
     MarkedParser,
@@ -347,7 +348,7 @@ def mistral_call_id() -> str:
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
     HermesParser, Llama3JsonParser, HarmonyParser, Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser, DeepSeekV3Parser,
-    DeepSeekV31Parser, KimiK2Parser, PythonicParser, MistralParser, GraniteParser)}
+    DeepSeekV31Parser, KimiK2Parser, PythonicParser, MistralParser, GraniteParser, SeedOssParser)}
 
 
 def tool_parser(name: str | None) -> ToolParser | None:

@@ -82,3 +82,21 @@ def test_thought_tokens_count_the_reply_through_the_token_that_closes_the_though
                                                                                   want):
     ids, decode = _pieces(*pieces)
     assert parser.thought_tokens(ids, decode, constrained=constrained) == want
+
+
+SEED = PARSERS["seed_oss"]
+
+
+def test_seed_oss_thinks_inside_its_own_markers_decoded_with_special_tokens():
+    assert SEED.special_tokens and SEED.split("<seed:think>plan</seed:think>Answer.") == ("plan", "Answer.")
+    assert SEED.split("Answer without thinking.") == (None, "Answer without thinking.")
+    assert SEED.split("<think>not its marker</think>x") == (None, "<think>not its marker</think>x")
+    ids, decode = _pieces("<seed:think>", "plan", "</seed:", "think>", "Answer.")
+    assert SEED.thought_tokens(ids, decode) == 4
+    stream = ReasoningStream(SEED)
+    assert stream.feed("<seed:th") == ("", "") and stream.feed("ink>a</seed:") == ("a", "")
+    assert stream.feed("think>b", final=True) == ("", "b")
+    # The grammar's thought is written with <think> markers: a structured answer after this one is refused.
+    with pytest.raises(InvalidArgument, match="--structured-output-in-reasoning"):
+        SEED.free_thought()
+    assert SEED.split("<seed:think>x</seed:think>{}", constrained=True) == ("x", "{}")

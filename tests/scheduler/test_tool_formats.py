@@ -19,6 +19,10 @@ REPLIES = {
         "Checking.\n<tool_call>\n<function=weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n"
         "</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=where>\n{\"lat\": 59.9}\n</parameter>\n"
         "</function>\n</tool_call>\n<tool_call>\n<function=clock>\n</function>\n</tool_call>"),
+    "seed_oss": (
+        "Checking.\n<seed:tool_call>\n<function=weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n"
+        "</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=where>\n{\"lat\": 59.9}\n</parameter>\n"
+        "</function>\n</seed:tool_call>\n<seed:tool_call>\n<function=clock>\n</function>\n</seed:tool_call>"),
     "glm45": (
         "Checking.\n<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n"
         "<arg_value>2</arg_value>\n<arg_key>metric</arg_key>\n<arg_value>true</arg_value>\n<arg_key>where</arg_key>\n"
@@ -50,7 +54,7 @@ def test_replies_split_into_text_and_calls_with_typed_arguments(name):
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("weather", WEATHER), ("clock", CLOCK)]
     assert parser.split("Sunny.") == ("Sunny.", [])
-    assert parser.start(REPLIES[name]) == len("Checking.") + (name in ("qwen3_coder", "glm45", "minimax_m2"))
+    assert parser.start(REPLIES[name]) == len("Checking.") + (name in ("qwen3_coder", "seed_oss", "glm45", "minimax_m2"))
     head = parser.OPEN[:4]
     assert parser.held("Checking." + head) == len(head) and parser.held("Checking.") == 0
 
@@ -88,7 +92,7 @@ def test_kimi_k2_calls_keep_the_ids_the_model_wrote_whole_and_streamed():
         (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
 
 
-XML_FORMATS = ["qwen3_coder", "glm45", "minimax_m2"]
+XML_FORMATS = ["qwen3_coder", "seed_oss", "glm45", "minimax_m2"]
 TYPED = {"weather": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": ["integer", "null"]}, "metric": {"enum": ["true", "false"]},
     "where": {"anyOf": [{"type": "object"}, {"type": "string"}]}}}}
