@@ -8,6 +8,7 @@ import base64
 import contextlib
 import io
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -34,10 +35,18 @@ SPECIAL = ["[BOS]", "[EOS]", "<|im_end|>", "<|tool_call_begin|>"]
 UNREACHABLE = [b"zqxj", b" zqxj"]
 
 
+WORDS = ("the server serving request requests token tokens cache cached prefill decode burst bursts stall "
+         "schedule scheduler chunk chunks block blocks memory KV GPU NIXL Seawall's isn't they're we'll "
+         "latency throughput 2048 16 3.14 -> == {} [] () : ; , . ! ? \n").split(" ")
+
+
 @pytest.fixture(scope="module")
 def ranks() -> dict[bytes, int]:
+    """Trained on a fixed text (not a file of the repo, which changes), so every run has the same ranks."""
+    rng = random.Random(5)
+    text = " ".join(rng.choice(WORDS) for _ in range(1500)) + CHINESE * 3
     with contextlib.redirect_stdout(io.StringIO()):  # the trainer prints every merge
-        trained = bpe_train((REPO / "README.md").read_text()[:6000] + CHINESE * 3, 400, TRAIN_PATTERN)
+        trained = bpe_train(text, 400, TRAIN_PATTERN)
     return {**trained, **{token: len(trained) + i for i, token in enumerate(UNREACHABLE)}}
 
 
@@ -151,4 +160,6 @@ def test_a_kimi_k2_shaped_checkpoint_serves_text_as_transformers_and_tiktoken_do
     (out,) = engine.generate([prompt], [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0,
                                                        skip_special_tokens=False)])
     assert_matches_transformers(model, [prompt], [out])
-    assert out.text == oracle.decode(out.token_ids)
+    # As vLLM's, the stream holds back a character whose bytes are not all generated yet: cut there by
+    # max_tokens, it never arrives (tiktoken decodes those bytes as U+FFFD).
+    assert oracle.decode(out.token_ids) in (out.text, out.text + "\ufffd")
