@@ -186,17 +186,26 @@ class HermesParser(MarkedParser):
         return _partial(self._blocks(text), self._HEAD, scans)
 
 
-class Llama3JsonParser(ToolParser):
-    name = "llama3_json"
-    TAG = "<|python_tag|>"
-    _HEAD = _head("parameters|arguments")
+class _WholeReplyCalls(ToolParser):
+    """A reply that is nothing but calls (opening with ``FIRST``), after one of ``TAGS`` or none: ``_bodies``
+    finds each call object, read name first by ``_HEAD``, its arguments under ``KEY``."""
+
+    TAGS: tuple[str, ...] = ()
+    FIRST = "{"
+    KEY = "arguments"
+    _HEAD = _head("arguments")
 
     def _bodies(self, text: str) -> list[str]:
-        body = text.strip().removeprefix(self.TAG).strip()
-        return [part for part in body.split(";") if part.strip()] if body.startswith("{") else []
+        raise NotImplementedError
+
+    def _untagged(self, text: str) -> str:
+        body = text.strip()
+        for tag in self.TAGS:
+            body = body.removeprefix(tag)
+        return body.strip()
 
     def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        calls = _read_calls(self._bodies(text), self._HEAD, "parameters")
+        calls = _read_calls(self._bodies(text), self._HEAD, self.KEY)
         return (None, calls) if calls else (text, [])
 
     def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
@@ -204,14 +213,23 @@ class Llama3JsonParser(ToolParser):
 
     def start(self, text: str) -> int | None:
         stripped = text.lstrip()
-        if stripped.startswith(("{", self.TAG)):
-            return len(text) - len(stripped)
-        return None
+        return len(text) - len(stripped) if stripped.startswith((self.FIRST, *self.TAGS)) else None
 
     def held(self, text: str) -> int:
         stripped = text.lstrip()
-        # Leading blanks, or a start of the tag: the reply may still turn out to be a call.
-        return len(text) if not stripped or self.TAG.startswith(stripped) else 0
+        # Leading blanks, or a start of a tag: the reply may still turn out to be calls.
+        return len(text) if not stripped or any(tag.startswith(stripped) for tag in self.TAGS) else 0
+
+
+class Llama3JsonParser(_WholeReplyCalls):
+    name = "llama3_json"
+    TAGS = ("<|python_tag|>",)
+    KEY = "parameters"
+    _HEAD = _head("parameters|arguments")
+
+    def _bodies(self, text: str) -> list[str]:
+        body = self._untagged(text)
+        return [part for part in body.split(";") if part.strip()] if body.startswith("{") else []
 
 
 class HarmonyParser(MarkedParser):
@@ -299,31 +317,13 @@ class MistralParser(MarkedParser):
         return mistral_call_id()
 
 
-class GraniteParser(ToolParser):
+class GraniteParser(_WholeReplyCalls):
     name = "granite"
     TAGS = ("<|tool_call|>", "<tool_call>")
-    _HEAD = _head("arguments")
+    FIRST = "["
 
     def _bodies(self, text: str) -> list[str]:
-        body = text.strip()
-        for tag in self.TAGS:
-            body = body.removeprefix(tag)
-        return array_bodies(body) or []
-
-    def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        calls = _read_calls(self._bodies(text), self._HEAD, "arguments")
-        return (None, calls) if calls else (text, [])
-
-    def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
-        return _partial(self._bodies(text), self._HEAD, scans)
-
-    def start(self, text: str) -> int | None:
-        stripped = text.lstrip()
-        return len(text) - len(stripped) if stripped.startswith(("[", *self.TAGS)) else None
-
-    def held(self, text: str) -> int:
-        stripped = text.lstrip()
-        return len(text) if not stripped or any(tag.startswith(stripped) for tag in self.TAGS) else 0
+        return array_bodies(self._untagged(text)) or []
 
 
 def array_bodies(text: str) -> list[str] | None:
