@@ -11,7 +11,8 @@ parser finds it in the text. As vLLM's parsers of the same names:
   ``functions.NAME`` whose content is the call's arguments (services/scheduler/harmony.py);
 * ``mistral`` (Mistral 7B v0.3, Nemo, Small): ``[TOOL_CALLS]`` then a JSON array of ``{"name", "arguments"}``
   objects, or (tokenizers v11 on) ``NAME[ARGS]{...}`` after each ``[TOOL_CALLS]``;
-* ``granite`` (Granite 3.x): the whole reply is such an array, after ``<|tool_call|>`` (or ``<tool_call>``).
+* ``granite`` (Granite 3.x): the whole reply is such an array, after ``<|tool_call|>`` (or ``<tool_call>``);
+* ``phi4_mini_json`` (Phi-4-mini): the whole reply is ``functools`` and such an array.
 
 A parser also says where in a reply so far the tool calls begin, and how much of its end could still be the
 start of one, so that streaming sends text as text and holds back what may turn out to be a call; and which
@@ -326,6 +327,17 @@ class GraniteParser(_WholeReplyCalls):
         return array_bodies(self._untagged(text)) or []
 
 
+class Phi4MiniJsonParser(_WholeReplyCalls):
+    name = "phi4_mini_json"
+    TAGS = ("functools",)
+    FIRST = "["
+    KEY = "parameters"  # or "arguments", which it writes too
+    _HEAD = _head("arguments|parameters")
+
+    def _bodies(self, text: str) -> list[str]:
+        return array_bodies(self._untagged(text)) or []
+
+
 def array_bodies(text: str) -> list[str] | None:
     """A JSON array of objects being written (``text``, blanks before its ``[`` allowed): each object's text, up
     to its end or the end of ``text``; None when ``text`` is not such an array."""
@@ -348,7 +360,7 @@ def mistral_call_id() -> str:
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
     HermesParser, Llama3JsonParser, HarmonyParser, Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser, DeepSeekV3Parser,
-    DeepSeekV31Parser, KimiK2Parser, PythonicParser, MistralParser, GraniteParser, SeedOssParser)}
+    DeepSeekV31Parser, KimiK2Parser, PythonicParser, MistralParser, GraniteParser, SeedOssParser, Phi4MiniJsonParser)}
 
 
 def tool_parser(name: str | None) -> ToolParser | None:

@@ -214,3 +214,14 @@ def test_granite_reads_a_reply_that_is_an_array_of_calls_after_its_tag():
     _, streamed, _, finish = streamed_calls(p, list(GRANITE))
     assert finish == "tool_calls" and [(c["name"], c["arguments"]) for c in streamed] == [
         ("weather", '{"city": "Oslo"}'), ("clock", "{}")]
+
+
+def test_phi4_mini_reads_functools_and_an_array_of_calls():
+    p = tool_parser("phi4_mini_json")
+    reply = 'functools[{"name": "weather", "arguments": {"city": "Oslo"}}, {"name": "clock", "parameters": {}}]'
+    content, calls = p.split(reply)
+    assert content is None and names_and_args(calls) == [("weather", {"city": "Oslo"}), ("clock", {})]
+    assert p.split("Sunny.") == ("Sunny.", []) and p.start(reply) == 0 and p.held("funct") == len("funct")
+    _, streamed, _, finish = streamed_calls(p, list(reply))
+    assert finish == "tool_calls" and [(c["name"], c["arguments"]) for c in streamed] == [
+        ("weather", '{"city": "Oslo"}'), ("clock", "{}")]
