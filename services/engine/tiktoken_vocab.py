@@ -88,8 +88,7 @@ def load_tiktoken_dir(path: Path, tokenizer_config: dict) -> Tokenizer:
     """A checkpoint's ``tiktoken.model`` with the pattern of the class its tokenizer_config.json names and the
     special tokens it lists (ids it leaves out are ``<|reserved_token_ID|>``, as Kimi's code names them); those
     it marks ``"special": false`` are kept when decoding skips special tokens, as transformers keeps them."""
-    auto = (tokenizer_config.get("auto_map") or {}).get("AutoTokenizer") or [None]
-    cls = auto[0] if isinstance(auto, list) else auto
+    cls = auto_tokenizer_class(tokenizer_config)
     if cls not in KNOWN_CLASSES:
         raise ModelLoadError(f"{path} has {RANKS_FILE} but its tokenizer class {cls!r} is not one whose split "
                              f"pattern is known ({', '.join(KNOWN_CLASSES)}); add a tokenizer.json")
@@ -106,6 +105,13 @@ def load_tiktoken_dir(path: Path, tokenizer_config: dict) -> Tokenizer:
             kept.add(content)
     special = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(len(ranks), len(ranks) + count)}
     return tiktoken_tokenizer(ranks, pattern, special, frozenset(kept))
+
+
+def auto_tokenizer_class(tokenizer_config: dict) -> str | None:
+    """The tokenizer class a ``tokenizer_config.json`` names for remote code (``auto_map``), e.g.
+    ``tokenization_kimi.TikTokenTokenizer``; None when it names none."""
+    auto = (tokenizer_config.get("auto_map") or {}).get("AutoTokenizer") or [None]
+    return auto[0] if isinstance(auto, list) else auto
 
 
 def _byte_chars():

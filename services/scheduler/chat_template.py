@@ -11,7 +11,7 @@ What it may use, as transformers gives it: ``tojson`` without HTML escaping (jin
 training and render their body); every special token of the tokenizer config (``bos_token``, ...); and each
 message's reasoning under both ``reasoning_content`` and ``thinking`` (gpt-oss's template reads the latter).
 A tokenizer class may feed the template its own way: Kimi K2's sorts the keys of the tools, at every depth,
-before rendering (``tools_for_template``).
+before rendering (``sorts_tools``, ``sorted_keys``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
+
+from services.engine.tiktoken_vocab import auto_tokenizer_class
 
 # The names a message's reasoning may come under; templates read the first, gpt-oss's reads "thinking".
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -94,8 +96,7 @@ def special_tokens(checkpoint_dir: Path) -> dict[str, str]:
 
 def sorts_tools(checkpoint_dir: Path) -> bool:
     """Whether the checkpoint's tokenizer sorts the tools' keys before rendering them (Kimi K2's does)."""
-    auto = (tokenizer_config(checkpoint_dir).get("auto_map") or {}).get("AutoTokenizer") or [None]
-    return (auto[0] if isinstance(auto, list) else auto) in _SORTS_TOOLS
+    return auto_tokenizer_class(tokenizer_config(checkpoint_dir)) in _SORTS_TOOLS
 
 
 def sorted_keys(value: Any) -> Any:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.common.errors import InvalidArgument
 from services.scheduler.tool_parser_base import ToolParser, new_call_id, openai_call
-from services.scheduler.tool_parsers import ValueScan
+from services.scheduler.tool_parsers import PARSERS, ValueScan
 
 if TYPE_CHECKING:
     from services.scheduler.tracked import Delta
@@ -247,7 +247,7 @@ def tool_calling(body: dict[str, Any], parser: ToolParser | None = None) -> Tool
         if parser is not None:
             return ToolCalling(None, parser=parser.for_tools(schemas))
         raise InvalidArgument("tool_choice \"auto\" (the default with tools) needs a parser of this model's own "
-                              "tool-call format: start the mesh with --tool-call-parser (hermes, llama3_json), or "
+                              f"tool-call format: start the mesh with --tool-call-parser ({', '.join(PARSERS)}), or "
                               "send tool_choice \"required\" or {\"type\": \"function\", \"function\": "
                               "{\"name\": ...}}, or \"none\"")
     if choice == "required":

@@ -287,8 +287,8 @@ class MistralParser(MarkedParser):
             name, sep, args = segment.partition(self.ARGS)
             if not sep:
                 break  # the name is still being written
-            end = value_end(args.lstrip())
             args = args.lstrip()
+            end = value_end(args)
             out.append((name.strip(), args if end is None else args[:end], end is not None))
             if end is None:
                 break
@@ -318,24 +318,25 @@ class MistralParser(MarkedParser):
         return mistral_call_id()
 
 
-class GraniteParser(_WholeReplyCalls):
+class _WholeReplyArray(_WholeReplyCalls):
+    """A reply that is a JSON array of call objects, after one of ``TAGS`` or none."""
+
+    FIRST = "["
+
+    def _bodies(self, text: str) -> list[str]:
+        return array_bodies(self._untagged(text)) or []
+
+
+class GraniteParser(_WholeReplyArray):
     name = "granite"
     TAGS = ("<|tool_call|>", "<tool_call>")
-    FIRST = "["
-
-    def _bodies(self, text: str) -> list[str]:
-        return array_bodies(self._untagged(text)) or []
 
 
-class Phi4MiniJsonParser(_WholeReplyCalls):
+class Phi4MiniJsonParser(_WholeReplyArray):
     name = "phi4_mini_json"
     TAGS = ("functools",)
-    FIRST = "["
     KEY = "parameters"  # or "arguments", which it writes too
     _HEAD = _head("arguments|parameters")
-
-    def _bodies(self, text: str) -> list[str]:
-        return array_bodies(self._untagged(text)) or []
 
 
 def array_bodies(text: str) -> list[str] | None:
