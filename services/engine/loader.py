@@ -18,6 +18,7 @@ from services.engine.model import LlamaForCausalLM
 from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
 from services.engine.rope import deinterleave_rope, inverse_frequencies
+from services.engine.vision_language import language_model_weights
 
 
 def iter_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -59,6 +60,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         model.lm_head.weight = model.model.embed_tokens.weight
     weights = iter_weights(ckpt.path)
     config = ckpt.config
+    if config.vision_language:  # before the names dequantizing pairs and renaming rely on
+        weights = language_model_weights(weights)
     weights = dequantize(weights, config.fp8_scales, config.fp8_block) if config.fp8_scales else _unquantized(weights)
     if config.packed_int_bits:
         weights = dequantize_packed(weights, config.packed_int_bits, config.packed_int_zero_points)

@@ -339,6 +339,8 @@ class LlamaForCausalLM(nn.Module):
             if self.config.norm_unit_offset and name.endswith("norm.weight"):
                 tensor = tensor.float() + 1.0  # Gemma stores w for a scale of 1 + w
             name = checkpoint_name(name, c.architecture)
+            if name == "lm_head.weight":
+                self._untie_head(params)
             expert = expert_target(name)
             if expert is not None:
                 target, index, part = expert
@@ -371,9 +373,23 @@ class LlamaForCausalLM(nn.Module):
             loaded.add(target)
         if self.config.tie_word_embeddings:
             loaded.add("lm_head.weight")
+            self._retie_head()
         absent = sorted(set(params) - loaded)
         if absent:
             raise KeyError(f"checkpoint lacks weights: {', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}")
+
+
+    def _untie_head(self, params: dict[str, nn.Parameter]) -> None:
+        """A head the checkpoint stores wins over tying, as in transformers (Mistral3's published configs imply
+        a tie their weights do not have)."""
+        if self.lm_head.weight is self.model.embed_tokens.weight:
+            self.lm_head.weight = params["lm_head.weight"] = nn.Parameter(torch.empty_like(self.lm_head.weight))
+
+    def _retie_head(self) -> None:
+        """A tied head stored anyway (equal to the embeddings) is kept once."""
+        head, embed = self.lm_head.weight, self.model.embed_tokens.weight
+        if head is not embed and torch.equal(head, embed):
+            self.lm_head.weight = embed
 
 
 class _LayerWeights(NamedTuple):

@@ -34,6 +34,7 @@ from services.common.lora import ModelShape
 from services.engine.mla_config import check_mla, mla_fields
 from services.engine.moe_config import MOE_DEFAULTS, check_moe, moe_fields
 from services.engine.quant_config import quant_fields
+from services.engine.vision_language import VISION_LANGUAGE, text_model_config
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
@@ -191,6 +192,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
     architecture: str = "LlamaForCausalLM"
+    # The vision-language architecture whose language model this is (vision_language.py), else None.
+    vision_language: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -308,11 +311,13 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        raw = text_model_config(raw)
         archs = raw.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(
                 f"config.json: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f" and the language models of {', '.join(VISION_LANGUAGE)}"
             )
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads") if k not in raw]
@@ -400,6 +405,7 @@ class ModelConfig:
                 eos_token_ids=eos_ids,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
                 architecture=arch,
+                vision_language=raw.get("vision_language"),
             )
         except (TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json has a field of the wrong type: {exc}") from exc

@@ -163,11 +163,11 @@ def phi4_mini_config():
         **{**COMMON, "pad_token_id": 0})
 
 
-def save_checkpoint(config, out, tiny_model_dir):
-    """The transformers model of ``config`` on decisive random weights, saved into ``out`` with the built-in
-    model's tokenizer."""
+def save_checkpoint(config, out, tiny_model_dir, auto=None):
+    """The transformers model of ``config`` (an ``auto`` class's, causal LM by default) on decisive random
+    weights, saved into ``out`` with the built-in model's tokenizer."""
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = (auto or transformers.AutoModelForCausalLM).from_config(config).eval()
     with torch.no_grad():  # weights that give decisive logits, so greedy choices are not near-ties
         for name, p in model.named_parameters():
             # Sinks (GPT-OSS) near the scores' scale, so that they change the attention.

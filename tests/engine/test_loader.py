@@ -46,3 +46,23 @@ def test_fused_projections_hold_each_part_in_its_rows(tiny_model_dir, tmp_path):
 def test_what_does_not_fit_is_named(tiny_model_dir, tmp_path, edit, message):
     with pytest.raises(ModelLoadError, match=message):
         _edited(tiny_model_dir, tmp_path, edit)
+
+
+def test_a_tied_head_stored_anyway_is_kept_once(tiny_model_dir, tmp_path):
+    def store_head(t):
+        t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
+    model = _edited(tiny_model_dir, tmp_path, store_head)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_a_stored_head_that_differs_wins_over_the_tie(tiny_model_dir, tmp_path):
+    """As transformers loads it: a config that ties (the built-in model's) but a head of its own stored."""
+    head = {}
+
+    def store_head(t):
+        head["w"] = t["lm_head.weight"] = torch.randn_like(t["model.embed_tokens.weight"])
+    model = _edited(tiny_model_dir, tmp_path, store_head)
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    assert torch.equal(model.lm_head.weight, head["w"])
+    raw = load_file(str(next(tiny_model_dir.glob("*.safetensors"))))
+    assert torch.equal(model.model.embed_tokens.weight, raw["model.embed_tokens.weight"])

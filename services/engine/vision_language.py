@@ -1,0 +1,110 @@
+"""Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Mistral Small 3.x (Mistral3),
+LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL and Qwen3-VL. Text in, text out; the vision tower is not loaded
+(the chat API refuses image parts, naming them).
+
+Why this is exact: with no image in the prompt, each of these models runs its language model alone on the
+prompt's token embeddings, causally. Qwen's multimodal RoPE gives a text token the same position in each of
+its three sections (time, height, width), which is one-dimensional RoPE whatever the sections' split or
+interleaving.
+
+The config is ``text_config`` (or the top level, in Qwen2-VL's older flat configs) read as the text
+architecture's, with that architecture's transformers defaults for the shape fields a published config
+leaves out (gemma-3-4b-it names neither its vocabulary nor its heads). The weights live under
+``language_model.model.`` (as transformers saves most of these), ``model.language_model.`` (Qwen3-VL) or
+``model.`` (Qwen2.5-VL); ``language_model.lm_head.`` or ``lm_head.`` hold the output head. Everything else
+(``vision_tower.``, ``visual.``, ``multi_modal_projector.``, ``image_newline``) is the vision side, skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from services.common.errors import ModelLoadError
+
+if TYPE_CHECKING:  # the scheduler reads configs without torch
+    import torch
+
+# Checkpoint architecture → its language model's (None: named by text_config's model_type).
+VISION_LANGUAGE = {
+    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+    "Mistral3ForConditionalGeneration": None,
+    "LlavaForConditionalGeneration": None,
+    "LlavaNextForConditionalGeneration": None,
+    "Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
+    "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
+    "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
+}
+_TEXT_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                     "gemma3_text": "Gemma3ForCausalLM"}
+_QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")
+# Whose configs tie the output head to the embeddings unless they say otherwise (transformers' defaults; the
+# others tie when their text_config says so, as transformers reads configs saved before v5).
+_TIED_BY_DEFAULT = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration")
+# transformers' defaults for the shape fields of each text model type (tests/engine/test_vision_language.py
+# checks them against its config classes).
+_SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "num_key_value_heads", "max_position_embeddings", "rms_norm_eps")
+TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(zip(_SHAPE, (32000, 4096, 11008, 32, 32, 32, 2048, 1e-6), strict=True)),
+    "mistral": dict(zip(_SHAPE, (32000, 4096, 14336, 32, 32, 8, 131072, 1e-6), strict=True)),
+    "gemma3_text": dict(zip(_SHAPE, (262208, 2304, 9216, 26, 8, 4, 131072, 1e-6), strict=True), head_dim=256),
+}
+# Fields of the checkpoint's own config its language model takes when text_config lacks them.
+_INHERITED = ("torch_dtype", "dtype", "quantization_config", "bos_token_id", "eos_token_id")
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                  ("model.language_model.", "model."))
+_TEXT_NAMES = ("model.embed_tokens.", "model.layers.", "model.norm.", "lm_head.")
+
+
+def text_model_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` itself for a text model; for a vision-language checkpoint, its language model's config, with
+    ``architectures`` naming the text architecture and ``vision_language`` the checkpoint's."""
+    archs = raw.get("architectures") or []
+    outer = archs[0] if archs else None
+    if outer not in VISION_LANGUAGE:
+        return raw
+    nested = raw.get("text_config")
+    if nested is not None and not isinstance(nested, dict):
+        raise ModelLoadError(f"config.json: text_config must be an object, got {nested!r}")
+    text = dict(nested) if nested is not None else {k: v for k, v in raw.items() if k != "vision_config"}
+    model_type = str(text.get("model_type") or ("llama" if outer.startswith("Llava") else ""))
+    arch = VISION_LANGUAGE[outer] or _TEXT_MODEL_TYPES.get(model_type)
+    if arch is None:
+        raise ModelLoadError(f"config.json: {outer}'s language model is of type {model_type!r}; its language model "
+                             f"is served for types {', '.join(t for t in _TEXT_MODEL_TYPES if t != 'gemma3_text')}")
+    text = {**TEXT_DEFAULTS.get(model_type, {}), **text}
+    for key in _INHERITED:
+        if text.get(key) is None and raw.get(key) is not None:
+            text[key] = raw[key]
+    text["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", outer in _TIED_BY_DEFAULT)
+                                       or (nested or {}).get("tie_word_embeddings"))
+    if outer in _QWEN_VL:
+        _one_dimensional_rope(text)
+    return {**text, "architectures": [arch], "vision_language": outer}
+
+
+def _one_dimensional_rope(text: dict[str, Any]) -> None:
+    """Drops Qwen's multimodal RoPE sections: equal positions in every section make them plain RoPE (older
+    configs name it as a rope type, "mrope", which transformers reads as the default)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        params = text.get(key)
+        if isinstance(params, dict):
+            params = {k: v for k, v in params.items() if k not in ("mrope_section", "mrope_interleaved")}
+            if params.get("rope_type", params.get("type")) == "mrope":
+                params = {k: v for k, v in params.items() if k not in ("type", "rope_type")}
+            text[key] = params or None
+
+
+def language_model_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The language model's tensors of a vision-language checkpoint under a text model's names; the vision
+    tower's and the projector's are skipped."""
+    for name, tensor in weights:
+        for old, new in _TEXT_PREFIXES:
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        else:
+            if not name.startswith(_TEXT_NAMES):
+                continue
+        yield name, tensor

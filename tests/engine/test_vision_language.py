@@ -1,0 +1,185 @@
+"""Vision-language checkpoints served as their language model, against transformers' vision-language models
+on text-only prompts: checkpoints written by transformers itself (the vision tower beside the language model),
+greedy tokens and logprobs through the engine; published configs read as transformers reads them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from seawall.offline.engine import OfflineEngine
+from services.common.errors import ModelLoadError
+from services.common.sampling_params import SamplingParams
+from services.engine.config import EngineConfig
+from services.engine.model_config import ModelConfig
+from services.engine.vision_language import TEXT_DEFAULTS, language_model_weights
+from services.scheduler.core.scheduler import SchedulerConfig
+from tests.engine.test_architectures import COMMON, MAX_TOKENS, assert_matches_transformers, save_checkpoint
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
+
+transformers = pytest.importorskip("transformers")
+
+_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+               patch_size=14)
+_QWEN_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+CASES = {
+    # Gemma 3 (4B and up): the text model's sliding and full layers, linear scaling on the full layers only,
+    # the head tied by default.
+    "gemma3": lambda: transformers.Gemma3Config(
+        text_config=dict(head_dim=32, query_pre_attn_scalar=24, sliding_window=24, sliding_window_pattern=2,
+                         rope_scaling={"rope_type": "linear", "factor": 8.0}, **COMMON),
+        vision_config=_VISION, mm_tokens_per_image=4),
+    # Mistral Small 3.x: Mistral's text model; tied (no head stored), as the config says by default.
+    "mistral3": lambda: transformers.Mistral3Config(
+        text_config=dict(model_type="mistral", sliding_window=None, **COMMON),
+        vision_config=dict(_VISION, model_type="pixtral", head_dim=16)),
+    # LLaVA over Llama; its head stored.
+    "llava": lambda: transformers.LlavaConfig(
+        text_config=dict(model_type="llama", **COMMON),
+        vision_config=dict(_VISION, model_type="clip_vision_model", projection_dim=32)),
+    "llava-next": lambda: transformers.LlavaNextConfig(
+        text_config=dict(model_type="mistral", sliding_window=24, **COMMON),
+        vision_config=dict(_VISION, model_type="clip_vision_model", projection_dim=32),
+        image_grid_pinpoints=[[28, 28]]),
+    # Qwen2-VL and Qwen2.5-VL: Qwen2's text model (q/k/v biases) with multimodal RoPE sections; weights under
+    # model. and visual.
+    "qwen2-vl": lambda: transformers.Qwen2VLConfig(
+        text_config=dict(rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]}, **COMMON),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2)),
+    "qwen2.5-vl": lambda: transformers.Qwen2_5_VLConfig(
+        text_config=dict(rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]}, **COMMON),
+        vision_config=_QWEN_VISION),
+    # Qwen3-VL: Qwen3's (q/k norms), the sections interleaved; weights under model.language_model.
+    "qwen3-vl": lambda: transformers.Qwen3VLConfig(
+        text_config=dict(head_dim=16, rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                    "mrope_interleaved": True}, **COMMON),
+        vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0])),
+}
+
+
+def _save(name, out, tiny_model_dir):
+    return save_checkpoint(CASES[name](), out, tiny_model_dir, auto=transformers.AutoModelForImageTextToText)
+
+
+def _generate(path, prompts, cpu_kernels=True):
+    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
+                           SchedulerConfig(chunk_size=16))
+    return engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                                                    logprobs=0)] * len(prompts))
+
+
+def _prompts(seed=3, lengths=(1, 17, 40, 150)):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 4096, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_language_model_matches_transformers_on_text(name, cpu_kernels, tmp_path, tiny_model_dir):
+    model = _save(name, tmp_path, tiny_model_dir)
+    config = ModelConfig.from_dir(tmp_path)
+    assert config.vision_language == model.config.architectures[0]
+    prompts = _prompts()
+    assert_matches_transformers(model, prompts, _generate(tmp_path, prompts, cpu_kernels))
+
+
+def test_a_head_of_its_own_wins_over_a_tie_the_config_implies(tmp_path, tiny_model_dir):
+    """Mistral Small 3.1's config.json as published leaves tie_word_embeddings out (transformers then ties by
+    default) and stores a head of its own: transformers keeps that head, and so must the engine."""
+    model = save_checkpoint(transformers.Mistral3Config(
+        text_config=dict(model_type="mistral", sliding_window=None, **COMMON),
+        vision_config=dict(_VISION, model_type="pixtral", head_dim=16), tie_word_embeddings=False),
+        tmp_path, tiny_model_dir, auto=transformers.AutoModelForImageTextToText)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    del raw["tie_word_embeddings"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert ModelConfig.from_dir(tmp_path).tie_word_embeddings
+    prompts = _prompts(lengths=(5, 30))
+    assert_matches_transformers(model, prompts, _generate(tmp_path, prompts))
+
+
+# Published config.json files (vision_config left out: it is not read), as their repositories hold them.
+GEMMA3_4B = {"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+             "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+             "mm_tokens_per_image": 256, "model_type": "gemma3", "torch_dtype": "bfloat16",
+             "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                             "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                             "sliding_window": 1024}}
+LLAVA_15_7B = {"architectures": ["LlavaForConditionalGeneration"], "ignore_index": -100, "image_token_index": 32000,
+               "model_type": "llava", "pad_token_id": 32001, "projector_hidden_act": "gelu",
+               "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5", "architectures": ["LlamaForCausalLM"],
+                               "max_position_embeddings": 4096, "model_type": "llama", "rms_norm_eps": 1e-05,
+                               "torch_dtype": "float16", "vocab_size": 32064},
+               "tie_word_embeddings": False, "torch_dtype": "float16", "vision_feature_layer": -2}
+QWEN25_VL_7B = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0,
+                "bos_token_id": 151643, "eos_token_id": 151645, "vision_start_token_id": 151652,
+                "vision_end_token_id": 151653, "vision_token_id": 151654, "image_token_id": 151655,
+                "video_token_id": 151656, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+                "intermediate_size": 18944, "max_position_embeddings": 128000, "max_window_layers": 28,
+                "model_type": "qwen2_5_vl", "num_attention_heads": 28, "num_hidden_layers": 28,
+                "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+                "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+                "use_sliding_window": False, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+                "vocab_size": 152064}
+MISTRAL_SMALL_31 = {"architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10,
+                    "model_type": "mistral3", "multimodal_projector_bias": False, "projector_hidden_act": "gelu",
+                    "spatial_merge_size": 2,
+                    "text_config": {"head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+                                    "intermediate_size": 32768, "max_position_embeddings": 131072,
+                                    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 40,
+                                    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0,
+                                    "sliding_window": None, "use_cache": True, "vocab_size": 131072},
+                    "torch_dtype": "bfloat16", "vision_feature_layer": -1}
+PUBLISHED = {"gemma-3-4b-it": (GEMMA3_4B, "Gemma3Config"), "llava-1.5-7b-hf": (LLAVA_15_7B, "LlavaConfig"),
+             "Qwen2.5-VL-7B-Instruct": (QWEN25_VL_7B, "Qwen2_5_VLConfig"),
+             "Mistral-Small-3.1-24B-Instruct-2503": (MISTRAL_SMALL_31, "Mistral3Config")}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_configs_are_read_as_transformers_reads_them(name):
+    raw, config_class = PUBLISHED[name]
+    config = ModelConfig.from_dict(raw)
+    hf = getattr(transformers, config_class)(**raw).get_text_config()
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "max_position_embeddings", "rms_norm_eps"):
+        assert getattr(config, field) == getattr(hf, field), field
+    assert config.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+    layers = hf.num_hidden_layers
+    types = getattr(hf, "layer_types", None) or ["full_attention"] * layers
+    if hf.model_type == "mistral" and hf.sliding_window:
+        types = ["sliding_attention"] * layers
+    assert [config.slides(i) for i in range(layers)] == [t == "sliding_attention" for t in types]
+    params = hf.rope_parameters.get("full_attention", hf.rope_parameters)
+    assert config.rope_theta == params["rope_theta"]
+    assert config.rope_type == params["rope_type"]
+    assert config.torch_dtype == "bfloat16" if name != "llava-1.5-7b-hf" else config.torch_dtype == "float16"
+
+
+def test_text_defaults_are_transformers_defaults():
+    classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+               "gemma3_text": transformers.Gemma3TextConfig}
+    for model_type, defaults in TEXT_DEFAULTS.items():
+        hf = classes[model_type]()
+        assert {k: getattr(hf, k) for k in defaults} == defaults, model_type
+
+
+def test_weights_outside_the_language_model_are_skipped():
+    t = torch.zeros(1)
+    names = ["language_model.model.layers.0.mlp.up_proj.weight", "language_model.lm_head.weight",
+             "model.language_model.norm.weight", "model.embed_tokens.weight", "lm_head.weight", "vision_tower.x",
+             "model.visual.merger.norm.weight", "visual.blocks.0.attn.qkv.weight", "multi_modal_projector.linear_1.weight",
+             "image_newline"]
+    got = [n for n, _ in language_model_weights((n, t) for n in names)]
+    assert got == ["model.layers.0.mlp.up_proj.weight", "lm_head.weight", "model.norm.weight",
+                   "model.embed_tokens.weight", "lm_head.weight"]
+
+
+def test_unsupported_language_models_are_refused_by_type():
+    raw = dict(MISTRAL_SMALL_31, text_config={**MISTRAL_SMALL_31["text_config"], "model_type": "ministral3"})
+    with pytest.raises(ModelLoadError, match="of type 'ministral3'"):
+        ModelConfig.from_dict(raw)
+    with pytest.raises(ModelLoadError, match="text_config must be an object"):
+        ModelConfig.from_dict(dict(GEMMA3_4B, text_config=[]))
