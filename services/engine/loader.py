@@ -61,7 +61,7 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     weights = iter_weights(ckpt.path)
     config = ckpt.config
     if config.vision_language:  # before the names dequantizing pairs and renaming rely on
-        weights = language_model_weights(weights)
+        weights = language_model_weights(weights, config)
     weights = dequantize(weights, config.fp8_scales, config.fp8_block) if config.fp8_scales else _unquantized(weights)
     if config.packed_int_bits:
         weights = dequantize_packed(weights, config.packed_int_bits, config.packed_int_zero_points)

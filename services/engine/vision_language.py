@@ -1,5 +1,5 @@
 """Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Mistral Small 3.x (Mistral3),
-LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL and Qwen3-VL. Text in, text out; the vision tower is not loaded
+LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE. Text in, text out; the vision tower is not loaded
 (the chat API refuses image parts, naming them).
 
 Why this is exact: with no image in the prompt, each of these models runs its language model alone on the
@@ -25,6 +25,8 @@ from services.common.errors import ModelLoadError
 if TYPE_CHECKING:  # the scheduler reads configs without torch
     import torch
 
+    from services.engine.model_config import ModelConfig
+
 # Checkpoint architecture → its language model's (None: named by text_config's model_type).
 VISION_LANGUAGE = {
     "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
@@ -34,10 +36,12 @@ VISION_LANGUAGE = {
     "Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
     "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
     "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
+    "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
 }
 _TEXT_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                      "gemma3_text": "Gemma3ForCausalLM"}
-_QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")
+_QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+            "Qwen3VLMoeForConditionalGeneration")
 # Whose configs tie the output head to the embeddings unless they say otherwise (transformers' defaults; the
 # others tie when their text_config says so, as transformers reads configs saved before v5).
 _TIED_BY_DEFAULT = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration")
@@ -81,6 +85,8 @@ def text_model_config(raw: dict[str, Any]) -> dict[str, Any]:
                                        or (nested or {}).get("tie_word_embeddings"))
     if outer in _QWEN_VL:
         _one_dimensional_rope(text)
+    if outer == "Qwen3VLMoeForConditionalGeneration":
+        text["norm_topk_prob"] = True  # its router always renormalizes (its config has no such field)
     return {**text, "architectures": [arch], "vision_language": outer}
 
 
@@ -96,10 +102,18 @@ def _one_dimensional_rope(text: dict[str, Any]) -> None:
             text[key] = params or None
 
 
-def language_model_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def language_model_weights(weights: Iterator[tuple[str, torch.Tensor]], config: ModelConfig,
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
     """The language model's tensors of a vision-language checkpoint under a text model's names; the vision
-    tower's and the projector's are skipped."""
+    tower's and the projector's are skipped. Stacked experts (Qwen3-VL-MoE) are published as ``x @ w``
+    operands, ``[experts, in, out]``; transformers >= 5 saves them as linear weights, ``[experts, out, in]``:
+    either loads, told apart by shape as transformers tells them apart (a square one is taken as saved)."""
+    stacked = {"experts.gate_up_proj": (config.num_experts, 2 * config.moe_intermediate_size, config.hidden_size),
+               "experts.down_proj": (config.num_experts, config.hidden_size, config.moe_intermediate_size)}
     for name, tensor in weights:
+        linear = next((shape for suffix, shape in stacked.items() if name.endswith(suffix)), None)
+        if linear is not None and tuple(tensor.shape) != linear:
+            tensor = tensor.transpose(1, 2)
         for old, new in _TEXT_PREFIXES:
             if name.startswith(old):
                 name = new + name[len(old):]

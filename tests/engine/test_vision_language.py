@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from seawall.offline.engine import OfflineEngine
 from services.common.errors import ModelLoadError
@@ -57,7 +58,17 @@ CASES = {
         text_config=dict(head_dim=16, rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3],
                                                     "mrope_interleaved": True}, **COMMON),
         vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0])),
+    # Qwen3-VL-MoE: Qwen3-MoE's text model (2 of 8 experts, always renormalized), experts stored stacked.
+    "qwen3-vl-moe": lambda: qwen3_vl_moe_config(),
 }
+
+
+def qwen3_vl_moe_config():
+    return transformers.Qwen3VLMoeConfig(
+        text_config=dict(head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                         rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+                         **COMMON),
+        vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0]))
 
 
 def _save(name, out, tiny_model_dir):
@@ -133,9 +144,23 @@ MISTRAL_SMALL_31 = {"architectures": ["Mistral3ForConditionalGeneration"], "imag
                                     "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0,
                                     "sliding_window": None, "use_cache": True, "vocab_size": 131072},
                     "torch_dtype": "bfloat16", "vision_feature_layer": -1}
+QWEN3_VL_30B_A3B = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "image_token_id": 151655,
+                    "model_type": "qwen3_vl_moe", "tie_word_embeddings": False, "video_token_id": 151656,
+                    "vision_end_token_id": 151653, "vision_start_token_id": 151652,
+                    "text_config": {"attention_bias": False, "bos_token_id": 151643, "decoder_sparse_step": 1,
+                                    "dtype": "bfloat16", "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+                                    "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 262144,
+                                    "mlp_only_layers": [], "model_type": "qwen3_vl_moe_text",
+                                    "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32,
+                                    "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+                                    "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+                                    "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20],
+                                                     "rope_type": "default"},
+                                    "rope_theta": 5000000, "vocab_size": 151936}}
 PUBLISHED = {"gemma-3-4b-it": (GEMMA3_4B, "Gemma3Config"), "llava-1.5-7b-hf": (LLAVA_15_7B, "LlavaConfig"),
              "Qwen2.5-VL-7B-Instruct": (QWEN25_VL_7B, "Qwen2_5_VLConfig"),
-             "Mistral-Small-3.1-24B-Instruct-2503": (MISTRAL_SMALL_31, "Mistral3Config")}
+             "Mistral-Small-3.1-24B-Instruct-2503": (MISTRAL_SMALL_31, "Mistral3Config"),
+             "Qwen3-VL-30B-A3B-Instruct": (QWEN3_VL_30B_A3B, "Qwen3VLMoeConfig")}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -146,6 +171,8 @@ def test_published_configs_are_read_as_transformers_reads_them(name):
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "max_position_embeddings", "rms_norm_eps"):
         assert getattr(config, field) == getattr(hf, field), field
+    assert (config.num_experts, config.num_experts_per_tok) == (getattr(hf, "num_experts", 0),
+                                                                getattr(hf, "num_experts_per_tok", 0))
     assert config.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
     layers = hf.num_hidden_layers
     types = getattr(hf, "layer_types", None) or ["full_attention"] * layers
@@ -172,7 +199,7 @@ def test_weights_outside_the_language_model_are_skipped():
              "model.language_model.norm.weight", "model.embed_tokens.weight", "lm_head.weight", "vision_tower.x",
              "model.visual.merger.norm.weight", "visual.blocks.0.attn.qkv.weight", "multi_modal_projector.linear_1.weight",
              "image_newline"]
-    got = [n for n, _ in language_model_weights((n, t) for n in names)]
+    got = [n for n, _ in language_model_weights(((n, t) for n in names), ModelConfig.from_dict(QWEN25_VL_7B))]
     assert got == ["model.layers.0.mlp.up_proj.weight", "lm_head.weight", "model.norm.weight",
                    "model.embed_tokens.weight", "lm_head.weight"]
 
@@ -183,3 +210,18 @@ def test_unsupported_language_models_are_refused_by_type():
         ModelConfig.from_dict(raw)
     with pytest.raises(ModelLoadError, match="text_config must be an object"):
         ModelConfig.from_dict(dict(GEMMA3_4B, text_config=[]))
+
+
+def test_stacked_experts_load_as_published(tmp_path, tiny_model_dir):
+    """Qwen3-VL-MoE's published checkpoints hold each layer's experts as ``x @ w`` operands ([experts, in,
+    out]), transposed from what transformers >= 5 saves: both serve the same model."""
+    model = _save("qwen3-vl-moe", tmp_path, tiny_model_dir)
+    (shard,) = tmp_path.glob("*.safetensors")
+    tensors = load_file(str(shard))
+    stacked = [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert len(stacked) == 2 * COMMON["num_hidden_layers"]
+    for name in stacked:
+        tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    prompts = _prompts(lengths=(5, 30))
+    assert_matches_transformers(model, prompts, _generate(tmp_path, prompts))
