@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API, served by the scheduler process next to its gRPC service.
 
 ``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat template), SSE streaming, ``/v1/models``,
-``/health``, OpenAI's Responses API (``/v1/responses``, services/scheduler/responses_endpoint.py), and vLLM's
+``/health``, OpenAI's Responses API (``/v1/responses``, services/scheduler/responses_endpoint.py), Anthropic's
+Messages API (``/v1/messages``, services/scheduler/anthropic_endpoint.py), and vLLM's
 ``/tokenize`` and ``/detokenize``. Prompts may be text or token ids, one or a list of them (completions); ``n`` choices per
 prompt, choice ``i * n + j`` the j-th of prompt i, each its own request in the mesh (queued all or none);
 ``return_token_ids: true`` adds ``token_ids`` to each choice (vLLM's extension). Errors use OpenAI's shape,
@@ -47,6 +48,7 @@ from services.common.sampling_params import (
 from services.common.step import LoraRef
 from services.common.version import VERSION
 from services.scheduler.admission import check_cache_salt
+from services.scheduler.anthropic_endpoint import MessagesEndpoint
 from services.scheduler.chat_template import (
     load_template,
     sorted_keys,
@@ -80,6 +82,7 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
     ``structured_in_reasoning``; ``lora_updating`` serves the endpoints that load and unload LoRA adapters."""
     api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning)
     responses = ResponsesEndpoint(api, tasks)
+    messages = MessagesEndpoint(api)
     routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/version", api.version, methods=["GET"]),
@@ -90,6 +93,8 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
         Route("/v1/responses/{response_id}", responses.stored, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/cancel", responses.cancel, methods=["POST"]),
         Route("/v1/responses/{response_id}/input_items", responses.input_items, methods=["GET"]),
+        Route("/v1/messages", messages.create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
     ]
@@ -232,6 +237,11 @@ class OpenAIApi:
         except SeawallError as exc:
             return error_response(exc)
         return JSONResponse({"prompt": self.frontend.tokenizer.decode(tokens, skip_special_tokens=False)})
+
+    def chat_prompt(self, body: dict) -> list[int]:
+        """A chat body's messages (and tools) rendered by the chat template, as the token ids the model sees."""
+        self._check_model(body)
+        return self._render_chat(body, _template_kwargs(body))
 
     def _check_model(self, body: dict) -> LoraRef | None:
         """The LoRA adapter the body's ``model`` names, or None for the base model (its served name or its
