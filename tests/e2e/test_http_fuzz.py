@@ -1,4 +1,4 @@
-"""Malformed bodies against every endpoint of the OpenAI API: each gets an answer below 500, in time, and the mesh
+"""Malformed bodies against every endpoint of the HTTP API (OpenAI's and Anthropic's): each gets an answer below 500, in time, and the mesh
 keeps serving. Every field of a valid body is replaced, one at a time, by each of a set of values of the wrong
 type or out of range (huge integers, NaN, empty lists...); then random bodies get one to three such changes.
 
@@ -41,6 +41,12 @@ BODIES = {
                       "background": False, "tools": [{"type": "function", "name": "f", "parameters": {}}],
                       "text": {"format": {"type": "text"}}, "include": [], "previous_response_id": None,
                       "reasoning": {"effort": "low"}, "stream": False, "metadata": {"a": "b"}},
+    "/v1/messages": {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "max_tokens": 3,
+                     "system": "be brief", "temperature": 0, "stop_sequences": ["x"], "stream": False,
+                     "tools": [{"name": "f", "input_schema": {"type": "object", "properties": {}}}],
+                     "tool_choice": {"type": "any"}, "thinking": {"type": "disabled"},
+                     "output_config": {"effort": "low"}, "metadata": {"user_id": "u"}, "top_k": 5, "model": None},
+    "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "Hi"}], "system": "be brief"},
     "/tokenize": {"prompt": "Hello", "add_special_tokens": True},
     "/detokenize": {"tokens": [5, 6, 7]},
 }
