@@ -14,7 +14,8 @@ The step's tokens are flattened: ``[T, heads, head_dim]``. Every token's K/V is 
 
 In a sliding-window layer (Mistral, Phi-3, Gemma's local layers, Qwen2/3 with a window) a query at position p sees
 keys ``(p - window, p]`` only: the same groups with a window mask, or the kernels told the window, which then
-skip the blocks before it. GPT-OSS's attention sinks add one term per head to each softmax's denominator.
+skip the blocks before it. Llama 4's chunked layers are the same with another mask: a query at p sees keys
+``[p - p % chunk, p]``, those of its own chunk. GPT-OSS's attention sinks add one term per head to each softmax's denominator.
 
 Measured in bench/attention_impl.py: ``index_select`` on the flattened block rows gathers ~5x faster than
 advanced indexing of the strided per-layer view, and length buckets beat padding every decode to the
@@ -105,8 +106,11 @@ class AttentionBatch:
     chunk_rows: ChunkRows | None = None  # instead of ``fresh`` and ``prefixed`` when ``kernels`` is set
     kernels: CpuKernels | None = None
     # Sliding-window attention: the keys a query sees in a sliding layer (itself and the window - 1 before
-    # it, as transformers masks them); the groups' window masks are built only when this is set.
+    # it, as transformers masks them); the groups' window masks are built only when this is set. Or Llama 4's
+    # chunked attention (never both in one model): a query at p sees keys [p - p % chunk, p], and the groups'
+    # window masks hold that.
     window: int | None = None
+    chunk: int | None = None
     # Gemma 2: scores become softcap * tanh(score / softcap) before the softmax (None: not capped).
     softcap: float | None = None
 
@@ -122,21 +126,22 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``.
-    ``sliding``: this layer attends within ``batch.window`` only (a no-op when the batch has no window).
+    ``sliding``: this layer attends within ``batch.window`` or ``batch.chunk`` only (a no-op when the batch has
+    neither).
     ``sinks`` ``[Hq]`` (GPT-OSS): each head's softmax has one more logit, its sink, that weighs no value, so a
     head can attend to nothing."""
     out = torch.empty_like(q)
-    windowed = sliding and batch.window is not None
+    windowed = sliding and (batch.window is not None or batch.chunk is not None)
     if batch.kernels is not None:
-        window = batch.window if windowed else None
+        window, chunk = (batch.window, batch.chunk) if windowed else (None, None)
         batch.kernels.kv_write(k_cache, v_cache, k, v, batch.slot_blocks, batch.slot_offsets)
         if (d := batch.decode_rows) is not None:
             span = slice(d.token_start, d.token_start + d.size)
             batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens, window,
-                                       batch.softcap, sinks)
+                                       batch.softcap, sinks, chunk)
         if (c := batch.chunk_rows) is not None:
             batch.kernels.paged_prefill(out, q, k_cache, v_cache, c.token_starts, c.lens, c.prefix, c.block_tables,
-                                        window, batch.softcap, sinks)
+                                        window, batch.softcap, sinks, chunk)
     else:
         k_cache[batch.slot_blocks, batch.slot_offsets] = k
         v_cache[batch.slot_blocks, batch.slot_offsets] = v

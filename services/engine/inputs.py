@@ -87,11 +87,13 @@ class StepInputs:
 def prepare_inputs(
     scheduled: list[tuple[SequenceState, int]], block_size: int, device: torch.device,
     kernels: CpuKernels | None = None, window: int | None = None, softcap: float | None = None,
+    chunk: int | None = None,
 ) -> StepInputs:
     """``scheduled``: (sequence, number of tokens to run); with ``kernels``, attention runs the fused CPU
     kernels: the decodes form one ``DecodeRows``, the prompt chunks one ``ChunkRows``. ``window``: the
     model's sliding window (its sliding layers' masks are built too); ``softcap``: its attention soft-cap
-    (Gemma 2). Raises ``ValueError`` on an inconsistent plan."""
+    (Gemma 2); ``chunk``: its attention chunk (Llama 4; its chunked layers' masks are built, as the window's).
+    Raises ``ValueError`` on an inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
     decodes = _decode_order([s for s, n in scheduled if n == 1], kernels is not None)
@@ -130,12 +132,13 @@ def prepare_inputs(
     # One tensor for the four per-token rows (each conversion from Python lists has a fixed cost).
     flat = _t2d([ids, positions, slot_blocks, [p % block_size for p in positions]], device)
     input_ids, positions_t = flat[0], flat[1]
-    attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window, softcap=softcap)
+    attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window, softcap=softcap, chunk=chunk)
     lora = lora_batch([(seq.lora, n) for seq, n in ordered], device)
+    span = _Span(window, chunk)
     if kernels is None:
         offset = 0
         for bucket in _decode_buckets(decodes, block_size):
-            attention.decodes.append(_decode_group(bucket, offset, block_size, device, window))
+            attention.decodes.append(_decode_group(bucket, offset, block_size, device, span))
             offset += len(bucket)
     elif decodes:
         attention.decode_rows = _decode_rows(decodes, positions_t[: len(decodes)], block_size, device)
@@ -145,15 +148,22 @@ def prepare_inputs(
             attention.chunk_rows = _chunk_rows(fresh + prefixed, offset, block_size, device)
         return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified,
                       lora)
-    for length, group in groupby(fresh, key=lambda sn: sn[1]):
-        count = len(list(group))
-        attention.fresh.append(FreshChunks(offset, count, length, _causal_window(length, length, window, device)))
-        offset += count * length
-    for seq, n in prefixed:
-        attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device, window))
-        offset += n
+    _chunk_groups(attention, fresh, prefixed, offset, block_size, device, span)
     return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified,
                       lora)
+
+
+def _chunk_groups(attention: AttentionBatch, fresh: list[tuple[SequenceState, int]],
+                  prefixed: list[tuple[SequenceState, int]], offset: int, block_size: int, device,
+                  span: _Span) -> None:
+    """The prompt chunks' groups for the torch path: fresh ones by length, then each one after a prefix."""
+    for length, group in groupby(fresh, key=lambda sn: sn[1]):
+        count = len(list(group))
+        attention.fresh.append(FreshChunks(offset, count, length, _causal_window(length, length, span, device)))
+        offset += count * length
+    for seq, n in prefixed:
+        attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device, span))
+        offset += n
 
 
 def _decode_order(decodes: list[SequenceState], any_order: bool) -> list[SequenceState]:
@@ -189,16 +199,15 @@ def _decode_buckets(decodes: list[SequenceState], block_size: int) -> list[list[
     return buckets
 
 
-def _decode_group(seqs: list[SequenceState], token_start: int, block_size: int, device,
-                  window: int | None) -> DecodeGroup:
+def _decode_group(seqs: list[SequenceState], token_start: int, block_size: int, device, span: _Span) -> DecodeGroup:
     context_lens = [s.num_computed + 1 for s in seqs]
     max_blocks = -(-max(context_lens) // block_size)
     tables = [(s.block_ids + [0] * max_blocks)[:max_blocks] for s in seqs]
     keys = torch.arange(max_blocks * block_size, device=device)[None, :]
     ends = _t(context_lens, device)[:, None]
     mask = keys < ends
-    cut = window is not None and max(context_lens) > window
-    window_mask = (mask & (keys >= ends - window))[:, None, None, :] if cut else None
+    cut = span.cuts(max(context_lens))
+    window_mask = (mask & (keys >= span.first_key(ends - 1)))[:, None, None, :] if cut else None
     return DecodeGroup(token_start, len(seqs), _t2d(tables, device), mask[:, None, None, :], window_mask)
 
 
@@ -220,24 +229,45 @@ def _chunk_rows(chunks: list[tuple[SequenceState, int]], offset: int, block_size
     return ChunkRows(_t(starts, device), _t(lens, device), _t(prefix, device), _t2d(tables, device))
 
 
-def _prefix_chunk(seq: SequenceState, n: int, token_start: int, block_size: int, device,
-                  window: int | None) -> PrefixChunk:
+def _prefix_chunk(seq: SequenceState, n: int, token_start: int, block_size: int, device, span: _Span) -> PrefixChunk:
     start = seq.num_computed
     context = start + n
     table = _t(seq.block_ids[: -(-context // block_size)], device)
     q = torch.arange(n, device=device)[:, None]
     k = torch.arange(context, device=device)[None, :]
-    return PrefixChunk(token_start, n, context, table, k <= start + q, _causal_window(n, context, window, device))
+    return PrefixChunk(token_start, n, context, table, k <= start + q, _causal_window(n, context, span, device))
 
 
-def _causal_window(queries: int, keys: int, window: int | None, device) -> torch.Tensor | None:
-    """``[queries, keys]``: the last ``queries`` of ``keys`` positions, each seeing itself and the ``window - 1``
-    keys before it; None without a window or where it cuts nothing off (causal attention is the same)."""
-    if window is None or keys <= window:
+def _causal_window(queries: int, keys: int, span: _Span, device) -> torch.Tensor | None:
+    """``[queries, keys]``: the last ``queries`` of ``keys`` positions, each seeing itself and the keys before
+    it inside its window or chunk; None without either or where it cuts nothing off (causal attention is the
+    same)."""
+    if not span.cuts(keys):
         return None
     q = torch.arange(keys - queries, keys, device=device)[:, None]
     k = torch.arange(keys, device=device)[None, :]
-    return (k <= q) & (k > q - window)
+    return (k <= q) & (k >= span.first_key(q))
+
+
+@dataclass(frozen=True)
+class _Span:
+    """What a query in a sliding or chunked layer sees: the last ``window`` keys up to itself (sliding-window
+    attention), or those of its own chunk of ``chunk`` positions (Llama 4's chunked attention)."""
+
+    window: int | None
+    chunk: int | None
+
+    def first_key(self, position: torch.Tensor) -> torch.Tensor:
+        """The first key a query at ``position`` sees."""
+        if self.window is not None:
+            return position - self.window + 1
+        assert self.chunk is not None
+        return position - position % self.chunk
+
+    def cuts(self, keys: int) -> bool:
+        """Whether a sequence of ``keys`` positions has a query that does not see every key before it."""
+        limit = self.window if self.window is not None else self.chunk
+        return limit is not None and keys > limit
 
 
 def _t(values, device) -> torch.Tensor:

@@ -14,6 +14,8 @@ from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
 from services.engine.int_packed import dequantize_packed
+from services.engine.llama4 import ARCH as LLAMA4
+from services.engine.llama4 import llama4_weights
 from services.engine.model import LlamaForCausalLM
 from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
@@ -69,6 +71,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         weights = pair_packed(weights)
     if config.architecture == "GptOssForCausalLM":
         weights = gpt_oss_weights(weights)
+    if config.architecture == LLAMA4:
+        weights = llama4_weights(weights)
     if config.rope_interleaved:
         weights = ((name, deinterleave_rope(name, tensor, config)) for name, tensor in weights)
     try:

@@ -91,7 +91,10 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
-        self.sliding = config.slides(layer)
+        self.sliding = config.attends_locally(layer)
+        # Llama 4: RoPE layers L2-norm q and k after rotating them; NoPE layers scale q with position.
+        self.l2_norm_eps = config.rms_norm_eps if config.qk_l2_norm and layer not in config.nope_layers else None
+        self.temperature = config.nope_temperature if layer in config.nope_layers else None
         self.q_size = config.num_attention_heads * config.head_dim
         self.kv_size = config.num_key_value_heads * config.head_dim
         self.heads, self.kv_heads, self.head_dim = (
@@ -111,7 +114,9 @@ class Attention(nn.Module):
         # Attention scales scores by head_dim ** -0.5; another scale (Gemma's) is folded into q.
         self.q_scale = config.attn_scale * config.head_dim**0.5 if config.attn_scale is not None else None
 
-    def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None) -> torch.Tensor:
+    def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions`` (the tokens', ``[T]``) are read by Llama 4's NoPE layers only."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         if lora is not None:
@@ -127,7 +132,11 @@ class Attention(nn.Module):
                                 self.q_norm.scale_in_fp32)
         if cos is not None:  # None: a layer without positions (SmolLM3's NoPE layers)
             qk = RotaryEmbedding.apply(qk, cos, sin)
+        if self.l2_norm_eps is not None:
+            qk = l2_norm(qk, self.l2_norm_eps)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
+        if self.temperature is not None:
+            q = (q * attention_temperature(positions, *self.temperature)).to(q.dtype)
         if self.q_scale is not None:
             q = q * self.q_scale
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
@@ -135,6 +144,18 @@ class Attention(nn.Module):
         o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks).reshape(t, self.q_size)
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Each head of ``x`` over its root mean square, without a weight (Llama 4's q/k norm), in fp32 and cast back."""
+    h = x.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def attention_temperature(positions: torch.Tensor, floor_scale: float, attn_scale: float) -> torch.Tensor:
+    """Llama 4's query scale in its NoPE layers, ``[T, 1, 1]`` fp32: grows with the log of position in steps of
+    ``floor_scale``, so that attention over a long context stays sharp."""
+    return (torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None, None]
 
 
 class MLP(nn.Module):
@@ -187,17 +208,19 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
 
-    def forward(self, x, residual, cos, sin, batch: AttentionBatch, kv,
-                lora: LoraBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, residual, cos, sin, batch: AttentionBatch, kv, lora: LoraBatch | None = None,
+                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` is the previous block's output, ``residual`` the stream before it (None for the first layer);
-        returns the same pair for the next layer, so each residual add rides along with the next norm."""
+        returns the same pair for the next layer, so each residual add rides along with the next norm.
+        ``positions``: the tokens', for attention that reads them (Llama 4's NoPE layers)."""
         if not self.pre_norms:  # OLMo 2, EXAONE 4: sublayers read the stream as it is, their outputs are normed
             residual = x if residual is None else x + residual
             residual = residual + self.post_attention_layernorm._norm(self.self_attn(residual, cos, sin, batch, kv,
                                                                                     lora))
             return self.post_feedforward_layernorm._norm(self.mlp(residual, lora)), residual
         h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, cos, sin, batch, kv, lora)
+        h = self.self_attn(h, cos, sin, batch, kv, lora) if positions is None else self.self_attn(
+            h, cos, sin, batch, kv, lora, positions)
         if self.sandwich:  # the attention's output is normed before it joins the stream, the MLP's too
             h, _ = self.post_attention_layernorm(h)
             h, residual = self.pre_feedforward_layernorm(h, residual)
@@ -254,7 +277,7 @@ class LlamaForCausalLM(nn.Module):
         residual = None
         for i, layer in enumerate(self.model.layers):
             cos, sin = (None, None) if i in c.nope_layers else local if c.slides(i) else rope
-            x, residual = layer(x, residual, cos, sin, batch, kv, lora)
+            x, residual = layer(x, residual, cos, sin, batch, kv, lora, positions if c.nope_temperature else None)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
         logits = self.lm_head(x)
         if c.logits_divisor != 1.0:  # Granite
@@ -291,7 +314,7 @@ class LlamaForCausalLM(nn.Module):
             v = qkv[:, q_size + kv_size :].view(t, c.num_key_value_heads, d)
             k_cache, v_cache = kv.layer(i)
             o = paged_attention(qk[:, : c.num_attention_heads], qk[:, c.num_attention_heads :], v, k_cache, v_cache,
-                                batch, c.slides(i))
+                                batch, c.attends_locally(i))
             o = o.view(t, q_size)
             out = F.linear(o, w.o)
             h = kernels.add_rms_norm(out if lora is None else lora.add(out, o, i, "o"), residual, w.post_norm, eps)

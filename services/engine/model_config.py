@@ -31,6 +31,8 @@ from typing import Any
 
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.lora import ModelShape
+from services.engine.llama4 import ARCH as LLAMA4
+from services.engine.llama4 import llama4_fields, llama4_nope_layers
 from services.engine.mla_config import check_mla, mla_fields
 from services.engine.moe_config import MOE_DEFAULTS, check_moe, moe_fields
 from services.engine.quant_config import quant_fields
@@ -43,14 +45,14 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
                            "Dots1ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM",
                            "Olmo3ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
-                           "ArceeForCausalLM")
+                           "ArceeForCausalLM", "Llama4ForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
 _GPT_OSS = ("GptOssForCausalLM",)
 _GRANITES = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")  # the multipliers
 # transformers' RoPE bases where config.json leaves them out, when not 10000.
-_DEFAULT_THETA = {"Gemma3ForCausalLM": 1e6, "Olmo3ForCausalLM": 500000.0}
+_DEFAULT_THETA = {"Gemma3ForCausalLM": 1e6, "Olmo3ForCausalLM": 500000.0, "Llama4ForCausalLM": 500000.0}
 _PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                  "original_max_position_embeddings": 4096}
@@ -142,7 +144,8 @@ class ModelConfig:
     # moe_topk_groups best of moe_groups groups of experts; weighed by their scores, renormalized with
     # norm_topk_prob, times routed_scaling_factor), "group_softmax" (DeepSeek-V2: a softmax over fp32 logits
     # of an fp32 router; the top k within the moe_topk_groups groups whose best score is highest; weighed by
-    # their scores times routed_scaling_factor, not renormalized).
+    # their scores times routed_scaling_factor, not renormalized), "sigmoid_input" (Llama 4: the top k logits'
+    # sigmoids scale each token going into its experts, whose outputs then add unweighted).
     moe_routing: str = "softmax"
     moe_groups: int = 1
     moe_topk_groups: int = 1
@@ -159,8 +162,16 @@ class ModelConfig:
     moe_biases: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
-    # Layers whose attention uses no positions (no RoPE; SmolLM3's every fourth layer).
+    # Layers whose attention uses no positions (no RoPE; SmolLM3's and Llama 4's every fourth layer).
     nope_layers: tuple[int, ...] = ()
+    # Llama 4 (llama4.py): layers that attend within chunks of attention_chunk positions (a query sees the keys
+    # from its chunk's start), q and k L2-normed per head after RoPE in RoPE layers, and the NoPE layers'
+    # queries scaled by 1 + attn_scale * log(1 + floor((p + 1) / floor_scale)) (nope_temperature: (floor_scale,
+    # attn_scale); None: not scaled).
+    attention_chunk: int | None = None
+    chunked_layers: tuple[int, ...] = ()
+    qk_l2_norm: bool = False
+    nope_temperature: tuple[float, float] | None = None
     # Multi-head latent attention (DeepSeek-V3, Kimi K2; mla.py), when kv_lora_rank > 0: the KV cache holds one
     # latent per token (kv_lora_rank features, then qk_rope_head_dim rotated ones: head_dim, one KV head);
     # queries go through a q_lora_rank bottleneck (None: one projection); each head's key has
@@ -272,6 +283,10 @@ class ModelConfig:
         """Whether ``layer`` attends within ``sliding_window`` only."""
         return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
 
+    def attends_locally(self, layer: int) -> bool:
+        """Whether ``layer`` attends within a sliding window or an attention chunk (not to every earlier key)."""
+        return self.slides(layer) or layer in self.chunked_layers
+
     def is_moe(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is a mixture of experts."""
         return layer in self.moe_layers
@@ -289,7 +304,8 @@ class ModelConfig:
                 and not self.sandwich_norms and self.pre_norms and self.attn_scale is None and self.local_rope_theta is None
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
                 and not self.o_proj_bias and not self.attention_sinks and not self.moe_biases
-                and self.swiglu_limit is None and not self.mla)
+                and self.swiglu_limit is None and not self.mla and not self.qk_l2_norm
+                and self.nope_temperature is None)
 
     @property
     def norm_scale_in_fp32(self) -> bool:
@@ -355,13 +371,14 @@ class ModelConfig:
             return cls(
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=int(raw["hidden_size"]),
-                intermediate_size=int(raw["intermediate_size"]),
+                intermediate_size=int(raw.get("intermediate_size_mlp", 16384) if arch == LLAMA4
+                                      else raw["intermediate_size"]),  # Llama 4's dense layers
                 num_hidden_layers=int(raw["num_hidden_layers"]),
                 num_attention_heads=heads,
                 num_key_value_heads=latent.pop("num_key_value_heads", int(raw.get("num_key_value_heads") or heads)),
                 head_dim=latent.pop("head_dim", head_dim),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5 if arch == LLAMA4 else 1e-6)),
                 rope_theta=float(rope_theta or _DEFAULT_THETA.get(arch, 10000.0)),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 partial_rotary_factor=partial,
@@ -369,7 +386,7 @@ class ModelConfig:
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
                                     else raw.get("attention_bias", arch in ("Qwen2ForCausalLM", "Glm4ForCausalLM",
                                                                             "SeedOssForCausalLM", *_GPT_OSS))),
-                o_proj_bias=gpt_oss and bool(raw.get("attention_bias", True)),
+                o_proj_bias=(gpt_oss or arch == LLAMA4) and bool(raw.get("attention_bias", gpt_oss)),
                 attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
                                  "Dots1ForCausalLM", *_WHOLE_QK_NORM)
@@ -391,7 +408,7 @@ class ModelConfig:
                 norm_unit_offset=gemma,
                 sandwich_norms=gemma or arch == "Glm4ForCausalLM",
                 # GLM-4 rotates interleaved pairs of features: the loader reorders its q/k rows (rope.py).
-                rope_interleaved=latent.pop("rope_interleaved", arch == "Glm4ForCausalLM"),
+                rope_interleaved=latent.pop("rope_interleaved", arch in ("Glm4ForCausalLM", LLAMA4)),
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma
                 else float(raw.get("attention_multiplier", 1.0)) if granite else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3
@@ -399,6 +416,7 @@ class ModelConfig:
                 **moe_fields(raw, arch, int(raw["num_hidden_layers"])),
                 **latent,
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
+                **(llama4_fields(raw, int(raw["num_hidden_layers"])) if arch == LLAMA4 else {}),
                 mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
                 **quant_fields(raw.get("quantization_config")),
                 bos_token_id=raw.get("bos_token_id"),
@@ -520,6 +538,8 @@ def _nope_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]
             return ()
         local = _sliding_layers(raw, arch, layers)
         return tuple(i for i in range(layers) if i not in local)
+    if arch == LLAMA4:
+        return llama4_nope_layers(raw, layers)
     if arch != "SmolLM3ForCausalLM":
         return ()
     flags = raw.get("no_rope_layers")

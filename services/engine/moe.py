@@ -9,7 +9,8 @@ them. Qwen2-MoE adds a shared expert every token passes, scaled by a sigmoid gat
 router has a bias and takes the softmax of the top-k logits instead; its experts have biases and a clamped
 SwiGLU (``ClampedSwiGLU``). GLM-4.5 routes as DeepSeek-V3 does (``_sigmoid_routing``), its router in fp32 in
 any dtype, and adds an ungated shared expert; DeepSeek-V2 routes by softmax within groups
-(``_group_softmax_routing``), its router in fp32 too.
+(``_group_softmax_routing``), its router in fp32 too. Llama 4 scales each token by the sigmoid of its chosen
+expert's logit on the way into the expert rather than weighing the output (``sigmoid_input``).
 
 The experts' weights are stacked as transformers >= 5 holds them: ``experts.gate_up_proj`` ``[E, 2I, H]``
 (each expert's gate then up rows) and ``experts.down_proj`` ``[E, H, I]``; ``copy_expert`` copies a
@@ -88,6 +89,9 @@ class SparseMoE(nn.Module):
             weights, chosen = self._sigmoid_routing(x)
         elif self.routing == "group_softmax":
             weights, chosen = self._group_softmax_routing(x)
+        elif self.routing == "sigmoid_input":  # Llama 4: the chosen logits' sigmoids, applied to the inputs below
+            top, chosen = torch.topk(F.linear(x, self.gate.weight), self.top_k, dim=-1)
+            weights = torch.sigmoid(top.float()).to(x.dtype)
         elif self.routing == "topk_softmax":  # as transformers computes it: GPT-OSS's in the model's dtype
             top, chosen = torch.topk(F.linear(x, self.gate.weight, self.gate.bias), self.top_k, dim=-1)
             weights = (torch.softmax(top.float(), dim=-1).to(x.dtype) if self.router_fp32
@@ -108,6 +112,9 @@ class SparseMoE(nn.Module):
         tokens = order // self.top_k
         offsets = torch.bincount(flat, minlength=self.experts.gate_up_proj.shape[0]).cumsum(0).to(torch.int32)
         rows = x[tokens]
+        scaled_inputs = self.routing == "sigmoid_input"
+        if scaled_inputs:  # a token goes into its expert scaled, and the expert's output adds as it is
+            rows = rows * weights.flatten()[order, None]
         experts = self.experts
         gate_up = grouped_mm(rows, experts.gate_up_proj.transpose(1, 2), offsets)
         if experts.gate_up_proj_bias is not None:  # each row plus its expert's biases
@@ -118,7 +125,7 @@ class SparseMoE(nn.Module):
             h += experts.down_proj_bias.index_select(0, expert_of_row)
         out = torch.zeros_like(x)
         # index_add_ sums each token's rows in their order, experts ascending, as transformers adds them.
-        out.index_add_(0, tokens, (h * weights.flatten()[order, None]).to(out.dtype))
+        out.index_add_(0, tokens, (h if scaled_inputs else h * weights.flatten()[order, None]).to(out.dtype))
         if self.shared_expert is not None:
             shared = self.shared_expert(x, None)
             if self.shared_expert_gate is not None:

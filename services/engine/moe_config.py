@@ -1,5 +1,5 @@
 """The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, GLM-4.5,
-dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3), read as
+dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3, Llama 4), read as
 transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (6
                 "GptOssForCausalLM": (128, 4, None, 0), "Glm4MoeForCausalLM": (128, 8, 1408, 0),
                 "GraniteMoeForCausalLM": (8, 2, None, 0), "GraniteMoeSharedForCausalLM": (8, 2, None, 0),
                 "Dots1ForCausalLM": (128, 6, 1408, 0), "MiniMaxM2ForCausalLM": (256, 8, None, 0),
-                "DeepseekV2ForCausalLM": (64, 0, 1407, 0), "DeepseekV3ForCausalLM": (256, 8, 2048, 0)}
+                "DeepseekV2ForCausalLM": (64, 0, 1407, 0), "DeepseekV3ForCausalLM": (256, 8, 2048, 0),
+                "Llama4ForCausalLM": (16, 1, None, 0)}
 # DeepSeek-V3's fields (n_routed_experts, n_shared_experts, first_k_dense_replace, n_group, ...), and the
 # defaults transformers gives them per architecture: norm_topk_prob, first_k_dense_replace, n_shared_experts.
 _DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0),
                    "DeepseekV2ForCausalLM": (False, 0, 2), "DeepseekV3ForCausalLM": (True, 3, 1)}
-MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "group_softmax")
+MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "group_softmax", "sigmoid_input")
 
 
 def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
@@ -35,10 +36,20 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     and dots.llm1 route from layer ``first_k_dense_replace`` on, by sigmoid scores within groups (DeepSeek-V3's
     routing), beside ``n_shared_experts`` shared experts' worth of an ungated shared expert; MiniMax-M2 routes
     in every layer by sigmoid scores, its router in the model's dtype; DeepSeek-V2 as dots.llm1 but by softmax
-    scores (``_deepseek_v2_routing``)."""
+    scores (``_deepseek_v2_routing``); Llama 4 routes in every ``interleave_moe_layer_step``-th layer (or its
+    ``moe_layers``) by the sigmoid of the top-k logits, which scales each token into its experts, beside an
+    ungated shared expert as wide as the experts (``intermediate_size``)."""
     if arch not in MOE_DEFAULTS:
         return {}
     experts, top_k, width, shared = MOE_DEFAULTS[arch]
+    if arch == "Llama4ForCausalLM":
+        width, step, moe = int(raw.get("intermediate_size") or 8192), int(raw.get("interleave_moe_layer_step") or 1), \
+            raw.get("moe_layers")
+        return dict(num_experts=int(raw.get("num_local_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
+                    moe_layers=tuple(moe) if moe is not None else tuple(range(step - 1, layers, step)),
+                    moe_routing="sigmoid_input", router_fp32=False, shared_expert_intermediate_size=width,
+                    shared_expert_gated=False)
     if arch == "MixtralForCausalLM":
         return dict(num_experts=int(raw.get("num_local_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),

@@ -150,7 +150,7 @@ class ModelRunner:
         token, or for a sequence verifying drafts, the drafts kept and the token after them."""
         arch = self.model.config
         inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels, arch.sliding_window,
-                                arch.attn_softcap)
+                                arch.attn_softcap, arch.attention_chunk)
         rows = []
         for sid in inputs.sample_seq_ids:
             seq = self.seqs[sid]

@@ -1,5 +1,5 @@
 """Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Mistral Small 3.x (Mistral3),
-LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE. Text in, text out; the vision tower is not loaded
+LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE and Llama 4. Text in, text out; the vision tower is not loaded
 (the chat API refuses image parts, naming them).
 
 Why this is exact: with no image in the prompt, each of these models runs its language model alone on the
@@ -37,6 +37,7 @@ VISION_LANGUAGE = {
     "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
     "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
     "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
+    "Llama4ForConditionalGeneration": "Llama4ForCausalLM",
 }
 _TEXT_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                      "gemma3_text": "Gemma3ForCausalLM"}
@@ -109,7 +110,8 @@ def language_model_weights(weights: Iterator[tuple[str, torch.Tensor]], config: 
     operands, ``[experts, in, out]``; transformers >= 5 saves them as linear weights, ``[experts, out, in]``:
     either loads, told apart by shape as transformers tells them apart (a square one is taken as saved)."""
     stacked = {"experts.gate_up_proj": (config.num_experts, 2 * config.moe_intermediate_size, config.hidden_size),
-               "experts.down_proj": (config.num_experts, config.hidden_size, config.moe_intermediate_size)}
+               "experts.down_proj": (config.num_experts, config.hidden_size, config.moe_intermediate_size),
+               } if config.vision_language == "Qwen3VLMoeForConditionalGeneration" else {}  # Llama 4's: llama4.py
     for name, tensor in weights:
         linear = next((shape for suffix, shape in stacked.items() if name.endswith(suffix)), None)
         if linear is not None and tuple(tensor.shape) != linear:

@@ -145,6 +145,16 @@ CASES = {
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "mscale": 0.707,
                          "mscale_all_dim": 0.707, "original_max_position_embeddings": 128},
         **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # Llama 4: RoPE (interleaved pairs, llama3 scaling) and chunked attention (chunks of 24 positions) in layers 0
+    # and 2, each q and k L2-normed after it; no RoPE in layers 1 and 3, full attention, queries scaled up with
+    # position (every 16 here); MoE in every other layer, the chosen logits' sigmoids scaling the experts'
+    # inputs, beside a shared expert; dense layers wider.
+    "llama4": lambda: transformers.Llama4TextConfig(
+        head_dim=16, no_rope_layers=[1, 0, 1, 0], attention_chunk_size=24, floor_scale=16, attn_scale=0.5,
+        interleave_moe_layer_step=2, num_local_experts=4, num_experts_per_tok=2, intermediate_size_mlp=96,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 128},
+        **{**COMMON, "num_hidden_layers": 4, "intermediate_size": 32, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -319,7 +329,8 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
 def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoint):
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
-    routed = [hasattr(getattr(layer, "mlp", None) or layer.block_sparse_moe, "experts") for layer in model.model.layers]
+    routed = [hasattr(next(getattr(layer, n) for n in ("mlp", "block_sparse_moe", "feed_forward") if hasattr(layer, n)),
+                      "experts") for layer in model.model.layers]
     assert [config.is_moe(i) for i in range(len(routed))] == routed
     if any(routed):
         names = ("num_experts", "num_local_experts", "n_routed_experts")  # as each architecture names it
@@ -602,3 +613,21 @@ def test_biases_the_engine_does_not_compute_are_refused():
         with pytest.raises(ModelLoadError, match=f"{name} is set; biases on the MLP and the attention output"):
             ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"], **{name: True}))
     assert ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"])).attention_bias
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
+def test_llama4s_chunked_attention_under_other_chunk_sizes_and_a_cached_prefix(tmp_path, tiny_model_dir, cpu_kernels):
+    """Prompt chunks of 5 and 64 tokens against attention chunks of 24 (a step's chunk starting inside one,
+    spanning several), and a request whose prefix is read from the cache: the same tokens as transformers."""
+    model = save_checkpoint(CASES["llama4"](), tmp_path, tiny_model_dir)
+    g = torch.Generator().manual_seed(9)
+    shared = torch.randint(3, 4096, (50,), generator=g).tolist()
+    prompts = [shared + torch.randint(3, 4096, (n,), generator=g).tolist() for n in (3, 61)]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=0)
+    for chunk in (5, 64):
+        engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32", cpu_kernels=cpu_kernels),
+                               SchedulerConfig(chunk_size=chunk))
+        first = engine.generate(prompts[:1], [params])
+        second = engine.generate(prompts[1:], [params])  # its first 48 tokens' blocks are cached by the first
+        assert second[0].num_cached_prompt_tokens >= 48
+        assert_matches_transformers(model, prompts, first + second)

@@ -31,10 +31,12 @@ def _pool(num_blocks, block_size, kv_heads, head_dim, layers=3, seed=0):
     return pool[:, 1, 0], pool[:, 1, 1]  # a middle layer: strided views, as the engine's pool hands out
 
 
-def _reference_decode(q, k_cache, v_cache, tables, lens, window=None):
+def _reference_decode(q, k_cache, v_cache, tables, lens, window=None, chunk=None):
     block_size = k_cache.shape[1]
     keys = torch.arange(tables.shape[1] * block_size)[None, :]
     mask = (keys < lens[:, None]) & (keys >= lens[:, None] - (window or 1 << 30))
+    if chunk is not None:  # the query (at lens - 1) sees its own chunk only
+        mask &= keys >= (lens[:, None] - 1) // chunk * chunk
     mask = mask[:, None, None, :]
     out = F.scaled_dot_product_attention(q.unsqueeze(2), gather(k_cache, tables), gather(v_cache, tables),
                                          attn_mask=mask, enable_gqa=True)
@@ -47,10 +49,12 @@ SHAPES = [(1, 2, 2, 32, 16), (3, 4, 2, 64, 16), (64, 2, 2, 32, 16), (20, 2, 3, 1
           (12, 8, 1, 48, 32), (16, 8, 8, 128, 16)]
 
 
-@pytest.mark.parametrize("window", [None, 1, 17, 40])
+@pytest.mark.parametrize(("window", "chunk"), [(None, None), (1, None), (17, None), (40, None), (None, 1),
+                                               (None, 24), (None, 64)])
 @pytest.mark.parametrize(("rows", "kv_heads", "group", "head_dim", "block_size"), SHAPES)
-def test_paged_decode_matches_gather_and_sdpa(kernels, rows, kv_heads, group, head_dim, block_size, window):
-    """Also with a sliding window: of one token, ending mid-block, spanning block boundaries."""
+def test_paged_decode_matches_gather_and_sdpa(kernels, rows, kv_heads, group, head_dim, block_size, window, chunk):
+    """Also with a sliding window: of one token, ending mid-block, spanning block boundaries; and in chunks
+    (Llama 4's): of one token, starting mid-block, a block multiple."""
     g = torch.Generator().manual_seed(rows * 7 + head_dim)
     k_cache, v_cache = _pool(256, block_size, kv_heads, head_dim)
     # Contexts from one token to a few blocks, with block boundaries; tables are random blocks of the pool.
@@ -62,8 +66,8 @@ def test_paged_decode_matches_gather_and_sdpa(kernels, rows, kv_heads, group, he
     qkv = torch.randn((rows, (kv_heads * group + 2 * kv_heads) * head_dim), generator=g)
     q = qkv[:, : kv_heads * group * head_dim].view(rows, kv_heads * group, head_dim)
     out = torch.full_like(q, float("nan"))
-    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens, window)
-    torch.testing.assert_close(out, _reference_decode(q, k_cache, v_cache, tables, lens, window), atol=2e-6,
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens, window, chunk=chunk)
+    torch.testing.assert_close(out, _reference_decode(q, k_cache, v_cache, tables, lens, window, chunk), atol=2e-6,
                                rtol=1e-5)
 
 
@@ -123,7 +127,7 @@ def test_paged_decode_ignores_padding_blocks_and_large_scores(kernels):
     torch.testing.assert_close(out, _reference_decode(q, clean_k, clean_v, tables, lens), atol=1e-5, rtol=1e-5)
 
 
-def _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables, window=None):
+def _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables, window=None, chunk=None):
     block_size, heads, dim = k_cache.shape[1:]
     out = torch.empty_like(q)
     for c in range(len(lens)):
@@ -133,6 +137,8 @@ def _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables, window=
         values = v_cache[tables[c]].reshape(-1, heads, dim)[:ctx].transpose(0, 1)[None]
         key, query = torch.arange(ctx)[None, :], (p + torch.arange(n))[:, None]
         mask = (key <= query) & (key > query - (window or 1 << 30))
+        if chunk is not None:
+            mask &= key >= query // chunk * chunk
         rows = q[start : start + n].transpose(0, 1)[None]
         out[start : start + n] = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask,
                                                                 enable_gqa=True)[0].transpose(0, 1)
@@ -151,10 +157,13 @@ CHUNK_CASES = [
 ]
 
 
-@pytest.mark.parametrize("window", [None, 1, 30, 100])
+@pytest.mark.parametrize(("window", "chunk"), [(None, None), (1, None), (30, None), (100, None), (None, 1),
+                                               (None, 40), (None, 64), (None, 100)])
 @pytest.mark.parametrize(("kv_heads", "group", "head_dim", "block_size", "chunks"), CHUNK_CASES)
-def test_paged_prefill_matches_gather_and_sdpa(kernels, kv_heads, group, head_dim, block_size, chunks, window):
-    """Also with sliding windows shorter than a key tile, than a chunk, and starting inside a tile."""
+def test_paged_prefill_matches_gather_and_sdpa(kernels, kv_heads, group, head_dim, block_size, chunks, window,
+                                               chunk):
+    """Also with sliding windows shorter than a key tile, than a chunk, and starting inside a tile; and with
+    attention chunks (Llama 4's) of one token, inside a tile, a tile's size, and across tiles."""
     g = torch.Generator().manual_seed(head_dim + len(chunks))
     k_cache, v_cache = _pool(512, block_size, kv_heads, head_dim)
     prefix = torch.tensor([p for p, _ in chunks])
@@ -166,9 +175,9 @@ def test_paged_prefill_matches_gather_and_sdpa(kernels, kv_heads, group, head_di
     qkv = torch.randn((total, (kv_heads * group + 2 * kv_heads) * head_dim), generator=g)
     q = qkv[:, : kv_heads * group * head_dim].view(total, kv_heads * group, head_dim)
     out = torch.full_like(q, float("nan"))
-    kernels.paged_prefill(out, q, k_cache, v_cache, starts, lens, prefix, tables, window)
+    kernels.paged_prefill(out, q, k_cache, v_cache, starts, lens, prefix, tables, window, chunk=chunk)
     assert torch.isnan(out[:5]).all()  # rows outside the chunks are left alone
-    reference = _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables, window)
+    reference = _reference_chunks(q, k_cache, v_cache, starts, lens, prefix, tables, window, chunk)
     torch.testing.assert_close(out[5:], reference[5:], atol=3e-6, rtol=1e-5)
 
 

@@ -60,6 +60,14 @@ CASES = {
         vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0])),
     # Qwen3-VL-MoE: Qwen3-MoE's text model (2 of 8 experts, always renormalized), experts stored stacked.
     "qwen3-vl-moe": lambda: qwen3_vl_moe_config(),
+    # Llama 4 (Scout, Maverick): its chunked attention, NoPE layers and routing (tests/engine/test_architectures.py).
+    "llama4": lambda: transformers.Llama4Config(
+        text_config=dict(head_dim=16, no_rope_layers=[1, 0, 1, 0], attention_chunk_size=24, floor_scale=16,
+                         attn_scale=0.5, interleave_moe_layer_step=2, num_local_experts=4, num_experts_per_tok=1,
+                         intermediate_size_mlp=96, **{**COMMON, "num_hidden_layers": 4, "intermediate_size": 32}),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14, vision_output_dim=32, projector_input_dim=32,
+                           projector_output_dim=32)),
 }
 
 
@@ -93,6 +101,8 @@ def test_language_model_matches_transformers_on_text(name, cpu_kernels, tmp_path
     model = _save(name, tmp_path, tiny_model_dir)
     config = ModelConfig.from_dir(tmp_path)
     assert config.vision_language == model.config.architectures[0]
+    if name == "llama4":  # transformers' text-only generate fails on its output (image_outputs); with no image
+        model = model.language_model  # its forward is its language model's, on the same weights
     prompts = _prompts()
     assert_matches_transformers(model, prompts, _generate(tmp_path, prompts, cpu_kernels))
 
@@ -157,10 +167,27 @@ QWEN3_VL_30B_A3B = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "im
                                     "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20],
                                                      "rope_type": "default"},
                                     "rope_theta": 5000000, "vocab_size": 151936}}
+LLAMA4_SCOUT = {"architectures": ["Llama4ForConditionalGeneration"], "boi_token_index": 200080,
+                "eoi_token_index": 200081, "image_token_index": 200092, "model_type": "llama4",
+                "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                "text_config": {"attention_bias": False, "attention_chunk_size": 8192, "attn_scale": 0.1,
+                                "attn_temperature_tuning": True, "bos_token_id": 200000,
+                                "eos_token_id": [200001, 200007, 200008], "floor_scale": 8192, "head_dim": 128,
+                                "hidden_act": "silu", "hidden_size": 5120, "interleave_moe_layer_step": 1,
+                                "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+                                "max_position_embeddings": 10485760, "model_type": "llama4_text", "no_rope_layers": [],
+                                "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48,
+                                "num_key_value_heads": 8, "num_local_experts": 16, "pad_token_id": 200018,
+                                "rms_norm_eps": 1e-05, "rope_scaling": {
+                                    "factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                                    "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                                "rope_theta": 500000.0, "torch_dtype": "bfloat16", "use_qk_norm": True,
+                                "vocab_size": 202048}}
 PUBLISHED = {"gemma-3-4b-it": (GEMMA3_4B, "Gemma3Config"), "llava-1.5-7b-hf": (LLAVA_15_7B, "LlavaConfig"),
              "Qwen2.5-VL-7B-Instruct": (QWEN25_VL_7B, "Qwen2_5_VLConfig"),
              "Mistral-Small-3.1-24B-Instruct-2503": (MISTRAL_SMALL_31, "Mistral3Config"),
-             "Qwen3-VL-30B-A3B-Instruct": (QWEN3_VL_30B_A3B, "Qwen3VLMoeConfig")}
+             "Qwen3-VL-30B-A3B-Instruct": (QWEN3_VL_30B_A3B, "Qwen3VLMoeConfig"),
+             "Llama-4-Scout-17B-16E-Instruct": (LLAMA4_SCOUT, "Llama4Config")}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -170,9 +197,10 @@ def test_published_configs_are_read_as_transformers_reads_them(name):
     hf = getattr(transformers, config_class)(**raw).get_text_config()
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "max_position_embeddings", "rms_norm_eps"):
-        assert getattr(config, field) == getattr(hf, field), field
-    assert (config.num_experts, config.num_experts_per_tok) == (getattr(hf, "num_experts", 0),
-                                                                getattr(hf, "num_experts_per_tok", 0))
+        if field != "intermediate_size" or hf.model_type != "llama4_text":  # the experts' width there (below)
+            assert getattr(config, field) == getattr(hf, field), field
+    experts = next((getattr(hf, n) for n in ("num_experts", "num_local_experts") if hasattr(hf, n)), 0)
+    assert (config.num_experts, config.num_experts_per_tok) == (experts, getattr(hf, "num_experts_per_tok", 0))
     assert config.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
     layers = hf.num_hidden_layers
     types = getattr(hf, "layer_types", None) or ["full_attention"] * layers
@@ -183,6 +211,21 @@ def test_published_configs_are_read_as_transformers_reads_them(name):
     assert config.rope_theta == params["rope_theta"]
     assert config.rope_type == params["rope_type"]
     assert config.torch_dtype == "bfloat16" if name != "llava-1.5-7b-hf" else config.torch_dtype == "float16"
+
+
+def test_llama4s_layers_are_read_as_transformers_builds_them():
+    """Scout as published: every fourth layer without RoPE and attending to all, the others in chunks; every
+    layer routing; Maverick's shape (every other layer routing, no q/k norm) too."""
+    for raw in (LLAMA4_SCOUT, dict(LLAMA4_SCOUT, text_config={**LLAMA4_SCOUT["text_config"], "use_qk_norm": False,
+                                                             "interleave_moe_layer_step": 2, "num_local_experts": 128})):
+        config, hf = ModelConfig.from_dict(raw), transformers.Llama4Config(**raw).text_config
+        layers = range(hf.num_hidden_layers)
+        assert [i not in config.nope_layers for i in layers] == [bool(f) for f in hf.no_rope_layers]
+        assert [i in config.chunked_layers for i in layers] == [t == "chunked_attention" for t in hf.layer_types]
+        assert list(config.moe_layers) == hf.moe_layers and config.attention_chunk == hf.attention_chunk_size
+        assert config.qk_l2_norm == hf.use_qk_norm and config.nope_temperature == (hf.floor_scale, hf.attn_scale)
+        assert (config.intermediate_size, config.moe_intermediate_size, config.shared_expert_intermediate_size) == (
+            hf.intermediate_size_mlp, hf.intermediate_size, hf.intermediate_size)
 
 
 def test_text_defaults_are_transformers_defaults():

@@ -133,9 +133,18 @@ static inline __attribute__((always_inline)) void attend(
     }
 }
 
+/* The first key a query sees when its keys end (exclusive) at key_end: with window > 0, the last `window`
+ * (sliding-window attention); with chunk > 0, those since the start of its chunk of `chunk` positions (Llama
+ * 4's chunked attention); else all. */
+static inline int64_t first_key_of(int64_t key_end, int window, int chunk) {
+    if (window > 0)
+        return key_end > window ? key_end - window : 0;
+    return chunk > 0 ? (key_end - 1) / chunk * chunk : 0;
+}
+
 /* Decode attention: row i (one query token) attends to the first context_lens[i] tokens of its block table
  * (block_tables[i * table_stride ...]), or with window > 0 to the last `window` of them (sliding-window
- * attention; the blocks before are never read); with softcap > 0 each score is capped first (Gemma 2);
+ * attention), with chunk > 0 to those in its own chunk (first_key_of; the blocks before are never read); with softcap > 0 each score is capped first (Gemma 2);
  * with sinks (one logit per query head, or NULL) each head's softmax has a sink term (GPT-OSS).
  * Queries have kv_heads * group heads of head_dim.
  * A job is one row and all its heads, so each block is read front to back, as one region; with fewer rows
@@ -143,7 +152,7 @@ static inline __attribute__((always_inline)) void attend(
 void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, int64_t q_row_stride,
                           const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                           int kv_heads, int head_dim, int group, int num_rows, const int64_t *block_tables,
-                          int64_t table_stride, const int64_t *context_lens, int window, float scale,
+                          int64_t table_stride, const int64_t *context_lens, int window, int chunk, float scale,
                           float softcap, const float *sinks) {
     const int split = num_rows < 4 * omp_get_max_threads();
     const int heads = split ? 1 : kv_heads, per_row = kv_heads / heads, jobs = num_rows * per_row;
@@ -154,7 +163,7 @@ void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, in
         const float *qi = q + i * q_row_stride + head_offset;
         float *oi = out + i * out_row_stride + head_offset;
         const int64_t *table = block_tables + i * table_stride;
-        const int ctx = (int)context_lens[i], first = window > 0 && ctx > window ? ctx - window : 0;
+        const int ctx = (int)context_lens[i], first = (int)first_key_of(ctx, window, chunk);
         const float *sk = sinks ? sinks + h * group : NULL;
         /* Constant head sizes let the compiler unroll the inner loops into a few vector instructions. */
         switch (head_dim) {
@@ -320,7 +329,7 @@ static inline __attribute__((always_inline)) void weigh_values(float *acc, const
 
 /* Prompt chunks: chunk c's query rows [token_starts[c], + lens[c]) attend causally to the first prefix[c]
  * + i + 1 tokens of its block table: its cached prefix, then itself (its own K/V are already in the pool,
- * so nothing is gathered); with window > 0, the last `window` of those; with softcap > 0, scores capped as
+ * so nothing is gathered); with window > 0 or chunk > 0, those first_key_of leaves; with softcap > 0, scores capped as
  * in the decode; sinks as in the decode. One job is one chunk, one KV head and up to ROW_TILE rows. It
  * walks the keys in tiles of KEY_TILE, copies each tile's K transposed (head_dim x keys) so that a row's
  * scores are vector FMAs across 64 keys, and keeps an online softmax per row and query head; a row's query
@@ -332,7 +341,8 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                            const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                            int kv_heads, int head_dim, int group, int num_chunks, const int64_t *token_starts,
                            const int64_t *lens, const int64_t *prefix, const int64_t *block_tables,
-                           int64_t table_stride, int window, float scale, float softcap, const float *sinks) {
+                           int64_t table_stride, int window, int chunk, float scale, float softcap,
+                           const float *sinks) {
     int64_t tiles_before[num_chunks + 1];
     tiles_before[0] = 0;
     for (int c = 0; c < num_chunks; c++) tiles_before[c + 1] = tiles_before[c] + (lens[c] + ROW_TILE - 1) / ROW_TILE;
@@ -354,8 +364,8 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
         float *acc = calloc((size_t)nq * head_dim, sizeof(float));
         const float *vrow[KEY_TILE];
         for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0.f;
-        /* With a window, row i sees keys [key_end - window, key_end): tiles before row 0's first are skipped. */
-        const int64_t first_key = window > 0 && first_key_end > window ? first_key_end - window : 0;
+        /* Row i sees keys [first_key_of(key_end), key_end): tiles before row 0's first are skipped. */
+        const int64_t first_key = first_key_of(first_key_end, window, chunk);
         for (int64_t ts = first_key / KEY_TILE * KEY_TILE; ts < last_key_end; ts += KEY_TILE) {
             const int n_tile = (int)(last_key_end - ts < KEY_TILE ? last_key_end - ts : KEY_TILE);
             for (int t = 0; t < n_tile; t++) {
@@ -367,10 +377,10 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                 vrow[t] = v_cache + at;
             }
             for (int i = 0; i < rows; i++) {
-                const int64_t key_end = first_key_end + i, key_start = window > 0 && key_end > window ? key_end - window : 0;
+                const int64_t key_end = first_key_end + i, key_start = first_key_of(key_end, window, chunk);
                 if (key_end <= ts || key_start >= ts + n_tile)
                     continue;
-                /* The row's keys in this tile: [skip, n) (skip > 0 only where its window starts inside it). */
+                /* The row's keys in this tile: [skip, n) (skip > 0 only where its window or chunk starts in it). */
                 const int skip = (int)(key_start > ts ? key_start - ts : 0);
                 const int n = (int)(key_end - ts < n_tile ? key_end - ts : n_tile);
                 const float *qi = q + (token_starts[c] + row0 + i) * q_row_stride + (int64_t)h * group * head_dim;
