@@ -56,6 +56,22 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, self.scale_in_fp32)
 
 
+class LayerNorm(RMSNorm):
+    """Cohere's LayerNorm: the mean subtracted, no bias, in fp32 (``layer_norm``); RMSNorm's interface."""
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.weight, self.eps)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm without a bias over the last dimension, as transformers' Cohere computes it: in fp32, the
+    weight applied before the cast back; ``weight`` may hold one row per head (``[heads, dim]``)."""
+    h = x.float()
+    h = h - h.mean(-1, keepdim=True)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * h).to(x.dtype)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale_in_fp32: bool = False) -> torch.Tensor:
     """RMSNorm over the last dimension, as transformers computes it."""
     if x.dtype == torch.float32:  # the fused op is bit-identical to the steps below in fp32, and one op
@@ -105,7 +121,13 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks else None
         self.q_norm = self.k_norm = None
         self.qk_norm_whole = config.qk_norm_whole
-        if config.qk_norm:
+        self.qk_layer_norm = config.qk_norm and config.layer_norm
+        if self.qk_layer_norm:  # Cohere (Command R+): a LayerNorm weight per head
+            self.q_norm = LayerNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = LayerNorm(config.head_dim, config.rms_norm_eps)
+            self.q_norm.weight = nn.Parameter(torch.ones(self.heads, config.head_dim))
+            self.k_norm.weight = nn.Parameter(torch.ones(self.kv_heads, config.head_dim))
+        elif config.qk_norm:
             whole = config.qk_norm_whole
             self.q_norm = RMSNorm(self.q_size if whole else config.head_dim, config.rms_norm_eps,
                                   config.norm_scale_in_fp32)
@@ -127,7 +149,10 @@ class Attention(nn.Module):
                                   self.q_norm.eps, self.q_norm.scale_in_fp32).view(t, -1, self.head_dim)
         else:
             qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
-            if self.q_norm is not None:
+            if self.qk_layer_norm:
+                qk = torch.cat([layer_norm(qk[:, : self.heads], self.q_norm.weight, self.q_norm.eps),
+                                layer_norm(qk[:, self.heads :], self.k_norm.weight, self.k_norm.eps)], dim=1)
+            elif self.q_norm is not None:
                 qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                 self.q_norm.scale_in_fp32)
         if cos is not None:  # None: a layer without positions (SmolLM3's NoPE layers)
@@ -187,7 +212,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         def norm():
-            return RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_scale_in_fp32)
+            return _norm(config, config.hidden_size)
 
         self.pre_norms = config.pre_norms
         if self.pre_norms:
@@ -196,7 +221,9 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = norm()
         # DeepSeek-V2's and -V3's latent attention, or the others' grouped-query attention.
         self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
-        self.post_attention_layernorm = norm()
+        self.parallel = config.parallel_block
+        if not self.parallel:  # Cohere: one norm per layer, which the MLP reads too
+            self.post_attention_layernorm = norm()
         if config.is_moe(layer):
             shared = config.shared_expert_intermediate_size
             self.mlp = SparseMoE(config, MLP(config, layer, shared) if shared else None)
@@ -219,6 +246,8 @@ class DecoderLayer(nn.Module):
                                                                                     lora))
             return self.post_feedforward_layernorm._norm(self.mlp(residual, lora)), residual
         h, residual = self.input_layernorm(x, residual)
+        if self.parallel:  # (stream + attention) + MLP, in transformers' order: the MLP's output is the next x
+            return self.mlp(h, lora), residual + self.self_attn(h, cos, sin, batch, kv, lora)
         h = self.self_attn(h, cos, sin, batch, kv, lora) if positions is None else self.self_attn(
             h, cos, sin, batch, kv, lora, positions)
         if self.sandwich:  # the attention's output is normed before it joins the stream, the MLP's too
@@ -241,7 +270,14 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_scale_in_fp32)
+        self.norm = _norm(config, config.hidden_size)
+
+
+def _norm(config: ModelConfig, size: int) -> RMSNorm:
+    """The model's norm of ``size`` features: an RMSNorm, or Cohere's LayerNorm."""
+    if config.layer_norm:
+        return LayerNorm(size, config.rms_norm_eps)
+    return RMSNorm(size, config.rms_norm_eps, config.norm_scale_in_fp32)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -282,6 +318,8 @@ class LlamaForCausalLM(nn.Module):
         logits = self.lm_head(x)
         if c.logits_divisor != 1.0:  # Granite
             logits = logits / c.logits_divisor
+        if c.logit_scale != 1.0:  # Cohere
+            logits = logits * c.logit_scale
         if c.final_softcap is not None:  # Gemma 2
             logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
         return logits.float()

@@ -15,7 +15,10 @@ norms and a RoPE base of its own for the sliding layers.
 Also: SmolLM3 (layers without RoPE), Granite (scalar multipliers), Seed-OSS (q/k/v biases), GLM-4 (Gemma's
 sandwich norms, RoPE over half of each head in interleaved pairs), OLMo 2 and 3 (norms on
 sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's norm placement, Qwen3's q/k
-norms, local layers with RoPE and global ones without), and mixtures of experts (Mixtral, Qwen2/3-MoE,
+norms, local layers with RoPE and global ones without), Cohere's Command R / R+ and Command R7B / A (LayerNorms,
+attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
+three of every four layers, with RoPE, the fourth global without), Llama 4 (``llama4.py``), and mixtures of
+experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
 a learned sink logit per head in each softmax. FP8 and MXFP4 checkpoints' scaling is read by
 ``quant_config.py``."""
@@ -45,7 +48,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
                            "Dots1ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM",
                            "Olmo3ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
-                           "ArceeForCausalLM", "Llama4ForCausalLM")
+                           "ArceeForCausalLM", "Llama4ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
@@ -57,6 +60,7 @@ _PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                  "original_max_position_embeddings": 4096}
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+_COHERES = ("CohereForCausalLM", "Cohere2ForCausalLM")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "relu2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -96,6 +100,12 @@ class ModelConfig:
     # False: no norms on sublayer inputs, only on their outputs before the residual add (OLMo 2's
     # post_attention_layernorm and post_feedforward_layernorm).
     pre_norms: bool = True
+    # Cohere (Command R, R+, R7B, A): LayerNorms (mean subtracted, no bias, in fp32) where the others have
+    # RMSNorms (its q/k norms, with use_qk_norm, have a weight per head); one norm per layer, whose output both
+    # attention and the MLP read, both adding to the stream (parallel_block); logits times logit_scale.
+    layer_norm: bool = False
+    parallel_block: bool = False
+    logit_scale: float = 1.0
     # Keys a query in a sliding layer sees (itself and window - 1 before it) when the checkpoint turns
     # sliding-window attention on, else None; which layers slide (None with a window: all of them).
     sliding_window: int | None = None
@@ -216,7 +226,7 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config.json: {name} must be >= 1, got {getattr(self, name)}")
         for name in ("embed_scale", "attn_scale", "local_rope_theta", "attn_softcap", "final_softcap",
-                     "residual_scale", "logits_divisor", "swiglu_limit", "routed_scaling_factor"):
+                     "residual_scale", "logits_divisor", "swiglu_limit", "routed_scaling_factor", "logit_scale"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
@@ -305,7 +315,8 @@ class ModelConfig:
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
                 and not self.o_proj_bias and not self.attention_sinks and not self.moe_biases
                 and self.swiglu_limit is None and not self.mla and not self.qk_l2_norm
-                and self.nope_temperature is None)
+                and self.nope_temperature is None and not self.layer_norm and not self.parallel_block
+                and self.logit_scale == 1.0)
 
     @property
     def norm_scale_in_fp32(self) -> bool:
@@ -346,6 +357,7 @@ class ModelConfig:
             rope_theta, rope_scaling, local_theta, params = _rope_fields(raw, arch)
             gemma, gemma3 = arch in _GEMMAS, arch == "Gemma3ForCausalLM"
             granite, gpt_oss = arch in _GRANITES, arch == "GptOssForCausalLM"
+            cohere = arch in _COHERES
             if gemma:
                 _check_gemma(raw, gemma3)
             head_dim = _head_dim(raw, arch, heads)
@@ -378,19 +390,20 @@ class ModelConfig:
                 num_key_value_heads=latent.pop("num_key_value_heads", int(raw.get("num_key_value_heads") or heads)),
                 head_dim=latent.pop("head_dim", head_dim),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5 if arch == LLAMA4 else 1e-6)),
+                rms_norm_eps=float(raw.get("layer_norm_eps", 1e-5) if cohere
+                                   else raw.get("rms_norm_eps", 1e-5 if arch == LLAMA4 else 1e-6)),
                 rope_theta=float(rope_theta or _DEFAULT_THETA.get(arch, 10000.0)),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 partial_rotary_factor=partial,
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma or cohere)),
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
                                     else raw.get("attention_bias", arch in ("Qwen2ForCausalLM", "Glm4ForCausalLM",
                                                                             "SeedOssForCausalLM", *_GPT_OSS))),
-                o_proj_bias=(gpt_oss or arch == LLAMA4) and bool(raw.get("attention_bias", gpt_oss)),
+                o_proj_bias=(gpt_oss or cohere or arch == LLAMA4) and bool(raw.get("attention_bias", gpt_oss)),
                 attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
                                  "Dots1ForCausalLM", *_WHOLE_QK_NORM)
-                or (arch == "Glm4MoeForCausalLM" and bool(raw.get("use_qk_norm"))),
+                or (arch in ("Glm4MoeForCausalLM", "CohereForCausalLM") and bool(raw.get("use_qk_norm"))),
                 qk_norm_whole=arch in _WHOLE_QK_NORM,
                 pre_norms=arch not in _POST_NORMS,
                 attn_softcap=_float_or_none(raw, "attn_logit_softcapping", 50.0) if not gemma3 and gemma else None,
@@ -408,7 +421,7 @@ class ModelConfig:
                 norm_unit_offset=gemma,
                 sandwich_norms=gemma or arch == "Glm4ForCausalLM",
                 # GLM-4 rotates interleaved pairs of features: the loader reorders its q/k rows (rope.py).
-                rope_interleaved=latent.pop("rope_interleaved", arch in ("Glm4ForCausalLM", LLAMA4)),
+                rope_interleaved=latent.pop("rope_interleaved", arch in ("Glm4ForCausalLM", LLAMA4, *_COHERES)),
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma
                 else float(raw.get("attention_multiplier", 1.0)) if granite else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3
@@ -417,6 +430,8 @@ class ModelConfig:
                 **latent,
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
                 **(llama4_fields(raw, int(raw["num_hidden_layers"])) if arch == LLAMA4 else {}),
+                **(dict(layer_norm=True, parallel_block=True, logit_scale=float(raw.get("logit_scale") or 0.0625))
+                   if cohere else {}),
                 mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
                 **quant_fields(raw.get("quantization_config")),
                 bos_token_id=raw.get("bos_token_id"),
@@ -497,7 +512,8 @@ def _rope_type(scaling: dict[str, Any] | None) -> str:
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
     ``use_sliding_window`` (their configs carry a window they leave off); Llama has none."""
-    window = raw.get("sliding_window", 4096 if arch in _GEMMAS else 128 if arch in _GPT_OSS else None)  # transformers'
+    window = raw.get("sliding_window", 4096 if arch in (*_GEMMAS, "Cohere2ForCausalLM") else 128 if arch in _GPT_OSS
+                     else None)  # transformers' defaults
     if arch == "LlamaForCausalLM" or ((arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM")
                                       and not raw.get("use_sliding_window")):
         return None
@@ -518,8 +534,8 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
         if not isinstance(types, list) or len(types) != layers:
             raise ModelLoadError(f"config.json: layer_types must list one type per layer ({layers})")
         return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
-    if arch in (*_GEMMAS, *_GPT_OSS, "Olmo3ForCausalLM"):
-        default = {"Gemma3ForCausalLM": 6, "Olmo3ForCausalLM": 4}.get(arch, 2)
+    if arch in (*_GEMMAS, *_GPT_OSS, "Olmo3ForCausalLM", "Cohere2ForCausalLM"):
+        default = {"Gemma3ForCausalLM": 6, "Olmo3ForCausalLM": 4, "Cohere2ForCausalLM": 4}.get(arch, 2)
         pattern = int(raw.get("sliding_window_pattern", default))
         return tuple(i for i in range(layers) if (i + 1) % pattern)
     if arch == "Exaone4ForCausalLM":  # "LLLG": local, local, local, global, repeated; n: every n-th global
@@ -532,10 +548,11 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
 
 def _nope_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]:
     """Layers without RoPE, as transformers reads them: SmolLM3's ``no_rope_layers`` (1 = RoPE, 0 = none, per
-    layer), else every ``no_rope_layer_interval``-th (default 4); EXAONE 4's global layers when others slide."""
-    if arch == "Exaone4ForCausalLM":
-        if _sliding_window(raw, arch) is None:
-            return ()
+    layer), else every ``no_rope_layer_interval``-th (default 4); EXAONE 4's and Cohere 2's global layers when
+    others slide."""
+    if arch in ("Exaone4ForCausalLM", "Cohere2ForCausalLM"):
+        if _sliding_window(raw, arch) is None:  # Cohere 2 rotates in its sliding layers only: then none
+            return () if arch == "Exaone4ForCausalLM" else tuple(range(layers))
         local = _sliding_layers(raw, arch, layers)
         return tuple(i for i in range(layers) if i not in local)
     if arch == LLAMA4:

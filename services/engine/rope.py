@@ -176,6 +176,11 @@ def deinterleave_rope(name: str, tensor: torch.Tensor, config: ModelConfig) -> t
     for proj, heads in (("q_proj", config.num_attention_heads), ("k_proj", config.num_key_value_heads)):
         if name.endswith((f"self_attn.{proj}.weight", f"self_attn.{proj}.bias")):
             return _deinterleave(tensor, heads, 0, config.rotary_dim)
+    if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")) and not config.qk_norm_whole:
+        # A per-head norm's weight (one row per head, Cohere's, or one for all) scales the features RoPE then
+        # rotates: reordered with them.
+        heads = tensor.shape[0] if tensor.dim() == 2 else 1
+        return _deinterleave(tensor.reshape(-1), heads, 0, config.rotary_dim).reshape(tensor.shape)
     return tensor
 
 

@@ -1,6 +1,6 @@
 """Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Mistral Small 3.x (Mistral3),
-LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE and Llama 4. Text in, text out; the vision tower is not loaded
-(the chat API refuses image parts, naming them).
+LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Llama 4, Aya Vision and Command A Vision.
+Text in, text out; the vision tower is not loaded (the chat API refuses image parts, naming them).
 
 Why this is exact: with no image in the prompt, each of these models runs its language model alone on the
 prompt's token embeddings, causally. Qwen's multimodal RoPE gives a text token the same position in each of
@@ -38,14 +38,17 @@ VISION_LANGUAGE = {
     "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
     "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
     "Llama4ForConditionalGeneration": "Llama4ForCausalLM",
+    "AyaVisionForConditionalGeneration": None,
+    "Cohere2VisionForConditionalGeneration": None,
 }
 _TEXT_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                     "gemma3_text": "Gemma3ForCausalLM"}
+                     "gemma3_text": "Gemma3ForCausalLM", "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM"}
 _QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
             "Qwen3VLMoeForConditionalGeneration")
 # Whose configs tie the output head to the embeddings unless they say otherwise (transformers' defaults; the
 # others tie when their text_config says so, as transformers reads configs saved before v5).
-_TIED_BY_DEFAULT = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration")
+_TIED_BY_DEFAULT = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                    "AyaVisionForConditionalGeneration", "Cohere2VisionForConditionalGeneration")
 # transformers' defaults for the shape fields of each text model type (tests/engine/test_vision_language.py
 # checks them against its config classes).
 _SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -86,6 +89,8 @@ def text_model_config(raw: dict[str, Any]) -> dict[str, Any]:
                                        or (nested or {}).get("tie_word_embeddings"))
     if outer in _QWEN_VL:
         _one_dimensional_rope(text)
+    if outer in ("AyaVisionForConditionalGeneration", "Cohere2VisionForConditionalGeneration"):
+        text["logit_scale"] = 1.0  # transformers' heads of these leave their language model's logit_scale out
     if outer == "Qwen3VLMoeForConditionalGeneration":
         text["norm_topk_prob"] = True  # its router always renormalizes (its config has no such field)
     return {**text, "architectures": [arch], "vision_language": outer}

@@ -145,6 +145,14 @@ CASES = {
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "mscale": 0.707,
                          "mscale_all_dim": 0.707, "original_max_position_embeddings": 128},
         **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # Cohere (Command R): LayerNorms, attention and MLP in parallel on one norm, RoPE in interleaved pairs,
+    # scaled logits, tied embeddings; Command R+'s q/k LayerNorms, a weight per head (rows reordered with
+    # RoPE's); Cohere 2 (Command R7B, A): three of every four layers sliding with RoPE, the fourth without.
+    "cohere": lambda: transformers.CohereConfig(logit_scale=0.3, **{**COMMON, "pad_token_id": 0}),
+    "cohere-qk-norm": lambda: transformers.CohereConfig(use_qk_norm=True, logit_scale=0.3, tie_word_embeddings=False,
+                                                        **{**COMMON, "pad_token_id": 0}),
+    "cohere2": lambda: transformers.Cohere2Config(sliding_window=24, logit_scale=0.3,
+                                                  **{**COMMON, "num_hidden_layers": 4, "pad_token_id": 0}),
     # Llama 4: RoPE (interleaved pairs, llama3 scaling) and chunked attention (chunks of 24 positions) in layers 0
     # and 2, each q and k L2-normed after it; no RoPE in layers 1 and 3, full attention, queries scaled up with
     # position (every 16 here); MoE in every other layer, the chosen logits' sigmoids scaling the experts'
@@ -594,7 +602,7 @@ def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_mode
 
 def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
-    if model.config.model_type == "exaone4":  # global layers take no positions
+    if model.config.model_type in ("exaone4", "cohere2"):  # global layers take no positions
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     else:
         want = tuple(i for i, rope in enumerate(getattr(model.config, "no_rope_layers", None) or [1] * 3) if not rope)

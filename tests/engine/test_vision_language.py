@@ -60,6 +60,11 @@ CASES = {
         vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0])),
     # Qwen3-VL-MoE: Qwen3-MoE's text model (2 of 8 experts, always renormalized), experts stored stacked.
     "qwen3-vl-moe": lambda: qwen3_vl_moe_config(),
+    # Aya Vision: Cohere 2's text model (Command R7B's), tied by default.
+    "aya-vision": lambda: transformers.AyaVisionConfig(
+        text_config=dict(model_type="cohere2", sliding_window=24, logit_scale=0.3,
+                         **{**COMMON, "num_hidden_layers": 4, "pad_token_id": 0}),
+        vision_config=dict(_VISION, model_type="siglip_vision_model"), downsample_factor=1),
     # Llama 4 (Scout, Maverick): its chunked attention, NoPE layers and routing (tests/engine/test_architectures.py).
     "llama4": lambda: transformers.Llama4Config(
         text_config=dict(head_dim=16, no_rope_layers=[1, 0, 1, 0], attention_chunk_size=24, floor_scale=16,
