@@ -1,5 +1,6 @@
 """Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Mistral Small 3.x (Mistral3),
-LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Llama 4, Aya Vision and Command A Vision.
+LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Llama 4, Aya Vision and
+Command A Vision.
 Text in, text out; the vision tower is not loaded (the chat API refuses image parts, naming them).
 
 Why this is exact: with no image in the prompt, each of these models runs its language model alone on the
@@ -38,13 +39,19 @@ VISION_LANGUAGE = {
     "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
     "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
     "Llama4ForConditionalGeneration": "Llama4ForCausalLM",
+    "Glm4vForConditionalGeneration": "Glm4ForCausalLM",
+    "Glm4vMoeForConditionalGeneration": "Glm4MoeForCausalLM",
+    "Glm46VForConditionalGeneration": None,
     "AyaVisionForConditionalGeneration": None,
     "Cohere2VisionForConditionalGeneration": None,
 }
 _TEXT_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                     "gemma3_text": "Gemma3ForCausalLM", "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM"}
-_QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
-            "Qwen3VLMoeForConditionalGeneration")
+                     "gemma3_text": "Gemma3ForCausalLM", "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
+                     "glm4v_text": "Glm4ForCausalLM", "glm4v_moe_text": "Glm4MoeForCausalLM"}
+# Whose language models rotate by multimodal RoPE sections.
+_MROPE = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+          "Qwen3VLMoeForConditionalGeneration", "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration",
+          "Glm46VForConditionalGeneration")
 # Whose configs tie the output head to the embeddings unless they say otherwise (transformers' defaults; the
 # others tie when their text_config says so, as transformers reads configs saved before v5).
 _TIED_BY_DEFAULT = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
@@ -87,7 +94,13 @@ def text_model_config(raw: dict[str, Any]) -> dict[str, Any]:
             text[key] = raw[key]
     text["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", outer in _TIED_BY_DEFAULT)
                                        or (nested or {}).get("tie_word_embeddings"))
-    if outer in _QWEN_VL:
+    if model_type == "glm4v_text" or outer == "Glm4vForConditionalGeneration":
+        # GLM-4.1V's text model: GLM-4's, but heads hidden_size / heads wide and all of each head rotated unless
+        # its config says otherwise (the text architecture's defaults are 128 and a half).
+        params = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        text["head_dim"] = text.get("head_dim") or int(text["hidden_size"]) // int(text["num_attention_heads"])
+        text["partial_rotary_factor"] = text.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0
+    if outer in _MROPE:
         _one_dimensional_rope(text)
     if outer in ("AyaVisionForConditionalGeneration", "Cohere2VisionForConditionalGeneration"):
         text["logit_scale"] = 1.0  # transformers' heads of these leave their language model's logit_scale out
@@ -97,7 +110,7 @@ def text_model_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _one_dimensional_rope(text: dict[str, Any]) -> None:
-    """Drops Qwen's multimodal RoPE sections: equal positions in every section make them plain RoPE (older
+    """Drops Qwen's (and GLM-4.xV's) multimodal RoPE sections: equal positions in every section make them plain RoPE (older
     configs name it as a rope type, "mrope", which transformers reads as the default)."""
     for key in ("rope_scaling", "rope_parameters"):
         params = text.get(key)

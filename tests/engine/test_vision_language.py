@@ -60,6 +60,25 @@ CASES = {
         vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0])),
     # Qwen3-VL-MoE: Qwen3-MoE's text model (2 of 8 experts, always renormalized), experts stored stacked.
     "qwen3-vl-moe": lambda: qwen3_vl_moe_config(),
+    # GLM-4.1V: GLM-4's text model (sandwich norms, q/k/v biases, RoPE over part of each head in interleaved
+    # pairs) with multimodal sections; GLM-4.5V: GLM-4.5's (DeepSeek-V3's routing, half of each head rotated).
+    "glm4v": lambda: transformers.Glm4vConfig(
+        text_config=dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                          "partial_rotary_factor": 0.5}, **COMMON),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)),
+    "glm4v-moe": lambda: transformers.Glm4vMoeConfig(
+        text_config=dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                          "partial_rotary_factor": 0.5},
+                         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                         first_k_dense_replace=1, **COMMON),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)),
+    "glm46v": lambda: transformers.Glm46VConfig(
+        text_config=dict(model_type="glm4v_moe_text", rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5},
+            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+            first_k_dense_replace=1, **COMMON),
+        vision_config=dict(model_type="glm4v_vision", depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                           out_hidden_size=64)),
     # Aya Vision: Cohere 2's text model (Command R7B's), tied by default.
     "aya-vision": lambda: transformers.AyaVisionConfig(
         text_config=dict(model_type="cohere2", sliding_window=24, logit_scale=0.3,
