@@ -17,7 +17,8 @@ sandwich norms, RoPE over half of each head in interleaved pairs), OLMo 2 and 3 
 sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's norm placement, Qwen3's q/k
 norms, local layers with RoPE and global ones without), Cohere's Command R / R+ and Command R7B / A (LayerNorms,
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
-three of every four layers, with RoPE, the fourth global without), Llama 4 (``llama4.py``), and mixtures of
+three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
+pairs), Llama 4 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
 a learned sink logit per head in each softmax. FP8 and MXFP4 checkpoints' scaling is read by
@@ -48,19 +49,22 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Exaone4ForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
                            "Dots1ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM",
                            "Olmo3ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
-                           "ArceeForCausalLM", "Llama4ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM")
+                           "ArceeForCausalLM", "Llama4ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
+                           "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
 _GPT_OSS = ("GptOssForCausalLM",)
 _GRANITES = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")  # the multipliers
 # transformers' RoPE bases where config.json leaves them out, when not 10000.
-_DEFAULT_THETA = {"Gemma3ForCausalLM": 1e6, "Olmo3ForCausalLM": 500000.0, "Llama4ForCausalLM": 500000.0}
+_DEFAULT_THETA = {"Gemma3ForCausalLM": 1e6, "Olmo3ForCausalLM": 500000.0, "Llama4ForCausalLM": 500000.0,
+                  "Ernie4_5ForCausalLM": 500000.0, "Ernie4_5_MoeForCausalLM": 500000.0}
 _PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                  "original_max_position_embeddings": 4096}
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _COHERES = ("CohereForCausalLM", "Cohere2ForCausalLM")
+_ERNIES = ("Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "relu2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -368,7 +372,7 @@ class ModelConfig:
             if raw.get("clip_qkv") is not None:
                 raise ModelLoadError(f"config.json: clip_qkv is {raw['clip_qkv']}; clipping q, k and v is not "
                                      "supported")
-            for name in ("mlp_bias", "attention_out_bias"):
+            for name in ("mlp_bias", "attention_out_bias", "use_bias"):  # use_bias: ERNIE's, on every projection
                 if raw.get(name):
                     raise ModelLoadError(f"config.json: {name} is set; biases on the MLP and the attention output "
                                          "projection are not supported (q/k/v biases are)")
@@ -395,7 +399,7 @@ class ModelConfig:
                 rope_theta=float(rope_theta or _DEFAULT_THETA.get(arch, 10000.0)),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 partial_rotary_factor=partial,
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma or cohere)),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma or cohere or arch in _ERNIES)),
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
                                     else raw.get("attention_bias", arch in ("Qwen2ForCausalLM", "Glm4ForCausalLM",
                                                                             "SeedOssForCausalLM", *_GPT_OSS))),
@@ -421,7 +425,7 @@ class ModelConfig:
                 norm_unit_offset=gemma,
                 sandwich_norms=gemma or arch == "Glm4ForCausalLM",
                 # GLM-4 rotates interleaved pairs of features: the loader reorders its q/k rows (rope.py).
-                rope_interleaved=latent.pop("rope_interleaved", arch in ("Glm4ForCausalLM", LLAMA4, *_COHERES)),
+                rope_interleaved=latent.pop("rope_interleaved", arch in ("Glm4ForCausalLM", LLAMA4, *_COHERES, *_ERNIES)),
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma
                 else float(raw.get("attention_multiplier", 1.0)) if granite else None,
                 local_rope_theta=float(local_theta or 10000.0) if gemma3
@@ -466,7 +470,7 @@ def _olmo3_local_theta(arch: str, rope_scaling: Any, theta: Any) -> float | None
 
 def _head_dim(raw: dict[str, Any], arch: str, heads: int) -> int:
     """``head_dim``, else transformers' default: GPT-OSS's 64, MiniMax-M2's 128, hidden_size / heads."""
-    defaults = {"GptOssForCausalLM": 64, "MiniMaxM2ForCausalLM": 128, "Glm4ForCausalLM": 128}
+    defaults = {"GptOssForCausalLM": 64, "MiniMaxM2ForCausalLM": 128, "Glm4ForCausalLM": 128, "Ernie4_5ForCausalLM": 128}
     return int(raw.get("head_dim") or defaults.get(arch) or int(raw["hidden_size"]) // heads)
 
 

@@ -10,7 +10,8 @@ router has a bias and takes the softmax of the top-k logits instead; its experts
 SwiGLU (``ClampedSwiGLU``). GLM-4.5 routes as DeepSeek-V3 does (``_sigmoid_routing``), its router in fp32 in
 any dtype, and adds an ungated shared expert; DeepSeek-V2 routes by softmax within groups
 (``_group_softmax_routing``), its router in fp32 too. Llama 4 scales each token by the sigmoid of its chosen
-expert's logit on the way into the expert rather than weighing the output (``sigmoid_input``).
+expert's logit on the way into the expert rather than weighing the output (``sigmoid_input``). ERNIE 4.5
+chooses by softmax probability plus a correction bias and weighs by the probability (``softmax_biased``).
 
 The experts' weights are stacked as transformers >= 5 holds them: ``experts.gate_up_proj`` ``[E, 2I, H]``
 (each expert's gate then up rows) and ``experts.down_proj`` ``[E, H, I]``; ``copy_expert`` copies a
@@ -70,7 +71,7 @@ class SparseMoE(nn.Module):
         self.scaling = config.routed_scaling_factor
         self.router_fp32 = config.router_fp32
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)  # the router
-        if self.routing == "sigmoid":  # added to the scores when experts are chosen, not when they are weighed
+        if self.routing in ("sigmoid", "softmax_biased"):  # added to the scores when experts are chosen only
             self.gate.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts))
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size,
                                config.moe_biases)
@@ -89,6 +90,11 @@ class SparseMoE(nn.Module):
             weights, chosen = self._sigmoid_routing(x)
         elif self.routing == "group_softmax":
             weights, chosen = self._group_softmax_routing(x)
+        elif self.routing == "softmax_biased":  # ERNIE 4.5, in fp32: chosen by probability plus bias
+            probs = torch.softmax(F.linear(x.float(), self.gate.weight.float()), dim=-1)
+            chosen = (probs + self.gate.e_score_correction_bias.float()).topk(self.top_k, dim=-1)[1]
+            weights = probs.gather(1, chosen)
+            weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
         elif self.routing == "sigmoid_input":  # Llama 4: the chosen logits' sigmoids, applied to the inputs below
             top, chosen = torch.topk(F.linear(x, self.gate.weight), self.top_k, dim=-1)
             weights = torch.sigmoid(top.float()).to(x.dtype)
@@ -227,5 +233,6 @@ def routers_in_fp32(model: nn.Module) -> None:
     """Sigmoid routers stay fp32 in a low-precision model, as transformers keeps them: a bf16 router would pick
     other experts."""
     for module in model.modules():
-        if isinstance(module, SparseMoE) and module.routing in ("sigmoid", "group_softmax") and module.router_fp32:
+        if isinstance(module, SparseMoE) and module.routing in ("sigmoid", "group_softmax", "softmax_biased") \
+                and module.router_fp32:
             module.gate.float()

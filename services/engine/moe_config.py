@@ -1,5 +1,5 @@
 """The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, GLM-4.5,
-dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3, Llama 4), read as
+dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3, Llama 4, ERNIE 4.5), read as
 transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (6
                 "GraniteMoeForCausalLM": (8, 2, None, 0), "GraniteMoeSharedForCausalLM": (8, 2, None, 0),
                 "Dots1ForCausalLM": (128, 6, 1408, 0), "MiniMaxM2ForCausalLM": (256, 8, None, 0),
                 "DeepseekV2ForCausalLM": (64, 0, 1407, 0), "DeepseekV3ForCausalLM": (256, 8, 2048, 0),
-                "Llama4ForCausalLM": (16, 1, None, 0)}
+                "Llama4ForCausalLM": (16, 1, None, 0), "Ernie4_5_MoeForCausalLM": (64, 6, 1536, 2)}
 # DeepSeek-V3's fields (n_routed_experts, n_shared_experts, first_k_dense_replace, n_group, ...), and the
 # defaults transformers gives them per architecture: norm_topk_prob, first_k_dense_replace, n_shared_experts.
 _DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0),
                    "DeepseekV2ForCausalLM": (False, 0, 2), "DeepseekV3ForCausalLM": (True, 3, 1)}
-MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "group_softmax", "sigmoid_input")
+MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "group_softmax", "sigmoid_input", "softmax_biased")
 
 
 def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
@@ -38,10 +38,24 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     in every layer by sigmoid scores, its router in the model's dtype; DeepSeek-V2 as dots.llm1 but by softmax
     scores (``_deepseek_v2_routing``); Llama 4 routes in every ``interleave_moe_layer_step``-th layer (or its
     ``moe_layers``) by the sigmoid of the top-k logits, which scales each token into its experts, beside an
-    ungated shared expert as wide as the experts (``intermediate_size``)."""
+    ungated shared expert as wide as the experts (``intermediate_size``); ERNIE 4.5 routes in every
+    ``moe_layer_interval``-th layer from ``moe_layer_start_index`` to ``moe_layer_end_index``, picking experts by
+    softmax probability plus a correction bias, weighing them by the probability alone, renormalized, beside
+    ``moe_num_shared_experts`` experts' worth of an ungated shared expert."""
     if arch not in MOE_DEFAULTS:
         return {}
     experts, top_k, width, shared = MOE_DEFAULTS[arch]
+    if arch == "Ernie4_5_MoeForCausalLM":  # moe_* names (num_experts, num_experts_per_tok as aliases)
+        width = int(raw.get("moe_intermediate_size") or width)
+        end = int(raw.get("moe_layer_end_index", -1))
+        start, step, end = int(raw.get("moe_layer_start_index", 1)), int(raw.get("moe_layer_interval") or 1), \
+            layers - 1 if end == -1 else end
+        return dict(num_experts=int(raw.get("moe_num_experts") or raw.get("num_experts") or experts),
+                    num_experts_per_tok=int(raw.get("moe_k") or raw.get("num_experts_per_tok") or top_k),
+                    moe_intermediate_size=width, norm_topk_prob=True, moe_routing="softmax_biased",
+                    moe_layers=tuple(i for i in range(layers) if (i + 1) % step == 0 and start <= i <= end),
+                    shared_expert_intermediate_size=width * int(raw.get("moe_num_shared_experts", shared) or 0),
+                    shared_expert_gated=False)
     if arch == "Llama4ForCausalLM":
         width, step, moe = int(raw.get("intermediate_size") or 8192), int(raw.get("interleave_moe_layer_step") or 1), \
             raw.get("moe_layers")

@@ -4,6 +4,12 @@ what they norm (its ``post_attention_layernorm`` is the MLP's input norm)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 _RENAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".mlp.shared_experts.", ".mlp.shared_expert."),
             (".block_sparse_moe.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
             (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
@@ -26,3 +32,15 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
         old, new = next(((o, n) for o, n in _GLM4 if o in name), ("", ""))
         name = name.replace(old, new) if old else name
     return name
+
+
+def ernie_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """ERNIE 4.5 MoE's tensors as the model holds them: its routing bias, stored ``[1, experts]`` under
+    ``moe_statics``, as the router's; its multi-token-prediction block (``mtp_*``) skipped, as transformers
+    skips it."""
+    for name, tensor in weights:
+        if name.startswith(("model.mtp", "mtp")):
+            continue
+        if name.endswith(".mlp.moe_statics.e_score_correction_bias"):
+            name, tensor = name.replace(".mlp.moe_statics.", ".mlp.gate."), tensor.reshape(-1)
+        yield name, tensor

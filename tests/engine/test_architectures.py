@@ -153,6 +153,13 @@ CASES = {
                                                         **{**COMMON, "pad_token_id": 0}),
     "cohere2": lambda: transformers.Cohere2Config(sliding_window=24, logit_scale=0.3,
                                                   **{**COMMON, "num_hidden_layers": 4, "pad_token_id": 0}),
+    # ERNIE 4.5: Llama with RoPE in interleaved pairs, tied embeddings; its MoE: experts chosen by softmax
+    # probability plus a correction bias (enough to change the choice, see save_checkpoint), weighed by the
+    # probability, renormalized, beside a shared expert; layer 0 dense.
+    "ernie4_5": lambda: transformers.Ernie4_5Config(head_dim=16, **{**COMMON, "pad_token_id": 0}),
+    "ernie4_5-moe": lambda: transformers.Ernie4_5_MoeConfig(
+        moe_num_experts=8, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1, moe_layer_start_index=1,
+        **{**COMMON, "pad_token_id": 0}),
     # Llama 4: RoPE (interleaved pairs, llama3 scaling) and chunked attention (chunks of 24 positions) in layers 0
     # and 2, each q and k L2-normed after it; no RoPE in layers 1 and 3, full attention, queries scaled up with
     # position (every 16 here); MoE in every other layer, the chosen logits' sigmoids scaling the experts'
@@ -639,3 +646,24 @@ def test_llama4s_chunked_attention_under_other_chunk_sizes_and_a_cached_prefix(t
         second = engine.generate(prompts[1:], [params])  # its first 48 tokens' blocks are cached by the first
         assert second[0].num_cached_prompt_tokens >= 48
         assert_matches_transformers(model, prompts, first + second)
+
+
+def test_ernie_moe_config_reads_as_released():
+    """ERNIE-4.5-21B-A3B-PT's config.json as published: every layer from 1 on routes to 6 of 64 experts, beside
+    two shared experts' worth of a shared MLP."""
+    raw = {"architectures": ["Ernie4_5_MoeForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+           "hidden_size": 2560, "intermediate_size": 12288, "max_position_embeddings": 131072,
+           "model_type": "ernie4_5_moe", "num_attention_heads": 20, "num_key_value_heads": 4, "num_hidden_layers": 28,
+           "pad_token_id": 0, "rms_norm_eps": 1e-05, "vocab_size": 103424, "rope_theta": 500000, "use_bias": False,
+           "tie_word_embeddings": True, "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
+           "moe_intermediate_size": 1536, "moe_k": 6, "moe_layer_interval": 1, "torch_dtype": "bfloat16"}
+    config, hf = ModelConfig.from_dict(raw), transformers.Ernie4_5_MoeConfig(**raw)
+    # transformers' Ernie4_5_MoeDecoderLayer's rule for a routing layer, on its reading of the config
+    routed = [(i + 1) % hf.moe_layer_interval == 0 and hf.moe_layer_start_index <= i <= hf.moe_layer_end_index
+              for i in range(hf.num_hidden_layers)]
+    assert [config.is_moe(i) for i in range(28)] == routed and not config.is_moe(0)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (64, 6, 1536)
+    assert config.shared_expert_intermediate_size == 2 * 1536 and config.head_dim == 128
+    assert config.rope_interleaved and config.tie_word_embeddings and config.rope_theta == 500000
+    with pytest.raises(ModelLoadError, match="use_bias is set"):
+        ModelConfig.from_dict({**raw, "use_bias": True})
