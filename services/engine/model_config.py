@@ -342,7 +342,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
-        raw = text_model_config(raw)
+        raw = _aliased(text_model_config(raw))
         archs = raw.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -511,6 +511,20 @@ def _rope_type(scaling: dict[str, Any] | None) -> str:
     if not scaling:
         return "default"
     return str(scaling.get("rope_type", scaling.get("type", "default")))
+
+
+# Architectures transformers runs as another (its InternLM3 is its Llama), with the fields they rename.
+_ALIASES = {"InternLM3ForCausalLM": ("LlamaForCausalLM", {"qkv_bias": "attention_bias", "bias": "mlp_bias"})}
+
+
+def _aliased(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` as the architecture transformers runs it as (InternLM3's config read as Llama's)."""
+    arch = (raw.get("architectures") or [None])[0]
+    if arch not in _ALIASES:
+        return raw
+    target, names = _ALIASES[arch]
+    out = {names.get(k, k): v for k, v in raw.items()}
+    return {**out, "architectures": [target], "head_dim": raw.get("head_dim", 128)}  # InternLM3's default
 
 
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:

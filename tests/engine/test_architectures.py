@@ -5,6 +5,7 @@ the fused CPU kernels and with plain torch ops."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 import weakref
@@ -667,3 +668,17 @@ def test_ernie_moe_config_reads_as_released():
     assert config.rope_interleaved and config.tie_word_embeddings and config.rope_theta == 500000
     with pytest.raises(ModelLoadError, match="use_bias is set"):
         ModelConfig.from_dict({**raw, "use_bias": True})
+
+
+def test_internlm3_checkpoints_run_as_transformers_runs_them(tmp_path, tiny_model_dir):
+    """InternLM3 as published (``InternLM3ForCausalLM``, ``qkv_bias`` and ``bias``): transformers runs it as its
+    Llama; so does the engine, with its q/k/v biases."""
+    config = transformers.InternLM3Config(head_dim=16, **{**COMMON, "pad_token_id": 0})
+    model = save_checkpoint(config, tmp_path, tiny_model_dir)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw = {("qkv_bias" if k == "attention_bias" else "bias" if k == "mlp_bias" else k): v for k, v in raw.items()}
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "architectures": ["InternLM3ForCausalLM"]}))
+    engine_matches_transformers(tmp_path, model, cpu_kernels=True)
+    with pytest.raises(ModelLoadError, match="mlp_bias is set"):
+        ModelConfig.from_dict({**raw, "architectures": ["InternLM3ForCausalLM"], "bias": True})
+    assert ModelConfig.from_dict({**raw, "architectures": ["InternLM3ForCausalLM"], "qkv_bias": True}).attention_bias
