@@ -513,18 +513,24 @@ def _rope_type(scaling: dict[str, Any] | None) -> str:
     return str(scaling.get("rope_type", scaling.get("type", "default")))
 
 
-# Architectures transformers runs as another (its InternLM3 is its Llama), with the fields they rename.
-_ALIASES = {"InternLM3ForCausalLM": ("LlamaForCausalLM", {"qkv_bias": "attention_bias", "bias": "mlp_bias"})}
+# Architectures transformers runs as its Llama (InternLM3, EXAONE 3 / 3.5), with the fields they name otherwise
+# and the defaults they have where Llama's differ (EXAONE's weight names: weight_names.py).
+_ALIASES = {"InternLM3ForCausalLM": ({"qkv_bias": "attention_bias", "bias": "mlp_bias"}, {"head_dim": 128}),
+            "ExaoneForCausalLM": ({"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+                                   "activation_function": "hidden_act"},
+                                  {"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096})}
 
 
 def _aliased(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` as the architecture transformers runs it as (InternLM3's config read as Llama's)."""
+    """``raw`` as transformers runs it: InternLM3's and EXAONE 3's configs read as Llama's."""
     arch = (raw.get("architectures") or [None])[0]
     if arch not in _ALIASES:
         return raw
-    target, names = _ALIASES[arch]
+    names, defaults = _ALIASES[arch]
     out = {names.get(k, k): v for k, v in raw.items()}
-    return {**out, "architectures": [target], "head_dim": raw.get("head_dim", 128)}  # InternLM3's default
+    if out.get("rope_parameters"):  # transformers >= 5 names the base there
+        defaults = {k: v for k, v in defaults.items() if k != "rope_theta"}
+    return {**defaults, **out, "architectures": ["LlamaForCausalLM"]}
 
 
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:

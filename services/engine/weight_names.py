@@ -1,6 +1,7 @@
-"""Checkpoint tensors the model holds under other names: Mixtral's and MiniMax-M2's routers and routing bias,
-GLM-4.5's shared experts, Granite MoE's stacked experts, router and shared MLP, and GLM-4's four norms, which transformers names by where they sit rather than by
-what they norm (its ``post_attention_layernorm`` is the MLP's input norm)."""
+"""Checkpoint tensors the model holds under other names: EXAONE 3's GPT-2-style names, Mixtral's and MiniMax-M2's
+routers and routing bias, GLM-4.5's shared experts, Granite MoE's stacked experts, router and shared MLP, ERNIE
+4.5's routing bias, and GLM-4's four norms, which transformers names by where they sit rather than by what
+they norm (its ``post_attention_layernorm`` is the MLP's input norm)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,19 @@ _GLM4 = ((".post_self_attn_layernorm.", ".post_attention_layernorm."),
          (".post_mlp_layernorm.", ".post_feedforward_layernorm."))
 
 
+# EXAONE 3 / 3.5: GPT-2's names for Llama's tensors (transformers saves them so too, as a LlamaForCausalLM).
+_EXAONE = (("transformer.wte.", "model.embed_tokens."), ("transformer.h.", "model.layers."),
+           ("transformer.ln_f.", "model.norm."), (".attn.attention.", ".self_attn."),
+           (".self_attn.out_proj.", ".self_attn.o_proj."), (".ln_1.", ".input_layernorm."),
+           (".ln_2.", ".post_attention_layernorm."), (".mlp.c_fc_0.", ".mlp.gate_proj."),
+           (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
+
+
 def checkpoint_name(name: str, architecture: str = "") -> str:
     """The name the model holds a checkpoint's tensor by."""
+    if name.startswith("transformer."):  # EXAONE's layout: no other supported checkpoint names it so
+        for old, new in _EXAONE:
+            name = name.replace(old, new)
     for old, new in _RENAMES:
         name = name.replace(old, new)
     if architecture == "Glm4ForCausalLM":

@@ -18,6 +18,7 @@ from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.sampling_params import SamplingParams
 from services.common.step import LoraRef
 from services.engine.config import EngineConfig
+from services.engine.loader import iter_weights
 from services.engine.model_config import ModelConfig
 from services.scheduler.core.scheduler import SchedulerConfig
 from tests.lora_adapters import make_adapter, peft_greedy
@@ -682,3 +683,27 @@ def test_internlm3_checkpoints_run_as_transformers_runs_them(tmp_path, tiny_mode
     with pytest.raises(ModelLoadError, match="mlp_bias is set"):
         ModelConfig.from_dict({**raw, "architectures": ["InternLM3ForCausalLM"], "bias": True})
     assert ModelConfig.from_dict({**raw, "architectures": ["InternLM3ForCausalLM"], "qkv_bias": True}).attention_bias
+
+
+def test_exaone3_checkpoints_run_as_transformers_runs_them(tmp_path, tiny_model_dir):
+    """EXAONE 3 / 3.5: transformers runs it as its Llama and saves it so, under GPT-2-style tensor names
+    (``transformer.h.N.attn.attention.q_proj``...); as published, its config names fields its own way
+    (``num_layers``, ``layer_norm_epsilon``, ``activation_function``). Both serve transformers' tokens."""
+    model = save_checkpoint(transformers.ExaoneConfig(rope_theta=1e6, **{**COMMON, "pad_token_id": 0}), tmp_path,
+                            tiny_model_dir)
+    assert any(name.startswith("transformer.h.0.attn.attention.") for name, _ in iter_weights(tmp_path))
+    engine_matches_transformers(tmp_path, model, cpu_kernels=True)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    names = {"num_hidden_layers": "num_layers", "rms_norm_eps": "layer_norm_epsilon", "hidden_act": "activation_function"}
+    published = {names.get(k, k): v for k, v in raw.items()} | {"architectures": ["ExaoneForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(published))
+    engine_matches_transformers(tmp_path, model, cpu_kernels=False)
+    hub = {"architectures": ["ExaoneForCausalLM"], "activation_function": "silu", "hidden_size": 4096,
+           "intermediate_size": 14336, "layer_norm_epsilon": 1e-05, "max_position_embeddings": 32768,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "num_layers": 32, "rope_theta": 1000000.0,
+           "vocab_size": 102400, "tie_word_embeddings": False, "rope_scaling": {
+               "factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+               "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+    config, hf = ModelConfig.from_dict(hub), transformers.ExaoneConfig(**hub)
+    assert (config.num_hidden_layers, config.rms_norm_eps, config.rope_theta, config.rope_type) == (
+        hf.num_hidden_layers, hf.rms_norm_eps, hf.rope_parameters["rope_theta"], hf.rope_parameters["rope_type"])
