@@ -183,6 +183,24 @@ def attention_temperature(positions: torch.Tensor, floor_scale: float, attn_scal
     return (torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None, None]
 
 
+class XIELU(nn.Module):
+    """The xIELU activation (Apertus; arXiv 2411.13010) as transformers computes it: quadratic above zero,
+    an expm1 curve below, its two slopes learned (stored before softplus), ``beta`` and ``eps`` fixed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.empty(1))
+        self.alpha_n = nn.Parameter(torch.empty(1))
+        self.beta = nn.Parameter(torch.empty(()))
+        self.eps = nn.Parameter(torch.empty(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha_p = F.softplus(self.alpha_p)
+        alpha_n = self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.min(x, self.eps)) - x) * alpha_n + self.beta * x)
+
+
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig, layer: int, intermediate: int | None = None) -> None:
         super().__init__()
@@ -194,7 +212,11 @@ class MLP(nn.Module):
         else:  # Arcee: no gate (and no LoRA adapters here: they are refused when read)
             self.up_proj = nn.Linear(config.hidden_size, self.intermediate, bias=False)
         self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
-        self.act = _ACTIVATIONS[config.hidden_act]
+        if config.hidden_act == "xielu":  # Apertus: an activation with learned parameters, per layer
+            self.act_fn = XIELU()
+            self.act = self.act_fn.forward  # a bound method: the module is registered once, as act_fn
+        else:
+            self.act = _ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
         if not self.gated:

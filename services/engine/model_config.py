@@ -18,7 +18,8 @@ sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's no
 norms, local layers with RoPE and global ones without), Cohere's Command R / R+ and Command R7B / A (LayerNorms,
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
-pairs), Llama 4 (``llama4.py``), and mixtures of
+pairs), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+(``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
 a learned sink logit per head in each softmax. FP8 and MXFP4 checkpoints' scaling is read by
@@ -50,7 +51,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Dots1ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM",
                            "Olmo3ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
                            "ArceeForCausalLM", "Llama4ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
-                           "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM")
+                           "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "ApertusForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
@@ -65,7 +66,9 @@ _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_s
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _COHERES = ("CohereForCausalLM", "Cohere2ForCausalLM")
 _ERNIES = ("Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM")
-SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "relu2")
+_APERTUS_ROPE = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
+                 "high_freq_factor": 4.0}
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "relu2", "xielu")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -406,7 +409,7 @@ class ModelConfig:
                 o_proj_bias=(gpt_oss or cohere or arch == LLAMA4) and bool(raw.get("attention_bias", gpt_oss)),
                 attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
-                                 "Dots1ForCausalLM", *_WHOLE_QK_NORM)
+                                 "Dots1ForCausalLM", "ApertusForCausalLM", *_WHOLE_QK_NORM)
                 or (arch in ("Glm4MoeForCausalLM", "CohereForCausalLM") and bool(raw.get("use_qk_norm"))),
                 qk_norm_whole=arch in _WHOLE_QK_NORM,
                 pre_norms=arch not in _POST_NORMS,
@@ -416,7 +419,7 @@ class ModelConfig:
                 sliding_layers=sliding_layers or None,
                 hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act")
                                or ("relu2" if arch == "ArceeForCausalLM" else "silu")),
-                mlp_gated=arch != "ArceeForCausalLM",
+                mlp_gated=arch not in ("ArceeForCausalLM", "ApertusForCausalLM"),
                 embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma else float(raw.get("embedding_multiplier", 1.0))
                 if granite else 1.0,
                 embed_scale_rounded=gemma,
@@ -503,6 +506,8 @@ def _rope_fields(raw: dict[str, Any], arch: str) -> tuple[Any, Any, Any, dict[st
             rope_scaling = params
     if arch in _GPT_OSS and not rope_scaling and rope_theta is None:  # transformers' defaults: YaRN to 128K
         rope_theta, rope_scaling = 150000.0, dict(_GPT_OSS_ROPE)
+    if arch == "ApertusForCausalLM" and not rope_scaling and rope_theta is None:  # transformers' default: llama3
+        rope_theta, rope_scaling = 12000000.0, dict(_APERTUS_ROPE)
     return rope_theta, rope_scaling, local_theta, params if isinstance(params, dict) else {}
 
 

@@ -102,8 +102,8 @@ def text_model_config(raw: dict[str, Any]) -> dict[str, Any]:
         text["partial_rotary_factor"] = text.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0
     if outer in _MROPE:
         _one_dimensional_rope(text)
-    if outer in ("AyaVisionForConditionalGeneration", "Cohere2VisionForConditionalGeneration"):
-        text["logit_scale"] = 1.0  # transformers' heads of these leave their language model's logit_scale out
+    if outer == "Cohere2VisionForConditionalGeneration":
+        text["logit_scale"] = 1.0  # transformers' head of it leaves its language model's logit_scale out
     if outer == "Qwen3VLMoeForConditionalGeneration":
         text["norm_topk_prob"] = True  # its router always renormalizes (its config has no such field)
     return {**text, "architectures": [arch], "vision_language": outer}

@@ -1,5 +1,5 @@
 """Checkpoint tensors the model holds under other names: EXAONE 3's GPT-2-style names, Mixtral's and MiniMax-M2's
-routers and routing bias, GLM-4.5's shared experts, Granite MoE's stacked experts, router and shared MLP, ERNIE
+routers and routing bias, Apertus's norms, GLM-4.5's shared experts, Granite MoE's stacked experts, router and shared MLP, ERNIE
 4.5's routing bias, and GLM-4's four norms, which transformers names by where they sit rather than by what
 they norm (its ``post_attention_layernorm`` is the MLP's input norm)."""
 
@@ -40,6 +40,9 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
             name = name.replace(old, new)
     for old, new in _RENAMES:
         name = name.replace(old, new)
+    if architecture == "ApertusForCausalLM":  # its two norms named for what they feed
+        name = name.replace(".attention_layernorm.", ".input_layernorm.").replace(
+            ".feedforward_layernorm.", ".post_attention_layernorm.")
     if architecture == "Glm4ForCausalLM":
         old, new = next(((o, n) for o, n in _GLM4 if o in name), ("", ""))
         name = name.replace(old, new) if old else name

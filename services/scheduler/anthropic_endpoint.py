@@ -70,6 +70,13 @@ class MessagesEndpoint:
         blocks, calls = ContentBlocks(), tools.stream() if tools else None
         thoughts = self.api.reasoning_stream(tracked)
         started, finish = False, None
+
+        def message_start() -> dict:
+            r = tracked.request
+            return {"type": "message_start", "message": {
+                **head, "content": [], "stop_reason": None, "stop_sequence": None,
+                "usage": usage(len(r.prompt_token_ids), r.num_prefix_hit_tokens, 0)}}
+
         async for ready in self.api.stream([tracked]):
             for _, merged in ready:
                 if merged.error is not None:
@@ -77,10 +84,7 @@ class MessagesEndpoint:
                     return
                 if not started:
                     started = True
-                    r = tracked.request
-                    yield {"type": "message_start", "message": {
-                        **head, "content": [], "stop_reason": None, "stop_sequence": None,
-                        "usage": usage(len(r.prompt_token_ids), r.num_prefix_hit_tokens, 0)}}
+                    yield message_start()
                 thought = ""
                 if thoughts is not None:
                     thought, answer = thoughts.feed(merged.text, final=merged.finish_reason is not None)
@@ -88,6 +92,8 @@ class MessagesEndpoint:
                 delta, finish = calls.delta(merged) if calls else ({"content": merged.text}, merged.finish_reason)
                 for e in blocks.feed({**delta, "reasoning": thought if show_thinking else ""}):
                     yield e
+        if not started:  # a stream that ended with nothing to say still starts its message
+            yield message_start()
         for e in blocks.close():
             yield e
         yield {"type": "message_delta", "delta": stop_reason(finish, _stop_string(tracked)), "usage": _usage(tracked)}

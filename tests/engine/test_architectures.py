@@ -155,6 +155,9 @@ CASES = {
                                                         **{**COMMON, "pad_token_id": 0}),
     "cohere2": lambda: transformers.Cohere2Config(sliding_window=24, logit_scale=0.3,
                                                   **{**COMMON, "num_hidden_layers": 4, "pad_token_id": 0}),
+    # Apertus: an ungated MLP whose xIELU activation has learned slopes per layer, Qwen3's q/k norms, norms named
+    # for what they feed, transformers' default RoPE (llama3 scaling, a 12M base).
+    "apertus": lambda: transformers.ApertusConfig(**{**COMMON, "pad_token_id": 0}),
     # ERNIE 4.5: Llama with RoPE in interleaved pairs, tied embeddings; its MoE: experts chosen by softmax
     # probability plus a correction bias (enough to change the choice, see save_checkpoint), weighed by the
     # probability, renormalized, beside a shared expert; layer 0 dense.
