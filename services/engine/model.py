@@ -111,6 +111,8 @@ class Attention(nn.Module):
         # Llama 4: RoPE layers L2-norm q and k after rotating them; NoPE layers scale q with position.
         self.l2_norm_eps = config.rms_norm_eps if config.qk_l2_norm and layer not in config.nope_layers else None
         self.temperature = config.nope_temperature if layer in config.nope_layers else None
+        # Ministral 3: RoPE layers scale q with position (its "llama 4 scaling").
+        self.position_scale = config.q_position_scale if layer not in config.nope_layers else None
         self.q_size = config.num_attention_heads * config.head_dim
         self.kv_size = config.num_key_value_heads * config.head_dim
         self.heads, self.kv_heads, self.head_dim = (
@@ -162,6 +164,8 @@ class Attention(nn.Module):
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         if self.temperature is not None:
             q = (q * attention_temperature(positions, *self.temperature)).to(q.dtype)
+        if self.position_scale is not None:
+            q = q * query_position_scale(positions, *self.position_scale).to(q.dtype)
         if self.q_scale is not None:
             q = q * self.q_scale
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
@@ -199,6 +203,12 @@ class XIELU(nn.Module):
         alpha_n = self.beta + F.softplus(self.alpha_n)
         return torch.where(x > 0, alpha_p * x * x + self.beta * x,
                            (torch.expm1(torch.min(x, self.eps)) - x) * alpha_n + self.beta * x)
+
+
+def query_position_scale(positions: torch.Tensor, beta: float, period: float) -> torch.Tensor:
+    """Ministral 3's query scale, ``[T, 1, 1]`` fp32: ``1 + beta * log(1 + floor(p / period))``, as transformers
+    computes it."""
+    return (1 + beta * torch.log(1 + torch.floor(positions.float() / period)))[:, None, None]
 
 
 class MLP(nn.Module):
@@ -335,7 +345,8 @@ class LlamaForCausalLM(nn.Module):
         residual = None
         for i, layer in enumerate(self.model.layers):
             cos, sin = (None, None) if i in c.nope_layers else local if c.slides(i) else rope
-            x, residual = layer(x, residual, cos, sin, batch, kv, lora, positions if c.nope_temperature else None)
+            x, residual = layer(x, residual, cos, sin, batch, kv, lora,
+                                positions if c.nope_temperature or c.q_position_scale else None)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
         logits = self.lm_head(x)
         if c.logits_divisor != 1.0:  # Granite

@@ -18,7 +18,7 @@ sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's no
 norms, local layers with RoPE and global ones without), Cohere's Command R / R+ and Command R7B / A (LayerNorms,
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
-pairs), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+pairs), Ministral 3 (Mistral with queries scaled with position), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -51,7 +51,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Dots1ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4ForCausalLM",
                            "Olmo3ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
                            "ArceeForCausalLM", "Llama4ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
-                           "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "ApertusForCausalLM")
+                           "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "ApertusForCausalLM",
+                           "Ministral3ForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
@@ -187,6 +188,9 @@ class ModelConfig:
     # attn_scale); None: not scaled).
     attention_chunk: int | None = None
     chunked_layers: tuple[int, ...] = ()
+    # Ministral 3 ("llama 4 scaling", rope_parameters' llama_4_scaling_beta): every RoPE layer's q times
+    # 1 + beta * log(1 + floor(p / period)), period the pretrained context (beta, period; None: not scaled).
+    q_position_scale: tuple[float, float] | None = None
     qk_l2_norm: bool = False
     nope_temperature: tuple[float, float] | None = None
     # Multi-head latent attention (DeepSeek-V3, Kimi K2; mla.py), when kv_lora_rank > 0: the KV cache holds one
@@ -322,7 +326,8 @@ class ModelConfig:
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
                 and not self.o_proj_bias and not self.attention_sinks and not self.moe_biases
                 and self.swiglu_limit is None and not self.mla and not self.qk_l2_norm
-                and self.nope_temperature is None and not self.layer_norm and not self.parallel_block
+                and self.nope_temperature is None and self.q_position_scale is None and not self.layer_norm
+                and not self.parallel_block
                 and self.logit_scale == 1.0)
 
     @property
@@ -446,6 +451,7 @@ class ModelConfig:
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
                 architecture=arch,
                 vision_language=raw.get("vision_language"),
+                q_position_scale=_q_position_scale(rope_scaling),
             )
         except (TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json has a field of the wrong type: {exc}") from exc
@@ -502,7 +508,7 @@ def _rope_fields(raw: dict[str, Any], arch: str) -> tuple[Any, Any, Any, dict[st
         params = params["full_attention"]
     if isinstance(params, dict):
         rope_theta = rope_theta or params.get("rope_theta")
-        if params.get("rope_type", "default") != "default" and not rope_scaling:
+        if params.get("rope_type", params.get("type", "default")) != "default" and not rope_scaling:
             rope_scaling = params
     if arch in _GPT_OSS and not rope_scaling and rope_theta is None:  # transformers' defaults: YaRN to 128K
         rope_theta, rope_scaling = 150000.0, dict(_GPT_OSS_ROPE)
@@ -538,6 +544,18 @@ def _aliased(raw: dict[str, Any]) -> dict[str, Any]:
     return {**defaults, **out, "architectures": ["LlamaForCausalLM"]}
 
 
+def _q_position_scale(rope_scaling: dict[str, Any] | None) -> tuple[float, float] | None:
+    """Ministral 3's query scale by position: its RoPE parameters' ``llama_4_scaling_beta`` and pretrained context."""
+    beta = (rope_scaling or {}).get("llama_4_scaling_beta")
+    if beta is None:
+        return None
+    period = rope_scaling.get("original_max_position_embeddings")
+    if not period:
+        raise ModelLoadError("config.json: llama_4_scaling_beta needs original_max_position_embeddings in the RoPE "
+                             "parameters (the period of its query scale)")
+    return float(beta), float(period)
+
+
 def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
     ``use_sliding_window`` (their configs carry a window they leave off); Llama has none."""
@@ -556,7 +574,7 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
     ``layer_types``); the others' as ``layer_types`` says, else Qwen's from ``max_window_layers`` (default 28)
     on, Gemma's and GPT-OSS's all but every ``sliding_window_pattern``-th (default 6 for Gemma 3, else 2). None:
     all."""
-    if arch in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
+    if arch in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Ministral3ForCausalLM"):
         return None
     types = raw.get("layer_types")
     if types is not None:

@@ -47,7 +47,8 @@ VISION_LANGUAGE = {
 }
 _TEXT_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                      "gemma3_text": "Gemma3ForCausalLM", "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
-                     "glm4v_text": "Glm4ForCausalLM", "glm4v_moe_text": "Glm4MoeForCausalLM"}
+                     "glm4v_text": "Glm4ForCausalLM", "glm4v_moe_text": "Glm4MoeForCausalLM",
+                     "ministral3": "Ministral3ForCausalLM"}
 # Whose language models rotate by multimodal RoPE sections.
 _MROPE = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
           "Qwen3VLMoeForConditionalGeneration", "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration",

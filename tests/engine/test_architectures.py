@@ -158,6 +158,13 @@ CASES = {
     # Apertus: an ungated MLP whose xIELU activation has learned slopes per layer, Qwen3's q/k norms, norms named
     # for what they feed, transformers' default RoPE (llama3 scaling, a 12M base).
     "apertus": lambda: transformers.ApertusConfig(**{**COMMON, "pad_token_id": 0}),
+    # Ministral 3 (and Devstral Small 2): Mistral with YaRN (mscale, mscale_all_dim) and each query scaled by
+    # 1 + beta * log(1 + floor(p / 32)) (its "llama 4 scaling"; a period shorter than most prompts here).
+    "ministral3": lambda: transformers.Ministral3Config(
+        head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+                                      "original_max_position_embeddings": 32, "max_position_embeddings": 512,
+                                      "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                      "llama_4_scaling_beta": 0.5}, **{**COMMON, "pad_token_id": 0}),
     # ERNIE 4.5: Llama with RoPE in interleaved pairs, tied embeddings; its MoE: experts chosen by softmax
     # probability plus a correction bias (enough to change the choice, see save_checkpoint), weighed by the
     # probability, renormalized, beside a shared expert; layer 0 dense.

@@ -37,6 +37,13 @@ CASES = {
     "mistral3": lambda: transformers.Mistral3Config(
         text_config=dict(model_type="mistral", sliding_window=None, **COMMON),
         vision_config=dict(_VISION, model_type="pixtral", head_dim=16)),
+    # Ministral 3 (its released checkpoints are Mistral3's): the "llama 4 scaling" of its queries.
+    "ministral3": lambda: transformers.Mistral3Config(
+        text_config=dict(model_type="ministral3", head_dim=16, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 32,
+            "max_position_embeddings": 512, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.5}, **COMMON),
+        vision_config=dict(_VISION, model_type="pixtral", head_dim=16)),
     # LLaVA over Llama; its head stored.
     "llava": lambda: transformers.LlavaConfig(
         text_config=dict(model_type="llama", **COMMON),
@@ -272,8 +279,8 @@ def test_weights_outside_the_language_model_are_skipped():
 
 
 def test_unsupported_language_models_are_refused_by_type():
-    raw = dict(MISTRAL_SMALL_31, text_config={**MISTRAL_SMALL_31["text_config"], "model_type": "ministral3"})
-    with pytest.raises(ModelLoadError, match="of type 'ministral3'"):
+    raw = dict(MISTRAL_SMALL_31, text_config={**MISTRAL_SMALL_31["text_config"], "model_type": "mistral4"})
+    with pytest.raises(ModelLoadError, match="of type 'mistral4'"):
         ModelConfig.from_dict(raw)
     with pytest.raises(ModelLoadError, match="text_config must be an object"):
         ModelConfig.from_dict(dict(GEMMA3_4B, text_config=[]))
