@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, scale_in_fp32: bool = False) -> None:
+    def __init__(self, size: int | tuple[int, ...], eps: float, scale_in_fp32: bool = False) -> None:
         """``scale_in_fp32``: Gemma's order in low precision, the weight applied before the cast back."""
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
@@ -108,11 +108,8 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.sliding = config.attends_locally(layer)
-        # Llama 4: RoPE layers L2-norm q and k after rotating them; NoPE layers scale q with position.
+        # Llama 4: RoPE layers L2-norm q and k after rotating them.
         self.l2_norm_eps = config.rms_norm_eps if config.qk_l2_norm and layer not in config.nope_layers else None
-        self.temperature = config.nope_temperature if layer in config.nope_layers else None
-        # Ministral 3: RoPE layers scale q with position (its "llama 4 scaling").
-        self.position_scale = config.q_position_scale if layer not in config.nope_layers else None
         self.q_size = config.num_attention_heads * config.head_dim
         self.kv_size = config.num_key_value_heads * config.head_dim
         self.heads, self.kv_heads, self.head_dim = (
@@ -125,10 +122,8 @@ class Attention(nn.Module):
         self.qk_norm_whole = config.qk_norm_whole
         self.qk_layer_norm = config.qk_norm and config.layer_norm
         if self.qk_layer_norm:  # Cohere (Command R+): a LayerNorm weight per head
-            self.q_norm = LayerNorm(config.head_dim, config.rms_norm_eps)
-            self.k_norm = LayerNorm(config.head_dim, config.rms_norm_eps)
-            self.q_norm.weight = nn.Parameter(torch.ones(self.heads, config.head_dim))
-            self.k_norm.weight = nn.Parameter(torch.ones(self.kv_heads, config.head_dim))
+            self.q_norm = LayerNorm((self.heads, config.head_dim), config.rms_norm_eps)
+            self.k_norm = LayerNorm((self.kv_heads, config.head_dim), config.rms_norm_eps)
         elif config.qk_norm:
             whole = config.qk_norm_whole
             self.q_norm = RMSNorm(self.q_size if whole else config.head_dim, config.rms_norm_eps,
@@ -139,8 +134,9 @@ class Attention(nn.Module):
         self.q_scale = config.attn_scale * config.head_dim**0.5 if config.attn_scale is not None else None
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """``positions`` (the tokens', ``[T]``) are read by Llama 4's NoPE layers only."""
+                q_mult: torch.Tensor | None = None) -> torch.Tensor:
+        """``q_mult`` (``[T, 1, 1]``): each token's query scale by position, where the model has one for this layer
+        (``query_scales``)."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         if lora is not None:
@@ -162,10 +158,8 @@ class Attention(nn.Module):
         if self.l2_norm_eps is not None:
             qk = l2_norm(qk, self.l2_norm_eps)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
-        if self.temperature is not None:
-            q = (q * attention_temperature(positions, *self.temperature)).to(q.dtype)
-        if self.position_scale is not None:
-            q = q * query_position_scale(positions, *self.position_scale).to(q.dtype)
+        if q_mult is not None:
+            q = (q * q_mult).to(q.dtype)
         if self.q_scale is not None:
             q = q * self.q_scale
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
@@ -181,10 +175,21 @@ def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def attention_temperature(positions: torch.Tensor, floor_scale: float, attn_scale: float) -> torch.Tensor:
-    """Llama 4's query scale in its NoPE layers, ``[T, 1, 1]`` fp32: grows with the log of position in steps of
-    ``floor_scale``, so that attention over a long context stays sharp."""
-    return (torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None, None]
+def query_scales(config: ModelConfig, positions: torch.Tensor, dtype: torch.dtype,
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Each token's query scale by position, ``[T, 1, 1]``, computed once a pass, for (NoPE layers, RoPE layers),
+    as transformers computes them (None where the model has none). Llama 4's NoPE layers (fp32, the product
+    cast back): ``1 + attn_scale * log1p(floor((p + 1) / floor_scale))``, so that attention over a long context
+    stays sharp; Ministral 3's RoPE layers (cast to the model's dtype first): ``1 + beta * log(1 + floor(p /
+    period))``."""
+    nope = rope = None
+    if config.nope_temperature is not None:
+        floor_scale, attn_scale = config.nope_temperature
+        nope = (torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None, None]
+    if config.q_position_scale is not None:
+        beta, period = config.q_position_scale
+        rope = (1 + beta * torch.log(1 + torch.floor(positions.float() / period)))[:, None, None].to(dtype)
+    return nope, rope
 
 
 class XIELU(nn.Module):
@@ -203,12 +208,6 @@ class XIELU(nn.Module):
         alpha_n = self.beta + F.softplus(self.alpha_n)
         return torch.where(x > 0, alpha_p * x * x + self.beta * x,
                            (torch.expm1(torch.min(x, self.eps)) - x) * alpha_n + self.beta * x)
-
-
-def query_position_scale(positions: torch.Tensor, beta: float, period: float) -> torch.Tensor:
-    """Ministral 3's query scale, ``[T, 1, 1]`` fp32: ``1 + beta * log(1 + floor(p / period))``, as transformers
-    computes it."""
-    return (1 + beta * torch.log(1 + torch.floor(positions.float() / period)))[:, None, None]
 
 
 class MLP(nn.Module):
@@ -268,10 +267,10 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = norm()
 
     def forward(self, x, residual, cos, sin, batch: AttentionBatch, kv, lora: LoraBatch | None = None,
-                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                q_mult: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` is the previous block's output, ``residual`` the stream before it (None for the first layer);
         returns the same pair for the next layer, so each residual add rides along with the next norm.
-        ``positions``: the tokens', for attention that reads them (Llama 4's NoPE layers)."""
+        ``q_mult``: the queries' scale by position, for attention that has one (``query_scales``)."""
         if not self.pre_norms:  # OLMo 2, EXAONE 4: sublayers read the stream as it is, their outputs are normed
             residual = x if residual is None else x + residual
             residual = residual + self.post_attention_layernorm._norm(self.self_attn(residual, cos, sin, batch, kv,
@@ -280,8 +279,8 @@ class DecoderLayer(nn.Module):
         h, residual = self.input_layernorm(x, residual)
         if self.parallel:  # (stream + attention) + MLP, in transformers' order: the MLP's output is the next x
             return self.mlp(h, lora), residual + self.self_attn(h, cos, sin, batch, kv, lora)
-        h = self.self_attn(h, cos, sin, batch, kv, lora) if positions is None else self.self_attn(
-            h, cos, sin, batch, kv, lora, positions)
+        h = self.self_attn(h, cos, sin, batch, kv, lora) if q_mult is None else self.self_attn(
+            h, cos, sin, batch, kv, lora, q_mult)
         if self.sandwich:  # the attention's output is normed before it joins the stream, the MLP's too
             h, _ = self.post_attention_layernorm(h)
             h, residual = self.pre_feedforward_layernorm(h, residual)
@@ -342,11 +341,12 @@ class LlamaForCausalLM(nn.Module):
             x = x * (torch.tensor(c.embed_scale, dtype=x.dtype) if c.embed_scale_rounded else c.embed_scale)
         rope = self.rotary.cos_sin(positions, x.dtype)
         local = self.local_rotary.cos_sin(positions, x.dtype) if self.local_rotary is not None else rope
+        nope_scale, rope_scale = query_scales(c, positions, x.dtype)
         residual = None
         for i, layer in enumerate(self.model.layers):
-            cos, sin = (None, None) if i in c.nope_layers else local if c.slides(i) else rope
-            x, residual = layer(x, residual, cos, sin, batch, kv, lora,
-                                positions if c.nope_temperature or c.q_position_scale else None)
+            nope = i in c.nope_layers
+            cos, sin = (None, None) if nope else local if c.slides(i) else rope
+            x, residual = layer(x, residual, cos, sin, batch, kv, lora, nope_scale if nope else rope_scale)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
         logits = self.lm_head(x)
         if c.logits_divisor != 1.0:  # Granite
@@ -471,7 +471,6 @@ class LlamaForCausalLM(nn.Module):
         absent = sorted(set(params) - loaded)
         if absent:
             raise KeyError(f"checkpoint lacks weights: {', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}")
-
 
     def _untie_head(self, params: dict[str, nn.Parameter]) -> None:
         """A head the checkpoint stores wins over tying, as in transformers (Mistral3's published configs imply

@@ -249,6 +249,7 @@ class ModelConfig:
         self._check_rope()
         if self.num_experts:
             check_moe(self)
+        self._check_position_fields()
         if any(not 0 <= layer < self.num_hidden_layers for layer in self.nope_layers):
             raise ModelLoadError(f"config.json: layers without RoPE {self.nope_layers} outside the "
                                  f"{self.num_hidden_layers} layers")
@@ -262,6 +263,21 @@ class ModelConfig:
         if self.served_context is not None and not 1 <= self.served_context <= self.max_position_embeddings:
             raise InvalidArgument(f"max_model_len {self.served_context} must be between 1 and the model's "
                                   f"max_position_embeddings ({self.max_position_embeddings})")
+
+    def _check_position_fields(self) -> None:
+        """Llama 4's chunks and query temperature, Ministral 3's query scale: positive periods, chunked layers
+        among the model's, and chunks never beside a sliding window (attention reads one or the other)."""
+        if self.chunked_layers and (self.attention_chunk is None or self.attention_chunk < 1
+                                    or self.sliding_window is not None
+                                    or not all(0 <= i < self.num_hidden_layers for i in self.chunked_layers)):
+            raise ModelLoadError(f"chunked attention in layers {self.chunked_layers} needs attention_chunk >= 1 "
+                                 f"(got {self.attention_chunk}), layers of the model, and no sliding window")
+        periods = {"floor_scale": self.nope_temperature and self.nope_temperature[0],
+                   "original_max_position_embeddings": self.q_position_scale and self.q_position_scale[1]}
+        for name, period in periods.items():
+            if period is not None and not period > 0:
+                raise ModelLoadError(f"config.json: {name} (the period of a query scale by position) must be > 0, "
+                                     f"got {period}")
 
     def _check_rope(self) -> None:
         rope_type = self.rope_type

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from services.common.errors import SeawallError
 from services.scheduler.anthropic_api import ContentBlocks, error_body, parse_request, stop_reason, usage
 from services.scheduler.chat_tools import ToolCalling
+from services.scheduler.http_io import error_response as http_error_response
 from services.scheduler.http_io import json_body
 from services.scheduler.tracked import TrackedRequest
 
@@ -110,8 +111,7 @@ def _usage(tracked: TrackedRequest) -> dict[str, Any]:
 
 
 def error_response(exc: SeawallError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if exc.http_status == 429 else None
-    return JSONResponse(error_body(exc), status_code=exc.http_status, headers=headers)
+    return http_error_response(exc, error_body(exc))
 
 
 async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:

@@ -18,9 +18,10 @@ def error_body(exc: SeawallError) -> dict:
     return {"error": {"message": str(exc), "type": type(exc).__name__, "code": exc.grpc_code.lower()}}
 
 
-def error_response(exc: SeawallError) -> JSONResponse:
+def error_response(exc: SeawallError, body: dict | None = None) -> JSONResponse:
+    """``exc`` with its status (and ``Retry-After`` on overload), as ``body`` (default: OpenAI's shape)."""
     headers = {"Retry-After": "1"} if exc.http_status == 429 else None
-    return JSONResponse(error_body(exc), status_code=exc.http_status, headers=headers)
+    return JSONResponse(error_body(exc) if body is None else body, status_code=exc.http_status, headers=headers)
 
 
 def streaming(body: dict) -> tuple[bool, bool]:

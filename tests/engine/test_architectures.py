@@ -717,3 +717,15 @@ def test_exaone3_checkpoints_run_as_transformers_runs_them(tmp_path, tiny_model_
     config, hf = ModelConfig.from_dict(hub), transformers.ExaoneConfig(**hub)
     assert (config.num_hidden_layers, config.rms_norm_eps, config.rope_theta, config.rope_type) == (
         hf.num_hidden_layers, hf.rms_norm_eps, hf.rope_parameters["rope_theta"], hf.rope_parameters["rope_type"])
+
+
+def test_position_fields_the_engine_cannot_compute_are_refused():
+    base = ModelConfig.from_dict(dict(COMMON))
+    with pytest.raises(ModelLoadError, match="floor_scale .* must be > 0"):
+        dataclasses.replace(base, nope_temperature=(0.0, 0.1))
+    with pytest.raises(ModelLoadError, match="original_max_position_embeddings .* must be > 0"):
+        dataclasses.replace(base, q_position_scale=(0.1, 0.0))
+    with pytest.raises(ModelLoadError, match="chunked attention in layers"):
+        dataclasses.replace(base, chunked_layers=(0,), attention_chunk=24, sliding_window=16)
+    with pytest.raises(ModelLoadError, match="chunked attention in layers"):
+        dataclasses.replace(base, chunked_layers=(5,), attention_chunk=24)
