@@ -18,7 +18,8 @@ sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's no
 norms, local layers with RoPE and global ones without), Cohere's Command R / R+ and Command R7B / A (LayerNorms,
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
-pairs), Ministral 3 (Mistral with queries scaled with position), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash and Youtu-LLM
+(``aliases.py``: served as Llama or DeepSeek-V3), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -36,6 +37,7 @@ from typing import Any
 
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.lora import ModelShape
+from services.engine.aliases import ALIASES, aliased
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_fields, llama4_nope_layers
 from services.engine.mla_config import check_mla, mla_fields
@@ -366,13 +368,13 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
-        raw = _aliased(text_model_config(raw))
+        raw = aliased(text_model_config(raw))
         archs = raw.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(
                 f"config.json: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-                f" and the language models of {', '.join(VISION_LANGUAGE)}"
+                f", as those {', '.join(ALIASES)}, and the language models of {', '.join(VISION_LANGUAGE)}"
             )
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads") if k not in raw]
@@ -538,26 +540,6 @@ def _rope_type(scaling: dict[str, Any] | None) -> str:
     if not scaling:
         return "default"
     return str(scaling.get("rope_type", scaling.get("type", "default")))
-
-
-# Architectures transformers runs as its Llama (InternLM3, EXAONE 3 / 3.5), with the fields they name otherwise
-# and the defaults they have where Llama's differ (EXAONE's weight names: weight_names.py).
-_ALIASES = {"InternLM3ForCausalLM": ({"qkv_bias": "attention_bias", "bias": "mlp_bias"}, {"head_dim": 128}),
-            "ExaoneForCausalLM": ({"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
-                                   "activation_function": "hidden_act"},
-                                  {"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096})}
-
-
-def _aliased(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` as transformers runs it: InternLM3's and EXAONE 3's configs read as Llama's."""
-    arch = (raw.get("architectures") or [None])[0]
-    if arch not in _ALIASES:
-        return raw
-    names, defaults = _ALIASES[arch]
-    out = {names.get(k, k): v for k, v in raw.items()}
-    if out.get("rope_parameters"):  # transformers >= 5 names the base there
-        defaults = {k: v for k, v in defaults.items() if k != "rope_theta"}
-    return {**defaults, **out, "architectures": ["LlamaForCausalLM"]}
 
 
 def _q_position_scale(rope_scaling: dict[str, Any] | None) -> tuple[float, float] | None:

@@ -90,7 +90,10 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                     routing_weights_fp32=True)
     if arch in _DEEPSEEK_STYLE:
         normalize, dense, shared = _DEEPSEEK_STYLE[arch]
-        first, width = int(raw.get("first_k_dense_replace") or dense), int(raw.get("moe_intermediate_size") or width)
+        first = raw.get("first_k_dense_replace")
+        first, width = int(dense if first is None else first), int(raw.get("moe_intermediate_size") or width)
+        if first >= layers:  # Youtu-LLM (aliases.py): latent attention over dense MLPs only
+            return {}
         return dict(num_experts=int(raw.get("n_routed_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
                     norm_topk_prob=bool(raw.get("norm_topk_prob", normalize)), moe_layers=tuple(range(first, layers)),

@@ -138,6 +138,16 @@ CASES = {
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
         n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
         moe_intermediate_size=32, rope_interleave=False, **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # GLM-4.7-Flash: DeepSeek-V3's latent attention and routing (served as it), its MLP layers listed by type.
+    "glm4-moe-lite": lambda: transformers.Glm4MoeLiteConfig(
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32, n_shared_experts=1,
+        routed_scaling_factor=1.8, mlp_layer_types=["dense", "dense", "sparse"],
+        **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # Youtu-LLM: the same latent attention over dense MLPs, tied embeddings.
+    "youtu": lambda: transformers.YoutuConfig(
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+        **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
     # DeepSeek-V2: V2-Lite's attention (no query bottleneck) and YaRN; V2's routing (softmax scores of an fp32
     # router, the top 2 within the best group by its best score, scaled, not renormalized), two shared experts.
     "deepseek-v2": lambda: transformers.DeepseekV2Config(
@@ -729,3 +739,52 @@ def test_position_fields_the_engine_cannot_compute_are_refused():
         dataclasses.replace(base, chunked_layers=(0,), attention_chunk=24, sliding_window=16)
     with pytest.raises(ModelLoadError, match="chunked attention in layers"):
         dataclasses.replace(base, chunked_layers=(5,), attention_chunk=24)
+
+
+@pytest.mark.parametrize("arch", ["Glm4MoeLiteForCausalLM", "YoutuForCausalLM"])
+def test_deepseek_v3_aliases_read_their_defaults_as_transformers_does(arch):
+    """GLM-4.7-Flash and Youtu-LLM served as DeepSeek-V3: a config.json that leaves every field out reads as
+    transformers' own config class reads it (their defaults differ from DeepSeek-V3's)."""
+    hf = {"Glm4MoeLiteForCausalLM": transformers.Glm4MoeLiteConfig, "YoutuForCausalLM": transformers.YoutuConfig}[arch]()
+    config = ModelConfig.from_dict({"architectures": [arch]})
+    assert (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+            config.num_attention_heads, config.max_position_embeddings, config.rms_norm_eps) == (
+        hf.vocab_size, hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers, hf.num_attention_heads,
+        hf.max_position_embeddings, hf.rms_norm_eps)
+    assert (config.kv_lora_rank, config.q_lora_rank, config.qk_rope_head_dim, config.qk_nope_head_dim,
+            config.v_head_dim, config.rope_interleaved, config.tie_word_embeddings) == (
+        hf.kv_lora_rank, hf.q_lora_rank, hf.qk_rope_head_dim, hf.qk_nope_head_dim, hf.v_head_dim,
+        hf.rope_interleave, hf.tie_word_embeddings)
+    assert (config.bos_token_id, config.eos_token_ids) == (hf.bos_token_id, (hf.eos_token_id,))
+    routed = [t == "sparse" for t in getattr(hf, "mlp_layer_types", None) or ["dense"] * hf.num_hidden_layers]
+    assert [config.is_moe(i) for i in range(hf.num_hidden_layers)] == routed
+    if any(routed):
+        assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+                config.shared_expert_intermediate_size, config.routed_scaling_factor, config.norm_topk_prob) == (
+            hf.n_routed_experts, hf.num_experts_per_tok, hf.moe_intermediate_size,
+            hf.n_shared_experts * hf.moe_intermediate_size, hf.routed_scaling_factor, hf.norm_topk_prob)
+    else:
+        assert config.num_experts == 0
+
+
+def test_glm_4_7_flash_as_published():
+    """GLM-4.7-Flash's config.json fields (DeepSeek-V3's names, topk_method beside them, an MTP layer after its
+    47): read as transformers' Glm4MoeLiteConfig reads them; mlp_layer_types that interleave dense layers refused."""
+    raw = {"architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite", "attention_bias": False,
+           "eos_token_id": [154820, 154827, 154829], "pad_token_id": 154820, "hidden_act": "silu",
+           "hidden_size": 2048, "intermediate_size": 10240, "max_position_embeddings": 202752,
+           "moe_intermediate_size": 1536, "topk_method": "noaux_tc", "norm_topk_prob": True,
+           "num_attention_heads": 20, "n_group": 1, "topk_group": 1, "n_routed_experts": 64, "n_shared_experts": 1,
+           "routed_scaling_factor": 1.8, "num_experts_per_tok": 4, "first_k_dense_replace": 1,
+           "num_hidden_layers": 47, "num_key_value_heads": 20, "num_nextn_predict_layers": 1, "kv_lora_rank": 512,
+           "q_lora_rank": 768, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+           "rms_norm_eps": 1e-05, "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+           "tie_word_embeddings": False, "dtype": "bfloat16", "vocab_size": 154880}
+    config, hf = ModelConfig.from_dict(raw), transformers.Glm4MoeLiteConfig(**raw)
+    assert [config.is_moe(i) for i in range(47)] == [t == "sparse" for t in hf.mlp_layer_types]
+    assert (config.rope_theta, config.mtp_layers, config.head_dim, config.num_key_value_heads) == (1e6, 1, 576, 1)
+    assert config.eos_token_ids == (154820, 154827, 154829) and config.moe_routing == "sigmoid"
+    with pytest.raises(ModelLoadError, match="the dense ones first"):
+        ModelConfig.from_dict({**raw, "mlp_layer_types": ["dense", "sparse", "dense"] + ["sparse"] * 44})
+    with pytest.raises(ModelLoadError, match="mlp_layer_types must list"):
+        ModelConfig.from_dict({**raw, "mlp_layer_types": ["dense"]})

@@ -1,0 +1,89 @@
+"""Architectures served as another one because transformers builds them from its parts: InternLM3 and EXAONE 3 /
+3.5 run as its Llama; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
+DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense).
+
+Each alias names the fields its config calls otherwise, its transformers defaults where the target's differ (a
+config.json may leave any field out), the fields transformers does not read for it (so a stale one is not taken
+for the target's), and how its dense and routed MLP layers are laid out. No torch: the scheduler reads configs
+too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class Alias:
+    target: str
+    names: dict[str, str] = field(default_factory=dict)  # its field → the target's
+    defaults: dict[str, Any] = field(default_factory=dict)
+    ignored: tuple[str, ...] = ()
+    # "mlp_layer_types": its dense/sparse list per layer (GLM-4.7-Flash; default: layer 0 dense), read as
+    # the target's first_k_dense_replace; "dense": no routed layer at all.
+    mlp_layers: str | None = None
+
+
+# transformers' DeepSeek-V3 routing fields, which Youtu's config (dense MLPs only) does not have.
+_ROUTING = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group",
+            "topk_group", "routed_scaling_factor", "norm_topk_prob", "first_k_dense_replace", "topk_method",
+            "scoring_func", "moe_layer_freq")
+ALIASES = {
+    "InternLM3ForCausalLM": Alias("LlamaForCausalLM", {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
+                                  {"head_dim": 128}),
+    "ExaoneForCausalLM": Alias("LlamaForCausalLM", {"num_layers": "num_hidden_layers",
+                                                    "layer_norm_epsilon": "rms_norm_eps",
+                                                    "activation_function": "hidden_act"},
+                               {"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096}),
+    # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
+    "Glm4MoeLiteForCausalLM": Alias(
+        "DeepseekV3ForCausalLM",
+        defaults={"vocab_size": 154880, "hidden_size": 2048, "intermediate_size": 10240, "num_hidden_layers": 47,
+                  "num_attention_heads": 20, "moe_intermediate_size": 1536, "n_shared_experts": 1,
+                  "n_routed_experts": 64, "routed_scaling_factor": 1.8, "kv_lora_rank": 512, "q_lora_rank": 768,
+                  "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1,
+                  "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True,
+                  "max_position_embeddings": 202752, "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 1,
+                  "tie_word_embeddings": False, "rope_interleave": True},
+        ignored=("first_k_dense_replace", "topk_method", "scoring_func", "moe_layer_freq"),
+        mlp_layers="mlp_layer_types"),
+    # transformers' YoutuConfig defaults (Youtu-LLM-2B's shape); the rest are DeepSeek-V3's.
+    "YoutuForCausalLM": Alias(
+        "DeepseekV3ForCausalLM",
+        defaults={"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 32,
+                  "num_attention_heads": 16, "max_position_embeddings": 131072, "bos_token_id": 128000,
+                  "eos_token_id": 128001, "tie_word_embeddings": True},
+        ignored=_ROUTING, mlp_layers="dense"),
+}
+
+
+def aliased(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` as transformers runs it: an aliased architecture's config read as its target's; others as given."""
+    arch = (raw.get("architectures") or [None])[0]
+    alias = ALIASES.get(arch)
+    if alias is None:
+        return raw
+    out = {alias.names.get(k, k): v for k, v in raw.items() if k not in alias.ignored}
+    defaults = alias.defaults
+    if out.get("rope_parameters"):  # transformers >= 5 names the base there
+        defaults = {k: v for k, v in defaults.items() if k != "rope_theta"}
+    out = {**defaults, **out, "architectures": [alias.target]}
+    if alias.mlp_layers is not None:
+        out["first_k_dense_replace"] = _dense_layers(out, alias.mlp_layers, arch)
+    return out
+
+
+def _dense_layers(raw: dict[str, Any], layout: str, arch: str) -> int:
+    """How many leading layers keep a dense MLP (the rest route), from ``mlp_layer_types`` as transformers
+    defaults it (layer 0 dense), or all of them."""
+    layers = int(raw["num_hidden_layers"])
+    if layout == "dense":
+        return layers
+    types = raw.pop("mlp_layer_types", None) or ["dense"] + ["sparse"] * (layers - 1)
+    dense = next((i for i, t in enumerate(types) if t != "dense"), len(types)) if isinstance(types, list) else 0
+    if not isinstance(types, list) or len(types) != layers or any(t != "sparse" for t in types[dense:]):
+        raise ModelLoadError(f"config.json: {arch}'s mlp_layer_types must list 'dense' or 'sparse' for each of its "
+                             f"{layers} layers, the dense ones first; got {types!r}")
+    return dense
