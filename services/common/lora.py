@@ -28,7 +28,7 @@ MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 # parts each replaces.
 FUSED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
-_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
@@ -143,7 +143,11 @@ def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[
                 if m is None:
                     raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder "
                                           f"layer's projection ({', '.join(MODULES)})")
-                layer, module, ab = int(m[1]), m[2], m[3]
+                layer, sublayer, module, ab = int(m[1]), m[2], m[3], m[4]
+                if (sublayer == "self_attn") != (module in _ATTENTION_MODULES):  # AFMoE's self_attn.gate_proj
+                    raise InvalidArgument(f"{where}: adapts {sublayer}.{module}; supported: the attention's "
+                                          f"{', '.join(_ATTENTION_MODULES)} and the MLP's "
+                                          f"{', '.join(m for m in (*MODULES, *FUSED_MODULES) if m not in _ATTENTION_MODULES)}")
                 _check_module(where, layer, module, shape)
                 fan_in, fan_out = shape.in_out(module)
                 want = (rank, fan_in) if ab == "A" else (fan_out, rank)

@@ -116,6 +116,8 @@ class Attention(nn.Module):
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        # AFMoE: the output gated per feature by the sigmoid of a projection of the input.
+        self.gate_proj = nn.Linear(config.hidden_size, self.q_size, bias=False) if config.attn_output_gate else None
         # GPT-OSS: a learned logit per head that joins its softmax (attention.py).
         self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks else None
         self.q_norm = self.k_norm = None
@@ -165,6 +167,8 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.layer)
         o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks).reshape(t, self.q_size)
+        if self.gate_proj is not None:
+            o = o * torch.sigmoid(self.gate_proj(x))
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
 

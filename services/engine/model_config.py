@@ -19,7 +19,7 @@ norms, local layers with RoPE and global ones without), Cohere's Command R / R+ 
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
 pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash and Youtu-LLM
-(``aliases.py``: served as Llama or DeepSeek-V3), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+(``aliases.py``: served as Llama or DeepSeek-V3), Arcee's AFMoE (``afmoe.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -37,6 +37,8 @@ from typing import Any
 
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.lora import ModelShape
+from services.engine.afmoe import ARCH as AFMOE
+from services.engine.afmoe import afmoe_fields
 from services.engine.aliases import ALIASES, aliased
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_fields, llama4_nope_layers
@@ -54,7 +56,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Olmo3ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
                            "ArceeForCausalLM", "Llama4ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
                            "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "ApertusForCausalLM",
-                           "Ministral3ForCausalLM")
+                           "Ministral3ForCausalLM", AFMOE)
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
@@ -103,6 +105,9 @@ class ModelConfig:
     attention_bias: bool = False
     o_proj_bias: bool = False
     attention_sinks: bool = False
+    # Arcee's AFMoE (Trinity): attention's output times the sigmoid of a projection of the layer's input (its
+    # self_attn.gate_proj), per feature, before o_proj.
+    attn_output_gate: bool = False
     # Qwen3 normalizes each head of q and k (RMSNorm over head_dim) before RoPE; OLMo 2 and OLMoE normalize
     # the whole q and k projections instead (qk_norm_whole).
     qk_norm: bool = False
@@ -345,7 +350,7 @@ class ModelConfig:
                 and not self.o_proj_bias and not self.attention_sinks and not self.moe_biases
                 and self.swiglu_limit is None and not self.mla and not self.qk_l2_norm
                 and self.nope_temperature is None and self.q_position_scale is None and not self.layer_norm
-                and not self.parallel_block
+                and not self.parallel_block and not self.attn_output_gate
                 and self.logit_scale == 1.0)
 
     @property
@@ -353,7 +358,7 @@ class ModelConfig:
         """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's, OLMo 2's and GPT-OSS's
         order)."""
         return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM",
-                                                              "GptOssForCausalLM")
+                                                              "GptOssForCausalLM", AFMOE)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -432,7 +437,7 @@ class ModelConfig:
                 o_proj_bias=(gpt_oss or cohere or arch == LLAMA4) and bool(raw.get("attention_bias", gpt_oss)),
                 attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
-                                 "Dots1ForCausalLM", "ApertusForCausalLM", *_WHOLE_QK_NORM)
+                                 "Dots1ForCausalLM", "ApertusForCausalLM", AFMOE, *_WHOLE_QK_NORM)
                 or (arch in ("Glm4MoeForCausalLM", "CohereForCausalLM") and bool(raw.get("use_qk_norm"))),
                 qk_norm_whole=arch in _WHOLE_QK_NORM,
                 pre_norms=arch not in _POST_NORMS,
@@ -443,13 +448,13 @@ class ModelConfig:
                 hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act")
                                or ("relu2" if arch == "ArceeForCausalLM" else "silu")),
                 mlp_gated=arch not in ("ArceeForCausalLM", "ApertusForCausalLM"),
-                embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma else float(raw.get("embedding_multiplier", 1.0))
-                if granite else 1.0,
+                embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma or (arch == AFMOE and raw.get("mup_enabled"))
+                else float(raw.get("embedding_multiplier", 1.0)) if granite else 1.0,
                 embed_scale_rounded=gemma,
                 residual_scale=float(raw.get("residual_multiplier", 1.0)) if granite else 1.0,
                 logits_divisor=float(raw.get("logits_scaling", 1.0)) if granite else 1.0,
                 norm_unit_offset=gemma,
-                sandwich_norms=gemma or arch == "Glm4ForCausalLM",
+                sandwich_norms=gemma or arch in ("Glm4ForCausalLM", AFMOE),
                 # GLM-4 rotates interleaved pairs of features: the loader reorders its q/k rows (rope.py).
                 rope_interleaved=latent.pop("rope_interleaved", arch in ("Glm4ForCausalLM", LLAMA4, *_COHERES, *_ERNIES)),
                 attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma
@@ -460,6 +465,7 @@ class ModelConfig:
                 **latent,
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
                 **(llama4_fields(raw, int(raw["num_hidden_layers"])) if arch == LLAMA4 else {}),
+                **(afmoe_fields(raw) if arch == AFMOE else {}),
                 **(dict(layer_norm=True, parallel_block=True, logit_scale=float(raw.get("logit_scale") or 0.0625))
                    if cohere else {}),
                 mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
@@ -497,7 +503,8 @@ def _olmo3_local_theta(arch: str, rope_scaling: Any, theta: Any) -> float | None
 
 def _head_dim(raw: dict[str, Any], arch: str, heads: int) -> int:
     """``head_dim``, else transformers' default: GPT-OSS's 64, MiniMax-M2's 128, hidden_size / heads."""
-    defaults = {"GptOssForCausalLM": 64, "MiniMaxM2ForCausalLM": 128, "Glm4ForCausalLM": 128, "Ernie4_5ForCausalLM": 128}
+    defaults = {"GptOssForCausalLM": 64, "MiniMaxM2ForCausalLM": 128, "Glm4ForCausalLM": 128, "Ernie4_5ForCausalLM": 128,
+                AFMOE: 128}
     return int(raw.get("head_dim") or defaults.get(arch) or int(raw["hidden_size"]) // heads)
 
 
@@ -558,7 +565,7 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
     ``use_sliding_window`` (their configs carry a window they leave off); Llama has none."""
     window = raw.get("sliding_window", 4096 if arch in (*_GEMMAS, "Cohere2ForCausalLM") else 128 if arch in _GPT_OSS
-                     else None)  # transformers' defaults
+                     else 1024 if arch == AFMOE else None)  # transformers' defaults
     if arch == "LlamaForCausalLM" or ((arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM")
                                       and not raw.get("use_sliding_window")):
         return None
@@ -579,9 +586,10 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
         if not isinstance(types, list) or len(types) != layers:
             raise ModelLoadError(f"config.json: layer_types must list one type per layer ({layers})")
         return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
-    if arch in (*_GEMMAS, *_GPT_OSS, "Olmo3ForCausalLM", "Cohere2ForCausalLM"):
-        default = {"Gemma3ForCausalLM": 6, "Olmo3ForCausalLM": 4, "Cohere2ForCausalLM": 4}.get(arch, 2)
-        pattern = int(raw.get("sliding_window_pattern", default))
+    if arch in (*_GEMMAS, *_GPT_OSS, "Olmo3ForCausalLM", "Cohere2ForCausalLM", AFMOE):
+        default = {"Gemma3ForCausalLM": 6, "Olmo3ForCausalLM": 4, "Cohere2ForCausalLM": 4, AFMOE: 4}.get(arch, 2)
+        pattern = int(raw.get("global_attn_every_n_layers" if arch == AFMOE else "sliding_window_pattern", default)
+                      or default)
         return tuple(i for i in range(layers) if (i + 1) % pattern)
     if arch == "Exaone4ForCausalLM":  # "LLLG": local, local, local, global, repeated; n: every n-th global
         pattern = raw.get("sliding_window_pattern", 4)
@@ -602,6 +610,9 @@ def _nope_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]
         return tuple(i for i in range(layers) if i not in local)
     if arch == LLAMA4:
         return llama4_nope_layers(raw, layers)
+    if arch == AFMOE:  # RoPE in its sliding layers only, whatever the window
+        local = _sliding_layers(raw, arch, layers)
+        return tuple(i for i in range(layers) if i not in local)
     if arch != "SmolLM3ForCausalLM":
         return ()
     flags = raw.get("no_rope_layers")

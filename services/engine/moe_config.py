@@ -1,5 +1,5 @@
 """The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, GLM-4.5,
-dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3, Llama 4, ERNIE 4.5), read as
+dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3, Llama 4, ERNIE 4.5, AFMoE), read as
 transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (6
                 "GraniteMoeForCausalLM": (8, 2, None, 0), "GraniteMoeSharedForCausalLM": (8, 2, None, 0),
                 "Dots1ForCausalLM": (128, 6, 1408, 0), "MiniMaxM2ForCausalLM": (256, 8, None, 0),
                 "DeepseekV2ForCausalLM": (64, 0, 1407, 0), "DeepseekV3ForCausalLM": (256, 8, 2048, 0),
-                "Llama4ForCausalLM": (16, 1, None, 0), "Ernie4_5_MoeForCausalLM": (64, 6, 1536, 2)}
+                "Llama4ForCausalLM": (16, 1, None, 0), "Ernie4_5_MoeForCausalLM": (64, 6, 1536, 2),
+                "AfmoeForCausalLM": (64, 6, 1408, 2)}
 # DeepSeek-V3's fields (n_routed_experts, n_shared_experts, first_k_dense_replace, n_group, ...), and the
 # defaults transformers gives them per architecture: norm_topk_prob, first_k_dense_replace, n_shared_experts.
 _DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0),
@@ -64,6 +65,15 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                     moe_layers=tuple(moe) if moe is not None else tuple(range(step - 1, layers, step)),
                     moe_routing="sigmoid_input", router_fp32=False, shared_expert_intermediate_size=width,
                     shared_expert_gated=False)
+    if arch == "AfmoeForCausalLM":  # afmoe.py
+        dense = raw.get("num_dense_layers", 1)
+        width = int(raw.get("moe_intermediate_size") or width)
+        return dict(num_experts=int(raw.get("num_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
+                    norm_topk_prob=True, moe_layers=tuple(range(int(dense or 0), layers)), moe_routing="sigmoid",
+                    routed_scaling_factor=float(raw.get("route_scale") or 1.0), router_fp32=False,
+                    routing_weights_fp32=True, shared_expert_gated=False,
+                    shared_expert_intermediate_size=width * int(raw.get("num_shared_experts", shared) or 0))
     if arch == "MixtralForCausalLM":
         return dict(num_experts=int(raw.get("num_local_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),

@@ -123,3 +123,15 @@ def test_adapters_of_projections_the_model_lacks_are_refused(lora_dirs, shape, t
     weights = load_file(str(out / WEIGHTS_FILE))
     save_file({k: v for k, v in weights.items() if kept in k}, str(out / WEIGHTS_FILE))
     assert read_lora(LoraRef("x", str(out)), odd, max_rank=16).tensors
+
+
+def test_a_projection_adapted_under_the_other_sublayer_is_refused(lora_dirs, shape, tmp_path):
+    """AFMoE's attention has a gate_proj of its own (its output gate): an adapter of it is not taken for the
+    MLP's gate_proj."""
+    out = _copy(lora_dirs, tmp_path)
+    weights = load_file(str(out / WEIGHTS_FILE))
+    moved = {k.replace(".mlp.gate_proj.", ".self_attn.gate_proj."): v for k, v in weights.items()}
+    assert moved.keys() != weights.keys()
+    save_file(moved, str(out / WEIGHTS_FILE))
+    with pytest.raises(InvalidArgument, match=r"adapts self_attn\.gate_proj; supported: the attention's q_proj"):
+        read_lora(LoraRef("x", str(out)), shape, max_rank=16)

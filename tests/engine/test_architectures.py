@@ -192,6 +192,13 @@ CASES = {
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 128},
         **{**COMMON, "num_hidden_layers": 4, "intermediate_size": 32, "pad_token_id": 0}),
+    # AFMoE (Arcee Trinity): attention's output gated, per-head q/k norms, sandwich norms, three sliding layers with
+    # RoPE to one global without, embeddings scaled (muP); from layer 1, sigmoid routing with a correction bias
+    # (expert_bias), renormalized and scaled, beside a shared MLP of two experts' width.
+    "afmoe": lambda: transformers.AfmoeConfig(
+        head_dim=16, sliding_window=24, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        num_shared_experts=2, route_scale=2.5, mup_enabled=True,
+        **{**COMMON, "num_hidden_layers": 4, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -222,6 +229,9 @@ def save_checkpoint(config, out, tiny_model_dir, auto=None):
         for name, b in model.named_buffers():  # GLM-4.5's routing bias: enough to change which experts are chosen
             if "e_score_correction_bias" in name:
                 b.normal_(0.0, 0.3)
+        for name, p in model.named_parameters():  # AFMoE's routing bias is a parameter
+            if name.endswith("expert_bias"):
+                p.normal_(0.0, 0.3)
     model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_model_dir / name, out / name)
@@ -631,7 +641,7 @@ def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_mode
 
 def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
-    if model.config.model_type in ("exaone4", "cohere2"):  # global layers take no positions
+    if model.config.model_type in ("exaone4", "cohere2", "afmoe"):  # global layers take no positions
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     else:
         want = tuple(i for i, rope in enumerate(getattr(model.config, "no_rope_layers", None) or [1] * 3) if not rope)
@@ -788,3 +798,25 @@ def test_glm_4_7_flash_as_published():
         ModelConfig.from_dict({**raw, "mlp_layer_types": ["dense", "sparse", "dense"] + ["sparse"] * 44})
     with pytest.raises(ModelLoadError, match="mlp_layer_types must list"):
         ModelConfig.from_dict({**raw, "mlp_layer_types": ["dense"]})
+
+
+def test_afmoe_configs_read_as_transformers_reads_them():
+    """AFMoE's defaults (Trinity's shape: 1 dense layer, 3 sliding layers with RoPE to 1 global without), and a
+    config with its own pattern, dense layers and shared experts, read as transformers' AfmoeConfig reads them."""
+    for fields in ({}, {"global_attn_every_n_layers": 2, "num_dense_layers": 3, "num_shared_experts": 1,
+                        "route_scale": 2.826, "mup_enabled": True, "num_key_value_heads": 4, "sliding_window": 2048}):
+        raw = {"architectures": ["AfmoeForCausalLM"], "vocab_size": 200192, "hidden_size": 2048,
+               "intermediate_size": 6144, "num_hidden_layers": 32, "num_attention_heads": 16, **fields}
+        config, hf = ModelConfig.from_dict(raw), transformers.AfmoeConfig(**raw)
+        local = [t == "sliding_attention" for t in hf.layer_types]
+        assert [config.slides(i) for i in range(32)] == local and config.sliding_window == hf.sliding_window
+        assert [i not in config.nope_layers for i in range(32)] == local  # RoPE where the layer slides only
+        assert [config.is_moe(i) for i in range(32)] == [i >= hf.num_dense_layers for i in range(32)]
+        assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+                config.shared_expert_intermediate_size, config.routed_scaling_factor) == (
+            hf.num_experts, hf.num_experts_per_tok, hf.moe_intermediate_size,
+            hf.num_shared_experts * hf.moe_intermediate_size, hf.route_scale)
+        assert (config.head_dim, config.num_key_value_heads, config.tie_word_embeddings) == (
+            hf.head_dim, hf.num_key_value_heads, hf.tie_word_embeddings)
+        assert config.embed_scale == (2048**0.5 if hf.mup_enabled else 1.0)
+        assert config.attn_output_gate and config.sandwich_norms and config.qk_norm and not config.is_llama_like
