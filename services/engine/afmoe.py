@@ -27,4 +27,4 @@ def afmoe_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """The ``ModelConfig`` fields only AFMoE sets (its windows, norms and MoE: ``ModelConfig.from_dict``,
     moe_config.py)."""
     del raw  # every AFMoE checkpoint gates its attention's output
-    return dict(attn_output_gate=True)
+    return dict(attn_output_gate="own")

@@ -1,14 +1,17 @@
 """Architectures served as another one because transformers builds them from its parts: InternLM3 and EXAONE 3 /
 3.5 run as its Llama; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
-DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense).
+DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
+MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
+each query head (in ``q_proj``, split as it loads: weight_names.py), all of each head rotated and no q/k norms.
 
 Each alias names the fields its config calls otherwise, its transformers defaults where the target's differ (a
 config.json may leave any field out), the fields transformers does not read for it (so a stale one is not taken
-for the target's), and how its dense and routed MLP layers are laid out. No torch: the scheduler reads configs
-too."""
+for the target's), how its dense and routed MLP layers are laid out, and the ``ModelConfig`` fields it sets
+beyond the target's. No torch: the scheduler reads configs too."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,8 @@ class Alias:
     # "mlp_layer_types": its dense/sparse list per layer (GLM-4.7-Flash; default: layer 0 dense), read as
     # the target's first_k_dense_replace; "dense": no routed layer at all.
     mlp_layers: str | None = None
+    # ModelConfig fields it sets beyond what the target reads from the config.
+    fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 # transformers' DeepSeek-V3 routing fields, which Youtu's config (dense MLPs only) does not have.
@@ -56,15 +61,29 @@ ALIASES = {
                   "num_attention_heads": 16, "max_position_embeddings": 131072, "bos_token_id": 128000,
                   "eos_token_id": 128001, "tie_word_embeddings": True},
         ignored=_ROUTING, mlp_layers="dense"),
+    # transformers' MiniCPM5MoeConfig defaults; its rotary embedding ignores partial_rotary_factor (GLM-4.5's default
+    # of a half included), and LlamaAttention's o_proj has a bias with attention_bias.
+    "MiniCPM5MoeForCausalLM": Alias(
+        "Glm4MoeForCausalLM",
+        defaults={"vocab_size": 130560, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 28,
+                  "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+                  "max_position_embeddings": 524288, "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": [1, 130073],
+                  "n_routed_experts": 160, "routed_scaling_factor": 3.66, "num_experts_per_tok": 16,
+                  "moe_intermediate_size": 512, "rope_theta": 5000000.0, "partial_rotary_factor": 1.0},
+        ignored=("use_qk_norm", "partial_rotary_factor"), mlp_layers="mlp_layer_types",
+        fields=lambda raw: {"attn_output_gate": "in_query", "o_proj_bias": bool(raw.get("attention_bias"))}),
 }
 
 
-def aliased(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` as transformers runs it: an aliased architecture's config read as its target's; others as given."""
+def aliased(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``raw`` as transformers runs it: an aliased architecture's config read as its target's, and the
+    ``ModelConfig`` fields the alias sets beyond it; others as given."""
     arch = (raw.get("architectures") or [None])[0]
+    if arch == "MiniCPM5MoEForCausalLM":  # the older name transformers still reads
+        raw, arch = {**raw, "architectures": ["MiniCPM5MoeForCausalLM"]}, "MiniCPM5MoeForCausalLM"
     alias = ALIASES.get(arch)
     if alias is None:
-        return raw
+        return raw, {}
     out = {alias.names.get(k, k): v for k, v in raw.items() if k not in alias.ignored}
     defaults = alias.defaults
     if out.get("rope_parameters"):  # transformers >= 5 names the base there
@@ -72,7 +91,7 @@ def aliased(raw: dict[str, Any]) -> dict[str, Any]:
     out = {**defaults, **out, "architectures": [alias.target]}
     if alias.mlp_layers is not None:
         out["first_k_dense_replace"] = _dense_layers(out, alias.mlp_layers, arch)
-    return out
+    return out, alias.fields(out) if alias.fields else {}
 
 
 def _dense_layers(raw: dict[str, Any], layout: str, arch: str) -> int:
@@ -81,7 +100,9 @@ def _dense_layers(raw: dict[str, Any], layout: str, arch: str) -> int:
     layers = int(raw["num_hidden_layers"])
     if layout == "dense":
         return layers
-    types = raw.pop("mlp_layer_types", None) or ["dense"] + ["sparse"] * (layers - 1)
+    dense = raw.pop("first_k_dense_replace", None)  # MiniCPM5's default layout (transformers reads it there)
+    types = raw.pop("mlp_layer_types", None) or ["dense"] * (1 if dense is None else int(dense)) + ["sparse"] * (
+        layers - (1 if dense is None else int(dense)))
     dense = next((i for i, t in enumerate(types) if t != "dense"), len(types)) if isinstance(types, list) else 0
     if not isinstance(types, list) or len(types) != layers or any(t != "sparse" for t in types[dense:]):
         raise ModelLoadError(f"config.json: {arch}'s mlp_layer_types must list 'dense' or 'sparse' for each of its "

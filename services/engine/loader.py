@@ -21,7 +21,7 @@ from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
 from services.engine.rope import deinterleave_rope, inverse_frequencies
 from services.engine.vision_language import language_model_weights
-from services.engine.weight_names import ernie_weights
+from services.engine.weight_names import ernie_weights, split_query_gates
 
 
 def iter_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -76,6 +76,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         weights = llama4_weights(weights)
     if config.architecture == "Ernie4_5_MoeForCausalLM":
         weights = ernie_weights(weights)
+    if config.attn_output_gate == "in_query":
+        weights = split_query_gates(weights, config.head_dim)
     if config.rope_interleaved:
         weights = ((name, deinterleave_rope(name, tensor, config)) for name, tensor in weights)
     try:

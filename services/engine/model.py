@@ -116,8 +116,9 @@ class Attention(nn.Module):
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
-        # AFMoE: the output gated per feature by the sigmoid of a projection of the input.
-        self.gate_proj = nn.Linear(config.hidden_size, self.q_size, bias=False) if config.attn_output_gate else None
+        # AFMoE, MiniCPM5-MoE: the output gated per feature by the sigmoid of a projection of the input.
+        self.gate_proj = None if config.attn_output_gate is None else nn.Linear(
+            config.hidden_size, self.q_size, bias=config.attn_output_gate == "in_query" and config.attention_bias)
         # GPT-OSS: a learned logit per head that joins its softmax (attention.py).
         self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks else None
         self.q_norm = self.k_norm = None

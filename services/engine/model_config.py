@@ -18,8 +18,8 @@ sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's no
 norms, local layers with RoPE and global ones without), Cohere's Command R / R+ and Command R7B / A (LayerNorms,
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
-pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash and Youtu-LLM
-(``aliases.py``: served as Llama or DeepSeek-V3), Arcee's AFMoE (``afmoe.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash, Youtu-LLM and MiniCPM5-MoE
+(``aliases.py``: served as Llama, DeepSeek-V3 or GLM-4.5), Arcee's AFMoE (``afmoe.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -105,9 +105,10 @@ class ModelConfig:
     attention_bias: bool = False
     o_proj_bias: bool = False
     attention_sinks: bool = False
-    # Arcee's AFMoE (Trinity): attention's output times the sigmoid of a projection of the layer's input (its
-    # self_attn.gate_proj), per feature, before o_proj.
-    attn_output_gate: bool = False
+    # Attention's output times the sigmoid of a projection of the layer's input, per feature, before o_proj:
+    # "own" (AFMoE: its self_attn.gate_proj, no bias), "in_query" (MiniCPM5-MoE: q_proj stores each head's
+    # query rows then its gate's, with q's bias; split as they load); None: not gated.
+    attn_output_gate: str | None = None
     # Qwen3 normalizes each head of q and k (RMSNorm over head_dim) before RoPE; OLMo 2 and OLMoE normalize
     # the whole q and k projections instead (qk_norm_whole).
     qk_norm: bool = False
@@ -248,6 +249,8 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
+        if self.attn_output_gate not in (None, "own", "in_query"):
+            raise ModelLoadError(f"attn_output_gate must be 'own', 'in_query' or None, got {self.attn_output_gate!r}")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"config.json: hidden activation {self.hidden_act!r} is not supported; supported: "
                                  f"{', '.join(SUPPORTED_ACTIVATIONS)}")
@@ -350,7 +353,7 @@ class ModelConfig:
                 and not self.o_proj_bias and not self.attention_sinks and not self.moe_biases
                 and self.swiglu_limit is None and not self.mla and not self.qk_l2_norm
                 and self.nope_temperature is None and self.q_position_scale is None and not self.layer_norm
-                and not self.parallel_block and not self.attn_output_gate
+                and not self.parallel_block and self.attn_output_gate is None
                 and self.logit_scale == 1.0)
 
     @property
@@ -373,7 +376,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
-        raw = aliased(text_model_config(raw))
+        raw, overrides = aliased(text_model_config(raw))
         archs = raw.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -415,7 +418,7 @@ class ModelConfig:
                 # Phi-3 keeps the pretrained context beside rope_scaling; transformers moves it in.
                 rope_scaling = {**rope_scaling,
                                 "original_max_position_embeddings": raw["original_max_position_embeddings"]}
-            return cls(
+            config = cls(
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=int(raw["hidden_size"]),
                 intermediate_size=int(raw.get("intermediate_size_mlp", 16384) if arch == LLAMA4
@@ -479,6 +482,7 @@ class ModelConfig:
             )
         except (TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json has a field of the wrong type: {exc}") from exc
+        return replace(config, **overrides) if overrides else config
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelConfig:

@@ -65,3 +65,19 @@ def ernie_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple
         if name.endswith(".mlp.moe_statics.e_score_correction_bias"):
             name, tensor = name.replace(".mlp.moe_statics.", ".mlp.gate."), tensor.reshape(-1)
         yield name, tensor
+
+
+def split_query_gates(weights: Iterator[tuple[str, torch.Tensor]], head_dim: int,
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+    """MiniCPM5-MoE's ``q_proj`` (transformers' ``q_gate_proj``) as the query and output-gate projections the
+    model holds: each head's rows are its query's ``head_dim`` then its gate's (transformers views the output
+    per head as ``[q | gate]``)."""
+    for name, tensor in weights:
+        if not name.endswith((".self_attn.q_proj.weight", ".self_attn.q_proj.bias", ".self_attn.q_gate_proj.weight",
+                              ".self_attn.q_gate_proj.bias")):
+            yield name, tensor
+            continue
+        pairs = tensor.reshape(-1, 2, head_dim, *tensor.shape[1:])
+        base = name.replace(".q_gate_proj.", ".q_proj.")
+        for i, part in enumerate(("q_proj", "gate_proj")):
+            yield base.replace(".q_proj.", f".{part}."), pairs[:, i].reshape(-1, *tensor.shape[1:]).contiguous()

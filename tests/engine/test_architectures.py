@@ -199,6 +199,12 @@ CASES = {
         head_dim=16, sliding_window=24, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         num_shared_experts=2, route_scale=2.5, mup_enabled=True,
         **{**COMMON, "num_hidden_layers": 4, "pad_token_id": 0}),
+    # MiniCPM5-MoE: GLM-4.5's routing (served as it) and attention's output gated, the gate stored beside each query
+    # head (in q_proj), biases on q/gate, k, v and o; two dense layers.
+    "minicpm5-moe": lambda: transformers.MiniCPM5MoeConfig(
+        head_dim=16, n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1, moe_intermediate_size=32,
+        n_shared_experts=2, routed_scaling_factor=2.5, attention_bias=True, mlp_layer_types=["dense", "dense", "sparse"],
+        **{**COMMON, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -819,4 +825,28 @@ def test_afmoe_configs_read_as_transformers_reads_them():
         assert (config.head_dim, config.num_key_value_heads, config.tie_word_embeddings) == (
             hf.head_dim, hf.num_key_value_heads, hf.tie_word_embeddings)
         assert config.embed_scale == (2048**0.5 if hf.mup_enabled else 1.0)
-        assert config.attn_output_gate and config.sandwich_norms and config.qk_norm and not config.is_llama_like
+        assert config.attn_output_gate == "own" and config.sandwich_norms and config.qk_norm and not config.is_llama_like
+
+
+def test_minicpm5_moe_configs_read_as_transformers_reads_them():
+    """MiniCPM5-MoE's defaults (its 15B-A2.5B shape), its older architecture name, first_k_dense_replace as
+    transformers reads it without mlp_layer_types, and GLM-4.5's partial rotary left out as its rotary embedding
+    leaves it (every feature of a head rotates)."""
+    for fields in ({}, {"architectures": ["MiniCPM5MoEForCausalLM"], "first_k_dense_replace": 3,
+                        "partial_rotary_factor": 0.5, "attention_bias": True, "use_qk_norm": True}):
+        raw = {"architectures": ["MiniCPM5MoeForCausalLM"], **fields}
+        config, hf = ModelConfig.from_dict(raw), transformers.MiniCPM5MoeConfig(**raw)
+        assert (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+                config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.rms_norm_eps,
+                config.max_position_embeddings, config.rope_theta) == (
+            hf.vocab_size, hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers, hf.num_attention_heads,
+            hf.num_key_value_heads, hf.head_dim, hf.rms_norm_eps, hf.max_position_embeddings,
+            hf.rope_parameters["rope_theta"])
+        assert [config.is_moe(i) for i in range(hf.num_hidden_layers)] == [t == "sparse" for t in hf.mlp_layer_types]
+        assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+                config.shared_expert_intermediate_size, config.routed_scaling_factor) == (
+            hf.n_routed_experts, hf.num_experts_per_tok, hf.moe_intermediate_size,
+            hf.n_shared_experts * hf.moe_intermediate_size, hf.routed_scaling_factor)
+        assert config.eos_token_ids == tuple(hf.eos_token_id) and config.bos_token_id == hf.bos_token_id
+        assert config.partial_rotary_factor == 1.0 and not config.qk_norm and config.attn_output_gate == "in_query"
+        assert config.o_proj_bias == config.attention_bias == hf.attention_bias
