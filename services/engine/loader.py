@@ -74,7 +74,7 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         weights = gpt_oss_weights(weights)
     if config.architecture == LLAMA4:
         weights = llama4_weights(weights)
-    if config.architecture == "Ernie4_5_MoeForCausalLM":
+    if config.architecture in ("Ernie4_5_MoeForCausalLM", "ExaoneMoeForCausalLM"):
         weights = ernie_weights(weights)
     if config.attn_output_gate == "in_query":
         weights = split_query_gates(weights, config.head_dim)

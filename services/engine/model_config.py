@@ -15,7 +15,7 @@ norms and a RoPE base of its own for the sliding layers.
 Also: SmolLM3 (layers without RoPE), Granite (scalar multipliers), Seed-OSS (q/k/v biases), GLM-4 (Gemma's
 sandwich norms, RoPE over half of each head in interleaved pairs), OLMo 2 and 3 (norms on
 sublayer outputs only, q/k normed over whole projections), EXAONE 4 (OLMo 2's norm placement, Qwen3's q/k
-norms, local layers with RoPE and global ones without), Cohere's Command R / R+ and Command R7B / A (LayerNorms,
+norms, local layers with RoPE and global ones without; K-EXAONE, its MoE, the same attention with pre-norms), Cohere's Command R / R+ and Command R7B / A (LayerNorms,
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
 pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash, Youtu-LLM and MiniCPM5-MoE
@@ -56,9 +56,11 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Olmo3ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
                            "ArceeForCausalLM", "Llama4ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
                            "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "ApertusForCausalLM",
-                           "Ministral3ForCausalLM", AFMOE)
+                           "Ministral3ForCausalLM", AFMOE, "ExaoneMoeForCausalLM")
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
+# EXAONE 4 and K-EXAONE (its MoE, with pre-norms): local layers with RoPE and a window, global ones without.
+_EXAONES = ("Exaone4ForCausalLM", "ExaoneMoeForCausalLM")
 _WHOLE_QK_NORM = (*_OLMOS, "MiniMaxM2ForCausalLM")  # q and k normed over their whole projections
 _GPT_OSS = ("GptOssForCausalLM",)
 _GRANITES = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")  # the multipliers
@@ -439,7 +441,7 @@ class ModelConfig:
                                                                             "SeedOssForCausalLM", *_GPT_OSS))),
                 o_proj_bias=(gpt_oss or cohere or arch == LLAMA4) and bool(raw.get("attention_bias", gpt_oss)),
                 attention_sinks=gpt_oss,
-                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
+                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", *_EXAONES,
                                  "Dots1ForCausalLM", "ApertusForCausalLM", AFMOE, *_WHOLE_QK_NORM)
                 or (arch in ("Glm4MoeForCausalLM", "CohereForCausalLM") and bool(raw.get("use_qk_norm"))),
                 qk_norm_whole=arch in _WHOLE_QK_NORM,
@@ -569,7 +571,7 @@ def _sliding_window(raw: dict[str, Any], arch: str) -> int | None:
     """The attention window when the checkpoint uses one: Mistral's ``sliding_window`` when set; Qwen's only with
     ``use_sliding_window`` (their configs carry a window they leave off); Llama has none."""
     window = raw.get("sliding_window", 4096 if arch in (*_GEMMAS, "Cohere2ForCausalLM") else 128 if arch in _GPT_OSS
-                     else 1024 if arch == AFMOE else None)  # transformers' defaults
+                     else 1024 if arch == AFMOE else 4096 if arch == "ExaoneMoeForCausalLM" else None)  # transformers' defaults
     if arch == "LlamaForCausalLM" or ((arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM")
                                       and not raw.get("use_sliding_window")):
         return None
@@ -595,7 +597,7 @@ def _sliding_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, .
         pattern = int(raw.get("global_attn_every_n_layers" if arch == AFMOE else "sliding_window_pattern", default)
                       or default)
         return tuple(i for i in range(layers) if (i + 1) % pattern)
-    if arch == "Exaone4ForCausalLM":  # "LLLG": local, local, local, global, repeated; n: every n-th global
+    if arch in _EXAONES:  # "LLLG": local, local, local, global, repeated; n: every n-th global
         pattern = raw.get("sliding_window_pattern", 4)
         if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
             return tuple(i for i in range(layers) if pattern[i % len(pattern)] == "L")
@@ -607,9 +609,9 @@ def _nope_layers(raw: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]
     """Layers without RoPE, as transformers reads them: SmolLM3's ``no_rope_layers`` (1 = RoPE, 0 = none, per
     layer), else every ``no_rope_layer_interval``-th (default 4); EXAONE 4's and Cohere 2's global layers when
     others slide."""
-    if arch in ("Exaone4ForCausalLM", "Cohere2ForCausalLM"):
+    if arch in (*_EXAONES, "Cohere2ForCausalLM"):
         if _sliding_window(raw, arch) is None:  # Cohere 2 rotates in its sliding layers only: then none
-            return () if arch == "Exaone4ForCausalLM" else tuple(range(layers))
+            return () if arch in _EXAONES else tuple(range(layers))
         local = _sliding_layers(raw, arch, layers)
         return tuple(i for i in range(layers) if i not in local)
     if arch == LLAMA4:

@@ -1,5 +1,5 @@
 """The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, GLM-4.5,
-dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3, Llama 4, ERNIE 4.5, AFMoE), read as
+dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3, Llama 4, ERNIE 4.5, AFMoE, K-EXAONE), read as
 transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (6
                 "Dots1ForCausalLM": (128, 6, 1408, 0), "MiniMaxM2ForCausalLM": (256, 8, None, 0),
                 "DeepseekV2ForCausalLM": (64, 0, 1407, 0), "DeepseekV3ForCausalLM": (256, 8, 2048, 0),
                 "Llama4ForCausalLM": (16, 1, None, 0), "Ernie4_5_MoeForCausalLM": (64, 6, 1536, 2),
-                "AfmoeForCausalLM": (64, 6, 1408, 2)}
+                "AfmoeForCausalLM": (64, 6, 1408, 2), "ExaoneMoeForCausalLM": (64, 8, 1024, 1)}
 # DeepSeek-V3's fields (n_routed_experts, n_shared_experts, first_k_dense_replace, n_group, ...), and the
 # defaults transformers gives them per architecture: norm_topk_prob, first_k_dense_replace, n_shared_experts.
 _DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0),
@@ -74,6 +74,15 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                     routed_scaling_factor=float(raw.get("route_scale") or 1.0), router_fp32=False,
                     routing_weights_fp32=True, shared_expert_gated=False,
                     shared_expert_intermediate_size=width * int(raw.get("num_shared_experts", shared) or 0))
+    if arch == "ExaoneMoeForCausalLM":  # K-EXAONE: DeepSeek-V3's routing under its own names
+        width = int(raw.get("moe_intermediate_size") or width)
+        return dict(num_experts=int(raw.get("num_experts") or experts),
+                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
+                    norm_topk_prob=bool(raw.get("norm_topk_prob", True)), moe_layers=_routed_layers(raw, layers),
+                    shared_expert_intermediate_size=width * int(raw.get("num_shared_experts", shared) or 0),
+                    shared_expert_gated=False, moe_routing="sigmoid", moe_groups=int(raw.get("n_group") or 1),
+                    moe_topk_groups=int(raw.get("topk_group") or 1),
+                    routed_scaling_factor=float(raw.get("routed_scaling_factor", 2.5)), routing_weights_fp32=True)
     if arch == "MixtralForCausalLM":
         return dict(num_experts=int(raw.get("num_local_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
@@ -129,6 +138,17 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                 moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0) if num else (),
                 shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", shared) or 0)
                 if arch == "Qwen2MoeForCausalLM" else 0)
+
+
+def _routed_layers(raw: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """The layers ``mlp_layer_types`` calls "sparse", else those from ``first_k_dense_replace`` (default 1) on."""
+    types = raw.get("mlp_layer_types")
+    if types is None:
+        return tuple(range(int(raw.get("first_k_dense_replace", 1)), layers))
+    if not isinstance(types, list) or len(types) != layers or not set(types) <= {"dense", "sparse"}:
+        raise ModelLoadError(f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the {layers} "
+                             f"layers, got {types!r}")
+    return tuple(i for i, kind in enumerate(types) if kind == "sparse")
 
 
 def _deepseek_v2_routing(raw: dict[str, Any]) -> dict[str, Any]:

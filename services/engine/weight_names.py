@@ -57,8 +57,8 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
 
 def ernie_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """ERNIE 4.5 MoE's tensors as the model holds them: its routing bias, stored ``[1, experts]`` under
-    ``moe_statics``, as the router's; its multi-token-prediction block (``mtp_*``) skipped, as transformers
-    skips it."""
+    ``moe_statics``, as the router's; its multi-token-prediction block (``mtp_*``; K-EXAONE's ``mtp.*``)
+    skipped, as transformers skips it."""
     for name, tensor in weights:
         if name.startswith(("model.mtp", "mtp")):
             continue

@@ -12,6 +12,7 @@ import weakref
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from seawall.offline.engine import OfflineEngine
 from services.common.errors import InvalidArgument, ModelLoadError
@@ -205,6 +206,11 @@ CASES = {
         head_dim=16, n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1, moe_intermediate_size=32,
         n_shared_experts=2, routed_scaling_factor=2.5, attention_bias=True, mlp_layer_types=["dense", "dense", "sparse"],
         **{**COMMON, "pad_token_id": 0}),
+    # K-EXAONE: EXAONE 4's attention (per-head q/k norms, local layers with RoPE, every third global without) with
+    # pre-norms; DeepSeek-V3's routing (2 groups), a shared expert, layer 0 dense.
+    "exaone-moe": lambda: transformers.ExaoneMoeConfig(
+        sliding_window=24, sliding_window_pattern=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_group=2, topk_group=1, num_shared_experts=1, **{**COMMON, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -647,7 +653,7 @@ def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_mode
 
 def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
-    if model.config.model_type in ("exaone4", "cohere2", "afmoe"):  # global layers take no positions
+    if model.config.model_type in ("exaone4", "cohere2", "afmoe", "exaone_moe"):  # global layers take no positions
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     else:
         want = tuple(i for i, rope in enumerate(getattr(model.config, "no_rope_layers", None) or [1] * 3) if not rope)
@@ -850,3 +856,25 @@ def test_minicpm5_moe_configs_read_as_transformers_reads_them():
         assert config.eos_token_ids == tuple(hf.eos_token_id) and config.bos_token_id == hf.bos_token_id
         assert config.partial_rotary_factor == 1.0 and not config.qk_norm and config.attn_output_gate == "in_query"
         assert config.o_proj_bias == config.attention_bias == hf.attention_bias
+
+
+def test_k_exaone_configs_and_checkpoints_read_as_transformers_reads_them(tmp_path, tiny_model_dir):
+    """K-EXAONE (ExaoneMoe): its defaults and mlp_layer_types as transformers reads them; its
+    multi-token-prediction block (``mtp.*``) skipped as transformers skips it."""
+    for fields in ({}, {"mlp_layer_types": ["dense", "sparse", "dense"] + ["sparse"] * 29, "sliding_window_pattern": 2,
+                        "num_shared_experts": 2, "routed_scaling_factor": 1.5}):
+        raw = {"architectures": ["ExaoneMoeForCausalLM"], "vocab_size": 102400, "hidden_size": 4096,
+               "intermediate_size": 16384, "num_hidden_layers": 32, "num_attention_heads": 32, **fields}
+        config, hf = ModelConfig.from_dict(raw), transformers.ExaoneMoeConfig(**raw)
+        layers = hf.num_hidden_layers
+        assert [config.is_moe(i) for i in range(layers)] == [t == "sparse" for t in hf.mlp_layer_types]
+        assert [config.slides(i) for i in range(layers)] == [t == "sliding_attention" for t in hf.layer_types]
+        assert [i not in config.nope_layers for i in range(layers)] == [t == "sliding_attention" for t in hf.layer_types]
+        assert (config.num_experts, config.num_experts_per_tok, config.shared_expert_intermediate_size,
+                config.routed_scaling_factor, config.sliding_window, config.pre_norms, config.qk_norm) == (
+            hf.num_experts, hf.num_experts_per_tok, hf.num_shared_experts * hf.moe_intermediate_size,
+            hf.routed_scaling_factor, hf.sliding_window, True, True)
+    model = save_checkpoint(CASES["exaone-moe"](), tmp_path, tiny_model_dir)
+    weights = dict(iter_weights(tmp_path))
+    save_file({**weights, "mtp.layers.0.eh_proj.weight": torch.zeros(64, 128)}, str(tmp_path / "model.safetensors"))
+    engine_matches_transformers(tmp_path, model, cpu_kernels=True, lengths=(30,))
