@@ -123,6 +123,7 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks else None
         self.q_norm = self.k_norm = None
         self.qk_norm_whole = config.qk_norm_whole
+        self.norm_after_rope = config.qk_norm_after_rope  # Hunyuan
         self.qk_layer_norm = config.qk_norm and config.layer_norm
         if self.qk_layer_norm:  # Cohere (Command R+): a LayerNorm weight per head
             self.q_norm = LayerNorm((self.heads, config.head_dim), config.rms_norm_eps)
@@ -153,11 +154,14 @@ class Attention(nn.Module):
             if self.qk_layer_norm:
                 qk = torch.cat([layer_norm(qk[:, : self.heads], self.q_norm.weight, self.q_norm.eps),
                                 layer_norm(qk[:, self.heads :], self.k_norm.weight, self.k_norm.eps)], dim=1)
-            elif self.q_norm is not None:
+            elif self.q_norm is not None and not self.norm_after_rope:
                 qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                 self.q_norm.scale_in_fp32)
         if cos is not None:  # None: a layer without positions (SmolLM3's NoPE layers)
             qk = RotaryEmbedding.apply(qk, cos, sin)
+        if self.norm_after_rope:
+            qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                            self.q_norm.scale_in_fp32)
         if self.l2_norm_eps is not None:
             qk = l2_norm(qk, self.l2_norm_eps)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
@@ -383,10 +387,12 @@ class LlamaForCausalLM(nn.Module):
                 qk = norm_projections(qkv, q_size, kv_size, w.q_norm, w.k_norm, eps).view(t, -1, d)
             else:
                 qk = qkv[:, : q_size + kv_size].view(t, -1, d)  # q and k rotate in one pass, as in Attention
-                if w.q_norm is not None:
+                if w.q_norm is not None and not c.qk_norm_after_rope:
                     qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
             if i not in c.nope_layers:
                 kernels.rope_(qk, cos, sin)
+            if c.qk_norm_after_rope:  # Hunyuan
+                qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
             v = qkv[:, q_size + kv_size :].view(t, c.num_key_value_heads, d)
             k_cache, v_cache = kv.layer(i)
             o = paged_attention(qk[:, : c.num_attention_heads], qk[:, c.num_attention_heads :], v, k_cache, v_cache,

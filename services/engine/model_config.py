@@ -19,7 +19,7 @@ norms, local layers with RoPE and global ones without; K-EXAONE, its MoE, the sa
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
 pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash, Youtu-LLM and MiniCPM5-MoE
-(``aliases.py``: served as Llama, DeepSeek-V3 or GLM-4.5), Arcee's AFMoE (``afmoe.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+(``aliases.py``: served as Llama, DeepSeek-V3 or GLM-4.5), Arcee's AFMoE (``afmoe.py``), Hunyuan dense and MoE (``hunyuan.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -40,6 +40,8 @@ from services.common.lora import ModelShape
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import afmoe_fields
 from services.engine.aliases import ALIASES, aliased
+from services.engine.hunyuan import ARCHS as HUNYUANS
+from services.engine.hunyuan import hunyuan_fields, ntk_alpha_rope
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_fields, llama4_nope_layers
 from services.engine.mla_config import check_mla, mla_fields
@@ -56,7 +58,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Olmo3ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
                            "ArceeForCausalLM", "Llama4ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
                            "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "ApertusForCausalLM",
-                           "Ministral3ForCausalLM", AFMOE, "ExaoneMoeForCausalLM")
+                           "Ministral3ForCausalLM", AFMOE, "ExaoneMoeForCausalLM", *HUNYUANS)
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 # EXAONE 4 and K-EXAONE (its MoE, with pre-norms): local layers with RoPE and a window, global ones without.
@@ -202,6 +204,8 @@ class ModelConfig:
     # 1 + beta * log(1 + floor(p / period)), period the pretrained context (beta, period; None: not scaled).
     q_position_scale: tuple[float, float] | None = None
     qk_l2_norm: bool = False
+    # Hunyuan: the per-head q/k norms come after RoPE rather than before it.
+    qk_norm_after_rope: bool = False
     nope_temperature: tuple[float, float] | None = None
     # Multi-head latent attention (DeepSeek-V3, Kimi K2; mla.py), when kv_lora_rank > 0: the KV cache holds one
     # latent per token (kv_lora_rank features, then qk_rope_head_dim rotated ones: head_dim, one KV head);
@@ -401,6 +405,8 @@ class ModelConfig:
             if gemma:
                 _check_gemma(raw, gemma3)
             head_dim = _head_dim(raw, arch, heads)
+            if arch in HUNYUANS:
+                rope_theta, rope_scaling = ntk_alpha_rope(rope_theta, rope_scaling, head_dim)
             latent = mla_fields(raw, arch)  # DeepSeek-V2/V3: the cache holds latents, one "head" of their width
             window = _sliding_window(raw, arch)  # with no layer sliding, there is no window
             sliding_layers = _sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None
@@ -442,7 +448,7 @@ class ModelConfig:
                 o_proj_bias=(gpt_oss or cohere or arch == LLAMA4) and bool(raw.get("attention_bias", gpt_oss)),
                 attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", *_EXAONES,
-                                 "Dots1ForCausalLM", "ApertusForCausalLM", AFMOE, *_WHOLE_QK_NORM)
+                                 "Dots1ForCausalLM", "ApertusForCausalLM", AFMOE, *HUNYUANS, *_WHOLE_QK_NORM)
                 or (arch in ("Glm4MoeForCausalLM", "CohereForCausalLM") and bool(raw.get("use_qk_norm"))),
                 qk_norm_whole=arch in _WHOLE_QK_NORM,
                 pre_norms=arch not in _POST_NORMS,
@@ -471,6 +477,7 @@ class ModelConfig:
                 nope_layers=_nope_layers(raw, arch, int(raw["num_hidden_layers"])),
                 **(llama4_fields(raw, int(raw["num_hidden_layers"])) if arch == LLAMA4 else {}),
                 **(afmoe_fields(raw) if arch == AFMOE else {}),
+                **(hunyuan_fields(raw) if arch in HUNYUANS else {}),
                 **(dict(layer_norm=True, parallel_block=True, logit_scale=float(raw.get("logit_scale") or 0.0625))
                    if cohere else {}),
                 mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),

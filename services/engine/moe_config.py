@@ -1,5 +1,5 @@
 """The mixture-of-experts fields of a ``config.json`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, GLM-4.5,
-dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3, Llama 4, ERNIE 4.5, AFMoE, K-EXAONE), read as
+dots.llm1, MiniMax-M2, DeepSeek-V2 and -V3, Llama 4, ERNIE 4.5, AFMoE, K-EXAONE, Hunyuan), read as
 transformers reads them, and their checks; no torch (the scheduler reads configs too)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from services.common.errors import ModelLoadError
+from services.engine.hunyuan import uniform
 
 if TYPE_CHECKING:
     from services.engine.model_config import ModelConfig
@@ -20,7 +21,8 @@ MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (6
                 "Dots1ForCausalLM": (128, 6, 1408, 0), "MiniMaxM2ForCausalLM": (256, 8, None, 0),
                 "DeepseekV2ForCausalLM": (64, 0, 1407, 0), "DeepseekV3ForCausalLM": (256, 8, 2048, 0),
                 "Llama4ForCausalLM": (16, 1, None, 0), "Ernie4_5_MoeForCausalLM": (64, 6, 1536, 2),
-                "AfmoeForCausalLM": (64, 6, 1408, 2), "ExaoneMoeForCausalLM": (64, 8, 1024, 1)}
+                "AfmoeForCausalLM": (64, 6, 1408, 2), "ExaoneMoeForCausalLM": (64, 8, 1024, 1),
+                "HunYuanMoEV1ForCausalLM": (1, 1, None, 0)}
 # DeepSeek-V3's fields (n_routed_experts, n_shared_experts, first_k_dense_replace, n_group, ...), and the
 # defaults transformers gives them per architecture: norm_topk_prob, first_k_dense_replace, n_shared_experts.
 _DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0),
@@ -46,6 +48,8 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
     if arch not in MOE_DEFAULTS:
         return {}
     experts, top_k, width, shared = MOE_DEFAULTS[arch]
+    if arch in _READERS:
+        return _READERS[arch](raw, layers, experts, top_k, width, shared)
     if arch == "Ernie4_5_MoeForCausalLM":  # moe_* names (num_experts, num_experts_per_tok as aliases)
         width = int(raw.get("moe_intermediate_size") or width)
         end = int(raw.get("moe_layer_end_index", -1))
@@ -65,24 +69,6 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                     moe_layers=tuple(moe) if moe is not None else tuple(range(step - 1, layers, step)),
                     moe_routing="sigmoid_input", router_fp32=False, shared_expert_intermediate_size=width,
                     shared_expert_gated=False)
-    if arch == "AfmoeForCausalLM":  # afmoe.py
-        dense = raw.get("num_dense_layers", 1)
-        width = int(raw.get("moe_intermediate_size") or width)
-        return dict(num_experts=int(raw.get("num_experts") or experts),
-                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
-                    norm_topk_prob=True, moe_layers=tuple(range(int(dense or 0), layers)), moe_routing="sigmoid",
-                    routed_scaling_factor=float(raw.get("route_scale") or 1.0), router_fp32=False,
-                    routing_weights_fp32=True, shared_expert_gated=False,
-                    shared_expert_intermediate_size=width * int(raw.get("num_shared_experts", shared) or 0))
-    if arch == "ExaoneMoeForCausalLM":  # K-EXAONE: DeepSeek-V3's routing under its own names
-        width = int(raw.get("moe_intermediate_size") or width)
-        return dict(num_experts=int(raw.get("num_experts") or experts),
-                    num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
-                    norm_topk_prob=bool(raw.get("norm_topk_prob", True)), moe_layers=_routed_layers(raw, layers),
-                    shared_expert_intermediate_size=width * int(raw.get("num_shared_experts", shared) or 0),
-                    shared_expert_gated=False, moe_routing="sigmoid", moe_groups=int(raw.get("n_group") or 1),
-                    moe_topk_groups=int(raw.get("topk_group") or 1),
-                    routed_scaling_factor=float(raw.get("routed_scaling_factor", 2.5)), routing_weights_fp32=True)
     if arch == "MixtralForCausalLM":
         return dict(num_experts=int(raw.get("num_local_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k),
@@ -138,6 +124,44 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
                 moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0) if num else (),
                 shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", shared) or 0)
                 if arch == "Qwen2MoeForCausalLM" else 0)
+
+
+def _afmoe(raw: dict[str, Any], layers: int, experts: int, top_k: int, width: int, shared: int) -> dict[str, Any]:
+    """AFMoE (afmoe.py): DeepSeek-V3's sigmoid routing without groups, its router in the model's dtype, from
+    ``num_dense_layers`` on, scaled by ``route_scale``."""
+    dense = raw.get("num_dense_layers", 1)
+    width = int(raw.get("moe_intermediate_size") or width)
+    return dict(num_experts=int(raw.get("num_experts") or experts),
+                num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
+                norm_topk_prob=True, moe_layers=tuple(range(int(dense or 0), layers)), moe_routing="sigmoid",
+                routed_scaling_factor=float(raw.get("route_scale") or 1.0), router_fp32=False,
+                routing_weights_fp32=True, shared_expert_gated=False,
+                shared_expert_intermediate_size=width * int(raw.get("num_shared_experts", shared) or 0))
+
+
+def _exaone_moe(raw: dict[str, Any], layers: int, experts: int, top_k: int, width: int, shared: int,
+                ) -> dict[str, Any]:
+    """K-EXAONE: DeepSeek-V3's routing under its own names, layers by ``mlp_layer_types``."""
+    width = int(raw.get("moe_intermediate_size") or width)
+    return dict(num_experts=int(raw.get("num_experts") or experts),
+                num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
+                norm_topk_prob=bool(raw.get("norm_topk_prob", True)), moe_layers=_routed_layers(raw, layers),
+                shared_expert_intermediate_size=width * int(raw.get("num_shared_experts", shared) or 0),
+                shared_expert_gated=False, moe_routing="sigmoid", moe_groups=int(raw.get("n_group") or 1),
+                moe_topk_groups=int(raw.get("topk_group") or 1),
+                routed_scaling_factor=float(raw.get("routed_scaling_factor", 2.5)), routing_weights_fp32=True)
+
+
+def _hunyuan(raw: dict[str, Any], layers: int, experts: int, top_k: int, width: int, shared: int) -> dict[str, Any]:
+    """Hunyuan's MoE (hunyuan.py): softmax routing in every layer, renormalized, experts and the ungated shared
+    MLP as wide as ``intermediate_size``."""
+    width = int(raw["intermediate_size"])
+    return dict(num_experts=uniform(raw, "num_experts", experts), num_experts_per_tok=uniform(raw, "moe_topk", top_k),
+                moe_intermediate_size=width, norm_topk_prob=True, moe_layers=tuple(range(layers)),
+                shared_expert_intermediate_size=width, shared_expert_gated=False)
+
+
+_READERS = {"AfmoeForCausalLM": _afmoe, "ExaoneMoeForCausalLM": _exaone_moe, "HunYuanMoEV1ForCausalLM": _hunyuan}
 
 
 def _routed_layers(raw: dict[str, Any], layers: int) -> tuple[int, ...]:

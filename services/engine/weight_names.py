@@ -1,5 +1,5 @@
 """Checkpoint tensors the model holds under other names: EXAONE 3's GPT-2-style names, Mixtral's and MiniMax-M2's
-routers and routing bias, Apertus's and AFMoE's norms, AFMoE's router and routing bias, GLM-4.5's shared experts, Granite MoE's stacked experts, router and shared MLP, ERNIE
+routers and routing bias, Apertus's and AFMoE's norms, AFMoE's router and routing bias, Hunyuan's q/k norms, router and shared MLP, GLM-4.5's shared experts, Granite MoE's stacked experts, router and shared MLP, ERNIE
 4.5's routing bias, and GLM-4's four norms, which transformers names by where they sit rather than by what
 they norm (its ``post_attention_layernorm`` is the MLP's input norm)."""
 
@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
+from services.engine.hunyuan import ARCHS as HUNYUANS
+from services.engine.hunyuan import RENAMES as HUNYUAN_RENAMES
 
 if TYPE_CHECKING:
     import torch
@@ -46,8 +48,8 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
     if architecture == "ApertusForCausalLM":  # its two norms named for what they feed
         name = name.replace(".attention_layernorm.", ".input_layernorm.").replace(
             ".feedforward_layernorm.", ".post_attention_layernorm.")
-    if architecture == AFMOE:
-        for old, new in AFMOE_RENAMES:
+    if architecture == AFMOE or architecture in HUNYUANS:
+        for old, new in AFMOE_RENAMES if architecture == AFMOE else HUNYUAN_RENAMES:
             name = name.replace(old, new)
     if architecture == "Glm4ForCausalLM":
         old, new = next(((o, n) for o, n in _GLM4 if o in name), ("", ""))

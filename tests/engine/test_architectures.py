@@ -211,6 +211,15 @@ CASES = {
     "exaone-moe": lambda: transformers.ExaoneMoeConfig(
         sliding_window=24, sliding_window_pattern=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         n_group=2, topk_group=1, num_shared_experts=1, **{**COMMON, "pad_token_id": 0}),
+    # Hunyuan: per-head q/k norms after RoPE, NTK-alpha RoPE (a base stretched by alpha); its MoE: softmax routing
+    # in every layer, renormalized, beside a shared MLP as wide as the experts.
+    "hunyuan-dense": lambda: transformers.HunYuanDenseV1Config(
+        head_dim=16, rope_parameters={"rope_type": "dynamic", "alpha": 50.0, "factor": 1.0, "rope_theta": 10000.0},
+        **{**COMMON, "pad_token_id": 0}),
+    "hunyuan-moe": lambda: transformers.HunYuanMoEV1Config(
+        head_dim=16, num_experts=8, moe_topk=2, rope_parameters={"rope_type": "dynamic", "alpha": 50.0,
+                                                                 "factor": 1.0, "rope_theta": 10000.0},
+        **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -878,3 +887,35 @@ def test_k_exaone_configs_and_checkpoints_read_as_transformers_reads_them(tmp_pa
     weights = dict(iter_weights(tmp_path))
     save_file({**weights, "mtp.layers.0.eh_proj.weight": torch.zeros(64, 128)}, str(tmp_path / "model.safetensors"))
     engine_matches_transformers(tmp_path, model, cpu_kernels=True, lengths=(30,))
+
+
+HUNYUAN_A13B = {  # its config.json as released
+    "architectures": ["HunYuanMoEV1ForCausalLM"], "attention_bias": False, "attention_head_dim": 128, "bos_token_id": 1,
+    "cla_share_factor": 2, "eos_token_id": 127960, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 3072, "max_position_embeddings": 32768, "model_type": "hunyuan_v1_moe",
+    "moe_intermediate_size": [3072] * 32, "moe_topk": [8] * 32, "num_attention_heads": 32, "num_experts": 64,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_shared_expert": [1] * 32, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "type": "dynamic"}, "rope_theta": 10000.0, "tie_word_embeddings": True,
+    "use_cla": False, "use_mixed_mlp_moe": True, "use_qk_norm": True, "vocab_size": 128167}
+
+
+def test_hunyuan_a13b_as_published():
+    """Hunyuan-A13B's config.json: NTK-alpha RoPE (its frequencies equal transformers' rotary embedding's), per-layer
+    lists of equal top k; lists that differ and cross-layer attention refused."""
+    from transformers.models.hunyuan_v1_moe.modeling_hunyuan_v1_moe import HunYuanMoEV1RotaryEmbedding
+
+    from services.engine.rope import inverse_frequencies
+
+    config, hf = ModelConfig.from_dict(HUNYUAN_A13B), transformers.HunYuanMoEV1Config(**HUNYUAN_A13B)
+    assert torch.equal(inverse_frequencies(config), HunYuanMoEV1RotaryEmbedding(hf).inv_freq)
+    assert config.rope_scaling is None and config.qk_norm and config.qk_norm_after_rope
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+            config.shared_expert_intermediate_size) == (64, 8, 3072, 3072)
+    assert config.moe_layers == tuple(range(32)) and config.tie_word_embeddings
+    with pytest.raises(ModelLoadError, match="moe_topk differs between layers"):
+        ModelConfig.from_dict({**HUNYUAN_A13B, "moe_topk": [8] * 31 + [4]})
+    with pytest.raises(ModelLoadError, match="use_cla is set"):
+        ModelConfig.from_dict({**HUNYUAN_A13B, "use_cla": True})
+    with pytest.raises(ModelLoadError, match="rope_scaling type 'dynamic' is not supported"):  # dynamic NTK by length
+        ModelConfig.from_dict({**HUNYUAN_A13B, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
