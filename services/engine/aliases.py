@@ -36,8 +36,9 @@ _ROUTING = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_
             "topk_group", "routed_scaling_factor", "norm_topk_prob", "first_k_dense_replace", "topk_method",
             "scoring_func", "moe_layer_freq")
 ALIASES = {
+    # InternLM3's o_proj has a bias with its `bias` (on the MLP too, which is refused), not with qkv_bias.
     "InternLM3ForCausalLM": Alias("LlamaForCausalLM", {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
-                                  {"head_dim": 128}),
+                                  {"head_dim": 128}, fields=lambda raw: {"o_proj_bias": False}),
     "ExaoneForCausalLM": Alias("LlamaForCausalLM", {"num_layers": "num_hidden_layers",
                                                     "layer_norm_epsilon": "rms_norm_eps",
                                                     "activation_function": "hidden_act"},

@@ -75,6 +75,11 @@ _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_s
 _GEMMAS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _COHERES = ("CohereForCausalLM", "Cohere2ForCausalLM")
 _ERNIES = ("Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM")
+# Architectures whose attention output projection has no bias whatever attention_bias says (transformers';
+# the others' has one with attention_bias, Seed-OSS's with attention_out_bias).
+_O_PROJ_UNBIASED = ("MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
+                    "Qwen2MoeForCausalLM", "Exaone4ForCausalLM", "ExaoneMoeForCausalLM", "Glm4ForCausalLM",
+                    "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ministral3ForCausalLM")
 _APERTUS_ROPE = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
                  "high_freq_factor": 4.0}
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "relu2", "xielu")
@@ -414,10 +419,10 @@ class ModelConfig:
             if raw.get("clip_qkv") is not None:
                 raise ModelLoadError(f"config.json: clip_qkv is {raw['clip_qkv']}; clipping q, k and v is not "
                                      "supported")
-            for name in ("mlp_bias", "attention_out_bias", "use_bias"):  # use_bias: ERNIE's, on every projection
+            for name in ("mlp_bias", "use_bias"):  # use_bias: ERNIE's, on every projection
                 if raw.get(name):
-                    raise ModelLoadError(f"config.json: {name} is set; biases on the MLP and the attention output "
-                                         "projection are not supported (q/k/v biases are)")
+                    raise ModelLoadError(f"config.json: {name} is set; biases on the MLP are not supported (on the "
+                                         "attention projections they are)")
             if arch in MOE_DEFAULTS and arch != "MixtralForCausalLM" and raw.get("use_sliding_window"):
                 raise ModelLoadError(f"config.json: use_sliding_window is set; {arch} is served with full "
                                      "attention only")
@@ -445,7 +450,8 @@ class ModelConfig:
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
                                     else raw.get("attention_bias", arch in ("Qwen2ForCausalLM", "Glm4ForCausalLM",
                                                                             "SeedOssForCausalLM", *_GPT_OSS))),
-                o_proj_bias=(gpt_oss or cohere or arch == LLAMA4) and bool(raw.get("attention_bias", gpt_oss)),
+                o_proj_bias=arch not in _O_PROJ_UNBIASED and bool(
+                    raw.get("attention_out_bias") if arch == "SeedOssForCausalLM" else raw.get("attention_bias", gpt_oss)),
                 attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", *_EXAONES,
                                  "Dots1ForCausalLM", "ApertusForCausalLM", AFMOE, *HUNYUANS, *_WHOLE_QK_NORM)

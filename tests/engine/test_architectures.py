@@ -78,8 +78,10 @@ CASES = {
         **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
     # Arcee (AFM): Llama with an MLP without a gate, its activation relu(x)².
     "arcee": lambda: transformers.ArceeConfig(**{**COMMON, "pad_token_id": 0}),
-    # Seed-OSS: Llama with biases on q/k/v by default.
-    "seed-oss": lambda: transformers.SeedOssConfig(**{**COMMON, "pad_token_id": 0}),
+    # Seed-OSS: Llama with biases on q/k/v by default, and here on o (attention_out_bias).
+    "seed-oss": lambda: transformers.SeedOssConfig(attention_out_bias=True, **{**COMMON, "pad_token_id": 0}),
+    # Llama with attention_bias: biases on q, k, v and o.
+    "llama-attention-bias": lambda: transformers.LlamaConfig(attention_bias=True, **COMMON),
     # OLMo 2: no norms on sublayer inputs, norms on their outputs, q and k normed over whole projections.
     "olmo2": lambda: transformers.Olmo2Config(**{**COMMON, "pad_token_id": 0}),
     # OLMo 3: OLMo 2 with three of every four layers sliding, YaRN on the full layers only.
@@ -676,11 +678,18 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         dataclasses.replace(hub, nope_layers=(3, 8))
 
 
-def test_biases_the_engine_does_not_compute_are_refused():
-    for name in ("mlp_bias", "attention_out_bias"):
-        with pytest.raises(ModelLoadError, match=f"{name} is set; biases on the MLP and the attention output"):
+def test_attention_biases_are_read_as_transformers_builds_them():
+    """o_proj's bias follows attention_bias where transformers' attention does (Llama and most), never on the
+    architectures whose o_proj has none, Seed-OSS's attention_out_bias; MLP biases are refused."""
+    for name in ("mlp_bias", "use_bias"):
+        with pytest.raises(ModelLoadError, match=f"{name} is set; biases on the MLP are not supported"):
             ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"], **{name: True}))
-    assert ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"])).attention_bias
+    seed = ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"]))
+    assert seed.attention_bias and not seed.o_proj_bias
+    for arch, want in (("LlamaForCausalLM", True), ("Qwen3ForCausalLM", True), ("MistralForCausalLM", False),
+                       ("Qwen2ForCausalLM", False), ("Glm4ForCausalLM", False), ("InternLM3ForCausalLM", False)):
+        config = ModelConfig.from_dict(dict(COMMON, architectures=[arch], attention_bias=True, qkv_bias=True))
+        assert (config.attention_bias, config.o_proj_bias) == (True, want), arch
 
 
 @pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
