@@ -17,6 +17,7 @@ from services.common.step import LoraRef, SampledToken, merge_prompt_scores
 from services.engine.bad_words import bad_words_token_ids
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
+from services.engine.pooling import EMBEDDING_PARAMS, check_embedding, check_generates, embedding_vector
 from services.engine.runner import ModelRunner
 from services.scheduler.admission import validate_request
 from services.scheduler.core.block_manager import BlockManager
@@ -39,6 +40,8 @@ class Completion:
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    # An embedding request's (SamplingParams.pooling) last hidden state, as the worker returned it.
+    hidden_state: list[float] | None = None
 
 
 class OfflineEngine:
@@ -63,6 +66,7 @@ class OfflineEngine:
         """Raises InvalidArgument for what the model or the policy cannot run, ResourceExhausted for what the pool
         cannot hold (the scheduler service's checks, services/scheduler/admission.py)."""
         config = self.scheduler.config
+        check_generates(self.checkpoint.has_lm_head, params)
         validate_request(prompt_token_ids, params, self.checkpoint.config.vocab_size, config.max_model_len,
                          self.blocks.block_size, self.blocks.num_blocks, config.whole_prompt_limit,
                          config.window_blocks(self.blocks.block_size))
@@ -94,6 +98,8 @@ class OfflineEngine:
             result = self.runner.execute(plan)  # even an empty plan carries drops and swaps
             for rid, (start, tokens) in result.prompt_logprobs.items():
                 merge_prompt_scores(done[rid].prompt_logprobs, start, tokens)
+            for rid, hidden in result.embeddings.items():
+                done[rid].hidden_state = hidden
             for event in self.scheduler.on_result(plan, result):
                 self._apply(event, reqs[event.request_id], done[event.request_id], detoks[event.request_id])
             for rid, error in result.errors.items():
@@ -111,6 +117,22 @@ class OfflineEngine:
             comp.num_preemptions = reqs[rid].num_preemptions
             comp.num_cached_prompt_tokens = reqs[rid].num_prefix_hit_tokens
         return [done[rid] for rid in order]
+
+    def embed(self, prompts: Sequence[Sequence[int]], dimensions: int | None = None) -> list[list[float]]:
+        """Each prompt's embedding (pooling.py: its last token's final hidden state, normalized as the
+        checkpoint says, cut to ``dimensions``), all run together; validate them first (``validate_embedding``)."""
+        params = [EMBEDDING_PARAMS] * len(prompts)
+        out = []
+        for comp in self.generate(prompts, params):
+            if comp.error is not None:
+                raise comp.error
+            out.append(embedding_vector(comp.hidden_state, self.checkpoint.pooling, dimensions))
+        return out
+
+    def validate_embedding(self, prompt_token_ids: Sequence[int], dimensions: int | None = None) -> None:
+        """Raises InvalidArgument for a prompt (or cut) this checkpoint cannot embed."""
+        check_embedding(self.checkpoint.pooling, self.checkpoint.config.hidden_size, dimensions)
+        self.validate(prompt_token_ids, EMBEDDING_PARAMS)
 
     def _fail(self, comp: Completion, error: SeawallError) -> None:
         if comp.finish_reason is None:  # else it ended at a token of the step that failed it, or before

@@ -80,7 +80,7 @@ TRANSFER_STATUS_ABORTED: TransferStatus
 TRANSFER_STATUS_NOT_FOUND: TransferStatus
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "include_stop_str_in_output", "prompt_logprobs", "logit_bias", "allowed_token_ids", "structured_output", "keep_special_tokens", "bad_words")
+    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "include_stop_str_in_output", "prompt_logprobs", "logit_bias", "allowed_token_ids", "structured_output", "keep_special_tokens", "bad_words", "pooling")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class SamplingParams(_message.Message):
     STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     KEEP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_k: int
@@ -130,7 +131,8 @@ class SamplingParams(_message.Message):
     structured_output: StructuredOutput
     keep_special_tokens: bool
     bad_words: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., include_stop_str_in_output: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., keep_special_tokens: _Optional[bool] = ..., bad_words: _Optional[_Iterable[str]] = ...) -> None: ...
+    pooling: bool
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., include_stop_str_in_output: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., keep_special_tokens: _Optional[bool] = ..., bad_words: _Optional[_Iterable[str]] = ..., pooling: _Optional[bool] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "regex", "choice", "grammar", "free_thought")

@@ -161,8 +161,16 @@ class SequenceError(_message.Message):
     message: str
     def __init__(self, seq_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
+class Embedding(_message.Message):
+    __slots__ = ("seq_id", "values")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    seq_id: str
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, seq_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled_seq_ids", "num_sampled_tokens", "sampled_token_ids", "logprobs", "prompt_logprob_seq_ids", "prompt_logprob_starts", "num_prompt_logprobs", "prompt_logprobs", "errors", "forward_time_ms", "step_time_ms", "num_tokens", "num_seqs", "num_sampled", "num_blocks_moved", "num_draft_tokens", "num_accepted_tokens")
+    __slots__ = ("step_id", "sampled_seq_ids", "num_sampled_tokens", "sampled_token_ids", "logprobs", "prompt_logprob_seq_ids", "prompt_logprob_starts", "num_prompt_logprobs", "prompt_logprobs", "errors", "embeddings", "forward_time_ms", "step_time_ms", "num_tokens", "num_seqs", "num_sampled", "num_blocks_moved", "num_draft_tokens", "num_accepted_tokens")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +181,7 @@ class StepResult(_message.Message):
     NUM_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +200,7 @@ class StepResult(_message.Message):
     num_prompt_logprobs: _containers.RepeatedScalarFieldContainer[int]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
     errors: _containers.RepeatedCompositeFieldContainer[SequenceError]
+    embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
     forward_time_ms: float
     step_time_ms: float
     num_tokens: int
@@ -199,7 +209,7 @@ class StepResult(_message.Message):
     num_blocks_moved: int
     num_draft_tokens: int
     num_accepted_tokens: int
-    def __init__(self, step_id: _Optional[int] = ..., sampled_seq_ids: _Optional[_Iterable[str]] = ..., num_sampled_tokens: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_logprob_seq_ids: _Optional[_Iterable[str]] = ..., prompt_logprob_starts: _Optional[_Iterable[int]] = ..., num_prompt_logprobs: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., forward_time_ms: _Optional[float] = ..., step_time_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., num_seqs: _Optional[int] = ..., num_sampled: _Optional[int] = ..., num_blocks_moved: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., sampled_seq_ids: _Optional[_Iterable[str]] = ..., num_sampled_tokens: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_logprob_seq_ids: _Optional[_Iterable[str]] = ..., prompt_logprob_starts: _Optional[_Iterable[int]] = ..., num_prompt_logprobs: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., forward_time_ms: _Optional[float] = ..., step_time_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., num_seqs: _Optional[int] = ..., num_sampled: _Optional[int] = ..., num_blocks_moved: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ...) -> None: ...
 
 class PushKVRequest(_message.Message):
     __slots__ = ("transfer_id", "dst", "src_block_ids", "dst_block_ids", "notification_key", "timeout_ms", "transport")

@@ -50,7 +50,7 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
         include_stop_str_in_output=p.include_stop_str_in_output, logit_bias=dict(p.logit_bias),
         keep_special_tokens=not p.skip_special_tokens,
-        allowed_token_ids=list(p.allowed_token_ids), bad_words=list(p.bad_words),
+        allowed_token_ids=list(p.allowed_token_ids), bad_words=list(p.bad_words), pooling=p.pooling,
     )
     if p.seed is not None:
         msg.seed = p.seed
@@ -114,6 +114,7 @@ def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 
         structured_output=_structured_from_proto(msg),
         free_thought=_free_thought_from_proto(msg),
         skip_special_tokens=not msg.keep_special_tokens,
+        pooling=msg.pooling,
     )
 
 
@@ -178,6 +179,8 @@ def result_to_proto(result: StepResult, step_seconds: float = 0.0) -> worker_pb2
         msg.prompt_logprob_starts.append(start)
         msg.num_prompt_logprobs.append(len(tokens))
         msg.prompt_logprobs.extend(token_logprobs_to_proto(t) for t in tokens)
+    msg.embeddings.extend(worker_pb2.Embedding(seq_id=seq_id, values=values)
+                          for seq_id, values in result.embeddings.items())
     msg.errors.extend(worker_pb2.SequenceError(seq_id=seq_id, code=grpc.StatusCode[exc.grpc_code].value[0],
                                                message=str(exc)) for seq_id, exc in result.errors.items())
     return msg
@@ -195,6 +198,7 @@ def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
         result.prompt_logprobs = _prompt_logprobs_from_proto(msg)
     for e in msg.errors:
         result.errors[e.seq_id] = error_for_code(_CODE_NAMES.get(e.code, "INTERNAL"), e.message)
+    result.embeddings = {e.seq_id: list(e.values) for e in msg.embeddings}
     sampled = result.sampled
     if not msg.logprobs:
         if len(ids) == len(seq_ids):  # one token each: the usual step

@@ -105,6 +105,9 @@ class SamplingParams:
     free_thought: str = ""
     # Leave special tokens (end-of-turn markers, tool-call tags) out of the output text, as vLLM does by default.
     skip_special_tokens: bool = True
+    # An embedding request: the worker returns the prompt's last hidden state (StepResult.embeddings) instead
+    # of sampling its one token. Needs max_tokens 1 and nothing that shapes tokens.
+    pooling: bool = False
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1, hi=MAX_UINT32)
@@ -138,6 +141,11 @@ class SamplingParams:
         if self.prompt_logprobs is not None:
             _check_int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_LOGPROBS)
         self._check_token_constraints()
+        _check_bool("pooling", self.pooling)
+        if self.pooling and (self.max_tokens != 1 or self.logprobs is not None or self.prompt_logprobs is not None
+                             or self.constrains_tokens or self.min_tokens):
+            raise InvalidArgument("an embedding request (pooling) takes max_tokens 1 and no logprobs, "
+                                  "prompt_logprobs, min_tokens or token constraints: it samples nothing")
 
     def _check_token_constraints(self) -> None:
         if not isinstance(self.logit_bias, tuple):

@@ -114,3 +114,6 @@ class StepResult:
     # Speculative plans: draft tokens run, and how many of them were kept.
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # Embedding requests (SamplingParams.pooling) whose prompt ended this step: the last token's final hidden
+    # state, not normalized. Each also "sampled" token 0 in ``sampled``, which ends it (max_tokens 1).
+    embeddings: dict[str, list[float]] = field(default_factory=dict)

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from services.common.errors import ModelLoadError, NotFound
 from services.engine.builtin_model import ensure_default_model
 from services.engine.model_config import ModelConfig
+from services.engine.pooling import Pooling, has_lm_head, read_pooling
 from services.engine.tiktoken_vocab import RANKS_FILE, load_tiktoken_dir
 
 
@@ -26,6 +27,8 @@ class Checkpoint:
     tokenizer: Tokenizer
     eos_token_ids: tuple[int, ...]  # from generation_config.json when present, else config.json
     generation_defaults: dict
+    pooling: Pooling = Pooling()  # what an embedding request returns (pooling.py)
+    has_lm_head: bool = True  # False: an embedding model without an output head; it cannot generate
 
 
 def check_model_dir(model_dir: str | Path) -> Path:
@@ -50,7 +53,8 @@ def load_checkpoint_meta(model_dir: str | Path, max_model_len: int | None = None
         eos_ids = config.eos_token_ids
     else:
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
-    return Checkpoint(path, config, tokenizer, eos_ids, gen)
+    return Checkpoint(path, config, tokenizer, eos_ids, gen, read_pooling(path),
+                      has_lm_head(path, config.tie_word_embeddings))
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

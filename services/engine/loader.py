@@ -52,16 +52,16 @@ def iter_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
     with torch.device("meta"):
-        model = LlamaForCausalLM(ckpt.config)
+        model = LlamaForCausalLM(ckpt.config, lm_head=ckpt.has_lm_head)
     model = model.to_empty(device=device).to(dtype)
     routers_in_fp32(model)
     # RoPE frequencies stay fp32 whatever the weights' dtype, as in transformers.
     model.rotary.inv_freq = inverse_frequencies(ckpt.config).to(device)
     if model.local_rotary is not None:
         model.local_rotary.inv_freq = inverse_frequencies(ckpt.config, local=True).to(device)
-    if ckpt.config.tie_word_embeddings:
+    if ckpt.config.tie_word_embeddings and ckpt.has_lm_head:
         model.lm_head.weight = model.model.embed_tokens.weight
-    weights = iter_weights(ckpt.path)
+    weights = _under_model(iter_weights(ckpt.path))
     config = ckpt.config
     if config.vision_language:  # before the names dequantizing pairs and renaming rely on
         weights = language_model_weights(weights, config)
@@ -85,6 +85,16 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     except KeyError as exc:
         raise ModelLoadError(f"{ckpt.path}: {exc.args[0]}") from exc
     return model.eval()
+
+
+def _under_model(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A base model's tensors (an embedding checkpoint saved from ``Qwen3Model``: ``layers.0...``) under the
+    ``model.`` prefix the causal LM holds them by."""
+    for name, tensor in weights:
+        yield ("model." + name if name.startswith(_BASE_MODEL_NAMES) else name), tensor
+
+
+_BASE_MODEL_NAMES = ("embed_tokens.", "layers.", "norm.")
 
 
 def _unquantized(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

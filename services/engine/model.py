@@ -321,14 +321,16 @@ def _norm(config: ModelConfig, size: int) -> RMSNorm:
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, lm_head: bool = True) -> None:
+        """``lm_head`` False: an embedding model's checkpoint without an output head (pooling.py); the model
+        gives hidden states only."""
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
         self.rotary = RotaryEmbedding(config)
         self.local_rotary = RotaryEmbedding(config, local=True) if config.local_rope_theta is not None else None
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if lm_head else None
+        if config.tie_word_embeddings and lm_head:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
@@ -339,12 +341,15 @@ class LlamaForCausalLM(nn.Module):
         kv: PagedKVPool,
         logits_index: torch.Tensor,
         lora: LoraBatch | None = None,
+        hidden: bool = False,
     ) -> torch.Tensor:
-        """Runs the flat batch and returns logits ``[len(logits_index), vocab]`` of the selected tokens only;
+        """Runs the flat batch and returns logits ``[len(logits_index), vocab]`` of the selected tokens only, or
+        with ``hidden`` their final hidden states (after the last norm; ``head`` makes logits of them);
         ``lora``: the adapters of the batch's sequences (lora.py)."""
         c = self.config
         if batch.kernels is not None and c.is_llama_like:
-            return self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels, lora)
+            x = self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels, lora)
+            return x if hidden else self.head(x)
         x = self.model.embed_tokens(input_ids)
         if c.embed_scale != 1.0:  # Gemma's rounded to the weights' dtype first, as transformers scales
             x = x * (torch.tensor(c.embed_scale, dtype=x.dtype) if c.embed_scale_rounded else c.embed_scale)
@@ -357,6 +362,13 @@ class LlamaForCausalLM(nn.Module):
             cos, sin = (None, None) if nope else local if c.slides(i) else rope
             x, residual = layer(x, residual, cos, sin, batch, kv, lora, nope_scale if nope else rope_scale)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
+        return x if hidden else self.head(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (fp32) of final hidden states ``x`` (``forward(..., hidden=True)``)."""
+        c = self.config
+        if self.lm_head is None:
+            raise ValueError("this checkpoint has no output head (an embedding model): it cannot sample tokens")
         logits = self.lm_head(x)
         if c.logits_divisor != 1.0:  # Granite
             logits = logits / c.logits_divisor
@@ -370,7 +382,8 @@ class LlamaForCausalLM(nn.Module):
                        kv: PagedKVPool, logits_index: torch.Tensor, kernels: CpuKernels,
                        lora: LoraBatch | None) -> torch.Tensor:
         """``forward`` with the fused CPU kernels for norms (residual add folded in), RoPE and SiLU·mul; the same
-        ops in the same order as the modules, so the same numbers as the torch path up to the kernels' rounding."""
+        ops in the same order as the modules, so the same numbers as the torch path up to the kernels' rounding.
+        Returns the selected tokens' final hidden states."""
         c = self.config
         t, eps, d = input_ids.shape[0], c.rms_norm_eps, c.head_dim
         q_size, kv_size = c.num_attention_heads * d, c.num_key_value_heads * d
@@ -408,8 +421,7 @@ class LlamaForCausalLM(nn.Module):
             else:
                 act = kernels.silu_mul(lora.add(F.linear(h, w.gate_up), h, i, "gate_up"))
                 x = lora.add(F.linear(act, w.down), act, i, "down")
-        h = kernels.add_rms_norm(x[logits_index], residual[logits_index], self.model.norm.weight, eps)
-        return F.linear(h, self.lm_head.weight).float()
+        return kernels.add_rms_norm(x[logits_index], residual[logits_index], self.model.norm.weight, eps)
 
     def _layer_weights(self) -> list[_LayerWeights]:
         """Each layer's tensors, looked up once (the runner never moves or replaces a loaded model's parameters:
@@ -476,7 +488,7 @@ class LlamaForCausalLM(nn.Module):
             if missing:
                 raise KeyError(missing)
             loaded.add(target)
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and self.lm_head is not None:
             loaded.add("lm_head.weight")
             self._retie_head()
         absent = sorted(set(params) - loaded)

@@ -389,7 +389,7 @@ class ModelConfig:
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         raw, overrides = aliased(text_model_config(raw))
         archs = raw.get("architectures") or ["LlamaForCausalLM"]
-        arch = archs[0]
+        arch = _causal_lm_of(archs[0])
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(
                 f"config.json: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
@@ -511,6 +511,14 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ModelLoadError(f"{path} must hold a JSON object")
         return cls.from_dict(raw)
+
+
+def _causal_lm_of(arch: str) -> str:
+    """The causal LM whose base model ``arch`` names (``Qwen3Model``: embedding checkpoints saved from the base
+    model, pooling.py), else ``arch``."""
+    if arch.endswith("Model") and arch.removesuffix("Model") + "ForCausalLM" in SUPPORTED_ARCHITECTURES:
+        return arch.removesuffix("Model") + "ForCausalLM"
+    return arch
 
 
 def _olmo3_local_theta(arch: str, rope_scaling: Any, theta: Any) -> float | None:

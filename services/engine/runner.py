@@ -151,8 +151,11 @@ class ModelRunner:
         arch = self.model.config
         inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels, arch.sliding_window,
                                 arch.attn_softcap, arch.attention_chunk)
+        # Embedding requests whose prompt ends here take their last token's hidden state instead of a sample.
+        pool_rows = [i for i, sid in enumerate(inputs.sample_seq_ids) if self.seqs[sid].params.pooling]
+        sample_ids = [sid for sid in inputs.sample_seq_ids if not self.seqs[sid].params.pooling]
         rows = []
-        for sid in inputs.sample_seq_ids:
+        for sid in sample_ids:
             seq = self.seqs[sid]
             rows.append(SamplingRow(seq.params, seq.token_ids[: seq.prompt_len], seq.token_ids[seq.prompt_len:],
                                     bad_words=seq.bad_words))
@@ -167,12 +170,18 @@ class ModelRunner:
                            for j in range(m)]
         # Grammar masks depend on the tokens so far only: computed beside the forward pass (llguidance drops
         # the GIL), as vLLM and SGLang overlap them with the GPU.
-        masks = self._grammar_masks([self.seqs[sid] for sid in inputs.sample_seq_ids], rows, verify)
+        masks = self._grammar_masks([self.seqs[sid] for sid in sample_ids], rows, verify)
+        # Hidden states first where some rows pool, or the model has no head (an embedding model's chunks).
+        hidden = bool(pool_rows) or self.model.lm_head is None
         logits = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv, inputs.logits_index,
-                            inputs.lora)
+                            inputs.lora, hidden=hidden)
         for seq, n in scheduled:
             seq.num_computed += n
-        n_sampled = len(inputs.sample_seq_ids)
+        pooled = self._pool(logits, pool_rows, inputs.sample_seq_ids, result) if pool_rows else {}
+        if hidden:
+            keep = [i for i in range(len(logits)) if i not in set(pool_rows)]
+            logits = self.model.head(logits[keep]) if keep else logits[:0]
+        n_sampled = len(sample_ids)
         n_scored = sum(n for _, _, n in inputs.scored)
         if inputs.scored:
             result.prompt_logprobs.update(self._score_prompts(logits[n_sampled:n_sampled + n_scored],
@@ -182,15 +191,15 @@ class ModelRunner:
             logits = torch.cat([logits[:n_sampled], logits[n_sampled + n_scored:]])
         elif inputs.scored:
             logits = logits[:n_sampled]
-        if not inputs.sample_seq_ids:
-            return {}
+        if not sample_ids:
+            return pooled
         if masks is not None:
             masks.result()
         out = self.sampler(logits, rows, self.checkpoint.eos_token_ids)
         no_token = set(out.no_token)
         verify_row = n_sampled
-        sampled: dict[str, list[SampledToken]] = {}
-        for i, sid in enumerate(inputs.sample_seq_ids):
+        sampled: dict[str, list[SampledToken]] = pooled
+        for i, sid in enumerate(sample_ids):
             seq = self.seqs[sid]
             if m := seq.num_drafts:
                 kept = self._keep_drafts(seq, [*range(verify_row, verify_row + m), i], out, rows, no_token, result)
@@ -203,6 +212,19 @@ class ModelRunner:
                 seq.token_ids.append(kept[0].token_id)
             if kept:
                 sampled[sid] = kept
+        return sampled
+
+    def _pool(self, hidden: torch.Tensor, pool_rows: list[int], seq_ids: list[str],
+              result: StepResult) -> dict[str, list[SampledToken]]:
+        """The embedding requests' last hidden states into ``result.embeddings``; each "samples" token 0, which
+        ends it (max_tokens 1), so the scheduler's bookkeeping stays that of any request."""
+        vectors = hidden[pool_rows].float().tolist()
+        sampled = {}
+        for row, vector in zip(pool_rows, vectors, strict=True):
+            sid = seq_ids[row]
+            result.embeddings[sid] = vector
+            self.seqs[sid].token_ids.append(0)
+            sampled[sid] = [SampledToken(0)]
         return sampled
 
     def _keep_drafts(self, seq: SequenceState, order: list[int], out: SamplerOutput, rows: list[SamplingRow],

@@ -90,6 +90,12 @@ def test_a_result_of_one_token_each_round_trips():
     assert result_from_proto(_wire(result_to_proto(result))) == result
 
 
+def test_embeddings_round_trip_beside_their_stand_in_tokens():
+    result = StepResult(5, sampled={"gen": [SampledToken(7)], "emb": [SampledToken(0)]},
+                        embeddings={"emb": [0.5, -1.25, 3.0]})
+    assert result_from_proto(_wire(result_to_proto(result))) == result
+
+
 def test_logprobs_of_some_sequences_only_round_trip():
     result = StepResult(4, sampled={"plain": [SampledToken(1), SampledToken(2)],
                                     "asked": [SampledToken(3, -0.25, 2, [(4, -0.125), (3, -0.25)])]})

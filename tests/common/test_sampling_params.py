@@ -68,7 +68,15 @@ BAD_VALUES = [
     ("structured_output", ("regex", ""), "non-empty spec"),
     ("structured_output", "json", "(kind, spec) pair"),
     ("skip_special_tokens", "no", "true or false"),
+    ("pooling", "yes", "true or false"),
 ]
+
+
+def test_an_embedding_request_samples_nothing():
+    assert SamplingParams(max_tokens=1, pooling=True).pooling
+    for extra in ({}, {"logprobs": 2}, {"prompt_logprobs": 0}, {"allowed_token_ids": (5,)}):
+        with pytest.raises(InvalidArgument, match="an embedding request .* takes max_tokens 1"):
+            SamplingParams(**{"max_tokens": 1 if extra else 4, "pooling": True, **extra})
 
 
 @pytest.mark.parametrize(("field", "value", "accepted"), BAD_VALUES)
