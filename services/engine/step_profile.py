@@ -21,6 +21,7 @@ import torch
 
 from services.common.sampling_params import SamplingParams
 from services.common.step import NewSequence, StepPlan
+from services.engine.pooling import EMBEDDING_PARAMS
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -67,7 +68,9 @@ class Planner:
             assert next_block <= self.runner.kv.num_blocks, "step shape larger than the KV pool"
             sid = f"s{plan.step_id}-{len(plan.new)}"
             tokens = [self.rng.randrange(3, self.vocab) for _ in range(total)]
-            plan.new.append(NewSequence(sid, tokens, total, cached, blocks, GREEDY))
+            # An embedding model (no output head) is timed on what it serves: pooled prompts.
+            params = GREEDY if self.runner.model.lm_head is not None else EMBEDDING_PARAMS
+            plan.new.append(NewSequence(sid, tokens, total, cached, blocks, params))
             plan.num_scheduled_tokens[sid] = new
         return plan
 

@@ -14,6 +14,7 @@ from services.common.step import LoraRef
 from services.engine.bad_words import bad_words_token_ids
 from services.engine.checkpoint import Checkpoint
 from services.engine.grammar import GrammarCompiler
+from services.engine.pooling import EMBEDDING_PARAMS, check_embedding, check_generates, embedding_vector
 from services.scheduler.admission import check_cache_salt, validate_request
 from services.scheduler.core.request import Request
 from services.scheduler.lora_registry import LoraRegistry
@@ -105,6 +106,7 @@ class Frontend:
         # A session's turn keeps every block for kvcache (sliding_window.py): its whole context counts.
         session = bool(item.session_id) and self.mesh.dual_path is not None
         held = [None if session else link.core.config.window_blocks(block_size) for link in links]
+        check_generates(self.checkpoint.has_lm_head, item.params)
         validate_request(prompt, item.params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
                          min(pools) if pools else None, self.mesh.config.core.whole_prompt_limit,
                          max(held) if held and None not in held else None)
@@ -176,6 +178,22 @@ class Frontend:
     def _abort_unless_done(self, tracked: TrackedRequest) -> None:
         if not tracked.finished or tracked.request_id in self.mesh.tracked:
             self.mesh.abort(tracked.request_id, FinishReason.ABORT)
+
+    async def embed(self, prompts: Sequence[Sequence[int]], dimensions: int | None = None, trace_parent=None,
+                    priority: int = 0, lora: LoraRef | None = None, labels: Sequence[str] | None = None,
+                    ) -> list[list[float]]:
+        """Each prompt's embedding (pooling.py), cut to ``dimensions``: one request per prompt, queued all or
+        none, run as any prompt is (chunked, prefix-cached, on a prefill worker in disaggregated mode). Raises
+        the first failed request's error; a caller that goes away aborts the rest."""
+        check_embedding(self.checkpoint.pooling, self.checkpoint.config.hidden_size, dimensions)
+        items = [Submission(p, EMBEDDING_PARAMS, priority=priority, lora=lora) for p in prompts]
+        tracked = self.submit_many(items, trace_parent, labels)
+        async for done in self.stream_many(tracked, [True] * len(tracked)):
+            for i, delta in done:
+                if tracked[i].hidden_state is None:  # failed (the others are aborted on the way out) or aborted
+                    raise delta.error or SeawallError(f"embedding request {tracked[i].request_id} ended "
+                                                      f"({delta.finish_reason}) without a result")
+        return [embedding_vector(t.hidden_state, self.checkpoint.pooling, dimensions) for t in tracked]
 
     def queue_delay_ms(self, tracked: TrackedRequest) -> float:
         if tracked.first_scheduled is None:

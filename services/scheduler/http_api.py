@@ -2,7 +2,8 @@
 
 ``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat template), SSE streaming, ``/v1/models``,
 ``/health``, OpenAI's Responses API (``/v1/responses``, services/scheduler/responses_endpoint.py), Anthropic's
-Messages API (``/v1/messages``, services/scheduler/anthropic_endpoint.py), and vLLM's
+Messages API (``/v1/messages``, services/scheduler/anthropic_endpoint.py), embeddings (``/v1/embeddings``,
+services/scheduler/embeddings_endpoint.py), and vLLM's
 ``/tokenize`` and ``/detokenize``. Prompts may be text or token ids, one or a list of them (completions); ``n`` choices per
 prompt, choice ``i * n + j`` the j-th of prompt i, each its own request in the mesh (queued all or none);
 ``return_token_ids: true`` adds ``token_ids`` to each choice (vLLM's extension). Errors use OpenAI's shape,
@@ -57,6 +58,7 @@ from services.scheduler.chat_template import (
     template_messages,
 )
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
+from services.scheduler.embeddings_endpoint import EmbeddingsEndpoint
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import error_body, error_response, json_body, streaming
 from services.scheduler.lora_endpoints import LoraEndpoints
@@ -83,6 +85,7 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
     api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning)
     responses = ResponsesEndpoint(api, tasks)
     messages = MessagesEndpoint(api)
+    embeddings = EmbeddingsEndpoint(api)
     routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/version", api.version, methods=["GET"]),
@@ -95,6 +98,7 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
         Route("/v1/responses/{response_id}/input_items", responses.input_items, methods=["GET"]),
         Route("/v1/messages", messages.create, methods=["POST"]),
         Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.create, methods=["POST"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
     ]

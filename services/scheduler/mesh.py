@@ -303,6 +303,10 @@ class Mesh:
             tracked = self.tracked.get(rid)
             if tracked is not None:
                 tracked.add_prompt_logprobs(start, tokens)
+        for rid, hidden in result.embeddings.items():  # before the stand-in token that ends them
+            tracked = self.tracked.get(rid)
+            if tracked is not None:
+                tracked.hidden_state = hidden
         self._dispatch(link, link.core.on_result(step.plan, result), now)
         for rid, error in result.errors.items():
             if self.where.get(rid) is link:  # else it ended meanwhile (or this is a plan sent before it failed)

@@ -52,6 +52,8 @@ class TrackedRequest:
         self.done = anyio.Event()  # set with the last token: a non-streaming reader wakes once, not per token
         self.on_arrive: Callable[[TrackedRequest], None] | None = None  # a BatchWatch reading it with others
         self.prompt_logprobs: list[SampledToken] = []  # scores of prompt positions 1, 2, ... so far
+        # An embedding request's (SamplingParams.pooling) last hidden state, as its worker returned it.
+        self.hidden_state: list[float] | None = None
 
     @property
     def request_id(self) -> str:
@@ -67,7 +69,10 @@ class TrackedRequest:
             return finish_reason
         self.num_emitted += 1
         request = self.request
-        if text_left_out(request.params, token.token_id, finish_reason, request.eos_token_ids):
+        if request.params.pooling:  # its token stands in for the hidden state: there is no text
+            self.detok.push_stop_token()
+            text = ""
+        elif text_left_out(request.params, token.token_id, finish_reason, request.eos_token_ids):
             self.detok.push_stop_token()
             text = ""
         else:

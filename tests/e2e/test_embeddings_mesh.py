@@ -1,0 +1,90 @@
+"""``/v1/embeddings`` through the live mesh, driven by the official ``openai`` client: an embedding checkpoint as
+Qwen3-Embedding ships it (saved from the base model: no output head) served by the default disaggregated
+topology (the prompts run on the prefill worker, none is handed off), each vector equal to transformers' last
+hidden state, normalized; text and token-id inputs, base64, ``dimensions``; generation from it refused; and
+every block freed after."""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+
+import httpx
+import openai
+import pytest
+import torch
+
+from seawall import Client
+from services.engine.model_config import ModelConfig
+from tests.e2e.conftest import random_prompts, start_mesh
+from tests.engine.test_embeddings import CONFIG, _save
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.timeout(300)]
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("embedding-model")
+    model = transformers.AutoModel.from_config(transformers.Qwen3Config(**CONFIG, tie_word_embeddings=False))
+    return out, _save(model, out, tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def mesh(checkpoint, tmp_path_factory):
+    m = start_mesh(checkpoint[0], tmp_path_factory.mktemp("logs"), scheduler_args=["--chunk-size", "16"])
+    yield m
+    assert all(code == 0 for code in m.stop().values())
+
+
+def _want(model, prompt: list[int], dims: int | None = None) -> torch.Tensor:
+    with torch.no_grad():
+        hidden = model(torch.tensor([prompt])).last_hidden_state[0, -1]
+    return torch.nn.functional.normalize(hidden[:dims], dim=-1)
+
+
+def test_embeddings_of_text_and_token_ids_match_transformers(mesh, checkpoint):
+    path, model = checkpoint
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
+    texts = ["Bursts of long prompts", "stall decodes in a prefill-first scheduler"]
+    ids = random_prompts([5, 40, 70], seed=31)
+    with openai.OpenAI(base_url=f"{mesh.http_url}/v1", api_key="unused", max_retries=0) as client:
+        model_id = client.models.list().data[0].id
+        by_text = client.embeddings.create(model=model_id, input=texts)
+        by_ids = client.embeddings.create(model=model_id, input=ids, dimensions=24, encoding_format="base64",
+                                          extra_body={"priority": -1})
+        with pytest.raises(openai.BadRequestError, match="an embedding model .* not generation"):
+            client.completions.create(model=model_id, prompt="hi", max_tokens=4)
+        with pytest.raises(openai.BadRequestError, match="dimensions must be an integer from 1 to the model's 64"):
+            client.embeddings.create(model=model_id, input="hi", dimensions=65)
+    assert [d.index for d in by_text.data] == [0, 1]
+    encoded = [tokenizer(t)["input_ids"] for t in texts]
+    assert by_text.usage.prompt_tokens == sum(map(len, encoded))
+    for item, prompt in zip(by_text.data, encoded, strict=True):
+        assert torch.tensor(item.embedding) == pytest.approx(_want(model, prompt), abs=1e-5)
+    for item, prompt in zip(by_ids.data, ids, strict=True):
+        vector = item.embedding  # the client decodes base64 into floats unless asked for the raw string
+        if isinstance(vector, str):
+            vector = list(struct.unpack("<24f", base64.b64decode(vector)))
+        assert len(vector) == 24 and torch.tensor(vector) == pytest.approx(_want(model, prompt, 24), abs=1e-5)
+    with Client(mesh.grpc_address) as client:
+        stats = client.stats()
+    assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
+
+
+def test_bad_embedding_requests_get_400_naming_the_field(default_mesh, tiny_model_dir):
+    """And a generative model (the built-in one) embeds too: its last hidden state, normalized."""
+    url = f"{default_mesh.http_url}/v1/embeddings"
+    cases = [({"input": []}, "input must be a string"), ({"input": [[1, 2], 7]}, r"input\[1\] must be a string"),
+             ({"input": "x", "encoding_format": "int8"}, "encoding_format must be one of float, base64"),
+             ({"input": "x", "truncate_prompt_tokens": 4}, "unknown or unsupported fields: truncate_prompt_tokens"),
+             ({"input": [[5, 10**9]]}, "outside the vocabulary")]
+    for body, message in cases:
+        r = httpx.post(url, json=body, timeout=30)
+        assert r.status_code == 400 and re.search(message, r.json()["error"]["message"]), body
+    ok = httpx.post(url, json={"input": "the built-in model embeds too"}, timeout=30).json()
+    vector = ok["data"][0]["embedding"]
+    assert len(vector) == ModelConfig.from_dir(tiny_model_dir).hidden_size
+    assert sum(v * v for v in vector) == pytest.approx(1.0, abs=1e-5)
