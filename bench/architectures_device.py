@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
 from tests.engine.test_architectures import CASES, save_checkpoint  # noqa: E402
 
 TOKENS = 16
+KV_BYTES = 256 * 2**20
 
 
 def compare(case: str, root: Path, tokenizer_dir: Path, device: str, dtype: str) -> tuple[int, float]:
@@ -40,7 +42,10 @@ def compare(case: str, root: Path, tokenizer_dir: Path, device: str, dtype: str)
     ref.generation_config.eos_token_id = None  # ignore_eos's semantics, as the tests generate
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (17, 150)]
-    engine = OfflineEngine(EngineConfig(model=str(path), device=device, dtype=dtype), SchedulerConfig(chunk_size=16))
+    # A pool of its own size: several of these may share one GPU (gpu_check.sh runs fp32 and bf16 side by side),
+    # and the default (90% of free memory) would leave the next engine or transformers nothing.
+    engine = OfflineEngine(EngineConfig(model=str(path), device=device, dtype=dtype, kv_cache_bytes=KV_BYTES),
+                           SchedulerConfig(chunk_size=16))
     got = engine.generate(prompts, [SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True,
                                                    logprobs=0)] * len(prompts))
     agree, gap = 0, 0.0
@@ -68,9 +73,18 @@ def main() -> None:
         tokenizer_dir = init_model(root / "builtin", preset="tiny", seed=0)
         print(f"{'architecture':<24} {'tokens agreeing':>16} {'max logprob gap':>16}   ({args.device}, {args.dtype}, "
               f"2 prompts x {TOKENS} tokens)")
+        failed = []
         for case in args.cases.split(","):
-            agree, gap = compare(case, root, tokenizer_dir, args.device, args.dtype)
+            try:
+                agree, gap = compare(case, root, tokenizer_dir, args.device, args.dtype)
+            except Exception as exc:  # noqa: BLE001 - one architecture's failure must not hide the others'
+                failed.append(case)
+                print(f"{case:<24} FAILED: {type(exc).__name__}: {exc}"[:400], flush=True)
+                print(traceback.format_exc(limit=-4), file=sys.stderr, flush=True)
+                continue
             print(f"{case:<24} {agree:>10}/{2 * TOKENS:<5} {gap:>16.4f}", flush=True)
+    if failed:
+        sys.exit(f"{len(failed)} architecture(s) failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

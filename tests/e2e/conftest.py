@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
 
 from seawall.launcher import LocalMesh, MeshOptions
+
+# Where the mesh's workers run (fp32, the oracle's dtype): on a GPU machine, SEAWALL_TEST_DEVICE=cuda. The
+# oracle (transformers) stays on the CPU.
+DEVICE = os.environ.get("SEAWALL_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture
@@ -66,8 +71,8 @@ def start_mesh(model_dir, log_dir, mode="disaggregated", num_prefill=1, num_deco
     options = MeshOptions(model=str(model_dir), mode=mode, num_prefill=num_prefill if mode != "colocated" else 0,
                           num_decode=num_decode, grpc_port=0, http_port=0 if http else None,
                           scheduler_args=list(scheduler_args),
-                          worker_args=["--kv-cache-bytes", str(16 * 2**20), "--swap-bytes", str(16 * 2**20),
-                                       *worker_args],
+                          worker_args=["--device", DEVICE, "--dtype", "float32", "--kv-cache-bytes", str(16 * 2**20),
+                                       "--swap-bytes", str(16 * 2**20), *worker_args],
                           log_dir=log_dir, startup_timeout_s=180, kvcache=kvcache_args is not None,
                           kvcache_args=list(kvcache_args or ()))
     mesh = LocalMesh(options)

@@ -13,7 +13,7 @@ import pytest
 
 from seawall import AsyncClient
 from services.scheduler.core.scheduler import POLICIES
-from tests.e2e.conftest import random_prompts, start_mesh
+from tests.e2e.conftest import DEVICE, random_prompts, start_mesh
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -48,7 +48,8 @@ def mesh(request, tiny_model_dir, tmp_path_factory):
     m = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), mode=mode, num_decode=2 if mode == "colocated" else 1,
                    scheduler_args=["--policy", policy, "--kv-transport", transport, "--chunk-size", "64",
                                    "--step-pipelining", "all", *extra], worker_args=worker_flags, http=False)
-    where = "their own thread" if "own" in worker_flags else "the event-loop thread"
+    own = "own" in worker_flags or DEVICE != "cpu"  # a GPU worker's default
+    where = "their own thread" if own else "the event-loop thread"
     assert all(f"steps on {where}" in (m.options.log_dir / f"{c.name}.log").read_text() for c in m.children
                if c.name != "scheduler")
     yield m

@@ -22,7 +22,9 @@ transformers = pytest.importorskip("transformers")
 
 # The engine under test runs here (fp32 everywhere); on a GPU machine: SEAWALL_TEST_DEVICE=cuda pytest -m oracle.
 DEVICE = os.environ.get("SEAWALL_TEST_DEVICE", "cpu")
-ENGINE_FLAGS = ["--device", DEVICE, "--dtype", "float32"]
+# A GPU's pool is sized here: by default it takes 90% of free memory, which a process beside this one may need.
+KV_BYTES = None if DEVICE == "cpu" else 2**30
+ENGINE_FLAGS = ["--device", DEVICE, "--dtype", "float32", *(["--kv-cache-bytes", str(KV_BYTES)] if KV_BYTES else [])]
 
 PROMPT_LENS = [1, 2, 3, 5, 8, 13, 16, 17, 31, 33, 64, 100, 150, 257, 400, 720]
 TOP_N = 5
@@ -150,8 +152,8 @@ def test_prefix_cache_hits_match_transformers(tiny_model_dir, chunk_size):
     second = [prefix + torch.randint(0, 4096, (n,), generator=g).tolist() for n in (0, 1, 20, 37, 150)]
     first = [prefix + [5, 6, 7]]
     refs = _hf_reference(tiny_model_dir, second)
-    engine = OfflineEngine(EngineConfig(model=str(tiny_model_dir), device=DEVICE, dtype="float32"),
-                           SchedulerConfig(chunk_size=chunk_size))
+    engine = OfflineEngine(EngineConfig(model=str(tiny_model_dir), device=DEVICE, dtype="float32",
+                                        kv_cache_bytes=KV_BYTES), SchedulerConfig(chunk_size=chunk_size))
     params = [SamplingParams(max_tokens=_max_tokens(i), temperature=0) for i in range(len(second))]
     engine.generate(first, params[:1])
     got = engine.generate(second, params)
@@ -170,7 +172,8 @@ def preemption_case(tiny_model_dir):
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 4096, (40 + 9 * i,), generator=g).tolist() for i in range(8)]
     refs = _hf_reference(tiny_model_dir, prompts, max_tokens=30)
-    probe = OfflineEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=1 << 20))
+    probe = OfflineEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=1 << 20, device=DEVICE,
+                                       dtype="float32"))
     return prompts, refs, probe.runner.layout.bytes_per_block
 
 
