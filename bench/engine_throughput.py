@@ -277,7 +277,7 @@ def main() -> int:  # noqa: C901, PLR0915
     kv = kv_bytes_for(model_dir, args.num_requests, args.prompt_len + args.output_len)
     shape = f"1..{args.output_len}, {out_tokens} in all" if args.mixed_output else f"{args.output_len}"
     print(f"model {model_dir}; {args.num_requests} requests x (prompt {args.prompt_len}, output "
-          f"{shape}); fp32 CPU, {torch.get_num_threads()} torch threads, OMP_WAIT_POLICY="
+          f"{shape}); {args.dtype} on {args.device}, {torch.get_num_threads()} torch threads, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}; {args.repeats} rounds")
 
     systems: dict[str, Runner] = {}

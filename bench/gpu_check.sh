@@ -10,7 +10,9 @@
 #     workers, the tiny model); engine throughput against transformers on the same GPU (small preset, bf16
 #     and fp32); the mixture-of-experts layer in bf16 (grouped GEMMs against one matmul per expert) at
 #     Qwen3-30B-A3B's width;
-#   bench/gpu_check.sh all           both.
+#   bench/gpu_check.sh mesh          the mesh's overhead at length: fp32 (outputs must be identical), multi-step
+#     decoding (what run-batch does by default), and the small preset;
+#   bench/gpu_check.sh all           correctness and speed.
 # Python: .venv where it exists, else the machine's python3. Packages it lacks may travel as wheels in .whl/
 # (the device tool's machines reach no registry; bench/README.md "On a GPU" says which); they are installed
 # into a private directory that takes precedence over the machine's own.
@@ -66,5 +68,10 @@ if [ "$part" = speed ] || [ "$part" = all ]; then
   step throughput_bfloat16 120 8 $py bench/engine_throughput.py --device $device --dtype bfloat16 --preset small
   step moe_layer 60 8 $py bench/moe_layer.py --device $device --dtype bfloat16 --hidden 2048 --expert-width 768
   step throughput_float32 120 8 $py bench/engine_throughput.py --device $device --dtype float32 --preset small
+fi
+if [ "$part" = mesh ]; then
+  step mesh_overhead_fp32 130 8 $py bench/mesh_overhead.py --repeats 7 --dtype float32
+  step mesh_overhead_steps8 130 8 $py bench/mesh_overhead.py --repeats 5 --decode-steps 8 --dtype float32
+  step mesh_overhead_small 130 8 $py bench/mesh_overhead.py --repeats 5 --preset small --dtype float32
 fi
 cat "$summary"

@@ -140,13 +140,14 @@ def report_cpu(cpu: dict[str, dict[str, list[float]]], results: dict) -> None:
 
 
 def start(mode: str, model: str, logs: Path, pipelining: str = "auto", decode_steps: int = 1,
-          kv_cache_bytes: int | None = None, step_thread: str = "auto", torch_threads: int = 0) -> LocalMesh:
+          kv_cache_bytes: int | None = None, step_thread: str = "auto", torch_threads: int = 0,
+          dtype: str = "auto") -> LocalMesh:
     opts = MeshOptions(model=model, mode=mode, num_prefill=1 if mode == "disaggregated" else 0, num_decode=1,
                        grpc_port=0, http_port=None,
                        scheduler_args=["--chunk-size", str(CHUNK), "--step-pipelining", pipelining,
                                        "--decode-steps", str(decode_steps)],
                        worker_args=(["--kv-cache-bytes", str(kv_cache_bytes)] if kv_cache_bytes else [])
-                       + ["--step-thread", step_thread, "--torch-threads", str(torch_threads)],
+                       + ["--step-thread", step_thread, "--torch-threads", str(torch_threads), "--dtype", dtype],
                        log_dir=logs / mode)
     mesh = LocalMesh(opts)
     mesh.start()
@@ -198,6 +199,9 @@ def main() -> int:
     p.add_argument("--preset", default="tiny", choices=("tiny", "small"),
                    help="built-in model (small: 8 layers, hidden 512, initialised into a temp dir): the mesh's "
                         "costs are per step and per request, so a model with longer steps weighs them less")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="every system's (auto: fp32 on the CPU, bf16 on a GPU, where batches of other shapes "
+                        "round differently: outputs may differ)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     logging.basicConfig(level="WARNING")
@@ -216,7 +220,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="seawall-mesh-bench-"))
     try:
         if "in-process" in systems:
-            engine = OfflineEngine(EngineConfig(model=model, kv_cache_bytes=kv),
+            engine = OfflineEngine(EngineConfig(model=model, kv_cache_bytes=kv, dtype=args.dtype),
                                    SchedulerConfig(chunk_size=CHUNK, num_decode_steps=args.decode_steps))
             runners["in-process"] = lambda ps, n: run_in_process(engine, ps, n)
         for name in systems:
@@ -225,7 +229,7 @@ def main() -> int:
                 # would serve them from its prefix cache.
                 meshes[name] = start(name.removeprefix("mesh-").removesuffix("-batch"), model, logs / name,
                                      args.step_pipelining, args.decode_steps, kv, args.step_thread,
-                                     args.worker_torch_threads)
+                                     args.worker_torch_threads, args.dtype)
                 clients[name] = MeshClient(meshes[name].grpc_address, batch=name.endswith("-batch"))
                 runners[name] = clients[name].run
         times: dict[str, list[float]] = {name: [] for name in runners}
