@@ -12,6 +12,8 @@
 #     Qwen3-30B-A3B's width;
 #   bench/gpu_check.sh mesh          the mesh's overhead at length: fp32 (outputs must be identical), multi-step
 #     decoding (what run-batch does by default), and the small preset;
+#   bench/gpu_check.sh defaults      the GPU defaults against the CPU's: worker steps on their own thread vs
+#     the event-loop thread, planning ahead of every step (all) vs only behind prompt chunks (known);
 #   bench/gpu_check.sh all           correctness and speed.
 # Python: .venv where it exists, else the machine's python3. Packages it lacks may travel as wheels in .whl/
 # (the device tool's machines reach no registry; bench/README.md "On a GPU" says which); they are installed
@@ -73,5 +75,12 @@ if [ "$part" = mesh ]; then
   step mesh_overhead_fp32 130 8 $py bench/mesh_overhead.py --repeats 7 --dtype float32
   step mesh_overhead_steps8 130 8 $py bench/mesh_overhead.py --repeats 5 --decode-steps 8 --dtype float32
   step mesh_overhead_small 130 8 $py bench/mesh_overhead.py --repeats 5 --preset small --dtype float32
+fi
+if [ "$part" = defaults ]; then
+  two=(--systems in-process,mesh-colocated --repeats 5 --dtype float32)
+  step step_thread_own 90 8 $py bench/mesh_overhead.py "${two[@]}" --step-thread own --step-pipelining all
+  step step_thread_loop 90 8 $py bench/mesh_overhead.py "${two[@]}" --step-thread loop --step-pipelining all
+  step pipelining_known 90 8 $py bench/mesh_overhead.py "${two[@]}" --step-thread own --step-pipelining known
+  step pipelining_prompts 90 8 $py bench/mesh_overhead.py "${two[@]}" --step-thread own --step-pipelining prompts
 fi
 cat "$summary"
