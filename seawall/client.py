@@ -13,6 +13,8 @@ allowed_token_ids, structured_output as (kind, spec), e.g. ("json", schema text)
 are validated before anything is sent.
 With ``logprobs=k`` each chunk and completion carries ``logprobs``: a ``SampledToken`` per token (its logprob,
 rank and the top k candidates); with ``prompt_logprobs=k``, ``prompt_logprobs`` scores the prompt the same way.
+``embed(inputs, dimensions=...)`` returns each input's embedding (``Embed``: an embedding checkpoint's pooled
+vector, or a generative model's last hidden state, normalized).
 Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument``, ``ResourceExhausted``...
 """
 
@@ -129,6 +131,23 @@ def build_batch(prompts: Sequence[str | Sequence[int]], sampling: dict[str, Any]
                                                         for p in prompts])
 
 
+def build_embed(inputs: str | Sequence[int] | Sequence[str | Sequence[int]], model: str | None, dimensions: int | None,
+                priority: int) -> scheduler_pb2.EmbedRequest:
+    """OpenAI's input shapes: one text, one list of token ids, or a list of either."""
+    if isinstance(inputs, str) or (inputs and all(isinstance(t, int) for t in inputs)):
+        inputs = [inputs]
+    if not inputs:
+        raise ValueError("inputs must be a text, a list of token ids, or a non-empty list of those")
+    msg = scheduler_pb2.EmbedRequest(model=model or "", dimensions=dimensions or 0, priority=priority)
+    for item in inputs:
+        one = msg.inputs.add()
+        if isinstance(item, str):
+            one.text = item
+        else:
+            one.token_ids.ids.extend(item)
+    return msg
+
+
 class _BatchFold:
     """A batch's completions, in prompt order, from its interleaved outputs."""
 
@@ -198,6 +217,16 @@ class AsyncClient:
             raise _error(exc) from None
         return fold.completions()
 
+    async def embed(self, inputs: str | Sequence[int] | Sequence[str | Sequence[int]], model: str | None = None,
+                    dimensions: int | None = None, priority: int = 0) -> list[list[float]]:
+        """Each input's embedding (``Embed``), in input order: one text or token-id list gives a list of one.
+        ``dimensions`` keeps the first values of each (renormalized where the model normalizes)."""
+        try:
+            reply = await rpc(self._stub.Embed(build_embed(inputs, model, dimensions, priority)))
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        return [list(v.values) for v in reply.embeddings]
+
     async def abort(self, request_id: str) -> bool:
         """Ends a live request (its stream gets finish reason ``abort``); False when none has that id."""
         try:
@@ -256,6 +285,14 @@ class Client:
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return fold.completions()
+
+    def embed(self, inputs: str | Sequence[int] | Sequence[str | Sequence[int]], model: str | None = None,
+              dimensions: int | None = None, priority: int = 0) -> list[list[float]]:
+        try:
+            reply = self._stub.Embed(build_embed(inputs, model, dimensions, priority))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return [list(v.values) for v in reply.embeddings]
 
     def abort(self, request_id: str) -> bool:
         try:

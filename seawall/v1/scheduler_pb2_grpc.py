@@ -45,6 +45,11 @@ class SchedulerStub:
                 request_serializer=seawall_dot_v1_dot_scheduler__pb2.GenerateBatchRequest.SerializeToString,
                 response_deserializer=seawall_dot_v1_dot_scheduler__pb2.GenerateBatchResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/seawall.v1.Scheduler/Embed',
+                request_serializer=seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_scheduler__pb2.EmbedResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/seawall.v1.Scheduler/Abort',
                 request_serializer=seawall_dot_v1_dot_scheduler__pb2.AbortRequest.SerializeToString,
@@ -85,6 +90,16 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embed each input: its last token's final hidden state, pooled as the checkpoint says (normalized unless
+        its sentence-transformers config leaves that out), as OpenAI's /v1/embeddings returns it. All inputs are
+        validated and queued together, or none; they run as prompts do (chunked, prefix-cached, on a prefill
+        worker in disaggregated mode). Cancelling the call aborts those not finished.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Abort a queued or running request; its Generate stream ends with FINISH_REASON_ABORT.
         """
@@ -118,6 +133,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GenerateBatch,
                     request_deserializer=seawall_dot_v1_dot_scheduler__pb2.GenerateBatchRequest.FromString,
                     response_serializer=seawall_dot_v1_dot_scheduler__pb2.GenerateBatchResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.FromString,
+                    response_serializer=seawall_dot_v1_dot_scheduler__pb2.EmbedResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -190,6 +210,33 @@ class Scheduler:
             '/seawall.v1.Scheduler/GenerateBatch',
             seawall_dot_v1_dot_scheduler__pb2.GenerateBatchRequest.SerializeToString,
             seawall_dot_v1_dot_scheduler__pb2.GenerateBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/seawall.v1.Scheduler/Embed',
+            seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.SerializeToString,
+            seawall_dot_v1_dot_scheduler__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

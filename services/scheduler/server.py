@@ -1,5 +1,5 @@
-"""The Scheduler gRPC service: Generate (streaming), GenerateBatch, Abort, GetStats, RegisterWorker. A shell over
-the mesh."""
+"""The Scheduler gRPC service: Generate (streaming), GenerateBatch, Embed, Abort, GetStats, RegisterWorker. A shell
+over the mesh."""
 
 from __future__ import annotations
 
@@ -47,6 +47,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             yield scheduler_pb2.GenerateBatchResponse(outputs=[
                 scheduler_pb2.BatchOutput(index=i, response=replies[i](tracked[i], delta)) for i, delta in ready])
 
+    async def Embed(self, request, context):
+        try:
+            if not request.inputs:
+                raise InvalidArgument("inputs is empty: send at least one text or token_ids")
+            lora = self.frontend.loras.resolve(request.model)
+            prompts = [labelled(f"inputs[{i}]", self._prompt, x) for i, x in enumerate(request.inputs)]
+            vectors = await self.frontend.embed(prompts, request.dimensions or None,
+                                                tracing.from_grpc_metadata(context.invocation_metadata()),
+                                                request.priority, lora,
+                                                [f"inputs[{i}]" for i in range(len(prompts))])
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        return scheduler_pb2.EmbedResponse(embeddings=[scheduler_pb2.EmbedVector(values=v) for v in vectors],
+                                           usage=common_pb2.Usage(prompt_tokens=sum(map(len, prompts))))
+
     async def _deltas(self, tracked, final_only: bool):
         if final_only:
             yield await self.frontend.collect(tracked)
@@ -59,14 +74,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return self.frontend.submit(item.prompt_token_ids, item.params, item.request_id, parent, item.session_id,
                                     item.priority, item.lora, item.cache_salt)
 
-    def _submission(self, request) -> Submission:
-        lora = self.frontend.loras.resolve(request.model)
+    def _prompt(self, request) -> list[int]:
         which = request.WhichOneof("prompt")
         if which is None:
             raise InvalidArgument("set the prompt: text or token_ids")
-        prompt = self.frontend.encode(request.text) if which == "text" else list(request.token_ids.ids)
+        return self.frontend.encode(request.text) if which == "text" else list(request.token_ids.ids)
+
+    def _submission(self, request) -> Submission:
+        lora = self.frontend.loras.resolve(request.model)
+        prompt = self._prompt(request)
         room = max(self.frontend.max_model_len - len(prompt), 1)
         params = params_from_proto(request.sampling, default_max_tokens=room)
+        if params.pooling:  # Generate's responses have no place for a vector
+            raise InvalidArgument("sampling.pooling asks for an embedding: call Embed, which returns the vectors")
         return Submission(prompt, params, request.request_id, request.session_id, request.priority, lora,
                           request.cache_salt)
 

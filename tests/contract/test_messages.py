@@ -18,6 +18,7 @@ EXPECTED_SERVICES = {
     "seawall.v1.Scheduler": {
         "Generate": SERVER_STREAM,
         "GenerateBatch": SERVER_STREAM,
+        "Embed": UNARY,
         "Abort": UNARY,
         "GetStats": UNARY,
         "RegisterWorker": UNARY,

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from seawall import Client
+from services.common.errors import InvalidArgument
 from services.engine.model_config import ModelConfig
 from tests.e2e.conftest import random_prompts, start_mesh
 from tests.engine.test_embeddings import CONFIG, _save
@@ -72,6 +73,32 @@ def test_embeddings_of_text_and_token_ids_match_transformers(mesh, checkpoint):
     with Client(mesh.grpc_address) as client:
         stats = client.stats()
     assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
+
+
+def test_embed_over_grpc_matches_transformers_and_generate_is_refused(mesh, checkpoint):
+    """The SDK's Embed call: the same vectors as the HTTP API's; a generation request to an embedding model,
+    and Generate asked to pool, are refused with what to call instead."""
+    path, model = checkpoint
+    ids = random_prompts([3, 33], seed=32)
+    with Client(mesh.grpc_address) as client:
+        vectors = client.embed(ids)
+        short = client.embed(ids[0], dimensions=8)
+        with pytest.raises(InvalidArgument, match="an embedding model .* not generation"):
+            client.generate([5, 6, 7], max_tokens=2)
+        with pytest.raises(InvalidArgument, match="inputs\\[1\\]: .*outside the vocabulary"):
+            client.embed([[5], [10**6]])
+        with pytest.raises(InvalidArgument, match="dimensions must be an integer from 1 to the model's 64"):
+            client.embed("hi", dimensions=65)
+    for vector, prompt in zip(vectors, ids, strict=True):
+        assert len(vector) == 64 and torch.tensor(vector) == pytest.approx(_want(model, prompt), abs=1e-5)
+    assert len(short) == 1 and torch.tensor(short[0]) == pytest.approx(_want(model, ids[0], 8), abs=1e-5)
+
+
+def test_generate_asked_to_pool_is_told_to_call_embed(default_mesh):
+    with Client(default_mesh.grpc_address) as client:
+        with pytest.raises(InvalidArgument, match="sampling.pooling asks for an embedding: call Embed"):
+            client.generate([5, 6, 7], max_tokens=1, pooling=True)
+        assert len(client.embed("the built-in model embeds too")[0]) > 0
 
 
 def test_bad_embedding_requests_get_400_naming_the_field(default_mesh, tiny_model_dir):

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from seawall import AsyncClient, Client
-from seawall.client import build_batch, build_request
+from seawall.client import build_batch, build_embed, build_request
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import InvalidArgument, SeawallError, Unavailable
 
@@ -34,6 +34,16 @@ def test_a_batch_takes_a_list_of_prompts_each_sent_final_only_with_the_same_samp
     for bad in ("one string", []):
         with pytest.raises(ValueError, match="non-empty list of prompts"):
             build_batch(bad, {})
+
+
+def test_embed_takes_one_input_or_a_list_of_them_as_the_openai_api_does():
+    assert [i.text for i in build_embed("hello", None, None, 0).inputs] == ["hello"]
+    assert [list(i.token_ids.ids) for i in build_embed([5, 6], None, None, 0).inputs] == [[5, 6]]
+    msg = build_embed(["a", [1, 2]], "lora-a", 16, -1)
+    assert [i.WhichOneof("prompt") for i in msg.inputs] == ["text", "token_ids"]
+    assert (msg.model, msg.dimensions, msg.priority) == ("lora-a", 16, -1)
+    with pytest.raises(ValueError, match="non-empty list"):
+        build_embed([], None, None, 0)
 
 
 class _HungScheduler(scheduler_pb2_grpc.SchedulerServicer):
