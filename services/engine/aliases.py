@@ -1,5 +1,5 @@
 """Architectures served as another one because transformers builds them from its parts: InternLM3 and EXAONE 3 /
-3.5 run as its Llama; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
+3.5 run as its Llama; Gemma (1) as Gemma 2 less what Gemma 2 added; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
 each query head (in ``q_proj``, split as it loads: weight_names.py), all of each head rotated and no q/k norms.
@@ -29,6 +29,8 @@ class Alias:
     mlp_layers: str | None = None
     # ModelConfig fields it sets beyond what the target reads from the config.
     fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Its config as its transformers config class leaves it after reading (legacy values it replaces).
+    rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 # transformers' DeepSeek-V3 routing fields, which Youtu's config (dense MLPs only) does not have.
@@ -43,6 +45,21 @@ ALIASES = {
                                                     "layer_norm_epsilon": "rms_norm_eps",
                                                     "activation_function": "hidden_act"},
                                {"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096}),
+    # Gemma (and CodeGemma): Gemma 2's decoder without its sandwich norms, soft-caps or sliding layers, queries
+    # scaled by the head width, and the tanh GELU where a legacy config says "gelu" (as transformers reads it).
+    # Its norms keep Llama's names, which Gemma 2's module reads without sandwich norms.
+    "GemmaForCausalLM": Alias(
+        "Gemma2ForCausalLM",
+        defaults={"vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
+                  "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+                  "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1,
+                  "hidden_act": "gelu_pytorch_tanh"},
+        ignored=("hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                 "sliding_window", "layer_types"),
+        fields=lambda raw: {"sandwich_norms": False, "attn_softcap": None, "final_softcap": None,
+                            "sliding_window": None, "sliding_layers": None,
+                            "attn_scale": float(raw["head_dim"]) ** -0.5},
+        rewrite=lambda raw: {**raw, "hidden_act": "gelu_pytorch_tanh"} if raw["hidden_act"] == "gelu" else raw),
     # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
     "Glm4MoeLiteForCausalLM": Alias(
         "DeepseekV3ForCausalLM",
@@ -90,6 +107,8 @@ def aliased(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if out.get("rope_parameters"):  # transformers >= 5 names the base there
         defaults = {k: v for k, v in defaults.items() if k != "rope_theta"}
     out = {**defaults, **out, "architectures": [alias.target]}
+    if alias.rewrite is not None:
+        out = alias.rewrite(out)
     if alias.mlp_layers is not None:
         out["first_k_dense_replace"] = _dense_layers(out, alias.mlp_layers, arch)
     return out, alias.fields(out) if alias.fields else {}

@@ -50,6 +50,8 @@ CASES = {
     "gemma2": lambda: transformers.Gemma2Config(
         head_dim=32, query_pre_attn_scalar=24, sliding_window=24, attn_logit_softcapping=4.0,
         final_logit_softcapping=3.0, **COMMON),
+    # Gemma (1): Gemma 2's decoder less its sandwich norms, soft-caps and windows; a legacy "gelu" read as tanh's.
+    "gemma": lambda: transformers.GemmaConfig(head_dim=24, hidden_act="gelu", **COMMON),
     # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
     # query scale that is not head_dim's, sliding layers with a RoPE base of their own.
     # q/k/v and gate/up stored fused; a window in every layer.
@@ -928,3 +930,24 @@ def test_hunyuan_a13b_as_published():
         ModelConfig.from_dict({**HUNYUAN_A13B, "use_cla": True})
     with pytest.raises(ModelLoadError, match="rope_scaling type 'dynamic' is not supported"):  # dynamic NTK by length
         ModelConfig.from_dict({**HUNYUAN_A13B, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
+
+
+GEMMA_7B = {  # its config.json as released (later revisions add "hidden_activation": null)
+    "architectures": ["GemmaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 2,
+    "eos_token_id": 1, "head_dim": 256, "hidden_act": "gelu", "hidden_size": 3072, "initializer_range": 0.02,
+    "intermediate_size": 24576, "max_position_embeddings": 8192, "model_type": "gemma", "num_attention_heads": 16,
+    "num_hidden_layers": 28, "num_key_value_heads": 16, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 10000.0, "torch_dtype": "bfloat16", "vocab_size": 256000}
+
+
+def test_gemma_7b_as_published():
+    """Gemma 7B's legacy "gelu" is the tanh approximation, as transformers reads it; no window, no soft-caps, the
+    norms Llama's, queries scaled by the head width, embeddings by the hidden size's root."""
+    config, hf = ModelConfig.from_dict(GEMMA_7B), transformers.GemmaConfig(**GEMMA_7B)
+    assert config.hidden_act == hf.hidden_act == "gelu_pytorch_tanh"
+    assert config.sliding_window is None and config.attn_softcap is None and config.final_softcap is None
+    assert not config.sandwich_norms and config.norm_unit_offset and config.tie_word_embeddings
+    assert config.attn_scale == 256 ** -0.5 and config.embed_scale == 3072 ** 0.5
+    assert ModelConfig.from_dict({**GEMMA_7B, "hidden_activation": None}).hidden_act == "gelu_pytorch_tanh"
+    two_b = ModelConfig.from_dict({**GEMMA_7B, "hidden_size": 2048, "num_key_value_heads": 1, "num_hidden_layers": 18})
+    assert (two_b.num_key_value_heads, two_b.head_dim, two_b.attn_scale) == (1, 256, 256 ** -0.5)
