@@ -1,5 +1,6 @@
 """Architectures served as another one because transformers builds them from its parts: InternLM3 and EXAONE 3 /
-3.5 run as its Llama; Gemma (1) as Gemma 2 less what Gemma 2 added; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
+3.5 run as its Llama; Gemma (1) as Gemma 2 less what Gemma 2 added; GLM-4-9B
+(``GlmForCausalLM``) as GLM-4 (0414) less its sandwich norms; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
 each query head (in ``q_proj``, split as it loads: weight_names.py), all of each head rotated and no q/k norms.
@@ -60,6 +61,16 @@ ALIASES = {
                             "sliding_window": None, "sliding_layers": None,
                             "attn_scale": float(raw["head_dim"]) ** -0.5},
         rewrite=lambda raw: {**raw, "hidden_act": "gelu_pytorch_tanh"} if raw["hidden_act"] == "gelu" else raw),
+    # GLM-4-9B (``GlmForCausalLM``, the checkpoints before 0414): GLM-4's decoder without its sandwich norms, so
+    # its post_attention_layernorm is the MLP's input norm, as in Llama (the architecture's own name keeps
+    # GLM-4's renames off its tensors).
+    "GlmForCausalLM": Alias(
+        "Glm4ForCausalLM",
+        defaults={"vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40,
+                  "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+                  "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
+                  "eos_token_id": [151329, 151336, 151338]},
+        fields=lambda raw: {"sandwich_norms": False, "architecture": "GlmForCausalLM"}),
     # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
     "Glm4MoeLiteForCausalLM": Alias(
         "DeepseekV3ForCausalLM",

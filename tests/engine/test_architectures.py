@@ -50,6 +50,8 @@ CASES = {
     "gemma2": lambda: transformers.Gemma2Config(
         head_dim=32, query_pre_attn_scalar=24, sliding_window=24, attn_logit_softcapping=4.0,
         final_logit_softcapping=3.0, **COMMON),
+    # GLM-4-9B (GlmForCausalLM): GLM-4's partial interleaved RoPE, q/k/v biases and fused gate/up, no sandwich norms.
+    "glm": lambda: transformers.GlmConfig(**{**COMMON, "pad_token_id": 0}),
     # Gemma (1): Gemma 2's decoder less its sandwich norms, soft-caps and windows; a legacy "gelu" read as tanh's.
     "gemma": lambda: transformers.GemmaConfig(head_dim=24, hidden_act="gelu", **COMMON),
     # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
