@@ -1,6 +1,6 @@
 """Architectures served as another one because transformers builds them from its parts: InternLM3 and EXAONE 3 /
 3.5 run as its Llama; Gemma (1) as Gemma 2 less what Gemma 2 added; GLM-4-9B
-(``GlmForCausalLM``) as GLM-4 (0414) less its sandwich norms; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
+(``GlmForCausalLM``) as GLM-4 (0414) less its sandwich norms; Helium as Llama with interleaved RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
 each query head (in ``q_proj``, split as it loads: weight_names.py), all of each head rotated and no q/k norms.
@@ -71,6 +71,13 @@ ALIASES = {
                   "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
                   "eos_token_id": [151329, 151336, 151338]},
         fields=lambda raw: {"sandwich_norms": False, "architecture": "GlmForCausalLM"}),
+    # Kyutai's Helium: Llama rotating interleaved pairs of features (as GLM-4 does), o_proj without a bias.
+    "HeliumForCausalLM": Alias(
+        "LlamaForCausalLM",
+        defaults={"vocab_size": 48000, "hidden_size": 2560, "intermediate_size": 7040, "num_hidden_layers": 24,
+                  "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 128,
+                  "max_position_embeddings": 4096, "rms_norm_eps": 1e-8, "bos_token_id": 1, "eos_token_id": 2},
+        fields=lambda raw: {"rope_interleaved": True, "o_proj_bias": False}),
     # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
     "Glm4MoeLiteForCausalLM": Alias(
         "DeepseekV3ForCausalLM",

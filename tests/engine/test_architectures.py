@@ -52,6 +52,8 @@ CASES = {
         final_logit_softcapping=3.0, **COMMON),
     # GLM-4-9B (GlmForCausalLM): GLM-4's partial interleaved RoPE, q/k/v biases and fused gate/up, no sandwich norms.
     "glm": lambda: transformers.GlmConfig(**{**COMMON, "pad_token_id": 0}),
+    # Helium: Llama with interleaved RoPE, biases on q/k/v only.
+    "helium": lambda: transformers.HeliumConfig(attention_bias=True, head_dim=16, **COMMON),
     # Gemma (1): Gemma 2's decoder less its sandwich norms, soft-caps and windows; a legacy "gelu" read as tanh's.
     "gemma": lambda: transformers.GemmaConfig(head_dim=24, hidden_act="gelu", **COMMON),
     # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
