@@ -14,6 +14,8 @@
 #     decoding (what run-batch does by default), and the small preset;
 #   bench/gpu_check.sh defaults      the GPU defaults against the CPU's: worker steps on their own thread vs
 #     the event-loop thread, planning ahead of every step (all) vs only behind prompt chunks (known);
+#   bench/gpu_check.sh architectures  the architectures in $GPU_CHECK_CASES (default: all) in fp32 and bf16,
+#     and the embeddings API with its workers on CUDA: for architectures added since the last full run;
 #   bench/gpu_check.sh all           correctness and speed.
 # Python: .venv where it exists, else the machine's python3. Packages it lacks may travel as wheels in .whl/
 # (the device tool's machines reach no registry; bench/README.md "On a GPU" says which); they are installed
@@ -75,6 +77,14 @@ if [ "$part" = mesh ]; then
   step mesh_overhead_fp32 130 8 $py bench/mesh_overhead.py --repeats 7 --dtype float32
   step mesh_overhead_steps8 130 8 $py bench/mesh_overhead.py --repeats 5 --decode-steps 8 --dtype float32
   step mesh_overhead_small 130 8 $py bench/mesh_overhead.py --repeats 5 --preset small --dtype float32
+fi
+if [ "$part" = architectures ]; then
+  cases=(--cases "${GPU_CHECK_CASES:-$($py -c 'from tests.engine.test_architectures import CASES; print(",".join(CASES))')}")
+  step architectures_fp32 200 2 $py bench/architectures_device.py --device $device --dtype float32 "${cases[@]}" &
+  step architectures_bf16 200 2 $py bench/architectures_device.py --device $device --dtype bfloat16 "${cases[@]}" &
+  step embeddings_cuda 200 4 env SEAWALL_TEST_DEVICE=$device $py -m pytest -q -p no:cacheprovider \
+    tests/e2e/test_embeddings_mesh.py &
+  wait
 fi
 if [ "$part" = defaults ]; then
   two=(--systems in-process,mesh-colocated --repeats 5 --dtype float32)

@@ -1,6 +1,8 @@
 """Architectures served as another one because transformers builds them from its parts: InternLM3 and EXAONE 3 /
 3.5 run as its Llama; Gemma (1) as Gemma 2 less what Gemma 2 added; GLM-4-9B
-(``GlmForCausalLM``) as GLM-4 (0414) less its sandwich norms; Helium as Llama with interleaved RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
+(``GlmForCausalLM``) as GLM-4 (0414) less its sandwich norms; Helium as Llama with interleaved RoPE; StarCoder2 as Mistral with biases,
+LayerNorms and an MLP without a gate; StableLM as Llama with LayerNorms and partial RoPE; Phi-2 as Llama
+with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
 each query head (in ``q_proj``, split as it loads: weight_names.py), all of each head rotated and no q/k norms.
@@ -39,9 +41,10 @@ _ROUTING = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_
             "topk_group", "routed_scaling_factor", "norm_topk_prob", "first_k_dense_replace", "topk_method",
             "scoring_func", "moe_layer_freq")
 ALIASES = {
-    # InternLM3's o_proj has a bias with its `bias` (on the MLP too, which is refused), not with qkv_bias.
+    # InternLM3: its qkv_bias and bias are Llama's attention_bias (o_proj's too) and mlp_bias, which transformers
+    # requires equal.
     "InternLM3ForCausalLM": Alias("LlamaForCausalLM", {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
-                                  {"head_dim": 128}, fields=lambda raw: {"o_proj_bias": False}),
+                                  {"head_dim": 128}, rewrite=lambda raw: _internlm3(raw)),
     "ExaoneForCausalLM": Alias("LlamaForCausalLM", {"num_layers": "num_hidden_layers",
                                                     "layer_norm_epsilon": "rms_norm_eps",
                                                     "activation_function": "hidden_act"},
@@ -78,6 +81,49 @@ ALIASES = {
                   "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 128,
                   "max_position_embeddings": 4096, "rms_norm_eps": 1e-8, "bos_token_id": 1, "eos_token_id": 2},
         fields=lambda raw: {"rope_interleaved": True, "o_proj_bias": False}),
+    # StarCoder2: Mistral's attention (a window in every layer where set) with biases on every projection
+    # (use_bias), torch's LayerNorms with biases, and an MLP without a gate (c_fc, c_proj: weight_names.py).
+    "Starcoder2ForCausalLM": Alias(
+        "MistralForCausalLM",
+        names={"norm_epsilon": "rms_norm_eps", "use_bias": "starcoder2_use_bias"},
+        defaults={"vocab_size": 49152, "hidden_size": 3072, "intermediate_size": 12288, "num_hidden_layers": 30,
+                  "num_attention_heads": 24, "num_key_value_heads": 2, "hidden_act": "gelu_pytorch_tanh",
+                  "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 50256,
+                  "eos_token_id": 50256, "tie_word_embeddings": True, "starcoder2_use_bias": True},
+        ignored=("residual_dropout", "embedding_dropout"),
+        fields=lambda raw: {"layer_norm": True, "norm_bias": True, "mlp_gated": False,
+                            **dict.fromkeys(("mlp_bias", "attention_bias", "o_proj_bias"),
+                                            bool(raw["starcoder2_use_bias"])),
+                            "architecture": "Starcoder2ForCausalLM"}),
+    # StableLM (StableLM 2, StableLM-3B-4E1T, Zephyr 3B): Llama's SwiGLU with torch's LayerNorms (biased), RoPE
+    # over a share of each head (a quarter by default), biases on q/k/v with use_qkv_bias, and attention and
+    # MLP reading one norm side by side with use_parallel_residual.
+    "StableLmForCausalLM": Alias(
+        "LlamaForCausalLM",
+        names={"use_qkv_bias": "attention_bias", "layer_norm_eps": "rms_norm_eps"},
+        defaults={"vocab_size": 50304, "hidden_size": 2560, "intermediate_size": 6912, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+                  "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 0},
+        ignored=("hidden_dropout", "attention_dropout"),
+        rewrite=lambda raw: _partial_rotary_aside(_refuse_qk_layernorm(raw, "StableLM 2 12B"), 0.25),
+        fields=lambda raw: {"layer_norm": True, "norm_bias": True, "o_proj_bias": False,
+                            "parallel_block": bool(raw.get("use_parallel_residual")),
+                            "partial_rotary_factor": raw["partial_rotary_aside"],
+                            "architecture": "StableLmForCausalLM"}),
+    # Phi-1, Phi-1.5, Phi-2: attention and an ungated MLP side by side on one LayerNorm, biases on every
+    # projection and on the output head, RoPE over part of each head (half by default); GPT-style names
+    # (dense, fc1, fc2, final_layernorm: weight_names.py).
+    "PhiForCausalLM": Alias(
+        "LlamaForCausalLM",
+        names={"layer_norm_eps": "rms_norm_eps"},
+        defaults={"vocab_size": 51200, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24,
+                  "num_attention_heads": 32, "hidden_act": "gelu_new", "max_position_embeddings": 2048,
+                  "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2},
+        ignored=("resid_pdrop", "embd_pdrop", "attention_dropout", "attention_bias", "mlp_bias"),
+        rewrite=lambda raw: _phi(raw),
+        fields=lambda raw: {"layer_norm": True, "norm_bias": True, "parallel_block": True, "mlp_gated": False,
+                            **dict.fromkeys(("attention_bias", "o_proj_bias", "mlp_bias", "lm_head_bias"), True),
+                            "partial_rotary_factor": raw["partial_rotary_aside"], "architecture": "PhiForCausalLM"}),
     # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
     "Glm4MoeLiteForCausalLM": Alias(
         "DeepseekV3ForCausalLM",
@@ -109,6 +155,36 @@ ALIASES = {
         ignored=("use_qk_norm", "partial_rotary_factor"), mlp_layers="mlp_layer_types",
         fields=lambda raw: {"attn_output_gate": "in_query", "o_proj_bias": bool(raw.get("attention_bias"))}),
 }
+
+
+def _partial_rotary_aside(raw: dict[str, Any], default: float) -> dict[str, Any]:
+    """Its partial rotary factor (top level, or in rope_parameters as transformers 5 saves it) kept aside as
+    ``partial_rotary_aside``: Llama, which it runs as, refuses one; its ``fields`` set it."""
+    params = dict(raw.get("rope_parameters") or {})
+    partial = raw.get("partial_rotary_factor") or params.pop("partial_rotary_factor", None) or default
+    out = {k: v for k, v in raw.items() if k != "partial_rotary_factor"}
+    if params:
+        out["rope_parameters"] = params
+    return {**out, "partial_rotary_aside": float(partial)}
+
+
+def _refuse_qk_layernorm(raw: dict[str, Any], who: str) -> dict[str, Any]:
+    if raw.get("qk_layernorm"):
+        raise ModelLoadError(f"config.json: qk_layernorm is set; per-head q/k LayerNorms ({who}) are not supported")
+    return raw
+
+
+def _phi(raw: dict[str, Any]) -> dict[str, Any]:
+    """gelu_new is the tanh approximation, which the engine names as torch does."""
+    raw = _partial_rotary_aside(_refuse_qk_layernorm(raw, "Phi"), 0.5)
+    return {**raw, "hidden_act": "gelu_pytorch_tanh"} if raw["hidden_act"] == "gelu_new" else raw
+
+
+def _internlm3(raw: dict[str, Any]) -> dict[str, Any]:
+    if bool(raw.get("attention_bias")) != bool(raw.get("mlp_bias")):
+        raise ModelLoadError("config.json: InternLM3's qkv_bias and bias differ; transformers runs it as Llama, whose "
+                             "attention_bias covers q, k, v and o alike, and refuses that too")
+    return raw
 
 
 def aliased(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

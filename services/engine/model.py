@@ -63,6 +63,17 @@ class LayerNorm(RMSNorm):
         return layer_norm(x, self.weight, self.eps)
 
 
+class BiasedLayerNorm(RMSNorm):
+    """StarCoder2's LayerNorm: torch's, with a bias, in the model's dtype; RMSNorm's interface."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__(size, eps)
+        self.bias = nn.Parameter(torch.zeros(size))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LayerNorm without a bias over the last dimension, as transformers' Cohere computes it: in fp32, the
     weight applied before the cast back; ``weight`` may hold one row per head (``[heads, dim]``)."""
@@ -225,11 +236,12 @@ class MLP(nn.Module):
         self.layer = layer
         self.intermediate = intermediate or config.intermediate_size
         self.gated = config.mlp_gated
+        bias = config.mlp_bias
         if self.gated:
-            self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
-        else:  # Arcee: no gate (and no LoRA adapters here: they are refused when read)
-            self.up_proj = nn.Linear(config.hidden_size, self.intermediate, bias=False)
-        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
+            self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
+        else:  # Arcee, StarCoder2: no gate (and no LoRA adapters here: they are refused when read)
+            self.up_proj = nn.Linear(config.hidden_size, self.intermediate, bias=bias)
+        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=bias)
         if config.hidden_act == "xielu":  # Apertus: an activation with learned parameters, per layer
             self.act_fn = XIELU()
             self.act = self.act_fn.forward  # a bound method: the module is registered once, as act_fn
@@ -314,7 +326,9 @@ class LlamaModel(nn.Module):
 
 
 def _norm(config: ModelConfig, size: int) -> RMSNorm:
-    """The model's norm of ``size`` features: an RMSNorm, or Cohere's LayerNorm."""
+    """The model's norm of ``size`` features: an RMSNorm, Cohere's LayerNorm, or StarCoder2's with a bias."""
+    if config.norm_bias:
+        return BiasedLayerNorm(size, config.rms_norm_eps)
     if config.layer_norm:
         return LayerNorm(size, config.rms_norm_eps)
     return RMSNorm(size, config.rms_norm_eps, config.norm_scale_in_fp32)
@@ -329,7 +343,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config)
         self.rotary = RotaryEmbedding(config)
         self.local_rotary = RotaryEmbedding(config, local=True) if config.local_rope_theta is not None else None
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if lm_head else None
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias) if lm_head else None
         if config.tie_word_embeddings and lm_head:
             self.lm_head.weight = self.model.embed_tokens.weight
 

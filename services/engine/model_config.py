@@ -131,6 +131,8 @@ class ModelConfig:
     layer_norm: bool = False
     parallel_block: bool = False
     logit_scale: float = 1.0
+    # StarCoder2: torch's LayerNorm, with a bias, in the model's dtype (layer_norm set too).
+    norm_bias: bool = False
     # Keys a query in a sliding layer sees (itself and window - 1 before it) when the checkpoint turns
     # sliding-window attention on, else None; which layers slide (None with a window: all of them).
     sliding_window: int | None = None
@@ -139,6 +141,10 @@ class ModelConfig:
     hidden_act: str = "silu"
     # False: the MLP has no gate, its up projection's activation goes straight down (Arcee's ReLU²).
     mlp_gated: bool = True
+    # Biases on the MLP's projections (Llama's mlp_bias; StarCoder2's and ERNIE's use_bias).
+    mlp_bias: bool = False
+    # A bias on the output head (Phi-1.5, Phi-2).
+    lm_head_bias: bool = False
     # Token embeddings are multiplied by this (Gemma: sqrt(hidden_size), rounded to the weights' dtype first,
     # embed_scale_rounded; Granite: embedding_multiplier).
     embed_scale: float = 1.0
@@ -260,6 +266,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
+        self._check_biases()
         if self.attn_output_gate not in (None, "own", "in_query"):
             raise ModelLoadError(f"attn_output_gate must be 'own', 'in_query' or None, got {self.attn_output_gate!r}")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
@@ -355,6 +362,12 @@ class ModelConfig:
         be freed), else None."""
         return self.sliding_window if all(self.slides(i) for i in range(self.num_hidden_layers)) else None
 
+    def _check_biases(self) -> None:
+        if self.norm_bias and not self.layer_norm:
+            raise ModelLoadError("norm_bias is a LayerNorm's: set layer_norm too")
+        if self.mlp_bias and self.num_experts:
+            raise ModelLoadError("config.json: biases on the MLP are set; experts with biases are not supported")
+
     @property
     def is_llama_like(self) -> bool:
         """The decoder the fused CPU forward computes: SwiGLU, pre-norms only, plain embeddings and scaling."""
@@ -365,7 +378,7 @@ class ModelConfig:
                 and self.swiglu_limit is None and not self.mla and not self.qk_l2_norm
                 and self.nope_temperature is None and self.q_position_scale is None and not self.layer_norm
                 and not self.parallel_block and self.attn_output_gate is None
-                and self.logit_scale == 1.0)
+                and self.logit_scale == 1.0 and not self.mlp_bias and not self.lm_head_bias)
 
     @property
     def norm_scale_in_fp32(self) -> bool:
@@ -419,10 +432,7 @@ class ModelConfig:
             if raw.get("clip_qkv") is not None:
                 raise ModelLoadError(f"config.json: clip_qkv is {raw['clip_qkv']}; clipping q, k and v is not "
                                      "supported")
-            for name in ("mlp_bias", "use_bias"):  # use_bias: ERNIE's, on every projection
-                if raw.get(name):
-                    raise ModelLoadError(f"config.json: {name} is set; biases on the MLP are not supported (on the "
-                                         "attention projections they are)")
+            mlp_bias = _mlp_bias(raw, arch)
             if arch in MOE_DEFAULTS and arch != "MixtralForCausalLM" and raw.get("use_sliding_window"):
                 raise ModelLoadError(f"config.json: use_sliding_window is set; {arch} is served with full "
                                      "attention only")
@@ -448,10 +458,12 @@ class ModelConfig:
                 partial_rotary_factor=partial,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma or cohere or arch in _ERNIES)),
                 attention_bias=bool(raw.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM"
+                                    else raw.get("use_bias") if arch in _ERNIES
                                     else raw.get("attention_bias", arch in ("Qwen2ForCausalLM", "Glm4ForCausalLM",
                                                                             "SeedOssForCausalLM", *_GPT_OSS))),
                 o_proj_bias=arch not in _O_PROJ_UNBIASED and bool(
-                    raw.get("attention_out_bias") if arch == "SeedOssForCausalLM" else raw.get("attention_bias", gpt_oss)),
+                    raw.get("attention_out_bias") if arch == "SeedOssForCausalLM" else raw.get("use_bias")
+                    if arch in _ERNIES else raw.get("attention_bias", gpt_oss)),
                 attention_sinks=gpt_oss,
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", *_EXAONES,
                                  "Dots1ForCausalLM", "ApertusForCausalLM", AFMOE, *HUNYUANS, *_WHOLE_QK_NORM)
@@ -465,6 +477,7 @@ class ModelConfig:
                 hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act")
                                or ("relu2" if arch == "ArceeForCausalLM" else "silu")),
                 mlp_gated=arch not in ("ArceeForCausalLM", "ApertusForCausalLM"),
+                mlp_bias=mlp_bias,
                 embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma or (arch == AFMOE and raw.get("mup_enabled"))
                 else float(raw.get("embedding_multiplier", 1.0)) if granite else 1.0,
                 embed_scale_rounded=gemma,
@@ -655,6 +668,22 @@ def _float_or_none(raw: dict[str, Any], name: str, default: float) -> float | No
     """A field that may be absent (``default``) or null (None)."""
     value = raw.get(name, default)
     return None if value is None else float(value)
+
+
+# Architectures whose MLP transformers builds with mlp_bias; ERNIE's use_bias puts biases on every projection.
+_MLP_BIAS = ("LlamaForCausalLM", "ArceeForCausalLM", "GraniteForCausalLM", "SeedOssForCausalLM", "SmolLM3ForCausalLM")
+
+
+def _mlp_bias(raw: dict[str, Any], arch: str) -> bool:
+    """Whether the MLP's projections have biases, where transformers reads that for ``arch``; set where it
+    does not, refused (transformers would build no bias, the checkpoint would hold one it ignores)."""
+    if arch in _ERNIES:
+        return bool(raw.get("use_bias"))
+    if raw.get("mlp_bias") and arch not in _MLP_BIAS:
+        raise ModelLoadError(f"config.json: mlp_bias is set; {arch}'s MLP has no biases in transformers")
+    if raw.get("use_bias"):
+        raise ModelLoadError(f"config.json: use_bias is set; {arch} has no projections with biases")
+    return bool(raw.get("mlp_bias"))
 
 
 def _check_gemma(raw: dict[str, Any], gemma3: bool) -> None:

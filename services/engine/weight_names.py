@@ -30,6 +30,11 @@ _GLM4 = ((".post_self_attn_layernorm.", ".post_attention_layernorm."),
          (".post_mlp_layernorm.", ".post_feedforward_layernorm."))
 
 
+# Phi-1.5 / Phi-2: GPT-style names for Llama's tensors.
+_PHI = ((".self_attn.dense.", ".self_attn.o_proj."), (".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj."),
+        ("model.final_layernorm.", "model.norm."))
+
+
 # EXAONE 3 / 3.5: GPT-2's names for Llama's tensors (transformers saves them so too, as a LlamaForCausalLM).
 _EXAONE = (("transformer.wte.", "model.embed_tokens."), ("transformer.h.", "model.layers."),
            ("transformer.ln_f.", "model.norm."), (".attn.attention.", ".self_attn."),
@@ -51,6 +56,11 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
     if architecture == AFMOE or architecture in HUNYUANS:
         for old, new in AFMOE_RENAMES if architecture == AFMOE else HUNYUAN_RENAMES:
             name = name.replace(old, new)
+    if architecture == "PhiForCausalLM":
+        for old, new in _PHI:
+            name = name.replace(old, new)
+    if architecture == "Starcoder2ForCausalLM":  # GPT-2's names for its MLP
+        name = name.replace(".mlp.c_fc.", ".mlp.up_proj.").replace(".mlp.c_proj.", ".mlp.down_proj.")
     if architecture == "Glm4ForCausalLM":
         old, new = next(((o, n) for o, n in _GLM4 if o in name), ("", ""))
         name = name.replace(old, new) if old else name

@@ -54,6 +54,18 @@ CASES = {
     "glm": lambda: transformers.GlmConfig(**{**COMMON, "pad_token_id": 0}),
     # Helium: Llama with interleaved RoPE, biases on q/k/v only.
     "helium": lambda: transformers.HeliumConfig(attention_bias=True, head_dim=16, **COMMON),
+    # Llama with mlp_bias: biases on gate, up and down (gate/up fused here, their biases too).
+    "llama-mlp-bias": lambda: transformers.LlamaConfig(mlp_bias=True, **COMMON),
+    # StarCoder2: biases everywhere, LayerNorms with biases, an ungated GELU MLP, a window in every layer.
+    "starcoder2": lambda: transformers.Starcoder2Config(sliding_window=24, **COMMON),
+    # StableLM: LayerNorms with biases, RoPE over a quarter of each head, q/k/v biases; and with attention and
+    # MLP side by side on one norm (use_parallel_residual).
+    "stablelm": lambda: transformers.StableLmConfig(use_qkv_bias=True, **COMMON),
+    "stablelm-parallel": lambda: transformers.StableLmConfig(use_parallel_residual=True, partial_rotary_factor=0.5,
+                                                             **COMMON),
+    # Phi-2: attention and an ungated GELU MLP side by side on one biased LayerNorm, biases everywhere (the
+    # output head's too), RoPE over 40% of each head.
+    "phi": lambda: transformers.PhiConfig(partial_rotary_factor=0.4, head_dim=20, **{**COMMON, "hidden_size": 80}),
     # Gemma (1): Gemma 2's decoder less its sandwich norms, soft-caps and windows; a legacy "gelu" read as tanh's.
     "gemma": lambda: transformers.GemmaConfig(head_dim=24, hidden_act="gelu", **COMMON),
     # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
@@ -188,6 +200,8 @@ CASES = {
     # probability plus a correction bias (enough to change the choice, see save_checkpoint), weighed by the
     # probability, renormalized, beside a shared expert; layer 0 dense.
     "ernie4_5": lambda: transformers.Ernie4_5Config(head_dim=16, **{**COMMON, "pad_token_id": 0}),
+    # use_bias: a bias on every projection, attention's and the MLP's.
+    "ernie4_5-bias": lambda: transformers.Ernie4_5Config(head_dim=16, use_bias=True, **{**COMMON, "pad_token_id": 0}),
     "ernie4_5-moe": lambda: transformers.Ernie4_5_MoeConfig(
         moe_num_experts=8, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1, moe_layer_start_index=1,
         **{**COMMON, "pad_token_id": 0}),
@@ -352,8 +366,8 @@ def test_sliding_windows_are_read_as_transformers_reads_them(checkpoint):
     config = ModelConfig.from_dir(path)
     layers = model.config.num_hidden_layers
     types = getattr(model.config, "layer_types", None) or ["full_attention"] * layers
-    if model.config.model_type in ("mistral", "phi3") and model.config.sliding_window:
-        types = ["sliding_attention"] * layers  # transformers' Mistral and Phi-3 slide in every layer
+    if model.config.model_type in ("mistral", "phi3", "starcoder2") and model.config.sliding_window:
+        types = ["sliding_attention"] * layers  # transformers' Mistral, Phi-3 and StarCoder2 slide in every layer
     assert [config.slides(i) for i in range(layers)] == [t == "sliding_attention" for t in types]
     assert config.sliding_window == (model.config.sliding_window if "sliding_attention" in types else None)
     assert config.max_model_len == 512
@@ -686,14 +700,19 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 
 def test_attention_biases_are_read_as_transformers_builds_them():
     """o_proj's bias follows attention_bias where transformers' attention does (Llama and most), never on the
-    architectures whose o_proj has none, Seed-OSS's attention_out_bias; MLP biases are refused."""
-    for name in ("mlp_bias", "use_bias"):
-        with pytest.raises(ModelLoadError, match=f"{name} is set; biases on the MLP are not supported"):
-            ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"], **{name: True}))
+    architectures whose o_proj has none, Seed-OSS's attention_out_bias; MLP biases where transformers' MLP reads
+    mlp_bias (ERNIE's use_bias: every projection), refused where it does not."""
+    with pytest.raises(ModelLoadError, match="mlp_bias is set; Qwen3ForCausalLM's MLP has no biases"):
+        ModelConfig.from_dict(dict(COMMON, architectures=["Qwen3ForCausalLM"], mlp_bias=True))
+    with pytest.raises(ModelLoadError, match="use_bias is set; SeedOssForCausalLM has no projections with biases"):
+        ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"], use_bias=True))
+    assert ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"], mlp_bias=True)).mlp_bias
+    ernie = ModelConfig.from_dict(dict(COMMON, architectures=["Ernie4_5ForCausalLM"], use_bias=True))
+    assert ernie.attention_bias and ernie.o_proj_bias and ernie.mlp_bias
     seed = ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"]))
     assert seed.attention_bias and not seed.o_proj_bias
     for arch, want in (("LlamaForCausalLM", True), ("Qwen3ForCausalLM", True), ("MistralForCausalLM", False),
-                       ("Qwen2ForCausalLM", False), ("Glm4ForCausalLM", False), ("InternLM3ForCausalLM", False)):
+                       ("Qwen2ForCausalLM", False), ("Glm4ForCausalLM", False)):
         config = ModelConfig.from_dict(dict(COMMON, architectures=[arch], attention_bias=True, qkv_bias=True))
         assert (config.attention_bias, config.o_proj_bias) == (True, want), arch
 
@@ -733,22 +752,23 @@ def test_ernie_moe_config_reads_as_released():
     assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (64, 6, 1536)
     assert config.shared_expert_intermediate_size == 2 * 1536 and config.head_dim == 128
     assert config.rope_interleaved and config.tie_word_embeddings and config.rope_theta == 500000
-    with pytest.raises(ModelLoadError, match="use_bias is set"):
+    with pytest.raises(ModelLoadError, match="biases on the MLP are set; experts with biases are not supported"):
         ModelConfig.from_dict({**raw, "use_bias": True})
 
 
 def test_internlm3_checkpoints_run_as_transformers_runs_them(tmp_path, tiny_model_dir):
     """InternLM3 as published (``InternLM3ForCausalLM``, ``qkv_bias`` and ``bias``): transformers runs it as its
-    Llama; so does the engine, with its q/k/v biases."""
+    Llama; so does the engine, its biases (when both are set) on every projection."""
     config = transformers.InternLM3Config(head_dim=16, **{**COMMON, "pad_token_id": 0})
     model = save_checkpoint(config, tmp_path, tiny_model_dir)
     raw = json.loads((tmp_path / "config.json").read_text())
     raw = {("qkv_bias" if k == "attention_bias" else "bias" if k == "mlp_bias" else k): v for k, v in raw.items()}
     (tmp_path / "config.json").write_text(json.dumps({**raw, "architectures": ["InternLM3ForCausalLM"]}))
     engine_matches_transformers(tmp_path, model, cpu_kernels=True)
-    with pytest.raises(ModelLoadError, match="mlp_bias is set"):
+    with pytest.raises(ModelLoadError, match="InternLM3's qkv_bias and bias differ"):
         ModelConfig.from_dict({**raw, "architectures": ["InternLM3ForCausalLM"], "bias": True})
-    assert ModelConfig.from_dict({**raw, "architectures": ["InternLM3ForCausalLM"], "qkv_bias": True}).attention_bias
+    both = ModelConfig.from_dict({**raw, "architectures": ["InternLM3ForCausalLM"], "qkv_bias": True, "bias": True})
+    assert both.attention_bias and both.o_proj_bias and both.mlp_bias
 
 
 def test_exaone3_checkpoints_run_as_transformers_runs_them(tmp_path, tiny_model_dir):
@@ -955,3 +975,45 @@ def test_gemma_7b_as_published():
     assert ModelConfig.from_dict({**GEMMA_7B, "hidden_activation": None}).hidden_act == "gelu_pytorch_tanh"
     two_b = ModelConfig.from_dict({**GEMMA_7B, "hidden_size": 2048, "num_key_value_heads": 1, "num_hidden_layers": 18})
     assert (two_b.num_key_value_heads, two_b.head_dim, two_b.attn_scale) == (1, 256, 256 ** -0.5)
+
+
+STABLELM_2_1_6B = {  # its config.json as released
+    "architectures": ["StableLmForCausalLM"], "bos_token_id": 100257, "eos_token_id": 100257, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 4096,
+    "model_type": "stablelm", "layer_norm_eps": 1e-05, "num_attention_heads": 32, "num_hidden_layers": 24,
+    "num_key_value_heads": 32, "partial_rotary_factor": 0.25, "rope_theta": 10000, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_qkv_bias": True, "vocab_size": 100352}
+
+
+def test_stablelm_2_as_published():
+    """StableLM 2 1.6B's config.json, and the same as transformers 5 saves it (the factor in rope_parameters):
+    LayerNorms with biases and their epsilon, RoPE over a quarter of each 64-wide head, q/k/v biases and none
+    on o_proj; StableLM 2 12B's per-head q/k LayerNorms refused."""
+    hf = transformers.StableLmConfig(**STABLELM_2_1_6B)
+    for raw in (STABLELM_2_1_6B, json.loads(hf.to_json_string())):
+        config = ModelConfig.from_dict(raw)
+        assert (config.partial_rotary_factor, config.head_dim, config.rms_norm_eps) == (0.25, 64, 1e-5)
+        assert config.layer_norm and config.norm_bias and config.attention_bias and not config.o_proj_bias
+        assert not config.parallel_block and not config.tie_word_embeddings
+    with pytest.raises(ModelLoadError, match="qk_layernorm is set"):
+        ModelConfig.from_dict({**STABLELM_2_1_6B, "qk_layernorm": True, "use_parallel_residual": True})
+
+
+PHI_2 = {  # its config.json as released
+    "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 50256, "embd_pdrop": 0.0,
+    "eos_token_id": 50256, "hidden_act": "gelu_new", "hidden_size": 2560, "initializer_range": 0.02,
+    "intermediate_size": 10240, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048, "model_type": "phi",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4,
+    "qk_layernorm": False, "resid_pdrop": 0.1, "rope_scaling": None, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 51200}
+
+
+def test_phi_2_as_published():
+    """Phi-2's config.json: gelu_new (the tanh approximation), RoPE over 32 of each 80-wide head, biases on every
+    projection and the head, one LayerNorm a layer; per-head q/k LayerNorms refused."""
+    config = ModelConfig.from_dict(PHI_2)
+    assert (config.hidden_act, config.head_dim, config.partial_rotary_factor) == ("gelu_pytorch_tanh", 80, 0.4)
+    assert config.attention_bias and config.o_proj_bias and config.mlp_bias and config.lm_head_bias
+    assert config.parallel_block and config.norm_bias and not config.mlp_gated and config.eos_token_ids == (50256,)
+    with pytest.raises(ModelLoadError, match="qk_layernorm is set"):
+        ModelConfig.from_dict({**PHI_2, "qk_layernorm": True})
