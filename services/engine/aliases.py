@@ -1,7 +1,8 @@
 """Architectures served as another one because transformers builds them from its parts: InternLM3 and EXAONE 3 /
 3.5 run as its Llama; Gemma (1) as Gemma 2 less what Gemma 2 added; GLM-4-9B
 (``GlmForCausalLM``) as GLM-4 (0414) less its sandwich norms; Helium as Llama with interleaved RoPE; StarCoder2 as Mistral with biases,
-LayerNorms and an MLP without a gate; StableLM as Llama with LayerNorms and partial RoPE; Phi-2 as Llama
+LayerNorms and an MLP without a gate; StableLM as Llama with LayerNorms and partial RoPE;
+Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has experts); Phi-2 as Llama
 with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
@@ -124,6 +125,23 @@ ALIASES = {
         fields=lambda raw: {"layer_norm": True, "norm_bias": True, "parallel_block": True, "mlp_gated": False,
                             **dict.fromkeys(("attention_bias", "o_proj_bias", "mlp_bias", "lm_head_bias"), True),
                             "partial_rotary_factor": raw["partial_rotary_aside"], "architecture": "PhiForCausalLM"}),
+    # Granite 4.0 (GraniteMoeHybridForCausalLM) with attention in every layer, as granite-4.0-micro (the -h
+    # models' Mamba-2 layers are refused): Granite's scalings and its MLP as `shared_mlp` (gate and up fused in
+    # input_linear), beside experts where there are any (then served as GraniteMoeShared, else as Granite:
+    # weight_names.py renames the MLP); RoPE only where position_embedding_type is "rope".
+    "GraniteMoeHybridForCausalLM": Alias(
+        "GraniteMoeSharedForCausalLM",
+        defaults={"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                  "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
+                  "shared_intermediate_size": 1024},
+        ignored=("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_head", "mamba_d_conv", "mamba_expand",
+                 "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "time_step_limit", "output_router_logits",
+                 "router_aux_loss_coef"),
+        rewrite=lambda raw: _granite4(raw),
+        fields=lambda raw: {
+            "nope_layers": () if raw.get("position_embedding_type") == "rope" else tuple(range(raw["num_hidden_layers"])),
+            **({"architecture": "GraniteMoeHybridForCausalLM"} if raw["architectures"] == ["GraniteForCausalLM"] else {})}),
     # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
     "Glm4MoeLiteForCausalLM": Alias(
         "DeepseekV3ForCausalLM",
@@ -178,6 +196,22 @@ def _phi(raw: dict[str, Any]) -> dict[str, Any]:
     """gelu_new is the tanh approximation, which the engine names as torch does."""
     raw = _partial_rotary_aside(_refuse_qk_layernorm(raw, "Phi"), 0.5)
     return {**raw, "hidden_act": "gelu_pytorch_tanh"} if raw["hidden_act"] == "gelu_new" else raw
+
+
+_ATTENTION = ("attention", "full_attention")
+
+
+def _granite4(raw: dict[str, Any]) -> dict[str, Any]:
+    """Attention in every layer; without experts, Granite with the shared MLP's width."""
+    types = raw.get("layer_types") or ["mamba"] * int(raw["num_hidden_layers"])  # transformers' default
+    others = sorted({t for t in types if t not in _ATTENTION})  # as released, and as transformers 5 saves them
+    if others:
+        raise ModelLoadError(f"config.json: layer_types holds {', '.join(map(str, others))} layers "
+                             f"({sum(t not in _ATTENTION for t in types)} of {len(types)}); Granite 4.0 is served with "
+                             "attention in every layer only (granite-4.0-micro), not its Mamba-2 hybrids")
+    if raw.get("num_local_experts"):
+        return raw
+    return {**raw, "architectures": ["GraniteForCausalLM"], "intermediate_size": raw["shared_intermediate_size"]}
 
 
 def _internlm3(raw: dict[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,9 @@ _EXAONE = (("transformer.wte.", "model.embed_tokens."), ("transformer.h.", "mode
 
 def checkpoint_name(name: str, architecture: str = "") -> str:
     """The name the model holds a checkpoint's tensor by."""
+    if architecture == "GraniteMoeHybridForCausalLM":  # dense Granite 4.0: its shared MLP is the MLP
+        name = name.replace(".shared_mlp.input_linear.", ".mlp.gate_up_proj.").replace(
+            ".shared_mlp.output_linear.", ".mlp.down_proj.")
     if name.startswith("transformer."):  # EXAONE's layout: no other supported checkpoint names it so
         for old, new in _EXAONE:
             name = name.replace(old, new)

@@ -66,6 +66,14 @@ CASES = {
     # Phi-2: attention and an ungated GELU MLP side by side on one biased LayerNorm, biases everywhere (the
     # output head's too), RoPE over 40% of each head.
     "phi": lambda: transformers.PhiConfig(partial_rotary_factor=0.4, head_dim=20, **{**COMMON, "hidden_size": 80}),
+    # Granite 4.0 with attention only: dense (granite-4.0-micro: RoPE, its MLP as shared_mlp), and with experts
+    # beside the shared MLP and no RoPE (position_embedding_type unset).
+    "granite4": lambda: transformers.GraniteMoeHybridConfig(
+        layer_types=["attention"] * 3, num_local_experts=0, shared_intermediate_size=96, position_embedding_type="rope",
+        embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, **COMMON),
+    "granite4-moe-nope": lambda: transformers.GraniteMoeHybridConfig(
+        layer_types=["attention"] * 3, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=96,
+        embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, **COMMON),
     # Gemma (1): Gemma 2's decoder less its sandwich norms, soft-caps and windows; a legacy "gelu" read as tanh's.
     "gemma": lambda: transformers.GemmaConfig(head_dim=24, hidden_act="gelu", **COMMON),
     # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
@@ -686,6 +694,8 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
     if model.config.model_type in ("exaone4", "cohere2", "afmoe", "exaone_moe"):  # global layers take no positions
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
+    elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
+        want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
     else:
         want = tuple(i for i, rope in enumerate(getattr(model.config, "no_rope_layers", None) or [1] * 3) if not rope)
     assert ModelConfig.from_dir(path).nope_layers == want
@@ -1017,3 +1027,21 @@ def test_phi_2_as_published():
     assert config.parallel_block and config.norm_bias and not config.mlp_gated and config.eos_token_ids == (50256,)
     with pytest.raises(ModelLoadError, match="qk_layernorm is set"):
         ModelConfig.from_dict({**PHI_2, "qk_layernorm": True})
+
+
+def test_granite_4_is_served_with_attention_layers_only():
+    """Granite 4.0's config as transformers saves it: dense with attention only (granite-4.0-micro) reads as
+    Granite at the shared MLP's width with RoPE; the Mamba-2 hybrids (-h) are refused, naming their layers."""
+    hf = transformers.GraniteMoeHybridConfig(
+        layer_types=["attention"] * 4, num_local_experts=0, shared_intermediate_size=8192, intermediate_size=1,
+        position_embedding_type="rope", hidden_size=2560, num_attention_heads=40, num_key_value_heads=8,
+        num_hidden_layers=4, embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=10.0,
+        attention_multiplier=0.0078125, architectures=["GraniteMoeHybridForCausalLM"])
+    raw = json.loads(hf.to_json_string())
+    config = ModelConfig.from_dict(raw)
+    assert (config.intermediate_size, config.num_experts, config.nope_layers) == (8192, 0, ())
+    assert (config.embed_scale, config.residual_scale, config.logits_divisor, config.attn_scale) == (
+        12.0, 0.22, 10.0, 0.0078125)
+    assert ModelConfig.from_dict({**raw, "position_embedding_type": None}).nope_layers == (0, 1, 2, 3)
+    with pytest.raises(ModelLoadError, match="layer_types holds mamba layers \\(3 of 4\\)"):
+        ModelConfig.from_dict({**raw, "layer_types": ["mamba", "mamba", "attention", "mamba"]})
