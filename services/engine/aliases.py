@@ -2,7 +2,8 @@
 3.5 run as its Llama; Gemma (1) as Gemma 2 less what Gemma 2 added; GLM-4-9B
 (``GlmForCausalLM``) as GLM-4 (0414) less its sandwich norms; Helium as Llama with interleaved RoPE; StarCoder2 as Mistral with biases,
 LayerNorms and an MLP without a gate; StableLM as Llama with LayerNorms and partial RoPE;
-Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has experts); Phi-2 as Llama
+Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has experts); Phi-3.5-MoE as Mixtral
+routed by sparse-mixer; Phi-2 as Llama
 with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
@@ -142,6 +143,20 @@ ALIASES = {
         fields=lambda raw: {
             "nope_layers": () if raw.get("position_embedding_type") == "rope" else tuple(range(raw["num_hidden_layers"])),
             **({"architecture": "GraniteMoeHybridForCausalLM"} if raw["architectures"] == ["GraniteForCausalLM"] else {})}),
+    # Phi-3.5-MoE: Mixtral's experts routed by sparse-mixer (moe.py), LayerNorms with biases, biases on
+    # attention's projections with attention_bias and on the head with lm_head_bias, LongRoPE with the
+    # attention scales it names (short_mscale, long_mscale: rope.py).
+    "PhimoeForCausalLM": Alias(
+        "MixtralForCausalLM",
+        defaults={"vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 6400, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                  "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 16,
+                  "num_experts_per_tok": 2},
+        ignored=("input_jitter_noise", "output_router_logits", "router_aux_loss_coef"),
+        fields=lambda raw: {"layer_norm": True, "norm_bias": True, "o_proj_bias": bool(raw.get("attention_bias")),
+                            "lm_head_bias": bool(raw.get("lm_head_bias")), "moe_routing": "sparsemixer",
+                            "sparsemixer_eps": float(raw.get("router_jitter_noise", 0.01)), "router_fp32": False,
+                            "routing_weights_fp32": False, "architecture": "PhimoeForCausalLM"}),
     # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
     "Glm4MoeLiteForCausalLM": Alias(
         "DeepseekV3ForCausalLM",
@@ -221,12 +236,15 @@ def _internlm3(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+_OLDER_NAMES = {"MiniCPM5MoEForCausalLM": "MiniCPM5MoeForCausalLM", "PhiMoEForCausalLM": "PhimoeForCausalLM"}
+
+
 def aliased(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``raw`` as transformers runs it: an aliased architecture's config read as its target's, and the
     ``ModelConfig`` fields the alias sets beyond it; others as given."""
     arch = (raw.get("architectures") or [None])[0]
-    if arch == "MiniCPM5MoEForCausalLM":  # the older name transformers still reads
-        raw, arch = {**raw, "architectures": ["MiniCPM5MoeForCausalLM"]}, "MiniCPM5MoeForCausalLM"
+    if arch in _OLDER_NAMES:  # names their checkpoints were released under (remote code), which transformers reads
+        raw, arch = {**raw, "architectures": [_OLDER_NAMES[arch]]}, _OLDER_NAMES[arch]
     alias = ALIASES.get(arch)
     if alias is None:
         return raw, {}

@@ -187,7 +187,10 @@ class ModelConfig:
     # of an fp32 router; the top k within the moe_topk_groups groups whose best score is highest; weighed by
     # their scores times routed_scaling_factor, not renormalized), "sigmoid_input" (Llama 4: the top k logits'
     # sigmoids scale each token going into its experts, whose outputs then add unweighted).
+    # "sparsemixer" (Phi-3.5-MoE, top 2): the best expert weighed by its softmax over the experts whose logits
+    # are within sparsemixer_eps (relatively, doubled) of it; then the best of the rest, by the same rule.
     moe_routing: str = "softmax"
+    sparsemixer_eps: float = 0.01
     moe_groups: int = 1
     moe_topk_groups: int = 1
     routed_scaling_factor: float = 1.0

@@ -67,6 +67,7 @@ class SparseMoE(nn.Module):
         self.normalize = config.norm_topk_prob
         self.weights_in_fp32 = config.routing_weights_fp32
         self.routing = config.moe_routing
+        self.sparsemixer_eps = config.sparsemixer_eps
         self.groups, self.topk_groups = config.moe_groups, config.moe_topk_groups
         self.scaling = config.routed_scaling_factor
         self.router_fp32 = config.router_fp32
@@ -95,6 +96,8 @@ class SparseMoE(nn.Module):
             chosen = (probs + self.gate.e_score_correction_bias.float()).topk(self.top_k, dim=-1)[1]
             weights = probs.gather(1, chosen)
             weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        elif self.routing == "sparsemixer":
+            weights, chosen = self._sparsemixer_routing(x)
         elif self.routing == "sigmoid_input":  # Llama 4: the chosen logits' sigmoids, applied to the inputs below
             top, chosen = torch.topk(F.linear(x, self.gate.weight), self.top_k, dim=-1)
             weights = torch.sigmoid(top.float()).to(x.dtype)
@@ -138,6 +141,22 @@ class SparseMoE(nn.Module):
                 shared = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * shared
             out = out + shared
         return out
+
+    def _sparsemixer_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Phi-3.5-MoE's routing as transformers' sparsemixer computes it at inference, in the router's dtype: the
+        best expert, weighed by its softmax over the experts whose logits lie within a relative margin of its
+        own; then the best of the others, weighed alike over the others. Not renormalized."""
+        scores = F.linear(x, self.gate.weight)
+        margin = 2 * self.sparsemixer_eps
+
+        def best(masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            top, index = masked.max(dim=-1, keepdim=True)
+            far = (top - scores) / scores.abs().clamp(min=top) > margin
+            return torch.softmax(masked.masked_fill(far, float("-inf")), dim=-1).gather(-1, index), index
+
+        first, i = best(scores)
+        second, j = best(scores.scatter(-1, i, float("-inf")))
+        return torch.cat([first, second], dim=-1), torch.cat([i, j], dim=-1)
 
     def _sigmoid_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """DeepSeek-V3's routing, as transformers' GLM-4.5 computes it (fp32): sigmoid scores; each group of

@@ -27,7 +27,8 @@ MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (6
 # defaults transformers gives them per architecture: norm_topk_prob, first_k_dense_replace, n_shared_experts.
 _DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0),
                    "DeepseekV2ForCausalLM": (False, 0, 2), "DeepseekV3ForCausalLM": (True, 3, 1)}
-MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "group_softmax", "sigmoid_input", "softmax_biased")
+MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "group_softmax", "sigmoid_input", "softmax_biased",
+                "sparsemixer")
 
 
 def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
@@ -207,6 +208,9 @@ def check_moe(config: ModelConfig) -> None:
                              "supported in a mixture of experts")
     if config.moe_routing not in MOE_ROUTINGS:
         raise ModelLoadError(f"moe_routing must be one of {', '.join(MOE_ROUTINGS)}, got {config.moe_routing!r}")
+    if config.moe_routing == "sparsemixer" and (config.num_experts_per_tok != 2 or not config.sparsemixer_eps >= 0):
+        raise ModelLoadError(f"config.json: sparse-mixer routing picks 2 experts with a jitter margin >= 0, got "
+                             f"num_experts_per_tok {config.num_experts_per_tok}, margin {config.sparsemixer_eps}")
     groups, chosen = config.moe_groups, config.moe_topk_groups
     if groups < 1 or config.num_experts % groups or not 1 <= chosen <= groups or (
             groups > 1 and config.num_experts // groups < 2) or config.num_experts_per_tok > chosen * (

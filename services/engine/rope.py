@@ -49,6 +49,9 @@ def attention_factor(config: ModelConfig, local: bool = False) -> float:
     scaling = config.rope_scaling or {}
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
+    if config.rope_type == "longrope" and scaling.get("short_mscale") is not None:
+        # Phi-3.5-MoE names its own, for the factors in use (transformers switches by the sequence's length).
+        return float(scaling["long_mscale"] if uses_long_factors(config) else scaling["short_mscale"])
     if config.rope_type == "longrope":
         # The factor is the checkpoint's (not the served context's), as in transformers and vLLM.
         original = _original_context(config, scaling)

@@ -59,6 +59,8 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
     if architecture == AFMOE or architecture in HUNYUANS:
         for old, new in AFMOE_RENAMES if architecture == AFMOE else HUNYUAN_RENAMES:
             name = name.replace(old, new)
+    if architecture == "PhimoeForCausalLM":  # its router, as transformers 5 saves it
+        name = name.replace(".mlp.router.", ".mlp.gate.")
     if architecture == "PhiForCausalLM":
         for old, new in _PHI:
             name = name.replace(old, new)

@@ -74,6 +74,15 @@ CASES = {
     "granite4-moe-nope": lambda: transformers.GraniteMoeHybridConfig(
         layer_types=["attention"] * 3, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=96,
         embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, **COMMON),
+    # Phi-3.5-MoE: sparse-mixer routing (a margin wide enough to matter on these logits), LayerNorms with biases,
+    # biases on attention and the head, LongRoPE with its own attention scales (short ones: prompts within the
+    # pretrained context).
+    "phimoe": lambda: transformers.PhimoeConfig(
+        num_local_experts=4, router_jitter_noise=0.3, attention_bias=True, lm_head_bias=True,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + i / 8 for i in range(8)],
+                         "long_factor": [2.0 + i for i in range(8)], "short_mscale": 1.1, "long_mscale": 1.3,
+                         "original_max_position_embeddings": 512},
+        **{**COMMON, "pad_token_id": 0}),
     # Gemma (1): Gemma 2's decoder less its sandwich norms, soft-caps and windows; a legacy "gelu" read as tanh's.
     "gemma": lambda: transformers.GemmaConfig(head_dim=24, hidden_act="gelu", **COMMON),
     # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
@@ -1045,3 +1054,35 @@ def test_granite_4_is_served_with_attention_layers_only():
     assert ModelConfig.from_dict({**raw, "position_embedding_type": None}).nope_layers == (0, 1, 2, 3)
     with pytest.raises(ModelLoadError, match="layer_types holds mamba layers \\(3 of 4\\)"):
         ModelConfig.from_dict({**raw, "layer_types": ["mamba", "mamba", "attention", "mamba"]})
+
+
+PHI_3_5_MOE = {  # its config.json as released, less auto_map (the 64 factors of each list stand in for its own)
+    "architectures": ["PhiMoEForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 32000, "hidden_act": "silu", "hidden_dropout": 0.0, "hidden_size": 4096,
+    "initializer_range": 0.02, "input_jitter_noise": 0.01, "intermediate_size": 6400, "lm_head_bias": True,
+    "max_position_embeddings": 131072, "model_type": "phimoe", "num_attention_heads": 32, "num_experts_per_tok": 2,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 16,
+    "original_max_position_embeddings": 4096, "output_router_logits": False, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"long_factor": [1.0 + i / 8 for i in range(64)], "long_mscale": 1.243,
+                     "original_max_position_embeddings": 4096, "short_factor": [1.0 + i / 64 for i in range(64)],
+                     "short_mscale": 1.243, "type": "longrope"},
+    "rope_theta": 10000.0, "router_aux_loss_coef": 0.0, "router_jitter_noise": 0.01, "sliding_window": 131072,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32064}
+
+
+def test_phi_3_5_moe_as_published():
+    """Phi-3.5-MoE's config.json under the name it was released with: 16 experts, 2 by sparse-mixer with a 0.01
+    margin, biases on attention and the head, LongRoPE's factors and the attention scale it names for them
+    (the long ones for its whole context, the short ones within --max-model-len 4096)."""
+    from services.engine.rope import attention_factor, uses_long_factors
+
+    config = ModelConfig.from_dict(PHI_3_5_MOE)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_routing, config.sparsemixer_eps) == (
+        16, 2, "sparsemixer", 0.01)
+    assert config.attention_bias and config.o_proj_bias and config.lm_head_bias and config.norm_bias
+    assert config.architecture == "PhimoeForCausalLM" and config.eos_token_ids == (32000,)
+    assert uses_long_factors(config) and attention_factor(config) == 1.243
+    short = config.with_max_model_len(4096)
+    assert not uses_long_factors(short) and attention_factor(short) == 1.243
+    with pytest.raises(ModelLoadError, match="sparse-mixer routing picks 2 experts"):
+        ModelConfig.from_dict({**PHI_3_5_MOE, "num_experts_per_tok": 4})
