@@ -3,7 +3,8 @@
 (``GlmForCausalLM``) as GLM-4 (0414) less its sandwich norms; Helium as Llama with interleaved RoPE; StarCoder2 as Mistral with biases,
 LayerNorms and an MLP without a gate; StableLM as Llama with LayerNorms and partial RoPE;
 Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has experts); Phi-3.5-MoE as Mixtral
-routed by sparse-mixer; Phi-2 as Llama
+routed by sparse-mixer; IQuest-Coder as Llama; Jais 2 as Llama with LayerNorms and an ungated MLP; VaultGemma as
+Gemma 2 without its post-norms; Meta's CWM as Qwen2 with windows from layer_types and no biases; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
 with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
@@ -157,6 +158,53 @@ ALIASES = {
                             "lm_head_bias": bool(raw.get("lm_head_bias")), "moe_routing": "sparsemixer",
                             "sparsemixer_eps": float(raw.get("router_jitter_noise", 0.01)), "router_fp32": False,
                             "routing_weights_fp32": False, "architecture": "PhimoeForCausalLM"}),
+    # IQuest-Coder: transformers' Llama under defaults of its own.
+    "IQuestCoderForCausalLM": Alias(
+        "LlamaForCausalLM",
+        defaults={"vocab_size": 76800, "hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 80,
+                  "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+                  "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2}),
+    # Jais 2: Llama with torch's LayerNorms (biased) and Nemotron's MLP (no gate, ReLU² by default), biases on
+    # every projection by default.
+    "Jais2ForCausalLM": Alias(
+        "LlamaForCausalLM",
+        names={"layer_norm_eps": "rms_norm_eps"},
+        defaults={"vocab_size": 150272, "hidden_size": 3328, "intermediate_size": 26624, "num_hidden_layers": 32,
+                  "num_attention_heads": 26, "hidden_act": "relu2", "max_position_embeddings": 8192,
+                  "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 150024, "attention_bias": True,
+                  "mlp_bias": True},
+        fields=lambda raw: {"layer_norm": True, "norm_bias": True, "mlp_gated": False}),
+    # VaultGemma: Gemma 2 without the norms on its sublayers' outputs (the MLP's input norm keeps Gemma 2's
+    # name, pre_feedforward_layernorm: weight_names.py reads it as the pre-norm it is).
+    "VaultGemmaForCausalLM": Alias(
+        "Gemma2ForCausalLM",
+        defaults={"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                  "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1},
+        fields=lambda raw: {"sandwich_norms": False, "architecture": "VaultGemmaForCausalLM"}),
+    # Meta's Code World Model: Llama (llama3 RoPE, no biases) with a window in all but every fourth layer, as
+    # Qwen2 reads windows from layer_types.
+    "CwmForCausalLM": Alias(
+        "Qwen2ForCausalLM",
+        defaults={"vocab_size": 128256, "hidden_size": 6144, "intermediate_size": 21504, "num_hidden_layers": 64,
+                  "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+                  "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "bos_token_id": 128000,
+                  "eos_token_id": [128001, 128008, 128009], "sliding_window": 8192},
+        ignored=("use_sliding_window", "max_window_layers", "attention_bias"),
+        rewrite=lambda raw: _cwm(raw)),
+    # Upstage's Solar Open: GLM-4.5's routing (sigmoid scores with a correction bias, shared experts) in every
+    # layer under Llama's attention: all of each head rotated, no q/k norms.
+    "SolarOpenForCausalLM": Alias(
+        "Glm4MoeForCausalLM",
+        defaults={"vocab_size": 196608, "hidden_size": 4096, "num_hidden_layers": 48, "num_attention_heads": 64,
+                  "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+                  "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0, "moe_intermediate_size": 1280,
+                  "num_experts_per_tok": 8, "n_shared_experts": 1, "n_routed_experts": 128,
+                  "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+                  "first_k_dense_replace": 0, "partial_rotary_factor": 1.0},
+        ignored=("use_qk_norm", "intermediate_size"),
+        # No dense layer: the width transformers leaves out is unused.
+        rewrite=lambda raw: {**raw, "intermediate_size": raw["moe_intermediate_size"]}),
     # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
     "Glm4MoeLiteForCausalLM": Alias(
         "DeepseekV3ForCausalLM",
@@ -211,6 +259,20 @@ def _phi(raw: dict[str, Any]) -> dict[str, Any]:
     """gelu_new is the tanh approximation, which the engine names as torch does."""
     raw = _partial_rotary_aside(_refuse_qk_layernorm(raw, "Phi"), 0.5)
     return {**raw, "hidden_act": "gelu_pytorch_tanh"} if raw["hidden_act"] == "gelu_new" else raw
+
+
+def _cwm(raw: dict[str, Any]) -> dict[str, Any]:
+    """Its windows as Qwen2 reads them (use_sliding_window, layer_types: all but every fourth layer by default);
+    no biases; transformers' llama3 RoPE where the config names none."""
+    layers = int(raw["num_hidden_layers"])
+    out = {**raw, "use_sliding_window": True, "attention_bias": False,
+           "layer_types": raw.get("layer_types") or ["full_attention" if i % 4 == 0 else "sliding_attention"
+                                                     for i in range(layers)]}
+    if not raw.get("rope_parameters") and not raw.get("rope_scaling") and raw.get("rope_theta") is None:
+        out["rope_parameters"] = {"rope_theta": 1_000_000.0, "factor": 16.0, "high_freq_factor": 4.0,
+                                  "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+                                  "rope_type": "llama3"}
+    return out
 
 
 _ATTENTION = ("attention", "full_attention")

@@ -59,6 +59,8 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
     if architecture == AFMOE or architecture in HUNYUANS:
         for old, new in AFMOE_RENAMES if architecture == AFMOE else HUNYUAN_RENAMES:
             name = name.replace(old, new)
+    if architecture == "VaultGemmaForCausalLM":  # its MLP's input norm, under Gemma 2's name for it
+        name = name.replace(".pre_feedforward_layernorm.", ".post_attention_layernorm.")
     if architecture == "PhimoeForCausalLM":  # its router, as transformers 5 saves it
         name = name.replace(".mlp.router.", ".mlp.gate.")
     if architecture == "PhiForCausalLM":

@@ -83,6 +83,19 @@ CASES = {
                          "long_factor": [2.0 + i for i in range(8)], "short_mscale": 1.1, "long_mscale": 1.3,
                          "original_max_position_embeddings": 512},
         **{**COMMON, "pad_token_id": 0}),
+    # IQuest-Coder (transformers' Llama), Jais 2 (LayerNorms, an ungated ReLU² MLP, biases everywhere), VaultGemma
+    # (Gemma 2 without post-norms), CWM (windows in all but every fourth layer, llama3 RoPE).
+    "iquestcoder": lambda: transformers.IQuestCoderConfig(head_dim=16, **COMMON),
+    "jais2": lambda: transformers.Jais2Config(**COMMON),
+    "vaultgemma": lambda: transformers.VaultGemmaConfig(head_dim=32, query_pre_attn_scalar=24, sliding_window=24,
+                                                        **COMMON),
+    "cwm": lambda: transformers.CwmConfig(sliding_window=24, head_dim=16, num_hidden_layers=5, **{
+        k: v for k, v in COMMON.items() if k != "num_hidden_layers"}),
+    # Solar Open: GLM-4.5's sigmoid routing with a correction bias in every layer, Llama's attention.
+    "solar-open": lambda: transformers.SolarOpenConfig(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, head_dim=16,
+        n_group=2, topk_group=1, routed_scaling_factor=1.5,
+        **{k: v for k, v in COMMON.items() if k != "intermediate_size"}),
     # Gemma (1): Gemma 2's decoder less its sandwich norms, soft-caps and windows; a legacy "gelu" read as tanh's.
     "gemma": lambda: transformers.GemmaConfig(head_dim=24, hidden_act="gelu", **COMMON),
     # Gemma 3's text model: (1 + w) norms on sublayer inputs and outputs, GELU gating, scaled embeddings, a
@@ -1086,3 +1099,27 @@ def test_phi_3_5_moe_as_published():
     assert not uses_long_factors(short) and attention_factor(short) == 1.243
     with pytest.raises(ModelLoadError, match="sparse-mixer routing picks 2 experts"):
         ModelConfig.from_dict({**PHI_3_5_MOE, "num_experts_per_tok": 4})
+
+
+@pytest.mark.parametrize("arch, hf_config", [
+    ("IQuestCoderForCausalLM", "IQuestCoderConfig"), ("Jais2ForCausalLM", "Jais2Config"),
+    ("VaultGemmaForCausalLM", "VaultGemmaConfig"), ("CwmForCausalLM", "CwmConfig"),
+    ("HeliumForCausalLM", "HeliumConfig"), ("GemmaForCausalLM", "GemmaConfig"), ("GlmForCausalLM", "GlmConfig"),
+    ("StableLmForCausalLM", "StableLmConfig"), ("PhiForCausalLM", "PhiConfig"),
+    ("Starcoder2ForCausalLM", "Starcoder2Config"), ("PhimoeForCausalLM", "PhimoeConfig"),
+    ("SolarOpenForCausalLM", "SolarOpenConfig")])
+def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
+    """A config.json naming only the architecture reads with the shape transformers' config class defaults to
+    (the aliases' defaults tables checked against transformers')."""
+    config, hf = ModelConfig.from_dict({"architectures": [arch]}), getattr(transformers, hf_config)()
+    heads = hf.num_attention_heads
+    want = (hf.vocab_size, hf.hidden_size, hf.num_hidden_layers, heads, hf.num_key_value_heads or heads,
+            getattr(hf, "head_dim", None) or hf.hidden_size // heads, hf.max_position_embeddings,
+            hf.tie_word_embeddings)
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+            config.num_key_value_heads, config.head_dim, config.max_position_embeddings,
+            config.tie_word_embeddings) == want
+    eps = getattr(hf, "rms_norm_eps", None) or getattr(hf, "layer_norm_eps", None) or hf.norm_epsilon
+    assert config.rms_norm_eps == pytest.approx(eps)
+    if not config.num_experts:
+        assert config.intermediate_size == hf.intermediate_size
