@@ -4,7 +4,8 @@
 LayerNorms and an MLP without a gate; StableLM as Llama with LayerNorms and partial RoPE;
 Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has experts); Phi-3.5-MoE as Mixtral
 routed by sparse-mixer; IQuest-Coder as Llama; Jais 2 as Llama with LayerNorms and an ungated MLP; VaultGemma as
-Gemma 2 without its post-norms; Meta's CWM as Qwen2 with windows from layer_types and no biases; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
+Gemma 2 without its post-norms; Meta's CWM and Ministral (2410) as Qwen2 with windows from
+layer_types and no biases; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
 with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
@@ -191,7 +192,17 @@ ALIASES = {
                   "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "bos_token_id": 128000,
                   "eos_token_id": [128001, 128008, 128009], "sliding_window": 8192},
         ignored=("use_sliding_window", "max_window_layers", "attention_bias"),
-        rewrite=lambda raw: _cwm(raw)),
+        rewrite=lambda raw: _cwm(_windows_by_layer_types(
+            raw, lambda i: "full_attention" if i % 4 == 0 else "sliding_attention"))),
+    # Ministral (8B, 2410) as transformers' MinistralForCausalLM: Qwen2 without biases, its window in the layers
+    # layer_types names (all of them by default when a window is set).
+    "MinistralForCausalLM": Alias(
+        "Qwen2ForCausalLM",
+        defaults={"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                  "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 4096},
+        ignored=("use_sliding_window", "max_window_layers", "attention_bias"),
+        rewrite=lambda raw: _windows_by_layer_types(raw, lambda i: "sliding_attention")),
     # Upstage's Solar Open: GLM-4.5's routing (sigmoid scores with a correction bias, shared experts) in every
     # layer under Llama's attention: all of each head rotated, no q/k norms.
     "SolarOpenForCausalLM": Alias(
@@ -261,13 +272,18 @@ def _phi(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "hidden_act": "gelu_pytorch_tanh"} if raw["hidden_act"] == "gelu_new" else raw
 
 
+def _windows_by_layer_types(raw: dict[str, Any], default: Callable[[int], str]) -> dict[str, Any]:
+    """Windows as Qwen2 reads them (use_sliding_window, layer_types: ``default(i)`` for layer i where the config
+    lists none and has a window), for a Llama-like architecture without biases."""
+    window = raw.get("sliding_window") is not None
+    types = raw.get("layer_types") or [default(i) if window else "full_attention"
+                                       for i in range(int(raw["num_hidden_layers"]))]
+    return {**raw, "use_sliding_window": window, "attention_bias": False, "layer_types": types}
+
+
 def _cwm(raw: dict[str, Any]) -> dict[str, Any]:
-    """Its windows as Qwen2 reads them (use_sliding_window, layer_types: all but every fourth layer by default);
-    no biases; transformers' llama3 RoPE where the config names none."""
-    layers = int(raw["num_hidden_layers"])
-    out = {**raw, "use_sliding_window": True, "attention_bias": False,
-           "layer_types": raw.get("layer_types") or ["full_attention" if i % 4 == 0 else "sliding_attention"
-                                                     for i in range(layers)]}
+    """transformers' llama3 RoPE where the config names none."""
+    out = dict(raw)
     if not raw.get("rope_parameters") and not raw.get("rope_scaling") and raw.get("rope_theta") is None:
         out["rope_parameters"] = {"rope_theta": 1_000_000.0, "factor": 16.0, "high_freq_factor": 4.0,
                                   "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,

@@ -91,6 +91,10 @@ CASES = {
                                                         **COMMON),
     "cwm": lambda: transformers.CwmConfig(sliding_window=24, head_dim=16, num_hidden_layers=5, **{
         k: v for k, v in COMMON.items() if k != "num_hidden_layers"}),
+    # Ministral (2410): Qwen2 without biases, windows where layer_types says.
+    "ministral": lambda: transformers.MinistralConfig(  # (its attention needs head_dim set)
+        sliding_window=24, layer_types=["sliding_attention", "full_attention", "sliding_attention"], head_dim=16,
+        **COMMON),
     # Solar Open: GLM-4.5's sigmoid routing with a correction bias in every layer, Llama's attention.
     "solar-open": lambda: transformers.SolarOpenConfig(
         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, head_dim=16,
@@ -1107,7 +1111,7 @@ def test_phi_3_5_moe_as_published():
     ("HeliumForCausalLM", "HeliumConfig"), ("GemmaForCausalLM", "GemmaConfig"), ("GlmForCausalLM", "GlmConfig"),
     ("StableLmForCausalLM", "StableLmConfig"), ("PhiForCausalLM", "PhiConfig"),
     ("Starcoder2ForCausalLM", "Starcoder2Config"), ("PhimoeForCausalLM", "PhimoeConfig"),
-    ("SolarOpenForCausalLM", "SolarOpenConfig")])
+    ("SolarOpenForCausalLM", "SolarOpenConfig"), ("MinistralForCausalLM", "MinistralConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
