@@ -5,7 +5,7 @@ LayerNorms and an MLP without a gate; StableLM as Llama with LayerNorms and part
 Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has experts); Phi-3.5-MoE as Mixtral
 routed by sparse-mixer; IQuest-Coder as Llama; Jais 2 as Llama with LayerNorms and an ungated MLP; VaultGemma as
 Gemma 2 without its post-norms; Meta's CWM and Ministral (2410) as Qwen2 with windows from
-layer_types and no biases; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
+layer_types and no biases; Nemotron as Llama with LayerNorm1P and an ungated ReLU² MLP; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
 with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
@@ -194,6 +194,17 @@ ALIASES = {
         ignored=("use_sliding_window", "max_window_layers", "attention_bias"),
         rewrite=lambda raw: _cwm(_windows_by_layer_types(
             raw, lambda i: "full_attention" if i % 4 == 0 else "sliding_attention"))),
+    # Nemotron (Nemotron-4, Minitron, Nemotron-Mini): LayerNorms with biases whose weights are stored less one
+    # (LayerNorm1P, Gemma's offset), an ungated ReLU² MLP, RoPE over half of each head by default.
+    "NemotronForCausalLM": Alias(
+        "LlamaForCausalLM",
+        names={"norm_eps": "rms_norm_eps"},
+        defaults={"vocab_size": 256000, "hidden_size": 6144, "intermediate_size": 24576, "num_hidden_layers": 32,
+                  "num_attention_heads": 48, "hidden_act": "relu2", "max_position_embeddings": 4096,
+                  "rms_norm_eps": 1e-5, "bos_token_id": 2, "eos_token_id": 3},
+        rewrite=lambda raw: _partial_rotary_aside(raw, 0.5),
+        fields=lambda raw: {"layer_norm": True, "norm_bias": True, "norm_unit_offset": True, "mlp_gated": False,
+                            "partial_rotary_factor": raw["partial_rotary_aside"], "architecture": "NemotronForCausalLM"}),
     # Ministral (8B, 2410) as transformers' MinistralForCausalLM: Qwen2 without biases, its window in the layers
     # layer_types names (all of them by default when a window is set).
     "MinistralForCausalLM": Alias(

@@ -91,6 +91,9 @@ CASES = {
                                                         **COMMON),
     "cwm": lambda: transformers.CwmConfig(sliding_window=24, head_dim=16, num_hidden_layers=5, **{
         k: v for k, v in COMMON.items() if k != "num_hidden_layers"}),
+    # Nemotron: LayerNorm1P (weights stored less one) with biases, an ungated ReLU² MLP, RoPE over half of each head,
+    # biases on attention and the MLP.
+    "nemotron": lambda: transformers.NemotronConfig(head_dim=16, attention_bias=True, mlp_bias=True, **COMMON),
     # Ministral (2410): Qwen2 without biases, windows where layer_types says.
     "ministral": lambda: transformers.MinistralConfig(  # (its attention needs head_dim set)
         sliding_window=24, layer_types=["sliding_attention", "full_attention", "sliding_attention"], head_dim=16,
@@ -1111,7 +1114,8 @@ def test_phi_3_5_moe_as_published():
     ("HeliumForCausalLM", "HeliumConfig"), ("GemmaForCausalLM", "GemmaConfig"), ("GlmForCausalLM", "GlmConfig"),
     ("StableLmForCausalLM", "StableLmConfig"), ("PhiForCausalLM", "PhiConfig"),
     ("Starcoder2ForCausalLM", "Starcoder2Config"), ("PhimoeForCausalLM", "PhimoeConfig"),
-    ("SolarOpenForCausalLM", "SolarOpenConfig"), ("MinistralForCausalLM", "MinistralConfig")])
+    ("SolarOpenForCausalLM", "SolarOpenConfig"), ("MinistralForCausalLM", "MinistralConfig"),
+    ("NemotronForCausalLM", "NemotronConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -1123,7 +1127,8 @@ def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, h
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
             config.num_key_value_heads, config.head_dim, config.max_position_embeddings,
             config.tie_word_embeddings) == want
-    eps = getattr(hf, "rms_norm_eps", None) or getattr(hf, "layer_norm_eps", None) or hf.norm_epsilon
+    eps = next(getattr(hf, name) for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps")
+               if getattr(hf, name, None))
     assert config.rms_norm_eps == pytest.approx(eps)
     if not config.num_experts:
         assert config.intermediate_size == hf.intermediate_size
