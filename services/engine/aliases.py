@@ -5,7 +5,8 @@ LayerNorms and an MLP without a gate; StableLM as Llama with LayerNorms and part
 Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has experts); Phi-3.5-MoE as Mixtral
 routed by sparse-mixer; IQuest-Coder as Llama; Jais 2 as Llama with LayerNorms and an ungated MLP; VaultGemma as
 Gemma 2 without its post-norms; Meta's CWM and Ministral (2410) as Qwen2 with windows from
-layer_types and no biases; Nemotron as Llama with LayerNorm1P and an ungated ReLU² MLP; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
+layer_types and no biases; Nemotron as Llama with LayerNorm1P and an ungated ReLU² MLP; OLMo (1) as Llama with
+weightless LayerNorms and clipped q/k/v; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
 with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
@@ -205,6 +206,17 @@ ALIASES = {
         rewrite=lambda raw: _partial_rotary_aside(raw, 0.5),
         fields=lambda raw: {"layer_norm": True, "norm_bias": True, "norm_unit_offset": True, "mlp_gated": False,
                             "partial_rotary_factor": raw["partial_rotary_aside"], "architecture": "NemotronForCausalLM"}),
+    # OLMo (1, 1.7; the -hf checkpoints): Llama with LayerNorms without weights or biases (fp32, eps 1e-5) and
+    # q, k and v clamped with clip_qkv.
+    "OlmoForCausalLM": Alias(
+        "LlamaForCausalLM",
+        defaults={"vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+                  "eos_token_id": 50279},
+        ignored=("rms_norm_eps",),  # transformers' OlmoLayerNorm takes none: always 1e-5
+        rewrite=lambda raw: {k: v for k, v in raw.items() if k != "clip_qkv"} | {"olmo_clip_qkv": raw.get("clip_qkv")},
+        fields=lambda raw: {"layer_norm": True, "norm_affine": False, "clip_qkv": raw["olmo_clip_qkv"],
+                            "architecture": "OlmoForCausalLM"}),
     # Ministral (8B, 2410) as transformers' MinistralForCausalLM: Qwen2 without biases, its window in the layers
     # layer_types names (all of them by default when a window is set).
     "MinistralForCausalLM": Alias(

@@ -63,6 +63,22 @@ class LayerNorm(RMSNorm):
         return layer_norm(x, self.weight, self.eps)
 
 
+class WeightlessLayerNorm(nn.Module):
+    """OLMo's LayerNorm: no weight, no bias, in fp32; RMSNorm's interface."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.shape, self.eps = (size,), eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        return self._norm(x), x
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.float(), self.shape, None, None, self.eps).to(x.dtype)
+
+
 class BiasedLayerNorm(RMSNorm):
     """StarCoder2's LayerNorm: torch's, with a bias, in the model's dtype; RMSNorm's interface."""
 
@@ -127,6 +143,7 @@ class Attention(nn.Module):
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.clip_qkv = config.clip_qkv
         # AFMoE, MiniCPM5-MoE: the output gated per feature by the sigmoid of a projection of the input.
         self.gate_proj = None if config.attn_output_gate is None else nn.Linear(
             config.hidden_size, self.q_size, bias=config.attn_output_gate == "in_query" and config.attention_bias)
@@ -156,6 +173,8 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         if lora is not None:
             lora.add(qkv, x, self.layer, "qkv")
+        if self.clip_qkv is not None:  # OLMo
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         # q and k rotate in one pass: they are adjacent in the fused projection's output.
         if self.qk_norm_whole:
             qk = norm_projections(qkv, self.q_size, self.kv_size, self.q_norm.weight, self.k_norm.weight,
@@ -325,10 +344,12 @@ class LlamaModel(nn.Module):
         self.norm = _norm(config, config.hidden_size)
 
 
-def _norm(config: ModelConfig, size: int) -> RMSNorm:
+def _norm(config: ModelConfig, size: int) -> RMSNorm | WeightlessLayerNorm:
     """The model's norm of ``size`` features: an RMSNorm, Cohere's LayerNorm, or StarCoder2's with a bias."""
     if config.norm_bias:
         return BiasedLayerNorm(size, config.rms_norm_eps)
+    if not config.norm_affine:
+        return WeightlessLayerNorm(size, config.rms_norm_eps)
     if config.layer_norm:
         return LayerNorm(size, config.rms_norm_eps)
     return RMSNorm(size, config.rms_norm_eps, config.norm_scale_in_fp32)

@@ -133,6 +133,10 @@ class ModelConfig:
     logit_scale: float = 1.0
     # StarCoder2: torch's LayerNorm, with a bias, in the model's dtype (layer_norm set too).
     norm_bias: bool = False
+    # OLMo (1): LayerNorms without weights or biases, in fp32 (layer_norm set too).
+    norm_affine: bool = True
+    # OLMo (1): q, k and v clamped to [-clip_qkv, clip_qkv] as they are projected.
+    clip_qkv: float | None = None
     # Keys a query in a sliding layer sees (itself and window - 1 before it) when the checkpoint turns
     # sliding-window attention on, else None; which layers slide (None with a window: all of them).
     sliding_window: int | None = None
@@ -366,8 +370,10 @@ class ModelConfig:
         return self.sliding_window if all(self.slides(i) for i in range(self.num_hidden_layers)) else None
 
     def _check_biases(self) -> None:
-        if self.norm_bias and not self.layer_norm:
-            raise ModelLoadError("norm_bias is a LayerNorm's: set layer_norm too")
+        if (self.norm_bias or not self.norm_affine) and not self.layer_norm:
+            raise ModelLoadError("norm_bias and norm_affine are a LayerNorm's: set layer_norm too")
+        if self.clip_qkv is not None and not self.clip_qkv > 0:
+            raise ModelLoadError(f"config.json: clip_qkv must be > 0, got {self.clip_qkv}")
         if self.mlp_bias and self.num_experts:
             raise ModelLoadError("config.json: biases on the MLP are set; experts with biases are not supported")
 
@@ -381,7 +387,7 @@ class ModelConfig:
                 and self.swiglu_limit is None and not self.mla and not self.qk_l2_norm
                 and self.nope_temperature is None and self.q_position_scale is None and not self.layer_norm
                 and not self.parallel_block and self.attn_output_gate is None
-                and self.logit_scale == 1.0 and not self.mlp_bias and not self.lm_head_bias)
+                and self.logit_scale == 1.0 and not self.mlp_bias and not self.lm_head_bias and self.clip_qkv is None)
 
     @property
     def norm_scale_in_fp32(self) -> bool:
@@ -432,9 +438,9 @@ class ModelConfig:
             window = _sliding_window(raw, arch)  # with no layer sliding, there is no window
             sliding_layers = _sliding_layers(raw, arch, int(raw["num_hidden_layers"])) if window else None
             partial = _partial_rotary(raw, arch, params, head_dim)
-            if raw.get("clip_qkv") is not None:
-                raise ModelLoadError(f"config.json: clip_qkv is {raw['clip_qkv']}; clipping q, k and v is not "
-                                     "supported")
+            if raw.get("clip_qkv") is not None:  # OLMo's (aliases.py) is set aside before this
+                raise ModelLoadError(f"config.json: clip_qkv is {raw['clip_qkv']}; {arch} does not clip q, k and v "
+                                     "in transformers")
             mlp_bias = _mlp_bias(raw, arch)
             if arch in MOE_DEFAULTS and arch != "MixtralForCausalLM" and raw.get("use_sliding_window"):
                 raise ModelLoadError(f"config.json: use_sliding_window is set; {arch} is served with full "

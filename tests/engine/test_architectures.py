@@ -94,6 +94,8 @@ CASES = {
     # Nemotron: LayerNorm1P (weights stored less one) with biases, an ungated ReLU² MLP, RoPE over half of each head,
     # biases on attention and the MLP.
     "nemotron": lambda: transformers.NemotronConfig(head_dim=16, attention_bias=True, mlp_bias=True, **COMMON),
+    # OLMo (1): LayerNorms without weights, q/k/v clamped (a bound these weights' projections cross).
+    "olmo": lambda: transformers.OlmoConfig(clip_qkv=2.0, **COMMON),
     # Ministral (2410): Qwen2 without biases, windows where layer_types says.
     "ministral": lambda: transformers.MinistralConfig(  # (its attention needs head_dim set)
         sliding_window=24, layer_types=["sliding_attention", "full_attention", "sliding_attention"], head_dim=16,
@@ -750,6 +752,9 @@ def test_attention_biases_are_read_as_transformers_builds_them():
     assert ernie.attention_bias and ernie.o_proj_bias and ernie.mlp_bias
     seed = ModelConfig.from_dict(dict(COMMON, architectures=["SeedOssForCausalLM"]))
     assert seed.attention_bias and not seed.o_proj_bias
+    with pytest.raises(ModelLoadError, match="clip_qkv is 8.0; LlamaForCausalLM does not clip q, k and v"):
+        ModelConfig.from_dict(dict(COMMON, architectures=["LlamaForCausalLM"], clip_qkv=8.0))
+    assert ModelConfig.from_dict(dict(COMMON, architectures=["OlmoForCausalLM"], clip_qkv=8.0)).clip_qkv == 8.0
     for arch, want in (("LlamaForCausalLM", True), ("Qwen3ForCausalLM", True), ("MistralForCausalLM", False),
                        ("Qwen2ForCausalLM", False), ("Glm4ForCausalLM", False)):
         config = ModelConfig.from_dict(dict(COMMON, architectures=[arch], attention_bias=True, qkv_bias=True))
@@ -1115,7 +1120,7 @@ def test_phi_3_5_moe_as_published():
     ("StableLmForCausalLM", "StableLmConfig"), ("PhiForCausalLM", "PhiConfig"),
     ("Starcoder2ForCausalLM", "Starcoder2Config"), ("PhimoeForCausalLM", "PhimoeConfig"),
     ("SolarOpenForCausalLM", "SolarOpenConfig"), ("MinistralForCausalLM", "MinistralConfig"),
-    ("NemotronForCausalLM", "NemotronConfig")])
+    ("NemotronForCausalLM", "NemotronConfig"), ("OlmoForCausalLM", "OlmoConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -1127,8 +1132,8 @@ def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, h
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
             config.num_key_value_heads, config.head_dim, config.max_position_embeddings,
             config.tie_word_embeddings) == want
-    eps = next(getattr(hf, name) for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps")
-               if getattr(hf, name, None))
+    eps = next((getattr(hf, name) for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps")
+                if getattr(hf, name, None)), 1e-5)  # OLMo's norms take none: 1e-5
     assert config.rms_norm_eps == pytest.approx(eps)
     if not config.num_experts:
         assert config.intermediate_size == hf.intermediate_size
