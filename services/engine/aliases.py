@@ -6,7 +6,7 @@ Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has exp
 routed by sparse-mixer; IQuest-Coder as Llama; Jais 2 as Llama with LayerNorms and an ungated MLP; VaultGemma as
 Gemma 2 without its post-norms; Meta's CWM and Ministral (2410) as Qwen2 with windows from
 layer_types and no biases; Nemotron as Llama with LayerNorm1P and an ungated ReLU² MLP; OLMo (1) as Llama with
-weightless LayerNorms and clipped q/k/v; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
+weightless LayerNorms and clipped q/k/v; HyperCLOVA X as Granite with peri-layer norms; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
 with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
@@ -217,6 +217,15 @@ ALIASES = {
         rewrite=lambda raw: {k: v for k, v in raw.items() if k != "clip_qkv"} | {"olmo_clip_qkv": raw.get("clip_qkv")},
         fields=lambda raw: {"layer_norm": True, "norm_affine": False, "clip_qkv": raw["olmo_clip_qkv"],
                             "architecture": "OlmoForCausalLM"}),
+    # HyperCLOVA X (SEED Think): Granite with peri-layer norms (each sublayer's output normed before Granite's
+    # residual scale: post_norm1/2, renamed in weight_names.py), logits multiplied by logits_scaling, and
+    # attention scaled by head_dim ** -0.5 unless attention_multiplier says otherwise.
+    "HyperCLOVAXForCausalLM": Alias(
+        "GraniteForCausalLM",
+        rewrite=lambda raw: _hyperclovax(raw),
+        fields=lambda raw: {"logits_divisor": 1.0 / float(raw.get("logits_scaling", 1.0)),
+                            **({"sandwich_norms": True, "architecture": "HyperCLOVAXForCausalLM"}
+                               if raw.get("use_post_norm", True) else {})}),
     # Ministral (8B, 2410) as transformers' MinistralForCausalLM: Qwen2 without biases, its window in the layers
     # layer_types names (all of them by default when a window is set).
     "MinistralForCausalLM": Alias(
@@ -328,6 +337,13 @@ def _granite4(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("num_local_experts"):
         return raw
     return {**raw, "architectures": ["GraniteForCausalLM"], "intermediate_size": raw["shared_intermediate_size"]}
+
+
+def _hyperclovax(raw: dict[str, Any]) -> dict[str, Any]:
+    head_dim = raw.get("head_dim") or int(raw["hidden_size"]) // int(raw["num_attention_heads"])
+    if raw.get("attention_multiplier") is None:
+        return {**raw, "attention_multiplier": head_dim**-0.5}
+    return raw
 
 
 def _internlm3(raw: dict[str, Any]) -> dict[str, Any]:

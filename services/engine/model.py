@@ -323,9 +323,11 @@ class DecoderLayer(nn.Module):
             h, cos, sin, batch, kv, lora, q_mult)
         if self.sandwich:  # the attention's output is normed before it joins the stream, the MLP's too
             h, _ = self.post_attention_layernorm(h)
+            if self.residual_scale != 1.0:  # HyperCLOVA X: Granite's scale after the norm
+                h = h * self.residual_scale
             h, residual = self.pre_feedforward_layernorm(h, residual)
             h, _ = self.post_feedforward_layernorm(self.mlp(h, lora))
-            return h, residual
+            return h if self.residual_scale == 1.0 else h * self.residual_scale, residual
         if self.residual_scale != 1.0:  # Granite scales each sublayer's output before it joins the stream
             h, residual = self.post_attention_layernorm(h * self.residual_scale, residual)
             return self.mlp(h, lora) * self.residual_scale, residual

@@ -35,6 +35,11 @@ _PHI = ((".self_attn.dense.", ".self_attn.o_proj."), (".mlp.fc1.", ".mlp.up_proj
         ("model.final_layernorm.", "model.norm."))
 
 
+# HyperCLOVA X: its peri-layer norms under the names Gemma's sandwich norms have here; one rename per name.
+_HYPERCLOVAX = ((".post_attention_layernorm.", ".pre_feedforward_layernorm."),
+                (".post_norm1.", ".post_attention_layernorm."), (".post_norm2.", ".post_feedforward_layernorm."))
+
+
 # EXAONE 3 / 3.5: GPT-2's names for Llama's tensors (transformers saves them so too, as a LlamaForCausalLM).
 _EXAONE = (("transformer.wte.", "model.embed_tokens."), ("transformer.h.", "model.layers."),
            ("transformer.ln_f.", "model.norm."), (".attn.attention.", ".self_attn."),
@@ -68,8 +73,9 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
             name = name.replace(old, new)
     if architecture == "Starcoder2ForCausalLM":  # GPT-2's names for its MLP
         name = name.replace(".mlp.c_fc.", ".mlp.up_proj.").replace(".mlp.c_proj.", ".mlp.down_proj.")
-    if architecture == "Glm4ForCausalLM":
-        old, new = next(((o, n) for o, n in _GLM4 if o in name), ("", ""))
+    if architecture in ("Glm4ForCausalLM", "HyperCLOVAXForCausalLM"):
+        renames = _GLM4 if architecture == "Glm4ForCausalLM" else _HYPERCLOVAX
+        old, new = next(((o, n) for o, n in renames if o in name), ("", ""))
         name = name.replace(old, new) if old else name
     return name
 

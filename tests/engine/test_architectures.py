@@ -96,6 +96,11 @@ CASES = {
     "nemotron": lambda: transformers.NemotronConfig(head_dim=16, attention_bias=True, mlp_bias=True, **COMMON),
     # OLMo (1): LayerNorms without weights, q/k/v clamped (a bound these weights' projections cross).
     "olmo": lambda: transformers.OlmoConfig(clip_qkv=2.0, **COMMON),
+    # HyperCLOVA X: Granite's multipliers (logits multiplied), with peri-layer norms and without.
+    "hyperclovax": lambda: transformers.HyperCLOVAXConfig(
+        embedding_multiplier=4.0, residual_multiplier=0.5, logits_scaling=2.0, **COMMON),
+    "hyperclovax-no-post-norm": lambda: transformers.HyperCLOVAXConfig(
+        use_post_norm=False, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=0.5, **COMMON),
     # Ministral (2410): Qwen2 without biases, windows where layer_types says.
     "ministral": lambda: transformers.MinistralConfig(  # (its attention needs head_dim set)
         sliding_window=24, layer_types=["sliding_attention", "full_attention", "sliding_attention"], head_dim=16,
