@@ -1,0 +1,229 @@
+"""Architectures served as another one (services/engine/aliases.py) read as transformers reads them: each
+alias's defaults against its transformers config class, and published config.json files (legacy values,
+fields under their own names, what is refused). The oracle runs of their checkpoints are in
+test_architectures.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.common.errors import ModelLoadError
+from services.engine.model_config import ModelConfig
+
+pytestmark = [pytest.mark.oracle]
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("arch", ["Glm4MoeLiteForCausalLM", "YoutuForCausalLM"])
+def test_deepseek_v3_aliases_read_their_defaults_as_transformers_does(arch):
+    """GLM-4.7-Flash and Youtu-LLM served as DeepSeek-V3: a config.json that leaves every field out reads as
+    transformers' own config class reads it (their defaults differ from DeepSeek-V3's)."""
+    hf = {"Glm4MoeLiteForCausalLM": transformers.Glm4MoeLiteConfig, "YoutuForCausalLM": transformers.YoutuConfig}[arch]()
+    config = ModelConfig.from_dict({"architectures": [arch]})
+    assert (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+            config.num_attention_heads, config.max_position_embeddings, config.rms_norm_eps) == (
+        hf.vocab_size, hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers, hf.num_attention_heads,
+        hf.max_position_embeddings, hf.rms_norm_eps)
+    assert (config.kv_lora_rank, config.q_lora_rank, config.qk_rope_head_dim, config.qk_nope_head_dim,
+            config.v_head_dim, config.rope_interleaved, config.tie_word_embeddings) == (
+        hf.kv_lora_rank, hf.q_lora_rank, hf.qk_rope_head_dim, hf.qk_nope_head_dim, hf.v_head_dim,
+        hf.rope_interleave, hf.tie_word_embeddings)
+    assert (config.bos_token_id, config.eos_token_ids) == (hf.bos_token_id, (hf.eos_token_id,))
+    routed = [t == "sparse" for t in getattr(hf, "mlp_layer_types", None) or ["dense"] * hf.num_hidden_layers]
+    assert [config.is_moe(i) for i in range(hf.num_hidden_layers)] == routed
+    if any(routed):
+        assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+                config.shared_expert_intermediate_size, config.routed_scaling_factor, config.norm_topk_prob) == (
+            hf.n_routed_experts, hf.num_experts_per_tok, hf.moe_intermediate_size,
+            hf.n_shared_experts * hf.moe_intermediate_size, hf.routed_scaling_factor, hf.norm_topk_prob)
+    else:
+        assert config.num_experts == 0
+
+
+def test_glm_4_7_flash_as_published():
+    """GLM-4.7-Flash's config.json fields (DeepSeek-V3's names, topk_method beside them, an MTP layer after its
+    47): read as transformers' Glm4MoeLiteConfig reads them; mlp_layer_types that interleave dense layers refused."""
+    raw = {"architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite", "attention_bias": False,
+           "eos_token_id": [154820, 154827, 154829], "pad_token_id": 154820, "hidden_act": "silu",
+           "hidden_size": 2048, "intermediate_size": 10240, "max_position_embeddings": 202752,
+           "moe_intermediate_size": 1536, "topk_method": "noaux_tc", "norm_topk_prob": True,
+           "num_attention_heads": 20, "n_group": 1, "topk_group": 1, "n_routed_experts": 64, "n_shared_experts": 1,
+           "routed_scaling_factor": 1.8, "num_experts_per_tok": 4, "first_k_dense_replace": 1,
+           "num_hidden_layers": 47, "num_key_value_heads": 20, "num_nextn_predict_layers": 1, "kv_lora_rank": 512,
+           "q_lora_rank": 768, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+           "rms_norm_eps": 1e-05, "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+           "tie_word_embeddings": False, "dtype": "bfloat16", "vocab_size": 154880}
+    config, hf = ModelConfig.from_dict(raw), transformers.Glm4MoeLiteConfig(**raw)
+    assert [config.is_moe(i) for i in range(47)] == [t == "sparse" for t in hf.mlp_layer_types]
+    assert (config.rope_theta, config.mtp_layers, config.head_dim, config.num_key_value_heads) == (1e6, 1, 576, 1)
+    assert config.eos_token_ids == (154820, 154827, 154829) and config.moe_routing == "sigmoid"
+    with pytest.raises(ModelLoadError, match="the dense ones first"):
+        ModelConfig.from_dict({**raw, "mlp_layer_types": ["dense", "sparse", "dense"] + ["sparse"] * 44})
+    with pytest.raises(ModelLoadError, match="mlp_layer_types must list"):
+        ModelConfig.from_dict({**raw, "mlp_layer_types": ["dense"]})
+
+
+def test_minicpm5_moe_configs_read_as_transformers_reads_them():
+    """MiniCPM5-MoE's defaults (its 15B-A2.5B shape), its older architecture name, first_k_dense_replace as
+    transformers reads it without mlp_layer_types, and GLM-4.5's partial rotary left out as its rotary embedding
+    leaves it (every feature of a head rotates)."""
+    for fields in ({}, {"architectures": ["MiniCPM5MoEForCausalLM"], "first_k_dense_replace": 3,
+                        "partial_rotary_factor": 0.5, "attention_bias": True, "use_qk_norm": True}):
+        raw = {"architectures": ["MiniCPM5MoeForCausalLM"], **fields}
+        config, hf = ModelConfig.from_dict(raw), transformers.MiniCPM5MoeConfig(**raw)
+        assert (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+                config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.rms_norm_eps,
+                config.max_position_embeddings, config.rope_theta) == (
+            hf.vocab_size, hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers, hf.num_attention_heads,
+            hf.num_key_value_heads, hf.head_dim, hf.rms_norm_eps, hf.max_position_embeddings,
+            hf.rope_parameters["rope_theta"])
+        assert [config.is_moe(i) for i in range(hf.num_hidden_layers)] == [t == "sparse" for t in hf.mlp_layer_types]
+        assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+                config.shared_expert_intermediate_size, config.routed_scaling_factor) == (
+            hf.n_routed_experts, hf.num_experts_per_tok, hf.moe_intermediate_size,
+            hf.n_shared_experts * hf.moe_intermediate_size, hf.routed_scaling_factor)
+        assert config.eos_token_ids == tuple(hf.eos_token_id) and config.bos_token_id == hf.bos_token_id
+        assert config.partial_rotary_factor == 1.0 and not config.qk_norm and config.attn_output_gate == "in_query"
+        assert config.o_proj_bias == config.attention_bias == hf.attention_bias
+
+
+GEMMA_7B = {  # its config.json as released (later revisions add "hidden_activation": null)
+    "architectures": ["GemmaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 2,
+    "eos_token_id": 1, "head_dim": 256, "hidden_act": "gelu", "hidden_size": 3072, "initializer_range": 0.02,
+    "intermediate_size": 24576, "max_position_embeddings": 8192, "model_type": "gemma", "num_attention_heads": 16,
+    "num_hidden_layers": 28, "num_key_value_heads": 16, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 10000.0, "torch_dtype": "bfloat16", "vocab_size": 256000}
+
+
+def test_gemma_7b_as_published():
+    """Gemma 7B's legacy "gelu" is the tanh approximation, as transformers reads it; no window, no soft-caps, the
+    norms Llama's, queries scaled by the head width, embeddings by the hidden size's root."""
+    config, hf = ModelConfig.from_dict(GEMMA_7B), transformers.GemmaConfig(**GEMMA_7B)
+    assert config.hidden_act == hf.hidden_act == "gelu_pytorch_tanh"
+    assert config.sliding_window is None and config.attn_softcap is None and config.final_softcap is None
+    assert not config.sandwich_norms and config.norm_unit_offset and config.tie_word_embeddings
+    assert config.attn_scale == 256 ** -0.5 and config.embed_scale == 3072 ** 0.5
+    assert ModelConfig.from_dict({**GEMMA_7B, "hidden_activation": None}).hidden_act == "gelu_pytorch_tanh"
+    two_b = ModelConfig.from_dict({**GEMMA_7B, "hidden_size": 2048, "num_key_value_heads": 1, "num_hidden_layers": 18})
+    assert (two_b.num_key_value_heads, two_b.head_dim, two_b.attn_scale) == (1, 256, 256 ** -0.5)
+
+
+STABLELM_2_1_6B = {  # its config.json as released
+    "architectures": ["StableLmForCausalLM"], "bos_token_id": 100257, "eos_token_id": 100257, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 4096,
+    "model_type": "stablelm", "layer_norm_eps": 1e-05, "num_attention_heads": 32, "num_hidden_layers": 24,
+    "num_key_value_heads": 32, "partial_rotary_factor": 0.25, "rope_theta": 10000, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_qkv_bias": True, "vocab_size": 100352}
+
+
+def test_stablelm_2_as_published():
+    """StableLM 2 1.6B's config.json, and the same as transformers 5 saves it (the factor in rope_parameters):
+    LayerNorms with biases and their epsilon, RoPE over a quarter of each 64-wide head, q/k/v biases and none
+    on o_proj; StableLM 2 12B's per-head q/k LayerNorms refused."""
+    hf = transformers.StableLmConfig(**STABLELM_2_1_6B)
+    for raw in (STABLELM_2_1_6B, json.loads(hf.to_json_string())):
+        config = ModelConfig.from_dict(raw)
+        assert (config.partial_rotary_factor, config.head_dim, config.rms_norm_eps) == (0.25, 64, 1e-5)
+        assert config.layer_norm and config.norm_bias and config.attention_bias and not config.o_proj_bias
+        assert not config.parallel_block and not config.tie_word_embeddings
+    with pytest.raises(ModelLoadError, match="qk_layernorm is set"):
+        ModelConfig.from_dict({**STABLELM_2_1_6B, "qk_layernorm": True, "use_parallel_residual": True})
+
+
+PHI_2 = {  # its config.json as released
+    "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 50256, "embd_pdrop": 0.0,
+    "eos_token_id": 50256, "hidden_act": "gelu_new", "hidden_size": 2560, "initializer_range": 0.02,
+    "intermediate_size": 10240, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048, "model_type": "phi",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4,
+    "qk_layernorm": False, "resid_pdrop": 0.1, "rope_scaling": None, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 51200}
+
+
+def test_phi_2_as_published():
+    """Phi-2's config.json: gelu_new (the tanh approximation), RoPE over 32 of each 80-wide head, biases on every
+    projection and the head, one LayerNorm a layer; per-head q/k LayerNorms refused."""
+    config = ModelConfig.from_dict(PHI_2)
+    assert (config.hidden_act, config.head_dim, config.partial_rotary_factor) == ("gelu_pytorch_tanh", 80, 0.4)
+    assert config.attention_bias and config.o_proj_bias and config.mlp_bias and config.lm_head_bias
+    assert config.parallel_block and config.norm_bias and not config.mlp_gated and config.eos_token_ids == (50256,)
+    with pytest.raises(ModelLoadError, match="qk_layernorm is set"):
+        ModelConfig.from_dict({**PHI_2, "qk_layernorm": True})
+
+
+def test_granite_4_is_served_with_attention_layers_only():
+    """Granite 4.0's config as transformers saves it: dense with attention only (granite-4.0-micro) reads as
+    Granite at the shared MLP's width with RoPE; the Mamba-2 hybrids (-h) are refused, naming their layers."""
+    hf = transformers.GraniteMoeHybridConfig(
+        layer_types=["attention"] * 4, num_local_experts=0, shared_intermediate_size=8192, intermediate_size=1,
+        position_embedding_type="rope", hidden_size=2560, num_attention_heads=40, num_key_value_heads=8,
+        num_hidden_layers=4, embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=10.0,
+        attention_multiplier=0.0078125, architectures=["GraniteMoeHybridForCausalLM"])
+    raw = json.loads(hf.to_json_string())
+    config = ModelConfig.from_dict(raw)
+    assert (config.intermediate_size, config.num_experts, config.nope_layers) == (8192, 0, ())
+    assert (config.embed_scale, config.residual_scale, config.logits_divisor, config.attn_scale) == (
+        12.0, 0.22, 10.0, 0.0078125)
+    assert ModelConfig.from_dict({**raw, "position_embedding_type": None}).nope_layers == (0, 1, 2, 3)
+    with pytest.raises(ModelLoadError, match="layer_types holds mamba layers \\(3 of 4\\)"):
+        ModelConfig.from_dict({**raw, "layer_types": ["mamba", "mamba", "attention", "mamba"]})
+
+
+PHI_3_5_MOE = {  # its config.json as released, less auto_map (the 64 factors of each list stand in for its own)
+    "architectures": ["PhiMoEForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 32000, "hidden_act": "silu", "hidden_dropout": 0.0, "hidden_size": 4096,
+    "initializer_range": 0.02, "input_jitter_noise": 0.01, "intermediate_size": 6400, "lm_head_bias": True,
+    "max_position_embeddings": 131072, "model_type": "phimoe", "num_attention_heads": 32, "num_experts_per_tok": 2,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 16,
+    "original_max_position_embeddings": 4096, "output_router_logits": False, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"long_factor": [1.0 + i / 8 for i in range(64)], "long_mscale": 1.243,
+                     "original_max_position_embeddings": 4096, "short_factor": [1.0 + i / 64 for i in range(64)],
+                     "short_mscale": 1.243, "type": "longrope"},
+    "rope_theta": 10000.0, "router_aux_loss_coef": 0.0, "router_jitter_noise": 0.01, "sliding_window": 131072,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32064}
+
+
+def test_phi_3_5_moe_as_published():
+    """Phi-3.5-MoE's config.json under the name it was released with: 16 experts, 2 by sparse-mixer with a 0.01
+    margin, biases on attention and the head, LongRoPE's factors and the attention scale it names for them
+    (the long ones for its whole context, the short ones within --max-model-len 4096)."""
+    from services.engine.rope import attention_factor, uses_long_factors
+
+    config = ModelConfig.from_dict(PHI_3_5_MOE)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_routing, config.sparsemixer_eps) == (
+        16, 2, "sparsemixer", 0.01)
+    assert config.attention_bias and config.o_proj_bias and config.lm_head_bias and config.norm_bias
+    assert config.architecture == "PhimoeForCausalLM" and config.eos_token_ids == (32000,)
+    assert uses_long_factors(config) and attention_factor(config) == 1.243
+    short = config.with_max_model_len(4096)
+    assert not uses_long_factors(short) and attention_factor(short) == 1.243
+    with pytest.raises(ModelLoadError, match="sparse-mixer routing picks 2 experts"):
+        ModelConfig.from_dict({**PHI_3_5_MOE, "num_experts_per_tok": 4})
+
+
+@pytest.mark.parametrize("arch, hf_config", [
+    ("IQuestCoderForCausalLM", "IQuestCoderConfig"), ("Jais2ForCausalLM", "Jais2Config"),
+    ("VaultGemmaForCausalLM", "VaultGemmaConfig"), ("CwmForCausalLM", "CwmConfig"),
+    ("HeliumForCausalLM", "HeliumConfig"), ("GemmaForCausalLM", "GemmaConfig"), ("GlmForCausalLM", "GlmConfig"),
+    ("StableLmForCausalLM", "StableLmConfig"), ("PhiForCausalLM", "PhiConfig"),
+    ("Starcoder2ForCausalLM", "Starcoder2Config"), ("PhimoeForCausalLM", "PhimoeConfig"),
+    ("SolarOpenForCausalLM", "SolarOpenConfig"), ("MinistralForCausalLM", "MinistralConfig"),
+    ("NemotronForCausalLM", "NemotronConfig"), ("OlmoForCausalLM", "OlmoConfig")])
+def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
+    """A config.json naming only the architecture reads with the shape transformers' config class defaults to
+    (the aliases' defaults tables checked against transformers')."""
+    config, hf = ModelConfig.from_dict({"architectures": [arch]}), getattr(transformers, hf_config)()
+    heads = hf.num_attention_heads
+    want = (hf.vocab_size, hf.hidden_size, hf.num_hidden_layers, heads, hf.num_key_value_heads or heads,
+            getattr(hf, "head_dim", None) or hf.hidden_size // heads, hf.max_position_embeddings,
+            hf.tie_word_embeddings)
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+            config.num_key_value_heads, config.head_dim, config.max_position_embeddings,
+            config.tie_word_embeddings) == want
+    eps = next((getattr(hf, name) for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps")
+                if getattr(hf, name, None)), 1e-5)  # OLMo's norms take none: 1e-5
+    assert config.rms_norm_eps == pytest.approx(eps)
+    if not config.num_experts:
+        assert config.intermediate_size == hf.intermediate_size
