@@ -1,12 +1,15 @@
-"""``seawall model``: create the built-in random-weight Llama checkpoint (offline) and locate the default one.
+"""``seawall model``: create the built-in random-weight Llama checkpoint (offline), locate the default one, and
+check whether a checkpoint directory is served (and as what) before loading it.
 
 seawall model init DIR [--preset tiny|small] [--seed N] [--shards N] [--force]
 seawall model path
+seawall model check DIR [--max-model-len N] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -30,8 +33,18 @@ def _path(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from services.engine.checkpoint_report import render, report
+
+    if not args.dir.is_dir():
+        raise InvalidArgument(f"{args.dir} is not a directory; pass a Hugging Face checkpoint directory")
+    facts = report(args.dir, args.max_model_len)
+    sys.stdout.write(json.dumps(facts, indent=2) + "\n" if args.json else render(facts))
+    return 0 if facts["served"] else 1
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``model init`` and ``model path`` to the ``seawall`` parser."""
+    """Add ``model init``, ``model path`` and ``model check`` to the ``seawall`` parser."""
     model = subparsers.add_parser("model", help="create or locate the built-in model", description=__doc__)
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
 
@@ -59,3 +72,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "creating it first if it does not exist.",
     )
     path.set_defaults(func=_path)
+
+    check = model_sub.add_parser(
+        "check",
+        help="say whether a checkpoint directory is served, as what, and what it takes (no weights loaded)",
+        description="Read a checkpoint's config.json, safetensors headers and tokenizer files (no weights, no "
+        "torch) and print whether Seawall serves it and as which architecture, its shape, attention and "
+        "positions, the KV cache a token takes, its parameters, tokenizer and output; or why it is refused "
+        "(exit status 1).",
+    )
+    check.add_argument("dir", type=Path, metavar="DIR", help="the checkpoint directory")
+    check.add_argument("--max-model-len", type=int, default=None,
+                       help="the context to serve (default: the model's), which picks some RoPE variants")
+    check.add_argument("--json", action="store_true", help="print the facts as JSON")
+    check.set_defaults(func=_check)

@@ -14,14 +14,13 @@ embeddings only (``has_lm_head``), and a request to generate from it is refused.
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.sampling_params import SamplingParams
+from services.engine.safetensors_headers import read_json, tensors
 
 _LAST_TOKEN = "pooling_mode_lasttoken"
 _OTHER_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
@@ -70,7 +69,7 @@ def read_pooling(path: Path) -> Pooling:
     modules_file = path / "modules.json"
     if not modules_file.exists():
         return Pooling()
-    modules = _json(modules_file)
+    modules = read_json(modules_file)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ModelLoadError(f"{modules_file} must list sentence-transformers modules (objects with a type)")
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
@@ -83,7 +82,7 @@ def read_pooling(path: Path) -> Pooling:
     if pooling is None:
         return Pooling(normalize)
     config_file = path / str(pooling.get("path", "")) / "config.json"
-    config = _json(config_file) if config_file.exists() else {}
+    config = read_json(config_file) if config_file.exists() else {}
     others = [m.removeprefix("pooling_mode_") for m in _OTHER_MODES if config.get(m)]
     if others or not config.get(_LAST_TOKEN):
         return Pooling(normalize, f"it pools by {', '.join(others) or 'a mode not named'} "
@@ -99,22 +98,8 @@ def has_lm_head(path: Path, tied: bool) -> bool:
 
 def _tensor_names(path: Path) -> list[str]:
     index = path / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = _json(index).get("weight_map")
+    if index.exists():  # the index names them all: no header read
+        index_json = read_json(index)
+        weight_map = index_json.get("weight_map") if isinstance(index_json, dict) else None
         return list(weight_map) if isinstance(weight_map, dict) else []
-    names: list[str] = []
-    for file in sorted(path.glob("*.safetensors")):
-        try:
-            with file.open("rb") as f:
-                (size,) = struct.unpack("<Q", f.read(8))
-                names.extend(k for k in json.loads(f.read(size)) if k != "__metadata__")
-        except (OSError, struct.error, ValueError) as exc:
-            raise ModelLoadError(f"{file} is not a readable safetensors file: {exc}") from exc
-    return names
-
-
-def _json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path} is not readable JSON: {exc}") from exc
+    return [name for name, _ in tensors(path)]

@@ -1,0 +1,147 @@
+"""What Seawall makes of a checkpoint directory before anything loads (``seawall model check``): whether it is
+served and as what, its shape, attention and positions, the KV cache one token takes, its parameters from the
+safetensors headers, its tokenizer and what it outputs. Reads config.json, the safetensors headers and the
+tokenizer files only: no torch, no weights, so a user learns in a second whether a download will run, and why
+not when it will not (the reason ModelConfig gives)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from services.common.errors import SeawallError
+from services.engine.model_config import ModelConfig
+from services.engine.pooling import has_lm_head, read_pooling
+from services.engine.safetensors_headers import read_json, tensors, weight_files
+from services.engine.tiktoken_vocab import RANKS_FILE
+
+# Bytes of one element of each dtype the KV cache may use.
+_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# Bytes per element of the dtypes safetensors headers name.
+_TENSOR_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                 "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
+
+
+def report(model_dir: str | Path, max_model_len: int | None = None) -> dict[str, Any]:
+    """The checkpoint's facts as plain data; ``served`` False with ``reason`` where it is refused."""
+    path = Path(model_dir).expanduser()
+    raw = read_json(path / "config.json") if (path / "config.json").exists() else {}
+    named = ((raw.get("architectures") if isinstance(raw, dict) else None) or ["(none named)"])[0]
+    out: dict[str, Any] = {"path": str(path), "architecture": named}
+    try:
+        config = ModelConfig.from_dir(path).with_max_model_len(max_model_len)
+    except SeawallError as exc:
+        return {**out, "served": False, "reason": str(exc)}
+    out.update(served=True, served_as=config.architecture, **_shape(config), **_attention(config),
+               kv_cache_bytes_per_token={dtype: kv_bytes_per_token(config, dtype) for dtype in ("bfloat16", "float32")},
+               weights=_weights(path), tokenizer=_tokenizer(path), quantization=_quantization(config))
+    out["output"] = ("text" if has_lm_head(path, config.tie_word_embeddings) else "embeddings only")
+    pooling = read_pooling(path)
+    out["embeddings"] = "refused: " + pooling.refused if pooling.refused else (
+        "last token, normalized" if pooling.normalize else "last token")
+    return out
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype: str) -> int:
+    """What one token's keys and values take in every layer (latent attention: its one latent)."""
+    parts = 1 if config.mla else 2
+    return config.num_hidden_layers * parts * config.num_key_value_heads * config.head_dim * _BYTES[dtype]
+
+
+def _shape(config: ModelConfig) -> dict[str, Any]:
+    shape = {"layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+             "query_heads": config.num_attention_heads, "kv_heads": config.num_key_value_heads,
+             "head_dim": config.head_dim, "mlp": f"{'gated ' if config.mlp_gated else ''}{config.hidden_act}, "
+                                                 f"{config.intermediate_size} wide",
+             "context": config.max_model_len, "vocab_size": config.vocab_size}
+    if config.num_experts:
+        routed = [i for i in range(config.num_hidden_layers) if config.is_moe(i)]
+        shape["experts"] = (f"{config.num_experts} routed ({config.num_experts_per_tok} a token, "
+                            f"{config.moe_intermediate_size} wide, {config.moe_routing} routing) in "
+                            f"{len(routed)} of {config.num_hidden_layers} layers"
+                            + (f", a shared MLP {config.shared_expert_intermediate_size} wide"
+                               if config.shared_expert_intermediate_size else ""))
+    return shape
+
+
+def _attention(config: ModelConfig) -> dict[str, Any]:
+    if config.mla:
+        kind = f"latent (MLA): one {config.head_dim}-wide latent a token and layer"
+    elif config.sliding_window is not None:
+        sliding = sum(config.slides(i) for i in range(config.num_hidden_layers))
+        kind = f"window of {config.sliding_window} in {sliding} of {config.num_hidden_layers} layers, full in the rest"
+    else:
+        kind = "full"
+    share = (f"a {config.rotary_dim}-wide block of each head" if config.mla
+             else f"{config.rotary_dim} of each head's {config.head_dim} features")
+    rope = f"RoPE ({config.rope_type}, base {config.rope_theta:g}) over {share}"
+    if config.nope_layers:
+        rope += f"; {len(config.nope_layers)} layers without positions"
+    return {"attention": kind, "positions": rope}
+
+
+def _quantization(config: ModelConfig) -> str:
+    if config.mxfp4:
+        return "MXFP4 experts, dequantized as they load"
+    if config.packed_int_bits:
+        return f"INT{config.packed_int_bits} weights, dequantized as they load"
+    if config.fp8_scales:
+        return "FP8 weights, dequantized as they load"
+    return "none"
+
+
+def _weights(path: Path) -> dict[str, Any]:
+    """Parameters and bytes from the safetensors headers."""
+    params, size, dtypes = 0, 0, set()
+    for _, info in tensors(path):
+        n = math.prod(info["shape"])
+        params += n
+        size += n * _TENSOR_BYTES.get(info["dtype"], 0)
+        dtypes.add(info["dtype"])
+    return {"files": len(weight_files(path)), "parameters": params, "bytes": size, "dtypes": sorted(dtypes)}
+
+
+def _tokenizer(path: Path) -> str:
+    found = "tokenizer.json" if (path / "tokenizer.json").exists() else RANKS_FILE if (path / RANKS_FILE).exists() \
+        else None
+    if found is None:
+        return "missing: a tokenizer.json (or tiktoken ranks) is required"
+    config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
+    template = (isinstance(config, dict) and bool(config.get("chat_template"))) or (path / "chat_template.jinja").exists()
+    return f"{found}, {'with' if template else 'without'} a chat template"
+
+
+def render(facts: dict[str, Any]) -> str:
+    """The report as aligned lines for a terminal."""
+    if not facts["served"]:
+        return f"{facts['path']}: not served ({facts['architecture']})\n  {facts['reason']}\n"
+    weights = facts["weights"]
+    named = facts["architecture"]
+    rows = [
+        ("architecture", named if named == facts["served_as"] else f"{named}, served as {facts['served_as']}"),
+        ("layers", f"{facts['layers']} x hidden {facts['hidden_size']}, {facts['query_heads']} query / "
+                   f"{facts['kv_heads']} KV heads of {facts['head_dim']}"),
+        ("mlp", facts["mlp"]), *([("experts", facts["experts"])] if "experts" in facts else []),
+        ("attention", facts["attention"]), ("positions", facts["positions"]),
+        ("context", f"{facts['context']} tokens"),
+        ("KV cache", ", ".join(f"{_size(n)} a token in {d}" for d, n in facts["kv_cache_bytes_per_token"].items())),
+        ("weights", f"{_count(weights['parameters'])} parameters, {_size(weights['bytes'])} in "
+                    f"{weights['files']} file(s) ({', '.join(weights['dtypes']) or 'none found'})"
+         if weights["files"] else "no safetensors files"),
+        ("quantization", facts["quantization"]), ("tokenizer", facts["tokenizer"]),
+        ("output", facts["output"]), ("embeddings", facts["embeddings"]),
+    ]
+    return f"{facts['path']}: served\n" + "".join(f"  {k:<13} {v}\n" for k, v in rows)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n:,}"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

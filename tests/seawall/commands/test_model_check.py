@@ -1,0 +1,69 @@
+"""``seawall model check DIR``: whether a checkpoint is served and as what, from its config, safetensors headers and
+tokenizer alone; the reason and exit status 1 where it is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from seawall.cli import main
+from services.engine.checkpoint_report import kv_bytes_per_token, report
+from services.engine.model_config import ModelConfig
+from tests.engine.test_aliases import GEMMA_7B
+from tests.engine.test_architectures import DEEPSEEK_V3
+
+
+def _dir(tmp_path, config: dict, tokenizer_from=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if tokenizer_from is not None:
+        shutil.copy(tokenizer_from / "tokenizer.json", tmp_path / "tokenizer.json")
+    return tmp_path
+
+
+def test_the_built_in_model_is_served_with_its_parameters_counted_from_the_headers(tiny_model_dir, capsys):
+    assert main(["model", "check", str(tiny_model_dir)]) == 0
+    text = capsys.readouterr().out
+    assert ": served" in text and "LlamaForCausalLM" in text and "tokenizer.json, with a chat template" in text
+    assert main(["model", "check", str(tiny_model_dir), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    config = ModelConfig.from_dir(tiny_model_dir)
+    # Parameters: embeddings (tied head) + per layer q, k, v, o, gate, up, down and two norms + the final norm.
+    h, i, q, kv = config.hidden_size, config.intermediate_size, config.num_attention_heads, config.num_key_value_heads
+    d = config.head_dim
+    per_layer = h * q * d * 2 + h * kv * d * 2 + 3 * h * i + 2 * h
+    assert facts["weights"]["parameters"] == config.vocab_size * h + config.num_hidden_layers * per_layer + h
+    assert facts["kv_cache_bytes_per_token"]["float32"] == config.num_hidden_layers * 2 * kv * d * 4
+    assert facts["served_as"] == "LlamaForCausalLM" and facts["output"] == "text"
+
+
+def test_an_alias_says_what_it_is_served_as_and_latent_attention_its_one_latent(tmp_path, tiny_model_dir):
+    gemma = report(_dir(tmp_path / "gemma", GEMMA_7B, tiny_model_dir))
+    assert gemma["served"] and (gemma["architecture"], gemma["served_as"]) == ("GemmaForCausalLM", "Gemma2ForCausalLM")
+    assert gemma["attention"] == "full" and gemma["weights"]["files"] == 0
+    deepseek = report(_dir(tmp_path / "deepseek", DEEPSEEK_V3))
+    assert deepseek["attention"].startswith("latent (MLA): one 576-wide latent")
+    assert deepseek["kv_cache_bytes_per_token"]["bfloat16"] == 61 * 576 * 2
+    assert "256 routed (8 a token" in deepseek["experts"] and "in 58 of 61 layers" in deepseek["experts"]
+    assert deepseek["quantization"] == "FP8 weights, dequantized as they load"
+    assert deepseek["tokenizer"].startswith("missing")
+    assert kv_bytes_per_token(ModelConfig.from_dict(GEMMA_7B), "bfloat16") == 28 * 2 * 16 * 256 * 2
+
+
+def test_a_refused_checkpoint_says_why_and_exits_1(tmp_path, capsys):
+    hybrid = {"architectures": ["GraniteMoeHybridForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "layer_types": ["mamba", "attention"]}
+    assert main(["model", "check", str(_dir(tmp_path / "granite", hybrid))]) == 1
+    text = capsys.readouterr().out
+    assert "not served (GraniteMoeHybridForCausalLM)" in text and "layer_types holds mamba layers (1 of 2)" in text
+
+
+@pytest.mark.parametrize("missing", ["dir", "config"])
+def test_a_directory_that_is_not_a_checkpoint_is_named(tmp_path, capsys, missing):
+    target = tmp_path / "nowhere" if missing == "dir" else tmp_path
+    code = main(["model", "check", str(target)])
+    out = capsys.readouterr()
+    assert code != 0 and ("is not a directory" in out.err + out.out or "has no config.json" in out.err + out.out)
