@@ -4,6 +4,7 @@ check whether a checkpoint directory is served (and as what) before loading it.
 seawall model init DIR [--preset tiny|small] [--seed N] [--shards N] [--force]
 seawall model path
 seawall model check DIR [--max-model-len N] [--json]
+seawall model architectures
 """
 
 from __future__ import annotations
@@ -43,8 +44,22 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if facts["served"] else 1
 
 
+def _architectures(args: argparse.Namespace) -> int:
+    from services.engine.aliases import ALIASES
+    from services.engine.model_config import SUPPORTED_ARCHITECTURES
+    from services.engine.vision_language import VISION_LANGUAGE
+
+    rows = [(arch, "") for arch in SUPPORTED_ARCHITECTURES]
+    rows += [(arch, f"served as {alias.target}") for arch, alias in ALIASES.items()]
+    # (None: the language model's architecture is the one its text_config names)
+    rows += [(arch, f"its language model, as {text or 'its text_config names'}") for arch, text in VISION_LANGUAGE.items()]
+    width = max(len(arch) for arch, _ in rows)
+    sys.stdout.write("".join(f"{arch:<{width}}  {how}".rstrip() + "\n" for arch, how in sorted(rows)))
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``model init``, ``model path`` and ``model check`` to the ``seawall`` parser."""
+    """Add ``model init``, ``path``, ``check`` and ``architectures`` to the ``seawall`` parser."""
     model = subparsers.add_parser("model", help="create or locate the built-in model", description=__doc__)
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
 
@@ -86,3 +101,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="the context to serve (default: the model's), which picks some RoPE variants")
     check.add_argument("--json", action="store_true", help="print the facts as JSON")
     check.set_defaults(func=_check)
+
+    archs = model_sub.add_parser(
+        "architectures", help="list the architectures (config.json's architectures[0]) Seawall serves",
+        description="List every architecture name Seawall serves: its own, those served as another one "
+        "(transformers builds them from its parts), and vision-language ones served as their language model.")
+    archs.set_defaults(func=_architectures)

@@ -2,8 +2,8 @@
 
 ``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat template), SSE streaming, ``/v1/models``,
 ``/health``, OpenAI's Responses API (``/v1/responses``, services/scheduler/responses_endpoint.py), Anthropic's
-Messages API (``/v1/messages``, services/scheduler/anthropic_endpoint.py), embeddings (``/v1/embeddings``,
-services/scheduler/embeddings_endpoint.py), and vLLM's
+Messages API (``/v1/messages``, services/scheduler/anthropic_endpoint.py), embeddings (``/v1/embeddings``, and
+vLLM's ``/score`` and ``/rerank`` from them: services/scheduler/embeddings_endpoint.py), and vLLM's
 ``/tokenize`` and ``/detokenize``. Prompts may be text or token ids, one or a list of them (completions); ``n`` choices per
 prompt, choice ``i * n + j`` the j-th of prompt i, each its own request in the mesh (queued all or none);
 ``return_token_ids: true`` adds ``token_ids`` to each choice (vLLM's extension). Errors use OpenAI's shape,
@@ -99,6 +99,8 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
         Route("/v1/messages", messages.create, methods=["POST"]),
         Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/v1/embeddings", embeddings.create, methods=["POST"]),
+        *(Route(path, embeddings.score, methods=["POST"]) for path in ("/score", "/v1/score")),
+        *(Route(path, embeddings.rerank, methods=["POST"]) for path in ("/rerank", "/v1/rerank", "/v2/rerank")),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
     ]

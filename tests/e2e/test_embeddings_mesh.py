@@ -115,3 +115,36 @@ def test_bad_embedding_requests_get_400_naming_the_field(default_mesh, tiny_mode
     vector = ok["data"][0]["embedding"]
     assert len(vector) == ModelConfig.from_dir(tiny_model_dir).hidden_size
     assert sum(v * v for v in vector) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_score_and_rerank_are_the_cosines_of_transformers_embeddings(mesh, checkpoint):
+    """vLLM's /score (one text against several, and pairwise) and /rerank (best first, top_n, documents as
+    strings or objects) from the embedding model: each score the cosine of transformers' two vectors."""
+    path, model = checkpoint
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
+
+    def cosine(a: str, b: str) -> float:
+        va, vb = (_want(model, tokenizer(t)["input_ids"]) for t in (a, b))
+        return float(torch.dot(va, vb))
+
+    query, docs = "bursty traffic", ["long prompts arrive together", "decode steps stall", "a quiet night"]
+    one = httpx.post(f"{mesh.http_url}/score", json={"text_1": query, "text_2": docs}, timeout=60).json()
+    assert [d["index"] for d in one["data"]] == [0, 1, 2]
+    assert [d["score"] for d in one["data"]] == pytest.approx([cosine(query, d) for d in docs], abs=1e-5)
+    pairwise = httpx.post(f"{mesh.http_url}/v1/score", json={"text_1": docs[:2], "text_2": docs[1:]}, timeout=60)
+    assert [d["score"] for d in pairwise.json()["data"]] == pytest.approx(
+        [cosine(docs[0], docs[1]), cosine(docs[1], docs[2])], abs=1e-5)
+    ranked = httpx.post(f"{mesh.http_url}/v1/rerank", json={
+        "query": query, "documents": [docs[0], {"text": docs[1]}, docs[2]], "top_n": 2}, timeout=60).json()
+    want = sorted(range(3), key=lambda i: -cosine(query, docs[i]))[:2]
+    assert [r["index"] for r in ranked["results"]] == want
+    assert [r["document"]["text"] for r in ranked["results"]] == [docs[i] for i in want]
+    assert [r["relevance_score"] for r in ranked["results"]] == pytest.approx([cosine(query, docs[i]) for i in want],
+                                                                              abs=1e-5)
+    for url, body, message in [
+            ("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_1 must be one text or as many"),
+            ("/rerank", {"query": "q", "documents": []}, "documents must be a string or a non-empty list"),
+            ("/rerank", {"query": "q", "documents": ["d"], "top_n": 0}, "top_n must be an integer >= 1"),
+            ("/v2/rerank", {"query": "q", "documents": ["d"], "max_chunks_per_doc": 2}, "unknown or unsupported")]:
+        r = httpx.post(f"{mesh.http_url}{url}", json=body, timeout=30)
+        assert r.status_code == 400 and message in r.json()["error"]["message"], (url, body)

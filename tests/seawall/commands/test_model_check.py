@@ -67,3 +67,15 @@ def test_a_directory_that_is_not_a_checkpoint_is_named(tmp_path, capsys, missing
     code = main(["model", "check", str(target)])
     out = capsys.readouterr()
     assert code != 0 and ("is not a directory" in out.err + out.out or "has no config.json" in out.err + out.out)
+
+
+def test_architectures_lists_every_served_name_and_how(capsys):
+    from services.engine.aliases import ALIASES
+    from services.engine.model_config import SUPPORTED_ARCHITECTURES
+
+    assert main(["model", "architectures"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert set(SUPPORTED_ARCHITECTURES) | set(ALIASES) <= set(names) and names == sorted(names)
+    assert any(line.startswith("GemmaForCausalLM") and "served as Gemma2ForCausalLM" in line for line in lines)
+    assert any(line.startswith("LlavaForConditionalGeneration") and "its language model" in line for line in lines)
