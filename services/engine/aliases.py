@@ -6,7 +6,8 @@ Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has exp
 routed by sparse-mixer; IQuest-Coder as Llama; Jais 2 as Llama with LayerNorms and an ungated MLP; VaultGemma as
 Gemma 2 without its post-norms; Meta's CWM and Ministral (2410) as Qwen2 with windows from
 layer_types and no biases; Nemotron as Llama with LayerNorm1P and an ungated ReLU² MLP; OLMo (1) as Llama with
-weightless LayerNorms and clipped q/k/v; HyperCLOVA X as Granite with peri-layer norms; Solar Open as GLM-4.5 with Llama's attention; Phi-2 as Llama
+weightless LayerNorms and clipped q/k/v; HyperCLOVA X as Granite with peri-layer norms; Solar Open as GLM-4.5 with Llama's attention; Mistral 4 as DeepSeek-V3 with a query scale by position
+and softmax routing within groups; Phi-2 as Llama
 with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
@@ -248,6 +249,21 @@ ALIASES = {
         ignored=("use_qk_norm", "intermediate_size"),
         # No dense layer: the width transformers leaves out is unused.
         rewrite=lambda raw: {**raw, "intermediate_size": raw["moe_intermediate_size"]}),
+    # Mistral 4 (Mistral Small 4): DeepSeek-V3's latent attention with Ministral 3's query scale by position
+    # (llama_4_scaling_beta), routed by softmax scores within DeepSeek-V3's groups, no correction bias.
+    "Mistral4ForCausalLM": Alias(
+        "DeepseekV3ForCausalLM",
+        defaults={"vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 2048,
+                  "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 32,
+                  "n_shared_experts": 1, "n_routed_experts": 128, "routed_scaling_factor": 1.0, "kv_lora_rank": 256,
+                  "q_lora_rank": 1024, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64,
+                  "n_group": 1, "topk_group": 1, "num_experts_per_tok": 4, "first_k_dense_replace": 0,
+                  "norm_topk_prob": True, "max_position_embeddings": 1048576, "rms_norm_eps": 1e-6,
+                  "bos_token_id": 1, "eos_token_id": 2, "rope_interleave": True},
+        ignored=("topk_method", "scoring_func"),
+        rewrite=lambda raw: _mistral4(raw),
+        fields=lambda raw: {"moe_routing": "softmax_grouped", "router_fp32": False,
+                            "architecture": "Mistral4ForCausalLM"}),
     # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
     "Glm4MoeLiteForCausalLM": Alias(
         "DeepseekV3ForCausalLM",
@@ -344,6 +360,18 @@ def _hyperclovax(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("attention_multiplier") is None:
         return {**raw, "attention_multiplier": head_dim**-0.5}
     return raw
+
+
+def _mistral4(raw: dict[str, Any]) -> dict[str, Any]:
+    """transformers' default RoPE where the config names none; the rotated share latent attention's own
+    (qk_rope_head_dim), not a partial factor."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling")
+    if not params:
+        params = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0, "original_max_position_embeddings": 8192,
+                  "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+                  "llama_4_scaling_beta": 0.1}
+    key = "rope_scaling" if raw.get("rope_scaling") and not raw.get("rope_parameters") else "rope_parameters"
+    return {**raw, key: {k: v for k, v in params.items() if k not in ("partial_rotary_factor", "max_position_embeddings")}}
 
 
 def _internlm3(raw: dict[str, Any]) -> dict[str, Any]:

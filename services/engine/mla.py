@@ -54,7 +54,10 @@ class LatentAttention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.v, config.hidden_size, bias=bias)
         self.q_scale = softmax_scale(config) * math.sqrt(self.rank + self.rope)
 
-    def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora) -> torch.Tensor:
+    def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora,
+                q_mult: torch.Tensor | None = None) -> torch.Tensor:
+        """``q_mult`` (``[T, 1, 1]``): Mistral 4's query scale by position; queries scale linearly through W_UK's
+        absorption, so the absorbed query takes it."""
         t = x.shape[0]
         q = self.q_b_proj(self.q_a_layernorm._norm(self.q_a_proj(x))) if hasattr(self, "q_b_proj") else self.q_proj(x)
         q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope], dim=-1)
@@ -64,6 +67,8 @@ class LatentAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.heads, self.nope + self.v, self.rank)
         q_lat = torch.einsum("thn,hnr->thr", q_nope, w[:, : self.nope])  # W_UK absorbed into the query
         query = torch.cat([q_lat, rotated[:, : self.heads]], dim=-1) * self.q_scale
+        if q_mult is not None:
+            query = (query * q_mult).to(query.dtype)
         key = torch.cat([c, rotated[:, self.heads]], dim=-1)[:, None]  # [T, 1, rank + rope]: the cache entry
         cache, _ = kv.layer(self.layer)  # one latent per token: the pool's K and V views are the same
         o = paged_attention(query, key, key, cache, cache, batch)  # the latents are the values too

@@ -87,7 +87,7 @@ class SparseMoE(nn.Module):
         CPU kernel; default: torch ops). ``lora`` is the dense MLP's argument: adapters of an MoE layer's MLP are
         refused when they are read (services/common/lora.py), so there is nothing to add."""
         act_mul = self.act or act_mul or silu_mul
-        if self.routing == "sigmoid":
+        if self.routing in ("sigmoid", "softmax_grouped"):
             weights, chosen = self._sigmoid_routing(x)
         elif self.routing == "group_softmax":
             weights, chosen = self._group_softmax_routing(x)
@@ -162,10 +162,13 @@ class SparseMoE(nn.Module):
         """DeepSeek-V3's routing, as transformers' GLM-4.5 computes it (fp32): sigmoid scores; each group of
         experts ranked by the sum of its two best scores plus their correction biases; the top k experts by
         score plus bias among the ``topk_groups`` best groups; weighed by their scores (no bias), renormalized
-        and scaled."""
+        and scaled. Mistral 4's ("softmax_grouped") is the same over softmax scores without a bias."""
         logits = F.linear(x.float(), self.gate.weight.float()) if self.router_fp32 else F.linear(x, self.gate.weight)
-        scores = logits.float().sigmoid()
-        choice = scores + self.gate.e_score_correction_bias.float()
+        if self.routing == "softmax_grouped":  # Mistral 4: softmax scores, in the router's dtype, and no bias
+            scores = choice = torch.softmax(logits, dim=-1)
+        else:
+            scores = logits.float().sigmoid()
+            choice = scores + self.gate.e_score_correction_bias.float()
         if self.groups > 1:
             best = choice.view(x.shape[0], self.groups, -1).topk(2, dim=-1)[0].sum(dim=-1)
             keep = torch.zeros_like(best).scatter_(1, best.topk(self.topk_groups, dim=-1)[1], 1.0).bool()

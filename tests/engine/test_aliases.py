@@ -210,18 +210,23 @@ def test_phi_3_5_moe_as_published():
     ("StableLmForCausalLM", "StableLmConfig"), ("PhiForCausalLM", "PhiConfig"),
     ("Starcoder2ForCausalLM", "Starcoder2Config"), ("PhimoeForCausalLM", "PhimoeConfig"),
     ("SolarOpenForCausalLM", "SolarOpenConfig"), ("MinistralForCausalLM", "MinistralConfig"),
-    ("NemotronForCausalLM", "NemotronConfig"), ("OlmoForCausalLM", "OlmoConfig")])
+    ("NemotronForCausalLM", "NemotronConfig"), ("OlmoForCausalLM", "OlmoConfig"),
+    ("Mistral4ForCausalLM", "Mistral4Config")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
     config, hf = ModelConfig.from_dict({"architectures": [arch]}), getattr(transformers, hf_config)()
     heads = hf.num_attention_heads
-    want = (hf.vocab_size, hf.hidden_size, hf.num_hidden_layers, heads, hf.num_key_value_heads or heads,
-            getattr(hf, "head_dim", None) or hf.hidden_size // heads, hf.max_position_embeddings,
-            hf.tie_word_embeddings)
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-            config.num_key_value_heads, config.head_dim, config.max_position_embeddings,
-            config.tie_word_embeddings) == want
+            config.max_position_embeddings, config.tie_word_embeddings) == (
+        hf.vocab_size, hf.hidden_size, hf.num_hidden_layers, heads, hf.max_position_embeddings, hf.tie_word_embeddings)
+    if config.mla:  # the cache holds one latent: its widths are the shape
+        assert (config.kv_lora_rank, config.q_lora_rank, config.qk_rope_head_dim, config.qk_nope_head_dim,
+                config.v_head_dim) == (hf.kv_lora_rank, hf.q_lora_rank, hf.qk_rope_head_dim, hf.qk_nope_head_dim,
+                                       hf.v_head_dim)
+    else:
+        assert (config.num_key_value_heads, config.head_dim) == (
+            hf.num_key_value_heads or heads, getattr(hf, "head_dim", None) or hf.hidden_size // heads)
     eps = next((getattr(hf, name) for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps")
                 if getattr(hf, name, None)), 1e-5)  # OLMo's norms take none: 1e-5
     assert config.rms_norm_eps == pytest.approx(eps)

@@ -105,6 +105,15 @@ CASES = {
     "ministral": lambda: transformers.MinistralConfig(  # (its attention needs head_dim set)
         sliding_window=24, layer_types=["sliding_attention", "full_attention", "sliding_attention"], head_dim=16,
         **COMMON),
+    # Mistral 4: latent attention with the query scaled by position (a period these prompts cross), softmax
+    # routing within groups, scaled.
+    "mistral4": lambda: transformers.Mistral4Config(
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32, routed_scaling_factor=1.5,
+        first_k_dense_replace=1, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.5},
+        **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
     # Solar Open: GLM-4.5's sigmoid routing with a correction bias in every layer, Llama's attention.
     "solar-open": lambda: transformers.SolarOpenConfig(
         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, head_dim=16,
@@ -308,7 +317,11 @@ def save_checkpoint(config, out, tiny_model_dir, auto=None):
     """The transformers model of ``config`` (an ``auto`` class's, causal LM by default) on decisive random
     weights, saved into ``out`` with the built-in model's tokenizer."""
     torch.manual_seed(0)
-    model = (auto or transformers.AutoModelForCausalLM).from_config(config).eval()
+    try:
+        model = (auto or transformers.AutoModelForCausalLM).from_config(config).eval()
+    except ValueError:  # a causal LM transformers maps for pretraining only (Mistral 4 in 5.25): its class
+        name = type(config).__name__.removesuffix("Config") + "ForCausalLM"
+        model = getattr(transformers, name)._from_config(config).eval()
     with torch.no_grad():  # weights that give decisive logits, so greedy choices are not near-ties
         for name, p in model.named_parameters():
             # Sinks (GPT-OSS) near the scores' scale, so that they change the attention.
