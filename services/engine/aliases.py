@@ -7,7 +7,7 @@ routed by sparse-mixer; IQuest-Coder as Llama; Jais 2 as Llama with LayerNorms a
 Gemma 2 without its post-norms; Meta's CWM and Ministral (2410) as Qwen2 with windows from
 layer_types and no biases; Nemotron as Llama with LayerNorm1P and an ungated ReLU² MLP; OLMo (1) as Llama with
 weightless LayerNorms and clipped q/k/v; HyperCLOVA X as Granite with peri-layer norms; Solar Open as GLM-4.5 with Llama's attention; Mistral 4 as DeepSeek-V3 with a query scale by position
-and softmax routing within groups; Phi-2 as Llama
+and softmax routing within groups; FlexOlmo as OLMoE with OLMo 2's post-norms; Phi-2 as Llama
 with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
 DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
 MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
@@ -264,6 +264,13 @@ ALIASES = {
         rewrite=lambda raw: _mistral4(raw),
         fields=lambda raw: {"moe_routing": "softmax_grouped", "router_fp32": False,
                             "architecture": "Mistral4ForCausalLM"}),
+    # FlexOlmo: OLMoE's experts under OLMo 2's layer (norms on the sublayers' outputs only, q/k normed whole).
+    "FlexOlmoForCausalLM": Alias(
+        "OlmoeForCausalLM",
+        defaults={"vocab_size": 100352, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+                  "eos_token_id": 100257, "num_experts_per_tok": 5, "num_experts": 7, "norm_topk_prob": False},
+        fields=lambda raw: {"pre_norms": False, "architecture": "FlexOlmoForCausalLM"}),
     # transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash's shape).
     "Glm4MoeLiteForCausalLM": Alias(
         "DeepseekV3ForCausalLM",

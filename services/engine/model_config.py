@@ -393,7 +393,7 @@ class ModelConfig:
     def norm_scale_in_fp32(self) -> bool:
         """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's, OLMo 2's and GPT-OSS's
         order)."""
-        return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM",
+        return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "FlexOlmoForCausalLM",
                                                               "GptOssForCausalLM", AFMOE)
 
     @property

@@ -211,7 +211,7 @@ def test_phi_3_5_moe_as_published():
     ("Starcoder2ForCausalLM", "Starcoder2Config"), ("PhimoeForCausalLM", "PhimoeConfig"),
     ("SolarOpenForCausalLM", "SolarOpenConfig"), ("MinistralForCausalLM", "MinistralConfig"),
     ("NemotronForCausalLM", "NemotronConfig"), ("OlmoForCausalLM", "OlmoConfig"),
-    ("Mistral4ForCausalLM", "Mistral4Config")])
+    ("Mistral4ForCausalLM", "Mistral4Config"), ("FlexOlmoForCausalLM", "FlexOlmoConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""

@@ -114,6 +114,8 @@ CASES = {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.5},
         **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # FlexOlmo: OLMoE's experts (top 5 of 7 here, not renormalized) under OLMo 2's post-norms.
+    "flex-olmo": lambda: transformers.FlexOlmoConfig(num_experts=7, num_experts_per_tok=5, **{**COMMON, "pad_token_id": 0}),
     # Solar Open: GLM-4.5's sigmoid routing with a correction bias in every layer, Llama's attention.
     "solar-open": lambda: transformers.SolarOpenConfig(
         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, head_dim=16,
