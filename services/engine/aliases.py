@@ -1,22 +1,12 @@
-"""Architectures served as another one because transformers builds them from its parts: InternLM3 and EXAONE 3 /
-3.5 run as its Llama; Gemma (1) as Gemma 2 less what Gemma 2 added; GLM-4-9B
-(``GlmForCausalLM``) as GLM-4 (0414) less its sandwich norms; Helium as Llama with interleaved RoPE; StarCoder2 as Mistral with biases,
-LayerNorms and an MLP without a gate; StableLM as Llama with LayerNorms and partial RoPE;
-Granite 4.0 with attention only as Granite (or GraniteMoeShared where it has experts); Phi-3.5-MoE as Mixtral
-routed by sparse-mixer; IQuest-Coder as Llama; Jais 2 as Llama with LayerNorms and an ungated MLP; VaultGemma as
-Gemma 2 without its post-norms; Meta's CWM and Ministral (2410) as Qwen2 with windows from
-layer_types and no biases; Nemotron as Llama with LayerNorm1P and an ungated ReLU² MLP; OLMo (1) as Llama with
-weightless LayerNorms and clipped q/k/v; HyperCLOVA X as Granite with peri-layer norms; Solar Open as GLM-4.5 with Llama's attention; Mistral 4 as DeepSeek-V3 with a query scale by position
-and softmax routing within groups; FlexOlmo as OLMoE with OLMo 2's post-norms; Phi-2 as Llama
-with Cohere's parallel block over a biased LayerNorm, biases everywhere and partial RoPE; GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) and Youtu-LLM as DeepSeek-V3 (latent attention,
-DeepSeek-V3's sigmoid routing with GLM-4.5's router, which computes the same thing; Youtu's MLPs all dense);
-MiniCPM5-MoE as GLM-4.5 (its routing and layer layout) with attention's output gated, the gate stored beside
-each query head (in ``q_proj``, split as it loads: weight_names.py), all of each head rotated and no q/k norms.
+"""Architectures served as another one because transformers builds them from its parts (InternLM3 as its Llama,
+Gemma 1 as Gemma 2 less what Gemma 2 added, Mistral 4 as DeepSeek-V3 with a query scale, ...): each entry's
+comment says what sets it apart from its target.
 
 Each alias names the fields its config calls otherwise, its transformers defaults where the target's differ (a
 config.json may leave any field out), the fields transformers does not read for it (so a stale one is not taken
 for the target's), how its dense and routed MLP layers are laid out, and the ``ModelConfig`` fields it sets
-beyond the target's. No torch: the scheduler reads configs too."""
+beyond the target's, and may rewrite its config as its transformers config class does after reading it (legacy
+values, fields the target would refuse set aside). No torch: the scheduler reads configs too."""
 
 from __future__ import annotations
 
@@ -214,9 +204,9 @@ ALIASES = {
         defaults={"vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                   "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
                   "eos_token_id": 50279},
+        names={"clip_qkv": "olmo_clip_qkv"},  # set aside: Llama, which it runs as, refuses clip_qkv
         ignored=("rms_norm_eps",),  # transformers' OlmoLayerNorm takes none: always 1e-5
-        rewrite=lambda raw: {k: v for k, v in raw.items() if k != "clip_qkv"} | {"olmo_clip_qkv": raw.get("clip_qkv")},
-        fields=lambda raw: {"layer_norm": True, "norm_affine": False, "clip_qkv": raw["olmo_clip_qkv"],
+        fields=lambda raw: {"layer_norm": True, "norm_affine": False, "clip_qkv": raw.get("olmo_clip_qkv"),
                             "architecture": "OlmoForCausalLM"}),
     # HyperCLOVA X (SEED Think): Granite with peri-layer norms (each sublayer's output normed before Granite's
     # residual scale: post_norm1/2, renamed in weight_names.py), logits multiplied by logits_scaling, and

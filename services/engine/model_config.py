@@ -273,7 +273,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
-        self._check_biases()
+        self._check_norm_and_bias_fields()
         if self.attn_output_gate not in (None, "own", "in_query"):
             raise ModelLoadError(f"attn_output_gate must be 'own', 'in_query' or None, got {self.attn_output_gate!r}")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
@@ -369,7 +369,7 @@ class ModelConfig:
         be freed), else None."""
         return self.sliding_window if all(self.slides(i) for i in range(self.num_hidden_layers)) else None
 
-    def _check_biases(self) -> None:
+    def _check_norm_and_bias_fields(self) -> None:
         if (self.norm_bias or not self.norm_affine) and not self.layer_norm:
             raise ModelLoadError("norm_bias and norm_affine are a LayerNorm's: set layer_norm too")
         if self.clip_qkv is not None and not self.clip_qkv > 0:

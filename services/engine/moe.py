@@ -7,7 +7,7 @@ top-k, renormalized to sum to 1 where the checkpoint says so, then each expert o
 grouped GEMM per projection for all experts), added into the output in expert order, as transformers adds
 them. Qwen2-MoE adds a shared expert every token passes, scaled by a sigmoid gate of its own. GPT-OSS's
 router has a bias and takes the softmax of the top-k logits instead; its experts have biases and a clamped
-SwiGLU (``ClampedSwiGLU``). GLM-4.5 routes as DeepSeek-V3 does (``_sigmoid_routing``), its router in fp32 in
+SwiGLU (``ClampedSwiGLU``). GLM-4.5 routes as DeepSeek-V3 does (``_grouped_routing``), its router in fp32 in
 any dtype, and adds an ungated shared expert; DeepSeek-V2 routes by softmax within groups
 (``_group_softmax_routing``), its router in fp32 too. Llama 4 scales each token by the sigmoid of its chosen
 expert's logit on the way into the expert rather than weighing the output (``sigmoid_input``). ERNIE 4.5
@@ -88,7 +88,7 @@ class SparseMoE(nn.Module):
         refused when they are read (services/common/lora.py), so there is nothing to add."""
         act_mul = self.act or act_mul or silu_mul
         if self.routing in ("sigmoid", "softmax_grouped"):
-            weights, chosen = self._sigmoid_routing(x)
+            weights, chosen = self._grouped_routing(x)
         elif self.routing == "group_softmax":
             weights, chosen = self._group_softmax_routing(x)
         elif self.routing == "softmax_biased":  # ERNIE 4.5, in fp32: chosen by probability plus bias
@@ -158,7 +158,7 @@ class SparseMoE(nn.Module):
         second, j = best(scores.scatter(-1, i, float("-inf")))
         return torch.cat([first, second], dim=-1), torch.cat([i, j], dim=-1)
 
-    def _sigmoid_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _grouped_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """DeepSeek-V3's routing, as transformers' GLM-4.5 computes it (fp32): sigmoid scores; each group of
         experts ranked by the sum of its two best scores plus their correction biases; the top k experts by
         score plus bias among the ``topk_groups`` best groups; weighed by their scores (no bias), renormalized

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from services.common import tracing
 from services.common.errors import InvalidArgument, SeawallError
-from services.scheduler.http_io import error_response, json_body
+from services.scheduler.http_io import error_response, json_body, request_priority
 
 _FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "priority"}
 _SCORE_FIELDS = {"model", "text_1", "text_2", "user", "priority"}
@@ -44,9 +44,7 @@ class EmbeddingsEndpoint:
                 raise InvalidArgument(f"encoding_format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
             if body.get("user") is not None and not isinstance(body["user"], str):
                 raise InvalidArgument(f"user must be a string, got {body['user']!r}")
-            priority = body.get("priority") or 0
-            if isinstance(priority, bool) or not isinstance(priority, int):
-                raise InvalidArgument(f"priority must be an integer, got {priority!r}")
+            priority = request_priority(body)
             prompts = self._inputs(body.get("input"))
             labels = [f"input[{i}]" if len(prompts) > 1 else "" for i in range(len(prompts))]
             vectors = await self.api.frontend.embed(prompts, body.get("dimensions"), tracing.extract(request.headers),
@@ -107,9 +105,7 @@ class EmbeddingsEndpoint:
     async def _embed(self, body: dict, request: Request, texts: list[str]) -> tuple[list[list[float]], int]:
         """The texts' vectors, one batch queued all or none, and their tokens."""
         lora = self.api._check_model(body)
-        priority = body.get("priority") or 0
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidArgument(f"priority must be an integer, got {priority!r}")
+        priority = request_priority(body)
         prompts = [self.api.frontend.encode(t) for t in texts]
         vectors = await self.api.frontend.embed(prompts, None, tracing.extract(request.headers), priority, lora)
         return vectors, sum(map(len, prompts))

@@ -60,7 +60,7 @@ from services.scheduler.chat_template import (
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.embeddings_endpoint import EmbeddingsEndpoint
 from services.scheduler.frontend import Frontend, Submission
-from services.scheduler.http_io import error_body, error_response, json_body, streaming
+from services.scheduler.http_io import error_body, error_response, json_body, request_priority, streaming
 from services.scheduler.lora_endpoints import LoraEndpoints
 from services.scheduler.reasoning_parsers import AnyReasoning, AnyStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
@@ -263,7 +263,7 @@ class OpenAIApi:
                 n: int) -> list[TrackedRequest]:
         """One request per choice, all queued or none; an error names the prompt it is about when there are
         several."""
-        session, priority, lora = _session(body), _priority(body), self._check_model(body)
+        session, priority, lora = _session(body), request_priority(body), self._check_model(body)
         salt = check_cache_salt(body.get("cache_salt"))
         # Checked here, before anything is queued; read when the response is written.
         streaming(body)

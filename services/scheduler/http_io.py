@@ -60,3 +60,13 @@ def _finite(text: str) -> float:
     if math.isinf(value):
         raise InvalidArgument(f"the number {text} in the request body is out of range (at most about 1.8e308)")
     return value
+
+
+def request_priority(body: dict) -> int:
+    """vLLM's extension: ``priority``, lower runs sooner (0 = normal)."""
+    priority = body.get("priority")
+    if priority is None:
+        return 0
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -2**31 <= priority < 2**31:
+        raise InvalidArgument(f"priority must be an integer (lower runs sooner, 0 = normal), got {priority!r}")
+    return priority
