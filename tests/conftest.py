@@ -60,3 +60,15 @@ def lora_dirs(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("loras")
     return {name: make_adapter(tiny_model_dir, root / name, seed, **cfg)
             for seed, (name, cfg) in enumerate(ADAPTERS.items())}
+
+
+@pytest.fixture(scope="session")
+def hybrid_model_dir(tiny_model_dir, tmp_path_factory):
+    """A Qwen3-Next checkpoint saved by transformers (tests/engine/test_architectures.py's case): Gated DeltaNet
+    linear attention in two layers of three, whose recurrent state per sequence lives beside the paged KV."""
+    pytest.importorskip("transformers")
+    from tests.engine.test_architectures import CASES, save_checkpoint
+
+    out = tmp_path_factory.mktemp("models") / "qwen3-next"
+    save_checkpoint(CASES["qwen3-next"](), out, tiny_model_dir)
+    return out

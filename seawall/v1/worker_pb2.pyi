@@ -24,7 +24,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version", "step_time", "sliding_window")
+    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version", "step_time", "sliding_window", "recurrent_state")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class WorkerInfo(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_FIELD_NUMBER: _ClassVar[int]
     SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    RECURRENT_STATE_FIELD_NUMBER: _ClassVar[int]
     role: WorkerRole
     model: str
     num_device_blocks: int
@@ -53,7 +54,8 @@ class WorkerInfo(_message.Message):
     version: str
     step_time: StepTimeProfile
     sliding_window: int
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., step_time: _Optional[_Union[StepTimeProfile, _Mapping]] = ..., sliding_window: _Optional[int] = ...) -> None: ...
+    recurrent_state: bool
+    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., step_time: _Optional[_Union[StepTimeProfile, _Mapping]] = ..., sliding_window: _Optional[int] = ..., recurrent_state: _Optional[bool] = ...) -> None: ...
 
 class StepTimeProfile(_message.Message):
     __slots__ = ("base_ms", "per_token_ms", "per_seq_ms")
@@ -242,7 +244,7 @@ class PushKVResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_common_pb2.TransferStatus, str]] = ..., bytes: _Optional[int] = ..., duration_ms: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class PullKVRequest(_message.Message):
-    __slots__ = ("transfer_id", "src", "src_block_ids", "dst_block_ids", "notification_key", "timeout_ms", "transport")
+    __slots__ = ("transfer_id", "src", "src_block_ids", "dst_block_ids", "notification_key", "timeout_ms", "transport", "state_seq_id")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     SRC_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +252,7 @@ class PullKVRequest(_message.Message):
     NOTIFICATION_KEY_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    STATE_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     src: _common_pb2.KVEndpoint
     src_block_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -257,7 +260,8 @@ class PullKVRequest(_message.Message):
     notification_key: str
     timeout_ms: int
     transport: _common_pb2.KVTransport
-    def __init__(self, transfer_id: _Optional[str] = ..., src: _Optional[_Union[_common_pb2.KVEndpoint, _Mapping]] = ..., src_block_ids: _Optional[_Iterable[int]] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., notification_key: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ...) -> None: ...
+    state_seq_id: str
+    def __init__(self, transfer_id: _Optional[str] = ..., src: _Optional[_Union[_common_pb2.KVEndpoint, _Mapping]] = ..., src_block_ids: _Optional[_Iterable[int]] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., notification_key: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., state_seq_id: _Optional[str] = ...) -> None: ...
 
 class PullKVResponse(_message.Message):
     __slots__ = ("status", "bytes", "duration_ms", "error")
@@ -324,3 +328,21 @@ class WriteKVResponse(_message.Message):
     bytes: int
     num_blocks: int
     def __init__(self, bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+
+class ReadStateRequest(_message.Message):
+    __slots__ = ("seq_id",)
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    seq_id: str
+    def __init__(self, seq_id: _Optional[str] = ...) -> None: ...
+
+class RecurrentStateLayer(_message.Message):
+    __slots__ = ("index", "num_computed_tokens", "conv", "ssm")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONV_FIELD_NUMBER: _ClassVar[int]
+    SSM_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    num_computed_tokens: int
+    conv: bytes
+    ssm: bytes
+    def __init__(self, index: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., conv: _Optional[bytes] = ..., ssm: _Optional[bytes] = ...) -> None: ...

@@ -80,6 +80,11 @@ class WorkerStub:
                 request_serializer=seawall_dot_v1_dot_worker__pb2.KVChunk.SerializeToString,
                 response_deserializer=seawall_dot_v1_dot_worker__pb2.WriteKVResponse.FromString,
                 _registered_method=True)
+        self.ReadState = channel.unary_stream(
+                '/seawall.v1.Worker/ReadState',
+                request_serializer=seawall_dot_v1_dot_worker__pb2.ReadStateRequest.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_worker__pb2.RecurrentStateLayer.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -150,6 +155,14 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadState(self, request, context):
+        """Read a sequence's recurrent state (a model with linear-attention layers), one message per layer: the
+        worker it is handed off to reads it after the sequence's KV blocks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +210,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.WriteKV,
                     request_deserializer=seawall_dot_v1_dot_worker__pb2.KVChunk.FromString,
                     response_serializer=seawall_dot_v1_dot_worker__pb2.WriteKVResponse.SerializeToString,
+            ),
+            'ReadState': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadState,
+                    request_deserializer=seawall_dot_v1_dot_worker__pb2.ReadStateRequest.FromString,
+                    response_serializer=seawall_dot_v1_dot_worker__pb2.RecurrentStateLayer.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +461,33 @@ class Worker:
             '/seawall.v1.Worker/WriteKV',
             seawall_dot_v1_dot_worker__pb2.KVChunk.SerializeToString,
             seawall_dot_v1_dot_worker__pb2.WriteKVResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/seawall.v1.Worker/ReadState',
+            seawall_dot_v1_dot_worker__pb2.ReadStateRequest.SerializeToString,
+            seawall_dot_v1_dot_worker__pb2.RecurrentStateLayer.FromString,
             options,
             channel_credentials,
             insecure,

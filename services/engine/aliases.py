@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
+from services.engine.linear_attention_config import linear_attention_fields
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,46 @@ ALIASES = {
                   "moe_intermediate_size": 512, "rope_theta": 5000000.0, "partial_rotary_factor": 1.0},
         ignored=("use_qk_norm", "partial_rotary_factor"), mlp_layers="mlp_layer_types",
         fields=lambda raw: {"attn_output_gate": "in_query", "o_proj_bias": bool(raw.get("attention_bias"))}),
+    # Qwen3-Next: Qwen2-MoE's experts (a sigmoid-gated shared expert) under Qwen3's attention with an output gate
+    # in q_proj (MiniCPM5's) and RoPE over a quarter of each head, in one layer of four; the other three are Gated
+    # DeltaNet linear attention (gated_delta_net.py). Norms scale by 1 + w in fp32 (Gemma's), but the linear
+    # layers' gated norm by w.
+    "Qwen3NextForCausalLM": Alias(
+        "Qwen2MoeForCausalLM",
+        defaults={"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 48,
+                  "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                  "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                  "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+                  "shared_expert_intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                  "tie_word_embeddings": False},
+        ignored=("use_sliding_window", "sliding_window", "max_window_layers", "qkv_bias"),
+        rewrite=lambda raw: {**_partial_rotary_aside(raw, 0.25), "qkv_bias": bool(raw.get("attention_bias"))},
+        fields=lambda raw: _qwen3_next_fields(raw, grouped_projections=True)),
+    # Qwen3.5 (the text model of Qwen3_5ForConditionalGeneration; vision_language.py): Qwen3-Next's layers over
+    # a dense MLP, its linear layers' projections stored apart (in_proj_qkv, _z, _b, _a) rather than grouped.
+    "Qwen3_5ForCausalLM": Alias(
+        "Qwen3ForCausalLM",
+        defaults={"vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
+                  "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+                  "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                  "tie_word_embeddings": False},
+        ignored=("use_sliding_window", "sliding_window", "max_window_layers"),
+        rewrite=lambda raw: _partial_rotary_aside(raw, 0.25),
+        fields=lambda raw: _qwen3_next_fields(raw, grouped_projections=False)),
+    # Qwen3.5's mixtures of experts: Qwen3-Next's experts in every layer, always renormalized (the config names
+    # neither a dense layer nor norm_topk_prob), under Qwen3.5's linear layers.
+    "Qwen3_5MoeForCausalLM": Alias(
+        "Qwen2MoeForCausalLM",
+        defaults={"vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16,
+                  "num_key_value_heads": 2, "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                  "rope_theta": 10000.0, "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                  "shared_expert_intermediate_size": 512, "tie_word_embeddings": False},
+        ignored=("use_sliding_window", "sliding_window", "max_window_layers", "qkv_bias", "norm_topk_prob",
+                 "decoder_sparse_step", "mlp_only_layers", "intermediate_size"),
+        rewrite=lambda raw: {**_partial_rotary_aside(raw, 0.25), "qkv_bias": bool(raw.get("attention_bias")),
+                             "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                             "intermediate_size": raw["moe_intermediate_size"]},  # no dense layer to size
+        fields=lambda raw: _qwen3_next_fields(raw, grouped_projections=False)),
 }
 
 
@@ -303,6 +344,14 @@ def _partial_rotary_aside(raw: dict[str, Any], default: float) -> dict[str, Any]
     if params:
         out["rope_parameters"] = params
     return {**out, "partial_rotary_aside": float(partial)}
+
+
+def _qwen3_next_fields(raw: dict[str, Any], grouped_projections: bool) -> dict[str, Any]:
+    """Qwen3-Next's and Qwen3.5's: attention's output gated by rows of q_proj, q/k norms, norms scaling by 1 + w,
+    RoPE over part of each head, and their Gated DeltaNet layers."""
+    return {"attn_output_gate": "in_query", "qk_norm": True, "norm_unit_offset": True,
+            "o_proj_bias": bool(raw.get("attention_bias")), "partial_rotary_factor": raw["partial_rotary_aside"],
+            **linear_attention_fields(raw, grouped_projections)}
 
 
 def _refuse_qk_layernorm(raw: dict[str, Any], who: str) -> dict[str, Any]:

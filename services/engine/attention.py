@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
+    from services.engine.recurrent_state import RecurrentBatch
 
 
 @dataclass
@@ -113,6 +114,8 @@ class AttentionBatch:
     chunk: int | None = None
     # Gemma 2: scores become softcap * tanh(score / softcap) before the softmax (None: not capped).
     softcap: float | None = None
+    # Linear-attention layers (gated_delta_net.py): each sequence's recurrent state; None in a model without.
+    recurrent: RecurrentBatch | None = None
 
 
 def paged_attention(

@@ -36,6 +36,9 @@ def report(model_dir: str | Path, max_model_len: int | None = None) -> dict[str,
     out.update(served=True, served_as=config.architecture, **_shape(config), **_attention(config),
                kv_cache_bytes_per_token={dtype: kv_bytes_per_token(config, dtype) for dtype in ("bfloat16", "float32")},
                weights=_weights(path), tokenizer=_tokenizer(path), quantization=_quantization(config))
+    if config.recurrent:
+        out["recurrent_state_bytes_per_sequence"] = {dtype: state_bytes_per_sequence(config, dtype)
+                                                     for dtype in ("bfloat16", "float32")}
     out["output"] = ("text" if has_lm_head(path, config.tie_word_embeddings) else "embeddings only")
     pooling = read_pooling(path)
     out["embeddings"] = "refused: " + pooling.refused if pooling.refused else (
@@ -44,9 +47,18 @@ def report(model_dir: str | Path, max_model_len: int | None = None) -> dict[str,
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: str) -> int:
-    """What one token's keys and values take in every layer (latent attention: its one latent)."""
+    """What one token's keys and values take in every layer that keeps them (latent attention: its one
+    latent; linear-attention layers keep none)."""
     parts = 1 if config.mla else 2
-    return config.num_hidden_layers * parts * config.num_key_value_heads * config.head_dim * _BYTES[dtype]
+    return len(config.kv_layers) * parts * config.num_key_value_heads * config.head_dim * _BYTES[dtype]
+
+
+def state_bytes_per_sequence(config: ModelConfig, dtype: str) -> int:
+    """What one sequence's recurrent states take in the linear-attention layers, whatever its length: the
+    convolution's window in ``dtype``, the state matrix in fp32 (recurrent_state.py)."""
+    s = config.linear_attention
+    conv = s.conv_dim * (s.conv_kernel - 1) * _BYTES[dtype]
+    return len(config.linear_layers) * (conv + s.num_value_heads * s.key_head_dim * s.value_head_dim * 4)
 
 
 def _shape(config: ModelConfig) -> dict[str, Any]:
@@ -73,6 +85,11 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
         kind = f"window of {config.sliding_window} in {sliding} of {config.num_hidden_layers} layers, full in the rest"
     else:
         kind = "full"
+    if config.linear_layers:
+        s = config.linear_attention
+        kind += (f" in {len(config.kv_layers)} of {config.num_hidden_layers} layers; Gated DeltaNet linear attention "
+                 f"({s.num_value_heads} value heads on {s.num_key_heads} key heads, a recurrent state per sequence) "
+                 "in the rest")
     share = (f"a {config.rotary_dim}-wide block of each head" if config.mla
              else f"{config.rotary_dim} of each head's {config.head_dim} features")
     rope = f"RoPE ({config.rope_type}, base {config.rope_theta:g}) over {share}"
@@ -126,6 +143,9 @@ def render(facts: dict[str, Any]) -> str:
         ("attention", facts["attention"]), ("positions", facts["positions"]),
         ("context", f"{facts['context']} tokens"),
         ("KV cache", ", ".join(f"{_size(n)} a token in {d}" for d, n in facts["kv_cache_bytes_per_token"].items())),
+        *([("state", ", ".join(f"{_size(n)} a sequence in {d}"
+                               for d, n in facts["recurrent_state_bytes_per_sequence"].items()))]
+          if "recurrent_state_bytes_per_sequence" in facts else []),
         ("weights", f"{_count(weights['parameters'])} parameters, {_size(weights['bytes'])} in "
                     f"{weights['files']} file(s) ({', '.join(weights['dtypes']) or 'none found'})"
          if weights["files"] else "no safetensors files"),

@@ -29,6 +29,7 @@ from services.engine.attention import (
     PrefixChunk,
 )
 from services.engine.lora import LoraBatch, lora_batch
+from services.engine.recurrent_state import RecurrentBatch, RecurrentStates
 
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
@@ -64,6 +65,8 @@ class SequenceState:
     ngrams: NgramIndex | None = None
     # The LoRA adapter its tokens run with (lora.py), or None for the base model.
     lora: LoraWeights | None = None
+    # Its row of the worker's recurrent states (a model with linear-attention layers), else None.
+    state_slot: int | None = None
 
 
 @dataclass
@@ -87,12 +90,13 @@ class StepInputs:
 def prepare_inputs(
     scheduled: list[tuple[SequenceState, int]], block_size: int, device: torch.device,
     kernels: CpuKernels | None = None, window: int | None = None, softcap: float | None = None,
-    chunk: int | None = None,
+    chunk: int | None = None, states: RecurrentStates | None = None,
 ) -> StepInputs:
     """``scheduled``: (sequence, number of tokens to run); with ``kernels``, attention runs the fused CPU
     kernels: the decodes form one ``DecodeRows``, the prompt chunks one ``ChunkRows``. ``window``: the
     model's sliding window (its sliding layers' masks are built too); ``softcap``: its attention soft-cap
-    (Gemma 2); ``chunk``: its attention chunk (Llama 4; its chunked layers' masks are built, as the window's).
+    (Gemma 2); ``chunk``: its attention chunk (Llama 4; its chunked layers' masks are built, as the window's);
+    ``states``: its linear layers' recurrent states, which each sequence's ``state_slot`` indexes.
     Raises ``ValueError`` on an inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
@@ -134,6 +138,8 @@ def prepare_inputs(
     input_ids, positions_t = flat[0], flat[1]
     attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window, softcap=softcap, chunk=chunk)
     lora = lora_batch([(seq.lora, n) for seq, n in ordered], device)
+    if states is not None:
+        attention.recurrent = _recurrent_batch(states, decodes, fresh + prefixed, device)
     span = _Span(window, chunk)
     if kernels is None:
         offset = 0
@@ -164,6 +170,16 @@ def _chunk_groups(attention: AttentionBatch, fresh: list[tuple[SequenceState, in
     for seq, n in prefixed:
         attention.prefixed.append(_prefix_chunk(seq, n, offset, block_size, device, span))
         offset += n
+
+
+def _recurrent_batch(states: RecurrentStates, decodes: list[SequenceState], chunks: list[tuple[SequenceState, int]],
+                     device) -> RecurrentBatch:
+    """The state slots of the flat batch's decodes (its first tokens) and where each chunk's tokens start."""
+    spans, start = [], len(decodes)
+    for seq, n in chunks:
+        spans.append((start, n, seq.state_slot))
+        start += n
+    return RecurrentBatch(states, _t([seq.state_slot for seq in decodes], device), spans)
 
 
 def _decode_order(decodes: list[SequenceState], any_order: bool) -> list[SequenceState]:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.engine.attention import AttentionBatch, paged_attention
+from services.engine.gated_delta_net import GatedDeltaNet
 from services.engine.kv_pool import PagedKVPool
 from services.engine.lora import LoraBatch
 from services.engine.mla import LatentAttention
@@ -134,6 +135,7 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
+        self.kv_layer = config.kv_layers.index(layer)  # its layer of the KV pool (which linear layers skip)
         self.sliding = config.attends_locally(layer)
         # Llama 4: RoPE layers L2-norm q and k after rotating them.
         self.l2_norm_eps = config.rms_norm_eps if config.qk_l2_norm and layer not in config.nope_layers else None
@@ -200,7 +202,7 @@ class Attention(nn.Module):
         if self.q_scale is not None:
             q = q * self.q_scale
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
-        k_cache, v_cache = kv.layer(self.layer)
+        k_cache, v_cache = kv.layer(self.kv_layer)
         o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks).reshape(t, self.q_size)
         if self.gate_proj is not None:
             o = o * torch.sigmoid(self.gate_proj(x))
@@ -290,8 +292,13 @@ class DecoderLayer(nn.Module):
             self.input_layernorm = norm()
         else:  # OLMo 2, EXAONE 4: the MLP's output is normed, and no sublayer's input
             self.post_feedforward_layernorm = norm()
-        # DeepSeek-V2's and -V3's latent attention, or the others' grouped-query attention.
-        self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
+        # DeepSeek-V2's and -V3's latent attention, the others' grouped-query attention, or in a hybrid's linear
+        # layers Gated DeltaNet (its own name, as checkpoints hold it), called as attention is.
+        self.self_attn = self.linear_attn = None
+        if layer in config.linear_layers:
+            self.linear_attn = GatedDeltaNet(config, layer)
+        else:
+            self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
         self.parallel = config.parallel_block
         if not self.parallel:  # Cohere: one norm per layer, which the MLP reads too
             self.post_attention_layernorm = norm()
@@ -311,15 +318,16 @@ class DecoderLayer(nn.Module):
         """``x`` is the previous block's output, ``residual`` the stream before it (None for the first layer);
         returns the same pair for the next layer, so each residual add rides along with the next norm.
         ``q_mult``: the queries' scale by position, for attention that has one (``query_scales``)."""
+        attn = self.self_attn if self.linear_attn is None else self.linear_attn
         if not self.pre_norms:  # OLMo 2, EXAONE 4: sublayers read the stream as it is, their outputs are normed
             residual = x if residual is None else x + residual
-            residual = residual + self.post_attention_layernorm._norm(self.self_attn(residual, cos, sin, batch, kv,
+            residual = residual + self.post_attention_layernorm._norm(attn(residual, cos, sin, batch, kv,
                                                                                     lora))
             return self.post_feedforward_layernorm._norm(self.mlp(residual, lora)), residual
         h, residual = self.input_layernorm(x, residual)
         if self.parallel:  # (stream + attention) + MLP, in transformers' order: the MLP's output is the next x
-            return self.mlp(h, lora), residual + self.self_attn(h, cos, sin, batch, kv, lora)
-        h = self.self_attn(h, cos, sin, batch, kv, lora) if q_mult is None else self.self_attn(
+            return self.mlp(h, lora), residual + attn(h, cos, sin, batch, kv, lora)
+        h = attn(h, cos, sin, batch, kv, lora) if q_mult is None else attn(
             h, cos, sin, batch, kv, lora, q_mult)
         if self.sandwich:  # the attention's output is normed before it joins the stream, the MLP's too
             h, _ = self.post_attention_layernorm(h)
@@ -488,9 +496,12 @@ class LlamaForCausalLM(nn.Module):
         experts: dict[str, set[tuple[int, str]]] = {}  # stacked expert parameter -> (expert, part) copied
         loaded: set[str] = set()
         for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name or (c.mtp_layers and _layer_of(name) >= c.num_hidden_layers):
-                continue  # the RoPE buffer old checkpoints saved (recomputed), multi-token-prediction layers
-            if self.config.norm_unit_offset and name.endswith("norm.weight"):
+            if "rotary_emb.inv_freq" in name or (c.mtp_layers and _layer_of(name) >= c.num_hidden_layers) \
+                    or name.startswith("mtp."):
+                # The RoPE buffer old checkpoints saved (recomputed); multi-token-prediction layers, after the
+                # model's own or in a module of their own (Qwen3-Next), which transformers skips too.
+                continue
+            if self.config.norm_unit_offset and name.endswith("norm.weight") and ".linear_attn." not in name:
                 tensor = tensor.float() + 1.0  # Gemma stores w for a scale of 1 + w
             name = checkpoint_name(name, c.architecture)
             if name == "lm_head.weight":

@@ -19,7 +19,8 @@ norms, local layers with RoPE and global ones without; K-EXAONE, its MoE, the sa
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
 pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash, Youtu-LLM and MiniCPM5-MoE
-(``aliases.py``: served as Llama, DeepSeek-V3 or GLM-4.5), Arcee's AFMoE (``afmoe.py``), Hunyuan dense and MoE (``hunyuan.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+(``aliases.py``: served as Llama, DeepSeek-V3 or GLM-4.5), Qwen3-Next and Qwen3.5 (``aliases.py``; their Gated
+DeltaNet layers: ``linear_attention_config.py``), Arcee's AFMoE (``afmoe.py``), Hunyuan dense and MoE (``hunyuan.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -42,6 +43,7 @@ from services.engine.afmoe import afmoe_fields
 from services.engine.aliases import ALIASES, aliased
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import hunyuan_fields, ntk_alpha_rope
+from services.engine.linear_attention_config import LinearAttentionShape
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_fields, llama4_nope_layers
 from services.engine.mla_config import check_mla, mla_fields
@@ -258,6 +260,10 @@ class ModelConfig:
     architecture: str = "LlamaForCausalLM"
     # The vision-language architecture whose language model this is (vision_language.py), else None.
     vision_language: str | None = None
+    # Gated DeltaNet layers (Qwen3-Next, Qwen3.5; linear_attention_config.py): these layers mix tokens by linear
+    # attention over a recurrent state per sequence and keep no KV; the shape of those layers.
+    linear_layers: tuple[int, ...] = ()
+    linear_attention: LinearAttentionShape | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -285,9 +291,7 @@ class ModelConfig:
         if self.num_experts:
             check_moe(self)
         self._check_position_fields()
-        if any(not 0 <= layer < self.num_hidden_layers for layer in self.nope_layers):
-            raise ModelLoadError(f"config.json: layers without RoPE {self.nope_layers} outside the "
-                                 f"{self.num_hidden_layers} layers")
+        self._check_layer_lists()
         if self.fp8_scales not in (None, "weight_scale", "weight_scale_inv") or (
                 self.fp8_block is not None and (self.fp8_scales is None or min(self.fp8_block) < 1)):
             raise ModelLoadError(f"FP8 scales {self.fp8_scales!r} in blocks {self.fp8_block}: scales are "
@@ -298,6 +302,15 @@ class ModelConfig:
         if self.served_context is not None and not 1 <= self.served_context <= self.max_position_embeddings:
             raise InvalidArgument(f"max_model_len {self.served_context} must be between 1 and the model's "
                                   f"max_position_embeddings ({self.max_position_embeddings})")
+
+    def _check_layer_lists(self) -> None:
+        if self.linear_layers and (self.linear_attention is None or len(self.kv_layers) == 0
+                                   or not all(0 <= i < self.num_hidden_layers for i in self.linear_layers)):
+            raise ModelLoadError(f"linear attention in layers {self.linear_layers} needs its shape, layers of the "
+                                 "model, and at least one attention layer")
+        if any(not 0 <= layer < self.num_hidden_layers for layer in self.nope_layers):
+            raise ModelLoadError(f"config.json: layers without RoPE {self.nope_layers} outside the "
+                                 f"{self.num_hidden_layers} layers")
 
     def _check_position_fields(self) -> None:
         """Llama 4's chunks and query temperature, Ministral 3's query scale: positive periods, chunked layers
@@ -359,6 +372,19 @@ class ModelConfig:
         """Whether ``layer`` attends within a sliding window or an attention chunk (not to every earlier key)."""
         return self.slides(layer) or layer in self.chunked_layers
 
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers that keep KV (all but linear-attention layers), in order: the KV pool has one slot per
+        token for each, and layer ``kv_layers[i]`` reads the pool's layer ``i``."""
+        linear = set(self.linear_layers)
+        return tuple(i for i in range(self.num_hidden_layers) if i not in linear)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer carries a recurrent state per sequence (linear attention): a sequence's KV blocks
+        alone do not resume it, so prefixes are not shared or moved by their blocks."""
+        return bool(self.linear_layers)
+
     def is_moe(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is a mixture of experts."""
         return layer in self.moe_layers
@@ -387,7 +413,8 @@ class ModelConfig:
                 and self.swiglu_limit is None and not self.mla and not self.qk_l2_norm
                 and self.nope_temperature is None and self.q_position_scale is None and not self.layer_norm
                 and not self.parallel_block and self.attn_output_gate is None
-                and self.logit_scale == 1.0 and not self.mlp_bias and not self.lm_head_bias and self.clip_qkv is None)
+                and self.logit_scale == 1.0 and not self.mlp_bias and not self.lm_head_bias and self.clip_qkv is None
+                and not self.linear_layers)
 
     @property
     def norm_scale_in_fp32(self) -> bool:

@@ -28,6 +28,7 @@ from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.engine.loader import load_model
 from services.engine.lora import LoraCache
 from services.engine.ngram import NgramIndex
+from services.engine.recurrent_state import RecurrentStates
 from services.engine.sampler import Sampler, SamplerOutput, SamplingRow
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,11 @@ class ModelRunner:
         self.dtype = config.torch_dtype()
         self.model = load_model(self.checkpoint, self.device, self.dtype)
         mc = self.checkpoint.config
-        self.layout = KVLayout(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim,
+        self.layout = KVLayout(len(mc.kv_layers), config.block_size, mc.num_key_value_heads, mc.head_dim,
                                self.dtype, num_parts=1 if mc.mla else 2)  # latent attention caches one latent
+        # Linear-attention layers keep a recurrent state per sequence instead of KV (recurrent_state.py).
+        self.states = (RecurrentStates(mc.linear_attention, len(mc.linear_layers), self.dtype, self.device)
+                       if mc.recurrent else None)
         num_blocks = self.layout.blocks_for_budget(self._kv_budget())
         self.kv = PagedKVPool(self.layout, num_blocks, self.layout.blocks_for_budget(config.swap_bytes), self.device)
         # Fused C kernels (attention, norms, RoPE, SwiGLU, argmax) where they apply (CPU, fp32) and can be built.
@@ -85,7 +89,7 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
         for seq_id in plan.finished:
-            self.seqs.pop(seq_id, None)
+            self.drop(seq_id)
         for new in plan.new:
             self._add(new)
         for cont in plan.continuing:
@@ -122,6 +126,11 @@ class ModelRunner:
             if n > known and (known < 1 or -(-(seq.num_computed + n) // block_size) > len(seq.block_ids)):
                 raise ValueError(f"sequence {seq.seq_id}: {n} tokens scheduled from {seq.num_computed} with "
                                  f"{known} known and {len(seq.block_ids)} blocks: no room for {n - known} more")
+            if n > known and speculative and self.states is not None:
+                # A rejected draft's step cannot be taken back out of a recurrent state (the scheduler knows
+                # from Describe and never plans one; this names the mistake if it did).
+                raise ValueError(f"sequence {seq.seq_id}: a speculative step on a model with linear-attention "
+                                 "layers, whose recurrent state cannot drop rejected drafts")
             if n > known and speculative:
                 drafts = self.drafter(seq, n - known)[:n - known]
                 seq.token_ids.extend(drafts)
@@ -150,7 +159,7 @@ class ModelRunner:
         token, or for a sequence verifying drafts, the drafts kept and the token after them."""
         arch = self.model.config
         inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels, arch.sliding_window,
-                                arch.attn_softcap, arch.attention_chunk)
+                                arch.attn_softcap, arch.attention_chunk, self.states)
         # Embedding requests whose prompt ends here take their last token's hidden state instead of a sample.
         pool_rows = [i for i, sid in enumerate(inputs.sample_seq_ids) if self.seqs[sid].params.pooling]
         sample_ids = [sid for sid in inputs.sample_seq_ids if not self.seqs[sid].params.pooling]
@@ -307,11 +316,39 @@ class ModelRunner:
             new.seq_id, list(new.token_ids), new.prompt_len, new.num_computed_tokens, list(new.block_ids), new.params,
             bad_words=bad_words_token_ids(self.checkpoint.tokenizer, new.params.bad_words),
         )
+        if self.states is not None:
+            try:
+                seq.state_slot = self.states.claim(new.seq_id, new.num_computed_tokens)
+            except InvalidArgument as exc:  # its first tokens ran elsewhere and their state is not here
+                log.warning("%s", exc)
+                seq.error = exc
         if new.lora is not None:
             try:
                 seq.lora = self.loras.get(new.lora, {id(s.lora) for s in self.seqs.values() if s.lora is not None})
             except InvalidArgument as exc:  # files changed or gone since the scheduler checked them
                 seq.error = exc
+
+    def export_state(self, seq_id: str) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """A held sequence's recurrent state for the worker it is handed off to: (tokens it took in, each
+        linear layer's bytes)."""
+        seq = self.seqs.get(seq_id)
+        if self.states is None or seq is None or seq.state_slot is None:
+            raise InvalidArgument(f"this worker holds no recurrent state for sequence {seq_id!r}"
+                                  + (" (its model has no linear-attention layers)" if self.states is None else ""))
+        return seq.num_computed, self.states.read(seq.state_slot)
+
+    def drop(self, seq_id: str) -> bool:
+        """Forgets a sequence, its recurrent state's slot freed; False when it held none of that id."""
+        seq = self.seqs.pop(seq_id, None)
+        if self.states is not None:
+            self.states.release(seq_id, None if seq is None else seq.state_slot)
+        return seq is not None
+
+    def drop_all(self) -> None:
+        """Forgets every sequence (a new scheduler session). States stashed for sequences still to arrive stay:
+        the new scheduler's first plan may be the one that adds them (its pulls ran before any plan)."""
+        for seq_id in list(self.seqs):
+            self.drop(seq_id)
 
     def _get(self, seq_id: str) -> SequenceState:
         seq = self.seqs.get(seq_id)

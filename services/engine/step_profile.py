@@ -70,6 +70,8 @@ class Planner:
             tokens = [self.rng.randrange(3, self.vocab) for _ in range(total)]
             # An embedding model (no output head) is timed on what it serves: pooled prompts.
             params = GREEDY if self.runner.model.lm_head is not None else EMBEDDING_PARAMS
+            if cached and self.runner.states is not None:  # a recurrent model: a state for the cached tokens
+                self.runner.states.stash(sid, cached, self.runner.states.blank())
             plan.new.append(NewSequence(sid, tokens, total, cached, blocks, params))
             plan.num_scheduled_tokens[sid] = new
         return plan

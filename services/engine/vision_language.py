@@ -1,5 +1,5 @@
 """Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Mistral Small 3.x (Mistral3),
-LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Llama 4, Aya Vision and
+LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 (dense and MoE), GLM-4.1V, GLM-4.5V, GLM-4.6V, Llama 4, Aya Vision and
 Command A Vision.
 Text in, text out; the vision tower is not loaded (the chat API refuses image parts, naming them).
 
@@ -38,6 +38,8 @@ VISION_LANGUAGE = {
     "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
     "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
     "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM",
     "Llama4ForConditionalGeneration": "Llama4ForCausalLM",
     "Glm4vForConditionalGeneration": "Glm4ForCausalLM",
     "Glm4vMoeForConditionalGeneration": "Glm4MoeForCausalLM",
@@ -52,7 +54,7 @@ _TEXT_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM
 # Whose language models rotate by multimodal RoPE sections.
 _MROPE = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
           "Qwen3VLMoeForConditionalGeneration", "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration",
-          "Glm46VForConditionalGeneration")
+          "Glm46VForConditionalGeneration", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 # Whose configs tie the output head to the embeddings unless they say otherwise (transformers' defaults; the
 # others tie when their text_config says so, as transformers reads configs saved before v5).
 _TIED_BY_DEFAULT = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",

@@ -82,6 +82,9 @@ class DualPath:
 
     async def _admit_to(self, req: Request, prefill: WorkerLink) -> None:
         mesh = self.mesh
+        if not prefill.core.config.caches_prefixes:  # a recurrent model: a prefix's blocks do not resume it
+            mesh.place_on(prefill, req)
+            return
         bs = prefill.core.blocks.block_size
         hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, prefill.core.seed_of(req))
         hashes = hashes[: (len(req.prompt_token_ids) - 1) // bs]  # one prompt token must run
@@ -255,7 +258,8 @@ class DualPath:
             # blocks of kept tokens count: a stop string may have cut outputs whose KV a multi-step computed.
             hashes = extend_hashes(req.block_hashes, req.token_ids, bs, link.core.seed_of(req))
             full = min((req.num_computed_tokens - req.num_pending) // bs, len(held), len(hashes))
-            if req.num_dropped_blocks:  # never for a session's turn (it keeps its blocks): no prefix to store
+            # Never for a session's turn (it keeps its blocks), nor a recurrent model's: no prefix to store.
+            if req.num_dropped_blocks or not link.core.config.caches_prefixes:
                 full = 0
             hashes = hashes[:full]
             if full and link.alive:

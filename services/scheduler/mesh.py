@@ -440,7 +440,9 @@ class Mesh:
         request = worker_pb2.PullKVRequest(
             transfer_id=f"{rid}/{next(self._ids)}", src=arrival.src.endpoint(),
             src_block_ids=arrival.src_blocks[skip: len(dst_blocks)], dst_block_ids=dst_blocks[skip:],
-            timeout_ms=int(self.config.transfer_timeout_s * 1e3), transport=self.transport)
+            timeout_ms=int(self.config.transfer_timeout_s * 1e3), transport=self.transport,
+            # A recurrent model's sequence needs its state too, which its blocks do not hold.
+            state_seq_id=rid if dst.core.config.recurrent_state else "")
         error = "timed out"
         started = anyio.current_time()
         tracked = self.tracked.get(rid)

@@ -60,7 +60,8 @@ class WorkerLink:
             raise ValueError(f"max_model_len {info.max_model_len} is the worker's context and the scheduler's is "
                              f"{config.max_model_len}: start both with the same value")
         # The mesh's clock is real: each core corrects its step-time model from the steps it measures.
-        core_config = replace(config, calibrate_step_time=True, sliding_window=info.sliding_window or None)
+        core_config = replace(config, calibrate_step_time=True, sliding_window=info.sliding_window or None,
+                              recurrent_state=info.recurrent_state)
         if info.HasField("step_time"):  # the worker's own step times (services/engine/step_profile.py)
             fit = info.step_time
             core_config = replace(core_config, step_time=StepTimeModel(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 import grpc
 from opentelemetry import trace
@@ -22,7 +23,7 @@ from services.common import tracing as tr
 from services.common.convert import plan_from_proto, result_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
-from services.common.kv_transport import NixlKVAgent, TransferOutcome, kv_layout_proto
+from services.common.kv_transport import NixlKVAgent, TransferOutcome, TransferState, kv_layout_proto
 from services.common.metrics import LATENCY_BUCKETS, StepMetrics, TransferMetrics
 from services.common.shaper import COMPUTE, EGRESS, INGRESS, Shaper, TokenBucket
 from services.common.tracing import Tracing
@@ -32,6 +33,7 @@ from services.engine.step_profile import StepTimeFit
 from services.engine.torch_thread import InlineTorch, TorchThread
 from services.worker.config import WorkerConfig
 from services.worker.seq_traces import SequenceTraces
+from services.worker.state_hand_off import pull_state, state_messages
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
             role=_ROLES[self.config.role], model=str(r.checkpoint.path), num_device_blocks=r.kv.num_blocks,
             num_host_blocks=r.kv.num_host_blocks, kv_layout=kv_layout_proto(r.kv.layout), device=str(r.device),
             max_model_len=r.max_model_len, eos_token_ids=r.checkpoint.eos_token_ids, version=VERSION,
-            sliding_window=r.checkpoint.config.uniform_window or 0)
+            sliding_window=r.checkpoint.config.uniform_window or 0, recurrent_state=r.checkpoint.config.recurrent)
         if self.agent is not None:
             msg.nixl.CopyFrom(self.agent.metadata())
         if self.step_time is not None:
@@ -153,7 +155,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         """On the torch thread: one step, with the state changes and spans around it."""
         if msg.scheduler_id != self._scheduler_id:
             # A new scheduler (or a reconnect after a failure) knows nothing of what we hold.
-            self.runner.seqs.clear()
+            self.runner.drop_all()
             self._traces.drop_all()
             self._scheduler_id = msg.scheduler_id
         started = time.perf_counter()
@@ -178,7 +180,34 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
 
     async def PullKV(self, request, context):
         outcome = await self._transfer(request, request.src, "read", context)
+        if outcome.ok and request.state_seq_id:
+            outcome = await self._pull_state(request, outcome)
         return worker_pb2.PullKVResponse(**outcome.response_fields())
+
+    async def _pull_state(self, request, blocks: TransferOutcome) -> TransferOutcome:
+        """After a sequence's blocks, its recurrent state from the same source (state_hand_off.py), kept until
+        the plan that adds the sequence; the transfer fails as a whole when the state does not come."""
+        started = time.perf_counter()
+        timeout_s = (request.timeout_ms / 1e3 if request.timeout_ms else 60.0) - blocks.seconds
+        seq_id, states = request.state_seq_id, self.runner.states
+        try:
+            if states is None:
+                raise InvalidArgument("this worker's model has no linear-attention layers")
+            num_computed, layers, nbytes = await pull_state(request.src.grpc_address, seq_id, timeout_s)
+            await self._torch.run(states.stash, seq_id, num_computed, layers)
+        except (grpc.aio.AioRpcError, ValueError, SeawallError) as exc:
+            detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            return replace(blocks, status=TransferState.FAILED, bytes=0, error=f"recurrent state of {seq_id}: {detail}",
+                           seconds=blocks.seconds + time.perf_counter() - started)
+        return replace(blocks, bytes=blocks.bytes + nbytes, seconds=blocks.seconds + time.perf_counter() - started)
+
+    async def ReadState(self, request, context):
+        try:
+            num_computed, layers = await self._torch.run(self.runner.export_state, request.seq_id)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        for msg in state_messages(num_computed, layers):
+            yield msg
 
     async def PushKV(self, request, context):
         outcome = await self._transfer(request, request.dst, "write", context)
@@ -249,4 +278,4 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
     def _drop_now(self, seq_ids: list[str]) -> list[str]:
         """On the torch thread, after the steps queued before it."""
         self._traces.drop(seq_ids)
-        return [s for s in seq_ids if self.runner.seqs.pop(s, None) is None]
+        return [s for s in seq_ids if not self.runner.drop(s)]

@@ -33,6 +33,7 @@ EXPECTED_SERVICES = {
         "Free": UNARY,
         "ReadKV": SERVER_STREAM,
         "WriteKV": CLIENT_STREAM,
+        "ReadState": SERVER_STREAM,
     },
     "seawall.v1.KVCache": {
         "Lookup": UNARY,

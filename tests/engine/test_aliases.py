@@ -211,7 +211,9 @@ def test_phi_3_5_moe_as_published():
     ("Starcoder2ForCausalLM", "Starcoder2Config"), ("PhimoeForCausalLM", "PhimoeConfig"),
     ("SolarOpenForCausalLM", "SolarOpenConfig"), ("MinistralForCausalLM", "MinistralConfig"),
     ("NemotronForCausalLM", "NemotronConfig"), ("OlmoForCausalLM", "OlmoConfig"),
-    ("Mistral4ForCausalLM", "Mistral4Config"), ("FlexOlmoForCausalLM", "FlexOlmoConfig")])
+    ("Mistral4ForCausalLM", "Mistral4Config"), ("FlexOlmoForCausalLM", "FlexOlmoConfig"),
+    ("Qwen3NextForCausalLM", "Qwen3NextConfig"), ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
+    ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -232,3 +234,52 @@ def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, h
     assert config.rms_norm_eps == pytest.approx(eps)
     if not config.num_experts:
         assert config.intermediate_size == hf.intermediate_size
+
+
+QWEN3_NEXT = {  # Qwen3-Next-80B-A3B-Instruct's config.json as released
+    "architectures": ["Qwen3NextForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "full_attention_interval": 4,
+    "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5120,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128, "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_next",
+    "moe_intermediate_size": 512, "norm_topk_prob": True, "num_attention_heads": 16, "num_experts": 512,
+    "num_experts_per_tok": 10, "num_hidden_layers": 48, "num_key_value_heads": 2, "output_router_logits": False,
+    "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000000,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_qwen3_next_reads_as_released():
+    """One full-attention layer in four (full_attention_interval), the rest Gated DeltaNet; the KV pool holds
+    the twelve attention layers only."""
+    config = ModelConfig.from_dict(QWEN3_NEXT)
+    assert config.kv_layers == tuple(range(3, 48, 4)) and len(config.linear_layers) == 36 and config.recurrent
+    shape = config.linear_attention
+    assert (shape.num_key_heads, shape.num_value_heads, shape.key_head_dim, shape.value_head_dim,
+            shape.conv_kernel, shape.conv_dim) == (16, 32, 128, 128, 4, 8192)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+            config.shared_expert_intermediate_size, config.norm_topk_prob) == (512, 10, 512, 512, True)
+    assert config.moe_layers == tuple(range(48)) and config.shared_expert_gated
+    assert (config.rotary_dim, config.rope_theta, config.attn_output_gate, config.qk_norm) == (64, 1e7, "in_query", True)
+    assert config.norm_unit_offset and config.norm_scale_in_fp32 and not config.attention_bias
+    assert not config.o_proj_bias and config.sliding_window is None and not config.is_llama_like
+    # A layer named neither way, and value heads that do not group evenly over key heads, are refused.
+    with pytest.raises(ModelLoadError, match="layer_types holds mamba"):
+        ModelConfig.from_dict({**QWEN3_NEXT, "layer_types": ["mamba"] * 48})
+    with pytest.raises(ModelLoadError, match="must be a multiple of linear_num_key_heads"):
+        ModelConfig.from_dict({**QWEN3_NEXT, "linear_num_value_heads": 24})
+    with pytest.raises(ModelLoadError, match="at least one attention layer"):
+        ModelConfig.from_dict({**QWEN3_NEXT, "full_attention_interval": 100})
+
+
+def test_qwen3_5_text_models_read_with_transformers_defaults():
+    """Qwen3.5 named alone: one full-attention layer in four, linear layers with their projections apart; the
+    MoE routes in every layer and always renormalizes, whatever a stale norm_topk_prob says."""
+    dense = ModelConfig.from_dict({"architectures": ["Qwen3_5ForCausalLM"]})
+    assert dense.kv_layers == tuple(range(3, 32, 4)) and not dense.linear_attention.grouped_projections
+    assert (dense.rotary_dim, dense.attn_output_gate, dense.norm_unit_offset, dense.num_experts) == (64, "in_query",
+                                                                                                    True, 0)
+    moe = ModelConfig.from_dict({"architectures": ["Qwen3_5MoeForCausalLM"], "norm_topk_prob": False,
+                                 "mlp_only_layers": [0]})
+    assert moe.moe_layers == tuple(range(40)) and moe.norm_topk_prob and moe.shared_expert_gated
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.kv_layers) == (256, 8, tuple(range(3, 40, 4)))

@@ -297,6 +297,24 @@ CASES = {
         head_dim=16, num_experts=8, moe_topk=2, rope_parameters={"rope_type": "dynamic", "alpha": 50.0,
                                                                  "factor": 1.0, "rope_theta": 10000.0},
         **{**COMMON, "intermediate_size": 32, "pad_token_id": 0}),
+    # Qwen3-Next: Gated DeltaNet linear attention in two layers of three (grouped values: 4 value heads on 2 key
+    # heads; prompts past its 64-token blocks), gated attention with RoPE over a quarter of each head in the
+    # third; experts with a gated shared expert, one layer dense.
+    "qwen3-next": lambda: transformers.Qwen3NextConfig(
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=24, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, mlp_only_layers=[2],
+        layer_types=["linear_attention", "full_attention", "linear_attention"], **COMMON),
+    # Qwen3.5's text models (Qwen3_5ForCausalLM; the released checkpoints are tests/engine/test_vision_language.py's):
+    # Qwen3-Next's layers with the linear layers' projections stored apart, over a dense MLP or experts.
+    "qwen3.5": lambda: transformers.Qwen3_5TextConfig(
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
+        layer_types=["linear_attention", "linear_attention", "full_attention"], **COMMON),
+    "qwen3.5-moe": lambda: transformers.Qwen3_5MoeTextConfig(
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        **{k: v for k, v in COMMON.items() if k != "intermediate_size"}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,

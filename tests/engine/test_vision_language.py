@@ -26,6 +26,10 @@ transformers = pytest.importorskip("transformers")
 _VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                patch_size=14)
 _QWEN_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+_QWEN3_5_TEXT = dict(head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                     linear_value_head_dim=24, layer_types=["linear_attention", "full_attention", "linear_attention"],
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                      "mrope_section": [2, 1, 1], "mrope_interleaved": True})
 CASES = {
     # Gemma 3 (4B and up): the text model's sliding and full layers, linear scaling on the full layers only,
     # the head tied by default.
@@ -67,6 +71,14 @@ CASES = {
         vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0])),
     # Qwen3-VL-MoE: Qwen3-MoE's text model (2 of 8 experts, always renormalized), experts stored stacked.
     "qwen3-vl-moe": lambda: qwen3_vl_moe_config(),
+    # Qwen3.5 and its MoE (as released: Qwen3_5ForConditionalGeneration): Qwen3-Next's gated attention and Gated
+    # DeltaNet linear layers (projections stored apart), a quarter of each head rotated in interleaved sections.
+    "qwen3.5": lambda: transformers.Qwen3_5Config(
+        text_config=dict(_QWEN3_5_TEXT, **COMMON), vision_config=_QWEN_VISION),
+    "qwen3.5-moe": lambda: transformers.Qwen3_5MoeConfig(
+        text_config=dict(_QWEN3_5_TEXT, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                         shared_expert_intermediate_size=48, **COMMON),
+        vision_config=_QWEN_VISION),
     # GLM-4.1V: GLM-4's text model (sandwich norms, q/k/v biases, RoPE over part of each head in interleaved
     # pairs) with multimodal sections; GLM-4.5V: GLM-4.5's (DeepSeek-V3's routing, half of each head rotated).
     "glm4v": lambda: transformers.Glm4vConfig(

@@ -45,6 +45,12 @@ class _Runner:
         self.kv = SimpleNamespace(layout=SimpleNamespace(bytes_per_block=1))
         self.hold: dict[int, threading.Event] = {}  # step id -> released when set
 
+    def drop(self, seq_id: str) -> bool:
+        return self.seqs.pop(seq_id, None) is not None
+
+    def drop_all(self) -> None:
+        self.seqs.clear()
+
     def execute(self, plan) -> StepResult:
         if plan.step_id in self.hold:
             self.hold[plan.step_id].wait(10)

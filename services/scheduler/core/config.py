@@ -139,6 +139,11 @@ class SchedulerConfig:
     # long sequence holds about window / block_size + 2 blocks (window_blocks). The pool must reserve the
     # null block.
     sliding_window: int | None = None
+    # The model has linear-attention layers (Qwen3-Next), whose recurrent state per sequence lives on its worker
+    # and depends on every token in order: a prefix cannot be taken from cached blocks (caches_prefixes is off
+    # whatever enable_prefix_caching says), a fork cannot share its parent's, and drafts cannot be verified (a
+    # rejected one cannot be taken back out of the state).
+    recurrent_state: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "chunk_size"):
@@ -154,6 +159,9 @@ class SchedulerConfig:
         if self.num_speculative_tokens and self.num_decode_steps > 1:
             raise ValueError("num_speculative_tokens and num_decode_steps > 1 exclude each other: a plan's extra "
                              "decode tokens are either drafts to verify in one pass or passes of their own")
+        if self.num_speculative_tokens and self.recurrent_state:
+            raise ValueError("num_speculative_tokens: speculative decoding is not served for models with "
+                             "linear-attention layers (their recurrent state cannot drop rejected drafts); leave it 0")
         if self.policy not in POLICY_CLASSES:
             raise ValueError(f"policy must be one of {', '.join(POLICY_CLASSES)}, got {self.policy!r}")
         if self.preemption_mode not in (None, "swap", "recompute"):
@@ -163,6 +171,12 @@ class SchedulerConfig:
             raise ValueError(f"sliding_window must be >= 1 or None (full attention), got {self.sliding_window}")
         if self.tbt_target_s is not None and not self.tbt_target_s > 0:
             raise ValueError(f"tbt_target_s must be > 0 or None, got {self.tbt_target_s}")
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether full blocks are shared by their hashes (prefix caching on, and a model whose KV is all of a
+        prefix's state)."""
+        return self.enable_prefix_caching and not self.recurrent_state
 
     @property
     def whole_prompt_limit(self) -> int | None:

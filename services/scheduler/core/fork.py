@@ -22,6 +22,9 @@ class Fork:
 
         False (and nothing changed) when the pool has no block for the copy of a partial last block.
         """
+        if self.config.recurrent_state:
+            raise ValueError("a model with linear-attention layers cannot fork a request: the child needs the "
+                             "parent's recurrent state, which its KV blocks do not hold")
         parent = self.requests[parent_id]
         if parent.status is not RequestStatus.RUNNING or not parent.is_decoding or parent.num_pending:
             raise ValueError(f"only a decoding request whose tokens are all known can be forked; {parent_id!r} is "

@@ -37,12 +37,18 @@ class HandOff:
         self._sent_blocks.pop(req.request_id, None)
         if req.request_id in self._on_worker:
             self._on_worker.discard(req.request_id)
-            self._to_drop.append(req.request_id)  # the worker drops the sequence; block contents stay
+            if self.config.recurrent_state:  # the worker keeps the state the transfer reads, until the release
+                self._drop_on_release.add(req.request_id)
+            else:
+                self._to_drop.append(req.request_id)  # the worker drops the sequence; block contents stay
         self.handed_off[req.request_id] = held
         return held
 
     def release_handed_off(self: Scheduler, request_id: str) -> None:
         self.blocks.free(self.handed_off.pop(request_id))
+        if request_id in self._drop_on_release:
+            self._drop_on_release.discard(request_id)
+            self._to_drop.append(request_id)
 
     def reserve_arrival(self: Scheduler, request: Request) -> list[int] | None:
         """Takes a request whose ``num_computed_tokens`` were computed on another worker and reserves blocks
@@ -54,7 +60,7 @@ class HandOff:
         # Blocks the sender dropped out of a sliding window hold nothing to send: the null block stands in
         # for them, and like cached ones they are not transferred (the caller skips num_cached_blocks).
         dropped = [self.blocks.null_block] * request.num_dropped_blocks
-        if self.config.enable_prefix_caching and not dropped:
+        if self.config.caches_prefixes and not dropped:
             # Leading blocks this worker already caches need not travel: the caller transfers only
             # block_ids[num_cached_blocks:].
             hashes = extend_hashes(request.block_hashes, request.token_ids, self.blocks.block_size,
@@ -108,6 +114,8 @@ class HandOff:
             self.landing.remove(request)
             self.blocks.free(request.block_ids)
             request.block_ids = []
+            if self.config.recurrent_state:  # the worker holds the state the pull brought: the next plan drops it
+                self._to_drop.append(request.request_id)
 
     def drain(self: Scheduler) -> list[Request]:
         """Removes every request (the worker died): each comes back reset to be recomputed elsewhere, with

@@ -85,6 +85,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         # until the transfer's owner calls ``release_landing``, or a late write would land in a new owner's KV.
         self.landing: list[Request] = []
         self.handed_off: dict[str, list[int]] = {}  # blocks held while their KV is sent to another worker
+        # Handed off with a recurrent state the transfer reads from the worker too: dropped there on release.
+        self._drop_on_release: set[str] = set()
         self.requests: dict[str, Request] = {}
         self.now = 0.0  # start of the latest step: the caller's clock, or the logical one
         self._on_worker: set[str] = set()  # requests whose state the worker holds
@@ -406,7 +408,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         hashes: list[int] = []
         queried = 0
         # A request scoring its prompt must compute every position: a cached block would skip its scores.
-        use_cache = self.config.enable_prefix_caching and req.params.prompt_logprobs is None
+        use_cache = self.config.caches_prefixes and req.params.prompt_logprobs is None
         if use_cache:
             hashes = extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.seed_of(req))
             # At least one token must run: its logits give the next token.
@@ -442,7 +444,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
 
     def _cache_full_blocks(self, req: Request) -> None:
         """Registers the request's newly computed full blocks in the prefix cache."""
-        if not self.config.enable_prefix_caching:
+        if not self.config.caches_prefixes:
             return
         # Only blocks of known tokens: a pending token's block gets its hash when the token arrives.
         full = min(req.num_computed_tokens, req.num_tokens - req.num_pending) // self.blocks.block_size

@@ -11,7 +11,7 @@ import pytest
 from seawall.cli import main
 from services.engine.checkpoint_report import kv_bytes_per_token, report
 from services.engine.model_config import ModelConfig
-from tests.engine.test_aliases import GEMMA_7B
+from tests.engine.test_aliases import GEMMA_7B, QWEN3_NEXT
 from tests.engine.test_architectures import DEEPSEEK_V3
 
 
@@ -50,6 +50,17 @@ def test_an_alias_says_what_it_is_served_as_and_latent_attention_its_one_latent(
     assert deepseek["quantization"] == "FP8 weights, dequantized as they load"
     assert deepseek["tokenizer"].startswith("missing")
     assert kv_bytes_per_token(ModelConfig.from_dict(GEMMA_7B), "bfloat16") == 28 * 2 * 16 * 256 * 2
+
+
+def test_a_hybrid_counts_kv_in_its_attention_layers_and_a_state_per_sequence(tmp_path, capsys):
+    """Qwen3-Next: KV in 12 of 48 layers; 36 linear layers of 32 value heads' 128 x 128 fp32 states beside a
+    3-wide window of 8192 channels."""
+    facts = report(_dir(tmp_path, QWEN3_NEXT))
+    assert facts["kv_cache_bytes_per_token"]["bfloat16"] == 12 * 2 * 2 * 256 * 2
+    assert facts["recurrent_state_bytes_per_sequence"]["bfloat16"] == 36 * (8192 * 3 * 2 + 32 * 128 * 128 * 4)
+    assert facts["attention"].startswith("full in 12 of 48 layers; Gated DeltaNet linear attention (32 value heads")
+    assert main(["model", "check", str(tmp_path)]) == 0
+    assert "state         73.7 MiB a sequence in bfloat16" in capsys.readouterr().out
 
 
 def test_a_refused_checkpoint_says_why_and_exits_1(tmp_path, capsys):

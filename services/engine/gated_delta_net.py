@@ -1,0 +1,185 @@
+"""Gated DeltaNet (arXiv 2412.06464): the linear attention of Qwen3-Next's and Qwen3.5's linear layers, over the
+recurrent states of a step's sequences (recurrent_state.py).
+
+Per token: q, k, v from a projection through a short causal convolution (SiLU), a decay ``g`` and a write
+strength ``beta``; each value head's state matrix S ``[key dim, value dim]`` decays, then has what it predicts
+for k corrected towards v (the delta rule)::
+
+    S = S * exp(g);  S = S + k ⊗ (beta * (v - Sᵀk));  out = Sᵀq
+
+A decode (one token) takes that step as written. A prompt chunk takes the same recurrence in blocks of 64
+tokens (the chunked form: within a block, triangular solves; across blocks, the state), starting from the
+state its previous chunks left, so a prompt split into chunks of any size reaches the state a whole prompt
+would. Both follow transformers' torch kernels op for op (the oracle); outputs are normed per head and gated
+by a SiLU of a projection of the input (``z``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.attention import AttentionBatch
+from services.engine.model_config import ModelConfig
+from services.engine.recurrent_state import RecurrentBatch
+
+_CHUNK = 64  # transformers' (and FLA's) block of the chunked form
+_L2_EPS = 1e-6
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm of each head's output (weight as stored, not 1 + w), times SiLU of the gate, in fp32."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight * h.to(dtype)
+        return (h * F.silu(gate.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """One linear-attention layer; ``forward`` takes Attention's arguments and reads ``batch.recurrent``."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        s = config.linear_attention
+        self.shape = s
+        self.state_index = config.linear_layers.index(layer)  # its row of the state pool's lists
+        self.grouped = s.grouped_projections
+        hidden = config.hidden_size
+        if self.grouped:  # Qwen3-Next: [q k v z] and [b a] grouped by key head
+            self.in_proj_qkvz = nn.Linear(hidden, 2 * s.key_dim + 2 * s.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(hidden, 2 * s.num_value_heads, bias=False)
+        else:  # Qwen3.5
+            self.in_proj_qkv = nn.Linear(hidden, s.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(hidden, s.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(hidden, s.num_value_heads, bias=False)
+            self.in_proj_a = nn.Linear(hidden, s.num_value_heads, bias=False)
+        self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(s.num_value_heads))
+        self.A_log = nn.Parameter(torch.zeros(s.num_value_heads))
+        self.norm = GatedRMSNorm(s.value_head_dim, config.rms_norm_eps)
+        self.out_proj = nn.Linear(s.value_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
+        s, t = self.shape, x.shape[0]
+        rb = batch.recurrent
+        mixed, z, b, a = self._project(x)
+        mixed = self._convolve(mixed, rb)
+        q, k, v = mixed.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
+        q = q.reshape(t, s.num_key_heads, s.key_head_dim)
+        k = k.reshape(t, s.num_key_heads, s.key_head_dim)
+        v = v.reshape(t, s.num_value_heads, s.value_head_dim)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        if s.num_value_heads != s.num_key_heads:  # each q/k head serves that many consecutive value heads
+            r = s.num_value_heads // s.num_key_heads
+            q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
+        out = self._delta_rule(q, k, v, g, beta, rb).to(x.dtype)
+        out = self.norm(out.reshape(-1, s.value_head_dim), z.reshape(-1, s.value_head_dim))
+        return self.out_proj(out.reshape(t, s.value_dim))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(q|k|v ``[T, conv_dim]``, z ``[T, value heads, value dim]``, b, a ``[T, value heads]``)."""
+        s, t = self.shape, x.shape[0]
+        if not self.grouped:
+            return (self.in_proj_qkv(x), self.in_proj_z(x).view(t, s.num_value_heads, s.value_head_dim),
+                    self.in_proj_b(x), self.in_proj_a(x))
+        r = s.num_value_heads // s.num_key_heads
+        qkvz = self.in_proj_qkvz(x).view(t, s.num_key_heads, 2 * s.key_head_dim + 2 * r * s.value_head_dim)
+        q, k, v, z = qkvz.split([s.key_head_dim, s.key_head_dim, r * s.value_head_dim, r * s.value_head_dim], dim=2)
+        b, a = self.in_proj_ba(x).view(t, s.num_key_heads, 2 * r).split([r, r], dim=2)
+        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return (mixed, z.reshape(t, s.num_value_heads, s.value_head_dim), b.reshape(t, s.num_value_heads),
+                a.reshape(t, s.num_value_heads))
+
+    def _convolve(self, x: torch.Tensor, rb: RecurrentBatch) -> torch.Tensor:
+        """The short causal convolution (SiLU) of each sequence's tokens after the inputs its state kept, which
+        it then keeps the last ``conv_kernel - 1`` of."""
+        conv = rb.states.conv[self.state_index]
+        weight = self.conv1d.weight  # [channels, 1, kernel]
+        channels = weight.shape[0]
+        out = torch.empty_like(x)
+        d = rb.num_decodes
+        if d:
+            window = torch.cat([conv.index_select(0, rb.decode_slots), x[:d, :, None]], dim=-1).to(weight.dtype)
+            conv.index_copy_(0, rb.decode_slots, window[:, :, 1:])
+            out[:d] = F.silu(F.conv1d(window, weight, groups=channels))[:, :, 0].to(x.dtype)
+        for start, n, slot in rb.chunks:
+            window = torch.cat([conv[slot], x[start:start + n].t()], dim=-1)[None].to(weight.dtype)
+            conv[slot] = window[0, :, -conv.shape[-1]:]
+            out[start:start + n] = F.silu(F.conv1d(window, weight, groups=channels))[0].t().to(x.dtype)
+        return out
+
+    def _delta_rule(self, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
+        """``[T, value heads, value dim]`` in fp32: decodes in one recurrent step, each chunk in the chunked form."""
+        ssm = rb.states.ssm[self.state_index]
+        out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+        d = rb.num_decodes
+        if d:
+            state = ssm.index_select(0, rb.decode_slots)
+            out[:d], state = recurrent_step(q[:d], k[:d], v[:d], g[:d], beta[:d], state)
+            ssm.index_copy_(0, rb.decode_slots, state)
+        for start, n, slot in rb.chunks:
+            span = slice(start, start + n)
+            o, state = chunked_delta_rule(q[span], k[span], v[span], g[span], beta[span], ssm[slot])
+            out[span] = o
+            ssm[slot] = state
+        return out
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + _L2_EPS)
+
+
+def recurrent_step(q, k, v, g, beta, state):
+    """One token of each of B sequences: q, k ``[B, H, Dk]``, v ``[B, H, Dv]``, g, beta ``[B, H]``, state ``[B, H,
+    Dk, Dv]`` (fp32). Returns (out ``[B, H, Dv]``, new state), in transformers' recurrent kernel's order of ops."""
+    q, k, v, beta, g = (x.float() for x in (q, k, v, beta, g))
+    q, k = l2_normalize(q), l2_normalize(k)
+    q = q / (q.shape[-1] ** 0.5)
+    state = state * g.exp()[..., None, None]
+    kv_mem = (state * k.unsqueeze(-1)).sum(dim=-2)
+    delta = (v - kv_mem) * beta.unsqueeze(-1)
+    state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+    return (state * q.unsqueeze(-1)).sum(dim=-2), state
+
+
+def chunked_delta_rule(q, k, v, g, beta, state):
+    """The n tokens of one sequence after ``state``: q, k ``[n, H, Dk]``, v ``[n, H, Dv]``, g, beta ``[n, H]``, state
+    ``[H, Dk, Dv]`` (fp32). Returns (out ``[n, H, Dv]``, new state), as transformers' chunked kernel computes them."""
+    n = q.shape[0]
+    q, k, v, beta, g = (x.transpose(0, 1).to(torch.float32, memory_format=torch.contiguous_format)
+                        for x in (q, k, v, beta, g))  # heads first
+    q, k = l2_normalize(q), l2_normalize(k)
+    q = q * q.shape[-1] ** -0.5
+    pad = (_CHUNK - n % _CHUNK) % _CHUNK
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
+    heads, blocks = q.shape[0], (n + pad) // _CHUNK
+    v_beta, k_beta = v * beta.unsqueeze(-1), k * beta.unsqueeze(-1)
+    q, k, k_beta, v_beta = (x.reshape(heads, blocks, _CHUNK, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    cum = g.reshape(heads, blocks, _CHUNK).cumsum(dim=-1)
+    upper = torch.ones(_CHUNK, _CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
+    system = (k_beta @ k.transpose(-1, -2)) * decay
+    intra = (q @ k.transpose(-1, -2)) * decay
+    values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_cum = torch.linalg.solve_triangular(system, k_beta * cum.exp().unsqueeze(-1), upper=False, unitriangular=True)
+    state = state.to(values)
+    out = torch.zeros_like(values)
+    q = q * cum.exp().unsqueeze(-1)
+    k = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
+    block_decay = cum[..., -1].exp()[..., None, None]
+    for i in range(blocks):
+        v_new = values[:, i] - k_cum[:, i] @ state
+        out[:, i] = q[:, i] @ state + intra[:, i] @ v_new
+        state = state * block_decay[:, i] + k[:, i].transpose(-1, -2) @ v_new
+    return out.reshape(heads, -1, out.shape[-1])[:, :n].transpose(0, 1), state

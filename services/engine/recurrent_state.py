@@ -1,0 +1,142 @@
+"""Recurrent states of linear-attention layers (Gated DeltaNet): one slot per sequence a worker holds.
+
+A slot holds, for each linear layer, the last ``conv_kernel - 1`` inputs of its short convolution (the model's
+dtype) and its ``[value heads, key dim, value dim]`` state matrix (fp32, as transformers keeps it). Unlike KV,
+a state is a summary of every token so far: it has one size whatever the length, is overwritten by each step,
+and cannot be shared or resumed from part of a sequence. So it lives with the sequence on its worker from its
+first token to its end (kept through a swap of its KV blocks; a recompute starts it again from zeros).
+
+Slots are rows of one tensor per layer and kind, so a step gathers and scatters its sequences' states with one
+``index_select`` / ``index_copy_`` a layer; the pool grows by doubling when every slot is taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.common.errors import InvalidArgument
+from services.engine.linear_attention_config import LinearAttentionShape
+
+
+class RecurrentStates:
+    def __init__(self, shape: LinearAttentionShape, num_layers: int, dtype: torch.dtype, device: torch.device,
+                 capacity: int = 8) -> None:
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.conv: list[torch.Tensor] = [self._conv_rows(capacity) for _ in range(num_layers)]
+        self.ssm: list[torch.Tensor] = [self._ssm_rows(capacity) for _ in range(num_layers)]
+        self._free = list(range(capacity - 1, -1, -1))
+        # States read from the worker a sequence is handed off from, until a plan adds it: seq_id -> (tokens
+        # they took in, each layer's bytes).
+        self._arriving: dict[str, tuple[int, list[tuple[bytes, bytes]]]] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self.conv[0].shape[0] if self.conv else 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def acquire(self) -> int:
+        """A free slot, its state zeroed (a sequence starts from no tokens)."""
+        if not self._free:
+            self._grow()
+        slot = self._free.pop()
+        self.reset([slot])
+        return slot
+
+    def claim(self, seq_id: str, num_computed: int) -> int:
+        """The slot of a sequence a plan adds: zeros for one that starts here, else the state stashed for it
+        from the worker it was handed off from, which must have taken in exactly its ``num_computed`` tokens.
+        Raises InvalidArgument otherwise (a prefix cached or moved here by its blocks alone cannot resume)."""
+        arrived = self._arriving.pop(seq_id, None)
+        if num_computed and (arrived is None or arrived[0] != num_computed):
+            raise InvalidArgument(
+                f"sequence {seq_id} arrived with {num_computed} tokens computed elsewhere and "
+                + ("no recurrent state" if arrived is None else f"a recurrent state of {arrived[0]} tokens")
+                + "; this model's linear-attention layers need the state of exactly those tokens")
+        slot = self.acquire()
+        if num_computed:
+            self.write(slot, arrived[1])
+        return slot
+
+    def stash(self, seq_id: str, num_computed: int, layers: list[tuple[bytes, bytes]]) -> None:
+        """Keeps a handed-off sequence's state (``read``'s bytes, ``num_computed`` tokens in) until ``claim``."""
+        if len(layers) != len(self.conv):
+            raise InvalidArgument(f"{len(layers)} layers of recurrent state for a model with {len(self.conv)}")
+        self._arriving[seq_id] = (num_computed, layers)
+
+    def release(self, seq_id: str, slot: int | None) -> None:
+        """A sequence is gone: its slot (if it had one) is free, a state stashed for it dropped."""
+        self._arriving.pop(seq_id, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    def reset(self, slots: list[int]) -> None:
+        """Zeroes the states of ``slots`` (sequences run again from their first token)."""
+        if slots:
+            index = torch.tensor(slots, device=self.device)
+            for conv, ssm in zip(self.conv, self.ssm, strict=True):
+                conv.index_fill_(0, index, 0)
+                ssm.index_fill_(0, index, 0)
+
+    def read(self, slot: int) -> list[tuple[bytes, bytes]]:
+        """Each layer's (conv, state) bytes of ``slot``, row-major: what moves at a hand-off."""
+        return [(_bytes(conv[slot]), _bytes(ssm[slot])) for conv, ssm in zip(self.conv, self.ssm, strict=True)]
+
+    def blank(self) -> list[tuple[bytes, bytes]]:
+        """``read``'s bytes of a state that took in nothing (zeros)."""
+        return [(bytes(conv[0].numel() * conv.element_size()), bytes(ssm[0].numel() * ssm.element_size()))
+                for conv, ssm in zip(self.conv, self.ssm, strict=True)]
+
+    def write(self, slot: int, layers: list[tuple[bytes, bytes]]) -> None:
+        """``read``'s bytes (from a worker with the same model and dtype) into ``slot``."""
+        for conv, ssm, (conv_bytes, ssm_bytes) in zip(self.conv, self.ssm, layers, strict=True):
+            conv[slot] = _tensor(conv_bytes, conv[slot])
+            ssm[slot] = _tensor(ssm_bytes, ssm[slot])
+
+    def nbytes_per_slot(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in (*self.conv, *self.ssm))
+
+    def _grow(self) -> None:
+        old = self.capacity
+        new = max(2 * old, 1)
+        self.conv = [torch.cat([t, self._conv_rows(new - old)]) for t in self.conv]
+        self.ssm = [torch.cat([t, self._ssm_rows(new - old)]) for t in self.ssm]
+        self._free.extend(range(new - 1, old - 1, -1))
+
+    def _conv_rows(self, n: int) -> torch.Tensor:
+        s = self.shape
+        return torch.zeros(n, s.conv_dim, s.conv_kernel - 1, dtype=self.dtype, device=self.device)
+
+    def _ssm_rows(self, n: int) -> torch.Tensor:
+        s = self.shape
+        return torch.zeros(n, s.num_value_heads, s.key_head_dim, s.value_head_dim, dtype=torch.float32,
+                           device=self.device)
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).cpu().numpy().tobytes()
+
+
+def _tensor(data: bytes, like: torch.Tensor) -> torch.Tensor:
+    if len(data) != like.numel() * like.element_size():
+        raise InvalidArgument(f"{len(data)} bytes of recurrent state where the layer holds "
+                         f"{like.numel() * like.element_size()}")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(like.dtype).view(like.shape)
+
+
+@dataclass
+class RecurrentBatch:
+    """Which state each sequence of a step's flat batch reads and writes. The batch lays decodes out first, one
+    token each (``decode_slots``, in token order), then each prompt chunk: (first token, tokens, slot)."""
+
+    states: RecurrentStates
+    decode_slots: torch.Tensor  # [decodes] int64
+    chunks: list[tuple[int, int, int]]
+
+    @property
+    def num_decodes(self) -> int:
+        return self.decode_slots.shape[0]

@@ -1,0 +1,70 @@
+"""The pool of recurrent states (services/engine/recurrent_state.py): slots handed out zeroed, kept apart, and
+kept through the pool's growth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.errors import InvalidArgument
+from services.engine.linear_attention_config import LinearAttentionShape
+from services.engine.recurrent_state import RecurrentStates
+
+SHAPE = LinearAttentionShape(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=6, conv_kernel=4,
+                             grouped_projections=True)
+
+
+def _pool(capacity: int = 2) -> RecurrentStates:
+    return RecurrentStates(SHAPE, num_layers=3, dtype=torch.bfloat16, device=torch.device("cpu"), capacity=capacity)
+
+
+def test_shapes_and_dtypes_follow_the_layers():
+    pool = _pool()
+    assert [tuple(t.shape) for t in pool.conv] == [(2, 2 * 16 + 24, 3)] * 3
+    assert [tuple(t.shape) for t in pool.ssm] == [(2, 4, 8, 6)] * 3
+    assert {t.dtype for t in pool.conv} == {torch.bfloat16} and {t.dtype for t in pool.ssm} == {torch.float32}
+    assert pool.nbytes_per_slot() == 3 * (56 * 3 * 2 + 4 * 8 * 6 * 4)
+
+
+def test_a_reused_slot_starts_from_zeros():
+    pool = _pool()
+    slot = pool.claim("a", 0)
+    pool.ssm[1][slot].fill_(3.0)
+    pool.conv[0][slot].fill_(2.0)
+    pool.release("a", slot)
+    again = pool.claim("b", 0)
+    assert again == slot
+    assert not pool.ssm[1][again].any() and not pool.conv[0][again].any()
+
+
+def test_a_handed_off_state_is_claimed_by_the_sequence_it_was_read_for():
+    src, dst = _pool(), _pool()
+    slot = src.claim("s", 0)
+    for i, (conv, ssm) in enumerate(zip(src.conv, src.ssm, strict=True)):
+        conv[slot].normal_()
+        ssm[slot].fill_(i + 0.5)
+    dst.stash("s", 37, src.read(slot))
+    with pytest.raises(InvalidArgument, match="arrived with 36 tokens computed elsewhere and a recurrent state of 37"):
+        dst.claim("s", 36)  # its stash is spent by the failed claim: a retry would recompute it
+    dst.stash("s", 37, src.read(slot))
+    got = dst.claim("s", 37)
+    assert all(torch.equal(a[slot], b[got]) for a, b in zip(src.conv + src.ssm, dst.conv + dst.ssm, strict=True))
+    with pytest.raises(InvalidArgument, match="no recurrent state"):
+        dst.claim("t", 5)
+    with pytest.raises(InvalidArgument, match="2 layers of recurrent state for a model with 3"):
+        dst.stash("u", 5, src.read(slot)[:2])
+    dst.stash("v", 5, dst.blank())
+    dst.release("v", None)  # gone before it arrived: its stash too
+    with pytest.raises(InvalidArgument, match="no recurrent state"):
+        dst.claim("v", 5)
+
+
+def test_growth_keeps_every_held_state():
+    pool = _pool(capacity=2)
+    held = [pool.acquire() for _ in range(2)]
+    for i, slot in enumerate(held):
+        pool.ssm[2][slot].fill_(i + 1.0)
+    more = [pool.acquire() for _ in range(3)]  # past the capacity: doubled, then doubled again
+    assert pool.capacity == 8 and len(set(held + more)) == 5 and pool.num_free == 3
+    assert [pool.ssm[2][slot].unique().tolist() for slot in held] == [[1.0], [2.0]]
+    assert all(not pool.ssm[2][slot].any() for slot in more)

@@ -1,0 +1,145 @@
+"""A hybrid model (Qwen3-Next: Gated DeltaNet linear attention in two layers of three) against transformers under
+every scheduling path that must carry its recurrent state: prompt chunks of any size (a state resumed chunk after
+chunk), whole prompts, multi-step decoding, MLFQ order, preemption by swap (the state stays on the worker) and by
+recompute (it starts again from zeros). A prefix is never taken from the cache (the blocks do not hold the
+state); every state slot is back in the pool at the end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seawall.offline.engine import OfflineEngine
+from services.common.sampling_params import SamplingParams
+from services.common.step import NewSequence, StepPlan
+from services.engine.config import EngineConfig
+from services.scheduler.core.scheduler import SchedulerConfig
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT_LENS = [1, 20, 63, 64, 65, 150]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def hf_model(hybrid_model_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(hybrid_model_dir, dtype=torch.float32).eval()
+
+
+def _greedy(model, prompts, max_tokens=MAX_TOKENS):
+    refs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, pad_token_id=0,
+                                 eos_token_id=None)
+            refs.append(out[0, len(prompt):].tolist())
+    return refs
+
+
+@pytest.fixture(scope="module")
+def case(hf_model):
+    g = torch.Generator().manual_seed(50)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in PROMPT_LENS]
+    return prompts, _greedy(hf_model, prompts)
+
+
+def _engine(model_dir, config: SchedulerConfig, blocks: int | None = None) -> OfflineEngine:
+    block_bytes = 16 * 2 * 2 * 16 * 4  # one attention layer's K and V, 16 tokens of 2 heads of 16, fp32
+    return OfflineEngine(EngineConfig(model=str(model_dir), dtype="float32",
+                                      kv_cache_bytes=(blocks or 256) * block_bytes, swap_bytes=200 * block_bytes),
+                         config)
+
+
+def _params(n: int) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)] * n
+
+
+def _all_states_free(engine: OfflineEngine) -> bool:
+    """After the plan that tells the worker which sequences finished (the next one, as in the mesh)."""
+    engine.runner.execute(engine.scheduler.schedule())
+    states = engine.runner.states
+    return states.num_free == states.capacity and not engine.runner.seqs
+
+
+CASES = {
+    "sarathi-chunk1": SchedulerConfig(chunk_size=1),
+    "sarathi-chunk7": SchedulerConfig(chunk_size=7),
+    "sarathi-chunk64": SchedulerConfig(chunk_size=64),
+    "vllm-whole-prompts": SchedulerConfig(policy="vllm"),
+    "fastserve+sarathi-chunk16": SchedulerConfig(policy="fastserve+sarathi", chunk_size=16),
+    "sarathi-decode-steps-4": SchedulerConfig(chunk_size=32, num_decode_steps=4),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_greedy_output_matches_transformers(hybrid_model_dir, case, name):
+    prompts, refs = case
+    engine = _engine(hybrid_model_dir, CASES[name])
+    got = engine.generate(prompts, _params(len(prompts)))
+    for n, comp, ref in zip(PROMPT_LENS, got, refs, strict=True):
+        assert comp.token_ids == ref, f"the {n}-token prompt diverged"
+    assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preemption_keeps_or_restarts_the_state(hybrid_model_dir, case, mode):
+    prompts, refs = case
+    # 20 blocks for prompts and outputs that need 33 at once: requests crowd each other out.
+    engine = _engine(hybrid_model_dir, SchedulerConfig(chunk_size=16, preemption_mode=mode, policy="fastserve+sarathi"),
+                     blocks=20)
+    got = engine.generate(prompts, _params(len(prompts)))
+    assert engine.scheduler.preemptions[mode] > 0
+    for n, comp, ref in zip(PROMPT_LENS, got, refs, strict=True):
+        assert comp.token_ids == ref, f"the {n}-token prompt diverged after preemption ({mode})"
+    assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
+
+
+def test_a_repeated_prompt_runs_every_token_again(hybrid_model_dir, case):
+    """Prefix caching is on in the config, but its blocks would skip the tokens the state needs."""
+    prompts, refs = case
+    engine = _engine(hybrid_model_dir, SchedulerConfig(chunk_size=32, enable_prefix_caching=True))
+    first = engine.generate([prompts[-1]], _params(1))
+    again = engine.generate([prompts[-1], prompts[-1]], _params(2))
+    assert [c.num_cached_prompt_tokens for c in first + again] == [0, 0, 0]
+    assert [c.token_ids for c in first + again] == [refs[-1]] * 3
+
+
+def test_more_sequences_than_slots_grow_the_state_pool(hybrid_model_dir, case):
+    prompts, refs = case
+    engine = _engine(hybrid_model_dir, SchedulerConfig(chunk_size=64))
+    start = engine.runner.states.capacity
+    many = prompts * 3  # 18 at once past the pool's first 8 slots
+    got = engine.generate(many, _params(len(many)))
+    assert [c.token_ids for c in got] == refs * 3
+    assert engine.runner.states.capacity > start and _all_states_free(engine)
+
+
+def test_what_cannot_carry_a_recurrent_state_is_refused(hybrid_model_dir):
+    with pytest.raises(ValueError, match="speculative decoding is not served for models with linear-attention"):
+        _engine(hybrid_model_dir, SchedulerConfig(num_speculative_tokens=3))
+    engine = _engine(hybrid_model_dir, SchedulerConfig())
+    # A sequence whose first tokens ran elsewhere (a prefix cached or moved by its blocks) fails alone, by name.
+    plan = StepPlan(1, new=[NewSequence("moved", list(range(3, 40)), 37, 32, [0, 1, 2], SamplingParams(max_tokens=4))],
+                    num_scheduled_tokens={"moved": 5})
+    result = engine.runner.execute(plan)
+    assert "32 tokens computed elsewhere and no recurrent state" in str(result.errors["moved"])
+    assert "moved" not in result.sampled
+
+
+def test_kv_is_kept_for_attention_layers_only_and_mtp_weights_are_skipped(hybrid_model_dir, case, tmp_path):
+    """The pool's block holds the one attention layer's K and V; a multi-token-prediction module (Qwen3-Next's
+    checkpoints hold one, ``mtp.*``, which transformers skips) loads as if absent."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    prompts, refs = case
+    shutil.copytree(hybrid_model_dir, tmp_path / "ckpt")
+    weights = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    weights |= {"mtp.fc.weight": torch.ones(64, 128), "mtp.layers.0.input_layernorm.weight": torch.ones(64)}
+    save_file(weights, str(tmp_path / "ckpt" / "model.safetensors"), metadata={"format": "pt"})
+    engine = _engine(tmp_path / "ckpt", SchedulerConfig(chunk_size=16))
+    assert engine.runner.layout.num_layers == 1 and engine.runner.layout.bytes_per_block == 16 * 2 * 2 * 16 * 4
+    assert [c.token_ids for c in engine.generate(prompts[:3], _params(3))] == refs[:3]

@@ -1,0 +1,75 @@
+"""A hybrid model's hand-off between two real workers (services/worker/state_hand_off.py): the destination pulls a
+sequence's KV blocks over the gRPC fallback, then its recurrent state with ReadState from the source's server,
+and continues it exactly as the source would have; a state the source does not hold fails the pull, naming it."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import torch
+
+from seawall.v1 import common_pb2, worker_pb2
+from services.common.grpc_kv import add_worker_servicer
+from services.common.kv_transport import kv_layout_proto
+from services.common.sampling_params import SamplingParams
+from services.common.step import ContinuingSequence, NewSequence, StepPlan
+from services.engine.config import EngineConfig
+from services.engine.runner import ModelRunner
+from services.worker.config import WorkerConfig
+from services.worker.servicer import WorkerServicer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(120)]
+
+PARAMS = SamplingParams(max_tokens=8, temperature=0, logprobs=0)
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class _Context:
+    def invocation_metadata(self):
+        return ()
+
+
+def _runner(model_dir) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=str(model_dir), dtype="float32", kv_cache_bytes=64 * 4096))
+
+
+async def test_a_pulled_state_continues_the_sequence_as_its_source_would(hybrid_model_dir):
+    src, dst = _runner(hybrid_model_dir), _runner(hybrid_model_dir)
+    prompt = torch.randint(3, 4096, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    first = src.execute(StepPlan(1, new=[NewSequence("s", prompt, 40, 0, [0, 1, 2], PARAMS)],
+                                 num_scheduled_tokens={"s": 40})).sampled["s"][0]
+    server = grpc.aio.server()
+    add_worker_servicer(WorkerServicer(WorkerConfig(), src, None), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        receiver = WorkerServicer(WorkerConfig(), dst, None)
+        endpoint = common_pb2.KVEndpoint(kv_layout=kv_layout_proto(src.layout), grpc_address=f"127.0.0.1:{port}")
+
+        def pull(seq_id: str) -> worker_pb2.PullKVRequest:
+            return worker_pb2.PullKVRequest(transfer_id=f"t-{seq_id}", src=endpoint, src_block_ids=[0, 1, 2],
+                                            dst_block_ids=[5, 6, 7], timeout_ms=20_000,
+                                            transport=common_pb2.KV_TRANSPORT_GRPC, state_seq_id=seq_id)
+
+        reply = await receiver.PullKV(pull("s"), _Context())
+        state_bytes = src.states.nbytes_per_slot()
+        assert (reply.status, reply.bytes) == (common_pb2.TRANSFER_STATUS_DONE, 3 * 4096 + state_bytes), reply.error
+        missing = await receiver.PullKV(pull("nope"), _Context())
+        assert missing.status == common_pb2.TRANSFER_STATUS_FAILED and missing.bytes == 0
+        assert "recurrent state of nope: this worker holds no recurrent state for sequence 'nope'" in missing.error
+    finally:
+        await server.stop(None)
+    # The source's own next token, and the destination's from the pulled blocks and state: the same.
+    mine = src.execute(StepPlan(2, continuing=[ContinuingSequence("s", [])], num_scheduled_tokens={"s": 1}))
+    theirs = dst.execute(StepPlan(1, new=[NewSequence("s", [*prompt, first.token_id], 40, 40, [5, 6, 7], PARAMS)],
+                                  num_scheduled_tokens={"s": 1}))
+    assert not theirs.errors
+    assert theirs.sampled["s"] == mine.sampled["s"]
+    # Without its state, the same sequence fails alone, by name.
+    lost = dst.execute(StepPlan(2, new=[NewSequence("t", [*prompt, first.token_id], 40, 40, [8, 9, 10], PARAMS)],
+                                num_scheduled_tokens={"t": 1}))
+    assert "arrived with 40 tokens computed elsewhere and no recurrent state" in str(lost.errors["t"])
