@@ -289,7 +289,7 @@ def main() -> int:  # noqa: C901, PLR0915
     # What `seawall run-batch` runs by default: 8 decode passes per step while nothing waits.
     systems["seawall (decode_steps=8)"], _ = seawall_runner(model_dir, SchedulerConfig(num_decode_steps=8), kv,
                                                               args.device, args.dtype)
-    if args.device == "cpu":
+    if args.device == "cpu" and not engine.runner.checkpoint.config.recurrent:  # the floor is attention layers'
         systems["floor: dense ops only"] = dense_floor_runner(engine.runner.model)
     hf_model = load_hf(model_dir, device=args.device, dtype=args.dtype)
     systems[f"hf-batched (batch {args.num_requests})"] = hf_batched_runner(hf_model, args.num_requests)

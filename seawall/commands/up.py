@@ -156,7 +156,9 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         workers.append("--no-nixl")
     if args.no_cpu_kernels:
         workers.append("--no-cpu-kernels")
-    workers += worker_thread_args(args) + ["--max-cpu-loras", str(args.max_cpu_loras)]
+    # A model with linear-attention layers: each worker makes room for a recurrent state per sequence a step runs.
+    workers += worker_thread_args(args) + ["--max-cpu-loras", str(args.max_cpu_loras),
+                                           "--state-slots", str(args.max_num_seqs)]
     kvcache = []
     if args.kvcache_dram_bytes:
         kvcache += ["--dram-bytes", str(args.kvcache_dram_bytes)]

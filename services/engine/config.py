@@ -38,6 +38,10 @@ class EngineConfig:
     # The longest context served (vLLM's --max-model-len); None = the model's max_position_embeddings. It
     # picks LongRoPE's factors (rope.py) and bounds what the scheduler admits.
     max_model_len: int | None = None
+    # A model with linear-attention layers (Qwen3-Next, Qwen3.5): sequences whose recurrent states the worker
+    # allocates up front on CUDA, before the KV pool takes its share of free memory (the scheduler's default
+    # max_num_seqs). More sequences grow the states past it; on the CPU they start small and grow.
+    state_slots: int = 256
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -50,6 +54,8 @@ class EngineConfig:
             raise InvalidArgument(f"max_idle_loras must be >= 0, got {self.max_idle_loras}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise InvalidArgument(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.state_slots < 1:
+            raise InvalidArgument(f"state_slots must be >= 1, got {self.state_slots}")
         if self.swap_bytes < 0:
             raise InvalidArgument(f"swap_bytes must be >= 0, got {self.swap_bytes}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:

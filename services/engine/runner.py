@@ -51,8 +51,10 @@ class ModelRunner:
         mc = self.checkpoint.config
         self.layout = KVLayout(len(mc.kv_layers), config.block_size, mc.num_key_value_heads, mc.head_dim,
                                self.dtype, num_parts=1 if mc.mla else 2)  # latent attention caches one latent
-        # Linear-attention layers keep a recurrent state per sequence instead of KV (recurrent_state.py).
-        self.states = (RecurrentStates(mc.linear_attention, len(mc.linear_layers), self.dtype, self.device)
+        # Linear-attention layers keep a recurrent state per sequence instead of KV (recurrent_state.py); on
+        # CUDA their slots are taken before the KV pool sizes itself by the memory left.
+        slots = config.state_slots if self.device.type == "cuda" else min(config.state_slots, 8)
+        self.states = (RecurrentStates(mc.linear_attention, len(mc.linear_layers), self.dtype, self.device, slots)
                        if mc.recurrent else None)
         num_blocks = self.layout.blocks_for_budget(self._kv_budget())
         self.kv = PagedKVPool(self.layout, num_blocks, self.layout.blocks_for_budget(config.swap_bytes), self.device)

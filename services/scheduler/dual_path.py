@@ -82,7 +82,7 @@ class DualPath:
 
     async def _admit_to(self, req: Request, prefill: WorkerLink) -> None:
         mesh = self.mesh
-        if not prefill.core.config.caches_prefixes:  # a recurrent model: a prefix's blocks do not resume it
+        if prefill.core.config.recurrent_state:  # a prefix's blocks do not resume a recurrent model's state
             mesh.place_on(prefill, req)
             return
         bs = prefill.core.blocks.block_size
@@ -259,7 +259,7 @@ class DualPath:
             hashes = extend_hashes(req.block_hashes, req.token_ids, bs, link.core.seed_of(req))
             full = min((req.num_computed_tokens - req.num_pending) // bs, len(held), len(hashes))
             # Never for a session's turn (it keeps its blocks), nor a recurrent model's: no prefix to store.
-            if req.num_dropped_blocks or not link.core.config.caches_prefixes:
+            if req.num_dropped_blocks or link.core.config.recurrent_state:
                 full = 0
             hashes = hashes[:full]
             if full and link.alive:

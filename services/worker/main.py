@@ -45,6 +45,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="CPU fp32 attention, norms and RoPE as plain torch ops instead of the fused C kernels")
     p.add_argument("--max-cpu-loras", type=int, default=8,
                    help="LoRA adapters kept loaded besides those running sequences use (default 8)")
+    p.add_argument("--state-slots", type=int, default=256,
+                   help="a model with linear-attention layers (Qwen3-Next, Qwen3.5): sequences whose recurrent "
+                        "states a CUDA worker allocates before sizing its KV pool (default 256)")
     add_max_model_len_flag(p)
 
 
@@ -52,7 +55,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
                         kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes,
                         cpu_kernels=not args.no_cpu_kernels, max_idle_loras=args.max_cpu_loras,
-                        max_model_len=args.max_model_len)
+                        max_model_len=args.max_model_len, state_slots=args.state_slots)
 
 
 def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:

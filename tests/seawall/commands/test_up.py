@@ -167,3 +167,15 @@ def test_up_passes_the_idle_lora_cache_size_to_every_worker():
     assert parse_args(["--max-cpu-loras", "2"], "decode").engine.max_idle_loras == 2
     with pytest.raises(InvalidArgument, match="max_idle_loras must be >= 0"):
         parse_args(["--max-cpu-loras", "-1"], "decode")
+
+
+def test_up_makes_room_on_every_worker_for_the_states_of_a_full_step():
+    from seawall.cli import build_parser
+    from seawall.commands import up
+    from services.worker.main import parse_args
+
+    worker_args = up.options_from(build_parser().parse_args(["up", "--max-num-seqs", "64"])).worker_args
+    assert worker_args[worker_args.index("--state-slots") + 1] == "64"
+    assert parse_args(["--state-slots", "64"], "decode").engine.state_slots == 64
+    with pytest.raises(InvalidArgument, match="state_slots must be >= 1"):
+        parse_args(["--state-slots", "0"], "decode")

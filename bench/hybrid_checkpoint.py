@@ -1,0 +1,62 @@
+"""Writes a random-weight hybrid checkpoint (Qwen3.5's text model: Gated DeltaNet linear attention in three layers
+of four, gated attention in the fourth) with the built-in model's tokenizer, for the benchmarks that take
+``--model DIR``:
+
+    .venv/bin/python bench/hybrid_checkpoint.py /tmp/qwen3.5-small
+    .venv/bin/python bench/engine_throughput.py --model /tmp/qwen3.5-small
+
+The shape is the small preset's scale (hidden 256, 8 layers, heads of 64), with 8 value heads of 32 on 4 key
+heads in the linear layers; ``--moe`` gives Qwen3.5-MoE's experts (8, 2 a token) instead of the dense MLP.
+Weights are drawn as transformers initializes them, then the norms near 1 (they store 1 + w), so outputs are
+decisive rather than near-ties.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.engine.builtin_model import ensure_default_model  # noqa: E402
+
+SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+             linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", type=Path, help="directory to write (must not exist)")
+    p.add_argument("--moe", action="store_true", help="Qwen3.5-MoE's experts instead of the dense MLP")
+    args = p.parse_args()
+    import transformers
+
+    if args.out.exists():
+        p.error(f"{args.out} exists")
+    if args.moe:
+        config = transformers.Qwen3_5MoeTextConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                                                   shared_expert_intermediate_size=512,
+                                                   **{k: v for k, v in SHAPE.items() if k != "intermediate_size"})
+    else:
+        config = transformers.Qwen3_5TextConfig(**SHAPE)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") and "linear_attn" not in name:
+                param.normal_(0.0, 0.1)  # scales of 1 + w
+    model.save_pretrained(args.out)
+    tokenizer_dir = ensure_default_model()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, args.out / name)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
