@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
-from services.engine.linear_attention_config import linear_attention_fields
+from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields
 
 
 @dataclass(frozen=True)
@@ -121,22 +121,21 @@ ALIASES = {
         fields=lambda raw: {"layer_norm": True, "norm_bias": True, "parallel_block": True, "mlp_gated": False,
                             **dict.fromkeys(("attention_bias", "o_proj_bias", "mlp_bias", "lm_head_bias"), True),
                             "partial_rotary_factor": raw["partial_rotary_aside"], "architecture": "PhiForCausalLM"}),
-    # Granite 4.0 (GraniteMoeHybridForCausalLM) with attention in every layer, as granite-4.0-micro (the -h
-    # models' Mamba-2 layers are refused): Granite's scalings and its MLP as `shared_mlp` (gate and up fused in
-    # input_linear), beside experts where there are any (then served as GraniteMoeShared, else as Granite:
-    # weight_names.py renames the MLP); RoPE only where position_embedding_type is "rope".
+    # Granite 4.0 (GraniteMoeHybridForCausalLM): Granite's scalings and its MLP as `shared_mlp` (gate and up fused
+    # in input_linear), beside experts where there are any (then served as GraniteMoeShared, else as Granite:
+    # weight_names.py renames the MLP); RoPE only where position_embedding_type is "rope"; the -H models' Mamba-2
+    # layers (mamba2.py) where layer_types names them.
     "GraniteMoeHybridForCausalLM": Alias(
         "GraniteMoeSharedForCausalLM",
         defaults={"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                   "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
                   "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
                   "shared_intermediate_size": 1024},
-        ignored=("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_head", "mamba_d_conv", "mamba_expand",
-                 "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "time_step_limit", "output_router_logits",
-                 "router_aux_loss_coef"),
+        ignored=("output_router_logits", "router_aux_loss_coef"),
         rewrite=lambda raw: _granite4(raw),
         fields=lambda raw: {
             "nope_layers": () if raw.get("position_embedding_type") == "rope" else tuple(range(raw["num_hidden_layers"])),
+            **(mamba2_fields(raw, _MAMBA) if any(t in _MAMBA for t in raw["layer_types"]) else {}),
             **({"architecture": "GraniteMoeHybridForCausalLM"} if raw["architectures"] == ["GraniteForCausalLM"] else {})}),
     # Phi-3.5-MoE: Mixtral's experts routed by sparse-mixer (moe.py), LayerNorms with biases, biases on
     # attention's projections with attention_bias and on the head with lm_head_bias, LongRoPE with the
@@ -386,16 +385,18 @@ def _cwm(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 _ATTENTION = ("attention", "full_attention")
+_MAMBA = ("mamba", "linear_attention")  # as released, and as transformers 5 saves them
 
 
 def _granite4(raw: dict[str, Any]) -> dict[str, Any]:
-    """Attention in every layer; without experts, Granite with the shared MLP's width."""
-    types = raw.get("layer_types") or ["mamba"] * int(raw["num_hidden_layers"])  # transformers' default
-    others = sorted({t for t in types if t not in _ATTENTION})  # as released, and as transformers 5 saves them
-    if others:
-        raise ModelLoadError(f"config.json: layer_types holds {', '.join(map(str, others))} layers "
-                             f"({sum(t not in _ATTENTION for t in types)} of {len(types)}); Granite 4.0 is served with "
-                             "attention in every layer only (granite-4.0-micro), not its Mamba-2 hybrids")
+    """Its layer types (Mamba-2 in every layer by default, as transformers reads it); without experts, Granite
+    with the shared MLP's width."""
+    types = raw.get("layer_types") or ["mamba"] * int(raw["num_hidden_layers"])
+    others = sorted({t for t in types if t not in (*_ATTENTION, *_MAMBA)})
+    if others or len(types) != int(raw["num_hidden_layers"]):
+        raise ModelLoadError(f"config.json: layer_types must name each of the {raw['num_hidden_layers']} layers "
+                             f"attention or mamba; got {', '.join(map(str, others)) or len(types)}")
+    raw = {**raw, "layer_types": types}
     if raw.get("num_local_experts"):
         return raw
     return {**raw, "architectures": ["GraniteForCausalLM"], "intermediate_size": raw["shared_intermediate_size"]}

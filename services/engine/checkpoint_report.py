@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import SeawallError
+from services.engine.linear_attention_config import Mamba2Shape
 from services.engine.model_config import ModelConfig
 from services.engine.pooling import has_lm_head, read_pooling
 from services.engine.safetensors_headers import read_json, tensors, weight_files
@@ -58,7 +59,7 @@ def state_bytes_per_sequence(config: ModelConfig, dtype: str) -> int:
     convolution's window in ``dtype``, the state matrix in fp32 (recurrent_state.py)."""
     s = config.linear_attention
     conv = s.conv_dim * (s.conv_kernel - 1) * _BYTES[dtype]
-    return len(config.linear_layers) * (conv + s.num_value_heads * s.key_head_dim * s.value_head_dim * 4)
+    return len(config.linear_layers) * (conv + math.prod(s.state_shape) * 4)
 
 
 def _shape(config: ModelConfig) -> dict[str, Any]:
@@ -87,9 +88,11 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
         kind = "full"
     if config.linear_layers:
         s = config.linear_attention
-        kind += (f" in {len(config.kv_layers)} of {config.num_hidden_layers} layers; Gated DeltaNet linear attention "
-                 f"({s.num_value_heads} value heads on {s.num_key_heads} key heads, a recurrent state per sequence) "
-                 "in the rest")
+        mixer = (f"Mamba-2 ({s.num_heads} heads of {s.head_dim}, a {s.state_size}-wide state per channel"
+                 if isinstance(s, Mamba2Shape) else
+                 f"Gated DeltaNet linear attention ({s.num_value_heads} value heads on {s.num_key_heads} key heads")
+        kind += (f" in {len(config.kv_layers)} of {config.num_hidden_layers} layers; {mixer}, a recurrent state per "
+                 "sequence) in the rest")
     share = (f"a {config.rotary_dim}-wide block of each head" if config.mla
              else f"{config.rotary_dim} of each head's {config.head_dim} features")
     rope = f"RoPE ({config.rope_type}, base {config.rope_theta:g}) over {share}"

@@ -23,6 +23,7 @@ from torch import nn
 from services.engine.attention import AttentionBatch
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
+from services.engine.short_conv import causal_conv
 
 _CHUNK = 64  # transformers' (and FLA's) block of the chunked form
 _L2_EPS = 1e-6
@@ -72,7 +73,7 @@ class GatedDeltaNet(nn.Module):
         s, t = self.shape, x.shape[0]
         rb = batch.recurrent
         mixed, z, b, a = self._project(x)
-        mixed = self._convolve(mixed, rb)
+        mixed = causal_conv(mixed, rb, self.state_index, self.conv1d.weight, None)
         q, k, v = mixed.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
         q = q.reshape(t, s.num_key_heads, s.key_head_dim)
         k = k.reshape(t, s.num_key_heads, s.key_head_dim)
@@ -99,24 +100,6 @@ class GatedDeltaNet(nn.Module):
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
         return (mixed, z.reshape(t, s.num_value_heads, s.value_head_dim), b.reshape(t, s.num_value_heads),
                 a.reshape(t, s.num_value_heads))
-
-    def _convolve(self, x: torch.Tensor, rb: RecurrentBatch) -> torch.Tensor:
-        """The short causal convolution (SiLU) of each sequence's tokens after the inputs its state kept, which
-        it then keeps the last ``conv_kernel - 1`` of."""
-        conv = rb.states.conv[self.state_index]
-        weight = self.conv1d.weight  # [channels, 1, kernel]
-        channels = weight.shape[0]
-        out = torch.empty_like(x)
-        d = rb.num_decodes
-        if d:
-            window = torch.cat([conv.index_select(0, rb.decode_slots), x[:d, :, None]], dim=-1).to(weight.dtype)
-            conv.index_copy_(0, rb.decode_slots, window[:, :, 1:])
-            out[:d] = F.silu(F.conv1d(window, weight, groups=channels))[:, :, 0].to(x.dtype)
-        for start, n, slot in rb.chunks:
-            window = torch.cat([conv[slot], x[start:start + n].t()], dim=-1)[None].to(weight.dtype)
-            conv[slot] = window[0, :, -conv.shape[-1]:]
-            out[start:start + n] = F.silu(F.conv1d(window, weight, groups=channels))[0].t().to(x.dtype)
-        return out
 
     def _delta_rule(self, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
         """``[T, value heads, value dim]`` in fp32: decodes in one recurrent step, each chunk in the chunked form."""

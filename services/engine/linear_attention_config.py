@@ -1,5 +1,6 @@
-"""Gated DeltaNet layers (Qwen3-Next, Qwen3.5) as their configs give them: which layers mix tokens by linear
-attention instead of softmax attention, and the shape of those layers. No torch: the scheduler reads configs.
+"""Linear-attention layers as their configs give them: which layers mix tokens by a recurrence instead of softmax
+attention, and the shape of those layers: Gated DeltaNet (Qwen3-Next, Qwen3.5) or Mamba-2 (Granite 4.0-H). No
+torch: the scheduler reads configs.
 
 A linear-attention layer keeps no KV: each sequence carries a fixed-size recurrent state instead (a short
 convolution window and one ``[value heads, key dim, value dim]`` matrix per layer; recurrent_state.py), which
@@ -41,6 +42,67 @@ class LinearAttentionShape:
     def conv_dim(self) -> int:
         """Channels of the short convolution: q, k and v side by side."""
         return 2 * self.key_dim + self.value_dim
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        """Each value head's state matrix: ``[value heads, key dim, value dim]``."""
+        return (self.num_value_heads, self.key_head_dim, self.value_head_dim)
+
+
+@dataclass(frozen=True)
+class Mamba2Shape:
+    """A Mamba-2 mixer (state space duality): ``num_heads`` heads of ``head_dim`` channels, each with a
+    ``state_size`` state per channel; B and C shared by the heads of each of ``n_groups`` groups."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int
+    conv_bias: bool
+    proj_bias: bool
+    time_step_limit: tuple[float, float]
+
+    @property
+    def intermediate(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the short convolution: x, B and C side by side."""
+        return self.intermediate + 2 * self.n_groups * self.state_size
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.num_heads, self.head_dim, self.state_size)
+
+
+def mamba2_fields(raw: dict[str, Any], mamba_types: tuple[str, ...]) -> dict[str, Any]:
+    """``ModelConfig``'s ``linear_layers`` and ``linear_attention`` from a Granite 4.0 config (``mamba_*`` fields
+    with transformers' defaults); ``mamba_types``: the layer_types that name its Mamba-2 layers."""
+    layers, hidden = int(raw["num_hidden_layers"]), int(raw["hidden_size"])
+    types = raw.get("layer_types") or [mamba_types[0]] * layers
+    heads = int(raw.get("mamba_n_heads") or 128)
+    intermediate = int(raw.get("mamba_expand") or 2) * hidden
+    head_dim = raw.get("mamba_d_head", "auto")
+    head_dim = intermediate // heads if head_dim in (None, "auto") else int(head_dim)
+    limit = raw.get("time_step_limit") or (0.0, float("inf"))
+    shape = Mamba2Shape(num_heads=heads, head_dim=head_dim, state_size=int(raw.get("mamba_d_state") or 256),
+                        n_groups=int(raw.get("mamba_n_groups") or 1), conv_kernel=int(raw.get("mamba_d_conv") or 4),
+                        chunk_size=int(raw.get("mamba_chunk_size") or 256),
+                        conv_bias=bool(raw.get("mamba_conv_bias", True)), proj_bias=bool(raw.get("mamba_proj_bias")),
+                        time_step_limit=(_json_float(limit[0]), _json_float(limit[1])))
+    if shape.intermediate != intermediate or heads % shape.n_groups or shape.conv_kernel < 2:
+        raise ModelLoadError(f"config.json: Mamba-2 layers of {heads} heads of {head_dim} must fill mamba_expand * "
+                             f"hidden_size ({intermediate}), in groups that divide the heads ({shape.n_groups}), with a "
+                             f"convolution of at least 2 ({shape.conv_kernel})")
+    return {"linear_layers": tuple(i for i, t in enumerate(types) if t in mamba_types), "linear_attention": shape}
+
+
+def _json_float(value: Any) -> float:
+    """A number as transformers writes it to JSON: infinities as ``{"__float__": "Infinity"}``."""
+    return float(value["__float__"] if isinstance(value, dict) and "__float__" in value else value)
 
 
 def linear_attention_fields(raw: dict[str, Any], grouped_projections: bool) -> dict[str, Any]:

@@ -27,7 +27,9 @@ from torch import nn
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.gated_delta_net import GatedDeltaNet
 from services.engine.kv_pool import PagedKVPool
+from services.engine.linear_attention_config import Mamba2Shape
 from services.engine.lora import LoraBatch
+from services.engine.mamba2 import Mamba2Mixer
 from services.engine.mla import LatentAttention
 from services.engine.model_config import ModelConfig
 from services.engine.moe import SparseMoE, copy_expert, expert_target, missing_experts
@@ -293,12 +295,15 @@ class DecoderLayer(nn.Module):
         else:  # OLMo 2, EXAONE 4: the MLP's output is normed, and no sublayer's input
             self.post_feedforward_layernorm = norm()
         # DeepSeek-V2's and -V3's latent attention, the others' grouped-query attention, or in a hybrid's linear
-        # layers Gated DeltaNet (its own name, as checkpoints hold it), called as attention is.
-        self.self_attn = self.linear_attn = None
-        if layer in config.linear_layers:
-            self.linear_attn = GatedDeltaNet(config, layer)
-        else:
+        # layers Gated DeltaNet or Mamba-2 (under the names checkpoints hold them by), called as attention is.
+        self.self_attn = self.linear_attn = self.mamba = None
+        if layer not in config.linear_layers:
             self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
+        elif isinstance(config.linear_attention, Mamba2Shape):
+            self.mamba = Mamba2Mixer(config, layer)
+        else:
+            self.linear_attn = GatedDeltaNet(config, layer)
+        self.mixer = "self_attn" if self.self_attn is not None else "mamba" if self.mamba is not None else "linear_attn"
         self.parallel = config.parallel_block
         if not self.parallel:  # Cohere: one norm per layer, which the MLP reads too
             self.post_attention_layernorm = norm()
@@ -318,7 +323,7 @@ class DecoderLayer(nn.Module):
         """``x`` is the previous block's output, ``residual`` the stream before it (None for the first layer);
         returns the same pair for the next layer, so each residual add rides along with the next norm.
         ``q_mult``: the queries' scale by position, for attention that has one (``query_scales``)."""
-        attn = self.self_attn if self.linear_attn is None else self.linear_attn
+        attn = getattr(self, self.mixer)
         if not self.pre_norms:  # OLMo 2, EXAONE 4: sublayers read the stream as it is, their outputs are normed
             residual = x if residual is None else x + residual
             residual = residual + self.post_attention_layernorm._norm(attn(residual, cos, sin, batch, kv,

@@ -1,7 +1,8 @@
-"""Recurrent states of linear-attention layers (Gated DeltaNet): one slot per sequence a worker holds.
+"""Recurrent states of linear-attention layers (Gated DeltaNet, Mamba-2): one slot per sequence a worker holds.
 
 A slot holds, for each linear layer, the last ``conv_kernel - 1`` inputs of its short convolution (the model's
-dtype) and its ``[value heads, key dim, value dim]`` state matrix (fp32, as transformers keeps it). Unlike KV,
+dtype) and its state (``shape.state_shape``: Gated DeltaNet's ``[value heads, key dim, value dim]`` matrices,
+Mamba-2's ``[heads, head dim, state size]``; fp32, as transformers keeps them). Unlike KV,
 a state is a summary of every token so far: it has one size whatever the length, is overwritten by each step,
 and cannot be shared or resumed from part of a sequence. So it lives with the sequence on its worker from its
 first token to its end (kept through a swap of its KV blocks; a recompute starts it again from zeros).
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from services.common.errors import InvalidArgument
-from services.engine.linear_attention_config import LinearAttentionShape
+from services.engine.linear_attention_config import LinearAttentionShape, Mamba2Shape
 
 
 class RecurrentStates:
-    def __init__(self, shape: LinearAttentionShape, num_layers: int, dtype: torch.dtype, device: torch.device,
+    def __init__(self, shape: LinearAttentionShape | Mamba2Shape, num_layers: int, dtype: torch.dtype, device: torch.device,
                  capacity: int = 8) -> None:
         self.shape, self.dtype, self.device = shape, dtype, device
         self.conv: list[torch.Tensor] = [self._conv_rows(capacity) for _ in range(num_layers)]
@@ -112,9 +113,7 @@ class RecurrentStates:
         return torch.zeros(n, s.conv_dim, s.conv_kernel - 1, dtype=self.dtype, device=self.device)
 
     def _ssm_rows(self, n: int) -> torch.Tensor:
-        s = self.shape
-        return torch.zeros(n, s.num_value_heads, s.key_head_dim, s.value_head_dim, dtype=torch.float32,
-                           device=self.device)
+        return torch.zeros(n, *self.shape.state_shape, dtype=torch.float32, device=self.device)
 
 
 def _bytes(t: torch.Tensor) -> bytes:

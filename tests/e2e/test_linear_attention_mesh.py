@@ -1,4 +1,5 @@
-"""A hybrid model (Qwen3-Next: Gated DeltaNet linear attention in two layers of three) through the live mesh: in
+"""Hybrid models (Qwen3-Next: Gated DeltaNet linear attention in two layers of three; Granite 4.0-H: Mamba-2 in
+two of three) through the live mesh: in
 the disaggregated topology each sequence's recurrent state follows its KV blocks from the prefill to the decode
 worker (ReadState after the blocks, over NIXL or the gRPC fallback), with no request recomputed; colocated,
 prompt chunks and decodes share steps. Greedy output equals transformers' for every request, and the pools end
@@ -11,6 +12,8 @@ import pytest
 import torch
 
 from seawall import AsyncClient
+from services.engine.checkpoint_report import kv_bytes_per_token, state_bytes_per_sequence
+from services.engine.model_config import ModelConfig
 from tests.e2e.conftest import generate_all, greedy_oracle, random_prompts, start_mesh
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
@@ -19,18 +22,28 @@ transformers = pytest.importorskip("transformers")
 
 MAX_TOKENS = 16
 PROMPTS = random_prompts([1, 17, 64, 65, 150, 40], seed=51)
-CASES = [("disaggregated", "nixl"), ("disaggregated", "grpc"), ("colocated", "nixl")]
-
-
-@pytest.fixture(scope="module")
-def hf_model(hybrid_model_dir):
-    return transformers.AutoModelForCausalLM.from_pretrained(hybrid_model_dir, dtype=torch.float32).eval()
+CASES = [("qwen3-next", "disaggregated", "nixl"), ("qwen3-next", "disaggregated", "grpc"),
+         ("qwen3-next", "colocated", "nixl"), ("granite4-h", "disaggregated", "nixl")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
-def mesh(request, hybrid_model_dir, tmp_path_factory):
-    mode, transport = request.param
-    m = start_mesh(hybrid_model_dir, tmp_path_factory.mktemp("logs"), mode=mode,
+def case(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
+    """(checkpoint, its transformers model, mode, KV transport)."""
+    name, mode, transport = request.param
+    path = hybrid_model_dir
+    if name != "qwen3-next":
+        from tests.engine.test_architectures import CASES as ARCHITECTURES
+        from tests.engine.test_architectures import save_checkpoint
+
+        path = tmp_path_factory.mktemp(name)
+        save_checkpoint(ARCHITECTURES[name](), path, tiny_model_dir)
+    return path, transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), mode, transport
+
+
+@pytest.fixture(scope="module")
+def mesh(case, tmp_path_factory):
+    path, _, mode, transport = case
+    m = start_mesh(path, tmp_path_factory.mktemp("logs"), mode=mode,
                    scheduler_args=["--chunk-size", "16", "--kv-transport", transport])
     yield m
     assert all(code == 0 for code in m.stop().values())
@@ -43,7 +56,8 @@ def _transfer_bytes(mesh) -> float:
                if line.startswith("seawall_kv_transfer_bytes_total{") and 'status="done"' in line)
 
 
-async def test_concurrent_requests_match_transformers_with_states_handed_off(mesh, hf_model, request):
+async def test_concurrent_requests_match_transformers_with_states_handed_off(mesh, case):
+    path, hf_model, _, _ = case
     greedy = greedy_oracle(hf_model)
     async with AsyncClient(mesh.grpc_address) as client:
         outs = await generate_all(client, PROMPTS, max_tokens=MAX_TOKENS, temperature=0)
@@ -54,8 +68,9 @@ async def test_concurrent_requests_match_transformers_with_states_handed_off(mes
     assert again.token_ids == outs[4].token_ids and again.cached_prompt_tokens == 0
     assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
     if mesh.options.mode == "disaggregated":  # every hand-off moved blocks and state; none was recomputed
-        # 7 requests' KV (1 + 2 + 4 + 5 + 10 + 3 + 10 blocks of 4 KiB: one attention layer) and 7 states of
-        # 2 linear layers' 160 x 3 window and 4 x 16 x 24 state, fp32.
-        assert _transfer_bytes(mesh) == 35 * 4096 + 7 * 2 * (160 * 3 * 4 + 4 * 16 * 24 * 4)
+        # 7 requests' KV (1 + 2 + 4 + 5 + 10 + 3 + 10 blocks of 16 tokens) and 7 states, fp32.
+        config = ModelConfig.from_dir(path)
+        assert _transfer_bytes(mesh) == (35 * 16 * kv_bytes_per_token(config, "float32")
+                                         + 7 * state_bytes_per_sequence(config, "float32"))
         logs = "".join(p.read_text() for p in mesh.options.log_dir.glob("*.log"))
         assert "recomputing" not in logs and "computed elsewhere" not in logs

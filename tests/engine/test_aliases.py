@@ -153,9 +153,10 @@ def test_phi_2_as_published():
         ModelConfig.from_dict({**PHI_2, "qk_layernorm": True})
 
 
-def test_granite_4_is_served_with_attention_layers_only():
+def test_granite_4_configs_read_as_transformers_saves_them():
     """Granite 4.0's config as transformers saves it: dense with attention only (granite-4.0-micro) reads as
-    Granite at the shared MLP's width with RoPE; the Mamba-2 hybrids (-h) are refused, naming their layers."""
+    Granite at the shared MLP's width with RoPE; the -H hybrids' Mamba-2 layers with transformers' defaults for
+    their shape; a layer type neither is refused."""
     hf = transformers.GraniteMoeHybridConfig(
         layer_types=["attention"] * 4, num_local_experts=0, shared_intermediate_size=8192, intermediate_size=1,
         position_embedding_type="rope", hidden_size=2560, num_attention_heads=40, num_key_value_heads=8,
@@ -167,8 +168,17 @@ def test_granite_4_is_served_with_attention_layers_only():
     assert (config.embed_scale, config.residual_scale, config.logits_divisor, config.attn_scale) == (
         12.0, 0.22, 10.0, 0.0078125)
     assert ModelConfig.from_dict({**raw, "position_embedding_type": None}).nope_layers == (0, 1, 2, 3)
-    with pytest.raises(ModelLoadError, match="layer_types holds mamba layers \\(3 of 4\\)"):
-        ModelConfig.from_dict({**raw, "layer_types": ["mamba", "mamba", "attention", "mamba"]})
+    hybrid = ModelConfig.from_dict({**raw, "layer_types": ["mamba", "mamba", "attention", "mamba"]})
+    assert (hybrid.linear_layers, hybrid.kv_layers, hybrid.recurrent) == ((0, 1, 3), (2,), True)
+    m = hybrid.linear_attention  # transformers' defaults: 128 heads over 2 x 2560 channels, a 256-wide state
+    assert (m.num_heads, m.head_dim, m.state_size, m.n_groups, m.conv_kernel, m.chunk_size, m.conv_bias,
+            m.proj_bias) == (128, 40, 256, 1, 4, 256, True, False)
+    assert m.conv_dim == 5120 + 2 * 256 and m.time_step_limit == (0.0, float("inf"))
+    with pytest.raises(ModelLoadError, match="layer_types must name each of the 4 layers attention or mamba; got "
+                                             "moe"):
+        ModelConfig.from_dict({**raw, "layer_types": ["mamba", "moe", "attention", "mamba"]})
+    with pytest.raises(ModelLoadError, match="must fill mamba_expand"):
+        ModelConfig.from_dict({**raw, "layer_types": ["mamba"] * 4, "mamba_d_head": 16})
 
 
 PHI_3_5_MOE = {  # its config.json as released, less auto_map (the 64 factors of each list stand in for its own)

@@ -71,6 +71,16 @@ CASES = {
     "granite4": lambda: transformers.GraniteMoeHybridConfig(
         layer_types=["attention"] * 3, num_local_experts=0, shared_intermediate_size=96, position_embedding_type="rope",
         embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, **COMMON),
+    # Granite 4.0-H: Mamba-2 layers (8 heads of 16 in 2 groups, a 16-wide state, blocks of 32 tokens so prompts
+    # span several) around one attention layer without positions; dense (-H-Micro) and with experts (-H-Tiny).
+    "granite4-h": lambda: transformers.GraniteMoeHybridConfig(
+        layer_types=["mamba", "attention", "mamba"], num_local_experts=0, shared_intermediate_size=96,
+        mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=32, embedding_multiplier=4.0,
+        residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, **COMMON),
+    "granite4-h-moe": lambda: transformers.GraniteMoeHybridConfig(
+        layer_types=["mamba", "mamba", "attention"], num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=96, mamba_n_heads=4, mamba_d_state=8, mamba_chunk_size=16, mamba_proj_bias=True,
+        embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, **COMMON),
     "granite4-moe-nope": lambda: transformers.GraniteMoeHybridConfig(
         layer_types=["attention"] * 3, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=96,
         embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, **COMMON),

@@ -54,22 +54,29 @@ def test_an_alias_says_what_it_is_served_as_and_latent_attention_its_one_latent(
 
 def test_a_hybrid_counts_kv_in_its_attention_layers_and_a_state_per_sequence(tmp_path, capsys):
     """Qwen3-Next: KV in 12 of 48 layers; 36 linear layers of 32 value heads' 128 x 128 fp32 states beside a
-    3-wide window of 8192 channels."""
+    3-wide window of 8192 channels. Granite 4.0-H: Mamba-2's heads of 40 channels with a 256-wide state each."""
     facts = report(_dir(tmp_path, QWEN3_NEXT))
     assert facts["kv_cache_bytes_per_token"]["bfloat16"] == 12 * 2 * 2 * 256 * 2
     assert facts["recurrent_state_bytes_per_sequence"]["bfloat16"] == 36 * (8192 * 3 * 2 + 32 * 128 * 128 * 4)
     assert facts["attention"].startswith("full in 12 of 48 layers; Gated DeltaNet linear attention (32 value heads")
     assert main(["model", "check", str(tmp_path)]) == 0
     assert "state         73.7 MiB a sequence in bfloat16" in capsys.readouterr().out
+    granite_h = report(_dir(tmp_path / "granite-h", {
+        "architectures": ["GraniteMoeHybridForCausalLM"], "layer_types": ["mamba", "attention", "mamba", "mamba"],
+        "num_hidden_layers": 4, "hidden_size": 2560, "num_attention_heads": 40, "num_key_value_heads": 8,
+        "num_local_experts": 0, "shared_intermediate_size": 8192}))
+    assert granite_h["attention"].startswith("full in 1 of 4 layers; Mamba-2 (128 heads of 40, a 256-wide state")
+    assert granite_h["recurrent_state_bytes_per_sequence"]["float32"] == 3 * ((5120 + 512) * 3 * 4 + 128 * 40 * 256 * 4)
 
 
 def test_a_refused_checkpoint_says_why_and_exits_1(tmp_path, capsys):
     hybrid = {"architectures": ["GraniteMoeHybridForCausalLM"], "vocab_size": 100, "hidden_size": 64,
               "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "layer_types": ["mamba", "attention"]}
+              "layer_types": ["mamba", "cross_attention"]}
     assert main(["model", "check", str(_dir(tmp_path / "granite", hybrid))]) == 1
     text = capsys.readouterr().out
-    assert "not served (GraniteMoeHybridForCausalLM)" in text and "layer_types holds mamba layers (1 of 2)" in text
+    assert "not served (GraniteMoeHybridForCausalLM)" in text
+    assert "layer_types must name each of the 2 layers attention or mamba; got cross_attention" in text
 
 
 @pytest.mark.parametrize("missing", ["dir", "config"])

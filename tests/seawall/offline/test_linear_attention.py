@@ -1,5 +1,5 @@
-"""A hybrid model (Qwen3-Next: Gated DeltaNet linear attention in two layers of three) against transformers under
-every scheduling path that must carry its recurrent state: prompt chunks of any size (a state resumed chunk after
+"""Hybrid models against transformers (Qwen3-Next: Gated DeltaNet linear attention in two layers of three; Granite
+4.0-H: Mamba-2 in two of three) under every scheduling path that must carry their recurrent state: prompt chunks of any size (a state resumed chunk after
 chunk), whole prompts, multi-step decoding, MLFQ order, preemption by swap (the state stays on the worker) and by
 recompute (it starts again from zeros). A prefix is never taken from the cache (the blocks do not hold the
 state); every state slot is back in the pool at the end."""
@@ -23,9 +23,20 @@ PROMPT_LENS = [1, 20, 63, 64, 65, 150]
 MAX_TOKENS = 24
 
 
+@pytest.fixture(scope="module", params=["qwen3-next", "granite4-h"])
+def model_dir(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
+    if request.param == "qwen3-next":
+        return hybrid_model_dir
+    from tests.engine.test_architectures import CASES, save_checkpoint
+
+    out = tmp_path_factory.mktemp(request.param)
+    save_checkpoint(CASES[request.param](), out, tiny_model_dir)
+    return out
+
+
 @pytest.fixture(scope="module")
-def hf_model(hybrid_model_dir):
-    return transformers.AutoModelForCausalLM.from_pretrained(hybrid_model_dir, dtype=torch.float32).eval()
+def hf_model(model_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 def _greedy(model, prompts, max_tokens=MAX_TOKENS):
@@ -74,9 +85,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_greedy_output_matches_transformers(hybrid_model_dir, case, name):
+def test_greedy_output_matches_transformers(model_dir, case, name):
     prompts, refs = case
-    engine = _engine(hybrid_model_dir, CASES[name])
+    engine = _engine(model_dir, CASES[name])
     got = engine.generate(prompts, _params(len(prompts)))
     for n, comp, ref in zip(PROMPT_LENS, got, refs, strict=True):
         assert comp.token_ids == ref, f"the {n}-token prompt diverged"
@@ -84,10 +95,10 @@ def test_greedy_output_matches_transformers(hybrid_model_dir, case, name):
 
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
-def test_preemption_keeps_or_restarts_the_state(hybrid_model_dir, case, mode):
+def test_preemption_keeps_or_restarts_the_state(model_dir, case, mode):
     prompts, refs = case
     # 20 blocks for prompts and outputs that need 33 at once: requests crowd each other out.
-    engine = _engine(hybrid_model_dir, SchedulerConfig(chunk_size=16, preemption_mode=mode, policy="fastserve+sarathi"),
+    engine = _engine(model_dir, SchedulerConfig(chunk_size=16, preemption_mode=mode, policy="fastserve+sarathi"),
                      blocks=20)
     got = engine.generate(prompts, _params(len(prompts)))
     assert engine.scheduler.preemptions[mode] > 0
@@ -96,19 +107,19 @@ def test_preemption_keeps_or_restarts_the_state(hybrid_model_dir, case, mode):
     assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
 
 
-def test_a_repeated_prompt_runs_every_token_again(hybrid_model_dir, case):
+def test_a_repeated_prompt_runs_every_token_again(model_dir, case):
     """Prefix caching is on in the config, but its blocks would skip the tokens the state needs."""
     prompts, refs = case
-    engine = _engine(hybrid_model_dir, SchedulerConfig(chunk_size=32, enable_prefix_caching=True))
+    engine = _engine(model_dir, SchedulerConfig(chunk_size=32, enable_prefix_caching=True))
     first = engine.generate([prompts[-1]], _params(1))
     again = engine.generate([prompts[-1], prompts[-1]], _params(2))
     assert [c.num_cached_prompt_tokens for c in first + again] == [0, 0, 0]
     assert [c.token_ids for c in first + again] == [refs[-1]] * 3
 
 
-def test_more_sequences_than_slots_grow_the_state_pool(hybrid_model_dir, case):
+def test_more_sequences_than_slots_grow_the_state_pool(model_dir, case):
     prompts, refs = case
-    engine = _engine(hybrid_model_dir, SchedulerConfig(chunk_size=64))
+    engine = _engine(model_dir, SchedulerConfig(chunk_size=64))
     start = engine.runner.states.capacity
     many = prompts * 3  # 18 at once past the pool's first 8 slots
     got = engine.generate(many, _params(len(many)))
@@ -128,18 +139,20 @@ def test_what_cannot_carry_a_recurrent_state_is_refused(hybrid_model_dir):
     assert "moved" not in result.sampled
 
 
-def test_kv_is_kept_for_attention_layers_only_and_mtp_weights_are_skipped(hybrid_model_dir, case, tmp_path):
+def test_kv_is_kept_for_attention_layers_only_and_mtp_weights_are_skipped(hybrid_model_dir, tmp_path):
     """The pool's block holds the one attention layer's K and V; a multi-token-prediction module (Qwen3-Next's
     checkpoints hold one, ``mtp.*``, which transformers skips) loads as if absent."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    prompts, refs = case
+    prompts = [list(range(5, 5 + n)) for n in (3, 40, 70)]
+    refs = _greedy(transformers.AutoModelForCausalLM.from_pretrained(hybrid_model_dir, dtype=torch.float32).eval(),
+                   prompts)
     shutil.copytree(hybrid_model_dir, tmp_path / "ckpt")
     weights = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
     weights |= {"mtp.fc.weight": torch.ones(64, 128), "mtp.layers.0.input_layernorm.weight": torch.ones(64)}
     save_file(weights, str(tmp_path / "ckpt" / "model.safetensors"), metadata={"format": "pt"})
     engine = _engine(tmp_path / "ckpt", SchedulerConfig(chunk_size=16))
     assert engine.runner.layout.num_layers == 1 and engine.runner.layout.bytes_per_block == 16 * 2 * 2 * 16 * 4
-    assert [c.token_ids for c in engine.generate(prompts[:3], _params(3))] == refs[:3]
+    assert [c.token_ids for c in engine.generate(prompts, _params(3))] == refs
