@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
-from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields
+from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
 
 
 @dataclass(frozen=True)
@@ -306,6 +306,19 @@ ALIASES = {
         ignored=("use_sliding_window", "sliding_window", "max_window_layers", "qkv_bias"),
         rewrite=lambda raw: {**_partial_rotary_aside(raw, 0.25), "qkv_bias": bool(raw.get("attention_bias"))},
         fields=lambda raw: _qwen3_next_fields(raw, grouped_projections=True)),
+    # LFM2 (Liquid AI): Qwen3's attention (q/k norms) in a few layers, a gated short convolution (short_conv.py) in
+    # the rest, a SwiGLU MLP whose width transformers derives from block_ff_dim; its own tensor names
+    # (weight_names.py).
+    "Lfm2ForCausalLM": Alias(
+        "Qwen3ForCausalLM", {"norm_eps": "rms_norm_eps", "block_ff_dim": "intermediate_size",
+                             "tie_embedding": "tie_word_embeddings"},
+        defaults={"vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 128000,
+                  "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "tie_word_embeddings": True, "bos_token_id": 1,
+                  "eos_token_id": 2},
+        ignored=("use_sliding_window", "sliding_window", "max_window_layers"),
+        rewrite=lambda raw: _lfm2(raw),
+        fields=lambda raw: {**short_conv_fields(raw), "architecture": "Lfm2ForCausalLM"}),
     # Qwen3.5 (the text model of Qwen3_5ForConditionalGeneration; vision_language.py): Qwen3-Next's layers over
     # a dense MLP, its linear layers' projections stored apart (in_proj_qkv, _z, _b, _a) rather than grouped.
     "Qwen3_5ForCausalLM": Alias(
@@ -343,6 +356,19 @@ def _partial_rotary_aside(raw: dict[str, Any], default: float) -> dict[str, Any]
     if params:
         out["rope_parameters"] = params
     return {**out, "partial_rotary_aside": float(partial)}
+
+
+def _lfm2(raw: dict[str, Any]) -> dict[str, Any]:
+    """The MLP's width as transformers' LFM2 derives it: two thirds of block_ff_dim, times the multiplier, rounded up
+    to block_multiple_of."""
+    width = int(raw["intermediate_size"])
+    if raw.get("block_auto_adjust_ff_dim", True):
+        width = int(2 * width / 3)
+        multiplier = raw.get("block_ffn_dim_multiplier", 1.0)
+        if multiplier is not None:
+            step = int(raw.get("block_multiple_of", 256))
+            width = step * ((int(multiplier * width) + step - 1) // step)
+    return {**raw, "intermediate_size": width}
 
 
 def _qwen3_next_fields(raw: dict[str, Any], grouped_projections: bool) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import SeawallError
-from services.engine.linear_attention_config import Mamba2Shape
+from services.engine.linear_attention_config import Mamba2Shape, ShortConvShape
 from services.engine.model_config import ModelConfig
 from services.engine.pooling import has_lm_head, read_pooling
 from services.engine.safetensors_headers import read_json, tensors, weight_files
@@ -90,6 +90,7 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
         s = config.linear_attention
         mixer = (f"Mamba-2 ({s.num_heads} heads of {s.head_dim}, a {s.state_size}-wide state per channel"
                  if isinstance(s, Mamba2Shape) else
+                 f"gated short convolution ({s.conv_kernel} tokens wide" if isinstance(s, ShortConvShape) else
                  f"Gated DeltaNet linear attention ({s.num_value_heads} value heads on {s.num_key_heads} key heads")
         kind += (f" in {len(config.kv_layers)} of {config.num_hidden_layers} layers; {mixer}, a recurrent state per "
                  "sequence) in the rest")

@@ -1,6 +1,6 @@
 """Linear-attention layers as their configs give them: which layers mix tokens by a recurrence instead of softmax
-attention, and the shape of those layers: Gated DeltaNet (Qwen3-Next, Qwen3.5) or Mamba-2 (Granite 4.0-H). No
-torch: the scheduler reads configs.
+attention, and the shape of those layers: Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-2 (Granite 4.0-H) or
+LFM2's gated short convolution. No torch: the scheduler reads configs.
 
 A linear-attention layer keeps no KV: each sequence carries a fixed-size recurrent state instead (a short
 convolution window and one ``[value heads, key dim, value dim]`` matrix per layer; recurrent_state.py), which
@@ -76,6 +76,41 @@ class Mamba2Shape:
     @property
     def state_shape(self) -> tuple[int, ...]:
         return (self.num_heads, self.head_dim, self.state_size)
+
+
+@dataclass(frozen=True)
+class ShortConvShape:
+    """LFM2's gated short convolution: ``hidden_size`` channels, a ``conv_kernel``-wide window, biases or not. Its
+    state is the window alone."""
+
+    hidden_size: int
+    conv_kernel: int
+    bias: bool
+
+    @property
+    def conv_dim(self) -> int:
+        return self.hidden_size
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (0,)
+
+
+def short_conv_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """``ModelConfig``'s ``linear_layers`` and ``linear_attention`` from an LFM2 config: its "conv" layers (or those
+    ``full_attn_idxs`` leaves out; every layer attends by default, as transformers reads it)."""
+    layers = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types")
+    if types is None:
+        full = raw.get("full_attn_idxs")
+        types = ["full_attention" if full is None or i in full else "conv" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or not set(types) <= {"conv", FULL_ATTENTION}:
+        raise ModelLoadError(f"config.json: layer_types must name each of the {layers} layers conv or full_attention")
+    shape = ShortConvShape(int(raw["hidden_size"]), int(raw.get("conv_L_cache") or 3), bool(raw.get("conv_bias")))
+    if shape.conv_kernel < 2:
+        raise ModelLoadError(f"config.json: conv_L_cache must be >= 2, got {shape.conv_kernel}")
+    conv = tuple(i for i, t in enumerate(types) if t == "conv")
+    return {"linear_layers": conv, "linear_attention": shape} if conv else {}
 
 
 def mamba2_fields(raw: dict[str, Any], mamba_types: tuple[str, ...]) -> dict[str, Any]:

@@ -27,13 +27,14 @@ from torch import nn
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.gated_delta_net import GatedDeltaNet
 from services.engine.kv_pool import PagedKVPool
-from services.engine.linear_attention_config import Mamba2Shape
+from services.engine.linear_attention_config import LinearAttentionShape, Mamba2Shape, ShortConvShape
 from services.engine.lora import LoraBatch
 from services.engine.mamba2 import Mamba2Mixer
 from services.engine.mla import LatentAttention
 from services.engine.model_config import ModelConfig
 from services.engine.moe import SparseMoE, copy_expert, expert_target, missing_experts
 from services.engine.rope import RotaryEmbedding
+from services.engine.short_conv import GatedShortConv
 from services.engine.weight_names import checkpoint_name
 
 if TYPE_CHECKING:
@@ -283,6 +284,11 @@ class MLP(nn.Module):
         return out if lora is None else lora.add(out, h, self.layer, "down")
 
 
+# A linear layer's mixer by its shape: the attribute it is held by (the name checkpoints give it) and its class.
+_LINEAR_MIXERS = {LinearAttentionShape: "linear_attn", Mamba2Shape: "mamba", ShortConvShape: "conv"}
+_MIXER_CLASSES = {"linear_attn": GatedDeltaNet, "mamba": Mamba2Mixer, "conv": GatedShortConv}
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -296,14 +302,12 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = norm()
         # DeepSeek-V2's and -V3's latent attention, the others' grouped-query attention, or in a hybrid's linear
         # layers Gated DeltaNet or Mamba-2 (under the names checkpoints hold them by), called as attention is.
-        self.self_attn = self.linear_attn = self.mamba = None
-        if layer not in config.linear_layers:
-            self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
-        elif isinstance(config.linear_attention, Mamba2Shape):
-            self.mamba = Mamba2Mixer(config, layer)
+        self.mixer = "self_attn"
+        if layer in config.linear_layers:
+            self.mixer = _LINEAR_MIXERS[type(config.linear_attention)]
+            setattr(self, self.mixer, _MIXER_CLASSES[self.mixer](config, layer))
         else:
-            self.linear_attn = GatedDeltaNet(config, layer)
-        self.mixer = "self_attn" if self.self_attn is not None else "mamba" if self.mamba is not None else "linear_attn"
+            self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
         self.parallel = config.parallel_block
         if not self.parallel:  # Cohere: one norm per layer, which the MLP reads too
             self.post_attention_layernorm = norm()

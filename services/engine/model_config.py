@@ -19,8 +19,8 @@ norms, local layers with RoPE and global ones without; K-EXAONE, its MoE, the sa
 attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled logits; Command R7B / A slide
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
 pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash, Youtu-LLM and MiniCPM5-MoE
-(``aliases.py``: served as Llama, DeepSeek-V3 or GLM-4.5), Qwen3-Next, Qwen3.5 and Granite 4.0-H (``aliases.py``;
-their Gated DeltaNet and Mamba-2 layers: ``linear_attention_config.py``), Arcee's AFMoE (``afmoe.py``), Hunyuan dense and MoE (``hunyuan.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+(``aliases.py``: served as Llama, DeepSeek-V3 or GLM-4.5), Qwen3-Next, Qwen3.5, Granite 4.0-H and LFM2
+(``aliases.py``; their Gated DeltaNet, Mamba-2 and short-convolution layers: ``linear_attention_config.py``), Arcee's AFMoE (``afmoe.py``), Hunyuan dense and MoE (``hunyuan.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -43,7 +43,7 @@ from services.engine.afmoe import afmoe_fields
 from services.engine.aliases import ALIASES, aliased
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import hunyuan_fields, ntk_alpha_rope
-from services.engine.linear_attention_config import LinearAttentionShape, Mamba2Shape
+from services.engine.linear_attention_config import LinearAttentionShape, Mamba2Shape, ShortConvShape
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_fields, llama4_nope_layers
 from services.engine.mla_config import check_mla, mla_fields
@@ -260,10 +260,11 @@ class ModelConfig:
     architecture: str = "LlamaForCausalLM"
     # The vision-language architecture whose language model this is (vision_language.py), else None.
     vision_language: str | None = None
-    # Linear-attention layers (linear_attention_config.py): Gated DeltaNet (Qwen3-Next, Qwen3.5) or Mamba-2
-    # (Granite 4.0-H); these layers mix tokens over a recurrent state per sequence and keep no KV. Their shape.
+    # Linear-attention layers (linear_attention_config.py): Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-2 (Granite
+    # 4.0-H) or a gated short convolution (LFM2); these layers mix tokens over a recurrent state per sequence and
+    # keep no KV. Their shape.
     linear_layers: tuple[int, ...] = ()
-    linear_attention: LinearAttentionShape | Mamba2Shape | None = None
+    linear_attention: LinearAttentionShape | Mamba2Shape | ShortConvShape | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:

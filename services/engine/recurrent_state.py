@@ -124,6 +124,8 @@ def _tensor(data: bytes, like: torch.Tensor) -> torch.Tensor:
     if len(data) != like.numel() * like.element_size():
         raise InvalidArgument(f"{len(data)} bytes of recurrent state where the layer holds "
                          f"{like.numel() * like.element_size()}")
+    if not data:  # a mixer whose state is its convolution's window alone (LFM2): nothing else to hold
+        return torch.empty_like(like)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(like.dtype).view(like.shape)
 
 

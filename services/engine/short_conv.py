@@ -1,30 +1,56 @@
 """The short causal convolution in front of a linear-attention layer (Gated DeltaNet, Mamba-2), per sequence of a
 step's flat batch, after the inputs its recurrent state kept (recurrent_state.py), whose last ``kernel - 1`` it
-then keeps. SiLU after it, as both architectures have; computed with torch's grouped conv1d, as transformers
-computes it."""
+then keeps; SiLU after it, as both architectures have; computed with torch's grouped conv1d, as transformers
+computes it. And LFM2's conv layers, which are such a convolution between two gates."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from services.engine.attention import AttentionBatch
+from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 
 
 def causal_conv(x: torch.Tensor, rb: RecurrentBatch, state_index: int, weight: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
-    """``x`` ``[T, channels]`` → SiLU(conv) ``[T, channels]``; ``weight`` ``[channels, 1, kernel]``; updates the
-    convolution states of layer ``state_index`` for the batch's sequences."""
+                bias: torch.Tensor | None, silu: bool = True) -> torch.Tensor:
+    """``x`` ``[T, channels]`` → SiLU(conv) (``silu`` False: the conv alone) ``[T, channels]``; ``weight``
+    ``[channels, 1, kernel]``; updates the convolution states of layer ``state_index`` for the batch's sequences."""
     conv = rb.states.conv[state_index]
     channels = weight.shape[0]
+    act = F.silu if silu else _identity
     out = torch.empty_like(x)
     d = rb.num_decodes
     if d:
         window = torch.cat([conv.index_select(0, rb.decode_slots), x[:d, :, None]], dim=-1).to(weight.dtype)
         conv.index_copy_(0, rb.decode_slots, window[:, :, 1:])
-        out[:d] = F.silu(F.conv1d(window, weight, bias, groups=channels))[:, :, 0].to(x.dtype)
+        out[:d] = act(F.conv1d(window, weight, bias, groups=channels))[:, :, 0].to(x.dtype)
     for start, n, slot in rb.chunks:
         window = torch.cat([conv[slot], x[start:start + n].t()], dim=-1)[None].to(weight.dtype)
         conv[slot] = window[0, :, -conv.shape[-1]:]
-        out[start:start + n] = F.silu(F.conv1d(window, weight, bias, groups=channels))[0].t().to(x.dtype)
+        out[start:start + n] = act(F.conv1d(window, weight, bias, groups=channels))[0].t().to(x.dtype)
     return out
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+class GatedShortConv(nn.Module):
+    """LFM2's conv layers: B, C and x from one projection; the convolution of B * x, gated by C, projected out. Its
+    only state is the convolution's window. ``forward`` takes Attention's arguments and reads ``batch.recurrent``."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        s = config.linear_attention
+        self.state_index = config.linear_layers.index(layer)
+        self.in_proj = nn.Linear(s.hidden_size, 3 * s.hidden_size, bias=s.bias)
+        self.conv = nn.Conv1d(s.hidden_size, s.hidden_size, s.conv_kernel, groups=s.hidden_size, bias=s.bias)
+        self.out_proj = nn.Linear(s.hidden_size, s.hidden_size, bias=s.bias)
+
+    def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
+        b, c, h = self.in_proj(x).chunk(3, dim=-1)
+        h = causal_conv(b * h, batch.recurrent, self.state_index, self.conv.weight, self.conv.bias, silu=False)
+        return self.out_proj(c * h)

@@ -1,6 +1,6 @@
 """Checkpoint tensors the model holds under other names: EXAONE 3's GPT-2-style names, Mixtral's and MiniMax-M2's
 routers and routing bias, Apertus's and AFMoE's norms, AFMoE's router and routing bias, Hunyuan's q/k norms, router and shared MLP, GLM-4.5's shared experts, Granite MoE's stacked experts, router and shared MLP, ERNIE
-4.5's routing bias, and GLM-4's four norms, which transformers names by where they sit rather than by what
+4.5's routing bias, LFM2's attention, MLP and norms, and GLM-4's four norms, which transformers names by where they sit rather than by what
 they norm (its ``post_attention_layernorm`` is the MLP's input norm)."""
 
 from __future__ import annotations
@@ -48,6 +48,29 @@ _EXAONE = (("transformer.wte.", "model.embed_tokens."), ("transformer.h.", "mode
            (".mlp.c_fc_1.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
 
 
+# LFM2: Llama's tensors under its own names (its conv layers' are the model's own).
+_LFM2 = ((".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+         (".self_attn.k_layernorm.", ".self_attn.k_norm."), (".feed_forward.w1.", ".mlp.gate_proj."),
+         (".feed_forward.w3.", ".mlp.up_proj."), (".feed_forward.w2.", ".mlp.down_proj."),
+         (".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
+         ("model.embedding_norm.", "model.norm."))
+
+
+# Each architecture's own names, applied in order after the shared ones.
+_BY_ARCHITECTURE = {
+    # Apertus: its two norms named for what they feed.
+    "ApertusForCausalLM": ((".attention_layernorm.", ".input_layernorm."),
+                           (".feedforward_layernorm.", ".post_attention_layernorm.")),
+    AFMOE: AFMOE_RENAMES, **dict.fromkeys(HUNYUANS, HUNYUAN_RENAMES),
+    # VaultGemma: its MLP's input norm, under Gemma 2's name for it.
+    "VaultGemmaForCausalLM": ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),),
+    "Lfm2ForCausalLM": _LFM2,
+    "PhimoeForCausalLM": ((".mlp.router.", ".mlp.gate."),),  # its router, as transformers 5 saves it
+    "PhiForCausalLM": _PHI,
+    "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
+}
+
+
 def checkpoint_name(name: str, architecture: str = "") -> str:
     """The name the model holds a checkpoint's tensor by."""
     if architecture == "GraniteMoeHybridForCausalLM":  # dense Granite 4.0: its shared MLP is the MLP
@@ -56,23 +79,8 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
     if name.startswith("transformer."):  # EXAONE's layout: no other supported checkpoint names it so
         for old, new in _EXAONE:
             name = name.replace(old, new)
-    for old, new in _RENAMES:
+    for old, new in (*_RENAMES, *_BY_ARCHITECTURE.get(architecture, ())):
         name = name.replace(old, new)
-    if architecture == "ApertusForCausalLM":  # its two norms named for what they feed
-        name = name.replace(".attention_layernorm.", ".input_layernorm.").replace(
-            ".feedforward_layernorm.", ".post_attention_layernorm.")
-    if architecture == AFMOE or architecture in HUNYUANS:
-        for old, new in AFMOE_RENAMES if architecture == AFMOE else HUNYUAN_RENAMES:
-            name = name.replace(old, new)
-    if architecture == "VaultGemmaForCausalLM":  # its MLP's input norm, under Gemma 2's name for it
-        name = name.replace(".pre_feedforward_layernorm.", ".post_attention_layernorm.")
-    if architecture == "PhimoeForCausalLM":  # its router, as transformers 5 saves it
-        name = name.replace(".mlp.router.", ".mlp.gate.")
-    if architecture == "PhiForCausalLM":
-        for old, new in _PHI:
-            name = name.replace(old, new)
-    if architecture == "Starcoder2ForCausalLM":  # GPT-2's names for its MLP
-        name = name.replace(".mlp.c_fc.", ".mlp.up_proj.").replace(".mlp.c_proj.", ".mlp.down_proj.")
     if architecture in ("Glm4ForCausalLM", "HyperCLOVAXForCausalLM"):
         renames = _GLM4 if architecture == "Glm4ForCausalLM" else _HYPERCLOVAX
         old, new = next(((o, n) for o, n in renames if o in name), ("", ""))

@@ -293,3 +293,32 @@ def test_qwen3_5_text_models_read_with_transformers_defaults():
                                  "mlp_only_layers": [0]})
     assert moe.moe_layers == tuple(range(40)) and moe.norm_topk_prob and moe.shared_expert_gated
     assert (moe.num_experts, moe.num_experts_per_tok, moe.kv_layers) == (256, 8, tuple(range(3, 40, 4)))
+
+
+LFM2_1_2B = {  # LFM2-1.2B's config.json (its shape; fields transformers does not read, such as block_dim, left in)
+    "architectures": ["Lfm2ForCausalLM"], "block_auto_adjust_ff_dim": True, "block_dim": 2048, "block_ff_dim": 12288,
+    "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256, "block_norm_eps": 1e-05, "bos_token_id": 1,
+    "conv_L_cache": 3, "conv_bias": False, "conv_dim": 2048, "eos_token_id": 7, "hidden_size": 2048,
+    "layer_types": ["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
+                    "full_attention", "conv", "full_attention", "conv", "full_attention", "conv", "full_attention",
+                    "conv"],
+    "max_position_embeddings": 128000, "model_type": "lfm2", "norm_eps": 1e-05, "num_attention_heads": 32,
+    "num_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pad_token_id": 0, "rope_theta": 1000000.0,
+    "torch_dtype": "bfloat16", "use_pos_enc": True, "vocab_size": 65536}
+
+
+def test_lfm2_reads_as_transformers_reads_it():
+    """Six attention layers of sixteen; the MLP 8192 wide (two thirds of block_ff_dim, on a multiple of 256); tied
+    embeddings by default; the conv layers' state is their 2-wide window of 2048 channels."""
+    config = ModelConfig.from_dict(LFM2_1_2B)
+    hf = transformers.Lfm2Config(**{k: v for k, v in LFM2_1_2B.items() if k != "architectures"})
+    assert config.kv_layers == (2, 5, 8, 10, 12, 14) and config.recurrent
+    assert (config.intermediate_size, config.tie_word_embeddings, config.rms_norm_eps, config.head_dim) == (
+        8192, hf.tie_word_embeddings, hf.norm_eps, 64)
+    assert (config.linear_attention.conv_dim, config.linear_attention.conv_kernel) == (2048, 3)
+    assert ModelConfig.from_dict({**LFM2_1_2B, "block_ffn_dim_multiplier": 1.5}).intermediate_size == 12288
+    assert ModelConfig.from_dict({**LFM2_1_2B, "block_auto_adjust_ff_dim": False}).intermediate_size == 12288
+    named_alone = ModelConfig.from_dict({"architectures": ["Lfm2ForCausalLM"]})
+    assert not named_alone.recurrent and named_alone.num_hidden_layers == 32  # every layer attends by default
+    with pytest.raises(ModelLoadError, match="layer_types must name each of the 16 layers conv or full_attention"):
+        ModelConfig.from_dict({**LFM2_1_2B, "layer_types": ["mamba"] * 16})

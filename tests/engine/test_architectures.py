@@ -315,6 +315,11 @@ CASES = {
         linear_value_head_dim=24, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, mlp_only_layers=[2],
         layer_types=["linear_attention", "full_attention", "linear_attention"], **COMMON),
+    # LFM2: gated short convolutions in two layers of three (a bias on each, a 4-wide window), Qwen3's attention in
+    # the third; an MLP two thirds of block_ff_dim wide, rounded up to block_multiple_of.
+    "lfm2": lambda: transformers.Lfm2Config(
+        layer_types=["conv", "full_attention", "conv"], conv_bias=True, conv_L_cache=4, block_multiple_of=16,
+        **COMMON),
     # Qwen3.5's text models (Qwen3_5ForCausalLM; the released checkpoints are tests/engine/test_vision_language.py's):
     # Qwen3-Next's layers with the linear layers' projections stored apart, over a dense MLP or experts.
     "qwen3.5": lambda: transformers.Qwen3_5TextConfig(

@@ -11,7 +11,7 @@ import pytest
 from seawall.cli import main
 from services.engine.checkpoint_report import kv_bytes_per_token, report
 from services.engine.model_config import ModelConfig
-from tests.engine.test_aliases import GEMMA_7B, QWEN3_NEXT
+from tests.engine.test_aliases import GEMMA_7B, LFM2_1_2B, QWEN3_NEXT
 from tests.engine.test_architectures import DEEPSEEK_V3
 
 
@@ -67,6 +67,9 @@ def test_a_hybrid_counts_kv_in_its_attention_layers_and_a_state_per_sequence(tmp
         "num_local_experts": 0, "shared_intermediate_size": 8192}))
     assert granite_h["attention"].startswith("full in 1 of 4 layers; Mamba-2 (128 heads of 40, a 256-wide state")
     assert granite_h["recurrent_state_bytes_per_sequence"]["float32"] == 3 * ((5120 + 512) * 3 * 4 + 128 * 40 * 256 * 4)
+    lfm2 = report(_dir(tmp_path / "lfm2", LFM2_1_2B))
+    assert lfm2["attention"].startswith("full in 6 of 16 layers; gated short convolution (3 tokens wide, a recurrent")
+    assert lfm2["recurrent_state_bytes_per_sequence"]["bfloat16"] == 10 * 2048 * 2 * 2  # the window alone
 
 
 def test_a_refused_checkpoint_says_why_and_exits_1(tmp_path, capsys):
