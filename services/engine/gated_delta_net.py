@@ -102,19 +102,19 @@ class GatedDeltaNet(nn.Module):
                 a.reshape(t, s.num_value_heads))
 
     def _delta_rule(self, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
-        """``[T, value heads, value dim]`` in fp32: decodes in one recurrent step, each chunk in the chunked form."""
+        """``[T, value heads, value dim]`` in fp32: the decodes in one recurrent step, each group of prompt chunks
+        of one length in the chunked form, as one batch."""
         ssm = rb.states.ssm[self.state_index]
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-        d = rb.num_decodes
-        if d:
-            state = ssm.index_select(0, rb.decode_slots)
-            out[:d], state = recurrent_step(q[:d], k[:d], v[:d], g[:d], beta[:d], state)
-            ssm.index_copy_(0, rb.decode_slots, state)
-        for start, n, slot in rb.chunks:
-            span = slice(start, start + n)
-            o, state = chunked_delta_rule(q[span], k[span], v[span], g[span], beta[span], ssm[slot])
-            out[span] = o
-            ssm[slot] = state
+        for grp in rb.groups:
+            span, state = grp.tokens, ssm.index_select(0, grp.slots)
+            if grp.length == 1:
+                out[span], state = recurrent_step(q[span], k[span], v[span], g[span], beta[span], state)
+            else:
+                o, state = chunked_delta_rule(*(t[span].unflatten(0, (grp.count, grp.length))
+                                                for t in (q, k, v, g, beta)), state)
+                out[span] = o.flatten(0, 1)
+            ssm.index_copy_(0, grp.slots, state)
         return out
 
 
@@ -136,20 +136,21 @@ def recurrent_step(q, k, v, g, beta, state):
 
 
 def chunked_delta_rule(q, k, v, g, beta, state):
-    """The n tokens of one sequence after ``state``: q, k ``[n, H, Dk]``, v ``[n, H, Dv]``, g, beta ``[n, H]``, state
-    ``[H, Dk, Dv]`` (fp32). Returns (out ``[n, H, Dv]``, new state), as transformers' chunked kernel computes them."""
-    n = q.shape[0]
-    q, k, v, beta, g = (x.transpose(0, 1).to(torch.float32, memory_format=torch.contiguous_format)
-                        for x in (q, k, v, beta, g))  # heads first
+    """n tokens of each of B sequences after their ``state``: q, k ``[B, n, H, Dk]``, v ``[B, n, H, Dv]``, g, beta
+    ``[B, n, H]``, state ``[B, H, Dk, Dv]`` (fp32). Returns (out ``[B, n, H, Dv]``, new state), as transformers'
+    chunked kernel computes them."""
+    batch, n = q.shape[:2]
+    q, k, v, beta, g = (x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+                        for x in (q, k, v, beta, g))  # heads before tokens
     q, k = l2_normalize(q), l2_normalize(k)
     q = q * q.shape[-1] ** -0.5
     pad = (_CHUNK - n % _CHUNK) % _CHUNK
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
-    heads, blocks = q.shape[0], (n + pad) // _CHUNK
+    heads, blocks = q.shape[1], (n + pad) // _CHUNK
     v_beta, k_beta = v * beta.unsqueeze(-1), k * beta.unsqueeze(-1)
-    q, k, k_beta, v_beta = (x.reshape(heads, blocks, _CHUNK, x.shape[-1]) for x in (q, k, k_beta, v_beta))
-    cum = g.reshape(heads, blocks, _CHUNK).cumsum(dim=-1)
+    q, k, k_beta, v_beta = (x.reshape(batch, heads, blocks, _CHUNK, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    cum = g.reshape(batch, heads, blocks, _CHUNK).cumsum(dim=-1)
     upper = torch.ones(_CHUNK, _CHUNK, dtype=torch.bool, device=q.device).triu(1)
     decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
     system = (k_beta @ k.transpose(-1, -2)) * decay
@@ -162,7 +163,7 @@ def chunked_delta_rule(q, k, v, g, beta, state):
     k = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
     block_decay = cum[..., -1].exp()[..., None, None]
     for i in range(blocks):
-        v_new = values[:, i] - k_cum[:, i] @ state
-        out[:, i] = q[:, i] @ state + intra[:, i] @ v_new
-        state = state * block_decay[:, i] + k[:, i].transpose(-1, -2) @ v_new
-    return out.reshape(heads, -1, out.shape[-1])[:, :n].transpose(0, 1), state
+        v_new = values[:, :, i] - k_cum[:, :, i] @ state
+        out[:, :, i] = q[:, :, i] @ state + intra[:, :, i] @ v_new
+        state = state * block_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
+    return out.reshape(batch, heads, -1, out.shape[-1])[:, :, :n].transpose(1, 2), state

@@ -29,7 +29,7 @@ from services.engine.attention import (
     PrefixChunk,
 )
 from services.engine.lora import LoraBatch, lora_batch
-from services.engine.recurrent_state import RecurrentBatch, RecurrentStates
+from services.engine.recurrent_state import RecurrentBatch, RecurrentStates, SpanGroup
 
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
@@ -174,12 +174,16 @@ def _chunk_groups(attention: AttentionBatch, fresh: list[tuple[SequenceState, in
 
 def _recurrent_batch(states: RecurrentStates, decodes: list[SequenceState], chunks: list[tuple[SequenceState, int]],
                      device) -> RecurrentBatch:
-    """The state slots of the flat batch's decodes (its first tokens) and where each chunk's tokens start."""
-    spans, start = [], len(decodes)
-    for seq, n in chunks:
-        spans.append((start, n, seq.state_slot))
-        start += n
-    return RecurrentBatch(states, _t([seq.state_slot for seq in decodes], device), spans)
+    """The state slots of the flat batch's decodes (its first tokens), then of each run of prompt chunks of one
+    length, as groups a layer runs at once."""
+    groups, start = [], 0
+    runs = [(1, decodes)] if decodes else []
+    for n, run in groupby(chunks, key=lambda sn: sn[1]):
+        runs.append((n, [seq for seq, _ in run]))
+    for n, seqs in runs:
+        groups.append(SpanGroup(start, len(seqs), n, _t([seq.state_slot for seq in seqs], device)))
+        start += n * len(seqs)
+    return RecurrentBatch(states, groups)
 
 
 def _decode_order(decodes: list[SequenceState], any_order: bool) -> list[SequenceState]:

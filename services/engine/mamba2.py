@@ -67,7 +67,8 @@ class Mamba2Mixer(nn.Module):
         return self.out_proj(self.norm(y, gate).to(x.dtype))
 
     def _scan(self, h, b, c, dt, rb: RecurrentBatch) -> torch.Tensor:
-        """``[T, intermediate]``: decodes in one recurrent step, each chunk in the dual form."""
+        """``[T, intermediate]``: the decodes in one recurrent step, each group of prompt chunks of one length in
+        the dual form, as one batch."""
         s = self.shape
         ssm = rb.states.ssm[self.state_index]
         a = -torch.exp(self.A_log.float())
@@ -75,20 +76,17 @@ class Mamba2Mixer(nn.Module):
         h = h.view(t, s.num_heads, s.head_dim)
         b = b.view(t, s.n_groups, s.state_size)
         c = c.view(t, s.n_groups, s.state_size)
-        parts = []
-        d = rb.num_decodes
-        if d:
-            state = ssm.index_select(0, rb.decode_slots)
-            out, state = recurrent_step(h[:d], b[:d], c[:d], dt[:d], a, self.D, self.dt_bias, state)
-            ssm.index_copy_(0, rb.decode_slots, state)
-            parts.append(out.to(h.dtype).reshape(d, -1))
-        for start, n, slot in rb.chunks:
-            span = slice(start, start + n)
-            out, state = chunk_scan(h[span], b[span], c[span], dt[span], a, self.D, self.dt_bias, ssm[slot],
-                                    s.chunk_size, s.time_step_limit)
-            ssm[slot] = state
-            parts.append(out.reshape(n, -1).to(h.dtype))
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        out = torch.empty(t, s.intermediate, dtype=h.dtype, device=h.device)
+        for grp in rb.groups:
+            span, state = grp.tokens, ssm.index_select(0, grp.slots)
+            if grp.length == 1:
+                y, state = recurrent_step(h[span], b[span], c[span], dt[span], a, self.D, self.dt_bias, state)
+            else:
+                y, state = chunk_scan(*(x[span].unflatten(0, (grp.count, grp.length)) for x in (h, b, c, dt)), a,
+                                      self.D, self.dt_bias, state, s.chunk_size, s.time_step_limit)
+            out[span] = y.reshape(-1, s.intermediate).to(h.dtype)
+            ssm.index_copy_(0, grp.slots, state)
+        return out
 
 
 def recurrent_step(x, b, c, dt, a, d_skip, dt_bias, state):
@@ -119,22 +117,23 @@ def _segment_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def chunk_scan(x, b, c, dt, a, d_skip, dt_bias, state, chunk: int, dt_limit: tuple[float, float]):
-    """The n tokens of one sequence after ``state``: x ``[n, H, P]``, b, c ``[n, G, N]``, dt ``[n, H]``, state
-    ``[H, P, N]`` (fp32). Returns (y ``[n, H, P]`` fp32, new state), in transformers' chunked scan's order of ops."""
-    n, heads, head_dim = x.shape
-    groups = b.shape[1]
+    """n tokens of each of B sequences after their ``state``: x ``[B, n, H, P]``, b, c ``[B, n, G, N]``, dt ``[B, n,
+    H]``, state ``[B, H, P, N]`` (fp32). Returns (y ``[B, n, H, P]`` fp32, new state), in transformers' chunked
+    scan's order of ops."""
+    batch, n, heads, head_dim = x.shape
+    groups = b.shape[2]
     dt = torch.clamp(F.softplus(dt + dt_bias.to(dt.dtype)), min=dt_limit[0], max=dt_limit[1])
     x = x.float()
-    b = b.float().repeat_interleave(heads // groups, dim=1, output_size=heads)
-    c = c.float().repeat_interleave(heads // groups, dim=1, output_size=heads)
+    b = b.float().repeat_interleave(heads // groups, dim=2, output_size=heads)
+    c = c.float().repeat_interleave(heads // groups, dim=2, output_size=heads)
     pad = (chunk - n % chunk) % chunk
-    d_residual = d_skip[:, None] * F.pad(x, (0, 0, 0, 0, 0, pad))
+    d_residual = d_skip[..., None] * F.pad(x, (0, 0, 0, 0, 0, pad))
     x = x * dt[..., None].float()
     a = a.to(x.dtype) * dt.float()
 
-    def blocks(t: torch.Tensor) -> torch.Tensor:  # [n, ...] -> [1, blocks, chunk, ...], as transformers' batch of 1
-        t = F.pad(t, (0, 0, 0, 0, 0, pad)) if t.dim() == 3 else F.pad(t, (0, 0, 0, pad))
-        return t.reshape(1, -1, chunk, *t.shape[1:])
+    def blocks(t: torch.Tensor) -> torch.Tensor:  # [B, n, ...] -> [B, blocks, chunk, ...]
+        t = F.pad(t, (0, 0, 0, 0, 0, pad)) if t.dim() == 4 else F.pad(t, (0, 0, 0, pad))
+        return t.reshape(batch, -1, chunk, *t.shape[2:])
 
     x, a, b, c = (blocks(t) for t in (x, a, b, c))
     a = a.permute(0, 3, 1, 2)
@@ -144,10 +143,10 @@ def chunk_scan(x, b, c, dt, a, d_skip, dt_bias, state, chunk: int, dt_limit: tup
     y_diag = torch.einsum("bclsh,bcshp->bclhp", scores, x)
     b_decay = b * torch.exp(a_cumsum[:, :, :, -1:] - a_cumsum).permute(0, -2, -1, 1)[..., None]
     states = torch.einsum("bclhn,bclhp->bchpn", b_decay, x)
-    states = torch.cat([state[None, None].to(states.dtype), states], dim=1)
+    states = torch.cat([state[:, None].to(states.dtype), states], dim=1)
     decay_chunk = torch.exp(_segment_sum(F.pad(a_cumsum[:, :, :, -1], (1, 0)))).transpose(1, 3)
     new_states = torch.einsum("bzch,bzhpn->bchpn", decay_chunk, states)
     states, final = new_states[:, :-1], new_states[:, -1]
     y_off = torch.einsum("bclhn,bchpn->bclhp", c, states) * torch.exp(a_cumsum).permute(0, 2, 3, 1)[..., None]
-    y = (y_diag + y_off).contiguous().reshape(-1, heads, head_dim) + d_residual
-    return y[:n], final[0]
+    y = (y_diag + y_off).contiguous().reshape(batch, -1, heads, head_dim) + d_residual
+    return y[:, :n], final

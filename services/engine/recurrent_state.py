@@ -7,8 +7,9 @@ a state is a summary of every token so far: it has one size whatever the length,
 and cannot be shared or resumed from part of a sequence. So it lives with the sequence on its worker from its
 first token to its end (kept through a swap of its KV blocks; a recompute starts it again from zeros).
 
-Slots are rows of one tensor per layer and kind, so a step gathers and scatters its sequences' states with one
-``index_select`` / ``index_copy_`` a layer; the pool grows by doubling when every slot is taken.
+Slots are rows of one tensor per layer and kind, so a step gathers and scatters a group of its sequences' states
+(``RecurrentBatch``: the decodes, or prompt chunks of one length) with one ``index_select`` / ``index_copy_`` a
+layer; the pool grows by doubling when every slot is taken.
 """
 
 from __future__ import annotations
@@ -129,15 +130,26 @@ def _tensor(data: bytes, like: torch.Tensor) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(like.dtype).view(like.shape)
 
 
-@dataclass
-class RecurrentBatch:
-    """Which state each sequence of a step's flat batch reads and writes. The batch lays decodes out first, one
-    token each (``decode_slots``, in token order), then each prompt chunk: (first token, tokens, slot)."""
+@dataclass(frozen=True)
+class SpanGroup:
+    """``count`` sequences of ``length`` tokens each, back to back in the flat batch from ``start``: the batch's
+    decodes (length 1), or a run of prompt chunks of one length. ``slots``: their state slots, in that order."""
 
-    states: RecurrentStates
-    decode_slots: torch.Tensor  # [decodes] int64
-    chunks: list[tuple[int, int, int]]
+    start: int
+    count: int
+    length: int
+    slots: torch.Tensor  # [count] int64
 
     @property
-    def num_decodes(self) -> int:
-        return self.decode_slots.shape[0]
+    def tokens(self) -> slice:
+        return slice(self.start, self.start + self.count * self.length)
+
+
+@dataclass
+class RecurrentBatch:
+    """Which state each sequence of a step's flat batch reads and writes, by groups of equal length that a layer
+    runs as one batch: decodes first (one token each), then prompt chunks (fresh ones sorted by length, as the
+    flat batch lays them out, then those after earlier chunks)."""
+
+    states: RecurrentStates
+    groups: list[SpanGroup]

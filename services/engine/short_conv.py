@@ -19,18 +19,15 @@ def causal_conv(x: torch.Tensor, rb: RecurrentBatch, state_index: int, weight: t
     """``x`` ``[T, channels]`` → SiLU(conv) (``silu`` False: the conv alone) ``[T, channels]``; ``weight``
     ``[channels, 1, kernel]``; updates the convolution states of layer ``state_index`` for the batch's sequences."""
     conv = rb.states.conv[state_index]
-    channels = weight.shape[0]
+    channels, kept = weight.shape[0], conv.shape[-1]
     act = F.silu if silu else _identity
     out = torch.empty_like(x)
-    d = rb.num_decodes
-    if d:
-        window = torch.cat([conv.index_select(0, rb.decode_slots), x[:d, :, None]], dim=-1).to(weight.dtype)
-        conv.index_copy_(0, rb.decode_slots, window[:, :, 1:])
-        out[:d] = act(F.conv1d(window, weight, bias, groups=channels))[:, :, 0].to(x.dtype)
-    for start, n, slot in rb.chunks:
-        window = torch.cat([conv[slot], x[start:start + n].t()], dim=-1)[None].to(weight.dtype)
-        conv[slot] = window[0, :, -conv.shape[-1]:]
-        out[start:start + n] = act(F.conv1d(window, weight, bias, groups=channels))[0].t().to(x.dtype)
+    for g in rb.groups:  # each group at once: [count, channels, kept + length] windows
+        h = x[g.tokens].view(g.count, g.length, channels).transpose(1, 2)
+        window = torch.cat([conv.index_select(0, g.slots), h], dim=-1).to(weight.dtype)
+        conv.index_copy_(0, g.slots, window[:, :, -kept:])
+        y = act(F.conv1d(window, weight, bias, groups=channels))
+        out[g.tokens] = y.transpose(1, 2).reshape(g.count * g.length, channels).to(x.dtype)
     return out
 
 

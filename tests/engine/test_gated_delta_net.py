@@ -51,15 +51,27 @@ def test_the_chunked_form_over_any_split_reaches_the_same_state():
     q, k, v, decay, beta = _inputs(150, seed=1)
     start = torch.randn(HEADS, DK, DV) * 0.1
     want_out, want_state = _by_definition(q, k, v, decay, beta, start)
-    out, state = chunked_delta_rule(q, k, v, decay, beta, start)
-    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(state, want_state, rtol=1e-4, atol=1e-4)
-    state, outs = start, []
+    out, state = chunked_delta_rule(q[None], k[None], v[None], decay[None], beta[None], start[None])
+    torch.testing.assert_close(out[0], want_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state[0], want_state, rtol=1e-4, atol=1e-4)
+    state, outs = start[None], []
     for a, b in ((0, 1), (1, 64), (64, 150)):
-        o, state = chunked_delta_rule(q[a:b], k[a:b], v[a:b], decay[a:b], beta[a:b], state)
-        outs.append(o)
+        o, state = chunked_delta_rule(q[None, a:b], k[None, a:b], v[None, a:b], decay[None, a:b], beta[None, a:b],
+                                      state)
+        outs.append(o[0])
     torch.testing.assert_close(torch.cat(outs), want_out, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(state, want_state, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state[0], want_state, rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_of_chunks_keeps_sequences_apart():
+    """Three sequences' 70-token chunks as one batch, each after a state of its own: each as if run alone."""
+    inputs = [_inputs(70, seed=s) for s in (4, 5, 6)]
+    starts = torch.randn(3, HEADS, DK, DV) * 0.1
+    out, states = chunked_delta_rule(*(torch.stack(parts) for parts in zip(*inputs, strict=True)), starts)
+    for i, one in enumerate(inputs):
+        want_out, want_state = _by_definition(*one, starts[i])
+        torch.testing.assert_close(out[i], want_out, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(states[i], want_state, rtol=1e-4, atol=1e-4)
 
 
 def test_a_batch_of_recurrent_steps_keeps_sequences_apart():

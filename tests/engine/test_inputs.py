@@ -81,3 +81,20 @@ def test_no_decodes_no_rows():
     assert inputs.attention.decode_rows is None and inputs.attention.chunk_rows.token_starts.tolist() == [0]
     inputs = prepare_inputs([(_seq("d", 6, 5, 0), 1)], BLOCK, CPU, kernels)
     assert inputs.attention.chunk_rows is None and inputs.attention.decode_rows.size == 1
+
+
+def test_recurrent_states_are_grouped_as_the_flat_batch_lays_sequences_out():
+    """A hybrid model's layers run the decodes as one group and each run of equal-length prompt chunks as
+    another, with the state slots of their sequences in token order."""
+    from services.engine.linear_attention_config import ShortConvShape
+    from services.engine.recurrent_state import RecurrentStates
+
+    states = RecurrentStates(ShortConvShape(8, 3, False), 1, torch.float32, CPU)
+    step = _step()
+    for i, (seq, _) in enumerate(step):
+        seq.state_slot = 10 + i  # dl 10, f1 11, ds 12, c 13, dm 14, f2 15
+    groups = prepare_inputs(step, BLOCK, CPU, states=states).attention.recurrent.groups
+    assert [(g.start, g.count, g.length, g.slots.tolist()) for g in groups] == [
+        (0, 3, 1, [12, 14, 10]),  # the decodes, by context as attention orders them
+        (3, 2, 6, [11, 15]),  # the two fresh 6-token prompts, one batch
+        (15, 1, 4, [13])]  # the chunk after its cached prefix
