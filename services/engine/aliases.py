@@ -319,6 +319,17 @@ ALIASES = {
         ignored=("use_sliding_window", "sliding_window", "max_window_layers"),
         rewrite=lambda raw: _lfm2(raw),
         fields=lambda raw: {**short_conv_fields(raw), "architecture": "Lfm2ForCausalLM"}),
+    # LFM2-MoE (LFM2-8B-A1B): LFM2's layers with experts from layer num_dense_layers on, chosen by sigmoid score
+    # plus a learned bias (DeepSeek-V3's routing in one group, the router in the model's dtype), no shared expert.
+    "Lfm2MoeForCausalLM": Alias(
+        "Qwen3MoeForCausalLM", {"norm_eps": "rms_norm_eps"},
+        defaults={"vocab_size": 65536, "hidden_size": 2048, "intermediate_size": 7168, "moe_intermediate_size": 1792,
+                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                  "max_position_embeddings": 128000, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+                  "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "num_experts": 32,
+                  "num_experts_per_tok": 4, "norm_topk_prob": True},
+        ignored=("use_sliding_window", "sliding_window", "max_window_layers", "decoder_sparse_step", "mlp_only_layers"),
+        fields=lambda raw: _lfm2_moe_fields(raw)),
     # Qwen3.5 (the text model of Qwen3_5ForConditionalGeneration; vision_language.py): Qwen3-Next's layers over
     # a dense MLP, its linear layers' projections stored apart (in_proj_qkv, _z, _b, _a) rather than grouped.
     "Qwen3_5ForCausalLM": Alias(
@@ -369,6 +380,16 @@ def _lfm2(raw: dict[str, Any]) -> dict[str, Any]:
             step = int(raw.get("block_multiple_of", 256))
             width = step * ((int(multiplier * width) + step - 1) // step)
     return {**raw, "intermediate_size": width}
+
+
+def _lfm2_moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    if not raw.get("use_expert_bias", True):
+        raise ModelLoadError("config.json: use_expert_bias is false; LFM2-MoE is served with its routing bias only")
+    dense = int(raw.get("num_dense_layers", 2))
+    return {**short_conv_fields(raw), "architecture": "Lfm2MoeForCausalLM",
+            "moe_layers": tuple(range(dense, int(raw["num_hidden_layers"]))), "moe_routing": "sigmoid",
+            "router_fp32": False, "routed_scaling_factor": float(raw.get("routed_scaling_factor", 1.0)),
+            "routing_norm_eps": 1e-6}
 
 
 def _qwen3_next_fields(raw: dict[str, Any], grouped_projections: bool) -> dict[str, Any]:

@@ -200,6 +200,9 @@ class ModelConfig:
     moe_groups: int = 1
     moe_topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    # What a sigmoid router adds to the sum of the chosen weights it renormalizes by (transformers' DeepSeek-V3:
+    # 1e-20; LFM2-MoE: 1e-6).
+    routing_norm_eps: float = 1e-20
     # Whether a sigmoid router computes its logits in fp32 with fp32 weights (GLM-4.5, dots.llm1; transformers
     # keeps them fp32), or in the model's dtype (MiniMax-M2; the scores are fp32 either way); a top-k-softmax
     # router's softmax in fp32, cast back (Granite MoE), or in the model's dtype (GPT-OSS).

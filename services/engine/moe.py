@@ -70,6 +70,7 @@ class SparseMoE(nn.Module):
         self.sparsemixer_eps = config.sparsemixer_eps
         self.groups, self.topk_groups = config.moe_groups, config.moe_topk_groups
         self.scaling = config.routed_scaling_factor
+        self.norm_eps = config.routing_norm_eps
         self.router_fp32 = config.router_fp32
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)  # the router
         if self.routing in ("sigmoid", "softmax_biased"):  # added to the scores when experts are chosen only
@@ -176,7 +177,7 @@ class SparseMoE(nn.Module):
         chosen = choice.topk(self.top_k, dim=-1)[1]
         weights = scores.gather(1, chosen)
         if self.normalize:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + self.norm_eps)
         return weights * self.scaling, chosen
 
 

@@ -65,6 +65,8 @@ _BY_ARCHITECTURE = {
     # VaultGemma: its MLP's input norm, under Gemma 2's name for it.
     "VaultGemmaForCausalLM": ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),),
     "Lfm2ForCausalLM": _LFM2,
+    "Lfm2MoeForCausalLM": (*_LFM2, (".feed_forward.experts.", ".mlp.experts."), (".feed_forward.gate.", ".mlp.gate."),
+                           (".feed_forward.expert_bias", ".mlp.gate.e_score_correction_bias")),
     "PhimoeForCausalLM": ((".mlp.router.", ".mlp.gate."),),  # its router, as transformers 5 saves it
     "PhiForCausalLM": _PHI,
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's

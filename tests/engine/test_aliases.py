@@ -223,7 +223,7 @@ def test_phi_3_5_moe_as_published():
     ("NemotronForCausalLM", "NemotronConfig"), ("OlmoForCausalLM", "OlmoConfig"),
     ("Mistral4ForCausalLM", "Mistral4Config"), ("FlexOlmoForCausalLM", "FlexOlmoConfig"),
     ("Qwen3NextForCausalLM", "Qwen3NextConfig"), ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
-    ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig")])
+    ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"), ("Lfm2MoeForCausalLM", "Lfm2MoeConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -322,3 +322,13 @@ def test_lfm2_reads_as_transformers_reads_it():
     assert not named_alone.recurrent and named_alone.num_hidden_layers == 32  # every layer attends by default
     with pytest.raises(ModelLoadError, match="layer_types must name each of the 16 layers conv or full_attention"):
         ModelConfig.from_dict({**LFM2_1_2B, "layer_types": ["mamba"] * 16})
+
+
+def test_lfm2_moe_routes_from_its_first_sparse_layer_by_biased_sigmoid_scores():
+    config = ModelConfig.from_dict({"architectures": ["Lfm2MoeForCausalLM"], "num_hidden_layers": 6,
+                                    "num_dense_layers": 2, "layer_types": ["conv", "conv", "full_attention"] * 2})
+    assert config.moe_layers == (2, 3, 4, 5) and config.linear_layers == (0, 1, 3, 4)
+    assert (config.moe_routing, config.router_fp32, config.routing_norm_eps, config.shared_expert_intermediate_size,
+            config.num_experts, config.num_experts_per_tok) == ("sigmoid", False, 1e-6, 0, 32, 4)
+    with pytest.raises(ModelLoadError, match="use_expert_bias is false"):
+        ModelConfig.from_dict({"architectures": ["Lfm2MoeForCausalLM"], "use_expert_bias": False})

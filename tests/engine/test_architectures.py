@@ -320,6 +320,10 @@ CASES = {
     "lfm2": lambda: transformers.Lfm2Config(
         layer_types=["conv", "full_attention", "conv"], conv_bias=True, conv_L_cache=4, block_multiple_of=16,
         **COMMON),
+    # LFM2-MoE: 2 of 8 experts by sigmoid score plus a routing bias from layer 1 on (layer 0 dense).
+    "lfm2-moe": lambda: transformers.Lfm2MoeConfig(
+        layer_types=["conv", "full_attention", "conv"], num_dense_layers=1, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, routed_scaling_factor=1.5, **COMMON),
     # Qwen3.5's text models (Qwen3_5ForCausalLM; the released checkpoints are tests/engine/test_vision_language.py's):
     # Qwen3-Next's layers with the linear layers' projections stored apart, over a dense MLP or experts.
     "qwen3.5": lambda: transformers.Qwen3_5TextConfig(
@@ -362,7 +366,7 @@ def save_checkpoint(config, out, tiny_model_dir, auto=None):
             # Sinks (GPT-OSS) near the scores' scale, so that they change the attention.
             p.normal_(1.0, 0.2) if "norm" in name else p.normal_(4.0, 2.0) if "sinks" in name else p.normal_(0.0, 0.3)
         for name, b in model.named_buffers():  # GLM-4.5's routing bias: enough to change which experts are chosen
-            if "e_score_correction_bias" in name:
+            if "e_score_correction_bias" in name or name.endswith(".expert_bias"):  # LFM2-MoE's
                 b.normal_(0.0, 0.3)
         for name, p in model.named_parameters():  # AFMoE's routing bias is a parameter
             if name.endswith("expert_bias"):
