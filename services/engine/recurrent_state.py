@@ -1,8 +1,9 @@
-"""Recurrent states of linear-attention layers (Gated DeltaNet, Mamba-2): one slot per sequence a worker holds.
+"""Recurrent states of linear-attention layers (Gated DeltaNet, Mamba-2, LFM2's short convolution): one slot per
+sequence a worker holds.
 
 A slot holds, for each linear layer, the last ``conv_kernel - 1`` inputs of its short convolution (the model's
 dtype) and its state (``shape.state_shape``: Gated DeltaNet's ``[value heads, key dim, value dim]`` matrices,
-Mamba-2's ``[heads, head dim, state size]``; fp32, as transformers keeps them). Unlike KV,
+Mamba-2's ``[heads, head dim, state size]``, fp32 as transformers keeps them; nothing for LFM2). Unlike KV,
 a state is a summary of every token so far: it has one size whatever the length, is overwritten by each step,
 and cannot be shared or resumed from part of a sequence. So it lives with the sequence on its worker from its
 first token to its end (kept through a swap of its KV blocks; a recompute starts it again from zeros).
@@ -19,12 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from services.common.errors import InvalidArgument
-from services.engine.linear_attention_config import LinearAttentionShape, Mamba2Shape
+from services.engine.linear_attention_config import LinearAttentionShape, Mamba2Shape, ShortConvShape
 
 
 class RecurrentStates:
-    def __init__(self, shape: LinearAttentionShape | Mamba2Shape, num_layers: int, dtype: torch.dtype, device: torch.device,
-                 capacity: int = 8) -> None:
+    def __init__(self, shape: LinearAttentionShape | Mamba2Shape | ShortConvShape, num_layers: int, dtype: torch.dtype,
+                 device: torch.device, capacity: int = 8) -> None:
         self.shape, self.dtype, self.device = shape, dtype, device
         self.conv: list[torch.Tensor] = [self._conv_rows(capacity) for _ in range(num_layers)]
         self.ssm: list[torch.Tensor] = [self._ssm_rows(capacity) for _ in range(num_layers)]
