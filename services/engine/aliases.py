@@ -37,6 +37,8 @@ class Alias:
 _ROUTING = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group",
             "topk_group", "routed_scaling_factor", "norm_topk_prob", "first_k_dense_replace", "topk_method",
             "scoring_func", "moe_layer_freq")
+# Qwen2/3's window fields, which the hybrids served as Qwen2-MoE or Qwen3 do not read (they attend in full).
+_NO_WINDOW = ("use_sliding_window", "sliding_window", "max_window_layers")
 ALIASES = {
     # InternLM3: its qkv_bias and bias are Llama's attention_bias (o_proj's too) and mlp_bias, which transformers
     # requires equal.
@@ -303,7 +305,7 @@ ALIASES = {
                   "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
                   "shared_expert_intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1,
                   "tie_word_embeddings": False},
-        ignored=("use_sliding_window", "sliding_window", "max_window_layers", "qkv_bias"),
+        ignored=(*_NO_WINDOW, "qkv_bias"),
         rewrite=lambda raw: {**_partial_rotary_aside(raw, 0.25), "qkv_bias": bool(raw.get("attention_bias"))},
         fields=lambda raw: _qwen3_next_fields(raw, grouped_projections=True)),
     # LFM2 (Liquid AI): Qwen3's attention (q/k norms) in a few layers, a gated short convolution (short_conv.py) in
@@ -316,7 +318,7 @@ ALIASES = {
                   "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 128000,
                   "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "tie_word_embeddings": True, "bos_token_id": 1,
                   "eos_token_id": 2},
-        ignored=("use_sliding_window", "sliding_window", "max_window_layers"),
+        ignored=_NO_WINDOW,
         rewrite=lambda raw: _lfm2(raw),
         fields=lambda raw: {**short_conv_fields(raw), "architecture": "Lfm2ForCausalLM"}),
     # LFM2-MoE (LFM2-8B-A1B): LFM2's layers with experts from layer num_dense_layers on, chosen by sigmoid score
@@ -328,7 +330,7 @@ ALIASES = {
                   "max_position_embeddings": 128000, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
                   "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "num_experts": 32,
                   "num_experts_per_tok": 4, "norm_topk_prob": True},
-        ignored=("use_sliding_window", "sliding_window", "max_window_layers", "decoder_sparse_step", "mlp_only_layers"),
+        ignored=(*_NO_WINDOW, "decoder_sparse_step", "mlp_only_layers"),
         fields=lambda raw: _lfm2_moe_fields(raw)),
     # Qwen3.5 (the text model of Qwen3_5ForConditionalGeneration; vision_language.py): Qwen3-Next's layers over
     # a dense MLP, its linear layers' projections stored apart (in_proj_qkv, _z, _b, _a) rather than grouped.
@@ -338,7 +340,7 @@ ALIASES = {
                   "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
                   "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
                   "tie_word_embeddings": False},
-        ignored=("use_sliding_window", "sliding_window", "max_window_layers"),
+        ignored=_NO_WINDOW,
         rewrite=lambda raw: _partial_rotary_aside(raw, 0.25),
         fields=lambda raw: _qwen3_next_fields(raw, grouped_projections=False)),
     # Qwen3.5's mixtures of experts: Qwen3-Next's experts in every layer, always renormalized (the config names
@@ -349,8 +351,8 @@ ALIASES = {
                   "num_key_value_heads": 2, "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
                   "rope_theta": 10000.0, "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
                   "shared_expert_intermediate_size": 512, "tie_word_embeddings": False},
-        ignored=("use_sliding_window", "sliding_window", "max_window_layers", "qkv_bias", "norm_topk_prob",
-                 "decoder_sparse_step", "mlp_only_layers", "intermediate_size"),
+        ignored=(*_NO_WINDOW, "qkv_bias", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+                 "intermediate_size"),
         rewrite=lambda raw: {**_partial_rotary_aside(raw, 0.25), "qkv_bias": bool(raw.get("attention_bias")),
                              "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
                              "intermediate_size": raw["moe_intermediate_size"]},  # no dense layer to size

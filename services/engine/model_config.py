@@ -279,7 +279,8 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config.json: {name} must be >= 1, got {getattr(self, name)}")
         for name in ("embed_scale", "attn_scale", "local_rope_theta", "attn_softcap", "final_softcap",
-                     "residual_scale", "logits_divisor", "swiglu_limit", "routed_scaling_factor", "logit_scale"):
+                     "residual_scale", "logits_divisor", "swiglu_limit", "routed_scaling_factor", "logit_scale",
+                     "routing_norm_eps"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")

@@ -513,16 +513,6 @@ def _constrained_from_start(tracked: TrackedRequest) -> bool:
     return params.structured_output is not None and not params.free_thought
 
 
-def _priority(body: dict) -> int:
-    """vLLM's extension: ``priority``, lower runs sooner (0 = normal)."""
-    priority = body.get("priority")
-    if priority is None:
-        return 0
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -2**31 <= priority < 2**31:
-        raise InvalidArgument(f"priority must be an integer (lower runs sooner, 0 = normal), got {priority!r}")
-    return priority
-
-
 def _usage(tracked: Sequence[TrackedRequest], n: int, reasoning_tokens: int | None = None) -> dict:
     """Prompt tokens once per prompt (its n choices share it), completion tokens of every choice; with
     ``reasoning_tokens`` (a chat reply read by a reasoning parser), how many of those were thought."""

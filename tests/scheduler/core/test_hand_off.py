@@ -169,3 +169,20 @@ def test_an_aborted_request_never_holds_its_blocks():
     step(s)
     s.finish("r0")
     assert not s.handed_off and s.blocks.num_free == s.blocks.num_blocks
+
+
+def test_a_recurrent_model_keeps_the_handed_off_sequence_on_the_worker_until_the_transfer_ended():
+    """Its state (linear-attention layers) is read from the sender after the blocks: the sender's worker drops
+    the sequence only in the plan after the release; a receiver whose landing was aborted drops the state the
+    pull left it the same way."""
+    prefill = create_scheduler(recurrent_state=True)
+    _prefill_then_hand_off(prefill)
+    assert prefill.schedule().finished == []
+    prefill.release_handed_off("r0")
+    assert prefill.schedule().finished == ["r0"]
+    decode = create_scheduler(recurrent_state=True)
+    moved = Request("r0", list(range(1, 11)), SamplingParams(), 0.0, num_computed_tokens=10)
+    decode.reserve_arrival(moved)
+    decode.finish("r0")
+    decode.release_landing(moved)
+    assert decode.schedule().finished == ["r0"]
