@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
+from services.engine import nemotron_h
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
 
 
@@ -332,6 +333,10 @@ ALIASES = {
                   "num_experts_per_tok": 4, "norm_topk_prob": True},
         ignored=(*_NO_WINDOW, "decoder_sparse_step", "mlp_only_layers"),
         fields=lambda raw: _lfm2_moe_fields(raw)),
+    # Nemotron-H (nemotron_h.py): one sublayer a layer (Mamba-2, attention without positions, an ungated ReLU² MLP
+    # or experts), each behind its own norm; Llama's fields under its names, its own read by nemotron_h.py.
+    nemotron_h.ARCH: Alias(
+        "LlamaForCausalLM", nemotron_h.NAMES, defaults=nemotron_h.DEFAULTS, ignored=nemotron_h.IGNORED, rewrite=nemotron_h.rewrite, fields=nemotron_h.fields),
     # Qwen3.5 (the text model of Qwen3_5ForConditionalGeneration; vision_language.py): Qwen3-Next's layers over
     # a dense MLP, its linear layers' projections stored apart (in_proj_qkv, _z, _b, _a) rather than grouped.
     "Qwen3_5ForCausalLM": Alias(

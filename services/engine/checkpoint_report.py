@@ -74,7 +74,13 @@ def _shape(config: ModelConfig) -> dict[str, Any]:
                             f"{config.moe_intermediate_size} wide, {config.moe_routing} routing) in "
                             f"{len(routed)} of {config.num_hidden_layers} layers"
                             + (f", a shared MLP {config.shared_expert_intermediate_size} wide"
-                               if config.shared_expert_intermediate_size else ""))
+                               if config.shared_expert_intermediate_size else "")
+                            + (f"; the experts on a {config.moe_latent_size}-wide latent" if config.moe_latent_size
+                               else ""))
+    if config.sublayers:
+        mixers = sum(config.has_mixer(i) for i in range(config.num_hidden_layers))
+        shape["sublayers"] = (f"one a layer: a mixer in {mixers}, an MLP in {config.num_hidden_layers - mixers} "
+                              f"of {config.num_hidden_layers}")
     return shape
 
 
@@ -92,12 +98,15 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
                  if isinstance(s, Mamba2Shape) else
                  f"gated short convolution ({s.conv_kernel} tokens wide" if isinstance(s, ShortConvShape) else
                  f"Gated DeltaNet linear attention ({s.num_value_heads} value heads on {s.num_key_heads} key heads")
+        rest = "in the rest" if not config.sublayers else f"in {len(config.linear_layers)}"
         kind += (f" in {len(config.kv_layers)} of {config.num_hidden_layers} layers; {mixer}, a recurrent state per "
-                 "sequence) in the rest")
+                 f"sequence) {rest}")
     share = (f"a {config.rotary_dim}-wide block of each head" if config.mla
              else f"{config.rotary_dim} of each head's {config.head_dim} features")
     rope = f"RoPE ({config.rope_type}, base {config.rope_theta:g}) over {share}"
-    if config.nope_layers:
+    if len(config.nope_layers) == config.num_hidden_layers:
+        rope = "none: no layer rotates (attention without positions)"
+    elif config.nope_layers:
         rope += f"; {len(config.nope_layers)} layers without positions"
     return {"attention": kind, "positions": rope}
 
@@ -144,6 +153,7 @@ def render(facts: dict[str, Any]) -> str:
         ("layers", f"{facts['layers']} x hidden {facts['hidden_size']}, {facts['query_heads']} query / "
                    f"{facts['kv_heads']} KV heads of {facts['head_dim']}"),
         ("mlp", facts["mlp"]), *([("experts", facts["experts"])] if "experts" in facts else []),
+        *([("sublayers", facts["sublayers"])] if "sublayers" in facts else []),
         ("attention", facts["attention"]), ("positions", facts["positions"]),
         ("context", f"{facts['context']} tokens"),
         ("KV cache", ", ".join(f"{_size(n)} a token in {d}" for d, n in facts["kv_cache_bytes_per_token"].items())),

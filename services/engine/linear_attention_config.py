@@ -127,7 +127,7 @@ def mamba2_fields(raw: dict[str, Any], mamba_types: tuple[str, ...]) -> dict[str
                         n_groups=int(raw.get("mamba_n_groups") or 1), conv_kernel=int(raw.get("mamba_d_conv") or 4),
                         chunk_size=int(raw.get("mamba_chunk_size") or 256),
                         conv_bias=bool(raw.get("mamba_conv_bias", True)), proj_bias=bool(raw.get("mamba_proj_bias")),
-                        time_step_limit=(_json_float(limit[0]), _json_float(limit[1])))
+                        time_step_limit=(json_float(limit[0]), json_float(limit[1])))
     if shape.intermediate != intermediate or heads % shape.n_groups or shape.conv_kernel < 2:
         raise ModelLoadError(f"config.json: Mamba-2 layers of {heads} heads of {head_dim} must fill mamba_expand * "
                              f"hidden_size ({intermediate}), in groups that divide the heads ({shape.n_groups}), with a "
@@ -135,7 +135,7 @@ def mamba2_fields(raw: dict[str, Any], mamba_types: tuple[str, ...]) -> dict[str
     return {"linear_layers": tuple(i for i, t in enumerate(types) if t in mamba_types), "linear_attention": shape}
 
 
-def _json_float(value: Any) -> float:
+def json_float(value: Any) -> float:
     """A number as transformers writes it to JSON: infinities as ``{"__float__": "Infinity"}``."""
     return float(value["__float__"] if isinstance(value, dict) and "__float__" in value else value)
 

@@ -10,6 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
+from services.engine import nemotron_h
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
@@ -74,6 +75,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         weights = gpt_oss_weights(weights)
     if config.architecture == LLAMA4:
         weights = llama4_weights(weights)
+    if config.architecture == nemotron_h.ARCH:
+        weights = nemotron_h.checkpoint_names(weights, config.sublayers, config.linear_layers)
     if config.architecture in ("Ernie4_5_MoeForCausalLM", "ExaoneMoeForCausalLM"):
         weights = ernie_weights(weights)
     if config.attn_output_gate == "in_query":

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.engine.activations import ACTIVATIONS
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.gated_delta_net import GatedDeltaNet
 from services.engine.kv_pool import PagedKVPool
@@ -128,10 +129,6 @@ def norm_projections(qkv: torch.Tensor, q_size: int, kv_size: int, q_weight: tor
     tensor."""
     return torch.cat([rms_norm(qkv[:, :q_size], q_weight, eps, scale_in_fp32),
                       rms_norm(qkv[:, q_size : q_size + kv_size], k_weight, eps, scale_in_fp32)], dim=1)
-
-
-_ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-                "relu2": lambda x: torch.square(F.relu(x))}
 
 
 class Attention(nn.Module):
@@ -270,7 +267,7 @@ class MLP(nn.Module):
             self.act_fn = XIELU()
             self.act = self.act_fn.forward  # a bound method: the module is registered once, as act_fn
         else:
-            self.act = _ACTIVATIONS[config.hidden_act]
+            self.act = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
         if not self.gated:
@@ -295,6 +292,14 @@ class DecoderLayer(nn.Module):
         def norm():
             return _norm(config, config.hidden_size)
 
+        # Nemotron-H: this layer is one sublayer, its mixer or its MLP, behind input_layernorm.
+        self.sublayer = config.sublayers[layer] if config.sublayers else None
+        if self.sublayer is not None:
+            self.input_layernorm = norm()
+            self.mixer = self._add_mixer(config, layer) if self.sublayer == "mixer" else None
+            if self.sublayer == "mlp":
+                self.mlp = _mlp(config, layer)
+            return
         self.pre_norms = config.pre_norms
         if self.pre_norms:
             self.input_layernorm = norm()
@@ -302,31 +307,36 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = norm()
         # DeepSeek-V2's and -V3's latent attention, the others' grouped-query attention, or in a hybrid's linear
         # layers Gated DeltaNet or Mamba-2 (under the names checkpoints hold them by), called as attention is.
-        self.mixer = "self_attn"
-        if layer in config.linear_layers:
-            self.mixer = _LINEAR_MIXERS[type(config.linear_attention)]
-            setattr(self, self.mixer, _MIXER_CLASSES[self.mixer](config, layer))
-        else:
-            self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
+        self.mixer = self._add_mixer(config, layer)
         self.parallel = config.parallel_block
         if not self.parallel:  # Cohere: one norm per layer, which the MLP reads too
             self.post_attention_layernorm = norm()
-        if config.is_moe(layer):
-            shared = config.shared_expert_intermediate_size
-            self.mlp = SparseMoE(config, MLP(config, layer, shared) if shared else None)
-        else:
-            self.mlp = MLP(config, layer)
+        self.mlp = _mlp(config, layer)
         self.sandwich = config.sandwich_norms
         self.residual_scale = config.residual_scale
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
 
+    def _add_mixer(self, config: ModelConfig, layer: int) -> str:
+        """Adds the layer's mixer under the name checkpoints hold it by, and returns that name."""
+        if layer in config.linear_layers:
+            name = _LINEAR_MIXERS[type(config.linear_attention)]
+            setattr(self, name, _MIXER_CLASSES[name](config, layer))
+            return name
+        self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
+        return "self_attn"
+
     def forward(self, x, residual, cos, sin, batch: AttentionBatch, kv, lora: LoraBatch | None = None,
                 q_mult: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` is the previous block's output, ``residual`` the stream before it (None for the first layer);
         returns the same pair for the next layer, so each residual add rides along with the next norm.
         ``q_mult``: the queries' scale by position, for attention that has one (``query_scales``)."""
+        if self.sublayer is not None:  # Nemotron-H: one sublayer
+            h, residual = self.input_layernorm(x, residual)
+            if self.mixer is None:
+                return self.mlp(h, lora), residual
+            return getattr(self, self.mixer)(h, cos, sin, batch, kv, lora), residual
         attn = getattr(self, self.mixer)
         if not self.pre_norms:  # OLMo 2, EXAONE 4: sublayers read the stream as it is, their outputs are normed
             residual = x if residual is None else x + residual
@@ -350,6 +360,14 @@ class DecoderLayer(nn.Module):
             return self.mlp(h, lora) * self.residual_scale, residual
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h, lora), residual
+
+
+def _mlp(config: ModelConfig, layer: int) -> MLP | SparseMoE:
+    """The layer's MLP: experts (beside a shared MLP where the model has one) or a dense MLP."""
+    if config.is_moe(layer):
+        shared = config.shared_expert_intermediate_size
+        return SparseMoE(config, MLP(config, layer, shared) if shared else None)
+    return MLP(config, layer)
 
 
 class LlamaModel(nn.Module):
@@ -515,12 +533,12 @@ class LlamaForCausalLM(nn.Module):
             name = checkpoint_name(name, c.architecture)
             if name == "lm_head.weight":
                 self._untie_head(params)
-            expert = expert_target(name)
+            expert = expert_target(name, c.mlp_gated)
             if expert is not None:
                 target, index, part = expert
                 if target not in params:
                     raise KeyError(f"unexpected weight {name!r} in checkpoint (no mixture of experts there)")
-                copy_expert(params[target], index, part, tensor)
+                copy_expert(params[target], index, part, tensor, c.mlp_gated)
                 experts.setdefault(target, set()).add((index, part))
                 continue
             fused = _fused_target(name)

@@ -20,7 +20,7 @@ attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled log
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
 pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash, Youtu-LLM and MiniCPM5-MoE
 (``aliases.py``: served as Llama, DeepSeek-V3 or GLM-4.5), Qwen3-Next, Qwen3.5, Granite 4.0-H and LFM2
-(``aliases.py``; their Gated DeltaNet, Mamba-2 and short-convolution layers: ``linear_attention_config.py``), Arcee's AFMoE (``afmoe.py``), Hunyuan dense and MoE (``hunyuan.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+(``aliases.py``; their Gated DeltaNet, Mamba-2 and short-convolution layers: ``linear_attention_config.py``), Arcee's AFMoE (``afmoe.py``), Hunyuan dense and MoE (``hunyuan.py``), Nemotron-H (``nemotron_h.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -48,6 +48,7 @@ from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_fields, llama4_nope_layers
 from services.engine.mla_config import check_mla, mla_fields
 from services.engine.moe_config import MOE_DEFAULTS, check_moe, moe_fields
+from services.engine.nemotron_h import ARCH as NEMOTRON_H
 from services.engine.quant_config import quant_fields
 from services.engine.vision_language import VISION_LANGUAGE, text_model_config
 
@@ -268,6 +269,12 @@ class ModelConfig:
     # keep no KV. Their shape.
     linear_layers: tuple[int, ...] = ()
     linear_attention: LinearAttentionShape | Mamba2Shape | ShortConvShape | None = None
+    # Nemotron-H (nemotron_h.py): each layer one sublayer behind its own norm, "mixer" (attention, or the linear
+    # mixer in linear_layers) or "mlp" (experts in moe_layers); empty: every layer a mixer, then an MLP.
+    sublayers: tuple[str, ...] = ()
+    # Nemotron 3's routed experts work on the tokens projected down to this many features, and their sum is
+    # projected back up (0: no latent, the experts read the hidden state).
+    moe_latent_size: int = 0
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -313,6 +320,14 @@ class ModelConfig:
                                    or not all(0 <= i < self.num_hidden_layers for i in self.linear_layers)):
             raise ModelLoadError(f"linear attention in layers {self.linear_layers} needs its shape, layers of the "
                                  "model, and at least one attention layer")
+        if self.sublayers and (len(self.sublayers) != self.num_hidden_layers
+                               or not set(self.sublayers) <= {"mixer", "mlp"}
+                               or any(not self.has_mixer(i) for i in self.linear_layers)
+                               or any(not self.has_mlp(i) for i in self.moe_layers)):
+            raise ModelLoadError(f"sublayers {self.sublayers} must name each of the {self.num_hidden_layers} layers "
+                                 "'mixer' or 'mlp', linear layers mixers and expert layers MLPs")
+        if self.moe_latent_size < 0 or (self.moe_latent_size and not self.num_experts):
+            raise ModelLoadError(f"config.json: moe_latent_size {self.moe_latent_size} needs experts and must be >= 0")
         if any(not 0 <= layer < self.num_hidden_layers for layer in self.nope_layers):
             raise ModelLoadError(f"config.json: layers without RoPE {self.nope_layers} outside the "
                                  f"{self.num_hidden_layers} layers")
@@ -382,7 +397,15 @@ class ModelConfig:
         """The layers that keep KV (all but linear-attention layers), in order: the KV pool has one slot per
         token for each, and layer ``kv_layers[i]`` reads the pool's layer ``i``."""
         linear = set(self.linear_layers)
-        return tuple(i for i in range(self.num_hidden_layers) if i not in linear)
+        return tuple(i for i in range(self.num_hidden_layers) if i not in linear and self.has_mixer(i))
+
+    def has_mixer(self, layer: int) -> bool:
+        """Whether ``layer`` mixes tokens (attention or a linear mixer): all but Nemotron-H's MLP layers."""
+        return not self.sublayers or self.sublayers[layer] == "mixer"
+
+    def has_mlp(self, layer: int) -> bool:
+        """Whether ``layer`` has an MLP (or experts): all but Nemotron-H's mixer layers."""
+        return not self.sublayers or self.sublayers[layer] == "mlp"
 
     @property
     def recurrent(self) -> bool:
@@ -426,7 +449,7 @@ class ModelConfig:
         """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's, OLMo 2's and GPT-OSS's
         order)."""
         return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "FlexOlmoForCausalLM",
-                                                              "GptOssForCausalLM", AFMOE)
+                                                              "GptOssForCausalLM", AFMOE, NEMOTRON_H)
 
     @property
     def num_queries_per_kv(self) -> int:

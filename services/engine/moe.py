@@ -12,6 +12,8 @@ any dtype, and adds an ungated shared expert; DeepSeek-V2 routes by softmax with
 (``_group_softmax_routing``), its router in fp32 too. Llama 4 scales each token by the sigmoid of its chosen
 expert's logit on the way into the expert rather than weighing the output (``sigmoid_input``). ERNIE 4.5
 chooses by softmax probability plus a correction bias and weighs by the probability (``softmax_biased``).
+Nemotron-H routes as DeepSeek-V3 to ungated ReLU² experts, which Nemotron 3 runs in a latent space (its
+hidden state projected down before them and their sum up after).
 
 The experts' weights are stacked as transformers >= 5 holds them: ``experts.gate_up_proj`` ``[E, 2I, H]``
 (each expert's gate then up rows) and ``experts.down_proj`` ``[E, H, I]``; ``copy_expert`` copies a
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.engine.activations import ACTIVATIONS
 from services.engine.model_config import ModelConfig
 
 # Per-expert tensors as checkpoints store them: Mixtral's w1 (gate), w3 (up), w2 (down) under
@@ -37,9 +40,16 @@ _PART = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "
 
 
 class Experts(nn.Module):
-    def __init__(self, num_experts: int, hidden: int, intermediate: int, biases: bool = False) -> None:
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, biases: bool = False,
+                 gated: bool = True) -> None:
+        """``gated`` False: Nemotron-H's experts, an up projection (``up_proj`` ``[E, I, H]``) through the
+        activation straight into down_proj."""
         super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        if gated:
+            self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        else:
+            self.up_proj = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
+        self.gated = gated
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         # GPT-OSS: each expert's projections have biases (gate's then up's, as the weights' rows).
         self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate)) if biases else None
@@ -75,9 +85,15 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)  # the router
         if self.routing in ("sigmoid", "softmax_biased"):  # added to the scores when experts are chosen only
             self.gate.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts))
-        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size,
-                               config.moe_biases)
+        # Nemotron 3: the routed experts work in a latent space, projected down before them and up after.
+        latent = config.moe_latent_size
+        self.fc1_latent_proj = nn.Linear(config.hidden_size, latent, bias=config.mlp_bias) if latent else None
+        self.fc2_latent_proj = nn.Linear(latent, config.hidden_size, bias=config.mlp_bias) if latent else None
+        self.experts = Experts(config.num_experts, latent or config.hidden_size, config.moe_intermediate_size,
+                               config.moe_biases, config.mlp_gated)
         self.act = ClampedSwiGLU(config.swiglu_limit, config.swiglu_alpha) if config.swiglu_limit is not None else None
+        if not config.mlp_gated:  # Nemotron-H: the activation alone (ReLU²), no gate
+            self.act = ACTIVATIONS[config.hidden_act]
         self.shared_expert = shared_expert
         self.shared_expert_gate = (nn.Linear(config.hidden_size, 1, bias=False)
                                    if shared_expert is not None and config.shared_expert_gated else None)
@@ -88,6 +104,42 @@ class SparseMoE(nn.Module):
         CPU kernel; default: torch ops). ``lora`` is the dense MLP's argument: adapters of an MoE layer's MLP are
         refused when they are read (services/common/lora.py), so there is nothing to add."""
         act_mul = self.act or act_mul or silu_mul
+        weights, chosen = self._route(x)
+        # Each (token, slot) pair as a row, grouped by expert (a stable sort keeps a token's rows in expert
+        # order), then every expert's rows in one grouped GEMM per projection: no loop over experts and no
+        # device-to-host sync, which matters with 128 experts on a GPU.
+        flat = chosen.flatten()
+        order = torch.argsort(flat, stable=True)
+        tokens = order // self.top_k
+        offsets = torch.bincount(flat, minlength=self.experts.down_proj.shape[0]).cumsum(0).to(torch.int32)
+        inputs = x if self.fc1_latent_proj is None else self.fc1_latent_proj(x)
+        rows = inputs[tokens]
+        scaled_inputs = self.routing == "sigmoid_input"
+        if scaled_inputs:  # a token goes into its expert scaled, and the expert's output adds as it is
+            rows = rows * weights.flatten()[order, None]
+        experts = self.experts
+        gate_up = grouped_mm(rows, (experts.gate_up_proj if experts.gated else experts.up_proj).transpose(1, 2),
+                             offsets)
+        if experts.gate_up_proj_bias is not None:  # each row plus its expert's biases
+            expert_of_row = flat[order]
+            gate_up += experts.gate_up_proj_bias.index_select(0, expert_of_row)
+        h = grouped_mm(act_mul(gate_up), experts.down_proj.transpose(1, 2), offsets)
+        if experts.down_proj_bias is not None:
+            h += experts.down_proj_bias.index_select(0, expert_of_row)
+        out = torch.zeros_like(inputs)
+        # index_add_ sums each token's rows in their order, experts ascending, as transformers adds them.
+        out.index_add_(0, tokens, (h if scaled_inputs else h * weights.flatten()[order, None]).to(out.dtype))
+        if self.fc2_latent_proj is not None:
+            out = self.fc2_latent_proj(out)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x, None)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * shared
+            out = out + shared
+        return out
+
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's (weights, experts) ``[T, k]``, by the model's routing."""
         if self.routing in ("sigmoid", "softmax_grouped"):
             weights, chosen = self._grouped_routing(x)
         elif self.routing == "group_softmax":
@@ -114,34 +166,7 @@ class SparseMoE(nn.Module):
                 weights /= weights.sum(dim=-1, keepdim=True)
             if not self.weights_in_fp32:
                 weights = weights.to(x.dtype)
-        # Each (token, slot) pair as a row, grouped by expert (a stable sort keeps a token's rows in expert
-        # order), then every expert's rows in one grouped GEMM per projection: no loop over experts and no
-        # device-to-host sync, which matters with 128 experts on a GPU.
-        flat = chosen.flatten()
-        order = torch.argsort(flat, stable=True)
-        tokens = order // self.top_k
-        offsets = torch.bincount(flat, minlength=self.experts.gate_up_proj.shape[0]).cumsum(0).to(torch.int32)
-        rows = x[tokens]
-        scaled_inputs = self.routing == "sigmoid_input"
-        if scaled_inputs:  # a token goes into its expert scaled, and the expert's output adds as it is
-            rows = rows * weights.flatten()[order, None]
-        experts = self.experts
-        gate_up = grouped_mm(rows, experts.gate_up_proj.transpose(1, 2), offsets)
-        if experts.gate_up_proj_bias is not None:  # each row plus its expert's biases
-            expert_of_row = flat[order]
-            gate_up += experts.gate_up_proj_bias.index_select(0, expert_of_row)
-        h = grouped_mm(act_mul(gate_up), experts.down_proj.transpose(1, 2), offsets)
-        if experts.down_proj_bias is not None:
-            h += experts.down_proj_bias.index_select(0, expert_of_row)
-        out = torch.zeros_like(x)
-        # index_add_ sums each token's rows in their order, experts ascending, as transformers adds them.
-        out.index_add_(0, tokens, (h if scaled_inputs else h * weights.flatten()[order, None]).to(out.dtype))
-        if self.shared_expert is not None:
-            shared = self.shared_expert(x, None)
-            if self.shared_expert_gate is not None:
-                shared = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * shared
-            out = out + shared
-        return out
+        return weights, chosen
 
     def _sparsemixer_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Phi-3.5-MoE's routing as transformers' sparsemixer computes it at inference, in the router's dtype: the
@@ -220,24 +245,26 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def expert_target(name: str) -> tuple[str, int, str] | None:
+def expert_target(name: str, gated: bool = True) -> tuple[str, int, str] | None:
     """For a per-expert checkpoint tensor, the stacked parameter it goes into, the expert and its part ("gate",
-    "up" or "down"); None for any other tensor."""
+    "up" or "down"; ``gated`` False: "up" is a parameter of its own); None for any other tensor."""
     m = _EXPERT.match(name)
     if m is None:
         return None
     part = _PART[m[3]]
-    return f"{m[1]}mlp.experts.{'down_proj' if part == 'down' else 'gate_up_proj'}", int(m[2]), part
+    stacked = "down_proj" if part == "down" else "gate_up_proj" if gated else "up_proj"
+    return f"{m[1]}mlp.experts.{stacked}", int(m[2]), part
 
 
-def copy_expert(param: torch.Tensor, index: int, part: str, tensor: torch.Tensor) -> None:
+def copy_expert(param: torch.Tensor, index: int, part: str, tensor: torch.Tensor, gated: bool = True) -> None:
     """One expert's gate, up or down weight into its slice of the stacked parameter, as it streams by: no
     layer's experts are held twice (a 30B MoE's experts are most of its weights). Raises ``KeyError`` on a
     shape the config does not imply."""
     if index >= param.shape[0]:
         raise KeyError(f"expert {index} {part} weight: the config has {param.shape[0]} experts")
     rows = param.shape[1] // 2
-    target = param[index] if part == "down" else param[index, :rows] if part == "gate" else param[index, rows:]
+    whole = part == "down" or not gated
+    target = param[index] if whole else param[index, :rows] if part == "gate" else param[index, rows:]
     if tuple(target.shape) != tuple(tensor.shape):
         raise KeyError(f"expert {index} {part} weight has shape {tuple(tensor.shape)}; the config implies "
                        f"{tuple(target.shape)} for each of {param.shape[0]} experts")
@@ -247,7 +274,7 @@ def copy_expert(param: torch.Tensor, index: int, part: str, tensor: torch.Tensor
 
 def missing_experts(target: str, seen: set[tuple[int, str]], num_experts: int) -> str | None:
     """What a stacked parameter still lacks, named, or None."""
-    names = ("down",) if target.endswith("down_proj") else ("gate", "up")
+    names = ("down",) if target.endswith("down_proj") else ("up",) if target.endswith(".up_proj") else ("gate", "up")
     missing = [f"expert {e} {p}" for e in range(num_experts) for p in names if (e, p) not in seen]
     return f"{target}: missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} weights" if missing else None
 

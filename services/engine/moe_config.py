@@ -203,9 +203,9 @@ def check_moe(config: ModelConfig) -> None:
     if config.moe_intermediate_size < 1 or config.shared_expert_intermediate_size < 0:
         raise ModelLoadError("config.json: moe_intermediate_size must be >= 1 and shared_expert_intermediate_size "
                              f">= 0, got {config.moe_intermediate_size} and {config.shared_expert_intermediate_size}")
-    if config.hidden_act != "silu":
-        raise ModelLoadError(f"config.json: experts with hidden activation {config.hidden_act!r}; only silu is "
-                             "supported in a mixture of experts")
+    if config.hidden_act != "silu" and (config.mlp_gated or config.hidden_act == "xielu"):
+        raise ModelLoadError(f"config.json: experts with hidden activation {config.hidden_act!r}; gated experts "
+                             "are SwiGLU (silu), ungated ones (Nemotron-H's) relu2 or GELU")
     if config.moe_routing not in MOE_ROUTINGS:
         raise ModelLoadError(f"moe_routing must be one of {', '.join(MOE_ROUTINGS)}, got {config.moe_routing!r}")
     if config.moe_routing == "sparsemixer" and (config.num_experts_per_tok != 2 or not config.sparsemixer_eps >= 0):

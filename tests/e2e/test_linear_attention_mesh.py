@@ -1,5 +1,6 @@
 """Hybrid models (Qwen3-Next: Gated DeltaNet linear attention in two layers of three; Granite 4.0-H: Mamba-2 in
-two of three; LFM2: gated short convolutions, whose state is their window alone) through the live mesh: in
+two of three; LFM2: gated short convolutions, whose state is their window alone; Nemotron 3: Mamba-2 and
+attention layers between expert layers) through the live mesh: in
 the disaggregated topology each sequence's recurrent state follows its KV blocks from the prefill to the decode
 worker (ReadState after the blocks, over NIXL or the gRPC fallback), with no request recomputed; colocated,
 prompt chunks and decodes share steps. Greedy output equals transformers' for every request, and the pools end
@@ -23,7 +24,8 @@ transformers = pytest.importorskip("transformers")
 MAX_TOKENS = 16
 PROMPTS = random_prompts([1, 17, 64, 65, 150, 40], seed=51)
 CASES = [("qwen3-next", "disaggregated", "nixl"), ("qwen3-next", "disaggregated", "grpc"),
-         ("qwen3-next", "colocated", "nixl"), ("granite4-h", "disaggregated", "nixl"), ("lfm2", "disaggregated", "grpc")]
+         ("qwen3-next", "colocated", "nixl"), ("granite4-h", "disaggregated", "nixl"), ("lfm2", "disaggregated", "grpc"),
+         ("nemotron-h-moe", "disaggregated", "nixl")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])

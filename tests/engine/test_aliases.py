@@ -223,7 +223,8 @@ def test_phi_3_5_moe_as_published():
     ("NemotronForCausalLM", "NemotronConfig"), ("OlmoForCausalLM", "OlmoConfig"),
     ("Mistral4ForCausalLM", "Mistral4Config"), ("FlexOlmoForCausalLM", "FlexOlmoConfig"),
     ("Qwen3NextForCausalLM", "Qwen3NextConfig"), ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
-    ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"), ("Lfm2MoeForCausalLM", "Lfm2MoeConfig")])
+    ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"), ("Lfm2MoeForCausalLM", "Lfm2MoeConfig"),
+    ("NemotronHForCausalLM", "NemotronHConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -332,3 +333,43 @@ def test_lfm2_moe_routes_from_its_first_sparse_layer_by_biased_sigmoid_scores():
             config.num_experts, config.num_experts_per_tok) == ("sigmoid", False, 1e-6, 0, 32, 4)
     with pytest.raises(ModelLoadError, match="use_expert_bias is false"):
         ModelConfig.from_dict({"architectures": ["Lfm2MoeForCausalLM"], "use_expert_bias": False})
+
+
+NEMOTRON_NANO_2 = {  # Nemotron Nano 2 (9B)-shaped: its layer pattern and Mamba-2 widths, an rms_norm_eps beside
+    # layer_norm_epsilon, and num_hidden_layers beside the pattern, as its config.json has them
+    "architectures": ["NemotronHForCausalLM"], "attention_bias": False, "bos_token_id": 1, "chunk_size": 128,
+    "conv_kernel": 4, "eos_token_id": 12, "head_dim": 128, "hidden_size": 4480,
+    "hybrid_override_pattern": "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-", "intermediate_size": 15680,
+    "layer_norm_epsilon": 1e-05, "mamba_head_dim": 80, "mamba_hidden_act": "silu", "mamba_num_heads": 128,
+    "max_position_embeddings": 131072, "mlp_bias": False, "mlp_hidden_act": "relu2", "model_type": "nemotron_h",
+    "n_groups": 8, "num_attention_heads": 40, "num_hidden_layers": 56, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "sliding_window": None, "ssm_state_size": 128, "tie_word_embeddings": False, "time_step_limit": [0.0, float("inf")],
+    "torch_dtype": "bfloat16", "use_bias": False, "use_conv_bias": True, "vocab_size": 131072}
+
+
+def test_nemotron_h_reads_its_layer_pattern_as_transformers_does():
+    """Each letter of hybrid_override_pattern one layer (M Mamba-2, * attention, - MLP, E experts): the KV pool
+    holds the attention layers only, the states the Mamba-2 ones; the norms' epsilon is layer_norm_epsilon."""
+    config = ModelConfig.from_dict(NEMOTRON_NANO_2)
+    hf = transformers.NemotronHConfig(**{k: v for k, v in NEMOTRON_NANO_2.items() if k != "architectures"})
+    types = hf.layers_block_type
+    assert config.num_hidden_layers == len(types) == 56
+    assert config.kv_layers == tuple(i for i, t in enumerate(types) if t == "full_attention")
+    assert config.linear_layers == tuple(i for i, t in enumerate(types) if t == "linear_attention")
+    assert config.sublayers == tuple("mlp" if t == "mlp" else "mixer" for t in types)
+    shape = config.linear_attention
+    assert (shape.num_heads, shape.head_dim, shape.n_groups, shape.state_size, shape.chunk_size, shape.intermediate) \
+        == (hf.mamba_num_heads, hf.mamba_head_dim, hf.n_groups, hf.ssm_state_size, hf.chunk_size, 10240)
+    assert (config.rms_norm_eps, config.hidden_act, config.mlp_gated, config.num_experts) == (1e-5, "relu2", False, 0)
+    assert config.nope_layers == tuple(range(56)) and config.recurrent and not config.is_llama_like
+    # transformers 5's own names: the list under layer_types, legacy "mamba" / "attention" entries.
+    listed = ModelConfig.from_dict({"architectures": ["NemotronHForCausalLM"],
+                                    "layer_types": ["mamba", "moe", "attention", "mlp"], "moe_latent_size": 1024})
+    assert (listed.sublayers, listed.kv_layers, listed.moe_layers, listed.moe_latent_size) == (
+        ("mixer", "mlp", "mixer", "mlp"), (2,), (1,), 1024)
+    with pytest.raises(ModelLoadError, match="hybrid_override_pattern holds X"):
+        ModelConfig.from_dict({**NEMOTRON_NANO_2, "hybrid_override_pattern": "M*X"})
+    with pytest.raises(ModelLoadError, match="without an attention layer"):
+        ModelConfig.from_dict({**NEMOTRON_NANO_2, "hybrid_override_pattern": "M-M-"})
+    with pytest.raises(ModelLoadError, match="groups that divide them"):
+        ModelConfig.from_dict({**NEMOTRON_NANO_2, "n_groups": 7})

@@ -334,6 +334,19 @@ CASES = {
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
         layer_types=["linear_attention", "full_attention", "linear_attention"],
         **{k: v for k, v in COMMON.items() if k != "intermediate_size"}),
+    # Nemotron-H: one sublayer a layer (Mamba-2 of mamba_num_heads x mamba_head_dim, narrower than expand x
+    # hidden; attention without positions; an ungated ReLU² MLP), biases on the Mamba-2 and MLP projections.
+    "nemotron-h": lambda: transformers.NemotronHConfig(
+        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "linear_attention"],
+        head_dim=16, mamba_num_heads=8, mamba_head_dim=12, n_groups=2, ssm_state_size=16, chunk_size=32,
+        use_bias=True, mlp_bias=True, **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"}),
+    # Nemotron 3: ungated ReLU² experts over a latent of moe_latent_size, DeepSeek-V3's routing in groups beside an
+    # ungated shared MLP.
+    "nemotron-h-moe": lambda: transformers.NemotronHConfig(
+        layers_block_type=["linear_attention", "moe", "full_attention", "moe"], head_dim=16, mamba_num_heads=4,
+        mamba_head_dim=16, n_groups=1, ssm_state_size=8, chunk_size=16, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, moe_latent_size=32, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -515,7 +528,8 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
 def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoint):
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
-    routed = [hasattr(next(getattr(layer, n) for n in ("mlp", "block_sparse_moe", "feed_forward") if hasattr(layer, n)),
+    routed = [hasattr(next(getattr(layer, n) for n in ("mlp", "block_sparse_moe", "feed_forward", "mixer")
+                           if hasattr(layer, n)),
                       "experts") for layer in model.model.layers]
     assert [config.is_moe(i) for i in range(len(routed))] == routed
     if any(routed):
@@ -784,6 +798,9 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
+    elif model.config.model_type == "nemotron_h":  # no layer takes positions (the model has no rotary embedding)
+        assert not any("rotary" in name for name, _ in model.named_modules())
+        want = tuple(range(len(model.model.layers)))
     else:
         want = tuple(i for i, rope in enumerate(getattr(model.config, "no_rope_layers", None) or [1] * 3) if not rope)
     assert ModelConfig.from_dir(path).nope_layers == want

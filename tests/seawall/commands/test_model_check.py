@@ -11,7 +11,7 @@ import pytest
 from seawall.cli import main
 from services.engine.checkpoint_report import kv_bytes_per_token, report
 from services.engine.model_config import ModelConfig
-from tests.engine.test_aliases import GEMMA_7B, LFM2_1_2B, QWEN3_NEXT
+from tests.engine.test_aliases import GEMMA_7B, LFM2_1_2B, NEMOTRON_NANO_2, QWEN3_NEXT
 from tests.engine.test_architectures import DEEPSEEK_V3
 
 
@@ -70,6 +70,19 @@ def test_a_hybrid_counts_kv_in_its_attention_layers_and_a_state_per_sequence(tmp
     lfm2 = report(_dir(tmp_path / "lfm2", LFM2_1_2B))
     assert lfm2["attention"].startswith("full in 6 of 16 layers; gated short convolution (3 tokens wide, a recurrent")
     assert lfm2["recurrent_state_bytes_per_sequence"]["bfloat16"] == 10 * 2048 * 2 * 2  # the window alone
+
+
+def test_nemotron_h_counts_kv_in_its_attention_layers_only(tmp_path):
+    """Nemotron Nano 2: 4 attention layers of 56 keep KV (its MLP layers keep none), 27 Mamba-2 layers of 128 heads
+    of 80 channels a 128-wide state each beside a 3-wide window of 10240 + 2 x 8 x 128 channels; no RoPE."""
+    facts = report(_dir(tmp_path, NEMOTRON_NANO_2))
+    assert facts["kv_cache_bytes_per_token"]["bfloat16"] == 4 * 2 * 8 * 128 * 2
+    assert facts["recurrent_state_bytes_per_sequence"]["bfloat16"] == 27 * (
+        (10240 + 2048) * 3 * 2 + 128 * 80 * 128 * 4)
+    assert facts["attention"] == ("full in 4 of 56 layers; Mamba-2 (128 heads of 80, a 128-wide state per channel, "
+                                  "a recurrent state per sequence) in 27")
+    assert facts["sublayers"] == "one a layer: a mixer in 31, an MLP in 25 of 56"
+    assert facts["positions"].startswith("none")
 
 
 def test_a_refused_checkpoint_says_why_and_exits_1(tmp_path, capsys):

@@ -23,7 +23,7 @@ PROMPT_LENS = [1, 20, 63, 64, 65, 150]
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module", params=["qwen3-next", "granite4-h", "lfm2"])
+@pytest.fixture(scope="module", params=["qwen3-next", "granite4-h", "lfm2", "nemotron-h-moe"])
 def model_dir(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
     if request.param == "qwen3-next":
         return hybrid_model_dir
