@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
-from services.engine import nemotron_h
+from services.engine import jamba, nemotron_h
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
 
 
@@ -140,6 +140,20 @@ ALIASES = {
             "nope_layers": () if raw.get("position_embedding_type") == "rope" else tuple(range(raw["num_hidden_layers"])),
             **(mamba2_fields(raw, _MAMBA) if any(t in _MAMBA for t in raw["layer_types"]) else {}),
             **({"architecture": "GraniteMoeHybridForCausalLM"} if raw["architectures"] == ["GraniteForCausalLM"] else {})}),
+    # Jamba (jamba.py): attention without positions in one layer of attn_layer_period, Mamba (mamba1.py) in the
+    # rest, Mixtral-style experts in one of expert_layer_period, not renormalized.
+    jamba.ARCH: Alias("LlamaForCausalLM", defaults=jamba.DEFAULTS, ignored=jamba.IGNORED, fields=jamba.fields),
+    # Bamba (IBM's Bamba-9B): Llama with Mamba-2 (mamba2.py) in every layer but attn_layer_indices, RoPE over half
+    # of each head (transformers hard-codes it), biases on all four attention projections with attention_bias; its
+    # MLP and norms under names of its own (weight_names.py).
+    "BambaForCausalLM": Alias(
+        "LlamaForCausalLM",
+        defaults={"vocab_size": 128000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 262144,
+                  "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2},
+        ignored=("z_loss_coefficient", "partial_rotary_factor"),
+        rewrite=lambda raw: _bamba(raw),
+        fields=lambda raw: {**mamba2_fields(raw, _MAMBA), "partial_rotary_factor": 0.5, "architecture": "BambaForCausalLM"}),
     # Phi-3.5-MoE: Mixtral's experts routed by sparse-mixer (moe.py), LayerNorms with biases, biases on
     # attention's projections with attention_bias and on the head with lm_head_bias, LongRoPE with the
     # attention scales it names (short_mscale, long_mscale: rope.py).
@@ -454,6 +468,17 @@ def _granite4(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("num_local_experts"):
         return raw
     return {**raw, "architectures": ["GraniteForCausalLM"], "intermediate_size": raw["shared_intermediate_size"]}
+
+
+def _bamba(raw: dict[str, Any]) -> dict[str, Any]:
+    """Its layer types from attn_layer_indices (Mamba-2 in the others), as transformers lists them; the partial
+    rotary factor transformers fixes at 0.5 taken out of rope_parameters (Llama would refuse it)."""
+    layers, attention = int(raw["num_hidden_layers"]), raw.get("attn_layer_indices") or []
+    if not isinstance(attention, list) or not all(isinstance(i, int) and 0 <= i < layers for i in attention):
+        raise ModelLoadError(f"config.json: attn_layer_indices must list layers of the {layers}, got {attention!r}")
+    params = {k: v for k, v in (raw.get("rope_parameters") or {}).items() if k != "partial_rotary_factor"}
+    return {**{k: v for k, v in raw.items() if k != "attn_layer_indices"}, "rope_parameters": params or None,
+            "layer_types": [_ATTENTION[1] if i in attention else _MAMBA[1] for i in range(layers)]}
 
 
 def _hyperclovax(raw: dict[str, Any]) -> dict[str, Any]:

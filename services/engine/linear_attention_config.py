@@ -1,6 +1,6 @@
 """Linear-attention layers as their configs give them: which layers mix tokens by a recurrence instead of softmax
-attention, and the shape of those layers: Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-2 (Granite 4.0-H) or
-LFM2's gated short convolution. No torch: the scheduler reads configs.
+attention, and the shape of those layers: Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-2 (Granite 4.0-H, Bamba,
+Nemotron-H), Mamba (Jamba) or LFM2's gated short convolution. No torch: the scheduler reads configs.
 
 A linear-attention layer keeps no KV: each sequence carries a fixed-size recurrent state instead (a short
 convolution window and one ``[value heads, key dim, value dim]`` matrix per layer; recurrent_state.py), which
@@ -79,6 +79,29 @@ class Mamba2Shape:
 
 
 @dataclass(frozen=True)
+class Mamba1Shape:
+    """A Mamba (selective state space, arXiv 2312.00752) mixer as Jamba's layers have it: ``intermediate``
+    channels, each with a ``state_size`` state and a step of its own, projected up from a ``dt_rank``-wide
+    input; dt, B and C RMS-normed (Jamba's addition)."""
+
+    intermediate: int
+    state_size: int
+    conv_kernel: int
+    dt_rank: int
+    conv_bias: bool
+    proj_bias: bool
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the short convolution: x alone."""
+        return self.intermediate
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.intermediate, self.state_size)
+
+
+@dataclass(frozen=True)
 class ShortConvShape:
     """LFM2's gated short convolution: ``hidden_size`` channels, a ``conv_kernel``-wide window, biases or not. Its
     state is the window alone."""
@@ -95,6 +118,10 @@ class ShortConvShape:
     def state_shape(self) -> tuple[int, ...]:
         return (0,)
 
+
+
+# Any linear layer's shape.
+LinearShape = LinearAttentionShape | Mamba2Shape | Mamba1Shape | ShortConvShape
 
 def short_conv_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """``ModelConfig``'s ``linear_layers`` and ``linear_attention`` from an LFM2 config: its "conv" layers (or those

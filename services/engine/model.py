@@ -28,8 +28,14 @@ from services.engine.activations import ACTIVATIONS
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.gated_delta_net import GatedDeltaNet
 from services.engine.kv_pool import PagedKVPool
-from services.engine.linear_attention_config import LinearAttentionShape, Mamba2Shape, ShortConvShape
+from services.engine.linear_attention_config import (
+    LinearAttentionShape,
+    Mamba1Shape,
+    Mamba2Shape,
+    ShortConvShape,
+)
 from services.engine.lora import LoraBatch
+from services.engine.mamba1 import Mamba1Mixer
 from services.engine.mamba2 import Mamba2Mixer
 from services.engine.mla import LatentAttention
 from services.engine.model_config import ModelConfig
@@ -282,8 +288,8 @@ class MLP(nn.Module):
 
 
 # A linear layer's mixer by its shape: the attribute it is held by (the name checkpoints give it) and its class.
-_LINEAR_MIXERS = {LinearAttentionShape: "linear_attn", Mamba2Shape: "mamba", ShortConvShape: "conv"}
-_MIXER_CLASSES = {"linear_attn": GatedDeltaNet, "mamba": Mamba2Mixer, "conv": GatedShortConv}
+_LINEAR_MIXERS = {LinearAttentionShape: ("linear_attn", GatedDeltaNet), Mamba2Shape: ("mamba", Mamba2Mixer),
+                  Mamba1Shape: ("mamba", Mamba1Mixer), ShortConvShape: ("conv", GatedShortConv)}
 
 
 class DecoderLayer(nn.Module):
@@ -321,8 +327,8 @@ class DecoderLayer(nn.Module):
     def _add_mixer(self, config: ModelConfig, layer: int) -> str:
         """Adds the layer's mixer under the name checkpoints hold it by, and returns that name."""
         if layer in config.linear_layers:
-            name = _LINEAR_MIXERS[type(config.linear_attention)]
-            setattr(self, name, _MIXER_CLASSES[name](config, layer))
+            name, mixer = _LINEAR_MIXERS[type(config.linear_attention)]
+            setattr(self, name, mixer(config, layer))
             return name
         self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
         return "self_attn"

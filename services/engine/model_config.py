@@ -43,7 +43,7 @@ from services.engine.afmoe import afmoe_fields
 from services.engine.aliases import ALIASES, aliased
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import hunyuan_fields, ntk_alpha_rope
-from services.engine.linear_attention_config import LinearAttentionShape, Mamba2Shape, ShortConvShape
+from services.engine.linear_attention_config import LinearShape
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_fields, llama4_nope_layers
 from services.engine.mla_config import check_mla, mla_fields
@@ -268,7 +268,7 @@ class ModelConfig:
     # 4.0-H) or a gated short convolution (LFM2); these layers mix tokens over a recurrent state per sequence and
     # keep no KV. Their shape.
     linear_layers: tuple[int, ...] = ()
-    linear_attention: LinearAttentionShape | Mamba2Shape | ShortConvShape | None = None
+    linear_attention: LinearShape | None = None
     # Nemotron-H (nemotron_h.py): each layer one sublayer behind its own norm, "mixer" (attention, or the linear
     # mixer in linear_layers) or "mlp" (experts in moe_layers); empty: every layer a mixer, then an MLP.
     sublayers: tuple[str, ...] = ()

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from services.common.errors import InvalidArgument
-from services.engine.linear_attention_config import LinearAttentionShape, Mamba2Shape, ShortConvShape
+from services.engine.linear_attention_config import LinearShape
 
 
 class RecurrentStates:
-    def __init__(self, shape: LinearAttentionShape | Mamba2Shape | ShortConvShape, num_layers: int, dtype: torch.dtype,
+    def __init__(self, shape: LinearShape, num_layers: int, dtype: torch.dtype,
                  device: torch.device, capacity: int = 8) -> None:
         self.shape, self.dtype, self.device = shape, dtype, device
         self.conv: list[torch.Tensor] = [self._conv_rows(capacity) for _ in range(num_layers)]

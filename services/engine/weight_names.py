@@ -12,6 +12,8 @@ from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import RENAMES as HUNYUAN_RENAMES
+from services.engine.jamba import ARCH as JAMBA
+from services.engine.jamba import RENAMES as JAMBA_RENAMES
 
 if TYPE_CHECKING:
     import torch
@@ -69,6 +71,9 @@ _BY_ARCHITECTURE = {
                            (".feed_forward.expert_bias", ".mlp.gate.e_score_correction_bias")),
     "PhimoeForCausalLM": ((".mlp.router.", ".mlp.gate."),),  # its router, as transformers 5 saves it
     "PhiForCausalLM": _PHI,
+    JAMBA: JAMBA_RENAMES,
+    "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
+                         ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
 }
 

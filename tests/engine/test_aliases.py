@@ -224,7 +224,7 @@ def test_phi_3_5_moe_as_published():
     ("Mistral4ForCausalLM", "Mistral4Config"), ("FlexOlmoForCausalLM", "FlexOlmoConfig"),
     ("Qwen3NextForCausalLM", "Qwen3NextConfig"), ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
     ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"), ("Lfm2MoeForCausalLM", "Lfm2MoeConfig"),
-    ("NemotronHForCausalLM", "NemotronHConfig")])
+    ("NemotronHForCausalLM", "NemotronHConfig"), ("JambaForCausalLM", "JambaConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -373,3 +373,28 @@ def test_nemotron_h_reads_its_layer_pattern_as_transformers_does():
         ModelConfig.from_dict({**NEMOTRON_NANO_2, "hybrid_override_pattern": "M-M-"})
     with pytest.raises(ModelLoadError, match="groups that divide them"):
         ModelConfig.from_dict({**NEMOTRON_NANO_2, "n_groups": 7})
+
+
+def test_jamba_and_bamba_read_their_layer_layouts_as_transformers_does():
+    """Jamba named alone (Jamba v0.1's shape): attention in one layer of eight from the fifth, experts in every
+    other layer from the second, Mamba layers of 8192 channels with a 256-rank step; Bamba: attention in
+    attn_layer_indices, Mamba-2 elsewhere, RoPE over half of each head."""
+    jamba, hf = ModelConfig.from_dict({"architectures": ["JambaForCausalLM"]}), transformers.JambaConfig()
+    assert jamba.kv_layers == tuple(i for i, t in enumerate(hf.layers_block_type) if t == "attention") == (4, 12, 20, 28)
+    assert jamba.moe_layers == tuple(i for i, n in enumerate(hf.layers_num_experts) if n > 1)
+    shape = jamba.linear_attention
+    assert (shape.intermediate, shape.state_size, shape.dt_rank, shape.conv_kernel) == (
+        hf.mamba_expand * hf.hidden_size, hf.mamba_d_state, hf.mamba_dt_rank, hf.mamba_d_conv)
+    assert (jamba.num_experts, jamba.moe_intermediate_size, jamba.norm_topk_prob) == (16, 14336, False)
+    assert jamba.nope_layers == tuple(range(32)) and jamba.recurrent
+    with pytest.raises(ModelLoadError, match="attn_layer_offset \\(8\\) must be below attn_layer_period \\(8\\)"):
+        ModelConfig.from_dict({"architectures": ["JambaForCausalLM"], "attn_layer_offset": 8})
+    bamba_raw = {"architectures": ["BambaForCausalLM"], "num_hidden_layers": 6, "attn_layer_indices": [2, 5]}
+    bamba, hf = ModelConfig.from_dict(bamba_raw), transformers.BambaConfig(num_hidden_layers=6, attn_layer_indices=[2, 5])
+    assert bamba.kv_layers == tuple(i for i, t in enumerate(hf.layers_block_type) if t == "full_attention") == (2, 5)
+    assert bamba.rotary_dim == bamba.head_dim // 2 and bamba.linear_attention.num_heads == hf.mamba_n_heads
+    with pytest.raises(ModelLoadError, match="attn_layer_indices must list layers of the 6"):
+        ModelConfig.from_dict({**bamba_raw, "attn_layer_indices": [6]})
+    # Named alone, transformers' Bamba has no attention layer: the KV pool needs one.
+    with pytest.raises(ModelLoadError, match="at least one attention layer"):
+        ModelConfig.from_dict({"architectures": ["BambaForCausalLM"]})

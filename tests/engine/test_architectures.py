@@ -334,6 +334,16 @@ CASES = {
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
         layer_types=["linear_attention", "full_attention", "linear_attention"],
         **{k: v for k, v in COMMON.items() if k != "intermediate_size"}),
+    # Bamba: Llama with Mamba-2 in all but attn_layer_indices, RoPE over half of each head, biases on attention.
+    "bamba": lambda: transformers.BambaConfig(
+        attn_layer_indices=[1], mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=32,
+        attention_bias=True, **COMMON),
+    # Jamba: Mamba (dt, B, C RMS-normed; a low-rank dt) in all but every third layer, attention without positions
+    # there, Mixtral-style experts (not renormalized) in every other layer; biases on the Mamba projections.
+    "jamba": lambda: transformers.JambaConfig(
+        attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
+        num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=8, mamba_proj_bias=True,
+        **{**COMMON, "num_hidden_layers": 4}),
     # Nemotron-H: one sublayer a layer (Mamba-2 of mamba_num_heads x mamba_head_dim, narrower than expand x
     # hidden; attention without positions; an ungated ReLU² MLP), biases on the Mamba-2 and MLP projections.
     "nemotron-h": lambda: transformers.NemotronHConfig(
@@ -798,7 +808,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
-    elif model.config.model_type == "nemotron_h":  # no layer takes positions (the model has no rotary embedding)
+    elif model.config.model_type in ("nemotron_h", "jamba"):  # no layer takes positions (no rotary embedding)
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(model.model.layers)))
     else:

@@ -1,5 +1,6 @@
 """Hybrid models against transformers (Qwen3-Next: Gated DeltaNet linear attention in two layers of three; Granite
-4.0-H: Mamba-2 in two of three; LFM2: gated short convolutions in two of three) under every scheduling path that must carry their recurrent state: prompt chunks of any size (a state resumed chunk after
+4.0-H: Mamba-2 in two of three; LFM2: gated short convolutions in two of three; Nemotron 3: Mamba-2 and attention
+between expert layers; Jamba: the first Mamba in three layers of four) under every scheduling path that must carry their recurrent state: prompt chunks of any size (a state resumed chunk after
 chunk), whole prompts, multi-step decoding, MLFQ order, preemption by swap (the state stays on the worker) and by
 recompute (it starts again from zeros). A prefix is never taken from the cache (the blocks do not hold the
 state); every state slot is back in the pool at the end."""
@@ -23,7 +24,7 @@ PROMPT_LENS = [1, 20, 63, 64, 65, 150]
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module", params=["qwen3-next", "granite4-h", "lfm2", "nemotron-h-moe"])
+@pytest.fixture(scope="module", params=["qwen3-next", "granite4-h", "lfm2", "nemotron-h-moe", "jamba"])
 def model_dir(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
     if request.param == "qwen3-next":
         return hybrid_model_dir

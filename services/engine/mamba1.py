@@ -1,0 +1,113 @@
+"""Mamba (arXiv 2312.00752): the mixer of Jamba's Mamba layers, over the recurrent states of a step's sequences
+(recurrent_state.py).
+
+Per token: x (``intermediate`` channels) through a short causal convolution (SiLU); from it a step ``dt`` per
+channel (a ``dt_rank``-wide projection, RMS-normed, projected up, plus a bias, softplus), and B and C
+(``state_size`` each, RMS-normed: Jamba's norms). Each channel's state ``s`` (``state_size``) with its decay
+``A = -exp(A_log)``::
+
+    s = exp(dt * A) * s + dt * B * x;  y = s · C + D * x
+
+then gated by SiLU of a second projection. A decode takes that step as written; a prompt chunk takes it token by
+token from the state its previous chunks left, as transformers' torch path loops (the oracle; a parallel scan
+would round differently). Both follow transformers' ops and dtypes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.attention import AttentionBatch
+from services.engine.model_config import ModelConfig
+from services.engine.recurrent_state import RecurrentBatch
+from services.engine.short_conv import causal_conv
+
+
+class Mamba1Mixer(nn.Module):
+    """One Mamba layer; ``forward`` takes Attention's arguments and reads ``batch.recurrent``."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        s = config.linear_attention
+        self.shape, self.eps = s, config.rms_norm_eps
+        self.state_index = config.linear_layers.index(layer)
+        self.in_proj = nn.Linear(config.hidden_size, 2 * s.intermediate, bias=s.proj_bias)
+        self.conv1d = nn.Conv1d(s.intermediate, s.intermediate, s.conv_kernel, groups=s.intermediate, bias=s.conv_bias)
+        self.x_proj = nn.Linear(s.intermediate, s.dt_rank + 2 * s.state_size, bias=False)
+        self.dt_proj = nn.Linear(s.dt_rank, s.intermediate)
+        self.A_log = nn.Parameter(torch.zeros(s.intermediate, s.state_size))
+        self.D = nn.Parameter(torch.ones(s.intermediate))
+        self.out_proj = nn.Linear(s.intermediate, config.hidden_size, bias=s.proj_bias)
+        self.dt_layernorm = _NormWeight(s.dt_rank)
+        self.b_layernorm = _NormWeight(s.state_size)
+        self.c_layernorm = _NormWeight(s.state_size)
+
+    def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
+        s, rb = self.shape, batch.recurrent
+        h, gate = self.in_proj(x).chunk(2, dim=-1)
+        h = causal_conv(h, rb, self.state_index, self.conv1d.weight, self.conv1d.bias)
+        dt, b, c = self.x_proj(h).split([s.dt_rank, s.state_size, s.state_size], dim=-1)
+        dt = _rms_norm(dt, self.dt_layernorm.weight, self.eps)
+        b = _rms_norm(b, self.b_layernorm.weight, self.eps)
+        c = _rms_norm(c, self.c_layernorm.weight, self.eps)
+        dt = F.linear(dt, self.dt_proj.weight)  # its bias joins in fp32 in the scan, as transformers adds it
+        return self.out_proj(self._scan(h, dt, b, c, gate, rb).to(x.dtype))
+
+    def _scan(self, h, dt, b, c, gate, rb: RecurrentBatch) -> torch.Tensor:
+        """``[T, intermediate]``: the decodes in one recurrent step, each group of prompt chunks of one length
+        token by token, as one batch."""
+        ssm = rb.states.ssm[self.state_index]
+        a = -torch.exp(self.A_log.float())
+        dt_bias = self.dt_proj.bias.float()
+        out = torch.empty_like(h)
+        for grp in rb.groups:
+            span, state = grp.tokens, ssm.index_select(0, grp.slots)
+            if grp.length == 1:
+                y, state = recurrent_step(h[span], dt[span], b[span], c[span], gate[span], a, self.D, dt_bias, state)
+            else:
+                y, state = sequential_scan(*(t[span].unflatten(0, (grp.count, grp.length)) for t in (h, dt, b, c, gate)),
+                                           a, self.D, dt_bias, state)
+            out[span] = y.reshape(-1, h.shape[-1]).to(h.dtype)
+            ssm.index_copy_(0, grp.slots, state)
+        return out
+
+
+class _NormWeight(nn.Module):
+    """An RMSNorm's weight, under the name checkpoints give it (``dt_layernorm.weight``)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Jamba's RMSNorm: in fp32, the weight applied after the cast back."""
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def recurrent_step(x, dt, b, c, z, a, d_skip, dt_bias, state):
+    """One token of each of B sequences: x, dt, z ``[B, I]``, b, c ``[B, N]``, a ``[I, N]`` (fp32), state ``[B, I,
+    N]`` (fp32). Returns (y ``[B, I]``, new state), as transformers' selective state update computes them."""
+    dt = F.softplus(dt + dt_bias.to(dt.dtype))
+    da = torch.exp(dt.float()[..., None] * a)
+    dbx = dt.float()[..., None] * b.float()[:, None, :] * x.float()[..., None]
+    state = state.float() * da + dbx
+    y = torch.matmul(state.to(c.dtype), c.unsqueeze(-1)).squeeze(-1)
+    return ((y + x * d_skip) * F.silu(z)).to(x.dtype), state
+
+
+def sequential_scan(x, dt, b, c, z, a, d_skip, dt_bias, state):
+    """n tokens of each of B sequences after their ``state``: x, dt, z ``[B, n, I]``, b, c ``[B, n, N]``, state
+    ``[B, I, N]`` (fp32). Returns (y ``[B, n, I]``, new state), in transformers' selective scan's order of ops."""
+    dt = F.softplus(dt + dt_bias.to(dt.dtype))
+    da = torch.exp(a * dt[..., None])
+    dbu = dt[..., None] * b[:, :, None, :].float() * x[..., None].float()
+    ys = []
+    for i in range(x.shape[1]):
+        state = da[:, i] * state + dbu[:, i]
+        ys.append(torch.matmul(state.to(x.dtype), c[:, i, :, None])[..., 0])
+    y = torch.stack(ys, dim=1)
+    return (y + x * d_skip.float()) * F.silu(z), state

@@ -1,0 +1,67 @@
+"""Which recurrent states a worker keeps for prefix caching of a model with linear-attention layers.
+
+Such a model's cached KV blocks do not resume a prefix alone: its linear layers need their state after exactly
+that prefix. So the worker saves a sequence's state as its prompt passes the end of the prompt's last full block
+(a *checkpoint*, into one of ``capacity`` slots the core assigns), and a later request whose prompt starts with
+those blocks takes the cached blocks up to there and the checkpoint's state with them. A checkpoint is keyed by
+the hash of the block it ends: the hash chains every token before it, so the same hash means the same state.
+
+The slots are recycled least recently used first. A checkpoint counts only once the step that saved it ran
+(``confirm``, when its block is cached): a plan that adds a sequence restores its state before that step's
+forward pass, so a checkpoint assigned in the same plan would not be there yet.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class StateCheckpoints:
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"state checkpoint capacity must be >= 0, got {capacity}")
+        self.capacity = capacity
+        self._slot_of: OrderedDict[int, int] = OrderedDict()  # block hash -> slot, least recently used first
+        self._ready: set[int] = set()  # hashes whose saving step ran
+        self._free = list(range(capacity - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def deepest(self, hashes: Sequence[int]) -> tuple[int, int | None]:
+        """The longest prefix of ``hashes`` (cached blocks) ending in a saved state: (its blocks, the state's
+        slot), or (0, None). Marks the checkpoint used."""
+        for k in range(len(hashes), 0, -1):
+            if hashes[k - 1] in self._ready:
+                self._slot_of.move_to_end(hashes[k - 1])
+                return k, self._slot_of[hashes[k - 1]]
+        return 0, None
+
+    def assign(self, block_hash: int) -> int | None:
+        """The slot a step saves the state ending in ``block_hash``'s block into, evicting the least recently
+        used checkpoint when none is free; None when there are no slots, or it is saved already. A checkpoint
+        assigned but not confirmed (its request left before its step) is assigned again: the same prefix saves
+        the same state."""
+        if not self.capacity or block_hash in self._ready:
+            return None
+        if block_hash in self._slot_of:
+            return self._slot_of[block_hash]
+        if self._free:
+            slot = self._free.pop()
+        else:
+            evicted, slot = self._slot_of.popitem(last=False)
+            self._ready.discard(evicted)
+        self._slot_of[block_hash] = slot
+        return slot
+
+    def confirm(self, block_hash: int) -> None:
+        """The step that saved the state ending in ``block_hash``'s block ran: later requests may take it."""
+        if block_hash in self._slot_of:
+            self._ready.add(block_hash)
+
+    def clear(self) -> None:
+        """Forgets every checkpoint (the worker that held them is gone or starts afresh)."""
+        self._slot_of.clear()
+        self._ready.clear()
+        self._free = list(range(self.capacity - 1, -1, -1))
