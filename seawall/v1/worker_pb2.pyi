@@ -24,7 +24,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version", "step_time", "sliding_window", "recurrent_state")
+    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version", "step_time", "sliding_window", "recurrent_state", "state_checkpoints")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class WorkerInfo(_message.Message):
     STEP_TIME_FIELD_NUMBER: _ClassVar[int]
     SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
     RECURRENT_STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     role: WorkerRole
     model: str
     num_device_blocks: int
@@ -55,7 +56,8 @@ class WorkerInfo(_message.Message):
     step_time: StepTimeProfile
     sliding_window: int
     recurrent_state: bool
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., step_time: _Optional[_Union[StepTimeProfile, _Mapping]] = ..., sliding_window: _Optional[int] = ..., recurrent_state: _Optional[bool] = ...) -> None: ...
+    state_checkpoints: int
+    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., step_time: _Optional[_Union[StepTimeProfile, _Mapping]] = ..., sliding_window: _Optional[int] = ..., recurrent_state: _Optional[bool] = ..., state_checkpoints: _Optional[int] = ...) -> None: ...
 
 class StepTimeProfile(_message.Message):
     __slots__ = ("base_ms", "per_token_ms", "per_seq_ms")
@@ -76,7 +78,7 @@ class BlockMove(_message.Message):
     def __init__(self, src_block_id: _Optional[int] = ..., dst_block_id: _Optional[int] = ...) -> None: ...
 
 class NewSequence(_message.Message):
-    __slots__ = ("seq_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "block_ids", "sampling", "trace_context", "lora")
+    __slots__ = ("seq_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "block_ids", "sampling", "trace_context", "lora", "state_checkpoint")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +94,7 @@ class NewSequence(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    STATE_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_prompt_tokens: int
@@ -100,7 +103,18 @@ class NewSequence(_message.Message):
     sampling: _common_pb2.SamplingParams
     trace_context: _containers.ScalarMap[str, str]
     lora: _common_pb2.LoraAdapter
-    def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., lora: _Optional[_Union[_common_pb2.LoraAdapter, _Mapping]] = ...) -> None: ...
+    state_checkpoint: int
+    def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., lora: _Optional[_Union[_common_pb2.LoraAdapter, _Mapping]] = ..., state_checkpoint: _Optional[int] = ...) -> None: ...
+
+class StateSave(_message.Message):
+    __slots__ = ("seq_id", "tokens_into_step", "slot")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_INTO_STEP_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    seq_id: str
+    tokens_into_step: int
+    slot: int
+    def __init__(self, seq_id: _Optional[str] = ..., tokens_into_step: _Optional[int] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class ContinuingSequence(_message.Message):
     __slots__ = ("seq_id", "new_block_ids", "num_computed_tokens", "appended_token_ids", "block_ids", "replace_block_table")
@@ -119,7 +133,7 @@ class ContinuingSequence(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., block_ids: _Optional[_Iterable[int]] = ..., replace_block_table: _Optional[bool] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "scheduled_seq_ids", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context", "speculative")
+    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "scheduled_seq_ids", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context", "speculative", "state_saves")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +153,7 @@ class StepPlan(_message.Message):
     COPY_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    STATE_SAVES_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     scheduler_id: str
     new_sequences: _containers.RepeatedCompositeFieldContainer[NewSequence]
@@ -151,7 +166,8 @@ class StepPlan(_message.Message):
     copy: _containers.RepeatedCompositeFieldContainer[BlockMove]
     trace_context: _containers.ScalarMap[str, str]
     speculative: bool
-    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., scheduled_seq_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., speculative: _Optional[bool] = ...) -> None: ...
+    state_saves: _containers.RepeatedCompositeFieldContainer[StateSave]
+    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., scheduled_seq_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., speculative: _Optional[bool] = ..., state_saves: _Optional[_Iterable[_Union[StateSave, _Mapping]]] = ...) -> None: ...
 
 class SequenceError(_message.Message):
     __slots__ = ("seq_id", "code", "message")

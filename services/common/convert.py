@@ -123,13 +123,15 @@ def plan_to_proto(plan: StepPlan, scheduler_id: str = "") -> worker_pb2.StepPlan
                               finished_seq_ids=plan.finished,
                               swap_out=_moves(plan.swap_out), swap_in=_moves(plan.swap_in), copy=_moves(plan.copy),
                               scheduled_seq_ids=plan.num_scheduled_tokens.keys(),
-                              num_scheduled_tokens=plan.num_scheduled_tokens.values(), speculative=plan.speculative)
+                              num_scheduled_tokens=plan.num_scheduled_tokens.values(), speculative=plan.speculative,
+                              state_saves=[worker_pb2.StateSave(seq_id=rid, tokens_into_step=k, slot=slot)
+                                           for rid, (k, slot) in plan.state_saves.items()])
     # add() builds each submessage in place; append() would build it, then copy it.
     for new in plan.new:
         msg.new_sequences.add(
             seq_id=new.seq_id, token_ids=new.token_ids, num_prompt_tokens=new.prompt_len,
             num_computed_tokens=new.num_computed_tokens, block_ids=new.block_ids,
-            sampling=params_to_proto(new.params),
+            sampling=params_to_proto(new.params), state_checkpoint=new.state_checkpoint,
             lora=None if new.lora is None else common_pb2.LoraAdapter(name=new.lora.name, path=new.lora.path))
     add = msg.continuing.add
     for cont in plan.continuing:
@@ -148,12 +150,14 @@ def plan_from_proto(msg: worker_pb2.StepPlan) -> StepPlan:
     plan = StepPlan(msg.step_id, finished=list(msg.finished_seq_ids), swap_out=_pairs(msg.swap_out),
                     swap_in=_pairs(msg.swap_in), copy=_pairs(msg.copy),
                     num_scheduled_tokens=dict(zip(msg.scheduled_seq_ids, msg.num_scheduled_tokens, strict=True)),
-                    speculative=msg.speculative)
+                    speculative=msg.speculative,
+                    state_saves={s.seq_id: (s.tokens_into_step, s.slot) for s in msg.state_saves})
     for new in msg.new_sequences:
         plan.new.append(NewSequence(new.seq_id, list(new.token_ids), new.num_prompt_tokens,
                                     new.num_computed_tokens, list(new.block_ids),
                                     params_from_proto(new.sampling),
-                                    LoraRef(new.lora.name, new.lora.path) if new.HasField("lora") else None))
+                                    LoraRef(new.lora.name, new.lora.path) if new.HasField("lora") else None,
+                                    new.state_checkpoint if new.HasField("state_checkpoint") else None))
     for cont in msg.continuing:
         plan.continuing.append(ContinuingSequence(
             cont.seq_id, list(cont.new_block_ids), list(cont.appended_token_ids),

@@ -46,6 +46,8 @@ class NewSequence:
     block_ids: list[int]
     params: SamplingParams
     lora: LoraRef | None = None  # the adapter the sequence runs with; None = the base model
+    # A recurrent model's cached prefix: the checkpoint slot holding the state of its num_computed_tokens.
+    state_checkpoint: int | None = None
 
 
 @dataclass
@@ -76,6 +78,9 @@ class StepPlan:
     # instead of running multi-step passes: the worker drafts them, runs newest token + drafts, and samples
     # (and returns) the drafts its sampler agrees with plus the token after them.
     speculative: bool = False
+    # A recurrent model's states saved for prefix caching: seq_id -> (after how many of the tokens this step
+    # runs for it, checkpoint slot).
+    state_saves: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:

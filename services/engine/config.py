@@ -42,6 +42,10 @@ class EngineConfig:
     # allocates up front on CUDA, before the KV pool takes its share of free memory (the scheduler's default
     # max_num_seqs). More sequences grow the states past it; on the CPU they start small and grow.
     state_slots: int = 256
+    # Such a model's prefix caching: how many states the worker keeps, each saved as a prompt passes the end of
+    # its last full block, so that a later prompt starting with those blocks resumes there (0: no prefix
+    # caching for such a model). Each is one sequence's state (Qwen3-Next-80B: 74 MiB in bf16), taken as used.
+    state_checkpoints: int = 16
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -56,6 +60,8 @@ class EngineConfig:
             raise InvalidArgument(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.state_slots < 1:
             raise InvalidArgument(f"state_slots must be >= 1, got {self.state_slots}")
+        if self.state_checkpoints < 0:
+            raise InvalidArgument(f"state_checkpoints must be >= 0 (0 = none), got {self.state_checkpoints}")
         if self.swap_bytes < 0:
             raise InvalidArgument(f"swap_bytes must be >= 0, got {self.swap_bytes}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:

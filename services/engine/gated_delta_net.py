@@ -114,7 +114,7 @@ class GatedDeltaNet(nn.Module):
                 o, state = chunked_delta_rule(*(t[span].unflatten(0, (grp.count, grp.length))
                                                 for t in (q, k, v, g, beta)), state)
                 out[span] = o.flatten(0, 1)
-            ssm.index_copy_(0, grp.slots, state)
+            rb.keep(ssm, grp, state)
         return out
 
 

@@ -67,6 +67,9 @@ class SequenceState:
     lora: LoraWeights | None = None
     # Its row of the worker's recurrent states (a model with linear-attention layers), else None.
     state_slot: int | None = None
+    # In the step being run, a copy of that state to save for prefix caching: (after how many of the step's
+    # tokens, the checkpoint's row), else None.
+    state_save: tuple[int, int] | None = None
 
 
 @dataclass
@@ -175,14 +178,34 @@ def _chunk_groups(attention: AttentionBatch, fresh: list[tuple[SequenceState, in
 def _recurrent_batch(states: RecurrentStates, decodes: list[SequenceState], chunks: list[tuple[SequenceState, int]],
                      device) -> RecurrentBatch:
     """The state slots of the flat batch's decodes (its first tokens), then of each run of prompt chunks of one
-    length, as groups a layer runs at once."""
-    groups, start = [], 0
-    runs = [(1, decodes)] if decodes else []
+    length, as groups a layer runs at once. A chunk whose state is saved on the way (``state_save``) runs as a
+    group of its own, split where the state is saved: that group's states are copied to the checkpoint."""
+    groups: list[SpanGroup] = []
+    start = 0
+
+    def add(length: int, seqs: list[SequenceState], save_to: int | None = None) -> None:
+        nonlocal start
+        groups.append(SpanGroup(start, len(seqs), length, _t([seq.state_slot for seq in seqs], device),
+                                None if save_to is None else _t([save_to], device)))
+        start += length * len(seqs)
+
+    if decodes:
+        add(1, decodes)
     for n, run in groupby(chunks, key=lambda sn: sn[1]):
-        runs.append((n, [seq for seq, _ in run]))
-    for n, seqs in runs:
-        groups.append(SpanGroup(start, len(seqs), n, _t([seq.state_slot for seq in seqs], device)))
-        start += n * len(seqs)
+        plain: list[SequenceState] = []
+        for seq, _ in run:
+            if seq.state_save is None:
+                plain.append(seq)
+                continue
+            if plain:  # the group so far, before this one in the flat batch
+                add(n, plain)
+                plain = []
+            at, row = seq.state_save
+            add(at, [seq], row)
+            if at < n:
+                add(n - at, [seq])
+        if plain:
+            add(n, plain)
     return RecurrentBatch(states, groups)
 
 

@@ -70,7 +70,7 @@ class Mamba1Mixer(nn.Module):
                 y, state = sequential_scan(*(t[span].unflatten(0, (grp.count, grp.length)) for t in (h, dt, b, c, gate)),
                                            a, self.D, dt_bias, state)
             out[span] = y.reshape(-1, h.shape[-1]).to(h.dtype)
-            ssm.index_copy_(0, grp.slots, state)
+            rb.keep(ssm, grp, state)
         return out
 
 

@@ -85,7 +85,7 @@ class Mamba2Mixer(nn.Module):
                 y, state = chunk_scan(*(x[span].unflatten(0, (grp.count, grp.length)) for x in (h, b, c, dt)), a,
                                       self.D, self.dt_bias, state, s.chunk_size, s.time_step_limit)
             out[span] = y.reshape(-1, s.intermediate).to(h.dtype)
-            ssm.index_copy_(0, grp.slots, state)
+            rb.keep(ssm, grp, state)
         return out
 
 

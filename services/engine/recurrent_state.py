@@ -1,5 +1,5 @@
-"""Recurrent states of linear-attention layers (Gated DeltaNet, Mamba-2, LFM2's short convolution): one slot per
-sequence a worker holds.
+"""Recurrent states of linear-attention layers (Gated DeltaNet, Mamba-2, Mamba, LFM2's short convolution): one slot
+per sequence a worker holds.
 
 A slot holds, for each linear layer, the last ``conv_kernel - 1`` inputs of its short convolution (the model's
 dtype) and its state (``shape.state_shape``: Gated DeltaNet's ``[value heads, key dim, value dim]`` matrices,
@@ -7,6 +7,10 @@ Mamba-2's ``[heads, head dim, state size]``, fp32 as transformers keeps them; no
 a state is a summary of every token so far: it has one size whatever the length, is overwritten by each step,
 and cannot be shared or resumed from part of a sequence. So it lives with the sequence on its worker from its
 first token to its end (kept through a swap of its KV blocks; a recompute starts it again from zeros).
+
+For prefix caching the scheduler has states saved as prompts pass the end of their last full block: a step's
+group copies its new states to a checkpoint's row as well (``RecurrentBatch.keep``), and a sequence that starts
+after a cached prefix claims a copy of it (services/scheduler/core/state_checkpoints.py).
 
 Slots are rows of one tensor per layer and kind, so a step gathers and scatters a group of its sequences' states
 (``RecurrentBatch``: the decodes, or prompt chunks of one length) with one ``index_select`` / ``index_copy_`` a
@@ -33,6 +37,9 @@ class RecurrentStates:
         # States read from the worker a sequence is handed off from, until a plan adds it: seq_id -> (tokens
         # they took in, each layer's bytes).
         self._arriving: dict[str, tuple[int, list[tuple[bytes, bytes]]]] = {}
+        # Checkpoints saved for prefix caching (the scheduler's slot numbers -> rows here, taken on first use
+        # and kept: the scheduler recycles the slots).
+        self._checkpoint_rows: dict[int, int] = {}
 
     @property
     def capacity(self) -> int:
@@ -42,6 +49,11 @@ class RecurrentStates:
     def num_free(self) -> int:
         return len(self._free)
 
+    @property
+    def num_checkpoints(self) -> int:
+        """Rows holding checkpoints saved for prefix caching (kept once taken)."""
+        return len(self._checkpoint_rows)
+
     def acquire(self) -> int:
         """A free slot, its state zeroed (a sequence starts from no tokens)."""
         if not self._free:
@@ -50,10 +62,19 @@ class RecurrentStates:
         self.reset([slot])
         return slot
 
-    def claim(self, seq_id: str, num_computed: int) -> int:
-        """The slot of a sequence a plan adds: zeros for one that starts here, else the state stashed for it
-        from the worker it was handed off from, which must have taken in exactly its ``num_computed`` tokens.
-        Raises InvalidArgument otherwise (a prefix cached or moved here by its blocks alone cannot resume)."""
+    def claim(self, seq_id: str, num_computed: int, checkpoint: int | None = None) -> int:
+        """The slot of a sequence a plan adds: zeros for one that starts here, a copy of ``checkpoint`` for one
+        that starts after a cached prefix, else the state stashed for it from the worker it was handed off from,
+        which must have taken in exactly its ``num_computed`` tokens. Raises InvalidArgument otherwise (a prefix
+        cached or moved here by its blocks alone cannot resume)."""
+        if checkpoint is not None and num_computed:
+            if checkpoint not in self._checkpoint_rows:
+                raise InvalidArgument(f"sequence {seq_id} starts from state checkpoint {checkpoint}, which this "
+                                      "worker never saved")
+            self._arriving.pop(seq_id, None)
+            slot = self.acquire()
+            self.copy(self._checkpoint_rows[checkpoint], slot)
+            return slot
         arrived = self._arriving.pop(seq_id, None)
         if num_computed and (arrived is None or arrived[0] != num_computed):
             raise InvalidArgument(
@@ -76,6 +97,19 @@ class RecurrentStates:
         self._arriving.pop(seq_id, None)
         if slot is not None:
             self._free.append(slot)
+
+    def checkpoint_row(self, checkpoint: int) -> int:
+        """The row that checkpoint slot ``checkpoint`` saves into (taken from the pool on its first save)."""
+        row = self._checkpoint_rows.get(checkpoint)
+        if row is None:
+            row = self._checkpoint_rows[checkpoint] = self.acquire()
+        return row
+
+    def copy(self, src: int, dst: int) -> None:
+        """Row ``src``'s state into row ``dst``, every layer."""
+        for conv, ssm in zip(self.conv, self.ssm, strict=True):
+            conv[dst] = conv[src]
+            ssm[dst] = ssm[src]
 
     def reset(self, slots: list[int]) -> None:
         """Zeroes the states of ``slots`` (sequences run again from their first token)."""
@@ -140,6 +174,8 @@ class SpanGroup:
     count: int
     length: int
     slots: torch.Tensor  # [count] int64
+    # Rows a copy of the states after this group goes to as well (prefix caching's checkpoints), or None.
+    save_to: torch.Tensor | None = None
 
     @property
     def tokens(self) -> slice:
@@ -154,3 +190,11 @@ class RecurrentBatch:
 
     states: RecurrentStates
     groups: list[SpanGroup]
+
+    @staticmethod
+    def keep(rows: torch.Tensor, group: SpanGroup, state: torch.Tensor) -> None:
+        """Writes ``group``'s new states back into a layer's ``rows`` (conv windows or states), and into the
+        checkpoint rows it saves to."""
+        rows.index_copy_(0, group.slots, state)
+        if group.save_to is not None:
+            rows.index_copy_(0, group.save_to, state)

@@ -51,9 +51,12 @@ class ModelRunner:
         mc = self.checkpoint.config
         self.layout = KVLayout(len(mc.kv_layers), config.block_size, mc.num_key_value_heads, mc.head_dim,
                                self.dtype, num_parts=1 if mc.mla else 2)  # latent attention caches one latent
-        # Linear-attention layers keep a recurrent state per sequence instead of KV (recurrent_state.py); on
-        # CUDA their slots are taken before the KV pool sizes itself by the memory left.
-        slots = config.state_slots if self.device.type == "cuda" else min(config.state_slots, 8)
+        # Linear-attention layers keep a recurrent state per sequence instead of KV (recurrent_state.py), and
+        # some more for prefix caching (the scheduler assigns them: StepPlan.state_saves); on CUDA their slots
+        # are taken before the KV pool sizes itself by the memory left.
+        self.state_checkpoints = config.state_checkpoints if mc.recurrent else 0
+        slots = (config.state_slots + self.state_checkpoints if self.device.type == "cuda"
+                 else min(config.state_slots, 8))
         self.states = (RecurrentStates(mc.linear_attention, len(mc.linear_layers), self.dtype, self.device, slots)
                        if mc.recurrent else None)
         num_blocks = self.layout.blocks_for_budget(self._kv_budget())
@@ -106,6 +109,10 @@ class ModelRunner:
         self.kv.swap_out(plan.swap_out)
         self.kv.swap_in(plan.swap_in)
         result = StepResult(plan.step_id)
+        for sid, (at, checkpoint) in plan.state_saves.items():  # prefix caching of a recurrent model's states
+            seq = self.seqs.get(sid)
+            if seq is not None and self.states is not None:
+                seq.state_save = (at, self.states.checkpoint_row(checkpoint))
         if plan.num_scheduled_tokens:
             scheduled = [(self._get(sid), n) for sid, n in plan.num_scheduled_tokens.items() if n > 0]
             result.sampled = self._run([(seq, n) for seq, n in scheduled if seq.error is None], result,
@@ -188,6 +195,7 @@ class ModelRunner:
                             inputs.lora, hidden=hidden)
         for seq, n in scheduled:
             seq.num_computed += n
+            seq.state_save = None  # saved in this pass, if at all
         pooled = self._pool(logits, pool_rows, inputs.sample_seq_ids, result) if pool_rows else {}
         if hidden:
             keep = [i for i in range(len(logits)) if i not in set(pool_rows)]
@@ -320,7 +328,7 @@ class ModelRunner:
         )
         if self.states is not None:
             try:
-                seq.state_slot = self.states.claim(new.seq_id, new.num_computed_tokens)
+                seq.state_slot = self.states.claim(new.seq_id, new.num_computed_tokens, new.state_checkpoint)
             except InvalidArgument as exc:  # its first tokens ran elsewhere and their state is not here
                 log.warning("%s", exc)
                 seq.error = exc

@@ -25,7 +25,7 @@ def causal_conv(x: torch.Tensor, rb: RecurrentBatch, state_index: int, weight: t
     for g in rb.groups:  # each group at once: [count, channels, kept + length] windows
         h = x[g.tokens].view(g.count, g.length, channels).transpose(1, 2)
         window = torch.cat([conv.index_select(0, g.slots), h], dim=-1).to(weight.dtype)
-        conv.index_copy_(0, g.slots, window[:, :, -kept:])
+        rb.keep(conv, g, window[:, :, -kept:])
         y = act(F.conv1d(window, weight, bias, groups=channels))
         out[g.tokens] = y.transpose(1, 2).reshape(g.count * g.length, channels).to(x.dtype)
     return out

@@ -48,6 +48,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-slots", type=int, default=256,
                    help="a model with linear-attention layers (Qwen3-Next, Qwen3.5): sequences whose recurrent "
                         "states a CUDA worker allocates before sizing its KV pool (default 256)")
+    p.add_argument("--state-checkpoints", type=int, default=16,
+                   help="a model with linear-attention layers: recurrent states kept for prefix caching, one saved "
+                        "at the end of each prompt's last full block (default 16; 0: no prefix caching for it)")
     add_max_model_len_flag(p)
 
 
@@ -55,7 +58,8 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
                         kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes,
                         cpu_kernels=not args.no_cpu_kernels, max_idle_loras=args.max_cpu_loras,
-                        max_model_len=args.max_model_len, state_slots=args.state_slots)
+                        max_model_len=args.max_model_len, state_slots=args.state_slots,
+                        state_checkpoints=args.state_checkpoints)
 
 
 def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:

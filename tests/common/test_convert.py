@@ -35,15 +35,16 @@ def test_a_plan_with_every_kind_of_entry_round_trips():
                                                                          logit_bias=((3, -1.5), (9, 2.0)),
                                                                          allowed_token_ids=(9, 3, 4),
                                                                          skip_special_tokens=False)),
-             NewSequence("g", [1, 2], 2, 0, [7], SamplingParams(), LoraRef("sql", "/loras/sql"))],
+             NewSequence("g", [1, 2], 2, 0, [7], SamplingParams(), LoraRef("sql", "/loras/sql")),
+             NewSequence("h", [1, 2, 3, 4, 5], 5, 4, [8, 9], SamplingParams(), state_checkpoint=0)],
         continuing=[
             ContinuingSequence("b", [11], [42]),  # a decode that needs a new block
             ContinuingSequence("c", [], [43]),  # a decode with room left, handed a token it did not sample
             ContinuingSequence("d", [], [], [1, 2, 3]),  # swapped in: a new block table
             ContinuingSequence("e", [], [], []),  # a new, empty block table is not "no change"
         ],
-        num_scheduled_tokens={"a": 2, "b": 1, "c": 1, "d": 1, "e": 0, "f": 1, "g": 2},  # f: nothing changed
-        finished=["z"], swap_out=[(1, 2)], swap_in=[(3, 4)], copy=[(5, 6)],
+        num_scheduled_tokens={"a": 2, "b": 1, "c": 1, "d": 1, "e": 0, "f": 1, "g": 2, "h": 1},  # f: nothing changed
+        finished=["z"], swap_out=[(1, 2)], swap_in=[(3, 4)], copy=[(5, 6)], state_saves={"a": (2, 0), "g": (1, 3)},
     )
     msg = _wire(plan_to_proto(plan, "sched-1"))
     assert msg.scheduler_id == "sched-1"

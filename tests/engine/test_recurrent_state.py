@@ -8,7 +8,7 @@ import torch
 
 from services.common.errors import InvalidArgument
 from services.engine.linear_attention_config import LinearAttentionShape
-from services.engine.recurrent_state import RecurrentStates
+from services.engine.recurrent_state import RecurrentBatch, RecurrentStates, SpanGroup
 
 SHAPE = LinearAttentionShape(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=6, conv_kernel=4,
                              grouped_projections=True)
@@ -68,3 +68,21 @@ def test_growth_keeps_every_held_state():
     assert pool.capacity == 8 and len(set(held + more)) == 5 and pool.num_free == 3
     assert [pool.ssm[2][slot].unique().tolist() for slot in held] == [[1.0], [2.0]]
     assert all(not pool.ssm[2][slot].any() for slot in more)
+
+
+def test_a_checkpoint_saved_after_a_group_is_what_a_later_sequence_starts_from():
+    """A group's new states go to its slots and, for prefix caching, to a checkpoint's row too; a sequence a plan
+    adds after a cached prefix starts from a copy of that row, which later steps leave alone."""
+    pool = _pool()
+    slot = pool.claim("a", 0)
+    row = pool.checkpoint_row(3)
+    assert pool.checkpoint_row(3) == row and pool.num_checkpoints == 1 and row != slot
+    group = SpanGroup(0, 1, 5, torch.tensor([slot]), save_to=torch.tensor([row]))
+    RecurrentBatch.keep(pool.ssm[0], group, torch.full((1, *SHAPE.state_shape), 7.0))
+    RecurrentBatch.keep(pool.conv[2], group, torch.full((1, 56, 3), 2.0, dtype=torch.bfloat16))
+    b = pool.claim("b", 32, checkpoint=3)
+    assert b not in (slot, row) and bool((pool.ssm[0][b] == 7.0).all()) and bool((pool.conv[2][b] == 2.0).all())
+    pool.ssm[0][b].zero_()
+    assert bool((pool.ssm[0][row] == 7.0).all())
+    with pytest.raises(InvalidArgument, match="state checkpoint 5, which this worker never saved"):
+        pool.claim("c", 16, checkpoint=5)

@@ -140,10 +140,13 @@ class SchedulerConfig:
     # null block.
     sliding_window: int | None = None
     # The model has linear-attention layers (Qwen3-Next), whose recurrent state per sequence lives on its worker
-    # and depends on every token in order: a prefix cannot be taken from cached blocks (caches_prefixes is off
-    # whatever enable_prefix_caching says), a fork cannot share its parent's, and drafts cannot be verified (a
-    # rejected one cannot be taken back out of the state).
+    # and depends on every token in order: a prefix is taken from cached blocks only as far as a state the
+    # worker saved (state_checkpoints.py; with none, caches_prefixes is off whatever enable_prefix_caching
+    # says), a fork cannot share its parent's, and drafts cannot be verified (a rejected one cannot be taken
+    # back out of the state).
     recurrent_state: bool = False
+    # With recurrent_state: how many states the worker keeps for prefix caching (WorkerInfo.state_checkpoints).
+    state_checkpoints: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "chunk_size"):
@@ -169,14 +172,16 @@ class SchedulerConfig:
                              f"got {self.preemption_mode!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None (full attention), got {self.sliding_window}")
+        if self.state_checkpoints < 0:
+            raise ValueError(f"state_checkpoints must be >= 0 (0 = none), got {self.state_checkpoints}")
         if self.tbt_target_s is not None and not self.tbt_target_s > 0:
             raise ValueError(f"tbt_target_s must be > 0 or None, got {self.tbt_target_s}")
 
     @property
     def caches_prefixes(self) -> bool:
         """Whether full blocks are shared by their hashes (prefix caching on, and a model whose KV is all of a
-        prefix's state)."""
-        return self.enable_prefix_caching and not self.recurrent_state
+        prefix's state, or whose worker saves the rest: state_checkpoints)."""
+        return self.enable_prefix_caching and (not self.recurrent_state or self.state_checkpoints > 0)
 
     @property
     def whole_prompt_limit(self) -> int | None:

@@ -72,6 +72,7 @@ class HandOff:
             self.blocks.free(cached)
             return None
         request.block_ids, request.num_cached_blocks = dropped + cached + got, len(dropped) + len(cached)
+        request.state_checkpoint = None  # a recurrent state arrives with the blocks; the sender's slots are not here
         request.status = RequestStatus.ARRIVING
         self.requests[request.request_id] = request
         self.arriving[request.request_id] = request
@@ -132,4 +133,5 @@ class HandOff:
         self.waiting.clear()
         self.running.clear()
         self.swapped.clear()
+        self.checkpoints.clear()  # they were the dead worker's
         return reqs

@@ -52,6 +52,8 @@ class Request:
     num_dropped_blocks: int = 0
     # Prompt tokens served from the prefix cache at admission (reported as cached_prompt_tokens).
     num_prefix_hit_tokens: int = 0
+    # A recurrent model's cached prefix: the worker's checkpoint slot holding the state it starts from.
+    state_checkpoint: int | None = None
     # When it finishes (stop or length), keep its blocks in ``Scheduler.handed_off`` instead of freeing them,
     # so that their KV can be stored (to kvcache) before the blocks are reused.
     hold_blocks_on_finish: bool = False

@@ -32,6 +32,7 @@ from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.shared_prefix import SharedPrefix
 from services.scheduler.core.sliding_window import SlidingWindow
 from services.scheduler.core.speculative import Speculative
+from services.scheduler.core.state_checkpoints import CheckpointedPrefix, StateCheckpoints
 from services.scheduler.core.step_time import StepTimeCalibration, StepTimeModel
 
 POLICIES = POLICY_NAMES  # the registry's names, for CLI choices
@@ -59,7 +60,7 @@ class DraftStats:
     kept: int = 0  # of those, kept
 
 
-class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculative):
+class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculative, CheckpointedPrefix):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
         """``blocks``: the worker's device pool; ``host_blocks``: its host pool, for swapping (None: no swap).
@@ -72,6 +73,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         self.policy = make_policy(config)
         self.preemption_mode = config.preemption_mode or self.policy.default_preemption
         self.prefix_stats = PrefixCacheStats()
+        # A recurrent model's states its worker saved for prefix caching (state_checkpoints.py).
+        self.checkpoints = StateCheckpoints(config.state_checkpoints if config.recurrent_state else 0)
         self.draft_stats = DraftStats()
         # Speculative decoding's pause where drafts keep missing (speculative.py): the kept-drafts estimate,
         # the steps left in a pause, whether the next speculative step is a probe after one.
@@ -406,14 +409,14 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         untouched) when the blocks are not there."""
         cached: list[int] = []
         hashes: list[int] = []
-        queried = 0
+        queried, checkpoint = 0, None
         # A request scoring its prompt must compute every position: a cached block would skip its scores.
         use_cache = self.config.caches_prefixes and req.params.prompt_logprobs is None
         if use_cache:
             hashes = extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.seed_of(req))
             # At least one token must run: its logits give the next token.
             queried = min(len(hashes), (req.num_tokens - 1) // self.blocks.block_size)
-            cached = self.blocks.cached_prefix(hashes[:queried])
+            cached, checkpoint = self._checkpointed(hashes, self.blocks.cached_prefix(hashes[:queried]))
             self.blocks.take_cached(cached)
         req.block_ids = list(cached)
         req.num_cached_blocks = len(cached)
@@ -424,7 +427,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
             self.blocks.free(req.block_ids)
             req.block_ids, req.num_computed_tokens, req.num_cached_blocks, req.num_dropped_blocks = [], 0, 0, 0
             return 0
-        if use_cache:
+        req.state_checkpoint = checkpoint if cached else None
+        if use_cache and not self.config.recurrent_state:  # a recurrent model's blocks alone are no use to wait for
             self._note_computing(req, hashes, len(cached))
         if req.num_preemptions == 0:
             self.prefix_stats.queried_blocks += queried
@@ -453,6 +457,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.seed_of(req))
         for i in range(max(req.num_cached_blocks, req.num_dropped_blocks), full):
             self.blocks.cache(req.block_ids[i], req.block_hashes[i])
+            self.checkpoints.confirm(req.block_hashes[i])  # a state saved where this block ends is there now
             self._computing.pop(req.block_hashes[i], None)  # in the cache now: waiters find it there
         req.num_cached_blocks = full
 
@@ -517,8 +522,12 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
                     plan.continuing.append(ContinuingSequence(rid, req.block_ids[sent:]))
             else:
                 plan.new.append(NewSequence(rid, req.all_token_ids, len(req.prompt_token_ids),
-                                            req.num_computed_tokens, list(req.block_ids), req.params, req.lora))
+                                            req.num_computed_tokens, list(req.block_ids), req.params, req.lora,
+                                            req.state_checkpoint))
                 self._on_worker.add(rid)
+            save = self._state_save(req, n) if self.checkpoints.capacity else None
+            if save is not None:
+                plan.state_saves[rid] = save
             self._sent_blocks[rid] = len(req.block_ids)
             plan.num_scheduled_tokens[rid] = n
 

@@ -15,6 +15,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from services.common.block_hash import extend_hashes
+
+if TYPE_CHECKING:
+    from services.scheduler.core.request import Request
+    from services.scheduler.core.scheduler import Scheduler
 
 
 class StateCheckpoints:
@@ -65,3 +72,27 @@ class StateCheckpoints:
         self._slot_of.clear()
         self._ready.clear()
         self._free = list(range(self.capacity - 1, -1, -1))
+
+
+class CheckpointedPrefix:
+    """``Scheduler``'s use of its worker's checkpoints (a method mixin, as hand_off.py's)."""
+
+    def _checkpointed(self: Scheduler, hashes: list[int], cached: list[int]) -> tuple[list[int], int | None]:
+        """The cached blocks ``cached`` (of ``hashes``) a request may take, and the checkpoint it starts from:
+        all of them and None for a model without recurrent state; else only as far as a saved state."""
+        if not self.config.recurrent_state:
+            return cached, None
+        k, slot = self.checkpoints.deepest(hashes[: len(cached)])
+        return cached[:k], slot
+
+    def _state_save(self: Scheduler, req: Request, n: int) -> tuple[int, int] | None:
+        """Where the step running ``n`` more tokens of ``req`` saves its state, (after how many of them, slot),
+        if it passes the end of its prompt's last full block (the last that a request with the same prompt
+        could take: one token must run) and a slot is assigned; else None."""
+        bs = self.blocks.block_size
+        end = (len(req.prompt_token_ids) - 1) // bs * bs
+        if not self.checkpoints.capacity or not req.num_computed_tokens < end <= req.num_computed_tokens + n:
+            return None
+        hashes = extend_hashes(req.block_hashes, req.token_ids, bs, self.seed_of(req))
+        slot = self.checkpoints.assign(hashes[end // bs - 1])
+        return None if slot is None else (end - req.num_computed_tokens, slot)

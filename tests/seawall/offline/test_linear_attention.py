@@ -7,6 +7,8 @@ state); every state slot is back in the pool at the end."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -57,11 +59,11 @@ def case(hf_model):
     return prompts, _greedy(hf_model, prompts)
 
 
-def _engine(model_dir, config: SchedulerConfig, blocks: int | None = None) -> OfflineEngine:
+def _engine(model_dir, config: SchedulerConfig, blocks: int | None = None, checkpoints: int = 16) -> OfflineEngine:
     block_bytes = 16 * 2 * 2 * 16 * 4  # one attention layer's K and V, 16 tokens of 2 heads of 16, fp32
     return OfflineEngine(EngineConfig(model=str(model_dir), dtype="float32",
-                                      kv_cache_bytes=(blocks or 256) * block_bytes, swap_bytes=200 * block_bytes),
-                         config)
+                                      kv_cache_bytes=(blocks or 256) * block_bytes, swap_bytes=200 * block_bytes,
+                                      state_checkpoints=checkpoints), config)
 
 
 def _params(n: int) -> list[SamplingParams]:
@@ -72,7 +74,7 @@ def _all_states_free(engine: OfflineEngine) -> bool:
     """After the plan that tells the worker which sequences finished (the next one, as in the mesh)."""
     engine.runner.execute(engine.scheduler.schedule())
     states = engine.runner.states
-    return states.num_free == states.capacity and not engine.runner.seqs
+    return states.num_free == states.capacity - states.num_checkpoints and not engine.runner.seqs
 
 
 CASES = {
@@ -108,14 +110,36 @@ def test_preemption_keeps_or_restarts_the_state(model_dir, case, mode):
     assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
 
 
-def test_a_repeated_prompt_runs_every_token_again(model_dir, case):
-    """Prefix caching is on in the config, but its blocks would skip the tokens the state needs."""
+def test_a_repeated_prompt_resumes_from_the_state_saved_at_its_last_full_block(model_dir, case):
+    """The first run saves its state where the prompt's last full block ends (144 of 150 tokens, inside a chunk
+    of 32); a second run of the prompt takes those blocks and that state, runs the last 6 tokens, and matches
+    transformers. Without state checkpoints a prefix is never taken (its blocks alone would skip the tokens the
+    state needs)."""
     prompts, refs = case
     engine = _engine(model_dir, SchedulerConfig(chunk_size=32, enable_prefix_caching=True))
     first = engine.generate([prompts[-1]], _params(1))
     again = engine.generate([prompts[-1], prompts[-1]], _params(2))
-    assert [c.num_cached_prompt_tokens for c in first + again] == [0, 0, 0]
+    assert [c.num_cached_prompt_tokens for c in first + again] == [0, 144, 144]
     assert [c.token_ids for c in first + again] == [refs[-1]] * 3
+    assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
+    none = _engine(model_dir, SchedulerConfig(chunk_size=32, enable_prefix_caching=True), checkpoints=0)
+    runs = none.generate([prompts[-1]], _params(1)) + none.generate([prompts[-1]], _params(1))
+    assert [c.num_cached_prompt_tokens for c in runs] == [0, 0] and [c.token_ids for c in runs] == [refs[-1]] * 2
+
+
+@pytest.mark.parametrize("chunk", [7, 64, None], ids=["chunk7", "chunk64", "whole"])
+def test_a_next_turn_resumes_from_the_state_of_the_turn_before(model_dir, hf_model, case, chunk):
+    """A conversation's second turn (the first prompt, its output, a new message) takes the first prompt's
+    blocks and saved state; its output matches transformers' for the whole second prompt. Chunks of 7 cross the
+    saved point inside a chunk, 64 too, whole prompts (vLLM's policy) at its end."""
+    prompts, _ = case
+    config = SchedulerConfig(chunk_size=chunk) if chunk else SchedulerConfig(policy="vllm")
+    engine = _engine(model_dir, replace(config, enable_prefix_caching=True))
+    first = engine.generate([prompts[3]], _params(1))[0]  # 64 tokens: its state saved after 48
+    second = prompts[3] + first.token_ids + prompts[1]
+    got = engine.generate([second], _params(1))[0]
+    assert got.num_cached_prompt_tokens == 48
+    assert got.token_ids == _greedy(hf_model, [second])[0]
 
 
 def test_more_sequences_than_slots_grow_the_state_pool(model_dir, case):

@@ -1,0 +1,106 @@
+"""Prefix caching for a model with recurrent state, in the core: a prompt's step saves its state where its last
+full block ends, and a later request takes cached blocks only as far as a saved state, starting from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.sampling_params import SamplingParams
+from services.scheduler.core.request import Request
+from services.scheduler.core.state_checkpoints import StateCheckpoints
+from tests.scheduler.core.test_scheduler import EOS, create_scheduler, step
+
+PROMPT = list(range(1, 24))  # 23 tokens, blocks of 4: the last full block a repeat could take ends at 20
+
+
+def _req(rid: str, tokens: list[int] = PROMPT) -> Request:
+    return Request(rid, list(tokens), SamplingParams(max_tokens=3), 0.0, eos_token_ids=(EOS,))
+
+
+def _recurrent(**overrides):
+    return create_scheduler(recurrent_state=True, enable_prefix_caching=True, **overrides)
+
+
+def test_the_step_passing_the_prompts_last_full_block_saves_the_state_there():
+    s = _recurrent(state_checkpoints=2, chunk_size=8)
+    s.add(_req("a"))
+    saves = [step(s)[0].state_saves for _ in range(3)]  # chunks 0-8, 8-16, 16-23
+    assert saves == [{}, {}, {"a": (4, 0)}]  # 4 tokens into the chunk from 16: after token 20
+    assert len(s.checkpoints) == 1
+
+
+def test_a_repeat_takes_the_blocks_up_to_the_saved_state_and_starts_from_it():
+    s = _recurrent(state_checkpoints=2)
+    s.add(_req("a"))
+    while s.has_work:
+        step(s)
+    s.add(_req("b"))
+    plan, _ = step(s)
+    (new,) = plan.new
+    assert (new.num_computed_tokens, new.state_checkpoint) == (20, 0) and plan.num_scheduled_tokens == {"b": 3}
+    assert not plan.state_saves  # already saved
+    # A longer prompt sharing those blocks resumes there as well; one sharing fewer finds no state to resume.
+    s.add(_req("c", PROMPT + [50, 51, 52, 53, 54]))
+    s.add(_req("d", PROMPT[:14] + [60] * 9))
+    plan, _ = step(s)
+    assert {n.seq_id: (n.num_computed_tokens, n.state_checkpoint) for n in plan.new} == {"c": (20, 0), "d": (0, None)}
+    assert s.prefix_stats.hit_blocks == 10
+
+
+def test_without_checkpoints_or_a_recurrent_model_nothing_is_saved_and_blocks_alone_are_shared():
+    off = _recurrent(state_checkpoints=0)
+    for rid in ("a", "b"):
+        off.add(_req(rid))
+        while off.has_work:
+            plan, _ = step(off)
+            assert not plan.state_saves and all(n.num_computed_tokens == 0 for n in plan.new)
+    plain = create_scheduler(enable_prefix_caching=True, state_checkpoints=4)  # KV is all of a prefix's state
+    for rid in ("a", "b"):
+        plain.add(_req(rid))
+        plan, _ = step(plain)
+        assert not plan.state_saves and plan.new[0].state_checkpoint is None
+    assert plan.new[0].num_computed_tokens == 20
+
+
+def test_a_state_saved_in_a_plan_is_not_taken_by_a_sequence_that_plan_adds():
+    """The worker restores a new sequence's state before the plan's forward pass, which saves: a request
+    admitted beside the saving step starts from zeros; one admitted in the next plan takes the state."""
+    s = _recurrent(state_checkpoints=1, max_num_batched_tokens=26)
+    s.add(_req("a"))
+    s.add(_req("b"))
+    plan, _ = step(s)
+    assert plan.state_saves == {"a": (20, 0)} and plan.num_scheduled_tokens == {"a": 23, "b": 3}
+    assert plan.new[1].num_computed_tokens == 0 and plan.new[1].state_checkpoint is None
+
+
+def test_the_least_recently_used_state_makes_room_and_a_dead_worker_takes_all_with_it():
+    checkpoints = StateCheckpoints(2)
+    assert [checkpoints.assign(h) for h in (11, 12)] == [0, 1]
+    assert checkpoints.deepest([11]) == (0, None)  # not confirmed: its step has not run
+    for h in (11, 12):
+        checkpoints.confirm(h)
+    assert checkpoints.deepest([5, 11]) == (2, 0)  # 11 used last: 12 goes first
+    assert checkpoints.assign(13) == 1 and checkpoints.deepest([5, 12]) == (0, None)
+    assert checkpoints.assign(11) is None  # saved already
+    assert checkpoints.assign(14) == checkpoints.assign(14)  # unconfirmed: assigned again, the same slot
+    checkpoints.clear()
+    assert len(checkpoints) == 0 and checkpoints.assign(15) == 0
+    assert StateCheckpoints(0).assign(1) is None
+    with pytest.raises(ValueError, match="capacity must be >= 0"):
+        StateCheckpoints(-1)
+
+
+def test_a_request_handed_off_arrives_with_its_state_not_the_senders_checkpoint():
+    prefill, decode = _recurrent(state_checkpoints=2), _recurrent(state_checkpoints=2)
+    prefill.add(_req("a"))
+    while prefill.has_work:
+        step(prefill)
+    moved = _req("b")
+    prefill.add(moved)
+    step(prefill)  # resumed from the checkpoint, the first token sampled
+    assert moved.state_checkpoint == 0
+    prefill.hand_off("b")
+    decode.reserve_arrival(moved)
+    decode.arrive("b")
+    plan, _ = step(decode)
+    assert plan.new[0].state_checkpoint is None and plan.new[0].num_computed_tokens == 23
