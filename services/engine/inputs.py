@@ -178,8 +178,8 @@ def _chunk_groups(attention: AttentionBatch, fresh: list[tuple[SequenceState, in
 def _recurrent_batch(states: RecurrentStates, decodes: list[SequenceState], chunks: list[tuple[SequenceState, int]],
                      device) -> RecurrentBatch:
     """The state slots of the flat batch's decodes (its first tokens), then of each run of prompt chunks of one
-    length, as groups a layer runs at once. A chunk whose state is saved on the way (``state_save``) runs as a
-    group of its own, split where the state is saved: that group's states are copied to the checkpoint."""
+    length, as groups a layer runs at once. A sequence whose state is saved on the way (``state_save``) runs as
+    a group of its own, split where the state is saved: that group's states are copied to the checkpoint."""
     groups: list[SpanGroup] = []
     start = 0
 
@@ -189,9 +189,9 @@ def _recurrent_batch(states: RecurrentStates, decodes: list[SequenceState], chun
                                 None if save_to is None else _t([save_to], device)))
         start += length * len(seqs)
 
-    if decodes:
-        add(1, decodes)
-    for n, run in groupby(chunks, key=lambda sn: sn[1]):
+    runs = [(1, [(seq, 1) for seq in decodes])] if decodes else []
+    runs += [(n, list(run)) for n, run in groupby(chunks, key=lambda sn: sn[1])]
+    for n, run in runs:
         plain: list[SequenceState] = []
         for seq, _ in run:
             if seq.state_save is None:

@@ -98,3 +98,12 @@ def test_recurrent_states_are_grouped_as_the_flat_batch_lays_sequences_out():
         (0, 3, 1, [12, 14, 10]),  # the decodes, by context as attention orders them
         (3, 2, 6, [11, 15]),  # the two fresh 6-token prompts, one batch
         (15, 1, 4, [13])]  # the chunk after its cached prefix
+    # States saved for prefix caching on the way (a decode's, and a fresh prompt's after 4 of its 6 tokens): each
+    # such sequence its own group, split where the copy goes to its checkpoint row.
+    step[5][0].state_save, step[2][0].state_save = (4, 40), (1, 41)  # f2, ds
+    groups = prepare_inputs(step, BLOCK, CPU, states=states).attention.recurrent.groups
+    assert [(g.start, g.count, g.length, g.slots.tolist(), None if g.save_to is None else g.save_to.tolist())
+            for g in groups] == [
+        (0, 1, 1, [12], [41]), (1, 2, 1, [14, 10], None),  # ds saves; the other decodes after it
+        (3, 1, 6, [11], None), (9, 1, 4, [15], [40]), (13, 1, 2, [15], None),  # f1; f2 in two spans
+        (15, 1, 4, [13], None)]

@@ -54,6 +54,8 @@ class Request:
     num_prefix_hit_tokens: int = 0
     # A recurrent model's cached prefix: the worker's checkpoint slot holding the state it starts from.
     state_checkpoint: int | None = None
+    # The block hash its latest state saved past its prompt ends at (state_checkpoints.py), replaced by the next.
+    latest_state_save: int | None = None
     # When it finishes (stop or length), keep its blocks in ``Scheduler.handed_off`` instead of freeing them,
     # so that their KV can be stored (to kvcache) before the blocks are reused.
     hold_blocks_on_finish: bool = False

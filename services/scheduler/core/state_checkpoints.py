@@ -45,11 +45,11 @@ class StateCheckpoints:
                 return k, self._slot_of[hashes[k - 1]]
         return 0, None
 
-    def assign(self, block_hash: int) -> int | None:
+    def assign(self, block_hash: int, cold: bool = False) -> int | None:
         """The slot a step saves the state ending in ``block_hash``'s block into, evicting the least recently
         used checkpoint when none is free; None when there are no slots, or it is saved already. A checkpoint
         assigned but not confirmed (its request left before its step) is assigned again: the same prefix saves
-        the same state."""
+        the same state. ``cold``: it is the next to go (until it is used), not the last."""
         if not self.capacity or block_hash in self._ready:
             return None
         if block_hash in self._slot_of:
@@ -60,7 +60,19 @@ class StateCheckpoints:
             evicted, slot = self._slot_of.popitem(last=False)
             self._ready.discard(evicted)
         self._slot_of[block_hash] = slot
+        if cold:
+            self._slot_of.move_to_end(block_hash, last=False)
         return slot
+
+    def replace(self, old: int | None, block_hash: int) -> int | None:
+        """``assign`` for a request's newest state in place of its ``old`` one (released first, so that it makes
+        the room rather than another's); None, and ``old`` kept, when ``block_hash``'s state is saved already."""
+        if not self.capacity or block_hash in self._ready:
+            return None
+        if old is not None and old != block_hash and old in self._slot_of:
+            self._ready.discard(old)
+            self._free.append(self._slot_of.pop(old))
+        return self.assign(block_hash)
 
     def confirm(self, block_hash: int) -> None:
         """The step that saved the state ending in ``block_hash``'s block ran: later requests may take it."""
@@ -87,12 +99,27 @@ class CheckpointedPrefix:
 
     def _state_save(self: Scheduler, req: Request, n: int) -> tuple[int, int] | None:
         """Where the step running ``n`` more tokens of ``req`` saves its state, (after how many of them, slot),
-        if it passes the end of its prompt's last full block (the last that a request with the same prompt
-        could take: one token must run) and a slot is assigned; else None."""
+        or None: where it passes the end of its prompt's last full block (the last that a request with the same
+        prompt could take: one token must run), else where it fills a block past it (decoding: a conversation's
+        next turn goes on from its latest; each replaces the request's one before, so that decodes do not crowd
+        the prompts' states out). Only within the step's first pass (a multi-step decode's later passes save
+        nothing), and only where the block's tokens are known (a pending token's is not hashed yet)."""
         bs = self.blocks.block_size
-        end = (len(req.prompt_token_ids) - 1) // bs * bs
-        if not self.checkpoints.capacity or not req.num_computed_tokens < end <= req.num_computed_tokens + n:
+        computed = req.num_computed_tokens
+        prompt_end = (len(req.prompt_token_ids) - 1) // bs * bs
+        first = min(n, req.num_tokens - computed)
+        at_prompt_end = computed < prompt_end <= computed + first
+        end = prompt_end if at_prompt_end else (computed + first) // bs * bs
+        if end <= computed or end < prompt_end:
             return None
         hashes = extend_hashes(req.block_hashes, req.token_ids, bs, self.seed_of(req))
-        slot = self.checkpoints.assign(hashes[end // bs - 1])
-        return None if slot is None else (end - req.num_computed_tokens, slot)
+        if len(hashes) < end // bs:
+            return None
+        block_hash = hashes[end // bs - 1]
+        if at_prompt_end:  # of use to the same prompt again only: the first to go when room is needed
+            slot = self.checkpoints.assign(block_hash, cold=True)
+        else:
+            slot = self.checkpoints.replace(req.latest_state_save, block_hash)
+            if slot is not None:
+                req.latest_state_save = block_hash
+        return None if slot is None else (end - computed, slot)

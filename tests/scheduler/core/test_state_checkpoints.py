@@ -85,6 +85,8 @@ def test_the_least_recently_used_state_makes_room_and_a_dead_worker_takes_all_wi
     assert checkpoints.assign(14) == checkpoints.assign(14)  # unconfirmed: assigned again, the same slot
     checkpoints.clear()
     assert len(checkpoints) == 0 and checkpoints.assign(15) == 0
+    # A prompt's own state (of use to the same prompt again only) goes first, before older ones.
+    assert checkpoints.assign(16, cold=True) == 1 and checkpoints.assign(17) == 1
     assert StateCheckpoints(0).assign(1) is None
     with pytest.raises(ValueError, match="capacity must be >= 0"):
         StateCheckpoints(-1)
@@ -104,3 +106,17 @@ def test_a_request_handed_off_arrives_with_its_state_not_the_senders_checkpoint(
     decode.arrive("b")
     plan, _ = step(decode)
     assert plan.new[0].state_checkpoint is None and plan.new[0].num_computed_tokens == 23
+
+
+def test_decodes_save_the_state_of_each_block_they_fill_in_place_of_the_one_before():
+    """Past its prompt, a request saves where its outputs fill a block (a next turn goes on from there), each
+    save taking the slot of its previous one: the prompt's state stays beside the latest."""
+    s = _recurrent(state_checkpoints=4)
+    s.add(Request("a", list(PROMPT), SamplingParams(max_tokens=8), 0.0, eos_token_ids=(EOS,)))
+    saves = [step(s)[0].state_saves for _ in range(7)]
+    assert saves == [{"a": (20, 0)}, {"a": (1, 1)}, {}, {}, {}, {"a": (1, 1)}, {}]  # after 20, 24, then 28
+    assert len(s.checkpoints) == 2
+    with_turn = _req("b", PROMPT + [7] * 6)  # the prompt, its outputs so far, then more: takes blocks up to 28
+    s.add(with_turn)
+    plan, _ = step(s)
+    assert (plan.new[0].num_computed_tokens, plan.new[0].state_checkpoint) == (28, 1)

@@ -129,17 +129,22 @@ def test_a_repeated_prompt_resumes_from_the_state_saved_at_its_last_full_block(m
 
 @pytest.mark.parametrize("chunk", [7, 64, None], ids=["chunk7", "chunk64", "whole"])
 def test_a_next_turn_resumes_from_the_state_of_the_turn_before(model_dir, hf_model, case, chunk):
-    """A conversation's second turn (the first prompt, its output, a new message) takes the first prompt's
-    blocks and saved state; its output matches transformers' for the whole second prompt. Chunks of 7 cross the
-    saved point inside a chunk, 64 too, whole prompts (vLLM's policy) at its end."""
+    """A conversation's second turn (the first prompt, its output, a new message) takes the first turn's blocks
+    and the state saved at the last block its output filled; its output matches transformers' for the whole
+    second prompt, and the first prompt again still finds its own. Chunks of 7 cross the saved points inside a
+    chunk, 64 too, whole prompts (vLLM's policy) at their end."""
     prompts, _ = case
     config = SchedulerConfig(chunk_size=chunk) if chunk else SchedulerConfig(policy="vllm")
     engine = _engine(model_dir, replace(config, enable_prefix_caching=True))
-    first = engine.generate([prompts[3]], _params(1))[0]  # 64 tokens: its state saved after 48
+    first = engine.generate([prompts[3]], _params(1))[0]
+    # 64 + 24 tokens, 87 computed (the last output never ran): states saved after 48 (the prompt's last full
+    # block a repeat could take), then as decodes fill blocks, each replacing the one before: the latest after 80.
     second = prompts[3] + first.token_ids + prompts[1]
     got = engine.generate([second], _params(1))[0]
-    assert got.num_cached_prompt_tokens == 48
+    assert got.num_cached_prompt_tokens == 80
     assert got.token_ids == _greedy(hf_model, [second])[0]
+    repeat = engine.generate([prompts[3]], _params(1))[0]
+    assert repeat.num_cached_prompt_tokens == 48 and repeat.token_ids == first.token_ids
 
 
 def test_more_sequences_than_slots_grow_the_state_pool(model_dir, case):
