@@ -78,3 +78,17 @@ async def test_concurrent_requests_match_transformers_with_states_handed_off(mes
                                          + 7 * state_bytes_per_sequence(config, "float32"))
         logs = "".join(p.read_text() for p in mesh.options.log_dir.glob("*.log"))
         assert "recomputing" not in logs and "computed elsewhere" not in logs
+
+
+async def test_a_next_turn_resumes_where_the_turn_before_left_its_state(mesh, case):
+    """The 150-token prompt's conversation goes on (its prompt, its 16 outputs, a new message): colocated, the
+    worker that decoded the turn before saved the state after 160 of its 165 computed tokens; disaggregated, the
+    prefill worker that runs the new prompt holds the turn before's prompt state only (after 144: the decodes
+    ran elsewhere)."""
+    _, hf_model, mode, _ = case
+    async with AsyncClient(mesh.grpc_address) as client:
+        before = await client.generate(PROMPTS[4], max_tokens=MAX_TOKENS, temperature=0)
+        prompt = PROMPTS[4] + before.token_ids + PROMPTS[1]
+        turn = await client.generate(prompt, max_tokens=MAX_TOKENS, temperature=0)
+    assert turn.token_ids == greedy_oracle(hf_model)(prompt, MAX_TOKENS)
+    assert turn.cached_prompt_tokens == (160 if mode == "colocated" else 144)

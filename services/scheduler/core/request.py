@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import overload
@@ -54,8 +54,9 @@ class Request:
     num_prefix_hit_tokens: int = 0
     # A recurrent model's cached prefix: the worker's checkpoint slot holding the state it starts from.
     state_checkpoint: int | None = None
-    # The block hash its latest state saved past its prompt ends at (state_checkpoints.py), replaced by the next.
-    latest_state_save: int | None = None
+    # The block hash its latest state saved past its prompt ends at (state_checkpoints.py; (request id, block
+    # index) until that block's last token arrives), replaced by the next.
+    latest_state_save: Hashable | None = None
     # When it finishes (stop or length), keep its blocks in ``Scheduler.handed_off`` instead of freeing them,
     # so that their KV can be stored (to kvcache) before the blocks are reused.
     hold_blocks_on_finish: bool = False

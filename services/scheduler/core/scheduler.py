@@ -457,7 +457,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.seed_of(req))
         for i in range(max(req.num_cached_blocks, req.num_dropped_blocks), full):
             self.blocks.cache(req.block_ids[i], req.block_hashes[i])
-            self.checkpoints.confirm(req.block_hashes[i])  # a state saved where this block ends is there now
+            if self.checkpoints.capacity:  # a state saved where this block ends counts now
+                self._confirm_state_save(req, i)
             self._computing.pop(req.block_hashes[i], None)  # in the cache now: waiters find it there
         req.num_cached_blocks = full
 

@@ -6,15 +6,18 @@ that prefix. So the worker saves a sequence's state as its prompt passes the end
 those blocks takes the cached blocks up to there and the checkpoint's state with them. A checkpoint is keyed by
 the hash of the block it ends: the hash chains every token before it, so the same hash means the same state.
 
-The slots are recycled least recently used first. A checkpoint counts only once the step that saved it ran
-(``confirm``, when its block is cached): a plan that adds a sequence restores its state before that step's
-forward pass, so a checkpoint assigned in the same plan would not be there yet.
+The slots are recycled least recently used first. A checkpoint counts only once its block is cached
+(``confirm``), which is after the plan that saves it was made: a plan that adds a sequence restores its state
+before that plan's forward pass, so a checkpoint assigned in the same plan would not be there yet, while any
+later plan runs after the saving one. A decode's block may hold a token still in flight when its plan is made
+(planned ahead of the step that samples it): its checkpoint is held under (request, block index) until the
+token arrives and the block's hash is known (``bind``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from services.common.block_hash import extend_hashes
@@ -29,8 +32,9 @@ class StateCheckpoints:
         if capacity < 0:
             raise ValueError(f"state checkpoint capacity must be >= 0, got {capacity}")
         self.capacity = capacity
-        self._slot_of: OrderedDict[int, int] = OrderedDict()  # block hash -> slot, least recently used first
-        self._ready: set[int] = set()  # hashes whose saving step ran
+        # Block hash (or (request, block index) until it is known) -> slot, least recently used first.
+        self._slot_of: OrderedDict[Hashable, int] = OrderedDict()
+        self._ready: set[int] = set()  # hashes whose blocks are cached
         self._free = list(range(capacity - 1, -1, -1))
 
     def __len__(self) -> int:
@@ -45,7 +49,7 @@ class StateCheckpoints:
                 return k, self._slot_of[hashes[k - 1]]
         return 0, None
 
-    def assign(self, block_hash: int, cold: bool = False) -> int | None:
+    def assign(self, block_hash: Hashable, cold: bool = False) -> int | None:
         """The slot a step saves the state ending in ``block_hash``'s block into, evicting the least recently
         used checkpoint when none is free; None when there are no slots, or it is saved already. A checkpoint
         assigned but not confirmed (its request left before its step) is assigned again: the same prefix saves
@@ -64,7 +68,7 @@ class StateCheckpoints:
             self._slot_of.move_to_end(block_hash, last=False)
         return slot
 
-    def replace(self, old: int | None, block_hash: int) -> int | None:
+    def replace(self, old: Hashable | None, block_hash: Hashable) -> int | None:
         """``assign`` for a request's newest state in place of its ``old`` one (released first, so that it makes
         the room rather than another's); None, and ``old`` kept, when ``block_hash``'s state is saved already."""
         if not self.capacity or block_hash in self._ready:
@@ -73,6 +77,16 @@ class StateCheckpoints:
             self._ready.discard(old)
             self._free.append(self._slot_of.pop(old))
         return self.assign(block_hash)
+
+    def bind(self, key: Hashable, block_hash: int) -> None:
+        """The checkpoint held under ``key`` (request, block index) ends in ``block_hash``'s block."""
+        slot = self._slot_of.pop(key, None)
+        if slot is None:
+            return
+        if block_hash in self._slot_of:  # saved by another request meanwhile: one copy is enough
+            self._free.append(slot)
+        else:
+            self._slot_of[block_hash] = slot
 
     def confirm(self, block_hash: int) -> None:
         """The step that saved the state ending in ``block_hash``'s block ran: later requests may take it."""
@@ -97,13 +111,22 @@ class CheckpointedPrefix:
         k, slot = self.checkpoints.deepest(hashes[: len(cached)])
         return cached[:k], slot
 
+    def _confirm_state_save(self: Scheduler, req: Request, block: int) -> None:
+        """``req``'s ``block`` is cached: a state saved where it ends (under its hash, or under the request until
+        its hash was known) counts from now on."""
+        block_hash = req.block_hashes[block]
+        self.checkpoints.bind((req.request_id, block), block_hash)
+        self.checkpoints.confirm(block_hash)
+        if req.latest_state_save == (req.request_id, block):
+            req.latest_state_save = block_hash
+
     def _state_save(self: Scheduler, req: Request, n: int) -> tuple[int, int] | None:
         """Where the step running ``n`` more tokens of ``req`` saves its state, (after how many of them, slot),
         or None: where it passes the end of its prompt's last full block (the last that a request with the same
         prompt could take: one token must run), else where it fills a block past it (decoding: a conversation's
         next turn goes on from its latest; each replaces the request's one before, so that decodes do not crowd
         the prompts' states out). Only within the step's first pass (a multi-step decode's later passes save
-        nothing), and only where the block's tokens are known (a pending token's is not hashed yet)."""
+        nothing)."""
         bs = self.blocks.block_size
         computed = req.num_computed_tokens
         prompt_end = (len(req.prompt_token_ids) - 1) // bs * bs
@@ -113,9 +136,8 @@ class CheckpointedPrefix:
         if end <= computed or end < prompt_end:
             return None
         hashes = extend_hashes(req.block_hashes, req.token_ids, bs, self.seed_of(req))
-        if len(hashes) < end // bs:
-            return None
-        block_hash = hashes[end // bs - 1]
+        # A block whose last token is still in flight: held under the request until the token arrives (bind).
+        block_hash = hashes[end // bs - 1] if len(hashes) >= end // bs else (req.request_id, end // bs - 1)
         if at_prompt_end:  # of use to the same prompt again only: the first to go when room is needed
             slot = self.checkpoints.assign(block_hash, cold=True)
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.sampling_params import SamplingParams
+from services.common.step import SampledToken, StepResult
 from services.scheduler.core.request import Request
 from services.scheduler.core.state_checkpoints import StateCheckpoints
 from tests.scheduler.core.test_scheduler import EOS, create_scheduler, step
@@ -120,3 +121,20 @@ def test_decodes_save_the_state_of_each_block_they_fill_in_place_of_the_one_befo
     s.add(with_turn)
     plan, _ = step(s)
     assert (plan.new[0].num_computed_tokens, plan.new[0].state_checkpoint) == (28, 1)
+
+
+def test_a_decode_planned_before_its_token_arrived_saves_under_the_request_until_the_block_is_known():
+    """Planned ahead (expect), a decode runs a token the core has not seen: the block it fills has no hash yet,
+    so its state is held under (request, block) and counts once the token arrives and the block is cached."""
+    s = _recurrent(state_checkpoints=4)
+    s.add(Request("a", list(PROMPT), SamplingParams(max_tokens=8), 0.0, eos_token_ids=(EOS,)))
+    prompt_plan = s.schedule()
+    s.expect(prompt_plan)  # its first token is in flight
+    decode_plan = s.schedule()
+    s.expect(decode_plan)
+    assert decode_plan.state_saves == {"a": (1, 1)} and len(s.checkpoints) == 1  # the prompt's state only
+    s.on_result(prompt_plan, StepResult(prompt_plan.step_id, sampled={"a": [SampledToken(7)]}))
+    assert len(s.checkpoints) == 2
+    s.add(_req("b", PROMPT + [7, 9]))
+    plan = s.schedule()
+    assert (plan.new[0].num_computed_tokens, plan.new[0].state_checkpoint) == (24, 1)
