@@ -86,7 +86,10 @@ class WorkerLink:
         tokens = req.all_token_ids
         hashes = extend_hashes(req.block_hashes, tokens, bs, self.core.seed_of(req))
         # At least one token must run (its logits give the next token), as the core's admission does.
-        return len(self.core.blocks.cached_prefix(hashes[: (len(tokens) - 1) // bs])) * bs
+        cached = len(self.core.blocks.cached_prefix(hashes[: (len(tokens) - 1) // bs]))
+        if self.core.config.recurrent_state:  # only as far as a state the worker saved (state_checkpoints.py)
+            cached = self.core.checkpoints.covered(hashes[:cached])
+        return cached * bs
 
     def endpoint(self) -> common_pb2.KVEndpoint:
         """Where peers read this worker's KV blocks."""

@@ -40,14 +40,19 @@ class StateCheckpoints:
     def __len__(self) -> int:
         return len(self._ready)
 
+    def covered(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of ``hashes`` (cached blocks) a saved state resumes after (no side effects:
+        what routing estimates)."""
+        return next((k for k in range(len(hashes), 0, -1) if hashes[k - 1] in self._ready), 0)
+
     def deepest(self, hashes: Sequence[int]) -> tuple[int, int | None]:
         """The longest prefix of ``hashes`` (cached blocks) ending in a saved state: (its blocks, the state's
         slot), or (0, None). Marks the checkpoint used."""
-        for k in range(len(hashes), 0, -1):
-            if hashes[k - 1] in self._ready:
-                self._slot_of.move_to_end(hashes[k - 1])
-                return k, self._slot_of[hashes[k - 1]]
-        return 0, None
+        k = self.covered(hashes)
+        if not k:
+            return 0, None
+        self._slot_of.move_to_end(hashes[k - 1])
+        return k, self._slot_of[hashes[k - 1]]
 
     def assign(self, block_hash: Hashable, cold: bool = False) -> int | None:
         """The slot a step saves the state ending in ``block_hash``'s block into, evicting the least recently

@@ -138,3 +138,15 @@ def test_a_decode_planned_before_its_token_arrived_saves_under_the_request_until
     s.add(_req("b", PROMPT + [7, 9]))
     plan = s.schedule()
     assert (plan.new[0].num_computed_tokens, plan.new[0].state_checkpoint) == (24, 1)
+
+
+def test_routing_reads_how_far_a_saved_state_reaches_without_using_it():
+    checkpoints = StateCheckpoints(2)
+    for h in (11, 12):
+        checkpoints.assign(h)
+        checkpoints.confirm(h)
+    assert checkpoints.covered([11, 12, 13]) == 2 and checkpoints.covered([11, 99]) == 1
+    assert checkpoints.covered([99]) == 0
+    assert checkpoints.covered([11]) == 1
+    checkpoints.assign(14)  # 11, though just read, is still the least recently used: it goes
+    assert checkpoints.covered([11]) == 0 and checkpoints.covered([11, 12]) == 2

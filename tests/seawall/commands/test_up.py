@@ -179,3 +179,15 @@ def test_up_makes_room_on_every_worker_for_the_states_of_a_full_step():
     assert parse_args(["--state-slots", "64"], "decode").engine.state_slots == 64
     with pytest.raises(InvalidArgument, match="state_slots must be >= 1"):
         parse_args(["--state-slots", "0"], "decode")
+
+
+def test_up_passes_each_worker_the_states_it_keeps_for_prefix_caching():
+    from seawall.cli import build_parser
+    from seawall.commands import up
+    from services.worker.main import parse_args
+
+    worker_args = up.options_from(build_parser().parse_args(["up", "--state-checkpoints", "32"])).worker_args
+    assert worker_args[worker_args.index("--state-checkpoints") + 1] == "32"
+    assert parse_args(["--state-checkpoints", "0"], "decode").engine.state_checkpoints == 0
+    with pytest.raises(InvalidArgument, match="state_checkpoints must be >= 0"):
+        parse_args(["--state-checkpoints", "-1"], "decode")
