@@ -133,7 +133,7 @@ class ContinuingSequence(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., block_ids: _Optional[_Iterable[int]] = ..., replace_block_table: _Optional[bool] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "scheduled_seq_ids", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context", "speculative", "state_saves")
+    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "scheduled_seq_ids", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context", "speculative", "state_saves", "swapped_out_seq_ids")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class StepPlan(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     STATE_SAVES_FIELD_NUMBER: _ClassVar[int]
+    SWAPPED_OUT_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     scheduler_id: str
     new_sequences: _containers.RepeatedCompositeFieldContainer[NewSequence]
@@ -167,7 +168,8 @@ class StepPlan(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     speculative: bool
     state_saves: _containers.RepeatedCompositeFieldContainer[StateSave]
-    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., scheduled_seq_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., speculative: _Optional[bool] = ..., state_saves: _Optional[_Iterable[_Union[StateSave, _Mapping]]] = ...) -> None: ...
+    swapped_out_seq_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., scheduled_seq_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., speculative: _Optional[bool] = ..., state_saves: _Optional[_Iterable[_Union[StateSave, _Mapping]]] = ..., swapped_out_seq_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SequenceError(_message.Message):
     __slots__ = ("seq_id", "code", "message")

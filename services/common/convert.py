@@ -125,7 +125,8 @@ def plan_to_proto(plan: StepPlan, scheduler_id: str = "") -> worker_pb2.StepPlan
                               scheduled_seq_ids=plan.num_scheduled_tokens.keys(),
                               num_scheduled_tokens=plan.num_scheduled_tokens.values(), speculative=plan.speculative,
                               state_saves=[worker_pb2.StateSave(seq_id=rid, tokens_into_step=k, slot=slot)
-                                           for rid, (k, slot) in plan.state_saves.items()])
+                                           for rid, (k, slot) in plan.state_saves.items()],
+                              swapped_out_seq_ids=plan.swapped_out)
     # add() builds each submessage in place; append() would build it, then copy it.
     for new in plan.new:
         msg.new_sequences.add(
@@ -151,7 +152,8 @@ def plan_from_proto(msg: worker_pb2.StepPlan) -> StepPlan:
                     swap_in=_pairs(msg.swap_in), copy=_pairs(msg.copy),
                     num_scheduled_tokens=dict(zip(msg.scheduled_seq_ids, msg.num_scheduled_tokens, strict=True)),
                     speculative=msg.speculative,
-                    state_saves={s.seq_id: (s.tokens_into_step, s.slot) for s in msg.state_saves})
+                    state_saves={s.seq_id: (s.tokens_into_step, s.slot) for s in msg.state_saves},
+                    swapped_out=list(msg.swapped_out_seq_ids))
     for new in msg.new_sequences:
         plan.new.append(NewSequence(new.seq_id, list(new.token_ids), new.num_prompt_tokens,
                                     new.num_computed_tokens, list(new.block_ids),

@@ -81,6 +81,8 @@ class StepPlan:
     # A recurrent model's states saved for prefix caching: seq_id -> (after how many of the tokens this step
     # runs for it, checkpoint slot).
     state_saves: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Sequences swapped out by this plan: a recurrent model's worker moves their states to host memory too.
+    swapped_out: list[str] = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:

@@ -6,7 +6,8 @@ dtype) and its state (``shape.state_shape``: Gated DeltaNet's ``[value heads, ke
 Mamba-2's ``[heads, head dim, state size]``, fp32 as transformers keeps them; nothing for LFM2). Unlike KV,
 a state is a summary of every token so far: it has one size whatever the length, is overwritten by each step,
 and cannot be shared or resumed from part of a sequence. So it lives with the sequence on its worker from its
-first token to its end (kept through a swap of its KV blocks; a recompute starts it again from zeros).
+first token to its end (in host memory while its KV blocks are swapped out: ``swap_out``; a recompute starts
+it again from zeros).
 
 For prefix caching the scheduler has states saved as prompts pass the end of their last full block: a step's
 group copies its new states to a checkpoint's row as well (``RecurrentBatch.keep``), and a sequence that starts
@@ -40,6 +41,8 @@ class RecurrentStates:
         # Checkpoints saved for prefix caching (the scheduler's slot numbers -> rows here, taken on first use
         # and kept: the scheduler recycles the slots).
         self._checkpoint_rows: dict[int, int] = {}
+        # States of swapped-out sequences, in host memory with their KV blocks: seq_id -> each layer's (conv, state).
+        self._on_host: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def capacity(self) -> int:
@@ -48,6 +51,11 @@ class RecurrentStates:
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    @property
+    def num_on_host(self) -> int:
+        """States of swapped-out sequences held in host memory."""
+        return len(self._on_host)
 
     @property
     def num_checkpoints(self) -> int:
@@ -92,9 +100,29 @@ class RecurrentStates:
             raise InvalidArgument(f"{len(layers)} layers of recurrent state for a model with {len(self.conv)}")
         self._arriving[seq_id] = (num_computed, layers)
 
+    def swap_out(self, seq_id: str, slot: int) -> None:
+        """A swapped-out sequence's state to host memory; its slot is free."""
+        # A copy even on a CPU worker, where the row itself is host memory: the slot goes to others.
+        self._on_host[seq_id] = [(conv[slot].to("cpu", copy=True), ssm[slot].to("cpu", copy=True))
+                                 for conv, ssm in zip(self.conv, self.ssm, strict=True)]
+        self._free.append(slot)
+
+    def on_host(self, seq_id: str) -> bool:
+        return seq_id in self._on_host
+
+    def swap_in(self, seq_id: str) -> int:
+        """A slot holding the state ``swap_out`` moved to host memory."""
+        layers = self._on_host.pop(seq_id)
+        slot = self.acquire()
+        for conv, ssm, (conv_row, ssm_row) in zip(self.conv, self.ssm, layers, strict=True):
+            conv[slot] = conv_row.to(conv.device)
+            ssm[slot] = ssm_row.to(ssm.device)
+        return slot
+
     def release(self, seq_id: str, slot: int | None) -> None:
-        """A sequence is gone: its slot (if it had one) is free, a state stashed for it dropped."""
+        """A sequence is gone: its slot (if it had one) is free, a state stashed or swapped out for it dropped."""
         self._arriving.pop(seq_id, None)
+        self._on_host.pop(seq_id, None)
         if slot is not None:
             self._free.append(slot)
 

@@ -95,10 +95,17 @@ class ModelRunner:
         started = time.perf_counter()
         for seq_id in plan.finished:
             self.drop(seq_id)
+        for sid in plan.swapped_out:  # a recurrent model's states leave the device with their KV blocks
+            seq = self.seqs.get(sid)
+            if self.states is not None and seq is not None and seq.state_slot is not None:
+                self.states.swap_out(sid, seq.state_slot)
+                seq.state_slot = None
         for new in plan.new:
             self._add(new)
         for cont in plan.continuing:
             seq = self._get(cont.seq_id)
+            if self.states is not None and self.states.on_host(seq.seq_id):  # swapped back in
+                seq.state_slot = self.states.swap_in(seq.seq_id)
             if cont.block_ids is not None:
                 seq.block_ids = list(cont.block_ids)
             seq.block_ids.extend(cont.new_block_ids)

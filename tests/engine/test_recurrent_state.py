@@ -86,3 +86,20 @@ def test_a_checkpoint_saved_after_a_group_is_what_a_later_sequence_starts_from()
     assert bool((pool.ssm[0][row] == 7.0).all())
     with pytest.raises(InvalidArgument, match="state checkpoint 5, which this worker never saved"):
         pool.claim("c", 16, checkpoint=5)
+
+
+def test_a_swapped_out_state_waits_in_host_memory_and_comes_back_whole():
+    pool = _pool()
+    slot = pool.claim("a", 0)
+    pool.ssm[1][slot].fill_(5.0)
+    pool.conv[0][slot].fill_(3.0)
+    pool.swap_out("a", slot)
+    assert pool.on_host("a") and pool.num_on_host == 1 and pool.num_free == pool.capacity
+    other = pool.claim("b", 0)  # the freed slot goes to another sequence meanwhile
+    pool.ssm[1][other].fill_(9.0)
+    back = pool.swap_in("a")
+    assert back != other and not pool.on_host("a")
+    assert bool((pool.ssm[1][back] == 5.0).all()) and bool((pool.conv[0][back] == 3.0).all())
+    pool.swap_out("a", back)
+    pool.release("a", None)  # finished while swapped out: its host copy goes too
+    assert pool.num_on_host == 0

@@ -102,6 +102,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         # by a swap-out may be a swap-in target; host blocks read by a swap-in are freed one plan later so a
         # swap-out in the same plan cannot overwrite them first.
         self._swap_out: list[tuple[int, int]] = []
+        self._swapped_out: list[str] = []  # the requests those are, for a recurrent model's worker
         self._copy: list[tuple[int, int]] = []  # copy-on-write at forks: (device block, its copy)
         self._swap_in: list[tuple[int, int]] = []
         self._host_to_free: list[int] = []
@@ -188,8 +189,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         scheduled = self._multi_step(step.scheduled)
         # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
         plan = StepPlan(self._step_id, finished=self._to_drop, swap_out=self._swap_out, swap_in=self._swap_in,
-                        copy=self._copy, speculative=speculative)
-        self._to_drop, self._swap_out, self._swap_in, self._copy = [], [], [], []
+                        copy=self._copy, speculative=speculative, swapped_out=self._swapped_out)
+        self._to_drop, self._swap_out, self._swap_in, self._copy, self._swapped_out = [], [], [], [], []
         self._fill_plan(plan, scheduled)
         if not speculative:  # drafts are verified in the one pass
             plan.num_passes = 1 + max((n - r.num_uncomputed for r, n in scheduled), default=0)
@@ -479,6 +480,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
     def _move_out(self, req: Request, host: list[int]) -> None:
         self._preempted_now.add(req.request_id)
         self._swap_out.extend(zip(req.live_block_ids, host, strict=True))
+        if self.config.recurrent_state:  # its state leaves the device with its blocks
+            self._swapped_out.append(req.request_id)
         self.blocks.free(req.block_ids)
         # The worker keeps the sequence; its new block table is sent in full when it runs again.
         req.block_ids, req.host_block_ids = [], host

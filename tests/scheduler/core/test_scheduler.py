@@ -111,14 +111,16 @@ def test_config_rejects_nonsense():
         SchedulerConfig(chunk_size=0)
 
 
-def test_swap_preemption_copies_kv_out_and_back_in_and_keeps_progress():
+@pytest.mark.parametrize("recurrent", [False, True], ids=["kv", "recurrent"])
+def test_swap_preemption_copies_kv_out_and_back_in_and_keeps_progress(recurrent):
     # Each request grows to 20 tokens (5 blocks); together they need 10 of the 8 blocks.
-    s = create_scheduler(num_blocks=8, block_size=4, num_host_blocks=8, preemption_mode="swap")
+    s = create_scheduler(num_blocks=8, block_size=4, num_host_blocks=8, preemption_mode="swap",
+                         recurrent_state=recurrent)
     a, b = create_requests(2, prompt_len=8, max_tokens=12)
     s.add(a)
     s.add(b)
     step(s)
-    outs, ins, dropped = [], [], []
+    outs, ins, dropped, swapped = [], [], [], []
     for _ in range(60):
         if not s.has_work:
             break
@@ -126,10 +128,14 @@ def test_swap_preemption_copies_kv_out_and_back_in_and_keeps_progress():
         outs += plan.swap_out
         ins += plan.swap_in
         dropped += plan.finished
+        swapped += plan.swapped_out
+        if plan.swapped_out:  # a recurrent model's worker moves the state out with the blocks
+            assert {s.requests[rid].status for rid in plan.swapped_out} == {RequestStatus.SWAPPED}
         if plan.swap_in:
             resumed = [c for c in plan.continuing if c.block_ids is not None]
             assert all(c.block_ids == s.requests[c.seq_id].block_ids for c in resumed if c.seq_id in s.requests)
     assert outs and ins and len(outs) == len(ins)
+    assert swapped == (["r1"] * b.num_preemptions if recurrent else [])
     dropped += s.schedule().finished  # the plan after the last step drops the last finisher
     assert b.num_preemptions >= 1 and a.num_preemptions == 0
     assert dropped == ["r0", "r1"]  # the worker dropped each only once it had finished: swapped, never dropped

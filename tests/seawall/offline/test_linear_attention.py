@@ -103,8 +103,17 @@ def test_preemption_keeps_or_restarts_the_state(model_dir, case, mode):
     # 20 blocks for prompts and outputs that need 33 at once: requests crowd each other out.
     engine = _engine(model_dir, SchedulerConfig(chunk_size=16, preemption_mode=mode, policy="fastserve+sarathi"),
                      blocks=20)
+    on_host, execute = [], engine.runner.execute
+
+    def watched(plan):  # a swapped-out sequence's state waits in host memory, not in a device slot
+        result = execute(plan)
+        on_host.append(engine.runner.states.num_on_host)
+        return result
+
+    engine.runner.execute = watched
     got = engine.generate(prompts, _params(len(prompts)))
     assert engine.scheduler.preemptions[mode] > 0
+    assert (max(on_host) > 0) == (mode == "swap") and on_host[-1] == 0
     for n, comp, ref in zip(PROMPT_LENS, got, refs, strict=True):
         assert comp.token_ids == ref, f"the {n}-token prompt diverged after preemption ({mode})"
     assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
