@@ -73,6 +73,8 @@ class _MeshCollector:
         preempt = CounterMetricFamily("seawall_preemptions", "Preemptions by kind", labels=["worker", "kind"])
         hits = CounterMetricFamily("seawall_prefix_cache_blocks", "Prompt blocks looked up in the prefix cache",
                                    labels=["worker", "result"])
+        states = GaugeMetricFamily("seawall_state_checkpoints", "Recurrent states a worker keeps for prefix caching "
+                                   "(models with linear attention), by state", labels=["worker", "state"])
         for link in links:
             w, core = link.worker_id, link.core
             for level, n in enumerate(core.queue_lengths()):
@@ -88,7 +90,10 @@ class _MeshCollector:
             stats = core.prefix_stats
             hits.add_metric([w, "hit"], stats.hit_blocks)
             hits.add_metric([w, "miss"], stats.queried_blocks - stats.hit_blocks)
-        yield from (levels, blocks, preempt, hits)
+            if core.checkpoints.capacity:
+                states.add_metric([w, "saved"], len(core.checkpoints))
+                states.add_metric([w, "slots"], core.checkpoints.capacity)
+        yield from (levels, blocks, preempt, hits, states)
         workers = GaugeMetricFamily("seawall_workers", "Registered live workers by role", labels=["role"])
         for role in ("prefill", "decode", "hybrid"):
             workers.add_metric([role], len(self.mesh.live_links(role)))

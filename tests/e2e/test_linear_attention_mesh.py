@@ -92,3 +92,9 @@ async def test_a_next_turn_resumes_where_the_turn_before_left_its_state(mesh, ca
         turn = await client.generate(prompt, max_tokens=MAX_TOKENS, temperature=0)
     assert turn.token_ids == greedy_oracle(hf_model)(prompt, MAX_TOKENS)
     assert turn.cached_prompt_tokens == (160 if mode == "colocated" else 144)
+    # Prometheus sees each worker's saved states beside its 16 slots (the default).
+    text = httpx.get(mesh.metrics_urls["scheduler"], timeout=10).text
+    gauges = [line for line in text.splitlines() if line.startswith("seawall_state_checkpoints{")]
+    slots = [float(g.rsplit(" ", 1)[1]) for g in gauges if 'state="slots"' in g]
+    saved = [float(g.rsplit(" ", 1)[1]) for g in gauges if 'state="saved"' in g]
+    assert slots and set(slots) == {16.0} and 0 < sum(saved) <= sum(slots)
