@@ -1,4 +1,5 @@
-"""Activations by the names configs give them (``hidden_act``), for MLPs and experts alike."""
+"""Activations by the names configs give them (``hidden_act``), for MLPs and experts alike, and the RMSNorm
+every mixer and layer shares (mixers cannot import it from model.py, which imports them)."""
 
 from __future__ import annotations
 
@@ -7,3 +8,14 @@ import torch.nn.functional as F
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
                "relu2": lambda x: torch.square(F.relu(x))}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale_in_fp32: bool = False) -> torch.Tensor:
+    """RMSNorm over the last dimension, as transformers computes it."""
+    if x.dtype == torch.float32:  # the fused op is bit-identical to the steps below in fp32, and one op
+        return F.rms_norm(x, weight.shape, weight, eps)
+    # Computed in fp32 and cast back, as transformers does, so bf16 runs round the same way.
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * weight.float()).to(dtype) if scale_in_fp32 else weight * h.to(dtype)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.engine.activations import rms_norm
 from services.engine.attention import AttentionBatch
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
@@ -49,9 +50,10 @@ class Mamba1Mixer(nn.Module):
         h, gate = self.in_proj(x).chunk(2, dim=-1)
         h = causal_conv(h, rb, self.state_index, self.conv1d.weight, self.conv1d.bias)
         dt, b, c = self.x_proj(h).split([s.dt_rank, s.state_size, s.state_size], dim=-1)
-        dt = _rms_norm(dt, self.dt_layernorm.weight, self.eps)
-        b = _rms_norm(b, self.b_layernorm.weight, self.eps)
-        c = _rms_norm(c, self.c_layernorm.weight, self.eps)
+        # Jamba's RMSNorms on dt, B and C (Llama's: the weight applied after the cast back).
+        dt = rms_norm(dt, self.dt_layernorm.weight, self.eps)
+        b = rms_norm(b, self.b_layernorm.weight, self.eps)
+        c = rms_norm(c, self.c_layernorm.weight, self.eps)
         dt = F.linear(dt, self.dt_proj.weight)  # its bias joins in fp32 in the scan, as transformers adds it
         return self.out_proj(self._scan(h, dt, b, c, gate, rb).to(x.dtype))
 
@@ -80,12 +82,6 @@ class _NormWeight(nn.Module):
     def __init__(self, size: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Jamba's RMSNorm: in fp32, the weight applied after the cast back."""
-    h = x.float()
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def recurrent_step(x, dt, b, c, z, a, d_skip, dt_bias, state):

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.engine.activations import ACTIVATIONS
+from services.engine.activations import ACTIVATIONS, rms_norm
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.gated_delta_net import GatedDeltaNet
 from services.engine.kv_pool import PagedKVPool
@@ -108,17 +108,6 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     h = h - h.mean(-1, keepdim=True)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (weight.float() * h).to(x.dtype)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale_in_fp32: bool = False) -> torch.Tensor:
-    """RMSNorm over the last dimension, as transformers computes it."""
-    if x.dtype == torch.float32:  # the fused op is bit-identical to the steps below in fp32, and one op
-        return F.rms_norm(x, weight.shape, weight, eps)
-    # Computed in fp32 and cast back, as transformers does, so bf16 runs round the same way.
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return (h * weight.float()).to(dtype) if scale_in_fp32 else weight * h.to(dtype)
 
 
 def norm_heads(qk: torch.Tensor, heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor,
