@@ -53,6 +53,8 @@ class Chunk:
     logprobs: list[SampledToken] = field(default_factory=list)
     # With ``prompt_logprobs=k``, in the chunk with the first token: prompt positions 1, 2, ... scored.
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
+    # Prompt tokens whose KV was reused instead of computed (prefix cache, kvcache, a decode worker's cache).
+    cached_prompt_tokens: int = 0
 
 
 @dataclass
@@ -105,7 +107,7 @@ def _chunk(reply: scheduler_pb2.GenerateResponse) -> Chunk:
     logprobs = [sampled_token_from_proto(lp.sampled.token_id, lp) for lp in reply.logprobs]
     prompt = [sampled_token_from_proto(lp.sampled.token_id, lp) for lp in reply.prompt_logprobs]
     return Chunk(reply.request_id, list(reply.token_ids), reply.text, finish_reason_from_proto(reply.finish_reason),
-                 reply.queue_delay_ms, reply.finish_detail, logprobs, prompt)
+                 reply.queue_delay_ms, reply.finish_detail, logprobs, prompt, reply.usage.cached_prompt_tokens)
 
 
 def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> Completion:

@@ -210,7 +210,8 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
     flags += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
     flags += [f"--step-thread {args.step_thread}"] if args.step_thread != "auto" else []
     flags += [f"--lora-modules {' '.join(f'{n}={p}' for n, p in args.lora_modules)}"] if args.lora_modules else []
-    return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
+    return (flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
+            + (["--no-peer-prefix"] if args.no_peer_prefix else []))
 
 
 def mesh_factory(args: argparse.Namespace):

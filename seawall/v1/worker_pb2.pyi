@@ -262,7 +262,7 @@ class PushKVResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_common_pb2.TransferStatus, str]] = ..., bytes: _Optional[int] = ..., duration_ms: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class PullKVRequest(_message.Message):
-    __slots__ = ("transfer_id", "src", "src_block_ids", "dst_block_ids", "notification_key", "timeout_ms", "transport", "state_seq_id")
+    __slots__ = ("transfer_id", "src", "src_block_ids", "dst_block_ids", "notification_key", "timeout_ms", "transport", "state_seq_id", "state_checkpoint", "state_checkpoint_tokens")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     SRC_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +271,8 @@ class PullKVRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     STATE_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_CHECKPOINT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     src: _common_pb2.KVEndpoint
     src_block_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -279,7 +281,9 @@ class PullKVRequest(_message.Message):
     timeout_ms: int
     transport: _common_pb2.KVTransport
     state_seq_id: str
-    def __init__(self, transfer_id: _Optional[str] = ..., src: _Optional[_Union[_common_pb2.KVEndpoint, _Mapping]] = ..., src_block_ids: _Optional[_Iterable[int]] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., notification_key: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., state_seq_id: _Optional[str] = ...) -> None: ...
+    state_checkpoint: int
+    state_checkpoint_tokens: int
+    def __init__(self, transfer_id: _Optional[str] = ..., src: _Optional[_Union[_common_pb2.KVEndpoint, _Mapping]] = ..., src_block_ids: _Optional[_Iterable[int]] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., notification_key: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., state_seq_id: _Optional[str] = ..., state_checkpoint: _Optional[int] = ..., state_checkpoint_tokens: _Optional[int] = ...) -> None: ...
 
 class PullKVResponse(_message.Message):
     __slots__ = ("status", "bytes", "duration_ms", "error")
@@ -348,10 +352,12 @@ class WriteKVResponse(_message.Message):
     def __init__(self, bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
 
 class ReadStateRequest(_message.Message):
-    __slots__ = ("seq_id",)
+    __slots__ = ("seq_id", "checkpoint")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
-    def __init__(self, seq_id: _Optional[str] = ...) -> None: ...
+    checkpoint: int
+    def __init__(self, seq_id: _Optional[str] = ..., checkpoint: _Optional[int] = ...) -> None: ...
 
 class RecurrentStateLayer(_message.Message):
     __slots__ = ("index", "num_computed_tokens", "conv", "ssm")

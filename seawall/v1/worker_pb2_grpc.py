@@ -156,8 +156,9 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReadState(self, request, context):
-        """Read a sequence's recurrent state (a model with linear-attention layers), one message per layer: the
-        worker it is handed off to reads it after the sequence's KV blocks.
+        """Read a sequence's recurrent state (a model with linear-attention layers), or a state checkpoint, one
+        message per layer: the worker it is handed off to reads it after the sequence's KV blocks, a worker
+        reading a prefix from this one's prefix cache after the prefix's blocks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

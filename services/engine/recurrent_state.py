@@ -133,6 +133,13 @@ class RecurrentStates:
             row = self._checkpoint_rows[checkpoint] = self.acquire()
         return row
 
+    def read_checkpoint(self, checkpoint: int) -> list[tuple[bytes, bytes]]:
+        """``read``'s bytes of checkpoint slot ``checkpoint``: a prefix another worker reads from this one."""
+        row = self._checkpoint_rows.get(checkpoint)
+        if row is None:
+            raise InvalidArgument(f"state checkpoint {checkpoint} was never saved on this worker")
+        return self.read(row)
+
     def copy(self, src: int, dst: int) -> None:
         """Row ``src``'s state into row ``dst``, every layer."""
         for conv, ssm in zip(self.conv, self.ssm, strict=True):

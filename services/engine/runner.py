@@ -354,6 +354,12 @@ class ModelRunner:
                                   + (" (its model has no linear-attention layers)" if self.states is None else ""))
         return seq.num_computed, self.states.read(seq.state_slot)
 
+    def export_checkpoint(self, checkpoint: int) -> list[tuple[bytes, bytes]]:
+        """A state checkpoint's bytes, each linear layer's, for a worker reading a prefix from this one's cache."""
+        if self.states is None:
+            raise InvalidArgument("this worker's model has no linear-attention layers: it saves no state checkpoints")
+        return self.states.read_checkpoint(checkpoint)
+
     def drop(self, seq_id: str) -> bool:
         """Forgets a sequence, its recurrent state's slot freed; False when it held none of that id."""
         seq = self.seqs.pop(seq_id, None)

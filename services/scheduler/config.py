@@ -53,6 +53,9 @@ class SchedulerServiceConfig:
     # DualPath: load a cached prefix through the prefill worker ("pe-read"), the decode worker ("de-read"), or
     # per request the side with the shorter storage-read queue ("dual").
     kv_read_policy: str = "dual"
+    # Disaggregated: a prompt whose prefix a decode worker caches more of than its prefill worker (a
+    # conversation's turn before's outputs) reads it from there peer-to-peer (peer_prefix.py); False = computes it.
+    peer_prefix: bool = True
     # How the chat API reads tool calls in the model's own syntax (tool_choice "auto"): "hermes",
     # "llama3_json" (services/scheduler/tool_parsers.py); None = "auto" is refused.
     tool_call_parser: str | None = None

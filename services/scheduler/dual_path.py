@@ -24,11 +24,9 @@ import logging
 from collections import defaultdict
 
 import anyio
-import grpc
 
-from seawall.v1 import common_pb2, worker_pb2
+from seawall.v1 import common_pb2
 from services.common.block_hash import extend_hashes
-from services.common.rpc import rpc
 from services.scheduler.config import READ_POLICIES
 from services.scheduler.core.request import Request
 from services.scheduler.kvcache_client import KVCacheClient
@@ -54,7 +52,6 @@ class DualPath:
         self.recomputes = 0  # cached prefixes computed instead of loaded (load_or_recompute)
         self.reads: dict[str, ReadMeter] = defaultdict(ReadMeter)  # kvcache loads into each worker (node)
         self.admitting: dict[str, tuple[str, int]] = {}  # request id -> (its prefill worker, its tokens)
-        self.decode_for: dict[str, WorkerLink] = {}  # request id -> the decode worker that read its prefix
         self.loads = {"pe-read": 0, "de-read": 0}
         self._storing: dict[str, anyio.Event] = {}  # session id -> its last turn's store, while in flight
         self._ids = itertools.count()
@@ -82,8 +79,10 @@ class DualPath:
 
     async def _admit_to(self, req: Request, prefill: WorkerLink) -> None:
         mesh = self.mesh
-        if prefill.core.config.recurrent_state:  # a prefix's blocks do not resume a recurrent model's state
-            mesh.place_on(prefill, req)
+        if prefill.core.config.recurrent_state:
+            # kvcache keeps no recurrent state, so blocks from it resume nothing; a decode worker's cache may.
+            if not await mesh.peer.admit(req, prefill):
+                mesh.place_on(prefill, req)
             return
         bs = prefill.core.blocks.block_size
         hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, prefill.core.seed_of(req))
@@ -93,6 +92,9 @@ class DualPath:
         if not self._live(req) or not prefill.alive:
             if self._live(req):
                 mesh.place(req)
+            return
+        # A decode worker caching more than kvcache holds: its memory is nearer than storage.
+        if await mesh.peer.admit(req, prefill, beyond=hit * bs):
             return
         if hit <= local:
             mesh.place_on(prefill, req)
@@ -170,7 +172,7 @@ class DualPath:
             # Their previous owners are done with the blocks on the worker before the load writes them.
             await prefill.plans_done(prefill.core.reuse_fence(ids[k:len(hashes)]))
             ok = await self._load(req, prefill, hashes[k:], ids[k:len(hashes)], "pe-read")
-        self._settle(req, prefill, ok, len(hashes) * bs)
+        self.mesh.peer.settle(req, prefill, ok, len(hashes) * bs)
         return True
 
     async def _de_read(self, req: Request, hashes: list[int], prefill: WorkerLink, decode: WorkerLink) -> bool:
@@ -200,10 +202,10 @@ class DualPath:
             ok = True
             if kp < len(hashes):
                 await prefill.plans_done(prefill.core.reuse_fence(ids[kp:len(hashes)]))
-                ok = await self._pull(req, prefill, decode, staged[kp:], ids[kp:len(hashes)])
+                ok = await self.mesh.peer.pull(req, prefill, decode, staged[kp:], ids[kp:len(hashes)])
             if ok and self._live(req):
-                self.decode_for[req.request_id] = decode  # the hand-off finds the prefix there
-            self._settle(req, prefill, ok, n)
+                self.mesh.decode_for[req.request_id] = decode  # the hand-off finds the prefix there
+            self.mesh.peer.settle(req, prefill, ok, n)
             return True
         finally:
             # The decode worker keeps a loaded prefix as cache: at hand-off only the computed rest travels back.
@@ -215,34 +217,6 @@ class DualPath:
                     decode.core.release_landing(stage)  # its load ended: nothing writes into its blocks
                 # An idle decode worker sleeps until woken: a hand-off waiting for these blocks must run now.
                 decode.wake()
-
-    async def _pull(self, req: Request, prefill: WorkerLink, decode: WorkerLink, src: list[int],
-                    dst: list[int]) -> bool:
-        request = worker_pb2.PullKVRequest(
-            transfer_id=f"{req.request_id}/p2p{next(self._ids)}", src=decode.endpoint(), src_block_ids=src,
-            dst_block_ids=dst, timeout_ms=int(self.mesh.config.transfer_timeout_s * 1e3),
-            transport=self.mesh.transport)
-        try:
-            reply = await rpc(prefill.stub.PullKV(request, timeout=self.mesh.config.transfer_timeout_s + 5,
-                                                  metadata=self.mesh.trace_metadata(req)))
-        except grpc.aio.AioRpcError:
-            return False
-        return reply.status == _DONE
-
-    def _settle(self, req: Request, prefill: WorkerLink, ok: bool, hit_tokens: int) -> None:
-        rid = req.request_id
-        if not prefill.alive:
-            return  # the worker died: its requests were placed elsewhere
-        if prefill.core.arriving.get(rid) is not req:  # aborted meanwhile: the load was the last writer
-            prefill.core.release_landing(req)
-            prefill.wake()
-            return
-        if ok:
-            req.num_prefix_hit_tokens = hit_tokens
-            prefill.core.arrive(rid)
-        else:
-            prefill.core.cancel_arrival(rid)
-        prefill.wake()
 
     # --- storing finished requests ---
 

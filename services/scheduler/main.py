@@ -67,6 +67,9 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-read-policy", choices=READ_POLICIES, default="dual",
                    help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")
     p.add_argument("--no-prefix-caching", action="store_true", help="workers' cores cache no prefixes")
+    p.add_argument("--no-peer-prefix", action="store_true",
+                   help="disaggregated: never read a prompt's prefix from a decode worker's cache (a next turn "
+                        "computes what the prefill worker does not cache)")
     p.add_argument("--tbt-target-s", type=float, default=None,
                    help="without --chunk-size: the step budget the step-time model fits in this TBT")
     p.add_argument("--mlfq", choices=tuple(MLFQ_PRESETS), default="default",
@@ -104,7 +107,8 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
                  "wait_slack_s", "wait_credit"):
         if getattr(args, name) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    return flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
+    return (flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
+            + (["--no-peer-prefix"] if args.no_peer_prefix else []))
 
 
 def _mlfq(args: argparse.Namespace) -> MLFQConfig:
@@ -140,7 +144,8 @@ def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
                                   max_model_len=args.max_model_len, host=args.host,
                                   grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
                                   core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,
-                                  kv_read_policy=args.kv_read_policy, max_moves=args.max_moves)
+                                  kv_read_policy=args.kv_read_policy, max_moves=args.max_moves,
+                                  peer_prefix=not args.no_peer_prefix)
 
 
 def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:

@@ -35,6 +35,7 @@ from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request
 from services.scheduler.dual_path import DualPath
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.peer_prefix import PeerPrefix
 from services.scheduler.placement import EngineLoad, pick_decode, pick_prefill
 from services.scheduler.tracked import TrackedRequest
 from services.scheduler.worker_link import Arrival, WorkerLink
@@ -61,6 +62,8 @@ class Mesh:
         self.metrics = metrics or SchedulerMetrics()
         self.tracing = tracing or Tracing(trace.NoOpTracer())
         self.dual_path: DualPath | None = None  # set when a kvcache service is configured
+        self.peer = PeerPrefix(self)
+        self.decode_for: dict[str, WorkerLink] = {}  # request id -> the decode worker whose cache its prefix came from
         self.links: dict[str, WorkerLink] = {}
         self.tracked: dict[str, TrackedRequest] = {}
         self.where: dict[str, WorkerLink] = {}  # the core each live request is in (absent while arriving)
@@ -118,8 +121,23 @@ class Mesh:
             if tracked.session_id:
                 req.hold_blocks_on_finish = True  # its KV is stored for the session's next turn
             self._tg.start_soon(self.dual_path.admit, req)
+            return
+        link = self.pick_prompt_worker(req)
+        if link is None:
+            self.unplaced.append(req)
+        elif req.params.prompt_logprobs is None and self.peer.holder(req, link) is not None:
+            self._tg.start_soon(self._admit_with_peer_prefix, req, link)
         else:
+            self.place_on(link, req)
+
+    async def _admit_with_peer_prefix(self, req: Request, link: WorkerLink) -> None:
+        """Places ``req`` on ``link`` with the prefix a decode worker caches (peer_prefix.py)."""
+        if req.request_id not in self.tracked:
+            return  # aborted before this task ran
+        if not link.alive:
             self.place(req)
+        elif not await self.peer.admit(req, link):
+            self.place_on(link, req)
 
     def abort(self, request_id: str, reason: str = FinishReason.ABORT, error: SeawallError | None = None) -> bool:
         """Ends a request wherever it is (queued, running, its KV in flight) and frees what it holds. ``error``:
@@ -214,8 +232,7 @@ class Mesh:
             if tracked.trace is not None:
                 tracked.trace.finish(tracked.request, tracked.finish_reason)
         self.where.pop(request_id, None)
-        if self.dual_path is not None:
-            self.dual_path.decode_for.pop(request_id, None)
+        self.decode_for.pop(request_id, None)
         self.num_finished += 1
 
     # --- the step loop ---
@@ -401,7 +418,7 @@ class Mesh:
 
     def _hand_off(self, src: WorkerLink, req: Request) -> None:
         # A DE-read staged the prefix on a decode worker: that one takes the request over.
-        dst = self.dual_path.decode_for.pop(req.request_id, None) if self.dual_path is not None else None
+        dst = self.decode_for.pop(req.request_id, None)
         if dst is None or not dst.alive:
             dst = self.pick_decode_worker(req)
         if dst is None:
@@ -426,7 +443,8 @@ class Mesh:
                 return  # no room yet: retried after the next step frees blocks
             link.arrivals.popleft()
             self.where[req.request_id] = link
-            if req.num_cached_blocks >= len(dst_blocks):  # the receiver caches the whole prefix already
+            # The receiver caches the whole prefix already (a recurrent model's state must still come).
+            if req.num_cached_blocks >= len(dst_blocks) and not link.core.config.recurrent_state:
                 self._release_source(arrival)
                 link.core.arrive(req.request_id)
                 continue

@@ -98,6 +98,15 @@ class _MeshCollector:
         for role in ("prefill", "decode", "hybrid"):
             workers.add_metric([role], len(self.mesh.live_links(role)))
         yield workers
+        peer = self.mesh.peer
+        reads = CounterMetricFamily("seawall_peer_prefix_reads", "Prompts whose cached prefix a prefill worker read "
+                                    "from a decode worker's prefix cache (disaggregated), by outcome",
+                                    labels=["result"])
+        for result, n in peer.reads.items():
+            reads.add_metric([result], n)
+        yield reads
+        yield CounterMetricFamily("seawall_peer_prefix_tokens", "Prompt tokens read from a decode worker's prefix "
+                                  "cache instead of computed", value=peer.tokens)
         dual = self.mesh.dual_path
         if dual is not None:  # the per-request decision; the kvcache service counts the bytes each path moved
             choices = CounterMetricFamily("seawall_dual_path_choices", "Prompts with a prefix in kvcache, by what "

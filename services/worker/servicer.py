@@ -180,7 +180,10 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
             m.steps.swap_bytes.labels("in").inc(len(plan.swap_in) * block_bytes)
 
     async def PullKV(self, request, context):
-        outcome = await self._transfer(request, request.src, "read", context)
+        if request.src_block_ids or not request.state_seq_id:
+            outcome = await self._transfer(request, request.src, "read", context)
+        else:  # a state alone: every block of the prefix it resumes is cached here already
+            outcome = TransferOutcome(request.transfer_id, TransferState.DONE, 0, 0.0)
         if outcome.ok and request.state_seq_id:
             outcome = await self._pull_state(request, outcome)
         return worker_pb2.PullKVResponse(**outcome.response_fields())
@@ -194,7 +197,10 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         try:
             if states is None:
                 raise InvalidArgument("this worker's model has no linear-attention layers")
-            num_computed, layers, nbytes = await pull_state(request.src.grpc_address, seq_id, timeout_s)
+            checkpoint = request.state_checkpoint if request.HasField("state_checkpoint") else None
+            num_computed, layers, nbytes = await pull_state(request.src.grpc_address, seq_id, timeout_s, checkpoint)
+            if checkpoint is not None:
+                num_computed = request.state_checkpoint_tokens
             await self._torch.run(states.stash, seq_id, num_computed, layers)
         except (grpc.aio.AioRpcError, ValueError, SeawallError) as exc:
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
@@ -204,7 +210,10 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
 
     async def ReadState(self, request, context):
         try:
-            num_computed, layers = await self._torch.run(self.runner.export_state, request.seq_id)
+            if request.HasField("checkpoint"):
+                num_computed, layers = 0, await self._torch.run(self.runner.export_checkpoint, request.checkpoint)
+            else:
+                num_computed, layers = await self._torch.run(self.runner.export_state, request.seq_id)
         except SeawallError as exc:
             await abort_with(context, exc)
         for msg in state_messages(num_computed, layers):

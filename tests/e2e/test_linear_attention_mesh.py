@@ -23,15 +23,17 @@ transformers = pytest.importorskip("transformers")
 
 MAX_TOKENS = 16
 PROMPTS = random_prompts([1, 17, 64, 65, 150, 40], seed=51)
-CASES = [("qwen3-next", "disaggregated", "nixl"), ("qwen3-next", "disaggregated", "grpc"),
-         ("qwen3-next", "colocated", "nixl"), ("granite4-h", "disaggregated", "nixl"), ("lfm2", "disaggregated", "grpc"),
-         ("nemotron-h-moe", "disaggregated", "nixl")]
+# (model, mode, KV transport, whether a kvcache service runs: prompts then go through DualPath's admission)
+CASES = [("qwen3-next", "disaggregated", "nixl", False), ("qwen3-next", "disaggregated", "grpc", False),
+         ("qwen3-next", "colocated", "nixl", False), ("granite4-h", "disaggregated", "nixl", True),
+         ("lfm2", "disaggregated", "grpc", False), ("nemotron-h-moe", "disaggregated", "nixl", False)]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
+@pytest.fixture(scope="module", params=CASES,
+                ids=["-".join(c[:3]) + ("-kvcache" if c[3] else "") for c in CASES])
 def case(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
-    """(checkpoint, its transformers model, mode, KV transport)."""
-    name, mode, transport = request.param
+    """(checkpoint, its transformers model, mode, KV transport, kvcache)."""
+    name, mode, transport, kvcache = request.param
     path = hybrid_model_dir
     if name != "qwen3-next":
         from tests.engine.test_architectures import CASES as ARCHITECTURES
@@ -39,14 +41,16 @@ def case(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
 
         path = tmp_path_factory.mktemp(name)
         save_checkpoint(ARCHITECTURES[name](), path, tiny_model_dir)
-    return path, transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), mode, transport
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return path, model, mode, transport, kvcache
 
 
 @pytest.fixture(scope="module")
 def mesh(case, tmp_path_factory):
-    path, _, mode, transport = case
+    path, _, mode, transport, kvcache = case
     m = start_mesh(path, tmp_path_factory.mktemp("logs"), mode=mode,
-                   scheduler_args=["--chunk-size", "16", "--kv-transport", transport])
+                   scheduler_args=["--chunk-size", "16", "--kv-transport", transport],
+                   kvcache_args=[] if kvcache else None)
     yield m
     assert all(code == 0 for code in m.stop().values())
 
@@ -59,41 +63,48 @@ def _transfer_bytes(mesh) -> float:
 
 
 async def test_concurrent_requests_match_transformers_with_states_handed_off(mesh, case):
-    path, hf_model, _, _ = case
+    path, hf_model, *_ = case
     greedy = greedy_oracle(hf_model)
     async with AsyncClient(mesh.grpc_address) as client:
         outs = await generate_all(client, PROMPTS, max_tokens=MAX_TOKENS, temperature=0)
         # The 150-token prompt again: its blocks up to the state saved at its last full block (144 tokens).
         again = await client.generate(PROMPTS[4], max_tokens=MAX_TOKENS, temperature=0)
+        # The 64-token prompt again: disaggregated, the decode worker caches all 4 of its blocks, and still
+        # needs the state after them (it starts from the prefill worker's, which ran the last 16 tokens).
+        whole = await client.generate(PROMPTS[2], max_tokens=MAX_TOKENS, temperature=0)
         stats = await client.stats()
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert out.token_ids == greedy(prompt, MAX_TOKENS), f"the {len(prompt)}-token prompt diverged"
     assert again.token_ids == outs[4].token_ids and again.cached_prompt_tokens == 144
+    assert whole.token_ids == outs[2].token_ids and whole.cached_prompt_tokens == 48
     assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
     if mesh.options.mode == "disaggregated":  # every hand-off moved blocks and state; none was recomputed
-        # 7 requests' KV (1 + 2 + 4 + 5 + 10 + 3 + 10 blocks of 16 tokens, less the 9 the repeat found cached
-        # on the decode worker) and 7 states, fp32.
+        # 8 requests' KV (1 + 2 + 4 + 5 + 10 + 3 + 10 + 4 blocks of 16 tokens, less the 9 + 4 the repeats found
+        # cached on the decode worker) and 8 states, fp32.
         config = ModelConfig.from_dir(path)
-        assert _transfer_bytes(mesh) == ((35 - 9) * 16 * kv_bytes_per_token(config, "float32")
-                                         + 7 * state_bytes_per_sequence(config, "float32"))
+        assert _transfer_bytes(mesh) == ((39 - 13) * 16 * kv_bytes_per_token(config, "float32")
+                                         + 8 * state_bytes_per_sequence(config, "float32"))
         logs = "".join(p.read_text() for p in mesh.options.log_dir.glob("*.log"))
         assert "recomputing" not in logs and "computed elsewhere" not in logs
 
 
 async def test_a_next_turn_resumes_where_the_turn_before_left_its_state(mesh, case):
-    """The 150-token prompt's conversation goes on (its prompt, its 16 outputs, a new message): colocated, the
-    worker that decoded the turn before saved the state after 160 of its 165 computed tokens; disaggregated, the
-    prefill worker that runs the new prompt holds the turn before's prompt state only (after 144: the decodes
-    ran elsewhere)."""
-    _, hf_model, mode, _ = case
+    """The 150-token prompt's conversation goes on (its prompt, its 16 outputs, a new message): the worker that
+    decoded the turn before saved the state after 160 of its 165 computed tokens. Disaggregated, the prefill
+    worker that runs the new prompt holds the turn before's prompt state only (after 144): it reads the last
+    block and the state from the decode worker's cache (peer_prefix.py)."""
+    _, hf_model, *_ = case
     async with AsyncClient(mesh.grpc_address) as client:
         before = await client.generate(PROMPTS[4], max_tokens=MAX_TOKENS, temperature=0)
         prompt = PROMPTS[4] + before.token_ids + PROMPTS[1]
         turn = await client.generate(prompt, max_tokens=MAX_TOKENS, temperature=0)
     assert turn.token_ids == greedy_oracle(hf_model)(prompt, MAX_TOKENS)
-    assert turn.cached_prompt_tokens == (160 if mode == "colocated" else 144)
+    assert turn.cached_prompt_tokens == 160
     # Prometheus sees each worker's saved states beside its 16 slots (the default).
     text = httpx.get(mesh.metrics_urls["scheduler"], timeout=10).text
+    if mesh.options.mode == "disaggregated":
+        assert 'seawall_peer_prefix_reads_total{result="done"} 1.0' in text
+        assert "seawall_peer_prefix_tokens_total 160.0" in text
     gauges = [line for line in text.splitlines() if line.startswith("seawall_state_checkpoints{")]
     slots = [float(g.rsplit(" ", 1)[1]) for g in gauges if 'state="slots"' in g]
     saved = [float(g.rsplit(" ", 1)[1]) for g in gauges if 'state="saved"' in g]

@@ -44,3 +44,10 @@ def test_a_value_the_core_cannot_take_is_refused_naming_the_flag():
             core_config_from(parse(argv))
     assert "--decode-steps" in scheduling_flags(parse(["--decode-steps", "4"]))
     assert core_config_from(parse(scheduling_flags(parse(["--speculative-tokens", "3"])))).num_speculative_tokens == 3
+
+
+def test_reading_prefixes_from_decode_workers_is_on_unless_turned_off_through_the_round_trip():
+    from services.scheduler.main import parse_args
+
+    assert parse_args([]).peer_prefix and "--no-peer-prefix" not in scheduling_flags(parse([]))
+    assert not parse_args(scheduling_flags(parse(["--no-peer-prefix"]))).peer_prefix

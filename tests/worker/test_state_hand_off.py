@@ -73,3 +73,49 @@ async def test_a_pulled_state_continues_the_sequence_as_its_source_would(hybrid_
     lost = dst.execute(StepPlan(2, new=[NewSequence("t", [*prompt, first.token_id], 40, 40, [8, 9, 10], PARAMS)],
                                 num_scheduled_tokens={"t": 1}))
     assert "arrived with 40 tokens computed elsewhere and no recurrent state" in str(lost.errors["t"])
+
+
+async def test_a_state_checkpoint_read_from_a_peer_resumes_the_prefix_there(hybrid_model_dir):
+    """A prefix read from another worker's prefix cache (services/scheduler/peer_prefix.py): its blocks, then
+    the state the source saved where they end (ReadState of a checkpoint slot), kept under the sequence that
+    arrives with that prefix; the sequence goes on exactly as one started from the checkpoint on the source."""
+    src, dst = _runner(hybrid_model_dir), _runner(hybrid_model_dir)
+    prompt = torch.randint(3, 4096, (40,), generator=torch.Generator().manual_seed(6)).tolist()
+    # The source runs the prompt, saving its state after 32 tokens (two blocks) into checkpoint slot 3.
+    first = src.execute(StepPlan(1, new=[NewSequence("s", prompt, 40, 0, [0, 1, 2], PARAMS)],
+                                 num_scheduled_tokens={"s": 40}, state_saves={"s": (32, 3)})).sampled["s"][0]
+    server = grpc.aio.server()
+    add_worker_servicer(WorkerServicer(WorkerConfig(), src, None), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        receiver = WorkerServicer(WorkerConfig(), dst, None)
+        endpoint = common_pb2.KVEndpoint(kv_layout=kv_layout_proto(src.layout), grpc_address=f"127.0.0.1:{port}")
+
+        def pull(seq_id: str, checkpoint: int, src_blocks: list[int], dst_blocks: list[int]):
+            return worker_pb2.PullKVRequest(transfer_id=f"t-{seq_id}", src=endpoint, src_block_ids=src_blocks,
+                                            dst_block_ids=dst_blocks, timeout_ms=20_000,
+                                            transport=common_pb2.KV_TRANSPORT_GRPC, state_seq_id=seq_id,
+                                            state_checkpoint=checkpoint, state_checkpoint_tokens=32)
+
+        reply = await receiver.PullKV(pull("t", 3, [0, 1], [5, 6]), _Context())
+        state_bytes = src.states.nbytes_per_slot()
+        assert (reply.status, reply.bytes) == (common_pb2.TRANSFER_STATUS_DONE, 2 * 4096 + state_bytes), reply.error
+        # The blocks cached here already: the state alone comes.
+        alone = await receiver.PullKV(pull("v", 3, [], []), _Context())
+        assert (alone.status, alone.bytes) == (common_pb2.TRANSFER_STATUS_DONE, state_bytes), alone.error
+        missing = await receiver.PullKV(pull("w", 7, [], []), _Context())
+        assert missing.status == common_pb2.TRANSFER_STATUS_FAILED and missing.bytes == 0
+        assert "state checkpoint 7 was never saved on this worker" in missing.error
+    finally:
+        await server.stop(None)
+    # The rest of the prompt from the pulled prefix, and on the source from its checkpoint: the prompt's token.
+    mine = src.execute(StepPlan(2, new=[NewSequence("u", prompt, 40, 32, [0, 1, 3], PARAMS, state_checkpoint=3)],
+                                num_scheduled_tokens={"u": 8}))
+    theirs = dst.execute(StepPlan(1, new=[NewSequence("t", prompt, 40, 32, [5, 6, 7], PARAMS),
+                                          NewSequence("v", prompt, 40, 32, [5, 6, 8], PARAMS)],
+                                  num_scheduled_tokens={"t": 8, "v": 8}))
+    assert not theirs.errors and not mine.errors
+    (t,), (v,), (u,) = theirs.sampled["t"], theirs.sampled["v"], mine.sampled["u"]
+    assert t.token_id == v.token_id == u.token_id == first.token_id
+    assert t.logprob == pytest.approx(u.logprob, abs=1e-5)  # two sequences in a batch round a little apart

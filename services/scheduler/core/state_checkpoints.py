@@ -11,12 +11,14 @@ The slots are recycled least recently used first. A checkpoint counts only once 
 before that plan's forward pass, so a checkpoint assigned in the same plan would not be there yet, while any
 later plan runs after the saving one. A decode's block may hold a token still in flight when its plan is made
 (planned ahead of the step that samples it): its checkpoint is held under (request, block index) until the
-token arrives and the block's hash is known (``bind``).
+token arrives and the block's hash is known (``bind``). A checkpoint another worker is reading (a prefix read
+from this worker's cache, services/scheduler/peer_prefix.py) is pinned: its slot is neither evicted nor
+replaced until ``unpin``.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
@@ -36,6 +38,7 @@ class StateCheckpoints:
         self._slot_of: OrderedDict[Hashable, int] = OrderedDict()
         self._ready: set[int] = set()  # hashes whose blocks are cached
         self._free = list(range(capacity - 1, -1, -1))
+        self._pins: Counter[Hashable] = Counter()  # checkpoints being read by another worker
 
     def __len__(self) -> int:
         return len(self._ready)
@@ -66,7 +69,10 @@ class StateCheckpoints:
         if self._free:
             slot = self._free.pop()
         else:
-            evicted, slot = self._slot_of.popitem(last=False)
+            evicted = next((key for key in self._slot_of if key not in self._pins), None)
+            if evicted is None:  # every slot is being read: this state is not saved
+                return None
+            slot = self._slot_of.pop(evicted)
             self._ready.discard(evicted)
         self._slot_of[block_hash] = slot
         if cold:
@@ -78,7 +84,7 @@ class StateCheckpoints:
         the room rather than another's); None, and ``old`` kept, when ``block_hash``'s state is saved already."""
         if not self.capacity or block_hash in self._ready:
             return None
-        if old is not None and old != block_hash and old in self._slot_of:
+        if old is not None and old != block_hash and old in self._slot_of and old not in self._pins:
             self._ready.discard(old)
             self._free.append(self._slot_of.pop(old))
         return self.assign(block_hash)
@@ -98,10 +104,23 @@ class StateCheckpoints:
         if block_hash in self._slot_of:
             self._ready.add(block_hash)
 
+    def pin(self, block_hash: int) -> None:
+        """Keeps the saved state ending in ``block_hash``'s block in its slot while another worker reads it."""
+        if block_hash not in self._ready:
+            raise ValueError(f"no saved state ends in block {block_hash:#x}")
+        self._pins[block_hash] += 1
+
+    def unpin(self, block_hash: int) -> None:
+        """One reader of the state ``pin`` kept is done with it."""
+        self._pins[block_hash] -= 1
+        if self._pins[block_hash] <= 0:
+            del self._pins[block_hash]
+
     def clear(self) -> None:
         """Forgets every checkpoint (the worker that held them is gone or starts afresh)."""
         self._slot_of.clear()
         self._ready.clear()
+        self._pins.clear()
         self._free = list(range(self.capacity - 1, -1, -1))
 
 

@@ -150,3 +150,27 @@ def test_routing_reads_how_far_a_saved_state_reaches_without_using_it():
     assert checkpoints.covered([11]) == 1
     checkpoints.assign(14)  # 11, though just read, is still the least recently used: it goes
     assert checkpoints.covered([11]) == 0 and checkpoints.covered([11, 12]) == 2
+
+
+def test_a_pinned_state_is_neither_evicted_nor_replaced_until_unpinned():
+    """A state another worker is reading (services/scheduler/peer_prefix.py) keeps its slot meanwhile."""
+    c = StateCheckpoints(2)
+    for h in (11, 12):
+        c.assign(h)
+        c.confirm(h)
+    c.pin(11)  # the least recently used
+    assert c.assign(13) is not None and c.covered([11]) == 1 and c.covered([11, 12]) == 1  # 12 went instead
+    c.confirm(13)
+    c.pin(13)
+    assert c.assign(14) is None  # every slot is being read: the state is not saved
+    assert c.replace(13, 15) is None and c.covered([13]) == 1  # a request's newer state does not push it out
+    c.pin(13)
+    c.unpin(13)
+    assert c.assign(14) is None  # still pinned once
+    c.unpin(13)
+    assert c.assign(14) is not None and c.covered([13]) == 0
+    with pytest.raises(ValueError, match="no saved state ends in block"):
+        c.pin(99)
+    c.clear()
+    c.unpin(11)  # a reader finishing after its worker died: nothing to let go of
+    assert c.assign(21) is not None and c.assign(22) is not None
