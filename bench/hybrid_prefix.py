@@ -9,7 +9,10 @@ run with ``--state-checkpoints`` slots is compared with one without any (0: ever
 context), for the tokens the forward passes computed and the seconds it took; outputs must be identical.
 
     .venv/bin/python bench/hybrid_checkpoint.py /tmp/q35
-    .venv/bin/python bench/hybrid_prefix.py --model /tmp/q35
+    .venv/bin/python bench/hybrid_prefix.py --model /tmp/q35 [--shared-system]
+
+With ``--shared-system`` every conversation starts from the same system prompt: the prompts part after it, and
+the state saved at that branch point spares the other conversations' first turns its tokens.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def run(model: str, checkpoints: int, args: argparse.Namespace) -> tuple[int, in
     engine.runner.execute = counted
     rng = random.Random(0)
     contexts = [[rng.randrange(3, 4000) for _ in range(args.system_len)] for _ in range(args.conversations)]
+    if args.shared_system:  # one system prompt for all: they part after it (a branch point, state_checkpoints.py)
+        contexts = [list(contexts[0]) for _ in contexts]
     params = [SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)] * args.conversations
     outputs, cached = [], 0
     started = time.perf_counter()
@@ -66,9 +71,10 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--chunk-size", type=int, default=512)
     p.add_argument("--state-checkpoints", type=int, default=16)
+    p.add_argument("--shared-system", action="store_true", help="every conversation starts from one system prompt")
     args = p.parse_args()
-    print(f"{args.conversations} conversations x {args.turns} turns: system {args.system_len}, "
-          f"+{args.message_len} a turn, {args.output_len} out")
+    print(f"{args.conversations} conversations x {args.turns} turns: system {args.system_len}"
+          f"{' (shared)' if args.shared_system else ''}, +{args.message_len} a turn, {args.output_len} out")
     base = run(args.model, 0, args)
     saved = run(args.model, args.state_checkpoints, args)
     for name, (computed, cached, seconds, _) in (("no state checkpoints", base),

@@ -109,3 +109,15 @@ async def test_a_next_turn_resumes_where_the_turn_before_left_its_state(mesh, ca
     slots = [float(g.rsplit(" ", 1)[1]) for g in gauges if 'state="slots"' in g]
     saved = [float(g.rsplit(" ", 1)[1]) for g in gauges if 'state="saved"' in g]
     assert slots and set(slots) == {16.0} and 0 < sum(saved) <= sum(slots)
+
+
+async def test_prompts_sharing_a_system_prompt_resume_where_they_part(mesh, case):
+    """The second prompt after a shared 100-token system prompt finds the first's blocks but no state after
+    them: it saves one where they part (96, the system prompt's last full block); the third resumes there."""
+    _, hf_model, *_ = case
+    system, *tails = random_prompts([100, 20, 30, 5], seed=77)
+    async with AsyncClient(mesh.grpc_address) as client:
+        got = [await client.generate(system + tail, max_tokens=MAX_TOKENS, temperature=0) for tail in tails]
+    assert [g.cached_prompt_tokens for g in got] == [0, 0, 96]
+    greedy = greedy_oracle(hf_model)
+    assert [g.token_ids for g in got] == [greedy(system + tail, MAX_TOKENS) for tail in tails]

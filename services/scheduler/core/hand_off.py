@@ -73,6 +73,7 @@ class HandOff:
             return None
         request.block_ids, request.num_cached_blocks = dropped + cached + got, len(dropped) + len(cached)
         request.state_checkpoint = None  # a recurrent state arrives with the blocks; the sender's slots are not here
+        request.state_branch = 0  # its prompt ran elsewhere
         request.status = RequestStatus.ARRIVING
         self.requests[request.request_id] = request
         self.arriving[request.request_id] = request

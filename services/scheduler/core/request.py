@@ -54,6 +54,9 @@ class Request:
     num_prefix_hit_tokens: int = 0
     # A recurrent model's cached prefix: the worker's checkpoint slot holding the state it starts from.
     state_checkpoint: int | None = None
+    # A recurrent model's prompt whose first state_branch tokens (whole blocks) are cached with no state saved
+    # after them, a prefix it shares with another prompt: its state is saved there (state_checkpoints.py).
+    state_branch: int = 0
     # The block hash its latest state saved past its prompt ends at (state_checkpoints.py; (request id, block
     # index) until that block's last token arrives), replaced by the next.
     latest_state_save: Hashable | None = None

@@ -410,15 +410,17 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         untouched) when the blocks are not there."""
         cached: list[int] = []
         hashes: list[int] = []
-        queried, checkpoint = 0, None
+        queried, checkpoint, branch = 0, None, 0
         # A request scoring its prompt must compute every position: a cached block would skip its scores.
         use_cache = self.config.caches_prefixes and req.params.prompt_logprobs is None
         if use_cache:
             hashes = extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.seed_of(req))
             # At least one token must run: its logits give the next token.
             queried = min(len(hashes), (req.num_tokens - 1) // self.blocks.block_size)
-            cached, checkpoint = self._checkpointed(hashes, self.blocks.cached_prefix(hashes[:queried]))
+            kv = self.blocks.cached_prefix(hashes[:queried])
+            cached, checkpoint = self._checkpointed(hashes, kv)
             self.blocks.take_cached(cached)
+            branch = self._branch_point(len(kv), len(cached))
         req.block_ids = list(cached)
         req.num_cached_blocks = len(cached)
         req.num_computed_tokens = len(cached) * self.blocks.block_size
@@ -428,7 +430,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
             self.blocks.free(req.block_ids)
             req.block_ids, req.num_computed_tokens, req.num_cached_blocks, req.num_dropped_blocks = [], 0, 0, 0
             return 0
-        req.state_checkpoint = checkpoint if cached else None
+        req.state_checkpoint, req.state_branch = (checkpoint if cached else None), branch
         if use_cache and not self.config.recurrent_state:  # a recurrent model's blocks alone are no use to wait for
             self._note_computing(req, hashes, len(cached))
         if req.num_preemptions == 0:

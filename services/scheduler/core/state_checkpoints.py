@@ -144,28 +144,42 @@ class CheckpointedPrefix:
         if req.latest_state_save == (req.request_id, block):
             req.latest_state_save = block_hash
 
+    def _branch_point(self: Scheduler, kv_blocks: int, state_blocks: int) -> int:
+        """Where a prompt whose first ``kv_blocks`` blocks are cached, but resumable only after ``state_blocks``
+        of them, parts from another prompt (tokens; 0 = nowhere): a prefix two prompts share (a system prompt)
+        with no state saved after it. Saving one there as this prompt passes (Marconi's insertion at branch
+        points) lets the next prompt sharing it resume from it."""
+        if not self.config.recurrent_state or not self.checkpoints.capacity or kv_blocks <= state_blocks:
+            return 0
+        return kv_blocks * self.blocks.block_size
+
     def _state_save(self: Scheduler, req: Request, n: int) -> tuple[int, int] | None:
         """Where the step running ``n`` more tokens of ``req`` saves its state, (after how many of them, slot),
-        or None: where it passes the end of its prompt's last full block (the last that a request with the same
-        prompt could take: one token must run), else where it fills a block past it (decoding: a conversation's
-        next turn goes on from its latest; each replaces the request's one before, so that decodes do not crowd
-        the prompts' states out). Only within the step's first pass (a multi-step decode's later passes save
-        nothing)."""
+        or None: where it passes its branch point (``_branch_point``), else the end of its prompt's last full
+        block (the last that a request with the same prompt could take: one token must run; a step passing both
+        saves at the branch point, of use to more prompts), else where it fills a block past it (decoding: a
+        conversation's next turn goes on from its latest; each replaces the request's one before, so that
+        decodes do not crowd the prompts' states out). Only within the step's first pass (a multi-step decode's
+        later passes save nothing)."""
         bs = self.blocks.block_size
         computed = req.num_computed_tokens
         prompt_end = (len(req.prompt_token_ids) - 1) // bs * bs
         first = min(n, req.num_tokens - computed)
-        at_prompt_end = computed < prompt_end <= computed + first
-        end = prompt_end if at_prompt_end else (computed + first) // bs * bs
-        if end <= computed or end < prompt_end:
-            return None
+        if computed < req.state_branch <= computed + first:
+            kind, end = "branch", req.state_branch
+        elif computed < prompt_end <= computed + first:
+            kind, end = "prompt", prompt_end
+        else:
+            kind, end = "output", (computed + first) // bs * bs
+            if end <= computed or end < prompt_end:
+                return None
         hashes = extend_hashes(req.block_hashes, req.token_ids, bs, self.seed_of(req))
         # A block whose last token is still in flight: held under the request until the token arrives (bind).
         block_hash = hashes[end // bs - 1] if len(hashes) >= end // bs else (req.request_id, end // bs - 1)
-        if at_prompt_end:  # of use to the same prompt again only: the first to go when room is needed
-            slot = self.checkpoints.assign(block_hash, cold=True)
-        else:
+        if kind == "output":
             slot = self.checkpoints.replace(req.latest_state_save, block_hash)
             if slot is not None:
                 req.latest_state_save = block_hash
+        else:  # a prompt's own state is of use to the same prompt again only: the first to go when room is needed
+            slot = self.checkpoints.assign(block_hash, cold=kind == "prompt")
         return None if slot is None else (end - computed, slot)

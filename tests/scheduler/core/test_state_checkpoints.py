@@ -174,3 +174,46 @@ def test_a_pinned_state_is_neither_evicted_nor_replaced_until_unpinned():
     c.clear()
     c.unpin(11)  # a reader finishing after its worker died: nothing to let go of
     assert c.assign(21) is not None and c.assign(22) is not None
+
+
+def test_a_prompt_parting_from_a_cached_one_saves_its_state_where_they_part_for_the_next_to_share():
+    """Prompts sharing a system prompt: the second finds the first's blocks cached but no state after them (a
+    branch point), computes them and saves the state there; the third resumes from it (Marconi)."""
+    system = list(range(100, 112))  # 3 blocks
+    s = _recurrent(state_checkpoints=4)
+    s.add(_req("a", system + [1, 2, 3, 4, 5, 6, 7]))
+    plan, _ = step(s)
+    assert plan.state_saves == {"a": (16, 0)}  # its prompt's end only: no other prompt cached yet
+    while s.has_work:
+        step(s)
+    s.add(_req("b", system + [8, 9, 10, 11, 12, 13, 14]))
+    plan, _ = step(s)
+    assert plan.new[0].num_computed_tokens == 0 and s.requests["b"].state_branch == 12
+    (at, slot), = plan.state_saves.values()  # where it parts from a (its prompt's end falls in the same step)
+    assert at == 12
+    while s.has_work:
+        step(s)
+    s.add(_req("c", system + [15, 16, 17, 18, 19]))
+    plan, _ = step(s)
+    (new,) = plan.new
+    assert (new.num_computed_tokens, new.state_checkpoint) == (12, slot) and s.requests["c"].state_branch == 0
+    assert plan.state_saves["c"][0] == 4  # on from there, its own prompt's end (16)
+
+
+def test_a_branch_point_and_the_prompts_end_in_different_chunks_save_both():
+    system = list(range(100, 112))
+    s = _recurrent(state_checkpoints=4, chunk_size=8)
+    s.add(_req("a", system + [1, 2, 3, 4, 5, 6, 7]))
+    while s.has_work:
+        step(s)
+    s.add(_req("b", system + [8, 9, 10, 11, 12, 13, 14]))
+    saves = [step(s)[0].state_saves for _ in range(3)]  # chunks 0-8, 8-16, 16-19
+    # The branch at 12 and the prompt's end at 16 in one chunk: the branch, 4 tokens into it.
+    assert [{rid: at for rid, (at, _) in save.items()} for save in saves] == [{}, {"b": 4}, {}]
+    s2 = _recurrent(state_checkpoints=4, chunk_size=14)
+    s2.add(_req("a", system + [1, 2, 3, 4, 5, 6, 7]))
+    while s2.has_work:
+        step(s2)
+    s2.add(_req("b", system + [8, 9, 10, 11, 12, 13, 14]))
+    saves = [step(s2)[0].state_saves for _ in range(2)]  # chunks 0-14, 14-19: both points, two slots
+    assert [save["b"][0] for save in saves] == [12, 2] and saves[0]["b"][1] != saves[1]["b"][1]

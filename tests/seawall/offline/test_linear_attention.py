@@ -156,6 +156,21 @@ def test_a_next_turn_resumes_from_the_state_of_the_turn_before(model_dir, hf_mod
     assert repeat.num_cached_prompt_tokens == 48 and repeat.token_ids == first.token_ids
 
 
+@pytest.mark.parametrize("chunk", [7, 64], ids=["chunk7", "chunk64"])
+def test_prompts_sharing_a_system_prompt_resume_from_where_they_part(model_dir, hf_model, case, chunk):
+    """Three prompts after one 150-token system prompt: the second finds the first's blocks but no state
+    after them, and saves one where the two part (144: the system prompt's last full block; the blocks after
+    hold other tokens); the third resumes from it. Each output matches transformers'."""
+    prompts, _ = case
+    system = prompts[5]
+    asks = [system + prompts[i] for i in (1, 2, 0)]  # + 20, 63 and 1 tokens
+    engine = _engine(model_dir, SchedulerConfig(chunk_size=chunk, enable_prefix_caching=True))
+    got = [engine.generate([ask], _params(1))[0] for ask in asks]
+    assert [c.num_cached_prompt_tokens for c in got] == [0, 0, 144]
+    assert [c.token_ids for c in got] == _greedy(hf_model, asks)
+    assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
+
+
 def test_more_sequences_than_slots_grow_the_state_pool(model_dir, case):
     prompts, refs = case
     engine = _engine(model_dir, SchedulerConfig(chunk_size=64))
