@@ -34,7 +34,8 @@ from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
 def run(model: str, checkpoints: int, args: argparse.Namespace) -> tuple[int, int, float, list[list[int]]]:
     """(tokens computed, prompt tokens served from the cache, seconds, every turn's output)."""
     engine = OfflineEngine(EngineConfig(model=model, dtype="float32", kv_cache_bytes=256 << 20,
-                                        state_checkpoints=checkpoints),
+                                        state_checkpoints=checkpoints,
+                                        host_state_checkpoints=args.host_state_checkpoints if checkpoints else 0),
                            SchedulerConfig(enable_prefix_caching=True, chunk_size=args.chunk_size))
     computed = 0
     execute = engine.runner.execute
@@ -72,13 +73,15 @@ def main() -> int:
     p.add_argument("--chunk-size", type=int, default=512)
     p.add_argument("--state-checkpoints", type=int, default=16)
     p.add_argument("--shared-system", action="store_true", help="every conversation starts from one system prompt")
+    p.add_argument("--host-state-checkpoints", type=int, default=64,
+                   help="more saved states in host memory, where the device's least recently used go (default 64)")
     args = p.parse_args()
     print(f"{args.conversations} conversations x {args.turns} turns: system {args.system_len}"
           f"{' (shared)' if args.shared_system else ''}, +{args.message_len} a turn, {args.output_len} out")
     base = run(args.model, 0, args)
     saved = run(args.model, args.state_checkpoints, args)
-    for name, (computed, cached, seconds, _) in (("no state checkpoints", base),
-                                                 (f"{args.state_checkpoints} state checkpoints", saved)):
+    with_slots = f"{args.state_checkpoints} + {args.host_state_checkpoints} host"
+    for name, (computed, cached, seconds, _) in (("no state checkpoints", base), (with_slots, saved)):
         print(f"{name:22}: {computed:6d} tokens computed, {cached:6d} prompt tokens cached, {seconds:6.2f} s")
     print(f"tokens computed {base[0] / saved[0]:.2f}x fewer, {base[2] / saved[2]:.2f}x faster; "
           f"outputs identical: {base[3] == saved[3]}")

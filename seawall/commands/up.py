@@ -77,6 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-checkpoints", type=int, default=16,
                    help="a model with linear-attention layers: recurrent states each worker keeps for prefix "
                         "caching, at least one per conversation in flight (default 16; 0: no prefix caching)")
+    p.add_argument("--host-state-checkpoints", type=int, default=64,
+                   help="and more each worker keeps in host memory, where the least recently used go when a save "
+                        "needs their slot (default 64; 0: they are dropped)")
     p.add_argument("--no-kvcache", action="store_true", help="start no kvcache service (no multi-turn KV reuse)")
     p.add_argument("--kvcache-dram-bytes", type=int, default=None, help="kvcache DRAM tier size")
     p.add_argument("--kvcache-disk-dir", default=None, help="kvcache disk tier directory (default: none)")
@@ -162,6 +165,7 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
     # A model with linear-attention layers: each worker makes room for a recurrent state per sequence a step runs.
     workers += worker_thread_args(args) + ["--max-cpu-loras", str(args.max_cpu_loras),
                                            "--state-checkpoints", str(args.state_checkpoints),
+                                           "--host-state-checkpoints", str(args.host_state_checkpoints),
                                            "--state-slots", str(args.max_num_seqs)]
     kvcache = []
     if args.kvcache_dram_bytes:

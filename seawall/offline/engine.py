@@ -52,7 +52,8 @@ class OfflineEngine:
         window = self.checkpoint.config.uniform_window
         config = replace(scheduler_config or SchedulerConfig(), max_model_len=self.runner.max_model_len,
                          sliding_window=window, recurrent_state=self.checkpoint.config.recurrent,
-                         state_checkpoints=self.runner.state_checkpoints)
+                         state_checkpoints=self.runner.state_checkpoints,
+                         host_state_checkpoints=self.runner.host_state_checkpoints)
         self.blocks = BlockManager(self.runner.kv.num_blocks, engine_config.block_size, reserve_null=window is not None)
         num_host = self.runner.kv.num_host_blocks
         self.host_blocks = BlockManager(num_host, engine_config.block_size) if num_host else None

@@ -24,7 +24,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version", "step_time", "sliding_window", "recurrent_state", "state_checkpoints")
+    __slots__ = ("role", "model", "num_device_blocks", "num_host_blocks", "kv_layout", "device", "nixl", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos_token_ids", "version", "step_time", "sliding_window", "recurrent_state", "state_checkpoints", "host_state_checkpoints")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class WorkerInfo(_message.Message):
     SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
     RECURRENT_STATE_FIELD_NUMBER: _ClassVar[int]
     STATE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    HOST_STATE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     role: WorkerRole
     model: str
     num_device_blocks: int
@@ -57,7 +58,8 @@ class WorkerInfo(_message.Message):
     sliding_window: int
     recurrent_state: bool
     state_checkpoints: int
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., step_time: _Optional[_Union[StepTimeProfile, _Mapping]] = ..., sliding_window: _Optional[int] = ..., recurrent_state: _Optional[bool] = ..., state_checkpoints: _Optional[int] = ...) -> None: ...
+    host_state_checkpoints: int
+    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., device: _Optional[str] = ..., nixl: _Optional[_Union[_common_pb2.NixlAgentMetadata, _Mapping]] = ..., max_model_len: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., version: _Optional[str] = ..., step_time: _Optional[_Union[StepTimeProfile, _Mapping]] = ..., sliding_window: _Optional[int] = ..., recurrent_state: _Optional[bool] = ..., state_checkpoints: _Optional[int] = ..., host_state_checkpoints: _Optional[int] = ...) -> None: ...
 
 class StepTimeProfile(_message.Message):
     __slots__ = ("base_ms", "per_token_ms", "per_seq_ms")
@@ -106,6 +108,14 @@ class NewSequence(_message.Message):
     state_checkpoint: int
     def __init__(self, seq_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., lora: _Optional[_Union[_common_pb2.LoraAdapter, _Mapping]] = ..., state_checkpoint: _Optional[int] = ...) -> None: ...
 
+class StateMove(_message.Message):
+    __slots__ = ("device_slot", "host_slot")
+    DEVICE_SLOT_FIELD_NUMBER: _ClassVar[int]
+    HOST_SLOT_FIELD_NUMBER: _ClassVar[int]
+    device_slot: int
+    host_slot: int
+    def __init__(self, device_slot: _Optional[int] = ..., host_slot: _Optional[int] = ...) -> None: ...
+
 class StateSave(_message.Message):
     __slots__ = ("seq_id", "tokens_into_step", "slot")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
@@ -133,7 +143,7 @@ class ContinuingSequence(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., block_ids: _Optional[_Iterable[int]] = ..., replace_block_table: _Optional[bool] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "scheduled_seq_ids", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context", "speculative", "state_saves", "swapped_out_seq_ids")
+    __slots__ = ("step_id", "scheduler_id", "new_sequences", "continuing", "scheduled_seq_ids", "num_scheduled_tokens", "finished_seq_ids", "swap_out", "swap_in", "copy", "trace_context", "speculative", "state_saves", "swapped_out_seq_ids", "state_moves")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +165,7 @@ class StepPlan(_message.Message):
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     STATE_SAVES_FIELD_NUMBER: _ClassVar[int]
     SWAPPED_OUT_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    STATE_MOVES_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     scheduler_id: str
     new_sequences: _containers.RepeatedCompositeFieldContainer[NewSequence]
@@ -169,7 +180,8 @@ class StepPlan(_message.Message):
     speculative: bool
     state_saves: _containers.RepeatedCompositeFieldContainer[StateSave]
     swapped_out_seq_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., scheduled_seq_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., speculative: _Optional[bool] = ..., state_saves: _Optional[_Iterable[_Union[StateSave, _Mapping]]] = ..., swapped_out_seq_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    state_moves: _containers.RepeatedCompositeFieldContainer[StateMove]
+    def __init__(self, step_id: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinuingSequence, _Mapping]]] = ..., scheduled_seq_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_seq_ids: _Optional[_Iterable[str]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., copy: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., speculative: _Optional[bool] = ..., state_saves: _Optional[_Iterable[_Union[StateSave, _Mapping]]] = ..., swapped_out_seq_ids: _Optional[_Iterable[str]] = ..., state_moves: _Optional[_Iterable[_Union[StateMove, _Mapping]]] = ...) -> None: ...
 
 class SequenceError(_message.Message):
     __slots__ = ("seq_id", "code", "message")

@@ -126,7 +126,8 @@ def plan_to_proto(plan: StepPlan, scheduler_id: str = "") -> worker_pb2.StepPlan
                               num_scheduled_tokens=plan.num_scheduled_tokens.values(), speculative=plan.speculative,
                               state_saves=[worker_pb2.StateSave(seq_id=rid, tokens_into_step=k, slot=slot)
                                            for rid, (k, slot) in plan.state_saves.items()],
-                              swapped_out_seq_ids=plan.swapped_out)
+                              swapped_out_seq_ids=plan.swapped_out,
+                              state_moves=[worker_pb2.StateMove(device_slot=d, host_slot=h) for d, h in plan.state_moves])
     # add() builds each submessage in place; append() would build it, then copy it.
     for new in plan.new:
         msg.new_sequences.add(
@@ -153,7 +154,8 @@ def plan_from_proto(msg: worker_pb2.StepPlan) -> StepPlan:
                     num_scheduled_tokens=dict(zip(msg.scheduled_seq_ids, msg.num_scheduled_tokens, strict=True)),
                     speculative=msg.speculative,
                     state_saves={s.seq_id: (s.tokens_into_step, s.slot) for s in msg.state_saves},
-                    swapped_out=list(msg.swapped_out_seq_ids))
+                    swapped_out=list(msg.swapped_out_seq_ids),
+                    state_moves=[(m.device_slot, m.host_slot) for m in msg.state_moves])
     for new in msg.new_sequences:
         plan.new.append(NewSequence(new.seq_id, list(new.token_ids), new.num_prompt_tokens,
                                     new.num_computed_tokens, list(new.block_ids),

@@ -83,6 +83,9 @@ class StepPlan:
     state_saves: dict[str, tuple[int, int]] = field(default_factory=dict)
     # Sequences swapped out by this plan: a recurrent model's worker moves their states to host memory too.
     swapped_out: list[str] = field(default_factory=list)
+    # Saved states copied from a device checkpoint slot to a host one, in order, before the plan's sequences are
+    # added (state_slots.py): (device slot, host slot).
+    state_moves: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:

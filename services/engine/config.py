@@ -46,6 +46,9 @@ class EngineConfig:
     # its last full block, so that a later prompt starting with those blocks resumes there (0: no prefix
     # caching for such a model). Each is one sequence's state (Qwen3-Next-80B: 74 MiB in bf16), taken as used.
     state_checkpoints: int = 16
+    # And how many more it keeps in host memory, where the device's least recently used go when a save needs
+    # their slot (0: they are dropped). On a GPU these cost host RAM only (64 of Qwen3-Next-80B's: 4.7 GiB).
+    host_state_checkpoints: int = 64
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -60,8 +63,9 @@ class EngineConfig:
             raise InvalidArgument(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.state_slots < 1:
             raise InvalidArgument(f"state_slots must be >= 1, got {self.state_slots}")
-        if self.state_checkpoints < 0:
-            raise InvalidArgument(f"state_checkpoints must be >= 0 (0 = none), got {self.state_checkpoints}")
+        for name in ("state_checkpoints", "host_state_checkpoints"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name} must be >= 0 (0 = none), got {getattr(self, name)}")
         if self.swap_bytes < 0:
             raise InvalidArgument(f"swap_bytes must be >= 0, got {self.swap_bytes}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:

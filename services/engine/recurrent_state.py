@@ -11,7 +11,8 @@ it again from zeros).
 
 For prefix caching the scheduler has states saved as prompts pass the end of their last full block: a step's
 group copies its new states to a checkpoint's row as well (``RecurrentBatch.keep``), and a sequence that starts
-after a cached prefix claims a copy of it (services/scheduler/core/state_checkpoints.py).
+after a cached prefix claims a copy of it (services/scheduler/core/state_checkpoints.py). Checkpoints the
+scheduler moves out of the device's slots wait in host memory (``move_checkpoint``), and are claimed from there.
 
 Slots are rows of one tensor per layer and kind, so a step gathers and scatters a group of its sequences' states
 (``RecurrentBatch``: the decodes, or prompt chunks of one length) with one ``index_select`` / ``index_copy_`` a
@@ -43,6 +44,9 @@ class RecurrentStates:
         self._checkpoint_rows: dict[int, int] = {}
         # States of swapped-out sequences, in host memory with their KV blocks: seq_id -> each layer's (conv, state).
         self._on_host: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        # Checkpoints the scheduler moved to host memory (its host slot numbers, after the device's): each layer's
+        # (conv, state).
+        self._host_checkpoints: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def capacity(self) -> int:
@@ -62,6 +66,11 @@ class RecurrentStates:
         """Rows holding checkpoints saved for prefix caching (kept once taken)."""
         return len(self._checkpoint_rows)
 
+    @property
+    def num_host_checkpoints(self) -> int:
+        """Checkpoints held in host memory."""
+        return len(self._host_checkpoints)
+
     def acquire(self) -> int:
         """A free slot, its state zeroed (a sequence starts from no tokens)."""
         if not self._free:
@@ -76,12 +85,15 @@ class RecurrentStates:
         which must have taken in exactly its ``num_computed`` tokens. Raises InvalidArgument otherwise (a prefix
         cached or moved here by its blocks alone cannot resume)."""
         if checkpoint is not None and num_computed:
-            if checkpoint not in self._checkpoint_rows:
+            if checkpoint not in self._checkpoint_rows and checkpoint not in self._host_checkpoints:
                 raise InvalidArgument(f"sequence {seq_id} starts from state checkpoint {checkpoint}, which this "
                                       "worker never saved")
             self._arriving.pop(seq_id, None)
             slot = self.acquire()
-            self.copy(self._checkpoint_rows[checkpoint], slot)
+            if checkpoint in self._host_checkpoints:
+                self._write_rows(slot, self._host_checkpoints[checkpoint])
+            else:
+                self.copy(self._checkpoint_rows[checkpoint], slot)
             return slot
         arrived = self._arriving.pop(seq_id, None)
         if num_computed and (arrived is None or arrived[0] != num_computed):
@@ -102,9 +114,7 @@ class RecurrentStates:
 
     def swap_out(self, seq_id: str, slot: int) -> None:
         """A swapped-out sequence's state to host memory; its slot is free."""
-        # A copy even on a CPU worker, where the row itself is host memory: the slot goes to others.
-        self._on_host[seq_id] = [(conv[slot].to("cpu", copy=True), ssm[slot].to("cpu", copy=True))
-                                 for conv, ssm in zip(self.conv, self.ssm, strict=True)]
+        self._on_host[seq_id] = self._host_copy(slot)
         self._free.append(slot)
 
     def on_host(self, seq_id: str) -> bool:
@@ -112,12 +122,27 @@ class RecurrentStates:
 
     def swap_in(self, seq_id: str) -> int:
         """A slot holding the state ``swap_out`` moved to host memory."""
-        layers = self._on_host.pop(seq_id)
         slot = self.acquire()
+        self._write_rows(slot, self._on_host.pop(seq_id))
+        return slot
+
+    def move_checkpoint(self, src: int, dst: int) -> None:
+        """Device checkpoint ``src``'s state into host checkpoint ``dst`` (replacing what was there): the
+        scheduler gives ``src``'s row to a newer save."""
+        row = self._checkpoint_rows.get(src)
+        if row is None:
+            raise InvalidArgument(f"state checkpoint {src} was never saved on this worker: it cannot move")
+        self._host_checkpoints[dst] = self._host_copy(row)
+
+    def _host_copy(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # A copy even on a CPU worker, where the row itself is host memory: the row goes to others.
+        return [(conv[row].to("cpu", copy=True), ssm[row].to("cpu", copy=True))
+                for conv, ssm in zip(self.conv, self.ssm, strict=True)]
+
+    def _write_rows(self, slot: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for conv, ssm, (conv_row, ssm_row) in zip(self.conv, self.ssm, layers, strict=True):
             conv[slot] = conv_row.to(conv.device)
             ssm[slot] = ssm_row.to(ssm.device)
-        return slot
 
     def release(self, seq_id: str, slot: int | None) -> None:
         """A sequence is gone: its slot (if it had one) is free, a state stashed or swapped out for it dropped."""
@@ -135,6 +160,8 @@ class RecurrentStates:
 
     def read_checkpoint(self, checkpoint: int) -> list[tuple[bytes, bytes]]:
         """``read``'s bytes of checkpoint slot ``checkpoint``: a prefix another worker reads from this one."""
+        if checkpoint in self._host_checkpoints:
+            return [(_bytes(conv), _bytes(ssm)) for conv, ssm in self._host_checkpoints[checkpoint]]
         row = self._checkpoint_rows.get(checkpoint)
         if row is None:
             raise InvalidArgument(f"state checkpoint {checkpoint} was never saved on this worker")

@@ -55,6 +55,7 @@ class ModelRunner:
         # some more for prefix caching (the scheduler assigns them: StepPlan.state_saves); on CUDA their slots
         # are taken before the KV pool sizes itself by the memory left.
         self.state_checkpoints = config.state_checkpoints if mc.recurrent else 0
+        self.host_state_checkpoints = config.host_state_checkpoints if mc.recurrent and self.state_checkpoints else 0
         slots = (config.state_slots + self.state_checkpoints if self.device.type == "cuda"
                  else min(config.state_slots, 8))
         self.states = (RecurrentStates(mc.linear_attention, len(mc.linear_layers), self.dtype, self.device, slots)
@@ -95,6 +96,8 @@ class ModelRunner:
         started = time.perf_counter()
         for seq_id in plan.finished:
             self.drop(seq_id)
+        for src, dst in plan.state_moves:  # before the sequences claim: one may start from a state moved here
+            self.states.move_checkpoint(src, dst)
         for sid in plan.swapped_out:  # a recurrent model's states leave the device with their KV blocks
             seq = self.seqs.get(sid)
             if self.states is not None and seq is not None and seq.state_slot is not None:

@@ -74,7 +74,8 @@ class _MeshCollector:
         hits = CounterMetricFamily("seawall_prefix_cache_blocks", "Prompt blocks looked up in the prefix cache",
                                    labels=["worker", "result"])
         states = GaugeMetricFamily("seawall_state_checkpoints", "Recurrent states a worker keeps for prefix caching "
-                                   "(models with linear attention), by state", labels=["worker", "state"])
+                                   "(models with linear attention): saved and slots on the device, saved_host "
+                                   "and host_slots in host memory", labels=["worker", "state"])
         for link in links:
             w, core = link.worker_id, link.core
             for level, n in enumerate(core.queue_lengths()):
@@ -90,9 +91,13 @@ class _MeshCollector:
             stats = core.prefix_stats
             hits.add_metric([w, "hit"], stats.hit_blocks)
             hits.add_metric([w, "miss"], stats.queried_blocks - stats.hit_blocks)
-            if core.checkpoints.capacity:
-                states.add_metric([w, "saved"], len(core.checkpoints))
-                states.add_metric([w, "slots"], core.checkpoints.capacity)
+            slots = core.checkpoints
+            if slots.capacity:
+                on_host = slots.num_on_host
+                states.add_metric([w, "saved"], len(slots) - on_host)
+                states.add_metric([w, "slots"], slots.capacity)
+                states.add_metric([w, "saved_host"], on_host)
+                states.add_metric([w, "host_slots"], slots.host_capacity)
         yield from (levels, blocks, preempt, hits, states)
         workers = GaugeMetricFamily("seawall_workers", "Registered live workers by role", labels=["role"])
         for role in ("prefill", "decode", "hybrid"):

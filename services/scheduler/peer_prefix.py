@@ -11,7 +11,7 @@ memory already. kvcache stores no recurrent state, so for hybrids this is the on
 after the turn before's outputs.
 
 The blocks and the checkpoint are held on the decode worker while they are read (a staging entry, as a
-DE-read's, and ``StateCheckpoints.pin``). Any failure falls back to computing the prompt on the prefill worker.
+DE-read's, and ``StateCheckpoints.lend``). Any failure falls back to computing the prompt on the prefill worker.
 """
 
 from __future__ import annotations
@@ -72,10 +72,8 @@ class PeerPrefix:
         if staged is None:
             return False
         checkpoint = None
-        if core.config.recurrent_state:
-            _, slot = core.checkpoints.deepest(hashes)
-            core.checkpoints.pin(hashes[-1])
-            checkpoint = slot
+        if core.config.recurrent_state:  # the holder's covered prefix ends in a saved state
+            checkpoint = core.checkpoints.lend(hashes[-1])
         req.num_computed_tokens = tokens
         ids = prefill.core.reserve_arrival(req)
         if ids is None:

@@ -61,7 +61,8 @@ class WorkerLink:
                              f"{config.max_model_len}: start both with the same value")
         # The mesh's clock is real: each core corrects its step-time model from the steps it measures.
         core_config = replace(config, calibrate_step_time=True, sliding_window=info.sliding_window or None,
-                              recurrent_state=info.recurrent_state, state_checkpoints=info.state_checkpoints)
+                              recurrent_state=info.recurrent_state, state_checkpoints=info.state_checkpoints,
+                              host_state_checkpoints=info.host_state_checkpoints)
         if info.HasField("step_time"):  # the worker's own step times (services/engine/step_profile.py)
             fit = info.step_time
             core_config = replace(core_config, step_time=StepTimeModel(

@@ -51,6 +51,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-checkpoints", type=int, default=16,
                    help="a model with linear-attention layers: recurrent states kept for prefix caching, one saved "
                         "at the end of each prompt's last full block (default 16; 0: no prefix caching for it)")
+    p.add_argument("--host-state-checkpoints", type=int, default=64,
+                   help="and more kept in host memory, where the least recently used go when a save needs their "
+                        "slot (default 64; 0: they are dropped)")
     add_max_model_len_flag(p)
 
 
@@ -59,7 +62,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
                         kv_cache_bytes=args.kv_cache_bytes, swap_bytes=args.swap_bytes,
                         cpu_kernels=not args.no_cpu_kernels, max_idle_loras=args.max_cpu_loras,
                         max_model_len=args.max_model_len, state_slots=args.state_slots,
-                        state_checkpoints=args.state_checkpoints)
+                        state_checkpoints=args.state_checkpoints, host_state_checkpoints=args.host_state_checkpoints)
 
 
 def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:

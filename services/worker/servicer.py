@@ -80,7 +80,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
             num_host_blocks=r.kv.num_host_blocks, kv_layout=kv_layout_proto(r.kv.layout), device=str(r.device),
             max_model_len=r.max_model_len, eos_token_ids=r.checkpoint.eos_token_ids, version=VERSION,
             sliding_window=r.checkpoint.config.uniform_window or 0, recurrent_state=r.checkpoint.config.recurrent,
-            state_checkpoints=r.state_checkpoints)
+            state_checkpoints=r.state_checkpoints, host_state_checkpoints=r.host_state_checkpoints)
         if self.agent is not None:
             msg.nixl.CopyFrom(self.agent.metadata())
         if self.step_time is not None:

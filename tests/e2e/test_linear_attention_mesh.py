@@ -100,7 +100,7 @@ async def test_a_next_turn_resumes_where_the_turn_before_left_its_state(mesh, ca
         turn = await client.generate(prompt, max_tokens=MAX_TOKENS, temperature=0)
     assert turn.token_ids == greedy_oracle(hf_model)(prompt, MAX_TOKENS)
     assert turn.cached_prompt_tokens == 160
-    # Prometheus sees each worker's saved states beside its 16 slots (the default).
+    # Prometheus sees each worker's saved states beside its 16 device slots (the default).
     text = httpx.get(mesh.metrics_urls["scheduler"], timeout=10).text
     if mesh.options.mode == "disaggregated":
         assert 'seawall_peer_prefix_reads_total{result="done"} 1.0' in text
@@ -109,6 +109,8 @@ async def test_a_next_turn_resumes_where_the_turn_before_left_its_state(mesh, ca
     slots = [float(g.rsplit(" ", 1)[1]) for g in gauges if 'state="slots"' in g]
     saved = [float(g.rsplit(" ", 1)[1]) for g in gauges if 'state="saved"' in g]
     assert slots and set(slots) == {16.0} and 0 < sum(saved) <= sum(slots)
+    host_slots = [float(g.rsplit(" ", 1)[1]) for g in gauges if 'state="host_slots"' in g]
+    assert set(host_slots) == {64.0}  # and 64 more in host memory, the default
 
 
 async def test_prompts_sharing_a_system_prompt_resume_where_they_part(mesh, case):

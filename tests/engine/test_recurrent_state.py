@@ -88,6 +88,28 @@ def test_a_checkpoint_saved_after_a_group_is_what_a_later_sequence_starts_from()
         pool.claim("c", 16, checkpoint=5)
 
 
+def test_a_checkpoint_moved_to_host_memory_is_claimed_and_read_from_there():
+    """The scheduler moves a device checkpoint to a host slot (numbered after the device's) and gives its row to a
+    newer save: sequences resume from the host copy, a peer reads it, and the row's new state is apart."""
+    pool = _pool()
+    row = pool.checkpoint_row(1)
+    pool.ssm[2][row].fill_(4.0)
+    pool.conv[1][row].fill_(6.0)
+    before = pool.read(row)
+    pool.move_checkpoint(1, 20)
+    pool.ssm[2][row].fill_(8.0)  # the next save into the device slot
+    assert pool.num_host_checkpoints == 1 and pool.read_checkpoint(20) == before != pool.read_checkpoint(1)
+    a = pool.claim("a", 48, checkpoint=20)
+    assert bool((pool.ssm[2][a] == 4.0).all()) and bool((pool.conv[1][a] == 6.0).all())
+    pool.ssm[2][a].zero_()  # a running sequence's steps leave the host copy alone
+    assert pool.read_checkpoint(20) == before
+    pool.move_checkpoint(1, 20)  # a later move over it
+    b = pool.claim("b", 48, checkpoint=20)  # grows the pool: its tensors are new ones
+    assert bool((pool.ssm[2][b] == 8.0).all())
+    with pytest.raises(InvalidArgument, match="state checkpoint 7 was never saved on this worker: it cannot move"):
+        pool.move_checkpoint(7, 21)
+
+
 def test_a_swapped_out_state_waits_in_host_memory_and_comes_back_whole():
     pool = _pool()
     slot = pool.claim("a", 0)

@@ -57,6 +57,7 @@ def _cache(link: WorkerLink, tokens: int, state_at: int | None = None) -> None:
     if state_at is not None:
         hashes = extend_hashes([], PROMPT, 16, core.seed_of(_req()))
         core.checkpoints.assign(hashes[state_at - 1])
+        core.checkpoints.end_plan()
         core.checkpoints.confirm(hashes[state_at - 1])
 
 
@@ -107,8 +108,9 @@ async def test_a_failed_read_computes_the_prompt_and_lets_go_of_what_it_held(hyb
     core = decode.core
     assert not core.arriving and not core.requests and core.blocks.num_free == 32 and core.blocks.num_cached == 7
     if hybrid:  # the checkpoint the read pinned can make room again
-        for h in (1, 2, 3, 4):
+        for h in (1, 2, 3, 4):  # one plan's saves each
             core.checkpoints.assign(h)
+            core.checkpoints.end_plan()
         assert mesh.peer.holder(_req("again"), prefill) is None
 
 

@@ -145,8 +145,10 @@ class SchedulerConfig:
     # says), a fork cannot share its parent's, and drafts cannot be verified (a rejected one cannot be taken
     # back out of the state).
     recurrent_state: bool = False
-    # With recurrent_state: how many states the worker keeps for prefix caching (WorkerInfo.state_checkpoints).
+    # With recurrent_state: how many states the worker keeps for prefix caching (WorkerInfo.state_checkpoints),
+    # and how many more in host memory, where the device's least recently used go (state_slots.py).
     state_checkpoints: int = 0
+    host_state_checkpoints: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "chunk_size"):
@@ -172,8 +174,9 @@ class SchedulerConfig:
                              f"got {self.preemption_mode!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None (full attention), got {self.sliding_window}")
-        if self.state_checkpoints < 0:
-            raise ValueError(f"state_checkpoints must be >= 0 (0 = none), got {self.state_checkpoints}")
+        for name in ("state_checkpoints", "host_state_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = none), got {getattr(self, name)}")
         if self.tbt_target_s is not None and not self.tbt_target_s > 0:
             raise ValueError(f"tbt_target_s must be > 0 or None, got {self.tbt_target_s}")
 

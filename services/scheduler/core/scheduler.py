@@ -32,7 +32,8 @@ from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.shared_prefix import SharedPrefix
 from services.scheduler.core.sliding_window import SlidingWindow
 from services.scheduler.core.speculative import Speculative
-from services.scheduler.core.state_checkpoints import CheckpointedPrefix, StateCheckpoints
+from services.scheduler.core.state_checkpoints import CheckpointedPrefix
+from services.scheduler.core.state_slots import StateCheckpoints
 from services.scheduler.core.step_time import StepTimeCalibration, StepTimeModel
 
 POLICIES = POLICY_NAMES  # the registry's names, for CLI choices
@@ -74,7 +75,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         self.preemption_mode = config.preemption_mode or self.policy.default_preemption
         self.prefix_stats = PrefixCacheStats()
         # A recurrent model's states its worker saved for prefix caching (state_checkpoints.py).
-        self.checkpoints = StateCheckpoints(config.state_checkpoints if config.recurrent_state else 0)
+        self.checkpoints = (StateCheckpoints(config.state_checkpoints, config.host_state_checkpoints)
+                            if config.recurrent_state else StateCheckpoints(0))
         self.draft_stats = DraftStats()
         # Speculative decoding's pause where drafts keep missing (speculative.py): the kept-drafts estimate,
         # the steps left in a pause, whether the next speculative step is a probe after one.
@@ -192,6 +194,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
                         copy=self._copy, speculative=speculative, swapped_out=self._swapped_out)
         self._to_drop, self._swap_out, self._swap_in, self._copy, self._swapped_out = [], [], [], [], []
         self._fill_plan(plan, scheduled)
+        plan.state_moves = self.checkpoints.end_plan()  # saves in this plan took the device slots of these
         if not speculative:  # drafts are verified in the one pass
             plan.num_passes = 1 + max((n - r.num_uncomputed for r, n in scheduled), default=0)
         self._last_ran = list(plan.num_scheduled_tokens)

@@ -1,25 +1,21 @@
-"""Which recurrent states a worker keeps for prefix caching of a model with linear-attention layers.
+"""Where a model with linear-attention layers saves recurrent states for prefix caching, and what a request
+resumes from (``Scheduler``'s part; state_slots.py keeps the slots).
 
 Such a model's cached KV blocks do not resume a prefix alone: its linear layers need their state after exactly
 that prefix. So the worker saves a sequence's state as its prompt passes the end of the prompt's last full block
-(a *checkpoint*, into one of ``capacity`` slots the core assigns), and a later request whose prompt starts with
-those blocks takes the cached blocks up to there and the checkpoint's state with them. A checkpoint is keyed by
-the hash of the block it ends: the hash chains every token before it, so the same hash means the same state.
+(a *checkpoint*, into a slot the core assigns), and a later request whose prompt starts with those blocks takes
+the cached blocks up to there and the checkpoint's state with them. A checkpoint is keyed by the hash of the
+block it ends: the hash chains every token before it, so the same hash means the same state.
 
-The slots are recycled least recently used first. A checkpoint counts only once its block is cached
-(``confirm``), which is after the plan that saves it was made: a plan that adds a sequence restores its state
-before that plan's forward pass, so a checkpoint assigned in the same plan would not be there yet, while any
-later plan runs after the saving one. A decode's block may hold a token still in flight when its plan is made
-(planned ahead of the step that samples it): its checkpoint is held under (request, block index) until the
-token arrives and the block's hash is known (``bind``). A checkpoint another worker is reading (a prefix read
-from this worker's cache, services/scheduler/peer_prefix.py) is pinned: its slot is neither evicted nor
-replaced until ``unpin``.
+A checkpoint counts only once its block is cached (``confirm``), which is after the plan that saves it was made:
+a plan that adds a sequence restores its state before that plan's forward pass, so a checkpoint assigned in the
+same plan would not be there yet, while any later plan runs after the saving one. A decode's block may hold a
+token still in flight when its plan is made (planned ahead of the step that samples it): its checkpoint is held
+under (request, block index) until the token arrives and the block's hash is known (``bind``).
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
-from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from services.common.block_hash import extend_hashes
@@ -27,101 +23,6 @@ from services.common.block_hash import extend_hashes
 if TYPE_CHECKING:
     from services.scheduler.core.request import Request
     from services.scheduler.core.scheduler import Scheduler
-
-
-class StateCheckpoints:
-    def __init__(self, capacity: int) -> None:
-        if capacity < 0:
-            raise ValueError(f"state checkpoint capacity must be >= 0, got {capacity}")
-        self.capacity = capacity
-        # Block hash (or (request, block index) until it is known) -> slot, least recently used first.
-        self._slot_of: OrderedDict[Hashable, int] = OrderedDict()
-        self._ready: set[int] = set()  # hashes whose blocks are cached
-        self._free = list(range(capacity - 1, -1, -1))
-        self._pins: Counter[Hashable] = Counter()  # checkpoints being read by another worker
-
-    def __len__(self) -> int:
-        return len(self._ready)
-
-    def covered(self, hashes: Sequence[int]) -> int:
-        """How many leading blocks of ``hashes`` (cached blocks) a saved state resumes after (no side effects:
-        what routing estimates)."""
-        return next((k for k in range(len(hashes), 0, -1) if hashes[k - 1] in self._ready), 0)
-
-    def deepest(self, hashes: Sequence[int]) -> tuple[int, int | None]:
-        """The longest prefix of ``hashes`` (cached blocks) ending in a saved state: (its blocks, the state's
-        slot), or (0, None). Marks the checkpoint used."""
-        k = self.covered(hashes)
-        if not k:
-            return 0, None
-        self._slot_of.move_to_end(hashes[k - 1])
-        return k, self._slot_of[hashes[k - 1]]
-
-    def assign(self, block_hash: Hashable, cold: bool = False) -> int | None:
-        """The slot a step saves the state ending in ``block_hash``'s block into, evicting the least recently
-        used checkpoint when none is free; None when there are no slots, or it is saved already. A checkpoint
-        assigned but not confirmed (its request left before its step) is assigned again: the same prefix saves
-        the same state. ``cold``: it is the next to go (until it is used), not the last."""
-        if not self.capacity or block_hash in self._ready:
-            return None
-        if block_hash in self._slot_of:
-            return self._slot_of[block_hash]
-        if self._free:
-            slot = self._free.pop()
-        else:
-            evicted = next((key for key in self._slot_of if key not in self._pins), None)
-            if evicted is None:  # every slot is being read: this state is not saved
-                return None
-            slot = self._slot_of.pop(evicted)
-            self._ready.discard(evicted)
-        self._slot_of[block_hash] = slot
-        if cold:
-            self._slot_of.move_to_end(block_hash, last=False)
-        return slot
-
-    def replace(self, old: Hashable | None, block_hash: Hashable) -> int | None:
-        """``assign`` for a request's newest state in place of its ``old`` one (released first, so that it makes
-        the room rather than another's); None, and ``old`` kept, when ``block_hash``'s state is saved already."""
-        if not self.capacity or block_hash in self._ready:
-            return None
-        if old is not None and old != block_hash and old in self._slot_of and old not in self._pins:
-            self._ready.discard(old)
-            self._free.append(self._slot_of.pop(old))
-        return self.assign(block_hash)
-
-    def bind(self, key: Hashable, block_hash: int) -> None:
-        """The checkpoint held under ``key`` (request, block index) ends in ``block_hash``'s block."""
-        slot = self._slot_of.pop(key, None)
-        if slot is None:
-            return
-        if block_hash in self._slot_of:  # saved by another request meanwhile: one copy is enough
-            self._free.append(slot)
-        else:
-            self._slot_of[block_hash] = slot
-
-    def confirm(self, block_hash: int) -> None:
-        """The step that saved the state ending in ``block_hash``'s block ran: later requests may take it."""
-        if block_hash in self._slot_of:
-            self._ready.add(block_hash)
-
-    def pin(self, block_hash: int) -> None:
-        """Keeps the saved state ending in ``block_hash``'s block in its slot while another worker reads it."""
-        if block_hash not in self._ready:
-            raise ValueError(f"no saved state ends in block {block_hash:#x}")
-        self._pins[block_hash] += 1
-
-    def unpin(self, block_hash: int) -> None:
-        """One reader of the state ``pin`` kept is done with it."""
-        self._pins[block_hash] -= 1
-        if self._pins[block_hash] <= 0:
-            del self._pins[block_hash]
-
-    def clear(self) -> None:
-        """Forgets every checkpoint (the worker that held them is gone or starts afresh)."""
-        self._slot_of.clear()
-        self._ready.clear()
-        self._pins.clear()
-        self._free = list(range(self.capacity - 1, -1, -1))
 
 
 class CheckpointedPrefix:

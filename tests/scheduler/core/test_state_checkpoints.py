@@ -3,12 +3,9 @@ full block ends, and a later request takes cached blocks only as far as a saved 
 
 from __future__ import annotations
 
-import pytest
-
 from services.common.sampling_params import SamplingParams
 from services.common.step import SampledToken, StepResult
 from services.scheduler.core.request import Request
-from services.scheduler.core.state_checkpoints import StateCheckpoints
 from tests.scheduler.core.test_scheduler import EOS, create_scheduler, step
 
 PROMPT = list(range(1, 24))  # 23 tokens, blocks of 4: the last full block a repeat could take ends at 20
@@ -74,25 +71,6 @@ def test_a_state_saved_in_a_plan_is_not_taken_by_a_sequence_that_plan_adds():
     assert plan.new[1].num_computed_tokens == 0 and plan.new[1].state_checkpoint is None
 
 
-def test_the_least_recently_used_state_makes_room_and_a_dead_worker_takes_all_with_it():
-    checkpoints = StateCheckpoints(2)
-    assert [checkpoints.assign(h) for h in (11, 12)] == [0, 1]
-    assert checkpoints.deepest([11]) == (0, None)  # not confirmed: its step has not run
-    for h in (11, 12):
-        checkpoints.confirm(h)
-    assert checkpoints.deepest([5, 11]) == (2, 0)  # 11 used last: 12 goes first
-    assert checkpoints.assign(13) == 1 and checkpoints.deepest([5, 12]) == (0, None)
-    assert checkpoints.assign(11) is None  # saved already
-    assert checkpoints.assign(14) == checkpoints.assign(14)  # unconfirmed: assigned again, the same slot
-    checkpoints.clear()
-    assert len(checkpoints) == 0 and checkpoints.assign(15) == 0
-    # A prompt's own state (of use to the same prompt again only) goes first, before older ones.
-    assert checkpoints.assign(16, cold=True) == 1 and checkpoints.assign(17) == 1
-    assert StateCheckpoints(0).assign(1) is None
-    with pytest.raises(ValueError, match="capacity must be >= 0"):
-        StateCheckpoints(-1)
-
-
 def test_a_request_handed_off_arrives_with_its_state_not_the_senders_checkpoint():
     prefill, decode = _recurrent(state_checkpoints=2), _recurrent(state_checkpoints=2)
     prefill.add(_req("a"))
@@ -138,42 +116,6 @@ def test_a_decode_planned_before_its_token_arrived_saves_under_the_request_until
     s.add(_req("b", PROMPT + [7, 9]))
     plan = s.schedule()
     assert (plan.new[0].num_computed_tokens, plan.new[0].state_checkpoint) == (24, 1)
-
-
-def test_routing_reads_how_far_a_saved_state_reaches_without_using_it():
-    checkpoints = StateCheckpoints(2)
-    for h in (11, 12):
-        checkpoints.assign(h)
-        checkpoints.confirm(h)
-    assert checkpoints.covered([11, 12, 13]) == 2 and checkpoints.covered([11, 99]) == 1
-    assert checkpoints.covered([99]) == 0
-    assert checkpoints.covered([11]) == 1
-    checkpoints.assign(14)  # 11, though just read, is still the least recently used: it goes
-    assert checkpoints.covered([11]) == 0 and checkpoints.covered([11, 12]) == 2
-
-
-def test_a_pinned_state_is_neither_evicted_nor_replaced_until_unpinned():
-    """A state another worker is reading (services/scheduler/peer_prefix.py) keeps its slot meanwhile."""
-    c = StateCheckpoints(2)
-    for h in (11, 12):
-        c.assign(h)
-        c.confirm(h)
-    c.pin(11)  # the least recently used
-    assert c.assign(13) is not None and c.covered([11]) == 1 and c.covered([11, 12]) == 1  # 12 went instead
-    c.confirm(13)
-    c.pin(13)
-    assert c.assign(14) is None  # every slot is being read: the state is not saved
-    assert c.replace(13, 15) is None and c.covered([13]) == 1  # a request's newer state does not push it out
-    c.pin(13)
-    c.unpin(13)
-    assert c.assign(14) is None  # still pinned once
-    c.unpin(13)
-    assert c.assign(14) is not None and c.covered([13]) == 0
-    with pytest.raises(ValueError, match="no saved state ends in block"):
-        c.pin(99)
-    c.clear()
-    c.unpin(11)  # a reader finishing after its worker died: nothing to let go of
-    assert c.assign(21) is not None and c.assign(22) is not None
 
 
 def test_a_prompt_parting_from_a_cached_one_saves_its_state_where_they_part_for_the_next_to_share():

@@ -59,11 +59,12 @@ def case(hf_model):
     return prompts, _greedy(hf_model, prompts)
 
 
-def _engine(model_dir, config: SchedulerConfig, blocks: int | None = None, checkpoints: int = 16) -> OfflineEngine:
+def _engine(model_dir, config: SchedulerConfig, blocks: int | None = None, checkpoints: int = 16,
+            host_checkpoints: int = 64) -> OfflineEngine:
     block_bytes = 16 * 2 * 2 * 16 * 4  # one attention layer's K and V, 16 tokens of 2 heads of 16, fp32
     return OfflineEngine(EngineConfig(model=str(model_dir), dtype="float32",
                                       kv_cache_bytes=(blocks or 256) * block_bytes, swap_bytes=200 * block_bytes,
-                                      state_checkpoints=checkpoints), config)
+                                      state_checkpoints=checkpoints, host_state_checkpoints=host_checkpoints), config)
 
 
 def _params(n: int) -> list[SamplingParams]:
@@ -169,6 +170,28 @@ def test_prompts_sharing_a_system_prompt_resume_from_where_they_part(model_dir, 
     assert [c.num_cached_prompt_tokens for c in got] == [0, 0, 144]
     assert [c.token_ids for c in got] == _greedy(hf_model, asks)
     assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
+
+
+def test_states_moved_to_host_memory_resume_the_next_turns(model_dir, hf_model, case):
+    """Three conversations on a worker with 2 device slots for saved states: each first turn's saves push the
+    states before them to host memory (8 slots), and every next turn resumes from its turn before's latest
+    state, wherever it waits (80 of 63 + 24 and 64 + 24 tokens, 160 of 150 + 24), matching transformers.
+    Without host slots, those of the first conversations were dropped. The first turns one at a time (a plan
+    saves at most as many states as there are device slots), the next ones together."""
+    prompts, _ = case
+    firsts = [prompts[i] for i in (2, 3, 5)]
+    config = SchedulerConfig(chunk_size=64, enable_prefix_caching=True)
+    hits, outputs = {}, {}
+    for host in (8, 0):
+        engine = _engine(model_dir, config, checkpoints=2, host_checkpoints=host)
+        outs = [engine.generate([p], _params(1))[0] for p in firsts]
+        seconds = [p + o.token_ids + prompts[1] for p, o in zip(firsts, outs, strict=True)]
+        got = engine.generate(seconds, _params(3))
+        outputs[host], hits[host] = [c.token_ids for c in got], [c.num_cached_prompt_tokens for c in got]
+        assert (engine.runner.states.num_host_checkpoints > 0) == (host > 0)
+        assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
+    assert outputs[8] == outputs[0] == _greedy(hf_model, seconds)
+    assert hits[8] == [80, 80, 160] and sum(hits[0]) < sum(hits[8])
 
 
 def test_more_sequences_than_slots_grow_the_state_pool(model_dir, case):
