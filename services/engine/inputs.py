@@ -194,7 +194,7 @@ def _recurrent_batch(states: RecurrentStates, decodes: list[SequenceState], chun
     for n, run in runs:
         plain: list[SequenceState] = []
         for seq, _ in run:
-            if seq.state_save is None:
+            if seq.state_save is None or seq.state_save[0] > n:  # none, or in a later pass (a multi-step decode)
                 plain.append(seq)
                 continue
             if plain:  # the group so far, before this one in the flat batch

@@ -170,6 +170,8 @@ class ModelRunner:
             for sid in [sid for sid, left in extra.items() if left and self.seqs[sid].error is None]:
                 extra[sid] -= 1
                 batch.append((self.seqs[sid], 1))
+        for seq, _ in scheduled:  # a pass cut short (an error) leaves no save for the next step
+            seq.state_save = None
         return sampled
 
     def _pass(self, scheduled: list[tuple[SequenceState, int]],
@@ -205,7 +207,9 @@ class ModelRunner:
                             inputs.lora, hidden=hidden)
         for seq, n in scheduled:
             seq.num_computed += n
-            seq.state_save = None  # saved in this pass, if at all
+            # Saved in this pass, or (a multi-step decode) as many tokens on as it said, in a later pass.
+            save = seq.state_save
+            seq.state_save = (save[0] - n, save[1]) if save is not None and save[0] > n else None
         pooled = self._pool(logits, pool_rows, inputs.sample_seq_ids, result) if pool_rows else {}
         if hidden:
             keep = [i for i in range(len(logits)) if i not in set(pool_rows)]

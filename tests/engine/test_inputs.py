@@ -107,3 +107,7 @@ def test_recurrent_states_are_grouped_as_the_flat_batch_lays_sequences_out():
         (0, 1, 1, [12], [41]), (1, 2, 1, [14, 10], None),  # ds saves; the other decodes after it
         (3, 1, 6, [11], None), (9, 1, 4, [15], [40]), (13, 1, 2, [15], None),  # f1; f2 in two spans
         (15, 1, 4, [13], None)]
+    # A multi-step decode's save 3 tokens into its step falls in a later pass: this one runs it with the others.
+    step[2][0].state_save = (3, 41)
+    groups = prepare_inputs(step, BLOCK, CPU, states=states).attention.recurrent.groups
+    assert [(g.count, g.slots.tolist(), g.save_to) for g in groups[:1]] == [(3, [12, 14, 10], None)]

@@ -4,6 +4,8 @@ and continues it exactly as the source would have; a state the source does not h
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 import pytest
 import torch
@@ -33,6 +35,19 @@ class _Context:
         return ()
 
 
+@contextlib.asynccontextmanager
+async def _served(src: ModelRunner):
+    """``src`` behind a worker's gRPC server on a free port: the endpoint a receiver pulls from."""
+    server = grpc.aio.server()
+    add_worker_servicer(WorkerServicer(WorkerConfig(), src, None), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield common_pb2.KVEndpoint(kv_layout=kv_layout_proto(src.layout), grpc_address=f"127.0.0.1:{port}")
+    finally:
+        await server.stop(None)
+
+
 def _runner(model_dir) -> ModelRunner:
     return ModelRunner(EngineConfig(model=str(model_dir), dtype="float32", kv_cache_bytes=64 * 4096))
 
@@ -42,13 +57,8 @@ async def test_a_pulled_state_continues_the_sequence_as_its_source_would(hybrid_
     prompt = torch.randint(3, 4096, (40,), generator=torch.Generator().manual_seed(5)).tolist()
     first = src.execute(StepPlan(1, new=[NewSequence("s", prompt, 40, 0, [0, 1, 2], PARAMS)],
                                  num_scheduled_tokens={"s": 40})).sampled["s"][0]
-    server = grpc.aio.server()
-    add_worker_servicer(WorkerServicer(WorkerConfig(), src, None), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
+    async with _served(src) as endpoint:
         receiver = WorkerServicer(WorkerConfig(), dst, None)
-        endpoint = common_pb2.KVEndpoint(kv_layout=kv_layout_proto(src.layout), grpc_address=f"127.0.0.1:{port}")
 
         def pull(seq_id: str) -> worker_pb2.PullKVRequest:
             return worker_pb2.PullKVRequest(transfer_id=f"t-{seq_id}", src=endpoint, src_block_ids=[0, 1, 2],
@@ -61,8 +71,6 @@ async def test_a_pulled_state_continues_the_sequence_as_its_source_would(hybrid_
         missing = await receiver.PullKV(pull("nope"), _Context())
         assert missing.status == common_pb2.TRANSFER_STATUS_FAILED and missing.bytes == 0
         assert "recurrent state of nope: this worker holds no recurrent state for sequence 'nope'" in missing.error
-    finally:
-        await server.stop(None)
     # The source's own next token, and the destination's from the pulled blocks and state: the same.
     mine = src.execute(StepPlan(2, continuing=[ContinuingSequence("s", [])], num_scheduled_tokens={"s": 1}))
     theirs = dst.execute(StepPlan(1, new=[NewSequence("s", [*prompt, first.token_id], 40, 40, [5, 6, 7], PARAMS)],
@@ -84,13 +92,8 @@ async def test_a_state_checkpoint_read_from_a_peer_resumes_the_prefix_there(hybr
     # The source runs the prompt, saving its state after 32 tokens (two blocks) into checkpoint slot 3.
     first = src.execute(StepPlan(1, new=[NewSequence("s", prompt, 40, 0, [0, 1, 2], PARAMS)],
                                  num_scheduled_tokens={"s": 40}, state_saves={"s": (32, 3)})).sampled["s"][0]
-    server = grpc.aio.server()
-    add_worker_servicer(WorkerServicer(WorkerConfig(), src, None), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
+    async with _served(src) as endpoint:
         receiver = WorkerServicer(WorkerConfig(), dst, None)
-        endpoint = common_pb2.KVEndpoint(kv_layout=kv_layout_proto(src.layout), grpc_address=f"127.0.0.1:{port}")
 
         def pull(seq_id: str, checkpoint: int, src_blocks: list[int], dst_blocks: list[int]):
             return worker_pb2.PullKVRequest(transfer_id=f"t-{seq_id}", src=endpoint, src_block_ids=src_blocks,
@@ -107,8 +110,6 @@ async def test_a_state_checkpoint_read_from_a_peer_resumes_the_prefix_there(hybr
         missing = await receiver.PullKV(pull("w", 7, [], []), _Context())
         assert missing.status == common_pb2.TRANSFER_STATUS_FAILED and missing.bytes == 0
         assert "state checkpoint 7 was never saved on this worker" in missing.error
-    finally:
-        await server.stop(None)
     # The rest of the prompt from the pulled prefix, and on the source from its checkpoint: the prompt's token.
     mine = src.execute(StepPlan(2, new=[NewSequence("u", prompt, 40, 32, [0, 1, 3], PARAMS, state_checkpoint=3)],
                                 num_scheduled_tokens={"u": 8}))

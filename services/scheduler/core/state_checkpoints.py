@@ -60,8 +60,8 @@ class CheckpointedPrefix:
         block (the last that a request with the same prompt could take: one token must run; a step passing both
         saves at the branch point, of use to more prompts), else where it fills a block past it (decoding: a
         conversation's next turn goes on from its latest; each replaces the request's one before, so that
-        decodes do not crowd the prompts' states out). Only within the step's first pass (a multi-step decode's
-        later passes save nothing)."""
+        decodes do not crowd the prompts' states out; a multi-step decode's blocks hold tokens its own passes
+        sample, so its save waits under the request for them, as a decode planned ahead does)."""
         bs = self.blocks.block_size
         computed = req.num_computed_tokens
         prompt_end = (len(req.prompt_token_ids) - 1) // bs * bs
@@ -70,8 +70,8 @@ class CheckpointedPrefix:
             kind, end = "branch", req.state_branch
         elif computed < prompt_end <= computed + first:
             kind, end = "prompt", prompt_end
-        else:
-            kind, end = "output", (computed + first) // bs * bs
+        else:  # the last block the step fills, a multi-step decode's later passes too
+            kind, end = "output", (computed + n) // bs * bs
             if end <= computed or end < prompt_end:
                 return None
         hashes = extend_hashes(req.block_hashes, req.token_ids, bs, self.seed_of(req))

@@ -159,3 +159,15 @@ def test_a_branch_point_and_the_prompts_end_in_different_chunks_save_both():
     s2.add(_req("b", system + [8, 9, 10, 11, 12, 13, 14]))
     saves = [step(s2)[0].state_saves for _ in range(2)]  # chunks 0-14, 14-19: both points, two slots
     assert [save["b"][0] for save in saves] == [12, 2] and saves[0]["b"][1] != saves[1]["b"][1]
+
+
+def test_a_multi_step_decode_saves_in_the_pass_that_fills_a_block():
+    """Passes of one plan fill a block with tokens the plan's own passes sample: the save is after that many of
+    the step's tokens, held under the request until those tokens arrive, then under the block's hash."""
+    s = _recurrent(state_checkpoints=4, num_decode_steps=3)
+    s.add(Request("a", list(PROMPT), SamplingParams(max_tokens=12), 0.0, eos_token_ids=(EOS,)))
+    saves = [step(s)[0].state_saves for _ in range(4)]  # the prompt; decodes from 23, 26, 29
+    assert [{rid: at for rid, (at, _) in save.items()} for save in saves] == [{"a": 20}, {"a": 1}, {"a": 2}, {"a": 3}]
+    req = s.requests["a"]
+    assert req.latest_state_save == req.block_hashes[7]  # the block ending at 32, bound once its tokens came
+    assert s.checkpoints.covered(req.block_hashes[:8]) == 8

@@ -186,8 +186,13 @@ def test_up_passes_each_worker_the_states_it_keeps_for_prefix_caching():
     from seawall.commands import up
     from services.worker.main import parse_args
 
-    worker_args = up.options_from(build_parser().parse_args(["up", "--state-checkpoints", "32"])).worker_args
+    argv = ["up", "--state-checkpoints", "32", "--host-state-checkpoints", "128"]
+    worker_args = up.options_from(build_parser().parse_args(argv)).worker_args
     assert worker_args[worker_args.index("--state-checkpoints") + 1] == "32"
+    assert worker_args[worker_args.index("--host-state-checkpoints") + 1] == "128"
     assert parse_args(["--state-checkpoints", "0"], "decode").engine.state_checkpoints == 0
+    assert parse_args([], "decode").engine.host_state_checkpoints == 64
     with pytest.raises(InvalidArgument, match="state_checkpoints must be >= 0"):
         parse_args(["--state-checkpoints", "-1"], "decode")
+    with pytest.raises(InvalidArgument, match="host_state_checkpoints must be >= 0"):
+        parse_args(["--host-state-checkpoints", "-1"], "decode")

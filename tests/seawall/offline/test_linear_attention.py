@@ -137,14 +137,18 @@ def test_a_repeated_prompt_resumes_from_the_state_saved_at_its_last_full_block(m
     assert [c.num_cached_prompt_tokens for c in runs] == [0, 0] and [c.token_ids for c in runs] == [refs[-1]] * 2
 
 
-@pytest.mark.parametrize("chunk", [7, 64, None], ids=["chunk7", "chunk64", "whole"])
+@pytest.mark.parametrize("chunk", [7, 64, None, "decode-steps-4"], ids=["chunk7", "chunk64", "whole", "decode-steps-4"])
 def test_a_next_turn_resumes_from_the_state_of_the_turn_before(model_dir, hf_model, case, chunk):
     """A conversation's second turn (the first prompt, its output, a new message) takes the first turn's blocks
     and the state saved at the last block its output filled; its output matches transformers' for the whole
     second prompt, and the first prompt again still finds its own. Chunks of 7 cross the saved points inside a
-    chunk, 64 too, whole prompts (vLLM's policy) at their end."""
+    chunk, 64 too, whole prompts (vLLM's policy) at their end; multi-step decodes of 4 passes save in whichever
+    pass fills a block."""
     prompts, _ = case
-    config = SchedulerConfig(chunk_size=chunk) if chunk else SchedulerConfig(policy="vllm")
+    if chunk == "decode-steps-4":
+        config = SchedulerConfig(chunk_size=64, num_decode_steps=4)
+    else:
+        config = SchedulerConfig(chunk_size=chunk) if chunk else SchedulerConfig(policy="vllm")
     engine = _engine(model_dir, replace(config, enable_prefix_caching=True))
     first = engine.generate([prompts[3]], _params(1))[0]
     # 64 + 24 tokens, 87 computed (the last output never ran): states saved after 48 (the prompt's last full
