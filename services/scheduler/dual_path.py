@@ -13,8 +13,10 @@ prefix than the chosen prefill worker's own prefix cache, the prefix is loaded i
 The prefill worker and (for a DE-read) the decode worker are placed by token load (``placement.py``);
 ``dual`` then picks, per request, the side whose node's storage reads queued fewer tokens (DualPath's rule,
 papers.md §4.5), and a DE-read request is handed off to the decode worker that read its prefix. Sessions'
-finished requests store their full blocks back to kvcache, so the next turn hits. Any failure along the way
-(kvcache down, a transfer failing, the request aborted) falls back to computing.
+finished requests store their full blocks back to kvcache, so the next turn hits. When a decode worker's own
+prefix cache holds more of the prompt than kvcache does (a turn without a session, or a hybrid's, whose states
+kvcache does not keep), the prefill worker reads it from there instead (peer_prefix.py). Any failure along the
+way (kvcache down, a transfer failing, the request aborted) falls back to computing.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_a_plan_with_every_kind_of_entry_round_trips():
         ],
         num_scheduled_tokens={"a": 2, "b": 1, "c": 1, "d": 1, "e": 0, "f": 1, "g": 2, "h": 1},  # f: nothing changed
         finished=["z"], swap_out=[(1, 2)], swap_in=[(3, 4)], copy=[(5, 6)], state_saves={"a": (2, 0), "g": (1, 3)},
-        swapped_out=["y"],
+        swapped_out=["y"], state_moves=[(0, 16), (3, 17)],
     )
     msg = _wire(plan_to_proto(plan, "sched-1"))
     assert msg.scheduler_id == "sched-1"

@@ -123,3 +123,25 @@ async def test_prompts_sharing_a_system_prompt_resume_where_they_part(mesh, case
     assert [g.cached_prompt_tokens for g in got] == [0, 0, 96]
     greedy = greedy_oracle(hf_model)
     assert [g.token_ids for g in got] == [greedy(system + tail, MAX_TOKENS) for tail in tails]
+
+
+async def test_next_turns_resume_from_states_the_decode_worker_moved_to_host_memory(hybrid_model_dir, tmp_path):
+    """Workers with 2 device slots for saved states and 8 in host memory: three conversations' first turns, one
+    after another, each leave their latest state on the decode worker (after 48, 64 and 64 of 40 + 16, 50 + 16
+    and 60 + 16 tokens), the first of them pushed to host memory by the later ones; every next turn reads its
+    own from there (a peer read of a host slot), and matches transformers."""
+    mesh = start_mesh(hybrid_model_dir, tmp_path / "logs", http=False, scheduler_args=["--chunk-size", "16"],
+                      worker_args=["--state-checkpoints", "2", "--host-state-checkpoints", "8"])
+    try:
+        firsts = random_prompts([40, 50, 60], seed=78)
+        message = random_prompts([9], seed=79)[0]
+        async with AsyncClient(mesh.grpc_address) as client:
+            outs = [await client.generate(p, max_tokens=MAX_TOKENS, temperature=0) for p in firsts]
+            seconds = [p + o.token_ids + message for p, o in zip(firsts, outs, strict=True)]
+            got = [await client.generate(p, max_tokens=MAX_TOKENS, temperature=0) for p in seconds]
+        greedy = greedy_oracle(transformers.AutoModelForCausalLM.from_pretrained(hybrid_model_dir,
+                                                                                  dtype=torch.float32).eval())
+        assert [g.token_ids for g in got] == [greedy(p, MAX_TOKENS) for p in seconds]
+        assert [g.cached_prompt_tokens for g in got] == [48, 64, 64]
+    finally:
+        assert all(code == 0 for code in mesh.stop().values())

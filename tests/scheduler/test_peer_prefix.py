@@ -128,3 +128,29 @@ async def test_the_read_waits_for_the_decode_workers_plans_in_flight():
         assert mesh.where["r"] is prefill
         decode.note_done(7)
     assert req.status is RequestStatus.WAITING and not decode.core.arriving  # read (failed), let go
+
+
+async def test_an_abort_during_the_read_frees_every_block_once_the_read_ended():
+    """Aborted while its read waits: the prefill worker keeps the blocks the pull writes into until it ended
+    (landing), then frees them; the decode worker's staging entry goes too. Nothing leaks on either side."""
+    from tokenizers import Tokenizer
+
+    from services.engine.builtin_model import ensure_default_model
+    from services.scheduler.tracked import TrackedRequest
+
+    mesh = _mesh()
+    prefill, decode = _link(mesh, "p", "prefill"), _link(mesh, "d", "decode")
+    _cache(decode, 64)
+    decode.note_sent(3)
+    req = _req()
+    tokenizer = Tokenizer.from_file(str(ensure_default_model() / "tokenizer.json"))
+    mesh.tracked["r"] = TrackedRequest(req, tokenizer, 0.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mesh.peer.admit, req, prefill)
+        await anyio.sleep(0.3)
+        assert mesh.abort("r") and req in prefill.core.landing  # its blocks wait for the read to end
+        decode.note_done(3)
+    assert not prefill.core.landing and not prefill.core.requests
+    assert prefill.core.blocks.num_free == 32 and decode.core.blocks.num_free == 32 and not decode.core.arriving
+    prefill.core.check_integrity()
+    decode.core.check_integrity()
