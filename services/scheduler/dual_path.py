@@ -195,20 +195,7 @@ class DualPath:
             loaded = True
             if not self._live(req) or not prefill.alive or not decode.alive:
                 return False
-            req.num_computed_tokens = n
-            ids = prefill.core.reserve_arrival(req)
-            if ids is None:
-                return False
-            self.mesh.where[req.request_id] = prefill
-            kp = req.num_cached_blocks
-            ok = True
-            if kp < len(hashes):
-                await prefill.plans_done(prefill.core.reuse_fence(ids[kp:len(hashes)]))
-                ok = await self.mesh.peer.pull(req, prefill, decode, staged[kp:], ids[kp:len(hashes)])
-            if ok and self._live(req):
-                self.mesh.decode_for[req.request_id] = decode  # the hand-off finds the prefix there
-            self.mesh.peer.settle(req, prefill, ok, n)
-            return True
+            return await self.mesh.peer.read_into(req, prefill, decode, staged, n) is not None
         finally:
             # The decode worker keeps a loaded prefix as cache: at hand-off only the computed rest travels back.
             if decode.alive and stage.request_id in decode.core.arriving:

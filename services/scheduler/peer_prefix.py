@@ -63,42 +63,52 @@ class PeerPrefix:
         return found is not None and await self._read(req, prefill, *found)
 
     async def _read(self, req: Request, prefill: WorkerLink, decode: WorkerLink, tokens: int) -> bool:
-        mesh, core, bs = self.mesh, decode.core, decode.core.blocks.block_size
-        k = tokens // bs
-        hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, core.seed_of(req))[:k]
+        core, bs = decode.core, decode.core.blocks.block_size
+        hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, core.seed_of(req))[: tokens // bs]
         stage = Request(f"{req.request_id}#peer", req.prompt_token_ids[:tokens], req.params, req.arrival_time,
                         num_computed_tokens=tokens, block_hashes=list(hashes), lora=req.lora)
         staged = core.reserve_arrival(stage)  # every block is cached there: this holds them while they are read
         if staged is None:
             return False
-        checkpoint = None
-        if core.config.recurrent_state:  # the holder's covered prefix ends in a saved state
-            checkpoint = core.checkpoints.lend(hashes[-1])
-        req.num_computed_tokens = tokens
-        ids = prefill.core.reserve_arrival(req)
-        if ids is None:
-            req.num_computed_tokens = 0
-            self._unstage(decode, stage, hashes[-1] if checkpoint is not None else None)
-            return False
-        mesh.where[req.request_id] = prefill
-        ok = False
+        # A hybrid's: the holder's covered prefix ends in a saved state, lent while it is read.
+        pinned = hashes[-1] if core.config.recurrent_state else None
+        state = None if pinned is None else (core.checkpoints.lend(pinned), tokens)
         try:
-            kp = req.num_cached_blocks  # leading blocks the prefill worker caches itself
-            await prefill.plans_done(prefill.core.reuse_fence(ids[kp:k]))
-            ok = await self.pull(req, prefill, decode, staged[kp:k], ids[kp:k],
-                                 None if checkpoint is None else (checkpoint, tokens))
-            if ok and req.request_id in mesh.tracked:
-                mesh.decode_for[req.request_id] = decode  # the hand-off finds the prefix there
+            ok = await self.read_into(req, prefill, decode, staged, tokens, state)
         finally:
-            self._unstage(decode, stage, hashes[-1] if checkpoint is not None else None)
+            self._unstage(decode, stage, pinned)
+        if ok is None:
+            return False
         self.reads["done" if ok else "failed"] += 1
         if ok:
             self.tokens += tokens
         else:
             log.info("reading the prefix of %s from %s failed: computing it instead", req.request_id,
                      decode.worker_id)
-        self.settle(req, prefill, ok, tokens)
         return True
+
+    async def read_into(self, req: Request, prefill: WorkerLink, decode: WorkerLink, staged: list[int],
+                        tokens: int, state: tuple[int, int] | None = None) -> bool | None:
+        """Places ``req`` on ``prefill`` with its first ``tokens`` read from ``decode``'s ``staged`` blocks (and
+        ``state``, as ``pull`` takes it): the prefill worker pulls the blocks it does not cache itself, and the
+        hand-off goes back to ``decode``. Whether it all arrived (else the prompt is computed there), or None,
+        nothing held, when ``prefill`` has no room for the blocks now. DualPath's DE-read ends this way too."""
+        k = tokens // prefill.core.blocks.block_size
+        req.num_computed_tokens = tokens
+        ids = prefill.core.reserve_arrival(req)
+        if ids is None:
+            req.num_computed_tokens = 0
+            return None
+        self.mesh.where[req.request_id] = prefill
+        kp = req.num_cached_blocks  # leading blocks the prefill worker caches itself
+        ok = True
+        if kp < k or state is not None:  # a hybrid's state comes even when every block is here
+            await prefill.plans_done(prefill.core.reuse_fence(ids[kp:k]))
+            ok = await self.pull(req, prefill, decode, staged[kp:k], ids[kp:k], state)
+        if ok and req.request_id in self.mesh.tracked:
+            self.mesh.decode_for[req.request_id] = decode  # the hand-off finds the prefix there
+        self.settle(req, prefill, ok, tokens)
+        return ok
 
     @staticmethod
     def _unstage(decode: WorkerLink, stage: Request, pinned: int | None) -> None:
