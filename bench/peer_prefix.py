@@ -33,31 +33,37 @@ from seawall import AsyncClient  # noqa: E402
 from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
 
 
-async def _turn(client: AsyncClient, prompt: list[int], args) -> tuple[list[int], int, float]:
+async def _turn(client: AsyncClient, prompt: list[int], args, session_id: str = "") -> tuple[list[int], int, float]:
     """(output, cached prompt tokens, seconds to the first token) of one request."""
     started, first, tokens, cached = time.perf_counter(), None, [], 0
-    async for chunk in client.stream(prompt, max_tokens=args.output_len, temperature=0, ignore_eos=True):
+    async for chunk in client.stream(prompt, max_tokens=args.output_len, temperature=0, ignore_eos=True,
+                                     session_id=session_id):
         first = first or time.perf_counter()
         tokens += chunk.token_ids
         cached = chunk.cached_prompt_tokens or cached
     return tokens, cached, first - started
 
 
-async def _conversations(address: str, args) -> tuple[int, int, list[float], float, list[list[int]]]:
+async def conversations(address: str, args, sessions: bool = False) -> tuple[int, int, list[float], float,
+                                                                            list[list[int]]]:
     """(prompt tokens computed in the turns after the first, prompt tokens cached, TTFTs of those turns,
-    seconds, every output)."""
+    seconds, every output) of ``args.conversations`` conversations of ``args.turns`` turns, at once (or
+    ``args.concurrency`` requests at a time, when the namespace has it); with
+    ``sessions``, each conversation's turns are a session (their KV stored in kvcache)."""
     rng = random.Random(0)
     contexts = [[rng.randrange(3, 4000) for _ in range(args.system_len)] for _ in range(args.conversations)]
     computed = cached = 0
     ttfts, outputs = [], []
     started = time.perf_counter()
+    limit = anyio.Semaphore(getattr(args, "concurrency", 0) or args.conversations)  # requests in flight at once
     async with AsyncClient(address) as client:
         for turn in range(args.turns):
             prompts = [c + [rng.randrange(3, 4000) for _ in range(args.message_len)] for c in contexts]
             results: list = [None] * len(prompts)
 
             async def one(i: int, prompts=prompts, results=results) -> None:
-                results[i] = await _turn(client, prompts[i], args)
+                async with limit:
+                    results[i] = await _turn(client, prompts[i], args, f"c{i}" if sessions else "")
 
             async with anyio.create_task_group() as tg:
                 for i in range(len(prompts)):
@@ -81,7 +87,7 @@ def run(args, peer: bool):
         mesh = LocalMesh(options)
         mesh.start()
         try:
-            return anyio.run(_conversations, mesh.grpc_address, args)
+            return anyio.run(conversations, mesh.grpc_address, args)
         finally:
             mesh.stop()
 

@@ -82,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "needs their slot (default 64; 0: they are dropped)")
     p.add_argument("--no-kvcache", action="store_true", help="start no kvcache service (no multi-turn KV reuse)")
     p.add_argument("--kvcache-dram-bytes", type=int, default=None, help="kvcache DRAM tier size")
+    p.add_argument("--kvcache-state-bytes", type=int, default=None,
+                   help="kvcache host memory for the recurrent states of models with linear-attention layers, "
+                        "stored with their blocks (default: kvcache's, 1 GiB; 0 = none)")
     p.add_argument("--kvcache-disk-dir", default=None, help="kvcache disk tier directory (default: none)")
     p.add_argument("--kvcache-disk-bytes", type=int, default=8 * 2**30, help="kvcache disk tier size")
     p.add_argument("--trace", action="store_true",
@@ -170,6 +173,8 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
     kvcache = []
     if args.kvcache_dram_bytes:
         kvcache += ["--dram-bytes", str(args.kvcache_dram_bytes)]
+    if args.kvcache_state_bytes is not None:
+        kvcache += ["--state-bytes", str(args.kvcache_state_bytes)]
     if args.kvcache_disk_dir:
         kvcache += ["--disk-dir", args.kvcache_disk_dir, "--disk-bytes", str(args.kvcache_disk_bytes)]
     if args.no_nixl:

@@ -25,39 +25,39 @@ _sym_db = _symbol_database.Default()
 from seawall.v1 import common_pb2 as seawall_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18seawall/v1/kvcache.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\"5\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\x12\x0e\n\x06pin_ms\x18\x02 \x01(\r\"]\n\x0eLookupResponse\x12\x19\n\x11num_cached_blocks\x18\x01 \x01(\r\x12\x17\n\x0fnum_dram_blocks\x18\x02 \x01(\r\x12\x17\n\x0fnum_disk_blocks\x18\x03 \x01(\r\"\xfa\x01\n\x0bLoadRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12&\n\x06target\x18\x03 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x18\n\x10target_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\x12$\n\x04path\x18\x08 \x01(\x0e\x32\x16.seawall.v1.KVReadPath\"\xba\x01\n\x0cLoadResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x19\n\x11num_blocks_loaded\x18\x03 \x01(\r\x12\x17\n\x0fnum_dram_blocks\x18\x04 \x01(\r\x12\x17\n\x0fnum_disk_blocks\x18\x05 \x01(\r\x12\x13\n\x0b\x64uration_ms\x18\x06 \x01(\x01\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"\xbb\x01\n\x0cStoreRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12&\n\x06source\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x18\n\x10source_block_ids\x18\x03 \x03(\r\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x06\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12*\n\ttransport\x18\x06 \x01(\x0e\x32\x17.seawall.v1.KVTransport\"\xa5\x01\n\rStoreResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x19\n\x11num_blocks_stored\x18\x03 \x01(\r\x12\x1a\n\x12num_blocks_present\x18\x04 \x01(\r\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"\x15\n\x13KVCacheStatsRequest\"\xb4\x01\n\tTierStats\x12%\n\x04tier\x18\x01 \x01(\x0e\x32\x17.seawall.v1.StorageTier\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nnum_blocks\x18\x04 \x01(\x04\x12\x12\n\nbytes_read\x18\x05 \x01(\x04\x12\x15\n\rbytes_written\x18\x06 \x01(\x04\x12\x15\n\rnum_evictions\x18\x07 \x01(\x04\"S\n\tPathStats\x12$\n\x04path\x18\x01 \x01(\x0e\x32\x16.seawall.v1.KVReadPath\x12\x11\n\tnum_loads\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\"O\n\rEndpointQueue\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x14\n\x0cqueued_loads\x18\x02 \x01(\r\x12\x14\n\x0cqueued_bytes\x18\x03 \x01(\x04\"\xe0\x01\n\x14KVCacheStatsResponse\x12\x12\n\nhit_blocks\x18\x01 \x01(\x04\x12\x13\n\x0bmiss_blocks\x18\x02 \x01(\x04\x12\x13\n\x0bnum_lookups\x18\x03 \x01(\x04\x12$\n\x05tiers\x18\x04 \x03(\x0b\x32\x15.seawall.v1.TierStats\x12$\n\x05paths\x18\x05 \x03(\x0b\x32\x15.seawall.v1.PathStats\x12)\n\x06queues\x18\x06 \x03(\x0b\x32\x19.seawall.v1.EndpointQueue\x12\x13\n\x0bqueue_depth\x18\x07 \x01(\r*Y\n\x0bStorageTier\x12\x1c\n\x18STORAGE_TIER_UNSPECIFIED\x10\x00\x12\x15\n\x11STORAGE_TIER_DRAM\x10\x01\x12\x15\n\x11STORAGE_TIER_DISK\x10\x02*^\n\nKVReadPath\x12\x1c\n\x18KV_READ_PATH_UNSPECIFIED\x10\x00\x12\x18\n\x14KV_READ_PATH_PE_READ\x10\x01\x12\x18\n\x14KV_READ_PATH_DE_READ\x10\x02\x32\x8f\x02\n\x07KVCache\x12?\n\x06Lookup\x12\x19.seawall.v1.LookupRequest\x1a\x1a.seawall.v1.LookupResponse\x12\x39\n\x04Load\x12\x17.seawall.v1.LoadRequest\x1a\x18.seawall.v1.LoadResponse\x12<\n\x05Store\x12\x18.seawall.v1.StoreRequest\x1a\x19.seawall.v1.StoreResponse\x12J\n\x05Stats\x12\x1f.seawall.v1.KVCacheStatsRequest\x1a .seawall.v1.KVCacheStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18seawall/v1/kvcache.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\"5\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\x12\x0e\n\x06pin_ms\x18\x02 \x01(\r\"w\n\x0eLookupResponse\x12\x19\n\x11num_cached_blocks\x18\x01 \x01(\r\x12\x17\n\x0fnum_dram_blocks\x18\x02 \x01(\r\x12\x17\n\x0fnum_disk_blocks\x18\x03 \x01(\r\x12\x18\n\x10num_state_blocks\x18\x04 \x01(\r\"\xaa\x02\n\x0bLoadRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12&\n\x06target\x18\x03 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x18\n\x10target_block_ids\x18\x04 \x03(\r\x12\x18\n\x10notification_key\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12*\n\ttransport\x18\x07 \x01(\x0e\x32\x17.seawall.v1.KVTransport\x12$\n\x04path\x18\x08 \x01(\x0e\x32\x16.seawall.v1.KVReadPath\x12\x14\n\x0cstate_seq_id\x18\t \x01(\t\x12\x18\n\x10state_block_hash\x18\n \x01(\x06\"\xcf\x01\n\x0cLoadResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x19\n\x11num_blocks_loaded\x18\x03 \x01(\r\x12\x17\n\x0fnum_dram_blocks\x18\x04 \x01(\r\x12\x17\n\x0fnum_disk_blocks\x18\x05 \x01(\r\x12\x13\n\x0b\x64uration_ms\x18\x06 \x01(\x01\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x13\n\x0bstate_bytes\x18\x08 \x01(\x04\"\x85\x02\n\x0cStoreRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12&\n\x06source\x18\x02 \x01(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x18\n\x10source_block_ids\x18\x03 \x03(\r\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x06\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12*\n\ttransport\x18\x06 \x01(\x0e\x32\x17.seawall.v1.KVTransport\x12\x1d\n\x10state_checkpoint\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0cstate_tokens\x18\x08 \x01(\rB\x13\n\x11_state_checkpoint\"\xba\x01\n\rStoreResponse\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seawall.v1.TransferStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x19\n\x11num_blocks_stored\x18\x03 \x01(\r\x12\x1a\n\x12num_blocks_present\x18\x04 \x01(\r\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x13\n\x0bstate_bytes\x18\x07 \x01(\x04\"\x15\n\x13KVCacheStatsRequest\"\xb4\x01\n\tTierStats\x12%\n\x04tier\x18\x01 \x01(\x0e\x32\x17.seawall.v1.StorageTier\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nnum_blocks\x18\x04 \x01(\x04\x12\x12\n\nbytes_read\x18\x05 \x01(\x04\x12\x15\n\rbytes_written\x18\x06 \x01(\x04\x12\x15\n\rnum_evictions\x18\x07 \x01(\x04\"S\n\tPathStats\x12$\n\x04path\x18\x01 \x01(\x0e\x32\x16.seawall.v1.KVReadPath\x12\x11\n\tnum_loads\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\"O\n\rEndpointQueue\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x14\n\x0cqueued_loads\x18\x02 \x01(\r\x12\x14\n\x0cqueued_bytes\x18\x03 \x01(\x04\"\xa7\x02\n\x14KVCacheStatsResponse\x12\x12\n\nhit_blocks\x18\x01 \x01(\x04\x12\x13\n\x0bmiss_blocks\x18\x02 \x01(\x04\x12\x13\n\x0bnum_lookups\x18\x03 \x01(\x04\x12$\n\x05tiers\x18\x04 \x03(\x0b\x32\x15.seawall.v1.TierStats\x12$\n\x05paths\x18\x05 \x03(\x0b\x32\x15.seawall.v1.PathStats\x12)\n\x06queues\x18\x06 \x03(\x0b\x32\x19.seawall.v1.EndpointQueue\x12\x13\n\x0bqueue_depth\x18\x07 \x01(\r\x12\x12\n\nnum_states\x18\x08 \x01(\x04\x12\x13\n\x0bstate_bytes\x18\t \x01(\x04\x12\x1c\n\x14state_capacity_bytes\x18\n \x01(\x04*Y\n\x0bStorageTier\x12\x1c\n\x18STORAGE_TIER_UNSPECIFIED\x10\x00\x12\x15\n\x11STORAGE_TIER_DRAM\x10\x01\x12\x15\n\x11STORAGE_TIER_DISK\x10\x02*^\n\nKVReadPath\x12\x1c\n\x18KV_READ_PATH_UNSPECIFIED\x10\x00\x12\x18\n\x14KV_READ_PATH_PE_READ\x10\x01\x12\x18\n\x14KV_READ_PATH_DE_READ\x10\x02\x32\x8f\x02\n\x07KVCache\x12?\n\x06Lookup\x12\x19.seawall.v1.LookupRequest\x1a\x1a.seawall.v1.LookupResponse\x12\x39\n\x04Load\x12\x17.seawall.v1.LoadRequest\x1a\x18.seawall.v1.LoadResponse\x12<\n\x05Store\x12\x18.seawall.v1.StoreRequest\x1a\x19.seawall.v1.StoreResponse\x12J\n\x05Stats\x12\x1f.seawall.v1.KVCacheStatsRequest\x1a .seawall.v1.KVCacheStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'seawall.v1.kvcache_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STORAGETIER']._serialized_start=1614
-  _globals['_STORAGETIER']._serialized_end=1703
-  _globals['_KVREADPATH']._serialized_start=1705
-  _globals['_KVREADPATH']._serialized_end=1799
+  _globals['_STORAGETIER']._serialized_start=1875
+  _globals['_STORAGETIER']._serialized_end=1964
+  _globals['_KVREADPATH']._serialized_start=1966
+  _globals['_KVREADPATH']._serialized_end=2060
   _globals['_LOOKUPREQUEST']._serialized_start=65
   _globals['_LOOKUPREQUEST']._serialized_end=118
   _globals['_LOOKUPRESPONSE']._serialized_start=120
-  _globals['_LOOKUPRESPONSE']._serialized_end=213
-  _globals['_LOADREQUEST']._serialized_start=216
-  _globals['_LOADREQUEST']._serialized_end=466
-  _globals['_LOADRESPONSE']._serialized_start=469
-  _globals['_LOADRESPONSE']._serialized_end=655
-  _globals['_STOREREQUEST']._serialized_start=658
-  _globals['_STOREREQUEST']._serialized_end=845
-  _globals['_STORERESPONSE']._serialized_start=848
-  _globals['_STORERESPONSE']._serialized_end=1013
-  _globals['_KVCACHESTATSREQUEST']._serialized_start=1015
-  _globals['_KVCACHESTATSREQUEST']._serialized_end=1036
-  _globals['_TIERSTATS']._serialized_start=1039
-  _globals['_TIERSTATS']._serialized_end=1219
-  _globals['_PATHSTATS']._serialized_start=1221
-  _globals['_PATHSTATS']._serialized_end=1304
-  _globals['_ENDPOINTQUEUE']._serialized_start=1306
-  _globals['_ENDPOINTQUEUE']._serialized_end=1385
-  _globals['_KVCACHESTATSRESPONSE']._serialized_start=1388
-  _globals['_KVCACHESTATSRESPONSE']._serialized_end=1612
-  _globals['_KVCACHE']._serialized_start=1802
-  _globals['_KVCACHE']._serialized_end=2073
+  _globals['_LOOKUPRESPONSE']._serialized_end=239
+  _globals['_LOADREQUEST']._serialized_start=242
+  _globals['_LOADREQUEST']._serialized_end=540
+  _globals['_LOADRESPONSE']._serialized_start=543
+  _globals['_LOADRESPONSE']._serialized_end=750
+  _globals['_STOREREQUEST']._serialized_start=753
+  _globals['_STOREREQUEST']._serialized_end=1014
+  _globals['_STORERESPONSE']._serialized_start=1017
+  _globals['_STORERESPONSE']._serialized_end=1203
+  _globals['_KVCACHESTATSREQUEST']._serialized_start=1205
+  _globals['_KVCACHESTATSREQUEST']._serialized_end=1226
+  _globals['_TIERSTATS']._serialized_start=1229
+  _globals['_TIERSTATS']._serialized_end=1409
+  _globals['_PATHSTATS']._serialized_start=1411
+  _globals['_PATHSTATS']._serialized_end=1494
+  _globals['_ENDPOINTQUEUE']._serialized_start=1496
+  _globals['_ENDPOINTQUEUE']._serialized_end=1575
+  _globals['_KVCACHESTATSRESPONSE']._serialized_start=1578
+  _globals['_KVCACHESTATSRESPONSE']._serialized_end=1873
+  _globals['_KVCACHE']._serialized_start=2063
+  _globals['_KVCACHE']._serialized_end=2334
 # @@protoc_insertion_point(module_scope)

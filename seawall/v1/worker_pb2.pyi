@@ -382,3 +382,17 @@ class RecurrentStateLayer(_message.Message):
     conv: bytes
     ssm: bytes
     def __init__(self, index: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., conv: _Optional[bytes] = ..., ssm: _Optional[bytes] = ...) -> None: ...
+
+class StateWrite(_message.Message):
+    __slots__ = ("seq_id", "layer")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    seq_id: str
+    layer: RecurrentStateLayer
+    def __init__(self, seq_id: _Optional[str] = ..., layer: _Optional[_Union[RecurrentStateLayer, _Mapping]] = ...) -> None: ...
+
+class WriteStateResponse(_message.Message):
+    __slots__ = ("bytes",)
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    def __init__(self, bytes: _Optional[int] = ...) -> None: ...

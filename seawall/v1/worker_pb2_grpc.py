@@ -85,6 +85,11 @@ class WorkerStub:
                 request_serializer=seawall_dot_v1_dot_worker__pb2.ReadStateRequest.SerializeToString,
                 response_deserializer=seawall_dot_v1_dot_worker__pb2.RecurrentStateLayer.FromString,
                 _registered_method=True)
+        self.WriteState = channel.stream_unary(
+                '/seawall.v1.Worker/WriteState',
+                request_serializer=seawall_dot_v1_dot_worker__pb2.StateWrite.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_worker__pb2.WriteStateResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -164,6 +169,14 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteState(self, request_iterator, context):
+        """Write a recurrent state for a sequence still to arrive, one message per layer (kvcache loading a state it
+        stored with a prefix's blocks): kept until the plan that adds the sequence, as a state PullKV read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -216,6 +229,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.ReadState,
                     request_deserializer=seawall_dot_v1_dot_worker__pb2.ReadStateRequest.FromString,
                     response_serializer=seawall_dot_v1_dot_worker__pb2.RecurrentStateLayer.SerializeToString,
+            ),
+            'WriteState': grpc.stream_unary_rpc_method_handler(
+                    servicer.WriteState,
+                    request_deserializer=seawall_dot_v1_dot_worker__pb2.StateWrite.FromString,
+                    response_serializer=seawall_dot_v1_dot_worker__pb2.WriteStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -489,6 +507,33 @@ class Worker:
             '/seawall.v1.Worker/ReadState',
             seawall_dot_v1_dot_worker__pb2.ReadStateRequest.SerializeToString,
             seawall_dot_v1_dot_worker__pb2.RecurrentStateLayer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteState(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/seawall.v1.Worker/WriteState',
+            seawall_dot_v1_dot_worker__pb2.StateWrite.SerializeToString,
+            seawall_dot_v1_dot_worker__pb2.WriteStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,7 @@ layer; the pool grows by doubling when every slot is taken.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -110,6 +111,12 @@ class RecurrentStates:
         """Keeps a handed-off sequence's state (``read``'s bytes, ``num_computed`` tokens in) until ``claim``."""
         if len(layers) != len(self.conv):
             raise InvalidArgument(f"{len(layers)} layers of recurrent state for a model with {len(self.conv)}")
+        sizes = (self.dtype.itemsize * self.shape.conv_dim * (self.shape.conv_kernel - 1),
+                 4 * math.prod(self.shape.state_shape))
+        for i, layer in enumerate(layers):  # checked now: a plan adding the sequence must not fail on it
+            if tuple(map(len, layer)) != sizes:
+                raise InvalidArgument(f"layer {i} of the recurrent state of {seq_id} has {tuple(map(len, layer))} "
+                                      f"(conv, ssm) bytes where this model's hold {sizes}")
         self._arriving[seq_id] = (num_computed, layers)
 
     def swap_out(self, seq_id: str, slot: int) -> None:

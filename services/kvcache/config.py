@@ -15,6 +15,10 @@ class KVCacheConfig:
     # Bytes of the DRAM tier: host memory laid out as a block-major pool, registered with NIXL. Loads from disk
     # and stores are staged here, so it must hold at least one block of the layout.
     dram_bytes: int = 1 << 30
+    # Bytes of host memory for recurrent states stored with blocks (models with linear-attention layers; one
+    # state per stored turn, state_store.py). 0 = store none: such a model's turns then resume only from the
+    # workers' own saved states.
+    state_bytes: int = 1 << 30
     # Directory of the disk tier (one file per block); None = no disk tier (DRAM evictions drop blocks).
     disk_dir: str | None = None
     # Bytes the disk tier may fill (block files, headers included). Required with disk_dir.
@@ -47,6 +51,8 @@ class KVCacheConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.dram_bytes <= 0:
             raise ValueError(f"dram_bytes must be > 0 (loads and stores are staged in DRAM), got {self.dram_bytes}")
+        if self.state_bytes < 0:
+            raise ValueError(f"state_bytes must be >= 0 (0 = store no recurrent states), got {self.state_bytes}")
         if self.disk_dir is not None and self.disk_bytes <= 0:
             raise ValueError(f"a disk tier at {self.disk_dir!r} needs a capacity: give --disk-bytes N (> 0)")
         if self.disk_dir is None and self.disk_bytes:

@@ -19,6 +19,9 @@ Read from the store, the servicer and the shaper at scrape time (never duplicate
 * per ``tier`` (``dram``, ``disk``): ``seawall_kvcache_tier_capacity_bytes``, ``_tier_used_bytes``,
   ``_tier_blocks``, ``_tier_read_bytes_total`` (loads), ``_tier_written_bytes_total`` (stores, promotions,
   demotions), ``_evictions_total``; ``seawall_kvcache_corrupt_blocks_total``.
+* ``seawall_kvcache_states`` — recurrent states held (hybrids', each stored after a block);
+  ``seawall_kvcache_state_bytes{kind}`` — their bytes (``used``) and room (``capacity``);
+  ``seawall_kvcache_state_evictions_total``.
 * ``seawall_kvcache_queued_loads{endpoint}`` and ``seawall_kvcache_queued_bytes{endpoint}`` — loads queued or
   in flight per target worker and the bytes they still have to move (DualPath's storage-read queue);
   ``seawall_kvcache_queue_depth`` — all loads plus stores in flight.
@@ -88,6 +91,7 @@ class _KVCacheCollector:
     def collect(self):
         yield from self._lookups()
         yield from self._tiers()
+        yield from self._states()
         yield from self._queues()
         yield from self._shaper()
 
@@ -135,6 +139,19 @@ class _KVCacheCollector:
                                ("evictions", t.num_evictions)):
                 fams[key].add_metric([tier], value)
         yield from fams.values()
+
+    def _states(self):
+        states = self.servicer.store.states
+        held = GaugeMetricFamily("seawall_kvcache_states", "Recurrent states held, stored after blocks (hybrids)")
+        held.add_metric([], len(states))
+        yield held
+        nbytes = GaugeMetricFamily("seawall_kvcache_state_bytes", "Bytes of recurrent states: held, and capacity",
+                                   labels=["kind"])
+        nbytes.add_metric(["used"], states.used_bytes)
+        nbytes.add_metric(["capacity"], states.capacity_bytes)
+        yield nbytes
+        yield CounterMetricFamily("seawall_kvcache_state_evictions", "Recurrent states evicted to make room",
+                                  value=states.num_evictions)
 
     def _queues(self):
         queues = self.servicer.queues()

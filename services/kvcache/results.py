@@ -44,6 +44,7 @@ class LookupResult:
     num_cached: int
     num_dram: int
     num_disk: int
+    num_state: int = 0  # leading blocks of num_cached a stored recurrent state follows (hybrids)
 
 
 @dataclass

@@ -5,6 +5,11 @@ request: each round holds as many leading blocks in DRAM as fit, moves them in o
 ``<transfer_id>#<round>``) and releases them. A Load's NIXL notification rides on its last round, so the
 target sees it only once every byte landed; a load that ends early (NOT_FOUND, a failure) posts none.
 
+A model with linear-attention layers stores, with a turn's blocks, the recurrent state its worker saved after the
+last of them: Store reads it from the source's checkpoint slot (Worker.ReadState) after the blocks, and a Load
+naming a sequence writes it into the target for that sequence (Worker.WriteState) after the blocks, or alone
+(state_store.py keeps them). One hash is one state, so a state stored already is not read again.
+
 Bad requests (lengths, layouts, an unreachable endpoint, block ids outside the worker's pool) end the call with
 INVALID_ARGUMENT and move nothing, or nothing more; anything else after bytes started moving ends with a
 response whose status says how (FAILED, TIMED_OUT, NOT_FOUND).
@@ -24,12 +29,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import anyio
+import grpc
 from opentelemetry import trace
 
 from seawall.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
 from services.common import tracing as tr
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
+from services.common.grpc_state import pull_state, push_state
 from services.common.kv_transport import TransferOutcome, transfer_status_proto
 from services.common.tracing import Tracing
 from services.kvcache import observability as ob
@@ -37,6 +44,7 @@ from services.kvcache.config import KVCacheConfig
 from services.kvcache.layout import layout_from_proto
 from services.kvcache.mover import Mover, Route
 from services.kvcache.results import Tier, TierStats
+from services.kvcache.state_store import StoredState
 from services.kvcache.store import KVStore
 
 log = logging.getLogger(__name__)
@@ -60,6 +68,7 @@ class _Result:
     present: int = 0
     rounds: int = 0
     error: str = ""
+    state_bytes: int = 0  # of bytes, a recurrent state's
 
     def fail(self, outcome: TransferOutcome) -> None:
         self.status, self.error = transfer_status_proto(outcome.status), outcome.error
@@ -122,7 +131,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                     tr.KV_DRAM_BLOCKS: r.num_dram, tr.KV_DISK_BLOCKS: r.num_disk,
                     tr.KV_TIER: ob.tier_summary(r.num_dram, r.num_disk), tr.KV_PIN_MS: request.pin_ms})
         return kvcache_pb2.LookupResponse(num_cached_blocks=r.num_cached, num_dram_blocks=r.num_dram,
-                                          num_disk_blocks=r.num_disk)
+                                          num_disk_blocks=r.num_disk, num_state_blocks=r.num_state)
 
     # ---- Load ----------------------------------------------------------------------------------------------
 
@@ -139,13 +148,19 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                     raise InvalidArgument(f"{len(hashes)} block_hashes but {len(dst)} target_block_ids; "
                                           "give one target block per hash")
                 layout = layout_from_proto(request.target.kv_layout, "target")
+                state = self._state_to_load(request)
                 if self.store.layout is None:  # nothing was ever stored: every hash misses
-                    if hashes:
+                    if hashes or request.state_seq_id:
                         result.status, result.error = common_pb2.TRANSFER_STATUS_NOT_FOUND, "the kvcache is empty"
+                elif request.state_seq_id and state is None:
+                    result.status = common_pb2.TRANSFER_STATUS_NOT_FOUND
+                    result.error = f"no recurrent state is stored after block {request.state_block_hash:016x}"
                 else:
                     self.store.ensure_layout(layout, "the target")
                     route = self.mover.route(request.target, request.transport, "target")
                     await self._queued_load(request, route, hashes, dst, deadline, timeout_s, result)
+                    if state is not None and result.status == common_pb2.TRANSFER_STATUS_DONE:
+                        await self._write_state(request, state, deadline, timeout_s, result)
             except SeawallError as exc:
                 await self._refuse(call, context, exc)
             self._path_loads[request.path] += 1
@@ -244,12 +259,37 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             result.error = (f"block {limit} of {len(hashes)} (hash {hashes[limit]:016x}) is not cached; "
                             "the blocks before it were loaded")
 
+    def _state_to_load(self, request) -> StoredState | None:
+        if not request.state_seq_id:
+            return None
+        if not request.target.grpc_address:
+            raise InvalidArgument("a load with state_seq_id writes the state with Worker.WriteState: give the "
+                                  "target's grpc_address")
+        return self.store.states.get(request.state_block_hash)
+
+    async def _write_state(self, request, state: StoredState, deadline: float, timeout_s: float,
+                           result: _Result) -> None:
+        """After a load's blocks, the recurrent state stored after them, into the target for its sequence."""
+        try:
+            with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                nbytes = await push_state(request.target.grpc_address, request.state_seq_id, state.num_tokens,
+                                          state.layers, deadline - anyio.current_time())
+        except TimeoutError:
+            result.timed_out("writing the recurrent state", timeout_s)
+            return
+        except grpc.aio.AioRpcError as exc:
+            result.status = common_pb2.TRANSFER_STATUS_FAILED
+            result.error = f"writing the recurrent state of {request.state_seq_id}: {exc.code().name}: {exc.details()}"
+            return
+        result.state_bytes = nbytes
+        result.bytes += nbytes
+
     @staticmethod
     def _load_response(result: _Result, start: float) -> kvcache_pb2.LoadResponse:
         return kvcache_pb2.LoadResponse(
             status=result.status, bytes=result.bytes, num_blocks_loaded=result.blocks,
             num_dram_blocks=result.dram, num_disk_blocks=result.disk,
-            duration_ms=(time.perf_counter() - start) * 1e3, error=result.error)
+            duration_ms=(time.perf_counter() - start) * 1e3, error=result.error, state_bytes=result.state_bytes)
 
     # ---- Store ---------------------------------------------------------------------------------------------
 
@@ -266,10 +306,17 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                 if len(hashes) != len(src):
                     raise InvalidArgument(f"{len(hashes)} block_hashes but {len(src)} source_block_ids; "
                                           "give one hash per source block")
+                with_state = request.HasField("state_checkpoint")
+                if with_state and (not hashes or not request.state_tokens or not request.source.grpc_address):
+                    raise InvalidArgument("a store with state_checkpoint needs the blocks the state follows, "
+                                          "their state_tokens (> 0) and the source's grpc_address (the state is "
+                                          "read with Worker.ReadState)")
                 if hashes:
                     self.store.ensure_layout(layout_from_proto(request.source.kv_layout, "source"), "the source")
                     route = self.mover.route(request.source, request.transport, "source")
                     await self._store(request, route, hashes, src, deadline, timeout_s, result)
+                    if with_state and result.status == common_pb2.TRANSFER_STATUS_DONE:
+                        await self._read_state(request, hashes[-1], deadline, timeout_s, result)
             except SeawallError as exc:
                 await self._refuse(call, context, exc)
             finally:
@@ -279,7 +326,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             response = kvcache_pb2.StoreResponse(
                 status=result.status, bytes=result.bytes, num_blocks_stored=result.blocks,
                 num_blocks_present=result.present, duration_ms=(time.perf_counter() - start) * 1e3,
-                error=result.error)
+                error=result.error, state_bytes=result.state_bytes)
             self._observe_store(call, request, route, response, result.rounds)
         return response
 
@@ -334,6 +381,33 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                 return
             pos += len(slots)
 
+    async def _read_state(self, request, block_hash: int, deadline: float, timeout_s: float,
+                          result: _Result) -> None:
+        """After a store's blocks, the recurrent state saved after the last of them, from the source's
+        checkpoint slot. Not read when it is stored already (one hash, one state) or states have no room."""
+        states = self.store.states
+        if block_hash in states or not states.capacity_bytes:
+            states.get(block_hash)  # a use
+            return
+        try:
+            with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                _, layers, nbytes = await pull_state(request.source.grpc_address, "", deadline - anyio.current_time(),
+                                                     request.state_checkpoint)
+        except TimeoutError:
+            result.timed_out("reading the recurrent state", timeout_s)
+            return
+        except (grpc.aio.AioRpcError, ValueError) as exc:
+            detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            result.status = common_pb2.TRANSFER_STATUS_FAILED
+            result.error = f"reading the recurrent state of checkpoint {request.state_checkpoint}: {detail}"
+            return
+        if states.put(block_hash, StoredState(request.state_tokens, layers)):
+            result.state_bytes = nbytes
+            result.bytes += nbytes
+        else:
+            log.info("store %s: no room for its %d-byte recurrent state (states hold %d of %d bytes, pinned)",
+                     request.transfer_id, nbytes, states.used_bytes, states.capacity_bytes)
+
     # ---- Stats ---------------------------------------------------------------------------------------------
 
     async def Stats(self, request, context):
@@ -346,7 +420,9 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         depth = sum(q.loads for q in self._queues.values()) + self._stores_in_flight
         return kvcache_pb2.KVCacheStatsResponse(hit_blocks=s.hit_blocks, miss_blocks=s.miss_blocks,
                                                 num_lookups=s.num_lookups, tiers=tiers, paths=paths,
-                                                queues=queues, queue_depth=depth)
+                                                queues=queues, queue_depth=depth, num_states=len(self.store.states),
+                                                state_bytes=self.store.states.used_bytes,
+                                                state_capacity_bytes=self.store.states.capacity_bytes)
 
     def _timeout_s(self, timeout_ms: int) -> float:
         return timeout_ms / 1e3 if timeout_ms else self.config.default_timeout_s

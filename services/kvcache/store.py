@@ -50,6 +50,7 @@ from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.kvcache.disk_tier import DiskTier, ReadStatus, file_bytes
 from services.kvcache.layout import describe
 from services.kvcache.results import LookupResult, Staged, StoreStats, Tier, TierStats
+from services.kvcache.state_store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class KVStore:
 
     def __init__(self, dram_bytes: int, disk: DiskTier | None = None, disk_bytes: int = 0,
                  layout: KVLayout | None = None, max_pin_s: float = 60.0, io_threads: int = 4,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, state_bytes: int = 0) -> None:
         self.dram_bytes = dram_bytes
         self.disk = disk
         self.disk_bytes = disk_bytes if disk is not None else 0
@@ -91,6 +92,8 @@ class KVStore:
         self._hits = self._misses = self._lookups = self._corrupt = 0
         self._hits_dram = self._hits_disk = 0
         self._dram_io = TierStats(dram_bytes)
+        # Hybrids' recurrent states, each after the block whose hash keys it; kept while that block is pinned.
+        self.states = StateStore(state_bytes, self._pinned)
         self._disk_io = TierStats(self.disk_bytes)
         if layout is not None:
             self.ensure_layout(layout, "the configured layout")
@@ -175,7 +178,7 @@ class KVStore:
         self._hits_dram += num_dram
         self._hits_disk += num_disk
         self._misses += len(hashes) - n
-        return LookupResult(n, num_dram, num_disk)
+        return LookupResult(n, num_dram, num_disk, self.states.deepest(hashes[:n]))
 
     def present(self, block_hash: int) -> bool:
         """Whether the block is held in any tier; touches it (a store of a present block counts as a use)."""

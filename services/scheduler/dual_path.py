@@ -13,9 +13,11 @@ prefix than the chosen prefill worker's own prefix cache, the prefix is loaded i
 The prefill worker and (for a DE-read) the decode worker are placed by token load (``placement.py``);
 ``dual`` then picks, per request, the side whose node's storage reads queued fewer tokens (DualPath's rule,
 papers.md §4.5), and a DE-read request is handed off to the decode worker that read its prefix. Sessions'
-finished requests store their full blocks back to kvcache, so the next turn hits. When a decode worker's own
-prefix cache holds more of the prompt than kvcache does (a turn without a session, or a hybrid's, whose states
-kvcache does not keep), the prefill worker reads it from there instead (peer_prefix.py). Any failure along the
+finished requests store their full blocks back to kvcache, so the next turn hits; a hybrid's (a model with
+linear-attention layers) as far as its worker saved a recurrent state, which is stored with them and loaded
+with them into the prefill worker (PE-read always: the state must be where the prompt runs). When a decode
+worker's own prefix cache holds more of the prompt than kvcache does (a turn without a session), the prefill
+worker reads it from there instead (peer_prefix.py). Any failure along the
 way (kvcache down, a transfer failing, the request aborted) falls back to computing.
 """
 
@@ -81,16 +83,16 @@ class DualPath:
 
     async def _admit_to(self, req: Request, prefill: WorkerLink) -> None:
         mesh = self.mesh
-        if prefill.core.config.recurrent_state:
-            # kvcache keeps no recurrent state, so blocks from it resume nothing; a decode worker's cache may.
-            if not await mesh.peer.admit(req, prefill):
-                mesh.place_on(prefill, req)
-            return
         bs = prefill.core.blocks.block_size
         hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, prefill.core.seed_of(req))
         hashes = hashes[: (len(req.prompt_token_ids) - 1) // bs]  # one prompt token must run
         local = prefill.cached_prefix_tokens(req) // bs
-        hit = await self.client.lookup(hashes, metadata=mesh.trace_metadata(req)) if len(hashes) > local else 0
+        hit, state_hit = (await self.client.lookup(hashes, metadata=mesh.trace_metadata(req))
+                          if len(hashes) > local else (0, 0))
+        # A hybrid's blocks resume nothing without its state after them: only as far as one is stored.
+        recurrent = prefill.core.config.recurrent_state
+        if recurrent:
+            hit = state_hit
         if not self._live(req) or not prefill.alive:
             if self._live(req):
                 mesh.place(req)
@@ -102,7 +104,8 @@ class DualPath:
             mesh.place_on(prefill, req)
             return
         decode = self._pick_decode(req)
-        side = self._side(prefill, decode)
+        # A hybrid's state goes where its prompt runs: blocks loaded elsewhere would still need it there.
+        side = "pe-read" if recurrent else self._side(prefill, decode)
         if self.load_or_recompute and self._recompute_sooner(prefill, decode if side == "de-read" else prefill,
                                                              hit * bs):
             self.recomputes += 1
@@ -112,7 +115,7 @@ class DualPath:
         if side == "de-read":
             done = await self._de_read(req, hashes[:hit], prefill, decode)
         else:
-            done = await self._pe_read(req, hashes[:hit], prefill)
+            done = await self._pe_read(req, hashes[:hit], prefill, with_state=recurrent)
         if not done and self._live(req) and req.request_id not in mesh.where:
             req.reset_for_recompute()
             mesh.place(req)
@@ -146,14 +149,17 @@ class DualPath:
         return req.request_id in self.mesh.tracked
 
     async def _load(self, req: Request, link: WorkerLink, hashes: list[int], block_ids: list[int],
-                    path: str) -> bool:
+                    path: str, state_after: int | None = None) -> bool:
+        """Loads ``hashes`` into ``block_ids`` of ``link`` (and with ``state_after``, a block hash, the state
+        stored after that block, for ``req``); whether it all arrived."""
         tokens = len(hashes) * link.core.blocks.block_size
         meter = self.reads[link.worker_id]
         meter.start(tokens, anyio.current_time())
         reply = None
+        state = None if state_after is None else (req.request_id, state_after)
         try:
             reply = await self.client.load(f"{req.request_id}/load{next(self._ids)}", hashes, link.endpoint(),
-                                           block_ids, path, metadata=self.mesh.trace_metadata(req))
+                                           block_ids, path, metadata=self.mesh.trace_metadata(req), state=state)
         finally:
             meter.finish(tokens, anyio.current_time(), ok=reply is not None and reply.status == _DONE)
         self.loads[path] += 1
@@ -161,7 +167,9 @@ class DualPath:
             log.info("kvcache load of %s via %s failed (%s): computing instead", req.request_id, path, reply.error)
         return reply.status == _DONE
 
-    async def _pe_read(self, req: Request, hashes: list[int], prefill: WorkerLink) -> bool:
+    async def _pe_read(self, req: Request, hashes: list[int], prefill: WorkerLink, with_state: bool = False) -> bool:
+        """``with_state``: a hybrid's, whose state stored after the last of ``hashes`` comes too, even when
+        ``prefill`` caches every block."""
         bs = prefill.core.blocks.block_size
         req.num_computed_tokens = len(hashes) * bs
         ids = prefill.core.reserve_arrival(req)
@@ -170,10 +178,11 @@ class DualPath:
         self.mesh.where[req.request_id] = prefill
         k = req.num_cached_blocks
         ok = True
-        if k < len(hashes):
+        if k < len(hashes) or with_state:
             # Their previous owners are done with the blocks on the worker before the load writes them.
             await prefill.plans_done(prefill.core.reuse_fence(ids[k:len(hashes)]))
-            ok = await self._load(req, prefill, hashes[k:], ids[k:len(hashes)], "pe-read")
+            ok = await self._load(req, prefill, hashes[k:], ids[k:len(hashes)], "pe-read",
+                                  hashes[-1] if with_state else None)
         self.mesh.peer.settle(req, prefill, ok, len(hashes) * bs)
         return True
 
@@ -214,6 +223,7 @@ class DualPath:
         carries the request's trace context (the request itself has left the mesh by now)."""
         rid = req.request_id
         done = self._storing[session_id] = anyio.Event()
+        pinned = None
         try:
             held = link.core.handed_off.get(rid, [])
             bs = link.core.blocks.block_size
@@ -221,18 +231,27 @@ class DualPath:
             # blocks of kept tokens count: a stop string may have cut outputs whose KV a multi-step computed.
             hashes = extend_hashes(req.block_hashes, req.token_ids, bs, link.core.seed_of(req))
             full = min((req.num_computed_tokens - req.num_pending) // bs, len(held), len(hashes))
-            # Never for a session's turn (it keeps its blocks), nor a recurrent model's: no prefix to store.
-            if req.num_dropped_blocks or link.core.config.recurrent_state:
+            if req.num_dropped_blocks:  # a sliding window's: no whole prefix to store
                 full = 0
+            state = None
+            if link.core.config.recurrent_state:
+                # A hybrid's blocks go with the state its worker saved after the last of them, or not at all.
+                full = link.core.checkpoints.covered(hashes[:full])
+                if full:
+                    pinned = hashes[full - 1]
+                    state = (link.core.checkpoints.lend(pinned), full * bs)
+                    if link.in_flight:  # the plan saving it may not have run yet
+                        await link.plans_done(link.in_flight[-1])
             hashes = hashes[:full]
             if full and link.alive:
                 await self.client.store(f"{rid}/store{next(self._ids)}", link.endpoint(), held[:full], hashes,
-                                        metadata=metadata)
+                                        metadata=metadata, state=state)
         finally:
+            if link.alive and pinned is not None:
+                link.core.checkpoints.unpin(pinned)
             if link.alive and rid in link.core.handed_off:
                 link.core.release_handed_off(rid)
                 link.wake()
             done.set()
             if self._storing.get(session_id) is done:
                 del self._storing[session_id]
-

@@ -47,24 +47,29 @@ class KVCacheClient:
         log.warning("kvcache %s at %s failed (%s); treating it as a miss for %.0f s", what, self.address,
                     exc.code().name, self.backoff_s)
 
-    async def lookup(self, hashes: list[int], pin_ms: int = 10_000, metadata=()) -> int:
-        """Blocks of the longest cached prefix of ``hashes`` (0 when kvcache is unavailable)."""
+    async def lookup(self, hashes: list[int], pin_ms: int = 10_000, metadata=()) -> tuple[int, int]:
+        """Blocks of the longest cached prefix of ``hashes``, and of the longest one a stored recurrent state
+        follows (what a hybrid resumes from); (0, 0) when kvcache is unavailable."""
         if not hashes or not self.available:
-            return 0
+            return 0, 0
         try:
             reply = await rpc(self._stub.Lookup(kvcache_pb2.LookupRequest(block_hashes=hashes, pin_ms=pin_ms),
                                                 timeout=self.timeout_s, metadata=metadata))
         except grpc.aio.AioRpcError as exc:
             self._failed("lookup", exc)
-            return 0
-        return reply.num_cached_blocks
+            return 0, 0
+        return reply.num_cached_blocks, reply.num_state_blocks
 
     async def load(self, transfer_id: str, hashes: list[int], target: common_pb2.KVEndpoint,
-                   target_block_ids: list[int], path: str, metadata=()) -> kvcache_pb2.LoadResponse:
-        """Writes the blocks of ``hashes`` into the target's blocks; the response says how far it got."""
+                   target_block_ids: list[int], path: str, metadata=(),
+                   state: tuple[str, int] | None = None) -> kvcache_pb2.LoadResponse:
+        """Writes the blocks of ``hashes`` into the target's blocks (and with ``state``, (sequence, block hash),
+        the recurrent state stored after that block, for that sequence); the response says how far it got."""
         request = kvcache_pb2.LoadRequest(transfer_id=transfer_id, block_hashes=hashes, target=target,
                                           target_block_ids=target_block_ids, timeout_ms=int(self.timeout_s * 1e3),
                                           transport=self.transport, path=PATHS[path])
+        if state is not None:
+            request.state_seq_id, request.state_block_hash = state
         try:
             return await rpc(self._stub.Load(request, timeout=self.timeout_s + 5, metadata=metadata))
         except grpc.aio.AioRpcError as exc:
@@ -72,10 +77,14 @@ class KVCacheClient:
             return kvcache_pb2.LoadResponse(status=common_pb2.TRANSFER_STATUS_FAILED, error=exc.details() or "")
 
     async def store(self, transfer_id: str, source: common_pb2.KVEndpoint, block_ids: list[int],
-                    hashes: list[int], metadata=()) -> kvcache_pb2.StoreResponse:
+                    hashes: list[int], metadata=(), state: tuple[int, int] | None = None) -> kvcache_pb2.StoreResponse:
+        """Copies the source's blocks into kvcache under ``hashes`` (and with ``state``, (checkpoint slot, tokens),
+        the recurrent state the source saved after the last of them)."""
         request = kvcache_pb2.StoreRequest(transfer_id=transfer_id, source=source, source_block_ids=block_ids,
                                            block_hashes=hashes, timeout_ms=int(self.timeout_s * 1e3),
                                            transport=self.transport)
+        if state is not None:
+            request.state_checkpoint, request.state_tokens = state
         try:
             return await rpc(self._stub.Store(request, timeout=self.timeout_s + 5, metadata=metadata))
         except grpc.aio.AioRpcError as exc:

@@ -7,8 +7,8 @@ more of a new prompt than the chosen prefill worker (and than kvcache holds), th
 lacks from there over the compute path (``PullKV``; a hybrid's saved state after it, read from its checkpoint
 slot), computes the rest, and hands the request off to that decode worker, which then needs only the newly
 computed blocks. DualPath's DE-read (dual_path.py) without the storage read: the prefix is in the decode node's
-memory already. kvcache stores no recurrent state, so for hybrids this is the only way a next turn resumes
-after the turn before's outputs.
+memory already. Without kvcache (or for a turn without a session, which kvcache does not store) this is how a
+hybrid's next turn resumes after the turn before's outputs.
 
 The blocks and the checkpoint are held on the decode worker while they are read (a staging entry, as a
 DE-read's, and ``StateCheckpoints.lend``). Any failure falls back to computing the prompt on the prefill worker.

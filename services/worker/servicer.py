@@ -23,6 +23,7 @@ from services.common import tracing as tr
 from services.common.convert import plan_from_proto, result_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
+from services.common.grpc_state import collect_state, pull_state, state_messages, state_nbytes
 from services.common.kv_transport import NixlKVAgent, TransferOutcome, TransferState, kv_layout_proto
 from services.common.metrics import LATENCY_BUCKETS, StepMetrics, TransferMetrics
 from services.common.shaper import COMPUTE, EGRESS, INGRESS, Shaper, TokenBucket
@@ -33,7 +34,6 @@ from services.engine.step_profile import StepTimeFit
 from services.engine.torch_thread import InlineTorch, TorchThread
 from services.worker.config import WorkerConfig
 from services.worker.seq_traces import SequenceTraces
-from services.worker.state_hand_off import pull_state, state_messages
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         return worker_pb2.PullKVResponse(**outcome.response_fields())
 
     async def _pull_state(self, request, blocks: TransferOutcome) -> TransferOutcome:
-        """After a sequence's blocks, its recurrent state from the same source (state_hand_off.py), kept until
+        """After a sequence's blocks, its recurrent state from the same source (services/common/grpc_state.py), kept until
         the plan that adds the sequence; the transfer fails as a whole when the state does not come."""
         started = time.perf_counter()
         timeout_s = (request.timeout_ms / 1e3 if request.timeout_ms else 60.0) - blocks.seconds
@@ -218,6 +218,18 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
             await abort_with(context, exc)
         for msg in state_messages(num_computed, layers):
             yield msg
+
+    async def WriteState(self, request_iterator, context):
+        try:
+            seq_id, num_computed, layers = await collect_state(request_iterator)
+            if self.runner.states is None:
+                raise InvalidArgument("this worker's model has no linear-attention layers")
+            await self._torch.run(self.runner.states.stash, seq_id, num_computed, layers)
+        except ValueError as exc:
+            await abort_with(context, InvalidArgument(str(exc)))
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        return worker_pb2.WriteStateResponse(bytes=state_nbytes(layers))
 
     async def PushKV(self, request, context):
         outcome = await self._transfer(request, request.dst, "write", context)

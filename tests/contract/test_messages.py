@@ -34,6 +34,7 @@ EXPECTED_SERVICES = {
         "ReadKV": SERVER_STREAM,
         "WriteKV": CLIENT_STREAM,
         "ReadState": SERVER_STREAM,
+        "WriteState": CLIENT_STREAM,
     },
     "seawall.v1.KVCache": {
         "Lookup": UNARY,

@@ -8,11 +8,14 @@ empty."""
 
 from __future__ import annotations
 
+import anyio
+import grpc
 import httpx
 import pytest
 import torch
 
 from seawall import AsyncClient
+from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc
 from services.engine.checkpoint_report import kv_bytes_per_token, state_bytes_per_sequence
 from services.engine.model_config import ModelConfig
 from tests.e2e.conftest import generate_all, greedy_oracle, random_prompts, start_mesh
@@ -143,5 +146,48 @@ async def test_next_turns_resume_from_states_the_decode_worker_moved_to_host_mem
                                                                                   dtype=torch.float32).eval())
         assert [g.token_ids for g in got] == [greedy(p, MAX_TOKENS) for p in seconds]
         assert [g.cached_prompt_tokens for g in got] == [48, 64, 64]
+    finally:
+        assert all(code == 0 for code in mesh.stop().values())
+
+
+async def _stored(client) -> None:
+    """Until the turn that just ended was stored: the store frees its blocks, and the saved state it read (lent
+    meanwhile) may be replaced again; with one slot a worker would skip the next prompt's saves before that."""
+    with anyio.fail_after(10):
+        while any(w.num_device_blocks_used for w in (await client.stats()).workers):
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+async def test_next_turns_resume_from_states_kvcache_stored_with_their_blocks(hybrid_model_dir, tmp_path, mode):
+    """Sessions through kvcache, with workers that keep one saved state each (and none in host memory): three
+    conversations' first turns, one after another, each store their blocks and the state saved after the last
+    of them (48, 64, 64 tokens) in kvcache, while each worker's one slot goes to the next conversation. Every
+    next turn loads its blocks and state from kvcache into the worker running its prompt (a state written with
+    WriteState), resumes there and matches transformers."""
+    mesh = start_mesh(hybrid_model_dir, tmp_path / "logs", mode=mode, http=False, kvcache_args=[],
+                      scheduler_args=["--chunk-size", "16"],
+                      worker_args=["--state-checkpoints", "1", "--host-state-checkpoints", "0"])
+    try:
+        firsts = random_prompts([40, 50, 60], seed=80)
+        message = random_prompts([9], seed=81)[0]
+        async with AsyncClient(mesh.grpc_address) as client:
+            outs, got = [], []
+            for i, p in enumerate(firsts):
+                outs.append(await client.generate(p, max_tokens=MAX_TOKENS, temperature=0, session_id=f"s{i}"))
+                await _stored(client)
+            seconds = [p + o.token_ids + message for p, o in zip(firsts, outs, strict=True)]
+            for i, p in enumerate(seconds):
+                got.append(await client.generate(p, max_tokens=MAX_TOKENS, temperature=0, session_id=f"s{i}"))
+                await _stored(client)
+        greedy = greedy_oracle(transformers.AutoModelForCausalLM.from_pretrained(hybrid_model_dir,
+                                                                                  dtype=torch.float32).eval())
+        assert [g.token_ids for g in got] == [greedy(p, MAX_TOKENS) for p in seconds]
+        assert [g.cached_prompt_tokens for g in got] == [48, 64, 64]
+        with grpc.insecure_channel(mesh.kvcache_address) as channel:
+            kv = kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.KVCacheStatsRequest(), timeout=10)
+        # Six turns stored, each with its state (the second turns' after 80, 96 and 96 tokens).
+        config = ModelConfig.from_dir(hybrid_model_dir)
+        assert (kv.num_states, kv.state_bytes) == (6, 6 * state_bytes_per_sequence(config, "float32"))
     finally:
         assert all(code == 0 for code in mesh.stop().values())

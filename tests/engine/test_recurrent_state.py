@@ -53,6 +53,10 @@ def test_a_handed_off_state_is_claimed_by_the_sequence_it_was_read_for():
         dst.claim("t", 5)
     with pytest.raises(InvalidArgument, match="2 layers of recurrent state for a model with 3"):
         dst.stash("u", 5, src.read(slot)[:2])
+    short = src.read(slot)
+    short[1] = (short[1][0], short[1][1][:-4])
+    with pytest.raises(InvalidArgument, match=r"layer 1 of the recurrent state of w has \(\d+, \d+\) \(conv, ssm\) bytes"):
+        dst.stash("w", 5, short)  # refused on arrival: the plan adding the sequence would fail on it
     dst.stash("v", 5, dst.blank())
     dst.release("v", None)  # gone before it arrived: its stash too
     with pytest.raises(InvalidArgument, match="no recurrent state"):

@@ -13,6 +13,7 @@ from services.common.errors import InvalidArgument
 from services.engine.kv_pool import KVLayout
 from services.kvcache.disk_tier import DiskTier
 from services.kvcache.results import Tier
+from services.kvcache.state_store import StoredState
 from services.kvcache.store import KVStore
 from tests.kvcache.conftest import BPB, LAYOUT, chain
 
@@ -78,6 +79,25 @@ async def test_lookup_is_the_longest_prefix_with_per_tier_counts(tmp_path):
     s = store.stats()
     assert (s.num_lookups, s.hit_blocks, s.miss_blocks) == (4, 8, 6 - 3 + 0 + 3)
     store.check_integrity()
+
+
+async def test_a_lookup_counts_the_prefix_a_stored_state_follows_and_pins_it_with_the_blocks():
+    clock = Clock()
+    store = _store(dram_blocks=8, clock=clock, max_pin_s=5, state_bytes=200)
+    hashes = chain(5)
+    await put(store, hashes[:3])
+    state = StoredState(32, [(b"c" * 50, b"s" * 50)])
+    assert store.states.put(hashes[1], state) and store.states.put(hashes[4], state)
+    r = store.lookup(hashes, pin_ms=1_000)
+    assert (r.num_cached, r.num_state) == (3, 2)  # the state after block 4 follows blocks not cached
+    assert store.lookup(hashes[:1]).num_state == 0
+    assert store.states.put(chain(1, prompt=1)[0], state)  # the unpinned state after block 4 makes room
+    assert hashes[1] in store.states and hashes[4] not in store.states
+    large = StoredState(48, [(b"c" * 75, b"s" * 75)])
+    assert not store.states.put(chain(1, prompt=2)[0], large)  # only the unpinned 100 bytes could go
+    clock.now += 2
+    assert store.states.put(chain(1, prompt=2)[0], large)  # the pin expired
+    assert len(store.states) == 1
 
 
 async def test_blocks_survive_any_mix_of_stores_loads_evictions_and_promotions(tmp_path):

@@ -196,3 +196,17 @@ def test_up_passes_each_worker_the_states_it_keeps_for_prefix_caching():
         parse_args(["--state-checkpoints", "-1"], "decode")
     with pytest.raises(InvalidArgument, match="host_state_checkpoints must be >= 0"):
         parse_args(["--host-state-checkpoints", "-1"], "decode")
+
+
+def test_up_passes_kvcache_the_room_it_keeps_for_states_stored_with_blocks():
+    from seawall.cli import build_parser
+    from seawall.commands import up
+    from services.kvcache.main import parse_args
+
+    kvcache_args = up.options_from(build_parser().parse_args(["up", "--kvcache-state-bytes", "0"])).kvcache_args
+    assert kvcache_args[kvcache_args.index("--state-bytes") + 1] == "0"
+    assert "--state-bytes" not in up.options_from(build_parser().parse_args(["up"])).kvcache_args
+    assert parse_args(["--state-bytes", "0"]).state_bytes == 0 and parse_args([]).state_bytes == 1 << 30
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--state-bytes", "-1"])
+    assert exc.value.code == 2
