@@ -15,10 +15,10 @@ The prefill worker and (for a DE-read) the decode worker are placed by token loa
 papers.md §4.5), and a DE-read request is handed off to the decode worker that read its prefix. Sessions'
 finished requests store their full blocks back to kvcache, so the next turn hits; a hybrid's (a model with
 linear-attention layers) as far as its worker saved a recurrent state, which is stored with them and loaded
-with them into the prefill worker (PE-read always: the state must be where the prompt runs). When a decode
-worker's own prefix cache holds more of the prompt than kvcache does (a turn without a session), the prefill
-worker reads it from there instead (peer_prefix.py). Any failure along the
-way (kvcache down, a transfer failing, the request aborted) falls back to computing.
+into the prefill worker, where the prompt runs (a DE-read's blocks go through the decode node, its state alone
+through the prefill node's). When a decode worker's own prefix cache holds more of the prompt than kvcache does
+(a turn without a session), the prefill worker reads it from there instead (peer_prefix.py). Any failure along
+the way (kvcache down, a transfer failing, the request aborted) falls back to computing.
 """
 
 from __future__ import annotations
@@ -104,8 +104,7 @@ class DualPath:
             mesh.place_on(prefill, req)
             return
         decode = self._pick_decode(req)
-        # A hybrid's state goes where its prompt runs: blocks loaded elsewhere would still need it there.
-        side = "pe-read" if recurrent else self._side(prefill, decode)
+        side = self._side(prefill, decode)
         if self.load_or_recompute and self._recompute_sooner(prefill, decode if side == "de-read" else prefill,
                                                              hit * bs):
             self.recomputes += 1
@@ -113,7 +112,7 @@ class DualPath:
             return
         done = False
         if side == "de-read":
-            done = await self._de_read(req, hashes[:hit], prefill, decode)
+            done = await self._de_read(req, hashes[:hit], prefill, decode, with_state=recurrent)
         else:
             done = await self._pe_read(req, hashes[:hit], prefill, with_state=recurrent)
         if not done and self._live(req) and req.request_id not in mesh.where:
@@ -167,6 +166,16 @@ class DualPath:
             log.info("kvcache load of %s via %s failed (%s): computing instead", req.request_id, path, reply.error)
         return reply.status == _DONE
 
+    async def _load_state(self, req: Request, link: WorkerLink, after: int) -> bool:
+        """The state kvcache stored after block hash ``after``, written into ``link`` for ``req`` (a load of no
+        blocks: not counted as a read of its own); whether it arrived."""
+        reply = await self.client.load(f"{req.request_id}/state{next(self._ids)}", [], link.endpoint(), [],
+                                       "pe-read", metadata=self.mesh.trace_metadata(req),
+                                       state=(req.request_id, after))
+        if reply.status != _DONE:
+            log.info("kvcache load of the state of %s failed (%s): computing instead", req.request_id, reply.error)
+        return reply.status == _DONE
+
     async def _pe_read(self, req: Request, hashes: list[int], prefill: WorkerLink, with_state: bool = False) -> bool:
         """``with_state``: a hybrid's, whose state stored after the last of ``hashes`` comes too, even when
         ``prefill`` caches every block."""
@@ -186,14 +195,17 @@ class DualPath:
         self.mesh.peer.settle(req, prefill, ok, len(hashes) * bs)
         return True
 
-    async def _de_read(self, req: Request, hashes: list[int], prefill: WorkerLink, decode: WorkerLink) -> bool:
+    async def _de_read(self, req: Request, hashes: list[int], prefill: WorkerLink, decode: WorkerLink,
+                       with_state: bool = False) -> bool:
+        """``with_state``: a hybrid's, whose state stored after the last of ``hashes`` goes to ``prefill``, where
+        the prompt runs (the blocks through the decode node, the state alone through the prefill node's)."""
         bs = decode.core.blocks.block_size
         n = len(hashes) * bs
         stage = Request(f"{req.request_id}#kv", req.prompt_token_ids[:n], req.params, req.arrival_time,
                         num_computed_tokens=n, block_hashes=list(hashes), lora=req.lora)
         staged = decode.core.reserve_arrival(stage)
         if staged is None:
-            return await self._pe_read(req, hashes, prefill)
+            return await self._pe_read(req, hashes, prefill, with_state)
         loaded = False
         try:
             kd = stage.num_cached_blocks
@@ -204,7 +216,8 @@ class DualPath:
             loaded = True
             if not self._live(req) or not prefill.alive or not decode.alive:
                 return False
-            return await self.mesh.peer.read_into(req, prefill, decode, staged, n) is not None
+            then = (lambda: self._load_state(req, prefill, hashes[-1])) if with_state else None
+            return await self.mesh.peer.read_into(req, prefill, decode, staged, n, then=then) is not None
         finally:
             # The decode worker keeps a loaded prefix as cache: at hand-off only the computed rest travels back.
             if decode.alive and stage.request_id in decode.core.arriving:

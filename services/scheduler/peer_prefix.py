@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -88,11 +89,14 @@ class PeerPrefix:
         return True
 
     async def read_into(self, req: Request, prefill: WorkerLink, decode: WorkerLink, staged: list[int],
-                        tokens: int, state: tuple[int, int] | None = None) -> bool | None:
+                        tokens: int, state: tuple[int, int] | None = None,
+                        then: Callable[[], Awaitable[bool]] | None = None) -> bool | None:
         """Places ``req`` on ``prefill`` with its first ``tokens`` read from ``decode``'s ``staged`` blocks (and
         ``state``, as ``pull`` takes it): the prefill worker pulls the blocks it does not cache itself, and the
-        hand-off goes back to ``decode``. Whether it all arrived (else the prompt is computed there), or None,
-        nothing held, when ``prefill`` has no room for the blocks now. DualPath's DE-read ends this way too."""
+        hand-off goes back to ``decode``. ``then``: what else must arrive once the blocks did (a hybrid's state
+        from kvcache, for a DE-read), whether it did. Whether it all arrived (else the prompt is computed
+        there), or None, nothing held, when ``prefill`` has no room for the blocks now. DualPath's DE-read ends
+        this way too."""
         k = tokens // prefill.core.blocks.block_size
         req.num_computed_tokens = tokens
         ids = prefill.core.reserve_arrival(req)
@@ -105,6 +109,8 @@ class PeerPrefix:
         if kp < k or state is not None:  # a hybrid's state comes even when every block is here
             await prefill.plans_done(prefill.core.reuse_fence(ids[kp:k]))
             ok = await self.pull(req, prefill, decode, staged[kp:k], ids[kp:k], state)
+        if ok and then is not None:
+            ok = await then()
         if ok and req.request_id in self.mesh.tracked:
             self.mesh.decode_for[req.request_id] = decode  # the hand-off finds the prefix there
         self.settle(req, prefill, ok, tokens)

@@ -158,16 +158,22 @@ async def _stored(client) -> None:
             await anyio.sleep(0.05)
 
 
-@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
-async def test_next_turns_resume_from_states_kvcache_stored_with_their_blocks(hybrid_model_dir, tmp_path, mode):
+@pytest.mark.parametrize(("mode", "side"), [("disaggregated", "pe-read"), ("disaggregated", "de-read"),
+                                            ("colocated", "pe-read")])
+async def test_next_turns_resume_from_states_kvcache_stored_with_their_blocks(hybrid_model_dir, tmp_path, mode,
+                                                                              side):
     """Sessions through kvcache, with workers that keep one saved state each (and none in host memory): three
     conversations' first turns, one after another, each store their blocks and the state saved after the last
     of them (48, 64, 64 tokens) in kvcache, while each worker's one slot goes to the next conversation. Every
-    next turn loads its blocks and state from kvcache into the worker running its prompt (a state written with
-    WriteState), resumes there and matches transformers."""
+    next turn loads its blocks and state from kvcache, the state into the worker running its prompt (written
+    with WriteState; on a DE-read alone, the blocks going to the decode worker), resumes there and matches
+    transformers."""
     mesh = start_mesh(hybrid_model_dir, tmp_path / "logs", mode=mode, http=False, kvcache_args=[],
-                      scheduler_args=["--chunk-size", "16"],
-                      worker_args=["--state-checkpoints", "1", "--host-state-checkpoints", "0"])
+                      scheduler_args=["--chunk-size", "16", "--kv-read-policy", side],
+                      worker_args=["--state-checkpoints", "1", "--host-state-checkpoints", "0",
+                                   # DE-read: pools of 10 blocks, so the decode worker no longer caches a
+                                   # conversation's blocks by its next turn, and they load there
+                                   *(["--kv-cache-bytes", str(10 * 4096)] if side == "de-read" else [])])
     try:
         firsts = random_prompts([40, 50, 60], seed=80)
         message = random_prompts([9], seed=81)[0]
@@ -189,5 +195,13 @@ async def test_next_turns_resume_from_states_kvcache_stored_with_their_blocks(hy
         # Six turns stored, each with its state (the second turns' after 80, 96 and 96 tokens).
         config = ModelConfig.from_dir(hybrid_model_dir)
         assert (kv.num_states, kv.state_bytes) == (6, 6 * state_bytes_per_sequence(config, "float32"))
+        # Three loads into the worker running the prompt: blocks and state; a DE-read's state alone, its blocks
+        # into the decode worker.
+        loads = {p.path: (p.num_loads, p.bytes) for p in kv.paths}
+        pe, de = kvcache_pb2.KV_READ_PATH_PE_READ, kvcache_pb2.KV_READ_PATH_DE_READ
+        if side == "de-read":
+            assert loads[pe] == (3, 3 * state_bytes_per_sequence(config, "float32")) and loads[de][0] == 3
+        else:
+            assert loads[pe][0] == 3 and len(loads) == 1
     finally:
         assert all(code == 0 for code in mesh.stop().values())
