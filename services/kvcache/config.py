@@ -19,6 +19,9 @@ class KVCacheConfig:
     # state per stored turn, state_store.py). 0 = store none: such a model's turns then resume only from the
     # workers' own saved states.
     state_bytes: int = 1 << 30
+    # With disk_dir: bytes of the disk tier's state files (each state written as it is stored, so memory may
+    # drop it and a restart finds it); 0 = states in memory only.
+    state_disk_bytes: int = 4 << 30
     # Directory of the disk tier (one file per block); None = no disk tier (DRAM evictions drop blocks).
     disk_dir: str | None = None
     # Bytes the disk tier may fill (block files, headers included). Required with disk_dir.
@@ -53,6 +56,8 @@ class KVCacheConfig:
             raise ValueError(f"dram_bytes must be > 0 (loads and stores are staged in DRAM), got {self.dram_bytes}")
         if self.state_bytes < 0:
             raise ValueError(f"state_bytes must be >= 0 (0 = store no recurrent states), got {self.state_bytes}")
+        if self.state_disk_bytes < 0:
+            raise ValueError(f"state_disk_bytes must be >= 0 (0 = states in memory only), got {self.state_disk_bytes}")
         if self.disk_dir is not None and self.disk_bytes <= 0:
             raise ValueError(f"a disk tier at {self.disk_dir!r} needs a capacity: give --disk-bytes N (> 0)")
         if self.disk_dir is None and self.disk_bytes:

@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None) -> KVCacheConfig:
     p.add_argument("--state-bytes", type=int, default=d.state_bytes,
                    help="bytes of host memory for the recurrent states of models with linear-attention layers, "
                         f"stored with their blocks (default {d.state_bytes}; 0 = none)")
+    p.add_argument("--state-disk-bytes", type=int, default=d.state_disk_bytes,
+                   help="with --disk-dir: bytes of state files there (each stored state written through; default "
+                        f"{d.state_disk_bytes}; 0 = states in memory only)")
     p.add_argument("--disk-dir", default=None, help="directory of the disk tier (default: no disk tier)")
     p.add_argument("--disk-bytes", type=int, default=0, help="bytes the disk tier may fill (with --disk-dir)")
     p.add_argument("--io-threads", type=int, default=d.io_threads,
@@ -67,7 +70,7 @@ def parse_args(argv: list[str] | None) -> KVCacheConfig:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return KVCacheConfig(host=args.host, port=args.port, dram_bytes=args.dram_bytes, disk_dir=args.disk_dir,
-                             state_bytes=args.state_bytes,
+                             state_bytes=args.state_bytes, state_disk_bytes=args.state_disk_bytes,
                              disk_bytes=args.disk_bytes, io_threads=args.io_threads, nixl=not args.no_nixl, name=args.name,
                              max_pin_ms=args.max_pin_ms, flush_on_exit=not args.no_flush_on_exit,
                              metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
@@ -80,7 +83,8 @@ def build_store(config: KVCacheConfig) -> KVStore:
     """The store of a config, its disk index rebuilt from the files (blocking I/O)."""
     disk = DiskTier(config.disk_dir) if config.disk_dir is not None else None
     store = KVStore(config.dram_bytes, disk, config.disk_bytes, config.layout, max_pin_s=config.max_pin_ms / 1e3,
-                    io_threads=config.io_threads, state_bytes=config.state_bytes)
+                    io_threads=config.io_threads, state_bytes=config.state_bytes,
+                    state_disk_bytes=config.state_disk_bytes)
     store.recover()
     return store
 

@@ -19,8 +19,8 @@ Read from the store, the servicer and the shaper at scrape time (never duplicate
 * per ``tier`` (``dram``, ``disk``): ``seawall_kvcache_tier_capacity_bytes``, ``_tier_used_bytes``,
   ``_tier_blocks``, ``_tier_read_bytes_total`` (loads), ``_tier_written_bytes_total`` (stores, promotions,
   demotions), ``_evictions_total``; ``seawall_kvcache_corrupt_blocks_total``.
-* ``seawall_kvcache_states`` — recurrent states held (hybrids', each stored after a block);
-  ``seawall_kvcache_state_bytes{kind}`` — their bytes (``used``) and room (``capacity``);
+* per ``tier`` (``dram``, ``disk``): ``seawall_kvcache_states`` — recurrent states held (hybrids', each stored
+  after a block); ``seawall_kvcache_state_bytes{kind}`` — their bytes (``used``) and room (``capacity``);
   ``seawall_kvcache_state_evictions_total``.
 * ``seawall_kvcache_queued_loads{endpoint}`` and ``seawall_kvcache_queued_bytes{endpoint}`` — loads queued or
   in flight per target worker and the bytes they still have to move (DualPath's storage-read queue);
@@ -142,16 +142,20 @@ class _KVCacheCollector:
 
     def _states(self):
         states = self.servicer.store.states
-        held = GaugeMetricFamily("seawall_kvcache_states", "Recurrent states held, stored after blocks (hybrids)")
-        held.add_metric([], len(states))
-        yield held
-        nbytes = GaugeMetricFamily("seawall_kvcache_state_bytes", "Bytes of recurrent states: held, and capacity",
-                                   labels=["kind"])
-        nbytes.add_metric(["used"], states.used_bytes)
-        nbytes.add_metric(["capacity"], states.capacity_bytes)
-        yield nbytes
-        yield CounterMetricFamily("seawall_kvcache_state_evictions", "Recurrent states evicted to make room",
-                                  value=states.num_evictions)
+        held = GaugeMetricFamily("seawall_kvcache_states", "Recurrent states held (hybrids'), by tier",
+                                 labels=["tier"])
+        nbytes = GaugeMetricFamily("seawall_kvcache_state_bytes", "Bytes of recurrent states held, and the room, "
+                                   "by tier", labels=["tier", "kind"])
+        evictions = CounterMetricFamily("seawall_kvcache_state_evictions", "Recurrent states evicted, by tier",
+                                        labels=["tier"])
+        for tier, n, used, room, evicted in (
+                ("dram", len(states), states.used_bytes, states.capacity_bytes, states.num_evictions),
+                ("disk", states.num_on_disk, states.disk_used, states.disk_bytes, states.num_disk_evictions)):
+            held.add_metric([tier], n)
+            nbytes.add_metric([tier, "used"], used)
+            nbytes.add_metric([tier, "capacity"], room)
+            evictions.add_metric([tier], evicted)
+        yield from (held, nbytes, evictions)
 
     def _queues(self):
         queues = self.servicer.queues()

@@ -148,7 +148,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                     raise InvalidArgument(f"{len(hashes)} block_hashes but {len(dst)} target_block_ids; "
                                           "give one target block per hash")
                 layout = layout_from_proto(request.target.kv_layout, "target")
-                state = self._state_to_load(request)
+                state = await self._state_to_load(request)
                 if self.store.layout is None:  # nothing was ever stored: every hash misses
                     if hashes or request.state_seq_id:
                         result.status, result.error = common_pb2.TRANSFER_STATUS_NOT_FOUND, "the kvcache is empty"
@@ -259,13 +259,13 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             result.error = (f"block {limit} of {len(hashes)} (hash {hashes[limit]:016x}) is not cached; "
                             "the blocks before it were loaded")
 
-    def _state_to_load(self, request) -> StoredState | None:
+    async def _state_to_load(self, request) -> StoredState | None:
         if not request.state_seq_id:
             return None
         if not request.target.grpc_address:
             raise InvalidArgument("a load with state_seq_id writes the state with Worker.WriteState: give the "
                                   "target's grpc_address")
-        return self.store.states.get(request.state_block_hash)
+        return await self.store.states.get(request.state_block_hash)
 
     async def _write_state(self, request, state: StoredState, deadline: float, timeout_s: float,
                            result: _Result) -> None:
@@ -386,8 +386,8 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         """After a store's blocks, the recurrent state saved after the last of them, from the source's
         checkpoint slot. Not read when it is stored already (one hash, one state) or states have no room."""
         states = self.store.states
-        if block_hash in states or not states.capacity_bytes:
-            states.get(block_hash)  # a use
+        if block_hash in states or not states.enabled:
+            states.touch(block_hash)
             return
         try:
             with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
@@ -401,12 +401,13 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             result.status = common_pb2.TRANSFER_STATUS_FAILED
             result.error = f"reading the recurrent state of checkpoint {request.state_checkpoint}: {detail}"
             return
-        if states.put(block_hash, StoredState(request.state_tokens, layers)):
+        if await states.put(block_hash, StoredState(request.state_tokens, layers)):
             result.state_bytes = nbytes
             result.bytes += nbytes
         else:
-            log.info("store %s: no room for its %d-byte recurrent state (states hold %d of %d bytes, pinned)",
-                     request.transfer_id, nbytes, states.used_bytes, states.capacity_bytes)
+            log.info("store %s: no room for its %d-byte recurrent state (states hold %d of %d bytes in memory, "
+                     "%d of %d on disk, pinned)", request.transfer_id, nbytes, states.used_bytes,
+                     states.capacity_bytes, states.disk_used, states.disk_bytes)
 
     # ---- Stats ---------------------------------------------------------------------------------------------
 
@@ -422,7 +423,10 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                                                 num_lookups=s.num_lookups, tiers=tiers, paths=paths,
                                                 queues=queues, queue_depth=depth, num_states=len(self.store.states),
                                                 state_bytes=self.store.states.used_bytes,
-                                                state_capacity_bytes=self.store.states.capacity_bytes)
+                                                state_capacity_bytes=self.store.states.capacity_bytes,
+                                                num_disk_states=self.store.states.num_on_disk,
+                                                state_disk_bytes=self.store.states.disk_used,
+                                                state_disk_capacity_bytes=self.store.states.disk_bytes)
 
     def _timeout_s(self, timeout_ms: int) -> float:
         return timeout_ms / 1e3 if timeout_ms else self.config.default_timeout_s

@@ -6,17 +6,30 @@ keyed by that block's hash (the hash chains every token before it, so one hash i
 resumes from the longest stored prefix that ends in a state (``deepest``).
 
 States live in host memory, within ``capacity_bytes`` of their own (a hybrid's state is one size per sequence,
-tens of MiB for a large model, unlike a block; they are few). Eviction is least recently used first; a state
-whose block a Lookup pinned (``pinned``, the block store's pins) stays until the pin expires.
+tens of MiB for a large model, unlike a block; they are few). With a disk tier (``files``), each is also written
+to disk as it is stored (write-through: a state never changes, so it is written once) within ``disk_bytes``:
+memory then drops its least recently used states freely, a load reads a state memory dropped from its file
+(and keeps it in memory again), and a restarted kvcache finds them all (``recover``). Eviction is least recently
+used first in each tier; a state whose block a Lookup pinned (``pinned``, the block store's pins) stays until
+the pin expires.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio.to_thread
 
 from services.common.grpc_state import Layers, state_nbytes
+
+if TYPE_CHECKING:
+    from services.kvcache.state_files import StateFiles
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,54 +43,138 @@ class StoredState:
 
 
 class StateStore:
-    def __init__(self, capacity_bytes: int, pinned: Callable[[int], bool] = lambda h: False) -> None:
-        if capacity_bytes < 0:
-            raise ValueError(f"state capacity must be >= 0 bytes, got {capacity_bytes}")
+    def __init__(self, capacity_bytes: int, pinned: Callable[[int], bool] = lambda h: False,
+                 files: StateFiles | None = None, disk_bytes: int = 0) -> None:
+        if capacity_bytes < 0 or disk_bytes < 0:
+            raise ValueError(f"state capacities must be >= 0 bytes, got {capacity_bytes} and {disk_bytes}")
         self.capacity_bytes = capacity_bytes
+        self.files = files if disk_bytes else None
+        self.disk_bytes = disk_bytes if files is not None else 0
         self._pinned = pinned
         self._states: OrderedDict[int, StoredState] = OrderedDict()  # block hash -> state, LRU first
+        self._disk: OrderedDict[int, int] = OrderedDict()  # block hash -> file bytes, LRU first
         self.used_bytes = 0
-        self.num_evictions = 0
+        self.disk_used = 0
+        self.num_evictions = 0  # from memory
+        self.num_disk_evictions = 0
 
     def __len__(self) -> int:
         return len(self._states)
 
+    @property
+    def num_on_disk(self) -> int:
+        return len(self._disk)
+
     def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self._states
+        return block_hash in self._states or block_hash in self._disk
 
     def deepest(self, hashes: Sequence[int]) -> int:
         """How many leading blocks of ``hashes`` (cached ones) a stored state follows: 0 when none does."""
-        return next((k for k in range(len(hashes), 0, -1) if hashes[k - 1] in self._states), 0)
+        return next((k for k in range(len(hashes), 0, -1) if hashes[k - 1] in self), 0)
 
-    def put(self, block_hash: int, state: StoredState) -> bool:
-        """Stores ``state`` after ``block_hash``'s block, evicting least recently used unpinned states to make
-        room; False when it cannot fit (larger than the capacity, or the rest is pinned). A state stored
+    async def put(self, block_hash: int, state: StoredState) -> bool:
+        """Stores ``state`` after ``block_hash``'s block (and on disk, with a disk tier), evicting least
+        recently used unpinned states to make room; False when it fits in neither tier. A state stored
         already is touched, not replaced: the same hash is the same state."""
-        if block_hash in self._states:
-            self._states.move_to_end(block_hash)
+        if block_hash in self:
+            self.touch(block_hash)
             return True
-        need = state.nbytes
-        if need > self.capacity_bytes:
-            return False
-        victims, free = [], self.capacity_bytes - self.used_bytes
-        for h, old in self._states.items():
-            if free >= need:
-                break
-            if not self._pinned(h):
-                victims.append(h)
-                free += old.nbytes
-        if free < need:
+        kept = self._keep(block_hash, state)
+        if self.files is not None and await self._write(block_hash, state):
+            return True
+        return kept
+
+    async def get(self, block_hash: int) -> StoredState | None:
+        """The state stored after ``block_hash``'s block (touched: a load is a use), read from disk when memory
+        dropped it (and kept in memory again), or None."""
+        state = self._states.get(block_hash)
+        if state is not None:
+            self.touch(block_hash)
+            return state
+        if block_hash not in self._disk or self.files is None:
+            return None
+        state = await anyio.to_thread.run_sync(self.files.read, block_hash)
+        if state is None:  # the file failed its checks (deleted) or went meanwhile
+            self.disk_used -= self._disk.pop(block_hash, 0)
+            return None
+        self._disk.move_to_end(block_hash)
+        self._keep(block_hash, state)
+        return state
+
+    def recover(self) -> int:
+        """Indexes the disk tier's state files (blocking I/O: call before serving), oldest first; deletes the
+        oldest beyond the capacity. Returns the number indexed."""
+        if self.files is None:
+            return 0
+        for f in self.files.scan():
+            self._disk[f.block_hash] = f.nbytes
+            self.disk_used += f.nbytes
+        while self.disk_used > self.disk_bytes:
+            h, nbytes = self._disk.popitem(last=False)
+            self.disk_used -= nbytes
+            self.files.delete(h)
+            self.num_disk_evictions += 1
+        return len(self._disk)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether states are kept at all (room in memory or on disk)."""
+        return bool(self.capacity_bytes or self.disk_bytes)
+
+    def touch(self, block_hash: int) -> None:
+        """A use of a stored state (a load, a store of it again): it goes last in the LRU order."""
+        for index in (self._states, self._disk):
+            if block_hash in index:
+                index.move_to_end(block_hash)
+
+    def _keep(self, block_hash: int, state: StoredState) -> bool:
+        """``state`` in memory, making room there; False when it cannot fit."""
+        if block_hash in self._states:
+            return True
+        victims = self._room(self._states, state.nbytes, self.capacity_bytes - self.used_bytes,
+                             self.capacity_bytes, lambda s: s.nbytes)
+        if victims is None:
             return False
         for h in victims:
             self.used_bytes -= self._states.pop(h).nbytes
             self.num_evictions += 1
         self._states[block_hash] = state
-        self.used_bytes += need
+        self.used_bytes += state.nbytes
         return True
 
-    def get(self, block_hash: int) -> StoredState | None:
-        """The state stored after ``block_hash``'s block (touched: a load is a use), or None."""
-        state = self._states.get(block_hash)
-        if state is not None:
-            self._states.move_to_end(block_hash)
-        return state
+    async def _write(self, block_hash: int, state: StoredState) -> bool:
+        """``state``'s file, making room on disk; False when it cannot fit or the write failed."""
+        need = self.files.nbytes(state)
+        victims = self._room(self._disk, need, self.disk_bytes - self.disk_used, self.disk_bytes, lambda n: n)
+        if victims is None:
+            return False
+        for h in victims:
+            self.disk_used -= self._disk.pop(h)
+            self.num_disk_evictions += 1
+        self.disk_used += need  # reserved while it is written
+        try:
+            await anyio.to_thread.run_sync(self._write_file, block_hash, state, victims)
+        except OSError as exc:
+            self.disk_used -= need
+            log.warning("writing the state after block %016x failed (%s): kept in memory only", block_hash, exc)
+            return False
+        self._disk[block_hash] = need
+        return True
+
+    def _write_file(self, block_hash: int, state: StoredState, victims: list[int]) -> None:
+        for h in victims:
+            self.files.delete(h)
+        self.files.write(block_hash, state)
+
+    def _room(self, index: OrderedDict, need: int, free: int, capacity: int, size) -> list[int] | None:
+        """The least recently used unpinned entries of ``index`` whose going frees ``need`` bytes, or None."""
+        if need > capacity:
+            return None
+        victims = []
+        for h, entry in index.items():
+            if free >= need:
+                break
+            if not self._pinned(h):
+                victims.append(h)
+                free += size(entry)
+        return victims if free >= need else None

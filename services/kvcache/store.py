@@ -50,6 +50,7 @@ from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.kvcache.disk_tier import DiskTier, ReadStatus, file_bytes
 from services.kvcache.layout import describe
 from services.kvcache.results import LookupResult, Staged, StoreStats, Tier, TierStats
+from services.kvcache.state_files import StateFiles
 from services.kvcache.state_store import StateStore
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ class KVStore:
 
     def __init__(self, dram_bytes: int, disk: DiskTier | None = None, disk_bytes: int = 0,
                  layout: KVLayout | None = None, max_pin_s: float = 60.0, io_threads: int = 4,
-                 clock: Callable[[], float] = time.monotonic, state_bytes: int = 0) -> None:
+                 clock: Callable[[], float] = time.monotonic, state_bytes: int = 0,
+                 state_disk_bytes: int = 0) -> None:
         self.dram_bytes = dram_bytes
         self.disk = disk
         self.disk_bytes = disk_bytes if disk is not None else 0
@@ -93,7 +95,9 @@ class KVStore:
         self._hits_dram = self._hits_disk = 0
         self._dram_io = TierStats(dram_bytes)
         # Hybrids' recurrent states, each after the block whose hash keys it; kept while that block is pinned.
-        self.states = StateStore(state_bytes, self._pinned)
+        # With a disk tier, also written to its state files (state_files.py).
+        files = StateFiles(disk.root) if disk is not None and state_disk_bytes else None
+        self.states = StateStore(state_bytes, self._pinned, files, state_disk_bytes)
         self._disk_io = TierStats(self.disk_bytes)
         if layout is not None:
             self.ensure_layout(layout, "the configured layout")
@@ -127,9 +131,9 @@ class KVStore:
     # ---- restart -----------------------------------------------------------------------------------------
 
     def recover(self) -> int:
-        """Rebuilds the disk index from the block files (blocking I/O: call before serving). Adopts the newest
-        file's layout when none is set; deletes files of another layout, and the oldest beyond capacity.
-        Returns the number of blocks indexed."""
+        """Rebuilds the disk index from the block files, and the state store's from its files (blocking I/O:
+        call before serving). Adopts the newest file's layout when none is set; deletes files of another layout,
+        and the oldest beyond capacity. Returns the number of blocks indexed."""
         if self.disk is None:
             return 0
         files, _ = self.disk.scan()
@@ -148,8 +152,9 @@ class KVStore:
             self._disk_used -= nbytes
             self.disk.delete(h)
             self._disk_io.num_evictions += 1
-        log.info("disk tier: %d blocks (%d bytes) recovered from %s", len(self._disk), self._disk_used,
-                 self.disk.root)
+        states = self.states.recover()
+        log.info("disk tier: %d blocks (%d bytes) and %d recurrent states (%d bytes) recovered from %s",
+                 len(self._disk), self._disk_used, states, self.states.disk_used, self.disk.root)
         return len(self._disk)
 
     # ---- lookups -----------------------------------------------------------------------------------------

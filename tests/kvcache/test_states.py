@@ -80,10 +80,11 @@ async def test_a_state_stored_with_its_blocks_resumes_the_prefix_on_another_work
         stats = await kv.stub.Stats(kvcache_pb2.KVCacheStatsRequest(), timeout=10)
         assert (stats.num_states, stats.state_bytes, stats.state_capacity_bytes) == (1, state_bytes, 1 << 30)
         m = samples(generate_latest(kv.servicer.metrics.registry).decode())
-        assert value(m, "seawall_kvcache_states") == 1
-        assert value(m, "seawall_kvcache_state_bytes", kind="used") == state_bytes
-        assert value(m, "seawall_kvcache_state_bytes", kind="capacity") == 1 << 30
-        assert value(m, "seawall_kvcache_state_evictions_total") == 0
+        assert value(m, "seawall_kvcache_states", tier="dram") == 1
+        assert value(m, "seawall_kvcache_state_bytes", tier="dram", kind="used") == state_bytes
+        assert value(m, "seawall_kvcache_state_bytes", tier="dram", kind="capacity") == 1 << 30
+        assert value(m, "seawall_kvcache_state_evictions_total", tier="dram") == 0
+        assert value(m, "seawall_kvcache_states", tier="disk") == 0  # no disk tier
     # The prompt's last 8 tokens from the loaded prefix, and on the source from its checkpoint: its token.
     mine = src.execute(StepPlan(2, new=[NewSequence("u", prompt, 40, 32, [0, 1, 4], PARAMS, state_checkpoint=3)],
                                 num_scheduled_tokens={"u": 8}))
@@ -144,3 +145,26 @@ async def test_a_kvcache_without_room_for_states_stores_the_blocks_alone(make_kv
         assert (r.status, r.num_blocks_stored, r.state_bytes, r.bytes) == (DONE, 2, 0, 2 * 4096)
         found = await kv.stub.Lookup(kvcache_pb2.LookupRequest(block_hashes=hashes), timeout=10)
         assert (found.num_cached_blocks, found.num_state_blocks) == (2, 0)
+
+
+async def test_a_restarted_kvcache_serves_the_states_its_disk_tier_kept(make_kvcache, hybrid_model_dir, tmp_path):
+    src, dst = small_runner(hybrid_model_dir), small_runner(hybrid_model_dir)
+    prompt, first = _prompt_with_state_saved(src, seed=9)
+    hashes = chain(2)
+    kv = await make_kvcache(disk_dir=tmp_path, disk_blocks=8)
+    async with served(src) as source, served(dst) as target:
+        r = await kv.stub.Store(_store(source, [0, 1], hashes, checkpoint=3, tokens=32), timeout=30)
+        assert r.status == DONE and r.state_bytes, r.error
+        stats = await kv.stub.Stats(kvcache_pb2.KVCacheStatsRequest(), timeout=10)
+        assert (stats.num_states, stats.num_disk_states) == (1, 1)  # written through
+        await make_kvcache.stop(kv)
+        kv = await make_kvcache(disk_dir=tmp_path, disk_blocks=8)
+        stats = await kv.stub.Stats(kvcache_pb2.KVCacheStatsRequest(), timeout=10)
+        assert (stats.num_states, stats.num_disk_states) == (0, 1) and stats.state_disk_bytes > r.state_bytes
+        found = await kv.stub.Lookup(kvcache_pb2.LookupRequest(block_hashes=hashes), timeout=10)
+        assert (found.num_cached_blocks, found.num_state_blocks) == (2, 2)
+        r = await kv.stub.Load(_load(target, hashes, [5, 6], "t", hashes[1]), timeout=30)
+        assert (r.status, r.num_blocks_loaded, r.num_disk_blocks) == (DONE, 2, 2), r.error
+    theirs = dst.execute(StepPlan(1, new=[NewSequence("t", prompt, 40, 32, [5, 6, 7], PARAMS)],
+                                  num_scheduled_tokens={"t": 8}))
+    assert not theirs.errors and theirs.sampled["t"][0].token_id == first

@@ -87,16 +87,16 @@ async def test_a_lookup_counts_the_prefix_a_stored_state_follows_and_pins_it_wit
     hashes = chain(5)
     await put(store, hashes[:3])
     state = StoredState(32, [(b"c" * 50, b"s" * 50)])
-    assert store.states.put(hashes[1], state) and store.states.put(hashes[4], state)
+    assert await store.states.put(hashes[1], state) and await store.states.put(hashes[4], state)
     r = store.lookup(hashes, pin_ms=1_000)
     assert (r.num_cached, r.num_state) == (3, 2)  # the state after block 4 follows blocks not cached
     assert store.lookup(hashes[:1]).num_state == 0
-    assert store.states.put(chain(1, prompt=1)[0], state)  # the unpinned state after block 4 makes room
+    assert await store.states.put(chain(1, prompt=1)[0], state)  # the unpinned state after block 4 makes room
     assert hashes[1] in store.states and hashes[4] not in store.states
     large = StoredState(48, [(b"c" * 75, b"s" * 75)])
-    assert not store.states.put(chain(1, prompt=2)[0], large)  # only the unpinned 100 bytes could go
+    assert not await store.states.put(chain(1, prompt=2)[0], large)  # only the unpinned 100 bytes could go
     clock.now += 2
-    assert store.states.put(chain(1, prompt=2)[0], large)  # the pin expired
+    assert await store.states.put(chain(1, prompt=2)[0], large)  # the pin expired
     assert len(store.states) == 1
 
 

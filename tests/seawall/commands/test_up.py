@@ -207,6 +207,8 @@ def test_up_passes_kvcache_the_room_it_keeps_for_states_stored_with_blocks():
     assert kvcache_args[kvcache_args.index("--state-bytes") + 1] == "0"
     assert "--state-bytes" not in up.options_from(build_parser().parse_args(["up"])).kvcache_args
     assert parse_args(["--state-bytes", "0"]).state_bytes == 0 and parse_args([]).state_bytes == 1 << 30
-    with pytest.raises(SystemExit) as exc:
-        parse_args(["--state-bytes", "-1"])
-    assert exc.value.code == 2
+    assert parse_args([]).state_disk_bytes == 4 << 30  # used with a disk tier (--kvcache-disk-dir)
+    for flag in ("--state-bytes", "--state-disk-bytes"):
+        with pytest.raises(SystemExit) as exc:
+            parse_args([flag, "-1"])
+        assert exc.value.code == 2
