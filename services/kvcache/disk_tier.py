@@ -107,19 +107,45 @@ def decode_header(buf: bytes | memoryview) -> Header | None:
     return Header(h, data_len, data_crc, layout)
 
 
+class AtomicFiles:
+    """Whole files written into place: each under ``tmp`` (emptied now: leftovers of writes a crash
+    interrupted) with a name of its own, then renamed over the final path, so a reader sees a whole file or
+    none. Safe from several threads at once."""
+
+    def __init__(self, tmp: Path) -> None:
+        self._tmp = tmp
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self._made: set[Path] = set()
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+
+    def write(self, final: Path, parts: list[bytes | memoryview]) -> None:
+        """``parts``, in order, as the file at ``final`` (replacing any). OSError (disk full...) propagates."""
+        if final.parent not in self._made:
+            final.parent.mkdir(exist_ok=True)
+            self._made.add(final.parent)
+        with self._lock:
+            n = next(self._seq)
+        tmp = self._tmp / f"{final.name}.{n}"
+        try:
+            with open(tmp, "wb", buffering=0) as f:
+                for part in parts:
+                    _write_all(f, part)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
 class DiskTier:
     """Block files under ``root`` (created if missing)."""
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self._blocks = self.root / "blocks"
-        self._tmp = self.root / "tmp"
         self._blocks.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self._tmp, ignore_errors=True)  # leftovers of writes a crash interrupted
-        self._tmp.mkdir()
-        self._made: set[str] = set()
-        self._seq = itertools.count()
-        self._seq_lock = threading.Lock()
+        self._files = AtomicFiles(self.root / "tmp")
 
     def path(self, block_hash: int) -> Path:
         return self._blocks / f"{block_hash >> 56:02x}" / f"{block_hash:016x}.kv"
@@ -127,21 +153,7 @@ class DiskTier:
     def write(self, block_hash: int, layout: KVLayout, data: memoryview) -> int:
         """Writes one block's file (replacing any); returns its size. OSError (disk full...) propagates."""
         header = encode_header(block_hash, layout, len(data), zlib.crc32(data))
-        final = self.path(block_hash)
-        if final.parent.name not in self._made:
-            final.parent.mkdir(exist_ok=True)
-            self._made.add(final.parent.name)
-        with self._seq_lock:
-            n = next(self._seq)
-        tmp = self._tmp / f"{block_hash:016x}.{n}"
-        try:
-            with open(tmp, "wb", buffering=0) as f:
-                _write_all(f, header)
-                _write_all(f, data)
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        self._files.write(self.path(block_hash), [header, data])
         return HEADER_BYTES + len(data)
 
     def read_into(self, block_hash: int, layout: KVLayout, out: memoryview) -> ReadStatus:

@@ -26,16 +26,14 @@ deleted). File mechanics only: the index is the state store's. Methods block on 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import shutil
 import struct
-import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.kvcache.disk_tier import AtomicFiles
 from services.kvcache.state_store import StoredState
 
 log = logging.getLogger(__name__)
@@ -62,12 +60,8 @@ class StateFiles:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self._states = self.root / "states"
-        self._tmp = self.root / "states.tmp"
         self._states.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self._tmp, ignore_errors=True)  # leftovers of writes a crash interrupted
-        self._tmp.mkdir()
-        self._seq = itertools.count()
-        self._seq_lock = threading.Lock()
+        self._files = AtomicFiles(self.root / "states.tmp")
 
     def path(self, block_hash: int) -> Path:
         return self._states / f"{block_hash >> 56:02x}" / f"{block_hash:016x}.st"
@@ -87,20 +81,7 @@ class StateFiles:
         data_len = sum(map(len, parts))
         head = _HEADER.pack(MAGIC, VERSION, HEADER_BYTES, block_hash, state.num_tokens, len(state.layers),
                             data_len, crc)
-        final = self.path(block_hash)
-        final.parent.mkdir(exist_ok=True)
-        with self._seq_lock:
-            n = next(self._seq)
-        tmp = self._tmp / f"{block_hash:016x}.{n}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(head + _HEADER_CRC.pack(zlib.crc32(head)))
-                for part in parts:
-                    f.write(part)
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        self._files.write(self.path(block_hash), [head, _HEADER_CRC.pack(zlib.crc32(head)), *parts])
         return HEADER_BYTES + data_len
 
     def read(self, block_hash: int) -> StoredState | None:

@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from seawall.v1 import common_pb2, kvcache_pb2, worker_pb2, worker_pb2_grpc
 from services.common.sampling_params import SamplingParams
 from services.common.step import NewSequence, StepPlan
-from tests.common.served_worker import served, small_runner
+from tests.common.served_worker import assert_resumes_like_the_source, served, small_runner
 from tests.kvcache.conftest import chain
 from tests.kvcache.test_observability import samples, value
 
@@ -86,15 +86,7 @@ async def test_a_state_stored_with_its_blocks_resumes_the_prefix_on_another_work
         assert value(m, "seawall_kvcache_state_evictions_total", tier="dram") == 0
         assert value(m, "seawall_kvcache_states", tier="disk") == 0  # no disk tier
     # The prompt's last 8 tokens from the loaded prefix, and on the source from its checkpoint: its token.
-    mine = src.execute(StepPlan(2, new=[NewSequence("u", prompt, 40, 32, [0, 1, 4], PARAMS, state_checkpoint=3)],
-                                num_scheduled_tokens={"u": 8}))
-    theirs = dst.execute(StepPlan(1, new=[NewSequence("t", prompt, 40, 32, [5, 6, 7], PARAMS),
-                                          NewSequence("v", prompt, 40, 32, [5, 6, 8], PARAMS)],
-                                  num_scheduled_tokens={"t": 8, "v": 8}))
-    assert not theirs.errors and not mine.errors
-    (t,), (v,), (u,) = theirs.sampled["t"], theirs.sampled["v"], mine.sampled["u"]
-    assert t.token_id == v.token_id == u.token_id == first
-    assert t.logprob == pytest.approx(u.logprob, abs=1e-5)
+    assert_resumes_like_the_source(src, dst, prompt, first, src_blocks=[0, 1, 4])
 
 
 async def test_states_that_cannot_be_read_written_or_kept_are_refused_and_named(make_kvcache, hybrid_model_dir):

@@ -12,7 +12,7 @@ from services.common.sampling_params import SamplingParams
 from services.common.step import ContinuingSequence, NewSequence, StepPlan
 from services.worker.config import WorkerConfig
 from services.worker.servicer import WorkerServicer
-from tests.common.served_worker import CallContext, served, small_runner
+from tests.common.served_worker import CallContext, assert_resumes_like_the_source, served, small_runner
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -83,12 +83,4 @@ async def test_a_state_checkpoint_read_from_a_peer_resumes_the_prefix_there(hybr
         assert missing.status == common_pb2.TRANSFER_STATUS_FAILED and missing.bytes == 0
         assert "state checkpoint 7 was never saved on this worker" in missing.error
     # The rest of the prompt from the pulled prefix, and on the source from its checkpoint: the prompt's token.
-    mine = src.execute(StepPlan(2, new=[NewSequence("u", prompt, 40, 32, [0, 1, 3], PARAMS, state_checkpoint=3)],
-                                num_scheduled_tokens={"u": 8}))
-    theirs = dst.execute(StepPlan(1, new=[NewSequence("t", prompt, 40, 32, [5, 6, 7], PARAMS),
-                                          NewSequence("v", prompt, 40, 32, [5, 6, 8], PARAMS)],
-                                  num_scheduled_tokens={"t": 8, "v": 8}))
-    assert not theirs.errors and not mine.errors
-    (t,), (v,), (u,) = theirs.sampled["t"], theirs.sampled["v"], mine.sampled["u"]
-    assert t.token_id == v.token_id == u.token_id == first.token_id
-    assert t.logprob == pytest.approx(u.logprob, abs=1e-5)  # two sequences in a batch round a little apart
+    assert_resumes_like_the_source(src, dst, prompt, first.token_id, src_blocks=[0, 1, 3])
