@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> KVCacheConfig:
                    help="bytes of host memory for the recurrent states of models with linear-attention layers, "
                         f"stored with their blocks (default {d.state_bytes}; 0 = none)")
     p.add_argument("--state-disk-bytes", type=int, default=d.state_disk_bytes,
-                   help="with --disk-dir: bytes of state files there (each stored state written through; default "
+                   help="with --disk-dir: bytes of state files there (memory's evicted states, and the rest at exit; default "
                         f"{d.state_disk_bytes}; 0 = states in memory only)")
     p.add_argument("--disk-dir", default=None, help="directory of the disk tier (default: no disk tier)")
     p.add_argument("--disk-bytes", type=int, default=0, help="bytes the disk tier may fill (with --disk-dir)")

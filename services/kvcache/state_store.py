@@ -6,12 +6,12 @@ keyed by that block's hash (the hash chains every token before it, so one hash i
 resumes from the longest stored prefix that ends in a state (``deepest``).
 
 States live in host memory, within ``capacity_bytes`` of their own (a hybrid's state is one size per sequence,
-tens of MiB for a large model, unlike a block; they are few). With a disk tier (``files``), each is also written
-to disk as it is stored (write-through: a state never changes, so it is written once) within ``disk_bytes``:
-memory then drops its least recently used states freely, a load reads a state memory dropped from its file
-(and keeps it in memory again), and a restarted kvcache finds them all (``recover``). Eviction is least recently
-used first in each tier; a state whose block a Lookup pinned (``pinned``, the block store's pins) stays until
-the pin expires.
+tens of MiB for a large model, unlike a block; they are few). With a disk tier (``files``, within ``disk_bytes``)
+the states memory makes room by go to disk (once: a state never changes, so a file stays valid and a state read
+back into memory is clean), a load reads one back from its file (keeping it in memory again), ``flush`` writes
+the rest at shutdown, and a restarted kvcache finds them (``recover``), as the block tiers do. Eviction is
+least recently used first in each tier; a state whose block a Lookup pinned (``pinned``, the block store's
+pins) is not dropped until the pin expires.
 """
 
 from __future__ import annotations
@@ -73,16 +73,16 @@ class StateStore:
         return next((k for k in range(len(hashes), 0, -1) if hashes[k - 1] in self), 0)
 
     async def put(self, block_hash: int, state: StoredState) -> bool:
-        """Stores ``state`` after ``block_hash``'s block (and on disk, with a disk tier), evicting least
-        recently used unpinned states to make room; False when it fits in neither tier. A state stored
-        already is touched, not replaced: the same hash is the same state."""
+        """Stores ``state`` after ``block_hash``'s block, making room in memory (the least recently used
+        unpinned states go, to disk when there is a disk tier); straight to disk when memory cannot hold it.
+        False when it fits in neither. A state stored already is touched, not replaced: the same hash is the
+        same state."""
         if block_hash in self:
             self.touch(block_hash)
             return True
-        kept = self._keep(block_hash, state)
-        if self.files is not None and await self._write(block_hash, state):
+        if await self._insert(block_hash, state):
             return True
-        return kept
+        return self.files is not None and await self._write(block_hash, state)
 
     async def get(self, block_hash: int) -> StoredState | None:
         """The state stored after ``block_hash``'s block (touched: a load is a use), read from disk when memory
@@ -98,8 +98,18 @@ class StateStore:
             self.disk_used -= self._disk.pop(block_hash, 0)
             return None
         self._disk.move_to_end(block_hash)
-        self._keep(block_hash, state)
+        await self._insert(block_hash, state)
         return state
+
+    async def flush(self) -> int:
+        """Writes every state held in memory alone to disk, least recently used first (when the disk fills, the
+        newest win): what a restart then finds. Returns the number written."""
+        if self.files is None:
+            return 0
+        dirty = [(h, s) for h, s in self._states.items() if h not in self._disk]
+        with anyio.CancelScope(shield=True):
+            written = [await self._write(h, s) for h, s in dirty]
+        return sum(written)
 
     def recover(self) -> int:
         """Indexes the disk tier's state files (blocking I/O: call before serving), oldest first; deletes the
@@ -127,19 +137,26 @@ class StateStore:
             if block_hash in index:
                 index.move_to_end(block_hash)
 
-    def _keep(self, block_hash: int, state: StoredState) -> bool:
-        """``state`` in memory, making room there; False when it cannot fit."""
+    async def _insert(self, block_hash: int, state: StoredState) -> bool:
+        """``state`` in memory, the states that make room for it written to disk (those without a file) when
+        there is a disk tier, else dropped; False when it cannot fit."""
         if block_hash in self._states:
             return True
+        # With a disk tier a pinned state may make room too: it goes to disk, not away.
         victims = self._room(self._states, state.nbytes, self.capacity_bytes - self.used_bytes,
-                             self.capacity_bytes, lambda s: s.nbytes)
+                             self.capacity_bytes, lambda s: s.nbytes, pins=self.files is None)
         if victims is None:
             return False
-        for h in victims:
-            self.used_bytes -= self._states.pop(h).nbytes
+        gone = [(h, self._states.pop(h)) for h in victims]
+        for _, old in gone:
+            self.used_bytes -= old.nbytes
             self.num_evictions += 1
         self._states[block_hash] = state
         self.used_bytes += state.nbytes
+        if self.files is not None:
+            for h, old in gone:
+                if h not in self._disk:
+                    await self._write(h, old)
         return True
 
     async def _write(self, block_hash: int, state: StoredState) -> bool:
@@ -166,15 +183,17 @@ class StateStore:
             self.files.delete(h)
         self.files.write(block_hash, state)
 
-    def _room(self, index: OrderedDict, need: int, free: int, capacity: int, size) -> list[int] | None:
-        """The least recently used unpinned entries of ``index`` whose going frees ``need`` bytes, or None."""
+    def _room(self, index: OrderedDict, need: int, free: int, capacity: int, size,
+              pins: bool = True) -> list[int] | None:
+        """The least recently used entries of ``index`` (unpinned ones, with ``pins``) whose going frees ``need``
+        bytes, or None."""
         if need > capacity:
             return None
         victims = []
         for h, entry in index.items():
             if free >= need:
                 break
-            if not self._pinned(h):
+            if not (pins and self._pinned(h)):
                 victims.append(h)
                 free += size(entry)
         return victims if free >= need else None

@@ -477,6 +477,9 @@ class KVStore:
         fills, the newest win). Returns the number of blocks written."""
         if self.disk is None or self.layout is None:
             return 0
+        states = await self.states.flush()
+        if states:
+            log.info("wrote %d memory-only recurrent states to the disk tier", states)
         before = len(self._disk)
         dirty = [(h, s) for h, s in self._dram.items() if h not in self._disk and not self._refs[s]]
         for i in range(0, len(dirty), _FLUSH_BATCH):

@@ -1,6 +1,6 @@
 """The state store's bookkeeping with plain data and real files: which prefix a stored state resumes,
 least-recently-used eviction within its bytes in each tier, pins, states too large to keep, the disk tier's
-write-through, reads back and recovery after a restart, and damaged files."""
+write-back on eviction and at shutdown, reads back and recovery after a restart, and damaged files."""
 
 from __future__ import annotations
 
@@ -71,20 +71,30 @@ async def test_with_a_disk_tier_states_outlive_memory_and_a_restart(tmp_path):
     states = StateStore(200, files=StateFiles(tmp_path), disk_bytes=3 * size)
     for h in (1, 2, 3):
         assert await states.put(h, _state(100, tokens=16 * h, fill=bytes([h])))
-    assert (len(states), states.num_on_disk, states.disk_used) == (2, 3, 3 * size)  # 1 left memory, not disk
+    assert (len(states), states.num_on_disk, states.disk_used) == (2, 1, size)  # 1 went to disk for 3
     assert 1 in states and states.deepest([1]) == 1
-    back = await states.get(1)  # read from its file, and kept in memory again (2 makes the room)
-    assert back == _state(100, tokens=16, fill=b"\x01") and len(states) == 2 and (await states.get(2)) is not None
-    assert await states.put(4, _state(100))  # the disk holds three: the least recently used file goes
-    assert states.num_on_disk == 3 and states.num_disk_evictions == 1
-    assert not StateFiles(tmp_path).path(3).exists()
+    back = await states.get(1)  # read from its file and kept in memory again: 2 goes to disk for it
+    assert back == _state(100, tokens=16, fill=b"\x01") and (len(states), states.num_on_disk) == (2, 2)
+    assert await states.get(2) == _state(100, tokens=32, fill=b"\x02")  # and 3 for 2: the disk is full
+    assert await states.put(4, _state(100, tokens=64, fill=b"\x04"))  # 1 makes room: its file stays (clean)
+    assert (states.num_on_disk, states.num_disk_evictions) == (3, 0)
+    assert await states.flush() == 1  # 4, memory's alone: the least recently used file (1) goes for it
+    assert (states.num_on_disk, states.num_disk_evictions) == (3, 1) and not StateFiles(tmp_path).path(1).exists()
 
     restarted = StateStore(200, files=StateFiles(tmp_path), disk_bytes=3 * size)
     assert restarted.recover() == 3 and len(restarted) == 0 and restarted.disk_used == 3 * size
-    assert [h for h in (1, 2, 3, 4) if h in restarted] == [1, 2, 4]
-    assert await restarted.get(2) == _state(100, tokens=32, fill=b"\x02")
+    assert [h for h in (1, 2, 3, 4) if h in restarted] == [2, 3, 4]
+    assert await restarted.get(4) == _state(100, tokens=64, fill=b"\x04")
     smaller = StateStore(200, files=StateFiles(tmp_path), disk_bytes=2 * size)
     assert smaller.recover() == 2 and smaller.num_disk_evictions == 1  # the oldest file goes
+
+
+async def test_pinned_states_go_to_disk_rather_than_away(tmp_path):
+    pinned = {1, 2}
+    states = StateStore(200, pinned=lambda h: h in pinned, files=StateFiles(tmp_path), disk_bytes=1 << 20)
+    for h in (1, 2, 3):
+        assert await states.put(h, _state(100))
+    assert (len(states), states.num_on_disk) == (2, 1) and all(h in states for h in (1, 2, 3))
 
 
 async def test_a_damaged_state_file_is_deleted_and_a_miss(tmp_path):
