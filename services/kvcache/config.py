@@ -19,8 +19,8 @@ class KVCacheConfig:
     # state per stored turn, state_store.py). 0 = store none: such a model's turns then resume only from the
     # workers' own saved states.
     state_bytes: int = 1 << 30
-    # With disk_dir: bytes of the disk tier's state files (each state written as it is stored, so memory may
-    # drop it and a restart finds it); 0 = states in memory only.
+    # With disk_dir: bytes of the disk tier's state files (the states memory makes room by, and the rest at
+    # shutdown, so a restart finds them); 0 = states in memory only.
     state_disk_bytes: int = 4 << 30
     # Directory of the disk tier (one file per block); None = no disk tier (DRAM evictions drop blocks).
     disk_dir: str | None = None

@@ -97,7 +97,8 @@ class StateStore:
         if state is None:  # the file failed its checks (deleted) or went meanwhile
             self.disk_used -= self._disk.pop(block_hash, 0)
             return None
-        self._disk.move_to_end(block_hash)
+        if block_hash in self._disk:  # a write making room on disk may have taken its file meanwhile
+            self._disk.move_to_end(block_hash)
         await self._insert(block_hash, state)
         return state
 
@@ -173,8 +174,10 @@ class StateStore:
             await anyio.to_thread.run_sync(self._write_file, block_hash, state, victims)
         except OSError as exc:
             self.disk_used -= need
-            log.warning("writing the state after block %016x failed (%s): kept in memory only", block_hash, exc)
+            log.warning("writing the state after block %016x failed (%s): it is not on disk", block_hash, exc)
             return False
+        if block_hash in self._disk:  # the same state written by another call meanwhile: one file
+            self.disk_used -= need
         self._disk[block_hash] = need
         return True
 

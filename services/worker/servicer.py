@@ -189,7 +189,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         return worker_pb2.PullKVResponse(**outcome.response_fields())
 
     async def _pull_state(self, request, blocks: TransferOutcome) -> TransferOutcome:
-        """After a sequence's blocks, its recurrent state from the same source (services/common/grpc_state.py), kept until
+        """After a sequence's blocks, its recurrent state from the same source (common/grpc_state.py), kept until
         the plan that adds the sequence; the transfer fails as a whole when the state does not come."""
         started = time.perf_counter()
         timeout_s = (request.timeout_ms / 1e3 if request.timeout_ms else 60.0) - blocks.seconds

@@ -111,3 +111,14 @@ async def test_a_damaged_state_file_is_deleted_and_a_miss(tmp_path):
     files.path(8).write_bytes(b"SWST" + bytes(10))  # a torn header: dropped on restart
     assert StateStore(0, files=StateFiles(tmp_path), disk_bytes=1 << 20).recover() == 0
     assert not files.path(8).exists()
+
+
+async def test_one_state_written_by_two_calls_at_once_is_one_file(tmp_path):
+    import anyio
+
+    states = StateStore(1000, files=StateFiles(tmp_path), disk_bytes=1 << 20)
+    assert await states.put(1, _state(100))
+    async with anyio.create_task_group() as tg:  # both find it in memory alone, both write it
+        tg.start_soon(states.flush)
+        tg.start_soon(states.flush)
+    assert (states.num_on_disk, states.disk_used) == (1, StateFiles.nbytes(_state(100)))
