@@ -11,19 +11,27 @@ A decode (one token) takes that step as written. A prompt chunk takes the same r
 tokens (the chunked form: within a block, triangular solves; across blocks, the state), starting from the
 state its previous chunks left, so a prompt split into chunks of any size reaches the state a whole prompt
 would. Both follow transformers' torch kernels op for op (the oracle); outputs are normed per head and gated
-by a SiLU of a projection of the input (``z``).
+by a SiLU of a projection of the input (``z``). On the CPU in fp32 a fused kernel (cpu_kernels/recurrent.c)
+takes every token, a prompt's too, as a recurrent step, on the states in place in their slots: the same
+recurrence to fp32 rounding, without the chunked form's triangular solves or gathering the states.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.engine.attention import AttentionBatch
+from services.engine.cpu_kernels import MAX_HEAD_DIM
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
+
+if TYPE_CHECKING:
+    from services.engine.cpu_kernels import CpuKernels
 
 _CHUNK = 64  # transformers' (and FLA's) block of the chunked form
 _L2_EPS = 1e-6
@@ -73,17 +81,20 @@ class GatedDeltaNet(nn.Module):
         s, t = self.shape, x.shape[0]
         rb = batch.recurrent
         mixed, z, b, a = self._project(x)
-        mixed = causal_conv(mixed, rb, self.state_index, self.conv1d.weight, None)
+        mixed = causal_conv(mixed, rb, self.state_index, self.conv1d.weight, None, kernels=batch.kernels)
         q, k, v = mixed.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
         q = q.reshape(t, s.num_key_heads, s.key_head_dim)
         k = k.reshape(t, s.num_key_heads, s.key_head_dim)
         v = v.reshape(t, s.num_value_heads, s.value_head_dim)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        if s.num_value_heads != s.num_key_heads:  # each q/k head serves that many consecutive value heads
-            r = s.num_value_heads // s.num_key_heads
-            q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
-        out = self._delta_rule(q, k, v, g, beta, rb).to(x.dtype)
+        if batch.kernels is not None and max(s.key_head_dim, s.value_head_dim) <= MAX_HEAD_DIM:
+            out = self._fused_delta_rule(batch.kernels, q, k, v, g, beta, rb)
+        else:
+            if s.num_value_heads != s.num_key_heads:  # each q/k head serves that many consecutive value heads
+                r = s.num_value_heads // s.num_key_heads
+                q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
+            out = self._delta_rule(q, k, v, g, beta, rb).to(x.dtype)
         out = self.norm(out.reshape(-1, s.value_head_dim), z.reshape(-1, s.value_head_dim))
         return self.out_proj(out.reshape(t, s.value_dim))
 
@@ -115,6 +126,19 @@ class GatedDeltaNet(nn.Module):
                                                 for t in (q, k, v, g, beta)), state)
                 out[span] = o.flatten(0, 1)
             rb.keep(ssm, grp, state)
+        return out
+
+
+    def _fused_delta_rule(self, kernels: CpuKernels, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
+        """``_delta_rule`` by the fused CPU kernel (fp32): each group's states updated in place in their slots,
+        one token at a time, prompt chunks too; q and k per key head (the kernel maps value heads to them)."""
+        ssm = rb.states.ssm[self.state_index]
+        out = torch.empty(v.shape, dtype=torch.float32)
+        for grp in rb.groups:
+            span = grp.tokens
+            kernels.gated_delta_(out[span], q[span], k[span], v[span], g[span], beta[span], ssm, grp.slots,
+                                 grp.length, _L2_EPS)
+            rb.save(ssm, grp)
         return out
 
 

@@ -48,7 +48,7 @@ class Mamba1Mixer(nn.Module):
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
         s, rb = self.shape, batch.recurrent
         h, gate = self.in_proj(x).chunk(2, dim=-1)
-        h = causal_conv(h, rb, self.state_index, self.conv1d.weight, self.conv1d.bias)
+        h = causal_conv(h, rb, self.state_index, self.conv1d.weight, self.conv1d.bias, kernels=batch.kernels)
         dt, b, c = self.x_proj(h).split([s.dt_rank, s.state_size, s.state_size], dim=-1)
         # Jamba's RMSNorms on dt, B and C (Llama's: the weight applied after the cast back).
         dt = rms_norm(dt, self.dt_layernorm.weight, self.eps)

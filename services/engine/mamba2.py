@@ -61,7 +61,7 @@ class Mamba2Mixer(nn.Module):
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
         s, rb = self.shape, batch.recurrent
         gate, xbc, dt = self.in_proj(x).split([s.intermediate, s.conv_dim, s.num_heads], dim=-1)
-        xbc = causal_conv(xbc, rb, self.state_index, self.conv1d.weight, self.conv1d.bias)
+        xbc = causal_conv(xbc, rb, self.state_index, self.conv1d.weight, self.conv1d.bias, kernels=batch.kernels)
         h, b, c = xbc.split([s.intermediate, s.n_groups * s.state_size, s.n_groups * s.state_size], dim=-1)
         y = self._scan(h, b, c, dt, rb)
         return self.out_proj(self.norm(y, gate).to(x.dtype))

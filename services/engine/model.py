@@ -9,8 +9,9 @@ that says where each token's K/V lives. q/k/v and gate/up projections are fused 
 each instead of three and two); ``load_weights`` maps Hugging Face names onto the fused parameters.
 
 Two paths over the same weights: the modules' own ``forward`` (torch ops, any device and dtype), and, when
-the batch carries the fused CPU kernels and the model is Llama-shaped, ``_forward_fused``: one flat loop
-over each layer's tensors. On the
+the batch carries the fused CPU kernels and the model's blocks are Llama-shaped (``fused_blocks``; a hybrid's
+linear layers and gated attention are called as modules there), ``_forward_fused``: one flat loop over each
+layer's tensors. On the
 tiny model a 64-decode pass is ~1.6 ms, and the modules' calls and attribute look-ups cost ~0.1 ms of it.
 """
 
@@ -414,7 +415,7 @@ class LlamaForCausalLM(nn.Module):
         with ``hidden`` their final hidden states (after the last norm; ``head`` makes logits of them);
         ``lora``: the adapters of the batch's sequences (lora.py)."""
         c = self.config
-        if batch.kernels is not None and c.is_llama_like:
+        if batch.kernels is not None and c.fused_blocks:
             x = self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels, lora)
             return x if hidden else self.head(x)
         x = self.model.embed_tokens(input_ids)
@@ -450,7 +451,8 @@ class LlamaForCausalLM(nn.Module):
                        lora: LoraBatch | None) -> torch.Tensor:
         """``forward`` with the fused CPU kernels for norms (residual add folded in), RoPE and SiLU·mul; the same
         ops in the same order as the modules, so the same numbers as the torch path up to the kernels' rounding.
-        Returns the selected tokens' final hidden states."""
+        A layer whose mixer is not plain attention (a hybrid's linear layers, gated attention) has its mixer
+        module called, with the kernels in ``batch``. Returns the selected tokens' final hidden states."""
         c = self.config
         t, eps, d = input_ids.shape[0], c.rms_norm_eps, c.head_dim
         q_size, kv_size = c.num_attention_heads * d, c.num_key_value_heads * d
@@ -460,6 +462,12 @@ class LlamaForCausalLM(nn.Module):
         for i, w in enumerate(self._layer_weights()):
             h = kernels.add_rms_norm(x, residual, w.input_norm, eps)
             residual = x if residual is None else residual  # the kernel added x into residual in place
+            if w.mixer is not None:
+                out = w.mixer(h, cos, sin, batch, kv, lora)
+                h = kernels.add_rms_norm(out, residual, w.post_norm, eps)
+                del out
+                x = self._fused_mlp(h, w, i, kernels, lora)
+                continue
             qkv = F.linear(h, w.qkv, w.qkv_bias)
             if lora is not None:
                 lora.add(qkv, h, i, "qkv")
@@ -474,37 +482,46 @@ class LlamaForCausalLM(nn.Module):
             if c.qk_norm_after_rope:  # Hunyuan
                 qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
             v = qkv[:, q_size + kv_size :].view(t, c.num_key_value_heads, d)
-            k_cache, v_cache = kv.layer(i)
+            k_cache, v_cache = kv.layer(w.kv_layer)
             o = paged_attention(qk[:, : c.num_attention_heads], qk[:, c.num_attention_heads :], v, k_cache, v_cache,
                                 batch, c.attends_locally(i))
             o = o.view(t, q_size)
             out = F.linear(o, w.o)
             h = kernels.add_rms_norm(out if lora is None else lora.add(out, o, i, "o"), residual, w.post_norm, eps)
             del qkv, qk, v, o, out  # freed before the MLP's big temporaries, as when Attention.forward returned
-            if w.moe is not None:
-                x = w.moe(h, act_mul=kernels.silu_mul)
-            elif lora is None:
-                x = F.linear(kernels.silu_mul(F.linear(h, w.gate_up)), w.down)
-            else:
-                act = kernels.silu_mul(lora.add(F.linear(h, w.gate_up), h, i, "gate_up"))
-                x = lora.add(F.linear(act, w.down), act, i, "down")
+            x = self._fused_mlp(h, w, i, kernels, lora)
         return kernels.add_rms_norm(x[logits_index], residual[logits_index], self.model.norm.weight, eps)
+
+    @staticmethod
+    def _fused_mlp(h: torch.Tensor, w: _LayerWeights, layer: int, kernels: CpuKernels,
+                   lora: LoraBatch | None) -> torch.Tensor:
+        if w.moe is not None:
+            return w.moe(h, act_mul=kernels.silu_mul)
+        if lora is None:
+            return F.linear(kernels.silu_mul(F.linear(h, w.gate_up)), w.down)
+        act = kernels.silu_mul(lora.add(F.linear(h, w.gate_up), h, layer, "gate_up"))
+        return lora.add(F.linear(act, w.down), act, layer, "down")
 
     def _layer_weights(self) -> list[_LayerWeights]:
         """Each layer's tensors, looked up once (the runner never moves or replaces a loaded model's parameters:
         ``load_weights`` copies into them)."""
         cached = self.__dict__.get("_layer_weights_cache")
         if cached is None:
-            cached = [_LayerWeights(layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight,
-                                    layer.self_attn.qkv_proj.bias, layer.self_attn.o_proj.weight,
-                                    layer.post_attention_layernorm.weight,
-                                    *((None, None, layer.mlp) if isinstance(layer.mlp, SparseMoE)
-                                      else (layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight, None)),
-                                    *((layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight)
-                                      if self.config.qk_norm else (None, None)))
-                      for layer in self.model.layers]
+            cached = [self._weights_of(i, layer) for i, layer in enumerate(self.model.layers)]
             self.__dict__["_layer_weights_cache"] = cached
         return cached
+
+    def _weights_of(self, i: int, layer: DecoderLayer) -> _LayerWeights:
+        mlp = (None, None, layer.mlp) if isinstance(layer.mlp, SparseMoE) else (
+            layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight, None)
+        if i in self.config.linear_layers or not self.config.plain_attention:
+            return _LayerWeights(layer.input_layernorm.weight, None, None, None, layer.post_attention_layernorm.weight,
+                                 *mlp, None, None, getattr(layer, layer.mixer))
+        attn = layer.self_attn
+        return _LayerWeights(layer.input_layernorm.weight, attn.qkv_proj.weight, attn.qkv_proj.bias,
+                             attn.o_proj.weight, layer.post_attention_layernorm.weight, *mlp,
+                             *((attn.q_norm.weight, attn.k_norm.weight) if self.config.qk_norm else (None, None)),
+                             None, attn.kv_layer)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads Hugging Face-named tensors into the fused q/k/v and gate/up and the stacked experts, each as it
@@ -580,15 +597,17 @@ class LlamaForCausalLM(nn.Module):
 
 class _LayerWeights(NamedTuple):
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: torch.Tensor | None  # the attention's tensors are None where ``mixer`` is called instead
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    o: torch.Tensor | None
     post_norm: torch.Tensor
     gate_up: torch.Tensor | None  # None in a mixture-of-experts layer, whose MLP is ``moe``
     down: torch.Tensor | None
     moe: SparseMoE | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    mixer: nn.Module | None = None  # a layer whose mixer is not plain attention (linear attention, gated)
+    kv_layer: int = 0  # the attention's layer of the KV pool (a hybrid's linear layers have none)
 
 
 _FUSED = {

@@ -433,16 +433,26 @@ class ModelConfig:
 
     @property
     def is_llama_like(self) -> bool:
-        """The decoder the fused CPU forward computes: SwiGLU, pre-norms only, plain embeddings and scaling."""
-        return (self.hidden_act == "silu" and self.embed_scale == 1.0 and not self.norm_unit_offset
-                and not self.sandwich_norms and self.pre_norms and self.attn_scale is None and self.local_rope_theta is None
+        """The decoder the fused CPU forward computes whole: its blocks, and attention in every layer."""
+        return self.fused_blocks and self.plain_attention and not self.linear_layers
+
+    @property
+    def fused_blocks(self) -> bool:
+        """Decoder blocks the fused CPU forward computes (fp32 only): SwiGLU, pre-norms only, plain embeddings
+        and scaling. Their mixers it computes inline where they are ``plain_attention``, or calls. A norm stored
+        as w for a scale of 1 + w is loaded as 1 + w, so in fp32 its kernel computes what the module does."""
+        return (self.hidden_act == "silu" and self.embed_scale == 1.0 and not self.sandwich_norms
+                and self.pre_norms and self.attn_scale is None and self.local_rope_theta is None
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
-                and not self.o_proj_bias and not self.attention_sinks and not self.moe_biases
-                and self.swiglu_limit is None and not self.mla and not self.qk_l2_norm
-                and self.nope_temperature is None and self.q_position_scale is None and not self.layer_norm
-                and not self.parallel_block and self.attn_output_gate is None
-                and self.logit_scale == 1.0 and not self.mlp_bias and not self.lm_head_bias and self.clip_qkv is None
-                and not self.linear_layers)
+                and not self.moe_biases and self.swiglu_limit is None and self.nope_temperature is None
+                and self.q_position_scale is None and not self.layer_norm and not self.parallel_block
+                and self.logit_scale == 1.0 and not self.mlp_bias and not self.lm_head_bias and not self.sublayers)
+
+    @property
+    def plain_attention(self) -> bool:
+        """Attention layers the fused CPU forward computes inline (Llama's, with Qwen3's q/k norms or OLMoE's)."""
+        return (not self.norm_unit_offset and not self.o_proj_bias and not self.attention_sinks and not self.mla
+                and not self.qk_l2_norm and self.attn_output_gate is None and self.clip_qkv is None)
 
     @property
     def norm_scale_in_fp32(self) -> bool:

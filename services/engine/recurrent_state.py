@@ -267,3 +267,10 @@ class RecurrentBatch:
         rows.index_copy_(0, group.slots, state)
         if group.save_to is not None:
             rows.index_copy_(0, group.save_to, state)
+
+    @staticmethod
+    def save(rows: torch.Tensor, group: SpanGroup) -> None:
+        """After a kernel updated ``group``'s states in place in ``rows``: copies them to the checkpoint rows it
+        saves to, if any."""
+        if group.save_to is not None:
+            rows.index_copy_(0, group.save_to, rows.index_select(0, group.slots))

@@ -1,25 +1,40 @@
 """The short causal convolution in front of a linear-attention layer (Gated DeltaNet, Mamba-2), per sequence of a
 step's flat batch, after the inputs its recurrent state kept (recurrent_state.py), whose last ``kernel - 1`` it
 then keeps; SiLU after it, as both architectures have; computed with torch's grouped conv1d, as transformers
-computes it. And LFM2's conv layers, which are such a convolution between two gates."""
+computes it, or on the CPU in fp32 by a fused kernel that updates the windows in place (cpu_kernels/recurrent.c).
+And LFM2's conv layers, which are such a convolution between two gates."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.engine.attention import AttentionBatch
+from services.engine.cpu_kernels import MAX_CONV_KERNEL
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 
+if TYPE_CHECKING:
+    from services.engine.cpu_kernels import CpuKernels
+
 
 def causal_conv(x: torch.Tensor, rb: RecurrentBatch, state_index: int, weight: torch.Tensor,
-                bias: torch.Tensor | None, silu: bool = True) -> torch.Tensor:
+                bias: torch.Tensor | None, silu: bool = True, kernels: CpuKernels | None = None) -> torch.Tensor:
     """``x`` ``[T, channels]`` → SiLU(conv) (``silu`` False: the conv alone) ``[T, channels]``; ``weight``
-    ``[channels, 1, kernel]``; updates the convolution states of layer ``state_index`` for the batch's sequences."""
+    ``[channels, 1, kernel]``; updates the convolution states of layer ``state_index`` for the batch's sequences.
+    With ``kernels`` (fp32 on the CPU), each group's windows are updated in place by the fused kernel."""
     conv = rb.states.conv[state_index]
     channels, kept = weight.shape[0], conv.shape[-1]
+    if kernels is not None and kept + 1 <= MAX_CONV_KERNEL:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        weight_t = weight.view(channels, kept + 1).t().contiguous()
+        for g in rb.groups:
+            kernels.causal_conv_(out[g.tokens], x[g.tokens], conv, g.slots, g.length, weight_t, bias, silu)
+            rb.save(conv, g)
+        return out
     act = F.silu if silu else _identity
     out = torch.empty_like(x)
     for g in rb.groups:  # each group at once: [count, channels, kept + length] windows
@@ -49,5 +64,6 @@ class GatedShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
         b, c, h = self.in_proj(x).chunk(3, dim=-1)
-        h = causal_conv(b * h, batch.recurrent, self.state_index, self.conv.weight, self.conv.bias, silu=False)
+        h = causal_conv(b * h, batch.recurrent, self.state_index, self.conv.weight, self.conv.bias, silu=False,
+                        kernels=batch.kernels)
         return self.out_proj(c * h)

@@ -1,5 +1,6 @@
-"""Fused C kernels for the CPU fp32 path (kernels.c: paged attention, RMSNorm, RoPE, SiLU·mul, argmax),
-built once per machine and loaded with ctypes.
+"""Fused C kernels for the CPU fp32 path (kernels.c: paged attention, RMSNorm, RoPE, SiLU·mul, argmax;
+recurrent.c: linear-attention layers' short convolution and Gated DeltaNet's delta rule), built once per machine
+into one library and loaded with ctypes.
 
 Why built here rather than shipped: ``-march=native`` vectorises the inner loops for this CPU's widest units
 (the decode kernel ran ~3x faster than gather + SDPA with it, ~1.7x without fast reductions), and a plain C
@@ -29,7 +30,9 @@ from services.engine.builtin_model import default_cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels.c")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "kernels.c", HERE / "recurrent.c")
+HEADERS = (HERE / "vector_exp.h",)
 # Fast reductions without -ffast-math: -ffast-math would link crtfastmath, which flips the whole process's
 # floating-point mode (flush-to-zero) and changes torch's results too. These only let this file reassociate.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
@@ -38,6 +41,9 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fassociative-m
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _I = ctypes.c_int
+# recurrent.c's fixed buffers: a convolution's window, a Gated DeltaNet head's key and value dims.
+MAX_CONV_KERNEL = 8
+MAX_HEAD_DIM = 256
 
 
 class CpuKernels:
@@ -68,6 +74,13 @@ class CpuKernels:
         self._argmax = lib.seawall_argmax_rows
         self._argmax.restype = None
         self._argmax.argtypes = [_P, _P, _I64, _I, _I]
+        self._conv = lib.seawall_causal_conv
+        self._conv.restype = None
+        self._conv.argtypes = [_P, _I64, _P, _I64, _P, _P, _I, _I, _P, _P, _I, _I, _I]
+        self._delta = lib.seawall_gated_delta
+        self._delta.restype = None
+        self._delta.argtypes = [_P, _I64, _P, _P, _I64, _P, _I64, _P, _P, _I64, _P, _P, _I, _I, _I, _I, _I, _I,
+                                ctypes.c_float]
 
     # The wrappers run ~6 times per layer and pass: they check only what the C loops rely on (dtype, device,
     # innermost strides), cheaply (``is_cpu`` and ``empty_like`` cost a fraction of ``device.type`` and
@@ -171,6 +184,66 @@ class CpuKernels:
         return out
 
 
+    def causal_conv_(self, out: torch.Tensor, x: torch.Tensor, windows: torch.Tensor, slots: torch.Tensor,
+                     length: int, weight_t: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> None:
+        """Sequence s of ``slots`` (its rows ``[s * length, + length)`` of x and out ``[n, channels]``): out =
+        the depthwise causal convolution of x after the inputs its window ``windows[slots[s]]`` (``[rows,
+        channels, kernel - 1]``, contiguous) holds, then SiLU when ``silu``; the window then holds the last of
+        them. ``weight_t``: ``[kernel, channels]`` (conv1d's weight transposed), ``bias``: ``[channels]``."""
+        rows, channels = x.shape
+        kernel = weight_t.shape[0]
+        _check_matrix(x, channels)
+        _check_matrix(out, channels)
+        _check_matrix(weight_t, channels)
+        if bias is not None:
+            _check_matrix(bias.view(1, -1), channels)
+        if not (2 <= kernel <= MAX_CONV_KERNEL and windows.dtype is torch.float32 and windows.is_cpu
+                and windows.is_contiguous() and windows.shape[1:] == (channels, kernel - 1)
+                and rows == out.shape[0] == slots.shape[0] * length):
+            raise ValueError(f"expected fp32 CPU windows [rows, {channels}, {kernel - 1}] (kernel <= "
+                             f"{MAX_CONV_KERNEL}) and {slots.shape[0]} x {length} rows, got {windows.dtype} "
+                             f"{tuple(windows.shape)} and {rows}")
+        _check_slots(slots, windows.shape[0])
+        self._conv(out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), windows.data_ptr(), slots.data_ptr(),
+                   slots.shape[0], length, weight_t.data_ptr(), None if bias is None else bias.data_ptr(),
+                   channels, kernel, int(silu))
+
+    def gated_delta_(self, out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                     beta: torch.Tensor, states: torch.Tensor, slots: torch.Tensor, length: int,
+                     eps: float) -> None:
+        """Gated DeltaNet's delta rule for sequence s of ``slots`` (rows ``[s * length, + length)``), from and
+        into its state ``states[slots[s]]`` (``[rows, value heads, key dim, value dim]``, contiguous), one token
+        at a time: q, k ``[n, key heads, Dk]`` (before their l2 norm), v, out ``[n, value heads, Dv]``, g (log
+        decay), beta ``[n, value heads]``; q and k at one row stride."""
+        n, hk, dk = q.shape
+        _, hv, dv = v.shape
+        for t in (q, k, v, out):
+            _check_rows(t)
+        _check_matrix(g, hv)
+        _check_matrix(beta, hv)
+        if not (k.shape == q.shape and k.stride(0) == q.stride(0) and out.shape == v.shape and g.stride(0) ==
+                beta.stride(0) and n == v.shape[0] == g.shape[0] == beta.shape[0] == slots.shape[0] * length
+                and hv % hk == 0 and max(dk, dv) <= MAX_HEAD_DIM):
+            raise ValueError(f"q/k {tuple(q.shape)}, v/out {tuple(v.shape)}, g/beta {tuple(g.shape)} do not fit "
+                             f"{slots.shape[0]} x {length} rows, value heads a multiple of key heads, head dims "
+                             f"<= {MAX_HEAD_DIM}")
+        if states.dtype is not torch.float32 or not states.is_cpu or not states.is_contiguous() or \
+                states.shape[1:] != (hv, dk, dv):
+            raise ValueError(f"expected fp32 CPU contiguous states [rows, {hv}, {dk}, {dv}], got {states.dtype} "
+                             f"{tuple(states.shape)}")
+        _check_slots(slots, states.shape[0])
+        self._delta(out.data_ptr(), out.stride(0), q.data_ptr(), k.data_ptr(), q.stride(0), v.data_ptr(),
+                    v.stride(0), g.data_ptr(), beta.data_ptr(), g.stride(0), states.data_ptr(), slots.data_ptr(),
+                    slots.shape[0], length, hk, hv, dk, dv, eps)
+
+
+def _check_slots(slots: torch.Tensor, rows: int) -> None:
+    """Rows of a state pool the kernel writes: contiguous int64 in [0, rows) (C would write anywhere)."""
+    _check_index(slots)
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= rows):
+        raise ValueError(f"state slots {slots.tolist()} outside the pool's {rows} rows")
+
+
 def _check_matrix(t: torch.Tensor, cols: int) -> None:
     """fp32 on the CPU, ``[rows, cols]`` with contiguous rows at any row stride."""
     if t.dtype is not torch.float32 or not t.is_cpu or t.dim() != 2 or t.stride(1) != 1 or t.shape[1] != cols:
@@ -227,15 +300,16 @@ def load(compiler: str | None = None) -> CpuKernels | None:
 
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    texts = [f.read_text() for f in (*SOURCES, *HEADERS)]
+    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
     path = default_cache_dir() / "kernels" / f"seawall-cpu-{key.hexdigest()[:16]}.so"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         built = Path(tmp) / path.name
-        proc = subprocess.run([cc, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run([cc, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"], capture_output=True,
+                              text=True, timeout=120)
         if proc.returncode != 0:
             raise OSError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
         os.replace(built, path)

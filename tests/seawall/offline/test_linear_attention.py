@@ -60,11 +60,12 @@ def case(hf_model):
 
 
 def _engine(model_dir, config: SchedulerConfig, blocks: int | None = None, checkpoints: int = 16,
-            host_checkpoints: int = 64) -> OfflineEngine:
+            host_checkpoints: int = 64, cpu_kernels: bool = True) -> OfflineEngine:
     block_bytes = 16 * 2 * 2 * 16 * 4  # one attention layer's K and V, 16 tokens of 2 heads of 16, fp32
     return OfflineEngine(EngineConfig(model=str(model_dir), dtype="float32",
                                       kv_cache_bytes=(blocks or 256) * block_bytes, swap_bytes=200 * block_bytes,
-                                      state_checkpoints=checkpoints, host_state_checkpoints=host_checkpoints), config)
+                                      state_checkpoints=checkpoints, host_state_checkpoints=host_checkpoints,
+                                      cpu_kernels=cpu_kernels), config)
 
 
 def _params(n: int) -> list[SamplingParams]:
@@ -96,6 +97,17 @@ def test_greedy_output_matches_transformers(model_dir, case, name):
     for n, comp, ref in zip(PROMPT_LENS, got, refs, strict=True):
         assert comp.token_ids == ref, f"the {n}-token prompt diverged"
     assert engine.blocks.num_free == engine.blocks.num_blocks and _all_states_free(engine)
+
+
+@pytest.mark.parametrize("name", ["sarathi-chunk7", "sarathi-decode-steps-4"])
+def test_the_torch_ops_path_matches_transformers_too(model_dir, case, name):
+    """Without the fused CPU kernels (what a GPU or bf16 runs): the layers' torch ops, the chunked form for
+    prompts."""
+    prompts, refs = case
+    engine = _engine(model_dir, CASES[name], cpu_kernels=False)
+    assert engine.runner.kernels is None
+    got = engine.generate(prompts, _params(len(prompts)))
+    assert [c.token_ids for c in got] == refs
 
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])

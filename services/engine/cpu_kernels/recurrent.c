@@ -1,0 +1,212 @@
+/* Fused CPU kernels for linear-attention layers (Gated DeltaNet, Mamba's and LFM2's short convolutions), fp32,
+ * loaded with kernels.c's.
+ *
+ * Why C: eager torch runs these layers as dozens of small ops per group of sequences, each a pass over memory:
+ * the states are gathered out of the slot pool and scattered back (index_select / index_copy_), the short
+ * convolution's windows are concatenated before a grouped conv1d, and a prompt's delta rule takes the chunked
+ * form (triangular solves per 64-token block) because that form suits a GPU. Here each state is updated in
+ * place in its slot, once per token, while it sits in L1/L2 (a Gated DeltaNet head's state is Dk x Dv floats:
+ * 4 KB at 32 x 32, 64 KB at 128 x 128), and the convolution keeps its window in registers.
+ *
+ * A prompt chunk runs the delta rule token by token, as a decode does (the recurrent form). It computes the
+ * same recurrence as transformers' chunked form, in another order of float operations: the two agree to fp32
+ * rounding (tests/engine/test_cpu_kernels.py), as the fused attention kernels agree with SDPA.
+ *
+ * Layouts (float32, innermost dimension contiguous, rows at any stride):
+ *   x / out rows of one group: sequence s's token t at base + (s * length + t) * row_stride
+ *   convolution windows: [slots, channels, kernel - 1], the oldest input first
+ *   Gated DeltaNet states: [slots, value heads, key dim, value dim]
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vector_exp.h"
+
+#ifndef PARALLEL_FLOATS
+#define PARALLEL_FLOATS 16384
+#endif
+
+#define CONV_BLOCK 64   /* channels one job carries through a sequence's tokens */
+#define MAX_CONV_KEPT 7 /* kernel sizes up to 8 (models use 3 or 4) */
+#define MAX_HEAD_DIM 256
+
+/* The depthwise causal convolution of `count` sequences of `length` tokens each, after the last kernel - 1
+ * inputs each one's window holds (conv_rows[slots[s]]), which it then holds the last kernel - 1 of:
+ * out[t][c] = bias[c] + sum_j weight_t[j][c] * in[t + j][c] over the window followed by the tokens (torch's
+ * conv1d is a cross-correlation), then SiLU when `silu`. weight_t is the [kernel, channels] transpose of
+ * conv1d's weight, so that a token's channels load as vectors. */
+void seawall_causal_conv(float *out, int64_t out_stride, const float *x, int64_t x_stride, float *conv_rows,
+                         const int64_t *slots, int count, int length, const float *weight_t, const float *bias,
+                         int channels, int kernel, int silu) {
+    const int kept = kernel - 1, blocks = (channels + CONV_BLOCK - 1) / CONV_BLOCK;
+    const int64_t jobs = (int64_t)count * blocks;
+#pragma omp parallel for schedule(static) if (jobs > 1 && (int64_t)count * length * channels >= PARALLEL_FLOATS)
+    for (int64_t job = 0; job < jobs; job++) {
+        const int s = (int)(job / blocks), c0 = (int)(job % blocks) * CONV_BLOCK;
+        const int n = channels - c0 < CONV_BLOCK ? channels - c0 : CONV_BLOCK;
+        float *window = conv_rows + (slots[s] * channels + c0) * (int64_t)kept;
+        /* in[0..kept) the window, in[kept] the token's input; rolled by one after each token. */
+        float in[MAX_CONV_KEPT + 1][CONV_BLOCK], acc[CONV_BLOCK], arg[CONV_BLOCK];
+        for (int c = 0; c < n; c++)
+            for (int j = 0; j < kept; j++) in[j][c] = window[c * kept + j];
+        for (int t = 0; t < length; t++) {
+            const int64_t row = (int64_t)s * length + t;
+            const float *xt = x + row * x_stride + c0;
+            float *o = out + row * out_stride + c0;
+#pragma omp simd
+            for (int c = 0; c < n; c++) in[kept][c] = xt[c], acc[c] = 0.f;
+            for (int j = 0; j <= kept; j++) {
+                const float *w = weight_t + (int64_t)j * channels + c0;
+#pragma omp simd
+                for (int c = 0; c < n; c++) acc[c] += w[c] * in[j][c];
+            }
+            if (bias) {
+#pragma omp simd
+                for (int c = 0; c < n; c++) acc[c] += bias[c0 + c];
+            }
+            for (int j = 0; j < kept; j++) {
+#pragma omp simd
+                for (int c = 0; c < n; c++) in[j][c] = in[j + 1][c];
+            }
+            if (silu) { /* as seawall_silu_mul: the clamped arguments go through memory (see there) */
+#pragma omp simd
+                for (int c = 0; c < n; c++) arg[c] = clamp_exp_arg(-acc[c]);
+#pragma omp simd
+                for (int c = 0; c < n; c++) o[c] = acc[c] / (1.f + exp_in_range(arg[c]));
+            } else {
+#pragma omp simd
+                for (int c = 0; c < n; c++) o[c] = acc[c];
+            }
+        }
+        for (int c = 0; c < n; c++)
+            for (int j = 0; j < kept; j++) window[c * kept + j] = in[j][c];
+    }
+}
+
+/* x / sqrt(sum x^2 + eps) * scale into y (transformers' l2norm, then its query scaling). */
+static inline void l2_normalize(float *y, const float *x, int n, float eps, float scale) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float inv = 1.f / sqrtf(ss + eps);
+#pragma omp simd
+    for (int i = 0; i < n; i++) y[i] = x[i] * inv * scale;
+}
+
+/* 16 floats as one value (as in kernels.c); the "u" type may sit at any float-aligned address. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+
+#define TILE 32 /* value columns a job carries through the tokens: 32 x key dim floats, 16 KB at 128 */
+
+/* S^T k on columns [0, w) of a tile (rows dv apart) into mem. */
+static inline void state_times(float *mem, const float *state, int64_t dv, const float *kn, int dk, int w) {
+    memset(mem, 0, sizeof(float) * TILE);
+    for (int i = 0; i < dk; i++) {
+        const float *si = state + i * dv;
+#pragma omp simd
+        for (int j = 0; j < w; j++) mem[j] += si[j] * kn[i];
+    }
+}
+
+/* One token on a tile of nv vectors of 16 columns (a constant where it is inlined, so that the sums live in
+ * registers; rows dv apart, `vt` / `ot` at the tile's first column), given mem = S^T k of the state before
+ * the token. One pass over the tile: S = S * decay + k (x) delta, out = S^T q, and with `k_next` (the next
+ * token's k) the next token's mem = S^T k_next, each sum split over even and odd key rows so that no FMA waits
+ * on the one before it. (S * decay)^T k is computed as decay * (S^T k): the same up to rounding, and the pass
+ * that decays S is then the one that updates it.) */
+static inline __attribute__((always_inline)) void delta_tile(float *state, int64_t dv, float *mem, const float *kn,
+                                                             const float *qn, const float *k_next,
+                                                             const float *vt, float decay, float b, float *ot,
+                                                             int dk, const int nv) {
+    v16 delta[2], o0[2] = {0}, o1[2] = {0}, m0[2] = {0}, m1[2] = {0};
+    for (int j = 0; j < nv; j++)
+        delta[j] = (*(const v16u *)(vt + 16 * j) - *(const v16u *)(mem + 16 * j) * decay) * b;
+    for (int i = 0; i < dk; i += 2) { /* dk is even (checked by the caller) */
+        v16u *r0 = (v16u *)(state + i * dv), *r1 = (v16u *)(state + (i + 1) * dv);
+        for (int j = 0; j < nv; j++) {
+            const v16 a = r0[j] * decay + kn[i] * delta[j], c = r1[j] * decay + kn[i + 1] * delta[j];
+            r0[j] = a, r1[j] = c;
+            o0[j] += a * qn[i], o1[j] += c * qn[i + 1];
+            if (k_next)
+                m0[j] += a * k_next[i], m1[j] += c * k_next[i + 1];
+        }
+    }
+    for (int j = 0; j < nv; j++) {
+        *(v16u *)(ot + 16 * j) = o0[j] + o1[j];
+        *(v16u *)(mem + 16 * j) = m0[j] + m1[j];
+    }
+}
+
+/* delta_tile for any width w <= TILE and any key dim, in plain loops. */
+static void delta_tile_any(float *state, int64_t dv, float *mem, const float *kn, const float *qn,
+                           const float *k_next, const float *vt, float decay, float b, float *ot, int dk, int w) {
+    float delta[TILE], o[TILE] = {0};
+#pragma omp simd
+    for (int j = 0; j < w; j++) delta[j] = (vt[j] - mem[j] * decay) * b;
+    for (int i = 0; i < dk; i++) {
+        float *si = state + i * dv;
+#pragma omp simd
+        for (int j = 0; j < w; j++) {
+            si[j] = si[j] * decay + kn[i] * delta[j];
+            o[j] += si[j] * qn[i];
+        }
+    }
+    memcpy(ot, o, sizeof(float) * w);
+    if (k_next)
+        state_times(mem, state, dv, k_next, dk, w);
+}
+
+/* Gated DeltaNet's delta rule for `count` sequences of `length` tokens each, from and into their states
+ * (states[slots[s]], in place), one token at a time. Per value head h (key head h / (value_heads /
+ * key_heads)) and token, on l2-normed q (over sqrt(dk)) and k:
+ *   S = S * exp(g);  mem = S^T k;  S = S + k (x) beta (v - mem);  out = S^T q
+ * as transformers' recurrent kernel, up to the order of the float operations. A job is one sequence's head's
+ * tile of TILE value columns through all its tokens; each token's q / k / v rows are asked for one token
+ * ahead (rows of the flat batch are kilobytes apart: the hardware prefetcher does not follow them). g and
+ * beta rows are [value heads] at gb_stride; q and k rows [key heads, dk] at qk_stride; v and out rows
+ * [value heads, dv]. */
+void seawall_gated_delta(float *out, int64_t out_stride, const float *q, const float *k, int64_t qk_stride,
+                         const float *v, int64_t v_stride, const float *g, const float *beta, int64_t gb_stride,
+                         float *states, const int64_t *slots, int count, int length, int key_heads,
+                         int value_heads, int dk, int dv, float eps) {
+    const int group = value_heads / key_heads, tiles = (dv + TILE - 1) / TILE;
+    const float scale = 1.f / sqrtf((float)dk);
+    const int64_t jobs = (int64_t)count * value_heads * tiles;
+#pragma omp parallel for schedule(dynamic, 1) if (jobs > 1 && (int64_t)count * length * value_heads * dk * dv >= PARALLEL_FLOATS)
+    for (int64_t job = 0; job < jobs; job++) {
+        const int s = (int)(job / (value_heads * tiles)), h = (int)(job / tiles % value_heads);
+        const int c0 = (int)(job % tiles) * TILE, w = dv - c0 < TILE ? dv - c0 : TILE, kh = h / group;
+        float *state = states + (slots[s] * value_heads + h) * (int64_t)dk * dv + c0;
+        const int64_t first = (int64_t)s * length, qk_at = (int64_t)kh * dk, v_at = (int64_t)h * dv + c0;
+        float qn[MAX_HEAD_DIM], kn[2][MAX_HEAD_DIM], mem[TILE];
+        l2_normalize(kn[0], k + first * qk_stride + qk_at, dk, eps, 1.f);
+        state_times(mem, state, dv, kn[0], dk, w);
+        for (int t = 0; t < length; t++) {
+            const int64_t row = first + t;
+            const float *kt = kn[t & 1];
+            float *k_next = NULL;
+            if (t + 1 < length) {
+                k_next = kn[(t + 1) & 1];
+                l2_normalize(k_next, k + (row + 1) * qk_stride + qk_at, dk, eps, 1.f);
+                if (t + 2 < length) {
+                    __builtin_prefetch(q + (row + 2) * qk_stride + qk_at, 0, 1);
+                    __builtin_prefetch(k + (row + 2) * qk_stride + qk_at, 0, 1);
+                    __builtin_prefetch(v + (row + 2) * v_stride + v_at, 0, 1);
+                }
+            }
+            l2_normalize(qn, q + row * qk_stride + qk_at, dk, eps, scale);
+            const float decay = expf(g[row * gb_stride + h]), b = beta[row * gb_stride + h];
+            const float *vt = v + row * v_stride + v_at;
+            float *ot = out + row * out_stride + v_at;
+            if (w == 32 && dk % 2 == 0)
+                delta_tile(state, dv, mem, kt, qn, k_next, vt, decay, b, ot, dk, 2);
+            else if (w == 16 && dk % 2 == 0)
+                delta_tile(state, dv, mem, kt, qn, k_next, vt, decay, b, ot, dk, 1);
+            else
+                delta_tile_any(state, dv, mem, kt, qn, k_next, vt, decay, b, ot, dk, w);
+        }
+    }
+}
