@@ -8,7 +8,9 @@ of four, gated attention in the fourth) with the built-in model's tokenizer, for
 The shape is the small preset's scale (hidden 256, 8 layers, heads of 64), with 8 value heads of 32 on 4 key
 heads in the linear layers; ``--moe`` gives Qwen3.5-MoE's experts (8, 2 a token) instead of the dense MLP.
 Weights are drawn as transformers initializes them, then the norms near 1 (they store 1 + w), so outputs are
-decisive rather than near-ties.
+decisive rather than near-ties. ``--arch granite4-h`` writes Granite 4.0-H's shape instead (Mamba-2 in three
+layers of four: 8 heads of 64 channels, a state of 128 per channel as the released models have; its dense MLP,
+its multipliers).
 """
 
 from __future__ import annotations
@@ -33,12 +35,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="directory to write (must not exist)")
     p.add_argument("--moe", action="store_true", help="Qwen3.5-MoE's experts instead of the dense MLP")
+    p.add_argument("--arch", choices=("qwen3.5", "granite4-h"), default="qwen3.5")
     args = p.parse_args()
     import transformers
 
     if args.out.exists():
         p.error(f"{args.out} exists")
-    if args.moe:
+    if args.arch == "granite4-h":
+        common = {k: v for k, v in SHAPE.items() if not k.startswith("linear_") and k != "intermediate_size"}
+        config = transformers.GraniteMoeHybridConfig(
+            layer_types=(["mamba"] * 3 + ["attention"]) * 2, num_local_experts=0, shared_intermediate_size=768,
+            mamba_n_heads=8, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1, mamba_chunk_size=256,
+            embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0156, logits_scaling=4.0,
+            position_embedding_type="rope", **common)
+    elif args.moe:
         config = transformers.Qwen3_5MoeTextConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                                                    shared_expert_intermediate_size=512,
                                                    **{k: v for k, v in SHAPE.items() if k != "intermediate_size"})
@@ -48,7 +58,7 @@ def main() -> int:
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight") and "linear_attn" not in name:
+            if args.arch == "qwen3.5" and name.endswith("norm.weight") and "linear_attn" not in name:
                 param.normal_(0.0, 0.1)  # scales of 1 + w
     model.save_pretrained(args.out)
     tokenizer_dir = ensure_default_model()

@@ -9,20 +9,28 @@ through a short causal convolution (SiLU), a step ``dt`` per head (softplus, plu
 
 A decode takes that step as written; a prompt chunk takes the state space dual form in blocks of ``chunk_size``
 tokens (within a block a masked product like attention's, across blocks the state), starting from the state its
-previous chunks left. Both follow transformers' torch kernels op for op (the oracle). The output is gated by
-SiLU of a third projection, then normed in groups.
+previous chunks left. Both follow transformers' torch kernels op for op (the oracle). On the CPU in fp32 a fused
+kernel (cpu_kernels/recurrent.c) takes every token, a prompt's too, as the recurrent step, on the states in
+place in their slots: the same recurrence to fp32 rounding. The output is gated by SiLU of a third projection,
+then normed in groups.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.engine.attention import AttentionBatch
+from services.engine.cpu_kernels import MAX_STATE_SIZE
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
+
+if TYPE_CHECKING:
+    from services.engine.cpu_kernels import CpuKernels
 
 
 class GroupedGatedRMSNorm(nn.Module):
@@ -63,12 +71,13 @@ class Mamba2Mixer(nn.Module):
         gate, xbc, dt = self.in_proj(x).split([s.intermediate, s.conv_dim, s.num_heads], dim=-1)
         xbc = causal_conv(xbc, rb, self.state_index, self.conv1d.weight, self.conv1d.bias, kernels=batch.kernels)
         h, b, c = xbc.split([s.intermediate, s.n_groups * s.state_size, s.n_groups * s.state_size], dim=-1)
-        y = self._scan(h, b, c, dt, rb)
+        y = self._scan(h, b, c, dt, rb, batch.kernels)
         return self.out_proj(self.norm(y, gate).to(x.dtype))
 
-    def _scan(self, h, b, c, dt, rb: RecurrentBatch) -> torch.Tensor:
+    def _scan(self, h, b, c, dt, rb: RecurrentBatch, kernels: CpuKernels | None) -> torch.Tensor:
         """``[T, intermediate]``: the decodes in one recurrent step, each group of prompt chunks of one length in
-        the dual form, as one batch."""
+        the dual form, as one batch; with ``kernels`` (fp32 on the CPU) every token a recurrent step, on the states
+        in place (cpu_kernels/recurrent.c)."""
         s = self.shape
         ssm = rb.states.ssm[self.state_index]
         a = -torch.exp(self.A_log.float())
@@ -77,6 +86,14 @@ class Mamba2Mixer(nn.Module):
         b = b.view(t, s.n_groups, s.state_size)
         c = c.view(t, s.n_groups, s.state_size)
         out = torch.empty(t, s.intermediate, dtype=h.dtype, device=h.device)
+        if kernels is not None and s.state_size <= MAX_STATE_SIZE:
+            y = out.view(t, s.num_heads, s.head_dim)
+            for grp in rb.groups:  # a prompt chunk's dt is clamped to the limit, as transformers' chunked scan does
+                span = grp.tokens
+                kernels.mamba2_scan_(y[span], h[span], b[span], c[span], dt[span], a, self.D, self.dt_bias, ssm,
+                                     grp.slots, grp.length, None if grp.length == 1 else s.time_step_limit)
+                rb.save(ssm, grp)
+            return out
         for grp in rb.groups:
             span, state = grp.tokens, ssm.index_select(0, grp.slots)
             if grp.length == 1:

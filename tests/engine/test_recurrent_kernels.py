@@ -188,3 +188,67 @@ def test_gated_delta_net_layers_take_the_kernels_with_them(kernels):
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(pools[0][0], pools[1][0])
     torch.testing.assert_close(pools[0][1], pools[1][1], rtol=1e-4, atol=1e-5)
+
+
+def _mamba2_inputs(n, heads, groups, head_dim, size, seed):
+    gen = torch.Generator().manual_seed(seed)
+    width = heads * head_dim + 2 * groups * size
+    xbc = torch.randn(n, width + 5, generator=gen)[:, :width]  # x, B, C side by side, rows strided
+    x = xbc[:, : heads * head_dim].view(n, heads, head_dim)
+    b = xbc[:, heads * head_dim : heads * head_dim + groups * size].view(n, groups, size)
+    c = xbc[:, heads * head_dim + groups * size :].view(n, groups, size)
+    dt = torch.randn(n, heads + 2, generator=gen)[:, :heads]  # a split of the input projection, before softplus
+    a = -torch.rand(heads, generator=gen) * 4
+    d, dt_bias = torch.randn(heads, generator=gen), torch.randn(heads, generator=gen)
+    return x, b, c, dt, a, d, dt_bias
+
+
+@pytest.mark.parametrize(("heads", "groups", "head_dim", "size"), [
+    (4, 2, 16, 16),  # the oracle checkpoints' scale: one row tile
+    (2, 1, 40, 128),  # Granite 4.0-H's state size; two whole row tiles and a part one
+])
+def test_mamba2_scan_matches_transformers_recurrent_step(kernels, heads, groups, head_dim, size):
+    from services.engine.mamba2 import recurrent_step
+
+    groups_ = _groups(SPANS, save_to={2: 11})
+    n = sum(c * t for c, t in SPANS)
+    x, b, c, dt, a, d, dt_bias = _mamba2_inputs(n, heads, groups, head_dim, size, seed=head_dim)
+    states = torch.randn(12, heads, head_dim, size, generator=torch.Generator().manual_seed(1)) * 0.1
+    want_states = states.clone()
+    y = torch.empty(n, heads, head_dim)
+    for grp in groups_:
+        span = grp.tokens
+        kernels.mamba2_scan_(y[span], x[span], b[span], c[span], dt[span], a, d, dt_bias, states, grp.slots,
+                             grp.length, None)
+        RecurrentBatch.save(states, grp)
+    want = torch.empty(n, heads, head_dim)
+    for grp in groups_:
+        for s, slot in enumerate(grp.slots.tolist()):
+            state = want_states[slot][None]
+            for t in range(grp.length):
+                one = slice(grp.start + s * grp.length + t, grp.start + s * grp.length + t + 1)
+                out, state = recurrent_step(x[one], b[one], c[one], dt[one], a, d, dt_bias, state)
+                want[one] = out
+            want_states[slot] = state[0]
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(states[:9], want_states[:9], rtol=1e-4, atol=1e-5)
+    assert torch.equal(states[11], states[8]) and torch.equal(states[9:11], want_states[9:11])
+
+
+def test_a_mamba2_prompt_reaches_the_chunked_scans_state_with_its_dt_limit(kernels):
+    """A prompt chunk with dt clamped (a checkpoint's time_step_limit, which transformers applies in its chunked
+    scan only): the kernel's token-by-token scan reaches the dual form's outputs and state."""
+    from services.engine.mamba2 import chunk_scan
+
+    n, heads, groups, head_dim, size = 70, 4, 2, 16, 32
+    x, b, c, dt, a, d, dt_bias = _mamba2_inputs(n, heads, groups, head_dim, size, seed=7)
+    start = torch.randn(1, heads, head_dim, size, generator=torch.Generator().manual_seed(2)) * 0.1
+    limit = (0.1, 0.6)  # both ends bind on these dt
+    want_y, want_state = chunk_scan(x[None], b[None], c[None], dt[None], a, d, dt_bias, start, 32, limit)
+    states, y = start.clone(), torch.empty(n, heads, head_dim)
+    kernels.mamba2_scan_(y, x, b, c, dt, a, d, dt_bias, states, torch.tensor([0]), n, limit)
+    torch.testing.assert_close(y, want_y[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(states, want_state, rtol=1e-4, atol=1e-4)
+    unclamped = torch.empty(n, heads, head_dim)
+    kernels.mamba2_scan_(unclamped, x, b, c, dt, a, d, dt_bias, start.clone(), torch.tensor([0]), n, None)
+    assert not torch.allclose(unclamped, want_y[0], rtol=1e-3, atol=1e-3)  # the limit mattered

@@ -1,5 +1,5 @@
 """Fused C kernels for the CPU fp32 path (kernels.c: paged attention, RMSNorm, RoPE, SiLU·mul, argmax;
-recurrent.c: linear-attention layers' short convolution and Gated DeltaNet's delta rule), built once per machine
+recurrent.c: linear-attention layers' short convolution, Gated DeltaNet's delta rule, Mamba-2's scan), built once per machine
 into one library and loaded with ctypes.
 
 Why built here rather than shipped: ``-march=native`` vectorises the inner loops for this CPU's widest units
@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -44,6 +45,7 @@ _I = ctypes.c_int
 # recurrent.c's fixed buffers: a convolution's window, a Gated DeltaNet head's key and value dims.
 MAX_CONV_KERNEL = 8
 MAX_HEAD_DIM = 256
+MAX_STATE_SIZE = 512  # a Mamba-2 state's size per channel
 
 
 class CpuKernels:
@@ -81,6 +83,10 @@ class CpuKernels:
         self._delta.restype = None
         self._delta.argtypes = [_P, _I64, _P, _P, _I64, _P, _I64, _P, _P, _I64, _P, _P, _I, _I, _I, _I, _I, _I,
                                 ctypes.c_float]
+        self._mamba2 = lib.seawall_mamba2_scan
+        self._mamba2.restype = None
+        self._mamba2.argtypes = [_P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I,
+                                 _I, _I, ctypes.c_float, ctypes.c_float]
 
     # The wrappers run ~6 times per layer and pass: they check only what the C loops rely on (dtype, device,
     # innermost strides), cheaply (``is_cpu`` and ``empty_like`` cost a fraction of ``device.type`` and
@@ -235,6 +241,37 @@ class CpuKernels:
         self._delta(out.data_ptr(), out.stride(0), q.data_ptr(), k.data_ptr(), q.stride(0), v.data_ptr(),
                     v.stride(0), g.data_ptr(), beta.data_ptr(), g.stride(0), states.data_ptr(), slots.data_ptr(),
                     slots.shape[0], length, hk, hv, dk, dv, eps)
+
+
+    def mamba2_scan_(self, y: torch.Tensor, x: torch.Tensor, b: torch.Tensor, c: torch.Tensor, dt: torch.Tensor,
+                     a: torch.Tensor, d: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor,
+                     slots: torch.Tensor, length: int, dt_limit: tuple[float, float] | None) -> None:
+        """Mamba-2's scan for sequence s of ``slots`` (rows ``[s * length, + length)``), from and into its state
+        ``states[slots[s]]`` (``[rows, heads, head dim, state size]``, contiguous), one token at a time: x, y ``[n,
+        heads, head dim]``, b, c ``[n, groups, state size]`` (at one row stride), dt ``[n, heads]`` (before its
+        softplus), a (``-exp(A_log)``), d, dt_bias ``[heads]``; dt clamped to ``dt_limit`` when given."""
+        n, heads, head_dim = x.shape
+        _, groups, size = b.shape
+        for t in (x, y, b, c):
+            _check_rows(t)
+        _check_matrix(dt, heads)
+        for t in (a, d, dt_bias):
+            _check_matrix(t.view(1, -1), heads)
+        if not (c.shape == b.shape and c.stride(0) == b.stride(0) and y.shape == x.shape and heads % groups == 0
+                and n == b.shape[0] == dt.shape[0] == slots.shape[0] * length and size <= MAX_STATE_SIZE):
+            raise ValueError(f"x/y {tuple(x.shape)}, b/c {tuple(b.shape)}, dt {tuple(dt.shape)} do not fit "
+                             f"{slots.shape[0]} x {length} rows, heads a multiple of groups, a state size <= "
+                             f"{MAX_STATE_SIZE}")
+        if states.dtype is not torch.float32 or not states.is_cpu or not states.is_contiguous() or \
+                states.shape[1:] != (heads, head_dim, size):
+            raise ValueError(f"expected fp32 CPU contiguous states [rows, {heads}, {head_dim}, {size}], got "
+                             f"{states.dtype} {tuple(states.shape)}")
+        _check_slots(slots, states.shape[0])
+        lo, hi = dt_limit or (0.0, math.inf)
+        self._mamba2(y.data_ptr(), y.stride(0), x.data_ptr(), x.stride(0), b.data_ptr(), c.data_ptr(), b.stride(0),
+                     dt.data_ptr(), dt.stride(0), a.data_ptr(), d.data_ptr(), dt_bias.data_ptr(), states.data_ptr(),
+                     slots.data_ptr(), slots.shape[0], length, heads, groups, head_dim, size, int(dt_limit is not None),
+                     lo, hi)
 
 
 def _check_slots(slots: torch.Tensor, rows: int) -> None:

@@ -1,5 +1,5 @@
-/* Fused CPU kernels for linear-attention layers (Gated DeltaNet, Mamba's and LFM2's short convolutions), fp32,
- * loaded with kernels.c's.
+/* Fused CPU kernels for linear-attention layers (the short convolutions of Gated DeltaNet, Mamba and LFM2,
+ * Gated DeltaNet's delta rule, Mamba-2's scan), fp32, loaded with kernels.c's.
  *
  * Why C: eager torch runs these layers as dozens of small ops per group of sequences, each a pass over memory:
  * the states are gathered out of the slot pool and scattered back (index_select / index_copy_), the short
@@ -8,14 +8,16 @@
  * place in its slot, once per token, while it sits in L1/L2 (a Gated DeltaNet head's state is Dk x Dv floats:
  * 4 KB at 32 x 32, 64 KB at 128 x 128), and the convolution keeps its window in registers.
  *
- * A prompt chunk runs the delta rule token by token, as a decode does (the recurrent form). It computes the
- * same recurrence as transformers' chunked form, in another order of float operations: the two agree to fp32
- * rounding (tests/engine/test_cpu_kernels.py), as the fused attention kernels agree with SDPA.
+ * A prompt chunk runs the delta rule (or the scan) token by token, as a decode does (the recurrent form). It
+ * computes the same recurrence as transformers' chunked form, in another order of float operations: the two
+ * agree to fp32 rounding (tests/engine/test_recurrent_kernels.py), as the fused attention kernels agree with
+ * SDPA.
  *
  * Layouts (float32, innermost dimension contiguous, rows at any stride):
  *   x / out rows of one group: sequence s's token t at base + (s * length + t) * row_stride
  *   convolution windows: [slots, channels, kernel - 1], the oldest input first
- *   Gated DeltaNet states: [slots, value heads, key dim, value dim]
+ *   Gated DeltaNet states: [slots, value heads, key dim, value dim]; Mamba-2 states: [slots, heads, head dim,
+ *   state size]
  */
 #include <math.h>
 #include <omp.h>
@@ -31,6 +33,7 @@
 #define CONV_BLOCK 64   /* channels one job carries through a sequence's tokens */
 #define MAX_CONV_KEPT 7 /* kernel sizes up to 8 (models use 3 or 4) */
 #define MAX_HEAD_DIM 256
+#define MAX_STATE_SIZE 512
 
 /* The depthwise causal convolution of `count` sequences of `length` tokens each, after the last kernel - 1
  * inputs each one's window holds (conv_rows[slots[s]]), which it then holds the last kernel - 1 of:
@@ -207,6 +210,58 @@ void seawall_gated_delta(float *out, int64_t out_stride, const float *q, const f
                 delta_tile(state, dv, mem, kt, qn, k_next, vt, decay, b, ot, dk, 1);
             else
                 delta_tile_any(state, dv, mem, kt, qn, k_next, vt, decay, b, ot, dk, w);
+        }
+    }
+}
+
+#define SSM_ROWS 16 /* head-dim rows of a Mamba-2 state a job carries through the tokens: 8 KB at state size 128 */
+
+/* softplus as torch computes it (its threshold: x above 20 passes). */
+static inline float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+/* Mamba-2's scan for `count` sequences of `length` tokens each, from and into their states (states[slots[s]],
+ * [heads, head_dim, state_size], in place), one token at a time. Per head h (group h / (heads / groups)) and
+ * token, with dt = softplus(dt_raw + dt_bias) (clamped to [dt_min, dt_max] when `clamp`: transformers clamps in
+ * its chunked scan, a prompt's, not in its decode step):
+ *   S = S * exp(dt A) + (dt B) (x) x;  y = S C + D x
+ * Each head-dim row of S evolves on its own, so a job is one sequence's head's SSM_ROWS rows through all its
+ * tokens, kept in L1. x and y rows are [heads, head_dim] at their strides; B and C rows [groups, state_size]
+ * at bc_stride; dt_raw rows [heads] at dt_stride. */
+void seawall_mamba2_scan(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *b,
+                         const float *c, int64_t bc_stride, const float *dt_raw, int64_t dt_stride,
+                         const float *a, const float *d, const float *dt_bias, float *states, const int64_t *slots,
+                         int count, int length, int heads, int groups, int head_dim, int state_size, int clamp,
+                         float dt_min, float dt_max) {
+    const int per_group = heads / groups, tiles = (head_dim + SSM_ROWS - 1) / SSM_ROWS;
+    const int64_t jobs = (int64_t)count * heads * tiles;
+#pragma omp parallel for schedule(dynamic, 1) if (jobs > 1 && (int64_t)count * length * heads * head_dim * state_size >= PARALLEL_FLOATS)
+    for (int64_t job = 0; job < jobs; job++) {
+        const int s = (int)(job / (heads * tiles)), h = (int)(job / tiles % heads);
+        const int p0 = (int)(job % tiles) * SSM_ROWS, rows = head_dim - p0 < SSM_ROWS ? head_dim - p0 : SSM_ROWS;
+        const int64_t grp = (int64_t)(h / per_group) * state_size;
+        float *state = states + ((slots[s] * heads + h) * (int64_t)head_dim + p0) * state_size;
+        float dtb[MAX_STATE_SIZE];
+        for (int t = 0; t < length; t++) {
+            const int64_t row = (int64_t)s * length + t;
+            float dt = softplus(dt_raw[row * dt_stride + h] + dt_bias[h]);
+            if (clamp)
+                dt = dt < dt_min ? dt_min : dt > dt_max ? dt_max : dt;
+            const float decay = expf(dt * a[h]);
+            const float *bt = b + row * bc_stride + grp, *ct = c + row * bc_stride + grp;
+            const float *xt = x + row * x_stride + (int64_t)h * head_dim + p0;
+            float *yt = y + row * y_stride + (int64_t)h * head_dim + p0;
+#pragma omp simd
+            for (int n = 0; n < state_size; n++) dtb[n] = dt * bt[n];
+            for (int p = 0; p < rows; p++) {
+                float *sp = state + (int64_t)p * state_size, acc = 0.f;
+                const float xp = xt[p];
+#pragma omp simd reduction(+ : acc)
+                for (int n = 0; n < state_size; n++) {
+                    sp[n] = sp[n] * decay + dtb[n] * xp;
+                    acc += sp[n] * ct[n];
+                }
+                yt[p] = acc + xp * d[h];
+            }
         }
     }
 }
