@@ -61,14 +61,20 @@ class MemoryRegion:
 class PagedKVPool:
     """Device and host block pools of one layout. Block ids index the first dimension of each pool."""
 
-    def __init__(self, layout: KVLayout, num_blocks: int, num_host_blocks: int, device: torch.device) -> None:
+    def __init__(self, layout: KVLayout, num_blocks: int, num_host_blocks: int, device: torch.device,
+                 zeroed: bool = True) -> None:
+        """``zeroed`` False: the device pool is left as allocated, for an owner that writes every block before it
+        reads it (kvcache's DRAM tier: zeroing its gigabyte faulted in every page at once, seconds of a first
+        store on a busy box). A worker's pool is zeroed: its torch attention gathers whole blocks and masks the
+        slots past a sequence's end, and a NaN of uninitialised memory would survive the mask."""
         if num_blocks < 1:
             raise InvalidArgument(
                 f"the KV budget holds no block ({layout.bytes_per_block} bytes each); raise --kv-cache-bytes"
             )
         self.layout = layout
         self.device = device
-        self.device_kv = torch.zeros((num_blocks, *layout.block_shape), dtype=layout.dtype, device=device)
+        alloc = torch.zeros if zeroed else torch.empty
+        self.device_kv = alloc((num_blocks, *layout.block_shape), dtype=layout.dtype, device=device)
         pin = device.type == "cuda"
         self.host_kv = torch.zeros((num_host_blocks, *layout.block_shape), dtype=layout.dtype, pin_memory=pin)
         # Made once: a view costs a few microseconds, and every layer of every pass asks for its pair.

@@ -116,7 +116,7 @@ class KVStore:
         if num_slots < 1:
             raise InvalidArgument(f"the DRAM tier ({self.dram_bytes} bytes) holds no block of {describe(layout)}; "
                                   "raise --dram-bytes")
-        self.pool = PagedKVPool(layout, num_slots, 0, torch.device("cpu"))
+        self.pool = PagedKVPool(layout, num_slots, 0, torch.device("cpu"), zeroed=False)  # slots are stored before read
         self._flat = self.pool.device_kv.view(torch.uint8).reshape(num_slots, -1).numpy()
         self._slot_hash = [None] * num_slots
         self._refs = [0] * num_slots
