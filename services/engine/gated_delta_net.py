@@ -128,7 +128,6 @@ class GatedDeltaNet(nn.Module):
             rb.keep(ssm, grp, state)
         return out
 
-
     def _fused_delta_rule(self, kernels: CpuKernels, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
         """``_delta_rule`` by the fused CPU kernel (fp32): each group's states updated in place in their slots,
         one token at a time, prompt chunks too; q and k per key head (the kernel maps value heads to them)."""

@@ -463,7 +463,7 @@ class LlamaForCausalLM(nn.Module):
             h = kernels.add_rms_norm(x, residual, w.input_norm, eps)
             residual = x if residual is None else residual  # the kernel added x into residual in place
             if w.mixer is not None:
-                out = w.mixer(h, cos, sin, batch, kv, lora)
+                out = w.mixer(h, *((None, None) if i in c.nope_layers else (cos, sin)), batch, kv, lora)
                 h = kernels.add_rms_norm(out, residual, w.post_norm, eps)
                 del out
                 x = self._fused_mlp(h, w, i, kernels, lora)

@@ -233,15 +233,10 @@ class CpuKernels:
             raise ValueError(f"q/k {tuple(q.shape)}, v/out {tuple(v.shape)}, g/beta {tuple(g.shape)} do not fit "
                              f"{slots.shape[0]} x {length} rows, value heads a multiple of key heads, head dims "
                              f"<= {MAX_HEAD_DIM}")
-        if states.dtype is not torch.float32 or not states.is_cpu or not states.is_contiguous() or \
-                states.shape[1:] != (hv, dk, dv):
-            raise ValueError(f"expected fp32 CPU contiguous states [rows, {hv}, {dk}, {dv}], got {states.dtype} "
-                             f"{tuple(states.shape)}")
-        _check_slots(slots, states.shape[0])
+        _check_states(states, slots, (hv, dk, dv))
         self._delta(out.data_ptr(), out.stride(0), q.data_ptr(), k.data_ptr(), q.stride(0), v.data_ptr(),
                     v.stride(0), g.data_ptr(), beta.data_ptr(), g.stride(0), states.data_ptr(), slots.data_ptr(),
                     slots.shape[0], length, hk, hv, dk, dv, eps)
-
 
     def mamba2_scan_(self, y: torch.Tensor, x: torch.Tensor, b: torch.Tensor, c: torch.Tensor, dt: torch.Tensor,
                      a: torch.Tensor, d: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor,
@@ -262,16 +257,21 @@ class CpuKernels:
             raise ValueError(f"x/y {tuple(x.shape)}, b/c {tuple(b.shape)}, dt {tuple(dt.shape)} do not fit "
                              f"{slots.shape[0]} x {length} rows, heads a multiple of groups, a state size <= "
                              f"{MAX_STATE_SIZE}")
-        if states.dtype is not torch.float32 or not states.is_cpu or not states.is_contiguous() or \
-                states.shape[1:] != (heads, head_dim, size):
-            raise ValueError(f"expected fp32 CPU contiguous states [rows, {heads}, {head_dim}, {size}], got "
-                             f"{states.dtype} {tuple(states.shape)}")
-        _check_slots(slots, states.shape[0])
+        _check_states(states, slots, (heads, head_dim, size))
         lo, hi = dt_limit or (0.0, math.inf)
         self._mamba2(y.data_ptr(), y.stride(0), x.data_ptr(), x.stride(0), b.data_ptr(), c.data_ptr(), b.stride(0),
                      dt.data_ptr(), dt.stride(0), a.data_ptr(), d.data_ptr(), dt_bias.data_ptr(), states.data_ptr(),
                      slots.data_ptr(), slots.shape[0], length, heads, groups, head_dim, size, int(dt_limit is not None),
                      lo, hi)
+
+
+def _check_states(states: torch.Tensor, slots: torch.Tensor, shape: tuple[int, ...]) -> None:
+    """A state pool a kernel updates in place: fp32 CPU contiguous ``[rows, *shape]``, ``slots`` among its rows."""
+    if states.dtype is not torch.float32 or not states.is_cpu or not states.is_contiguous() or \
+            states.shape[1:] != shape:
+        raise ValueError(f"expected fp32 CPU contiguous states [rows, {', '.join(map(str, shape))}], got "
+                         f"{states.dtype} {tuple(states.shape)}")
+    _check_slots(slots, states.shape[0])
 
 
 def _check_slots(slots: torch.Tensor, rows: int) -> None:
