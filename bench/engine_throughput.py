@@ -219,7 +219,8 @@ def resolve_model(args) -> tuple[str, tempfile.TemporaryDirectory | None]:
 
 def kv_bytes_for(model_dir: str, num_requests: int, tokens_per_request: int) -> int:
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    per_token = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]  # Jamba's has none
+    per_token = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * 4
     blocks = num_requests * (-(-tokens_per_request // 16) + 1)
     return max(256 * 2**20, 2 * blocks * 16 * per_token)
 

@@ -10,10 +10,13 @@ channel (a ``dt_rank``-wide projection, RMS-normed, projected up, plus a bias, s
 
 then gated by SiLU of a second projection. A decode takes that step as written; a prompt chunk takes it token by
 token from the state its previous chunks left, as transformers' torch path loops (the oracle; a parallel scan
-would round differently). Both follow transformers' ops and dtypes.
+would round differently). Both follow transformers' ops and dtypes. On the CPU in fp32 a fused kernel
+(cpu_kernels/recurrent.c) takes the same steps in C, on the states in place in their slots.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,9 +24,13 @@ from torch import nn
 
 from services.engine.activations import rms_norm
 from services.engine.attention import AttentionBatch
+from services.engine.cpu_kernels import MAX_STATE_SIZE
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
+
+if TYPE_CHECKING:
+    from services.engine.cpu_kernels import CpuKernels
 
 
 class Mamba1Mixer(nn.Module):
@@ -55,15 +62,23 @@ class Mamba1Mixer(nn.Module):
         b = rms_norm(b, self.b_layernorm.weight, self.eps)
         c = rms_norm(c, self.c_layernorm.weight, self.eps)
         dt = F.linear(dt, self.dt_proj.weight)  # its bias joins in fp32 in the scan, as transformers adds it
-        return self.out_proj(self._scan(h, dt, b, c, gate, rb).to(x.dtype))
+        return self.out_proj(self._scan(h, dt, b, c, gate, rb, batch.kernels).to(x.dtype))
 
-    def _scan(self, h, dt, b, c, gate, rb: RecurrentBatch) -> torch.Tensor:
+    def _scan(self, h, dt, b, c, gate, rb: RecurrentBatch, kernels: CpuKernels | None) -> torch.Tensor:
         """``[T, intermediate]``: the decodes in one recurrent step, each group of prompt chunks of one length
-        token by token, as one batch."""
+        token by token, as one batch; with ``kernels`` (fp32 on the CPU) by the fused scan, on the states in
+        place (cpu_kernels/recurrent.c)."""
         ssm = rb.states.ssm[self.state_index]
         a = -torch.exp(self.A_log.float())
         dt_bias = self.dt_proj.bias.float()
         out = torch.empty_like(h)
+        if kernels is not None and self.shape.state_size <= MAX_STATE_SIZE:
+            for grp in rb.groups:
+                span = grp.tokens
+                kernels.mamba1_scan_(out[span], h[span], dt[span], gate[span], b[span], c[span], a, self.D, dt_bias,
+                                     ssm, grp.slots, grp.length)
+                rb.save(ssm, grp)
+            return out
         for grp in rb.groups:
             span, state = grp.tokens, ssm.index_select(0, grp.slots)
             if grp.length == 1:

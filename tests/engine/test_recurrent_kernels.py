@@ -252,3 +252,42 @@ def test_a_mamba2_prompt_reaches_the_chunked_scans_state_with_its_dt_limit(kerne
     unclamped = torch.empty(n, heads, head_dim)
     kernels.mamba2_scan_(unclamped, x, b, c, dt, a, d, dt_bias, start.clone(), torch.tensor([0]), n, None)
     assert not torch.allclose(unclamped, want_y[0], rtol=1e-3, atol=1e-3)  # the limit mattered
+
+
+@pytest.mark.parametrize(("channels", "size"), [(24, 8), (40, 16)])  # a whole 16-channel tile and a part one
+def test_mamba1_scan_matches_transformers_selective_scan(kernels, channels, size):
+    """Jamba's Mamba: decodes against transformers' selective state update, prompt chunks against its
+    token-by-token scan, states in place (a checkpoint row saved, rows no group names untouched)."""
+    from services.engine.mamba1 import recurrent_step, sequential_scan
+
+    gen = torch.Generator().manual_seed(channels)
+    groups = _groups(SPANS, save_to={2: 11})
+    n = sum(c * t for c, t in SPANS)
+    xz = torch.randn(n, 2 * channels, generator=gen)
+    x, z = xz[:, :channels].contiguous(), xz[:, channels:]  # z: the second half of the input projection
+    dt = torch.randn(n, channels, generator=gen)
+    b, c = torch.randn(n, size, generator=gen), torch.randn(n, size, generator=gen)
+    a = -torch.rand(channels, size, generator=gen) * 3
+    d, dt_bias = torch.randn(channels, generator=gen), torch.randn(channels, generator=gen)
+    states = torch.randn(12, channels, size, generator=gen) * 0.1
+    want_states = states.clone()
+    y = torch.empty(n, channels)
+    for grp in groups:
+        span = grp.tokens
+        kernels.mamba1_scan_(y[span], x[span], dt[span], z[span], b[span], c[span], a, d, dt_bias, states,
+                             grp.slots, grp.length)
+        RecurrentBatch.save(states, grp)
+    want = torch.empty(n, channels)
+    for grp in groups:
+        span, state = grp.tokens, want_states.index_select(0, grp.slots)
+        parts = (x[span], dt[span], b[span], c[span], z[span])
+        if grp.length == 1:
+            out, state = recurrent_step(*parts, a, d, dt_bias, state)
+        else:
+            out, state = sequential_scan(*(t.unflatten(0, (grp.count, grp.length)) for t in parts), a, d, dt_bias,
+                                         state)
+        want[span] = out.reshape(-1, channels)
+        want_states[grp.slots] = state
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(states[:9], want_states[:9], rtol=1e-4, atol=1e-5)
+    assert torch.equal(states[11], states[8]) and torch.equal(states[9:11], want_states[9:11])

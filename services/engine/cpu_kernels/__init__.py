@@ -1,5 +1,5 @@
 """Fused C kernels for the CPU fp32 path (kernels.c: paged attention, RMSNorm, RoPE, SiLU·mul, argmax;
-recurrent.c: linear-attention layers' short convolution, Gated DeltaNet's delta rule, Mamba-2's scan), built once per machine
+recurrent.c: linear-attention layers' short convolution, Gated DeltaNet's delta rule, Mamba's scans), built once per machine
 into one library and loaded with ctypes.
 
 Why built here rather than shipped: ``-march=native`` vectorises the inner loops for this CPU's widest units
@@ -87,6 +87,10 @@ class CpuKernels:
         self._mamba2.restype = None
         self._mamba2.argtypes = [_P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I,
                                  _I, _I, ctypes.c_float, ctypes.c_float]
+        self._mamba1 = lib.seawall_mamba1_scan
+        self._mamba1.restype = None
+        self._mamba1.argtypes = [_P, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _P, _P, _P, _P, _I, _I,
+                                 _I, _I]
 
     # The wrappers run ~6 times per layer and pass: they check only what the C loops rely on (dtype, device,
     # innermost strides), cheaply (``is_cpu`` and ``empty_like`` cost a fraction of ``device.type`` and
@@ -263,6 +267,33 @@ class CpuKernels:
                      dt.data_ptr(), dt.stride(0), a.data_ptr(), d.data_ptr(), dt_bias.data_ptr(), states.data_ptr(),
                      slots.data_ptr(), slots.shape[0], length, heads, groups, head_dim, size, int(dt_limit is not None),
                      lo, hi)
+
+
+    def mamba1_scan_(self, y: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
+                     c: torch.Tensor, a: torch.Tensor, d: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor,
+                     slots: torch.Tensor, length: int) -> None:
+        """The first Mamba's scan (Jamba) for sequence s of ``slots`` (rows ``[s * length, + length)``), from and
+        into its state ``states[slots[s]]`` (``[rows, channels, state size]``, contiguous), one token at a time: x,
+        dt (before its softplus), z, y ``[n, channels]``, b, c ``[n, state size]`` (at one row stride), a
+        (``-exp(A_log)``) ``[channels, state size]`` contiguous, d, dt_bias ``[channels]``; y is gated by SiLU(z)."""
+        n, channels = x.shape
+        size = b.shape[1]
+        for t in (x, dt, z, y):
+            _check_matrix(t, channels)
+        _check_matrix(b, size)
+        _check_matrix(c, size)
+        for t in (d, dt_bias):
+            _check_matrix(t.view(1, -1), channels)
+        if not (a.is_contiguous() and a.shape == (channels, size) and c.stride(0) == b.stride(0)
+                and n == b.shape[0] == c.shape[0] == dt.shape[0] == z.shape[0] == y.shape[0] == slots.shape[0] * length
+                and size <= MAX_STATE_SIZE):
+            raise ValueError(f"x {tuple(x.shape)}, b/c {tuple(b.shape)}, a {tuple(a.shape)} do not fit "
+                             f"{slots.shape[0]} x {length} rows, a state size <= {MAX_STATE_SIZE}")
+        _check_matrix(a, size)
+        _check_states(states, slots, (channels, size))
+        self._mamba1(y.data_ptr(), y.stride(0), x.data_ptr(), x.stride(0), dt.data_ptr(), dt.stride(0), z.data_ptr(),
+                     z.stride(0), b.data_ptr(), c.data_ptr(), b.stride(0), a.data_ptr(), d.data_ptr(),
+                     dt_bias.data_ptr(), states.data_ptr(), slots.data_ptr(), slots.shape[0], length, channels, size)
 
 
 def _check_states(states: torch.Tensor, slots: torch.Tensor, shape: tuple[int, ...]) -> None:

@@ -1,5 +1,5 @@
 /* Fused CPU kernels for linear-attention layers (the short convolutions of Gated DeltaNet, Mamba and LFM2,
- * Gated DeltaNet's delta rule, Mamba-2's scan), fp32, loaded with kernels.c's.
+ * Gated DeltaNet's delta rule, Mamba-2's scan and the first Mamba's), fp32, loaded with kernels.c's.
  *
  * Why C: eager torch runs these layers as dozens of small ops per group of sequences, each a pass over memory:
  * the states are gathered out of the slot pool and scattered back (index_select / index_copy_), the short
@@ -261,6 +261,49 @@ void seawall_mamba2_scan(float *y, int64_t y_stride, const float *x, int64_t x_s
                     acc += sp[n] * ct[n];
                 }
                 yt[p] = acc + xp * d[h];
+            }
+        }
+    }
+}
+
+#define MAMBA1_CHANNELS 16 /* channels of a Mamba state a job carries through the tokens */
+
+/* The first Mamba's scan (Jamba) for `count` sequences of `length` tokens each, from and into their states
+ * (states[slots[s]], [channels, state_size], in place), one token at a time. Per channel i and token, with
+ * dt = softplus(dt_raw + dt_bias):
+ *   S = S * exp(dt A) + (dt B) x;  y = ((S C) + D x) * silu(z)
+ * with A [channels, state_size] (-exp(A_log)) per state entry. Each channel's row of S evolves on its own: a job
+ * is one sequence's MAMBA1_CHANNELS rows through all its tokens. x, dt_raw and z rows are [channels] at their
+ * strides; B and C rows [state_size] at bc_stride; y rows [channels]. */
+void seawall_mamba1_scan(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *dt_raw,
+                         int64_t dt_stride, const float *z, int64_t z_stride, const float *b, const float *c,
+                         int64_t bc_stride, const float *a, const float *d, const float *dt_bias, float *states,
+                         const int64_t *slots, int count, int length, int channels, int state_size) {
+    const int tiles = (channels + MAMBA1_CHANNELS - 1) / MAMBA1_CHANNELS;
+    const int64_t jobs = (int64_t)count * tiles;
+#pragma omp parallel for schedule(dynamic, 1) if (jobs > 1 && (int64_t)count * length * channels * state_size >= PARALLEL_FLOATS)
+    for (int64_t job = 0; job < jobs; job++) {
+        const int s = (int)(job / tiles), i0 = (int)(job % tiles) * MAMBA1_CHANNELS;
+        const int rows = channels - i0 < MAMBA1_CHANNELS ? channels - i0 : MAMBA1_CHANNELS;
+        float *state = states + (slots[s] * (int64_t)channels + i0) * state_size;
+        float arg[MAX_STATE_SIZE];
+        for (int t = 0; t < length; t++) {
+            const int64_t row = (int64_t)s * length + t;
+            const float *bt = b + row * bc_stride, *ct = c + row * bc_stride;
+            for (int r = 0; r < rows; r++) {
+                const int i = i0 + r;
+                const float dt = softplus(dt_raw[row * dt_stride + i] + dt_bias[i]), xi = x[row * x_stride + i];
+                const float *ai = a + (int64_t)i * state_size;
+                float *si = state + (int64_t)r * state_size, acc = 0.f;
+#pragma omp simd
+                for (int n = 0; n < state_size; n++) arg[n] = clamp_exp_arg(dt * ai[n]);
+#pragma omp simd reduction(+ : acc)
+                for (int n = 0; n < state_size; n++) {
+                    si[n] = si[n] * exp_in_range(arg[n]) + dt * bt[n] * xi;
+                    acc += si[n] * ct[n];
+                }
+                const float zi = z[row * z_stride + i];
+                y[row * y_stride + i] = (acc + xi * d[i]) * (zi / (1.f + expf(-zi)));
             }
         }
     }
