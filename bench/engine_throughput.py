@@ -65,9 +65,10 @@ Runner = Callable[[Prompts, list[int]], list[list[int]]]  # (prompts, output len
 
 
 def seawall_runner(model_dir: str, scheduler: SchedulerConfig, kv_bytes: int, device: str = "cpu",
-                   dtype: str = "float32") -> tuple[Runner, OfflineEngine]:
+                   dtype: str = "float32", cpu_kernels: bool = True) -> tuple[Runner, OfflineEngine]:
     engine = OfflineEngine(
-        EngineConfig(model=model_dir, device=device, dtype=dtype, block_size=16, kv_cache_bytes=kv_bytes),
+        EngineConfig(model=model_dir, device=device, dtype=dtype, block_size=16, kv_cache_bytes=kv_bytes,
+                     cpu_kernels=cpu_kernels),
         scheduler,
     )
 
@@ -250,6 +251,8 @@ def main() -> int:  # noqa: C901, PLR0915
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both systems run there)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--torch-ops", action="store_true",
+                    help="also run Seawall's default config without its fused CPU kernels (--no-cpu-kernels)")
     ap.add_argument("--skip-hf-cb", action="store_true", help="leave out transformers' generate_batch")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, cProfile one Seawall (default config) run and print the top N entries")
@@ -290,6 +293,10 @@ def main() -> int:  # noqa: C901, PLR0915
     # What `seawall run-batch` runs by default: 8 decode passes per step while nothing waits.
     systems["seawall (decode_steps=8)"], _ = seawall_runner(model_dir, SchedulerConfig(num_decode_steps=8), kv,
                                                               args.device, args.dtype)
+    if args.torch_ops and engine.runner.kernels is not None:
+        # The same engine without the fused CPU kernels: what they are worth, in this run.
+        systems["seawall (torch ops)"], _ = seawall_runner(model_dir, SchedulerConfig(), kv, args.device, args.dtype,
+                                                           cpu_kernels=False)
     if args.device == "cpu" and not engine.runner.checkpoint.config.recurrent:  # the floor is attention layers'
         systems["floor: dense ops only"] = dense_floor_runner(engine.runner.model)
     hf_model = load_hf(model_dir, device=args.device, dtype=args.dtype)
