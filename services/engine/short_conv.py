@@ -28,7 +28,7 @@ def causal_conv(x: torch.Tensor, rb: RecurrentBatch, state_index: int, weight: t
     With ``kernels`` (fp32 on the CPU), each group's windows are updated in place by the fused kernel."""
     conv = rb.states.conv[state_index]
     channels, kept = weight.shape[0], conv.shape[-1]
-    if kernels is not None and kept + 1 <= MAX_CONV_KERNEL:
+    if kernels is not None and 2 <= kept + 1 <= MAX_CONV_KERNEL:  # the kernel's window holds 1 to 7 inputs
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
         weight_t = weight.view(channels, kept + 1).t().contiguous()
         for g in rb.groups:

@@ -119,7 +119,7 @@ static inline void state_times(float *mem, const float *state, int64_t dv, const
  * the token. One pass over the tile: S = S * decay + k (x) delta, out = S^T q, and with `k_next` (the next
  * token's k) the next token's mem = S^T k_next, each sum split over even and odd key rows so that no FMA waits
  * on the one before it. (S * decay)^T k is computed as decay * (S^T k): the same up to rounding, and the pass
- * that decays S is then the one that updates it.) */
+ * that decays S is then the one that updates it. */
 static inline __attribute__((always_inline)) void delta_tile(float *state, int64_t dv, float *mem, const float *kn,
                                                              const float *qn, const float *k_next,
                                                              const float *vt, float decay, float b, float *ot,
