@@ -30,9 +30,8 @@ def causal_conv(x: torch.Tensor, rb: RecurrentBatch, state_index: int, weight: t
     channels, kept = weight.shape[0], conv.shape[-1]
     if kernels is not None and 2 <= kept + 1 <= MAX_CONV_KERNEL:  # the kernel's window holds 1 to 7 inputs
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        weight_t = weight.view(channels, kept + 1).t().contiguous()
         for g in rb.groups:
-            kernels.causal_conv_(out[g.tokens], x[g.tokens], conv, g.slots, g.length, weight_t, bias, silu)
+            kernels.causal_conv_(out[g.tokens], x[g.tokens], conv, g.slots, g.length, weight, bias, silu)
             rb.save(conv, g)
         return out
     act = F.silu if silu else _identity

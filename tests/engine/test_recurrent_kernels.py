@@ -148,9 +148,12 @@ def test_what_the_kernels_would_write_out_of_bounds_is_refused(kernels):
     windows = torch.zeros(2, 8, 3)
     x = torch.randn(1, 8)
     with pytest.raises(ValueError, match="outside the pool's 2 rows"):
-        kernels.causal_conv_(torch.empty(1, 8), x, windows, torch.tensor([-1]), 1, torch.randn(4, 8), None, True)
+        kernels.causal_conv_(torch.empty(1, 8), x, windows, torch.tensor([-1]), 1, torch.randn(8, 1, 4), None, True)
     with pytest.raises(ValueError, match=r"windows \[rows, 8, 4\]"):
-        kernels.causal_conv_(torch.empty(1, 8), x, windows, torch.tensor([0]), 1, torch.randn(5, 8), None, True)
+        kernels.causal_conv_(torch.empty(1, 8), x, windows, torch.tensor([0]), 1, torch.randn(8, 1, 5), None, True)
+    with pytest.raises(ValueError, match="contiguous weight"):
+        kernels.causal_conv_(torch.empty(1, 8), x, windows, torch.tensor([0]), 1, torch.randn(8, 1, 4).double(), None,
+                             True)
 
 
 def test_gated_delta_net_layers_take_the_kernels_with_them(kernels):

@@ -195,16 +195,19 @@ class CpuKernels:
 
 
     def causal_conv_(self, out: torch.Tensor, x: torch.Tensor, windows: torch.Tensor, slots: torch.Tensor,
-                     length: int, weight_t: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> None:
+                     length: int, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> None:
         """Sequence s of ``slots`` (its rows ``[s * length, + length)`` of x and out ``[n, channels]``): out =
         the depthwise causal convolution of x after the inputs its window ``windows[slots[s]]`` (``[rows,
         channels, kernel - 1]``, contiguous) holds, then SiLU when ``silu``; the window then holds the last of
-        them. ``weight_t``: ``[kernel, channels]`` (conv1d's weight transposed), ``bias``: ``[channels]``."""
+        them. ``weight``: conv1d's, ``[channels, 1, kernel]`` contiguous; ``bias``: ``[channels]``."""
         rows, channels = x.shape
-        kernel = weight_t.shape[0]
+        kernel = weight.shape[-1]
         _check_matrix(x, channels)
         _check_matrix(out, channels)
-        _check_matrix(weight_t, channels)
+        if weight.dtype is not torch.float32 or not weight.is_cpu or not weight.is_contiguous() or \
+                weight.numel() != channels * kernel:
+            raise ValueError(f"expected conv1d's fp32 CPU contiguous weight [{channels}, 1, kernel], got "
+                             f"{weight.dtype} {tuple(weight.shape)}")
         if bias is not None:
             _check_matrix(bias.view(1, -1), channels)
         if not (2 <= kernel <= MAX_CONV_KERNEL and windows.dtype is torch.float32 and windows.is_cpu
@@ -215,7 +218,7 @@ class CpuKernels:
                              f"{tuple(windows.shape)} and {rows}")
         _check_slots(slots, windows.shape[0])
         self._conv(out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), windows.data_ptr(), slots.data_ptr(),
-                   slots.shape[0], length, weight_t.data_ptr(), None if bias is None else bias.data_ptr(),
+                   slots.shape[0], length, weight.data_ptr(), None if bias is None else bias.data_ptr(),
                    channels, kernel, int(silu))
 
     def gated_delta_(self, out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

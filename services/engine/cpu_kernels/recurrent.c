@@ -37,11 +37,11 @@
 
 /* The depthwise causal convolution of `count` sequences of `length` tokens each, after the last kernel - 1
  * inputs each one's window holds (conv_rows[slots[s]]), which it then holds the last kernel - 1 of:
- * out[t][c] = bias[c] + sum_j weight_t[j][c] * in[t + j][c] over the window followed by the tokens (torch's
- * conv1d is a cross-correlation), then SiLU when `silu`. weight_t is the [kernel, channels] transpose of
- * conv1d's weight, so that a token's channels load as vectors. */
+ * out[t][c] = bias[c] + sum_j weight[c][j] * in[t + j][c] over the window followed by the tokens (torch's
+ * conv1d is a cross-correlation), then SiLU when `silu`. weight is conv1d's, [channels, kernel]; each job
+ * copies its block transposed, so that a token's channels load as vectors. */
 void seawall_causal_conv(float *out, int64_t out_stride, const float *x, int64_t x_stride, float *conv_rows,
-                         const int64_t *slots, int count, int length, const float *weight_t, const float *bias,
+                         const int64_t *slots, int count, int length, const float *weight, const float *bias,
                          int channels, int kernel, int silu) {
     const int kept = kernel - 1, blocks = (channels + CONV_BLOCK - 1) / CONV_BLOCK;
     const int64_t jobs = (int64_t)count * blocks;
@@ -51,9 +51,11 @@ void seawall_causal_conv(float *out, int64_t out_stride, const float *x, int64_t
         const int n = channels - c0 < CONV_BLOCK ? channels - c0 : CONV_BLOCK;
         float *window = conv_rows + (slots[s] * channels + c0) * (int64_t)kept;
         /* in[0..kept) the window, in[kept] the token's input; rolled by one after each token. */
-        float in[MAX_CONV_KEPT + 1][CONV_BLOCK], acc[CONV_BLOCK], arg[CONV_BLOCK];
-        for (int c = 0; c < n; c++)
+        float in[MAX_CONV_KEPT + 1][CONV_BLOCK], w[MAX_CONV_KEPT + 1][CONV_BLOCK], acc[CONV_BLOCK], arg[CONV_BLOCK];
+        for (int c = 0; c < n; c++) {
             for (int j = 0; j < kept; j++) in[j][c] = window[c * kept + j];
+            for (int j = 0; j <= kept; j++) w[j][c] = weight[(int64_t)(c0 + c) * kernel + j];
+        }
         for (int t = 0; t < length; t++) {
             const int64_t row = (int64_t)s * length + t;
             const float *xt = x + row * x_stride + c0;
@@ -61,9 +63,8 @@ void seawall_causal_conv(float *out, int64_t out_stride, const float *x, int64_t
 #pragma omp simd
             for (int c = 0; c < n; c++) in[kept][c] = xt[c], acc[c] = 0.f;
             for (int j = 0; j <= kept; j++) {
-                const float *w = weight_t + (int64_t)j * channels + c0;
 #pragma omp simd
-                for (int c = 0; c < n; c++) acc[c] += w[c] * in[j][c];
+                for (int c = 0; c < n; c++) acc[c] += w[j][c] * in[j][c];
             }
             if (bias) {
 #pragma omp simd
