@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
-from services.engine import jamba, nemotron_h
+from services.engine import falcon_h1, jamba, nemotron_h
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
 
 
@@ -154,6 +154,10 @@ ALIASES = {
         ignored=("z_loss_coefficient", "partial_rotary_factor"),
         rewrite=lambda raw: _bamba(raw),
         fields=lambda raw: {**mamba2_fields(raw, _MAMBA), "partial_rotary_factor": 0.5, "architecture": "BambaForCausalLM"}),
+    # Falcon-H1 (falcon_h1.py): Llama's attention (biases on all four projections with attention_bias) beside a
+    # Mamba-2 mixer in every layer, µP multipliers folded into the weights as they load.
+    falcon_h1.ARCH: Alias("LlamaForCausalLM", defaults=falcon_h1.DEFAULTS, ignored=falcon_h1.IGNORED,
+                          rewrite=falcon_h1.rewrite, fields=falcon_h1.fields),
     # Phi-3.5-MoE: Mixtral's experts routed by sparse-mixer (moe.py), LayerNorms with biases, biases on
     # attention's projections with attention_bias and on the head with lm_head_bias, LongRoPE with the
     # attention scales it names (short_mscale, long_mscale: rope.py).

@@ -99,7 +99,8 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
                  f"Mamba ({s.intermediate} channels, a {s.state_size}-wide state each" if isinstance(s, Mamba1Shape) else
                  f"gated short convolution ({s.conv_kernel} tokens wide" if isinstance(s, ShortConvShape) else
                  f"Gated DeltaNet linear attention ({s.num_value_heads} value heads on {s.num_key_heads} key heads")
-        rest = "in the rest" if not config.sublayers else f"in {len(config.linear_layers)}"
+        rest = "beside it in every layer" if config.parallel_mixers else "in the rest" if not config.sublayers \
+            else f"in {len(config.linear_layers)}"
         kind += (f" in {len(config.kv_layers)} of {config.num_hidden_layers} layers; {mixer}, a recurrent state per "
                  f"sequence) {rest}")
     share = (f"a {config.rotary_dim}-wide block of each head" if config.mla

@@ -49,6 +49,9 @@ class LinearAttentionShape:
         return (self.num_value_heads, self.key_head_dim, self.value_head_dim)
 
 
+GATED_NORMS = ("gate_then_norm", "norm_then_gate", "gate")
+
+
 @dataclass(frozen=True)
 class Mamba2Shape:
     """A Mamba-2 mixer (state space duality): ``num_heads`` heads of ``head_dim`` channels, each with a
@@ -63,10 +66,24 @@ class Mamba2Shape:
     conv_bias: bool
     proj_bias: bool
     time_step_limit: tuple[float, float]
+    # A bias on out_proj where it differs from in_proj's (Falcon-H1's projectors_bias; None: proj_bias).
+    out_proj_bias: bool | None = None
+    # How the scan's output meets its gate: "gate_then_norm" (x * SiLU(z), RMS-normed in groups: Granite 4.0-H,
+    # Bamba, Nemotron-H), "norm_then_gate" (normed, then gated: Falcon-H1's mamba_norm_before_gate) or "gate"
+    # (no norm: Falcon-H1 without mamba_rms_norm).
+    gated_norm: str = "gate_then_norm"
+
+    def __post_init__(self) -> None:
+        if self.gated_norm not in GATED_NORMS:
+            raise ModelLoadError(f"Mamba-2 gated_norm must be one of {', '.join(GATED_NORMS)}, got {self.gated_norm!r}")
 
     @property
     def intermediate(self) -> int:
         return self.num_heads * self.head_dim
+
+    @property
+    def out_bias(self) -> bool:
+        return self.proj_bias if self.out_proj_bias is None else self.out_proj_bias
 
     @property
     def conv_dim(self) -> int:
@@ -140,26 +157,30 @@ def short_conv_fields(raw: dict[str, Any]) -> dict[str, Any]:
     return {"linear_layers": conv, "linear_attention": shape} if conv else {}
 
 
-def mamba2_fields(raw: dict[str, Any], mamba_types: tuple[str, ...]) -> dict[str, Any]:
+def mamba2_fields(raw: dict[str, Any], mamba_types: tuple[str, ...], width: int | None = None,
+                  **shape: Any) -> dict[str, Any]:
     """``ModelConfig``'s ``linear_layers`` and ``linear_attention`` from a Granite 4.0 config (``mamba_*`` fields
-    with transformers' defaults); ``mamba_types``: the layer_types that name its Mamba-2 layers."""
+    with transformers' defaults); ``mamba_types``: the layer_types that name its Mamba-2 layers; ``width``: the
+    mixer's width where the model sets it otherwise than ``mamba_expand`` times the hidden size; ``shape``:
+    ``Mamba2Shape`` fields of a model's own (Falcon-H1's)."""
     layers, hidden = int(raw["num_hidden_layers"]), int(raw["hidden_size"])
     types = raw.get("layer_types") or [mamba_types[0]] * layers
     heads = int(raw.get("mamba_n_heads") or 128)
-    intermediate = int(raw.get("mamba_expand") or 2) * hidden
+    intermediate = width or int(raw.get("mamba_expand") or 2) * hidden
     head_dim = raw.get("mamba_d_head", "auto")
     head_dim = intermediate // heads if head_dim in (None, "auto") else int(head_dim)
     limit = raw.get("time_step_limit") or (0.0, float("inf"))
-    shape = Mamba2Shape(num_heads=heads, head_dim=head_dim, state_size=int(raw.get("mamba_d_state") or 256),
+    mamba = Mamba2Shape(num_heads=heads, head_dim=head_dim, state_size=int(raw.get("mamba_d_state") or 256),
                         n_groups=int(raw.get("mamba_n_groups") or 1), conv_kernel=int(raw.get("mamba_d_conv") or 4),
                         chunk_size=int(raw.get("mamba_chunk_size") or 256),
                         conv_bias=bool(raw.get("mamba_conv_bias", True)), proj_bias=bool(raw.get("mamba_proj_bias")),
-                        time_step_limit=(json_float(limit[0]), json_float(limit[1])))
-    if shape.intermediate != intermediate or heads % shape.n_groups or shape.conv_kernel < 2:
-        raise ModelLoadError(f"config.json: Mamba-2 layers of {heads} heads of {head_dim} must fill mamba_expand * "
-                             f"hidden_size ({intermediate}), in groups that divide the heads ({shape.n_groups}), with a "
-                             f"convolution of at least 2 ({shape.conv_kernel})")
-    return {"linear_layers": tuple(i for i, t in enumerate(types) if t in mamba_types), "linear_attention": shape}
+                        time_step_limit=(json_float(limit[0]), json_float(limit[1])), **shape)
+    if mamba.intermediate != intermediate or heads % mamba.n_groups or mamba.conv_kernel < 2:
+        field = "mamba_d_ssm" if width else "mamba_expand * hidden_size"
+        raise ModelLoadError(f"config.json: Mamba-2 layers of {heads} heads of {head_dim} must fill {field} "
+                             f"({intermediate}), in groups that divide the heads ({mamba.n_groups}), with a "
+                             f"convolution of at least 2 ({mamba.conv_kernel})")
+    return {"linear_layers": tuple(i for i, t in enumerate(types) if t in mamba_types), "linear_attention": mamba}
 
 
 def json_float(value: Any) -> float:

@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
-from services.engine import nemotron_h
+from services.engine import falcon_h1, nemotron_h
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
@@ -75,6 +75,9 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         weights = gpt_oss_weights(weights)
     if config.architecture == LLAMA4:
         weights = llama4_weights(weights)
+    if config.multipliers is not None:  # Falcon-H1's, before the names change
+        weights = falcon_h1.scaled_weights(weights, config.multipliers, config.linear_attention,
+                                           config.tie_word_embeddings and ckpt.has_lm_head)
     if config.architecture == nemotron_h.ARCH:
         weights = nemotron_h.checkpoint_names(weights, config.sublayers, config.linear_layers)
     if config.architecture in ("Ernie4_5_MoeForCausalLM", "ExaoneMoeForCausalLM"):

@@ -18,7 +18,7 @@ tiny model a 64-decode pass is ~1.6 ms, and the modules' calls and attribute loo
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -315,13 +315,21 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = norm()
 
     def _add_mixer(self, config: ModelConfig, layer: int) -> str:
-        """Adds the layer's mixer under the name checkpoints hold it by, and returns that name."""
+        """Adds the layer's mixer under the name checkpoints hold it by, and returns that name (Falcon-H1's two:
+        the method that runs them side by side)."""
         if layer in config.linear_layers:
             name, mixer = _LINEAR_MIXERS[type(config.linear_attention)]
             setattr(self, name, mixer(config, layer))
-            return name
+            if not config.parallel_mixers:
+                return name
         self.self_attn = LatentAttention(config, layer, RMSNorm) if config.mla else Attention(config, layer)
-        return "self_attn"
+        return "mix_in_parallel" if config.parallel_mixers else "self_attn"
+
+    def mix_in_parallel(self, h, cos, sin, batch: AttentionBatch, kv, lora: LoraBatch | None = None,
+                        q_mult: torch.Tensor | None = None) -> torch.Tensor:
+        """Falcon-H1: the Mamba-2 mixer's output plus attention's, both of the layer's norm (their multipliers
+        are in the weights), as transformers adds them."""
+        return self.mamba(h, cos, sin, batch, kv, lora) + self.self_attn(h, cos, sin, batch, kv, lora)
 
     def forward(self, x, residual, cos, sin, batch: AttentionBatch, kv, lora: LoraBatch | None = None,
                 q_mult: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -606,7 +614,8 @@ class _LayerWeights(NamedTuple):
     moe: SparseMoE | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    mixer: nn.Module | None = None  # a layer whose mixer is not plain attention (linear attention, gated)
+    # A layer whose mixer is not plain attention (linear attention, gated; Falcon-H1's two side by side).
+    mixer: Callable[..., torch.Tensor] | None = None
     kv_layer: int = 0  # the attention's layer of the KV pool (a hybrid's linear layers have none)
 
 

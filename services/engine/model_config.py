@@ -41,9 +41,10 @@ from services.common.lora import ModelShape
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import afmoe_fields
 from services.engine.aliases import ALIASES, aliased
+from services.engine.falcon_h1 import Multipliers
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import hunyuan_fields, ntk_alpha_rope
-from services.engine.linear_attention_config import LinearShape
+from services.engine.linear_attention_config import LinearShape, Mamba2Shape
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_fields, llama4_nope_layers
 from services.engine.mla_config import check_mla, mla_fields
@@ -275,6 +276,11 @@ class ModelConfig:
     # Nemotron 3's routed experts work on the tokens projected down to this many features, and their sum is
     # projected back up (0: no latent, the experts read the hidden state).
     moe_latent_size: int = 0
+    # Falcon-H1 (falcon_h1.py): every layer runs attention and its linear mixer side by side on one norm, both
+    # outputs added to the stream (each layer keeps KV and a recurrent state); the µP multipliers its loader
+    # folds into the weights (None: none but 1).
+    parallel_mixers: bool = False
+    multipliers: Multipliers | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -326,6 +332,9 @@ class ModelConfig:
                                or any(not self.has_mlp(i) for i in self.moe_layers)):
             raise ModelLoadError(f"sublayers {self.sublayers} must name each of the {self.num_hidden_layers} layers "
                                  "'mixer' or 'mlp', linear layers mixers and expert layers MLPs")
+        if self.parallel_mixers and (set(self.linear_layers) != set(range(self.num_hidden_layers))
+                                     or not isinstance(self.linear_attention, Mamba2Shape) or self.sublayers):
+            raise ModelLoadError("parallel mixers (Falcon-H1) need a Mamba-2 mixer beside attention in every layer")
         if self.moe_latent_size < 0 or (self.moe_latent_size and not self.num_experts):
             raise ModelLoadError(f"config.json: moe_latent_size {self.moe_latent_size} needs experts and must be >= 0")
         if any(not 0 <= layer < self.num_hidden_layers for layer in self.nope_layers):
@@ -394,9 +403,9 @@ class ModelConfig:
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
-        """The layers that keep KV (all but linear-attention layers), in order: the KV pool has one slot per
-        token for each, and layer ``kv_layers[i]`` reads the pool's layer ``i``."""
-        linear = set(self.linear_layers)
+        """The layers that keep KV (all but linear-attention layers; all of Falcon-H1's), in order: the KV pool
+        has one slot per token for each, and layer ``kv_layers[i]`` reads the pool's layer ``i``."""
+        linear = set() if self.parallel_mixers else set(self.linear_layers)
         return tuple(i for i in range(self.num_hidden_layers) if i not in linear and self.has_mixer(i))
 
     def has_mixer(self, layer: int) -> bool:
@@ -446,7 +455,7 @@ class ModelConfig:
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
                 and not self.moe_biases and self.swiglu_limit is None and self.nope_temperature is None
                 and self.q_position_scale is None and not self.layer_norm and not self.parallel_block
-                and self.logit_scale == 1.0 and not self.mlp_bias and not self.lm_head_bias and not self.sublayers)
+                and not self.mlp_bias and not self.lm_head_bias and not self.sublayers)
 
     @property
     def plain_attention(self) -> bool:

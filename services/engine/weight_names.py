@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
+from services.engine.falcon_h1 import ARCH as FALCON_H1
+from services.engine.falcon_h1 import RENAMES as FALCON_H1_RENAMES
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import RENAMES as HUNYUAN_RENAMES
 from services.engine.jamba import ARCH as JAMBA
@@ -71,7 +73,7 @@ _BY_ARCHITECTURE = {
                            (".feed_forward.expert_bias", ".mlp.gate.e_score_correction_bias")),
     "PhimoeForCausalLM": ((".mlp.router.", ".mlp.gate."),),  # its router, as transformers 5 saves it
     "PhiForCausalLM": _PHI,
-    JAMBA: JAMBA_RENAMES,
+    JAMBA: JAMBA_RENAMES, FALCON_H1: FALCON_H1_RENAMES,
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's

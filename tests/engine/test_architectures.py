@@ -30,6 +30,11 @@ transformers = pytest.importorskip("transformers")
 
 COMMON = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
+FALCON_H1_MULTIPLIERS = dict(
+    embedding_multiplier=5.656854249492381, lm_head_multiplier=0.0390625, key_multiplier=0.39062499999999994,
+    attention_in_multiplier=1.1, attention_out_multiplier=0.9375, ssm_in_multiplier=1.25,
+    ssm_out_multiplier=0.23570226039551587, mlp_multipliers=[0.8838834764831844, 0.5859375],
+    ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738])
 CASES = {
     "llama": lambda: transformers.LlamaConfig(
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -338,6 +343,17 @@ CASES = {
     "bamba": lambda: transformers.BambaConfig(
         attn_layer_indices=[1], mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=32,
         attention_bias=True, **COMMON),
+    # Falcon-H1: attention and Mamba-2 side by side in every layer (a mixer narrower than expand x hidden), gated
+    # without a norm, Falcon-H1-0.5B's µP multipliers (attention's input scaled too); the fused CPU forward.
+    "falcon-h1": lambda: transformers.FalconH1Config(
+        head_dim=16, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=32,
+        **FALCON_H1_MULTIPLIERS, **COMMON),
+    # Falcon-H1 normed before the gate in 2 groups, biases on every projection (out_proj's by projectors_bias),
+    # the head tied to the embeddings (which their multiplier scales, not the head).
+    "falcon-h1-normed": lambda: transformers.FalconH1Config(
+        head_dim=16, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
+        mamba_chunk_size=32, mamba_rms_norm=True, mamba_norm_before_gate=True, attention_bias=True, mlp_bias=True,
+        mamba_proj_bias=True, projectors_bias=True, **FALCON_H1_MULTIPLIERS, **{**COMMON, "tie_word_embeddings": True}),
     # Jamba: Mamba (dt, B, C RMS-normed; a low-rank dt) in all but every third layer, attention without positions
     # there, Mixtral-style experts (not renormalized) in every other layer; biases on the Mamba projections.
     "jamba": lambda: transformers.JambaConfig(
