@@ -11,7 +11,9 @@ Weights are drawn as transformers initializes them, then the norms near 1 (they 
 decisive rather than near-ties. ``--arch granite4-h`` writes Granite 4.0-H's shape instead (Mamba-2 in three
 layers of four: 8 heads of 64 channels, a state of 128 per channel as the released models have; its dense MLP,
 its multipliers). ``--arch falcon-h1`` writes Falcon-H1's (attention and Mamba-2 side by side in all 8 layers:
-6 heads of 64 channels over a 384-wide mixer, a state of 128, Falcon-H1-0.5B's µP multipliers).
+6 heads of 64 channels over a 384-wide mixer, a state of 128, Falcon-H1-0.5B's µP multipliers); ``--arch lfm3``
+LFM3's (convolutions 7 wide in 5 layers of 8, sliding attention with a window of 256 in two, full attention in
+one; heads gated, sandwich norms).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="directory to write (must not exist)")
     p.add_argument("--moe", action="store_true", help="Qwen3.5-MoE's experts instead of the dense MLP")
-    p.add_argument("--arch", choices=("qwen3.5", "granite4-h", "falcon-h1"), default="qwen3.5")
+    p.add_argument("--arch", choices=("qwen3.5", "granite4-h", "falcon-h1", "lfm3"), default="qwen3.5")
     args = p.parse_args()
     import transformers
 
@@ -57,6 +59,11 @@ def main() -> int:
             key_multiplier=0.390625, attention_out_multiplier=0.9375, ssm_in_multiplier=1.25,
             ssm_out_multiplier=0.23570226039551587, mlp_multipliers=[0.8838834764831844, 0.5859375],
             ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738], **common)
+    elif args.arch == "lfm3":
+        common = {k: v for k, v in SHAPE.items() if not k.startswith("linear_")}
+        config = transformers.Lfm3Config(
+            layer_types=["conv", "conv", "full_attention", "conv", "sliding_attention", "conv", "sliding_attention",
+                         "conv"], pad_token_id=0, **common)
     elif args.moe:
         config = transformers.Qwen3_5MoeTextConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                                                    shared_expert_intermediate_size=512,

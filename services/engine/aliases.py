@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
-from services.engine import falcon_h1, jamba, nemotron_h
+from services.engine import falcon_h1, jamba, kimi_linear, lfm3, nemotron_h
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
 
 
@@ -340,6 +340,14 @@ ALIASES = {
         ignored=_NO_WINDOW,
         rewrite=lambda raw: _lfm2(raw),
         fields=lambda raw: {**short_conv_fields(raw), "architecture": "Lfm2ForCausalLM"}),
+    # Kimi Linear (kimi_linear.py): DeepSeek-V3's latent attention without positions in one layer of four, Kimi
+    # Delta Attention (kda.py) in the rest, its routing under names of its own.
+    kimi_linear.ARCH: Alias("DeepseekV3ForCausalLM", kimi_linear.NAMES, kimi_linear.DEFAULTS, kimi_linear.IGNORED,
+                            mlp_layers="mlp_layer_types", rewrite=kimi_linear.rewrite, fields=kimi_linear.fields),
+    # LFM3 (lfm3.py): LFM2's layers with sliding and full attention layers, each type with RoPE of its own, heads
+    # gated by the input, sandwich norms.
+    lfm3.ARCH: Alias("Qwen3ForCausalLM", lfm3.NAMES, lfm3.DEFAULTS, lfm3.IGNORED, rewrite=lfm3.rewrite,
+                     fields=lfm3.fields),
     # LFM2-MoE (LFM2-8B-A1B): LFM2's layers with experts from layer num_dense_layers on, chosen by sigmoid score
     # plus a learned bias (DeepSeek-V3's routing in one group, the router in the model's dtype), no shared expert.
     "Lfm2MoeForCausalLM": Alias(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import SeawallError
-from services.engine.linear_attention_config import Mamba1Shape, Mamba2Shape, ShortConvShape
+from services.engine.linear_attention_config import KdaShape, Mamba1Shape, Mamba2Shape, ShortConvShape
 from services.engine.model_config import ModelConfig
 from services.engine.pooling import has_lm_head, read_pooling
 from services.engine.safetensors_headers import read_json, tensors, weight_files
@@ -98,6 +98,7 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
                  if isinstance(s, Mamba2Shape) else
                  f"Mamba ({s.intermediate} channels, a {s.state_size}-wide state each" if isinstance(s, Mamba1Shape) else
                  f"gated short convolution ({s.conv_kernel} tokens wide" if isinstance(s, ShortConvShape) else
+                 f"Kimi Delta Attention ({s.num_heads} heads of {s.head_dim}" if isinstance(s, KdaShape) else
                  f"Gated DeltaNet linear attention ({s.num_value_heads} value heads on {s.num_key_heads} key heads")
         rest = "beside it in every layer" if config.parallel_mixers else "in the rest" if not config.sublayers \
             else f"in {len(config.linear_layers)}"

@@ -1,6 +1,7 @@
 """Linear-attention layers as their configs give them: which layers mix tokens by a recurrence instead of softmax
 attention, and the shape of those layers: Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-2 (Granite 4.0-H, Bamba,
-Nemotron-H), Mamba (Jamba) or LFM2's gated short convolution. No torch: the scheduler reads configs.
+Nemotron-H, Falcon-H1), Mamba (Jamba), LFM2's gated short convolution or Kimi Delta Attention (Kimi Linear). No
+torch: the scheduler reads configs.
 
 A linear-attention layer keeps no KV: each sequence carries a fixed-size recurrent state instead (a short
 convolution window and one ``[value heads, key dim, value dim]`` matrix per layer; recurrent_state.py), which
@@ -137,8 +138,26 @@ class ShortConvShape:
 
 
 
+@dataclass(frozen=True)
+class KdaShape:
+    """Kimi Delta Attention (Kimi Linear): ``num_heads`` heads of ``head_dim`` for q, k and v alike, each with a
+    ``[head_dim, head_dim]`` state matrix; q, k and v through one short convolution."""
+
+    num_heads: int
+    head_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        return 3 * self.num_heads * self.head_dim
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.num_heads, self.head_dim, self.head_dim)
+
+
 # Any linear layer's shape.
-LinearShape = LinearAttentionShape | Mamba2Shape | Mamba1Shape | ShortConvShape
+LinearShape = LinearAttentionShape | Mamba2Shape | Mamba1Shape | ShortConvShape | KdaShape
 
 def short_conv_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """``ModelConfig``'s ``linear_layers`` and ``linear_attention`` from an LFM2 config: its "conv" layers (or those

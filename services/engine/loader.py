@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
-from services.engine import falcon_h1, nemotron_h
+from services.engine import falcon_h1, kimi_linear, lfm3, nemotron_h
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
@@ -62,6 +62,17 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         model.local_rotary.inv_freq = inverse_frequencies(ckpt.config, local=True).to(device)
     if ckpt.config.tie_word_embeddings and ckpt.has_lm_head:
         model.lm_head.weight = model.model.embed_tokens.weight
+    weights = _checkpoint_weights(ckpt)
+    try:
+        model.load_weights(weights)
+    except KeyError as exc:
+        raise ModelLoadError(f"{ckpt.path}: {exc.args[0]}") from exc
+    return model.eval()
+
+
+def _checkpoint_weights(ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors as the model loads them: dequantized, renamed and rearranged as each
+    architecture stores them otherwise."""
     weights = _under_model(iter_weights(ckpt.path))
     config = ckpt.config
     if config.vision_language:  # before the names dequantizing pairs and renaming rely on
@@ -78,6 +89,10 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     if config.multipliers is not None:  # Falcon-H1's, before the names change
         weights = falcon_h1.scaled_weights(weights, config.multipliers, config.linear_attention,
                                            config.tie_word_embeddings and ckpt.has_lm_head)
+    if config.architecture == kimi_linear.ARCH:
+        weights = kimi_linear.checkpoint_names(weights)
+    if config.architecture == lfm3.ARCH:
+        weights = lfm3.checkpoint_names(weights, config.sandwich_norms)
     if config.architecture == nemotron_h.ARCH:
         weights = nemotron_h.checkpoint_names(weights, config.sublayers, config.linear_layers)
     if config.architecture in ("Ernie4_5_MoeForCausalLM", "ExaoneMoeForCausalLM"):
@@ -86,11 +101,7 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         weights = split_query_gates(weights, config.head_dim)
     if config.rope_interleaved:
         weights = ((name, deinterleave_rope(name, tensor, config)) for name, tensor in weights)
-    try:
-        model.load_weights(weights)
-    except KeyError as exc:
-        raise ModelLoadError(f"{ckpt.path}: {exc.args[0]}") from exc
-    return model.eval()
+    return weights
 
 
 def _under_model(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

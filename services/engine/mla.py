@@ -38,6 +38,7 @@ class LatentAttention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int, norm: type[nn.Module]) -> None:
         super().__init__()
         self.layer = layer
+        self.kv_layer = config.kv_layers.index(layer)  # its layer of the KV pool (which linear layers skip)
         self.heads = config.num_attention_heads
         self.nope, self.rope, self.rank, self.v = (config.qk_nope_head_dim, config.qk_rope_head_dim,
                                                    config.kv_lora_rank, config.v_head_dim)
@@ -63,14 +64,16 @@ class LatentAttention(nn.Module):
         q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope], dim=-1)
         c, k_rope = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
         c = self.kv_a_layernorm._norm(c)
-        rotated = RotaryEmbedding.apply(torch.cat([q_rope, k_rope[:, None]], dim=1), cos, sin)  # one pass
+        rotated = torch.cat([q_rope, k_rope[:, None]], dim=1)
+        if cos is not None:  # None: no positions (Kimi Linear: the block is a plain part of the key)
+            rotated = RotaryEmbedding.apply(rotated, cos, sin)  # one pass
         w = self.kv_b_proj.weight.view(self.heads, self.nope + self.v, self.rank)
         q_lat = torch.einsum("thn,hnr->thr", q_nope, w[:, : self.nope])  # W_UK absorbed into the query
         query = torch.cat([q_lat, rotated[:, : self.heads]], dim=-1) * self.q_scale
         if q_mult is not None:
             query = (query * q_mult).to(query.dtype)
         key = torch.cat([c, rotated[:, self.heads]], dim=-1)[:, None]  # [T, 1, rank + rope]: the cache entry
-        cache, _ = kv.layer(self.layer)  # one latent per token: the pool's K and V views are the same
+        cache, _ = kv.layer(self.kv_layer)  # one latent per token: the pool's K and V views are the same
         o = paged_attention(query, key, key, cache, cache, batch)  # the latents are the values too
         out = torch.einsum("thr,hvr->thv", o[..., : self.rank], w[:, self.nope :])  # W_UV
         return self.o_proj(out.reshape(t, self.heads * self.v))

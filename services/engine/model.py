@@ -28,8 +28,10 @@ from torch import nn
 from services.engine.activations import ACTIVATIONS, rms_norm
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.gated_delta_net import GatedDeltaNet
+from services.engine.kda import KimiDeltaAttention
 from services.engine.kv_pool import PagedKVPool
 from services.engine.linear_attention_config import (
+    KdaShape,
     LinearAttentionShape,
     Mamba1Shape,
     Mamba2Shape,
@@ -142,9 +144,12 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
         self.clip_qkv = config.clip_qkv
-        # AFMoE, MiniCPM5-MoE: the output gated per feature by the sigmoid of a projection of the input.
+        # AFMoE, MiniCPM5-MoE: the output gated per feature by the sigmoid of a projection of the input; LFM3: per
+        # head.
+        self.gate_per_head = config.attn_output_gate == "per_head"
         self.gate_proj = None if config.attn_output_gate is None else nn.Linear(
-            config.hidden_size, self.q_size, bias=config.attn_output_gate == "in_query" and config.attention_bias)
+            config.hidden_size, self.heads if self.gate_per_head else self.q_size,
+            bias=config.attn_output_gate == "in_query" and config.attention_bias)
         # GPT-OSS: a learned logit per head that joins its softmax (attention.py).
         self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks else None
         self.q_norm = self.k_norm = None
@@ -200,7 +205,9 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.kv_layer)
         o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks).reshape(t, self.q_size)
-        if self.gate_proj is not None:
+        if self.gate_per_head:
+            o = (o.view(t, self.heads, self.head_dim) * torch.sigmoid(self.gate_proj(x))[..., None]).view(t, -1)
+        elif self.gate_proj is not None:
             o = o * torch.sigmoid(self.gate_proj(x))
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
@@ -279,7 +286,8 @@ class MLP(nn.Module):
 
 # A linear layer's mixer by its shape: the attribute it is held by (the name checkpoints give it) and its class.
 _LINEAR_MIXERS = {LinearAttentionShape: ("linear_attn", GatedDeltaNet), Mamba2Shape: ("mamba", Mamba2Mixer),
-                  Mamba1Shape: ("mamba", Mamba1Mixer), ShortConvShape: ("conv", GatedShortConv)}
+                  Mamba1Shape: ("mamba", Mamba1Mixer), ShortConvShape: ("conv", GatedShortConv),
+                  KdaShape: ("self_attn", KimiDeltaAttention)}
 
 
 class DecoderLayer(nn.Module):

@@ -87,7 +87,7 @@ _O_PROJ_UNBIASED = ("MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM",
 _APERTUS_ROPE = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
                  "high_freq_factor": 4.0}
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "relu2", "xielu")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,8 @@ class ModelConfig:
     attention_sinks: bool = False
     # Attention's output times the sigmoid of a projection of the layer's input, per feature, before o_proj:
     # "own" (AFMoE: its self_attn.gate_proj, no bias), "in_query" (MiniCPM5-MoE: q_proj stores each head's
-    # query rows then its gate's, with q's bias; split as they load); None: not gated.
+    # query rows then its gate's, with q's bias; split as they load), "per_head" (LFM3: one sigmoid gate per head,
+    # its g_proj); None: not gated.
     attn_output_gate: str | None = None
     # Qwen3 normalizes each head of q and k (RMSNorm over head_dim) before RoPE; OLMo 2 and OLMoE normalize
     # the whole q and k projections instead (qk_norm_whole).
@@ -298,8 +299,9 @@ class ModelConfig:
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
         self._check_norm_and_bias_fields()
-        if self.attn_output_gate not in (None, "own", "in_query"):
-            raise ModelLoadError(f"attn_output_gate must be 'own', 'in_query' or None, got {self.attn_output_gate!r}")
+        if self.attn_output_gate not in (None, "own", "in_query", "per_head"):
+            raise ModelLoadError(f"attn_output_gate must be 'own', 'in_query', 'per_head' or None, got "
+                                 f"{self.attn_output_gate!r}")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"config.json: hidden activation {self.hidden_act!r} is not supported; supported: "
                                  f"{', '.join(SUPPORTED_ACTIVATIONS)}")
@@ -635,6 +637,8 @@ def _partial_rotary(raw: dict[str, Any], arch: str, params: dict[str, Any], head
     """The share of each head RoPE rotates, as transformers reads it: ``partial_rotary_factor`` (top level or in
     rope_parameters), MiniMax-M2's ``rotary_dim``, GLM-4.5's default of a half; only the architectures whose
     transformers model rotates part of a head may."""
+    if params.get("rope_type") == "proportional":  # its share rotates within the whole head (rope.py)
+        params = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
     partial = float(raw.get("partial_rotary_factor") or params.get("partial_rotary_factor")
                     or (raw["rotary_dim"] / head_dim if raw.get("rotary_dim") else 0)
                     or (0.5 if arch in ("Glm4ForCausalLM", "Glm4MoeForCausalLM") else 1.0))

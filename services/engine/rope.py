@@ -1,5 +1,5 @@
-"""Rotary position embeddings with the checkpoint's scaling (default, linear, llama3, yarn, longrope), over the
-whole head or its first ``rotary_dim`` features (Phi-4-mini).
+"""Rotary position embeddings with the checkpoint's scaling (default, linear, llama3, yarn, longrope, proportional),
+over the whole head or its first ``rotary_dim`` features (Phi-4-mini).
 
 The inverse frequencies follow ``transformers``' ``ROPE_INIT_FUNCTIONS`` exactly, so positions rotate
 bit-for-bit as the oracle rotates them.
@@ -38,7 +38,19 @@ def _inverse_frequencies(config: ModelConfig, local: bool) -> torch.Tensor:
         inv_freq = _yarn_frequencies(config, scaling)
     elif rope_type == "longrope":
         inv_freq = _longrope_frequencies(config, scaling)
+    elif rope_type == "proportional":
+        inv_freq = _proportional_frequencies(config, scaling)
     return inv_freq
+
+
+def _proportional_frequencies(config: ModelConfig, scaling: dict) -> torch.Tensor:
+    """Proportional RoPE (LFM3's full layers): the first ``partial_rotary_factor`` of each half of the head rotates,
+    at the frequencies its features would have over the whole head; the rest have frequency 0 (cos 1, sin 0:
+    passed through exactly), so the rotation spans the head (``rotary_dim`` is ``head_dim``)."""
+    head_dim = config.head_dim
+    angles = int(float(scaling.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+    rotated = 1.0 / (config.rope_theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim))
+    return torch.cat([rotated, torch.zeros(head_dim // 2 - angles)]) / float(scaling.get("factor", 1.0))
 
 
 def attention_factor(config: ModelConfig, local: bool = False) -> float:

@@ -325,6 +325,18 @@ CASES = {
     "lfm2": lambda: transformers.Lfm2Config(
         layer_types=["conv", "full_attention", "conv"], conv_bias=True, conv_L_cache=4, block_multiple_of=16,
         **COMMON),
+    # LFM3: LFM2's conv layers (a 7-wide window) beside a sliding attention layer (default RoPE at its own base) and
+    # a full one (proportional RoPE: half of each half-head rotated), heads gated by the input, sandwich norms.
+    "lfm3": lambda: transformers.Lfm3Config(
+        head_dim=16, sliding_window=24, layer_types=["conv", "sliding_attention", "conv", "full_attention", "conv"],
+        **{**COMMON, "num_hidden_layers": 5, "pad_token_id": 0}),
+    # LFM3 without sandwich norms or head gates, biases on attention and the convolutions, a 3-wide window; full
+    # attention alone, a quarter of each half-head rotated.
+    "lfm3-plain": lambda: transformers.Lfm3Config(
+        head_dim=16, layer_types=["conv", "full_attention", "conv"], use_sandwich_norm=False, use_attention_gate=False,
+        attention_bias=True, conv_bias=True, conv_L_cache=3,
+        rope_parameters={"full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
+                                            "partial_rotary_factor": 0.25}}, **{**COMMON, "pad_token_id": 0}),
     # LFM2-MoE: 2 of 8 experts by sigmoid score plus a routing bias from layer 1 on (layer 0 dense).
     "lfm2-moe": lambda: transformers.Lfm2MoeConfig(
         layer_types=["conv", "full_attention", "conv"], num_dense_layers=1, num_experts=8, num_experts_per_tok=2,
@@ -354,6 +366,15 @@ CASES = {
         head_dim=16, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
         mamba_chunk_size=32, mamba_rms_norm=True, mamba_norm_before_gate=True, attention_bias=True, mlp_bias=True,
         mamba_proj_bias=True, projectors_bias=True, **FALCON_H1_MULTIPLIERS, **{**COMMON, "tie_word_embeddings": True}),
+    # Kimi Linear: Kimi Delta Attention (a decay per key channel) in three layers of four, latent attention without
+    # positions in the second; DeepSeek-V3's routing in 2 groups beside a shared MLP from layer 1 on.
+    "kimi-linear": lambda: transformers.KimiLinearConfig(
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"], linear_num_heads=2,
+        linear_head_dim=16, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_experts=8,
+        num_experts_per_token=2, moe_intermediate_size=32, num_shared_experts=1, num_expert_group=2, topk_group=1,
+        routed_scaling_factor=2.5, mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        **{**{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}, "num_hidden_layers": 4,
+           "pad_token_id": 0}),
     # Jamba: Mamba (dt, B, C RMS-normed; a low-rank dt) in all but every third layer, attention without positions
     # there, Mixtral-style experts (not renormalized) in every other layer; biases on the Mamba projections.
     "jamba": lambda: transformers.JambaConfig(
@@ -824,7 +845,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
-    elif model.config.model_type in ("nemotron_h", "jamba"):  # no layer takes positions (no rotary embedding)
+    elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear"):  # no layer takes positions (no rotary)
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(model.model.layers)))
     else:

@@ -1,7 +1,8 @@
 """Hybrid models against transformers (Qwen3-Next: Gated DeltaNet linear attention in two layers of three; Granite
 4.0-H: Mamba-2 in two of three; LFM2: gated short convolutions in two of three; Nemotron 3: Mamba-2 and attention
 between expert layers; Jamba: the first Mamba in three layers of four; Falcon-H1: attention and Mamba-2 side by
-side in every layer) under every scheduling path that must carry their recurrent state: prompt chunks of any size (a state resumed chunk after
+side in every layer; LFM3: LFM2's convolutions beside sliding and full attention; Kimi Linear: Kimi Delta Attention beside latent
+attention and experts) under every scheduling path that must carry their recurrent state: prompt chunks of any size (a state resumed chunk after
 chunk), whole prompts, multi-step decoding, MLFQ order, preemption by swap (the state stays on the worker) and by
 recompute (it starts again from zeros). A prefix is never taken from the cache (the blocks do not hold the
 state); every state slot is back in the pool at the end."""
@@ -16,6 +17,7 @@ import torch
 from seawall.offline.engine import OfflineEngine
 from services.common.sampling_params import SamplingParams
 from services.common.step import NewSequence, StepPlan
+from services.engine.checkpoint_report import kv_bytes_per_token
 from services.engine.config import EngineConfig
 from services.engine.model_config import ModelConfig
 from services.scheduler.core.scheduler import SchedulerConfig
@@ -28,7 +30,8 @@ PROMPT_LENS = [1, 20, 63, 64, 65, 150]
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module", params=["qwen3-next", "granite4-h", "lfm2", "nemotron-h-moe", "jamba", "falcon-h1"])
+@pytest.fixture(scope="module", params=["qwen3-next", "granite4-h", "lfm2", "nemotron-h-moe", "jamba", "falcon-h1",
+                                                "lfm3", "kimi-linear"])
 def model_dir(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
     if request.param == "qwen3-next":
         return hybrid_model_dir
@@ -63,8 +66,9 @@ def case(hf_model):
 
 def _engine(model_dir, config: SchedulerConfig, blocks: int | None = None, checkpoints: int = 16,
             host_checkpoints: int = 64, cpu_kernels: bool = True) -> OfflineEngine:
-    # Each attention layer's K and V, 16 tokens of 2 heads of 16, fp32 (Falcon-H1 attends in every layer).
-    block_bytes = len(ModelConfig.from_dir(model_dir).kv_layers) * 16 * 2 * 2 * 16 * 4
+    # 16 tokens' KV in fp32 (one attention layer's K and V of 2 heads of 16 in most of these; Falcon-H1 attends in
+    # every layer, Kimi Linear keeps a latent).
+    block_bytes = 16 * kv_bytes_per_token(ModelConfig.from_dir(model_dir), "float32")
     return OfflineEngine(EngineConfig(model=str(model_dir), dtype="float32",
                                       kv_cache_bytes=(blocks or 256) * block_bytes, swap_bytes=200 * block_bytes,
                                       state_checkpoints=checkpoints, host_state_checkpoints=host_checkpoints,

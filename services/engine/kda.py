@@ -1,0 +1,159 @@
+"""Kimi Delta Attention (KDA, Kimi Linear's linear layers; arXiv 2510.26692), over the recurrent states of a step's
+sequences (recurrent_state.py).
+
+Gated DeltaNet's delta rule (gated_delta_net.py) with a decay per key channel rather than per head: per token, q,
+k and v (``heads x head_dim`` each) from three projections through one short causal convolution (SiLU), a
+decay ``g`` per head and channel (``-exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)``) and a write strength
+``beta`` per head; each head's state S ``[head_dim (keys), head_dim (values)]``::
+
+    S = diag(exp(g)) S;  S = S + k ⊗ (beta * (v - Sᵀk));  out = Sᵀq
+
+q and k are L2-normed first, q scaled by head_dim ** -0.5. A decode takes that step as written; a prompt chunk
+takes the chunked form (blocks of 64 tokens, within a block a triangular system solved row by row, across
+blocks the state), from the state its previous chunks left. Both follow transformers' torch kernels op for op
+(the oracle), one block at a time (a block's per-channel decays are ``64 x 64 x head_dim`` floats a head).
+The output is RMS-normed per head (the weight in fp32), gated by a sigmoid of a low-rank projection of the
+input.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.attention import AttentionBatch
+from services.engine.model_config import ModelConfig
+from services.engine.recurrent_state import RecurrentBatch
+from services.engine.short_conv import causal_conv
+
+_CHUNK = 64  # transformers' (and FLA's) block of the chunked form
+_L2_EPS = 1e-6
+
+
+class SigmoidGatedRMSNorm(nn.Module):
+    """Each head's output RMS-normed in fp32, times the weight in fp32, times the sigmoid of the gate."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = self.weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps))
+        return (h * torch.sigmoid(gate.float())).to(x.dtype)
+
+
+class KimiDeltaAttention(nn.Module):
+    """One KDA layer; ``forward`` takes Attention's arguments and reads ``batch.recurrent``. Its tensors have the
+    names of Kimi Linear's checkpoints (kimi_linear.py joins the three convolutions as they load)."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        s = config.linear_attention
+        self.shape = s
+        self.state_index = config.linear_layers.index(layer)
+        hidden, width = config.hidden_size, s.num_heads * s.head_dim
+        self.q_proj = nn.Linear(hidden, width, bias=False)
+        self.k_proj = nn.Linear(hidden, width, bias=False)
+        self.v_proj = nn.Linear(hidden, width, bias=False)
+        self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=False)
+        self.f_a_proj = nn.Linear(hidden, s.head_dim, bias=False)
+        self.f_b_proj = nn.Linear(s.head_dim, width, bias=False)
+        self.dt_bias = nn.Parameter(torch.zeros(width))
+        self.A_log = nn.Parameter(torch.zeros(s.num_heads))
+        self.b_proj = nn.Linear(hidden, s.num_heads, bias=False)
+        self.g_a_proj = nn.Linear(hidden, s.head_dim, bias=False)
+        self.g_b_proj = nn.Linear(s.head_dim, width, bias=False)
+        self.o_norm = SigmoidGatedRMSNorm(s.head_dim, config.rms_norm_eps)
+        self.o_proj = nn.Linear(width, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
+        s, t, rb = self.shape, x.shape[0], batch.recurrent
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        mixed = causal_conv(mixed, rb, self.state_index, self.conv1d.weight, None, kernels=batch.kernels)
+        q, k, v = mixed.view(t, 3, s.num_heads, s.head_dim).unbind(1)
+        out = self._delta_rule(q, k, v, self._decay(x), torch.sigmoid(self.b_proj(x)), rb).to(x.dtype)
+        out = self.o_norm(out, self.g_b_proj(self.g_a_proj(x)).view(t, s.num_heads, s.head_dim))
+        return self.o_proj(out.reshape(t, -1))
+
+    def _decay(self, x: torch.Tensor) -> torch.Tensor:
+        """``g`` ``[T, heads, head_dim]`` (fp32), with transformers' softplus (x itself past 20)."""
+        s = self.shape
+        g = (self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()).view(-1, s.num_heads, s.head_dim)
+        return -self.A_log.float().exp()[:, None] * torch.where(g > 20.0, g, torch.log(1.0 + torch.exp(g)))
+
+    def _delta_rule(self, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
+        """``[T, heads, head_dim]`` in fp32: the decodes in one recurrent step, each group of prompt chunks of one
+        length in the chunked form, as one batch."""
+        ssm = rb.states.ssm[self.state_index]
+        out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+        for grp in rb.groups:
+            span, state = grp.tokens, ssm.index_select(0, grp.slots)
+            if grp.length == 1:
+                out[span], state = recurrent_step(q[span], k[span], v[span], g[span], beta[span], state)
+            else:
+                o, state = chunked_delta_rule(*(x[span].unflatten(0, (grp.count, grp.length))
+                                                for x in (q, k, v, g, beta)), state)
+                out[span] = o.flatten(0, 1)
+            rb.keep(ssm, grp, state)
+        return out
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """FLA's L2 norm as transformers' KDA computes it: over the root of the sum plus eps (not F.normalize)."""
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + _L2_EPS)
+
+
+def recurrent_step(q, k, v, g, beta, state):
+    """One token of each of B sequences: q, k, v, g ``[B, H, D]``, beta ``[B, H]``, state ``[B, H, D, D]`` (fp32).
+    Returns (out ``[B, H, D]``, new state), in transformers' recurrent KDA's order of ops."""
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    q, k = l2norm(q), l2norm(k)
+    q = q * (1 / (q.shape[-1] ** 0.5))
+    state = state * g.exp()[..., None]
+    kv_mem = (state * k[..., None]).sum(dim=-2)
+    delta = (v - kv_mem) * beta[..., None]
+    state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+    return (state * q.unsqueeze(-1)).sum(dim=-2), state
+
+
+def chunked_delta_rule(q, k, v, g, beta, state):
+    """n tokens of each of B sequences after their ``state``: q, k, v, g ``[B, n, H, D]``, beta ``[B, n, H]``,
+    state ``[B, H, D, D]`` (fp32). Returns (out ``[B, n, H, D]``, new state) as transformers' chunked KDA
+    computes them, one block of 64 at a time (its blocks are independent but for the state)."""
+    batch, n = q.shape[:2]
+    q, k, v, beta, g = (x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+                        for x in (q, k, v, beta, g))  # heads before tokens
+    q, k = l2norm(q), l2norm(k)
+    pad = (_CHUNK - n % _CHUNK) % _CHUNK
+    q = F.pad(q, (0, 0, 0, pad)) * (1 / (q.shape[-1] ** 0.5))
+    k, v, g = (F.pad(x, (0, 0, 0, pad)) for x in (k, v, g))
+    beta = F.pad(beta, (0, pad))
+    v_beta, k_beta = v * beta.unsqueeze(-1), k * beta.unsqueeze(-1)
+    heads, blocks = q.shape[1], (n + pad) // _CHUNK
+    q, k, v, g, k_beta, v_beta = (x.reshape(batch, heads, blocks, _CHUNK, x.shape[-1])
+                                  for x in (q, k, v, g, k_beta, v_beta))
+    g = g.cumsum(dim=-2)
+    not_below = torch.ones(_CHUNK, _CHUNK, dtype=torch.bool, device=q.device).triu(0)
+    above = torch.ones(_CHUNK, _CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    eye = torch.eye(_CHUNK, dtype=torch.float32, device=q.device)
+    state = state.to(torch.float32)
+    out = torch.empty_like(v)
+    for i in range(blocks):
+        gi, ki, kbi = g[:, :, i], k[:, :, i], k_beta[:, :, i]
+        decay = (gi.unsqueeze(-2) - gi.unsqueeze(-3)).masked_fill(above[..., None], float("-inf")).exp()
+        system = -(kbi.unsqueeze(-2) * ki.unsqueeze(-3) * decay).sum(dim=-1).masked_fill(not_below, 0)
+        for r in range(1, _CHUNK):  # forward substitution, row by row, as transformers solves it
+            row, sub = system[..., r, :r].clone(), system[..., :r, :r].clone()
+            system[..., r, :r] = row + (row.unsqueeze(-1) * sub).sum(-2)
+        system = system + eye
+        values = system @ v_beta[:, :, i]
+        k_cumdecay = system @ (kbi * gi.exp())
+        inter = (q[:, :, i] * gi.exp()) @ state
+        intra = (q[:, :, i].unsqueeze(-2) * ki.unsqueeze(-3) * decay).sum(dim=-1).masked_fill(above, 0)
+        v_new = values - k_cumdecay @ state
+        out[:, :, i] = inter + intra @ v_new
+        state = state * gi[:, :, -1].exp().unsqueeze(-1) + (ki * (gi[:, :, -1:] - gi).exp()).transpose(-1, -2) @ v_new
+    return out.reshape(batch, heads, -1, out.shape[-1])[:, :, :n].transpose(1, 2), state
