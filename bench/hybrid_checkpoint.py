@@ -13,7 +13,8 @@ layers of four: 8 heads of 64 channels, a state of 128 per channel as the releas
 its multipliers). ``--arch falcon-h1`` writes Falcon-H1's (attention and Mamba-2 side by side in all 8 layers:
 6 heads of 64 channels over a 384-wide mixer, a state of 128, Falcon-H1-0.5B's µP multipliers); ``--arch lfm3``
 LFM3's (convolutions 7 wide in 5 layers of 8, sliding attention with a window of 256 in two, full attention in
-one; heads gated, sandwich norms).
+one; heads gated, sandwich norms); ``--arch kimi-linear`` Kimi Linear's (Kimi Delta Attention in 6 layers of 8: 4 heads
+of 64; latent attention without positions in two; 16 experts, 4 a token, beside a shared MLP from layer 1).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="directory to write (must not exist)")
     p.add_argument("--moe", action="store_true", help="Qwen3.5-MoE's experts instead of the dense MLP")
-    p.add_argument("--arch", choices=("qwen3.5", "granite4-h", "falcon-h1", "lfm3"), default="qwen3.5")
+    p.add_argument("--arch", choices=("qwen3.5", "granite4-h", "falcon-h1", "lfm3", "kimi-linear"), default="qwen3.5")
     args = p.parse_args()
     import transformers
 
@@ -64,6 +65,13 @@ def main() -> int:
         config = transformers.Lfm3Config(
             layer_types=["conv", "conv", "full_attention", "conv", "sliding_attention", "conv", "sliding_attention",
                          "conv"], pad_token_id=0, **common)
+    elif args.arch == "kimi-linear":
+        common = {k: v for k, v in SHAPE.items()
+                  if not k.startswith("linear_") and k not in ("num_key_value_heads", "head_dim")}
+        config = transformers.KimiLinearConfig(
+            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2, linear_num_heads=4, linear_head_dim=64,
+            kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, num_experts=16,
+            num_experts_per_token=4, moe_intermediate_size=128, num_shared_experts=1, pad_token_id=0, **common)
     elif args.moe:
         config = transformers.Qwen3_5MoeTextConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                                                    shared_expert_intermediate_size=512,

@@ -11,21 +11,29 @@ decay ``g`` per head and channel (``-exp(A_log) * softplus(f_b(f_a(x)) + dt_bias
 q and k are L2-normed first, q scaled by head_dim ** -0.5. A decode takes that step as written; a prompt chunk
 takes the chunked form (blocks of 64 tokens, within a block a triangular system solved row by row, across
 blocks the state), from the state its previous chunks left. Both follow transformers' torch kernels op for op
-(the oracle), one block at a time (a block's per-channel decays are ``64 x 64 x head_dim`` floats a head).
+(the oracle), one block at a time (a block's per-channel decays are ``64 x 64 x head_dim`` floats a head). On
+the CPU in fp32 a fused kernel (cpu_kernels/recurrent.c) takes every token, a prompt's too, as the recurrent
+step, on the states in place in their slots: the same recurrence to fp32 rounding.
 The output is RMS-normed per head (the weight in fp32), gated by a sigmoid of a low-rank projection of the
 input.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.engine.attention import AttentionBatch
+from services.engine.cpu_kernels import MAX_HEAD_DIM
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
+
+if TYPE_CHECKING:
+    from services.engine.cpu_kernels import CpuKernels
 
 _CHUNK = 64  # transformers' (and FLA's) block of the chunked form
 _L2_EPS = 1e-6
@@ -74,7 +82,11 @@ class KimiDeltaAttention(nn.Module):
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         mixed = causal_conv(mixed, rb, self.state_index, self.conv1d.weight, None, kernels=batch.kernels)
         q, k, v = mixed.view(t, 3, s.num_heads, s.head_dim).unbind(1)
-        out = self._delta_rule(q, k, v, self._decay(x), torch.sigmoid(self.b_proj(x)), rb).to(x.dtype)
+        g, beta = self._decay(x), torch.sigmoid(self.b_proj(x))
+        if batch.kernels is not None and s.head_dim <= MAX_HEAD_DIM:
+            out = self._fused_delta_rule(batch.kernels, q, k, v, g, beta, rb)
+        else:
+            out = self._delta_rule(q, k, v, g, beta, rb).to(x.dtype)
         out = self.o_norm(out, self.g_b_proj(self.g_a_proj(x)).view(t, s.num_heads, s.head_dim))
         return self.o_proj(out.reshape(t, -1))
 
@@ -98,6 +110,19 @@ class KimiDeltaAttention(nn.Module):
                                                 for x in (q, k, v, g, beta)), state)
                 out[span] = o.flatten(0, 1)
             rb.keep(ssm, grp, state)
+        return out
+
+
+    def _fused_delta_rule(self, kernels: CpuKernels, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
+        """``_delta_rule`` by the fused CPU kernel (fp32): each group's states updated in place in their slots, one
+        token at a time, prompt chunks too."""
+        ssm = rb.states.ssm[self.state_index]
+        out = torch.empty(v.shape, dtype=torch.float32)
+        for grp in rb.groups:
+            span = grp.tokens
+            kernels.kda_(out[span], q[span], k[span], v[span], g[span], beta[span], ssm, grp.slots, grp.length,
+                         _L2_EPS)
+            rb.save(ssm, grp)
         return out
 
 

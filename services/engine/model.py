@@ -473,16 +473,15 @@ class LlamaForCausalLM(nn.Module):
         t, eps, d = input_ids.shape[0], c.rms_norm_eps, c.head_dim
         q_size, kv_size = c.num_attention_heads * d, c.num_key_value_heads * d
         x = F.embedding(input_ids, self.model.embed_tokens.weight)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        rope = self.rotary.cos_sin(positions, x.dtype)
+        local = self.local_rotary.cos_sin(positions, x.dtype) if self.local_rotary is not None else rope
         residual = None
         for i, w in enumerate(self._layer_weights()):
             h = kernels.add_rms_norm(x, residual, w.input_norm, eps)
             residual = x if residual is None else residual  # the kernel added x into residual in place
+            cos, sin = (None, None) if i in c.nope_layers else local if c.slides(i) else rope
             if w.mixer is not None:
-                out = w.mixer(h, *((None, None) if i in c.nope_layers else (cos, sin)), batch, kv, lora)
-                h = kernels.add_rms_norm(out, residual, w.post_norm, eps)
-                del out
-                x = self._fused_mlp(h, w, i, kernels, lora)
+                x = self._fused_tail(w.mixer(h, cos, sin, batch, kv, lora), residual, w, i, kernels, lora)
                 continue
             qkv = F.linear(h, w.qkv, w.qkv_bias)
             if lora is not None:
@@ -493,7 +492,7 @@ class LlamaForCausalLM(nn.Module):
                 qk = qkv[:, : q_size + kv_size].view(t, -1, d)  # q and k rotate in one pass, as in Attention
                 if w.q_norm is not None and not c.qk_norm_after_rope:
                     qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
-            if i not in c.nope_layers:
+            if cos is not None:
                 kernels.rope_(qk, cos, sin)
             if c.qk_norm_after_rope:  # Hunyuan
                 qk = norm_heads(qk, c.num_attention_heads, w.q_norm, w.k_norm, eps)
@@ -503,10 +502,21 @@ class LlamaForCausalLM(nn.Module):
                                 batch, c.attends_locally(i))
             o = o.view(t, q_size)
             out = F.linear(o, w.o)
-            h = kernels.add_rms_norm(out if lora is None else lora.add(out, o, i, "o"), residual, w.post_norm, eps)
-            del qkv, qk, v, o, out  # freed before the MLP's big temporaries, as when Attention.forward returned
-            x = self._fused_mlp(h, w, i, kernels, lora)
+            out = out if lora is None else lora.add(out, o, i, "o")
+            del qkv, qk, v, o  # freed before the MLP's big temporaries, as when Attention.forward returned
+            x = self._fused_tail(out, residual, w, i, kernels, lora)
         return kernels.add_rms_norm(x[logits_index], residual[logits_index], self.model.norm.weight, eps)
+
+    def _fused_tail(self, out: torch.Tensor, residual: torch.Tensor, w: _LayerWeights, layer: int,
+                    kernels: CpuKernels, lora: LoraBatch | None) -> torch.Tensor:
+        """The rest of a block after its mixer's output ``out``: into the stream (``residual``, in place), the
+        MLP's norm, the MLP; with sandwich norms (Gemma 2's, LFM3's) both outputs normed before they join it.
+        Returns the MLP's output, which the next norm adds in."""
+        eps = self.config.rms_norm_eps
+        if w.pre_ff_norm is None:
+            return self._fused_mlp(kernels.add_rms_norm(out, residual, w.post_norm, eps), w, layer, kernels, lora)
+        h = kernels.add_rms_norm(kernels.add_rms_norm(out, None, w.post_norm, eps), residual, w.pre_ff_norm, eps)
+        return kernels.add_rms_norm(self._fused_mlp(h, w, layer, kernels, lora), None, w.post_ff_norm, eps)
 
     @staticmethod
     def _fused_mlp(h: torch.Tensor, w: _LayerWeights, layer: int, kernels: CpuKernels,
@@ -530,14 +540,16 @@ class LlamaForCausalLM(nn.Module):
     def _weights_of(self, i: int, layer: DecoderLayer) -> _LayerWeights:
         mlp = (None, None, layer.mlp) if isinstance(layer.mlp, SparseMoE) else (
             layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight, None)
+        sandwich = (layer.pre_feedforward_layernorm.weight, layer.post_feedforward_layernorm.weight) \
+            if self.config.sandwich_norms else (None, None)
         if i in self.config.linear_layers or not self.config.plain_attention:
             return _LayerWeights(layer.input_layernorm.weight, None, None, None, layer.post_attention_layernorm.weight,
-                                 *mlp, None, None, getattr(layer, layer.mixer))
+                                 *mlp, None, None, getattr(layer, layer.mixer), 0, *sandwich)
         attn = layer.self_attn
         return _LayerWeights(layer.input_layernorm.weight, attn.qkv_proj.weight, attn.qkv_proj.bias,
                              attn.o_proj.weight, layer.post_attention_layernorm.weight, *mlp,
                              *((attn.q_norm.weight, attn.k_norm.weight) if self.config.qk_norm else (None, None)),
-                             None, attn.kv_layer)
+                             None, attn.kv_layer, *sandwich)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads Hugging Face-named tensors into the fused q/k/v and gate/up and the stacked experts, each as it
@@ -625,6 +637,9 @@ class _LayerWeights(NamedTuple):
     # A layer whose mixer is not plain attention (linear attention, gated; Falcon-H1's two side by side).
     mixer: Callable[..., torch.Tensor] | None = None
     kv_layer: int = 0  # the attention's layer of the KV pool (a hybrid's linear layers have none)
+    # Sandwich norms: the MLP's input norm and its output's (post_norm is then attention's output norm).
+    pre_ff_norm: torch.Tensor | None = None
+    post_ff_norm: torch.Tensor | None = None
 
 
 _FUSED = {

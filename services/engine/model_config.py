@@ -452,8 +452,8 @@ class ModelConfig:
         """Decoder blocks the fused CPU forward computes (fp32 only): SwiGLU, pre-norms only, plain embeddings
         and scaling. Their mixers it computes inline where they are ``plain_attention``, or calls. A norm stored
         as w for a scale of 1 + w is loaded as 1 + w, so in fp32 its kernel computes what the module does."""
-        return (self.hidden_act == "silu" and self.embed_scale == 1.0 and not self.sandwich_norms
-                and self.pre_norms and self.attn_scale is None and self.local_rope_theta is None
+        return (self.hidden_act == "silu" and self.embed_scale == 1.0
+                and self.pre_norms and self.attn_scale is None
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
                 and not self.moe_biases and self.swiglu_limit is None and self.nope_temperature is None
                 and self.q_position_scale is None and not self.layer_norm and not self.parallel_block

@@ -294,3 +294,48 @@ def test_mamba1_scan_matches_transformers_selective_scan(kernels, channels, size
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(states[:9], want_states[:9], rtol=1e-4, atol=1e-5)
     assert torch.equal(states[11], states[8]) and torch.equal(states[9:11], want_states[9:11])
+
+
+@pytest.mark.parametrize(("heads", "d"), [(2, 32), (1, 128), (2, 48), (3, 20)])  # one tile, four, one and a half
+def test_kda_matches_transformers_recurrent_and_chunked_forms(kernels, heads, d):
+    """Kimi Delta Attention over decodes, equal chunks and a long chunk (saved to a checkpoint row), from strided
+    q|k|v rows as the layer's convolution leaves them: transformers' recurrent steps to fp32 rounding; and a
+    150-token prompt against the chunked form."""
+    from services.engine.kda import chunked_delta_rule as kda_chunked
+    from services.engine.kda import recurrent_step as kda_step
+
+    gen = torch.Generator().manual_seed(heads * d)
+    groups = _groups(SPANS, save_to={2: 11})
+    n = sum(c * t for c, t in SPANS)
+    q, k, v = torch.randn(n, 3, heads, d, generator=gen).unbind(1)  # rows 3 x heads x d apart
+    g = -torch.rand(n, heads, d, generator=gen) * 0.5  # a log decay per key channel
+    beta = torch.rand(n, heads, generator=gen)
+    states = torch.randn(12, heads, d, d, generator=gen) * 0.1
+    want_states, out = states.clone(), torch.empty(n, heads, d)
+    for grp in groups:
+        kernels.kda_(out[grp.tokens], q[grp.tokens], k[grp.tokens], v[grp.tokens], g[grp.tokens], beta[grp.tokens],
+                     states, grp.slots, grp.length, 1e-6)
+        RecurrentBatch.save(states, grp)
+    want = torch.empty(n, heads, d)
+    for grp in groups:
+        state = want_states[grp.slots]
+        for t in range(grp.length):
+            rows = grp.tokens.start + torch.arange(grp.count) * grp.length + t
+            want[rows], state = kda_step(q[rows], k[rows], v[rows], g[rows], beta[rows], state)
+        want_states[grp.slots] = state
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(states[:9], want_states[:9], rtol=1e-4, atol=1e-5)
+    assert torch.equal(states[11], states[8]) and torch.equal(states[9:11], want_states[9:11])
+
+    start = torch.randn(1, heads, d, d, generator=gen) * 0.1
+    q, k, v = torch.randn(150, 3, heads, d, generator=gen).unbind(1)
+    g, beta = -torch.rand(150, heads, d, generator=gen) * 0.5, torch.rand(150, heads, generator=gen)
+    want_out, want_state = kda_chunked(q[None], k[None], v[None], g[None], beta[None], start)
+    state, out = start.clone(), torch.empty(150, heads, d)
+    kernels.kda_(out, q, k, v, g, beta, state, torch.tensor([0]), 150, 1e-6)
+    torch.testing.assert_close(out, want_out[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state, want_state, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="outside the pool's 1 rows"):
+        kernels.kda_(out, q, k, v, g, beta, state, torch.tensor([1]), 150, 1e-6)
+    with pytest.raises(ValueError, match="of one shape at one stride"):
+        kernels.kda_(out, q, k, v.contiguous(), g, beta, state, torch.tensor([0]), 150, 1e-6)

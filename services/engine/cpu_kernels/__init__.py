@@ -83,6 +83,9 @@ class CpuKernels:
         self._delta.restype = None
         self._delta.argtypes = [_P, _I64, _P, _P, _I64, _P, _I64, _P, _P, _I64, _P, _P, _I, _I, _I, _I, _I, _I,
                                 ctypes.c_float]
+        self._kda = lib.seawall_kda
+        self._kda.restype = None
+        self._kda.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I, _I, _I, _I, ctypes.c_float]
         self._mamba2 = lib.seawall_mamba2_scan
         self._mamba2.restype = None
         self._mamba2.argtypes = [_P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I,
@@ -244,6 +247,26 @@ class CpuKernels:
         self._delta(out.data_ptr(), out.stride(0), q.data_ptr(), k.data_ptr(), q.stride(0), v.data_ptr(),
                     v.stride(0), g.data_ptr(), beta.data_ptr(), g.stride(0), states.data_ptr(), slots.data_ptr(),
                     slots.shape[0], length, hk, hv, dk, dv, eps)
+
+    def kda_(self, out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+             beta: torch.Tensor, states: torch.Tensor, slots: torch.Tensor, length: int, eps: float) -> None:
+        """Kimi Delta Attention for sequence s of ``slots`` (rows ``[s * length, + length)``), from and into its
+        state ``states[slots[s]]`` (``[rows, heads, d, d]``, contiguous), one token at a time: q, k, v (before q
+        and k's l2 norm; at one row stride), g (log decay per key channel), out ``[n, heads, d]``, beta ``[n,
+        heads]``."""
+        n, heads, d = q.shape
+        for t in (q, k, v, g, out):
+            _check_rows(t)
+        _check_matrix(beta, heads)
+        if not (k.shape == v.shape == g.shape == out.shape == q.shape and k.stride(0) == v.stride(0) == q.stride(0)
+                and n == beta.shape[0] == slots.shape[0] * length and d <= MAX_HEAD_DIM):
+            raise ValueError(f"q/k/v {tuple(q.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)} do not fit "
+                             f"{slots.shape[0]} x {length} rows of one shape at one stride, a head dim <= "
+                             f"{MAX_HEAD_DIM}")
+        _check_states(states, slots, (heads, d, d))
+        self._kda(out.data_ptr(), out.stride(0), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), g.data_ptr(),
+                  g.stride(0), beta.data_ptr(), beta.stride(0), states.data_ptr(), slots.data_ptr(), slots.shape[0],
+                  length, heads, d, eps)
 
     def mamba2_scan_(self, y: torch.Tensor, x: torch.Tensor, b: torch.Tensor, c: torch.Tensor, dt: torch.Tensor,
                      a: torch.Tensor, d: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor,

@@ -1,5 +1,6 @@
-/* Fused CPU kernels for linear-attention layers (the short convolutions of Gated DeltaNet, Mamba and LFM2,
- * Gated DeltaNet's delta rule, Mamba-2's scan and the first Mamba's), fp32, loaded with kernels.c's.
+/* Fused CPU kernels for linear-attention layers (the short convolutions of Gated DeltaNet, KDA, Mamba and LFM2,
+ * Gated DeltaNet's delta rule and Kimi Delta Attention's, Mamba-2's scan and the first Mamba's), fp32, loaded
+ * with kernels.c's.
  *
  * Why C: eager torch runs these layers as dozens of small ops per group of sequences, each a pass over memory:
  * the states are gathered out of the slot pool and scattered back (index_select / index_copy_), the short
@@ -16,8 +17,8 @@
  * Layouts (float32, innermost dimension contiguous, rows at any stride):
  *   x / out rows of one group: sequence s's token t at base + (s * length + t) * row_stride
  *   convolution windows: [slots, channels, kernel - 1], the oldest input first
- *   Gated DeltaNet states: [slots, value heads, key dim, value dim]; Mamba-2 states: [slots, heads, head dim,
- *   state size]
+ *   Gated DeltaNet states: [slots, value heads, key dim, value dim]; KDA's [slots, heads, d, d]; Mamba-2
+ *   states: [slots, heads, head dim, state size]
  */
 #include <math.h>
 #include <omp.h>
@@ -211,6 +212,71 @@ void seawall_gated_delta(float *out, int64_t out_stride, const float *q, const f
                 delta_tile(state, dv, mem, kt, qn, k_next, vt, decay, b, ot, dk, 1);
             else
                 delta_tile_any(state, dv, mem, kt, qn, k_next, vt, decay, b, ot, dk, w);
+        }
+    }
+}
+
+/* One KDA token on a tile of w <= TILE value columns (rows d apart), given mem = (diag(exp(g)) S)^T k of the
+ * state before the token: S = diag(decay) S + k (x) delta, out = S^T q, and with `k_next` (the next token's k
+ * times its exp(g)) the next token's mem, in one pass over the tile. */
+static void kda_tile(float *state, int64_t d, float *mem, const float *kn, const float *qn, const float *k_next,
+                     const float *decay, const float *vt, float b, float *ot, int dk, int w) {
+    float delta[TILE], o[TILE] = {0}, m[TILE] = {0};
+#pragma omp simd
+    for (int j = 0; j < w; j++) delta[j] = (vt[j] - mem[j]) * b;
+    for (int i = 0; i < dk; i++) {
+        float *si = state + i * d;
+        const float di = decay[i], ki = kn[i], qi = qn[i], ni = k_next ? k_next[i] : 0.f;
+#pragma omp simd
+        for (int j = 0; j < w; j++) {
+            const float a = si[j] * di + ki * delta[j];
+            si[j] = a;
+            o[j] += a * qi;
+            m[j] += a * ni;
+        }
+    }
+    memcpy(ot, o, sizeof(float) * w);
+    memcpy(mem, m, sizeof(float) * w);
+}
+
+/* Kimi Delta Attention for `count` sequences of `length` tokens each, from and into their states
+ * (states[slots[s]], [heads, d, d], in place), one token at a time. Per head h and token, on l2-normed q (times
+ * d^-1/2) and k, with a decay per key channel:
+ *   S = diag(exp(g)) S;  mem = S^T k;  S = S + k (x) beta (v - mem);  out = S^T q
+ * as transformers' recurrent KDA, up to the order of the float operations ((diag(e^g) S)^T k is taken as
+ * S^T (e^g k), so the next token's mem rides on this token's pass). A job is one sequence's head's tile of TILE
+ * value columns through all its tokens. q, k and v rows are [heads, d] at qkv_stride; g rows [heads, d] at
+ * g_stride; beta rows [heads] at beta_stride. */
+void seawall_kda(float *out, int64_t out_stride, const float *q, const float *k, const float *v, int64_t qkv_stride,
+                 const float *g, int64_t g_stride, const float *beta, int64_t beta_stride, float *states,
+                 const int64_t *slots, int count, int length, int heads, int d, float eps) {
+    const int tiles = (d + TILE - 1) / TILE;
+    const float scale = 1.f / sqrtf((float)d);
+    const int64_t jobs = (int64_t)count * heads * tiles;
+#pragma omp parallel for schedule(dynamic, 1) if (jobs > 1 && (int64_t)count * length * heads * d * d >= PARALLEL_FLOATS)
+    for (int64_t job = 0; job < jobs; job++) {
+        const int s = (int)(job / (heads * tiles)), h = (int)(job / tiles % heads);
+        const int c0 = (int)(job % tiles) * TILE, w = d - c0 < TILE ? d - c0 : TILE;
+        float *state = states + (slots[s] * heads + h) * (int64_t)d * d + c0;
+        const int64_t first = (int64_t)s * length, at = (int64_t)h * d;
+        float qn[MAX_HEAD_DIM], kn[2][MAX_HEAD_DIM], ke[MAX_HEAD_DIM], decay[2][MAX_HEAD_DIM], mem[TILE];
+        /* The first token's mem: S^T (e^g k), as a pass would leave it for the token after. */
+        l2_normalize(kn[0], k + first * qkv_stride + at, d, eps, 1.f);
+        for (int i = 0; i < d; i++) decay[0][i] = expf(g[first * g_stride + at + i]), ke[i] = kn[0][i] * decay[0][i];
+        state_times(mem, state, d, ke, d, w);
+        for (int t = 0; t < length; t++) {
+            const int64_t row = first + t;
+            const int cur = t & 1, nxt = cur ^ 1;
+            const float *k_next = NULL;
+            if (t + 1 < length) {
+                l2_normalize(kn[nxt], k + (row + 1) * qkv_stride + at, d, eps, 1.f);
+                for (int i = 0; i < d; i++)
+                    decay[nxt][i] = expf(g[(row + 1) * g_stride + at + i]), ke[i] = kn[nxt][i] * decay[nxt][i];
+                k_next = ke;
+            }
+            l2_normalize(qn, q + row * qkv_stride + at, d, eps, scale);
+            kda_tile(state, d, mem, kn[cur], qn, k_next, decay[cur], v + row * qkv_stride + at + c0,
+                     beta[row * beta_stride + h], out + row * out_stride + at + c0, d, w);
         }
     }
 }
