@@ -26,6 +26,7 @@ from torch import nn
 
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_HEAD_DIM
+from services.engine.gated_norm import GatedRMSNorm
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
@@ -35,22 +36,6 @@ if TYPE_CHECKING:
 
 _CHUNK = 64  # transformers' (and FLA's) block of the chunked form
 _L2_EPS = 1e-6
-
-
-class GatedRMSNorm(nn.Module):
-    """RMSNorm of each head's output (weight as stored, not 1 + w), times SiLU of the gate, in fp32."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        h = self.weight * h.to(dtype)
-        return (h * F.silu(gate.float())).to(dtype)
 
 
 class GatedDeltaNet(nn.Module):

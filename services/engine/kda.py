@@ -28,6 +28,7 @@ from torch import nn
 
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_HEAD_DIM
+from services.engine.gated_norm import GatedRMSNorm
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
@@ -37,20 +38,6 @@ if TYPE_CHECKING:
 
 _CHUNK = 64  # transformers' (and FLA's) block of the chunked form
 _L2_EPS = 1e-6
-
-
-class SigmoidGatedRMSNorm(nn.Module):
-    """Each head's output RMS-normed in fp32, times the weight in fp32, times the sigmoid of the gate."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = self.weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps))
-        return (h * torch.sigmoid(gate.float())).to(x.dtype)
 
 
 class KimiDeltaAttention(nn.Module):
@@ -74,7 +61,7 @@ class KimiDeltaAttention(nn.Module):
         self.b_proj = nn.Linear(hidden, s.num_heads, bias=False)
         self.g_a_proj = nn.Linear(hidden, s.head_dim, bias=False)
         self.g_b_proj = nn.Linear(s.head_dim, width, bias=False)
-        self.o_norm = SigmoidGatedRMSNorm(s.head_dim, config.rms_norm_eps)
+        self.o_norm = GatedRMSNorm(s.head_dim, config.rms_norm_eps, weight_in_fp32=True, act=torch.sigmoid)
         self.o_proj = nn.Linear(width, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:

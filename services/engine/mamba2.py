@@ -26,33 +26,13 @@ from torch import nn
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_STATE_SIZE
 from services.engine.falcon_h1 import ARCH as FALCON_H1
+from services.engine.gated_norm import GatedRMSNorm
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
 
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
-
-
-class GroupedGatedRMSNorm(nn.Module):
-    """x * SiLU(gate), then RMS-normed within each group of channels, in fp32; times the weight after the cast
-    back, as transformers' Granite 4.0 computes it. ``norm_first`` (Falcon-H1's mamba_norm_before_gate): normed,
-    then gated; Falcon-H1 applies the weight in fp32 either way (``weight_in_fp32``)."""
-
-    def __init__(self, size: int, groups: int, eps: float, norm_first: bool = False,
-                 weight_in_fp32: bool = False) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.groups, self.eps = groups, eps
-        self.norm_first, self.weight_in_fp32 = norm_first, weight_in_fp32
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float() if self.norm_first else x.float() * F.silu(gate.float())
-        grouped = h.view(*h.shape[:-1], self.groups, -1)
-        h = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)).view(h.shape)
-        h = self.weight * h if self.weight_in_fp32 else self.weight * h.to(dtype)
-        return (h.float() * F.silu(gate.float()) if self.norm_first else h).to(dtype)
 
 
 def silu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -74,8 +54,8 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(s.num_heads))
         self.D = nn.Parameter(torch.ones(s.num_heads))
         # Falcon-H1 without mamba_rms_norm gates the scan's output with no norm (and has no norm weight).
-        self.norm = silu_gate if s.gated_norm == "gate" else GroupedGatedRMSNorm(
-            s.intermediate, s.n_groups, config.rms_norm_eps, norm_first=s.gated_norm == "norm_then_gate",
+        self.norm = silu_gate if s.gated_norm == "gate" else GatedRMSNorm(
+            s.intermediate, config.rms_norm_eps, s.n_groups, norm_first=s.gated_norm == "norm_then_gate",
             weight_in_fp32=config.architecture == FALCON_H1)
         self.out_proj = nn.Linear(s.intermediate, config.hidden_size, bias=s.out_bias)
 

@@ -10,7 +10,8 @@ import torch
 
 from services.common.errors import ModelLoadError
 from services.engine.falcon_h1 import Multipliers, scaled_weights
-from services.engine.mamba2 import GroupedGatedRMSNorm, silu_gate
+from services.engine.gated_norm import GatedRMSNorm
+from services.engine.mamba2 import silu_gate
 from services.engine.model_config import ModelConfig
 
 pytestmark = [pytest.mark.oracle]
@@ -90,7 +91,7 @@ def test_the_gated_norm_computes_what_transformers_computes(dtype, rms_norm, nor
         assert torch.equal(silu_gate(x, gate), x * torch.nn.functional.silu(gate))
         return
     theirs = FalconH1RMSNormGated(96, eps=1e-5, n_groups=2, norm_before_gate=norm_first).to(dtype)
-    ours = GroupedGatedRMSNorm(96, 2, 1e-5, norm_first=norm_first, weight_in_fp32=True).to(dtype)
+    ours = GatedRMSNorm(96, 1e-5, 2, norm_first=norm_first, weight_in_fp32=True).to(dtype)
     with torch.no_grad():
         theirs.weight.normal_(1.0, 0.2)
         ours.weight.copy_(theirs.weight)
