@@ -116,7 +116,10 @@ async def _load(address: str, requests: list[SoakRequest], oracle: Oracle, sessi
                 chaos: Callable[[], Awaitable[None]] | None = None) -> tuple[list[str], int, int, list]:
     problems: list[str] = []
     finished = aborted = refused = 0
-    verdicts: list[str] = []  # of the requests that ran to their end: "" exact, "tie", or the problem
+    # The requests that ran to their end, compared with transformers once the load is over: its generate, run
+    # here, would hold the event loop (every stream's reading) and a core for seconds per request on a slow
+    # model (Kimi Linear's torch KDA), starving the mesh it checks.
+    ended_runs: list[tuple[SoakRequest, tuple[int, ...], list[int], str | None]] = []
     ended = {r.index: anyio.Event() for r in requests}
     history: dict[int, tuple[int, ...]] = {}  # a request's prompt and output: what a later turn starts with
     async with AsyncClient(address) as client:
@@ -155,7 +158,7 @@ async def _load(address: str, requests: list[SoakRequest], oracle: Oracle, sessi
                 problems.append(f"request {r.index}: {type(exc).__name__}: {exc}")
                 return
             history[r.index] = prompt + tuple(got)
-            verdicts.append(_compare(oracle, r, prompt, got, finish))
+            ended_runs.append((r, prompt, got, finish))
             finished += 1
 
         async with anyio.create_task_group() as tg:
@@ -165,6 +168,7 @@ async def _load(address: str, requests: list[SoakRequest], oracle: Oracle, sessi
                 tg.start_soon(chaos)
         await anyio.sleep(0.5)  # the last drops reach the workers' cores
         stats = await client.stats()
+    verdicts = [_compare(oracle, *run) for run in ended_runs]  # "" exact, "tie", or the problem
     held = [(w.worker_id, w.num_device_blocks_used, w.num_host_blocks_used) for w in stats.workers]
     problems += [f"{w} holds {d} device and {h} host blocks after every request ended" for w, d, h in held if d or h]
     problems += [v for v in verdicts if v and v != "tie"]
