@@ -98,20 +98,8 @@ class GatedDeltaNet(nn.Module):
                 a.reshape(t, s.num_value_heads))
 
     def _delta_rule(self, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
-        """``[T, value heads, value dim]`` in fp32: the decodes in one recurrent step, each group of prompt chunks
-        of one length in the chunked form, as one batch."""
-        ssm = rb.states.ssm[self.state_index]
-        out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-        for grp in rb.groups:
-            span, state = grp.tokens, ssm.index_select(0, grp.slots)
-            if grp.length == 1:
-                out[span], state = recurrent_step(q[span], k[span], v[span], g[span], beta[span], state)
-            else:
-                o, state = chunked_delta_rule(*(t[span].unflatten(0, (grp.count, grp.length))
-                                                for t in (q, k, v, g, beta)), state)
-                out[span] = o.flatten(0, 1)
-            rb.keep(ssm, grp, state)
-        return out
+        """``[T, value heads, value dim]`` in fp32 (``by_groups``)."""
+        return by_groups(rb, self.state_index, recurrent_step, chunked_delta_rule, q, k, v, g, beta)
 
     def _fused_delta_rule(self, kernels: CpuKernels, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
         """``_delta_rule`` by the fused CPU kernel (fp32): each group's states updated in place in their slots,
@@ -124,6 +112,23 @@ class GatedDeltaNet(nn.Module):
                                  grp.length, _L2_EPS)
             rb.save(ssm, grp)
         return out
+
+
+def by_groups(rb: RecurrentBatch, state_index: int, step, chunked, q, k, v, *rest) -> torch.Tensor:
+    """A delta rule over a step's groups, ``[T, heads, value dim]`` in fp32: the decodes in one recurrent
+    ``step``, each group of prompt chunks of one length in the ``chunked`` form, as one batch; the states of
+    layer ``state_index`` gathered and kept back. Gated DeltaNet's and KDA's alike (their forms differ)."""
+    ssm, inputs = rb.states.ssm[state_index], (q, k, v, *rest)
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for grp in rb.groups:
+        span, state = grp.tokens, ssm.index_select(0, grp.slots)
+        if grp.length == 1:
+            out[span], state = step(*(t[span] for t in inputs), state)
+        else:
+            o, state = chunked(*(t[span].unflatten(0, (grp.count, grp.length)) for t in inputs), state)
+            out[span] = o.flatten(0, 1)
+        rb.keep(ssm, grp, state)
+    return out
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from torch import nn
 
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_HEAD_DIM
+from services.engine.gated_delta_net import by_groups
 from services.engine.gated_norm import GatedRMSNorm
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
@@ -84,21 +85,8 @@ class KimiDeltaAttention(nn.Module):
         return -self.A_log.float().exp()[:, None] * torch.where(g > 20.0, g, torch.log(1.0 + torch.exp(g)))
 
     def _delta_rule(self, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
-        """``[T, heads, head_dim]`` in fp32: the decodes in one recurrent step, each group of prompt chunks of one
-        length in the chunked form, as one batch."""
-        ssm = rb.states.ssm[self.state_index]
-        out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-        for grp in rb.groups:
-            span, state = grp.tokens, ssm.index_select(0, grp.slots)
-            if grp.length == 1:
-                out[span], state = recurrent_step(q[span], k[span], v[span], g[span], beta[span], state)
-            else:
-                o, state = chunked_delta_rule(*(x[span].unflatten(0, (grp.count, grp.length))
-                                                for x in (q, k, v, g, beta)), state)
-                out[span] = o.flatten(0, 1)
-            rb.keep(ssm, grp, state)
-        return out
-
+        """``[T, heads, head_dim]`` in fp32 (gated_delta_net.by_groups)."""
+        return by_groups(rb, self.state_index, recurrent_step, chunked_delta_rule, q, k, v, g, beta)
 
     def _fused_delta_rule(self, kernels: CpuKernels, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:
         """``_delta_rule`` by the fused CPU kernel (fp32): each group's states updated in place in their slots, one
