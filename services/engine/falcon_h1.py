@@ -72,7 +72,7 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
         ssm_in=_float(raw, "ssm_in_multiplier"), ssm_out=_float(raw, "ssm_out_multiplier"),
         ssm=_floats(raw, "ssm_multipliers", 5), mlp_gate=mlp[0], mlp_down=mlp[1])
     return {**mamba2_fields(raw, (_HYBRID,),
-                            width=None if width is None else int(width), gated_norm=norm,
+                            width=None if width is None else int(width), gated_norm=norm, norm_weight_in_fp32=True,
                             out_proj_bias=bool(raw.get("projectors_bias"))),
             "parallel_mixers": True, "logit_scale": _float(raw, "lm_head_multiplier"),
             "multipliers": multipliers if multipliers != Multipliers() else None, "architecture": ARCH}

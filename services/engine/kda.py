@@ -43,7 +43,8 @@ _L2_EPS = 1e-6
 
 class KimiDeltaAttention(nn.Module):
     """One KDA layer; ``forward`` takes Attention's arguments and reads ``batch.recurrent``. Its tensors have the
-    names of Kimi Linear's checkpoints (kimi_linear.py joins the three convolutions as they load)."""
+    names of Kimi Linear's checkpoints, but for q, k and v's projections and convolutions, which kimi_linear.py
+    joins as they load."""
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -51,9 +52,7 @@ class KimiDeltaAttention(nn.Module):
         self.shape = s
         self.state_index = config.linear_layers.index(layer)
         hidden, width = config.hidden_size, s.num_heads * s.head_dim
-        self.q_proj = nn.Linear(hidden, width, bias=False)
-        self.k_proj = nn.Linear(hidden, width, bias=False)
-        self.v_proj = nn.Linear(hidden, width, bias=False)
+        self.qkv_proj = nn.Linear(hidden, 3 * width, bias=False)  # q, k, v: joined as they load
         self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=False)
         self.f_a_proj = nn.Linear(hidden, s.head_dim, bias=False)
         self.f_b_proj = nn.Linear(s.head_dim, width, bias=False)
@@ -67,8 +66,7 @@ class KimiDeltaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
         s, t, rb = self.shape, x.shape[0], batch.recurrent
-        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        mixed = causal_conv(mixed, rb, self.state_index, self.conv1d.weight, None, kernels=batch.kernels)
+        mixed = causal_conv(self.qkv_proj(x), rb, self.state_index, self.conv1d.weight, None, kernels=batch.kernels)
         q, k, v = mixed.view(t, 3, s.num_heads, s.head_dim).unbind(1)
         g, beta = self._decay(x), torch.sigmoid(self.b_proj(x))
         if batch.kernels is not None and s.head_dim <= MAX_HEAD_DIM:

@@ -14,6 +14,7 @@ scheduler reads configs).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,9 @@ IGNORED = ("rope_theta", "rope_scaling", "rope_parameters", "mla_use_nope", "moe
            "use_grouped_topk", "moe_layer_freq", "topk_method", "scoring_func", "head_dim", "num_key_value_heads",
            "num_nextn_predict_layers")
 _RENAMES = ((".block_sparse_moe.", ".mlp."), (".self_attn.forget_gate.", ".self_attn."))
-_CONVS = ("q_conv1d", "k_conv1d", "v_conv1d")
+# What KDA layers hold joined (rows in this order), from the checkpoints' parts.
+_JOINS = {"conv1d": ("q_conv1d", "k_conv1d", "v_conv1d"), "qkv_proj": ("q_proj", "k_proj", "v_proj")}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(\w+)\.weight$")
 
 
 def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
@@ -78,26 +81,40 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
             "linear_attention": shape, "nope_layers": tuple(range(layers)), "architecture": ARCH}
 
 
-def checkpoint_names(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_names(weights: Iterator[tuple[str, torch.Tensor]], kda_layers: tuple[int, ...],
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
     """Its tensors under the model's names: experts and the shared MLP under ``mlp``, the forget gate's tensors
-    on the layer (``A_log`` as one number a head), and each KDA layer's three convolutions joined into one
-    ``conv1d`` (held until the third arrives: they are small)."""
+    on the layer (``A_log`` as one number a head), and each KDA layer's q, k and v projections joined into one
+    ``qkv_proj`` (one GEMM a step instead of three and a concatenation) and its three convolutions into one
+    ``conv1d``; each part held until the layer's others arrive."""
     import torch
 
-    convs: dict[str, dict[str, torch.Tensor]] = {}
+    parts: dict[tuple[str, str], dict[str, torch.Tensor]] = {}  # (layer prefix, joined name) -> part -> tensor
     for name, tensor in weights:
         for old, new in _RENAMES:
             name = name.replace(old, new)
         if name.endswith(".self_attn.A_log"):
             tensor = tensor.reshape(-1)
-        part = next((c for c in _CONVS if name.endswith(f".self_attn.{c}.weight")), None)
-        if part is None:
+        joined = _joined(name, kda_layers)
+        if joined is None:
             yield name, tensor
             continue
-        layer = name.removesuffix(f"{part}.weight")
-        convs.setdefault(layer, {})[part] = tensor
-        if len(convs[layer]) == len(_CONVS):
-            parts = convs.pop(layer)
-            yield f"{layer}conv1d.weight", torch.cat([parts[c] for c in _CONVS], dim=0)
-    if convs:
-        raise KeyError(f"{', '.join(sorted(convs))}: a KDA layer lacks some of its q, k and v convolutions")
+        prefix, target, part = joined
+        held = parts.setdefault((prefix, target), {})
+        held[part] = tensor
+        if len(held) == len(_JOINS[target]):
+            del parts[(prefix, target)]
+            yield f"{prefix}{target}.weight", torch.cat([held[p] for p in _JOINS[target]], dim=0)
+    if parts:
+        raise KeyError(f"{', '.join(sorted(p + t for p, t in parts))}: a KDA layer lacks some of its q, k and v "
+                       "parts")
+
+
+def _joined(name: str, kda_layers: tuple[int, ...]) -> tuple[str, str, str] | None:
+    """(layer prefix, joined tensor, part) for a part of one of a KDA layer's joined tensors, else None (latent
+    attention's q_proj is its own)."""
+    m = _LAYER.match(name)
+    target = next((t for t, parts in _JOINS.items() if m[2] in parts), None) if m else None
+    if target is None or int(m[1]) not in kda_layers:
+        return None
+    return f"model.layers.{m[1]}.self_attn.", target, m[2]

@@ -73,6 +73,8 @@ class Mamba2Shape:
     # Bamba, Nemotron-H), "norm_then_gate" (normed, then gated: Falcon-H1's mamba_norm_before_gate) or "gate"
     # (no norm: Falcon-H1 without mamba_rms_norm).
     gated_norm: str = "gate_then_norm"
+    # The norm's weight applied in fp32 before the cast back (Falcon-H1's), or after it (Granite's).
+    norm_weight_in_fp32: bool = False
 
     def __post_init__(self) -> None:
         if self.gated_norm not in GATED_NORMS:

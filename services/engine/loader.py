@@ -90,7 +90,7 @@ def _checkpoint_weights(ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
         weights = falcon_h1.scaled_weights(weights, config.multipliers, config.linear_attention,
                                            config.tie_word_embeddings and ckpt.has_lm_head)
     if config.architecture == kimi_linear.ARCH:
-        weights = kimi_linear.checkpoint_names(weights)
+        weights = kimi_linear.checkpoint_names(weights, config.linear_layers)
     if config.architecture == lfm3.ARCH:
         weights = lfm3.checkpoint_names(weights, config.sandwich_norms)
     if config.architecture == nemotron_h.ARCH:

@@ -25,7 +25,6 @@ from torch import nn
 
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_STATE_SIZE
-from services.engine.falcon_h1 import ARCH as FALCON_H1
 from services.engine.gated_norm import GatedRMSNorm
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
@@ -56,7 +55,7 @@ class Mamba2Mixer(nn.Module):
         # Falcon-H1 without mamba_rms_norm gates the scan's output with no norm (and has no norm weight).
         self.norm = silu_gate if s.gated_norm == "gate" else GatedRMSNorm(
             s.intermediate, config.rms_norm_eps, s.n_groups, norm_first=s.gated_norm == "norm_then_gate",
-            weight_in_fp32=config.architecture == FALCON_H1)
+            weight_in_fp32=s.norm_weight_in_fp32)
         self.out_proj = nn.Linear(s.intermediate, config.hidden_size, bias=s.out_bias)
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:

@@ -449,9 +449,10 @@ class ModelConfig:
 
     @property
     def fused_blocks(self) -> bool:
-        """Decoder blocks the fused CPU forward computes (fp32 only): SwiGLU, pre-norms only, plain embeddings
-        and scaling. Their mixers it computes inline where they are ``plain_attention``, or calls. A norm stored
-        as w for a scale of 1 + w is loaded as 1 + w, so in fp32 its kernel computes what the module does."""
+        """Decoder blocks the fused CPU forward computes (fp32 only): SwiGLU, pre-norms (with sandwich norms on the
+        outputs too), plain embeddings and scaling (the logits' scale is the head's, shared by both paths). Their
+        mixers it computes inline where they are ``plain_attention``, or calls. A norm stored as w for a scale of
+        1 + w is loaded as 1 + w, so in fp32 its kernel computes what the module does."""
         return (self.hidden_act == "silu" and self.embed_scale == 1.0
                 and self.pre_norms and self.attn_scale is None
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0

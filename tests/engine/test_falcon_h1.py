@@ -47,7 +47,8 @@ def test_the_released_config_reads_as_transformers_reads_it():
     m = config.linear_attention
     assert (m.num_heads, m.head_dim, m.intermediate, m.state_size, m.n_groups, m.chunk_size) == (
         hf.mamba_n_heads, hf.mamba_d_head, hf.mamba_d_ssm, hf.mamba_d_state, hf.mamba_n_groups, hf.mamba_chunk_size)
-    assert (m.gated_norm, m.proj_bias, m.out_bias, m.conv_bias) == ("gate", False, False, True)
+    assert (m.gated_norm, m.norm_weight_in_fp32, m.proj_bias, m.out_bias, m.conv_bias) == (
+        "gate", True, False, False, True)
     assert config.logit_scale == hf.lm_head_multiplier and config.embed_scale == 1.0  # folded into the table
     assert config.multipliers == Multipliers(
         embedding=hf.embedding_multiplier, attention_in=1.0, key=hf.key_multiplier,

@@ -90,20 +90,25 @@ def test_both_forms_compute_what_transformers_kernels_compute():
     torch.testing.assert_close(out, chunked_delta_rule(q, k, v, decay, beta, state)[0][:, -1], rtol=1e-4, atol=1e-5)
 
 
-def test_checkpoint_names_join_the_convolutions_and_take_either_layout():
-    """The released layout (three convolutions, the forget gate on the layer, A_log ``[1, 1, H, 1]``) and
-    transformers' (one conv1d, a forget_gate module) load as the same tensors; a missing convolution is named."""
-    conv = {c: torch.full((4, 1, 3), float(i)) for i, c in enumerate(("q", "k", "v"))}
-    released = [(f"model.layers.0.self_attn.{c}_conv1d.weight", t) for c, t in conv.items()] + [
-        ("model.layers.0.self_attn.A_log", torch.zeros(1, 1, 2, 1)),
-        ("model.layers.0.block_sparse_moe.shared_experts.up_proj.weight", torch.zeros(2, 2))]
-    names = dict(checkpoint_names(iter(released)))
+def test_checkpoint_names_join_q_k_v_and_take_either_layout():
+    """The released layout (three convolutions and q, k, v projections, the forget gate on the layer, A_log
+    ``[1, 1, H, 1]``) and transformers' (one conv1d, a forget_gate module) load as the same tensors; KDA layers'
+    q, k and v join (rows in that order), latent attention's q_proj stays its own; a missing part is named."""
+    kda = [(f"model.layers.0.self_attn.{c}_conv1d.weight", torch.full((4, 1, 3), float(i)))
+           for i, c in enumerate("qkv")]
+    kda += [(f"model.layers.0.self_attn.{c}_proj.weight", torch.full((4, 2), float(i))) for i, c in enumerate("qkv")]
+    released = [*kda, ("model.layers.0.self_attn.A_log", torch.zeros(1, 1, 2, 1)),
+                ("model.layers.1.self_attn.q_proj.weight", torch.zeros(3, 2)),
+                ("model.layers.0.block_sparse_moe.shared_experts.up_proj.weight", torch.zeros(2, 2))]
+    names = dict(checkpoint_names(iter(released), kda_layers=(0,)))
     assert sorted(names) == ["model.layers.0.mlp.shared_experts.up_proj.weight", "model.layers.0.self_attn.A_log",
-                             "model.layers.0.self_attn.conv1d.weight"]
+                             "model.layers.0.self_attn.conv1d.weight", "model.layers.0.self_attn.qkv_proj.weight",
+                             "model.layers.1.self_attn.q_proj.weight"]
     assert names["model.layers.0.self_attn.conv1d.weight"][:, 0, 0].tolist() == [0.0] * 4 + [1.0] * 4 + [2.0] * 4
+    assert names["model.layers.0.self_attn.qkv_proj.weight"][:, 0].tolist() == [0.0] * 4 + [1.0] * 4 + [2.0] * 4
     assert names["model.layers.0.self_attn.A_log"].shape == (2,)
     theirs = dict(checkpoint_names(iter([("model.layers.0.self_attn.forget_gate.dt_bias", torch.zeros(8)),
-                                         ("model.layers.0.self_attn.conv1d.weight", torch.zeros(12, 1, 3))])))
+                                         ("model.layers.0.self_attn.conv1d.weight", torch.zeros(12, 1, 3))]), (0,)))
     assert sorted(theirs) == ["model.layers.0.self_attn.conv1d.weight", "model.layers.0.self_attn.dt_bias"]
-    with pytest.raises(KeyError, match="model.layers.0.self_attn.: a KDA layer lacks"):
-        dict(checkpoint_names(iter(released[:2])))
+    with pytest.raises(KeyError, match="model.layers.0.self_attn.conv1d: a KDA layer lacks"):
+        dict(checkpoint_names(iter(released[:2]), (0,)))
