@@ -120,3 +120,29 @@ def test_fastserve_runs_a_more_important_class_first_and_its_mlfq_within_each(po
     s.add(late)
     for _ in range(10):
         assert list(step(s)[0].num_scheduled_tokens) == [long.request_id]
+
+
+def test_a_running_chunk_short_of_blocks_never_holds_back_an_older_running_prompt():
+    """A bursty soak's stall (bench/README.md): r1's chunk needs blocks while r2, which arrived before it (a
+    mesh adds a request once its kvcache lookup is back) but was admitted after it by priority, holds its own.
+    r1, the newer, gives way (it waits); r2 must run, not wait behind r1 for ever with r1 waiting for r2."""
+    s = create_scheduler(num_blocks=7, chunk_size=8)
+    (r0,) = _with_priorities([2], prompt_len=4, max_tokens=20)  # less important: gives its blocks to r2
+    r1, r2 = create_requests(2, prompt_len=24, max_tokens=3, start=1)
+    r2.prompt_token_ids = r2.prompt_token_ids[:16]
+    r2.arrival_time = 0.5  # before r1
+    s.add(r0)
+    step(s)
+    s.add(r1)
+    step(s)
+    step(s)
+    assert (r1.num_computed_tokens, len(r1.block_ids), s.blocks.num_free) == (16, 4, 1)
+    s.add(r2)  # outranks r0: admitted before the step is composed, with r0's blocks
+    plan, _ = step(s)
+    assert plan.num_scheduled_tokens == {"r2": 8}
+    finished = set()
+    for _ in range(60):
+        if not s.has_work:
+            break
+        finished |= {e.request_id for e in step(s)[1] if e.finish_reason}
+    assert not s.has_work and finished == {"r0", "r1", "r2"}

@@ -1,5 +1,5 @@
-"""Hypothesis over every policy: random arrivals, steps, time jumps and aborts keep the core consistent,
-within its budgets, and every request that is not aborted finishes."""
+"""Hypothesis over every policy: random arrivals (of any priority, some added after newer ones), steps, time
+jumps and aborts keep the core consistent, within its budgets, and every request that is not aborted finishes."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ NUM_HOST = 16
 
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(1, 40), st.integers(1, 6)),
+        # (add, prompt tokens, max tokens, priority, arrived this many requests earlier than it was added: a
+        # mesh adds a request once its kvcache lookup came back, after newer ones maybe)
+        st.tuples(st.just("add"), st.integers(1, 40), st.integers(1, 6), st.sampled_from([0, 0, 0, 1, -1]),
+                  st.sampled_from([0, 0, 0, 1.5, 3.5])),
         st.tuples(st.just("step"), st.integers(1, 4)),
         st.tuples(st.just("wait"), st.sampled_from([0.05, 0.5, 5.0])),
         st.tuples(st.just("abort"), st.integers(0, 30)),
@@ -118,7 +121,7 @@ def test_every_policy_stays_consistent_within_budget_and_finishes_everything(
             i = len(added)
             # Half the prompts share tokens, so cached blocks are shared, freed and evicted under pressure.
             tokens = [1] * op[1] if i % 2 else [i + 2] * op[1]
-            s.add(Request(f"r{i}", tokens, SamplingParams(max_tokens=op[2]), float(i)))
+            s.add(Request(f"r{i}", tokens, SamplingParams(max_tokens=op[2]), i - op[4], priority=op[3]))
             added.append(f"r{i}")
         elif op[0] == "step":
             for _ in range(op[1]):

@@ -141,6 +141,15 @@ def chunk_budget(config: SchedulerConfig) -> tuple[float, bool]:
     return INF, False
 
 
+def prompts_in_turn(s: Scheduler) -> list[Request]:
+    """The running prompts' next chunks and the waiting prompts, in the order ``run_prompts`` serves them: by
+    priority, running before waiting, running ones by arrival: the reverse of the order they give way in
+    (``pick_victim``). A running chunk short of blocks then waits only when it is the newest of them; ahead of
+    an older one that holds its blocks (admitted after it: a kvcache lookup first, or by priority), neither
+    would ever run, each waiting for the other to give way."""
+    return by_priority(sorted((r for r in s.running if not r.is_decoding), key=rank) + list(s.waiting))
+
+
 def admit_by_priority(s: Scheduler, step: Step, room: float) -> None:
     """Admits the most important waiting prompt before the step is composed when it outranks a running request,
     taking blocks from less important requests if it must (``pick_victim``): those decode first in every step,

@@ -14,7 +14,7 @@ from services.scheduler.core.policies.base import (
     Policy,
     Step,
     admit_by_priority,
-    by_priority,
+    prompts_in_turn,
     rank,
     run_decodes,
     run_prompts,
@@ -30,6 +30,5 @@ class FcfsPolicy(Policy):
     def compose(self, s: Scheduler, step: Step) -> None:
         s.swap_in_fifo()
         admit_by_priority(s, step, step.room)
-        running = sorted(s.running, key=rank)
-        run_decodes(s, step, [r for r in running if r.is_decoding])
-        run_prompts(s, step, by_priority([r for r in running if not r.is_decoding] + list(s.waiting)), whole=True)
+        run_decodes(s, step, sorted((r for r in s.running if r.is_decoding), key=rank))
+        run_prompts(s, step, prompts_in_turn(s), whole=True)

@@ -17,6 +17,7 @@ from services.scheduler.core.policies.base import (
     admit_by_priority,
     by_priority,
     chunk_budget,
+    prompts_in_turn,
     run_decodes,
     run_prompts,
 )
@@ -43,4 +44,4 @@ class SarathiPolicy(Policy):
         admit_by_priority(s, step, min(self.budget, step.room))
         decodes = run_decodes(s, step, by_priority([r for r in s.running if r.is_decoding]))
         step.prompt_tokens = max(0, self.budget - decodes) if self.decodes_count else self.budget
-        run_prompts(s, step, by_priority([r for r in s.running if not r.is_decoding] + list(s.waiting)), whole=False)
+        run_prompts(s, step, prompts_in_turn(s), whole=False)

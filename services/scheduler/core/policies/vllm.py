@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from services.scheduler.core.policies.base import Policy, Step, by_priority, run_decodes, run_prompts
+from services.scheduler.core.policies.base import (
+    Policy,
+    Step,
+    by_priority,
+    prompts_in_turn,
+    run_decodes,
+    run_prompts,
+)
 
 if TYPE_CHECKING:
     from services.scheduler.core.scheduler import Scheduler
@@ -20,6 +27,6 @@ class VllmPolicy(Policy):
 
     def compose(self, s: Scheduler, step: Step) -> None:
         s.swap_in_fifo()
-        run_prompts(s, step, by_priority([r for r in s.running if not r.is_decoding] + list(s.waiting)), whole=True)
+        run_prompts(s, step, prompts_in_turn(s), whole=True)
         if not step.scheduled:
             run_decodes(s, step, by_priority([r for r in s.running if r.is_decoding]))
