@@ -70,6 +70,9 @@ class SchedulerServiceConfig:
     transfer_timeout_s: float = 30.0
     # A worker that does not answer a step within this many seconds is declared dead.
     step_timeout_s: float = 120.0
+    # A worker's core holding requests that plans nothing for this long is logged, with what it holds, every
+    # this many seconds while it lasts (mesh.py, Mesh._idle): waits on transfers end within their timeout.
+    stall_warning_s: float = 60.0
     # Plan a worker's next step while its current one runs (mesh.py, Scheduler.expect): "all" behind every
     # plan (async scheduling, as vLLM v1), "prompts" behind plans without a decode (their samples are first
     # tokens), "known" only behind plans that sample nothing (prompt chunks), "off" never. "auto" (the
@@ -105,7 +108,7 @@ class SchedulerServiceConfig:
         for name, least in (("max_queue_len", 1), ("max_moves", 0), ("max_lora_rank", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
-        for name in ("transfer_timeout_s", "step_timeout_s"):
+        for name in ("transfer_timeout_s", "step_timeout_s", "stall_warning_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 

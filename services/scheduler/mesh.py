@@ -263,7 +263,7 @@ class Mesh:
                         in_flight.append(await self._send(link, call, plan, pipelined=bool(in_flight)))
                         continue
                     if not in_flight:
-                        await link.wait_for_work()
+                        await self._idle(link)
                         continue
                 with anyio.fail_after(self.config.step_timeout_s):
                     msg = await rpc(call.read())
@@ -275,6 +275,23 @@ class Mesh:
             self._fail(link, str(exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc))
         finally:
             call.cancel()
+
+    async def _idle(self, link: WorkerLink) -> None:
+        """Sleeps until ``link``'s core may have something to plan (a request, a transfer or a store ended).
+        A core holding requests while it plans nothing waits on something outside its steps (a load, a
+        hand-off, a store holding blocks), which ends within the transfer timeout; one that waits longer is
+        logged with what it holds, every ``stall_warning_s`` while it lasts: a core that can never plan again
+        would otherwise leave its streams hanging without a word (bench/README.md has such a deadlock)."""
+        with anyio.move_on_after(self.config.stall_warning_s) as idle:
+            await link.wait_for_work()
+        core = link.core
+        if idle.cancelled_caught and core.requests:
+            held = sum(len(ids) for ids in core.handed_off.values())
+            log.warning("worker %s planned nothing for %g s while holding %d running, %d waiting, %d swapped and "
+                        "%d arriving requests (%d of %d blocks free, %d held for transfers out)", link.worker_id,
+                        self.config.stall_warning_s, len(core.running), len(core.waiting), len(core.swapped),
+                        len(core.arriving), core.blocks.num_free, core.blocks.num_blocks, held)
+            self.metrics.stalls.labels(link.worker_id).inc()
 
     async def _send(self, link: WorkerLink, call, plan: StepPlan, pipelined: bool) -> _InFlight:
         # A prefill worker's sampled token hands the request off, so its core must not plan a decode after it.

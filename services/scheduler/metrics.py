@@ -21,6 +21,9 @@ class SchedulerMetrics:
         self.worker_failures = Counter(
             "seawall_worker_failures", "Workers dropped as failed (a step, a call or the connection failed)",
             ("role",), registry=self.registry)
+        self.stalls = Counter(
+            "seawall_worker_stalls", "Times a worker's core held requests and planned nothing for stall_warning_s "
+            "(each logged with what it held)", ("worker",), registry=self.registry)
         self.requests_moved = Counter(
             "seawall_requests_moved", "Requests taken off a failed worker and placed again (recomputed; their "
             "streams go on)", registry=self.registry)
