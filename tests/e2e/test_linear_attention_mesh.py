@@ -161,18 +161,21 @@ async def _stored(client) -> None:
             await anyio.sleep(0.05)
 
 
-@pytest.mark.parametrize(("mode", "side"), [("disaggregated", "pe-read"), ("disaggregated", "de-read"),
-                                            ("colocated", "pe-read")])
+@pytest.mark.parametrize(("mode", "side", "own_cache"), [
+    ("disaggregated", "pe-read", True), ("disaggregated", "de-read", True), ("colocated", "pe-read", True),
+    ("colocated", "pe-read", False)])
 async def test_next_turns_resume_from_states_kvcache_stored_with_their_blocks(hybrid_model_dir, tmp_path, mode,
-                                                                              side):
+                                                                              side, own_cache):
     """Sessions through kvcache, with workers that keep one saved state each (and none in host memory): three
     conversations' first turns, one after another, each store their blocks and the state saved after the last
     of them (48, 64, 64 tokens) in kvcache, while each worker's one slot goes to the next conversation. Every
     next turn loads its blocks and state from kvcache, the state into the worker running its prompt (written
     with WriteState; on a DE-read alone, the blocks going to the decode worker), resumes there and matches
-    transformers."""
+    transformers. Without the workers' own prefix caches (``own_cache``) their saved states count all the same,
+    for kvcache to store."""
     mesh = start_mesh(hybrid_model_dir, tmp_path / "logs", mode=mode, http=False, kvcache_args=[],
-                      scheduler_args=["--chunk-size", "16", "--kv-read-policy", side],
+                      scheduler_args=["--chunk-size", "16", "--kv-read-policy", side,
+                                      *([] if own_cache else ["--no-prefix-caching"])],
                       worker_args=["--state-checkpoints", "1", "--host-state-checkpoints", "0",
                                    # DE-read: pools of 10 blocks, so the decode worker no longer caches a
                                    # conversation's blocks by its next turn, and they load there

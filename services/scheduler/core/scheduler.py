@@ -453,11 +453,14 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         return True
 
     def _cache_full_blocks(self, req: Request) -> None:
-        """Registers the request's newly computed full blocks in the prefix cache."""
-        if not self.config.caches_prefixes:
-            return
+        """Registers the request's newly computed full blocks in the prefix cache (without one, a recurrent
+        model's states saved after them count all the same: ``_confirm_uncached_saves``)."""
         # Only blocks of known tokens: a pending token's block gets its hash when the token arrives.
         full = min(req.num_computed_tokens, req.num_tokens - req.num_pending) // self.blocks.block_size
+        if not self.config.caches_prefixes:
+            if self.checkpoints.capacity:
+                self._confirm_uncached_saves(req, full)
+            return
         if full <= req.num_cached_blocks:
             return
         extend_hashes(req.block_hashes, req.token_ids, self.blocks.block_size, self.seed_of(req))

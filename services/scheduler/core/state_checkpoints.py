@@ -45,6 +45,24 @@ class CheckpointedPrefix:
         if req.latest_state_save == (req.request_id, block):
             req.latest_state_save = block_hash
 
+    def _confirm_uncached_saves(self: Scheduler, req: Request, full: int) -> None:
+        """Without a prefix cache, ``req``'s saved states are of use to kvcache, which stores a hybrid's blocks
+        only with the state saved after the last of them (dual_path.py): they count once ``full`` blocks of it
+        are computed and known, as with the cache. ``req`` saves where its prompt's last full block ends, and
+        its latest state past that (one at a time); only these two can be waiting to count."""
+        bs = self.blocks.block_size
+        latest = req.latest_state_save
+        blocks = {(len(req.prompt_token_ids) - 1) // bs - 1}
+        if isinstance(latest, tuple):  # held under (request, block index) until the block's last token came
+            blocks.add(latest[1])
+        elif latest is not None:
+            self.checkpoints.confirm(latest)
+        blocks = [b for b in blocks if 0 <= b < full]
+        if blocks:
+            extend_hashes(req.block_hashes, req.token_ids, bs, self.seed_of(req))
+            for block in blocks:
+                self._confirm_state_save(req, block)
+
     def _branch_point(self: Scheduler, kv_blocks: int, state_blocks: int) -> int:
         """Where a prompt whose first ``kv_blocks`` blocks are cached, but resumable only after ``state_blocks``
         of them, parts from another prompt (tokens; 0 = nowhere): a prefix two prompts share (a system prompt)

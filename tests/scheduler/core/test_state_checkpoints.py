@@ -3,6 +3,7 @@ full block ends, and a later request takes cached blocks only as far as a saved 
 
 from __future__ import annotations
 
+from services.common.block_hash import extend_hashes
 from services.common.sampling_params import SamplingParams
 from services.common.step import SampledToken, StepResult
 from services.scheduler.core.request import Request
@@ -171,3 +172,25 @@ def test_a_multi_step_decode_saves_in_the_pass_that_fills_a_block():
     req = s.requests["a"]
     assert req.latest_state_save == req.block_hashes[7]  # the block ending at 32, bound once its tokens came
     assert s.checkpoints.covered(req.block_hashes[:8]) == 8
+
+
+def test_without_a_prefix_cache_saved_states_still_count_for_kvcache_but_nothing_is_taken_here():
+    """With the workers' prefix caches off, kvcache stores a hybrid's blocks with the state saved after the last
+    of them (dual_path.py), so its states must count there too: the prompt's, and a decode's once its token
+    arrived (planned ahead, it was held under the request). No request takes them on this worker."""
+    s = create_scheduler(recurrent_state=True, enable_prefix_caching=False, state_checkpoints=4)
+    a = Request("a", list(PROMPT), SamplingParams(max_tokens=8), 0.0, eos_token_ids=(EOS,))
+    s.add(a)
+    prompt_plan = s.schedule()
+    s.expect(prompt_plan)
+    assert prompt_plan.state_saves == {"a": (20, 0)} and len(s.checkpoints) == 1  # after token 20
+    decode_plan = s.schedule()
+    s.expect(decode_plan)
+    assert decode_plan.state_saves == {"a": (1, 1)} and len(s.checkpoints) == 1  # block 6's last token in flight
+    s.on_result(prompt_plan, StepResult(prompt_plan.step_id, sampled={"a": [SampledToken(7)]}))
+    assert len(s.checkpoints) == 2
+    hashes = extend_hashes(a.block_hashes, a.token_ids, 4, s.seed_of(a))
+    assert s.checkpoints.covered(hashes[:5]) == 5 and s.checkpoints.covered(hashes[:6]) == 6
+    s.add(_req("b", PROMPT + [7, 9]))
+    plan = s.schedule()
+    assert (plan.new[0].num_computed_tokens, plan.new[0].state_checkpoint) == (0, None)
