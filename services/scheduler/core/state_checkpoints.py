@@ -11,7 +11,9 @@ A checkpoint counts only once its block is cached (``confirm``), which is after 
 a plan that adds a sequence restores its state before that plan's forward pass, so a checkpoint assigned in the
 same plan would not be there yet, while any later plan runs after the saving one. A decode's block may hold a
 token still in flight when its plan is made (planned ahead of the step that samples it): its checkpoint is held
-under (request, block index) until the token arrives and the block's hash is known (``bind``).
+under (request, block index) until the token arrives and the block's hash is known (``bind``). With prefix
+caching off, no request here takes a checkpoint, but kvcache stores a hybrid's blocks with the state saved
+after them: a request's saves count as their blocks fill all the same (``_confirm_uncached_saves``).
 """
 
 from __future__ import annotations
