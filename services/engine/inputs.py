@@ -177,35 +177,38 @@ def _chunk_groups(attention: AttentionBatch, fresh: list[tuple[SequenceState, in
 
 def _recurrent_batch(states: RecurrentStates, decodes: list[SequenceState], chunks: list[tuple[SequenceState, int]],
                      device) -> RecurrentBatch:
-    """The state slots of the flat batch's decodes (its first tokens), then of each run of prompt chunks of one
+    """The state slots of the flat batch's one-token rows (its first: decodes, and prompt chunks of one token, each
+    run of either a group, ``SpanGroup.prefill`` telling them apart), then of each run of prompt chunks of one
     length, as groups a layer runs at once. A sequence whose state is saved on the way (``state_save``) runs as
     a group of its own, split where the state is saved: that group's states are copied to the checkpoint."""
     groups: list[SpanGroup] = []
     start = 0
 
-    def add(length: int, seqs: list[SequenceState], save_to: int | None = None) -> None:
+    def add(length: int, seqs: list[SequenceState], prefill: bool, save_to: int | None = None) -> None:
         nonlocal start
         groups.append(SpanGroup(start, len(seqs), length, _t([seq.state_slot for seq in seqs], device),
-                                None if save_to is None else _t([save_to], device)))
+                                None if save_to is None else _t([save_to], device), prefill))
         start += length * len(seqs)
 
-    runs = [(1, [(seq, 1) for seq in decodes])] if decodes else []
-    runs += [(n, list(run)) for n, run in groupby(chunks, key=lambda sn: sn[1])]
-    for n, run in runs:
+    # The flat batch's one-token rows: decodes, and prompt chunks of one token (run in the prefill form).
+    runs = [(1, list(run), prefill) for prefill, run in groupby(
+        ((seq, 1) for seq in decodes), key=lambda sn: sn[0].num_computed < sn[0].prompt_len)]
+    runs += [(n, list(run), True) for n, run in groupby(chunks, key=lambda sn: sn[1])]
+    for n, run, prefill in runs:
         plain: list[SequenceState] = []
         for seq, _ in run:
             if seq.state_save is None or seq.state_save[0] > n:  # none, or in a later pass (a multi-step decode)
                 plain.append(seq)
                 continue
             if plain:  # the group so far, before this one in the flat batch
-                add(n, plain)
+                add(n, plain, prefill)
                 plain = []
             at, row = seq.state_save
-            add(at, [seq], row)
+            add(at, [seq], prefill, row)
             if at < n:
-                add(n - at, [seq])
+                add(n - at, [seq], prefill)
         if plain:
-            add(n, plain)
+            add(n, plain, prefill)
     return RecurrentBatch(states, groups)
 
 

@@ -83,12 +83,12 @@ class Mamba2Mixer(nn.Module):
             for grp in rb.groups:  # a prompt chunk's dt is clamped to the limit, as transformers' chunked scan does
                 span = grp.tokens
                 kernels.mamba2_scan_(y[span], h[span], b[span], c[span], dt[span], a, self.D, self.dt_bias, ssm,
-                                     grp.slots, grp.length, None if grp.length == 1 else s.time_step_limit)
+                                     grp.slots, grp.length, s.time_step_limit if grp.prefill else None)
                 rb.save(ssm, grp)
             return out
         for grp in rb.groups:
             span, state = grp.tokens, ssm.index_select(0, grp.slots)
-            if grp.length == 1:
+            if not grp.prefill:
                 y, state = recurrent_step(h[span], b[span], c[span], dt[span], a, self.D, self.dt_bias, state)
             else:
                 y, state = chunk_scan(*(x[span].unflatten(0, (grp.count, grp.length)) for x in (h, b, c, dt)), a,

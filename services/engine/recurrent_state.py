@@ -245,6 +245,9 @@ class SpanGroup:
     slots: torch.Tensor  # [count] int64
     # Rows a copy of the states after this group goes to as well (prefix caching's checkpoints), or None.
     save_to: torch.Tensor | None = None
+    # Prompt chunks, of one token too (transformers runs every prompt token in its prefill form, decodes in its
+    # recurrent one): the forms round differently in low precision, and Mamba-2 clamps dt in its prefill form only.
+    prefill: bool = False
 
     @property
     def tokens(self) -> slice:

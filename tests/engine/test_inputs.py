@@ -13,14 +13,15 @@ CPU = torch.device("cpu")
 BLOCK = 4
 
 
-def _seq(name: str, known: int, computed: int, first_block: int) -> SequenceState:
+def _seq(name: str, known: int, computed: int, first_block: int, prompt_len: int | None = None) -> SequenceState:
     blocks = list(range(first_block, first_block + -(-known // BLOCK)))
-    return SequenceState(name, list(range(100, 100 + known)), min(known, 5), computed, blocks, SamplingParams())
+    return SequenceState(name, list(range(100, 100 + known)), min(known, 5) if prompt_len is None else prompt_len,
+                         computed, blocks, SamplingParams())
 
 
 def _step():
     """Three decodes (contexts 3, 9 and 30), two fresh 6-token prompts and a 4-token chunk after 8 cached."""
-    d_long, d_short, d_mid = _seq("dl", 30, 29, 0), _seq("ds", 3, 2, 10), _seq("dm", 9, 8, 20)
+    d_long, d_short, d_mid = _seq("dl", 30, 29, 0), _seq("ds", 3, 2, 10, prompt_len=2), _seq("dm", 9, 8, 20)
     f1, f2 = _seq("f1", 6, 0, 30), _seq("f2", 6, 0, 40)
     chunk = _seq("c", 20, 8, 50)
     return [(d_long, 1), (f1, 6), (d_short, 1), (chunk, 4), (d_mid, 1), (f2, 6)]
@@ -111,3 +112,9 @@ def test_recurrent_states_are_grouped_as_the_flat_batch_lays_sequences_out():
     step[2][0].state_save = (3, 41)
     groups = prepare_inputs(step, BLOCK, CPU, states=states).attention.recurrent.groups
     assert [(g.count, g.slots.tolist(), g.save_to) for g in groups[:1]] == [(3, [12, 14, 10], None)]
+    # A prompt chunk of one token is laid out with the decodes (attention reads it as one) but runs in the
+    # prefill form: a group of its own, in its place among them.
+    step[2][0].state_save, step[5][0].state_save, step[2][0].prompt_len = None, None, 3
+    groups = prepare_inputs(step, BLOCK, CPU, states=states).attention.recurrent.groups
+    assert [(g.start, g.count, g.slots.tolist(), g.prefill) for g in groups] == [
+        (0, 1, [12], True), (1, 2, [14, 10], False), (3, 2, [11, 15], True), (15, 1, [13], True)]

@@ -28,12 +28,13 @@ def kernels():
 
 
 def _groups(spans: list[tuple[int, int]], save_to: dict[int, int] | None = None) -> list[SpanGroup]:
-    """(count, length) per group, slots numbered from 1 (row 0 stays a bystander); ``save_to``: group -> row."""
+    """(count, length) per group, slots numbered from 1 (row 0 stays a bystander), the first group decodes and
+    the rest prompt chunks; ``save_to``: group -> row."""
     groups, start, slot = [], 0, 1
     for i, (count, length) in enumerate(spans):
         row = (save_to or {}).get(i)
         groups.append(SpanGroup(start, count, length, torch.arange(slot, slot + count),
-                                None if row is None else torch.tensor([row])))
+                                None if row is None else torch.tensor([row]), prefill=i > 0))
         start, slot = start + count * length, slot + count
     return groups
 
