@@ -125,6 +125,8 @@ async def push_blocks(channel_or_address: grpc.aio.Channel | str, pool: PagedKVP
         raise InvalidArgument(f"{len(src)} source block ids but {len(dst)} destination ones; "
                               "give one destination block per source block")
     expected = len(src) * pool.layout.bytes_per_block
+    if not pool.layout.bytes_per_block:  # an attention-free model's blocks hold nothing to move
+        return TransferOutcome(transfer_id, TransferState.DONE, 0, time.perf_counter() - start)
 
     bpb = pool.layout.bytes_per_block
 
@@ -160,6 +162,8 @@ async def pull_blocks(channel_or_address: grpc.aio.Channel | str, pool: PagedKVP
         raise InvalidArgument(f"{len(src)} source block ids but {len(dst)} destination ones; "
                               "give one destination block per source block")
     expected = len(src) * pool.layout.bytes_per_block
+    if not pool.layout.bytes_per_block:  # an attention-free model's blocks hold nothing to move
+        return TransferOutcome(transfer_id, TransferState.DONE, 0, time.perf_counter() - start)
 
     async def call(channel: grpc.aio.Channel) -> str:
         read_kv = channel.unary_stream(_READ_KV, request_serializer=worker_pb2.ReadKVRequest.SerializeToString,

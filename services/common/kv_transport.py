@@ -226,6 +226,9 @@ class NixlKVAgent:
         self.pool = pool
         self.coalesce = coalesce
         self._bytes_per_block = pool.layout.bytes_per_block
+        if not self._bytes_per_block:
+            raise InvalidArgument("an attention-free model's KV pool holds no bytes: there is nothing to register "
+                                  "or move over NIXL")
         region = pool.memory_regions()[0]  # the device pool; the host (swap) pool is never transferred
         assert region.nbytes == pool.num_blocks * self._bytes_per_block, "device pool is not block-contiguous"
         self._region = region

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
-from services.engine import falcon_h1, jamba, kimi_linear, lfm3, nemotron_h
+from services.engine import falcon_h1, jamba, kimi_linear, lfm3, mamba, nemotron_h
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
 
 
@@ -388,6 +388,10 @@ ALIASES = {
                              "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
                              "intermediate_size": raw["moe_intermediate_size"]},  # no dense layer to size
         fields=lambda raw: _qwen3_next_fields(raw, grouped_projections=False)),
+    # Mamba, Falcon Mamba and Mamba-2 (mamba.py): attention-free, a Mamba or Mamba-2 mixer behind a norm in every
+    # layer and nothing else; Llama's reading only for what they share (embeddings, final norm, head).
+    **{arch: Alias("LlamaForCausalLM", mamba.NAMES, defaults=mamba.DEFAULTS[arch], ignored=mamba.IGNORED,
+                   rewrite=mamba.rewrite, fields=lambda raw, arch=arch: mamba.fields(raw, arch)) for arch in mamba.ARCHS},
 }
 
 

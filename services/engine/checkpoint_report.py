@@ -68,6 +68,10 @@ def _shape(config: ModelConfig) -> dict[str, Any]:
              "head_dim": config.head_dim, "mlp": f"{'gated ' if config.mlp_gated else ''}{config.hidden_act}, "
                                                  f"{config.intermediate_size} wide",
              "context": config.max_model_len, "vocab_size": config.vocab_size}
+    if config.attention_free:  # no attention to have heads, and the MLP only where a layer holds one
+        del shape["query_heads"], shape["kv_heads"], shape["head_dim"]
+    if not any(config.has_mlp(i) for i in range(config.num_hidden_layers)):
+        shape["mlp"] = "none"
     if config.num_experts:
         routed = [i for i in range(config.num_hidden_layers) if config.is_moe(i)]
         shape["experts"] = (f"{config.num_experts} routed ({config.num_experts_per_tok} a token, "
@@ -102,8 +106,9 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
                  f"Gated DeltaNet linear attention ({s.num_value_heads} value heads on {s.num_key_heads} key heads")
         rest = "beside it in every layer" if config.parallel_mixers else "in the rest" if not config.sublayers \
             else f"in {len(config.linear_layers)}"
-        kind += (f" in {len(config.kv_layers)} of {config.num_hidden_layers} layers; {mixer}, a recurrent state per "
-                 f"sequence) {rest}")
+        kind = (f"none; {mixer}, a recurrent state per sequence) in every layer" if config.attention_free else
+                kind + f" in {len(config.kv_layers)} of {config.num_hidden_layers} layers; {mixer}, a recurrent state "
+                       f"per sequence) {rest}")
     share = (f"a {config.rotary_dim}-wide block of each head" if config.mla
              else f"{config.rotary_dim} of each head's {config.head_dim} features")
     rope = f"RoPE ({config.rope_type}, base {config.rope_theta:g}) over {share}"

@@ -40,7 +40,8 @@ class EngineConfig:
     max_model_len: int | None = None
     # A model with linear-attention layers (Qwen3-Next, Qwen3.5): sequences whose recurrent states the worker
     # allocates up front on CUDA, before the KV pool takes its share of free memory (the scheduler's default
-    # max_num_seqs). More sequences grow the states past it; on the CPU they start small and grow.
+    # max_num_seqs). More sequences grow the states past it; on the CPU they start small and grow. An
+    # attention-free model's KV blocks (which hold nothing) are as many as this many sequences of the whole context.
     state_slots: int = 256
     # Such a model's prefix caching: how many states the worker keeps, each saved as a prompt passes the end of
     # its last full block, so that a later prompt starting with those blocks resumes there (0: no prefix

@@ -21,6 +21,10 @@ import torch
 
 from services.common.errors import InvalidArgument
 
+# An attention-free model's pool (no layer keeps KV: its blocks hold no bytes and only count tokens, or key the
+# states kvcache stores) has at most this many blocks, a million tokens: their owners keep a few objects per block.
+ATTENTION_FREE_MAX_BLOCKS = 1 << 16
+
 
 @dataclass(frozen=True)
 class KVLayout:

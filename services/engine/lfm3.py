@@ -52,7 +52,8 @@ def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
         raise ModelLoadError(f"config.json: layer_types must name each of the {layers} layers conv, full_attention "
                              f"or sliding_attention; got {', '.join(unknown) or repr(types)}")
     if all(t == _CONV for t in types):
-        raise ModelLoadError("config.json: LFM3 without an attention layer is not supported (the KV pool needs one)")
+        raise ModelLoadError("config.json: LFM3 without an attention layer is not supported: transformers cannot "
+                             "run one either (its cache takes attention masks from an attention layer)")
     rope = raw.get("rope_parameters") or _ROPE
     if not isinstance(rope, dict) or not all(isinstance(rope.get(t), dict) for t in {*types} - {_CONV}):
         raise ModelLoadError(f"config.json: rope_parameters must give RoPE per attention layer type, got {rope!r}")

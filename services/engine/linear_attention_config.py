@@ -100,9 +100,8 @@ class Mamba2Shape:
 
 @dataclass(frozen=True)
 class Mamba1Shape:
-    """A Mamba (selective state space, arXiv 2312.00752) mixer as Jamba's layers have it: ``intermediate``
-    channels, each with a ``state_size`` state and a step of its own, projected up from a ``dt_rank``-wide
-    input; dt, B and C RMS-normed (Jamba's addition)."""
+    """A Mamba (selective state space, arXiv 2312.00752) mixer: ``intermediate`` channels, each with a
+    ``state_size`` state and a step of its own, projected up from a ``dt_rank``-wide input."""
 
     intermediate: int
     state_size: int
@@ -110,6 +109,14 @@ class Mamba1Shape:
     dt_rank: int
     conv_bias: bool
     proj_bias: bool
+    # dt, B and C RMS-normed before the scan: "weighted" (Jamba's norms, the model's epsilon), "unweighted"
+    # (Falcon Mamba's, ``bcdt_norm_eps``) or "none" (Mamba's).
+    bcdt_norms: str = "weighted"
+    bcdt_norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.bcdt_norms not in ("weighted", "unweighted", "none"):
+            raise ModelLoadError(f"Mamba bcdt_norms must be weighted, unweighted or none, got {self.bcdt_norms!r}")
 
     @property
     def conv_dim(self) -> int:

@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
-from services.engine import falcon_h1, kimi_linear, lfm3, nemotron_h
+from services.engine import falcon_h1, kimi_linear, lfm3, mamba, nemotron_h
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
@@ -93,7 +93,7 @@ def _checkpoint_weights(ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
         weights = kimi_linear.checkpoint_names(weights, config.linear_layers)
     if config.architecture == lfm3.ARCH:
         weights = lfm3.checkpoint_names(weights, config.sandwich_norms)
-    if config.architecture == nemotron_h.ARCH:
+    if config.architecture in (nemotron_h.ARCH, *mamba.ARCHS):
         weights = nemotron_h.checkpoint_names(weights, config.sublayers, config.linear_layers)
     if config.architecture in ("Ernie4_5_MoeForCausalLM", "ExaoneMoeForCausalLM"):
         weights = ernie_weights(weights)

@@ -1,10 +1,10 @@
-"""Mamba (arXiv 2312.00752): the mixer of Jamba's Mamba layers, over the recurrent states of a step's sequences
-(recurrent_state.py).
+"""Mamba (arXiv 2312.00752): the mixer of Mamba's, Falcon Mamba's and Jamba's Mamba layers, over the recurrent
+states of a step's sequences (recurrent_state.py).
 
 Per token: x (``intermediate`` channels) through a short causal convolution (SiLU); from it a step ``dt`` per
-channel (a ``dt_rank``-wide projection, RMS-normed, projected up, plus a bias, softplus), and B and C
-(``state_size`` each, RMS-normed: Jamba's norms). Each channel's state ``s`` (``state_size``) with its decay
-``A = -exp(A_log)``::
+channel (a ``dt_rank``-wide projection, projected up, plus a bias, softplus), and B and C (``state_size`` each);
+dt, B and C RMS-normed first in Jamba (with weights) and Falcon Mamba (without; ``Mamba1Shape.bcdt_norms``).
+Each channel's state ``s`` (``state_size``) with its decay ``A = -exp(A_log)``::
 
     s = exp(dt * A) * s + dt * B * x;  y = s · C + D * x
 
@@ -48,19 +48,24 @@ class Mamba1Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(s.intermediate, s.state_size))
         self.D = nn.Parameter(torch.ones(s.intermediate))
         self.out_proj = nn.Linear(s.intermediate, config.hidden_size, bias=s.proj_bias)
-        self.dt_layernorm = _NormWeight(s.dt_rank)
-        self.b_layernorm = _NormWeight(s.state_size)
-        self.c_layernorm = _NormWeight(s.state_size)
+        if s.bcdt_norms == "weighted":
+            self.dt_layernorm = _NormWeight(s.dt_rank)
+            self.b_layernorm = _NormWeight(s.state_size)
+            self.c_layernorm = _NormWeight(s.state_size)
+        elif s.bcdt_norms == "unweighted":
+            self.eps = s.bcdt_norm_eps
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
         s, rb = self.shape, batch.recurrent
         h, gate = self.in_proj(x).chunk(2, dim=-1)
         h = causal_conv(h, rb, self.state_index, self.conv1d.weight, self.conv1d.bias, kernels=batch.kernels)
         dt, b, c = self.x_proj(h).split([s.dt_rank, s.state_size, s.state_size], dim=-1)
-        # Jamba's RMSNorms on dt, B and C (Llama's: the weight applied after the cast back).
-        dt = rms_norm(dt, self.dt_layernorm.weight, self.eps)
-        b = rms_norm(b, self.b_layernorm.weight, self.eps)
-        c = rms_norm(c, self.c_layernorm.weight, self.eps)
+        if s.bcdt_norms == "weighted":  # Jamba's RMSNorms on dt, B and C (Llama's: the weight after the cast back)
+            dt = rms_norm(dt, self.dt_layernorm.weight, self.eps)
+            b = rms_norm(b, self.b_layernorm.weight, self.eps)
+            c = rms_norm(c, self.c_layernorm.weight, self.eps)
+        elif s.bcdt_norms == "unweighted":  # Falcon Mamba's
+            dt, b, c = (_unweighted_rms_norm(t, self.eps) for t in (dt, b, c))
         dt = F.linear(dt, self.dt_proj.weight)  # its bias joins in fp32 in the scan, as transformers adds it
         return self.out_proj(self._scan(h, dt, b, c, gate, rb, batch.kernels).to(x.dtype))
 
@@ -81,7 +86,7 @@ class Mamba1Mixer(nn.Module):
             return out
         for grp in rb.groups:
             span, state = grp.tokens, ssm.index_select(0, grp.slots)
-            if grp.length == 1:
+            if not grp.prefill:
                 y, state = recurrent_step(h[span], dt[span], b[span], c[span], gate[span], a, self.D, dt_bias, state)
             else:
                 y, state = sequential_scan(*(t[span].unflatten(0, (grp.count, grp.length)) for t in (h, dt, b, c, gate)),
@@ -97,6 +102,12 @@ class _NormWeight(nn.Module):
     def __init__(self, size: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
+
+
+def _unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight, in fp32 and cast back, as transformers' Falcon Mamba computes it."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def recurrent_step(x, dt, b, c, z, a, d_skip, dt_bias, state):

@@ -77,6 +77,26 @@ class LayerNorm(RMSNorm):
         return layer_norm(x, self.weight, self.eps)
 
 
+class Fp32StreamRMSNorm(RMSNorm):
+    """Mamba's norms with ``residual_in_fp32``: the stream adds up in float32 (the mixer's output promoted), a
+    layer's norm reads it cast to the model's dtype, and the final norm reads it as it is, its weight applied in
+    float32 and the result cast back for the head, as transformers' Mamba blocks and norm_f compute. The same
+    numbers as RMSNorm in float32."""
+
+    def __init__(self, size: int, eps: float, final: bool) -> None:
+        super().__init__(size, eps)
+        self.final = final
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = x.float() if residual is None else residual + x
+        if x.dtype == torch.float32:
+            return self._norm(stream), stream
+        if not self.final:
+            return self._norm(stream.to(x.dtype)), stream
+        h = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h).to(x.dtype), stream
+
+
 class WeightlessLayerNorm(nn.Module):
     """OLMo's LayerNorm: no weight, no bias, in fp32; RMSNorm's interface."""
 
@@ -390,11 +410,14 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = _norm(config, config.hidden_size)
+        self.norm = _norm(config, config.hidden_size, final=True)
 
 
-def _norm(config: ModelConfig, size: int) -> RMSNorm | WeightlessLayerNorm:
-    """The model's norm of ``size`` features: an RMSNorm, Cohere's LayerNorm, or StarCoder2's with a bias."""
+def _norm(config: ModelConfig, size: int, final: bool = False) -> RMSNorm | WeightlessLayerNorm:
+    """The model's norm of ``size`` features: an RMSNorm, Cohere's LayerNorm, or StarCoder2's with a bias;
+    ``final``: the one after the last layer."""
+    if config.residual_in_fp32:
+        return Fp32StreamRMSNorm(size, config.rms_norm_eps, final)
     if config.norm_bias:
         return BiasedLayerNorm(size, config.rms_norm_eps)
     if not config.norm_affine:

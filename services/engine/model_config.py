@@ -20,7 +20,7 @@ attention and MLP in parallel on one norm, RoPE in interleaved pairs, scaled log
 three of every four layers, with RoPE, the fourth global without), ERNIE 4.5 (Llama with RoPE in interleaved
 pairs), Ministral 3 (Mistral with queries scaled with position), InternLM3, EXAONE 3, GLM-4.7-Flash, Youtu-LLM and MiniCPM5-MoE
 (``aliases.py``: served as Llama, DeepSeek-V3 or GLM-4.5), Qwen3-Next, Qwen3.5, Granite 4.0-H and LFM2
-(``aliases.py``; their Gated DeltaNet, Mamba-2 and short-convolution layers: ``linear_attention_config.py``), Arcee's AFMoE (``afmoe.py``), Hunyuan dense and MoE (``hunyuan.py``), Nemotron-H (``nemotron_h.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
+(``aliases.py``; their Gated DeltaNet, Mamba-2 and short-convolution layers: ``linear_attention_config.py``), Arcee's AFMoE (``afmoe.py``), Hunyuan dense and MoE (``hunyuan.py``), Nemotron-H (``nemotron_h.py``), Mamba, Falcon Mamba and Mamba-2 (``mamba.py``), Apertus (Arcee's ungated MLP with a learned xIELU activation, Qwen3's q/k norms), Llama 4
 (``llama4.py``), and mixtures of
 experts (Mixtral, Qwen2/3-MoE,
 OLMoE, GPT-OSS; their fields in ``moe_config.py``). GPT-OSS also has biases on every attention projection and
@@ -47,6 +47,7 @@ from services.engine.hunyuan import hunyuan_fields, ntk_alpha_rope
 from services.engine.linear_attention_config import LinearShape, Mamba2Shape
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_fields, llama4_nope_layers
+from services.engine.mamba import ARCHS as ATTENTION_FREE
 from services.engine.mla_config import check_mla, mla_fields
 from services.engine.moe_config import MOE_DEFAULTS, check_moe, moe_fields
 from services.engine.nemotron_h import ARCH as NEMOTRON_H
@@ -274,6 +275,9 @@ class ModelConfig:
     # Nemotron-H (nemotron_h.py): each layer one sublayer behind its own norm, "mixer" (attention, or the linear
     # mixer in linear_layers) or "mlp" (experts in moe_layers); empty: every layer a mixer, then an MLP.
     sublayers: tuple[str, ...] = ()
+    # Mamba's residual_in_fp32 (mamba.py): the stream between layers in float32, each layer's norm reading it cast
+    # to the model's dtype, the final norm reading it as it is (only for one-sublayer layers, as Mamba's are).
+    residual_in_fp32: bool = False
     # Nemotron 3's routed experts work on the tokens projected down to this many features, and their sum is
     # projected back up (0: no latent, the experts read the hidden state).
     moe_latent_size: int = 0
@@ -324,16 +328,22 @@ class ModelConfig:
                                   f"max_position_embeddings ({self.max_position_embeddings})")
 
     def _check_layer_lists(self) -> None:
-        if self.linear_layers and (self.linear_attention is None or len(self.kv_layers) == 0
+        if self.linear_layers and (self.linear_attention is None
                                    or not all(0 <= i < self.num_hidden_layers for i in self.linear_layers)):
-            raise ModelLoadError(f"linear attention in layers {self.linear_layers} needs its shape, layers of the "
-                                 "model, and at least one attention layer")
+            raise ModelLoadError(f"linear attention in layers {self.linear_layers} needs its shape and layers of the "
+                                 "model")
+        if not self.kv_layers and self.architecture not in ATTENTION_FREE:
+            raise ModelLoadError(f"{self.architecture} without an attention layer: transformers runs such a hybrid "
+                                 "only with at least one attention layer (its cache takes attention masks from one); "
+                                 f"the attention-free models served are {', '.join(ATTENTION_FREE)}")
         if self.sublayers and (len(self.sublayers) != self.num_hidden_layers
                                or not set(self.sublayers) <= {"mixer", "mlp"}
                                or any(not self.has_mixer(i) for i in self.linear_layers)
                                or any(not self.has_mlp(i) for i in self.moe_layers)):
             raise ModelLoadError(f"sublayers {self.sublayers} must name each of the {self.num_hidden_layers} layers "
                                  "'mixer' or 'mlp', linear layers mixers and expert layers MLPs")
+        if self.residual_in_fp32 and not self.sublayers:
+            raise ModelLoadError("residual_in_fp32 is served for models of one sublayer a layer (Mamba's)")
         if self.parallel_mixers and (set(self.linear_layers) != set(range(self.num_hidden_layers))
                                      or not isinstance(self.linear_attention, Mamba2Shape) or self.sublayers):
             raise ModelLoadError("parallel mixers (Falcon-H1) need a Mamba-2 mixer beside attention in every layer")
@@ -409,6 +419,11 @@ class ModelConfig:
         has one slot per token for each, and layer ``kv_layers[i]`` reads the pool's layer ``i``."""
         linear = set() if self.parallel_mixers else set(self.linear_layers)
         return tuple(i for i in range(self.num_hidden_layers) if i not in linear and self.has_mixer(i))
+
+    @property
+    def attention_free(self) -> bool:
+        """Whether no layer attends (Mamba, Mamba-2): the KV pool holds nothing, blocks only count tokens."""
+        return not self.kv_layers
 
     def has_mixer(self, layer: int) -> bool:
         """Whether ``layer`` mixes tokens (attention or a linear mixer): all but Nemotron-H's MLP layers."""

@@ -62,8 +62,8 @@ def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
         raise ModelLoadError(f"config.json: layers_block_type holds {', '.join(unknown) or 'no layer'}; each layer "
                              f"is one of {', '.join(_PATTERN.values())}")
     if not any(t == "full_attention" for t in types):
-        raise ModelLoadError("config.json: Nemotron-H without an attention layer is not supported (the KV pool "
-                             "needs one)")
+        raise ModelLoadError("config.json: Nemotron-H without an attention layer is not supported: transformers "
+                             "cannot run one either (its cache takes attention masks from an attention layer)")
     return {**raw, "layers_block_type": types, "num_hidden_layers": len(types)}
 
 

@@ -24,7 +24,7 @@ from services.engine.checkpoint import Checkpoint, load_checkpoint_meta, resolve
 from services.engine.config import EngineConfig
 from services.engine.grammar import GrammarCompiler
 from services.engine.inputs import SequenceState, prepare_inputs
-from services.engine.kv_pool import KVLayout, PagedKVPool
+from services.engine.kv_pool import ATTENTION_FREE_MAX_BLOCKS, KVLayout, PagedKVPool
 from services.engine.loader import load_model
 from services.engine.lora import LoraCache
 from services.engine.ngram import NgramIndex
@@ -60,8 +60,7 @@ class ModelRunner:
                  else min(config.state_slots, 8))
         self.states = (RecurrentStates(mc.linear_attention, len(mc.linear_layers), self.dtype, self.device, slots)
                        if mc.recurrent else None)
-        num_blocks = self.layout.blocks_for_budget(self._kv_budget())
-        self.kv = PagedKVPool(self.layout, num_blocks, self.layout.blocks_for_budget(config.swap_bytes), self.device)
+        self.kv = PagedKVPool(self.layout, *self._pool_blocks(), self.device)
         # Fused C kernels (attention, norms, RoPE, SwiGLU, argmax) where they apply (CPU, fp32) and can be built.
         use_kernels = config.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32
         self.kernels = cpu_kernels.load() if use_kernels else None
@@ -82,6 +81,17 @@ class ModelRunner:
     @property
     def max_model_len(self) -> int:
         return self.checkpoint.config.max_model_len
+
+    def _pool_blocks(self) -> tuple[int, int]:
+        """Device and host blocks: as many as the KV and swap budgets hold; an attention-free model's blocks hold
+        nothing and only count tokens for the scheduler, so enough for ``state_slots`` sequences of the whole
+        context (the states are the memory its sequences take), at most ``ATTENTION_FREE_MAX_BLOCKS``."""
+        if self.layout.bytes_per_block:
+            return (self.layout.blocks_for_budget(self._kv_budget()),
+                    self.layout.blocks_for_budget(self.config.swap_bytes))
+        per_sequence = -(-self.max_model_len // self.config.block_size)
+        n = min(self.config.state_slots * per_sequence, ATTENTION_FREE_MAX_BLOCKS)
+        return n, n if self.config.swap_bytes else 0
 
     def _kv_budget(self) -> int:
         if self.config.kv_cache_bytes is not None:

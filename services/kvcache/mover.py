@@ -64,7 +64,8 @@ class Mover:
     @property
     def agent(self) -> NixlKVAgent | None:
         """The NIXL agent over the DRAM tier; None without NIXL (disabled, failed, or no layout yet)."""
-        if self._agent is None and self._use_nixl and self.store.pool is not None:
+        # An attention-free model's blocks hold nothing to move (its states go over gRPC, as every model's).
+        if self._agent is None and self._use_nixl and self.store.pool is not None and self.store.layout.bytes_per_block:
             try:
                 self._agent = NixlKVAgent(self.agent_name, self.store.pool)
                 log.info("NIXL agent %s registered the DRAM tier (%d bytes)", self.agent_name,

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from services.common.errors import InvalidArgument
-from services.engine.kv_pool import KVLayout, PagedKVPool
+from services.engine.kv_pool import ATTENTION_FREE_MAX_BLOCKS, KVLayout, PagedKVPool
 from services.kvcache.disk_tier import DiskTier, ReadStatus, file_bytes
 from services.kvcache.layout import describe
 from services.kvcache.results import LookupResult, Staged, StoreStats, Tier, TierStats
@@ -112,12 +112,14 @@ class KVStore:
                 raise InvalidArgument(f"{what} has KV layout {describe(layout)}, but this kvcache holds "
                                       f"{describe(self.layout)}; one kvcache serves one model and block size")
             return
-        num_slots = self.dram_bytes // layout.bytes_per_block
+        # An attention-free model's blocks hold no bytes: the tier keeps their hashes, which key its states.
+        num_slots = (self.dram_bytes // layout.bytes_per_block if layout.bytes_per_block
+                     else ATTENTION_FREE_MAX_BLOCKS)
         if num_slots < 1:
             raise InvalidArgument(f"the DRAM tier ({self.dram_bytes} bytes) holds no block of {describe(layout)}; "
                                   "raise --dram-bytes")
         self.pool = PagedKVPool(layout, num_slots, 0, torch.device("cpu"), zeroed=False)  # slots are stored before read
-        self._flat = self.pool.device_kv.view(torch.uint8).reshape(num_slots, -1).numpy()
+        self._flat = self.pool.device_kv.view(torch.uint8).reshape(num_slots, layout.bytes_per_block).numpy()
         self._slot_hash = [None] * num_slots
         self._refs = [0] * num_slots
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first

@@ -139,7 +139,7 @@ async def serve(config: WorkerConfig) -> None:
 
 
 def _nixl_agent(config: WorkerConfig, runner: ModelRunner, host: str):
-    if not config.nixl:
+    if not config.nixl or not runner.kv.layout.bytes_per_block:  # an attention-free model's blocks hold nothing
         return None
     from services.common.kv_transport import NixlKVAgent
 

@@ -32,7 +32,8 @@ CASES = [("qwen3-next", "disaggregated", "nixl", False), ("qwen3-next", "disaggr
          ("qwen3-next", "colocated", "nixl", False), ("granite4-h", "disaggregated", "nixl", True),
          ("lfm2", "disaggregated", "grpc", False), ("nemotron-h-moe", "disaggregated", "nixl", False),
          ("falcon-h1", "disaggregated", "nixl", True), ("lfm3", "colocated", "nixl", False),
-         ("kimi-linear", "disaggregated", "grpc", False)]
+         ("kimi-linear", "disaggregated", "grpc", False), ("mamba2", "disaggregated", "nixl", True),
+         ("falcon-mamba", "disaggregated", "grpc", False), ("mamba", "colocated", "nixl", False)]
 
 
 @pytest.fixture(scope="module", params=CASES,
@@ -40,15 +41,21 @@ CASES = [("qwen3-next", "disaggregated", "nixl", False), ("qwen3-next", "disaggr
 def case(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
     """(checkpoint, its transformers model, mode, KV transport, kvcache)."""
     name, mode, transport, kvcache = request.param
-    path = hybrid_model_dir
-    if name != "qwen3-next":
-        from tests.engine.test_architectures import CASES as ARCHITECTURES
-        from tests.engine.test_architectures import save_checkpoint
-
-        path = tmp_path_factory.mktemp(name)
-        save_checkpoint(ARCHITECTURES[name](), path, tiny_model_dir)
+    path = _checkpoint(name, hybrid_model_dir, tiny_model_dir, tmp_path_factory)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return path, model, mode, transport, kvcache
+
+
+def _checkpoint(name, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
+    if name == "qwen3-next":
+        return hybrid_model_dir
+    from tests.engine.test_architectures import CASES as ARCHITECTURES
+    from tests.engine.test_architectures import save_checkpoint
+    from tests.engine.test_mamba import CASES as ATTENTION_FREE
+
+    path = tmp_path_factory.mktemp(name)
+    save_checkpoint({**ARCHITECTURES, **ATTENTION_FREE}[name](), path, tiny_model_dir)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -161,10 +168,12 @@ async def _stored(client) -> None:
             await anyio.sleep(0.05)
 
 
-@pytest.mark.parametrize(("mode", "side", "own_cache"), [
-    ("disaggregated", "pe-read", True), ("disaggregated", "de-read", True), ("colocated", "pe-read", True),
-    ("colocated", "pe-read", False)])
-async def test_next_turns_resume_from_states_kvcache_stored_with_their_blocks(hybrid_model_dir, tmp_path, mode,
+@pytest.mark.parametrize(("model", "mode", "side", "own_cache"), [
+    ("qwen3-next", "disaggregated", "pe-read", True), ("qwen3-next", "disaggregated", "de-read", True),
+    ("qwen3-next", "colocated", "pe-read", True), ("qwen3-next", "colocated", "pe-read", False),
+    ("mamba2", "disaggregated", "pe-read", True)])
+async def test_next_turns_resume_from_states_kvcache_stored_with_their_blocks(hybrid_model_dir, tiny_model_dir,
+                                                                              tmp_path_factory, tmp_path, model, mode,
                                                                               side, own_cache):
     """Sessions through kvcache, with workers that keep one saved state each (and none in host memory): three
     conversations' first turns, one after another, each store their blocks and the state saved after the last
@@ -172,8 +181,10 @@ async def test_next_turns_resume_from_states_kvcache_stored_with_their_blocks(hy
     next turn loads its blocks and state from kvcache, the state into the worker running its prompt (written
     with WriteState; on a DE-read alone, the blocks going to the decode worker), resumes there and matches
     transformers. Without the workers' own prefix caches (``own_cache``) their saved states count all the same,
-    for kvcache to store."""
-    mesh = start_mesh(hybrid_model_dir, tmp_path / "logs", mode=mode, http=False, kvcache_args=[],
+    for kvcache to store. An attention-free model's blocks hold nothing: kvcache keeps their hashes, which key
+    its states."""
+    path = _checkpoint(model, hybrid_model_dir, tiny_model_dir, tmp_path_factory)
+    mesh = start_mesh(path, tmp_path / "logs", mode=mode, http=False, kvcache_args=[],
                       scheduler_args=["--chunk-size", "16", "--kv-read-policy", side,
                                       *([] if own_cache else ["--no-prefix-caching"])],
                       worker_args=["--state-checkpoints", "1", "--host-state-checkpoints", "0",
@@ -192,14 +203,13 @@ async def test_next_turns_resume_from_states_kvcache_stored_with_their_blocks(hy
             for i, p in enumerate(seconds):
                 got.append(await client.generate(p, max_tokens=MAX_TOKENS, temperature=0, session_id=f"s{i}"))
                 await _stored(client)
-        greedy = greedy_oracle(transformers.AutoModelForCausalLM.from_pretrained(hybrid_model_dir,
-                                                                                  dtype=torch.float32).eval())
+        greedy = greedy_oracle(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
         assert [g.token_ids for g in got] == [greedy(p, MAX_TOKENS) for p in seconds]
         assert [g.cached_prompt_tokens for g in got] == [48, 64, 64]
         with grpc.insecure_channel(mesh.kvcache_address) as channel:
             kv = kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.KVCacheStatsRequest(), timeout=10)
         # Six turns stored, each with its state (the second turns' after 80, 96 and 96 tokens).
-        config = ModelConfig.from_dir(hybrid_model_dir)
+        config = ModelConfig.from_dir(path)
         assert (kv.num_states, kv.state_bytes) == (6, 6 * state_bytes_per_sequence(config, "float32"))
         # Three loads into the worker running the prompt: blocks and state; a DE-read's state alone, its blocks
         # into the decode worker.

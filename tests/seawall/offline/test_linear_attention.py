@@ -2,7 +2,7 @@
 4.0-H: Mamba-2 in two of three; LFM2: gated short convolutions in two of three; Nemotron 3: Mamba-2 and attention
 between expert layers; Jamba: the first Mamba in three layers of four; Falcon-H1: attention and Mamba-2 side by
 side in every layer; LFM3: LFM2's convolutions beside sliding and full attention; Kimi Linear: Kimi Delta Attention beside latent
-attention and experts) under every scheduling path that must carry their recurrent state: prompt chunks of any size (a state resumed chunk after
+attention and experts; Mamba, Falcon Mamba and Mamba-2 without attention) under every scheduling path that must carry their recurrent state: prompt chunks of any size (a state resumed chunk after
 chunk), whole prompts, multi-step decoding, MLFQ order, preemption by swap (the state stays on the worker) and by
 recompute (it starts again from zeros). A prefix is never taken from the cache (the blocks do not hold the
 state); every state slot is back in the pool at the end."""
@@ -31,14 +31,15 @@ MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module", params=["qwen3-next", "granite4-h", "lfm2", "nemotron-h-moe", "jamba", "falcon-h1",
-                                                "lfm3", "kimi-linear"])
+                                                "lfm3", "kimi-linear", "mamba", "falcon-mamba", "mamba2"])
 def model_dir(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
     if request.param == "qwen3-next":
         return hybrid_model_dir
     from tests.engine.test_architectures import CASES, save_checkpoint
+    from tests.engine.test_mamba import CASES as ATTENTION_FREE
 
     out = tmp_path_factory.mktemp(request.param)
-    save_checkpoint(CASES[request.param](), out, tiny_model_dir)
+    save_checkpoint({**CASES, **ATTENTION_FREE}[request.param](), out, tiny_model_dir)
     return out
 
 
@@ -67,10 +68,12 @@ def case(hf_model):
 def _engine(model_dir, config: SchedulerConfig, blocks: int | None = None, checkpoints: int = 16,
             host_checkpoints: int = 64, cpu_kernels: bool = True) -> OfflineEngine:
     # 16 tokens' KV in fp32 (one attention layer's K and V of 2 heads of 16 in most of these; Falcon-H1 attends in
-    # every layer, Kimi Linear keeps a latent).
+    # every layer, Kimi Linear keeps a latent). An attention-free model's blocks hold nothing: as many as one
+    # sequence of so many blocks' context makes.
     block_bytes = 16 * kv_bytes_per_token(ModelConfig.from_dir(model_dir), "float32")
-    return OfflineEngine(EngineConfig(model=str(model_dir), dtype="float32",
-                                      kv_cache_bytes=(blocks or 256) * block_bytes, swap_bytes=200 * block_bytes,
+    pool = (dict(kv_cache_bytes=(blocks or 256) * block_bytes, swap_bytes=200 * block_bytes) if block_bytes
+            else dict(state_slots=1, max_model_len=(blocks or 256) * 16))
+    return OfflineEngine(EngineConfig(model=str(model_dir), dtype="float32", **pool,
                                       state_checkpoints=checkpoints, host_state_checkpoints=host_checkpoints,
                                       cpu_kernels=cpu_kernels), config)
 
