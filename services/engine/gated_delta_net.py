@@ -122,7 +122,7 @@ def by_groups(rb: RecurrentBatch, state_index: int, step, chunked, q, k, v, *res
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     for grp in rb.groups:
         span, state = grp.tokens, ssm.index_select(0, grp.slots)
-        if grp.length == 1:
+        if not grp.prefill:
             out[span], state = step(*(t[span] for t in inputs), state)
         else:
             o, state = chunked(*(t[span].unflatten(0, (grp.count, grp.length)) for t in inputs), state)
