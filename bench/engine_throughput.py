@@ -50,7 +50,9 @@ from seawall.bench.hf_baseline import quiet_transformers  # noqa: E402
 from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
 from services.engine.builtin_model import ensure_default_model, init_model  # noqa: E402
+from services.engine.checkpoint_report import kv_bytes_per_token  # noqa: E402
 from services.engine.config import EngineConfig  # noqa: E402
+from services.engine.model_config import ModelConfig  # noqa: E402
 from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
 
 TARGET_RATIO = 1.5
@@ -113,6 +115,8 @@ def dense_floor_runner(model, chunk: int = 512) -> Runner:
 def load_hf(model_dir: str, attn: str = "sdpa", device: str = "cpu", dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
+    if ModelConfig.from_dir(model_dir).attention_free:
+        attn = "eager"  # an attention-free model has no attention to implement, and transformers refuses sdpa
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation=attn)
     model.to(device).eval()
     # No eos at all: generate() fills unset fields from model.generation_config, so clear it there too.
@@ -219,9 +223,8 @@ def resolve_model(args) -> tuple[str, tempfile.TemporaryDirectory | None]:
 
 
 def kv_bytes_for(model_dir: str, num_requests: int, tokens_per_request: int) -> int:
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]  # Jamba's has none
-    per_token = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * 4
+    # As the checkpoint report counts it: the layers that keep KV only (none in an attention-free model).
+    per_token = kv_bytes_per_token(ModelConfig.from_dir(model_dir), "float32")
     blocks = num_requests * (-(-tokens_per_request // 16) + 1)
     return max(256 * 2**20, 2 * blocks * 16 * per_token)
 

@@ -14,7 +14,10 @@ its multipliers). ``--arch falcon-h1`` writes Falcon-H1's (attention and Mamba-2
 6 heads of 64 channels over a 384-wide mixer, a state of 128, Falcon-H1-0.5B's µP multipliers); ``--arch lfm3``
 LFM3's (convolutions 7 wide in 5 layers of 8, sliding attention with a window of 256 in two, full attention in
 one; heads gated, sandwich norms); ``--arch kimi-linear`` Kimi Linear's (Kimi Delta Attention in 6 layers of 8: 4 heads
-of 64; latent attention without positions in two; 16 experts, 4 a token, beside a shared MLP from layer 1).
+of 64; latent attention without positions in two; 16 experts, 4 a token, beside a shared MLP from layer 1);
+``--arch mamba`` the attention-free Mamba's (8 layers of a 512-wide mixer, a state of 16 per channel, as
+state-spaces' checkpoints have) and ``--arch mamba2`` Mamba-2's (8 layers of 8 heads of 64, a state of 128 in 8
+groups, as Mamba-Codestral has).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="directory to write (must not exist)")
     p.add_argument("--moe", action="store_true", help="Qwen3.5-MoE's experts instead of the dense MLP")
-    p.add_argument("--arch", choices=("qwen3.5", "granite4-h", "falcon-h1", "lfm3", "kimi-linear"), default="qwen3.5")
+    p.add_argument("--arch", choices=("qwen3.5", "granite4-h", "falcon-h1", "lfm3", "kimi-linear", "mamba", "mamba2"),
+                   default="qwen3.5")
     args = p.parse_args()
     import transformers
 
@@ -72,6 +76,10 @@ def main() -> int:
             layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2, linear_num_heads=4, linear_head_dim=64,
             kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, num_experts=16,
             num_experts_per_token=4, moe_intermediate_size=128, num_shared_experts=1, pad_token_id=0, **common)
+    elif args.arch in ("mamba", "mamba2"):
+        common = {k: SHAPE[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id")}
+        config = (transformers.MambaConfig(state_size=16, **common) if args.arch == "mamba" else
+                  transformers.Mamba2Config(num_heads=8, head_dim=64, state_size=128, n_groups=8, chunk_size=256, **common))
     elif args.moe:
         config = transformers.Qwen3_5MoeTextConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                                                    shared_expert_intermediate_size=512,

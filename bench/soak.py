@@ -27,6 +27,9 @@ mesh N decode (colocated: hybrid) workers, so another can take over at once.
 
     .venv/bin/python bench/soak.py --workers 2 --kill-at 1.0 --kvcache
 
+An attention-free model's blocks hold no bytes (``--kv-bytes`` sizes nothing): its pool is ``--state-slots``
+sequences of the served context, so ``--worker-args "--state-slots 1 --max-model-len 512"`` gives it 32 blocks.
+
 Exit status 1 when any request differs or any block leaked. Too long for the default test suite (a minute
 or so per configuration); run it after changing the scheduler core, the step loop or the KV paths.
 """
@@ -263,7 +266,7 @@ def soak(config: str, args: argparse.Namespace, oracle: Oracle, model_dir: Path)
                           scheduler_args=["--policy", policy, *(["--no-prefix-caching"] if args.kvcache else []),
                                           *extra],
                           worker_args=["--kv-cache-bytes", str(args.kv_bytes), "--swap-bytes",
-                                       str(4 * args.kv_bytes)],
+                                       str(4 * args.kv_bytes), *shlex.split(args.worker_args)],
                           log_dir=log_dir, startup_timeout_s=180, kvcache=args.kvcache)
     mesh = LocalMesh(options)
     mesh.start()
@@ -319,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--respawn-after", type=float, default=1.0, metavar="S",
                    help="with --kill-at: start the killed worker again this many seconds later (default 1)")
     p.add_argument("--model", default=None, help="checkpoint dir (default: the built-in model)")
+    p.add_argument("--worker-args", default="", help="more worker flags, one string (an attention-free model's pool "
+                                                      "is --state-slots sequences of --max-model-len tokens: "
+                                                      "'--state-slots 1 --max-model-len 512' makes 32 blocks)")
     args = p.parse_args(argv)
     # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so each mesh's finally stops its processes.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
