@@ -213,3 +213,26 @@ async def test_concurrent_stores_and_loads_through_a_tiny_dram_neither_deadlock_
                 tg.start_soon(client, seed)
     store.check_integrity()
     assert store._num_held == 0 and not store._reading
+
+
+async def test_an_attention_free_layout_keeps_block_hashes_and_the_states_they_key():
+    """An attention-free model's blocks hold no bytes: the DRAM tier keeps up to ATTENTION_FREE_MAX_BLOCKS of
+    their hashes whatever its bytes, blocks store and load (moving nothing), and the state after the last one
+    is found with them."""
+    from services.engine.kv_pool import ATTENTION_FREE_MAX_BLOCKS
+
+    empty = KVLayout(num_layers=0, block_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float32)
+    store = KVStore(1, layout=empty, state_bytes=200)
+    assert empty.bytes_per_block == 0 and store.num_slots == ATTENTION_FREE_MAX_BLOCKS
+    hashes = chain(6)
+    slots = await store.take_slots(4)  # a Store: its slots take nothing from the worker
+    assert len(slots) == 4 and all(len(store.view(s)) == 0 for s in slots)
+    assert store.commit(hashes[:4], slots) == 4
+    store.release(slots)
+    assert await store.states.put(hashes[3], StoredState(64, [(b"c" * 50, b"s" * 50)]))
+    r = store.lookup(hashes)
+    assert (r.num_cached, r.num_dram, r.num_state) == (4, 4, 4)
+    staged = await store.stage(hashes, list(range(4)))
+    assert staged.positions == [0, 1, 2, 3] and staged.tiers == [Tier.DRAM] * 4
+    store.release(staged.slots)
+    store.check_integrity()
