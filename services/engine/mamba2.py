@@ -64,7 +64,15 @@ class Mamba2Mixer(nn.Module):
         xbc = causal_conv(xbc, rb, self.state_index, self.conv1d.weight, self.conv1d.bias, kernels=batch.kernels)
         h, b, c = xbc.split([s.intermediate, s.n_groups * s.state_size, s.n_groups * s.state_size], dim=-1)
         y = self._scan(h, b, c, dt, rb, batch.kernels)
-        return self.out_proj(self.norm(y, gate).to(x.dtype))
+        if y.dtype == x.dtype:
+            return self.out_proj(self.norm(y, gate).to(x.dtype))
+        # In low precision a prompt chunk's output reaches the gated norm in fp32 (transformers' chunked scan
+        # returns fp32, and its norm keeps that dtype), a decode's in the model's dtype: normed group by group.
+        normed = torch.empty_like(gate)
+        for grp in rb.groups:
+            span = grp.tokens
+            normed[span] = self.norm(y[span] if grp.prefill else y[span].to(x.dtype), gate[span]).to(x.dtype)
+        return self.out_proj(normed)
 
     def _scan(self, h, b, c, dt, rb: RecurrentBatch, kernels: CpuKernels | None) -> torch.Tensor:
         """``[T, intermediate]``: the decodes in one recurrent step, each group of prompt chunks of one length in
@@ -77,7 +85,8 @@ class Mamba2Mixer(nn.Module):
         h = h.view(t, s.num_heads, s.head_dim)
         b = b.view(t, s.n_groups, s.state_size)
         c = c.view(t, s.n_groups, s.state_size)
-        out = torch.empty(t, s.intermediate, dtype=h.dtype, device=h.device)
+        # fp32 (prompt chunks' outputs stay fp32 until the norm, decodes' are rounded to the model's dtype).
+        out = torch.empty(t, s.intermediate, dtype=torch.float32, device=h.device)
         if kernels is not None and s.state_size <= MAX_STATE_SIZE:
             y = out.view(t, s.num_heads, s.head_dim)
             for grp in rb.groups:  # a prompt chunk's dt is clamped to the limit, as transformers' chunked scan does
@@ -93,7 +102,8 @@ class Mamba2Mixer(nn.Module):
             else:
                 y, state = chunk_scan(*(x[span].unflatten(0, (grp.count, grp.length)) for x in (h, b, c, dt)), a,
                                       self.D, self.dt_bias, state, s.chunk_size, s.time_step_limit)
-            out[span] = y.reshape(-1, s.intermediate).to(h.dtype)
+            y = y.reshape(-1, s.intermediate)
+            out[span] = y if grp.prefill else y.to(h.dtype)
             rb.keep(ssm, grp, state)
         return out
 

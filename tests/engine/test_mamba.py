@@ -112,13 +112,15 @@ def test_what_an_attention_free_config_cannot_be_is_refused(tmp_path):
     assert ModelConfig.from_dir(tmp_path).linear_attention.intermediate == 128  # expand * hidden, as transformers sets it
 
 
-def test_bf16_adds_the_stream_up_in_fp32_as_transformers_does(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("name", ["falcon-mamba", "mamba2"])
+def test_bf16_rounds_as_transformers_does(name, tmp_path, tiny_model_dir):
     """residual_in_fp32 (the default): in bf16 the layers' outputs add up in a float32 stream that each norm reads
-    cast to bf16, and the final norm reads whole. Falcon Mamba's bf16 tokens and logprobs then equal transformers'
-    (without the float32 stream they diverged within a few tokens); a config without it keeps the model's dtype.
-    Prompt chunks of one token run in the prefill form, as transformers runs every prompt token (the decode form
-    rounds ``x * D`` otherwise in bf16)."""
-    model = save_checkpoint(CASES["falcon-mamba"](), tmp_path, tiny_model_dir).to(torch.bfloat16)
+    cast to bf16, and the final norm reads whole; a config without it keeps the model's dtype. Prompt chunks of one
+    token run in the prefill form, as transformers runs every prompt token (the decode form rounds ``x * D``
+    otherwise), and Mamba-2's prompt chunks reach the gated norm in fp32, decodes in bf16, as transformers' do.
+    Then bf16 tokens and logprobs equal transformers' (without the fp32 stream, or with the norm's input rounded,
+    they diverged within a few tokens)."""
+    model = save_checkpoint(CASES[name](), tmp_path, tiny_model_dir).to(torch.bfloat16)
     assert ModelConfig.from_dir(tmp_path).residual_in_fp32
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (1, 2, 40, 150)]
