@@ -17,7 +17,7 @@ from services.engine.gpt_oss_weights import gpt_oss_weights
 from services.engine.int_packed import dequantize_packed
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_weights
-from services.engine.model import LlamaForCausalLM
+from services.engine.model import LlamaForCausalLM, norms_in_fp32
 from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
 from services.engine.rope import deinterleave_rope, inverse_frequencies
@@ -56,6 +56,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         model = LlamaForCausalLM(ckpt.config, lm_head=ckpt.has_lm_head)
     model = model.to_empty(device=device).to(dtype)
     routers_in_fp32(model)
+    if ckpt.config.norm_unit_offset and not ckpt.config.layer_norm:
+        norms_in_fp32(model)
     # RoPE frequencies stay fp32 whatever the weights' dtype, as in transformers.
     model.rotary.inv_freq = inverse_frequencies(ckpt.config).to(device)
     if model.local_rotary is not None:

@@ -77,6 +77,14 @@ class LayerNorm(RMSNorm):
         return layer_norm(x, self.weight, self.eps)
 
 
+def norms_in_fp32(model: nn.Module) -> None:
+    """A model whose RMSNorms scale by 1 + w (Gemma's, Qwen3-Next's) keeps their weights in fp32, as transformers
+    computes 1 + w in fp32 each time: rounded to a low-precision dtype once, the scale would round otherwise."""
+    for module in model.modules():
+        if type(module) is RMSNorm:
+            module.float()
+
+
 class Fp32StreamRMSNorm(RMSNorm):
     """Mamba's norms with ``residual_in_fp32``: the stream adds up in float32 (the mixer's output promoted), a
     layer's norm reads it cast to the model's dtype, and the final norm reads it as it is, its weight applied in
@@ -592,7 +600,9 @@ class LlamaForCausalLM(nn.Module):
                 # model's own or in a module of their own (Qwen3-Next), which transformers skips too.
                 continue
             if self.config.norm_unit_offset and name.endswith("norm.weight") and ".linear_attn." not in name:
-                tensor = tensor.float() + 1.0  # Gemma stores w for a scale of 1 + w
+                # Gemma stores w for a scale of 1 + w, which transformers adds in fp32 to w in the model's dtype
+                # (an RMSNorm's weight stays fp32 then: norms_in_fp32) or in the weight's dtype (Nemotron's).
+                tensor = tensor.to(self.model.embed_tokens.weight.dtype).float() + 1.0
             name = checkpoint_name(name, c.architecture)
             if name == "lm_head.weight":
                 self._untie_head(params)

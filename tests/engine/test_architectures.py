@@ -860,6 +860,29 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         dataclasses.replace(hub, nope_layers=(3, 8))
 
 
+def test_norms_scaling_by_1_plus_w_keep_fp32_weights_in_bf16(tmp_path, tiny_model_dir):
+    """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
+    dtype each time: their weights stay fp32 here, and Qwen3-Next's bf16 first-token logprobs equal transformers'
+    (with 1 + w rounded to bf16 they were 0.26 apart on the 150-token prompt). Whole prompts, as transformers runs
+    them: a chunk boundary off Gated DeltaNet's blocks of 64 rounds otherwise in bf16 (fp32 hides it)."""
+    save_checkpoint(CASES["qwen3-next"](), tmp_path, tiny_model_dir)
+    # Loaded in bf16 (a model cast with .to() would round its RoPE frequencies too).
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="bfloat16"), SchedulerConfig(chunk_size=512))
+    layer = engine.runner.model.model.layers[1]
+    assert layer.input_layernorm.weight.dtype == layer.self_attn.q_norm.weight.dtype == torch.float32
+    assert layer.self_attn.qkv_proj.weight.dtype == torch.bfloat16
+    g = torch.Generator().manual_seed(50)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (40, 150)]
+    got = engine.generate(prompts, [SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=5)] * 2)
+    for prompt, comp in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            want = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+        top = comp.logprobs[0].top_logprobs
+        assert [lp for _, lp in top] == pytest.approx([want[t].item() for t, _ in top], abs=1e-6)
+        assert top[0][0] == want.argmax().item()
+
+
 def test_attention_biases_are_read_as_transformers_builds_them():
     """o_proj's bias follows attention_bias where transformers' attention does (Llama and most), never on the
     architectures whose o_proj has none, Seed-OSS's attention_out_bias; MLP biases where transformers' MLP reads
