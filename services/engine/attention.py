@@ -127,15 +127,19 @@ def paged_attention(
     batch: AttentionBatch,
     sliding: bool = False,
     sinks: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``.
     ``sliding``: this layer attends within ``batch.window`` or ``batch.chunk`` only (a no-op when the batch has
     neither).
     ``sinks`` ``[Hq]`` (GPT-OSS): each head's softmax has one more logit, its sink, that weighs no value, so a
-    head can attend to nothing."""
+    head can attend to nothing. ``scale``: the scores' scale where it is not ``D ** -0.5`` (Gemma's), applied as
+    transformers' attention applies it (the fused kernels take it folded into q: fp32, where that rounds alike)."""
     out = torch.empty_like(q)
     windowed = sliding and (batch.window is not None or batch.chunk is not None)
     if batch.kernels is not None:
+        if scale is not None:
+            q = q * (scale * q.shape[-1] ** 0.5)
         window, chunk = (batch.window, batch.chunk) if windowed else (None, None)
         batch.kernels.kv_write(k_cache, v_cache, k, v, batch.slot_blocks, batch.slot_offsets)
         if (d := batch.decode_rows) is not None:
@@ -151,13 +155,13 @@ def paged_attention(
     for g in batch.decodes:
         span = slice(g.token_start, g.token_start + g.size)
         o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables), gather(v_cache, g.block_tables),
-                  g.window_mask if windowed and g.window_mask is not None else g.mask, batch.softcap, sinks)
+                  g.window_mask if windowed and g.window_mask is not None else g.mask, batch.softcap, sinks, scale=scale)
         out[span] = o.squeeze(2)
     for g in batch.fresh:
         span = slice(g.token_start, g.token_start + g.count * g.length)
         mask = g.window_mask if windowed else None
         o = _sdpa(_per_chunk(q[span], g), _per_chunk(k[span], g), _per_chunk(v[span], g), mask, batch.softcap,
-                  sinks, causal=mask is None)
+                  sinks, causal=mask is None, scale=scale)
         out[span] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
     for c in batch.prefixed:
         span = slice(c.token_start, c.token_start + c.num_tokens)
@@ -165,7 +169,7 @@ def paged_attention(
         keys = gather(k_cache, table)[:, :, : c.context_len]
         values = gather(v_cache, table)[:, :, : c.context_len]
         o = _sdpa(q[span].transpose(0, 1).unsqueeze(0), keys, values,
-                  c.window_mask if windowed and c.window_mask is not None else c.mask, batch.softcap, sinks)
+                  c.window_mask if windowed and c.window_mask is not None else c.mask, batch.softcap, sinks, scale=scale)
         out[span] = o.squeeze(0).transpose(0, 1)
     return out
 
@@ -176,31 +180,32 @@ EAGER_SCORES = 1 << 28
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, softcap: float | None,
-          sinks: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+          sinks: torch.Tensor | None = None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """SDPA with grouped KV heads (``mask`` True where a key is seen; ``causal`` instead of a mask); with
     ``softcap`` or ``sinks``, written out as transformers' eager attention (SDPA can neither cap scores nor
     add a sink to the softmax), in tiles of queries."""
     if softcap is None and sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True,
+                                              scale=scale)
     group = q.shape[-3] // k.shape[-3]
     k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
     rows = q.shape[-2]
     tile = max(1, EAGER_SCORES // (q.numel() // (rows * q.shape[-1]) * k.shape[-2]))
     if tile >= rows:
-        return _eager(q, k, v, mask, softcap, sinks, causal)
+        return _eager(q, k, v, mask, softcap, sinks, causal, scale=scale)
     out = torch.empty_like(q)
     for start in range(0, rows, tile):
         end = min(rows, start + tile)
         part = mask[..., start:end, :] if mask is not None and mask.shape[-2] == rows else mask
-        out[..., start:end, :] = _eager(q[..., start:end, :], k, v, part, softcap, sinks, causal, start)
+        out[..., start:end, :] = _eager(q[..., start:end, :], k, v, part, softcap, sinks, causal, start, scale)
     return out
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, softcap: float | None,
-           sinks: torch.Tensor | None, causal: bool, first_row: int = 0) -> torch.Tensor:
+           sinks: torch.Tensor | None, causal: bool, first_row: int = 0, scale: float | None = None) -> torch.Tensor:
     """Attention of query rows ``[first_row, first_row + rows)`` (causal: row i sees keys up to i), k and v with
     as many heads as q."""
-    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if causal:

@@ -193,8 +193,8 @@ class Attention(nn.Module):
                                   config.norm_scale_in_fp32)
             self.k_norm = RMSNorm(self.kv_size if whole else config.head_dim, config.rms_norm_eps,
                                   config.norm_scale_in_fp32)
-        # Attention scales scores by head_dim ** -0.5; another scale (Gemma's) is folded into q.
-        self.q_scale = config.attn_scale * config.head_dim**0.5 if config.attn_scale is not None else None
+        # Attention scales scores by head_dim ** -0.5, or by this (Gemma's query_pre_attn_scalar ** -0.5, ...).
+        self.attn_scale = config.attn_scale
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None,
                 q_mult: torch.Tensor | None = None) -> torch.Tensor:
@@ -228,11 +228,10 @@ class Attention(nn.Module):
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         if q_mult is not None:
             q = (q * q_mult).to(q.dtype)
-        if self.q_scale is not None:
-            q = q * self.q_scale
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.kv_layer)
-        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks).reshape(t, self.q_size)
+        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks,
+                            self.attn_scale).reshape(t, self.q_size)
         if self.gate_per_head:
             o = (o.view(t, self.heads, self.head_dim) * torch.sigmoid(self.gate_proj(x))[..., None]).view(t, -1)
         elif self.gate_proj is not None:
