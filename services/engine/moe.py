@@ -126,9 +126,13 @@ class SparseMoE(nn.Module):
         h = grouped_mm(act_mul(gate_up), experts.down_proj.transpose(1, 2), offsets)
         if experts.down_proj_bias is not None:
             h += experts.down_proj_bias.index_select(0, expert_of_row)
-        out = torch.zeros_like(inputs)
-        # index_add_ sums each token's rows in their order, experts ascending, as transformers adds them.
-        out.index_add_(0, tokens, (h if scaled_inputs else h * weights.flatten()[order, None]).to(out.dtype))
+        # Each token's k rows weighed (in the weights' dtype: fp32 where the model keeps them so) and summed in the
+        # token's slot order, then cast, as transformers' grouped experts do: rounded row by row into a
+        # low-precision sum instead, the result rounds otherwise.
+        weighted = h if scaled_inputs else h * weights.flatten()[order, None]
+        by_slot = torch.empty_like(weighted)
+        by_slot[order] = weighted
+        out = by_slot.view(-1, self.top_k, by_slot.shape[-1]).sum(dim=1).to(inputs.dtype)
         if self.fc2_latent_proj is not None:
             out = self.fc2_latent_proj(out)
         if self.shared_expert is not None:

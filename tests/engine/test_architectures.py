@@ -860,20 +860,23 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         dataclasses.replace(hub, nope_layers=(3, 8))
 
 
-@pytest.mark.parametrize("name", ["qwen3-next", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
     150-token prompt). Gemma's scores scale by query_pre_attn_scalar ** -0.5 inside attention, as there (folded into
-    bf16 queries they were 0.19 apart). Then bf16 first-token logprobs equal transformers'. Whole prompts, as
-    transformers runs them: a chunk boundary rounds otherwise in bf16 (Gated DeltaNet's blocks of 64, a window's
-    mask; fp32 hides it)."""
+    bf16 queries they were 0.19 apart). Experts' outputs are weighed and summed per token, then cast, as
+    transformers' grouped experts do (Mixtral's fp32 weights, GLM-4.5's routed and shared experts: rounded row by
+    row into a bf16 sum they were up to 0.1 apart). Then bf16 first-token logprobs equal transformers'. Whole
+    prompts, as transformers runs them: a chunk boundary rounds otherwise in bf16 (Gated DeltaNet's blocks of 64,
+    a window's mask; fp32 hides it)."""
     save_checkpoint(CASES[name](), tmp_path, tiny_model_dir)
     # Loaded in bf16 (a model cast with .to() would round its RoPE frequencies too).
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
     engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="bfloat16"), SchedulerConfig(chunk_size=512))
-    layer = engine.runner.model.model.layers[1]  # an attention layer in both
-    assert layer.input_layernorm.weight.dtype == layer.self_attn.q_norm.weight.dtype == torch.float32
+    layer = engine.runner.model.model.layers[1]  # an attention layer in each
+    if name in ("qwen3-next", "gemma3"):
+        assert layer.input_layernorm.weight.dtype == layer.self_attn.q_norm.weight.dtype == torch.float32
     assert layer.self_attn.qkv_proj.weight.dtype == torch.bfloat16
     g = torch.Generator().manual_seed(50)
     prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (40, 150)]
