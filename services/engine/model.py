@@ -467,8 +467,9 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if c.embed_scale != 1.0:  # Gemma's rounded to the weights' dtype first, as transformers scales
             x = x * (torch.tensor(c.embed_scale, dtype=x.dtype) if c.embed_scale_rounded else c.embed_scale)
-        rope = self.rotary.cos_sin(positions, x.dtype)
-        local = self.local_rotary.cos_sin(positions, x.dtype) if self.local_rotary is not None else rope
+        rope_dtype = torch.float32 if c.rope_in_fp32 else x.dtype
+        rope = self.rotary.cos_sin(positions, rope_dtype)
+        local = self.local_rotary.cos_sin(positions, rope_dtype) if self.local_rotary is not None else rope
         nope_scale, rope_scale = query_scales(c, positions, x.dtype)
         residual = None
         for i, layer in enumerate(self.model.layers):

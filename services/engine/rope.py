@@ -173,7 +173,8 @@ class RotaryEmbedding(torch.nn.Module):
             return torch.cat((RotaryEmbedding.apply(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
         half = rot // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        out = x * cos + rotated * sin  # fp32 where cos is (ModelConfig.rope_in_fp32): cast back once
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def deinterleave_rope(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
