@@ -65,9 +65,9 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "ApertusForCausalLM",
                            "Ministral3ForCausalLM", AFMOE, "ExaoneMoeForCausalLM", *HUNYUANS)
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
-# RoPE in fp32, cast back after (transformers' cos and sin stay fp32 for these).
+# RoPE in fp32, cast back after (transformers' cos and sin stay fp32 for these; Llama 4 rotates by complex fp32).
 _ROPE_IN_FP32 = ("OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "FlexOlmoForCausalLM", "Lfm3ForCausalLM",
-                 "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM")
+                 "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "Llama4ForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 # EXAONE 4 and K-EXAONE (its MoE, with pre-norms): local layers with RoPE and a window, global ones without.
 _EXAONES = ("Exaone4ForCausalLM", "ExaoneMoeForCausalLM")
@@ -487,8 +487,8 @@ class ModelConfig:
     @property
     def rope_in_fp32(self) -> bool:
         """Whether RoPE rotates in fp32 and casts back once (cos and sin never rounded to a low-precision dtype),
-        as transformers' OLMo, OLMo 2/3, FlexOlmo, LFM3 and ERNIE 4.5 apply it; the others round cos and sin to
-        the model's dtype first."""
+        as transformers' OLMo, OLMo 2/3, FlexOlmo, LFM3, ERNIE 4.5 and Llama 4 (a complex product in fp32) apply
+        it; the others round cos and sin to the model's dtype first."""
         return self.architecture in _ROPE_IN_FP32
 
     @property

@@ -860,7 +860,8 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         dataclasses.replace(hub, nope_layers=(3, 8))
 
 
-@pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe"])
+@pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
+                                  "llama4"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
@@ -868,7 +869,8 @@ def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir)
     bf16 queries they were 0.19 apart). Experts' outputs are weighed and summed per token, then cast, as
     transformers' grouped experts do (Mixtral's fp32 weights, GLM-4.5's routed and shared experts: rounded row by
     row into a bf16 sum they were up to 0.1 apart). OLMo's, LFM3's and ERNIE 4.5's RoPE rotates in fp32 and casts
-    back once, as theirs does (rounding cos and sin to bf16 first: up to 1.0 apart). Then bf16 first-token
+    back once, as theirs does, Llama 4's too (its complex product; rounding cos and sin to bf16 first: up to 1.0
+    apart). Then bf16 first-token
     logprobs equal transformers'. Whole
     prompts, as transformers runs them: a chunk boundary rounds otherwise in bf16 (Gated DeltaNet's blocks of 64,
     a window's mask; fp32 hides it)."""
