@@ -215,9 +215,12 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is None:
         return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
-    # The sink is one more column of the softmax, dropped after it: it only adds to the denominator.
+    # The sink is one more column of the softmax, dropped after it: it only adds to the denominator. As
+    # transformers' GPT-OSS computes it: shifted by the row's max and the softmax taken in the scores' dtype.
     sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+    logits = torch.cat([scores, sink], dim=-1)
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]
     return probs.to(q.dtype) @ v
 
 
