@@ -196,8 +196,8 @@ class SparseMoE(nn.Module):
         logits = F.linear(x.float(), self.gate.weight.float()) if self.router_fp32 else F.linear(x, self.gate.weight)
         if self.routing == "softmax_grouped":  # Mistral 4: softmax scores, in the router's dtype, and no bias
             scores = choice = torch.softmax(logits, dim=-1)
-        else:
-            scores = logits.float().sigmoid()
+        else:  # in the router's dtype where the weights stay in it (LFM2-MoE's), as transformers computes them
+            scores = logits.sigmoid() if not self.weights_in_fp32 else logits.float().sigmoid()
             choice = scores + self.gate.e_score_correction_bias.float()
         if self.groups > 1:
             best = choice.view(x.shape[0], self.groups, -1).topk(2, dim=-1)[0].sum(dim=-1)
