@@ -202,6 +202,7 @@ class ModelConfig:
     # sigmoids scale each token going into its experts, whose outputs then add unweighted).
     # "sparsemixer" (Phi-3.5-MoE, top 2): the best expert weighed by its softmax over the experts whose logits
     # are within sparsemixer_eps (relatively, doubled) of it; then the best of the rest, by the same rule.
+    # "softmax_fp32" (Hunyuan): "softmax" over an fp32 router on fp32 inputs, its weights kept fp32.
     moe_routing: str = "softmax"
     sparsemixer_eps: float = 0.01
     moe_groups: int = 1

@@ -153,6 +153,10 @@ class SparseMoE(nn.Module):
             chosen = (probs + self.gate.e_score_correction_bias.float()).topk(self.top_k, dim=-1)[1]
             weights = probs.gather(1, chosen)
             weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        elif self.routing == "softmax_fp32":  # Hunyuan: its router (kept fp32) on fp32 inputs, fp32 weights
+            probs = torch.softmax(F.linear(x.float(), self.gate.weight.float()), dim=-1)
+            weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+            weights = weights / weights.sum(dim=-1, keepdim=True)
         elif self.routing == "sparsemixer":
             weights, chosen = self._sparsemixer_routing(x)
         elif self.routing == "sigmoid_input":  # Llama 4: the chosen logits' sigmoids, applied to the inputs below
@@ -284,9 +288,10 @@ def missing_experts(target: str, seen: set[tuple[int, str]], num_experts: int) -
 
 
 def routers_in_fp32(model: nn.Module) -> None:
-    """Sigmoid routers stay fp32 in a low-precision model, as transformers keeps them: a bf16 router would pick
-    other experts."""
+    """Sigmoid routers (and Hunyuan's softmax one) stay fp32 in a low-precision model, as transformers keeps them:
+    a bf16 router would pick other experts."""
     for module in model.modules():
-        if isinstance(module, SparseMoE) and module.routing in ("sigmoid", "group_softmax", "softmax_biased") \
+        if isinstance(module, SparseMoE) and module.routing in ("sigmoid", "group_softmax", "softmax_biased",
+                                                                "softmax_fp32") \
                 and module.router_fp32:
             module.gate.float()

@@ -27,7 +27,7 @@ MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (6
 # defaults transformers gives them per architecture: norm_topk_prob, first_k_dense_replace, n_shared_experts.
 _DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0),
                    "DeepseekV2ForCausalLM": (False, 0, 2), "DeepseekV3ForCausalLM": (True, 3, 1)}
-MOE_ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "group_softmax", "sigmoid_input", "softmax_biased",
+MOE_ROUTINGS = ("softmax", "softmax_fp32", "topk_softmax", "sigmoid", "group_softmax", "sigmoid_input", "softmax_biased",
                 "sparsemixer", "softmax_grouped")
 
 
@@ -159,7 +159,7 @@ def _hunyuan(raw: dict[str, Any], layers: int, experts: int, top_k: int, width: 
     width = int(raw["intermediate_size"])
     return dict(num_experts=uniform(raw, "num_experts", experts), num_experts_per_tok=uniform(raw, "moe_topk", top_k),
                 moe_intermediate_size=width, norm_topk_prob=True, moe_layers=tuple(range(layers)),
-                shared_expert_intermediate_size=width, shared_expert_gated=False)
+                shared_expert_intermediate_size=width, shared_expert_gated=False, moe_routing="softmax_fp32")
 
 
 _READERS = {"AfmoeForCausalLM": _afmoe, "ExaoneMoeForCausalLM": _exaone_moe, "HunYuanMoEV1ForCausalLM": _hunyuan}
