@@ -491,14 +491,20 @@ def checkpoint(request, tmp_path_factory, tiny_model_dir):
     return out, model, prompts
 
 
-@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
-def test_greedy_tokens_and_logprobs_match_transformers(checkpoint, cpu_kernels):
-    path, model, prompts = checkpoint
+def greedy_matches_transformers(path, model, prompts, cpu_kernels: bool) -> OfflineEngine:
+    """The checkpoint at ``path`` served greedily in fp32 (chunks of 16) gives ``model``'s tokens and logprobs for
+    ``prompts``; returns the engine."""
     engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
                            SchedulerConfig(chunk_size=16))
     got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
                                                    logprobs=0)] * len(prompts))
     assert_matches_transformers(model, prompts, got)
+    return engine
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
+def test_greedy_tokens_and_logprobs_match_transformers(checkpoint, cpu_kernels):
+    greedy_matches_transformers(*checkpoint, cpu_kernels)
 
 
 @pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])

@@ -18,7 +18,12 @@ from services.engine.kv_pool import ATTENTION_FREE_MAX_BLOCKS
 from services.engine.linear_attention_config import Mamba1Shape, Mamba2Shape
 from services.engine.model_config import ModelConfig
 from services.scheduler.core.scheduler import SchedulerConfig
-from tests.engine.test_architectures import MAX_TOKENS, assert_matches_transformers, save_checkpoint
+from tests.engine.test_architectures import (
+    MAX_TOKENS,
+    assert_matches_transformers,
+    greedy_matches_transformers,
+    save_checkpoint,
+)
 
 pytestmark = pytest.mark.oracle
 
@@ -48,12 +53,7 @@ def checkpoint(request, tmp_path_factory, tiny_model_dir):
 
 @pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch"])
 def test_greedy_tokens_and_logprobs_match_transformers(checkpoint, cpu_kernels):
-    path, model, prompts = checkpoint
-    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
-                           SchedulerConfig(chunk_size=16))
-    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
-                                                   logprobs=0)] * len(prompts))
-    assert_matches_transformers(model, prompts, got)
+    engine = greedy_matches_transformers(*checkpoint, cpu_kernels)
     assert engine.blocks.num_free == engine.blocks.num_blocks
 
 
