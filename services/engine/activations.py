@@ -3,10 +3,19 @@ every mixer and layer shares (mixers cannot import it from model.py, which impor
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """The tanh approximation written out as transformers' gelu_new computes it (Phi-2): op by op, so bf16 rounds
+    as there (torch's fused tanh GELU is the same function, rounded once)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu_new": gelu_new,
                "relu2": lambda x: torch.square(F.relu(x))}
 
 

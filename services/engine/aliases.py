@@ -444,9 +444,7 @@ def _refuse_qk_layernorm(raw: dict[str, Any], who: str) -> dict[str, Any]:
 
 
 def _phi(raw: dict[str, Any]) -> dict[str, Any]:
-    """gelu_new is the tanh approximation, which the engine names as torch does."""
-    raw = _partial_rotary_aside(_refuse_qk_layernorm(raw, "Phi"), 0.5)
-    return {**raw, "hidden_act": "gelu_pytorch_tanh"} if raw["hidden_act"] == "gelu_new" else raw
+    return _partial_rotary_aside(_refuse_qk_layernorm(raw, "Phi"), 0.5)
 
 
 def _windows_by_layer_types(raw: dict[str, Any], default: Callable[[int], str]) -> dict[str, Any]:

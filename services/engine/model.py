@@ -340,6 +340,8 @@ class DecoderLayer(nn.Module):
         # layers Gated DeltaNet or Mamba-2 (under the names checkpoints hold them by), called as attention is.
         self.mixer = self._add_mixer(config, layer)
         self.parallel = config.parallel_block
+        # Phi-2 adds (attention + MLP) to the stream; Cohere and StableLM (stream + attention) + MLP.
+        self.parallel_outputs_first = config.architecture == "PhiForCausalLM"
         if not self.parallel:  # Cohere: one norm per layer, which the MLP reads too
             self.post_attention_layernorm = norm()
         self.mlp = _mlp(config, layer)
@@ -383,8 +385,11 @@ class DecoderLayer(nn.Module):
                                                                                     lora))
             return self.post_feedforward_layernorm._norm(self.mlp(residual, lora)), residual
         h, residual = self.input_layernorm(x, residual)
-        if self.parallel:  # (stream + attention) + MLP, in transformers' order: the MLP's output is the next x
-            return self.mlp(h, lora), residual + attn(h, cos, sin, batch, kv, lora)
+        if self.parallel:  # in transformers' order: the MLP's output (or both outputs' sum) is the next x
+            out = attn(h, cos, sin, batch, kv, lora)
+            if self.parallel_outputs_first:
+                return out + self.mlp(h, lora), residual
+            return self.mlp(h, lora), residual + out
         h = attn(h, cos, sin, batch, kv, lora) if q_mult is None else attn(
             h, cos, sin, batch, kv, lora, q_mult)
         if self.sandwich:  # the attention's output is normed before it joins the stream, the MLP's too

@@ -90,7 +90,7 @@ _O_PROJ_UNBIASED = ("MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM",
                     "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ministral3ForCausalLM")
 _APERTUS_ROPE = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
                  "high_freq_factor": 4.0}
-SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "relu2", "xielu")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "relu2", "xielu")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
@@ -150,7 +150,8 @@ class ModelConfig:
     # sliding-window attention on, else None; which layers slide (None with a window: all of them).
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] | None = None
-    # The MLP's gate activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU); "relu2" (relu(x)²).
+    # The MLP's gate activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU); "relu2" (relu(x)²);
+    # "gelu_new" (Phi-2's ungated MLP: the tanh approximation op by op, as transformers writes it).
     hidden_act: str = "silu"
     # False: the MLP has no gate, its up projection's activation goes straight down (Arcee's ReLU²).
     mlp_gated: bool = True

@@ -143,10 +143,11 @@ PHI_2 = {  # its config.json as released
 
 
 def test_phi_2_as_published():
-    """Phi-2's config.json: gelu_new (the tanh approximation), RoPE over 32 of each 80-wide head, biases on every
-    projection and the head, one LayerNorm a layer; per-head q/k LayerNorms refused."""
+    """Phi-2's config.json: gelu_new (the tanh approximation, written out as transformers computes it), RoPE over
+    32 of each 80-wide head, biases on every projection and the head, one LayerNorm a layer; per-head q/k
+    LayerNorms refused."""
     config = ModelConfig.from_dict(PHI_2)
-    assert (config.hidden_act, config.head_dim, config.partial_rotary_factor) == ("gelu_pytorch_tanh", 80, 0.4)
+    assert (config.hidden_act, config.head_dim, config.partial_rotary_factor) == ("gelu_new", 80, 0.4)
     assert config.attention_bias and config.o_proj_bias and config.mlp_bias and config.lm_head_bias
     assert config.parallel_block and config.norm_bias and not config.mlp_gated and config.eos_token_ids == (50256,)
     with pytest.raises(ModelLoadError, match="qk_layernorm is set"):

@@ -867,7 +867,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 
 
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
-                                  "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe"])
+                                  "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
@@ -877,7 +877,8 @@ def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir)
     row into a bf16 sum they were up to 0.1 apart). OLMo's, LFM3's and ERNIE 4.5's RoPE rotates in fp32 and casts
     back once, as theirs does, Llama 4's too (its complex product; rounding cos and sin to bf16 first: up to 1.0
     apart). GPT-OSS's sink softmax is shifted by the row's max and taken in bf16, as there; LFM2-MoE's sigmoid
-    routing weights stay in its bf16 router's dtype, and Hunyuan's router and weights in fp32, as there. Then bf16
+    routing weights stay in its bf16 router's dtype, and Hunyuan's router and weights in fp32, as there; Phi-2's
+    gelu_new runs op by op and its parallel block adds (attention + MLP) to the stream, as there. Then bf16
     first-token
     logprobs equal transformers'. Whole
     prompts, as transformers runs them: a chunk boundary rounds otherwise in bf16 (Gated DeltaNet's blocks of 64,
