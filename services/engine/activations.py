@@ -19,6 +19,13 @@ ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approxim
                "relu2": lambda x: torch.square(F.relu(x))}
 
 
+def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension without a weight, in fp32 and cast back (Llama 4's q/k norm, Falcon Mamba's
+    dt/B/C norms), as transformers computes it."""
+    h = x.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale_in_fp32: bool = False) -> torch.Tensor:
     """RMSNorm over the last dimension, as transformers computes it."""
     if x.dtype == torch.float32:  # the fused op is bit-identical to the steps below in fp32, and one op

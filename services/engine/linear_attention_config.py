@@ -117,6 +117,8 @@ class Mamba1Shape:
     def __post_init__(self) -> None:
         if self.bcdt_norms not in ("weighted", "unweighted", "none"):
             raise ModelLoadError(f"Mamba bcdt_norms must be weighted, unweighted or none, got {self.bcdt_norms!r}")
+        if not self.bcdt_norm_eps > 0:
+            raise ModelLoadError(f"config.json: mixer_rms_eps must be > 0, got {self.bcdt_norm_eps}")
 
     @property
     def conv_dim(self) -> int:

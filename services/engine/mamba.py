@@ -64,7 +64,7 @@ def _mamba1_shape(raw: dict[str, Any], arch: str, width: int, hidden: int) -> Ma
                         dt_rank=math.ceil(hidden / 16) if rank in (None, "auto") else int(rank),
                         conv_bias=bool(raw.get("use_conv_bias", True)), proj_bias=bool(raw.get("mamba_use_bias")),
                         bcdt_norms="unweighted" if arch == FALCON_MAMBA else "none",
-                        bcdt_norm_eps=float(raw.get("mixer_rms_eps") or 1e-6))
+                        bcdt_norm_eps=1e-6 if raw.get("mixer_rms_eps") is None else float(raw["mixer_rms_eps"]))
     if shape.conv_kernel < 2 or min(shape.state_size, shape.dt_rank) < 1:
         raise ModelLoadError(f"config.json: {arch}'s layers need a convolution of at least 2 ({shape.conv_kernel}) "
                              f"and positive widths (state {shape.state_size}, time step rank {shape.dt_rank})")

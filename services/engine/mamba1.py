@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.engine.activations import rms_norm
+from services.engine.activations import rms_norm, weightless_rms_norm
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_STATE_SIZE
 from services.engine.model_config import ModelConfig
@@ -65,7 +65,7 @@ class Mamba1Mixer(nn.Module):
             b = rms_norm(b, self.b_layernorm.weight, self.eps)
             c = rms_norm(c, self.c_layernorm.weight, self.eps)
         elif s.bcdt_norms == "unweighted":  # Falcon Mamba's
-            dt, b, c = (_unweighted_rms_norm(t, self.eps) for t in (dt, b, c))
+            dt, b, c = (weightless_rms_norm(t, self.eps) for t in (dt, b, c))
         dt = F.linear(dt, self.dt_proj.weight)  # its bias joins in fp32 in the scan, as transformers adds it
         return self.out_proj(self._scan(h, dt, b, c, gate, rb, batch.kernels).to(x.dtype))
 
@@ -102,12 +102,6 @@ class _NormWeight(nn.Module):
     def __init__(self, size: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-
-
-def _unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without a weight, in fp32 and cast back, as transformers' Falcon Mamba computes it."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def recurrent_step(x, dt, b, c, z, a, d_skip, dt_bias, state):

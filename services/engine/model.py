@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.engine.activations import ACTIVATIONS, rms_norm
+from services.engine.activations import ACTIVATIONS, rms_norm, weightless_rms_norm
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.gated_delta_net import GatedDeltaNet
 from services.engine.kda import KimiDeltaAttention
@@ -224,7 +224,7 @@ class Attention(nn.Module):
             qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                             self.q_norm.scale_in_fp32)
         if self.l2_norm_eps is not None:
-            qk = l2_norm(qk, self.l2_norm_eps)
+            qk = weightless_rms_norm(qk, self.l2_norm_eps)  # each head over its root mean square
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         if q_mult is not None:
             q = (q * q_mult).to(q.dtype)
@@ -238,12 +238,6 @@ class Attention(nn.Module):
             o = o * torch.sigmoid(self.gate_proj(x))
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
-
-
-def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Each head of ``x`` over its root mean square, without a weight (Llama 4's q/k norm), in fp32 and cast back."""
-    h = x.float()
-    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def query_scales(config: ModelConfig, positions: torch.Tensor, dtype: torch.dtype,
@@ -340,8 +334,7 @@ class DecoderLayer(nn.Module):
         # layers Gated DeltaNet or Mamba-2 (under the names checkpoints hold them by), called as attention is.
         self.mixer = self._add_mixer(config, layer)
         self.parallel = config.parallel_block
-        # Phi-2 adds (attention + MLP) to the stream; Cohere and StableLM (stream + attention) + MLP.
-        self.parallel_outputs_first = config.architecture == "PhiForCausalLM"
+        self.parallel_outputs_first = config.parallel_outputs_first
         if not self.parallel:  # Cohere: one norm per layer, which the MLP reads too
             self.post_attention_layernorm = norm()
         self.mlp = _mlp(config, layer)

@@ -487,6 +487,12 @@ class ModelConfig:
                 and not self.qk_l2_norm and self.attn_output_gate is None and self.clip_qkv is None)
 
     @property
+    def parallel_outputs_first(self) -> bool:
+        """With ``parallel_block``: whether attention's and the MLP's outputs are summed before they join the
+        stream (Phi-2's order), rather than the stream plus attention, then the MLP (Cohere's, StableLM's)."""
+        return self.architecture == "PhiForCausalLM"
+
+    @property
     def rope_in_fp32(self) -> bool:
         """Whether RoPE rotates in fp32 and casts back once (cos and sin never rounded to a low-precision dtype),
         as transformers' OLMo, OLMo 2/3, FlexOlmo, LFM3, ERNIE 4.5 and Llama 4 (a complex product in fp32) apply

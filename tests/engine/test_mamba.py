@@ -108,6 +108,9 @@ def test_what_an_attention_free_config_cannot_be_is_refused(tmp_path):
     assert ModelConfig.from_dict(mamba).linear_attention.dt_rank == 4  # "auto": ceil(hidden / 16)
     with pytest.raises(ModelLoadError, match="convolution of at least 2"):
         ModelConfig.from_dict({**mamba, "conv_kernel": 1})
+    falcon = dict(mamba, architectures=["FalconMambaForCausalLM"])
+    with pytest.raises(ModelLoadError, match="mixer_rms_eps must be > 0"):
+        ModelConfig.from_dict({**falcon, "mixer_rms_eps": -1.0})
     (tmp_path / "config.json").write_text(json.dumps(dict(mamba, intermediate_size=999)))
     assert ModelConfig.from_dir(tmp_path).linear_attention.intermediate == 128  # expand * hidden, as transformers sets it
 
