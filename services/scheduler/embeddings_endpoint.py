@@ -85,8 +85,7 @@ class EmbeddingsEndpoint:
             query = body.get("query")
             if not isinstance(query, str) or not query:
                 raise InvalidArgument(f"query must be a non-empty string, got {query!r:.80}")
-            documents = [d.get("text") if isinstance(d, dict) else d for d in body.get("documents") or []]
-            texts = _texts(documents or None, "documents")
+            texts = _documents(body.get("documents"))
             top_n = len(texts) if body.get("top_n") is None else body["top_n"]
             if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
                 raise InvalidArgument(f"top_n must be an integer >= 1, got {top_n!r}")
@@ -140,6 +139,19 @@ def _texts(value: Any, name: str) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(t, str) for t in value):
         raise InvalidArgument(f"{name} must be a string or a non-empty list of strings, got {value!r:.80}")
     return value
+
+
+def _documents(value: Any) -> list[str]:
+    """Rerank's documents: a non-empty list of strings or of Cohere's ``{"text": ...}`` objects (a string alone is
+    not a list of documents: iterating it would rank its characters)."""
+    if not isinstance(value, list) or not value:
+        raise InvalidArgument(f"documents must be a non-empty list of strings (or {{\"text\": ...}} objects), got "
+                              f"{value!r:.80}")
+    texts = [d.get("text") if isinstance(d, dict) else d for d in value]
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise InvalidArgument(f"documents[{bad}] must be a string or {{\"text\": a string}}, got {value[bad]!r:.80}")
+    return texts
 
 
 def _cosine(a: list[float], b: list[float]) -> float:

@@ -87,6 +87,16 @@ def test_an_empty_structured_output_message_is_refused():
         params_from_proto(msg)
 
 
+@pytest.mark.parametrize("top_p", [2.0, -0.5, float("nan")])
+def test_a_top_p_out_of_range_on_the_wire_is_refused_not_ignored(top_p):
+    msg = params_to_proto(SamplingParams())
+    msg.top_p = top_p
+    with pytest.raises(InvalidArgument, match="top_p must be"):
+        params_from_proto(msg)
+    msg.top_p = 0.0  # the field's default: disabled
+    assert params_from_proto(msg).top_p == 1.0
+
+
 def test_a_result_of_one_token_each_round_trips():
     result = StepResult(3, sampled={f"s{i}": [SampledToken(100 + i)] for i in range(5)})
     assert result_from_proto(_wire(result_to_proto(result))) == result

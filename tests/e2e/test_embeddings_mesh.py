@@ -143,7 +143,10 @@ def test_score_and_rerank_are_the_cosines_of_transformers_embeddings(mesh, check
                                                                               abs=1e-5)
     for url, body, message in [
             ("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_1 must be one text or as many"),
-            ("/rerank", {"query": "q", "documents": []}, "documents must be a string or a non-empty list"),
+            ("/rerank", {"query": "q", "documents": []}, "documents must be a non-empty list"),
+            ("/rerank", {"query": "q", "documents": "one string"}, "documents must be a non-empty list"),
+            ("/rerank", {"query": "q", "documents": 5}, "documents must be a non-empty list"),
+            ("/rerank", {"query": "q", "documents": ["d", {"text": 5}]}, "documents[1] must be a string"),
             ("/rerank", {"query": "q", "documents": ["d"], "top_n": 0}, "top_n must be an integer >= 1"),
             ("/v2/rerank", {"query": "q", "documents": ["d"], "max_chunks_per_doc": 2}, "unknown or unsupported")]:
         r = httpx.post(f"{mesh.http_url}{url}", json=body, timeout=30)
