@@ -60,7 +60,14 @@ from services.scheduler.chat_template import (
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
 from services.scheduler.embeddings_endpoint import EmbeddingsEndpoint
 from services.scheduler.frontend import Frontend, Submission
-from services.scheduler.http_io import error_body, error_response, json_body, request_priority, streaming
+from services.scheduler.http_io import (
+    error_body,
+    error_response,
+    internal_error,
+    json_body,
+    request_priority,
+    streaming,
+)
 from services.scheduler.lora_endpoints import LoraEndpoints
 from services.scheduler.reasoning_parsers import AnyReasoning, AnyStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
@@ -113,7 +120,7 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
         routes.append(Route("/metrics", metrics, methods=["GET"]))
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={Exception: internal_error})
 
 
 class OpenAIApi:

@@ -12,10 +12,21 @@ from starlette.responses import JSONResponse
 
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.sampling_params import bool_field
+from services.scheduler.anthropic_api import error_body as anthropic_error_body
 
 
 def error_body(exc: SeawallError) -> dict:
     return {"error": {"message": str(exc), "type": type(exc).__name__, "code": exc.grpc_code.lower()}}
+
+
+async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """What an endpoint's unexpected exception (a bug) answers instead of Starlette's plain-text page: a 500 in
+    the error shape the client parses (Anthropic's under ``/v1/messages``), naming the exception; the traceback
+    goes to the scheduler's log (Starlette re-raises it to the server after the response)."""
+    error = SeawallError(f"internal error ({type(exc).__name__}: {exc}); the scheduler's log has the traceback")
+    if request.url.path.startswith("/v1/messages"):
+        return error_response(error, anthropic_error_body(error))
+    return error_response(error)
 
 
 def error_response(exc: SeawallError, body: dict | None = None) -> JSONResponse:

@@ -1,15 +1,19 @@
 """Reading a request's JSON body: what is not a JSON object (NaN, Infinity and numbers past a float64 included),
 and a client gone before its body arrived, are errors that say so (not a crash of the ASGI application, or a
-500 once a field is echoed back)."""
+500 once a field is echoed back); an endpoint's unexpected exception answered in the error shape its client parses."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
+from starlette.applications import Starlette
 from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.testclient import TestClient
 
 from services.common.errors import InvalidArgument
-from services.scheduler.http_io import json_body
+from services.scheduler.http_io import internal_error, json_body
 
 
 def _request(*messages: dict) -> Request:
@@ -43,3 +47,23 @@ def test_a_json_object_is_read_in_pieces():
 def test_what_is_not_a_whole_json_object_is_invalid_argument(messages, fragment):
     with pytest.raises(InvalidArgument, match=fragment):
         _read(_request(*messages))
+
+
+def _app_that_fails() -> TestClient:
+    async def broken(request: Request) -> Response:
+        raise KeyError("documents")
+
+    app = Starlette(routes=[Route(path, broken, methods=["POST"]) for path in ("/rerank", "/v1/messages")],
+                    exception_handlers={Exception: internal_error})
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_an_unexpected_exception_is_a_json_500_in_the_endpoints_shape():
+    """A bug in an endpoint answers what its client parses (not Starlette's plain-text page), naming the error."""
+    client = _app_that_fails()
+    r = client.post("/rerank", json={})
+    assert r.status_code == 500
+    assert r.json()["error"]["code"] == "internal" and "KeyError: 'documents'" in r.json()["error"]["message"]
+    r = client.post("/v1/messages", json={})
+    assert r.status_code == 500 and r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "api_error" and "KeyError" in r.json()["error"]["message"]
