@@ -140,19 +140,23 @@ class ToolCallStream:
         self.tools = tools
         self.text = ""
         self.started = False
+        self.call_started = False  # the named call's id and name went out (with its first arguments)
         self.id = new_call_id()
 
     def delta(self, merged: Delta) -> tuple[dict[str, Any], str | None]:
         self.text += merged.text
         out: dict[str, Any] = {} if self.started else {"role": "assistant"}
         finish = merged.finish_reason
-        if self.tools.function is not None:
+        # A piece without arguments (a reasoning parser's thought comes before them) adds no empty call delta: the
+        # call begins, id and name, with its first arguments, after any thought.
+        if self.tools.function is not None and merged.text:
             call: dict[str, Any] = {"index": 0, "function": {"arguments": merged.text}}
-            if not self.started:
+            if not self.call_started:
                 call = {"index": 0, "id": self.id, "type": "function",
                         "function": {"name": self.tools.function, "arguments": merged.text}}
+                self.call_started = True
             out["tool_calls"] = [call]
-        elif finish is not None:
+        elif self.tools.function is None and finish is not None:
             calls = self.tools.calls(self.text)
             if calls is None:  # cut short by max_tokens: the text it got to
                 out["content"] = self.text

@@ -377,11 +377,13 @@ def test_forced_tool_calls_come_back_as_tool_calls_streamed_or_not(http):
     args = json.loads(call["function"]["arguments"])
     assert call["function"]["name"] == "weather" and call["id"].startswith("call_")
     assert args["city"] in ("Oslo", "Rome", "Lima") and 1 <= args["days"] <= 7 and set(args) == {"city", "days"}
-    # Streamed: the id and name first, then the arguments piece by piece, which add up to the same call.
+    # Streamed: the id and name first, then the arguments piece by piece (never an empty piece), which add up to
+    # the same call.
     events = _sse(http.post("/v1/chat/completions", json={**named, "stream": True}))
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
     assert deltas[0]["role"] == "assistant" and deltas[0]["tool_calls"][0]["function"]["name"] == "weather"
-    assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas) == call["function"]["arguments"]
+    pieces = [d["tool_calls"][0]["function"]["arguments"] for d in deltas if "tool_calls" in d]
+    assert "".join(pieces) == call["function"]["arguments"] and all(pieces)
     assert len(deltas) > 2 and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
     # "required": one or more calls, each of a given function with its own arguments; then a tool result turn.
     required = {**named, "tool_choice": "required", "max_tokens": 80}

@@ -141,6 +141,16 @@ def test_a_named_call_streams_its_arguments_and_required_calls_come_once_complet
     assert first["tool_calls"][0]["id"].startswith("call_") and "id" not in second["tool_calls"][0]
     assert second == {"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]} and finish == "tool_calls"
 
+    # Pieces without arguments (a thought the reasoning parser took, text held back) add no empty call deltas:
+    # the call begins with its first arguments.
+    thinking = ToolCallStream(tool_calling({"tools": [WEATHER], "tool_choice": {"type": "function",
+                                                                                "function": {"name": "weather"}}}))
+    assert thinking.delta(Delta(text="")) == ({"role": "assistant"}, None)
+    assert thinking.delta(Delta(text="")) == ({}, None)
+    begun, _ = thinking.delta(Delta(text="{"))
+    assert begun["tool_calls"][0]["function"] == {"name": "weather", "arguments": "{"} and "role" not in begun
+    assert thinking.delta(Delta(text="", finish_reason="length")) == ({}, "length")
+
     required = ToolCallStream(tool_calling({"tools": [WEATHER, CLOCK], "tool_choice": "required"}))
     assert required.delta(Delta(text='[{"name": "clock", ')) == ({"role": "assistant"}, None)
     done, finish = required.delta(Delta(text='"parameters": {}}]', finish_reason="stop"))
