@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import socket
 
@@ -125,9 +126,12 @@ async def serve(config: WorkerConfig) -> None:
              "the event-loop thread" if on_loop else "their own thread")
     gc_metrics = gc_pauses.after_startup(registry)
     try:
-        if config.scheduler_address:
-            await register(config.scheduler_address, address, servicer.info())
-        await wait_for_shutdown_signal()
+        async with anyio.create_task_group() as tg:
+            if config.scheduler_address:
+                await register(config.scheduler_address, address, servicer.info())
+                tg.start_soon(stay_registered, config.scheduler_address, address, servicer)
+            await wait_for_shutdown_signal()
+            tg.cancel_scope.cancel()
     finally:
         gc_metrics.close()
         servicer.close_streams()
@@ -153,8 +157,10 @@ def _nixl_agent(config: WorkerConfig, runner: ModelRunner, host: str):
 
 async def register(scheduler: str, address: str, info: worker_pb2.WorkerInfo, timeout_s: float = 120.0) -> str:
     """Announces this worker to the scheduler, retrying while it starts."""
+    # gRPC backs off reconnecting up to 2 minutes: a scheduler down for a while would then be found that late.
+    options = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
     with anyio.move_on_after(timeout_s):
-        async with grpc.aio.insecure_channel(scheduler, options=CHANNEL_OPTIONS) as channel:
+        async with grpc.aio.insecure_channel(scheduler, options=options) as channel:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
             while True:
                 try:
@@ -167,6 +173,18 @@ async def register(scheduler: str, address: str, info: worker_pb2.WorkerInfo, ti
                         raise
                 await anyio.sleep(0.2)
     raise Unavailable(f"the scheduler at {scheduler} did not answer within {timeout_s:.0f} s")
+
+
+async def stay_registered(scheduler: str, address: str, servicer: WorkerServicer, pause_s: float = 0.5) -> None:
+    """Registers again each time the scheduler's step stream ends: a scheduler that restarted (a crash, a
+    redeploy) or dropped this worker (a step past its timeout) would otherwise never send it work again. The new
+    registration's plans carry a new scheduler id, so the worker drops what it held for the old one."""
+    while True:
+        await servicer.stream_lost.wait()
+        servicer.stream_lost.clear()
+        log.warning("the scheduler's step stream ended; registering with %s again", scheduler)
+        await anyio.sleep(pause_s)  # a worker the scheduler keeps dropping rejoins at this pace, not in a loop
+        await register(scheduler, address, servicer.info(), timeout_s=math.inf)
 
 
 def main(argv: list[str] | None = None, role: str | None = None) -> int:

@@ -72,6 +72,9 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         self._scheduler_id = ""
         self._closing = False
         self._readers: set[asyncio.Task] = set()  # one per open step stream: close_streams cancels them
+        # Set when a step stream ends while this worker serves: its scheduler went away or dropped it, and knows
+        # nothing of it from then on unless it registers again (main.stay_registered).
+        self.stream_lost = asyncio.Event()
 
     def info(self) -> worker_pb2.WorkerInfo:
         r = self.runner
@@ -110,6 +113,8 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
                 raise reader.exception()
         finally:
             reader.cancel()  # steps already read still run (_step): the scheduler may count on their KV
+            if not self._closing:
+                self.stream_lost.set()
 
     async def _read_plans(self, context, steps: asyncio.Queue) -> None:
         """Starts a step per plan read; None once the stream ends. Reads with context.read() rather than the

@@ -8,8 +8,9 @@ import httpx
 import pytest
 
 from seawall import AsyncClient
+from seawall.v1 import worker_pb2
 from services.common.errors import ResourceExhausted
-from tests.e2e.conftest import greedy_misses, random_prompts, start_mesh
+from tests.e2e.conftest import generate_all, greedy_misses, random_prompts, start_mesh
 from tests.lora_adapters import peft_greedy
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
@@ -190,6 +191,32 @@ async def test_a_worker_that_dies_while_idle_is_dropped_and_the_mesh_keeps_servi
                     await anyio.sleep(0.05)
             out = await client.generate(random_prompts([20])[0], max_tokens=4, temperature=0, ignore_eos=True)
             assert len(out.token_ids) == 4
+    finally:
+        m.stop()
+
+
+async def test_a_restarted_scheduler_gets_its_workers_back_and_serves_as_before(tiny_model_dir, tmp_path):
+    """The scheduler crashes and comes back on its address (a redeployed container): the live workers register
+    with it again on their own, drop what they held for the old one, and the disaggregated path (prompt on the
+    prefill worker, KV over NIXL, decode on the decode worker) gives the same greedy tokens as before."""
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", http=False)
+    prompts = random_prompts([40, 70])
+    try:
+        async with AsyncClient(m.grpc_address) as client:
+            before = [o.token_ids for o in await generate_all(client, prompts, max_tokens=8, temperature=0,
+                                                              ignore_eos=True)]
+        m.kill("scheduler")
+        m.respawn("scheduler", m.grpc_address)
+        async with AsyncClient(m.grpc_address) as client:
+            with anyio.fail_after(30):
+                while len((await client.stats()).workers) != 2:
+                    await anyio.sleep(0.1)
+            after = [o.token_ids for o in await generate_all(client, prompts, max_tokens=8, temperature=0,
+                                                             ignore_eos=True)]
+            assert after == before
+            roles = {w.role for w in (await client.stats()).workers}
+            assert roles == {worker_pb2.WORKER_ROLE_PREFILL, worker_pb2.WORKER_ROLE_DECODE}
+            await _wait_all_blocks_free(client)
     finally:
         m.stop()
 
