@@ -11,6 +11,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from services.common.errors import InvalidArgument, SeawallError
+from services.common.grpc_server import MAX_MESSAGE_BYTES
 from services.common.sampling_params import bool_field
 from services.scheduler.anthropic_api import error_body as anthropic_error_body
 
@@ -47,9 +48,18 @@ def streaming(body: dict) -> tuple[bool, bool]:
     return stream, bool(usage)
 
 
-async def json_body(request: Request) -> dict:
+# The largest request body read (bytes), as gRPC's message limit (grpc_server.MAX_MESSAGE_BYTES): a prompt at the
+# longest context is a few MB of JSON, and a body is held whole in memory while it is parsed.
+MAX_BODY_BYTES = MAX_MESSAGE_BYTES
+
+
+class BodyTooLarge(InvalidArgument):
+    http_status = 413
+
+
+async def json_body(request: Request, limit: int = MAX_BODY_BYTES) -> dict:
     try:
-        body = json.loads(await request.body(), parse_constant=_not_a_number, parse_float=_finite)
+        body = json.loads(await _read_body(request, limit), parse_constant=_not_a_number, parse_float=_finite)
     except ClientDisconnect:
         # Nobody is left to read the answer; without this the server logs the disconnect as a crash.
         raise InvalidArgument("the client disconnected before it had sent the whole request body") from None
@@ -58,6 +68,20 @@ async def json_body(request: Request) -> dict:
     if not isinstance(body, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return body
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused once it passes ``limit`` bytes rather than after all of it is in memory."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"the request body is {int(declared)} bytes; at most {limit} are accepted")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"the request body is over {limit} bytes; at most that many are accepted")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # Python's json reads NaN and Infinity (not JSON) and turns 1e999 into inf; a field echoed back (a response's

@@ -13,16 +13,16 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from services.common.errors import InvalidArgument
-from services.scheduler.http_io import internal_error, json_body
+from services.scheduler.http_io import BodyTooLarge, internal_error, json_body
 
 
-def _request(*messages: dict) -> Request:
+def _request(*messages: dict, headers: tuple = ()) -> Request:
     queue = list(messages)
 
     async def receive() -> dict:
         return queue.pop(0)
 
-    return Request({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive)
+    return Request({"type": "http", "method": "POST", "path": "/v1/completions", "headers": list(headers)}, receive)
 
 
 def _read(request: Request) -> dict:
@@ -47,6 +47,17 @@ def test_a_json_object_is_read_in_pieces():
 def test_what_is_not_a_whole_json_object_is_invalid_argument(messages, fragment):
     with pytest.raises(InvalidArgument, match=fragment):
         _read(_request(*messages))
+
+
+def test_a_body_past_the_limit_is_refused_before_it_is_all_read():
+    """413, from its Content-Length when it has one, else once the chunks read pass the limit."""
+    piece = {"type": "http.request", "body": b" " * 60, "more_body": True}
+    with pytest.raises(BodyTooLarge, match="over 100 bytes") as exc:  # receive() would fail past the third
+        anyio.run(json_body, _request(piece, piece, piece), 100)
+    assert exc.value.http_status == 413
+    with pytest.raises(BodyTooLarge, match="is 5000 bytes"):
+        anyio.run(json_body, _request(headers=((b"content-length", b"5000"),)), 100)
+    assert anyio.run(json_body, _request({"type": "http.request", "body": b'{"a": 1}'}), 8) == {"a": 1}
 
 
 def _app_that_fails() -> TestClient:
