@@ -103,10 +103,12 @@ def _check_fields(body: dict[str, Any]) -> None:
 
 def _tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """``tools`` and ``tool_choice`` into the chat body."""
-    if body.get("tools"):
-        chat["tools"] = _chat_tools(body["tools"])
+    # Checked even when falsy: a {} sent as tools is no list, not "no tools".
+    tools = _chat_tools(body["tools"]) if body.get("tools") is not None else []
+    if tools:
+        chat["tools"] = tools
     if body.get("tool_choice") is not None:
-        choice, parallel = _chat_tool_choice(body["tool_choice"], bool(body.get("tools")))
+        choice, parallel = _chat_tool_choice(body["tool_choice"], bool(tools))
         chat["tool_choice"] = choice
         if parallel is not None:
             chat["parallel_tool_calls"] = parallel
@@ -145,6 +147,8 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
 
 def _user_turn(blocks: list[Any], where: str) -> list[dict[str, Any]]:
     """A user turn's tool results as ``tool`` messages, then its text (if any) as a user message."""
+    if not blocks:  # Anthropic refuses it too; a conversation of it alone would have no message to run
+        raise InvalidArgument(f"{where}.content is empty: a user turn needs a text or tool_result block")
     out, texts = [], []
     for k, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
@@ -309,10 +313,16 @@ class ContentBlocks:
         return events
 
     def close(self) -> list[dict[str, Any]]:
-        """Ends the open block; every tool call's input is its arguments read as JSON."""
+        """Ends the open block; every tool call's input is its arguments read as JSON (a call cut short by
+        max_tokens is no JSON object: its input stays empty, and its input_json_delta events carried what the
+        model wrote)."""
         events = self._stop()
         for index, arguments in self._arguments.items():
-            self.blocks[index]["input"] = json.loads(arguments) if arguments else {}
+            try:
+                value = json.loads(arguments) if arguments else {}
+            except ValueError:
+                value = {}
+            self.blocks[index]["input"] = value if isinstance(value, dict) else {}
         return events
 
     def _extend(self, kind: str, delta: dict[str, Any]) -> list[dict[str, Any]]:

@@ -78,7 +78,11 @@ def parse_request(body: dict[str, Any], previous: StoredResponse | None, respons
         if key in body:
             raise InvalidArgument(f"{key!r} is a chat completions field; the Responses API takes {instead}")
     _refuse_unsupported(body)
+    _check_echoed(body)
     messages = _history(previous) + input_messages(body.get("input"))
+    if not messages:
+        raise InvalidArgument("input holds only reasoning items, which give the model nothing to answer: send a "
+                              "message (or function_call_output) item too")
     system = body.get("instructions")
     if system is not None and not isinstance(system, str):
         raise InvalidArgument(f"instructions must be a string, got {system!r}")
@@ -92,8 +96,10 @@ def parse_request(body: dict[str, Any], previous: StoredResponse | None, respons
     effort = _reasoning_effort(body.get("reasoning"))
     if effort is not None:
         chat["reasoning_effort"] = effort
-    if body.get("tools"):
-        chat["tools"] = _chat_tools(body["tools"])
+    # Checked even when falsy: a {} sent as tools is no list, not "no tools", and the response repeats it.
+    tools = _chat_tools(body["tools"]) if body.get("tools") is not None else []
+    if tools:
+        chat["tools"] = tools
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _chat_tool_choice(body["tool_choice"])
     text_format = _response_format(body.get("text"))
@@ -173,6 +179,18 @@ def _session(body: dict[str, Any], previous: StoredResponse | None) -> str:
     return session
 
 
+def _check_echoed(body: dict[str, Any]) -> None:
+    """The fields the response object repeats as they were sent, which a client's SDK reads back typed."""
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict)
+                                     and all(isinstance(v, str) for v in metadata.values())):
+        raise InvalidArgument(f"metadata must be an object of string values, got {metadata!r}")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise InvalidArgument(f"user must be a string, got {body['user']!r}")
+    if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
+        raise InvalidArgument(f"parallel_tool_calls must be true or false, got {body['parallel_tool_calls']!r}")
+
+
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     if body.get("truncation") not in (None, "disabled"):
         raise InvalidArgument("truncation \"auto\" is not supported: a conversation longer than the context is "
@@ -211,7 +229,7 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
-                        "content": _text(item.get("output"), where)})
+                        "content": _text(item.get("output"), where, "output")})
         elif kind != "reasoning":  # a reasoning item carries nothing a non-reasoning model's template renders
             raise InvalidArgument(f"{where}: items of type {kind!r} are not supported (message, function_call, "
                                   "function_call_output)")
@@ -261,13 +279,14 @@ def list_page(items: list[dict[str, Any]], query: dict[str, str]) -> dict[str, A
             "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ordered)}
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content: a string, or text parts joined with newlines (as the chat path joins them)."""
+def _text(content: Any, where: str, key: str = "content") -> str:
+    """A message's content (``key``: the item's field that holds it): a string, or text parts joined with
+    newlines (as the chat path joins them)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return join_text_parts(content, where, _TEXT_PARTS)
-    raise InvalidArgument(f"{where}.content must be a string or a list of input_text parts, got {content!r}")
+    raise InvalidArgument(f"{where}.{key} must be a string or a list of input_text parts, got {content!r}")
 
 
 def _string(item: dict[str, Any], key: str, where: str) -> str:
@@ -303,7 +322,10 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     """``text.format`` as the chat API's ``response_format`` (None: free text)."""
     if text is None:
         return None
-    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        raise InvalidArgument(f"text must be an object such as {{\"format\": {{\"type\": \"json_object\"}}}}, got "
+                              f"{text!r}")
+    fmt = text.get("format")
     if fmt is None:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
@@ -354,7 +376,9 @@ class OutputItems:
             fn = call.get("function", {})
             item = self._calls.get(call["index"])
             if item is None:
-                events += self._close_reasoning("completed") + self._close_message("completed")
+                # Items are done one after another, as OpenAI streams them: the calls before this one are whole.
+                events += (self._close_reasoning("completed") + self._close_message("completed")
+                           + self._close_calls("completed"))
                 item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
                         "name": fn["name"], "arguments": "", "status": "in_progress"}
                 self._calls[call["index"]] = item
@@ -368,13 +392,7 @@ class OutputItems:
     def close(self, status: str) -> list[dict[str, Any]]:
         """Ends every open item (``status``: completed or incomplete); a reply of nothing is an empty message."""
         events = [] if self.items else self._open_message()
-        events += self._close_reasoning(status) + self._close_message(status)
-        for item in [i for i in self._open if i["type"] == "function_call"]:
-            item["status"] = status
-            events.append({"type": "response.function_call_arguments.done", **self._where(item),
-                           "name": item["name"], "arguments": item["arguments"]})
-            events += self._done(item)
-        return events
+        return events + self._close_reasoning(status) + self._close_message(status) + self._close_calls(status)
 
     def _open_message(self) -> list[dict[str, Any]]:
         self._text = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
@@ -405,6 +423,15 @@ class OutputItems:
                  "logprobs": part["logprobs"]},
                 {"type": "response.content_part.done", **self._where(item), "content_index": 0, "part": dict(part)},
                 *self._done(item)]
+
+    def _close_calls(self, status: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for item in [i for i in self._open if i["type"] == "function_call"]:
+            item["status"] = status
+            events.append({"type": "response.function_call_arguments.done", **self._where(item),
+                           "name": item["name"], "arguments": item["arguments"]})
+            events += self._done(item)
+        return events
 
     def _add(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         self.items.append(item)

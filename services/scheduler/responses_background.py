@@ -36,6 +36,14 @@ class BackgroundRun:
 
     def add(self, event: dict[str, Any]) -> None:
         self.events.append(event)
+        self._wake()
+
+    def end(self) -> None:
+        """No more events: readers waiting for the next one return (a run cancelled by a shutdown adds none)."""
+        self.finished.set()
+        self._wake()
+
+    def _wake(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -98,7 +106,7 @@ class BackgroundRuns:
             log.exception("background response %s failed", run.response_id)
             run.add(failed(run, exc))
         finally:
-            run.finished.set()
+            run.end()
             del self._live[run.response_id]
             self._finished[run.response_id] = run
             while len(self._finished) > self.finished_kept:

@@ -101,6 +101,9 @@ def test_thinking_turns_the_templates_thinking_on_or_off(thinking, enable, show)
     ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
       "output_config": {"format": {"type": "json_object"}}}, "output_config.format must be"),
     ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream must be"),
+    # An empty user turn was a 500 (no message left to run); a falsy non-list tools was dropped unchecked.
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": []}]}, "messages\\[0\\].content is empty"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "tools": {}}, "tools must be a list"),
 ])
 def test_what_cannot_be_served_is_refused_saying_what_to_send(body, message):
     with pytest.raises(InvalidArgument, match=message):
@@ -143,6 +146,16 @@ def test_content_blocks_stream_as_anthropic_streams_them_and_add_up_to_the_reply
         {"type": "text", "text": "Let me check."},
         {"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Oslo"}},
         {"type": "tool_use", "id": "call_2", "name": "weather", "input": {}}]
+
+
+def test_a_tool_call_cut_short_by_max_tokens_ends_its_stream_with_an_empty_input():
+    # Its arguments are no JSON object: reading them as one used to break the stream after message_start.
+    blocks = ContentBlocks()
+    events = blocks.feed({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "weather",
+                                                                                "arguments": '{"city": "Os'}}]})
+    events += blocks.close()
+    assert [e["type"] for e in events] == ["content_block_start", "content_block_delta", "content_block_stop"]
+    assert blocks.blocks == [{"type": "tool_use", "id": "call_1", "name": "weather", "input": {}}]
 
 
 def test_an_empty_reply_has_no_blocks():

@@ -62,6 +62,7 @@ def test_input_items_become_chat_messages_and_calls_join_the_assistant_turn():
     ([{"role": "user", "content": "x"}, {"type": "function_call", "name": "f", "arguments": "{}"}],
      "input[1] (function_call) needs a string 'call_id'"),
     ([{"type": "web_search_call", "id": "w"}], "items of type 'web_search_call' are not supported"),
+    ([{"type": "function_call_output", "call_id": "c", "output": 5}], "input[0].output must be"),
 ])
 def test_bad_input_items_are_refused_naming_the_item(items, fragment):
     with pytest.raises(InvalidArgument, match=fragment.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
@@ -145,6 +146,14 @@ def test_a_background_request_is_stored_and_says_so_and_a_running_one_cannot_be_
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format type must be"),
     ({"input": "x", "instructions": ["a"]}, "instructions must be a string"),
     ({"input": "x", "store": "yes"}, "store must be true or false"),
+    # Accepted unchecked, these came back as sent in the response object.
+    ({"input": "x", "tools": {}}, "tools must be a list"),
+    ({"input": "x", "text": 5}, "text must be an object"),
+    ({"input": "x", "metadata": 5}, "metadata must be an object of string values"),
+    ({"input": "x", "metadata": {"n": 1}}, "metadata must be an object of string values"),
+    ({"input": "x", "user": 5}, "user must be a string"),
+    ({"input": "x", "parallel_tool_calls": "no"}, "parallel_tool_calls must be true or false"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "only reasoning items"),
 ])
 def test_what_cannot_be_served_is_refused_saying_what_to_send(body, fragment):
     with pytest.raises(InvalidArgument, match=fragment.replace("(", r"\(")):
@@ -176,6 +185,19 @@ def test_output_items_stream_text_then_calls_and_end_with_done_events():
     assert {e["output_index"] for e in events[7:]} == {1} and events[-2]["arguments"] == '{"city": "Oslo"}'
     assert output_messages(items.items) == [{"role": "assistant", "content": "Hi there", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]}]
+
+
+def test_each_call_is_done_before_the_next_one_is_added():
+    items = OutputItems()
+    events = items.feed({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{}"}}]})
+    events += items.feed({"tool_calls": [{"index": 1, "id": "c2", "function": {"name": "g", "arguments": "{"}}]})
+    events += items.close("incomplete")
+    assert [(e["type"], e["output_index"]) for e in events] == [
+        ("response.output_item.added", 0), ("response.function_call_arguments.delta", 0),
+        ("response.function_call_arguments.done", 0), ("response.output_item.done", 0),
+        ("response.output_item.added", 1), ("response.function_call_arguments.delta", 1),
+        ("response.function_call_arguments.done", 1), ("response.output_item.done", 1)]
+    assert [i["status"] for i in items.items] == ["completed", "incomplete"]  # only the last one was cut
 
 
 def test_a_reply_of_nothing_is_an_empty_message_and_a_cut_one_is_incomplete():

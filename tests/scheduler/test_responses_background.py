@@ -91,3 +91,21 @@ async def test_only_the_last_finished_runs_keep_their_events_and_a_running_one_a
         assert runs.get("resp_1") is None and runs.get("resp_2") is not None and runs.running("resp_long") is long
         tg.cancel_scope.cancel()  # a shutdown: the run still going ends, and is kept as finished
     assert long.finished.is_set() and runs.running("resp_long") is None
+
+
+async def test_readers_waiting_for_more_return_when_a_run_ends_without_a_last_event():
+    gate = anyio.Event()
+    seen: list[int] = []
+
+    async def read(run: BackgroundRun) -> None:
+        seen.extend(await _numbers(run))
+
+    with anyio.fail_after(5):  # a reader waiting for an event that never came hung its connection
+        async with anyio.create_task_group() as tg:
+            runs = BackgroundRuns(tg)
+            run = runs.start("resp_1", "req-1", _gated(gate, 1, 1), _failed)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(read, run)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()  # the source ends after a wait, with no event after it
+    assert seen == [0] and run.finished.is_set()
