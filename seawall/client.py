@@ -20,8 +20,9 @@ Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument
 
 from __future__ import annotations
 
+import operator
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,12 @@ def build_request(prompt: str | Sequence[int], request_id: str | None, sampling:
     priority = sampling.pop("priority", 0) or 0
     model = sampling.pop("model", "") or ""
     cache_salt = sampling.pop("cache_salt", "") or ""
+    # Checked here: protobuf's own refusals ("bad argument type for built-in operation") name no field.
+    for name, value in (("request_id", request_id or ""), ("session_id", session_id), ("model", model),
+                        ("cache_salt", cache_salt)):
+        if not isinstance(value, str):
+            raise errors.InvalidArgument(f"{name} must be a string, got {value!r}")
+    _check_priority(priority)
     # Python shapes as the OpenAI API takes them: one stop string, or lists where the dataclass keeps tuples.
     for key in ("stop", "bad_words"):
         if isinstance(sampling.get(key), str):
@@ -99,8 +106,33 @@ def build_request(prompt: str | Sequence[int], request_id: str | None, sampling:
     if isinstance(prompt, str):
         msg.text = prompt
     else:
-        msg.token_ids.ids.extend(prompt)
+        msg.token_ids.ids.extend(_token_ids(prompt, "prompt"))
     return msg
+
+
+def _check_priority(priority: Any) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -2**31 <= priority < 2**31:
+        raise errors.InvalidArgument(f"priority must be an integer (lower runs sooner, 0 = normal), got {priority!r}")
+
+
+def _token_ids(ids: Iterable[int], what: str) -> list[int]:
+    """A prompt given as token ids (a list, tuple, numpy array...), each an integer the wire's uint32 holds:
+    anything else is refused here, in Seawall's words, instead of by protobuf's encoder (``Value out of range``)
+    or, for bytes, sent as if each byte were a token."""
+    if isinstance(ids, bytes | bytearray | dict) or not isinstance(ids, Iterable):
+        raise errors.InvalidArgument(f"{what} must be a text or a list of token ids, got {ids!r}")
+    out = []
+    for t in ids:
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            t = operator.index(t)
+        except TypeError:
+            raise errors.InvalidArgument(f"{what} must be a text or a list of token ids (integers), got an item {t!r}") from None
+        if not 0 <= t < 2**32:
+            raise errors.InvalidArgument(f"{what} token id {t} is out of range (token ids are integers >= 0)")
+        out.append(t)
+    return out
 
 
 def _chunk(reply: scheduler_pb2.GenerateResponse) -> Chunk:
@@ -127,6 +159,8 @@ def _fold(chunks: list[Chunk], last: scheduler_pb2.GenerateResponse | None) -> C
 
 
 def build_batch(prompts: Sequence[str | Sequence[int]], sampling: dict[str, Any]) -> scheduler_pb2.GenerateBatchRequest:
+    if isinstance(prompts, Iterable) and not isinstance(prompts, Sequence):
+        prompts = list(prompts)  # a generator too: its length sizes the completions
     if isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each text or token ids)")
     return scheduler_pb2.GenerateBatchRequest(requests=[build_request(p, None, dict(sampling), final_only=True)
@@ -136,17 +170,22 @@ def build_batch(prompts: Sequence[str | Sequence[int]], sampling: dict[str, Any]
 def build_embed(inputs: str | Sequence[int] | Sequence[str | Sequence[int]], model: str | None, dimensions: int | None,
                 priority: int) -> scheduler_pb2.EmbedRequest:
     """OpenAI's input shapes: one text, one list of token ids, or a list of either."""
+    if isinstance(inputs, Iterable) and not isinstance(inputs, Sequence):
+        inputs = list(inputs)  # a generator too, which the test below would otherwise consume in part
     if isinstance(inputs, str) or (inputs and all(isinstance(t, int) for t in inputs)):
         inputs = [inputs]
     if not inputs:
         raise ValueError("inputs must be a text, a list of token ids, or a non-empty list of those")
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 0):
+        raise errors.InvalidArgument(f"dimensions must be an integer >= 1 (None or 0: all of them), got {dimensions!r}")
+    _check_priority(priority)
     msg = scheduler_pb2.EmbedRequest(model=model or "", dimensions=dimensions or 0, priority=priority)
-    for item in inputs:
+    for i, item in enumerate(inputs):
         one = msg.inputs.add()
         if isinstance(item, str):
             one.text = item
         else:
-            one.token_ids.ids.extend(item)
+            one.token_ids.ids.extend(_token_ids(item, f"inputs[{i}]"))
     return msg
 
 
@@ -211,9 +250,10 @@ class AsyncClient:
     async def generate_batch(self, prompts: Sequence[str | Sequence[int]], **sampling: Any) -> list[Completion]:
         """Completions of several prompts with the same sampling, in prompt order, through one call
         (``GenerateBatch``): for batch jobs, where one call per prompt costs both sides a call's work each."""
-        fold = _BatchFold(len(prompts))
+        batch = build_batch(prompts, sampling)
+        fold = _BatchFold(len(batch.requests))
         try:
-            async for reply in rpc_stream(self._stub.GenerateBatch(build_batch(prompts, sampling))):
+            async for reply in rpc_stream(self._stub.GenerateBatch(batch)):
                 fold.add(reply)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
@@ -280,9 +320,10 @@ class Client:
         return _fold(chunks, last)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], **sampling: Any) -> list[Completion]:
-        fold = _BatchFold(len(prompts))
+        batch = build_batch(prompts, sampling)
+        fold = _BatchFold(len(batch.requests))
         try:
-            for reply in self._stub.GenerateBatch(build_batch(prompts, sampling)):
+            for reply in self._stub.GenerateBatch(batch):
                 fold.add(reply)
         except grpc.RpcError as exc:
             raise _error(exc) from None

@@ -50,6 +50,19 @@ class MeshOptions:
     # what that did on 2 cores.
     torch_threads: int = 0
 
+    def __post_init__(self) -> None:
+        # Refused here, before any process starts: a mesh without a worker came up "ready" and held every
+        # request forever, a negative count passed as 0, and a bad port failed in the scheduler with a traceback.
+        if self.mode == "colocated":
+            if self.num_decode < 1:
+                raise InvalidArgument(f"--workers must be >= 1, got {self.num_decode}")
+        elif min(self.num_prefill, self.num_decode) < 0 or self.num_prefill + self.num_decode < 1:
+            raise InvalidArgument(f"--prefill and --decode must be >= 0 and add up to at least one worker, got "
+                                  f"{self.num_prefill} and {self.num_decode}")
+        for flag, port in (("--grpc-port", self.grpc_port), ("--http-port", self.http_port)):
+            if port is not None and not 0 <= port <= 65535:
+                raise InvalidArgument(f"{flag} must be in [0, 65535] (0 = a free one), got {port}")
+
     @property
     def worker_roles(self) -> list[str]:
         if self.mode == "colocated":

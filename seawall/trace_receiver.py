@@ -16,6 +16,8 @@ from pathlib import Path
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from services.common.errors import InvalidArgument
+
 
 @dataclass
 class ReceivedSpan:
@@ -100,4 +102,19 @@ class TraceReceiver:
 
 
 def load_spans(path: Path) -> list[ReceivedSpan]:
-    return [ReceivedSpan(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    """The spans of a file ``TraceReceiver`` wrote; one that is not such a file (a line cut short by a crash,
+    another file given to ``seawall trace --file``) is refused naming the line, not with a traceback."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"cannot read spans from {path}: {exc}") from exc
+    spans = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            spans.append(ReceivedSpan(**json.loads(line)))
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(f"{path}, line {n} is not a span that `seawall up --trace` wrote ({exc}); "
+                                  "remove it or start a new file") from exc
+    return spans

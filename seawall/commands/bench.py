@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from seawall.commands.paths import check_output_file
 from services.common.errors import InvalidArgument
 
 
@@ -237,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
     from seawall.bench import report as rep
     from seawall.bench.session import BenchOptions, run_bench
 
+    check_output_file(args.json, "--json")
+    check_output_file(args.html, "--html")
     targets = sum(bool(x) for x in (args.address or args.http, args.spawn))
     if targets != 1:
         raise InvalidArgument("give either --spawn or the mesh to load (--address HOST:PORT and/or --http URL)")

@@ -22,9 +22,12 @@ def _init(args: argparse.Namespace) -> int:
     out = args.dir.expanduser().absolute()
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise InvalidArgument(f"{out} already exists and is not empty; pass --force to replace it")
-    path = builtin_model.init_model(
-        out, preset=args.preset, seed=args.seed, num_shards=args.shards, overwrite=args.force
-    )
+    try:
+        path = builtin_model.init_model(
+            out, preset=args.preset, seed=args.seed, num_shards=args.shards, overwrite=args.force
+        )
+    except OSError as exc:  # a parent that is a file, or a place this user cannot write
+        raise InvalidArgument(f"cannot write the model to {out}: {exc}") from exc
     sys.stdout.write(f"{path}\n")
     return 0
 

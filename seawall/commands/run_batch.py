@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from seawall.commands.paths import check_output_file, write_output_file
 from services.common.errors import InvalidArgument, NotFound
 from services.engine.model_config import add_max_model_len_flag
 from services.scheduler.core.config import MLFQ_PRESETS, SchedulerConfig
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from services.scheduler.lora_registry import LoraRegistry
 
     lines = _read_lines(args.input)
+    check_output_file(args.output, "-o")
     try:
         sched = SchedulerConfig(args.max_num_batched_tokens, args.chunk_size, args.max_num_seqs,
                                 enable_prefix_caching=not args.no_prefix_caching,
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text)
+        write_output_file(args.output, text, "-o")
     drafts = engine.scheduler.draft_stats
     if drafts.drafted:
         print(f"speculative decoding: {drafts.kept} of {drafts.drafted} draft tokens kept "
@@ -106,9 +108,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_lines(path: str) -> list[str]:
-    if path == "-":
-        return sys.stdin.read().splitlines()
     try:
-        return Path(path).read_text().splitlines()
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except FileNotFoundError as exc:
         raise NotFound(f"input file {path!r} does not exist") from exc
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read input file {path!r}: {exc.strerror or exc}") from exc
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"input file {path!r} is not UTF-8 text (byte {exc.start}); JSON lines are UTF-8") from exc

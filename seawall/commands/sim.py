@@ -17,8 +17,8 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
+from seawall.commands.paths import check_output_file, write_output_file
 from services.common.errors import InvalidArgument
 
 
@@ -191,6 +191,7 @@ def _multiturn_configs(args: argparse.Namespace):
 def _dualpath(args: argparse.Namespace) -> int:
     from seawall.sim.cluster import ClusterConfig, ClusterWorkload, simulate_cluster
 
+    check_output_file(args.json, "--json")
     agentic, mooncake = _multiturn_configs(args)
     wl = ClusterWorkload(args.workload, agentic, mooncake, args.storage_block_tokens)
     runs = []
@@ -225,6 +226,7 @@ def _workload(args: argparse.Namespace) -> int:
         write_jsonl,
     )
 
+    check_output_file(args.out, "--out")
     agentic, mooncake = _multiturn_configs(args)
     reqs = agentic_sessions(agentic) if args.workload == "agentic" else mooncake_conversation(mooncake)
     block = args.block_size or (args.block_tokens if args.workload == "mooncake-conv" else 16)
@@ -272,7 +274,7 @@ def _configs(args: argparse.Namespace, need_qps: bool = True):
 
 def _write(path: str | None, data: dict) -> None:
     if path:
-        Path(path).write_text(json.dumps(data, indent=2) + "\n")
+        write_output_file(path, json.dumps(data, indent=2) + "\n", "--json")
 
 
 def _fmt(v) -> str:
@@ -285,12 +287,14 @@ def _run(args: argparse.Namespace) -> int:
     from seawall.sim.loop import simulate
     from seawall.sim.workloads import make_workload
 
+    check_output_file(args.json, "--json")
     sim, wl = _configs(args)
     m = simulate(sim, make_workload(wl))
     m["workload"] = {"lengths": wl.lengths, "arrival": wl.arrival, "qps": wl.qps, "num_requests": wl.num_requests,
                      "seed": wl.seed}
     _write(args.json, m)
-    keys = ("num_finished", "ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "e2e_p50", "e2e_p99",
+    # rejected: requests the KV pool could never hold, refused up front (else "num_finished 0" said nothing why)
+    keys = ("num_finished", "rejected", "ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "e2e_p50", "e2e_p99",
             "sched_delay_p50", "throughput_tok_s", "max_concurrent_seqs", "preemptions", "kv_waste_frac",
             "queueing_frac", "num_steps", "sim_wall_s")
     sys.stdout.write("".join(f"{k:22s} {_fmt(m[k])}\n" for k in keys))
@@ -300,6 +304,7 @@ def _run(args: argparse.Namespace) -> int:
 def _capacity(args: argparse.Namespace) -> int:
     from seawall.sim.capacity import capacity_search
 
+    check_output_file(args.json, "--json")
     sim, wl = _configs(args, need_qps=False)
     wl = dataclasses.replace(wl, qps=wl.qps or args.start_qps)
     res = capacity_search(sim, wl, args.slo_tbt_p99, args.slo_sched_delay_p50, args.start_qps,
@@ -315,6 +320,7 @@ def _capacity(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     from seawall.sim.reproduce import format_table, run_reproductions
 
+    check_output_file(args.json, "--json")
     rows = run_reproductions(args.only)
     _write(args.json, {"rows": rows})
     sys.stdout.write(format_table(rows))
@@ -324,6 +330,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 def _calibration(args: argparse.Namespace) -> int:
     from seawall.sim.calibration import evaluate
 
+    check_output_file(args.json, "--json")
     rows = evaluate()
     _write(args.json, {"anchors": rows})
     sys.stdout.write(f"{'anchor':34s} {'measured':>10s} {'ours':>10s} {'ratio':>6s}  within\n")

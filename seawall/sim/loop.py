@@ -93,6 +93,14 @@ class SimConfig:
     step_time: core_scheduler.StepTimeModel | None = None
     max_sim_time: float | None = None  # stop (and report what finished) at this simulated time
 
+    def __post_init__(self) -> None:
+        # A block size of 0 divided by zero sizing the pool, a negative one read as "the model does not fit", and
+        # a negative pool failed in the block manager with a traceback.
+        if self.block_size < 1:
+            raise InvalidArgument(f"--block-size must be >= 1, got {self.block_size}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 0:
+            raise InvalidArgument(f"--num-gpu-blocks must be >= 1 (0: sized from GPU memory), got {self.num_gpu_blocks}")
+
     def resolved(self, max_model_len: int) -> dict:
         """Scheduler settings after policy defaults."""
         chunked = is_chunked(self.policy)

@@ -46,6 +46,42 @@ def test_embed_takes_one_input_or_a_list_of_them_as_the_openai_api_does():
         build_embed([], None, None, 0)
 
 
+def test_prompts_and_fields_the_wire_cannot_carry_are_refused_in_seawall_words():
+    # protobuf refused these with a bare TypeError or ValueError ("Value out of range: -1") naming no field,
+    # and took bytes for a list of token ids.
+    cases = [(None, {}, "prompt must be a text or a list of token ids"),
+             (7, {}, "prompt must be a text or a list of token ids"),
+             (b"hi", {}, "prompt must be a text or a list of token ids"),
+             ([1, True], {}, "got an item True"),
+             ([1, 2.0], {}, "got an item 2.0"),
+             ([-1], {}, "token id -1 is out of range"),
+             ([2**32], {}, "token id 4294967296 is out of range"),
+             ([1], {"priority": "high"}, "priority must be an integer"),
+             ([1], {"priority": 2**40}, "priority must be an integer"),
+             ([1], {"session_id": 5}, "session_id must be a string"),
+             ([1], {"model": 5}, "model must be a string"),
+             ([1], {"cache_salt": 5}, "cache_salt must be a string")]
+    for prompt, extra, message in cases:
+        with pytest.raises(InvalidArgument, match=message):
+            build_request(prompt, None, dict(extra))
+    with pytest.raises(InvalidArgument, match="request_id must be a string"):
+        build_request([1], 5, {})
+    with pytest.raises(InvalidArgument, match=r"inputs\[1\] token id -3 is out of range"):
+        build_embed(["a", [-3]], None, None, 0)
+    with pytest.raises(InvalidArgument, match="dimensions must be an integer"):
+        build_embed("a", None, -1, 0)
+    # token ids of any integer kind still go through
+    assert list(build_request(range(3), None, {}).token_ids.ids) == [0, 1, 2]
+
+
+def test_a_generator_of_inputs_is_taken_whole():
+    # embed() tested a generator for "one list of token ids" by consuming its first item, which was then lost;
+    # generate_batch() could not size its completions from one.
+    msg = build_embed((t for t in ["a", "b", [1, 2]]), None, None, 0)
+    assert [i.WhichOneof("prompt") for i in msg.inputs] == ["text", "text", "token_ids"]
+    assert [r.text for r in build_batch((p for p in ["x", "y"]), {}).requests] == ["x", "y"]
+
+
 class _HungScheduler(scheduler_pb2_grpc.SchedulerServicer):
     async def GetStats(self, request, context):
         await anyio.sleep_forever()

@@ -36,6 +36,26 @@ def test_workers_split_the_cores_unless_told_how_many_torch_threads_to_use():
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_a_mesh_without_a_worker_or_with_a_bad_port_is_refused_before_anything_starts():
+    # `seawall up --mode colocated --workers 0` came up "ready" with no worker and held every request forever;
+    # --prefill -1 passed as 0; --grpc-port 70000 failed inside the scheduler with a traceback.
+    from seawall.cli import build_parser
+    from seawall.commands import bench, up
+
+    parser = build_parser()
+    for flags, message in ((["--mode", "colocated", "--workers", "0"], "--workers must be >= 1"),
+                           (["--prefill", "0", "--decode", "0"], "add up to at least one worker"),
+                           (["--prefill", "-1"], "--prefill and --decode must be >= 0"),
+                           (["--grpc-port", "70000"], r"--grpc-port must be in \[0, 65535\]"),
+                           (["--http-port", "-5"], r"--http-port must be in \[0, 65535\]")):
+        with pytest.raises(InvalidArgument, match=message):
+            up.options_from(parser.parse_args(["up", *flags]))
+    with pytest.raises(InvalidArgument, match="--workers must be >= 1"):
+        bench.mesh_options(parser.parse_args(["bench", "--spawn", "--workers", "0"]), "sarathi")
+    # a disaggregated mesh of one role still serves (the decode worker runs prompts too)
+    assert up.options_from(parser.parse_args(["up", "--prefill", "0"])).worker_roles == ["decode"]
+
+
 def test_a_worker_runs_with_the_torch_threads_it_was_given(tiny_model_dir, tmp_path):
     options = MeshOptions(model=str(tiny_model_dir), mode="colocated", grpc_port=0, http_port=None,
                           log_dir=tmp_path / "logs", startup_timeout_s=60, torch_threads=1)

@@ -113,3 +113,11 @@ def test_architectures_lists_every_served_name_and_how(capsys):
     assert set(SUPPORTED_ARCHITECTURES) | set(ALIASES) <= set(names) and names == sorted(names)
     assert any(line.startswith("GemmaForCausalLM") and "served as Gemma2ForCausalLM" in line for line in lines)
     assert any(line.startswith("LlavaForConditionalGeneration") and "its language model" in line for line in lines)
+
+
+def test_init_where_the_model_cannot_be_written_says_so_in_one_line(tmp_path, capsys):
+    # A parent that is a file (or a place this user cannot write) raised the OSError as a traceback.
+    (tmp_path / "a-file").write_text("")
+    assert main(["model", "init", str(tmp_path / "a-file" / "model")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the model to" in err and "Traceback" not in err

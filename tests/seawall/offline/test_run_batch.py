@@ -87,6 +87,23 @@ def test_unusable_model_dirs_give_one_clear_line(tmp_path, capsys, make_dir, mes
     assert code == 2 and message in err and "Traceback" not in err
 
 
+def test_unreadable_input_and_unwritable_output_give_one_clear_line_before_anything_runs(tmp_path, capsys):
+    # These raised IsADirectoryError, UnicodeDecodeError or FileNotFoundError as tracebacks; an output path
+    # that could not be written failed only after the whole batch had run. Refused before any model loads,
+    # so no --model is needed here.
+    good = _write(tmp_path / "in.jsonl", [_req("a", prompt="hi")])
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe not utf-8\n")
+    cases = [([str(tmp_path), str(tmp_path / "o.jsonl")], "cannot read input file"),
+             ([str(binary), str(tmp_path / "o.jsonl")], "is not UTF-8 text"),
+             ([str(good), str(tmp_path)], "is a directory"),
+             ([str(good), str(tmp_path / "missing" / "o.jsonl")], "does not exist")]
+    for (src, dst), message in cases:
+        code = main(["run-batch", "-i", src, "-o", dst, "--model", str(tmp_path / "no-model-needed")])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, err
+
+
 def test_malformed_checkpoint_names_the_problem(tmp_path, capsys, tiny_model_dir):
     broken = tmp_path / "broken"
     broken.mkdir()

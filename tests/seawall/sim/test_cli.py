@@ -65,3 +65,27 @@ def test_user_mistakes_get_one_line(capsys):
     assert "--qps is required" in capsys.readouterr().err
     assert main(["sim", "run", "--qps", "1", "--cost-model", "measured"]) == 2
     assert "measured FILE" in capsys.readouterr().err
+
+
+def test_bad_pool_flags_and_output_paths_give_one_clear_line_before_anything_runs(tmp_path, capsys):
+    # --block-size 0 divided by zero, --num-gpu-blocks -5 failed in the block manager, and a --json that could
+    # not be written failed after the run: all tracebacks.
+    run = ["sim", "run", "--workload", "fixed", "--num-requests", "4", "--prompt-len", "64", "--output-len", "8",
+           "--qps", "2"]
+    for flags, message in ((["--block-size", "0"], "--block-size must be >= 1"),
+                           (["--block-size", "-16"], "--block-size must be >= 1"),
+                           (["--num-gpu-blocks", "-5"], "--num-gpu-blocks must be >= 1"),
+                           (["--json", str(tmp_path)], "is a directory"),
+                           (["--json", str(tmp_path / "missing" / "x.json")], "does not exist")):
+        assert main([*run, *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert main(["sim", "workload", "--workload", "agentic", "--out", str(tmp_path)]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_requests_the_pool_can_never_hold_are_counted_as_rejected(capsys):
+    assert main(["sim", "run", "--workload", "fixed", "--num-requests", "4", "--prompt-len", "64", "--output-len",
+                 "8", "--qps", "2", "--num-gpu-blocks", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "num_finished           0" in out and "rejected               4" in out
