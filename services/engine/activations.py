@@ -16,7 +16,7 @@ def gelu_new(x: torch.Tensor) -> torch.Tensor:
 
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu_new": gelu_new,
-               "relu2": lambda x: torch.square(F.relu(x))}
+               "relu2": lambda x: torch.square(F.relu(x)), "gelu": F.gelu, "relu": F.relu}
 
 
 def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

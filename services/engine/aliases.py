@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
-from services.engine import falcon_h1, jamba, kimi_linear, lfm3, mamba, nemotron_h
+from services.engine import falcon, falcon_h1, gpt_neox, jamba, kimi_linear, lfm3, mamba, nemotron_h
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
 
 
@@ -140,6 +140,14 @@ ALIASES = {
             "nope_layers": () if raw.get("position_embedding_type") == "rope" else tuple(range(raw["num_hidden_layers"])),
             **(mamba2_fields(raw, _MAMBA) if any(t in _MAMBA for t in raw["layer_types"]) else {}),
             **({"architecture": "GraniteMoeHybridForCausalLM"} if raw["architectures"] == ["GraniteForCausalLM"] else {})}),
+    # GPT-NeoX (gpt_neox.py): biased LayerNorms and projections, an ungated MLP, RoPE over part of each head, and
+    # attention and the MLP side by side on norms of their own.
+    gpt_neox.ARCH: Alias("LlamaForCausalLM", gpt_neox.NAMES, gpt_neox.DEFAULTS, gpt_neox.IGNORED,
+                         rewrite=lambda raw: gpt_neox.rewrite(_partial_rotary_aside(raw, 0.25)), fields=gpt_neox.fields),
+    # Falcon (falcon.py): biased LayerNorms, an ungated MLP, attention and MLP side by side on one norm or two, and
+    # a fused query_key_value laid out by architecture.
+    falcon.ARCH: Alias("LlamaForCausalLM", falcon.NAMES, falcon.DEFAULTS, falcon.IGNORED, rewrite=falcon.rewrite,
+                       fields=falcon.fields),
     # Jamba (jamba.py): attention without positions in one layer of attn_layer_period, Mamba (mamba1.py) in the
     # rest, Mixtral-style experts in one of expert_layer_period, not renormalized.
     jamba.ARCH: Alias("LlamaForCausalLM", defaults=jamba.DEFAULTS, ignored=jamba.IGNORED, fields=jamba.fields),

@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
-from services.engine import falcon_h1, kimi_linear, lfm3, mamba, nemotron_h
+from services.engine import falcon_h1, gpt_neox, kimi_linear, lfm3, mamba, nemotron_h
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
@@ -22,7 +22,7 @@ from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
 from services.engine.rope import deinterleave_rope, inverse_frequencies
 from services.engine.vision_language import language_model_weights
-from services.engine.weight_names import ernie_weights, split_query_gates
+from services.engine.weight_names import ernie_weights, split_query_gates, split_query_key_value
 
 
 def iter_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -84,6 +84,13 @@ def _checkpoint_weights(ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
         weights = dequantize_packed(weights, config.packed_int_bits, config.packed_int_zero_points)
     if config.mxfp4:
         weights = pair_packed(weights)
+    return _arranged(weights, ckpt)
+
+
+def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
+    """Dequantized tensors renamed, split and scaled as the model holds them, where the architecture stores them
+    otherwise."""
+    config = ckpt.config
     if config.architecture == "GptOssForCausalLM":
         weights = gpt_oss_weights(weights)
     if config.architecture == LLAMA4:
@@ -91,6 +98,11 @@ def _checkpoint_weights(ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
     if config.multipliers is not None:  # Falcon-H1's, before the names change
         weights = falcon_h1.scaled_weights(weights, config.multipliers, config.linear_attention,
                                            config.tie_word_embeddings and ckpt.has_lm_head)
+    if config.architecture == gpt_neox.ARCH:
+        weights = gpt_neox.without_buffers(weights)
+    if config.qkv_layout is not None:
+        weights = split_query_key_value(weights, config.qkv_layout, config.num_attention_heads,
+                                        config.num_key_value_heads)
     if config.architecture == kimi_linear.ARCH:
         weights = kimi_linear.checkpoint_names(weights, config.linear_layers)
     if config.architecture == lfm3.ARCH:

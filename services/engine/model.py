@@ -335,7 +335,8 @@ class DecoderLayer(nn.Module):
         self.mixer = self._add_mixer(config, layer)
         self.parallel = config.parallel_block
         self.parallel_outputs_first = config.parallel_outputs_first
-        if not self.parallel:  # Cohere: one norm per layer, which the MLP reads too
+        self.parallel_mlp_norm = config.parallel_mlp_norm
+        if not self.parallel or self.parallel_mlp_norm:  # Cohere: one norm per layer, which the MLP reads too
             self.post_attention_layernorm = norm()
         self.mlp = _mlp(config, layer)
         self.sandwich = config.sandwich_norms
@@ -380,6 +381,8 @@ class DecoderLayer(nn.Module):
         h, residual = self.input_layernorm(x, residual)
         if self.parallel:  # in transformers' order: the MLP's output (or both outputs' sum) is the next x
             out = attn(h, cos, sin, batch, kv, lora)
+            if self.parallel_mlp_norm:  # GPT-NeoX: the MLP's own norm of the stream attention read
+                h = self.post_attention_layernorm._norm(residual)
             if self.parallel_outputs_first:
                 return out + self.mlp(h, lora), residual
             return self.mlp(h, lora), residual + out

@@ -41,7 +41,9 @@ from services.common.lora import ModelShape
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import afmoe_fields
 from services.engine.aliases import ALIASES, aliased
+from services.engine.falcon import ARCH as FALCON
 from services.engine.falcon_h1 import Multipliers
+from services.engine.gpt_neox import ARCH as GPT_NEOX
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import hunyuan_fields, ntk_alpha_rope
 from services.engine.linear_attention_config import LinearShape, Mamba2Shape
@@ -90,7 +92,7 @@ _O_PROJ_UNBIASED = ("MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM",
                     "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ministral3ForCausalLM")
 _APERTUS_ROPE = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
                  "high_freq_factor": 4.0}
-SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "relu2", "xielu")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "relu2", "xielu", "gelu", "relu")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
@@ -139,6 +141,13 @@ class ModelConfig:
     # attention and the MLP read, both adding to the stream (parallel_block); logits times logit_scale.
     layer_norm: bool = False
     parallel_block: bool = False
+    # With parallel_block: the MLP reads a norm of its own (post_attention_layernorm) of the same stream
+    # (GPT-NeoX); else the one norm attention reads.
+    parallel_mlp_norm: bool = False
+    # A fused query_key_value projection's layout, split into q, k and v as it loads
+    # (weight_names.split_query_key_value): "per_head" (GPT-NeoX, Falcon without multi_query), "grouped" (Falcon's
+    # new architecture), "multi_query" (Falcon-7B); None: q, k and v come apart (or as Phi-3's contiguous qkv_proj).
+    qkv_layout: str | None = None
     logit_scale: float = 1.0
     # StarCoder2: torch's LayerNorm, with a bias, in the model's dtype (layer_norm set too).
     norm_bias: bool = False
@@ -325,6 +334,12 @@ class ModelConfig:
                 self.fp8_block is not None and (self.fp8_scales is None or min(self.fp8_block) < 1)):
             raise ModelLoadError(f"FP8 scales {self.fp8_scales!r} in blocks {self.fp8_block}: scales are "
                                  "weight_scale or weight_scale_inv, blocks two positive sizes")
+        if self.qkv_layout not in (None, "per_head", "grouped", "multi_query") or (
+                self.qkv_layout == "grouped" and self.num_attention_heads % self.num_key_value_heads) or (
+                self.qkv_layout == "multi_query" and self.num_key_value_heads != 1):
+            raise ModelLoadError(f"a fused query_key_value laid out {self.qkv_layout!r} for {self.num_attention_heads} "
+                                 f"query and {self.num_key_value_heads} key/value heads: per_head, grouped (query "
+                                 "heads a multiple of key/value heads) or multi_query (one key/value head)")
         if self.packed_int_bits not in (0, 4, 8) or (self.packed_int_bits and self.fp8_scales):
             raise ModelLoadError(f"packed integer weights of {self.packed_int_bits} bits: 4 or 8, and not beside "
                                  "FP8 scales")
@@ -489,8 +504,9 @@ class ModelConfig:
     @property
     def parallel_outputs_first(self) -> bool:
         """With ``parallel_block``: whether attention's and the MLP's outputs are summed before they join the
-        stream (Phi-2's order), rather than the stream plus attention, then the MLP (Cohere's, StableLM's)."""
-        return self.architecture == "PhiForCausalLM"
+        stream (Phi-2's, GPT-NeoX's and Falcon's order), rather than the stream plus attention, then the MLP (Cohere's,
+        StableLM's)."""
+        return self.architecture in ("PhiForCausalLM", GPT_NEOX, FALCON)
 
     @property
     def rope_in_fp32(self) -> bool:

@@ -91,9 +91,10 @@ def read_pooling(path: Path) -> Pooling:
 
 
 def has_lm_head(path: Path, tied: bool) -> bool:
-    """Whether the checkpoint can generate: its output head tied to the embeddings, or stored (``*lm_head.weight``
-    among its tensors, read from the safetensors index or headers, not the tensors)."""
-    return tied or any(name.endswith("lm_head.weight") for name in _tensor_names(path))
+    """Whether the checkpoint can generate: its output head tied to the embeddings, or stored (``*lm_head.weight``,
+    GPT-NeoX's ``embed_out.weight``, among its tensors, read from the safetensors index or headers, not the
+    tensors)."""
+    return tied or any(name.endswith(("lm_head.weight", "embed_out.weight")) for name in _tensor_names(path))
 
 
 def _tensor_names(path: Path) -> list[str]:

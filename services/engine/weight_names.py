@@ -10,8 +10,12 @@ from typing import TYPE_CHECKING
 
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
+from services.engine.falcon import ARCH as FALCON
+from services.engine.falcon import RENAMES as FALCON_RENAMES
 from services.engine.falcon_h1 import ARCH as FALCON_H1
 from services.engine.falcon_h1 import RENAMES as FALCON_H1_RENAMES
+from services.engine.gpt_neox import ARCH as GPT_NEOX
+from services.engine.gpt_neox import RENAMES as GPT_NEOX_RENAMES
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import RENAMES as HUNYUAN_RENAMES
 from services.engine.jamba import ARCH as JAMBA
@@ -73,7 +77,7 @@ _BY_ARCHITECTURE = {
                            (".feed_forward.expert_bias", ".mlp.gate.e_score_correction_bias")),
     "PhimoeForCausalLM": ((".mlp.router.", ".mlp.gate."),),  # its router, as transformers 5 saves it
     "PhiForCausalLM": _PHI,
-    JAMBA: JAMBA_RENAMES, FALCON_H1: FALCON_H1_RENAMES,
+    JAMBA: JAMBA_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
@@ -85,7 +89,7 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
     if architecture == "GraniteMoeHybridForCausalLM":  # dense Granite 4.0: its shared MLP is the MLP
         name = name.replace(".shared_mlp.input_linear.", ".mlp.gate_up_proj.").replace(
             ".shared_mlp.output_linear.", ".mlp.down_proj.")
-    if name.startswith("transformer."):  # EXAONE's layout: no other supported checkpoint names it so
+    if name.startswith("transformer.") and architecture != FALCON:  # EXAONE's layout (Falcon's names are its own)
         for old, new in _EXAONE:
             name = name.replace(old, new)
     for old, new in (*_RENAMES, *_BY_ARCHITECTURE.get(architecture, ())):
@@ -95,6 +99,30 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
         old, new = next(((o, n) for o, n in renames if o in name), ("", ""))
         name = name.replace(old, new) if old else name
     return name
+
+
+def split_query_key_value(weights: Iterator[tuple[str, torch.Tensor]], layout: str, num_heads: int,
+                          num_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """A fused ``query_key_value`` projection (weight and bias; GPT-NeoX's, Falcon's) as the q, k and v projections
+    the model holds, its rows read in ``layout``: ``per_head``, each head's ``[q | k | v]`` in turn; ``grouped``,
+    each key/value head's queries, then its key and its value (Falcon's new architecture); ``multi_query``, every
+    query head, then the one key and the one value (Falcon-7B)."""
+    for name, tensor in weights:
+        if ".query_key_value." not in name:
+            yield name, tensor
+            continue
+        rest = tensor.shape[1:]
+        if layout == "grouped":
+            groups = tensor.reshape(num_kv_heads, num_heads // num_kv_heads + 2, -1, *rest)
+            parts = groups[:, :-2], groups[:, -2], groups[:, -1]
+        elif layout == "multi_query":
+            heads = tensor.reshape(num_heads + 2, -1, *rest)
+            parts = heads[:num_heads], heads[num_heads], heads[num_heads + 1]
+        else:
+            heads = tensor.reshape(num_heads, 3, -1, *rest)
+            parts = heads[:, 0], heads[:, 1], heads[:, 2]
+        for part, rows in zip(("q_proj", "k_proj", "v_proj"), parts, strict=True):
+            yield name.replace(".query_key_value.", f".{part}."), rows.reshape(-1, *rest).contiguous()
 
 
 def ernie_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -225,7 +225,8 @@ def test_phi_3_5_moe_as_published():
     ("Mistral4ForCausalLM", "Mistral4Config"), ("FlexOlmoForCausalLM", "FlexOlmoConfig"),
     ("Qwen3NextForCausalLM", "Qwen3NextConfig"), ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
     ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"), ("Lfm2MoeForCausalLM", "Lfm2MoeConfig"),
-    ("NemotronHForCausalLM", "NemotronHConfig"), ("JambaForCausalLM", "JambaConfig")])
+    ("NemotronHForCausalLM", "NemotronHConfig"), ("JambaForCausalLM", "JambaConfig"),
+    ("GPTNeoXForCausalLM", "GPTNeoXConfig"), ("FalconForCausalLM", "FalconConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -240,12 +241,13 @@ def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, h
                                        hf.v_head_dim)
     else:
         assert (config.num_key_value_heads, config.head_dim) == (
-            hf.num_key_value_heads or heads, getattr(hf, "head_dim", None) or hf.hidden_size // heads)
+            getattr(hf, "num_key_value_heads", None) or heads,  # GPT-NeoX has no grouped queries
+            getattr(hf, "head_dim", None) or hf.hidden_size // heads)
     eps = next((getattr(hf, name) for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps")
                 if getattr(hf, name, None)), 1e-5)  # OLMo's norms take none: 1e-5
     assert config.rms_norm_eps == pytest.approx(eps)
     if not config.num_experts:
-        assert config.intermediate_size == hf.intermediate_size
+        assert config.intermediate_size == (getattr(hf, "intermediate_size", None) or hf.ffn_hidden_size)  # Falcon's
 
 
 QWEN3_NEXT = {  # Qwen3-Next-80B-A3B-Instruct's config.json as released

@@ -35,6 +35,7 @@ FALCON_H1_MULTIPLIERS = dict(
     attention_in_multiplier=1.1, attention_out_multiplier=0.9375, ssm_in_multiplier=1.25,
     ssm_out_multiplier=0.23570226039551587, mlp_multipliers=[0.8838834764831844, 0.5859375],
     ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738])
+_FALCON = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "intermediate_size")}
 CASES = {
     "llama": lambda: transformers.LlamaConfig(
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -68,6 +69,21 @@ CASES = {
     "stablelm": lambda: transformers.StableLmConfig(use_qkv_bias=True, **COMMON),
     "stablelm-parallel": lambda: transformers.StableLmConfig(use_parallel_residual=True, partial_rotary_factor=0.5,
                                                              **COMMON),
+    # GPT-NeoX (Pythia): attention and an ungated exact-GELU MLP side by side, each on a biased LayerNorm of its
+    # own, one query_key_value laid out per head, RoPE over a quarter of each head; and as a pre-norm block.
+    "gpt-neox": lambda: transformers.GPTNeoXConfig(**{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
+    "gpt-neox-sequential": lambda: transformers.GPTNeoXConfig(
+        use_parallel_residual=False, rotary_pct=0.5, **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
+    # Falcon: attention and an ungated GELU MLP side by side, their fused query_key_value laid out by architecture:
+    # the new one's (40B, 180B: grouped per key/value head, a norm each), Falcon-7B's (multi-query, one norm),
+    # per head (neither); and a pre-norm block with biases.
+    "falcon-new": lambda: transformers.FalconConfig(new_decoder_architecture=True, num_kv_heads=2, **_FALCON),
+    "falcon2": lambda: transformers.FalconConfig(new_decoder_architecture=True, num_kv_heads=2,  # Falcon 2 11B
+                                                 num_ln_in_parallel_attn=1, **_FALCON),
+    "falcon-7b": lambda: transformers.FalconConfig(tie_word_embeddings=False, **_FALCON),
+    "falcon-per-head": lambda: transformers.FalconConfig(multi_query=False, ffn_hidden_size=96, **_FALCON),
+    "falcon-sequential": lambda: transformers.FalconConfig(parallel_attn=False, multi_query=False, bias=True,
+                                                           **_FALCON),
     # Phi-2: attention and an ungated GELU MLP side by side on one biased LayerNorm, biases everywhere (the
     # output head's too), RoPE over 40% of each head.
     "phi": lambda: transformers.PhiConfig(partial_rotary_factor=0.4, head_dim=20, **{**COMMON, "hidden_size": 80}),
@@ -572,10 +588,17 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
     gemma2 = ModelConfig.from_dict({**gemma2, "architectures": ["Gemma2ForCausalLM"], "sliding_window_pattern": 2})
     assert (gemma2.attn_softcap, gemma2.final_softcap) == (50.0, 30.0)  # transformers' defaults when absent
     assert gemma2.local_rope_theta is None and not gemma2.qk_norm and not gemma2.slides(1) and gemma2.slides(2)
-    with pytest.raises(ModelLoadError, match="activation 'gelu' is not supported"):
-        ModelConfig.from_dict(dict(COMMON, hidden_act="gelu"))
+    with pytest.raises(ModelLoadError, match="activation 'quick_gelu' is not supported"):
+        ModelConfig.from_dict(dict(COMMON, hidden_act="quick_gelu"))
     with pytest.raises(ModelLoadError, match="partial_rotary_factor is 0.75"):  # Phi-3 only
         ModelConfig.from_dict(dict(COMMON, architectures=["Qwen2ForCausalLM"], partial_rotary_factor=0.75))
+
+
+def _decoder_layers(model) -> list:
+    """A transformers causal LM's decoder layers, under whichever name its base model holds them (``h``: GPT-2-style
+    models)."""
+    base = next(m for m in (getattr(model, "model", None), model.base_model) if m is not None)
+    return list(base.layers if hasattr(base, "layers") else base.h)
 
 
 def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoint):
@@ -583,7 +606,7 @@ def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoi
     config = ModelConfig.from_dir(path)
     routed = [hasattr(next(getattr(layer, n) for n in ("mlp", "block_sparse_moe", "feed_forward", "mixer")
                            if hasattr(layer, n)),
-                      "experts") for layer in model.model.layers]
+                      "experts") for layer in _decoder_layers(model)]
     assert [config.is_moe(i) for i in range(len(routed))] == routed
     if any(routed):
         names = ("num_experts", "num_local_experts", "n_routed_experts")  # as each architecture names it
@@ -1088,3 +1111,61 @@ def test_hunyuan_a13b_as_published():
         ModelConfig.from_dict({**HUNYUAN_A13B, "use_cla": True})
     with pytest.raises(ModelLoadError, match="rope_scaling type 'dynamic' is not supported"):  # dynamic NTK by length
         ModelConfig.from_dict({**HUNYUAN_A13B, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
+
+
+def test_pythia_as_published_runs_as_transformers_runs_it(tmp_path, tiny_model_dir):
+    """GPT-NeoX as Pythia was released (transformers 4.24): ``rotary_pct`` and ``rotary_emb_base`` at the top level,
+    and tensors beside the weights that transformers ignores (the causal mask and RoPE buffers older code saved),
+    which the engine ignores too; the config reads as transformers reads it."""
+    config = transformers.GPTNeoXConfig(rotary_pct=0.5, **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"})
+    model = save_checkpoint(config, tmp_path, tiny_model_dir)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    params = raw.pop("rope_parameters")
+    raw |= {"rotary_pct": params["partial_rotary_factor"], "rotary_emb_base": params["rope_theta"],
+            "num_key_value_heads": 2}  # a stray field: transformers' GPT-NeoX has no grouped queries
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    weights = dict(iter_weights(tmp_path))
+    for i in range(config.num_hidden_layers):
+        weights |= {f"gpt_neox.layers.{i}.attention.bias": torch.ones(1, 1, 8, 8, dtype=torch.bool),
+                    f"gpt_neox.layers.{i}.attention.masked_bias": torch.tensor(-1e9),
+                    f"gpt_neox.layers.{i}.attention.rotary_emb.inv_freq": torch.ones(8)}
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    save_file(weights, tmp_path / "model.safetensors")
+    engine_matches_transformers(tmp_path, model, cpu_kernels=False)
+    hub = {"architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu",
+           "hidden_size": 512, "intermediate_size": 2048, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+           "model_type": "gpt_neox", "num_attention_heads": 8, "num_hidden_layers": 6, "rotary_emb_base": 10000,
+           "rotary_pct": 0.25, "tie_word_embeddings": False, "use_parallel_residual": True, "vocab_size": 50304}
+    ours, hf = ModelConfig.from_dict(hub), transformers.GPTNeoXConfig(**hub)
+    assert (ours.partial_rotary_factor, ours.rope_theta) == (hf.rope_parameters["partial_rotary_factor"],
+                                                             hf.rope_parameters["rope_theta"]) == (0.25, 10000)
+    assert ours.num_key_value_heads == ours.num_attention_heads == 8 and ours.rms_norm_eps == hf.layer_norm_eps
+    assert ours.parallel_block and ours.parallel_mlp_norm and ours.hidden_act == "gelu"
+    assert ours.attention_bias and ours.o_proj_bias and ours.mlp_bias and not ours.tie_word_embeddings
+
+
+def test_falcon_configs_read_as_released():
+    """Falcon-7B (multi-query, one norm), Falcon-40B (the new architecture: grouped key/value heads, a norm each) and
+    Falcon 2 11B (the new architecture on one norm) as published, read as transformers reads them; ALiBi
+    (Falcon-RW) refused."""
+    common = {"architectures": ["FalconForCausalLM"], "alibi": False, "bias": False, "bos_token_id": 11,
+              "eos_token_id": 11, "layer_norm_epsilon": 1e-05, "model_type": "falcon", "parallel_attn": True,
+              "apply_residual_connection_post_layernorm": False, "hidden_dropout": 0.0, "attention_dropout": 0.0}
+    seven = {**common, "hidden_size": 4544, "multi_query": True, "new_decoder_architecture": False,
+             "num_attention_heads": 71, "num_hidden_layers": 32, "vocab_size": 65024}
+    forty = {**common, "hidden_size": 8192, "new_decoder_architecture": True, "num_kv_heads": 8,
+             "num_attention_heads": 128, "num_hidden_layers": 60, "vocab_size": 65024}
+    eleven = {**common, "hidden_size": 4096, "new_decoder_architecture": True, "num_kv_heads": 8,
+              "num_attention_heads": 32, "num_hidden_layers": 60, "num_ln_in_parallel_attn": 1,
+              "ffn_hidden_size": 16384, "max_position_embeddings": 8192, "rope_theta": 500042.0, "vocab_size": 65024}
+    for raw, layout, two_norms in ((seven, "multi_query", False), (forty, "grouped", True),
+                                   (eleven, "grouped", False)):
+        ours, hf = ModelConfig.from_dict(raw), transformers.FalconConfig(**raw)
+        assert (ours.num_key_value_heads, ours.head_dim, ours.intermediate_size) == (
+            hf.num_key_value_heads, hf.head_dim, hf.ffn_hidden_size)
+        assert ours.rope_theta == hf.rope_parameters["rope_theta"] and ours.tie_word_embeddings
+        assert ours.parallel_block and ours.parallel_mlp_norm == two_norms and ours.qkv_layout == layout
+        assert not (ours.attention_bias or ours.o_proj_bias or ours.mlp_bias) and ours.hidden_act == "gelu"
+    with pytest.raises(ModelLoadError, match="alibi is set"):
+        ModelConfig.from_dict({**seven, "alibi": True})
