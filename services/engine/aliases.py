@@ -15,7 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import ModelLoadError
-from services.engine import falcon, falcon_h1, gpt_neox, jamba, kimi_linear, lfm3, mamba, nemotron_h
+from services.engine import (
+    falcon,
+    falcon_h1,
+    gpt2,
+    gpt_neox,
+    jamba,
+    kimi_linear,
+    lfm3,
+    mamba,
+    nemotron_h,
+    opt,
+)
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
 
 
@@ -148,6 +159,11 @@ ALIASES = {
     # a fused query_key_value laid out by architecture.
     falcon.ARCH: Alias("LlamaForCausalLM", falcon.NAMES, falcon.DEFAULTS, falcon.IGNORED, rewrite=falcon.rewrite,
                        fields=falcon.fields),
+    # OPT (opt.py) and GPT-2 (gpt2.py): learned absolute positions instead of RoPE, biased LayerNorms and
+    # projections, an ungated MLP (ReLU; gelu_new).
+    opt.ARCH: Alias("LlamaForCausalLM", opt.NAMES, opt.DEFAULTS, opt.IGNORED, rewrite=opt.rewrite, fields=opt.fields),
+    gpt2.ARCH: Alias("LlamaForCausalLM", gpt2.NAMES, gpt2.DEFAULTS, gpt2.IGNORED, rewrite=gpt2.rewrite,
+                     fields=gpt2.fields),
     # Jamba (jamba.py): attention without positions in one layer of attn_layer_period, Mamba (mamba1.py) in the
     # rest, Mixtral-style experts in one of expert_layer_period, not renormalized.
     jamba.ARCH: Alias("LlamaForCausalLM", defaults=jamba.DEFAULTS, ignored=jamba.IGNORED, fields=jamba.fields),

@@ -112,7 +112,9 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
     share = (f"a {config.rotary_dim}-wide block of each head" if config.mla
              else f"{config.rotary_dim} of each head's {config.head_dim} features")
     rope = f"RoPE ({config.rope_type}, base {config.rope_theta:g}) over {share}"
-    if len(config.nope_layers) == config.num_hidden_layers:
+    if config.learned_positions is not None:
+        rope = f"learned, absolute: a table of {config.max_position_embeddings} added to the embeddings"
+    elif len(config.nope_layers) == config.num_hidden_layers:
         rope = "none: no layer rotates (attention without positions)"
     elif config.nope_layers:
         rope += f"; {len(config.nope_layers)} layers without positions"

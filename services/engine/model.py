@@ -417,6 +417,10 @@ class LlamaModel(nn.Module):
         # goes through torch._refs, whose first use imports torch._dynamo (~3 s of each worker's start-up).
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
+        # OPT's and GPT-2's learned positions, added to the embeddings.
+        self.embed_positions = None if config.learned_positions is None else nn.Embedding(
+            config.max_position_embeddings + config.learned_positions, config.hidden_size,
+            _weight=torch.empty(config.max_position_embeddings + config.learned_positions, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = _norm(config, config.hidden_size, final=True)
 
@@ -466,6 +470,8 @@ class LlamaForCausalLM(nn.Module):
             x = self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels, lora)
             return x if hidden else self.head(x)
         x = self.model.embed_tokens(input_ids)
+        if self.model.embed_positions is not None:
+            x = x + self.model.embed_positions(positions + c.learned_positions)
         if c.embed_scale != 1.0:  # Gemma's rounded to the weights' dtype first, as transformers scales
             x = x * (torch.tensor(c.embed_scale, dtype=x.dtype) if c.embed_scale_rounded else c.embed_scale)
         rope_dtype = torch.float32 if c.rope_in_fp32 else x.dtype

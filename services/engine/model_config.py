@@ -148,6 +148,9 @@ class ModelConfig:
     # (weight_names.split_query_key_value): "per_head" (GPT-NeoX, Falcon without multi_query), "grouped" (Falcon's
     # new architecture), "multi_query" (Falcon-7B); None: q, k and v come apart (or as Phi-3's contiguous qkv_proj).
     qkv_layout: str | None = None
+    # Learned absolute positions (OPT, GPT-2): a table of max_position_embeddings + this offset rows whose row
+    # position + offset is added to each token's embedding (OPT's 2, GPT-2's 0); None: none (RoPE or no positions).
+    learned_positions: int | None = None
     logit_scale: float = 1.0
     # StarCoder2: torch's LayerNorm, with a bias, in the model's dtype (layer_norm set too).
     norm_bias: bool = False
@@ -493,7 +496,8 @@ class ModelConfig:
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
                 and not self.moe_biases and self.swiglu_limit is None and self.nope_temperature is None
                 and self.q_position_scale is None and not self.layer_norm and not self.parallel_block
-                and not self.mlp_bias and not self.lm_head_bias and not self.sublayers)
+                and not self.mlp_bias and not self.lm_head_bias and not self.sublayers
+                and self.learned_positions is None)
 
     @property
     def plain_attention(self) -> bool:

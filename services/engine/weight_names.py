@@ -14,12 +14,16 @@ from services.engine.falcon import ARCH as FALCON
 from services.engine.falcon import RENAMES as FALCON_RENAMES
 from services.engine.falcon_h1 import ARCH as FALCON_H1
 from services.engine.falcon_h1 import RENAMES as FALCON_H1_RENAMES
+from services.engine.gpt2 import ARCH as GPT2
+from services.engine.gpt2 import RENAMES as GPT2_RENAMES
 from services.engine.gpt_neox import ARCH as GPT_NEOX
 from services.engine.gpt_neox import RENAMES as GPT_NEOX_RENAMES
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import RENAMES as HUNYUAN_RENAMES
 from services.engine.jamba import ARCH as JAMBA
 from services.engine.jamba import RENAMES as JAMBA_RENAMES
+from services.engine.opt import ARCH as OPT
+from services.engine.opt import RENAMES as OPT_RENAMES
 
 if TYPE_CHECKING:
     import torch
@@ -78,6 +82,7 @@ _BY_ARCHITECTURE = {
     "PhimoeForCausalLM": ((".mlp.router.", ".mlp.gate."),),  # its router, as transformers 5 saves it
     "PhiForCausalLM": _PHI,
     JAMBA: JAMBA_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
+    OPT: OPT_RENAMES, GPT2: GPT2_RENAMES,
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
@@ -89,7 +94,7 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
     if architecture == "GraniteMoeHybridForCausalLM":  # dense Granite 4.0: its shared MLP is the MLP
         name = name.replace(".shared_mlp.input_linear.", ".mlp.gate_up_proj.").replace(
             ".shared_mlp.output_linear.", ".mlp.down_proj.")
-    if name.startswith("transformer.") and architecture != FALCON:  # EXAONE's layout (Falcon's names are its own)
+    if name.startswith("transformer.") and architecture not in (FALCON, GPT2):  # EXAONE's (theirs are their own)
         for old, new in _EXAONE:
             name = name.replace(old, new)
     for old, new in (*_RENAMES, *_BY_ARCHITECTURE.get(architecture, ())):

@@ -226,7 +226,8 @@ def test_phi_3_5_moe_as_published():
     ("Qwen3NextForCausalLM", "Qwen3NextConfig"), ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
     ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"), ("Lfm2MoeForCausalLM", "Lfm2MoeConfig"),
     ("NemotronHForCausalLM", "NemotronHConfig"), ("JambaForCausalLM", "JambaConfig"),
-    ("GPTNeoXForCausalLM", "GPTNeoXConfig"), ("FalconForCausalLM", "FalconConfig")])
+    ("GPTNeoXForCausalLM", "GPTNeoXConfig"), ("FalconForCausalLM", "FalconConfig"), ("OPTForCausalLM", "OPTConfig"),
+    ("GPT2LMHeadModel", "GPT2Config")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -247,7 +248,10 @@ def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, h
                 if getattr(hf, name, None)), 1e-5)  # OLMo's norms take none: 1e-5
     assert config.rms_norm_eps == pytest.approx(eps)
     if not config.num_experts:
-        assert config.intermediate_size == (getattr(hf, "intermediate_size", None) or hf.ffn_hidden_size)  # Falcon's
+        # Falcon's ffn_hidden_size, OPT's ffn_dim, GPT-2's n_inner (None: four times the hidden size)
+        width = next(getattr(hf, n) for n in ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner")
+                     if hasattr(hf, n))
+        assert config.intermediate_size == (width or 4 * hf.hidden_size)
 
 
 QWEN3_NEXT = {  # Qwen3-Next-80B-A3B-Instruct's config.json as released

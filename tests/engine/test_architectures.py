@@ -18,6 +18,7 @@ from seawall.offline.engine import OfflineEngine
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.sampling_params import SamplingParams
 from services.common.step import LoraRef
+from services.engine.checkpoint_report import report
 from services.engine.config import EngineConfig
 from services.engine.loader import iter_weights
 from services.engine.model_config import ModelConfig
@@ -36,6 +37,7 @@ FALCON_H1_MULTIPLIERS = dict(
     ssm_out_multiplier=0.23570226039551587, mlp_multipliers=[0.8838834764831844, 0.5859375],
     ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738])
 _FALCON = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "intermediate_size")}
+_ABSOLUTE = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "intermediate_size")}
 CASES = {
     "llama": lambda: transformers.LlamaConfig(
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -84,6 +86,14 @@ CASES = {
     "falcon-per-head": lambda: transformers.FalconConfig(multi_query=False, ffn_hidden_size=96, **_FALCON),
     "falcon-sequential": lambda: transformers.FalconConfig(parallel_attn=False, multi_query=False, bias=True,
                                                            **_FALCON),
+    # OPT and GPT-2: learned absolute positions (OPT's from index 2), biased LayerNorms and projections, ungated MLPs
+    # (ReLU; gelu_new), GPT-2's Conv1D weights stored [in, out] and q/k/v in one c_attn; GPT-2 unscaled too.
+    "opt": lambda: transformers.OPTConfig(ffn_dim=128, **_ABSOLUTE),
+    "gpt2": lambda: transformers.GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, vocab_size=4096,
+                                            bos_token_id=1, eos_token_id=2),
+    "gpt2-unscaled": lambda: transformers.GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, vocab_size=4096,
+                                                     n_inner=96, scale_attn_weights=False, bos_token_id=1,
+                                                     eos_token_id=2),
     # Phi-2: attention and an ungated GELU MLP side by side on one biased LayerNorm, biases everywhere (the
     # output head's too), RoPE over 40% of each head.
     "phi": lambda: transformers.PhiConfig(partial_rotary_factor=0.4, head_dim=20, **{**COMMON, "hidden_size": 80}),
@@ -596,17 +606,18 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
 
 def _decoder_layers(model) -> list:
     """A transformers causal LM's decoder layers, under whichever name its base model holds them (``h``: GPT-2-style
-    models)."""
+    models; OPT's under its ``decoder``)."""
     base = next(m for m in (getattr(model, "model", None), model.base_model) if m is not None)
+    base = getattr(base, "decoder", base)
     return list(base.layers if hasattr(base, "layers") else base.h)
 
 
 def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoint):
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
-    routed = [hasattr(next(getattr(layer, n) for n in ("mlp", "block_sparse_moe", "feed_forward", "mixer")
-                           if hasattr(layer, n)),
-                      "experts") for layer in _decoder_layers(model)]
+    routed = [any(hasattr(getattr(layer, n, None), "experts") for n in ("mlp", "block_sparse_moe", "feed_forward",
+                                                                         "mixer"))
+              for layer in _decoder_layers(model)]  # OPT's MLP is fc1 and fc2 on the layer
     assert [config.is_moe(i) for i in range(len(routed))] == routed
     if any(routed):
         names = ("num_experts", "num_local_experts", "n_routed_experts")  # as each architecture names it
@@ -874,9 +885,9 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
-    elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear"):  # no layer takes positions (no rotary)
+    elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear", "opt", "gpt2"):  # no rotary in any layer
         assert not any("rotary" in name for name, _ in model.named_modules())
-        want = tuple(range(len(model.model.layers)))
+        want = tuple(range(len(_decoder_layers(model))))
     else:
         want = tuple(i for i, rope in enumerate(getattr(model.config, "no_rope_layers", None) or [1] * 3) if not rope)
     assert ModelConfig.from_dir(path).nope_layers == want
@@ -1169,3 +1180,50 @@ def test_falcon_configs_read_as_released():
         assert not (ours.attention_bias or ours.o_proj_bias or ours.mlp_bias) and ours.hidden_act == "gelu"
     with pytest.raises(ModelLoadError, match="alibi is set"):
         ModelConfig.from_dict({**seven, "alibi": True})
+
+
+@pytest.mark.parametrize("case", ["opt", "gpt2"])
+def test_opt_and_gpt2_as_released_run_as_transformers_runs_them(case, tmp_path, tiny_model_dir):
+    """OPT's and GPT-2's checkpoints as released were saved from the base model (``decoder.layers...``,
+    ``h.0.attn...``), GPT-2's with the causal-mask buffers older code saved beside the weights; both serve
+    transformers' tokens."""
+    model = save_checkpoint(CASES[case](), tmp_path, tiny_model_dir)
+    prefix = "model." if case == "opt" else "transformer."
+    weights = {name.removeprefix(prefix): t for name, t in iter_weights(tmp_path) if name != "lm_head.weight"}
+    if case == "gpt2":
+        for i in range(3):
+            weights |= {f"h.{i}.attn.bias": torch.ones(1, 1, 8, 8), f"h.{i}.attn.masked_bias": torch.tensor(-1e4)}
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    save_file(weights, tmp_path / "model.safetensors")
+    engine_matches_transformers(tmp_path, model, cpu_kernels=False)
+    assert report(tmp_path)["positions"] == "learned, absolute: a table of 512 added to the embeddings"
+
+
+def test_opt_and_gpt2_configs_read_as_released():
+    """OPT-125M's and GPT-2's config.json as published, read as transformers reads them; OPT-350M's norms after the
+    sublayers and projected embeddings, and GPT-2 scaled by layer, refused."""
+    opt = {"activation_dropout": 0.0, "activation_function": "relu", "architectures": ["OPTForCausalLM"],
+           "attention_dropout": 0.0, "bos_token_id": 2, "do_layer_norm_before": True, "dropout": 0.1,
+           "eos_token_id": 2, "ffn_dim": 3072, "hidden_size": 768, "init_std": 0.02, "layerdrop": 0.0,
+           "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 12, "num_hidden_layers": 12,
+           "pad_token_id": 1, "prefix": "</s>", "vocab_size": 50272, "word_embed_proj_dim": 768}
+    gpt2 = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+            "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "layer_norm_epsilon": 1e-05,
+            "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+            "resid_pdrop": 0.1, "vocab_size": 50257}
+    for raw, hf, offset in ((opt, transformers.OPTConfig(**opt), 2), (gpt2, transformers.GPT2Config(**gpt2), 0)):
+        ours = ModelConfig.from_dict(raw)
+        assert (ours.hidden_size, ours.num_hidden_layers, ours.num_attention_heads, ours.num_key_value_heads,
+                ours.max_position_embeddings, ours.vocab_size) == (
+            hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, hf.num_attention_heads,
+            hf.max_position_embeddings, hf.vocab_size)
+        assert ours.intermediate_size == 3072 and ours.hidden_act == hf.activation_function
+        assert ours.learned_positions == offset and ours.nope_layers == tuple(range(12)) and ours.tie_word_embeddings
+        assert ours.attention_bias and ours.o_proj_bias and ours.mlp_bias and not ours.mlp_gated
+    with pytest.raises(ModelLoadError, match="do_layer_norm_before is false"):
+        ModelConfig.from_dict({**opt, "do_layer_norm_before": False, "word_embed_proj_dim": 512})
+    with pytest.raises(ModelLoadError, match="word_embed_proj_dim 512 differs"):
+        ModelConfig.from_dict({**opt, "word_embed_proj_dim": 512})
+    with pytest.raises(ModelLoadError, match="scale_attn_by_inverse_layer_idx"):
+        ModelConfig.from_dict({**gpt2, "scale_attn_by_inverse_layer_idx": True})
