@@ -19,7 +19,9 @@ from services.engine import (
     falcon,
     falcon_h1,
     gpt2,
+    gpt_bigcode,
     gpt_neox,
+    gptj,
     jamba,
     kimi_linear,
     lfm3,
@@ -164,6 +166,12 @@ ALIASES = {
     opt.ARCH: Alias("LlamaForCausalLM", opt.NAMES, opt.DEFAULTS, opt.IGNORED, rewrite=opt.rewrite, fields=opt.fields),
     gpt2.ARCH: Alias("LlamaForCausalLM", gpt2.NAMES, gpt2.DEFAULTS, gpt2.IGNORED, rewrite=gpt2.rewrite,
                      fields=gpt2.fields),
+    # GPTBigCode (gpt_bigcode.py: StarCoder, SantaCoder): GPT-2's block with multi-query attention.
+    gpt_bigcode.ARCH: Alias("LlamaForCausalLM", gpt_bigcode.NAMES, gpt_bigcode.DEFAULTS, gpt_bigcode.IGNORED,
+                            rewrite=gpt_bigcode.rewrite, fields=gpt_bigcode.fields),
+    # GPT-J (gptj.py): interleaved RoPE over part of each head, attention and MLP in parallel on one norm.
+    gptj.ARCH: Alias("LlamaForCausalLM", gptj.NAMES, gptj.DEFAULTS, gptj.IGNORED, rewrite=gptj.rewrite,
+                     fields=gptj.fields),
     # Jamba (jamba.py): attention without positions in one layer of attn_layer_period, Mamba (mamba1.py) in the
     # rest, Mixtral-style experts in one of expert_layer_period, not renormalized.
     jamba.ARCH: Alias("LlamaForCausalLM", defaults=jamba.DEFAULTS, ignored=jamba.IGNORED, fields=jamba.fields),

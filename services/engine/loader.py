@@ -10,7 +10,18 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
-from services.engine import falcon_h1, gpt2, gpt_neox, kimi_linear, lfm3, mamba, nemotron_h, opt
+from services.engine import (
+    falcon_h1,
+    gpt2,
+    gpt_bigcode,
+    gpt_neox,
+    gptj,
+    kimi_linear,
+    lfm3,
+    mamba,
+    nemotron_h,
+    opt,
+)
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
@@ -100,8 +111,10 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
                                            config.tie_word_embeddings and ckpt.has_lm_head)
     if config.architecture == gpt_neox.ARCH:
         weights = gpt_neox.without_buffers(weights)
-    if config.architecture in (opt.ARCH, gpt2.ARCH):
-        weights = (opt if config.architecture == opt.ARCH else gpt2).checkpoint_weights(weights)
+    if config.architecture in (opt.ARCH, gpt2.ARCH, gptj.ARCH):
+        weights = {opt.ARCH: opt, gpt2.ARCH: gpt2, gptj.ARCH: gptj}[config.architecture].checkpoint_weights(weights)
+    if config.architecture == gpt_bigcode.ARCH:
+        weights = gpt_bigcode.checkpoint_weights(weights, multi_query=config.qkv_layout is None)
     if config.qkv_layout is not None:
         weights = split_query_key_value(weights, config.qkv_layout, config.num_attention_heads,
                                         config.num_key_value_heads)

@@ -44,6 +44,7 @@ from services.engine.aliases import ALIASES, aliased
 from services.engine.falcon import ARCH as FALCON
 from services.engine.falcon_h1 import Multipliers
 from services.engine.gpt_neox import ARCH as GPT_NEOX
+from services.engine.gptj import ARCH as GPTJ
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import hunyuan_fields, ntk_alpha_rope
 from services.engine.linear_attention_config import LinearShape, Mamba2Shape
@@ -508,9 +509,9 @@ class ModelConfig:
     @property
     def parallel_outputs_first(self) -> bool:
         """With ``parallel_block``: whether attention's and the MLP's outputs are summed before they join the
-        stream (Phi-2's, GPT-NeoX's and Falcon's order), rather than the stream plus attention, then the MLP (Cohere's,
+        stream (Phi-2's, GPT-NeoX's, Falcon's and GPT-J's order), rather than the stream plus attention, then the MLP (Cohere's,
         StableLM's)."""
-        return self.architecture in ("PhiForCausalLM", GPT_NEOX, FALCON)
+        return self.architecture in ("PhiForCausalLM", GPT_NEOX, FALCON, GPTJ)
 
     @property
     def rope_in_fp32(self) -> bool:

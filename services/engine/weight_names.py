@@ -16,8 +16,12 @@ from services.engine.falcon_h1 import ARCH as FALCON_H1
 from services.engine.falcon_h1 import RENAMES as FALCON_H1_RENAMES
 from services.engine.gpt2 import ARCH as GPT2
 from services.engine.gpt2 import RENAMES as GPT2_RENAMES
+from services.engine.gpt_bigcode import ARCH as GPT_BIGCODE
+from services.engine.gpt_bigcode import RENAMES as GPT_BIGCODE_RENAMES
 from services.engine.gpt_neox import ARCH as GPT_NEOX
 from services.engine.gpt_neox import RENAMES as GPT_NEOX_RENAMES
+from services.engine.gptj import ARCH as GPTJ
+from services.engine.gptj import RENAMES as GPTJ_RENAMES
 from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import RENAMES as HUNYUAN_RENAMES
 from services.engine.jamba import ARCH as JAMBA
@@ -82,11 +86,15 @@ _BY_ARCHITECTURE = {
     "PhimoeForCausalLM": ((".mlp.router.", ".mlp.gate."),),  # its router, as transformers 5 saves it
     "PhiForCausalLM": _PHI,
     JAMBA: JAMBA_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
-    OPT: OPT_RENAMES, GPT2: GPT2_RENAMES,
+    OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES,
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
 }
+
+
+# Architectures whose tensors are under ``transformer.`` by names of their own, not EXAONE's.
+_OWN_TRANSFORMER_NAMES = (FALCON, GPT2, GPT_BIGCODE, GPTJ)
 
 
 def checkpoint_name(name: str, architecture: str = "") -> str:
@@ -94,7 +102,7 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
     if architecture == "GraniteMoeHybridForCausalLM":  # dense Granite 4.0: its shared MLP is the MLP
         name = name.replace(".shared_mlp.input_linear.", ".mlp.gate_up_proj.").replace(
             ".shared_mlp.output_linear.", ".mlp.down_proj.")
-    if name.startswith("transformer.") and architecture not in (FALCON, GPT2):  # EXAONE's (theirs are their own)
+    if name.startswith("transformer.") and architecture not in _OWN_TRANSFORMER_NAMES:  # EXAONE's layout
         for old, new in _EXAONE:
             name = name.replace(old, new)
     for old, new in (*_RENAMES, *_BY_ARCHITECTURE.get(architecture, ())):

@@ -38,6 +38,7 @@ FALCON_H1_MULTIPLIERS = dict(
     ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738])
 _FALCON = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "intermediate_size")}
 _ABSOLUTE = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "intermediate_size")}
+_GPT2_SHAPE = dict(n_embd=64, n_layer=3, n_head=4, n_positions=512, vocab_size=4096, bos_token_id=1, eos_token_id=2)
 CASES = {
     "llama": lambda: transformers.LlamaConfig(
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -89,11 +90,15 @@ CASES = {
     # OPT and GPT-2: learned absolute positions (OPT's from index 2), biased LayerNorms and projections, ungated MLPs
     # (ReLU; gelu_new), GPT-2's Conv1D weights stored [in, out] and q/k/v in one c_attn; GPT-2 unscaled too.
     "opt": lambda: transformers.OPTConfig(ffn_dim=128, **_ABSOLUTE),
-    "gpt2": lambda: transformers.GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, vocab_size=4096,
-                                            bos_token_id=1, eos_token_id=2),
-    "gpt2-unscaled": lambda: transformers.GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, vocab_size=4096,
-                                                     n_inner=96, scale_attn_weights=False, bos_token_id=1,
-                                                     eos_token_id=2),
+    "gpt2": lambda: transformers.GPT2Config(**_GPT2_SHAPE),
+    "gpt2-unscaled": lambda: transformers.GPT2Config(n_inner=96, scale_attn_weights=False, **_GPT2_SHAPE),
+    # GPTBigCode (StarCoder): GPT-2's block with multi-query attention (one key/value head at the end of c_attn),
+    # and without (per head); GPT-J: interleaved RoPE over part of each head (and all of it), attention and MLP in
+    # parallel on one norm, an output head with a bias.
+    "gpt-bigcode": lambda: transformers.GPTBigCodeConfig(**_GPT2_SHAPE),
+    "gpt-bigcode-mha": lambda: transformers.GPTBigCodeConfig(multi_query=False, n_inner=96, **_GPT2_SHAPE),
+    "gptj": lambda: transformers.GPTJConfig(rotary_dim=8, **_GPT2_SHAPE),
+    "gptj-full-rotary": lambda: transformers.GPTJConfig(rotary_dim=16, n_inner=96, **_GPT2_SHAPE),
     # Phi-2: attention and an ungated GELU MLP side by side on one biased LayerNorm, biases everywhere (the
     # output head's too), RoPE over 40% of each head.
     "phi": lambda: transformers.PhiConfig(partial_rotary_factor=0.4, head_dim=20, **{**COMMON, "hidden_size": 80}),
@@ -885,7 +890,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
-    elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear", "opt", "gpt2"):  # no rotary in any layer
+    elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear", "opt", "gpt2", "gpt_bigcode"):  # no RoPE
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(_decoder_layers(model))))
     else:
@@ -902,7 +907,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
-                                  "opt", "gpt2"])
+                                  "opt", "gpt2", "gpt-bigcode", "gptj"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
@@ -1228,3 +1233,36 @@ def test_opt_and_gpt2_configs_read_as_released():
         ModelConfig.from_dict({**opt, "word_embed_proj_dim": 512})
     with pytest.raises(ModelLoadError, match="scale_attn_by_inverse_layer_idx"):
         ModelConfig.from_dict({**gpt2, "scale_attn_by_inverse_layer_idx": True})
+
+
+def test_gptj_and_starcoder_configs_read_as_released(tmp_path, tiny_model_dir):
+    """GPT-J-6B's and StarCoder's config.json as published, read as transformers reads them; a GPT-J checkpoint as
+    released (saved from the base model, with the mask buffers older code saved) serves transformers' tokens."""
+    gptj = {"activation_function": "gelu_new", "architectures": ["GPTJForCausalLM"], "attn_pdrop": 0.0,
+            "bos_token_id": 50256, "embd_pdrop": 0.0, "eos_token_id": 50256, "gradient_checkpointing": False,
+            "layer_norm_epsilon": 1e-05, "model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_inner": None,
+            "n_layer": 28, "n_positions": 2048, "resid_pdrop": 0.0, "rotary": True, "rotary_dim": 64,
+            "scale_attn_weights": True, "tie_word_embeddings": False, "vocab_size": 50400}
+    starcoder = {"activation_function": "gelu", "architectures": ["GPTBigCodeForCausalLM"],
+                 "attention_softmax_in_fp32": True, "multi_query": True, "attn_pdrop": 0.1, "bos_token_id": 0,
+                 "embd_pdrop": 0.1, "eos_token_id": 0, "inference_runner": 0, "layer_norm_epsilon": 1e-05,
+                 "max_batch_size": None, "max_sequence_length": None, "model_type": "gpt_bigcode", "n_embd": 6144,
+                 "n_head": 48, "n_inner": 24576, "n_layer": 40, "n_positions": 8192, "pad_key_length": True,
+                 "pre_allocate_kv_cache": False, "resid_pdrop": 0.1, "scale_attention_softmax_in_fp32": True,
+                 "scale_attn_weights": True, "vocab_size": 49152}
+    ours = ModelConfig.from_dict(gptj)
+    assert (ours.head_dim, ours.rotary_dim, ours.intermediate_size, ours.num_key_value_heads) == (256, 64, 16384, 16)
+    assert ours.rope_interleaved and ours.parallel_block and ours.lm_head_bias and not ours.tie_word_embeddings
+    assert not (ours.attention_bias or ours.o_proj_bias) and ours.mlp_bias and ours.rope_theta == 10000
+    ours = ModelConfig.from_dict(starcoder)
+    assert (ours.num_key_value_heads, ours.head_dim, ours.intermediate_size, ours.max_position_embeddings) == (
+        1, 128, 24576, 8192)
+    assert ours.learned_positions == 0 and ours.qkv_layout is None and ours.hidden_act == "gelu"
+    model = save_checkpoint(CASES["gptj"](), tmp_path, tiny_model_dir)
+    weights = {name.removeprefix("transformer."): t for name, t in iter_weights(tmp_path)}
+    for i in range(3):
+        weights |= {f"h.{i}.attn.bias": torch.ones(1, 1, 8, 8), f"h.{i}.attn.masked_bias": torch.tensor(-1e9)}
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    save_file(weights, tmp_path / "model.safetensors")
+    engine_matches_transformers(tmp_path, model, cpu_kernels=False)
