@@ -94,8 +94,11 @@ def dense_floor_runner(model, chunk: int = 512) -> Runner:
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_proj(x)
             x = x + attn.o_proj(x[:, : attn.q_size])
-            gate, up = mlp.gate_up_proj(x).split(mlp.intermediate, dim=-1)
-            x = x + mlp.down_proj(torch.nn.functional.silu(gate) * up)
+            if mlp.gated:
+                gate, up = mlp.gate_up_proj(x).split(mlp.intermediate, dim=-1)
+                x = x + mlp.down_proj(torch.nn.functional.silu(gate) * up)
+            else:  # an MLP without a gate (GPT-NeoX, Falcon, OPT, GPT-2, Arcee)
+                x = x + mlp.down_proj(mlp.act(mlp.up_proj(x)))
 
     @torch.inference_mode()
     def run(prompts: Prompts, output_lens: list[int]) -> list[list[int]]:
