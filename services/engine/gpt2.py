@@ -37,7 +37,6 @@ RENAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.wpe.", "mo
            (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."), (".ln_1.", ".input_layernorm."),
            (".ln_2.", ".post_attention_layernorm."))
 _CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
-_BASE_NAMES = ("wte.", "wpe.", "h.", "ln_f.")
 
 
 def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
@@ -58,15 +57,18 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors as the model holds them: under ``transformer.`` (the released checkpoints were saved
-    from the base model), the Conv1D weights transposed to ``[out, in]``, the causal-mask buffers older
-    checkpoints saved (``attn.bias``, ``attn.masked_bias``) left out, as transformers leaves them."""
+def as_released(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A GPT-2-style checkpoint's tensors (GPT-2's, GPT-J's, GPTBigCode's) under ``transformer.``, where the
+    released ones were saved from the base model (``h.0...``), less the causal-mask buffers older code saved
+    (``attn.bias``, ``attn.masked_bias``), which transformers leaves out too."""
     for name, tensor in weights:
         if name.endswith((".attn.bias", ".attn.masked_bias")):
             continue
-        if name.startswith(_BASE_NAMES):
-            name = "transformer." + name
-        if name.endswith(_CONV1D):
-            tensor = tensor.t().contiguous()
-        yield name, tensor
+        yield ("transformer." + name if name.startswith(("wte.", "wpe.", "h.", "ln_f.")) else name), tensor
+
+
+def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors as the model holds them (``as_released``), the Conv1D weights transposed to
+    ``[out, in]``."""
+    for name, tensor in as_released(weights):
+        yield name, (tensor.t().contiguous() if name.endswith(_CONV1D) else tensor)

@@ -16,14 +16,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from services.common.errors import ModelLoadError
+from services.engine import gpt2
 
 if TYPE_CHECKING:
     import torch
 
 ARCH = "GPTBigCodeForCausalLM"
-NAMES = {"n_embd": "hidden_size", "n_positions": "max_position_embeddings", "n_head": "num_attention_heads",
-         "n_layer": "num_hidden_layers", "n_inner": "intermediate_size", "activation_function": "hidden_act",
-         "layer_norm_epsilon": "rms_norm_eps"}
+NAMES = gpt2.NAMES  # GPT-2's field names
 DEFAULTS = {"vocab_size": 50257, "hidden_size": 768, "max_position_embeddings": 1024, "num_hidden_layers": 12,
             "num_attention_heads": 12, "hidden_act": "gelu_pytorch_tanh", "rms_norm_eps": 1e-5,
             "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True, "scale_attn_weights": True,
@@ -59,11 +58,7 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
 
 def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]], multi_query: bool,
                        ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors under the causal LM's prefix (checkpoints saved from the base model lack
-    ``transformer.``); without multi-query attention, ``c_attn`` under the name the per-head split reads."""
-    for name, tensor in weights:
-        if name.startswith(("wte.", "wpe.", "h.", "ln_f.")):
-            name = "transformer." + name
-        if not multi_query:
-            name = name.replace(".attn.c_attn.", ".attn.query_key_value.")
-        yield name, tensor
+    """The checkpoint's tensors as released (``gpt2.as_released``); without multi-query attention, ``c_attn`` under
+    the name the per-head split reads."""
+    for name, tensor in gpt2.as_released(weights):
+        yield (name if multi_query else name.replace(".attn.c_attn.", ".attn.query_key_value.")), tensor

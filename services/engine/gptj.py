@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from services.engine import gpt2
+
 if TYPE_CHECKING:
     import torch
 
 ARCH = "GPTJForCausalLM"
-NAMES = {"n_embd": "hidden_size", "n_positions": "max_position_embeddings", "n_head": "num_attention_heads",
-         "n_layer": "num_hidden_layers", "n_inner": "intermediate_size", "activation_function": "hidden_act",
-         "layer_norm_epsilon": "rms_norm_eps"}
+NAMES = gpt2.NAMES  # GPT-2's field names
 DEFAULTS = {"vocab_size": 50400, "hidden_size": 4096, "max_position_embeddings": 2048, "num_hidden_layers": 28,
             "num_attention_heads": 16, "rotary_dim": 64, "hidden_act": "gelu_new", "rms_norm_eps": 1e-5,
             "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": False}
@@ -29,7 +29,6 @@ IGNORED = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "n_ctx", "num_key_value_he
 RENAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.h.", "model.layers."),
            ("transformer.ln_f.", "model.norm."), (".self_attn.out_proj.", ".self_attn.o_proj."),
            (".mlp.fc_in.", ".mlp.up_proj."), (".mlp.fc_out.", ".mlp.down_proj."), (".ln_1.", ".input_layernorm."))
-_BASE_NAMES = ("wte.", "h.", "ln_f.")
 
 
 def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
@@ -48,12 +47,7 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors under the names RoPE's reordering reads (``self_attn``) and the causal LM's prefix
-    (checkpoints saved from the base model lack ``transformer.``), less the causal-mask buffers older checkpoints
-    saved (``attn.bias``, ``attn.masked_bias``), which transformers leaves out too."""
-    for name, tensor in weights:
-        if name.endswith((".attn.bias", ".attn.masked_bias")):
-            continue
-        if name.startswith(_BASE_NAMES):
-            name = "transformer." + name
+    """The checkpoint's tensors as released (``gpt2.as_released``), attention's under the name RoPE's reordering
+    reads (``self_attn``)."""
+    for name, tensor in gpt2.as_released(weights):
         yield name.replace(".attn.", ".self_attn."), tensor

@@ -1130,6 +1130,20 @@ def test_hunyuan_a13b_as_published():
         ModelConfig.from_dict({**HUNYUAN_A13B, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
 
 
+def _save_as_released(path, weights: dict, buffers: str | None, rotary: bool = False, layers: int = 3) -> None:
+    """``weights`` as the checkpoint at ``path`` (replacing its files), with the buffers older code saved beside the
+    weights in each layer's attention (``buffers``: its name pattern; None: none): the causal mask, the masked
+    bias, with ``rotary`` RoPE's frequencies."""
+    for i in range(layers if buffers else 0):
+        at = buffers.format(i)
+        weights |= {f"{at}bias": torch.ones(1, 1, 8, 8, dtype=torch.bool), f"{at}masked_bias": torch.tensor(-1e9)}
+        if rotary:
+            weights[f"{at}rotary_emb.inv_freq"] = torch.ones(8)
+    for f in path.glob("*.safetensors"):
+        f.unlink()
+    save_file(weights, path / "model.safetensors")
+
+
 def test_pythia_as_published_runs_as_transformers_runs_it(tmp_path, tiny_model_dir):
     """GPT-NeoX as Pythia was released (transformers 4.24): ``rotary_pct`` and ``rotary_emb_base`` at the top level,
     and tensors beside the weights that transformers ignores (the causal mask and RoPE buffers older code saved),
@@ -1141,14 +1155,7 @@ def test_pythia_as_published_runs_as_transformers_runs_it(tmp_path, tiny_model_d
     raw |= {"rotary_pct": params["partial_rotary_factor"], "rotary_emb_base": params["rope_theta"],
             "num_key_value_heads": 2}  # a stray field: transformers' GPT-NeoX has no grouped queries
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    weights = dict(iter_weights(tmp_path))
-    for i in range(config.num_hidden_layers):
-        weights |= {f"gpt_neox.layers.{i}.attention.bias": torch.ones(1, 1, 8, 8, dtype=torch.bool),
-                    f"gpt_neox.layers.{i}.attention.masked_bias": torch.tensor(-1e9),
-                    f"gpt_neox.layers.{i}.attention.rotary_emb.inv_freq": torch.ones(8)}
-    for f in tmp_path.glob("*.safetensors"):
-        f.unlink()
-    save_file(weights, tmp_path / "model.safetensors")
+    _save_as_released(tmp_path, dict(iter_weights(tmp_path)), "gpt_neox.layers.{}.attention.", rotary=True)
     engine_matches_transformers(tmp_path, model, cpu_kernels=False)
     hub = {"architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu",
            "hidden_size": 512, "intermediate_size": 2048, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
@@ -1196,12 +1203,7 @@ def test_opt_and_gpt2_as_released_run_as_transformers_runs_them(case, tmp_path, 
     model = save_checkpoint(CASES[case](), tmp_path, tiny_model_dir)
     prefix = "model." if case == "opt" else "transformer."
     weights = {name.removeprefix(prefix): t for name, t in iter_weights(tmp_path) if name != "lm_head.weight"}
-    if case == "gpt2":
-        for i in range(3):
-            weights |= {f"h.{i}.attn.bias": torch.ones(1, 1, 8, 8), f"h.{i}.attn.masked_bias": torch.tensor(-1e4)}
-    for f in tmp_path.glob("*.safetensors"):
-        f.unlink()
-    save_file(weights, tmp_path / "model.safetensors")
+    _save_as_released(tmp_path, weights, "h.{}.attn." if case == "gpt2" else None)
     engine_matches_transformers(tmp_path, model, cpu_kernels=False)
     assert report(tmp_path)["positions"] == "learned, absolute: a table of 512 added to the embeddings"
 
@@ -1259,10 +1261,6 @@ def test_gptj_and_starcoder_configs_read_as_released(tmp_path, tiny_model_dir):
         1, 128, 24576, 8192)
     assert ours.learned_positions == 0 and ours.qkv_layout is None and ours.hidden_act == "gelu"
     model = save_checkpoint(CASES["gptj"](), tmp_path, tiny_model_dir)
-    weights = {name.removeprefix("transformer."): t for name, t in iter_weights(tmp_path)}
-    for i in range(3):
-        weights |= {f"h.{i}.attn.bias": torch.ones(1, 1, 8, 8), f"h.{i}.attn.masked_bias": torch.tensor(-1e9)}
-    for f in tmp_path.glob("*.safetensors"):
-        f.unlink()
-    save_file(weights, tmp_path / "model.safetensors")
+    _save_as_released(tmp_path, {name.removeprefix("transformer."): t for name, t in iter_weights(tmp_path)},
+                      "h.{}.attn.")
     engine_matches_transformers(tmp_path, model, cpu_kernels=False)
