@@ -143,10 +143,10 @@ class ModelConfig:
     layer_norm: bool = False
     parallel_block: bool = False
     # With parallel_block: the MLP reads a norm of its own (post_attention_layernorm) of the same stream
-    # (GPT-NeoX); else the one norm attention reads.
+    # (GPT-NeoX, Falcon's new architecture); else the one norm attention reads.
     parallel_mlp_norm: bool = False
     # A fused query_key_value projection's layout, split into q, k and v as it loads
-    # (weight_names.split_query_key_value): "per_head" (GPT-NeoX, Falcon without multi_query), "grouped" (Falcon's
+    # (weight_names.split_query_key_value): "per_head" (GPT-NeoX, Falcon and GPTBigCode without multi_query), "grouped" (Falcon's
     # new architecture), "multi_query" (Falcon-7B); None: q, k and v come apart (or as Phi-3's contiguous qkv_proj).
     qkv_layout: str | None = None
     # Learned absolute positions (OPT, GPT-2): a table of max_position_embeddings + this offset rows whose row
@@ -338,12 +338,7 @@ class ModelConfig:
                 self.fp8_block is not None and (self.fp8_scales is None or min(self.fp8_block) < 1)):
             raise ModelLoadError(f"FP8 scales {self.fp8_scales!r} in blocks {self.fp8_block}: scales are "
                                  "weight_scale or weight_scale_inv, blocks two positive sizes")
-        if self.qkv_layout not in (None, "per_head", "grouped", "multi_query") or (
-                self.qkv_layout == "grouped" and self.num_attention_heads % self.num_key_value_heads) or (
-                self.qkv_layout == "multi_query" and self.num_key_value_heads != 1):
-            raise ModelLoadError(f"a fused query_key_value laid out {self.qkv_layout!r} for {self.num_attention_heads} "
-                                 f"query and {self.num_key_value_heads} key/value heads: per_head, grouped (query "
-                                 "heads a multiple of key/value heads) or multi_query (one key/value head)")
+        self._check_classic_layouts()
         if self.packed_int_bits not in (0, 4, 8) or (self.packed_int_bits and self.fp8_scales):
             raise ModelLoadError(f"packed integer weights of {self.packed_int_bits} bits: 4 or 8, and not beside "
                                  "FP8 scales")
@@ -391,6 +386,21 @@ class ModelConfig:
             if period is not None and not period > 0:
                 raise ModelLoadError(f"config.json: {name} (the period of a query scale by position) must be > 0, "
                                      f"got {period}")
+
+
+    def _check_classic_layouts(self) -> None:
+        """The fields GPT-NeoX, Falcon, OPT and the GPT-2 family set, consistent with each other."""
+        if self.qkv_layout not in (None, "per_head", "grouped", "multi_query") or (
+                self.qkv_layout == "grouped" and self.num_attention_heads % self.num_key_value_heads) or (
+                self.qkv_layout == "multi_query" and self.num_key_value_heads != 1):
+            raise ModelLoadError(f"a fused query_key_value laid out {self.qkv_layout!r} for {self.num_attention_heads} "
+                                 f"query and {self.num_key_value_heads} key/value heads: per_head, grouped (query "
+                                 "heads a multiple of key/value heads) or multi_query (one key/value head)")
+        if (self.parallel_mlp_norm and not self.parallel_block) or (
+                self.learned_positions is not None and self.learned_positions < 0):
+            raise ModelLoadError(f"parallel_mlp_norm {self.parallel_mlp_norm} without parallel_block, or learned "
+                                 f"positions at offset {self.learned_positions}: an MLP norm of its own is for "
+                                 "attention and MLP side by side, an offset is >= 0")
 
     def _check_rope(self) -> None:
         rope_type = self.rope_type

@@ -1193,6 +1193,13 @@ def test_falcon_configs_read_as_released():
         assert not (ours.attention_bias or ours.o_proj_bias or ours.mlp_bias) and ours.hidden_act == "gelu"
     with pytest.raises(ModelLoadError, match="alibi is set"):
         ModelConfig.from_dict({**seven, "alibi": True})
+    config = ModelConfig.from_dict(forty)
+    for fields, fragment in (({"qkv_layout": "multi_query"}, "laid out 'multi_query' for 128 query and 8"),
+                             ({"qkv_layout": "interleaved"}, "laid out 'interleaved'"),
+                             ({"parallel_block": False}, "without parallel_block"),
+                             ({"learned_positions": -2}, "at offset -2")):
+        with pytest.raises(ModelLoadError, match=fragment):
+            dataclasses.replace(config, **fields)
 
 
 @pytest.mark.parametrize("case", ["opt", "gpt2"])
