@@ -288,7 +288,14 @@ class Client:
 
     def __init__(self, address: str = DEFAULT_ADDRESS) -> None:
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._open_stub: scheduler_pb2_grpc.SchedulerStub | None = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    @property
+    def _stub(self) -> scheduler_pb2_grpc.SchedulerStub:
+        # grpc's own error for a closed channel is a bare ValueError ("Cannot invoke RPC: Channel closed!").
+        if self._open_stub is None:
+            raise errors.SeawallError("this Client is closed (close() or the end of its with block); make another")
+        return self._open_stub
 
     def __enter__(self) -> Client:
         return self
@@ -297,6 +304,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        self._open_stub = None
         self._channel.close()
 
     def stream(self, prompt: str | Sequence[int], request_id: str | None = None, **sampling: Any) -> Iterator[Chunk]:

@@ -166,3 +166,13 @@ def test_a_scheduler_that_is_not_there_is_unavailable_for_every_call():
         for call in (client.stats, lambda: client.abort("r")):
             with pytest.raises(Unavailable):
                 call()
+
+
+def test_a_closed_client_says_so_in_seawall_words():
+    """A call on a closed ``Client`` raises a ``SeawallError`` naming the cause (grpc's own is a bare ValueError)."""
+    client = Client("127.0.0.1:9")
+    client.close()
+    for call in (lambda: client.generate("hi"), lambda: list(client.stream("hi")), client.stats,
+                 lambda: client.abort("r")):
+        with pytest.raises(SeawallError, match="this Client is closed"):
+            call()
