@@ -113,11 +113,17 @@ class QuietCancelledCalls(logging.Filter):
 
 def run_service(parse: Callable[[], Config], serve: Callable[[Config], Awaitable[None]]) -> int:
     """A service process's ``main``: parse its flags, serve until SIGTERM/SIGINT. A ``SeawallError`` (a bad flag,
-    a missing model) is one logged line and exit code 2, never a traceback; a port in use is exit code
-    ``EXIT_PORT_IN_USE``; Ctrl-C before serving is 130."""
+    a missing model) is one logged line and exit code 2, never a traceback, as is a ``ValueError`` of its config
+    (a flag's value its config dataclass refuses); a port in use is exit code ``EXIT_PORT_IN_USE``; Ctrl-C before
+    serving is 130."""
     logging.getLogger("grpc._cython.cygrpc").addFilter(QuietCancelledCalls())
     try:
-        anyio.run(serve, parse(), backend_options={"use_uvloop": uvloop_available()})
+        config = parse()
+    except (SeawallError, ValueError) as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        anyio.run(serve, config, backend_options={"use_uvloop": uvloop_available()})
     except BaseException as raised:
         exc = _sole_cause(raised)  # a task group wraps even a single error in a group
         if isinstance(exc, KeyboardInterrupt):

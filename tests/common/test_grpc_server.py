@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from services.common.errors import EXIT_PORT_IN_USE, InvalidArgument, PortInUse
 from services.common.grpc_server import QuietCancelledCalls, Server, run_service, wait_healthy
+from services.worker.config import WorkerConfig
 
 
 def _record(exc_info) -> logging.LogRecord:
@@ -73,6 +74,19 @@ def test_a_user_error_exits_2_and_a_bug_still_raises():
     assert run_service(lambda: None, bad_flag) == 2
     with pytest.raises(KeyError):
         run_service(lambda: None, bug)
+
+
+def test_a_flag_its_config_refuses_exits_2_without_a_traceback(caplog):
+    """Config dataclasses refuse values with ValueError (``--compute-gbps -3``, a port past 65535): one logged line
+    and exit code 2, before anything is served."""
+    def parse():
+        return WorkerConfig(compute_gbps=-3.0)
+
+    async def serve(config):
+        raise AssertionError("never reached")
+
+    assert run_service(parse, serve) == 2
+    assert "compute_gbps must be >= 0" in caplog.text
 
 
 def test_services_run_on_uvloop_where_it_is_installed():
