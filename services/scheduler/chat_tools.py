@@ -108,14 +108,16 @@ class ToolCalling:
     parser: ToolParser | None = None
 
     def calls(self, text: str) -> list[dict[str, Any]] | None:
-        """A forced call's output as OpenAI ``tool_calls``, or None when it is not complete JSON (cut by
-        max_tokens)."""
+        """A forced call's output as OpenAI ``tool_calls``; None when nothing of it was written, or, for
+        ``"required"``, when it is not complete JSON (cut by max_tokens). A named function's call is its
+        arguments as far as they were written, complete or not: streamed, they went out piece by piece (as vLLM
+        answers both)."""
+        if self.function is not None:
+            return [openai_call(self.function, text)] if text else None
         try:
             value = json.loads(text)
         except ValueError:
             return None
-        if self.function is not None:
-            return [openai_call(self.function, text)]
         return [openai_call(item["name"], json.dumps(item["parameters"])) for item in value]
 
     def message(self, text: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
@@ -124,7 +126,7 @@ class ToolCalling:
             content, calls = self.parser.split(text)
         else:
             content, calls = None, self.calls(text) or []
-        if not calls:  # no call, or a forced one cut short by max_tokens: the text it got to
+        if not calls:  # no call, or the calls "required" asked for cut short by max_tokens: the text it got to
             return {"role": "assistant", "content": text}, finish
         return {"role": "assistant", "content": content, "tool_calls": calls}, tool_finish_reason(finish)
 

@@ -402,9 +402,17 @@ def test_forced_tool_calls_come_back_as_tool_calls_streamed_or_not(http):
     answer = http.post("/v1/chat/completions", json={"messages": turn, "max_tokens": 5, "tools": [WEATHER, CLOCK],
                                                      "tool_choice": "none"}).json()["choices"][0]
     assert answer["message"]["content"] and "tool_calls" not in answer["message"]
-    # A call cut short by max_tokens is returned as the text it got to, finish_reason "length".
+    # A named call cut short by max_tokens is the call as far as it was written, finish_reason "length": what its
+    # stream sends, piece by piece (as vLLM answers both); "required" cut short is the text it got to.
     cut = http.post("/v1/chat/completions", json={**named, "max_tokens": 3}).json()["choices"][0]
-    assert cut["finish_reason"] == "length" and cut["message"]["content"].startswith("{")
+    (partial,) = cut["message"]["tool_calls"]
+    assert cut["finish_reason"] == "length" and partial["function"]["arguments"].startswith("{")
+    events = _sse(http.post("/v1/chat/completions", json={**named, "max_tokens": 3, "stream": True}))
+    pieces = [d["tool_calls"][0]["function"]["arguments"] for e in events if e["choices"]
+              for d in [e["choices"][0]["delta"]] if "tool_calls" in d]
+    assert "".join(pieces) == partial["function"]["arguments"] and events[-1]["choices"][0]["finish_reason"] == "length"
+    cut = http.post("/v1/chat/completions", json={**required, "max_tokens": 3}).json()["choices"][0]
+    assert cut["finish_reason"] == "length" and cut["message"]["content"].startswith("[")
 
 
 def test_special_tokens_are_left_out_of_the_text_unless_asked_for(http, default_mesh):

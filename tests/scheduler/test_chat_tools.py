@@ -92,7 +92,13 @@ def test_a_named_function_constrains_the_output_to_its_arguments():
     (call,) = calling.calls('{"city": "Oslo"}')
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"] == {"name": "weather", "arguments": '{"city": "Oslo"}'}
-    assert calling.calls('{"city": "Os') is None  # cut by max_tokens
+    # Cut by max_tokens: the call as far as it was written, as its stream sent it (and as vLLM answers); nothing
+    # written (a thought took every token), no call.
+    (cut,) = calling.calls('{"city": "Os')
+    assert cut["function"] == {"name": "weather", "arguments": '{"city": "Os'}
+    assert calling.calls("") is None
+    message, finish = calling.message('{"city": "Os', "length")
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"city": "Os' and finish == "length"
 
 
 def test_required_constrains_the_output_to_calls_of_the_given_functions():
