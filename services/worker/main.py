@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 from services.common import gc_pauses, grpc_kv
 from services.common import tracing as tr
-from services.common.errors import Unavailable
+from services.common.errors import Unavailable, error_for_code
 from services.common.grpc_server import CHANNEL_OPTIONS, Server, run_service, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
 from services.common.rpc import rpc
@@ -170,7 +170,9 @@ async def register(scheduler: str, address: str, info: worker_pb2.WorkerInfo, ti
                     return reply.worker_id
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                        raise
+                        # A refusal (a TBT target this worker cannot meet, another model): one line, exit 2.
+                        raise error_for_code(exc.code().name, f"the scheduler at {scheduler} refused this worker: "
+                                                              f"{exc.details()}") from None
                 await anyio.sleep(0.2)
     raise Unavailable(f"the scheduler at {scheduler} did not answer within {timeout_s:.0f} s")
 
