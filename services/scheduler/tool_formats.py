@@ -108,7 +108,7 @@ class _BlockParser(MarkedParser):
         calls = self._calls(text[at:]) if at >= 0 else []
         if not calls or not all(c.complete and is_json_object(c.arguments()) for c in calls):
             return text, []  # no call, or one cut short by max_tokens: the reply stays text
-        return (text[:at].strip() or None), [openai_call(c.name, c.arguments(), c.id) for c in calls]
+        return (text[:at] or None), [openai_call(c.name, c.arguments(), c.id) for c in calls]
 
     def partial(self, text: str, scans: list | None = None) -> list[tuple[str, str]]:
         at = text.find(self.OPEN)

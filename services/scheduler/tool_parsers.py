@@ -181,7 +181,7 @@ class HermesParser(MarkedParser):
         calls = _read_calls(self._blocks(text), self._HEAD, "arguments")
         if not calls:  # e.g. cut short by max_tokens: the reply stays text
             return text, []
-        return (text[:at].strip() or None), calls
+        return (text[:at] or None), calls
 
     def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
         return _partial(self._blocks(text), self._HEAD, scans)
@@ -260,7 +260,7 @@ class HarmonyParser(MarkedParser):
         calls = self._calls(text)
         if at < 0 or not all(is_json_object(args) for _, args in calls):  # none, or cut short by max_tokens
             return text, []
-        return (text[:at].strip() or None), [openai_call(name, args) for name, args in calls]
+        return (text[:at] or None), [openai_call(name, args) for name, args in calls]
 
     def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
         return self._calls(text)
@@ -306,7 +306,7 @@ class MistralParser(MarkedParser):
             calls = [openai_call(name, args) for name, args, _ in named] if complete else []
         if not calls:  # e.g. cut short by max_tokens: the reply stays text
             return text, []
-        return (text[:at].strip() or None), [{**call, "id": mistral_call_id()} for call in calls]
+        return (text[:at] or None), [{**call, "id": mistral_call_id()} for call in calls]
 
     def partial(self, text: str, scans: list[ValueScan] | None = None) -> list[tuple[str, str]]:
         bodies = self._bodies(text)

@@ -161,7 +161,7 @@ def test_thinking_text_and_tool_calls_come_back_as_their_blocks(hermes_http):  #
             final = stream.get_final_message()
         hidden = client.messages.create(**kwargs, thinking={"type": "adaptive", "display": "omitted"})
     assert [b.type for b in out.content] == ["thinking", "text", "tool_use"] and out.stop_reason == "tool_use"
-    assert out.content[0].thinking == "\nThe user wants Oslo.\n" and out.content[1].text == "Let me check."
+    assert out.content[0].thinking == "\nThe user wants Oslo.\n" and out.content[1].text == "\n\nLet me check."
     assert out.content[2].name == "weather" and out.content[2].input == {"city": "Oslo"}
     assert len(thinking) > 1 and "".join(thinking) == out.content[0].thinking
     assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
