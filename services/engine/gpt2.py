@@ -22,6 +22,8 @@ from services.common.errors import ModelLoadError
 if TYPE_CHECKING:
     import torch
 
+    from services.engine.model_config import ModelConfig
+
 ARCH = "GPT2LMHeadModel"
 NAMES = {"n_embd": "hidden_size", "n_positions": "max_position_embeddings", "n_head": "num_attention_heads",
          "n_layer": "num_hidden_layers", "n_inner": "intermediate_size", "activation_function": "hidden_act",
@@ -67,7 +69,8 @@ def as_released(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[s
         yield ("transformer." + name if name.startswith(("wte.", "wpe.", "h.", "ln_f.")) else name), tensor
 
 
-def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]], config: ModelConfig | None = None,
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors as the model holds them (``as_released``), the Conv1D weights transposed to
     ``[out, in]``."""
     for name, tensor in as_released(weights):

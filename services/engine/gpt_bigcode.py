@@ -21,6 +21,8 @@ from services.engine import gpt2
 if TYPE_CHECKING:
     import torch
 
+    from services.engine.model_config import ModelConfig
+
 ARCH = "GPTBigCodeForCausalLM"
 NAMES = gpt2.NAMES  # GPT-2's field names
 DEFAULTS = {"vocab_size": 50257, "hidden_size": 768, "max_position_embeddings": 1024, "num_hidden_layers": 12,
@@ -56,9 +58,10 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]], multi_query: bool,
+def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]], config: ModelConfig,
                        ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors as released (``gpt2.as_released``); without multi-query attention, ``c_attn`` under
     the name the per-head split reads."""
+    multi_query = config.qkv_layout is None
     for name, tensor in gpt2.as_released(weights):
         yield (name if multi_query else name.replace(".attn.c_attn.", ".attn.query_key_value.")), tensor

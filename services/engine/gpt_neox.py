@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from services.engine.model_config import ModelConfig
+
 ARCH = "GPTNeoXForCausalLM"
 NAMES = {"layer_norm_eps": "rms_norm_eps", "rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}
 DEFAULTS = {"vocab_size": 50432, "hidden_size": 6144, "intermediate_size": 24576, "num_hidden_layers": 44,
@@ -45,8 +47,8 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
             "partial_rotary_factor": raw["partial_rotary_aside"], "qkv_layout": "per_head", "architecture": ARCH}
 
 
-
-def without_buffers(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]], config: ModelConfig,
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors less the causal-mask buffers older checkpoints saved (``attention.bias``,
     ``attention.masked_bias``), which transformers leaves out too."""
     return ((name, tensor) for name, tensor in weights

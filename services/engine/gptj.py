@@ -19,6 +19,8 @@ from services.engine import gpt2
 if TYPE_CHECKING:
     import torch
 
+    from services.engine.model_config import ModelConfig
+
 ARCH = "GPTJForCausalLM"
 NAMES = gpt2.NAMES  # GPT-2's field names
 DEFAULTS = {"vocab_size": 50400, "hidden_size": 4096, "max_position_embeddings": 2048, "num_hidden_layers": 28,
@@ -46,7 +48,8 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
             "partial_rotary_factor": int(raw["gptj_rotary_dim"]) / head_dim, "architecture": ARCH}
 
 
-def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]], config: ModelConfig | None = None,
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors as released (``gpt2.as_released``), attention's under the name RoPE's reordering
     reads (``self_attn``)."""
     for name, tensor in gpt2.as_released(weights):

@@ -109,12 +109,9 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
     if config.multipliers is not None:  # Falcon-H1's, before the names change
         weights = falcon_h1.scaled_weights(weights, config.multipliers, config.linear_attention,
                                            config.tie_word_embeddings and ckpt.has_lm_head)
-    if config.architecture == gpt_neox.ARCH:
-        weights = gpt_neox.without_buffers(weights)
-    if config.architecture in (opt.ARCH, gpt2.ARCH, gptj.ARCH):
-        weights = {opt.ARCH: opt, gpt2.ARCH: gpt2, gptj.ARCH: gptj}[config.architecture].checkpoint_weights(weights)
-    if config.architecture == gpt_bigcode.ARCH:
-        weights = gpt_bigcode.checkpoint_weights(weights, multi_query=config.qkv_layout is None)
+    released = _RELEASED_LAYOUTS.get(config.architecture)
+    if released is not None:  # the classic families' released names, buffers and Conv1D weights
+        weights = released.checkpoint_weights(weights, config)
     if config.qkv_layout is not None:
         weights = split_query_key_value(weights, config.qkv_layout, config.num_attention_heads,
                                         config.num_key_value_heads)
@@ -131,6 +128,9 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
     if config.rope_interleaved:
         weights = ((name, deinterleave_rope(name, tensor, config)) for name, tensor in weights)
     return weights
+
+
+_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode)}
 
 
 def _under_model(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

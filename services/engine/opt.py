@@ -20,6 +20,8 @@ from services.common.errors import ModelLoadError
 if TYPE_CHECKING:
     import torch
 
+    from services.engine.model_config import ModelConfig
+
 ARCH = "OPTForCausalLM"
 POSITION_OFFSET = 2  # OPT's learned positions start at index 2 of their table (the first two are padding's)
 NAMES = {"ffn_dim": "intermediate_size", "activation_function": "hidden_act"}
@@ -59,7 +61,8 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
             "nope_layers": tuple(range(int(raw["num_hidden_layers"]))), "architecture": ARCH}
 
 
-def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]], config: ModelConfig | None = None,
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
     """Tensors saved from the base model (``decoder.layers...``, as the released checkpoints hold them) under the
     ``model.`` prefix the causal LM holds them by."""
     for name, tensor in weights:
