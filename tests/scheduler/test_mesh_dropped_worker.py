@@ -89,6 +89,7 @@ async def test_dropping_a_worker_with_a_step_and_a_pull_pending_leaves_the_mesh_
             assert not tracked.finished and mesh.where["r"] is src  # moved to the worker left, to run again
             tg.cancel_scope.cancel()
     finally:
+        await mesh.close()  # a channel left open delivers its cancelled step stream to a later test's loop
         await server.stop(None)
 
 

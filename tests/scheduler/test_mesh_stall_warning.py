@@ -36,6 +36,7 @@ async def _mesh_with_a_worker(stall_warning_s: float, blocks: int = 64):
             yield mesh, mesh.register(f"127.0.0.1:{port}", worker_info(blocks=blocks)), worker
             tg.cancel_scope.cancel()
     finally:
+        await mesh.close()  # a channel left open delivers its cancelled step stream to a later test's loop
         await server.stop(None)
 
 
