@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from seawall.commands.numbers import fraction, non_negative, positive, whole
 from seawall.commands.paths import check_output_file
 from services.common.errors import InvalidArgument
 
@@ -54,7 +55,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     add_scheduling_flags(g)
     g.add_argument("--device", default="auto", help="workers' torch device (default auto)")
     add_worker_thread_flags(g)
-    g.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
+    g.add_argument("--kv-cache-bytes", type=whole(1), default=None, help="KV pool bytes per worker")
     g.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent")
     g.add_argument("--no-cpu-kernels", action="store_true",
                    help="workers run CPU attention, norms and RoPE as plain torch ops, not the fused C kernels")
@@ -73,37 +74,37 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
                    help="custom (the flags below), burst (M users decoding, then N long prompts at once) or "
                    "mooncake (the conversation trace as multi-turn sessions)")
     g.add_argument("--arrival", choices=PROCESSES, default="poisson", help="arrival process (default poisson)")
-    g.add_argument("--rate", type=float, default=None,
+    g.add_argument("--rate", type=positive, default=None,
                    help="mean requests/s (default 4; with --arrival trace: rescale the trace to this rate)")
-    g.add_argument("--cv", type=float, default=None, help="gamma: coefficient of variation of the gaps (1 = Poisson)")
-    g.add_argument("--burstiness", type=float, default=None, help="gamma: vLLM's burstiness b, i.e. cv = 1/sqrt(b)")
-    g.add_argument("--on-s", type=float, default=2.0, help="onoff: on-period, s")
-    g.add_argument("--off-s", type=float, default=4.0, help="onoff: silence between on-periods, s")
-    g.add_argument("--burst-size", type=int, default=8,
+    g.add_argument("--cv", type=positive, default=None, help="gamma: coefficient of variation of the gaps (1 = Poisson)")
+    g.add_argument("--burstiness", type=positive, default=None, help="gamma: vLLM's burstiness b, i.e. cv = 1/sqrt(b)")
+    g.add_argument("--on-s", type=positive, default=2.0, help="onoff: on-period, s")
+    g.add_argument("--off-s", type=non_negative, default=4.0, help="onoff: silence between on-periods, s")
+    g.add_argument("--burst-size", type=whole(1), default=8,
                    help="bursts: requests per burst; burst workload: long prompts arriving at once (default 8)")
-    g.add_argument("--burst-interval", type=float, default=5.0, help="bursts: seconds between bursts")
-    g.add_argument("--time-scale", type=float, default=1.0, help="trace arrivals: multiply the trace's times")
+    g.add_argument("--burst-interval", type=non_negative, default=5.0, help="bursts: seconds between bursts")
+    g.add_argument("--time-scale", type=positive, default=1.0, help="trace arrivals: multiply the trace's times")
     g.add_argument("--lengths", choices=LENGTHS, default="fixed", help="length source (default fixed)")
-    g.add_argument("--prompt-len", type=int, default=128, help="fixed/pareto: prompt tokens (default 128)")
-    g.add_argument("--output-len", type=int, default=64, help="fixed: output tokens (default 64)")
-    g.add_argument("--pareto-alpha", type=float, default=1.2, help="pareto/longtail: shape of output lengths")
-    g.add_argument("--pareto-min", type=int, default=8, help="pareto/longtail: the shortest output")
-    g.add_argument("--max-output-len", type=int, default=512, help="pareto/longtail: outputs capped here")
-    g.add_argument("--length-scale", type=float, default=1.0, help="trace lengths: multiply prompts and outputs")
-    g.add_argument("--trace-offset", type=int, default=0, help="traces: first row")
-    g.add_argument("--max-model-len", type=int, default=4096, help="prompt + output stay within this")
-    g.add_argument("--steady-users", type=int, default=16, help="burst: users decoding (default 16)")
-    g.add_argument("--steady-prompt-len", type=int, default=64)
-    g.add_argument("--steady-output-len", type=int, default=512)
-    g.add_argument("--steady-ramp-s", type=float, default=0.5, help="burst: the users start over this many s")
-    g.add_argument("--burst-at", type=float, default=3.0, help="burst: when the long prompts arrive, s")
-    g.add_argument("--burst-prompt-len", type=int, default=1024)
-    g.add_argument("--burst-output-len", type=int, default=16)
-    g.add_argument("--block-tokens", type=int, default=16, help="mooncake: tokens per 512-token trace block")
-    g.add_argument("--shared-prefix-len", type=int, default=0,
+    g.add_argument("--prompt-len", type=whole(1), default=128, help="fixed/pareto: prompt tokens (default 128)")
+    g.add_argument("--output-len", type=whole(1), default=64, help="fixed: output tokens (default 64)")
+    g.add_argument("--pareto-alpha", type=positive, default=1.2, help="pareto/longtail: shape of output lengths")
+    g.add_argument("--pareto-min", type=whole(1), default=8, help="pareto/longtail: the shortest output")
+    g.add_argument("--max-output-len", type=whole(1), default=512, help="pareto/longtail: outputs capped here")
+    g.add_argument("--length-scale", type=positive, default=1.0, help="trace lengths: multiply prompts and outputs")
+    g.add_argument("--trace-offset", type=whole(0), default=0, help="traces: first row")
+    g.add_argument("--max-model-len", type=whole(2), default=4096, help="prompt + output stay within this")
+    g.add_argument("--steady-users", type=whole(1), default=16, help="burst: users decoding (default 16)")
+    g.add_argument("--steady-prompt-len", type=whole(1), default=64)
+    g.add_argument("--steady-output-len", type=whole(1), default=512)
+    g.add_argument("--steady-ramp-s", type=non_negative, default=0.5, help="burst: the users start over this many s")
+    g.add_argument("--burst-at", type=positive, default=3.0, help="burst: when the long prompts arrive, s")
+    g.add_argument("--burst-prompt-len", type=whole(1), default=1024)
+    g.add_argument("--burst-output-len", type=whole(1), default=16)
+    g.add_argument("--block-tokens", type=whole(1), default=16, help="mooncake: tokens per 512-token trace block")
+    g.add_argument("--shared-prefix-len", type=whole(0), default=0,
                    help="custom: every prompt, burst: every burst prompt starts with a system prompt of this "
                         "many tokens (default 0; vLLM bench's --random-prefix-len)")
-    g.add_argument("--shared-prefix-groups", type=int, default=1,
+    g.add_argument("--shared-prefix-groups", type=whole(1), default=1,
                    help="split those requests, in arrival order, into this many groups with a system prompt "
                         "each (default 1), e.g. one per burst")
     g.add_argument("--priority-mix", default="", metavar="P:SHARE,...",
@@ -113,9 +114,9 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     g.add_argument("--loras", type=_csv(str), default=None, metavar="NAME,...",
                    help="each request runs one of these LoRA adapters, drawn from the seed (default: with --spawn "
                         "and --lora-modules, those; else none: the base model)")
-    g.add_argument("--num-requests", type=int, default=64, help="requests to send (default 64)")
-    g.add_argument("--duration", type=float, default=None, help="send only for this many seconds instead")
-    g.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
+    g.add_argument("--num-requests", type=whole(1), default=64, help="requests to send (default 64)")
+    g.add_argument("--duration", type=positive, default=None, help="send only for this many seconds instead")
+    g.add_argument("--max-concurrency", type=whole(1), default=None, help="at most this many requests in flight")
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -125,25 +126,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_target(p)
     _add_workload(p)
     g = p.add_argument_group("metrics, comparisons and reports")
-    g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO, s (goodput, capacity)")
-    g.add_argument("--slo-tbt", type=float, default=None, help="TBT SLO, s: a request's p99 gap (goodput); the "
+    g.add_argument("--slo-ttft", type=positive, default=None, help="TTFT SLO, s (goodput, capacity)")
+    g.add_argument("--slo-tbt", type=positive, default=None, help="TBT SLO, s: a request's p99 gap (goodput); the "
                    "run's p99 TBT (capacity)")
-    g.add_argument("--rates", type=_csv(float), default=None, help="run at each of these rates (latency vs load)")
+    g.add_argument("--rates", type=_csv(positive), default=None, help="run at each of these rates (latency vs load)")
     g.add_argument("--capacity", action="store_true", help="binary-search the highest rate within the SLOs")
-    g.add_argument("--start-rate", type=float, default=1.0, help="capacity: first probe, requests/s")
-    g.add_argument("--capacity-probes", type=int, default=8, help="capacity: at most this many probes")
-    g.add_argument("--capacity-tolerance", type=float, default=0.1, help="capacity: stop within this fraction")
+    g.add_argument("--start-rate", type=positive, default=1.0, help="capacity: first probe, requests/s")
+    g.add_argument("--capacity-probes", type=whole(1), default=8, help="capacity: at most this many probes")
+    g.add_argument("--capacity-tolerance", type=fraction, default=0.1, help="capacity: stop within this fraction")
     g.add_argument("--hf-baseline", action="store_true",
                    help="also run the requests through transformers (continuous batching) on the same weights")
-    g.add_argument("--hf-max-batch", type=int, default=64, help="transformers: requests per batch")
+    g.add_argument("--hf-max-batch", type=whole(1), default=64, help="transformers: requests per batch")
     g.add_argument("--no-burst-control", action="store_true",
                    help="burst workload: skip the control run without the burst (it gives the steady state at "
                         "the burst's own tokens: burst_tbt_ratio_control)")
-    g.add_argument("--repeats", type=int, default=1,
+    g.add_argument("--repeats", type=whole(1), default=1,
                    help="run every policy this many times, round by round, alternating their order; the targets "
                         "are judged on the median of their per-round figures (ratios within a round), so that one "
                         "run on a busier minute does not decide them (default 1)")
-    g.add_argument("--warmup", type=int, default=4, help="warm-up requests before timing (default 4)")
+    g.add_argument("--warmup", type=whole(0), default=4, help="warm-up requests before timing (default 4)")
     g.add_argument("--json", type=Path, default=None, help="write the report here")
     g.add_argument("--html", type=Path, default=None, help="write an HTML report with plots here")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import sys
 
+from seawall.commands.numbers import non_negative, positive, whole
 from seawall.commands.paths import check_output_file, write_output_file
 from services.common.errors import InvalidArgument
 
@@ -37,9 +38,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step (default 128)")
     g.add_argument("--preemption-mode", choices=("swap", "recompute"), default=None,
                    help="default: swap for fastserve*, recompute otherwise")
-    g.add_argument("--swap-space-gib", type=float, default=4.0, help="host memory per GPU for swapped KV")
+    g.add_argument("--swap-space-gib", type=non_negative, default=4.0, help="host memory per GPU for swapped KV")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV pool size (blocks)")
+    g.add_argument("--num-gpu-blocks", type=whole(1), default=None, help="override the KV pool size (blocks)")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--prefix-caching", action="store_true", help="reuse KV of shared prefixes (mooncake-conv)")
     g.add_argument("--mlfq", choices=("paper", "code"), default="paper",
@@ -50,20 +51,20 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     w.add_argument("--workload", default="sharegpt", choices=LENGTH_SOURCES, help="length source")
     w.add_argument("--arrival", default=None, choices=ARRIVALS,
                    help="arrival process (default: trace for azure-conv/mooncake-conv, else poisson)")
-    w.add_argument("--qps", type=float, default=None, help="mean arrival rate, requests/s")
-    w.add_argument("--num-requests", type=int, default=256)
+    w.add_argument("--qps", type=positive, default=None, help="mean arrival rate, requests/s")
+    w.add_argument("--num-requests", type=whole(1), default=256)
     w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation")
-    w.add_argument("--on-s", type=float, default=10.0, help="onoff arrivals: burst length, s")
-    w.add_argument("--off-s", type=float, default=30.0, help="onoff arrivals: gap between bursts, s")
-    w.add_argument("--time-scale", type=float, default=1.0, help="trace arrivals without --qps: stretch time")
-    w.add_argument("--trace-offset", type=int, default=0, help="first row of a timestamped trace")
-    w.add_argument("--prompt-len", type=int, default=512, help="fixed workload: prompt tokens")
-    w.add_argument("--output-len", type=int, default=128, help="fixed workload: output tokens")
-    w.add_argument("--max-total-len", type=int, default=None, help="drop requests longer than this")
-    w.add_argument("--max-prompt-len", type=int, default=None, help="sharegpt/longtail: shorter prompts only")
-    w.add_argument("--pareto-alpha", type=float, default=1.2, help="longtail: Pareto shape of output lengths")
-    w.add_argument("--pareto-min", type=int, default=8, help="longtail: the shortest output")
+    w.add_argument("--cv", type=positive, default=1.0, help="gamma arrivals: coefficient of variation")
+    w.add_argument("--on-s", type=positive, default=10.0, help="onoff arrivals: burst length, s")
+    w.add_argument("--off-s", type=non_negative, default=30.0, help="onoff arrivals: gap between bursts, s")
+    w.add_argument("--time-scale", type=positive, default=1.0, help="trace arrivals without --qps: stretch time")
+    w.add_argument("--trace-offset", type=whole(0), default=0, help="first row of a timestamped trace")
+    w.add_argument("--prompt-len", type=whole(1), default=512, help="fixed workload: prompt tokens")
+    w.add_argument("--output-len", type=whole(1), default=128, help="fixed workload: output tokens")
+    w.add_argument("--max-total-len", type=whole(2), default=None, help="drop requests longer than this")
+    w.add_argument("--max-prompt-len", type=whole(1), default=None, help="sharegpt/longtail: shorter prompts only")
+    w.add_argument("--pareto-alpha", type=positive, default=1.2, help="longtail: Pareto shape of output lengths")
+    w.add_argument("--pareto-min", type=whole(1), default=8, help="longtail: the shortest output")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,10 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     cap = sim_sub.add_parser("capacity", help="highest QPS within the SLOs (Sarathi-Serve's capacity search)")
     _add_common(cap)
-    cap.add_argument("--slo-tbt-p99", type=float, required=True, help="P99 time-between-tokens SLO, s")
-    cap.add_argument("--slo-sched-delay-p50", type=float, default=2.0, help="P50 scheduling delay SLO, s")
-    cap.add_argument("--start-qps", type=float, default=1.0, help="first upper bound is twice this")
-    cap.add_argument("--max-probes", type=int, default=20)
+    cap.add_argument("--slo-tbt-p99", type=positive, required=True, help="P99 time-between-tokens SLO, s")
+    cap.add_argument("--slo-sched-delay-p50", type=positive, default=2.0, help="P50 scheduling delay SLO, s")
+    cap.add_argument("--start-qps", type=positive, default=1.0, help="first upper bound is twice this")
+    cap.add_argument("--max-probes", type=whole(1), default=20)
     cap.add_argument("--json", default=None)
     cap.set_defaults(func=_capacity, per_request=False)
 
@@ -123,21 +124,21 @@ def _add_cluster(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="Qwen2.5-32B", help="model name (seawall sim list), default Qwen2.5-32B")
     g.add_argument("--gpu", default="H200", help="GPU name (seawall sim list), default H200")
     g.add_argument("--tp", type=int, default=1, help="GPUs per engine (default 1: DP engines)")
-    g.add_argument("--gpus-per-node", type=int, default=8)
-    g.add_argument("--prefill", type=int, default=1, help="prefill nodes (default 1)")
-    g.add_argument("--decode", type=int, default=2, help="decode nodes (default 2)")
-    g.add_argument("--storage-gbps", type=float, default=400.0, help="storage NIC per node, Gbit/s (default 400)")
-    g.add_argument("--compute-gbps", type=float, default=400.0, help="compute NIC per GPU, Gbit/s (default 400)")
-    g.add_argument("--dram-gb", type=float, default=320.0, help="DRAM buffer per node, GB (default 320)")
+    g.add_argument("--gpus-per-node", type=whole(1), default=8)
+    g.add_argument("--prefill", type=whole(1), default=1, help="prefill nodes (default 1)")
+    g.add_argument("--decode", type=whole(1), default=2, help="decode nodes (default 2)")
+    g.add_argument("--storage-gbps", type=positive, default=400.0, help="storage NIC per node, Gbit/s (default 400)")
+    g.add_argument("--compute-gbps", type=positive, default=400.0, help="compute NIC per GPU, Gbit/s (default 400)")
+    g.add_argument("--dram-gb", type=positive, default=320.0, help="DRAM buffer per node, GB (default 320)")
     g.add_argument("--read-policy", nargs="+", default=["dual"], choices=READ_POLICIES, metavar="POLICY",
                    help=f"where hit KV is read: {', '.join(READ_POLICIES)} (default dual); several: one run "
                         f"each, ratios against the first")
     g.add_argument("--placement", default="load", choices=PLACEMENTS,
                    help="engine choice: by token load and read queues (papers.md §4.5) or round robin")
-    g.add_argument("--prefill-quota-s", type=float, default=0.3, help="compute budget of a prefill batch, s")
-    g.add_argument("--alpha-s", type=float, default=3.0, help="alpha: storage-read queue limit, s of SNIC")
-    g.add_argument("--beta-s", type=float, default=5.0, help="beta: engine token limit, s of prefill")
-    g.add_argument("--window-s", type=float, default=10.0, help="window of the storage-NIC balance, s")
+    g.add_argument("--prefill-quota-s", type=positive, default=0.3, help="compute budget of a prefill batch, s")
+    g.add_argument("--alpha-s", type=positive, default=3.0, help="alpha: storage-read queue limit, s of SNIC")
+    g.add_argument("--beta-s", type=positive, default=5.0, help="beta: engine token limit, s of prefill")
+    g.add_argument("--window-s", type=positive, default=10.0, help="window of the storage-NIC balance, s")
 
 
 def _add_multiturn(p: argparse.ArgumentParser) -> None:
@@ -149,25 +150,25 @@ def _add_multiturn(p: argparse.ArgumentParser) -> None:
     w.add_argument("--vocab-size", type=int, default=4096, help="token ids are drawn from [3, this)")
     w.add_argument("--preset", default="64k", choices=tuple(AGENTIC_PRESETS),
                    help="agentic: DualPath's dataset shape (default 64k); the flags below override it")
-    w.add_argument("--sessions", type=int, default=16, help="agentic: sessions (agents)")
-    w.add_argument("--turns", type=int, default=None, help="agentic: turns per session, at most")
-    w.add_argument("--first-prompt-len", type=int, default=None, help="agentic: turn 1's prompt")
-    w.add_argument("--append-len", type=int, default=None, help="agentic: tokens appended per turn")
-    w.add_argument("--output-len", type=int, default=None, help="agentic: tokens generated per turn")
-    w.add_argument("--max-len", type=int, default=None, help="agentic: prompt + output never pass this")
-    w.add_argument("--scale", type=float, default=1.0, help="agentic: multiply every length (1/16: tiny model)")
+    w.add_argument("--sessions", type=whole(1), default=16, help="agentic: sessions (agents)")
+    w.add_argument("--turns", type=whole(1), default=None, help="agentic: turns per session, at most")
+    w.add_argument("--first-prompt-len", type=whole(1), default=None, help="agentic: turn 1's prompt")
+    w.add_argument("--append-len", type=whole(1), default=None, help="agentic: tokens appended per turn")
+    w.add_argument("--output-len", type=whole(1), default=None, help="agentic: tokens generated per turn")
+    w.add_argument("--max-len", type=whole(2), default=None, help="agentic: prompt + output never pass this")
+    w.add_argument("--scale", type=positive, default=1.0, help="agentic: multiply every length (1/16: tiny model)")
     w.add_argument("--jitter", type=float, default=0.5, help="agentic: lengths uniform in mean x [1-j, 1+j]")
-    w.add_argument("--think-s", type=float, default=0.0, help="agentic: pause before each next turn, s")
-    w.add_argument("--session-rate", type=float, default=None,
+    w.add_argument("--think-s", type=non_negative, default=0.0, help="agentic: pause before each next turn, s")
+    w.add_argument("--session-rate", type=positive, default=None,
                    help="agentic: Poisson session starts per second (default: all at t=0, offline)")
-    w.add_argument("--storage-block-tokens", type=int, default=64,
+    w.add_argument("--storage-block-tokens", type=whole(1), default=64,
                    help="agentic: tokens per stored KV block (hits are whole blocks; default 64)")
-    w.add_argument("--num-requests", type=int, default=1000, help="mooncake-conv: records to replay")
-    w.add_argument("--trace-offset", type=int, default=0, help="mooncake-conv: first record")
-    w.add_argument("--block-tokens", type=int, default=512,
+    w.add_argument("--num-requests", type=whole(1), default=1000, help="mooncake-conv: records to replay")
+    w.add_argument("--trace-offset", type=whole(0), default=0, help="mooncake-conv: first record")
+    w.add_argument("--block-tokens", type=whole(1), default=512,
                    help="mooncake-conv: tokens per 512-token trace block (16 scales the trace down 32x)")
-    w.add_argument("--time-scale", type=float, default=1.0, help="mooncake-conv: multiply arrival times")
-    w.add_argument("--spread-s", type=float, default=0.0,
+    w.add_argument("--time-scale", type=positive, default=1.0, help="mooncake-conv: multiply arrival times")
+    w.add_argument("--spread-s", type=non_negative, default=0.0,
                    help="mooncake-conv: spread records sharing a timestamp over this many seconds (3: the grid)")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from seawall.cli import main
 
 RUN_KEYS = {"ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "e2e_p50", "e2e_p99", "throughput_tok_s",
@@ -74,7 +76,6 @@ def test_bad_pool_flags_and_output_paths_give_one_clear_line_before_anything_run
            "--qps", "2"]
     for flags, message in ((["--block-size", "0"], "--block-size must be >= 1"),
                            (["--block-size", "-16"], "--block-size must be >= 1"),
-                           (["--num-gpu-blocks", "-5"], "--num-gpu-blocks must be >= 1"),
                            (["--json", str(tmp_path)], "is a directory"),
                            (["--json", str(tmp_path / "missing" / "x.json")], "does not exist")):
         assert main([*run, *flags]) == 2
@@ -82,6 +83,11 @@ def test_bad_pool_flags_and_output_paths_give_one_clear_line_before_anything_run
         assert message in err and "Traceback" not in err, err
     assert main(["sim", "workload", "--workload", "agentic", "--out", str(tmp_path)]) == 2
     assert "--out" in capsys.readouterr().err
+    for flag, value in (("--swap-space-gib", "-1"), ("--qps", "0"), ("--cv", "nan"), ("--prompt-len", "0"),
+                        ("--num-gpu-blocks", "-5")):
+        with pytest.raises(SystemExit):  # argparse: accepted until then (negative swap space ran)
+            main([*run, flag, value])
+        assert f"argument {flag}: expected a " in capsys.readouterr().err
 
 
 def test_requests_the_pool_can_never_hold_are_counted_as_rejected(capsys):

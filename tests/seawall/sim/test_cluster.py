@@ -203,4 +203,6 @@ def test_cli_dualpath_and_workload(tmp_path, capsys):
     assert "prefix hit rate" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["sim", "dualpath", "--read-policy", "nope"])
-    assert main(["sim", "dualpath", "--prefill", "0"]) == 2
+    with pytest.raises(SystemExit):
+        main(["sim", "dualpath", "--prefill", "0"])
+    assert "argument --prefill: expected a whole number >= 1, got '0'" in capsys.readouterr().err
