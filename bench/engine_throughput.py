@@ -120,7 +120,11 @@ def load_hf(model_dir: str, attn: str = "sdpa", device: str = "cpu", dtype: str 
 
     if ModelConfig.from_dir(model_dir).attention_free:
         attn = "eager"  # an attention-free model has no attention to implement, and transformers refuses sdpa
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation=attn)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation=attn)
+    except ValueError:  # no sdpa path in transformers for this architecture (BLOOM, MPT): its eager one
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
+                                                     attn_implementation="eager")
     model.to(device).eval()
     # No eos at all: generate() fills unset fields from model.generation_config, so clear it there too.
     model.generation_config.eos_token_id = None

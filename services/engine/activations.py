@@ -15,8 +15,13 @@ def gelu_new(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+def bloom_gelu(x: torch.Tensor) -> torch.Tensor:
+    """BLOOM's tanh approximation, with its constants and order (transformers' ``bloom_gelu_forward``)."""
+    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu_new": gelu_new,
-               "relu2": lambda x: torch.square(F.relu(x)), "gelu": F.gelu, "relu": F.relu}
+               "relu2": lambda x: torch.square(F.relu(x)), "gelu": F.gelu, "relu": F.relu, "bloom_gelu": bloom_gelu}
 
 
 def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import Any
 
 from services.common.errors import ModelLoadError
 from services.engine import (
+    bloom,
     falcon,
     falcon_h1,
     gpt2,
@@ -26,6 +27,7 @@ from services.engine import (
     kimi_linear,
     lfm3,
     mamba,
+    mpt,
     nemotron_h,
     opt,
 )
@@ -172,6 +174,11 @@ ALIASES = {
     # GPT-J (gptj.py): interleaved RoPE over part of each head, attention and MLP in parallel on one norm.
     gptj.ARCH: Alias("LlamaForCausalLM", gptj.NAMES, gptj.DEFAULTS, gptj.IGNORED, rewrite=gptj.rewrite,
                      fields=gptj.fields),
+    # BLOOM (bloom.py) and MPT (mpt.py): ALiBi instead of RoPE, LayerNorms and ungated GELU MLPs; BLOOM's
+    # embeddings normed, everything biased, MPT's nothing.
+    bloom.ARCH: Alias("LlamaForCausalLM", bloom.NAMES, bloom.DEFAULTS, bloom.IGNORED, rewrite=bloom.rewrite,
+                      fields=bloom.fields),
+    mpt.ARCH: Alias("LlamaForCausalLM", mpt.NAMES, mpt.DEFAULTS, mpt.IGNORED, rewrite=mpt.rewrite, fields=mpt.fields),
     # Jamba (jamba.py): attention without positions in one layer of attn_layer_period, Mamba (mamba1.py) in the
     # rest, Mixtral-style experts in one of expert_layer_period, not renormalized.
     jamba.ARCH: Alias("LlamaForCausalLM", defaults=jamba.DEFAULTS, ignored=jamba.IGNORED, fields=jamba.fields),
@@ -553,7 +560,8 @@ def _internlm3(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-_OLDER_NAMES = {"MiniCPM5MoEForCausalLM": "MiniCPM5MoeForCausalLM", "PhiMoEForCausalLM": "PhimoeForCausalLM"}
+_OLDER_NAMES = {"MiniCPM5MoEForCausalLM": "MiniCPM5MoeForCausalLM", "PhiMoEForCausalLM": "PhimoeForCausalLM",
+                "MPTForCausalLM": "MptForCausalLM"}
 
 
 def aliased(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -16,6 +16,8 @@ In a sliding-window layer (Mistral, Phi-3, Gemma's local layers, Qwen2/3 with a 
 keys ``(p - window, p]`` only: the same groups with a window mask, or the kernels told the window, which then
 skip the blocks before it. Llama 4's chunked layers are the same with another mask: a query at p sees keys
 ``[p - p % chunk, p]``, those of its own chunk. GPT-OSS's attention sinks add one term per head to each softmax's denominator.
+ALiBi (BLOOM, MPT) adds ``slope_h * (j - p)`` to head h's score of key j for a query at p (the same softmax as
+transformers' ``slope_h * j``, a constant per row apart): a float mask in the torch groups, a term in the kernels.
 
 Measured in bench/attention_impl.py: ``index_select`` on the flattened block rows gathers ~5x faster than
 advanced indexing of the strided per-layer view, and length buckets beat padding every decode to the
@@ -27,8 +29,9 @@ ms for the bucketed gather + SDPA; a 64-token chunk after 512 cached: 0.26 again
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +119,17 @@ class AttentionBatch:
     softcap: float | None = None
     # Linear-attention layers (gated_delta_net.py): each sequence's recurrent state; None in a model without.
     recurrent: RecurrentBatch | None = None
+    # ALiBi's float masks of the torch groups, built by the first layer and read by the rest (every layer has the
+    # same slopes).
+    alibi_masks: AlibiMasks | None = None
+
+
+class AlibiMasks(NamedTuple):
+    """Each torch group's float mask with ALiBi's biases (``_alibi_mask``), in ``AttentionBatch``'s group order."""
+
+    decodes: list[torch.Tensor]
+    fresh: list[torch.Tensor]
+    prefixed: list[torch.Tensor]
 
 
 def paged_attention(
@@ -128,13 +142,15 @@ def paged_attention(
     sliding: bool = False,
     sinks: torch.Tensor | None = None,
     scale: float | None = None,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``.
     ``sliding``: this layer attends within ``batch.window`` or ``batch.chunk`` only (a no-op when the batch has
     neither).
     ``sinks`` ``[Hq]`` (GPT-OSS): each head's softmax has one more logit, its sink, that weighs no value, so a
     head can attend to nothing. ``scale``: the scores' scale where it is not ``D ** -0.5`` (Gemma's), applied as
-    transformers' attention applies it (the fused kernels take it folded into q: fp32, where that rounds alike)."""
+    transformers' attention applies it (the fused kernels take it folded into q: fp32, where that rounds alike).
+    ``alibi`` ``[Hq]`` fp32: each head's ALiBi slope (``alibi_slopes``), for a model without windows, caps or sinks."""
     out = torch.empty_like(q)
     windowed = sliding and (batch.window is not None or batch.chunk is not None)
     if batch.kernels is not None:
@@ -145,33 +161,76 @@ def paged_attention(
         if (d := batch.decode_rows) is not None:
             span = slice(d.token_start, d.token_start + d.size)
             batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens, window,
-                                       batch.softcap, sinks, chunk)
+                                       batch.softcap, sinks, chunk, alibi)
         if (c := batch.chunk_rows) is not None:
             batch.kernels.paged_prefill(out, q, k_cache, v_cache, c.token_starts, c.lens, c.prefix, c.block_tables,
-                                        window, batch.softcap, sinks, chunk)
+                                        window, batch.softcap, sinks, chunk, alibi)
     else:
         k_cache[batch.slot_blocks, batch.slot_offsets] = k
         v_cache[batch.slot_blocks, batch.slot_offsets] = v
-    for g in batch.decodes:
+    if alibi is not None and batch.alibi_masks is None:
+        batch.alibi_masks = _alibi_masks(batch, alibi, q.dtype)
+    for i, g in enumerate(batch.decodes):
         span = slice(g.token_start, g.token_start + g.size)
+        mask = g.window_mask if windowed and g.window_mask is not None else g.mask
+        if alibi is not None:
+            mask = batch.alibi_masks.decodes[i]
         o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables), gather(v_cache, g.block_tables),
-                  g.window_mask if windowed and g.window_mask is not None else g.mask, batch.softcap, sinks, scale=scale)
+                  mask, batch.softcap, sinks, scale=scale)
         out[span] = o.squeeze(2)
-    for g in batch.fresh:
+    for i, g in enumerate(batch.fresh):
         span = slice(g.token_start, g.token_start + g.count * g.length)
         mask = g.window_mask if windowed else None
+        if alibi is not None:
+            mask = batch.alibi_masks.fresh[i]
         o = _sdpa(_per_chunk(q[span], g), _per_chunk(k[span], g), _per_chunk(v[span], g), mask, batch.softcap,
                   sinks, causal=mask is None, scale=scale)
         out[span] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
-    for c in batch.prefixed:
+    for i, c in enumerate(batch.prefixed):
         span = slice(c.token_start, c.token_start + c.num_tokens)
         table = c.block_table[None]
         keys = gather(k_cache, table)[:, :, : c.context_len]
         values = gather(v_cache, table)[:, :, : c.context_len]
-        o = _sdpa(q[span].transpose(0, 1).unsqueeze(0), keys, values,
-                  c.window_mask if windowed and c.window_mask is not None else c.mask, batch.softcap, sinks, scale=scale)
+        mask = c.window_mask if windowed and c.window_mask is not None else c.mask
+        if alibi is not None:
+            mask = batch.alibi_masks.prefixed[i]
+        o = _sdpa(q[span].transpose(0, 1).unsqueeze(0), keys, values, mask, batch.softcap, sinks, scale=scale)
         out[span] = o.squeeze(0).transpose(0, 1)
     return out
+
+
+def alibi_slopes(num_heads: int, bias_max: float) -> torch.Tensor:
+    """Each head's ALiBi slope ``[num_heads]`` fp32, as transformers' MPT computes them (BLOOM's formula gives the
+    same with ``bias_max`` 8): ``2 ** -(bias_max * i / n)`` for i = 1..n, n the head count rounded up to a power
+    of two; with fewer heads than n, the even i first, then the odd ones."""
+    n = 2 ** math.ceil(math.log2(num_heads))
+    slopes = 1.0 / torch.pow(2, torch.arange(1, n + 1, dtype=torch.int64).float() * (bias_max / n))
+    if n != num_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
+    return slopes
+
+
+def _alibi_masks(batch: AttentionBatch, slopes: torch.Tensor, dtype: torch.dtype) -> AlibiMasks:
+    """The float masks of ``batch``'s torch groups with ALiBi's biases: a decode's query is its context's last
+    token, a chunk's rows follow its prefix."""
+    fresh = []
+    for g in batch.fresh:
+        rows = torch.arange(g.length, device=slopes.device)[:, None]
+        fresh.append(_alibi_mask(slopes, rows, rows >= rows.T, dtype))
+    prefixed = [_alibi_mask(slopes, torch.arange(c.context_len - c.num_tokens, c.context_len,
+                                                 device=slopes.device)[:, None], c.mask, dtype)
+                for c in batch.prefixed]
+    return AlibiMasks([_alibi_mask(slopes, g.mask.sum(-1, keepdim=True) - 1, g.mask, dtype) for g in batch.decodes],
+                      fresh, prefixed)
+
+
+def _alibi_mask(slopes: torch.Tensor, query_pos: torch.Tensor, seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float mask of ``seen`` (bool, ``[rows, keys]`` or ``[batch, 1, rows, keys]``; True where a key is seen)
+    with each head's ALiBi bias, ``slope * (key - query_pos)``, where it is seen: ``[heads, rows, keys]`` or ``[batch,
+    heads, rows, keys]`` in ``dtype``. ``query_pos``: each row's position, ``[rows, 1]`` or ``[batch, 1, rows, 1]``."""
+    keys = torch.arange(seen.shape[-1], device=slopes.device)
+    bias = slopes.view(-1, 1, 1) * (keys - query_pos)
+    return bias.masked_fill(~seen, float("-inf")).to(dtype)
 
 
 # The written-out attention holds its scores: queries go in tiles of at most this many scores (1 GiB in fp32),

@@ -114,6 +114,8 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
     rope = f"RoPE ({config.rope_type}, base {config.rope_theta:g}) over {share}"
     if config.learned_positions is not None:
         rope = f"learned, absolute: a table of {config.max_position_embeddings} added to the embeddings"
+    elif config.alibi_bias_max is not None:
+        rope = f"ALiBi: each head's scores biased by distance (slopes 2^-({config.alibi_bias_max:g}i/n))"
     elif len(config.nope_layers) == config.num_hidden_layers:
         rope = "none: no layer rotates (attention without positions)"
     elif config.nope_layers:

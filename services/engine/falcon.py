@@ -11,7 +11,8 @@ runs as, read from its config as transformers reads it. No torch at import (the 
 * One fused ``query_key_value`` whose layout follows the architecture (``qkv_layout``, split as it loads): each
   key/value head's queries, then its key and value (new architecture); all queries, then one key and one value
   (``multi_query``); else ``[q | k | v]`` of each head in turn.
-* ALiBi (Falcon-RW) is refused: the engine has no position biases.
+* ALiBi (Falcon-RW) is refused: transformers rounds its slopes and their products by position to bf16 before
+  scaling them, a bias that drifts from the exact one the engine adds (BLOOM's, MPT's) past 256 positions.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
     """Its key/value heads and MLP width as transformers derives them; ALiBi refused."""
     if raw.get("alibi"):
         raise ModelLoadError("config.json: alibi is set; Falcon with ALiBi position biases (Falcon-RW) is not "
-                             "supported")
+                             "supported: transformers rounds them to bf16, which the engine does not reproduce")
     heads, new = int(raw["num_attention_heads"]), bool(raw["new_decoder_architecture"])
     kv_heads = int(raw.get("num_kv_heads") or heads) if new or not raw["multi_query"] else 1
     width = raw.get("intermediate_size") or 4 * int(raw["hidden_size"])

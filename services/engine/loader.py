@@ -11,6 +11,7 @@ from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
 from services.engine import (
+    bloom,
     falcon_h1,
     gpt2,
     gpt_bigcode,
@@ -22,13 +23,14 @@ from services.engine import (
     nemotron_h,
     opt,
 )
+from services.engine.attention import alibi_slopes
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
 from services.engine.int_packed import dequantize_packed
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_weights
-from services.engine.model import LlamaForCausalLM, norms_in_fp32
+from services.engine.model import Attention, LlamaForCausalLM, norms_in_fp32
 from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
 from services.engine.rope import deinterleave_rope, inverse_frequencies
@@ -73,6 +75,11 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     model.rotary.inv_freq = inverse_frequencies(ckpt.config).to(device)
     if model.local_rotary is not None:
         model.local_rotary.inv_freq = inverse_frequencies(ckpt.config, local=True).to(device)
+    if ckpt.config.alibi_bias_max is not None:  # fp32 too, one tensor every layer shares
+        slopes = alibi_slopes(ckpt.config.num_attention_heads, ckpt.config.alibi_bias_max).to(device)
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.alibi = slopes
     if ckpt.config.tie_word_embeddings and ckpt.has_lm_head:
         model.lm_head.weight = model.model.embed_tokens.weight
     weights = _checkpoint_weights(ckpt)
@@ -130,7 +137,7 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
     return weights
 
 
-_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode)}
+_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom)}
 
 
 def _under_model(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -195,6 +195,8 @@ class Attention(nn.Module):
                                   config.norm_scale_in_fp32)
         # Attention scales scores by head_dim ** -0.5, or by this (Gemma's query_pre_attn_scalar ** -0.5, ...).
         self.attn_scale = config.attn_scale
+        # ALiBi's slope per head (BLOOM, MPT), fp32 whatever the weights' dtype: set as the model loads.
+        self.alibi: torch.Tensor | None = None
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None,
                 q_mult: torch.Tensor | None = None) -> torch.Tensor:
@@ -230,8 +232,8 @@ class Attention(nn.Module):
             q = (q * q_mult).to(q.dtype)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.kv_layer)
-        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks,
-                            self.attn_scale).reshape(t, self.q_size)
+        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks, self.attn_scale,
+                            self.alibi).reshape(t, self.q_size)
         if self.gate_per_head:
             o = (o.view(t, self.heads, self.head_dim) * torch.sigmoid(self.gate_proj(x))[..., None]).view(t, -1)
         elif self.gate_proj is not None:
@@ -421,6 +423,7 @@ class LlamaModel(nn.Module):
         self.embed_positions = None if config.learned_positions is None else nn.Embedding(
             config.max_position_embeddings + config.learned_positions, config.hidden_size,
             _weight=torch.empty(config.max_position_embeddings + config.learned_positions, config.hidden_size))
+        self.embed_norm = _norm(config, config.hidden_size) if config.embed_norm else None  # BLOOM's
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = _norm(config, config.hidden_size, final=True)
 
@@ -474,6 +477,8 @@ class LlamaForCausalLM(nn.Module):
             x = x + self.model.embed_positions(positions + c.learned_positions)
         if c.embed_scale != 1.0:  # Gemma's rounded to the weights' dtype first, as transformers scales
             x = x * (torch.tensor(c.embed_scale, dtype=x.dtype) if c.embed_scale_rounded else c.embed_scale)
+        if self.model.embed_norm is not None:
+            x, _ = self.model.embed_norm(x)
         rope_dtype = torch.float32 if c.rope_in_fp32 else x.dtype
         rope = self.rotary.cos_sin(positions, rope_dtype)
         local = self.local_rotary.cos_sin(positions, rope_dtype) if self.local_rotary is not None else rope

@@ -93,7 +93,7 @@ _O_PROJ_UNBIASED = ("MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM",
                     "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ministral3ForCausalLM")
 _APERTUS_ROPE = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
                  "high_freq_factor": 4.0}
-SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "relu2", "xielu", "gelu", "relu")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "relu2", "xielu", "gelu", "relu", "bloom_gelu")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
@@ -152,6 +152,12 @@ class ModelConfig:
     # Learned absolute positions (OPT, GPT-2): a table of max_position_embeddings + this offset rows whose row
     # position + offset is added to each token's embedding (OPT's 2, GPT-2's 0); None: none (RoPE or no positions).
     learned_positions: int | None = None
+    # ALiBi (BLOOM, MPT): no position encoding in q or k; each head adds slope * (key - query position) to its
+    # scores instead, its slope from a geometric series set by this (attention.alibi_slopes: BLOOM's and MPT's
+    # formulas agree, MPT's alibi_bias_max defaulting to BLOOM's 8). None: no ALiBi.
+    alibi_bias_max: float | None = None
+    # BLOOM: a norm (with a bias) of the token embeddings before the first layer.
+    embed_norm: bool = False
     logit_scale: float = 1.0
     # StarCoder2: torch's LayerNorm, with a bias, in the model's dtype (layer_norm set too).
     norm_bias: bool = False
@@ -401,6 +407,14 @@ class ModelConfig:
             raise ModelLoadError(f"parallel_mlp_norm {self.parallel_mlp_norm} without parallel_block, or learned "
                                  f"positions at offset {self.learned_positions}: an MLP norm of its own is for "
                                  "attention and MLP side by side, an offset is >= 0")
+        if self.alibi_bias_max is not None and (
+                not self.alibi_bias_max > 0 or len(self.nope_layers) != self.num_hidden_layers
+                or self.learned_positions is not None or self.sliding_window is not None
+                or self.attention_chunk is not None or self.attn_softcap is not None or self.attention_sinks
+                or self.mla or self.linear_layers):
+            raise ModelLoadError(f"ALiBi (alibi_bias_max {self.alibi_bias_max}) is for attention without other "
+                                 "positions (no RoPE in any layer, no learned positions), windows, chunks, soft caps, "
+                                 "sinks, latent or linear layers, with alibi_bias_max > 0")
 
     def _check_rope(self) -> None:
         rope_type = self.rope_type
@@ -508,7 +522,7 @@ class ModelConfig:
                 and not self.moe_biases and self.swiglu_limit is None and self.nope_temperature is None
                 and self.q_position_scale is None and not self.layer_norm and not self.parallel_block
                 and not self.mlp_bias and not self.lm_head_bias and not self.sublayers
-                and self.learned_positions is None)
+                and self.learned_positions is None and self.alibi_bias_max is None and not self.embed_norm)
 
     @property
     def plain_attention(self) -> bool:

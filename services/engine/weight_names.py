@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
+from services.engine.bloom import ARCH as BLOOM
+from services.engine.bloom import RENAMES as BLOOM_RENAMES
 from services.engine.falcon import ARCH as FALCON
 from services.engine.falcon import RENAMES as FALCON_RENAMES
 from services.engine.falcon_h1 import ARCH as FALCON_H1
@@ -26,6 +28,8 @@ from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import RENAMES as HUNYUAN_RENAMES
 from services.engine.jamba import ARCH as JAMBA
 from services.engine.jamba import RENAMES as JAMBA_RENAMES
+from services.engine.mpt import ARCH as MPT
+from services.engine.mpt import RENAMES as MPT_RENAMES
 from services.engine.opt import ARCH as OPT
 from services.engine.opt import RENAMES as OPT_RENAMES
 
@@ -86,7 +90,8 @@ _BY_ARCHITECTURE = {
     "PhimoeForCausalLM": ((".mlp.router.", ".mlp.gate."),),  # its router, as transformers 5 saves it
     "PhiForCausalLM": _PHI,
     JAMBA: JAMBA_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
-    OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES,
+    OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES, BLOOM: BLOOM_RENAMES,
+    MPT: MPT_RENAMES,
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
@@ -94,7 +99,7 @@ _BY_ARCHITECTURE = {
 
 
 # Architectures whose tensors are under ``transformer.`` by names of their own, not EXAONE's.
-_OWN_TRANSFORMER_NAMES = (FALCON, GPT2, GPT_BIGCODE, GPTJ)
+_OWN_TRANSFORMER_NAMES = (FALCON, GPT2, GPT_BIGCODE, GPTJ, BLOOM, MPT)
 
 
 def checkpoint_name(name: str, architecture: str = "") -> str:

@@ -405,3 +405,15 @@ def test_jamba_and_bamba_read_their_layer_layouts_as_transformers_does():
     # Named alone, transformers' Bamba has no attention layer: the KV pool needs one.
     with pytest.raises(ModelLoadError, match="at least one attention layer"):
         ModelConfig.from_dict({"architectures": ["BambaForCausalLM"]})
+
+
+@pytest.mark.parametrize("arch, hf_config", [("BloomForCausalLM", "BloomConfig"), ("MptForCausalLM", "MptConfig")])
+def test_bloom_and_mpt_named_alone_take_transformers_defaults(arch, hf_config):
+    """As above, for the two without a maximum position in transformers' config (ALiBi; MPT's max_seq_len)."""
+    config, hf = ModelConfig.from_dict({"architectures": [arch]}), getattr(transformers, hf_config)()
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+            config.num_key_value_heads, config.tie_word_embeddings, config.rms_norm_eps) == (
+        hf.vocab_size, hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, hf.num_attention_heads,
+        hf.tie_word_embeddings, hf.layer_norm_epsilon)
+    assert config.intermediate_size == 4 * hf.hidden_size
+    assert config.max_position_embeddings == getattr(hf, "max_seq_len", 2048)

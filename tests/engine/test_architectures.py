@@ -38,6 +38,8 @@ FALCON_H1_MULTIPLIERS = dict(
     ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738])
 _FALCON = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "intermediate_size")}
 _ABSOLUTE = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "intermediate_size")}
+_BLOOM = dict(n_embed=64, n_layer=3, n_head=4, vocab_size=4096, bos_token_id=1, eos_token_id=2)
+_MPT = dict(d_model=64, n_layers=3, n_heads=4, max_seq_len=512, vocab_size=4096, bos_token_id=1, eos_token_id=2)
 _GPT2_SHAPE = dict(n_embd=64, n_layer=3, n_head=4, n_positions=512, vocab_size=4096, bos_token_id=1, eos_token_id=2)
 CASES = {
     "llama": lambda: transformers.LlamaConfig(
@@ -98,6 +100,14 @@ CASES = {
     "gpt-bigcode": lambda: transformers.GPTBigCodeConfig(**_GPT2_SHAPE),
     "gpt-bigcode-mha": lambda: transformers.GPTBigCodeConfig(multi_query=False, n_inner=96, **_GPT2_SHAPE),
     "gptj": lambda: transformers.GPTJConfig(rotary_dim=8, **_GPT2_SHAPE),
+    # BLOOM and MPT: ALiBi instead of RoPE (four heads: slopes of the power-of-two series; six: with BLOOM's
+    # extra ones in between), LayerNorms and ungated GELU MLPs; BLOOM's embeddings normed and everything biased,
+    # its query_key_value per head; MPT without biases, its Wqkv [q | k | v], clamped and rescaled as configured.
+    "bloom": lambda: transformers.BloomConfig(**_BLOOM),
+    "bloom-6-heads": lambda: transformers.BloomConfig(**{**_BLOOM, "n_embed": 96, "n_head": 6}),
+    "mpt": lambda: transformers.MptConfig(**_MPT),
+    "mpt-6-heads-clipped": lambda: transformers.MptConfig(**{**_MPT, "d_model": 96, "n_heads": 6}, attn_config={
+        "clip_qkv": 2.0, "softmax_scale": 0.2}),
     "gptj-full-rotary": lambda: transformers.GPTJConfig(rotary_dim=16, n_inner=96, **_GPT2_SHAPE),
     # Phi-2: attention and an ungated GELU MLP side by side on one biased LayerNorm, biases everywhere (the
     # output head's too), RoPE over 40% of each head.
@@ -563,7 +573,7 @@ def test_sliding_windows_are_read_as_transformers_reads_them(checkpoint):
         types = ["sliding_attention"] * layers  # transformers' Mistral, Phi-3 and StarCoder2 slide in every layer
     assert [config.slides(i) for i in range(layers)] == [t == "sliding_attention" for t in types]
     assert config.sliding_window == (model.config.sliding_window if "sliding_attention" in types else None)
-    assert config.max_model_len == 512
+    assert config.max_model_len == (2048 if model.config.model_type == "bloom" else 512)  # BLOOM has none: 2048
 
 
 def test_qwen_windows_follow_use_sliding_window_and_max_window_layers():
@@ -611,10 +621,10 @@ def test_gemma3_hub_configs_are_read_as_transformers_reads_them():
 
 def _decoder_layers(model) -> list:
     """A transformers causal LM's decoder layers, under whichever name its base model holds them (``h``: GPT-2-style
-    models; OPT's under its ``decoder``)."""
+    models and BLOOM; ``blocks``: MPT; OPT's under its ``decoder``)."""
     base = next(m for m in (getattr(model, "model", None), model.base_model) if m is not None)
     base = getattr(base, "decoder", base)
-    return list(base.layers if hasattr(base, "layers") else base.h)
+    return list(next(getattr(base, name) for name in ("layers", "h", "blocks") if hasattr(base, name)))
 
 
 def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoint):
@@ -890,7 +900,8 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
-    elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear", "opt", "gpt2", "gpt_bigcode"):  # no RoPE
+    elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear", "opt", "gpt2", "gpt_bigcode", "bloom",
+                                     "mpt"):  # no RoPE
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(_decoder_layers(model))))
     else:
@@ -1271,3 +1282,67 @@ def test_gptj_and_starcoder_configs_read_as_released(tmp_path, tiny_model_dir):
     _save_as_released(tmp_path, {name.removeprefix("transformer."): t for name, t in iter_weights(tmp_path)},
                       "h.{}.attn.")
     engine_matches_transformers(tmp_path, model, cpu_kernels=False)
+
+
+def test_bloom_as_released_runs_as_transformers_runs_it(tmp_path, tiny_model_dir):
+    """BLOOM's checkpoints as released were saved from the base model (``word_embeddings...``, ``h.0...``, no
+    ``lm_head``: tied); they serve transformers' tokens, with the kernels and without."""
+    model = save_checkpoint(CASES["bloom"](), tmp_path, tiny_model_dir)
+    weights = {name.removeprefix("transformer."): t for name, t in iter_weights(tmp_path) if name != "lm_head.weight"}
+    _save_as_released(tmp_path, weights, None)
+    for cpu_kernels in (True, False):
+        engine_matches_transformers(tmp_path, model, cpu_kernels=cpu_kernels, lengths=(3, 40, 130))
+    assert report(tmp_path)["positions"] == "ALiBi: each head's scores biased by distance (slopes 2^-(8i/n))"
+
+
+def test_bloom_and_mpt_configs_read_as_released():
+    """BLOOM-560M's and MPT-7B's config.json as published (MPT's under its remote code's architecture name), read as
+    transformers reads them; what transformers' MPT would not run as trained, and BLOOM's post-norm residual,
+    refused."""
+    bloom = {"apply_residual_connection_post_layernorm": False, "architectures": ["BloomForCausalLM"],
+             "attention_dropout": 0.0, "attention_softmax_in_fp32": True, "bias_dropout_fusion": True,
+             "bos_token_id": 1, "eos_token_id": 2, "hidden_dropout": 0.0, "hidden_size": 1024, "initializer_range": 0.02,
+             "layer_norm_epsilon": 1e-05, "masked_softmax_fusion": True, "model_type": "bloom", "n_head": 16,
+             "n_inner": None, "n_layer": 24, "offset_alibi": 100, "pad_token_id": 3, "pretraining_tp": 1,
+             "skip_bias_add": True, "skip_bias_add_qkv": False, "slow_but_exact": False, "unk_token_id": 0,
+             "use_cache": True, "vocab_size": 250880}
+    ours, hf = ModelConfig.from_dict(bloom), transformers.BloomConfig(**bloom)
+    assert (ours.hidden_size, ours.num_attention_heads, ours.num_key_value_heads, ours.num_hidden_layers,
+            ours.intermediate_size, ours.rms_norm_eps) == (hf.hidden_size, hf.n_head, hf.n_head, hf.n_layer,
+                                                           4 * hf.hidden_size, hf.layer_norm_epsilon)
+    assert (ours.alibi_bias_max, ours.embed_norm, ours.qkv_layout, ours.hidden_act) == (8, True, "per_head",
+                                                                                        "bloom_gelu")
+    assert ours.nope_layers == tuple(range(24)) and ours.tie_word_embeddings and ours.max_position_embeddings == 2048
+    assert ours.attention_bias and ours.o_proj_bias and ours.mlp_bias and ours.norm_bias
+    assert ModelConfig.from_dict({**bloom, "n_embed": 512}).hidden_size == 512  # transformers reads it first
+    with pytest.raises(ModelLoadError, match="apply_residual_connection_post_layernorm is set"):
+        ModelConfig.from_dict({**bloom, "apply_residual_connection_post_layernorm": True})
+
+    attn = {"alibi": True, "alibi_bias_max": 8, "attn_impl": "torch", "attn_pdrop": 0,
+            "attn_type": "multihead_attention", "attn_uses_sequence_id": False, "clip_qkv": None, "prefix_lm": False,
+            "qk_ln": False, "softmax_scale": None}
+    mpt = {"architectures": ["MPTForCausalLM"], "attn_config": attn, "d_model": 4096, "emb_pdrop": 0,
+           "embedding_fraction": 1.0, "expansion_ratio": 4, "init_device": "cpu", "learned_pos_emb": True,
+           "logit_scale": None, "max_seq_len": 2048, "model_type": "mpt", "n_heads": 32, "n_layers": 32,
+           "no_bias": True, "norm_type": "low_precision_layernorm", "resid_pdrop": 0,
+           "tokenizer_name": "EleutherAI/gpt-neox-20b", "torch_dtype": "bfloat16", "use_cache": False, "verbose": 0,
+           "vocab_size": 50432}
+    ours, hf = ModelConfig.from_dict(mpt), transformers.MptConfig(**mpt)
+    assert (ours.hidden_size, ours.num_attention_heads, ours.num_key_value_heads, ours.num_hidden_layers,
+            ours.intermediate_size, ours.max_position_embeddings) == (hf.d_model, hf.n_heads, hf.n_heads, hf.n_layers,
+                                                                      4 * hf.d_model, hf.max_seq_len)
+    assert (ours.alibi_bias_max, ours.clip_qkv, ours.attn_scale, ours.hidden_act) == (8, None, None, "gelu")
+    assert ours.layer_norm and not (ours.norm_bias or ours.attention_bias or ours.o_proj_bias or ours.mlp_bias)
+    assert ours.architecture == "MptForCausalLM" and ours.tie_word_embeddings and not ours.embed_norm
+    for change, fragment in (({"attn_config": {**attn, "alibi": False}}, r"\{'alibi': False\}"),
+                             ({"attn_config": {**attn, "qk_ln": True}}, r"\{'qk_ln': True\}"),
+                             ({"attn_config": {**attn, "alibi_bias_max": 16}}, r"\{'alibi_bias_max': 16\}"),
+                             ({"attn_config": {**attn, "attn_type": "grouped_query_attention"}}, "grouped_query"),
+                             ({"no_bias": False}, "no_bias False"), ({"logit_scale": 0.5}, "logit_scale 0.5"),
+                             ({"expansion_ratio": 8}, "expansion_ratio 8")):
+        with pytest.raises(ModelLoadError, match=fragment):
+            ModelConfig.from_dict({**mpt, **change})
+    config = ModelConfig.from_dict(mpt)
+    for fields in ({"alibi_bias_max": 0.0}, {"nope_layers": (0,)}, {"sliding_window": 64}, {"learned_positions": 0}):
+        with pytest.raises(ModelLoadError, match="ALiBi"):
+            dataclasses.replace(config, **fields)

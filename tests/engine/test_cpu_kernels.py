@@ -339,3 +339,43 @@ def test_attention_sinks_match_eager_attention(kernels, rows, window):
         torch.testing.assert_close(out[i], _sink_reference(q[i], keys, values, seen, sinks), atol=3e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="8 contiguous fp32 CPU sinks"):
         kernels.paged_decode(out[:1], q[:1], k_cache, v_cache, tables[:1], lens[:1], None, None, sinks[:4])
+
+
+def _alibi_reference(q, keys, values, seen, slopes):
+    """transformers' BLOOM attention of one query token: each head's scores plus slope * the key's position (the
+    kernels' slope * (key - query) differs by a constant per row, which the softmax takes out)."""
+    group = q.shape[0] // keys.shape[1]
+    k = keys.repeat_interleave(group, 1).transpose(0, 1)
+    v = values.repeat_interleave(group, 1).transpose(0, 1)
+    bias = slopes[:, None] * torch.arange(keys.shape[0])[None, :]
+    scores = (q[:, None, :] @ k.transpose(1, 2))[:, 0] * q.shape[-1] ** -0.5 + bias
+    probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), -1)
+    return (probs[:, None, :] @ v)[:, 0]
+
+
+@pytest.mark.parametrize("rows", [1, 40])  # one job per KV head, one job per row
+def test_alibi_matches_biased_attention(kernels, rows):
+    """ALiBi's slopes in the decode and chunk kernels: one per query head (4 query heads per KV head here, so a
+    slope read for the wrong head shows), steep enough that the bias decides the attention."""
+    g = torch.Generator().manual_seed(13)
+    k_cache, v_cache = _pool(64, 16, 2, 32)
+    tables = torch.randperm(64, generator=g)[:8][None].repeat(rows, 1)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625, 1.0, 0.03125, 0.375, 0.0])
+    q = torch.randn(rows, 8, 32, generator=g) * 2
+    lens = torch.randint(1, 101, (rows,), generator=g)
+    out = torch.empty_like(q)
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens, alibi=slopes)
+    keys, values = (c[tables[0]].reshape(-1, 2, 32)[:100] for c in (k_cache, v_cache))
+    for i in range(rows):
+        n = int(lens[i])
+        want = _alibi_reference(q[i], keys, values, torch.arange(100) < n, slopes)
+        torch.testing.assert_close(out[i], want, atol=3e-6, rtol=1e-5)
+    q = torch.randn(30, 8, 32, generator=g) * 2  # a 30-token chunk after 70 cached tokens
+    out = torch.empty_like(q)
+    kernels.paged_prefill(out, q, k_cache, v_cache, torch.tensor([0]), torch.tensor([30]), torch.tensor([70]),
+                          tables[:1], alibi=slopes)
+    for i in (0, 13, 29):
+        want = _alibi_reference(q[i], keys, values, torch.arange(100) <= 70 + i, slopes)
+        torch.testing.assert_close(out[i], want, atol=3e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="8 contiguous fp32 CPU ALiBi slopes"):
+        kernels.paged_decode(out[:1], q[:1], k_cache, v_cache, tables[:1], lens[:1], alibi=slopes[:4])

@@ -67,11 +67,12 @@ static inline void soft_cap(float *p, int n, float cap) {
  * out = softmax(q . K^T * scale) V over tokens [first, context_len) of `table`, in one pass over the
  * blocks with a running max and sum per query head (online softmax). With `sinks` (GPT-OSS; this job's query
  * heads' learned logits), each head's softmax has one more term, exp(sink), that weighs no value: it joins
- * the sum at the end. */
+ * the sum at the end. With `slopes` (ALiBi: BLOOM, MPT; this job's query heads' slopes), each score of key j
+ * gains slope * (j - the query's position, context_len - 1). */
 static inline __attribute__((always_inline)) void attend(
     const float *q, float *out, const float *k_cache, const float *v_cache, const int64_t *table,
     int first, int context_len, int64_t block_stride, int block_size, int kv_heads, int head, int heads,
-    int head_dim, int group, float scale, float softcap, const float *sinks) {
+    int head_dim, int group, float scale, float softcap, const float *sinks, const float *slopes) {
     const int rows = heads * group; /* query heads of this job */
     float m[rows], l[rows], acc[rows * head_dim], s[rows * block_size];
     for (int r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.f;
@@ -89,6 +90,8 @@ static inline __attribute__((always_inline)) void attend(
                 prefetch_token(k_cache, v_cache, next + t * token_stride, heads * head_dim);
             for (int r = 0; r < rows; r++)
                 s[r * block_size + t] = dot(q + r * head_dim, kb + t * token_stride + (r / group) * head_dim, head_dim) * scale;
+            if (slopes)
+                for (int r = 0; r < rows; r++) s[r * block_size + t] += slopes[r] * (float)(start + t - (context_len - 1));
         }
         for (int r = 0; r < rows; r++) {
             float *p = s + r * block_size;
@@ -124,7 +127,8 @@ static inline int64_t first_key_of(int64_t key_end, int window, int chunk) {
 /* Decode attention: row i (one query token) attends to the first context_lens[i] tokens of its block table
  * (block_tables[i * table_stride ...]), or with window > 0 to the last `window` of them (sliding-window
  * attention), with chunk > 0 to those in its own chunk (first_key_of; the blocks before are never read); with softcap > 0 each score is capped first (Gemma 2);
- * with sinks (one logit per query head, or NULL) each head's softmax has a sink term (GPT-OSS).
+ * with sinks (one logit per query head, or NULL) each head's softmax has a sink term (GPT-OSS); with slopes
+ * (one per query head, or NULL) each score has its ALiBi bias (attend).
  * Queries have kv_heads * group heads of head_dim.
  * A job is one row and all its heads, so each block is read front to back, as one region; with fewer rows
  * than a few per thread, a job is one row and one KV head, so a lone long decode still uses every thread. */
@@ -132,7 +136,7 @@ void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, in
                           const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                           int kv_heads, int head_dim, int group, int num_rows, const int64_t *block_tables,
                           int64_t table_stride, const int64_t *context_lens, int window, int chunk, float scale,
-                          float softcap, const float *sinks) {
+                          float softcap, const float *sinks, const float *slopes) {
     const int split = num_rows < 4 * omp_get_max_threads();
     const int heads = split ? 1 : kv_heads, per_row = kv_heads / heads, jobs = num_rows * per_row;
 #pragma omp parallel for schedule(dynamic, 1) if (jobs > 1)
@@ -143,13 +147,13 @@ void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, in
         float *oi = out + i * out_row_stride + head_offset;
         const int64_t *table = block_tables + i * table_stride;
         const int ctx = (int)context_lens[i], first = (int)first_key_of(ctx, window, chunk);
-        const float *sk = sinks ? sinks + h * group : NULL;
+        const float *sk = sinks ? sinks + h * group : NULL, *sl = slopes ? slopes + h * group : NULL;
         /* Constant head sizes let the compiler unroll the inner loops into a few vector instructions. */
         switch (head_dim) {
-        case 32: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale, softcap, sk); break;
-        case 64: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale, softcap, sk); break;
-        case 128: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale, softcap, sk); break;
-        default: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale, softcap, sk);
+        case 32: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale, softcap, sk, sl); break;
+        case 64: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale, softcap, sk, sl); break;
+        case 128: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale, softcap, sk, sl); break;
+        default: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale, softcap, sk, sl);
         }
     }
 }
@@ -309,7 +313,7 @@ static inline __attribute__((always_inline)) void weigh_values(float *acc, const
 /* Prompt chunks: chunk c's query rows [token_starts[c], + lens[c]) attend causally to the first prefix[c]
  * + i + 1 tokens of its block table: its cached prefix, then itself (its own K/V are already in the pool,
  * so nothing is gathered); with window > 0 or chunk > 0, those first_key_of leaves; with softcap > 0, scores capped as
- * in the decode; sinks as in the decode. One job is one chunk, one KV head and up to ROW_TILE rows. It
+ * in the decode; sinks and slopes as in the decode. One job is one chunk, one KV head and up to ROW_TILE rows. It
  * walks the keys in tiles of KEY_TILE, copies each tile's K transposed (head_dim x keys) so that a row's
  * scores are vector FMAs across 64 keys, and keeps an online softmax per row and query head; a row's query
  * heads then weigh V together (weigh_values). The inner loops run independent FMA chains: with one, each
@@ -321,7 +325,7 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                            int kv_heads, int head_dim, int group, int num_chunks, const int64_t *token_starts,
                            const int64_t *lens, const int64_t *prefix, const int64_t *block_tables,
                            int64_t table_stride, int window, int chunk, float scale, float softcap,
-                           const float *sinks) {
+                           const float *sinks, const float *slopes) {
     int64_t tiles_before[num_chunks + 1];
     tiles_before[0] = 0;
     for (int c = 0; c < num_chunks; c++) tiles_before[c + 1] = tiles_before[c] + (lens[c] + ROW_TILE - 1) / ROW_TILE;
@@ -383,6 +387,8 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                         *(v16u *)(sj + 32) = s2;
                         *(v16u *)(sj + 48) = s3;
                     }
+                    if (slopes)  /* ALiBi: the row's query is at key_end - 1 */
+                        for (int t = skip; t < n; t++) sj[t] += slopes[h * group + j] * (float)(ts + t - (key_end - 1));
                     if (softcap > 0.f)
                         soft_cap(sj + skip, n - skip, softcap);
                     corr[j] = softmax_step(sj + skip, n - skip, &m[r], &l[r]);
