@@ -92,6 +92,7 @@ class LocalMesh:
         self.grpc_address = ""
         self.http_url = ""
         self.metrics_urls: dict[str, str] = {}  # child name -> its Prometheus endpoint
+        self.worker_addresses: dict[str, str] = {}  # worker child name -> its Worker service's host:port
         self.kvcache_address = ""
 
     def __enter__(self) -> LocalMesh:
@@ -144,11 +145,12 @@ class LocalMesh:
                                   *o.scheduler_args])
         threads = worker_threads(o, os.cpu_count() or 1)
         for i, role in enumerate(o.worker_roles):
-            metrics_port = free_port(o.host)
-            self._spawn(f"{role}-{i}", [f"services.{role}", "--model", model, "--host", o.host, "--scheduler",
-                                        self.grpc_address, "--torch-threads", str(threads), "--metrics-port",
-                                        str(metrics_port), *o.worker_args])
+            port, metrics_port = free_port(o.host), free_port(o.host)
+            self._spawn(f"{role}-{i}", [f"services.{role}", "--model", model, "--host", o.host, "--port", str(port),
+                                        "--scheduler", self.grpc_address, "--torch-threads", str(threads),
+                                        "--metrics-port", str(metrics_port), *o.worker_args])
             self.metrics_urls[f"{role}-{i}"] = f"http://{o.host}:{metrics_port}/metrics"
+            self.worker_addresses[f"{role}-{i}"] = f"{o.host}:{port}"
         if o.kvcache and not _wait_healthy(self.kvcache_address, o.startup_timeout_s, self._check_children):
             raise Unavailable(f"kvcache did not become healthy{self._log_hint()}")
         n = len(o.worker_roles)

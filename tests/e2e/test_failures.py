@@ -108,11 +108,18 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
                     got[i].extend(chunk.token_ids)
                     finish[i] = chunk.finish_reason
 
+            async def decode_worker_holding_requests() -> str | None:
+                holding = {w.address for w in (await client.stats()).workers
+                           if w.role == worker_pb2.WORKER_ROLE_DECODE and w.num_running}
+                return next((name for name, address in m.worker_addresses.items() if address in holding), None)
+
             async def killer():
+                # Every request decoding, then a decode worker holding some killed (one that had finished its
+                # share, or had none yet, would leave nothing to move: a busy box saw both).
                 with anyio.fail_after(60):
-                    while min(len(v) for v in got.values()) < 5:  # every request is decoding
+                    while min(len(v) for v in got.values()) < 5 or not (victim := await decode_worker_holding_requests()):
                         await anyio.sleep(0.01)
-                m.kill("decode-1")
+                m.kill(victim)
                 killed.set()
 
             async with anyio.create_task_group() as tg:
@@ -123,8 +130,7 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
                 while len((stats := await client.stats()).workers) != 2:
                     await anyio.sleep(0.05)
         assert killed.is_set()
-        assert [w.address for w in stats.workers if w.role == 2] != []
-        # Placed by token load, the four requests were spread over both decode workers: decode-1's moved.
+        assert [w.address for w in stats.workers if w.role == worker_pb2.WORKER_ROLE_DECODE] != []
         assert m.counter("seawall_worker_failures", role="decode") == 1
         assert m.counter("seawall_requests_moved") >= 1
         for i, prompt in enumerate(prompts):

@@ -85,7 +85,10 @@ def test_a_worker_that_exits_during_start_up_fails_the_start_with_its_log_tail(t
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_picked_port_taken_before_the_child_binds_it_is_picked_again(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("pick_index", "refusal"), [(1, "cannot listen on"), (2, "cannot serve metrics on")],
+                         ids=["worker", "metrics"])
+def test_a_picked_port_taken_before_the_child_binds_it_is_picked_again(pick_index, refusal, tiny_model_dir, tmp_path,
+                                                                       monkeypatch):
     import seawall.launcher as launcher
 
     with socket.socket() as taken:
@@ -95,17 +98,18 @@ def test_a_picked_port_taken_before_the_child_binds_it_is_picked_again(tiny_mode
         picks = []
 
         def pick(host="127.0.0.1"):
-            # The second pick is the worker's metrics port: hand out the one another process holds.
-            picks.append(held if len(picks) == 1 else free_port(host))
+            # After the scheduler's, the picks are the worker's gRPC port, then its metrics port: hand out the one
+            # another process holds as one of them.
+            picks.append(held if len(picks) == pick_index else free_port(host))
             return picks[-1]
 
         monkeypatch.setattr(launcher, "free_port", pick)
         options = MeshOptions(model=str(tiny_model_dir), mode="colocated", grpc_port=0, http_port=None,
                               log_dir=tmp_path / "logs", startup_timeout_s=120)
         with LocalMesh(options) as mesh:
-            assert held in picks and mesh.metrics_urls["decode-0"] != f"http://127.0.0.1:{held}/metrics"
+            assert held in picks and f":{held}" not in mesh.metrics_urls["decode-0"] + mesh.worker_addresses["decode-0"]
             log = (tmp_path / "logs" / "decode-0.log").read_text()
-            assert f"cannot serve metrics on 127.0.0.1:{held}: in use" in log  # the first try, then a new port
+            assert f"{refusal} 127.0.0.1:{held}: in use" in log  # the first try, then a new port
             from seawall import Client
 
             with Client(mesh.grpc_address) as client:
