@@ -162,14 +162,15 @@ async def test_killing_a_prefill_worker_mid_prompt_still_completes_every_request
 
             async def killer():
                 with anyio.fail_after(60):
-                    while True:  # prefill-0 holds blocks of a prompt it is computing
+                    while True:  # a prefill worker computes a prompt, some of its blocks in: that one dies
                         stats = await client.stats()
-                        busy = [w for w in stats.workers if w.role == 1 and w.num_device_blocks_used > 8]
+                        busy = {w.address for w in stats.workers if w.role == worker_pb2.WORKER_ROLE_PREFILL
+                                and w.num_running and w.num_device_blocks_used > 8}
                         if busy and any(len(v) == 0 for v in got.values()):
                             break
                         await anyio.sleep(0.005)
                 killed_at.append(sum(len(v) == 0 for v in got.values()))
-                m.kill("prefill-0")
+                m.kill(next(name for name, address in m.worker_addresses.items() if address in busy))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(killer)
@@ -177,7 +178,7 @@ async def test_killing_a_prefill_worker_mid_prompt_still_completes_every_request
                     tg.start_soon(one, i)
             stats = await _wait_all_blocks_free(client)
         assert killed_at and killed_at[0] > 0  # some prompt had not produced its first token yet
-        assert len(stats.workers) == num_prefill  # prefill-0 dropped
+        assert len(stats.workers) == num_prefill  # the killed one dropped
         assert m.counter("seawall_worker_failures", role="prefill") == 1
         assert m.counter("seawall_requests_moved") >= 1  # the prompt it was computing
         for i, prompt in enumerate(prompts):
@@ -247,10 +248,10 @@ async def test_more_than_the_queue_holds_is_refused_with_resource_exhausted(tiny
                 except ResourceExhausted as exc:
                     results.append(str(exc))
 
+            # All at once: sent 50 ms apart, a busy box's scheduler finished the first before the last came.
             async with anyio.create_task_group() as tg:
                 for s in streams:
                     tg.start_soon(consume, s)
-                    await anyio.sleep(0.05)
             refused = [r for r in results if r != "ok"]
             assert refused and all("queued" in r for r in refused) and "ok" in results
             async with httpx.AsyncClient(base_url=m.http_url, timeout=60) as http:
@@ -265,7 +266,6 @@ async def test_more_than_the_queue_holds_is_refused_with_resource_exhausted(tiny
                 async with anyio.create_task_group() as tg:
                     for c in calls:
                         tg.start_soon(post, c)
-                        await anyio.sleep(0.05)
             assert (429, "1") in codes and any(code == 200 for code, _ in codes)
     finally:
         m.stop()
