@@ -11,8 +11,8 @@ runs as, read from its config as transformers reads it. No torch at import (the 
 * One fused ``query_key_value`` whose layout follows the architecture (``qkv_layout``, split as it loads): each
   key/value head's queries, then its key and value (new architecture); all queries, then one key and one value
   (``multi_query``); else ``[q | k | v]`` of each head in turn.
-* ALiBi (Falcon-RW) is refused: transformers rounds its slopes and their products by position to bf16 before
-  scaling them, a bias that drifts from the exact one the engine adds (BLOOM's, MPT's) past 256 positions.
+* ALiBi (Falcon-RW) is refused: transformers rounds its slopes, and their products by position, to bf16 before
+  scaling them, a bias other than the exact one the engine adds (BLOOM's, MPT's).
 """
 
 from __future__ import annotations

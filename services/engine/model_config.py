@@ -154,7 +154,7 @@ class ModelConfig:
     learned_positions: int | None = None
     # ALiBi (BLOOM, MPT): no position encoding in q or k; each head adds slope * (key - query position) to its
     # scores instead, its slope from a geometric series set by this (attention.alibi_slopes: BLOOM's and MPT's
-    # formulas agree, MPT's alibi_bias_max defaulting to BLOOM's 8). None: no ALiBi.
+    # formulas agree; both run with 8). None: no ALiBi.
     alibi_bias_max: float | None = None
     # BLOOM: a norm (with a bias) of the token embeddings before the first layer.
     embed_norm: bool = False
@@ -395,7 +395,7 @@ class ModelConfig:
 
 
     def _check_classic_layouts(self) -> None:
-        """The fields GPT-NeoX, Falcon, OPT and the GPT-2 family set, consistent with each other."""
+        """The fields GPT-NeoX, Falcon, OPT, the GPT-2 family, BLOOM and MPT set, consistent with each other."""
         if self.qkv_layout not in (None, "per_head", "grouped", "multi_query") or (
                 self.qkv_layout == "grouped" and self.num_attention_heads % self.num_key_value_heads) or (
                 self.qkv_layout == "multi_query" and self.num_key_value_heads != 1):
