@@ -5,6 +5,10 @@ loads the same files by the path a sequence names (``services/engine/lora.py``).
 An adapter adds ``scaling * B(A(x))`` to some of each layer's projections: A is ``[r, in]``, B ``[out, r]``,
 ``scaling = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA). What PEFT can save beyond that (DoRA, biases,
 embedding or lm_head adapters, per-module ranks, modules saved whole) is refused with what was found.
+
+Adapters name the modules of the checkpoint they were trained on (GPT-2's ``c_attn``, BLOOM's
+``query_key_value``, OPT's ``fc1``): each is read under the name the model holds that weight by
+(``ModelShape.names``), as the loader renames the checkpoint's tensors.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,8 +32,14 @@ MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 # Phi-3's checkpoints (and so its adapters) have q/k/v and gate/up fused, as the engine computes them: the
 # parts each replaces.
 FUSED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-_ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
-_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+# GPT-NeoX's, BLOOM's and Falcon's fused q/k/v, its rows in the architecture's layout (each head's q, k, v in
+# turn, or grouped): the model splits it as it loads it, and the engine an adapter's B alike.
+QUERY_KEY_VALUE = "query_key_value"
+_PARTS = {**FUSED_MODULES, QUERY_KEY_VALUE: FUSED_MODULES["qkv_proj"]}
+_ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", QUERY_KEY_VALUE)
+_MLP_MODULES = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
+_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$")
+_MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.weight$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
@@ -46,14 +57,21 @@ class ModelShape:
     moe_layers: tuple[int, ...] = ()
     # DeepSeek-V3's latent attention: no q/k/v/o projections of the shapes above to adapt.
     latent_attention: bool = False
-    # False: MLPs without a gate (Arcee), whose projections adapters are not supported for.
+    # False: MLPs without a gate (GPT-2's, Arcee's): up_proj and down_proj only.
     gated_mlp: bool = True
+    # The name the model holds a checkpoint's tensor by (weight_names.checkpoint_name for its architecture).
+    names: Callable[[str], str] | None = field(default=None, compare=False)
 
     def in_out(self, module: str) -> tuple[int, int]:
         h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h), "qkv_proj": (h, q + 2 * kv),
-                "gate_up_proj": (h, 2 * i)}[module]
+                QUERY_KEY_VALUE: (h, q + 2 * kv), "gate_up_proj": (h, 2 * i)}[module]
+
+    def module(self, weight: str) -> tuple[int, str, str] | None:
+        """(layer, sublayer, projection) of a checkpoint's weight as the model holds it; None for other tensors."""
+        m = _MODULE.search(self.names(weight) if self.names is not None else weight)
+        return None if m is None else (int(m[1]), m[2], m[3])
 
 
 @dataclass(frozen=True)
@@ -63,12 +81,21 @@ class LoraSpec:
     ref: LoraRef
     rank: int
     scaling: float
-    # (layer, module) -> (A tensor name, B tensor name) in the safetensors file.
+    # (layer, module as the model names it) -> (A tensor name, B tensor name) in the safetensors file.
     tensors: dict[tuple[int, str], tuple[str, str]] = field(default_factory=dict)
 
     @property
     def weights_path(self) -> Path:
         return Path(self.ref.path) / WEIGHTS_FILE
+
+
+def adapted_weight(key: str) -> str:
+    """The checkpoint weight an adapter's A or B tensor adapts: ``base_model.model.X.lora_B.weight`` adapts
+    ``X.weight``."""
+    m = _KEY.match(key)
+    if m is None:
+        raise ValueError(f"{key!r} is not a LoRA A/B weight")
+    return f"{m[1]}.weight"
 
 
 def check_name(name: str) -> str:
@@ -103,10 +130,12 @@ def read_lora(ref: LoraRef, shape: ModelShape, max_rank: int) -> LoraSpec:
 
 
 def _refuse_extras(cfg: dict, where: str) -> None:
+    # fan_in_fan_out (PEFT sets it for GPT-2's Conv1D layers) says how to merge B·A into the base weight; the
+    # adapter's own tensors are [r, in] and [out, r] either way, and merging is not how they are applied here.
     unsupported = {
         "use_dora": "DoRA adapters", "modules_to_save": "modules saved whole (modules_to_save)",
         "rank_pattern": "per-module ranks (rank_pattern)", "alpha_pattern": "per-module alphas (alpha_pattern)",
-        "fan_in_fan_out": "fan_in_fan_out weights", "lora_bias": "LoRA biases (lora_bias)",
+        "lora_bias": "LoRA biases (lora_bias)",
         "trainable_token_indices": "trainable token indices", "layer_replication": "layer replication",
     }
     found = [what for key, what in unsupported.items() if cfg.get(key)]
@@ -119,13 +148,13 @@ def _refuse_extras(cfg: dict, where: str) -> None:
 
 def _check_module(where: str, layer: int, module: str, shape: ModelShape) -> None:
     """Refuses an adapter of a projection this model does not have, saying which ones it may adapt."""
-    if module not in MODULES and module not in FUSED_MODULES:
+    if module not in MODULES and module not in _PARTS:
         raise InvalidArgument(f"{where}: adapts {module!r}; supported: {', '.join((*MODULES, *FUSED_MODULES))}")
     if layer >= shape.num_layers:
         raise InvalidArgument(f"{where}: adapts layer {layer}; the model has {shape.num_layers}")
-    if not shape.gated_mlp and module not in _ATTENTION_MODULES:
-        raise InvalidArgument(f"{where}: adapts {module}; adapters of an MLP without a gate (Arcee's) are not "
-                              "supported, those of the attention projections are")
+    if not shape.gated_mlp and module in ("gate_proj", "gate_up_proj"):
+        raise InvalidArgument(f"{where}: adapts {module}; this model's MLP has no gate (up_proj and down_proj "
+                              "only)")
     if shape.latent_attention and module in _ATTENTION_MODULES:
         raise InvalidArgument(f"{where}: adapts {module}; adapters of latent attention (DeepSeek-V3's) are not "
                               "supported, those of its dense layers' MLPs are")
@@ -139,15 +168,15 @@ def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[
     try:
         with safe_open(str(path), framework="numpy") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                m = _KEY.search(key)
-                if m is None:
+                m = _KEY.match(key)
+                found = shape.module(f"{m[1]}.weight") if m is not None else None
+                if found is None:
                     raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder "
                                           f"layer's projection ({', '.join(MODULES)})")
-                layer, sublayer, module, ab = int(m[1]), m[2], m[3], m[4]
+                (layer, sublayer, module), ab = found, m[2]
                 if (sublayer == "self_attn") != (module in _ATTENTION_MODULES):  # AFMoE's self_attn.gate_proj
                     raise InvalidArgument(f"{where}: adapts {sublayer}.{module}; supported: the attention's "
-                                          f"{', '.join(_ATTENTION_MODULES)} and the MLP's "
-                                          f"{', '.join(m for m in (*MODULES, *FUSED_MODULES) if m not in _ATTENTION_MODULES)}")
+                                          f"{', '.join(_ATTENTION_MODULES)} and the MLP's {', '.join(_MLP_MODULES)}")
                 _check_module(where, layer, module, shape)
                 fan_in, fan_out = shape.in_out(module)
                 want = (rank, fan_in) if ab == "A" else (fan_out, rank)
@@ -165,8 +194,8 @@ def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[
     half = [f"layer {layer} {module}" for (layer, module), ab in parts.items() if len(ab) != 2]
     if half:
         raise InvalidArgument(f"{where}: {half[0]} has only one of lora_A and lora_B")
-    both = [f"layer {layer}: {fused} and {part}" for (layer, fused), ab in parts.items() if fused in FUSED_MODULES
-            for part in FUSED_MODULES[fused] if (layer, part) in parts]
+    both = [f"layer {layer}: {fused} and {part}" for (layer, fused), ab in parts.items() if fused in _PARTS
+            for part in _PARTS[fused] if (layer, part) in parts]
     if both:
         raise InvalidArgument(f"{where}: adapts {both[0]}, the same projection twice")
     if not parts:

@@ -38,7 +38,7 @@ RENAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.wpe.", "mo
            (".attn.c_attn.", ".self_attn.qkv_proj."), (".attn.c_proj.", ".self_attn.o_proj."),
            (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."), (".ln_1.", ".input_layernorm."),
            (".ln_2.", ".post_attention_layernorm."))
-_CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
+CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 
 
 def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
@@ -74,4 +74,4 @@ def checkpoint_weights(weights: Iterator[tuple[str, torch.Tensor]], config: Mode
     """The checkpoint's tensors as the model holds them (``as_released``), the Conv1D weights transposed to
     ``[out, in]``."""
     for name, tensor in as_released(weights):
-        yield name, (tensor.t().contiguous() if name.endswith(_CONV1D) else tensor)
+        yield name, (tensor.t().contiguous() if name.endswith(CONV1D) else tensor)

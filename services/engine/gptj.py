@@ -28,7 +28,8 @@ DEFAULTS = {"vocab_size": 50400, "hidden_size": 4096, "max_position_embeddings":
             "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": False}
 IGNORED = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "n_ctx", "num_key_value_heads", "attention_bias", "mlp_bias",
            "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "head_dim")
-RENAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.h.", "model.layers."),
+# The first for adapters' names (checkpoint_weights renames the checkpoint's before RoPE's reordering reads them).
+RENAMES = ((".attn.", ".self_attn."), ("transformer.wte.", "model.embed_tokens."), ("transformer.h.", "model.layers."),
            ("transformer.ln_f.", "model.norm."), (".self_attn.out_proj.", ".self_attn.o_proj."),
            (".mlp.fc_in.", ".mlp.up_proj."), (".mlp.fc_out.", ".mlp.down_proj."), (".ln_1.", ".input_layernorm."))
 

@@ -30,12 +30,17 @@ from services.engine.gpt_oss_weights import gpt_oss_weights
 from services.engine.int_packed import dequantize_packed
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_weights
+from services.engine.lora import Rows
 from services.engine.model import Attention, LlamaForCausalLM, norms_in_fp32
 from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
 from services.engine.rope import deinterleave_rope, inverse_frequencies
 from services.engine.vision_language import language_model_weights
-from services.engine.weight_names import ernie_weights, split_query_gates, split_query_key_value
+from services.engine.weight_names import (
+    ernie_weights,
+    split_query_gates,
+    split_query_key_value,
+)
 
 
 def iter_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -138,6 +143,20 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
 
 
 _RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom)}
+
+
+def lora_rows(ckpt: Checkpoint) -> Rows:
+    """A LoRA adapter's B (``[out, r]``: a row per output of the projection it adapts) as the model holds the
+    rows of the checkpoint weight it adapts: split, reordered and scaled as ``_arranged`` does that weight's
+    (the names as they leave it: ``ModelShape.names`` reads them as the model's)."""
+    arch = ckpt.config.architecture
+
+    def rows(weight: str, b: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        if arch == gpt2.ARCH and weight.endswith(gpt2.CONV1D):  # stored [in, out]: transposed as it loads
+            b = b.t()
+        return list(_arranged(iter([(weight, b)]), ckpt))
+
+    return rows
 
 
 def _under_model(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

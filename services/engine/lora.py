@@ -5,7 +5,9 @@ Each projection adds ``scaling * B(A(x))`` to the base output, as PEFT does (gre
 ``transformers`` + ``peft``). The engine fuses q/k/v and gate/up; so are their adapters: the parts' A stacked,
 and their B as one block-diagonal matrix over the fused output (zeros for parts the adapter leaves alone),
 so an adapter costs two matmuls per projection whatever it adapts; the second accumulates into the base
-output with the scaling folded in (``addmm_``). An adapter whose tokens are one run of rows (a
+output with the scaling folded in (``addmm_``). B's rows are the projection's outputs: they are split,
+reordered and scaled as the loader does the rows of the weight they adapt (``Rows``: a fused
+``query_key_value`` split per head, RoPE's interleaved pairs reordered, Falcon-H1's multipliers folded in). An adapter whose tokens are one run of rows (a
 batch of one adapter, or the decodes of each adapter, which the fused CPU path groups by adapter) reads and
 writes them as views; tokens spread over the batch are gathered (``index_select``) and added back
 (``index_add_``).
@@ -15,22 +17,31 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from services.common.lora import FUSED_MODULES, MODULES, LoraSpec, ModelShape, read_lora
+from services.common.lora import LoraSpec, ModelShape, adapted_weight, read_lora
 from services.common.step import LoraRef
 
 log = logging.getLogger(__name__)
 
-# The model's fused projections and the adapter modules inside each, in the order of their output slices;
-# an adapter of a checkpoint stored fused (Phi-3) adapts the whole projection as one module instead.
-FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
-         "down": ("down_proj",)}
-WHOLE = {fused: module for module, parts in FUSED_MODULES.items() for fused, ours in FUSED.items() if ours == parts}
+# A checkpoint weight's name and an adapter's B for it -> (name, B's rows) for each weight the model holds of it,
+# named as the checkpoint would name that part (loader.lora_rows); without one, B as it is.
+Rows = Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
+
+
+def _columns(shape: ModelShape) -> tuple[dict[str, tuple[str, int]], dict[str, int]]:
+    """Where each module an adapter's B may write goes: (the model's fused projection, its first column there);
+    and each fused projection's width."""
+    h, i, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_size, shape.kv_size
+    columns = {"q_proj": ("qkv", 0), "k_proj": ("qkv", q), "v_proj": ("qkv", q + kv), "qkv_proj": ("qkv", 0),
+               "o_proj": ("o", 0), "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", i if shape.gated_mlp else 0),
+               "gate_up_proj": ("gate_up", 0), "down_proj": ("down", 0)}
+    return columns, {"qkv": q + 2 * kv, "o": h, "gate_up": 2 * i if shape.gated_mlp else i, "down": h}
 
 
 @dataclass
@@ -42,26 +53,29 @@ class ProjectionLora:
 class LoraWeights:
     """One adapter's tensors on the worker's device: per layer, per fused projection."""
 
-    def __init__(self, spec: LoraSpec, shape: ModelShape, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, spec: LoraSpec, shape: ModelShape, device: torch.device, dtype: torch.dtype,
+                 rows: Rows | None = None) -> None:
         self.spec = spec
         self.scaling = spec.scaling
-        outs = {module: shape.in_out(module)[1] for module in (*MODULES, *FUSED_MODULES)}
-        self.layers: list[dict[str, ProjectionLora]] = [{} for _ in range(shape.num_layers)]
+        columns, widths = _columns(shape)
+        # (layer, fused projection) -> each A and where its B's rows go: [(A, [(first column, B's part)])]
+        blocks: dict[tuple[int, str], list[tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]]] = {}
         with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
-            for layer, projections in enumerate(self.layers):
-                for fused, modules in FUSED.items():
-                    if (layer, WHOLE.get(fused)) in spec.tensors:
-                        modules = (WHOLE[fused],)
-                    present = [(m, spec.tensors[(layer, m)]) for m in modules if (layer, m) in spec.tensors]
-                    if not present:
-                        continue
-                    a = torch.cat([f.get_tensor(a_name) for _, (a_name, _) in present])
-                    bt = torch.zeros(a.shape[0], sum(outs[m] for m in modules))
-                    for i, (module, (_, b_name)) in enumerate(present):
-                        col = sum(outs[m] for m in modules[: modules.index(module)])
-                        bt[i * spec.rank:(i + 1) * spec.rank, col:col + outs[module]] = f.get_tensor(b_name).T
-                    projections[fused] = ProjectionLora(a.to(device=device, dtype=dtype),
-                                                        bt.to(device=device, dtype=dtype))
+            for (layer, _), (a_name, b_name) in spec.tensors.items():
+                weight, b = adapted_weight(b_name), f.get_tensor(b_name)
+                placed = [(*columns[shape.module(name)[2]], part)
+                          for name, part in (rows(weight, b) if rows is not None else [(weight, b)])]
+                fused = placed[0][0]  # a checkpoint weight's parts are parts of one of the model's projections
+                blocks.setdefault((layer, fused), []).append((f.get_tensor(a_name), [(c, p) for _, c, p in placed]))
+        self.layers: list[dict[str, ProjectionLora]] = [{} for _ in range(shape.num_layers)]
+        for (layer, fused), group in sorted(blocks.items()):
+            a = torch.cat([a for a, _ in group])
+            bt = torch.zeros(a.shape[0], widths[fused])
+            for i, (_, parts) in enumerate(group):
+                for col, b in parts:
+                    bt[i * spec.rank:(i + 1) * spec.rank, col:col + b.shape[0]] = b.T
+            self.layers[layer][fused] = ProjectionLora(a.to(device=device, dtype=dtype),
+                                                       bt.to(device=device, dtype=dtype))
 
 
 class LoraBatch:
@@ -110,8 +124,9 @@ class LoraCache:
     """The adapters a worker has loaded, by name and path. Adapters that live sequences use stay; of the
     others, the ``max_idle`` used most recently stay too, so a returning adapter is not read again."""
 
-    def __init__(self, shape: ModelShape, device: torch.device, dtype: torch.dtype, max_idle: int = 8) -> None:
-        self.shape, self.device, self.dtype, self.max_idle = shape, device, dtype, max_idle
+    def __init__(self, shape: ModelShape, device: torch.device, dtype: torch.dtype, max_idle: int = 8,
+                 rows: Rows | None = None) -> None:
+        self.shape, self.device, self.dtype, self.max_idle, self.rows = shape, device, dtype, max_idle, rows
         self._loaded: OrderedDict[LoraRef, LoraWeights] = OrderedDict()
 
     def get(self, ref: LoraRef, in_use: set[int]) -> LoraWeights:
@@ -119,7 +134,8 @@ class LoraCache:
         Raises ``InvalidArgument`` when the files do not fit the model."""
         weights = self._loaded.get(ref)
         if weights is None:
-            weights = LoraWeights(read_lora(ref, self.shape, max_rank=1 << 16), self.shape, self.device, self.dtype)
+            weights = LoraWeights(read_lora(ref, self.shape, max_rank=1 << 16), self.shape, self.device, self.dtype,
+                                  self.rows)
             log.info("loaded LoRA %r from %s (rank %d, %d projections)", ref.name, ref.path, weights.spec.rank,
                      len(weights.spec.tensors))
             self._loaded[ref] = weights

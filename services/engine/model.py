@@ -286,7 +286,7 @@ class MLP(nn.Module):
         bias = config.mlp_bias
         if self.gated:
             self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
-        else:  # Arcee, StarCoder2: no gate (and no LoRA adapters here: they are refused when read)
+        else:  # GPT-2, Arcee, StarCoder2: no gate
             self.up_proj = nn.Linear(config.hidden_size, self.intermediate, bias=bias)
         self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=bias)
         if config.hidden_act == "xielu":  # Apertus: an activation with learned parameters, per layer
@@ -297,12 +297,14 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
         if not self.gated:
-            return self.down_proj(self.act(self.up_proj(x)))
-        gate_up = self.gate_up_proj(x)
-        if lora is not None:
-            lora.add(gate_up, x, self.layer, "gate_up")
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        h = self.act(gate) * up
+            up = self.up_proj(x)
+            h = self.act(up if lora is None else lora.add(up, x, self.layer, "gate_up"))
+        else:
+            gate_up = self.gate_up_proj(x)
+            if lora is not None:
+                lora.add(gate_up, x, self.layer, "gate_up")
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            h = self.act(gate) * up
         out = self.down_proj(h)
         return out if lora is None else lora.add(out, h, self.layer, "down")
 

@@ -25,7 +25,7 @@ from services.engine.config import EngineConfig
 from services.engine.grammar import GrammarCompiler
 from services.engine.inputs import SequenceState, prepare_inputs
 from services.engine.kv_pool import ATTENTION_FREE_MAX_BLOCKS, KVLayout, PagedKVPool
-from services.engine.loader import load_model
+from services.engine.loader import load_model, lora_rows
 from services.engine.lora import LoraCache
 from services.engine.ngram import NgramIndex
 from services.engine.recurrent_state import RecurrentStates
@@ -68,7 +68,8 @@ class ModelRunner:
         self.grammars = GrammarCompiler(self.checkpoint.tokenizer, self.checkpoint.config.vocab_size,
                                         self.checkpoint.eos_token_ids)
         self.seqs: dict[str, SequenceState] = {}
-        self.loras = LoraCache(mc.lora_shape, self.device, self.dtype, config.max_idle_loras)
+        self.loras = LoraCache(mc.lora_shape, self.device, self.dtype, config.max_idle_loras,
+                               lora_rows(self.checkpoint))
         # Where a speculative plan's draft tokens come from: (sequence, most drafts) -> drafts. Any drafts give
         # the same output (only those the sampler agrees with are kept); tests swap in drafts whose fate
         # they know.

@@ -110,19 +110,58 @@ def test_adapters_of_a_mixture_of_experts_mlp_are_refused(lora_dirs, shape, tmp_
 
 
 @pytest.mark.parametrize("field, refused, kept", [
-    ("latent_attention", "adapters of latent attention .* are not supported", ".mlp."),  # DeepSeek-V3
-    ("gated_mlp", "adapters of an MLP without a gate .* are not supported", ".self_attn."),  # Arcee
+    ("latent_attention", "adapters of latent attention .* are not supported", (".mlp.",)),  # DeepSeek-V3
+    ("gated_mlp", "adapts gate_proj; this model's MLP has no gate", (".self_attn.", ".up_proj.", ".down_proj.")),
 ])
 def test_adapters_of_projections_the_model_lacks_are_refused(lora_dirs, shape, tmp_path, field, refused, kept):
-    """Latent attention has no q/k/v/o of those shapes, a gateless MLP no gate/up/down pair; the other part's
-    adapters fit."""
+    """Latent attention has no q/k/v/o of those shapes, a gateless MLP (GPT-2's, Arcee's) no gate; the other
+    projections' adapters fit."""
     odd = dataclasses.replace(shape, **{field: not getattr(shape, field)})
     with pytest.raises(InvalidArgument, match=refused):
         read_lora(LoraRef("alpha", str(lora_dirs["alpha"])), odd, max_rank=16)
     out = _copy(lora_dirs, tmp_path)
     weights = load_file(str(out / WEIGHTS_FILE))
-    save_file({k: v for k, v in weights.items() if kept in k}, str(out / WEIGHTS_FILE))
+    save_file({k: v for k, v in weights.items() if any(part in k for part in kept)}, str(out / WEIGHTS_FILE))
     assert read_lora(LoraRef("x", str(out)), odd, max_rank=16).tensors
+
+
+def _adapter(out, modules: dict[str, tuple[int, int]], layers: int, **config):
+    """A PEFT-format adapter of rank 4 adapting ``modules`` (each checkpoint module's path under a layer, with
+    its (in, out)) in each of ``layers`` layers."""
+    tensors = {}
+    for layer in range(layers):
+        for path, (fan_in, fan_out) in modules.items():
+            key = "base_model.model." + path.format(layer=layer)
+            tensors[f"{key}.lora_A.weight"] = np.ones((4, fan_in), np.float32)
+            tensors[f"{key}.lora_B.weight"] = np.ones((fan_out, 4), np.float32)
+    out.mkdir()
+    save_file(tensors, str(out / WEIGHTS_FILE))
+    (out / CONFIG_FILE).write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, **config}))
+    return LoraRef("x", str(out))
+
+
+def test_adapters_name_the_modules_of_the_checkpoint_they_were_trained_on(tmp_path):
+    """GPT-2's c_attn, c_proj and c_fc (Conv1D layers: PEFT saves fan_in_fan_out, which only says how to merge
+    them) and BLOOM's query_key_value, read as the projections the model holds them as."""
+    gpt2 = ModelConfig.from_dict({"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "n_layer": 2,
+                                  "vocab_size": 100}).lora_shape
+    conv1d = {"transformer.h.{layer}.attn.c_attn": (64, 192), "transformer.h.{layer}.attn.c_proj": (64, 64),
+              "transformer.h.{layer}.mlp.c_fc": (64, 256), "transformer.h.{layer}.mlp.c_proj": (256, 64)}
+    spec = read_lora(_adapter(tmp_path / "gpt2", conv1d, 2, fan_in_fan_out=True), gpt2, max_rank=8)
+    assert sorted(spec.tensors) == [(layer, m) for layer in (0, 1) for m in ("down_proj", "o_proj", "qkv_proj",
+                                                                              "up_proj")]
+    assert spec.tensors[1, "qkv_proj"][1] == "base_model.model.transformer.h.1.attn.c_attn.lora_B.weight"
+    bloom = ModelConfig.from_dict({"architectures": ["BloomForCausalLM"], "hidden_size": 64, "n_head": 4,
+                                   "n_layer": 2, "vocab_size": 100}).lora_shape
+    fused = {"transformer.h.{layer}.self_attention.query_key_value": (64, 192)}
+    assert sorted(read_lora(_adapter(tmp_path / "bloom", fused, 2), bloom, max_rank=8).tensors) == [
+        (0, "query_key_value"), (1, "query_key_value")]
+    with pytest.raises(InvalidArgument, match=r"c_fc.lora_B.weight has shape \(256, 4\); this model needs "
+                                              r"\(128, 4\)"):
+        read_lora(_adapter(tmp_path / "wider", conv1d, 1), dataclasses.replace(gpt2, intermediate_size=128), 8)
+    with pytest.raises(InvalidArgument, match="'base_model.model.transformer.h.0.attn.c_attn.lora_A.weight' is not "
+                                              "a LoRA A/B weight of a decoder layer's projection"):
+        read_lora(_adapter(tmp_path / "llama", {"transformer.h.{layer}.attn.c_attn": (64, 192)}, 1), bloom, 8)
 
 
 def test_a_projection_adapted_under_the_other_sublayer_is_refused(lora_dirs, shape, tmp_path):

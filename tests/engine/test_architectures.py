@@ -658,6 +658,41 @@ def test_attention_adapters_on_a_mixture_of_experts_model_match_peft(tmp_path, t
     assert want != [c.token_ids for c in got[2:]]  # the adapter changes the output
 
 
+# Each family's adapters under its checkpoint's module names, as PEFT targets them: GPT-2's Conv1D layers
+# (stored transposed), a fused query_key_value split per head (BigCode without multi-query, BLOOM), for one key/value
+# head (Falcon-7B) and by group (Falcon's new architecture), MPT's Wqkv, ungated MLPs, GPT-J's and GLM-4's
+# interleaved RoPE pairs (B's rows reordered as the weights'), Falcon-H1's multipliers (folded into B as into the
+# weights), OPT's and Phi's names.
+_FAMILY_ADAPTERS = {
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+    "gpt-bigcode-mha": ["c_attn", "c_proj", "c_fc"],
+    "bloom": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+    "falcon-7b": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+    "falcon-new": ["query_key_value", "dense_4h_to_h"],
+    "mpt": ["Wqkv", "out_proj", "up_proj", "down_proj"],
+    "gptj": ["q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out"],
+    "glm4": ["q_proj", "k_proj", "gate_up_proj", "down_proj"],
+    "falcon-h1": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "opt": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"],
+    "phi": ["q_proj", "k_proj", "dense", "fc1", "fc2"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FAMILY_ADAPTERS))
+def test_adapters_named_as_each_family_names_its_modules_match_peft(case, tmp_path, tiny_model_dir):
+    save_checkpoint(CASES[case](), tmp_path / "model", tiny_model_dir)
+    adapter = make_adapter(tmp_path / "model", tmp_path / "adapter", seed=5, r=4, lora_alpha=8,
+                           target_modules=_FAMILY_ADAPTERS[case])
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (5, 40)]
+    engine = OfflineEngine(EngineConfig(model=str(tmp_path / "model"), dtype="float32"), SchedulerConfig(chunk_size=16))
+    ref = LoraRef(case, str(adapter))
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0)] * 2, loras=[ref, ref])
+    want = peft_greedy(tmp_path / "model", adapter, prompts, MAX_TOKENS)
+    assert [c.token_ids for c in got] == want
+    assert want != peft_greedy(tmp_path / "model", None, prompts, MAX_TOKENS)  # the adapter changes the output
+
+
 def test_mixture_of_experts_hub_configs_and_what_is_refused():
     """Qwen3-30B-A3B's fields as published (num_experts; transformers >= 5 writes num_local_experts), and
     configs the engine cannot serve refused saying why."""
