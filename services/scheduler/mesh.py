@@ -452,8 +452,9 @@ class Mesh:
             if not arrival.src.alive:  # its KV died with the prefill worker: recompute here
                 link.arrivals.popleft()
                 req.reset_for_recompute()
-                link.core.add(req)
-                self.where[req.request_id] = link
+                if self._count_move(req, f"{arrival.src.worker_id} failed holding its KV"):
+                    link.core.add(req)
+                    self.where[req.request_id] = link
                 continue
             dst_blocks = link.core.reserve_arrival(req)
             if dst_blocks is None:
@@ -506,6 +507,8 @@ class Mesh:
         if error:
             log.warning("KV transfer of %s failed (%s): recomputing on %s", rid, error, dst.worker_id)
             dst.core.cancel_arrival(rid)
+            if not arrival.src.alive:  # the source died under the pull: a move like any off a failed worker
+                self._count_move(arrival.request, f"{arrival.src.worker_id} failed sending its KV")
         else:
             dst.core.arrive(rid)
         dst.wake()
@@ -536,16 +539,21 @@ class Mesh:
         self.metrics.worker_failures.labels(link.role).inc()
         for req in orphans:
             self.where.pop(req.request_id, None)
-            tracked = self.tracked.get(req.request_id)
-            if tracked is None:
-                continue
-            tracked.moves += 1
-            if tracked.moves > self.config.max_moves:
-                tracked.fail(SeawallError(f"the request was on {tracked.moves} workers that failed while running "
-                                          f"it, the last with: {why}; it is not moved again "
-                                          f"(--max-moves {self.config.max_moves})"))
-                self._forget(req.request_id)
-                continue
-            self.metrics.requests_moved.inc()
-            self.place(req)
+            if self._count_move(req, why):
+                self.place(req)
         self._tg.start_soon(link.channel.close)
+
+    def _count_move(self, req: Request, why: str) -> bool:
+        """Counts ``req`` as moved off a worker that failed holding it or its KV, to be recomputed elsewhere;
+        False when it is gone: aborted, or ended with an error past ``max_moves``."""
+        tracked = self.tracked.get(req.request_id)
+        if tracked is None:
+            return False
+        tracked.moves += 1
+        if tracked.moves > self.config.max_moves:
+            self.abort(req.request_id, error=SeawallError(
+                f"the request was on {tracked.moves} workers that failed while running it, the last with: {why}; "
+                f"it is not moved again (--max-moves {self.config.max_moves})"))
+            return False
+        self.metrics.requests_moved.inc()
+        return True

@@ -25,8 +25,8 @@ class SchedulerMetrics:
             "seawall_worker_stalls", "Times a worker's core held requests and planned nothing for stall_warning_s "
             "(each logged with what it held)", ("worker",), registry=self.registry)
         self.requests_moved = Counter(
-            "seawall_requests_moved", "Requests taken off a failed worker and placed again (recomputed; their "
-            "streams go on)", registry=self.registry)
+            "seawall_requests_moved", "Requests taken off a failed worker, or handed off with KV that died with "
+            "one, and recomputed (their streams go on)", registry=self.registry)
         # Acceptance rate = accepted / draft (vLLM's spec_decode_num_draft_tokens / _num_accepted_tokens).
         self.draft_tokens = Counter(
             "seawall_spec_decode_draft_tokens", "Draft tokens verified by speculative decoding", ("worker",),

@@ -148,9 +148,9 @@ async def test_killing_a_prefill_worker_mid_prompt_still_completes_every_request
     # Small chunks keep the long prompts prefilling while the worker dies; with one prefill worker the decode
     # worker is the only one left and computes the prompts itself.
     m = start_mesh(tiny_model_dir, tmp_path / "logs", num_prefill=num_prefill,
-                   scheduler_args=["--chunk-size", "32"])
+                   scheduler_args=["--chunk-size", "16"])
     try:
-        prompts = random_prompts([300, 600, 900, 40], seed=7)
+        prompts = random_prompts([1500, 1800, 2100, 40], seed=7)
         max_tokens = 24
         got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
         killed_at: list[int] = []
@@ -162,10 +162,14 @@ async def test_killing_a_prefill_worker_mid_prompt_still_completes_every_request
 
             async def killer():
                 with anyio.fail_after(60):
-                    while True:  # a prefill worker computes a prompt, some of its blocks in: that one dies
+                    # A prefill worker computes a long prompt, some of its blocks in and many to go: that one
+                    # dies. Over the short prompt's 3 blocks and under 60, each long prompt on it (94 blocks and
+                    # more) has 34 chunks or more left: a busy box's delay between these stats and the kill must
+                    # not let it finish and hand off, nor its polls skip the window (a block a chunk).
+                    while True:
                         stats = await client.stats()
                         busy = {w.address for w in stats.workers if w.role == worker_pb2.WORKER_ROLE_PREFILL
-                                and w.num_running and w.num_device_blocks_used > 8}
+                                and w.num_running and 3 < w.num_device_blocks_used < 60}
                         if busy and any(len(v) == 0 for v in got.values()):
                             break
                         await anyio.sleep(0.005)
