@@ -139,6 +139,9 @@ def _refuse_extras(cfg: dict, where: str) -> None:
         "trainable_token_indices": "trainable token indices", "layer_replication": "layer replication",
     }
     found = [what for key, what in unsupported.items() if cfg.get(key)]
+    if cfg.get("target_parameters"):  # PEFT adapts an MoE's stacked experts so (with per-module ranks for them)
+        found = [f"adapters of parameters (target_parameters: {', '.join(cfg['target_parameters'])}; an MoE's "
+                 "experts)"]
     if cfg.get("bias", "none") != "none":
         found.append(f"bias {cfg['bias']!r}")
     if found:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
 ARCH = "Llama4ForCausalLM"
-_RENAMES = ((".feed_forward.router.", ".mlp.gate."), (".feed_forward.", ".mlp."))
+RENAMES = ((".feed_forward.router.", ".mlp.gate."), (".feed_forward.", ".mlp."))
 _STACKED = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 
 
@@ -70,7 +70,7 @@ def llama4_nope_layers(raw: dict[str, Any], layers: int) -> tuple[int, ...]:
 def llama4_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """A Llama 4 checkpoint's tensors under the names (and in the orientation) the model holds them."""
     for name, tensor in weights:
-        for old, new in _RENAMES:
+        for old, new in RENAMES:
             name = name.replace(old, new)
         if name.endswith(_STACKED):
             tensor = tensor.transpose(1, 2)

@@ -28,6 +28,8 @@ from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import RENAMES as HUNYUAN_RENAMES
 from services.engine.jamba import ARCH as JAMBA
 from services.engine.jamba import RENAMES as JAMBA_RENAMES
+from services.engine.llama4 import ARCH as LLAMA4
+from services.engine.llama4 import RENAMES as LLAMA4_RENAMES
 from services.engine.mpt import ARCH as MPT
 from services.engine.mpt import RENAMES as MPT_RENAMES
 from services.engine.opt import ARCH as OPT
@@ -92,6 +94,7 @@ _BY_ARCHITECTURE = {
     JAMBA: JAMBA_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
     OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES, BLOOM: BLOOM_RENAMES,
     MPT: MPT_RENAMES,
+    LLAMA4: LLAMA4_RENAMES,  # llama4_weights renames its tensors first: these are for adapters' names
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's

@@ -47,6 +47,8 @@ def _copy(lora_dirs, tmp_path, **config):
     ({"bias": "all"}, "bias 'all' not supported"),
     ({"modules_to_save": ["lm_head"]}, "modules saved whole"),
     ({"rank_pattern": {"q_proj": 4}}, "per-module ranks"),
+    ({"target_parameters": ["down_proj"], "rank_pattern": {".*down_proj": 8}},
+     "adapters of parameters (target_parameters: down_proj; an MoE's experts) not supported"),
     ({"peft_type": "PREFIX_TUNING"}, "not a LoRA adapter"),
     ({"r": 4}, "down_proj.lora_A.weight has shape (8, 384); this model needs (4, 384)"),
 ])

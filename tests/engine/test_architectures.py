@@ -662,7 +662,7 @@ def test_attention_adapters_on_a_mixture_of_experts_model_match_peft(tmp_path, t
 # (stored transposed), a fused query_key_value split per head (BigCode without multi-query, BLOOM), for one key/value
 # head (Falcon-7B) and by group (Falcon's new architecture), MPT's Wqkv, ungated MLPs, GPT-J's and GLM-4's
 # interleaved RoPE pairs (B's rows reordered as the weights'), Falcon-H1's multipliers (folded into B as into the
-# weights), OPT's and Phi's names.
+# weights), OPT's and Phi's names, Llama 4's feed_forward (its dense layer's: the next is a mixture of experts).
 _FAMILY_ADAPTERS = {
     "gpt2": ["c_attn", "c_proj", "c_fc"],
     "gpt-bigcode-mha": ["c_attn", "c_proj", "c_fc"],
@@ -675,14 +675,16 @@ _FAMILY_ADAPTERS = {
     "falcon-h1": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "opt": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"],
     "phi": ["q_proj", "k_proj", "dense", "fc1", "fc2"],
+    "llama4": {"target_modules": ["q_proj", "k_proj", "gate_proj", "up_proj", "down_proj"], "layers_to_transform": [0]},
 }
 
 
 @pytest.mark.parametrize("case", sorted(_FAMILY_ADAPTERS))
 def test_adapters_named_as_each_family_names_its_modules_match_peft(case, tmp_path, tiny_model_dir):
     save_checkpoint(CASES[case](), tmp_path / "model", tiny_model_dir)
+    targets = _FAMILY_ADAPTERS[case]
     adapter = make_adapter(tmp_path / "model", tmp_path / "adapter", seed=5, r=4, lora_alpha=8,
-                           target_modules=_FAMILY_ADAPTERS[case])
+                           **(targets if isinstance(targets, dict) else {"target_modules": targets}))
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (5, 40)]
     engine = OfflineEngine(EngineConfig(model=str(tmp_path / "model"), dtype="float32"), SchedulerConfig(chunk_size=16))
