@@ -143,6 +143,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     scale: float | None = None,
     alibi: torch.Tensor | None = None,
+    alibi_bf16: bool = False,
 ) -> torch.Tensor:
     """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``.
     ``sliding``: this layer attends within ``batch.window`` or ``batch.chunk`` only (a no-op when the batch has
@@ -150,7 +151,8 @@ def paged_attention(
     ``sinks`` ``[Hq]`` (GPT-OSS): each head's softmax has one more logit, its sink, that weighs no value, so a
     head can attend to nothing. ``scale``: the scores' scale where it is not ``D ** -0.5`` (Gemma's), applied as
     transformers' attention applies it (the fused kernels take it folded into q: fp32, where that rounds alike).
-    ``alibi`` ``[Hq]`` fp32: each head's ALiBi slope (``alibi_slopes``), for a model without windows, caps or sinks."""
+    ``alibi`` ``[Hq]`` fp32: each head's ALiBi slope (``alibi_slopes``), for a model without windows, caps or sinks;
+    ``alibi_bf16``: Falcon-RW's biases (``_alibi_mask``; the slopes bf16 values)."""
     out = torch.empty_like(q)
     windowed = sliding and (batch.window is not None or batch.chunk is not None)
     if batch.kernels is not None:
@@ -161,15 +163,15 @@ def paged_attention(
         if (d := batch.decode_rows) is not None:
             span = slice(d.token_start, d.token_start + d.size)
             batch.kernels.paged_decode(out[span], q[span], k_cache, v_cache, d.block_tables, d.context_lens, window,
-                                       batch.softcap, sinks, chunk, alibi)
+                                       batch.softcap, sinks, chunk, alibi, alibi_bf16)
         if (c := batch.chunk_rows) is not None:
             batch.kernels.paged_prefill(out, q, k_cache, v_cache, c.token_starts, c.lens, c.prefix, c.block_tables,
-                                        window, batch.softcap, sinks, chunk, alibi)
+                                        window, batch.softcap, sinks, chunk, alibi, alibi_bf16)
     else:
         k_cache[batch.slot_blocks, batch.slot_offsets] = k
         v_cache[batch.slot_blocks, batch.slot_offsets] = v
     if alibi is not None and batch.alibi_masks is None:
-        batch.alibi_masks = _alibi_masks(batch, alibi, q.dtype)
+        batch.alibi_masks = _alibi_masks(batch, alibi, q.dtype, q.shape[-1] if alibi_bf16 else None)
     for i, g in enumerate(batch.decodes):
         span = slice(g.token_start, g.token_start + g.size)
         mask = g.window_mask if windowed and g.window_mask is not None else g.mask
@@ -210,26 +212,51 @@ def alibi_slopes(num_heads: int, bias_max: float) -> torch.Tensor:
     return slopes
 
 
-def _alibi_masks(batch: AttentionBatch, slopes: torch.Tensor, dtype: torch.dtype) -> AlibiMasks:
+def falcon_alibi_slopes(num_heads: int) -> torch.Tensor:
+    """Falcon-RW's slopes, op for op as transformers' ``build_alibi_tensor`` computes them (BLOOM's formula: the
+    values ``alibi_slopes(n, 8)`` gives, which bf16 may round otherwise at a last bit), rounded to bf16 as it
+    rounds them before use (fp32 values)."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = torch.full((), 2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
+    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
+    if closest != num_heads:
+        extra = torch.full((), 2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32)
+        remaining = min(closest, num_heads - closest)
+        slopes = torch.cat([slopes, torch.pow(extra, torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.int32))])
+    return slopes.bfloat16().float()
+
+
+def _alibi_masks(batch: AttentionBatch, slopes: torch.Tensor, dtype: torch.dtype,
+                 bf16_head_dim: int | None = None) -> AlibiMasks:
     """The float masks of ``batch``'s torch groups with ALiBi's biases: a decode's query is its context's last
-    token, a chunk's rows follow its prefix."""
+    token, a chunk's rows follow its prefix. ``bf16_head_dim``: Falcon-RW's biases, for heads this wide."""
     fresh = []
     for g in batch.fresh:
         rows = torch.arange(g.length, device=slopes.device)[:, None]
-        fresh.append(_alibi_mask(slopes, rows, rows >= rows.T, dtype))
+        fresh.append(_alibi_mask(slopes, rows, rows >= rows.T, dtype, bf16_head_dim))
     prefixed = [_alibi_mask(slopes, torch.arange(c.context_len - c.num_tokens, c.context_len,
-                                                 device=slopes.device)[:, None], c.mask, dtype)
+                                                 device=slopes.device)[:, None], c.mask, dtype, bf16_head_dim)
                 for c in batch.prefixed]
-    return AlibiMasks([_alibi_mask(slopes, g.mask.sum(-1, keepdim=True) - 1, g.mask, dtype) for g in batch.decodes],
-                      fresh, prefixed)
+    return AlibiMasks([_alibi_mask(slopes, g.mask.sum(-1, keepdim=True) - 1, g.mask, dtype, bf16_head_dim)
+                       for g in batch.decodes], fresh, prefixed)
 
 
-def _alibi_mask(slopes: torch.Tensor, query_pos: torch.Tensor, seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _alibi_mask(slopes: torch.Tensor, query_pos: torch.Tensor, seen: torch.Tensor, dtype: torch.dtype,
+                bf16_head_dim: int | None = None) -> torch.Tensor:
     """The float mask of ``seen`` (bool, ``[rows, keys]`` or ``[batch, 1, rows, keys]``; True where a key is seen)
     with each head's ALiBi bias, ``slope * (key - query_pos)``, where it is seen: ``[heads, rows, keys]`` or ``[batch,
-    heads, rows, keys]`` in ``dtype``. ``query_pos``: each row's position, ``[rows, 1]`` or ``[batch, 1, rows, 1]``."""
+    heads, rows, keys]`` in ``dtype``. ``query_pos``: each row's position, ``[rows, 1]`` or ``[batch, 1, rows, 1]``.
+
+    ``bf16_head_dim``: Falcon-RW's bias instead, op for op as transformers computes it: the slope in bf16 times the
+    key's absolute position, a product rounded to bf16 (past 256 positions it is no longer linear in the key, so
+    the query's position cannot be taken off), then over the square root of the head width, as it is added to
+    the already scaled scores."""
     keys = torch.arange(seen.shape[-1], device=slopes.device)
-    bias = slopes.view(-1, 1, 1) * (keys - query_pos)
+    if bf16_head_dim is not None:
+        bias = (slopes.bfloat16().view(-1, 1, 1) * keys).float() / math.sqrt(bf16_head_dim)
+        bias = bias.expand(torch.broadcast_shapes(bias.shape, query_pos.shape))  # each row alike
+    else:
+        bias = slopes.view(-1, 1, 1) * (keys - query_pos)
     return bias.masked_fill(~seen, float("-inf")).to(dtype)
 
 

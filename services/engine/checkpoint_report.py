@@ -115,7 +115,8 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
     if config.learned_positions is not None:
         rope = f"learned, absolute: a table of {config.max_position_embeddings} added to the embeddings"
     elif config.alibi_bias_max is not None:
-        rope = f"ALiBi: each head's scores biased by distance (slopes 2^-({config.alibi_bias_max:g}i/n))"
+        rope = f"ALiBi: each head's scores biased by distance (slopes 2^-({config.alibi_bias_max:g}i/n))" + (
+            ", rounded to bf16 as transformers' Falcon rounds them" if config.alibi_bf16 else "")
     elif len(config.nope_layers) == config.num_hidden_layers:
         rope = "none: no layer rotates (attention without positions)"
     elif config.nope_layers:

@@ -37,10 +37,7 @@ RENAMES = (("transformer.word_embeddings.", "model.embed_tokens."), ("transforme
 
 
 def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
-    """Its key/value heads and MLP width as transformers derives them; ALiBi refused."""
-    if raw.get("alibi"):
-        raise ModelLoadError("config.json: alibi is set; Falcon with ALiBi position biases (Falcon-RW) is not "
-                             "supported: transformers rounds them to bf16, which the engine does not reproduce")
+    """Its key/value heads and MLP width as transformers derives them."""
     heads, new = int(raw["num_attention_heads"]), bool(raw["new_decoder_architecture"])
     kv_heads = int(raw.get("num_kv_heads") or heads) if new or not raw["multi_query"] else 1
     width = raw.get("intermediate_size") or 4 * int(raw["hidden_size"])
@@ -55,7 +52,13 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
     biased = bool(raw["falcon_bias"])
     return {"layer_norm": True, "norm_bias": True, "mlp_gated": False, "mlp_bias": biased, "attention_bias": biased,
             "o_proj_bias": biased, "parallel_block": bool(raw["new_decoder_architecture"] or raw["parallel_attn"]),
-            "parallel_mlp_norm": raw["falcon_two_norms"], "qkv_layout": _qkv_layout(raw), "architecture": ARCH}
+            "parallel_mlp_norm": raw["falcon_two_norms"], "qkv_layout": _qkv_layout(raw), "architecture": ARCH,
+            **(_alibi_fields(int(raw["num_hidden_layers"])) if raw.get("alibi") else {})}
+
+
+def _alibi_fields(layers: int) -> dict[str, Any]:
+    """Falcon-RW: ALiBi (BLOOM's slopes) as transformers computes it, in bf16, instead of RoPE."""
+    return {"alibi_bias_max": 8.0, "alibi_bf16": True, "nope_layers": tuple(range(layers))}
 
 
 def _qkv_layout(raw: dict[str, Any]) -> str:

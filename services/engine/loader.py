@@ -23,7 +23,7 @@ from services.engine import (
     nemotron_h,
     opt,
 )
-from services.engine.attention import alibi_slopes
+from services.engine.attention import alibi_slopes, falcon_alibi_slopes
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gpt_oss_weights
@@ -81,7 +81,9 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     if model.local_rotary is not None:
         model.local_rotary.inv_freq = inverse_frequencies(ckpt.config, local=True).to(device)
     if ckpt.config.alibi_bias_max is not None:  # fp32 too, one tensor every layer shares
-        slopes = alibi_slopes(ckpt.config.num_attention_heads, ckpt.config.alibi_bias_max).to(device)
+        heads = ckpt.config.num_attention_heads
+        slopes = (falcon_alibi_slopes(heads) if ckpt.config.alibi_bf16
+                  else alibi_slopes(heads, ckpt.config.alibi_bias_max)).to(device)
         for module in model.modules():
             if isinstance(module, Attention):
                 module.alibi = slopes

@@ -197,6 +197,7 @@ class Attention(nn.Module):
         self.attn_scale = config.attn_scale
         # ALiBi's slope per head (BLOOM, MPT), fp32 whatever the weights' dtype: set as the model loads.
         self.alibi: torch.Tensor | None = None
+        self.alibi_bf16 = config.alibi_bf16
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None,
                 q_mult: torch.Tensor | None = None) -> torch.Tensor:
@@ -233,7 +234,7 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.kv_layer)
         o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks, self.attn_scale,
-                            self.alibi).reshape(t, self.q_size)
+                            self.alibi, self.alibi_bf16).reshape(t, self.q_size)
         if self.gate_per_head:
             o = (o.view(t, self.heads, self.head_dim) * torch.sigmoid(self.gate_proj(x))[..., None]).view(t, -1)
         elif self.gate_proj is not None:

@@ -158,6 +158,9 @@ class ModelConfig:
     # scores instead, its slope from a geometric series set by this (attention.alibi_slopes: BLOOM's and MPT's
     # formulas agree; both run with 8). None: no ALiBi.
     alibi_bias_max: float | None = None
+    # Falcon-RW's ALiBi as transformers runs it: each bias bf16(bf16(slope) * key position) / sqrt(head_dim), by the
+    # key's absolute position (attention._alibi_mask, and the C kernels' alibi_bias).
+    alibi_bf16: bool = False
     # BLOOM: a norm (with a bias) of the token embeddings before the first layer.
     embed_norm: bool = False
     logit_scale: float = 1.0
@@ -413,10 +416,10 @@ class ModelConfig:
                 not self.alibi_bias_max > 0 or len(self.nope_layers) != self.num_hidden_layers
                 or self.learned_positions is not None or self.sliding_window is not None
                 or self.attention_chunk is not None or self.attn_softcap is not None or self.attention_sinks
-                or self.mla or self.linear_layers):
+                or self.mla or self.linear_layers) or (self.alibi_bf16 and self.alibi_bias_max is None):
             raise ModelLoadError(f"ALiBi (alibi_bias_max {self.alibi_bias_max}) is for attention without other "
                                  "positions (no RoPE in any layer, no learned positions), windows, chunks, soft caps, "
-                                 "sinks, latent or linear layers, with alibi_bias_max > 0")
+                                 "sinks, latent or linear layers, with alibi_bias_max > 0 (alibi_bf16 with it)")
 
     def _check_rope(self) -> None:
         rope_type = self.rope_type

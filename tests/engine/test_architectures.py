@@ -89,6 +89,13 @@ CASES = {
     "falcon-per-head": lambda: transformers.FalconConfig(multi_query=False, ffn_hidden_size=96, **_FALCON),
     "falcon-sequential": lambda: transformers.FalconConfig(parallel_attn=False, multi_query=False, bias=True,
                                                            **_FALCON),
+    # Falcon-RW: ALiBi instead of RoPE, as transformers computes it (bf16-rounded, by absolute key position); 6
+    # heads take Falcon's extra slopes.
+    "falcon-rw": lambda: transformers.FalconConfig(alibi=True, parallel_attn=False, multi_query=False, bias=True,
+                                                   **_FALCON),
+    "falcon-rw-6-heads": lambda: transformers.FalconConfig(
+        alibi=True, parallel_attn=False, multi_query=False, bias=True,
+        **{**_FALCON, "hidden_size": 96, "num_attention_heads": 6}),
     # OPT and GPT-2: learned absolute positions (OPT's from index 2), biased LayerNorms and projections, ungated MLPs
     # (ReLU; gelu_new), GPT-2's Conv1D weights stored [in, out] and q/k/v in one c_attn; GPT-2 unscaled too.
     "opt": lambda: transformers.OPTConfig(ffn_dim=128, **_ABSOLUTE),
@@ -941,6 +948,8 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
                                      "mpt"):  # no RoPE
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(_decoder_layers(model))))
+    elif model.config.model_type == "falcon" and model.config.alibi:  # its rotary module applied nowhere
+        want = tuple(range(len(_decoder_layers(model))))
     else:
         want = tuple(i for i, rope in enumerate(getattr(model.config, "no_rope_layers", None) or [1] * 3) if not rope)
     assert ModelConfig.from_dir(path).nope_layers == want
@@ -1219,8 +1228,8 @@ def test_pythia_as_published_runs_as_transformers_runs_it(tmp_path, tiny_model_d
 
 def test_falcon_configs_read_as_released():
     """Falcon-7B (multi-query, one norm), Falcon-40B (the new architecture: grouped key/value heads, a norm each) and
-    Falcon 2 11B (the new architecture on one norm) as published, read as transformers reads them; ALiBi
-    (Falcon-RW) refused."""
+    Falcon 2 11B (the new architecture on one norm) and Falcon-RW-1B (ALiBi, per-head query_key_value, pre-norm
+    with biases) as published, read as transformers reads them."""
     common = {"architectures": ["FalconForCausalLM"], "alibi": False, "bias": False, "bos_token_id": 11,
               "eos_token_id": 11, "layer_norm_epsilon": 1e-05, "model_type": "falcon", "parallel_attn": True,
               "apply_residual_connection_post_layernorm": False, "hidden_dropout": 0.0, "attention_dropout": 0.0}
@@ -1239,8 +1248,13 @@ def test_falcon_configs_read_as_released():
         assert ours.rope_theta == hf.rope_parameters["rope_theta"] and ours.tie_word_embeddings
         assert ours.parallel_block and ours.parallel_mlp_norm == two_norms and ours.qkv_layout == layout
         assert not (ours.attention_bias or ours.o_proj_bias or ours.mlp_bias) and ours.hidden_act == "gelu"
-    with pytest.raises(ModelLoadError, match="alibi is set"):
-        ModelConfig.from_dict({**seven, "alibi": True})
+    rw = {**common, "alibi": True, "bias": True, "bos_token_id": 1, "eos_token_id": 2, "hidden_size": 2048,
+          "multi_query": False, "new_decoder_architecture": False, "num_attention_heads": 32, "num_hidden_layers": 24,
+          "parallel_attn": False, "vocab_size": 50304}
+    ours = ModelConfig.from_dict(rw)
+    assert (ours.alibi_bias_max, ours.alibi_bf16, ours.qkv_layout, ours.parallel_block) == (8.0, True, "per_head",
+                                                                                            False)
+    assert len(ours.nope_layers) == 24 and ours.attention_bias and ours.mlp_bias and ours.num_key_value_heads == 32
     config = ModelConfig.from_dict(forty)
     for fields, fragment in (({"qkv_layout": "multi_query"}, "laid out 'multi_query' for 128 query and 8"),
                              ({"qkv_layout": "interleaved"}, "laid out 'interleaved'"),
@@ -1248,6 +1262,16 @@ def test_falcon_configs_read_as_released():
                              ({"learned_positions": -2}, "at offset -2")):
         with pytest.raises(ModelLoadError, match=fragment):
             dataclasses.replace(config, **fields)
+
+
+def test_falcon_rw_past_256_positions_matches_transformers(tmp_path, tiny_model_dir):
+    """Past 256 positions bf16 no longer holds every key's bias exactly: transformers' Falcon-RW biases by the
+    rounded product at the key's absolute position, which the engine reproduces (a relative bias rounded alike
+    differs); chunks of 16 over a prefix, and decodes."""
+    model = save_checkpoint(CASES["falcon-rw-6-heads"](), tmp_path, tiny_model_dir)
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (300, 480)]
+    greedy_matches_transformers(tmp_path, model, prompts, cpu_kernels=True)
 
 
 @pytest.mark.parametrize("case", ["opt", "gpt2"])

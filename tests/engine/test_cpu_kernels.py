@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from services.engine import cpu_kernels
-from services.engine.attention import gather
+from services.engine.attention import falcon_alibi_slopes, gather
 from services.engine.config import EngineConfig
 from services.engine.rope import RotaryEmbedding
 from services.engine.runner import ModelRunner
@@ -379,3 +380,33 @@ def test_alibi_matches_biased_attention(kernels, rows):
         torch.testing.assert_close(out[i], want, atol=3e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="8 contiguous fp32 CPU ALiBi slopes"):
         kernels.paged_decode(out[:1], q[:1], k_cache, v_cache, tables[:1], lens[:1], alibi=slopes[:4])
+
+
+def test_falcon_rw_alibi_matches_its_bf16_biased_attention(kernels):
+    """Falcon-RW's biases (``alibi_bf16``) in the decode and chunk kernels: transformers' bf16(bf16(slope) *
+    position) / sqrt(D) by the key's absolute position, past 256 positions, where bf16 rounds the products unevenly
+    (a relative bias rounded alike differs)."""
+    g = torch.Generator().manual_seed(17)
+    k_cache, v_cache = _pool(48, 16, 2, 32)
+    tables = torch.randperm(48, generator=g)[:40][None].repeat(3, 1)
+    slopes = falcon_alibi_slopes(8)  # 2^-1 ... 2^-8, bf16 values
+    bias = (slopes.bfloat16()[:, None] * torch.arange(640)[None, :]).float() / math.sqrt(32)
+    keys, values = (c[tables[0]].reshape(-1, 2, 32) for c in (k_cache, v_cache))
+
+    def reference(q, seen):
+        k, v = keys.repeat_interleave(4, 1).transpose(0, 1), values.repeat_interleave(4, 1).transpose(0, 1)
+        scores = (q[:, None, :] @ k.transpose(1, 2))[:, 0] * 32**-0.5 + bias
+        return (torch.softmax(scores.masked_fill(~seen, float("-inf")), -1)[:, None, :] @ v)[:, 0]
+
+    q = torch.randn(3, 8, 32, generator=g) * 2
+    lens = torch.tensor([300, 517, 640])
+    out = torch.empty_like(q)
+    kernels.paged_decode(out, q, k_cache, v_cache, tables, lens, alibi=slopes, alibi_bf16=True)
+    for i in range(3):
+        torch.testing.assert_close(out[i], reference(q[i], torch.arange(640) < lens[i]), atol=3e-6, rtol=1e-5)
+    q = torch.randn(40, 8, 32, generator=g) * 2  # a 40-token chunk after 560 cached tokens
+    out = torch.empty_like(q)
+    kernels.paged_prefill(out, q, k_cache, v_cache, torch.tensor([0]), torch.tensor([40]), torch.tensor([560]),
+                          tables[:1], alibi=slopes, alibi_bf16=True)
+    for i in (0, 17, 39):
+        torch.testing.assert_close(out[i], reference(q[i], torch.arange(640) <= 560 + i), atol=3e-6, rtol=1e-5)

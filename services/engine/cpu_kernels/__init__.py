@@ -56,7 +56,7 @@ class CpuKernels:
         self._decode = lib.seawall_paged_decode
         self._decode.restype = None
         self._decode.argtypes = [_P, _I64, _P, _I64, _P, _P, _I64, _I, _I, _I, _I, _I, _P, _I64, _P, _I, _I,
-                                 ctypes.c_float, ctypes.c_float, _P, _P]
+                                 ctypes.c_float, ctypes.c_float, _P, _P, ctypes.c_float]
         self._write = lib.seawall_kv_write
         self._write.restype = None
         self._write.argtypes = [_P, _P, _I64, _P, _I64, _P, _I64, _I, _P, _P, _I]
@@ -72,7 +72,7 @@ class CpuKernels:
         self._prefill = lib.seawall_paged_prefill
         self._prefill.restype = None
         self._prefill.argtypes = [_P, _I64, _P, _I64, _P, _P, _I64, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I64, _I,
-                                  _I, ctypes.c_float, ctypes.c_float, _P, _P]
+                                  _I, ctypes.c_float, ctypes.c_float, _P, _P, ctypes.c_float]
         self._argmax = lib.seawall_argmax_rows
         self._argmax.restype = None
         self._argmax.argtypes = [_P, _P, _I64, _I, _I]
@@ -102,13 +102,14 @@ class CpuKernels:
     def paged_decode(self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, window: int | None = None,
                      softcap: float | None = None, sinks: torch.Tensor | None = None, chunk: int | None = None,
-                     alibi: torch.Tensor | None = None) -> None:
+                     alibi: torch.Tensor | None = None, alibi_bf16: bool = False) -> None:
         """``out[i] = attention(q[i], the first context_lens[i] keys/values of block_tables[i])``; with a
         ``window``, the last ``window`` of them only (sliding-window attention); with a ``chunk``, those since the
         start of the query's chunk of ``chunk`` positions (Llama 4's chunked attention); with ``softcap``, each score
         s becomes ``softcap * tanh(s / softcap)`` (Gemma 2); with ``sinks`` (``[Hq]`` fp32, GPT-OSS), each
         head's softmax has one more logit, its sink, that weighs no value; with ``alibi`` (``[Hq]`` fp32 slopes: BLOOM,
-        MPT), each score of key j gains ``slope * (j - context_lens[i] + 1)``.
+        MPT), each score of key j gains ``slope * (j - context_lens[i] + 1)``; with ``alibi_bf16`` too (Falcon-RW,
+        its slopes bf16 values), ``bf16(slope * bf16(j)) / sqrt(D)``, as transformers computes it.
 
         q, out ``[n, Hq, D]`` (rows may be strided, each row contiguous); caches ``[num_blocks, block_size,
         Hkv, D]`` with contiguous blocks (the pool's per-layer views); block_tables ``[n, max_blocks]`` int64
@@ -122,16 +123,18 @@ class CpuKernels:
         self._decode(out.data_ptr(), out.stride(0), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                      k_cache.stride(0), block_size, hkv, d, hq // hkv, n, block_tables.data_ptr(),
                      block_tables.stride(0), context_lens.data_ptr(), window or 0, chunk or 0, d**-0.5,
-                     softcap or 0.0, _per_head_ptr(sinks, hq, "sinks"), _per_head_ptr(alibi, hq, "ALiBi slopes"))
+                     softcap or 0.0, _per_head_ptr(sinks, hq, "sinks"), _per_head_ptr(alibi, hq, "ALiBi slopes"),
+                     math.sqrt(d) if alibi_bf16 else 0.0)
 
     def paged_prefill(self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       token_starts: torch.Tensor, lens: torch.Tensor, prefix: torch.Tensor,
                       block_tables: torch.Tensor, window: int | None = None, softcap: float | None = None,
                       sinks: torch.Tensor | None = None, chunk: int | None = None,
-                      alibi: torch.Tensor | None = None) -> None:
+                      alibi: torch.Tensor | None = None, alibi_bf16: bool = False) -> None:
         """Prompt chunk c: rows ``[token_starts[c], + lens[c])`` of q/out attend causally to the first
         ``prefix[c] + i + 1`` tokens of ``block_tables[c]`` (its K/V already written to the pool; with a
-        ``window`` or a ``chunk``, those ``paged_decode`` leaves; ``softcap``, ``sinks`` and ``alibi`` as in ``paged_decode``). Shapes as in
+        ``window`` or a ``chunk``, those ``paged_decode`` leaves; ``softcap``, ``sinks``, ``alibi`` and ``alibi_bf16`` as in
+        ``paged_decode``). Shapes as in
         ``paged_decode``; the index tensors are ``[num_chunks]`` (tables ``[num_chunks, max_blocks]``) int64."""
         _, hq, d = q.shape
         _, block_size, hkv, _ = k_cache.shape
@@ -143,7 +146,7 @@ class CpuKernels:
                       v_cache.data_ptr(), k_cache.stride(0), block_size, hkv, d, hq // hkv, lens.shape[0],
                       token_starts.data_ptr(), lens.data_ptr(), prefix.data_ptr(), block_tables.data_ptr(),
                       block_tables.stride(0), window or 0, chunk or 0, d**-0.5, softcap or 0.0, _per_head_ptr(sinks, hq, "sinks"),
-                      _per_head_ptr(alibi, hq, "ALiBi slopes"))
+                      _per_head_ptr(alibi, hq, "ALiBi slopes"), math.sqrt(d) if alibi_bf16 else 0.0)
 
     def kv_write(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_blocks: torch.Tensor, slot_offsets: torch.Tensor) -> None:

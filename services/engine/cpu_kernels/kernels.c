@@ -58,6 +58,22 @@ static inline __attribute__((always_inline)) float softmax_step(float *p, int n,
     return corr;
 }
 
+/* x rounded to bf16 (to nearest, ties to even), as torch converts a float to bfloat16. */
+static inline float bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    memcpy(&x, &u, sizeof(x));
+    return x;
+}
+
+/* ALiBi's bias on the score of key `key` for a query at `query`: slope * (key - query). With bf16_div > 0,
+ * Falcon-RW's as transformers computes it: bf16(slope * bf16(key)) / bf16_div, by the key's absolute position
+ * (its slope already bf16; a product of bf16s, rounded as torch rounds it). */
+static inline float alibi_bias(float slope, int64_t key, int64_t query, float bf16_div) {
+    return bf16_div > 0.f ? bf16_round(slope * bf16_round((float)key)) / bf16_div : slope * (float)(key - query);
+}
+
 /* Gemma 2's attention soft-capping: scores become cap * tanh(score / cap) before the softmax. */
 static inline void soft_cap(float *p, int n, float cap) {
     for (int t = 0; t < n; t++) p[t] = cap * tanhf(p[t] / cap);
@@ -67,12 +83,12 @@ static inline void soft_cap(float *p, int n, float cap) {
  * out = softmax(q . K^T * scale) V over tokens [first, context_len) of `table`, in one pass over the
  * blocks with a running max and sum per query head (online softmax). With `sinks` (GPT-OSS; this job's query
  * heads' learned logits), each head's softmax has one more term, exp(sink), that weighs no value: it joins
- * the sum at the end. With `slopes` (ALiBi: BLOOM, MPT; this job's query heads' slopes), each score of key j
- * gains slope * (j - the query's position, context_len - 1). */
+ * the sum at the end. With `slopes` (ALiBi: BLOOM, MPT, Falcon-RW; this job's query heads' slopes), each score of
+ * key j gains alibi_bias(slope, j, the query's position context_len - 1, alibi_div). */
 static inline __attribute__((always_inline)) void attend(
     const float *q, float *out, const float *k_cache, const float *v_cache, const int64_t *table,
     int first, int context_len, int64_t block_stride, int block_size, int kv_heads, int head, int heads,
-    int head_dim, int group, float scale, float softcap, const float *sinks, const float *slopes) {
+    int head_dim, int group, float scale, float softcap, const float *sinks, const float *slopes, float alibi_div) {
     const int rows = heads * group; /* query heads of this job */
     float m[rows], l[rows], acc[rows * head_dim], s[rows * block_size];
     for (int r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.f;
@@ -91,7 +107,7 @@ static inline __attribute__((always_inline)) void attend(
             for (int r = 0; r < rows; r++)
                 s[r * block_size + t] = dot(q + r * head_dim, kb + t * token_stride + (r / group) * head_dim, head_dim) * scale;
             if (slopes)
-                for (int r = 0; r < rows; r++) s[r * block_size + t] += slopes[r] * (float)(start + t - (context_len - 1));
+                for (int r = 0; r < rows; r++) s[r * block_size + t] += alibi_bias(slopes[r], start + t, context_len - 1, alibi_div);
         }
         for (int r = 0; r < rows; r++) {
             float *p = s + r * block_size;
@@ -136,7 +152,7 @@ void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, in
                           const float *k_cache, const float *v_cache, int64_t block_stride, int block_size,
                           int kv_heads, int head_dim, int group, int num_rows, const int64_t *block_tables,
                           int64_t table_stride, const int64_t *context_lens, int window, int chunk, float scale,
-                          float softcap, const float *sinks, const float *slopes) {
+                          float softcap, const float *sinks, const float *slopes, float alibi_div) {
     const int split = num_rows < 4 * omp_get_max_threads();
     const int heads = split ? 1 : kv_heads, per_row = kv_heads / heads, jobs = num_rows * per_row;
 #pragma omp parallel for schedule(dynamic, 1) if (jobs > 1)
@@ -150,10 +166,10 @@ void seawall_paged_decode(float *out, int64_t out_row_stride, const float *q, in
         const float *sk = sinks ? sinks + h * group : NULL, *sl = slopes ? slopes + h * group : NULL;
         /* Constant head sizes let the compiler unroll the inner loops into a few vector instructions. */
         switch (head_dim) {
-        case 32: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale, softcap, sk, sl); break;
-        case 64: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale, softcap, sk, sl); break;
-        case 128: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale, softcap, sk, sl); break;
-        default: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale, softcap, sk, sl);
+        case 32: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 32, group, scale, softcap, sk, sl, alibi_div); break;
+        case 64: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 64, group, scale, softcap, sk, sl, alibi_div); break;
+        case 128: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, 128, group, scale, softcap, sk, sl, alibi_div); break;
+        default: attend(qi, oi, k_cache, v_cache, table, first, ctx, block_stride, block_size, kv_heads, h, heads, head_dim, group, scale, softcap, sk, sl, alibi_div);
         }
     }
 }
@@ -325,7 +341,7 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                            int kv_heads, int head_dim, int group, int num_chunks, const int64_t *token_starts,
                            const int64_t *lens, const int64_t *prefix, const int64_t *block_tables,
                            int64_t table_stride, int window, int chunk, float scale, float softcap,
-                           const float *sinks, const float *slopes) {
+                           const float *sinks, const float *slopes, float alibi_div) {
     int64_t tiles_before[num_chunks + 1];
     tiles_before[0] = 0;
     for (int c = 0; c < num_chunks; c++) tiles_before[c + 1] = tiles_before[c] + (lens[c] + ROW_TILE - 1) / ROW_TILE;
@@ -388,7 +404,7 @@ void seawall_paged_prefill(float *out, int64_t out_row_stride, const float *q, i
                         *(v16u *)(sj + 48) = s3;
                     }
                     if (slopes)  /* ALiBi: the row's query is at key_end - 1 */
-                        for (int t = skip; t < n; t++) sj[t] += slopes[h * group + j] * (float)(ts + t - (key_end - 1));
+                        for (int t = skip; t < n; t++) sj[t] += alibi_bias(slopes[h * group + j], ts + t, key_end - 1, alibi_div);
                     if (softcap > 0.f)
                         soft_cap(sj + skip, n - skip, softcap);
                     corr[j] = softmax_step(sj + skip, n - skip, &m[r], &l[r]);
