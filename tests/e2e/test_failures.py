@@ -96,7 +96,7 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
     try:
         prompts = random_prompts([10, 40, 90, 130], seed=5)
         models = ["", "alpha", "", "alpha"]
-        max_tokens = 80
+        max_tokens = 200  # ~0.6 s of decoding (80 once left a killer waiting 60 s: likely all done between polls)
         got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
         finish: dict[int, str] = {}
         killed = anyio.Event()
@@ -118,6 +118,8 @@ async def test_killing_the_decode_worker_mid_stream_still_completes_every_reques
                 # share, or had none yet, would leave nothing to move: a busy box saw both).
                 with anyio.fail_after(60):
                     while min(len(v) for v in got.values()) < 5 or not (victim := await decode_worker_holding_requests()):
+                        if len(finish) == len(prompts) and all(finish.values()):
+                            pytest.fail("every request finished before a decode worker was seen holding one")
                         await anyio.sleep(0.01)
                 m.kill(victim)
                 killed.set()
