@@ -59,7 +59,7 @@ class ModelShape:
     latent_attention: bool = False
     # False: MLPs without a gate (GPT-2's, Arcee's): up_proj and down_proj only.
     gated_mlp: bool = True
-    # The name the model holds a checkpoint's tensor by (weight_names.checkpoint_name for its architecture).
+    # The name the model holds a checkpoint's tensor by (weight_names.model_name for its config).
     names: Callable[[str], str] | None = field(default=None, compare=False)
 
     def in_out(self, module: str) -> tuple[int, int]:

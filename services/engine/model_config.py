@@ -57,7 +57,7 @@ from services.engine.moe_config import MOE_DEFAULTS, check_moe, moe_fields
 from services.engine.nemotron_h import ARCH as NEMOTRON_H
 from services.engine.quant_config import quant_fields
 from services.engine.vision_language import VISION_LANGUAGE, text_model_config
-from services.engine.weight_names import checkpoint_name
+from services.engine.weight_names import model_name
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
@@ -566,7 +566,7 @@ class ModelConfig:
         return ModelShape(self.num_hidden_layers, self.hidden_size, self.intermediate_size,
                           self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim,
                           self.moe_layers, latent_attention=self.mla, gated_mlp=self.mlp_gated,
-                          names=partial(checkpoint_name, architecture=self.architecture))
+                          names=partial(model_name, config=self))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from services.engine import lfm3, mamba, nemotron_h
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
 from services.engine.bloom import ARCH as BLOOM
@@ -37,6 +38,8 @@ from services.engine.opt import RENAMES as OPT_RENAMES
 
 if TYPE_CHECKING:
     import torch
+
+    from services.engine.model_config import ModelConfig
 
 _RENAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".mlp.shared_experts.", ".mlp.shared_expert."),
             (".block_sparse_moe.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
@@ -120,6 +123,18 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
         old, new = next(((o, n) for o, n in renames if o in name), ("", ""))
         name = name.replace(old, new) if old else name
     return name
+
+
+def model_name(name: str, config: ModelConfig) -> str:
+    """The name the model holds a checkpoint's tensor by, from the name alone (an adapter's, which names the weight
+    it adapts): the loader's renames in its order (``loader._arranged``'s LFM3 and Nemotron-H stages, which rename
+    by the layer's kind, then ``checkpoint_name``)."""
+    named = iter([(name, None)])
+    if config.architecture == lfm3.ARCH:
+        named = lfm3.checkpoint_names(named, config.sandwich_norms)
+    if config.architecture in (nemotron_h.ARCH, *mamba.ARCHS):
+        named = nemotron_h.checkpoint_names(named, config.sublayers, config.linear_layers)
+    return checkpoint_name(next(named, (name, None))[0], config.architecture)
 
 
 def split_query_key_value(weights: Iterator[tuple[str, torch.Tensor]], layout: str, num_heads: int,

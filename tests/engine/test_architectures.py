@@ -669,7 +669,8 @@ def test_attention_adapters_on_a_mixture_of_experts_model_match_peft(tmp_path, t
 # (stored transposed), a fused query_key_value split per head (BigCode without multi-query, BLOOM), for one key/value
 # head (Falcon-7B) and by group (Falcon's new architecture), MPT's Wqkv, ungated MLPs, GPT-J's and GLM-4's
 # interleaved RoPE pairs (B's rows reordered as the weights'), Falcon-H1's multipliers (folded into B as into the
-# weights), OPT's and Phi's names, Llama 4's feed_forward (its dense layer's: the next is a mixture of experts).
+# weights), OPT's and Phi's names, Llama 4's feed_forward (its dense layer's: the next is a mixture of experts),
+# Nemotron-H's and LFM3's (each layer's `mixer` named by its kind; LFM3's w1/w2/w3), beside layers nothing adapts.
 _FAMILY_ADAPTERS = {
     "gpt2": ["c_attn", "c_proj", "c_fc"],
     "gpt-bigcode-mha": ["c_attn", "c_proj", "c_fc"],
@@ -683,6 +684,8 @@ _FAMILY_ADAPTERS = {
     "opt": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"],
     "phi": ["q_proj", "k_proj", "dense", "fc1", "fc2"],
     "llama4": {"target_modules": ["q_proj", "k_proj", "gate_proj", "up_proj", "down_proj"], "layers_to_transform": [0]},
+    "nemotron-h": ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
+    "lfm3": ["q_proj", "k_proj", "v_proj", "w1", "w2", "w3"],
 }
 
 
