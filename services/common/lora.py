@@ -3,8 +3,9 @@ without torch: the scheduler checks an adapter against the base model before it 
 loads the same files by the path a sequence names (``services/engine/lora.py``).
 
 An adapter adds ``scaling * B(A(x))`` to some of each layer's projections: A is ``[r, in]``, B ``[out, r]``,
-``scaling = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA). What PEFT can save beyond that (DoRA, biases,
-embedding or lm_head adapters, per-module ranks, modules saved whole) is refused with what was found.
+``scaling = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA), per module where ``rank_pattern`` / ``alpha_pattern``
+say so. What PEFT can save beyond that (DoRA, biases, embedding or lm_head adapters, stacked experts' adapters,
+modules saved whole) is refused with what was found.
 
 Adapters name the modules of the checkpoint they were trained on (GPT-2's ``c_attn``, BLOOM's
 ``query_key_value``, OPT's ``fc1``): each is read under the name the model holds that weight by
@@ -76,13 +77,16 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """A checked adapter: its rank, scaling and the (layer, module) pairs it changes."""
+    """A checked adapter: its rank, scaling and the (layer, module) pairs it changes, each with its own rank and
+    scaling where ``rank_pattern`` / ``alpha_pattern`` set them."""
 
     ref: LoraRef
     rank: int
     scaling: float
     # (layer, module as the model names it) -> (A tensor name, B tensor name) in the safetensors file.
     tensors: dict[tuple[int, str], tuple[str, str]] = field(default_factory=dict)
+    # (layer, module) -> its scaling, where it is not ``scaling``.
+    scalings: dict[tuple[int, str], float] = field(default_factory=dict)
 
     @property
     def weights_path(self) -> Path:
@@ -122,11 +126,46 @@ def read_lora(ref: LoraRef, shape: ModelShape, max_rank: int) -> LoraSpec:
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
     if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, int | float):
         raise InvalidArgument(f"{where}: r must be a positive integer and lora_alpha a number")
-    if rank > max_rank:
-        raise InvalidArgument(f"{where}: rank {rank} is above --max-lora-rank {max_rank}; raise the flag")
-    scaling = alpha / (math.sqrt(rank) if cfg.get("use_rslora") else rank)
-    tensors = _tensor_names(root / WEIGHTS_FILE, where, rank, shape)
-    return LoraSpec(ref, rank, float(scaling), tensors)
+    ranks, alphas = _pattern(cfg, "rank_pattern", where, int), _pattern(cfg, "alpha_pattern", where, int | float)
+    if (highest := max([rank, *ranks.values()])) > max_rank:
+        raise InvalidArgument(f"{where}: rank {highest} is above --max-lora-rank {max_rank}; raise the flag")
+
+    def scaling_of(r: int, a: float) -> float:
+        return float(a / (math.sqrt(r) if cfg.get("use_rslora") else r))
+
+    def rank_of(module: str) -> int:
+        return _by_pattern(ranks, module, rank)
+
+    tensors = _tensor_names(root / WEIGHTS_FILE, where, rank_of, shape)
+    scaling = scaling_of(rank, alpha)
+    scalings = {}
+    for key, (a_name, _) in tensors.items():
+        module = adapted_weight(a_name).removesuffix(".weight")
+        if (s := scaling_of(rank_of(module), _by_pattern(alphas, module, alpha))) != scaling:
+            scalings[key] = s
+    return LoraSpec(ref, rank, scaling, tensors, scalings)
+
+
+def _pattern(cfg: dict, field: str, where: str, kind) -> dict[str, int | float]:
+    """PEFT's per-module values (``rank_pattern``, ``alpha_pattern``): pattern -> value, checked."""
+    pattern = cfg.get(field) or {}
+    if not isinstance(pattern, dict) or not all(isinstance(v, kind) and v > 0 for v in pattern.values()):
+        raise InvalidArgument(f"{where}: {field} must map module patterns to positive numbers")
+    for key in pattern:
+        try:
+            re.compile(key)
+        except re.error as exc:
+            raise InvalidArgument(f"{where}: {field} key {key!r} is not a regular expression: {exc}") from None
+    return pattern
+
+
+def _by_pattern(pattern: dict, module: str, default):
+    """A module's value in a PEFT pattern dict as PEFT picks it (``get_pattern_key``): the first pattern that
+    matches the end of its name, after a dot; else ``default``."""
+    for key, value in pattern.items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
 
 
 def _refuse_extras(cfg: dict, where: str) -> None:
@@ -134,7 +173,6 @@ def _refuse_extras(cfg: dict, where: str) -> None:
     # adapter's own tensors are [r, in] and [out, r] either way, and merging is not how they are applied here.
     unsupported = {
         "use_dora": "DoRA adapters", "modules_to_save": "modules saved whole (modules_to_save)",
-        "rank_pattern": "per-module ranks (rank_pattern)", "alpha_pattern": "per-module alphas (alpha_pattern)",
         "lora_bias": "LoRA biases (lora_bias)",
         "trainable_token_indices": "trainable token indices", "layer_replication": "layer replication",
     }
@@ -166,7 +204,8 @@ def _check_module(where: str, layer: int, module: str, shape: ModelShape) -> Non
                               "adapters of the attention projections only are supported there")
 
 
-def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[tuple[int, str], tuple[str, str]]:
+def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: ModelShape,
+                  ) -> dict[tuple[int, str], tuple[str, str]]:
     parts: dict[tuple[int, str], dict[str, str]] = {}
     try:
         with safe_open(str(path), framework="numpy") as f:
@@ -182,6 +221,7 @@ def _tensor_names(path: Path, where: str, rank: int, shape: ModelShape) -> dict[
                                           f"{', '.join(_ATTENTION_MODULES)} and the MLP's {', '.join(_MLP_MODULES)}")
                 _check_module(where, layer, module, shape)
                 fan_in, fan_out = shape.in_out(module)
+                rank = rank_of(m[1])
                 want = (rank, fan_in) if ab == "A" else (fan_out, rank)
                 got = tuple(f.get_slice(key).get_shape())
                 if got != want:

@@ -48,6 +48,7 @@ def _columns(shape: ModelShape) -> tuple[dict[str, tuple[str, int]], dict[str, i
 class ProjectionLora:
     a: torch.Tensor  # [R, in]: the parts' A stacked (R = the sum of their ranks)
     bt: torch.Tensor  # [R, out]: the parts' B, block-diagonal over the fused output, transposed for ``x @ bt``
+    scaling: float  # the first part's; another part's own (alpha_pattern) is folded into its B as a ratio
 
 
 class LoraWeights:
@@ -56,26 +57,30 @@ class LoraWeights:
     def __init__(self, spec: LoraSpec, shape: ModelShape, device: torch.device, dtype: torch.dtype,
                  rows: Rows | None = None) -> None:
         self.spec = spec
-        self.scaling = spec.scaling
         columns, widths = _columns(shape)
-        # (layer, fused projection) -> each A and where its B's rows go: [(A, [(first column, B's part)])]
-        blocks: dict[tuple[int, str], list[tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]]] = {}
+        # (layer, fused projection) -> each A, its scaling and where its B's rows go:
+        # [(A, scaling, [(first column, B's part)])]
+        blocks: dict[tuple[int, str], list[tuple[torch.Tensor, float, list[tuple[int, torch.Tensor]]]]] = {}
         with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
-            for (layer, _), (a_name, b_name) in spec.tensors.items():
+            for key, (a_name, b_name) in spec.tensors.items():
                 weight, b = adapted_weight(b_name), f.get_tensor(b_name)
                 placed = [(*columns[shape.module(name)[2]], part)
                           for name, part in (rows(weight, b) if rows is not None else [(weight, b)])]
                 fused = placed[0][0]  # a checkpoint weight's parts are parts of one of the model's projections
-                blocks.setdefault((layer, fused), []).append((f.get_tensor(a_name), [(c, p) for _, c, p in placed]))
+                blocks.setdefault((key[0], fused), []).append(
+                    (f.get_tensor(a_name), spec.scalings.get(key, spec.scaling), [(c, p) for _, c, p in placed]))
         self.layers: list[dict[str, ProjectionLora]] = [{} for _ in range(shape.num_layers)]
         for (layer, fused), group in sorted(blocks.items()):
-            a = torch.cat([a for a, _ in group])
+            a = torch.cat([a for a, _, _ in group])
             bt = torch.zeros(a.shape[0], widths[fused])
-            for i, (_, parts) in enumerate(group):
+            scaling, row = group[0][1], 0
+            for part_a, part_scaling, parts in group:
                 for col, b in parts:
-                    bt[i * spec.rank:(i + 1) * spec.rank, col:col + b.shape[0]] = b.T
+                    block = b.T if part_scaling == scaling else b.T * (part_scaling / scaling)
+                    bt[row:row + part_a.shape[0], col:col + b.shape[0]] = block
+                row += part_a.shape[0]
             self.layers[layer][fused] = ProjectionLora(a.to(device=device, dtype=dtype),
-                                                       bt.to(device=device, dtype=dtype))
+                                                       bt.to(device=device, dtype=dtype), scaling)
 
 
 class LoraBatch:
@@ -92,9 +97,9 @@ class LoraBatch:
             if proj is None:
                 continue
             if isinstance(rows, slice):
-                y[rows].addmm_(F.linear(x[rows], proj.a), proj.bt, alpha=weights.scaling)
+                y[rows].addmm_(F.linear(x[rows], proj.a), proj.bt, alpha=proj.scaling)
             else:
-                y.index_add_(0, rows, F.linear(x.index_select(0, rows), proj.a) @ proj.bt, alpha=weights.scaling)
+                y.index_add_(0, rows, F.linear(x.index_select(0, rows), proj.a) @ proj.bt, alpha=proj.scaling)
         return y
 
 

@@ -141,3 +141,27 @@ def test_an_adapter_of_fused_projections_equals_peft(tiny_model_dir, tmp_path):
     refs = [LoraRef("phi", str(adapter)), None, LoraRef("phi", str(adapter))]
     got = _engine(base, chunk_size=16).generate(prompts, [GREEDY] * 3, refs)
     assert [c.token_ids for c in got] == [want[0], plain[1], want[2]]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("kernels", [True, False])
+def test_per_module_ranks_and_alphas_equal_peft(tiny_model_dir, tmp_path, kernels):
+    """PEFT's ``rank_pattern`` and ``alpha_pattern``: q at rank 8 beside k and v at 4, v and up at their own alpha
+    (inside one fused projection: a part's scaling folded into its B as a ratio), down at rank 2 with rsLoRA;
+    mixed with the base model in one batch."""
+    from tests.lora_adapters import make_adapter
+
+    adapter = make_adapter(tiny_model_dir, tmp_path / "patterned", 7, r=4, lora_alpha=8, use_rslora=True,
+                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                           "down_proj"],
+                           rank_pattern={"q_proj": 8, r"layers\.1\.mlp\.down_proj": 2},
+                           alpha_pattern={"v_proj": 32, "up_proj": 2})
+    rng = random.Random(8)
+    prompts = [[rng.randrange(6, 500) for _ in range(n)] for n in (4, 33, 70)]
+    want = peft_greedy(tiny_model_dir, adapter, prompts, MAX_TOKENS)
+    assert want != peft_greedy(tiny_model_dir, None, prompts, MAX_TOKENS)
+    ref = LoraRef("patterned", str(adapter))
+    outs = _engine(tiny_model_dir, kernels=kernels, chunk_size=16).generate(
+        prompts * 2, [GREEDY] * 6, loras=[ref] * 3 + [None] * 3)
+    assert [o.token_ids for o in outs[:3]] == want
+    assert [o.token_ids for o in outs[3:]] == peft_greedy(tiny_model_dir, None, prompts, MAX_TOKENS)
