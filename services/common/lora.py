@@ -146,16 +146,16 @@ def read_lora(ref: LoraRef, shape: ModelShape, max_rank: int) -> LoraSpec:
     return LoraSpec(ref, rank, scaling, tensors, scalings)
 
 
-def _pattern(cfg: dict, field: str, where: str, kind) -> dict[str, int | float]:
+def _pattern(cfg: dict, name: str, where: str, kind) -> dict[str, int | float]:
     """PEFT's per-module values (``rank_pattern``, ``alpha_pattern``): pattern -> value, checked."""
-    pattern = cfg.get(field) or {}
+    pattern = cfg.get(name) or {}
     if not isinstance(pattern, dict) or not all(isinstance(v, kind) and v > 0 for v in pattern.values()):
-        raise InvalidArgument(f"{where}: {field} must map module patterns to positive numbers")
+        raise InvalidArgument(f"{where}: {name} must map module patterns to positive numbers")
     for key in pattern:
         try:
             re.compile(key)
         except re.error as exc:
-            raise InvalidArgument(f"{where}: {field} key {key!r} is not a regular expression: {exc}") from None
+            raise InvalidArgument(f"{where}: {name} key {key!r} is not a regular expression: {exc}") from None
     return pattern
 
 
@@ -177,7 +177,7 @@ def _refuse_extras(cfg: dict, where: str) -> None:
         "trainable_token_indices": "trainable token indices", "layer_replication": "layer replication",
     }
     found = [what for key, what in unsupported.items() if cfg.get(key)]
-    if cfg.get("target_parameters"):  # PEFT adapts an MoE's stacked experts so (with per-module ranks for them)
+    if cfg.get("target_parameters"):  # PEFT adapts an MoE's stacked experts so
         found = [f"adapters of parameters (target_parameters: {', '.join(cfg['target_parameters'])}; an MoE's "
                  "experts)"]
     if cfg.get("bias", "none") != "none":
