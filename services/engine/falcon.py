@@ -1,4 +1,4 @@
-"""TII's Falcon (``FalconForCausalLM``: Falcon-7B, -40B, -180B, Falcon 2 11B): what sets it apart from Llama, which it
+"""TII's Falcon (``FalconForCausalLM``: Falcon-7B, -40B, -180B, Falcon 2 11B, Falcon-RW): what sets it apart from Llama, which it
 runs as, read from its config as transformers reads it. No torch at import (the scheduler reads configs).
 
 * torch's LayerNorms with biases; biases on every projection only with ``bias`` (none by default); an ungated MLP
@@ -11,8 +11,9 @@ runs as, read from its config as transformers reads it. No torch at import (the 
 * One fused ``query_key_value`` whose layout follows the architecture (``qkv_layout``, split as it loads): each
   key/value head's queries, then its key and value (new architecture); all queries, then one key and one value
   (``multi_query``); else ``[q | k | v]`` of each head in turn.
-* ALiBi (Falcon-RW) is refused: transformers rounds its slopes, and their products by position, to bf16 before
-  scaling them, a bias other than the exact one the engine adds (BLOOM's, MPT's).
+* Falcon-RW: ALiBi instead of RoPE, as transformers computes it: its slopes, and their products by the key's
+  absolute position, rounded to bf16, then over the square root of the head width (``alibi_bf16``; BLOOM's and
+  MPT's exact bias differs).
 """
 
 from __future__ import annotations

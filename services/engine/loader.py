@@ -36,11 +36,7 @@ from services.engine.moe import routers_in_fp32
 from services.engine.mxfp4 import pair_packed
 from services.engine.rope import deinterleave_rope, inverse_frequencies
 from services.engine.vision_language import language_model_weights
-from services.engine.weight_names import (
-    ernie_weights,
-    split_query_gates,
-    split_query_key_value,
-)
+from services.engine.weight_names import ernie_weights, split_query_gates, split_query_key_value
 
 
 def iter_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -7,10 +7,10 @@ and their B as one block-diagonal matrix over the fused output (zeros for parts 
 so an adapter costs two matmuls per projection whatever it adapts; the second accumulates into the base
 output with the scaling folded in (``addmm_``). B's rows are the projection's outputs: they are split,
 reordered and scaled as the loader does the rows of the weight they adapt (``Rows``: a fused
-``query_key_value`` split per head, RoPE's interleaved pairs reordered, Falcon-H1's multipliers folded in). An adapter whose tokens are one run of rows (a
-batch of one adapter, or the decodes of each adapter, which the fused CPU path groups by adapter) reads and
-writes them as views; tokens spread over the batch are gathered (``index_select``) and added back
-(``index_add_``).
+``query_key_value`` split per head, RoPE's interleaved pairs reordered, Falcon-H1's multipliers folded in).
+An adapter whose tokens are one run of rows (a batch of one adapter, or the decodes of each adapter, which the
+fused CPU path groups by adapter) reads and writes them as views; tokens spread over the batch are gathered
+(``index_select``) and added back (``index_add_``).
 """
 
 from __future__ import annotations
