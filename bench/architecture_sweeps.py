@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from seawall import AsyncClient  # noqa: E402
 from seawall.offline.engine import OfflineEngine  # noqa: E402
+from services.common.lora import EXPERT_PARAMS  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
 from services.common.step import LoraRef  # noqa: E402
 from services.engine.builtin_model import ensure_default_model  # noqa: E402
@@ -34,18 +35,27 @@ from tests.lora_adapters import peft_greedy  # noqa: E402
 
 
 def lora(path: Path, model) -> str:
-    """An adapter of every linear layer of the decoder layers (not the experts' or routers'), served for two
-    prompts against transformers + peft."""
+    """An adapter of every linear layer of the first decoder layer (not a router), of the shared experts and of
+    the stacked experts (PEFT's target_parameters), served for two prompts against transformers + peft."""
     import peft
     import transformers
 
-    linear = sorted({name.rsplit(".", 1)[-1] for name, m in _decoder_layers(model)[0].named_modules()
-                     if isinstance(m, torch.nn.Linear | transformers.pytorch_utils.Conv1D)
-                     and "expert" not in name and name.rsplit(".", 1)[-1] not in ("gate", "router")})
+    def linear(layer) -> list[str]:
+        return [name for name, m in layer.named_modules()
+                if isinstance(m, torch.nn.Linear | transformers.pytorch_utils.Conv1D)
+                and name.rsplit(".", 1)[-1] not in ("gate", "router", "wg", "shared_expert_gate")]  # routers
+
+    layers = _decoder_layers(model)  # the first layer's projections, and every MoE layer's shared expert's
+    linear = sorted({name.rsplit(".", 1)[-1] for name in linear(layers[0]) if "expert" not in name}
+                    | {".".join(name.split(".")[-2:]) for layer in layers for name in linear(layer)
+                       if "shared" in name})
+    experts = sorted({f"{name}.{param}" for layer in _decoder_layers(model) for name, m in layer.named_modules()
+                      if name.endswith("experts") for param, _ in m.named_parameters(recurse=False)
+                      if param in EXPERT_PARAMS})
     torch.manual_seed(5)
     try:
-        peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, r=4, lora_alpha=8,
-                                                   target_modules=linear)).save_pretrained(path / "adapter")
+        peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, r=4, lora_alpha=8, target_modules=linear,
+                                                   target_parameters=experts)).save_pretrained(path / "adapter")
     except ValueError as exc:  # peft's own refusals (Mamba's out_proj)
         return f"not made by peft: {str(exc)[:120]}"
     g = torch.Generator().manual_seed(6)
@@ -54,9 +64,9 @@ def lora(path: Path, model) -> str:
     ref = LoraRef("sweep", str(path / "adapter"))
     got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0)] * 2, loras=[ref, ref])
     if any(c.finish_reason == "error" for c in got):
-        return f"REFUSED {linear}: {got[0].error}"
+        return f"REFUSED {linear + experts}: {got[0].error}"
     same = [c.token_ids for c in got] == peft_greedy(path, path / "adapter", prompts, MAX_TOKENS)
-    return f"{'match' if same else 'MISMATCH'} {linear}"
+    return f"{'match' if same else 'MISMATCH'} {linear + experts}"
 
 
 def mesh(path: Path, model) -> str:

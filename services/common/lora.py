@@ -4,8 +4,13 @@ loads the same files by the path a sequence names (``services/engine/lora.py``).
 
 An adapter adds ``scaling * B(A(x))`` to some of each layer's projections: A is ``[r, in]``, B ``[out, r]``,
 ``scaling = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA), per module where ``rank_pattern`` / ``alpha_pattern``
-say so. What PEFT can save beyond that (DoRA, biases, embedding or lm_head adapters, stacked experts' adapters,
-modules saved whole) is refused with what was found.
+say so. What PEFT can save beyond that (DoRA, biases, embedding or lm_head adapters, modules saved whole) is
+refused with what was found.
+
+An MoE's stacked experts are adapted as parameters (PEFT's ``target_parameters``): one A ``[r·E, in]`` and one B
+``[out, r·E]`` per stacked projection, expert e's A the rows ``e·r ..``, its B the columns ``e, e+E, ..``. Their
+keys do not name the parameter: PEFT wraps a module's parameters one around the other in the order the module
+registers them, so ``experts.base_layer.lora_A`` adapts the first (gate_up_proj) and ``experts.lora_A`` the last.
 
 Adapters name the modules of the checkpoint they were trained on (GPT-2's ``c_attn``, BLOOM's
 ``query_key_value``, OPT's ``fc1``): each is read under the name the model holds that weight by
@@ -40,7 +45,15 @@ _PARTS = {**FUSED_MODULES, QUERY_KEY_VALUE: FUSED_MODULES["qkv_proj"]}
 _ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", QUERY_KEY_VALUE)
 _MLP_MODULES = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 _KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$")
-_MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.weight$")
+# A stacked experts module wrapped by PEFT once per adapted parameter: its path and how deep this wrapper is.
+_WRAPPED_EXPERTS = re.compile(r"^(.+\.experts)((?:\.base_layer)*)$")
+# The stacked experts' projections, in the order transformers' experts modules register them (gated experts have
+# gate_up_proj, Nemotron-H's up_proj), and as the model names them.
+EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj")
+_EXPERT_PARAM = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward|mixer)\.experts\."
+                           r"(gate_up_proj|up_proj|down_proj)$")
+_MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp|mlp\.shared_expert)\.(\w+)\.weight$")
+_SHARED = "shared_expert."  # an MoE layer's shared expert's projections, as LoraSpec names them
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
@@ -54,8 +67,15 @@ class ModelShape:
     q_size: int  # num_attention_heads * head_dim
     kv_size: int  # num_key_value_heads * head_dim
     # Layers whose MLP is a mixture of experts: an adapter of their gate/up/down projections has nothing to
-    # adapt (the experts' own adapters are not supported).
+    # adapt; their experts' are adapted as parameters (target_parameters).
     moe_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+    expert_input: int = 0  # the experts' input width: hidden_size, or Nemotron 3's latent size
+    expert_intermediate: int = 0
+    # Llama 4's experts hold their weights [E, in, out] without saying so to PEFT, which then reads them as
+    # [E, out, in]: its A is [r·E, out] and its B [in, r·E], the two swapped.
+    experts_swapped: bool = False
+    shared_intermediate: int = 0  # an MoE layer's shared expert's (shared_expert_intermediate_size)
     # DeepSeek-V3's latent attention: no q/k/v/o projections of the shapes above to adapt.
     latent_attention: bool = False
     # False: MLPs without a gate (GPT-2's, Arcee's): up_proj and down_proj only.
@@ -64,10 +84,24 @@ class ModelShape:
     names: Callable[[str], str] | None = field(default=None, compare=False)
 
     def in_out(self, module: str) -> tuple[int, int]:
-        h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
+        """``module`` as LoraSpec names it (a shared expert's ``shared_expert.gate_proj``)."""
+        shared = module.startswith(_SHARED)
+        module = module.removeprefix(_SHARED)
+        h, q, kv = self.hidden_size, self.q_size, self.kv_size
+        i = self.shared_intermediate if shared else self.intermediate_size
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h), "qkv_proj": (h, q + 2 * kv),
                 QUERY_KEY_VALUE: (h, q + 2 * kv), "gate_up_proj": (h, 2 * i)}[module]
+
+    def expert_in_out(self, param: str) -> tuple[int, int]:
+        """A stacked expert projection's (in, out) per expert."""
+        h, i = self.expert_input, self.expert_intermediate
+        return {"gate_up_proj": (h, 2 * i), "up_proj": (h, i), "down_proj": (i, h)}[param]
+
+    def expert_param(self, name: str) -> tuple[int, str] | None:
+        """(layer, stacked projection) of an experts module's parameter as the model holds it; None for others."""
+        m = _EXPERT_PARAM.search(self.names(name) if self.names is not None else name)
+        return None if m is None else (int(m[1]), m[2])
 
     def module(self, weight: str) -> tuple[int, str, str] | None:
         """(layer, sublayer, projection) of a checkpoint's weight as the model holds it; None for other tensors."""
@@ -136,14 +170,13 @@ def read_lora(ref: LoraRef, shape: ModelShape, max_rank: int) -> LoraSpec:
     def rank_of(module: str) -> int:
         return _by_pattern(ranks, module, rank)
 
-    tensors = _tensor_names(root / WEIGHTS_FILE, where, rank_of, shape)
+    tensors = _tensor_names(root / WEIGHTS_FILE, where, rank_of, shape, cfg.get("target_parameters") or [])
     scaling = scaling_of(rank, alpha)
     scalings = {}
-    for key, (a_name, _) in tensors.items():
-        module = adapted_weight(a_name).removesuffix(".weight")
+    for key, (_, _, module) in tensors.items():
         if (s := scaling_of(rank_of(module), _by_pattern(alphas, module, alpha))) != scaling:
             scalings[key] = s
-    return LoraSpec(ref, rank, scaling, tensors, scalings)
+    return LoraSpec(ref, rank, scaling, {key: (a, b) for key, (a, b, _) in tensors.items()}, scalings)
 
 
 def _pattern(cfg: dict, name: str, where: str, kind) -> dict[str, int | float]:
@@ -177,9 +210,12 @@ def _refuse_extras(cfg: dict, where: str) -> None:
         "trainable_token_indices": "trainable token indices", "layer_replication": "layer replication",
     }
     found = [what for key, what in unsupported.items() if cfg.get(key)]
-    if cfg.get("target_parameters"):  # PEFT adapts an MoE's stacked experts so
-        found = [f"adapters of parameters (target_parameters: {', '.join(cfg['target_parameters'])}; an MoE's "
-                 "experts)"]
+    targets = cfg.get("target_parameters") or []
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        found.append(f"target_parameters {targets!r} (a list of parameter names is)")
+    else:
+        found += [f"adapters of parameter {t!r} (of parameters, only an MoE's stacked experts' "
+                  f"{', '.join(EXPERT_PARAMS)})" for t in targets if t.rpartition(".")[2] not in EXPERT_PARAMS]
     if cfg.get("bias", "none") != "none":
         found.append(f"bias {cfg['bias']!r}")
     if found:
@@ -187,8 +223,9 @@ def _refuse_extras(cfg: dict, where: str) -> None:
                               f"projection, bias 'none') is")
 
 
-def _check_module(where: str, layer: int, module: str, shape: ModelShape) -> None:
-    """Refuses an adapter of a projection this model does not have, saying which ones it may adapt."""
+def _check_module(where: str, layer: int, module: str, shape: ModelShape, shared: bool) -> None:
+    """Refuses an adapter of a projection this model does not have, saying which ones it may adapt; ``shared``:
+    of an MoE layer's shared expert."""
     if module not in MODULES and module not in _PARTS:
         raise InvalidArgument(f"{where}: adapts {module!r}; supported: {', '.join((*MODULES, *FUSED_MODULES))}")
     if layer >= shape.num_layers:
@@ -199,18 +236,29 @@ def _check_module(where: str, layer: int, module: str, shape: ModelShape) -> Non
     if shape.latent_attention and module in _ATTENTION_MODULES:
         raise InvalidArgument(f"{where}: adapts {module}; adapters of latent attention (DeepSeek-V3's) are not "
                               "supported, those of its dense layers' MLPs are")
-    if layer in shape.moe_layers and module not in _ATTENTION_MODULES:
+    if shared and (layer not in shape.moe_layers or not shape.shared_intermediate):
+        raise InvalidArgument(f"{where}: adapts the shared expert's {module} of layer {layer}, which has none")
+    if layer in shape.moe_layers and module not in _ATTENTION_MODULES and not shared:
         raise InvalidArgument(f"{where}: adapts {module} of layer {layer}, whose MLP is a mixture of experts; "
-                              "adapters of the attention projections only are supported there")
+                              "adapters of the attention projections, of the experts (target_parameters) and "
+                              "of a shared expert are supported there")
 
 
-def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: ModelShape,
-                  ) -> dict[tuple[int, str], tuple[str, str]]:
+def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: ModelShape, targets: list[str],
+                  ) -> dict[tuple[int, str], tuple[str, str, str]]:
+    """(layer, module) -> (A's name, B's name, the module's name for PEFT's patterns); experts' modules are
+    named ``experts.<parameter>``."""
     parts: dict[tuple[int, str], dict[str, str]] = {}
+    wrapped: dict[str, dict[int, dict[str, str]]] = {}  # experts module -> wrapper depth -> A/B -> key
+    names: dict[tuple[int, str], str] = {}
     try:
         with safe_open(str(path), framework="numpy") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 m = _KEY.match(key)
+                experts = _WRAPPED_EXPERTS.match(m[1]) if m is not None else None
+                if experts is not None:
+                    wrapped.setdefault(experts[1], {}).setdefault(experts[2].count(".base_layer"), {})[m[2]] = key
+                    continue
                 found = shape.module(f"{m[1]}.weight") if m is not None else None
                 if found is None:
                     raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder "
@@ -219,7 +267,9 @@ def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: 
                 if (sublayer == "self_attn") != (module in _ATTENTION_MODULES):  # AFMoE's self_attn.gate_proj
                     raise InvalidArgument(f"{where}: adapts {sublayer}.{module}; supported: the attention's "
                                           f"{', '.join(_ATTENTION_MODULES)} and the MLP's {', '.join(_MLP_MODULES)}")
-                _check_module(where, layer, module, shape)
+                shared = sublayer == "mlp.shared_expert"
+                _check_module(where, layer, module, shape, shared)
+                module = _SHARED + module if shared else module
                 fan_in, fan_out = shape.in_out(module)
                 rank = rank_of(m[1])
                 want = (rank, fan_in) if ab == "A" else (fan_out, rank)
@@ -228,19 +278,70 @@ def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: 
                     raise InvalidArgument(f"{where}: {key} has shape {got}; this model needs {want} (an adapter "
                                           "for another base model?)")
                 parts.setdefault((layer, module), {})[ab] = key
+                names[layer, module] = m[1]
+            for experts, by_depth in wrapped.items():
+                for param, ab in _unwrapped(where, experts, by_depth, targets, shape):
+                    layer = _check_experts(where, f"{experts}.{param}", param, ab, rank_of, shape, f)
+                    parts[layer, f"experts.{param}"] = ab
+                    names[layer, f"experts.{param}"] = f"{experts}.{param}"
     except OSError as exc:
         raise InvalidArgument(f"{where}: cannot read {WEIGHTS_FILE}: {exc.strerror or exc}") from None
     except InvalidArgument:
         raise
     except Exception as exc:  # safetensors raises its own error types for a damaged file
         raise InvalidArgument(f"{where}: {WEIGHTS_FILE} is not a readable safetensors file: {exc}") from None
+    _check_pairs(where, parts)
+    return {k: (ab["A"], ab["B"], names[k]) for k, ab in sorted(parts.items())}
+
+
+def _check_pairs(where: str, parts: dict[tuple[int, str], dict[str, str]]) -> None:
+    """Refuses an adapter without weights, or with a projection's A without its B, or one projection adapted
+    twice (fused and as a part)."""
     half = [f"layer {layer} {module}" for (layer, module), ab in parts.items() if len(ab) != 2]
     if half:
         raise InvalidArgument(f"{where}: {half[0]} has only one of lora_A and lora_B")
-    both = [f"layer {layer}: {fused} and {part}" for (layer, fused), ab in parts.items() if fused in _PARTS
-            for part in _PARTS[fused] if (layer, part) in parts]
+    both = []
+    for layer, module in parts:
+        prefix = _SHARED if module.startswith(_SHARED) else ""
+        both += [f"layer {layer}: {module} and {prefix}{part}" for part in _PARTS.get(module.removeprefix(prefix), ())
+                 if (layer, prefix + part) in parts]
     if both:
         raise InvalidArgument(f"{where}: adapts {both[0]}, the same projection twice")
     if not parts:
         raise InvalidArgument(f"{where}: {WEIGHTS_FILE} holds no LoRA weights")
-    return {k: (ab["A"], ab["B"]) for k, ab in sorted(parts.items())}
+
+
+def _unwrapped(where: str, experts: str, by_depth: dict[int, dict[str, str]], targets: list[str],
+               shape: ModelShape) -> list[tuple[str, dict[str, str]]]:
+    """Each adapted parameter of a stacked experts module with its A and B keys: the parameters
+    ``target_parameters`` names, in the order the module registers them, innermost wrapper first."""
+    params = ("gate_up_proj" if shape.gated_mlp else "up_proj", "down_proj")
+    named = [p for p in params if any(f"{experts}.{p}" == t or f"{experts}.{p}".endswith(f".{t}") for t in targets)]
+    if len(named) != len(by_depth):
+        raise InvalidArgument(f"{where}: {len(by_depth)} parameters of {experts} adapted, but its config's "
+                              f"target_parameters name {len(named)} of them ({', '.join(named) or 'none'})")
+    return [(param, by_depth[depth]) for param, depth in zip(named, sorted(by_depth, reverse=True), strict=True)]
+
+
+def _check_experts(where: str, name: str, param: str, ab: dict[str, str], rank_of: Callable[[str], int],
+                   shape: ModelShape, f) -> int:
+    """The layer of an adapter of a stacked expert projection, checked; raises ``InvalidArgument``."""
+    found = shape.expert_param(name)
+    if found is None:
+        raise InvalidArgument(f"{where}: adapts {name}, not an MoE's stacked experts "
+                              f"({', '.join(EXPERT_PARAMS)})")
+    layer = found[0]
+    if layer not in shape.moe_layers:
+        raise InvalidArgument(f"{where}: adapts {name}; layer {layer} has no experts")
+    if len(ab) != 2:
+        raise InvalidArgument(f"{where}: {name} has only one of lora_A and lora_B")
+    fan_in, fan_out = shape.expert_in_out(param)
+    rows = rank_of(name) * shape.num_experts
+    want = {"A": (rows, fan_in), "B": (fan_out, rows)}
+    if shape.experts_swapped:
+        want = {"A": (rows, fan_out), "B": (fan_in, rows)}
+    for part, key in ab.items():
+        if (got := tuple(f.get_slice(key).get_shape())) != want[part]:
+            raise InvalidArgument(f"{where}: {key} has shape {got}; this model's {shape.num_experts} experts "
+                                  f"need {want[part]} (an adapter for another base model?)")
+    return layer

@@ -33,9 +33,15 @@ def gpt_oss_weights(weights: Iterable[tuple[str, torch.Tensor | Packed]]) -> Ite
         elif isinstance(tensor, Packed):
             raise KeyError(f"{name!r} is MXFP4; only GPT-OSS's expert weights are read packed")
         elif name.endswith(".mlp.experts.gate_up_proj_bias"):
-            yield name, torch.cat([tensor[..., 0::2], tensor[..., 1::2]], dim=-1)
+            yield name, gate_then_up(tensor, dim=-1)
         else:
             yield name, tensor
+
+
+def gate_then_up(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+    """GPT-OSS's interleaved gate/up outputs (along ``dim``) as the model holds them: the gates, then the ups."""
+    even, odd = tensor.unflatten(dim, (-1, 2)).unbind(dim if dim < 0 else dim + 1)
+    return torch.cat([even, odd], dim=dim)
 
 
 def _per_expert(prefix: str, which: str, tensor: torch.Tensor | Packed) -> Iterator[tuple[str, torch.Tensor]]:

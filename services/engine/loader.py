@@ -26,7 +26,7 @@ from services.engine import (
 from services.engine.attention import alibi_slopes, falcon_alibi_slopes
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
-from services.engine.gpt_oss_weights import gpt_oss_weights
+from services.engine.gpt_oss_weights import gate_then_up, gpt_oss_weights
 from services.engine.int_packed import dequantize_packed
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import llama4_weights
@@ -150,6 +150,9 @@ def lora_rows(ckpt: Checkpoint) -> Rows:
     arch = ckpt.config.architecture
 
     def rows(weight: str, b: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        if ".experts." in weight:  # stacked experts' B, [out, r·E]: GPT-OSS interleaves gate and up outputs
+            gpt_oss_gate_up = arch == "GptOssForCausalLM" and weight.endswith(".gate_up_proj")
+            return [(weight, gate_then_up(b, dim=0) if gpt_oss_gate_up else b)]
         if arch == gpt2.ARCH and weight.endswith(gpt2.CONV1D):  # stored [in, out]: transposed as it loads
             b = b.t()
         return list(_arranged(iter([(weight, b)]), ckpt))

@@ -11,6 +11,10 @@ reordered and scaled as the loader does the rows of the weight they adapt (``Row
 An adapter whose tokens are one run of rows (a batch of one adapter, or the decodes of each adapter, which the
 fused CPU path groups by adapter) reads and writes them as views; tokens spread over the batch are gathered
 (``index_select``) and added back (``index_add_``).
+
+An MoE's experts are adapted per expert (``ExpertsLora``): the rows routed to the experts, grouped by expert as
+moe.py groups them, go through each expert's A and B in two grouped GEMMs, rows of other adapters' tokens
+zeroed between the two.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from safetensors import safe_open
 
 from services.common.lora import LoraSpec, ModelShape, adapted_weight, read_lora
 from services.common.step import LoraRef
+from services.engine.moe import grouped_mm
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +39,12 @@ log = logging.getLogger(__name__)
 Rows = Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
 
 
-def _columns(shape: ModelShape) -> tuple[dict[str, tuple[str, int]], dict[str, int]]:
+def _columns(shape: ModelShape, shared: bool) -> tuple[dict[str, tuple[str, int]], dict[str, int]]:
     """Where each module an adapter's B may write goes: (the model's fused projection, its first column there);
-    and each fused projection's width."""
-    h, i, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_size, shape.kv_size
+    and each fused projection's width. ``shared``: in an MoE layer's shared expert, whose projections an
+    adapter's batch adds to as a dense layer's (the layer has no other MLP)."""
+    h, q, kv = shape.hidden_size, shape.q_size, shape.kv_size
+    i = shape.shared_intermediate if shared else shape.intermediate_size
     columns = {"q_proj": ("qkv", 0), "k_proj": ("qkv", q), "v_proj": ("qkv", q + kv), "qkv_proj": ("qkv", 0),
                "o_proj": ("o", 0), "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", i if shape.gated_mlp else 0),
                "gate_up_proj": ("gate_up", 0), "down_proj": ("down", 0)}
@@ -51,28 +58,64 @@ class ProjectionLora:
     scaling: float  # the first part's; another part's own (alpha_pattern) is folded into its B as a ratio
 
 
+@dataclass
+class ExpertsLora:
+    a: torch.Tensor  # [E, in, r]: each expert's A, transposed for grouped_mm
+    bt: torch.Tensor  # [E, r, out]: each expert's B, its outputs in the model's order
+    scaling: float
+
+
+def _experts_lora(a: torch.Tensor, b: torch.Tensor, weight: str, shape: ModelShape, rows: Rows | None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """PEFT's A ``[r·E, in]`` and B ``[out, r·E]`` of a stacked expert projection as (A ``[E, in, r]``, B
+    ``[E, r, out]``): expert e's A is rows ``e·r ..`` of A, its B columns ``e, e+E, ..`` of B (PEFT reshapes them
+    so). Llama 4's come swapped (services/common/lora.py): its A holds the outputs, its B the inputs."""
+    e = shape.num_experts
+    if shape.experts_swapped:
+        if rows is not None:  # the outputs as the model orders them
+            ((_, out),) = rows(weight, a.T)
+            a = out.T
+        return b.unflatten(1, (-1, e)).permute(2, 0, 1), a.unflatten(0, (e, -1))
+    if rows is not None:
+        ((_, b),) = rows(weight, b)
+    return a.unflatten(0, (e, -1)).transpose(1, 2), b.unflatten(1, (-1, e)).permute(2, 1, 0)
+
+
 class LoraWeights:
     """One adapter's tensors on the worker's device: per layer, per fused projection."""
 
     def __init__(self, spec: LoraSpec, shape: ModelShape, device: torch.device, dtype: torch.dtype,
                  rows: Rows | None = None) -> None:
         self.spec = spec
-        columns, widths = _columns(shape)
         # (layer, fused projection) -> each A, its scaling and where its B's rows go:
-        # [(A, scaling, [(first column, B's part)])]
+        # [(A, scaling, [(first column, B's part)])]; and the projection's width
         blocks: dict[tuple[int, str], list[tuple[torch.Tensor, float, list[tuple[int, torch.Tensor]]]]] = {}
+        widths: dict[tuple[int, str], int] = {}
+        experts: dict[tuple[int, str], ExpertsLora] = {}
         with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
             for key, (a_name, b_name) in spec.tensors.items():
+                if key[1].startswith("experts."):
+                    a, bt = _experts_lora(f.get_tensor(a_name), f.get_tensor(b_name),
+                                          f"model.layers.{key[0]}.mlp.{key[1]}", shape, rows)
+                    projection = "experts.down" if key[1] == "experts.down_proj" else "experts.gate_up"
+                    experts[key[0], projection] = ExpertsLora(a.to(device=device, dtype=dtype),
+                                                              bt.to(device=device, dtype=dtype),
+                                                              spec.scalings.get(key, spec.scaling))
+                    continue
                 weight, b = adapted_weight(b_name), f.get_tensor(b_name)
+                columns, width = _columns(shape, shared=key[1].startswith("shared_expert."))
                 placed = [(*columns[shape.module(name)[2]], part)
                           for name, part in (rows(weight, b) if rows is not None else [(weight, b)])]
                 fused = placed[0][0]  # a checkpoint weight's parts are parts of one of the model's projections
+                widths[key[0], fused] = width[fused]
                 blocks.setdefault((key[0], fused), []).append(
                     (f.get_tensor(a_name), spec.scalings.get(key, spec.scaling), [(c, p) for _, c, p in placed]))
-        self.layers: list[dict[str, ProjectionLora]] = [{} for _ in range(shape.num_layers)]
+        self.layers: list[dict[str, ProjectionLora | ExpertsLora]] = [{} for _ in range(shape.num_layers)]
+        for (layer, projection), lora in experts.items():
+            self.layers[layer][projection] = lora
         for (layer, fused), group in sorted(blocks.items()):
             a = torch.cat([a for a, _, _ in group])
-            bt = torch.zeros(a.shape[0], widths[fused])
+            bt = torch.zeros(a.shape[0], widths[layer, fused])
             scaling, row = group[0][1], 0
             for part_a, part_scaling, parts in group:
                 for col, b in parts:
@@ -100,6 +143,22 @@ class LoraBatch:
                 y[rows].addmm_(F.linear(x[rows], proj.a), proj.bt, alpha=proj.scaling)
             else:
                 y.index_add_(0, rows, F.linear(x.index_select(0, rows), proj.a) @ proj.bt, alpha=proj.scaling)
+        return y
+
+    def add_experts(self, y: torch.Tensor, x: torch.Tensor, layer: int, projection: str, offsets: torch.Tensor,
+                    tokens: torch.Tensor) -> torch.Tensor:
+        """Adds each adapter's experts' ``scaling * B_e(A_e(x))`` to ``y`` (in place) and returns it: ``x`` and
+        ``y`` are moe.py's rows, grouped by expert (``offsets``), row i from token ``tokens[i]``."""
+        for weights, rows in self.groups:
+            proj = weights.layers[layer].get(projection)
+            if proj is None:
+                continue
+            low = grouped_mm(x, proj.a, offsets)
+            if isinstance(rows, torch.Tensor):  # only this adapter's tokens' rows
+                low *= torch.isin(tokens, rows).unsqueeze(1)
+            elif rows != slice(None):
+                low *= ((tokens >= rows.start) & (tokens < rows.stop)).unsqueeze(1)
+            y.add_(grouped_mm(low, proj.bt, offsets), alpha=proj.scaling)
         return y
 
 

@@ -411,7 +411,7 @@ def _mlp(config: ModelConfig, layer: int) -> MLP | SparseMoE:
     """The layer's MLP: experts (beside a shared MLP where the model has one) or a dense MLP."""
     if config.is_moe(layer):
         shared = config.shared_expert_intermediate_size
-        return SparseMoE(config, MLP(config, layer, shared) if shared else None)
+        return SparseMoE(config, MLP(config, layer, shared) if shared else None, layer)
     return MLP(config, layer)
 
 
@@ -568,7 +568,7 @@ class LlamaForCausalLM(nn.Module):
     def _fused_mlp(h: torch.Tensor, w: _LayerWeights, layer: int, kernels: CpuKernels,
                    lora: LoraBatch | None) -> torch.Tensor:
         if w.moe is not None:
-            return w.moe(h, act_mul=kernels.silu_mul)
+            return w.moe(h, lora, act_mul=kernels.silu_mul)
         if lora is None:
             return F.linear(kernels.silu_mul(F.linear(h, w.gate_up)), w.down)
         act = kernels.silu_mul(lora.add(F.linear(h, w.gate_up), h, layer, "gate_up"))

@@ -565,8 +565,10 @@ class ModelConfig:
         """The dimensions a LoRA adapter for this model must have."""
         return ModelShape(self.num_hidden_layers, self.hidden_size, self.intermediate_size,
                           self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim,
-                          self.moe_layers, latent_attention=self.mla, gated_mlp=self.mlp_gated,
-                          names=partial(model_name, config=self))
+                          self.moe_layers, self.num_experts, self.moe_latent_size or self.hidden_size,
+                          self.moe_intermediate_size, experts_swapped=self.architecture == LLAMA4,
+                          shared_intermediate=self.shared_expert_intermediate_size,
+                          latent_attention=self.mla, gated_mlp=self.mlp_gated, names=partial(model_name, config=self))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:

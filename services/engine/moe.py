@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,9 @@ from torch import nn
 
 from services.engine.activations import ACTIVATIONS
 from services.engine.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from services.engine.lora import LoraBatch
 
 # Per-expert tensors as checkpoints store them: Mixtral's w1 (gate), w3 (up), w2 (down) under
 # block_sparse_moe; Qwen's gate_proj, up_proj, down_proj under mlp.
@@ -71,8 +75,9 @@ class ClampedSwiGLU:
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, config: ModelConfig, shared_expert: nn.Module | None = None) -> None:
+    def __init__(self, config: ModelConfig, shared_expert: nn.Module | None = None, layer: int = 0) -> None:
         super().__init__()
+        self.layer = layer  # its adapters' (services/engine/lora.py)
         self.top_k = config.num_experts_per_tok
         self.normalize = config.norm_topk_prob
         self.weights_in_fp32 = config.routing_weights_fp32
@@ -98,11 +103,10 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = (nn.Linear(config.hidden_size, 1, bias=False)
                                    if shared_expert is not None and config.shared_expert_gated else None)
 
-    def forward(self, x: torch.Tensor, lora: object = None,
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None = None,
                 act_mul: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """``x`` ``[T, H]``; ``act_mul`` maps a fused gate/up projection ``[n, 2I]`` to silu(gate) * up (the fused
-        CPU kernel; default: torch ops). ``lora`` is the dense MLP's argument: adapters of an MoE layer's MLP are
-        refused when they are read (services/common/lora.py), so there is nothing to add."""
+        CPU kernel; default: torch ops); ``lora``: the batch's adapters of the experts."""
         act_mul = self.act or act_mul or silu_mul
         weights, chosen = self._route(x)
         # Each (token, slot) pair as a row, grouped by expert (a stable sort keeps a token's rows in expert
@@ -120,10 +124,15 @@ class SparseMoE(nn.Module):
         experts = self.experts
         gate_up = grouped_mm(rows, (experts.gate_up_proj if experts.gated else experts.up_proj).transpose(1, 2),
                              offsets)
+        if lora is not None:
+            lora.add_experts(gate_up, rows, self.layer, "experts.gate_up", offsets, tokens)
         if experts.gate_up_proj_bias is not None:  # each row plus its expert's biases
             expert_of_row = flat[order]
             gate_up += experts.gate_up_proj_bias.index_select(0, expert_of_row)
-        h = grouped_mm(act_mul(gate_up), experts.down_proj.transpose(1, 2), offsets)
+        act = act_mul(gate_up)
+        h = grouped_mm(act, experts.down_proj.transpose(1, 2), offsets)
+        if lora is not None:
+            lora.add_experts(h, act, self.layer, "experts.down", offsets, tokens)
         if experts.down_proj_bias is not None:
             h += experts.down_proj_bias.index_select(0, expert_of_row)
         # Each token's k rows weighed (in the weights' dtype: fp32 where the model keeps them so) and summed in the
@@ -136,7 +145,7 @@ class SparseMoE(nn.Module):
         if self.fc2_latent_proj is not None:
             out = self.fc2_latent_proj(out)
         if self.shared_expert is not None:
-            shared = self.shared_expert(x, None)
+            shared = self.shared_expert(x, lora)
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * shared
             out = out + shared

@@ -50,8 +50,7 @@ def _copy(lora_dirs, tmp_path, **config):
     ({"rank_pattern": {"q_proj": 32}}, "rank 32 is above --max-lora-rank 16"),
     ({"alpha_pattern": {"q_(proj": 4}}, "alpha_pattern key 'q_(proj' is not a regular expression"),
     ({"alpha_pattern": {"q_proj": "4"}}, "alpha_pattern must map module patterns to positive numbers"),
-    ({"target_parameters": ["down_proj"], "rank_pattern": {".*down_proj": 8}},
-     "adapters of parameters (target_parameters: down_proj; an MoE's experts) not supported"),
+    ({"target_parameters": ["lm_head.weight"]}, "adapters of parameter 'lm_head.weight' (of parameters, only"),
     ({"peft_type": "PREFIX_TUNING"}, "not a LoRA adapter"),
     ({"r": 4}, "down_proj.lora_A.weight has shape (8, 384); this model needs (4, 384)"),
 ])
@@ -105,7 +104,8 @@ def test_adapters_of_a_mixture_of_experts_mlp_are_refused(lora_dirs, shape, tmp_
     """An MoE layer has no dense gate/up/down to adapt; adapters of its attention projections still fit."""
     moe = dataclasses.replace(shape, moe_layers=(1,))
     with pytest.raises(InvalidArgument, match="adapts (gate|up|down)_proj of layer 1, whose MLP is a mixture of "
-                                              "experts; adapters of the attention projections only"):
+                                              "experts; adapters of the attention projections, of the "
+                                              "experts"):
         read_lora(LoraRef("alpha", str(lora_dirs["alpha"])), moe, max_rank=16)
     out = _copy(lora_dirs, tmp_path)
     weights = load_file(str(out / WEIGHTS_FILE))
@@ -179,3 +179,90 @@ def test_a_projection_adapted_under_the_other_sublayer_is_refused(lora_dirs, sha
     save_file(moved, str(out / WEIGHTS_FILE))
     with pytest.raises(InvalidArgument, match=r"adapts self_attn\.gate_proj; supported: the attention's q_proj"):
         read_lora(LoraRef("x", str(out)), shape, max_rank=16)
+
+
+def _experts_adapter(tmp_path, shape: ModelShape, tensors: dict, **config) -> LoraRef:
+    """An adapter of stacked experts as PEFT saves one (``target_parameters``), from numpy arrays."""
+    out = tmp_path / "experts"
+    out.mkdir(exist_ok=True)
+    cfg = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": [],
+           "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], **config}
+    (out / CONFIG_FILE).write_text(json.dumps(cfg))
+    save_file({f"base_model.model.model.layers.{k}.weight": v for k, v in tensors.items()}, str(out / WEIGHTS_FILE))
+    return LoraRef("x", str(out))
+
+
+def _moe(shape: ModelShape) -> ModelShape:
+    return dataclasses.replace(shape, moe_layers=(1,), num_experts=4, expert_input=shape.hidden_size,
+                               expert_intermediate=16)
+
+
+def test_experts_adapters_read_by_how_deep_peft_wrapped_each_parameter(shape, tmp_path):
+    """PEFT wraps gate_up_proj first (the module registers it first), so the innermost wrapper's (most
+    ``base_layer``s) A and B adapt it; ``rank_pattern`` and ``alpha_pattern`` match the parameter's name."""
+    moe, h = _moe(shape), shape.hidden_size
+    arrays = {"1.mlp.experts.base_layer.lora_A": np.zeros((8, h), np.float32),
+              "1.mlp.experts.base_layer.lora_B": np.zeros((32, 8), np.float32),
+              "1.mlp.experts.lora_A": np.zeros((16, 16), np.float32),
+              "1.mlp.experts.lora_B": np.zeros((h, 16), np.float32),
+              "0.self_attn.q_proj.lora_A": np.zeros((2, h), np.float32),
+              "0.self_attn.q_proj.lora_B": np.zeros((shape.q_size, 2), np.float32)}
+    spec = read_lora(_experts_adapter(tmp_path, moe, arrays, target_modules=["q_proj"],
+                                      rank_pattern={"experts.down_proj": 4}, alpha_pattern={"gate_up_proj": 8}),
+                     moe, max_rank=16)
+    layers = "base_model.model.model.layers"
+    assert spec.tensors == {
+        (0, "q_proj"): (f"{layers}.0.self_attn.q_proj.lora_A.weight", f"{layers}.0.self_attn.q_proj.lora_B.weight"),
+        (1, "experts.down_proj"): (f"{layers}.1.mlp.experts.lora_A.weight", f"{layers}.1.mlp.experts.lora_B.weight"),
+        (1, "experts.gate_up_proj"): (f"{layers}.1.mlp.experts.base_layer.lora_A.weight",
+                                      f"{layers}.1.mlp.experts.base_layer.lora_B.weight")}
+    assert spec.scaling == 2.0 and spec.scalings == {(1, "experts.down_proj"): 1.0, (1, "experts.gate_up_proj"): 4.0}
+    # One parameter adapted: no base_layer; Llama 4's swapped A and B.
+    down = {"1.mlp.experts.lora_A": np.zeros((8, 16), np.float32), "1.mlp.experts.lora_B": np.zeros((h, 8), np.float32)}
+    only_down = read_lora(_experts_adapter(tmp_path, moe, down, target_parameters=["down_proj"]), moe, max_rank=16)
+    assert set(only_down.tensors) == {(1, "experts.down_proj")}
+    swapped = {"1.mlp.experts.lora_A": np.zeros((8, h), np.float32), "1.mlp.experts.lora_B": np.zeros((16, 8), np.float32)}
+    assert read_lora(_experts_adapter(tmp_path, moe, swapped, target_parameters=["down_proj"]),
+                     dataclasses.replace(moe, experts_swapped=True), max_rank=16).tensors
+
+
+def test_experts_adapters_that_do_not_fit_are_refused_saying_what(shape, tmp_path):
+    moe, h = _moe(shape), shape.hidden_size
+    down = {"1.mlp.experts.lora_A": np.zeros((8, 16), np.float32), "1.mlp.experts.lora_B": np.zeros((h, 8), np.float32)}
+
+    def refused(arrays, message, model=moe, **config):
+        with pytest.raises(InvalidArgument, match=f"LoRA 'x'.*{re.escape(message)}"):
+            read_lora(_experts_adapter(tmp_path, model, arrays, **config), model, max_rank=16)
+
+    refused(down, "1 parameters of model.layers.1.mlp.experts adapted, but its config's target_parameters name 2 of "
+            "them (gate_up_proj, down_proj)")
+    refused(down, "adapts model.layers.1.mlp.experts.down_proj; layer 1 has no experts",
+            dataclasses.replace(moe, moe_layers=(0,)), target_parameters=["down_proj"])
+    refused(down, "lora_A.weight has shape (8, 16); this model's 2 experts need (4, 16) (an adapter for another",
+            dataclasses.replace(moe, num_experts=2), target_parameters=["down_proj"])
+    refused(down, "adapters of parameter 'mlp.gate.weight' (of parameters, only an MoE's stacked experts' "
+            "gate_up_proj, up_proj, down_proj)", target_parameters=["mlp.gate.weight"])
+    refused({"1.mlp.experts.lora_A": down["1.mlp.experts.lora_A"]}, "down_proj has only one of lora_A and lora_B",
+            target_parameters=["down_proj"])
+
+
+def test_shared_expert_adapters_read_at_its_width_and_only_where_there_is_one(shape, tmp_path):
+    moe, h = dataclasses.replace(_moe(shape), shared_intermediate=24), shape.hidden_size
+
+    def shared(layer: int, module: str, width: int) -> dict:
+        fan_in, fan_out = (width, h) if module == "down_proj" else (h, width)
+        return {f"{layer}.mlp.shared_expert.{module}.lora_A": np.zeros((2, fan_in), np.float32),
+                f"{layer}.mlp.shared_expert.{module}.lora_B": np.zeros((fan_out, 2), np.float32)}
+
+    spec = read_lora(_experts_adapter(tmp_path, moe, {**shared(1, "gate_proj", 24), **shared(1, "down_proj", 24)},
+                                      target_parameters=[]), moe, max_rank=16)
+    assert set(spec.tensors) == {(1, "shared_expert.gate_proj"), (1, "shared_expert.down_proj")}
+    for arrays, message in [
+        (shared(0, "up_proj", 24), "adapts the shared expert's up_proj of layer 0, which has none"),
+        (shared(1, "up_proj", shape.intermediate_size), f"has shape ({shape.intermediate_size}, 2); this model needs "
+                                                        "(24, 2)"),
+        ({**shared(1, "gate_up_proj", 48), **shared(1, "up_proj", 24)},
+         "adapts layer 1: shared_expert.gate_up_proj and shared_expert.up_proj, the same projection twice"),
+    ]:
+        with pytest.raises(InvalidArgument, match=re.escape(message)):
+            read_lora(_experts_adapter(tmp_path, moe, arrays, target_parameters=[]), moe, max_rank=16)

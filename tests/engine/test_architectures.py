@@ -705,6 +705,41 @@ def test_adapters_named_as_each_family_names_its_modules_match_peft(case, tmp_pa
     assert want != peft_greedy(tmp_path / "model", None, prompts, MAX_TOKENS)  # the adapter changes the output
 
 
+# Adapters of the experts themselves (PEFT's target_parameters): gate and up concatenated (Qwen3-MoE); GPT-OSS's
+# interleaved, stored [E, in, out], with biases; Llama 4's A and B swapped, its inputs scaled into the experts;
+# Nemotron 3's ungated experts in a latent space, whose up_proj and down_proj have one shape (told apart by how
+# deep PEFT wrapped each). Beside them, adapters of the shared expert, under each family's name for it (Llama 4's
+# shared_expert, Nemotron-H's shared_experts, Granite's fused shared_mlp.input_linear).
+_EXPERT_ADAPTERS = {"qwen3-moe": ("mlp", []), "gpt-oss": ("mlp", []),
+                    "llama4": ("feed_forward", ["shared_expert.gate_proj", "shared_expert.down_proj"]),
+                    "nemotron-h-moe": ("mixer", ["shared_experts.up_proj"]),
+                    "granitemoe-shared": ("block_sparse_moe", ["shared_mlp.input_linear", "shared_mlp.output_linear"])}
+
+
+@pytest.mark.parametrize("case", sorted(_EXPERT_ADAPTERS))
+def test_experts_adapters_match_peft_beside_the_base_model_and_another_adapter(case, tmp_path, tiny_model_dir):
+    """Three prompts in one batch (chunks of 16 mix their tokens): one with an adapter of both expert
+    projections (and the shared expert's), one without, one with an adapter of the down projection only."""
+    save_checkpoint(CASES[case](), tmp_path / "model", tiny_model_dir)
+    moe, shared = _EXPERT_ADAPTERS[case]
+    experts = f"{moe}.experts"
+    first = "up_proj" if case == "nemotron-h-moe" else "gate_up_proj"
+    both = make_adapter(tmp_path / "model", tmp_path / "both", seed=5, r=2, lora_alpha=8, target_modules=shared,
+                        target_parameters=[f"{experts}.{first}", f"{experts}.down_proj"])
+    down = make_adapter(tmp_path / "model", tmp_path / "down", seed=7, r=4, lora_alpha=32, target_modules=[],
+                        target_parameters=[f"{experts}.down_proj"])
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (40, 5, 23)]
+    engine = OfflineEngine(EngineConfig(model=str(tmp_path / "model"), dtype="float32"), SchedulerConfig(chunk_size=16))
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0)] * 3,
+                          loras=[LoraRef("both", str(both)), None, LoraRef("down", str(down))])
+    want = [peft_greedy(tmp_path / "model", adapter, [p], MAX_TOKENS)[0]
+            for adapter, p in zip([both, None, down], prompts, strict=True)]
+    assert [c.token_ids for c in got] == want
+    assert want[0] != peft_greedy(tmp_path / "model", None, prompts[:1], MAX_TOKENS)[0]  # the adapter matters
+    assert want[2] != peft_greedy(tmp_path / "model", None, prompts[2:], MAX_TOKENS)[0]
+
+
 def test_mixture_of_experts_hub_configs_and_what_is_refused():
     """Qwen3-30B-A3B's fields as published (num_experts; transformers >= 5 writes num_local_experts), and
     configs the engine cannot serve refused saying why."""
