@@ -42,7 +42,9 @@ FUSED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("g
 # turn, or grouped): the model splits it as it loads it, and the engine an adapter's B alike.
 QUERY_KEY_VALUE = "query_key_value"
 _PARTS = {**FUSED_MODULES, QUERY_KEY_VALUE: FUSED_MODULES["qkv_proj"]}
-_ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", QUERY_KEY_VALUE)
+# MiniCPM5's q_gate_proj: each head's query rows, then its output gate's (as Qwen3.5's q_proj holds them).
+Q_GATE = "q_gate_proj"
+_ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", QUERY_KEY_VALUE, Q_GATE)
 _MLP_MODULES = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 _KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$")
 # A stacked experts module wrapped by PEFT once per adapted parameter: its path and how deep this wrapper is.
@@ -54,6 +56,8 @@ _EXPERT_PARAM = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe|feed
                            r"(gate_up_proj|up_proj|down_proj)$")
 _MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp|mlp\.shared_expert)\.(\w+)\.weight$")
 _SHARED = "shared_expert."  # an MoE layer's shared expert's projections, as LoraSpec names them
+# A projection of a linear-attention layer's mixer (``linear_attn.in_proj_qkv``, ``mamba.in_proj``).
+_PROJECTION = re.compile(r"(?:^|\.)layers\.(\d+)\.(\w+\.\w+)\.weight$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
@@ -76,6 +80,11 @@ class ModelShape:
     # [E, out, in]: its A is [r·E, out] and its B [in, r·E], the two swapped.
     experts_swapped: bool = False
     shared_intermediate: int = 0  # an MoE layer's shared expert's (shared_expert_intermediate_size)
+    # Projections adapted as the model holds them (a linear-attention mixer's, the attention's output gate):
+    # (name in the layer, in, out, the layers that have it).
+    projections: tuple[tuple[str, int, int, tuple[int, ...]], ...] = ()
+    # Qwen3-Next's, Qwen3.5's and MiniCPM5's attention gates its output by rows stored in q_proj (q_gate_proj).
+    query_gates: bool = False
     # DeepSeek-V3's latent attention: no q/k/v/o projections of the shapes above to adapt.
     latent_attention: bool = False
     # False: MLPs without a gate (GPT-2's, Arcee's): up_proj and down_proj only.
@@ -85,11 +94,15 @@ class ModelShape:
 
     def in_out(self, module: str) -> tuple[int, int]:
         """``module`` as LoraSpec names it (a shared expert's ``shared_expert.gate_proj``)."""
+        plain = {name: (fan_in, fan_out) for name, fan_in, fan_out, _ in self.projections}
+        if module in plain:
+            return plain[module]
         shared = module.startswith(_SHARED)
         module = module.removeprefix(_SHARED)
         h, q, kv = self.hidden_size, self.q_size, self.kv_size
         i = self.shared_intermediate if shared else self.intermediate_size
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+        return {"q_proj": (h, 2 * q if self.query_gates else q), Q_GATE: (h, 2 * q),
+                "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h), "qkv_proj": (h, q + 2 * kv),
                 QUERY_KEY_VALUE: (h, q + 2 * kv), "gate_up_proj": (h, 2 * i)}[module]
 
@@ -102,6 +115,11 @@ class ModelShape:
         """(layer, stacked projection) of an experts module's parameter as the model holds it; None for others."""
         m = _EXPERT_PARAM.search(self.names(name) if self.names is not None else name)
         return None if m is None else (int(m[1]), m[2])
+
+    def projection(self, weight: str) -> tuple[int, str] | None:
+        """(layer, projection) of a linear-attention mixer's weight as the model holds it; None for others."""
+        m = _PROJECTION.search(self.names(weight) if self.names is not None else weight)
+        return (int(m[1]), m[2]) if m is not None and any(m[2] == p[0] for p in self.projections) else None
 
     def module(self, weight: str) -> tuple[int, str, str] | None:
         """(layer, sublayer, projection) of a checkpoint's weight as the model holds it; None for other tensors."""
@@ -223,10 +241,34 @@ def _refuse_extras(cfg: dict, where: str) -> None:
                               f"projection, bias 'none') is")
 
 
+def _module(where: str, key: str, weight: str, shape: ModelShape) -> tuple[int, str]:
+    """(layer, module as LoraSpec names it) of the weight an adapter's tensor ``key`` adapts, checked; raises
+    ``InvalidArgument`` saying what does not fit."""
+    plain = shape.projection(weight)
+    if plain is not None:
+        layers = sorted({i for name, _, _, held in shape.projections if name == plain[1] for i in held})
+        if plain[0] not in layers:
+            raise InvalidArgument(f"{where}: adapts {plain[1]} of layer {plain[0]}; that projection is adapted in "
+                                  f"layers {', '.join(map(str, layers))} only")
+        return plain
+    found = shape.module(weight)
+    if found is None:
+        supported = ", ".join([*MODULES, *(p[0] for p in shape.projections)])
+        raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder layer's projection "
+                              f"({supported})")
+    layer, sublayer, module = found
+    if (sublayer == "self_attn") != (module in _ATTENTION_MODULES):  # AFMoE's self_attn.gate_proj
+        raise InvalidArgument(f"{where}: adapts {sublayer}.{module}; supported: the attention's "
+                              f"{', '.join(_ATTENTION_MODULES)} and the MLP's {', '.join(_MLP_MODULES)}")
+    shared = sublayer == "mlp.shared_expert"
+    _check_module(where, layer, module, shape, shared)
+    return layer, _SHARED + module if shared else module
+
+
 def _check_module(where: str, layer: int, module: str, shape: ModelShape, shared: bool) -> None:
     """Refuses an adapter of a projection this model does not have, saying which ones it may adapt; ``shared``:
     of an MoE layer's shared expert."""
-    if module not in MODULES and module not in _PARTS:
+    if module not in (*MODULES, *_PARTS, *((Q_GATE,) if shape.query_gates else ())):
         raise InvalidArgument(f"{where}: adapts {module!r}; supported: {', '.join((*MODULES, *FUSED_MODULES))}")
     if layer >= shape.num_layers:
         raise InvalidArgument(f"{where}: adapts layer {layer}; the model has {shape.num_layers}")
@@ -234,8 +276,8 @@ def _check_module(where: str, layer: int, module: str, shape: ModelShape, shared
         raise InvalidArgument(f"{where}: adapts {module}; this model's MLP has no gate (up_proj and down_proj "
                               "only)")
     if shape.latent_attention and module in _ATTENTION_MODULES:
-        raise InvalidArgument(f"{where}: adapts {module}; adapters of latent attention (DeepSeek-V3's) are not "
-                              "supported, those of its dense layers' MLPs are")
+        raise InvalidArgument(f"{where}: adapts {module}; latent attention (DeepSeek-V3's) has q_a_proj and "
+                              "q_b_proj (or q_proj), kv_a_proj_with_mqa, kv_b_proj and o_proj")
     if shared and (layer not in shape.moe_layers or not shape.shared_intermediate):
         raise InvalidArgument(f"{where}: adapts the shared expert's {module} of layer {layer}, which has none")
     if layer in shape.moe_layers and module not in _ATTENTION_MODULES and not shared:
@@ -259,17 +301,10 @@ def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: 
                 if experts is not None:
                     wrapped.setdefault(experts[1], {}).setdefault(experts[2].count(".base_layer"), {})[m[2]] = key
                     continue
-                found = shape.module(f"{m[1]}.weight") if m is not None else None
-                if found is None:
+                if m is None:
                     raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder "
                                           f"layer's projection ({', '.join(MODULES)})")
-                (layer, sublayer, module), ab = found, m[2]
-                if (sublayer == "self_attn") != (module in _ATTENTION_MODULES):  # AFMoE's self_attn.gate_proj
-                    raise InvalidArgument(f"{where}: adapts {sublayer}.{module}; supported: the attention's "
-                                          f"{', '.join(_ATTENTION_MODULES)} and the MLP's {', '.join(_MLP_MODULES)}")
-                shared = sublayer == "mlp.shared_expert"
-                _check_module(where, layer, module, shape, shared)
-                module = _SHARED + module if shared else module
+                (layer, module), ab = _module(where, key, f"{m[1]}.weight", shape), m[2]
                 fan_in, fan_out = shape.in_out(module)
                 rank = rank_of(m[1])
                 want = (rank, fan_in) if ab == "A" else (fan_out, rank)

@@ -27,6 +27,7 @@ from torch import nn
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_HEAD_DIM
 from services.engine.gated_norm import GatedRMSNorm
+from services.engine.lora import LoraBatch, adapted
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
@@ -46,6 +47,7 @@ class GatedDeltaNet(nn.Module):
         s = config.linear_attention
         self.shape = s
         self.state_index = config.linear_layers.index(layer)  # its row of the state pool's lists
+        self.layer = layer  # its adapters'
         self.grouped = s.grouped_projections
         hidden = config.hidden_size
         if self.grouped:  # Qwen3-Next: [q k v z] and [b a] grouped by key head
@@ -65,7 +67,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
         s, t = self.shape, x.shape[0]
         rb = batch.recurrent
-        mixed, z, b, a = self._project(x)
+        mixed, z, b, a = self._project(x, lora)
         mixed = causal_conv(mixed, rb, self.state_index, self.conv1d.weight, None, kernels=batch.kernels)
         q, k, v = mixed.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
         q = q.reshape(t, s.num_key_heads, s.key_head_dim)
@@ -81,18 +83,23 @@ class GatedDeltaNet(nn.Module):
                 q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
             out = self._delta_rule(q, k, v, g, beta, rb).to(x.dtype)
         out = self.norm(out.reshape(-1, s.value_head_dim), z.reshape(-1, s.value_head_dim))
-        return self.out_proj(out.reshape(t, s.value_dim))
+        return self._linear("out_proj", out.reshape(t, s.value_dim), lora)
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _linear(self, name: str, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        return adapted(getattr(self, name), x, lora, self.layer, f"linear_attn.{name}")
+
+    def _project(self, x: torch.Tensor, lora: LoraBatch | None) -> tuple[torch.Tensor, ...]:
         """(q|k|v ``[T, conv_dim]``, z ``[T, value heads, value dim]``, b, a ``[T, value heads]``)."""
         s, t = self.shape, x.shape[0]
         if not self.grouped:
-            return (self.in_proj_qkv(x), self.in_proj_z(x).view(t, s.num_value_heads, s.value_head_dim),
-                    self.in_proj_b(x), self.in_proj_a(x))
+            return (self._linear("in_proj_qkv", x, lora),
+                    self._linear("in_proj_z", x, lora).view(t, s.num_value_heads, s.value_head_dim),
+                    self._linear("in_proj_b", x, lora), self._linear("in_proj_a", x, lora))
         r = s.num_value_heads // s.num_key_heads
-        qkvz = self.in_proj_qkvz(x).view(t, s.num_key_heads, 2 * s.key_head_dim + 2 * r * s.value_head_dim)
+        qkvz = self._linear("in_proj_qkvz", x, lora).view(t, s.num_key_heads,
+                                                          2 * s.key_head_dim + 2 * r * s.value_head_dim)
         q, k, v, z = qkvz.split([s.key_head_dim, s.key_head_dim, r * s.value_head_dim, r * s.value_head_dim], dim=2)
-        b, a = self.in_proj_ba(x).view(t, s.num_key_heads, 2 * r).split([r, r], dim=2)
+        b, a = self._linear("in_proj_ba", x, lora).view(t, s.num_key_heads, 2 * r).split([r, r], dim=2)
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
         return (mixed, z.reshape(t, s.num_value_heads, s.value_head_dim), b.reshape(t, s.num_value_heads),
                 a.reshape(t, s.num_value_heads))

@@ -49,6 +49,15 @@ class LinearAttentionShape:
         """Each value head's state matrix: ``[value heads, key dim, value dim]``."""
         return (self.num_value_heads, self.key_head_dim, self.value_head_dim)
 
+    def projections(self, hidden: int) -> dict[str, tuple[int, int]]:
+        """The mixer's linear projections, (in, out) each, named as the model holds them in a layer."""
+        heads, out = self.num_value_heads, {"linear_attn.out_proj": (self.value_dim, hidden)}
+        if self.grouped_projections:
+            return {"linear_attn.in_proj_qkvz": (hidden, 2 * self.key_dim + 2 * self.value_dim),
+                    "linear_attn.in_proj_ba": (hidden, 2 * heads), **out}
+        return {"linear_attn.in_proj_qkv": (hidden, self.conv_dim), "linear_attn.in_proj_z": (hidden, self.value_dim),
+                "linear_attn.in_proj_b": (hidden, heads), "linear_attn.in_proj_a": (hidden, heads), **out}
+
 
 GATED_NORMS = ("gate_then_norm", "norm_then_gate", "gate")
 
@@ -97,6 +106,11 @@ class Mamba2Shape:
     def state_shape(self) -> tuple[int, ...]:
         return (self.num_heads, self.head_dim, self.state_size)
 
+    def projections(self, hidden: int) -> dict[str, tuple[int, int]]:
+        """The mixer's linear projections, (in, out) each, named as the model holds them in a layer."""
+        i = self.intermediate
+        return {"mamba.in_proj": (hidden, i + self.conv_dim + self.num_heads), "mamba.out_proj": (i, hidden)}
+
 
 @dataclass(frozen=True)
 class Mamba1Shape:
@@ -129,6 +143,12 @@ class Mamba1Shape:
     def state_shape(self) -> tuple[int, ...]:
         return (self.intermediate, self.state_size)
 
+    def projections(self, hidden: int) -> dict[str, tuple[int, int]]:
+        """The mixer's linear projections, (in, out) each, named as the model holds them in a layer."""
+        i = self.intermediate
+        return {"mamba.in_proj": (hidden, 2 * i), "mamba.x_proj": (i, self.dt_rank + 2 * self.state_size),
+                "mamba.dt_proj": (self.dt_rank, i), "mamba.out_proj": (i, hidden)}
+
 
 @dataclass(frozen=True)
 class ShortConvShape:
@@ -146,6 +166,10 @@ class ShortConvShape:
     @property
     def state_shape(self) -> tuple[int, ...]:
         return (0,)
+
+    def projections(self, hidden: int) -> dict[str, tuple[int, int]]:
+        """The mixer's linear projections, (in, out) each, named as the model holds them in a layer."""
+        return {"conv.in_proj": (hidden, 3 * hidden), "conv.out_proj": (hidden, hidden)}
 
 
 
@@ -165,6 +189,10 @@ class KdaShape:
     @property
     def state_shape(self) -> tuple[int, ...]:
         return (self.num_heads, self.head_dim, self.head_dim)
+
+    def projections(self, hidden: int) -> dict[str, tuple[int, int]]:
+        """None adapted yet: its q, k and v load joined (kda.py)."""
+        return {}
 
 
 # Any linear layer's shape.

@@ -34,6 +34,11 @@ from services.engine.moe import grouped_mm
 
 log = logging.getLogger(__name__)
 
+# Projections whose adapters are read but not applied, as transformers applies none: its Mamba, Falcon Mamba and
+# Jamba multiply by dt_proj's weight directly, past PEFT's wrapper, so such an adapter neither trained (no gradient
+# reaches it: B stays as PEFT initialises it, zeros) nor changes transformers' output.
+UNAPPLIED = ("mamba.dt_proj",)
+
 # A checkpoint weight's name and an adapter's B for it -> (name, B's rows) for each weight the model holds of it,
 # named as the checkpoint would name that part (loader.lora_rows); without one, B as it is.
 Rows = Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
@@ -87,31 +92,45 @@ class LoraWeights:
     def __init__(self, spec: LoraSpec, shape: ModelShape, device: torch.device, dtype: torch.dtype,
                  rows: Rows | None = None) -> None:
         self.spec = spec
+
+        def on_device(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype)
+
         # (layer, fused projection) -> each A, its scaling and where its B's rows go:
         # [(A, scaling, [(first column, B's part)])]; and the projection's width
         blocks: dict[tuple[int, str], list[tuple[torch.Tensor, float, list[tuple[int, torch.Tensor]]]]] = {}
         widths: dict[tuple[int, str], int] = {}
-        experts: dict[tuple[int, str], ExpertsLora] = {}
+        # Projections held as the checkpoint holds them (a mixer's, the attention's output gate) and the experts'.
+        unfused: dict[tuple[int, str], ExpertsLora | ProjectionLora] = {}
         with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
             for key, (a_name, b_name) in spec.tensors.items():
-                if key[1].startswith("experts."):
-                    a, bt = _experts_lora(f.get_tensor(a_name), f.get_tensor(b_name),
-                                          f"model.layers.{key[0]}.mlp.{key[1]}", shape, rows)
-                    projection = "experts.down" if key[1] == "experts.down_proj" else "experts.gate_up"
-                    experts[key[0], projection] = ExpertsLora(a.to(device=device, dtype=dtype),
-                                                              bt.to(device=device, dtype=dtype),
-                                                              spec.scalings.get(key, spec.scaling))
+                layer, scaling, b = key[0], spec.scalings.get(key, spec.scaling), f.get_tensor(b_name)
+                if key[1] in UNAPPLIED:
+                    if b.any():
+                        log.warning("LoRA %r: its %s adapter is not applied (transformers applies none)",
+                                    spec.ref.name, key[1])
                     continue
-                weight, b = adapted_weight(b_name), f.get_tensor(b_name)
+                a = f.get_tensor(a_name)
+                if key[1].startswith("experts."):
+                    a, bt = _experts_lora(a, b, f"model.layers.{layer}.mlp.{key[1]}", shape, rows)
+                    projection = "experts.down" if key[1] == "experts.down_proj" else "experts.gate_up"
+                    unfused[layer, projection] = ExpertsLora(on_device(a), on_device(bt), scaling)
+                    continue
+                weight = adapted_weight(b_name)
                 columns, width = _columns(shape, shared=key[1].startswith("shared_expert."))
-                placed = [(*columns[shape.module(name)[2]], part)
-                          for name, part in (rows(weight, b) if rows is not None else [(weight, b)])]
-                fused = placed[0][0]  # a checkpoint weight's parts are parts of one of the model's projections
-                widths[key[0], fused] = width[fused]
-                blocks.setdefault((key[0], fused), []).append(
-                    (f.get_tensor(a_name), spec.scalings.get(key, spec.scaling), [(c, p) for _, c, p in placed]))
+                placed: dict[str, list[tuple[int, torch.Tensor]]] = {}  # the model's projection -> B's parts there
+                for name, part in rows(weight, b) if rows is not None else [(weight, b)]:
+                    plain = shape.projection(name)
+                    if plain is not None:  # Qwen3.5's q_proj: its output gate's rows go to the gate's projection
+                        unfused[layer, plain[1]] = ProjectionLora(on_device(a), on_device(part.T), scaling)
+                        continue
+                    fused, col = columns[shape.module(name)[2]]
+                    placed.setdefault(fused, []).append((col, part))
+                    widths[layer, fused] = width[fused]
+                for fused, parts in placed.items():
+                    blocks.setdefault((layer, fused), []).append((a, scaling, parts))
         self.layers: list[dict[str, ProjectionLora | ExpertsLora]] = [{} for _ in range(shape.num_layers)]
-        for (layer, projection), lora in experts.items():
+        for (layer, projection), lora in unfused.items():
             self.layers[layer][projection] = lora
         for (layer, fused), group in sorted(blocks.items()):
             a = torch.cat([a for a, _, _ in group])
@@ -122,8 +141,7 @@ class LoraWeights:
                     block = b.T if part_scaling == scaling else b.T * (part_scaling / scaling)
                     bt[row:row + part_a.shape[0], col:col + b.shape[0]] = block
                 row += part_a.shape[0]
-            self.layers[layer][fused] = ProjectionLora(a.to(device=device, dtype=dtype),
-                                                       bt.to(device=device, dtype=dtype), scaling)
+            self.layers[layer][fused] = ProjectionLora(on_device(a), on_device(bt), scaling)
 
 
 class LoraBatch:
@@ -145,6 +163,12 @@ class LoraBatch:
                 y.index_add_(0, rows, F.linear(x.index_select(0, rows), proj.a) @ proj.bt, alpha=proj.scaling)
         return y
 
+    def groups_of(self, layer: int, projection: str) -> list[tuple[slice | torch.Tensor, ProjectionLora]]:
+        """Each adapter's rows and its adapter of ``projection`` in ``layer``, for one that adds them otherwise
+        than ``add`` (mla.py absorbs kv_b_proj's into the query and output)."""
+        return [(rows, proj) for weights, rows in self.groups
+                if (proj := weights.layers[layer].get(projection)) is not None]
+
     def add_experts(self, y: torch.Tensor, x: torch.Tensor, layer: int, projection: str, offsets: torch.Tensor,
                     tokens: torch.Tensor) -> torch.Tensor:
         """Adds each adapter's experts' ``scaling * B_e(A_e(x))`` to ``y`` (in place) and returns it: ``x`` and
@@ -160,6 +184,13 @@ class LoraBatch:
                 low *= ((tokens >= rows.start) & (tokens < rows.stop)).unsqueeze(1)
             y.add_(grouped_mm(low, proj.bt, offsets), alpha=proj.scaling)
         return y
+
+
+def adapted(linear: torch.nn.Linear, x: torch.Tensor, lora: LoraBatch | None, layer: int, name: str) -> torch.Tensor:
+    """``linear(x)`` plus the batch's adapters of it: the projection ``name`` of ``layer`` (a linear-attention
+    mixer's, held as the checkpoint holds it)."""
+    y = linear(x)
+    return y if lora is None else lora.add(y, x, layer, name)
 
 
 def lora_batch(spans: list[tuple[LoraWeights | None, int]], device: torch.device) -> LoraBatch | None:

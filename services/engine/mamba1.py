@@ -25,6 +25,7 @@ from torch import nn
 from services.engine.activations import rms_norm, weightless_rms_norm
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_STATE_SIZE
+from services.engine.lora import adapted
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
@@ -41,6 +42,7 @@ class Mamba1Mixer(nn.Module):
         s = config.linear_attention
         self.shape, self.eps = s, config.rms_norm_eps
         self.state_index = config.linear_layers.index(layer)
+        self.layer = layer  # its adapters'
         self.in_proj = nn.Linear(config.hidden_size, 2 * s.intermediate, bias=s.proj_bias)
         self.conv1d = nn.Conv1d(s.intermediate, s.intermediate, s.conv_kernel, groups=s.intermediate, bias=s.conv_bias)
         self.x_proj = nn.Linear(s.intermediate, s.dt_rank + 2 * s.state_size, bias=False)
@@ -57,17 +59,20 @@ class Mamba1Mixer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
         s, rb = self.shape, batch.recurrent
-        h, gate = self.in_proj(x).chunk(2, dim=-1)
+        h, gate = adapted(self.in_proj, x, lora, self.layer, "mamba.in_proj").chunk(2, dim=-1)
         h = causal_conv(h, rb, self.state_index, self.conv1d.weight, self.conv1d.bias, kernels=batch.kernels)
-        dt, b, c = self.x_proj(h).split([s.dt_rank, s.state_size, s.state_size], dim=-1)
+        dt, b, c = adapted(self.x_proj, h, lora, self.layer, "mamba.x_proj").split(
+            [s.dt_rank, s.state_size, s.state_size], dim=-1)
         if s.bcdt_norms == "weighted":  # Jamba's RMSNorms on dt, B and C (Llama's: the weight after the cast back)
             dt = rms_norm(dt, self.dt_layernorm.weight, self.eps)
             b = rms_norm(b, self.b_layernorm.weight, self.eps)
             c = rms_norm(c, self.c_layernorm.weight, self.eps)
         elif s.bcdt_norms == "unweighted":  # Falcon Mamba's
             dt, b, c = (weightless_rms_norm(t, self.eps) for t in (dt, b, c))
-        dt = F.linear(dt, self.dt_proj.weight)  # its bias joins in fp32 in the scan, as transformers adds it
-        return self.out_proj(self._scan(h, dt, b, c, gate, rb, batch.kernels).to(x.dtype))
+        # dt_proj's bias joins in fp32 in the scan, as transformers adds it; its adapters are not applied (lora.py)
+        dt = F.linear(dt, self.dt_proj.weight)
+        y = self._scan(h, dt, b, c, gate, rb, batch.kernels).to(x.dtype)
+        return adapted(self.out_proj, y, lora, self.layer, "mamba.out_proj")
 
     def _scan(self, h, dt, b, c, gate, rb: RecurrentBatch, kernels: CpuKernels | None) -> torch.Tensor:
         """``[T, intermediate]``: the decodes in one recurrent step, each group of prompt chunks of one length

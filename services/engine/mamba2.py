@@ -26,6 +26,7 @@ from torch import nn
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_STATE_SIZE
 from services.engine.gated_norm import GatedRMSNorm
+from services.engine.lora import adapted
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
@@ -47,6 +48,7 @@ class Mamba2Mixer(nn.Module):
         s = config.linear_attention
         self.shape = s
         self.state_index = config.linear_layers.index(layer)
+        self.layer = layer  # its adapters'
         self.in_proj = nn.Linear(config.hidden_size, s.intermediate + s.conv_dim + s.num_heads, bias=s.proj_bias)
         self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=s.conv_bias)
         self.dt_bias = nn.Parameter(torch.ones(s.num_heads))
@@ -60,19 +62,20 @@ class Mamba2Mixer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
         s, rb = self.shape, batch.recurrent
-        gate, xbc, dt = self.in_proj(x).split([s.intermediate, s.conv_dim, s.num_heads], dim=-1)
+        gate, xbc, dt = adapted(self.in_proj, x, lora, self.layer, "mamba.in_proj").split(
+            [s.intermediate, s.conv_dim, s.num_heads], dim=-1)
         xbc = causal_conv(xbc, rb, self.state_index, self.conv1d.weight, self.conv1d.bias, kernels=batch.kernels)
         h, b, c = xbc.split([s.intermediate, s.n_groups * s.state_size, s.n_groups * s.state_size], dim=-1)
         y = self._scan(h, b, c, dt, rb, batch.kernels)
         if y.dtype == x.dtype:
-            return self.out_proj(self.norm(y, gate).to(x.dtype))
+            return adapted(self.out_proj, self.norm(y, gate).to(x.dtype), lora, self.layer, "mamba.out_proj")
         # In low precision a prompt chunk's output reaches the gated norm in fp32 (transformers' chunked scan
         # returns fp32, and its norm keeps that dtype), a decode's in the model's dtype: normed group by group.
         normed = torch.empty_like(gate)
         for grp in rb.groups:
             span = grp.tokens
             normed[span] = self.norm(y[span] if grp.prefill else y[span].to(x.dtype), gate[span]).to(x.dtype)
-        return self.out_proj(normed)
+        return adapted(self.out_proj, normed, lora, self.layer, "mamba.out_proj")
 
     def _scan(self, h, b, c, dt, rb: RecurrentBatch, kernels: CpuKernels | None) -> torch.Tensor:
         """``[T, intermediate]``: the decodes in one recurrent step, each group of prompt chunks of one length in

@@ -27,6 +27,7 @@ from torch import nn
 
 from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.kv_pool import PagedKVPool
+from services.engine.lora import adapted
 from services.engine.model_config import ModelConfig
 from services.engine.rope import RotaryEmbedding, yarn_mscale
 
@@ -60,15 +61,25 @@ class LatentAttention(nn.Module):
         """``q_mult`` (``[T, 1, 1]``): Mistral 4's query scale by position; queries scale linearly through W_UK's
         absorption, so the absorbed query takes it."""
         t = x.shape[0]
-        q = self.q_b_proj(self.q_a_layernorm._norm(self.q_a_proj(x))) if hasattr(self, "q_b_proj") else self.q_proj(x)
+
+        def linear(name: str, inputs: torch.Tensor) -> torch.Tensor:
+            return adapted(getattr(self, name), inputs, lora, self.layer, f"self_attn.{name}")
+
+        q = linear("q_b_proj", self.q_a_layernorm._norm(linear("q_a_proj", x))) if hasattr(self, "q_b_proj") \
+            else linear("q_proj", x)
         q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope], dim=-1)
-        c, k_rope = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        c, k_rope = linear("kv_a_proj_with_mqa", x).split([self.rank, self.rope], dim=-1)
         c = self.kv_a_layernorm._norm(c)
         rotated = torch.cat([q_rope, k_rope[:, None]], dim=1)
         if cos is not None:  # None: no positions (Kimi Linear: the block is a plain part of the key)
             rotated = RotaryEmbedding.apply(rotated, cos, sin)  # one pass
         w = self.kv_b_proj.weight.view(self.heads, self.nope + self.v, self.rank)
         q_lat = torch.einsum("thn,hnr->thr", q_nope, w[:, : self.nope])  # W_UK absorbed into the query
+        adapters = [] if lora is None else lora.groups_of(self.layer, "self_attn.kv_b_proj")
+        for rows, kv_b in adapters:  # W_UK + s·B_UK·A absorbed alike: s·(q·B_UK)·A more
+            b = kv_b.bt.T.unflatten(0, (self.heads, -1))[:, : self.nope]
+            _add_rows(q_lat, rows, q_nope, lambda qn, b=b, kv_b=kv_b: torch.einsum("thn,hnk->thk", qn, b) @ kv_b.a,
+                      kv_b.scaling)
         query = torch.cat([q_lat, rotated[:, : self.heads]], dim=-1) * self.q_scale
         if q_mult is not None:
             query = (query * q_mult).to(query.dtype)
@@ -76,7 +87,19 @@ class LatentAttention(nn.Module):
         cache, _ = kv.layer(self.kv_layer)  # one latent per token: the pool's K and V views are the same
         o = paged_attention(query, key, key, cache, cache, batch)  # the latents are the values too
         out = torch.einsum("thr,hvr->thv", o[..., : self.rank], w[:, self.nope :])  # W_UV
-        return self.o_proj(out.reshape(t, self.heads * self.v))
+        for rows, kv_b in adapters:  # and s·B_UV·A's
+            b = kv_b.bt.T.unflatten(0, (self.heads, -1))[:, self.nope :]
+            _add_rows(out, rows, o[..., : self.rank],
+                      lambda lat, b=b, kv_b=kv_b: torch.einsum("thk,hvk->thv", lat @ kv_b.a.T, b), kv_b.scaling)
+        return linear("o_proj", out.reshape(t, self.heads * self.v))
+
+
+def _add_rows(y: torch.Tensor, rows: slice | torch.Tensor, x: torch.Tensor, delta, scaling: float) -> None:
+    """``y[rows] += scaling * delta(x[rows])``, rows a slice or indices (an adapter's tokens)."""
+    if isinstance(rows, slice):
+        y[rows].add_(delta(x[rows]), alpha=scaling)
+    else:
+        y.index_add_(0, rows, delta(x.index_select(0, rows)), alpha=scaling)
 
 
 def softmax_scale(config: ModelConfig) -> float:

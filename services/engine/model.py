@@ -37,7 +37,7 @@ from services.engine.linear_attention_config import (
     Mamba2Shape,
     ShortConvShape,
 )
-from services.engine.lora import LoraBatch
+from services.engine.lora import LoraBatch, adapted
 from services.engine.mamba1 import Mamba1Mixer
 from services.engine.mamba2 import Mamba2Mixer
 from services.engine.mla import LatentAttention
@@ -235,10 +235,9 @@ class Attention(nn.Module):
         k_cache, v_cache = kv.layer(self.kv_layer)
         o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks, self.attn_scale,
                             self.alibi, self.alibi_bf16).reshape(t, self.q_size)
-        if self.gate_per_head:
-            o = (o.view(t, self.heads, self.head_dim) * torch.sigmoid(self.gate_proj(x))[..., None]).view(t, -1)
-        elif self.gate_proj is not None:
-            o = o * torch.sigmoid(self.gate_proj(x))
+        if self.gate_proj is not None:
+            gate = torch.sigmoid(adapted(self.gate_proj, x, lora, self.layer, "self_attn.gate_proj"))
+            o = (o.view(t, self.heads, self.head_dim) * gate[..., None]).view(t, -1) if self.gate_per_head else o * gate
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
 

@@ -568,7 +568,27 @@ class ModelConfig:
                           self.moe_layers, self.num_experts, self.moe_latent_size or self.hidden_size,
                           self.moe_intermediate_size, experts_swapped=self.architecture == LLAMA4,
                           shared_intermediate=self.shared_expert_intermediate_size,
+                          projections=self._lora_projections(), query_gates=self.attn_output_gate == "in_query",
                           latent_attention=self.mla, gated_mlp=self.mlp_gated, names=partial(model_name, config=self))
+
+    def _lora_projections(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
+        """The projections LoRA adapts as the model holds them: (name in the layer, in, out, layers)."""
+        mixers = self.linear_attention.projections(self.hidden_size) if self.linear_attention else {}
+        found = [(name, *in_out, self.linear_layers) for name, in_out in mixers.items()]
+        heads, hidden, attention = self.num_attention_heads, self.hidden_size, self.kv_layers
+        if self.attn_output_gate is not None:
+            gate = heads if self.attn_output_gate == "per_head" else heads * self.head_dim
+            found.append(("self_attn.gate_proj", hidden, gate, attention))
+        if self.mla:  # latent attention's (mla.py)
+            rope, rank, q_out = self.qk_rope_head_dim, self.kv_lora_rank, heads * (self.qk_nope_head_dim +
+                                                                                   self.qk_rope_head_dim)
+            queries = [("q_a_proj", hidden, self.q_lora_rank), ("q_b_proj", self.q_lora_rank, q_out)] \
+                if self.q_lora_rank else [("q_proj", hidden, q_out)]
+            found += [(f"self_attn.{name}", fan_in, fan_out, attention) for name, fan_in, fan_out in (
+                *queries, ("kv_a_proj_with_mqa", hidden, rank + rope),
+                ("kv_b_proj", rank, heads * (self.qk_nope_head_dim + self.v_head_dim)),
+                ("o_proj", heads * self.v_head_dim, hidden))]
+        return tuple(found)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:

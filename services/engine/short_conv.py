@@ -14,6 +14,7 @@ from torch import nn
 
 from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_CONV_KERNEL
+from services.engine.lora import adapted
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 
@@ -57,12 +58,13 @@ class GatedShortConv(nn.Module):
         super().__init__()
         s = config.linear_attention
         self.state_index = config.linear_layers.index(layer)
+        self.layer = layer  # its adapters'
         self.in_proj = nn.Linear(s.hidden_size, 3 * s.hidden_size, bias=s.bias)
         self.conv = nn.Conv1d(s.hidden_size, s.hidden_size, s.conv_kernel, groups=s.hidden_size, bias=s.bias)
         self.out_proj = nn.Linear(s.hidden_size, s.hidden_size, bias=s.bias)
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
-        b, c, h = self.in_proj(x).chunk(3, dim=-1)
+        b, c, h = adapted(self.in_proj, x, lora, self.layer, "conv.in_proj").chunk(3, dim=-1)
         h = causal_conv(b * h, batch.recurrent, self.state_index, self.conv.weight, self.conv.bias, silu=False,
                         kernels=batch.kernels)
-        return self.out_proj(c * h)
+        return adapted(self.out_proj, c * h, lora, self.layer, "conv.out_proj")

@@ -115,7 +115,7 @@ def test_adapters_of_a_mixture_of_experts_mlp_are_refused(lora_dirs, shape, tmp_
 
 
 @pytest.mark.parametrize("field, refused, kept", [
-    ("latent_attention", "adapters of latent attention .* are not supported", (".mlp.",)),  # DeepSeek-V3
+    ("latent_attention", "adapts k_proj; latent attention .* has q_a_proj", (".mlp.",)),  # DeepSeek-V3
     ("gated_mlp", "adapts gate_proj; this model's MLP has no gate", (".self_attn.", ".up_proj.", ".down_proj.")),
 ])
 def test_adapters_of_projections_the_model_lacks_are_refused(lora_dirs, shape, tmp_path, field, refused, kept):
@@ -266,3 +266,31 @@ def test_shared_expert_adapters_read_at_its_width_and_only_where_there_is_one(sh
     ]:
         with pytest.raises(InvalidArgument, match=re.escape(message)):
             read_lora(_experts_adapter(tmp_path, moe, arrays, target_parameters=[]), moe, max_rank=16)
+
+
+def test_projections_held_as_checkpoints_hold_them_read_in_their_layers_only(shape, tmp_path):
+    """A linear-attention mixer's projections (and latent attention's, an output gate's) are adapted as the model
+    holds them, in the layers that have them; with the output gate's rows in q_proj (Qwen3.5), its B is twice
+    the queries' height."""
+    h, q = shape.hidden_size, shape.q_size
+    mixers = dataclasses.replace(shape, projections=(("linear_attn.in_proj_z", h, 32, (0, 2)),), query_gates=True)
+
+    def arrays(layer: int, module: str, fan_in: int, fan_out: int) -> dict:
+        return {f"{layer}.{module}.lora_A": np.zeros((2, fan_in), np.float32),
+                f"{layer}.{module}.lora_B": np.zeros((fan_out, 2), np.float32)}
+
+    spec = read_lora(_experts_adapter(tmp_path, mixers, {**arrays(2, "linear_attn.in_proj_z", h, 32),
+                                                         **arrays(1, "self_attn.q_proj", h, 2 * q)},
+                                      target_parameters=[]), mixers, max_rank=16)
+    assert set(spec.tensors) == {(2, "linear_attn.in_proj_z"), (1, "q_proj")}
+    assert read_lora(_experts_adapter(tmp_path, mixers, arrays(1, "self_attn.q_gate_proj", h, 2 * q),
+                                      target_parameters=[]), mixers, max_rank=16).tensors
+    for model, tensors, message in [
+        (mixers, arrays(1, "linear_attn.in_proj_z", h, 32), "adapts linear_attn.in_proj_z of layer 1; that "
+         "projection is adapted in layers 0, 2 only"),
+        (mixers, arrays(0, "linear_attn.in_proj_z", h, 16), "has shape (16, 2); this model needs (32, 2)"),
+        (shape, arrays(0, "linear_attn.in_proj_z", h, 32), "is not a LoRA A/B weight of a decoder layer's"),
+        (shape, arrays(1, "self_attn.q_gate_proj", h, 2 * q), "adapts 'q_gate_proj'; supported:"),
+    ]:
+        with pytest.raises(InvalidArgument, match=re.escape(message)):
+            read_lora(_experts_adapter(tmp_path, model, tensors, target_parameters=[]), model, max_rank=16)

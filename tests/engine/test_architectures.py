@@ -685,7 +685,20 @@ _FAMILY_ADAPTERS = {
     "phi": ["q_proj", "k_proj", "dense", "fc1", "fc2"],
     "llama4": {"target_modules": ["q_proj", "k_proj", "gate_proj", "up_proj", "down_proj"], "layers_to_transform": [0]},
     "nemotron-h": ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
-    "lfm3": ["q_proj", "k_proj", "v_proj", "w1", "w2", "w3"],
+    "lfm3": ["q_proj", "k_proj", "v_proj", "g_proj", "w1", "w2", "w3"],  # g_proj: its output gate, per head
+    # Latent attention's projections, kv_b_proj's absorbed into the query and output as its weight is; the
+    # output gate's rows in MiniCPM5's q_gate_proj.
+    "deepseek-v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+    "deepseek-v2": ["q_proj", "kv_b_proj"],
+    "minicpm5-moe": ["q_gate_proj", "o_proj"],
+    # Linear-attention mixers' projections beside the attention's: Gated DeltaNet's (Qwen3.5's apart, Qwen3-Next's
+    # grouped), LFM2's convolution's (whose out_proj shares its name with the attention's), Mamba-2's, and Mamba's
+    # (Jamba's dt_proj adapter read but not applied, as transformers applies none).
+    "qwen3.5": ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", "q_proj", "k_proj"],
+    "qwen3-next": ["in_proj_qkvz", "in_proj_ba", "out_proj", "q_proj"],
+    "lfm2": ["in_proj", "out_proj", "q_proj"],
+    "granite4-h": ["in_proj", "out_proj", "q_proj"],
+    "jamba": ["in_proj", "x_proj", "dt_proj", "out_proj", "q_proj"],
 }
 
 
@@ -738,6 +751,27 @@ def test_experts_adapters_match_peft_beside_the_base_model_and_another_adapter(c
     assert [c.token_ids for c in got] == want
     assert want[0] != peft_greedy(tmp_path / "model", None, prompts[:1], MAX_TOKENS)[0]  # the adapter matters
     assert want[2] != peft_greedy(tmp_path / "model", None, prompts[2:], MAX_TOKENS)[0]
+
+
+@pytest.mark.parametrize("case", ["deepseek-v3", "qwen3.5"])
+def test_latent_and_linear_attention_adapters_match_peft_beside_the_base_model(case, tmp_path, tiny_model_dir):
+    """Tokens of one adapter spread over a batch (chunks of 16 mix four prompts; without the fused CPU path,
+    decodes are not grouped by adapter, so an adapter's rows are not one run): kv_b_proj's adapter absorbed
+    into latent attention's query and output for its rows only; Gated DeltaNet's projections'."""
+    save_checkpoint(CASES[case](), tmp_path / "model", tiny_model_dir)
+    targets = _FAMILY_ADAPTERS[case]
+    adapter = make_adapter(tmp_path / "model", tmp_path / "adapter", seed=5, r=4, lora_alpha=8,
+                           target_modules=targets)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (23, 9, 40, 5)]
+    engine = OfflineEngine(EngineConfig(model=str(tmp_path / "model"), dtype="float32", cpu_kernels=False),
+                           SchedulerConfig(chunk_size=16))
+    ref = LoraRef(case, str(adapter))
+    got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0)] * 4,
+                          loras=[ref, None, ref, None])
+    want = [peft_greedy(tmp_path / "model", a, [p], MAX_TOKENS)[0]
+            for a, p in zip([adapter, None, adapter, None], prompts, strict=True)]
+    assert [c.token_ids for c in got] == want
 
 
 def test_mixture_of_experts_hub_configs_and_what_is_refused():
