@@ -30,7 +30,7 @@ from safetensors import safe_open
 
 from services.common.lora import LoraSpec, ModelShape, adapted_weight, read_lora
 from services.common.step import LoraRef
-from services.engine.moe import grouped_mm
+from services.engine.grouped_mm import grouped_mm
 
 log = logging.getLogger(__name__)
 

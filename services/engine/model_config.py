@@ -579,6 +579,10 @@ class ModelConfig:
         if self.attn_output_gate is not None:
             gate = heads if self.attn_output_gate == "per_head" else heads * self.head_dim
             found.append(("self_attn.gate_proj", hidden, gate, attention))
+        if self.moe_latent_size:  # Nemotron 3's experts' latent space, in and out
+            latent = self.moe_latent_size
+            found += [("mlp.fc1_latent_proj", hidden, latent, self.moe_layers),
+                      ("mlp.fc2_latent_proj", latent, hidden, self.moe_layers)]
         if self.mla:  # latent attention's (mla.py)
             rope, rank, q_out = self.qk_rope_head_dim, self.kv_lora_rank, heads * (self.qk_nope_head_dim +
                                                                                    self.qk_rope_head_dim)

@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.engine.activations import ACTIVATIONS
+from services.engine.grouped_mm import grouped_mm
+from services.engine.lora import adapted
 from services.engine.model_config import ModelConfig
 
 if TYPE_CHECKING:
@@ -116,7 +118,8 @@ class SparseMoE(nn.Module):
         order = torch.argsort(flat, stable=True)
         tokens = order // self.top_k
         offsets = torch.bincount(flat, minlength=self.experts.down_proj.shape[0]).cumsum(0).to(torch.int32)
-        inputs = x if self.fc1_latent_proj is None else self.fc1_latent_proj(x)
+        inputs = x if self.fc1_latent_proj is None else adapted(self.fc1_latent_proj, x, lora, self.layer,
+                                                                 "mlp.fc1_latent_proj")
         rows = inputs[tokens]
         scaled_inputs = self.routing == "sigmoid_input"
         if scaled_inputs:  # a token goes into its expert scaled, and the expert's output adds as it is
@@ -143,7 +146,7 @@ class SparseMoE(nn.Module):
         by_slot[order] = weighted
         out = by_slot.view(-1, self.top_k, by_slot.shape[-1]).sum(dim=1).to(inputs.dtype)
         if self.fc2_latent_proj is not None:
-            out = self.fc2_latent_proj(out)
+            out = adapted(self.fc2_latent_proj, out, lora, self.layer, "mlp.fc2_latent_proj")
         if self.shared_expert is not None:
             shared = self.shared_expert(x, lora)
             if self.shared_expert_gate is not None:
@@ -235,26 +238,6 @@ class SparseMoE(nn.Module):
             choice = scores.masked_fill(~keep.repeat_interleave(scores.shape[1] // self.groups, dim=1), 0.0)
         weights, chosen = choice.topk(self.top_k, dim=-1)
         return weights * self.scaling, chosen
-
-
-def grouped_mm(rows: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """``rows`` ``[n, K]`` grouped by ``offsets`` (each group's end), group g times ``weights[g]`` ``[K, N]``."""
-    try:  # torch >= 2.10 names it; 2.9 has the private op (on CPUs, and on GPUs from SM80)
-        grouped = getattr(F, "grouped_mm", None) or torch._grouped_mm
-        return grouped(rows, weights, offs=offsets)
-    except (AttributeError, NotImplementedError, RuntimeError):  # older torch, older GPUs
-        return looped_mm(rows, weights, offsets)
-
-
-def looped_mm(rows: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """``grouped_mm`` as one matmul per group (one device-to-host sync for the offsets)."""
-    out = rows.new_empty(rows.shape[0], weights.shape[2])
-    start = 0
-    for group, end in enumerate(offsets.tolist()):
-        if end > start:
-            torch.mm(rows[start:end], weights[group], out=out[start:end])
-        start = end
-    return out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

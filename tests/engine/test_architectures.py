@@ -721,11 +721,12 @@ def test_adapters_named_as_each_family_names_its_modules_match_peft(case, tmp_pa
 # Adapters of the experts themselves (PEFT's target_parameters): gate and up concatenated (Qwen3-MoE); GPT-OSS's
 # interleaved, stored [E, in, out], with biases; Llama 4's A and B swapped, its inputs scaled into the experts;
 # Nemotron 3's ungated experts in a latent space, whose up_proj and down_proj have one shape (told apart by how
-# deep PEFT wrapped each). Beside them, adapters of the shared expert, under each family's name for it (Llama 4's
-# shared_expert, Nemotron-H's shared_experts, Granite's fused shared_mlp.input_linear).
+# deep PEFT wrapped each), and the projections into and out of that space. Beside them, adapters of the shared
+# expert, under each family's name for it (Llama 4's shared_expert, Nemotron-H's shared_experts, Granite's fused
+# shared_mlp.input_linear).
 _EXPERT_ADAPTERS = {"qwen3-moe": ("mlp", []), "gpt-oss": ("mlp", []),
                     "llama4": ("feed_forward", ["shared_expert.gate_proj", "shared_expert.down_proj"]),
-                    "nemotron-h-moe": ("mixer", ["shared_experts.up_proj"]),
+                    "nemotron-h-moe": ("mixer", ["shared_experts.up_proj", "fc1_latent_proj", "fc2_latent_proj"]),
                     "granitemoe-shared": ("block_sparse_moe", ["shared_mlp.input_linear", "shared_mlp.output_linear"])}
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine.moe import copy_expert, grouped_mm, looped_mm, missing_experts
+from services.engine.grouped_mm import grouped_mm, looped_mm
+from services.engine.moe import copy_expert, missing_experts
 
 
 def test_grouped_and_looped_matmuls_agree_with_empty_groups_anywhere():
