@@ -92,11 +92,12 @@ class ModelShape:
     # The name the model holds a checkpoint's tensor by (weight_names.model_name for its config).
     names: Callable[[str], str] | None = field(default=None, compare=False)
 
-    def in_out(self, module: str) -> tuple[int, int]:
-        """``module`` as LoraSpec names it (a shared expert's ``shared_expert.gate_proj``)."""
-        plain = {name: (fan_in, fan_out) for name, fan_in, fan_out, _ in self.projections}
-        if module in plain:
-            return plain[module]
+    def in_out(self, module: str, layer: int) -> tuple[int, int]:
+        """``module`` of ``layer``, as LoraSpec names it (a shared expert's ``shared_expert.gate_proj``)."""
+        plain = [(fan_in, fan_out) for name, fan_in, fan_out, layers in self.projections
+                 if name == module and layer in layers]
+        if plain:  # Kimi Linear's KDA and latent attention layers each have a q_proj of their own
+            return plain[0]
         shared = module.startswith(_SHARED)
         module = module.removeprefix(_SHARED)
         h, q, kv = self.hidden_size, self.q_size, self.kv_size
@@ -305,7 +306,7 @@ def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: 
                     raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder "
                                           f"layer's projection ({', '.join(MODULES)})")
                 (layer, module), ab = _module(where, key, f"{m[1]}.weight", shape), m[2]
-                fan_in, fan_out = shape.in_out(module)
+                fan_in, fan_out = shape.in_out(module, layer)
                 rank = rank_of(m[1])
                 want = (rank, fan_in) if ab == "A" else (fan_out, rank)
                 got = tuple(f.get_slice(key).get_shape())

@@ -30,6 +30,7 @@ from services.engine.attention import AttentionBatch
 from services.engine.cpu_kernels import MAX_HEAD_DIM
 from services.engine.gated_delta_net import by_groups
 from services.engine.gated_norm import GatedRMSNorm
+from services.engine.lora import LoraBatch, adapted
 from services.engine.model_config import ModelConfig
 from services.engine.recurrent_state import RecurrentBatch
 from services.engine.short_conv import causal_conv
@@ -51,6 +52,7 @@ class KimiDeltaAttention(nn.Module):
         s = config.linear_attention
         self.shape = s
         self.state_index = config.linear_layers.index(layer)
+        self.layer = layer  # its adapters'
         hidden, width = config.hidden_size, s.num_heads * s.head_dim
         self.qkv_proj = nn.Linear(hidden, 3 * width, bias=False)  # q, k, v: joined as they load
         self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=False)
@@ -66,20 +68,29 @@ class KimiDeltaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
         s, t, rb = self.shape, x.shape[0], batch.recurrent
-        mixed = causal_conv(self.qkv_proj(x), rb, self.state_index, self.conv1d.weight, None, kernels=batch.kernels)
+        qkv = self.qkv_proj(x)
+        if lora is not None:  # q's, k's and v's adapters, each into its third
+            for third, part in zip(qkv.chunk(3, dim=-1), "qkv", strict=True):
+                lora.add(third, x, self.layer, f"self_attn.{part}_proj")
+        mixed = causal_conv(qkv, rb, self.state_index, self.conv1d.weight, None, kernels=batch.kernels)
         q, k, v = mixed.view(t, 3, s.num_heads, s.head_dim).unbind(1)
-        g, beta = self._decay(x), torch.sigmoid(self.b_proj(x))
+        g, beta = self._decay(x, lora), torch.sigmoid(self._linear("b_proj", x, lora))
         if batch.kernels is not None and s.head_dim <= MAX_HEAD_DIM:
             out = self._fused_delta_rule(batch.kernels, q, k, v, g, beta, rb)
         else:
             out = self._delta_rule(q, k, v, g, beta, rb).to(x.dtype)
-        out = self.o_norm(out, self.g_b_proj(self.g_a_proj(x)).view(t, s.num_heads, s.head_dim))
-        return self.o_proj(out.reshape(t, -1))
+        gate = self._linear("g_b_proj", self._linear("g_a_proj", x, lora), lora)
+        out = self.o_norm(out, gate.view(t, s.num_heads, s.head_dim))
+        return self._linear("o_proj", out.reshape(t, -1), lora)
 
-    def _decay(self, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, name: str, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        return adapted(getattr(self, name), x, lora, self.layer, f"self_attn.{name}")
+
+    def _decay(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
         """``g`` ``[T, heads, head_dim]`` (fp32), with transformers' softplus (x itself past 20)."""
         s = self.shape
-        g = (self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()).view(-1, s.num_heads, s.head_dim)
+        f = self._linear("f_b_proj", self._linear("f_a_proj", x, lora), lora)
+        g = (f.float() + self.dt_bias.float()).view(-1, s.num_heads, s.head_dim)
         return -self.A_log.float().exp()[:, None] * torch.where(g > 20.0, g, torch.log(1.0 + torch.exp(g)))
 
     def _delta_rule(self, q, k, v, g, beta, rb: RecurrentBatch) -> torch.Tensor:

@@ -40,7 +40,7 @@ DEFAULTS = {"vocab_size": 163840, "hidden_size": 2304, "intermediate_size": 9216
 IGNORED = ("rope_theta", "rope_scaling", "rope_parameters", "mla_use_nope", "moe_router_activation_func",
            "use_grouped_topk", "moe_layer_freq", "topk_method", "scoring_func", "head_dim", "num_key_value_heads",
            "num_nextn_predict_layers")
-_RENAMES = ((".block_sparse_moe.", ".mlp."), (".self_attn.forget_gate.", ".self_attn."))
+RENAMES = ((".block_sparse_moe.", ".mlp."), (".self_attn.forget_gate.", ".self_attn."))
 # What KDA layers hold joined (rows in this order), from the checkpoints' parts.
 _JOINS = {"conv1d": ("q_conv1d", "k_conv1d", "v_conv1d"), "qkv_proj": ("q_proj", "k_proj", "v_proj")}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(\w+)\.weight$")
@@ -91,7 +91,7 @@ def checkpoint_names(weights: Iterator[tuple[str, torch.Tensor]], kda_layers: tu
 
     parts: dict[tuple[str, str], dict[str, torch.Tensor]] = {}  # (layer prefix, joined name) -> part -> tensor
     for name, tensor in weights:
-        for old, new in _RENAMES:
+        for old, new in RENAMES:
             name = name.replace(old, new)
         if name.endswith(".self_attn.A_log"):
             tensor = tensor.reshape(-1)
@@ -108,6 +108,11 @@ def checkpoint_names(weights: Iterator[tuple[str, torch.Tensor]], kda_layers: tu
     if parts:
         raise KeyError(f"{', '.join(sorted(p + t for p, t in parts))}: a KDA layer lacks some of its q, k and v "
                        "parts")
+
+
+def joined_part(name: str, kda_layers: tuple[int, ...]) -> bool:
+    """Whether ``name`` is a part of a KDA layer's joined tensors (its q, k or v projection or convolution)."""
+    return _joined(name, kda_layers) is not None
 
 
 def _joined(name: str, kda_layers: tuple[int, ...]) -> tuple[str, str, str] | None:

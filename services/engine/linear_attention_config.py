@@ -191,8 +191,12 @@ class KdaShape:
         return (self.num_heads, self.head_dim, self.head_dim)
 
     def projections(self, hidden: int) -> dict[str, tuple[int, int]]:
-        """None adapted yet: its q, k and v load joined (kda.py)."""
-        return {}
+        """The mixer's linear projections, (in, out) each, named as the model holds them in a layer (q, k and v
+        as checkpoints hold them: kda.py adds their adapters to its joined projection's thirds)."""
+        width, d = self.num_heads * self.head_dim, self.head_dim
+        return {**{f"self_attn.{p}_proj": (hidden, width) for p in "qkv"}, "self_attn.b_proj": (hidden, self.num_heads),
+                "self_attn.f_a_proj": (hidden, d), "self_attn.f_b_proj": (d, width),
+                "self_attn.g_a_proj": (hidden, d), "self_attn.g_b_proj": (d, width), "self_attn.o_proj": (width, hidden)}
 
 
 # Any linear layer's shape.

@@ -150,6 +150,8 @@ def lora_rows(ckpt: Checkpoint) -> Rows:
     arch = ckpt.config.architecture
 
     def rows(weight: str, b: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        if arch == kimi_linear.ARCH and kimi_linear.joined_part(weight, ckpt.config.linear_layers):
+            return [(weight, b)]  # a KDA layer's q, k or v: kda.py adds it to its third of the joined projection
         if ".experts." in weight:  # stacked experts' B, [out, r·E]: GPT-OSS interleaves gate and up outputs
             gpt_oss_gate_up = arch == "GptOssForCausalLM" and weight.endswith(".gate_up_proj")
             return [(weight, gate_then_up(b, dim=0) if gpt_oss_gate_up else b)]

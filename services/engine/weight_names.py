@@ -29,6 +29,8 @@ from services.engine.hunyuan import ARCHS as HUNYUANS
 from services.engine.hunyuan import RENAMES as HUNYUAN_RENAMES
 from services.engine.jamba import ARCH as JAMBA
 from services.engine.jamba import RENAMES as JAMBA_RENAMES
+from services.engine.kimi_linear import ARCH as KIMI_LINEAR
+from services.engine.kimi_linear import RENAMES as KIMI_LINEAR_RENAMES
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import RENAMES as LLAMA4_RENAMES
 from services.engine.mpt import ARCH as MPT
@@ -94,7 +96,7 @@ _BY_ARCHITECTURE = {
                            (".feed_forward.expert_bias", ".mlp.gate.e_score_correction_bias")),
     "PhimoeForCausalLM": ((".mlp.router.", ".mlp.gate."),),  # its router, as transformers 5 saves it
     "PhiForCausalLM": _PHI,
-    JAMBA: JAMBA_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
+    JAMBA: JAMBA_RENAMES, KIMI_LINEAR: KIMI_LINEAR_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
     OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES, BLOOM: BLOOM_RENAMES,
     MPT: MPT_RENAMES,
     LLAMA4: LLAMA4_RENAMES,  # llama4_weights renames its tensors first: these are for adapters' names

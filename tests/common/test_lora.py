@@ -77,7 +77,7 @@ def test_missing_damaged_or_foreign_files_are_refused(lora_dirs, shape, tmp_path
               str(out / WEIGHTS_FILE))
     with pytest.raises(InvalidArgument, match="adapts layer 9; the model has 4"):
         read_lora(LoraRef("x", str(out)), shape, max_rank=16)
-    h, qkv = shape.in_out("qkv_proj")
+    h, qkv = shape.in_out("qkv_proj", 0)
     layer0 = "base_model.model.model.layers.0.self_attn"
     save_file({f"{layer0}.qkv_proj.lora_A.weight": np.zeros((8, h), np.float32),
                f"{layer0}.qkv_proj.lora_B.weight": np.zeros((qkv, 8), np.float32),

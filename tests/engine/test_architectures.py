@@ -691,6 +691,10 @@ _FAMILY_ADAPTERS = {
     "deepseek-v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
     "deepseek-v2": ["q_proj", "kv_b_proj"],
     "minicpm5-moe": ["q_gate_proj", "o_proj"],
+    # Kimi Linear: KDA layers' projections (q, k and v loaded joined, their adapters added to its thirds) beside
+    # latent attention's, whose q_proj and o_proj have the same names and other shapes.
+    "kimi-linear": ["q_proj", "k_proj", "v_proj", "b_proj", "f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj", "o_proj",
+                    "kv_b_proj"],
     # Linear-attention mixers' projections beside the attention's: Gated DeltaNet's (Qwen3.5's apart, Qwen3-Next's
     # grouped), LFM2's convolution's (whose out_proj shares its name with the attention's), Mamba-2's, and Mamba's
     # (Jamba's dt_proj adapter read but not applied, as transformers applies none).
