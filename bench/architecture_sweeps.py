@@ -31,7 +31,7 @@ from services.engine.config import EngineConfig  # noqa: E402
 from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
 from tests.e2e.conftest import generate_all, greedy_oracle, random_prompts, start_mesh  # noqa: E402
 from tests.engine.test_architectures import CASES, MAX_TOKENS, _decoder_layers, save_checkpoint  # noqa: E402
-from tests.lora_adapters import peft_greedy  # noqa: E402
+from tests.lora_adapters import causal_lm, peft_greedy  # noqa: E402
 
 
 def lora(path: Path, model) -> str:
@@ -107,7 +107,6 @@ def main() -> None:
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     args = p.parse_args()
     sweeps = [s for s, on in (("lora", args.lora), ("mesh", args.mesh)) if on] or ["lora", "mesh"]
-    import transformers
 
     tiny = ensure_default_model()
     for case in args.cases.split(",") if args.cases else sorted(CASES):
@@ -116,7 +115,7 @@ def main() -> None:
                 path = Path(tmp) / case
                 try:
                     save_checkpoint(CASES[case](), path, tiny)
-                    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+                    model = causal_lm(path)
                     verdict = (lora if sweep == "lora" else mesh)(path, model)
                 except Exception as exc:  # one case's failure is a row of the table, not the end of the sweep
                     verdict = f"ERROR {type(exc).__name__}: {str(exc)[:160]}"

@@ -16,12 +16,25 @@ ADAPTERS = {
 }
 
 
+def causal_lm(model_dir):
+    """The checkpoint's transformers causal LM in fp32: the auto class's, else the one its config names (Mistral 4,
+    which transformers 5.25 maps for pretraining only)."""
+    import json
+
+    import transformers
+
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    except ValueError:
+        name = json.loads((Path(model_dir) / "config.json").read_text())["architectures"][0]
+        return getattr(transformers, name).from_pretrained(model_dir, dtype=torch.float32)
+
+
 def make_adapter(model_dir, out_dir, seed: int, **config) -> Path:
     """A random (non-zero) adapter for ``model_dir`` saved by peft into ``out_dir``."""
     import peft
-    import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = causal_lm(model_dir)
     torch.manual_seed(seed)
     peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, **config)).save_pretrained(out_dir)
     return Path(out_dir)
@@ -32,9 +45,8 @@ def peft_greedy(model_dir, adapter_dir, prompts: list[list[int]], max_tokens: in
     checkpoint's generation config names them), with the adapter, or with the base model when ``adapter_dir``
     is None."""
     import peft
-    import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = causal_lm(model_dir)
     if adapter_dir is not None:
         model = peft.PeftModel.from_pretrained(model, adapter_dir)
     model.eval()
