@@ -7,7 +7,7 @@ built-in model. Adapters of rank ``--rank`` (16) on every projection are written
 random weights; with N adapters, request i runs adapter i mod N, so every step mixes N adapters. Rounds
 alternate the settings; the median tokens/s of each is printed with its ratio to the base model's.
 
-    .venv/bin/python bench/lora.py [--adapters 1,4,16] [--rank 16] [--rounds 3]
+    .venv/bin/python bench/lora.py [--adapters 1,4,16] [--rank 16] [--rounds 3] [--model DIR]
 """
 
 from __future__ import annotations
@@ -37,20 +37,31 @@ from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
 
 
 def write_adapter(out: Path, shape: ModelShape, rank: int, seed: int) -> Path:
-    """A random PEFT-format adapter on every projection of every layer."""
+    """A random PEFT-format adapter on every projection of every layer; in an MoE layer, of the attention and
+    the stacked experts (PEFT's target_parameters: the last parameter wrapped outermost)."""
     g = torch.Generator().manual_seed(seed)
     tensors = {}
+
+    def pair(key: str, rows: int, fan_in: int, fan_out: int) -> None:
+        tensors[f"{key}.lora_A.weight"] = torch.randn(rows, fan_in, generator=g) / fan_in ** 0.5
+        tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, rows, generator=g) * 0.02
+
+    experts = ("gate_up_proj" if shape.gated_mlp else "up_proj", "down_proj")
     for layer in range(shape.num_layers):
+        prefix = f"base_model.model.model.layers.{layer}"
         for module in MODULES:
-            fan_in, fan_out = shape.in_out(module)
-            block = "self_attn" if module[0] in "qkvo" else "mlp"
-            key = f"base_model.model.model.layers.{layer}.{block}.{module}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=g) / fan_in ** 0.5
-            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=g) * 0.02
+            attention = module[0] in "qkvo"
+            if attention or layer not in shape.moe_layers:
+                pair(f"{prefix}.{'self_attn' if attention else 'mlp'}.{module}", rank, *shape.in_out(module, layer))
+        if layer in shape.moe_layers:
+            for depth, param in enumerate(reversed(experts)):
+                pair(f"{prefix}.mlp.experts{'.base_layer' * depth}", rank * shape.num_experts,
+                     *shape.expert_in_out(param))
     out.mkdir(parents=True)
     save_file(tensors, str(out / "adapter_model.safetensors"))
-    (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": rank,
-                                                         "target_modules": list(MODULES), "bias": "none"}))
+    (out / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": list(MODULES), "bias": "none",
+        "target_parameters": [f"mlp.experts.{p}" for p in experts] if shape.moe_layers else []}))
     return out
 
 
@@ -62,8 +73,9 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--model", default=None, help="a checkpoint directory (default: the built-in model)")
     args = p.parse_args()
-    model = ensure_default_model()
+    model = args.model or ensure_default_model()
     shape = ModelConfig.from_dir(model).lora_shape
     counts = [int(n) for n in args.adapters.split(",")]
     engine = OfflineEngine(EngineConfig(model=str(model), kv_cache_bytes=128 << 20),
