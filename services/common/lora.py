@@ -227,6 +227,10 @@ def _refuse_extras(cfg: dict, where: str) -> None:
         "use_dora": "DoRA adapters", "modules_to_save": "modules saved whole (modules_to_save)",
         "lora_bias": "LoRA biases (lora_bias)",
         "trainable_token_indices": "trainable token indices", "layer_replication": "layer replication",
+        # Variants whose forward pass is not B(A(x)): a diagonal between A and B over a truncated base weight,
+        # inputs pooled by group, sampled factors, adapters routed per token.
+        "kasa_config": "KaSA adapters", "use_qalora": "QALoRA adapters", "monteclora_config": "MonteCLoRA adapters",
+        "arrow_config": "Arrow routing",
     }
     found = [what for key, what in unsupported.items() if cfg.get(key)]
     targets = cfg.get("target_parameters") or []

@@ -44,6 +44,7 @@ def _copy(lora_dirs, tmp_path, **config):
 @pytest.mark.parametrize("config, message", [
     ({"r": 32, "lora_alpha": 32}, "above --max-lora-rank 16"),
     ({"use_dora": True}, "DoRA adapters not supported"),
+    ({"use_qalora": True, "kasa_config": {}}, "QALoRA adapters not supported"),
     ({"bias": "all"}, "bias 'all' not supported"),
     ({"modules_to_save": ["lm_head"]}, "modules saved whole"),
     ({"rank_pattern": {"q_proj": 4}}, "q_proj.lora_A.weight has shape (8, 128); this model needs (4, 128)"),
