@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from services.common.block_hash import hash_seed
-from services.common.errors import ResourceExhausted, SeawallError
+from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
+from services.common.lora import activation_start, read_lora
 from services.common.sampling_params import FinishReason, SamplingParams, text_left_out
 from services.common.step import LoraRef, SampledToken, merge_prompt_scores
 from services.engine.bad_words import bad_words_token_ids
@@ -92,7 +93,7 @@ class OfflineEngine:
             done[rid] = Completion(rid, list(prompt))
             detoks[rid] = IncrementalDetokenizer(self.tokenizer, p, prompt_token_ids=prompt)
             reqs[rid] = Request(rid, list(prompt), p, arrival_time=0.0, eos_token_ids=self.checkpoint.eos_token_ids,
-                                lora=lora, cache_salt=salt)
+                                lora=lora, cache_salt=salt, lora_from=self._activation_start(lora, prompt))
             self.scheduler.add(reqs[rid])
         idle_steps = 0
         while self.scheduler.has_work:
@@ -119,6 +120,17 @@ class OfflineEngine:
             comp.num_preemptions = reqs[rid].num_preemptions
             comp.num_cached_prompt_tokens = reqs[rid].num_prefix_hit_tokens
         return [done[rid] for rid in order]
+
+    def _activation_start(self, lora: LoraRef | None, prompt: Sequence[int]) -> int | None:
+        """Where ``lora`` applies from in ``prompt`` (services/common/lora.py); 0 for the base model, and for an
+        adapter the worker will refuse (the request fails there, saying why)."""
+        if lora is None:
+            return 0
+        try:
+            spec = read_lora(lora, self.checkpoint.config.lora_shape, max_rank=1 << 16)
+        except InvalidArgument:
+            return 0
+        return activation_start(prompt, spec.invocation_tokens)
 
     def embed(self, prompts: Sequence[Sequence[int]], dimensions: int | None = None) -> list[list[float]]:
         """Each prompt's embedding (pooling.py: its last token's final hidden state, normalized as the

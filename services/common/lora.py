@@ -7,6 +7,10 @@ An adapter adds ``scaling * B(A(x))`` to some of each layer's projections: A is 
 say so. What PEFT can save beyond that (DoRA, biases, embedding or lm_head adapters, modules saved whole) is
 refused with what was found.
 
+An activated LoRA (aLoRA: ``alora_invocation_tokens``) applies from the start of the last occurrence of its
+invocation tokens in the prompt on (``activation_start``), and not at all where the prompt lacks them, as PEFT
+applies it: the KV before that point is the base model's.
+
 An MoE's stacked experts are adapted as parameters (PEFT's ``target_parameters``): one A ``[r·E, in]`` and one B
 ``[out, r·E]`` per stacked projection, expert e's A the rows ``e·r ..``, its B the columns ``e, e+E, ..``. Their
 keys do not name the parameter: PEFT wraps a module's parameters one around the other in the order the module
@@ -22,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +144,8 @@ class LoraSpec:
     tensors: dict[tuple[int, str], tuple[str, str]] = field(default_factory=dict)
     # (layer, module) -> its scaling, where it is not ``scaling``.
     scalings: dict[tuple[int, str], float] = field(default_factory=dict)
+    # An activated LoRA's invocation tokens (empty: a plain LoRA, applied to every token).
+    invocation_tokens: tuple[int, ...] = ()
 
     @property
     def weights_path(self) -> Path:
@@ -153,6 +159,19 @@ def adapted_weight(key: str) -> str:
     if m is None:
         raise ValueError(f"{key!r} is not a LoRA A/B weight")
     return f"{m[1]}.weight"
+
+
+def activation_start(prompt: Sequence[int], invocation: Sequence[int]) -> int | None:
+    """The first position an adapter applies to: 0 for a plain LoRA; for an activated one, the start of the
+    last occurrence of its invocation tokens in ``prompt``, None (never) where there is none (PEFT's
+    ``calculate_alora_offsets``)."""
+    if not invocation:
+        return 0
+    n, first = len(invocation), invocation[0]
+    for start in range(len(prompt) - n, -1, -1):
+        if prompt[start] == first and list(prompt[start:start + n]) == list(invocation):
+            return start
+    return None
 
 
 def check_name(name: str) -> str:
@@ -195,7 +214,11 @@ def read_lora(ref: LoraRef, shape: ModelShape, max_rank: int) -> LoraSpec:
     for key, (_, _, module) in tensors.items():
         if (s := scaling_of(rank_of(module), _by_pattern(alphas, module, alpha))) != scaling:
             scalings[key] = s
-    return LoraSpec(ref, rank, scaling, {key: (a, b) for key, (a, b, _) in tensors.items()}, scalings)
+    invocation = cfg.get("alora_invocation_tokens") or []
+    if not isinstance(invocation, list) or not all(isinstance(t, int) and t >= 0 for t in invocation):
+        raise InvalidArgument(f"{where}: alora_invocation_tokens must be a list of token ids")
+    return LoraSpec(ref, rank, scaling, {key: (a, b) for key, (a, b, _) in tensors.items()}, scalings,
+                    tuple(invocation))
 
 
 def _pattern(cfg: dict, name: str, where: str, kind) -> dict[str, int | float]:

@@ -63,8 +63,10 @@ class SequenceState:
     # the n-gram index they are drafted from (made on the first draft).
     num_drafts: int = 0
     ngrams: NgramIndex | None = None
-    # The LoRA adapter its tokens run with (lora.py), or None for the base model.
+    # The LoRA adapter its tokens run with (lora.py), or None for the base model; an activated LoRA's from
+    # position ``lora_from`` on (services/common/lora.py, ``activation_start``).
     lora: LoraWeights | None = None
+    lora_from: int = 0
     # Its row of the worker's recurrent states (a model with linear-attention layers), else None.
     state_slot: int | None = None
     # In the step being run, a copy of that state to save for prefix caching: (after how many of the step's
@@ -140,7 +142,7 @@ def prepare_inputs(
     flat = _t2d([ids, positions, slot_blocks, [p % block_size for p in positions]], device)
     input_ids, positions_t = flat[0], flat[1]
     attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window, softcap=softcap, chunk=chunk)
-    lora = lora_batch([(seq.lora, n) for seq, n in ordered], device)
+    lora = lora_batch([(seq.lora, n, seq.lora_from - seq.num_computed) for seq, n in ordered], device)
     if states is not None:
         attention.recurrent = _recurrent_batch(states, decodes, fresh + prefixed, device)
     span = _Span(window, chunk)

@@ -193,14 +193,14 @@ def adapted(linear: torch.nn.Linear, x: torch.Tensor, lora: LoraBatch | None, la
     return y if lora is None else lora.add(y, x, layer, name)
 
 
-def lora_batch(spans: list[tuple[LoraWeights | None, int]], device: torch.device) -> LoraBatch | None:
-    """``spans``: (adapter or None, tokens) per scheduled sequence, in the flat batch's order. None when no
-    token has an adapter."""
+def lora_batch(spans: list[tuple[LoraWeights | None, int, int]], device: torch.device) -> LoraBatch | None:
+    """``spans``: (adapter or None, tokens, how many of them precede the adapter's first: an activated LoRA's)
+    per scheduled sequence, in the flat batch's order. None when no token has an adapter."""
     rows: dict[int, tuple[LoraWeights, list[int]]] = {}
     num_tokens = 0
-    for weights, n in spans:
-        if weights is not None:
-            rows.setdefault(id(weights), (weights, []))[1].extend(range(num_tokens, num_tokens + n))
+    for weights, n, before in spans:
+        if weights is not None and before < n:
+            rows.setdefault(id(weights), (weights, []))[1].extend(range(num_tokens + max(before, 0), num_tokens + n))
         num_tokens += n
     if not rows:
         return None

@@ -16,6 +16,7 @@ import torch
 
 from services.common.errors import InvalidArgument
 from services.common.heap import keep_freed_heap
+from services.common.lora import activation_start
 from services.common.sampling_params import SamplingParams
 from services.common.step import NewSequence, SampledToken, StepPlan, StepResult
 from services.engine import cpu_kernels
@@ -362,6 +363,9 @@ class ModelRunner:
                 seq.lora = self.loras.get(new.lora, {id(s.lora) for s in self.seqs.values() if s.lora is not None})
             except InvalidArgument as exc:  # files changed or gone since the scheduler checked them
                 seq.error = exc
+            else:  # an activated LoRA from its invocation on (the scheduler salted its hashes alike), else never
+                start = activation_start(new.token_ids[: new.prompt_len], seq.lora.spec.invocation_tokens)
+                seq.lora, seq.lora_from = (seq.lora, start) if start is not None else (None, 0)
 
     def export_state(self, seq_id: str) -> tuple[int, list[tuple[bytes, bytes]]]:
         """A held sequence's recurrent state for the worker it is handed off to: (tokens it took in, each

@@ -202,7 +202,7 @@ class DualPath:
         bs = decode.core.blocks.block_size
         n = len(hashes) * bs
         stage = Request(f"{req.request_id}#kv", req.prompt_token_ids[:n], req.params, req.arrival_time,
-                        num_computed_tokens=n, block_hashes=list(hashes), lora=req.lora)
+                        num_computed_tokens=n, block_hashes=list(hashes), lora=req.lora, lora_from=req.lora_from)
         staged = decode.core.reserve_arrival(stage)
         if staged is None:
             return await self._pe_read(req, hashes, prefill, with_state)

@@ -114,7 +114,8 @@ class Frontend:
         bad_words_token_ids(self.tokenizer, item.params.bad_words)  # a word no token writes is refused here
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids,
-                          priority=item.priority, lora=item.lora, cache_salt=check_cache_salt(item.cache_salt or None))
+                          priority=item.priority, lora=item.lora, cache_salt=check_cache_salt(item.cache_salt or None),
+                          lora_from=self.loras.activation_start(item.lora, prompt))
         tracked = TrackedRequest(request, self.tokenizer, anyio.current_time(), item.session_id)
         tracing = self.mesh.tracing
         if tracing.enabled:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from services.common.errors import InvalidArgument, NotFound
-from services.common.lora import LoraSpec, ModelShape, check_name, read_lora
+from services.common.lora import LoraSpec, ModelShape, activation_start, check_name, read_lora
 from services.common.step import LoraRef
 
 
@@ -48,6 +48,12 @@ class LoraRegistry:
             served = ", ".join(repr(n) for n in (self.base_names[0], *self._specs))
             raise NotFound(f"the model {model!r} does not exist here; this server serves {served} (GET /v1/models)")
         return spec.ref
+
+    def activation_start(self, ref: LoraRef | None, prompt: list[int]) -> int | None:
+        """Where ``ref`` applies from in ``prompt`` (services/common/lora.py); 0 for the base model and for a
+        plain adapter."""
+        spec = self._specs.get(ref.name) if ref is not None else None
+        return activation_start(prompt, spec.invocation_tokens) if spec is not None else 0
 
     def __iter__(self) -> Iterator[LoraSpec]:
         return iter(list(self._specs.values()))

@@ -67,7 +67,8 @@ class PeerPrefix:
         core, bs = decode.core, decode.core.blocks.block_size
         hashes = extend_hashes(req.block_hashes, req.prompt_token_ids, bs, core.seed_of(req))[: tokens // bs]
         stage = Request(f"{req.request_id}#peer", req.prompt_token_ids[:tokens], req.params, req.arrival_time,
-                        num_computed_tokens=tokens, block_hashes=list(hashes), lora=req.lora)
+                        num_computed_tokens=tokens, block_hashes=list(hashes), lora=req.lora,
+                        lora_from=req.lora_from)
         staged = core.reserve_arrival(stage)  # every block is cached there: this holds them while they are read
         if staged is None:
             return False

@@ -131,3 +131,28 @@ async def test_unloading_an_adapter_lets_its_running_requests_finish(mesh, lora_
                 finish = json.loads(line[6:])["choices"][0]["finish_reason"] or finish
         assert finish == "length" and texts > 1
         assert (await http.post("/v1/completions", json={**body, "stream": False})).status_code == 404
+
+
+async def test_an_activated_lora_loaded_at_runtime_applies_from_its_invocation(mesh, tiny_model_dir, tmp_path):
+    """aLoRA: the scheduler salts its KV by where it applies from, each worker applies it from there (a
+    disaggregated request's decode worker too); a prompt without its invocation gets the base model's output."""
+    from tests.lora_adapters import make_adapter
+
+    invocation = [301, 302, 303]
+    path = make_adapter(tiny_model_dir, tmp_path / "alora", seed=9, r=8, lora_alpha=32, task_type="CAUSAL_LM",
+                        alora_invocation_tokens=invocation, target_modules=["q_proj", "v_proj", "down_proj"])
+    once = PROMPTS[2][:10] + invocation + PROMPTS[5][:51]
+    # The last prompt invokes it again: its tokens between the two invocations run without the adapter, so the
+    # first prompt's cached blocks (the same tokens, the adapter applied) are not its KV.
+    prompts = [PROMPTS[2][:30] + invocation + PROMPTS[2][30:40], PROMPTS[3], PROMPTS[4] + invocation, once,
+               once + invocation + PROMPTS[1][:5]]
+    async with httpx.AsyncClient(base_url=mesh.http_url, timeout=60) as http:
+        r = await http.post("/v1/load_lora_adapter", json={"lora_name": "act", "lora_path": str(path)})
+        assert r.status_code == 200, r.text
+        async with AsyncClient(mesh.grpc_address) as client:
+            outs = [await client.generate(p, model="act", max_tokens=MAX_TOKENS, temperature=0) for p in prompts]
+        assert (await http.post("/v1/unload_lora_adapter", json={"lora_name": "act"})).status_code == 200
+    want = peft_greedy(tiny_model_dir, path, prompts, MAX_TOKENS)
+    assert [o.token_ids for o in outs] == want
+    base = peft_greedy(tiny_model_dir, None, prompts[:2], MAX_TOKENS)
+    assert want[1] == base[1] and want[0] != base[0]  # not invoked: the base model's; invoked: the adapter's

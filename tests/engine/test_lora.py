@@ -17,12 +17,15 @@ def test_rows_are_grouped_per_adapter_and_runs_of_rows_skip_the_gather(tiny_mode
     cache = _cache(tiny_model_dir)
     a = cache.get(LoraRef("alpha", str(lora_dirs["alpha"])), set())
     b = cache.get(LoraRef("beta", str(lora_dirs["beta"])), set())
-    assert lora_batch([(None, 3), (None, 1)], torch.device("cpu")) is None
-    (only,) = lora_batch([(a, 3), (a, 2)], torch.device("cpu")).groups
+    assert lora_batch([(None, 3, 0), (None, 1, 0)], torch.device("cpu")) is None
+    (only,) = lora_batch([(a, 3, 0), (a, 2, -4)], torch.device("cpu")).groups
     assert only == (a, slice(None))
-    (first, second) = lora_batch([(a, 1), (None, 2), (b, 3), (a, 2)], torch.device("cpu")).groups
+    (first, second) = lora_batch([(a, 1, 0), (None, 2, 0), (b, 3, 0), (a, 2, 0)], torch.device("cpu")).groups
     assert first[0] is a and first[1].tolist() == [0, 6, 7]  # spread: gathered
     assert second == (b, slice(3, 6))  # one run: a view
+    # An activated LoRA's tokens before its invocation are not its rows; a chunk wholly before it has none.
+    (late,) = lora_batch([(a, 4, 2), (a, 3, 3), (b, 2, 0)], torch.device("cpu")).groups[:1]
+    assert late == (a, slice(2, 4))
 
 
 def test_a_batch_adds_what_peft_adds_to_each_projection(tiny_model_dir, lora_dirs):
@@ -34,7 +37,7 @@ def test_a_batch_adds_what_peft_adds_to_each_projection(tiny_model_dir, lora_dir
     shape = cache.shape
     x = torch.randn(5, shape.hidden_size)
     key = "base_model.model.model.layers.1.self_attn.{}_proj.lora_{}.weight"
-    for spans, rows in (([(None, 2), (a, 3)], [2, 3, 4]), ([(a, 1), (None, 2), (a, 2)], [0, 3, 4])):
+    for spans, rows in (([(None, 2, 0), (a, 3, 0)], [2, 3, 4]), ([(a, 1, 0), (None, 2, 0), (a, 2, 0)], [0, 3, 4])):
         y = torch.zeros(5, shape.q_size + 2 * shape.kv_size)
         lora_batch(spans, torch.device("cpu")).add(y, x, 1, "qkv")  # a run of rows (a view), then spread rows
         want = torch.cat([x[rows] @ raw[key.format(p, "A")].T @ raw[key.format(p, "B")].T * 2.0 for p in "qkv"], 1)

@@ -33,6 +33,9 @@ class Request:
     # The LoRA adapter it runs with (None: the base model). Its KV differs from the base model's for the same
     # tokens, so its block hashes start from a seed of their own (``hash_salt``).
     lora: LoraRef | None = None
+    # An activated LoRA's first position (services/common/lora.py, ``activation_start``; None: never): its KV
+    # depends on where the adapter starts, so its hashes do too. 0: from the first token (a plain LoRA).
+    lora_from: int | None = 0
     # vLLM's cache_salt: only requests with the same salt share cached KV (a tenant's prompts cannot be probed
     # by another's timing). "" = none.
     cache_salt: str = ""
@@ -81,6 +84,8 @@ class Request:
         if self.lora is None and not self.cache_salt:
             return ""
         lora = f"lora|{self.lora.name}|{self.lora.path}" if self.lora is not None else ""
+        if lora and self.lora_from != 0:
+            lora += f"|from|{self.lora_from}"
         return f"{lora}|salt|{self.cache_salt}" if self.cache_salt else lora
 
     @property

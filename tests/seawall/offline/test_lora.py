@@ -165,3 +165,51 @@ def test_per_module_ranks_and_alphas_equal_peft(tiny_model_dir, tmp_path, kernel
         prompts * 2, [GREEDY] * 6, loras=[ref] * 3 + [None] * 3)
     assert [o.token_ids for o in outs[:3]] == want
     assert [o.token_ids for o in outs[3:]] == peft_greedy(tiny_model_dir, None, prompts, MAX_TOKENS)
+
+
+INVOCATION = [301, 302, 303]
+
+
+@pytest.fixture(scope="module")
+def activated(tiny_model_dir, tmp_path_factory):
+    """An activated LoRA (aLoRA): it applies from the last occurrence of its invocation tokens in the prompt."""
+    from tests.lora_adapters import make_adapter
+
+    return make_adapter(tiny_model_dir, tmp_path_factory.mktemp("alora"), seed=9, r=8, lora_alpha=32,
+                        task_type="CAUSAL_LM", alora_invocation_tokens=INVOCATION,
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_an_activated_lora_applies_from_its_invocation_as_peft_does(tiny_model_dir, lora_dirs, activated, kernels):
+    """Prompts invoking it once, twice (the last counts), at their very end, or not at all (the base model),
+    beside a plain adapter and the base model in one batch, chunks of 16 splitting them anywhere."""
+    rng = random.Random(5)
+
+    def some(n: int) -> list[int]:
+        return [rng.randrange(6, 300) for _ in range(n)]
+
+    prompts = [some(30) + INVOCATION + some(10), some(5) + INVOCATION + some(35) + INVOCATION + some(4),
+               some(40), some(21) + INVOCATION, some(17), some(25)]
+    ref, alpha = LoraRef("alora", str(activated)), LoraRef("alpha", str(lora_dirs["alpha"]))
+    refs = [ref, ref, ref, ref, alpha, None]
+    outs = _engine(tiny_model_dir, kernels=kernels, chunk_size=16).generate(prompts, [GREEDY] * len(prompts), refs)
+    want = [peft_greedy(tiny_model_dir, None if r is None else r.path, [p], MAX_TOKENS)[0]
+            for p, r in zip(prompts, refs, strict=True)]
+    assert [o.token_ids for o in outs] == want
+    assert want[2] == peft_greedy(tiny_model_dir, None, prompts[2:3], MAX_TOKENS)[0]  # not invoked: the base model
+    assert want[0] != peft_greedy(tiny_model_dir, None, prompts[:1], MAX_TOKENS)[0]  # invoked: the adapter matters
+
+
+def test_an_activated_loras_kv_is_shared_only_where_it_applies_from_the_same_point(tiny_model_dir, activated):
+    """A prompt that invokes it again later computes the tokens between the two invocations without the
+    adapter: the cached blocks of a prompt that invoked it once (same tokens, adapter applied) are not its KV."""
+    rng = random.Random(6)
+    first = [rng.randrange(6, 300) for _ in range(10)] + INVOCATION + [rng.randrange(6, 300) for _ in range(51)]
+    second = first + INVOCATION + [rng.randrange(6, 300) for _ in range(5)]
+    engine, ref = _engine(tiny_model_dir, chunk_size=64), LoraRef("alora", str(activated))
+    engine.generate([first], [GREEDY], [ref])
+    out = engine.generate([second], [GREEDY], [ref])[0]
+    assert out.token_ids == peft_greedy(tiny_model_dir, activated, [second], MAX_TOKENS)[0]
+    again = engine.generate([second], [GREEDY], [ref])[0]  # its own blocks are its KV: served from the cache
+    assert again.token_ids == out.token_ids and again.num_cached_prompt_tokens >= 64
