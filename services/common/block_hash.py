@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 _MASK = (1 << 64) - 1
@@ -36,9 +37,24 @@ def block_hash(parent: int, tokens: Sequence[int]) -> int:
     return int.from_bytes(h.digest(), "little") & _MASK
 
 
-def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, seed: int) -> list[int]:
+@dataclass(frozen=True)
+class SwitchedSeed:
+    """An activated LoRA's hashes (``Request.activated_salt``): its blocks before block ``at`` hold the base
+    model's KV (the adapter applies from a token in block ``at`` on), so they are hashed as the base model's
+    and shared with it; from block ``at`` on the chain is salted."""
+
+    seed: int
+    at: int
+    salt: str
+
+
+def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int,
+                  seed: int | SwitchedSeed) -> list[int]:
     """Appends the hashes of every full block of ``token_ids`` not yet in ``hashes``; returns ``hashes``."""
+    switched = seed if isinstance(seed, SwitchedSeed) else None
     for i in range(len(hashes), len(token_ids) // block_size):
-        parent = hashes[i - 1] if i else seed
+        parent = hashes[i - 1] if i else switched.seed if switched else seed
+        if switched is not None and i == switched.at:
+            parent = salted_seed(parent, switched.salt)
         hashes.append(block_hash(parent, token_ids[i * block_size : (i + 1) * block_size]))
     return hashes

@@ -33,8 +33,9 @@ class Request:
     # The LoRA adapter it runs with (None: the base model). Its KV differs from the base model's for the same
     # tokens, so its block hashes start from a seed of their own (``hash_salt``).
     lora: LoraRef | None = None
-    # An activated LoRA's first position (services/common/lora.py, ``activation_start``; None: never): its KV
-    # depends on where the adapter starts, so its hashes do too. 0: from the first token (a plain LoRA).
+    # An activated LoRA's first position (services/common/lora.py, ``activation_start``; None: never): the KV
+    # before it is the base model's, after it depends on where the adapter started (``activated_salt``).
+    # 0: from the first token (a plain LoRA).
     lora_from: int | None = 0
     # vLLM's cache_salt: only requests with the same salt share cached KV (a tenant's prompts cannot be probed
     # by another's timing). "" = none.
@@ -81,12 +82,19 @@ class Request:
     def hash_salt(self) -> str:
         """What sets this request's block hashes apart from the model's: its adapter and its cache salt (read
         each time its hashes grow, so made once)."""
-        if self.lora is None and not self.cache_salt:
+        adapted = self.lora is not None and self.lora_from == 0  # an activated LoRA's salt is its own
+        if not adapted and not self.cache_salt:
             return ""
-        lora = f"lora|{self.lora.name}|{self.lora.path}" if self.lora is not None else ""
-        if lora and self.lora_from != 0:
-            lora += f"|from|{self.lora_from}"
+        lora = f"lora|{self.lora.name}|{self.lora.path}" if adapted else ""
         return f"{lora}|salt|{self.cache_salt}" if self.cache_salt else lora
+
+    @cached_property
+    def activated_salt(self) -> str:
+        """An activated LoRA's salt of the blocks from the one it starts in on ("" for any other request): it
+        names where it started, since a token's KV depends on whether the adapter applied to the ones before."""
+        if self.lora is None or not self.lora_from:
+            return ""
+        return f"lora|{self.lora.name}|{self.lora.path}|from|{self.lora_from}"
 
     @property
     def all_token_ids(self) -> list[int]:

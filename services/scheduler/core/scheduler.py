@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 
-from services.common.block_hash import extend_hashes, salted_seed
+from services.common.block_hash import SwitchedSeed, extend_hashes, salted_seed
 from services.common.sampling_params import FinishReason, check_stop
 from services.common.step import ContinuingSequence, NewSequence, SampledToken, StepPlan, StepResult
 from services.scheduler.core.block_manager import BlockManager
@@ -116,10 +116,14 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         # Only a real clock measures steps; the logical one advances by the model itself.
         self._calibration = StepTimeCalibration() if config.calibrate_step_time else None
 
-    def seed_of(self, req: Request) -> int:
-        """The seed of ``req``'s block hashes: the model's, or salted by its LoRA adapter or cache salt."""
+    def seed_of(self, req: Request) -> int | SwitchedSeed:
+        """The seed of ``req``'s block hashes: the model's, or salted by its LoRA adapter or cache salt; an
+        activated LoRA's switches to its salt at the block it starts in."""
         salt = req.hash_salt
-        return salted_seed(self.hash_seed, salt) if salt else self.hash_seed
+        seed = salted_seed(self.hash_seed, salt) if salt else self.hash_seed
+        if req.activated_salt:
+            return SwitchedSeed(seed, req.lora_from // self.blocks.block_size, req.activated_salt)
+        return seed
 
     @property
     def has_work(self) -> bool:

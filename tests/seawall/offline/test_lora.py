@@ -213,3 +213,18 @@ def test_an_activated_loras_kv_is_shared_only_where_it_applies_from_the_same_poi
     assert out.token_ids == peft_greedy(tiny_model_dir, activated, [second], MAX_TOKENS)[0]
     again = engine.generate([second], [GREEDY], [ref])[0]  # its own blocks are its KV: served from the cache
     assert again.token_ids == out.token_ids and again.num_cached_prompt_tokens >= 64
+
+
+def test_an_activated_lora_takes_the_base_models_kv_before_its_invocation(tiny_model_dir, activated):
+    """Before the block its invocation starts in, an activated LoRA's KV is the base model's: served from the
+    blocks a base-model request cached, and cached for the next base-model request in turn."""
+    rng = random.Random(7)
+    context = [rng.randrange(6, 300) for _ in range(70)]
+    invoked = context + INVOCATION + [rng.randrange(6, 300) for _ in range(6)]
+    engine, ref = _engine(tiny_model_dir, chunk_size=64), LoraRef("alora", str(activated))
+    base = engine.generate([context], [GREEDY])[0]
+    out = engine.generate([invoked], [GREEDY], [ref])[0]
+    assert out.token_ids == peft_greedy(tiny_model_dir, activated, [invoked], MAX_TOKENS)[0]
+    assert out.num_cached_prompt_tokens == 64  # the four blocks before the one its invocation starts in
+    plain = engine.generate([context + [5] * 20], [GREEDY])[0]  # and the base model takes them back
+    assert plain.num_cached_prompt_tokens == 64 and base.num_cached_prompt_tokens == 0
