@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from seawall import AsyncClient  # noqa: E402
 from seawall.offline.engine import OfflineEngine  # noqa: E402
-from services.common.lora import EXPERT_PARAMS  # noqa: E402
+from services.common.lora_shape import EXPERT_PARAMS  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
 from services.common.step import LoraRef  # noqa: E402
 from services.engine.builtin_model import ensure_default_model  # noqa: E402

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from seawall.offline.engine import OfflineEngine  # noqa: E402
-from services.common.lora import MODULES, ModelShape  # noqa: E402
+from services.common.lora_shape import MODULES, ModelShape  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
 from services.common.step import LoraRef  # noqa: E402
 from services.engine.builtin_model import ensure_default_model  # noqa: E402

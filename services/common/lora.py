@@ -4,8 +4,10 @@ loads the same files by the path a sequence names (``services/engine/lora.py``).
 
 An adapter adds ``scaling * B(A(x))`` to some of each layer's projections: A is ``[r, in]``, B ``[out, r]``,
 ``scaling = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA), per module where ``rank_pattern`` / ``alpha_pattern``
-say so. What PEFT can save beyond that (DoRA, biases, embedding or lm_head adapters, modules saved whole) is
-refused with what was found.
+say so. What PEFT can save beyond that (DoRA, biases, embedding or lm_head adapters, modules saved whole, variants
+whose forward is not ``B(A(x))``) is refused with what was found. Projections the model holds as checkpoints do
+(a linear-attention mixer's, an output gate, latent attention's: ``ModelShape.projections``) are adapted as
+they are, each in the layers that have it.
 
 An activated LoRA (aLoRA: ``alora_invocation_tokens``) applies from the start of the last occurrence of its
 invocation tokens in the prompt on (``activation_start``), and not at all where the prompt lacks them, as PEFT
@@ -33,103 +35,25 @@ from pathlib import Path
 from safetensors import safe_open
 
 from services.common.errors import InvalidArgument
+from services.common.lora_shape import (
+    ATTENTION_MODULES,
+    EXPERT_PARAMS,
+    FUSED_MODULES,
+    MLP_MODULES,
+    MODULES,
+    PARTS,
+    Q_GATE,
+    SHARED,
+    ModelShape,
+)
 from services.common.step import LoraRef
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-# The projections of a decoder layer an adapter may change.
-MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# Phi-3's checkpoints (and so its adapters) have q/k/v and gate/up fused, as the engine computes them: the
-# parts each replaces.
-FUSED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-# GPT-NeoX's, BLOOM's and Falcon's fused q/k/v, its rows in the architecture's layout (each head's q, k, v in
-# turn, or grouped): the model splits it as it loads it, and the engine an adapter's B alike.
-QUERY_KEY_VALUE = "query_key_value"
-_PARTS = {**FUSED_MODULES, QUERY_KEY_VALUE: FUSED_MODULES["qkv_proj"]}
-# MiniCPM5's q_gate_proj: each head's query rows, then its output gate's (as Qwen3.5's q_proj holds them).
-Q_GATE = "q_gate_proj"
-_ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", QUERY_KEY_VALUE, Q_GATE)
-_MLP_MODULES = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 _KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$")
 # A stacked experts module wrapped by PEFT once per adapted parameter: its path and how deep this wrapper is.
 _WRAPPED_EXPERTS = re.compile(r"^(.+\.experts)((?:\.base_layer)*)$")
-# The stacked experts' projections, in the order transformers' experts modules register them (gated experts have
-# gate_up_proj, Nemotron-H's up_proj), and as the model names them.
-EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj")
-_EXPERT_PARAM = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward|mixer)\.experts\."
-                           r"(gate_up_proj|up_proj|down_proj)$")
-_MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp|mlp\.shared_expert)\.(\w+)\.weight$")
-_SHARED = "shared_expert."  # an MoE layer's shared expert's projections, as LoraSpec names them
-# A projection of a linear-attention layer's mixer (``linear_attn.in_proj_qkv``, ``mamba.in_proj``).
-_PROJECTION = re.compile(r"(?:^|\.)layers\.(\d+)\.(\w+\.\w+)\.weight$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The base model's dimensions an adapter must fit (from its ``ModelConfig``)."""
-
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    q_size: int  # num_attention_heads * head_dim
-    kv_size: int  # num_key_value_heads * head_dim
-    # Layers whose MLP is a mixture of experts: an adapter of their gate/up/down projections has nothing to
-    # adapt; their experts' are adapted as parameters (target_parameters).
-    moe_layers: tuple[int, ...] = ()
-    num_experts: int = 0
-    expert_input: int = 0  # the experts' input width: hidden_size, or Nemotron 3's latent size
-    expert_intermediate: int = 0
-    # Llama 4's experts hold their weights [E, in, out] without saying so to PEFT, which then reads them as
-    # [E, out, in]: its A is [r·E, out] and its B [in, r·E], the two swapped.
-    experts_swapped: bool = False
-    shared_intermediate: int = 0  # an MoE layer's shared expert's (shared_expert_intermediate_size)
-    # Projections adapted as the model holds them (a linear-attention mixer's, the attention's output gate):
-    # (name in the layer, in, out, the layers that have it).
-    projections: tuple[tuple[str, int, int, tuple[int, ...]], ...] = ()
-    # Qwen3-Next's, Qwen3.5's and MiniCPM5's attention gates its output by rows stored in q_proj (q_gate_proj).
-    query_gates: bool = False
-    # DeepSeek-V3's latent attention: no q/k/v/o projections of the shapes above to adapt.
-    latent_attention: bool = False
-    # False: MLPs without a gate (GPT-2's, Arcee's): up_proj and down_proj only.
-    gated_mlp: bool = True
-    # The name the model holds a checkpoint's tensor by (weight_names.model_name for its config).
-    names: Callable[[str], str] | None = field(default=None, compare=False)
-
-    def in_out(self, module: str, layer: int) -> tuple[int, int]:
-        """``module`` of ``layer``, as LoraSpec names it (a shared expert's ``shared_expert.gate_proj``)."""
-        plain = [(fan_in, fan_out) for name, fan_in, fan_out, layers in self.projections
-                 if name == module and layer in layers]
-        if plain:  # Kimi Linear's KDA and latent attention layers each have a q_proj of their own
-            return plain[0]
-        shared = module.startswith(_SHARED)
-        module = module.removeprefix(_SHARED)
-        h, q, kv = self.hidden_size, self.q_size, self.kv_size
-        i = self.shared_intermediate if shared else self.intermediate_size
-        return {"q_proj": (h, 2 * q if self.query_gates else q), Q_GATE: (h, 2 * q),
-                "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h), "qkv_proj": (h, q + 2 * kv),
-                QUERY_KEY_VALUE: (h, q + 2 * kv), "gate_up_proj": (h, 2 * i)}[module]
-
-    def expert_in_out(self, param: str) -> tuple[int, int]:
-        """A stacked expert projection's (in, out) per expert."""
-        h, i = self.expert_input, self.expert_intermediate
-        return {"gate_up_proj": (h, 2 * i), "up_proj": (h, i), "down_proj": (i, h)}[param]
-
-    def expert_param(self, name: str) -> tuple[int, str] | None:
-        """(layer, stacked projection) of an experts module's parameter as the model holds it; None for others."""
-        m = _EXPERT_PARAM.search(self.names(name) if self.names is not None else name)
-        return None if m is None else (int(m[1]), m[2])
-
-    def projection(self, weight: str) -> tuple[int, str] | None:
-        """(layer, projection) of a linear-attention mixer's weight as the model holds it; None for others."""
-        m = _PROJECTION.search(self.names(weight) if self.names is not None else weight)
-        return (int(m[1]), m[2]) if m is not None and any(m[2] == p[0] for p in self.projections) else None
-
-    def module(self, weight: str) -> tuple[int, str, str] | None:
-        """(layer, sublayer, projection) of a checkpoint's weight as the model holds it; None for other tensors."""
-        m = _MODULE.search(self.names(weight) if self.names is not None else weight)
-        return None if m is None else (int(m[1]), m[2], m[3])
 
 
 @dataclass(frozen=True)
@@ -285,30 +209,30 @@ def _module(where: str, key: str, weight: str, shape: ModelShape) -> tuple[int, 
         raise InvalidArgument(f"{where}: tensor {key!r} is not a LoRA A/B weight of a decoder layer's projection "
                               f"({supported})")
     layer, sublayer, module = found
-    if (sublayer == "self_attn") != (module in _ATTENTION_MODULES):  # AFMoE's self_attn.gate_proj
+    if (sublayer == "self_attn") != (module in ATTENTION_MODULES):  # AFMoE's self_attn.gate_proj
         raise InvalidArgument(f"{where}: adapts {sublayer}.{module}; supported: the attention's "
-                              f"{', '.join(_ATTENTION_MODULES)} and the MLP's {', '.join(_MLP_MODULES)}")
+                              f"{', '.join(ATTENTION_MODULES)} and the MLP's {', '.join(MLP_MODULES)}")
     shared = sublayer == "mlp.shared_expert"
     _check_module(where, layer, module, shape, shared)
-    return layer, _SHARED + module if shared else module
+    return layer, SHARED + module if shared else module
 
 
 def _check_module(where: str, layer: int, module: str, shape: ModelShape, shared: bool) -> None:
     """Refuses an adapter of a projection this model does not have, saying which ones it may adapt; ``shared``:
     of an MoE layer's shared expert."""
-    if module not in (*MODULES, *_PARTS, *((Q_GATE,) if shape.query_gates else ())):
+    if module not in (*MODULES, *PARTS, *((Q_GATE,) if shape.query_gates else ())):
         raise InvalidArgument(f"{where}: adapts {module!r}; supported: {', '.join((*MODULES, *FUSED_MODULES))}")
     if layer >= shape.num_layers:
         raise InvalidArgument(f"{where}: adapts layer {layer}; the model has {shape.num_layers}")
     if not shape.gated_mlp and module in ("gate_proj", "gate_up_proj"):
         raise InvalidArgument(f"{where}: adapts {module}; this model's MLP has no gate (up_proj and down_proj "
                               "only)")
-    if shape.latent_attention and module in _ATTENTION_MODULES:
+    if shape.latent_attention and module in ATTENTION_MODULES:
         raise InvalidArgument(f"{where}: adapts {module}; latent attention (DeepSeek-V3's) has q_a_proj and "
                               "q_b_proj (or q_proj), kv_a_proj_with_mqa, kv_b_proj and o_proj")
     if shared and (layer not in shape.moe_layers or not shape.shared_intermediate):
         raise InvalidArgument(f"{where}: adapts the shared expert's {module} of layer {layer}, which has none")
-    if layer in shape.moe_layers and module not in _ATTENTION_MODULES and not shared:
+    if layer in shape.moe_layers and module not in ATTENTION_MODULES and not shared:
         raise InvalidArgument(f"{where}: adapts {module} of layer {layer}, whose MLP is a mixture of experts; "
                               "adapters of the attention projections, of the experts (target_parameters) and "
                               "of a shared expert are supported there")
@@ -365,8 +289,8 @@ def _check_pairs(where: str, parts: dict[tuple[int, str], dict[str, str]]) -> No
         raise InvalidArgument(f"{where}: {half[0]} has only one of lora_A and lora_B")
     both = []
     for layer, module in parts:
-        prefix = _SHARED if module.startswith(_SHARED) else ""
-        both += [f"layer {layer}: {module} and {prefix}{part}" for part in _PARTS.get(module.removeprefix(prefix), ())
+        prefix = SHARED if module.startswith(SHARED) else ""
+        both += [f"layer {layer}: {module} and {prefix}{part}" for part in PARTS.get(module.removeprefix(prefix), ())
                  if (layer, prefix + part) in parts]
     if both:
         raise InvalidArgument(f"{where}: adapts {both[0]}, the same projection twice")

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from services.common.lora import LoraSpec, ModelShape, adapted_weight, read_lora
+from services.common.lora import LoraSpec, adapted_weight, read_lora
+from services.common.lora_shape import ModelShape
 from services.common.step import LoraRef
 from services.engine.grouped_mm import grouped_mm
 

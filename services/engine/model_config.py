@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import InvalidArgument, ModelLoadError
-from services.common.lora import ModelShape
+from services.common.lora_shape import ModelShape
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import afmoe_fields
 from services.engine.aliases import ALIASES, aliased

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from services.common.errors import InvalidArgument, NotFound
-from services.common.lora import LoraSpec, ModelShape, activation_start, check_name, read_lora
+from services.common.lora import LoraSpec, activation_start, check_name, read_lora
+from services.common.lora_shape import ModelShape
 from services.common.step import LoraRef
 
 

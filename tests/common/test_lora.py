@@ -13,7 +13,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from services.common.errors import InvalidArgument
-from services.common.lora import CONFIG_FILE, WEIGHTS_FILE, ModelShape, check_name, read_lora
+from services.common.lora import CONFIG_FILE, WEIGHTS_FILE, check_name, read_lora
+from services.common.lora_shape import ModelShape
 from services.common.step import LoraRef
 from services.engine.model_config import ModelConfig
 
