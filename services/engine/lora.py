@@ -10,8 +10,11 @@ reordered and scaled as the loader does the rows of the weight they adapt (``Row
 ``query_key_value`` split per head, RoPE's interleaved pairs reordered, Falcon-H1's multipliers folded in).
 An adapter whose tokens are one run of rows (a batch of one adapter, or the decodes of each adapter, which the
 fused CPU path groups by adapter) reads and writes them as views; tokens spread over the batch are gathered
-(``index_select``) and added back (``index_add_``).
+(``index_select``) and added back (``index_add_``). An activated LoRA's rows start at its invocation
+(``lora_batch``).
 
+Projections the model holds as the checkpoint does (a linear-attention mixer's, an output gate, latent
+attention's) are adapted where they run (``adapted``; mla.py absorbs kv_b_proj's as it absorbs the weight).
 An MoE's experts are adapted per expert (``ExpertsLora``): the rows routed to the experts, grouped by expert as
 moe.py groups them, go through each expert's A and B in two grouped GEMMs, rows of other adapters' tokens
 zeroed between the two.
@@ -122,7 +125,7 @@ class LoraWeights:
                 placed: dict[str, list[tuple[int, torch.Tensor]]] = {}  # the model's projection -> B's parts there
                 for name, part in rows(weight, b) if rows is not None else [(weight, b)]:
                     plain = shape.projection(name)
-                    if plain is not None:  # Qwen3.5's q_proj: its output gate's rows go to the gate's projection
+                    if plain is not None:  # held as the checkpoint holds it (also Qwen3.5's q_proj's gate rows)
                         unfused[layer, plain[1]] = ProjectionLora(on_device(a), on_device(part.T), scaling)
                         continue
                     fused, col = columns[shape.module(name)[2]]
