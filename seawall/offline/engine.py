@@ -87,13 +87,15 @@ class OfflineEngine:
         detoks: dict[str, IncrementalDetokenizer] = {}
         reqs: dict[str, Request] = {}
         order = []
+        invocations: dict[LoraRef, tuple[int, ...]] = {}  # each adapter's config read once
         for prompt, p, lora, salt in zip(prompts, params, loras, cache_salts, strict=True):
             rid = f"req-{next(self._ids)}"
             order.append(rid)
             done[rid] = Completion(rid, list(prompt))
             detoks[rid] = IncrementalDetokenizer(self.tokenizer, p, prompt_token_ids=prompt)
             reqs[rid] = Request(rid, list(prompt), p, arrival_time=0.0, eos_token_ids=self.checkpoint.eos_token_ids,
-                                lora=lora, cache_salt=salt, lora_from=self._activation_start(lora, prompt))
+                                lora=lora, cache_salt=salt,
+                                lora_from=self._activation_start(lora, prompt, invocations))
             self.scheduler.add(reqs[rid])
         idle_steps = 0
         while self.scheduler.has_work:
@@ -121,16 +123,20 @@ class OfflineEngine:
             comp.num_cached_prompt_tokens = reqs[rid].num_prefix_hit_tokens
         return [done[rid] for rid in order]
 
-    def _activation_start(self, lora: LoraRef | None, prompt: Sequence[int]) -> int | None:
+    def _activation_start(self, lora: LoraRef | None, prompt: Sequence[int],
+                          invocations: dict[LoraRef, tuple[int, ...]]) -> int | None:
         """Where ``lora`` applies from in ``prompt`` (services/common/lora.py); 0 for the base model, and for an
-        adapter the worker will refuse (the request fails there, saying why)."""
+        adapter the worker will refuse (the request fails there, saying why). ``invocations``: adapters' invocation
+        tokens read so far."""
         if lora is None:
             return 0
-        try:
-            spec = read_lora(lora, self.checkpoint.config.lora_shape, max_rank=1 << 16)
-        except InvalidArgument:
-            return 0
-        return activation_start(prompt, spec.invocation_tokens)
+        if lora not in invocations:
+            try:
+                spec = read_lora(lora, self.checkpoint.config.lora_shape, max_rank=1 << 16)
+                invocations[lora] = spec.invocation_tokens
+            except InvalidArgument:
+                invocations[lora] = ()
+        return activation_start(prompt, invocations[lora])
 
     def embed(self, prompts: Sequence[Sequence[int]], dimensions: int | None = None) -> list[list[float]]:
         """Each prompt's embedding (pooling.py: its last token's final hidden state, normalized as the

@@ -173,19 +173,25 @@ class LoraBatch:
         return [(rows, proj) for weights, rows in self.groups
                 if (proj := weights.layers[layer].get(projection)) is not None]
 
+    def expert_masks(self, tokens: torch.Tensor) -> list[torch.Tensor | None]:
+        """Per adapter, which of moe.py's rows (row i from token ``tokens[i]``) are its tokens' (``[n, 1]``;
+        None: every row), for both of a layer's ``add_experts``."""
+        return [None if isinstance(rows, slice) and rows == slice(None)
+                else (torch.isin(tokens, rows) if isinstance(rows, torch.Tensor)
+                      else (tokens >= rows.start) & (tokens < rows.stop)).unsqueeze(1)
+                for _, rows in self.groups]
+
     def add_experts(self, y: torch.Tensor, x: torch.Tensor, layer: int, projection: str, offsets: torch.Tensor,
-                    tokens: torch.Tensor) -> torch.Tensor:
+                    masks: list[torch.Tensor | None]) -> torch.Tensor:
         """Adds each adapter's experts' ``scaling * B_e(A_e(x))`` to ``y`` (in place) and returns it: ``x`` and
-        ``y`` are moe.py's rows, grouped by expert (``offsets``), row i from token ``tokens[i]``."""
-        for weights, rows in self.groups:
+        ``y`` are moe.py's rows, grouped by expert (``offsets``); ``masks``: ``expert_masks``'s."""
+        for (weights, _), mine in zip(self.groups, masks, strict=True):
             proj = weights.layers[layer].get(projection)
             if proj is None:
                 continue
             low = grouped_mm(x, proj.a, offsets)
-            if isinstance(rows, torch.Tensor):  # only this adapter's tokens' rows
-                low *= torch.isin(tokens, rows).unsqueeze(1)
-            elif rows != slice(None):
-                low *= ((tokens >= rows.start) & (tokens < rows.stop)).unsqueeze(1)
+            if mine is not None:  # only this adapter's tokens' rows
+                low *= mine
             y.add_(grouped_mm(low, proj.bt, offsets), alpha=proj.scaling)
         return y
 

@@ -127,15 +127,16 @@ class SparseMoE(nn.Module):
         experts = self.experts
         gate_up = grouped_mm(rows, (experts.gate_up_proj if experts.gated else experts.up_proj).transpose(1, 2),
                              offsets)
+        masks = lora.expert_masks(tokens) if lora is not None else None
         if lora is not None:
-            lora.add_experts(gate_up, rows, self.layer, "experts.gate_up", offsets, tokens)
+            lora.add_experts(gate_up, rows, self.layer, "experts.gate_up", offsets, masks)
         if experts.gate_up_proj_bias is not None:  # each row plus its expert's biases
             expert_of_row = flat[order]
             gate_up += experts.gate_up_proj_bias.index_select(0, expert_of_row)
         act = act_mul(gate_up)
         h = grouped_mm(act, experts.down_proj.transpose(1, 2), offsets)
         if lora is not None:
-            lora.add_experts(h, act, self.layer, "experts.down", offsets, tokens)
+            lora.add_experts(h, act, self.layer, "experts.down", offsets, masks)
         if experts.down_proj_bias is not None:
             h += experts.down_proj_bias.index_select(0, expert_of_row)
         # Each token's k rows weighed (in the weights' dtype: fp32 where the model keeps them so) and summed in the
