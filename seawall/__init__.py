@@ -3,6 +3,6 @@
 ``seawall.Client`` / ``seawall.AsyncClient`` talk to a running mesh (``seawall up``).
 """
 
-from seawall.client import AsyncClient, Client, Completion
+from seawall.client import AsyncClient, BeamHypothesis, Client, Completion
 
-__all__ = ["AsyncClient", "Client", "Completion"]
+__all__ = ["AsyncClient", "BeamHypothesis", "Client", "Completion"]

@@ -13,6 +13,8 @@ allowed_token_ids, structured_output as (kind, spec), e.g. ("json", schema text)
 are validated before anything is sent.
 With ``logprobs=k`` each chunk and completion carries ``logprobs``: a ``SampledToken`` per token (its logprob,
 rank and the top k candidates); with ``prompt_logprobs=k``, ``prompt_logprobs`` scores the prompt the same way.
+``beam_search(prompt, beam_width, length_penalty=..., early_stopping=...)`` returns the best hypotheses of a
+beam search (``BeamHypothesis``: token ids, text, finish reason, summed logprob, score), best first.
 ``embed(inputs, dimensions=...)`` returns each input's embedding (``Embed``: an embedding checkpoint's pooled
 vector, or a generative model's last hidden state, normalized).
 Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument``, ``ResourceExhausted``...
@@ -72,6 +74,41 @@ class Completion:
     queue_delay_ms: float = 0.0
     logprobs: list[SampledToken] = field(default_factory=list)
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
+
+
+@dataclass
+class BeamHypothesis:
+    """One of a beam search's results (``beam_search``), best first."""
+
+    token_ids: list[int]  # after the prompt; an end token it stopped at included
+    text: str  # an end token's text left out
+    finish_reason: str | None  # "stop" (an end token) or "length"
+    cumulative_logprob: float
+    score: float  # cumulative_logprob / len(token_ids) ** length_penalty: what the beams are ranked by
+
+
+_EARLY_STOPPING = {False: scheduler_pb2.EARLY_STOPPING_UNSPECIFIED, True: scheduler_pb2.EARLY_STOPPING_TRUE,
+                   "never": scheduler_pb2.EARLY_STOPPING_NEVER}
+
+
+def build_beam_search(prompt: str | Sequence[int], beam_width: int, length_penalty: float,
+                      early_stopping: bool | str, sampling: dict[str, Any]) -> scheduler_pb2.BeamSearchRequest:
+    """``sampling``: as ``build_request`` takes it (max_tokens, ignore_eos, stop_token_ids... and model,
+    priority, cache_salt)."""
+    if isinstance(beam_width, bool) or not isinstance(beam_width, int) or not 1 <= beam_width < 2**32:
+        raise errors.InvalidArgument(f"beam_width must be an integer >= 1, got {beam_width!r}")
+    if not any(early_stopping is v for v in (True, False)) and early_stopping != "never":
+        raise errors.InvalidArgument(f"early_stopping must be True, False or \"never\", got {early_stopping!r}")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
+        raise errors.InvalidArgument(f"length_penalty must be a number, got {length_penalty!r}")
+    return scheduler_pb2.BeamSearchRequest(request=build_request(prompt, None, sampling), beam_width=beam_width,
+                                           length_penalty=length_penalty,
+                                           early_stopping=_EARLY_STOPPING[early_stopping])
+
+
+def _hypotheses(reply: scheduler_pb2.BeamSearchResponse) -> list[BeamHypothesis]:
+    return [BeamHypothesis(list(h.token_ids), h.text, finish_reason_from_proto(h.finish_reason),
+                           h.cumulative_logprob, h.score) for h in reply.hypotheses]
 
 
 def build_request(prompt: str | Sequence[int], request_id: str | None, sampling: dict[str, Any],
@@ -269,6 +306,18 @@ class AsyncClient:
             raise _error(exc) from None
         return [list(v.values) for v in reply.embeddings]
 
+    async def beam_search(self, prompt: str | Sequence[int], beam_width: int, *, length_penalty: float = 1.0,
+                          early_stopping: bool | str = False, **sampling: Any) -> list[BeamHypothesis]:
+        """The prompt's ``beam_width`` best hypotheses by beam search (``BeamSearch``; transformers' rules), best
+        first. ``sampling``: max_tokens, ignore_eos, stop_token_ids (more end tokens), and model, priority,
+        cache_salt; other sampling options are refused."""
+        try:
+            reply = await rpc(self._stub.BeamSearch(build_beam_search(prompt, beam_width, length_penalty,
+                                                                      early_stopping, sampling)))
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        return _hypotheses(reply)
+
     async def abort(self, request_id: str) -> bool:
         """Ends a live request (its stream gets finish reason ``abort``); False when none has that id."""
         try:
@@ -344,6 +393,15 @@ class Client:
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return [list(v.values) for v in reply.embeddings]
+
+    def beam_search(self, prompt: str | Sequence[int], beam_width: int, *, length_penalty: float = 1.0,
+                    early_stopping: bool | str = False, **sampling: Any) -> list[BeamHypothesis]:
+        try:
+            reply = self._stub.BeamSearch(build_beam_search(prompt, beam_width, length_penalty, early_stopping,
+                                                            sampling))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return _hypotheses(reply)
 
     def abort(self, request_id: str) -> bool:
         try:

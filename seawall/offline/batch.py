@@ -4,7 +4,8 @@ Input line:  ``{"custom_id", "method": "POST", "url": "/v1/completions", "body":
 Output line: ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`` — the body is
 an OpenAI completion whose choices also carry ``token_ids`` (vLLM's ``return_token_ids``); ``n`` choices
 (seeded ones with ``seed + j``) and ``echo`` (with ``logprobs``: the prompt's tokens scored) as the HTTP API
-has them; ``body.model`` names a LoRA adapter (``--lora-modules``) or the base model. A bad line gets status 400 and a message, as does one whose request fails while it runs (constraints
+has them; ``use_beam_search`` (``n`` beams, ``length_penalty``, ``early_stopping``) returns the beams as the
+choices, best first; ``body.model`` names a LoRA adapter (``--lora-modules``) or the base model. A bad line gets status 400 and a message, as does one whose request fails while it runs (constraints
 that leave no token possible); the other lines still run.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from seawall.offline.engine import Completion, OfflineEngine
+from services.common.beam_search import BeamParams, beam_from_openai, hypothesis_text
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.openai_logprobs import (
     TokenTexts,
@@ -44,6 +46,7 @@ class BatchItem:
     prompt_scores: bool = False  # ``prompt_logprobs`` asked for: choices carry them, as vLLM's do
     lora: LoraRef | None = None  # the adapter body.model names; None = the base model
     cache_salt: str = ""  # body.cache_salt: only lines with the same salt share cached KV
+    beam: BeamParams | None = None  # body.use_beam_search: n beams, each a choice
 
 
 def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegistry) -> BatchItem:
@@ -87,6 +90,8 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem) 
         item.echo = prompt if isinstance(prompt, str) else engine.tokenizer.decode(ids, skip_special_tokens=False)
     item.prompt_token_ids = ids
     item.prompt_scores = body.get("prompt_logprobs") is not None
+    item.beam = beam_from_openai(body, item.params, item.n, engine.checkpoint.eos_token_ids,
+                                 engine.scheduler.config.max_model_len - len(ids))
 
 
 def run_batch(engine: OfflineEngine, lines: list[str], model_name: str,
@@ -94,13 +99,19 @@ def run_batch(engine: OfflineEngine, lines: list[str], model_name: str,
     """``loras``: the adapters lines may name besides the base model (``base_names``); default none."""
     loras = loras or LoraRegistry(engine.checkpoint.config.lora_shape, 1, base_names(engine, model_name))
     items = [parse_line(engine, i + 1, line, loras) for i, line in enumerate(lines) if line.strip()]
-    good = [it for it in items if it.error is None]
+    good = [it for it in items if it.error is None and it.beam is None]
     runs = [(it, j) for it in good for j in range(it.n)]  # one request per choice
     completions = engine.generate([it.prompt_token_ids for it, _ in runs], [it.params.for_choice(j) for it, j in runs],
                                   [it.lora for it, _ in runs], [it.cache_salt for it, _ in runs])
     by_line: dict[int, list[Completion]] = {}
     for (it, _), comp in zip(runs, completions, strict=True):
         by_line.setdefault(it.line_no, []).append(comp)
+    for it in items:  # beam searches after the rest, one at a time (each runs its beams together)
+        if it.error is None and it.beam is not None:
+            try:
+                by_line[it.line_no] = _beam_completions(engine, it)
+            except SeawallError as exc:
+                it.error = exc
     created = int(time.time())
     out = []
     for it in items:
@@ -111,6 +122,14 @@ def run_batch(engine: OfflineEngine, lines: list[str], model_name: str,
             out.append(_response_line(it, by_line[it.line_no], engine, it.lora.name if it.lora else model_name,
                                       created))
     return out
+
+
+def _beam_completions(engine: OfflineEngine, item: BatchItem) -> list[Completion]:
+    """A beam search's hypotheses, best first, as the line's choices."""
+    eos = engine.checkpoint.eos_token_ids
+    return [Completion(f"beam-{k}", item.prompt_token_ids, token_ids=h.token_ids, finish_reason=h.finish_reason,
+                       text=hypothesis_text(engine.tokenizer.decode, h, item.params, eos))
+            for k, h in enumerate(engine.beam_search(item.prompt_token_ids, item.beam, item.lora, item.cache_salt))]
 
 
 def base_names(engine: OfflineEngine, model_name: str) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from services.common.beam_search import BeamParams, BeamSearch, Hypothesis, beam_step_params
 from services.common.block_hash import hash_seed
 from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
 from services.common.lora import activation_start, read_lora
@@ -122,6 +123,22 @@ class OfflineEngine:
             comp.num_preemptions = reqs[rid].num_preemptions
             comp.num_cached_prompt_tokens = reqs[rid].num_prefix_hit_tokens
         return [done[rid] for rid in order]
+
+    def beam_search(self, prompt: Sequence[int], beam: BeamParams, lora: LoraRef | None = None,
+                    cache_salt: str = "") -> list[Hypothesis]:
+        """The beam search of ``prompt`` (services/common/beam_search.py): each step runs every open beam as a
+        one-token request, its prefix served by the prefix cache. Raises a failed step's error."""
+        search = BeamSearch(beam)
+        step = beam_step_params(beam)
+        while not search.done:
+            n = len(search.running)
+            done = self.generate([[*prompt, *b.token_ids] for b in search.running], [step] * n, [lora] * n,
+                                 [cache_salt] * n)
+            failed = next((c.error for c in done if c.error is not None), None)
+            if failed is not None:
+                raise failed
+            search.advance([c.logprobs[0].top_logprobs for c in done])
+        return search.result()
 
     def _activation_start(self, lora: LoraRef | None, prompt: Sequence[int],
                           invocations: dict[LoraRef, tuple[int, ...]]) -> int | None:

@@ -26,13 +26,15 @@ from seawall.v1 import common_pb2 as seawall_dot_v1_dot_common__pb2
 from seawall.v1 import worker_pb2 as seawall_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aseawall/v1/scheduler.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\x1a\x17seawall/v1/worker.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\">\n\rStreamOptions\x12\x18\n\x10return_token_ids\x18\x01 \x01(\x08\x12\x13\n\x0breturn_text\x18\x02 \x01(\x08\"\xa8\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.seawall.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.seawall.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x31\n\x0estream_options\x18\x07 \x01(\x0b\x32\x19.seawall.v1.StreamOptions\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x12\n\nfinal_only\x18\t \x01(\x08\x12\x12\n\ncache_salt\x18\n \x01(\tB\x08\n\x06prompt\"\xaa\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12+\n\x08logprobs\x18\x04 \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.seawall.v1.FinishReason\x12\x15\n\rfinish_detail\x18\x06 \x01(\t\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.seawall.v1.Usage\x12\x16\n\x0equeue_delay_ms\x18\x08 \x01(\x01\x12\x32\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\"E\n\x14GenerateBatchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.seawall.v1.GenerateRequest\"L\n\x0b\x42\x61tchOutput\x12\r\n\x05index\x18\x01 \x01(\r\x12.\n\x08response\x18\x02 \x01(\x0b\x32\x1c.seawall.v1.GenerateResponse\"A\n\x15GenerateBatchResponse\x12(\n\x07outputs\x18\x01 \x03(\x0b\x32\x17.seawall.v1.BatchOutput\"k\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12&\n\x06inputs\x18\x02 \x03(\x0b\x32\x16.seawall.v1.EmbedInput\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12\x10\n\x08priority\x18\x04 \x01(\x05\"Q\n\nEmbedInput\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.seawall.v1.TokenIdsH\x00\x42\x08\n\x06prompt\"^\n\rEmbedResponse\x12+\n\nembeddings\x18\x01 \x03(\x0b\x32\x17.seawall.v1.EmbedVector\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.seawall.v1.Usage\"\x1d\n\x0b\x45mbedVector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x11\n\x0fGetStatsRequest\"\xcc\x03\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.seawall.v1.WorkerRole\x12\x19\n\x11num_device_blocks\x18\x04 \x01(\r\x12\x1e\n\x16num_device_blocks_used\x18\x05 \x01(\r\x12 \n\x18num_device_blocks_cached\x18\x06 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x07 \x01(\r\x12\x1c\n\x14num_host_blocks_used\x18\x08 \x01(\r\x12\x13\n\x0bnum_running\x18\t \x01(\r\x12!\n\x19num_prefix_queried_blocks\x18\n \x01(\x04\x12\x1d\n\x15num_prefix_hit_blocks\x18\x0b \x01(\x04\x12\x1b\n\x13prompt_token_budget\x18\x0c \x01(\r\x12.\n\tstep_time\x18\r \x01(\x0b\x32\x1b.seawall.v1.StepTimeProfile\x12\x18\n\x10num_draft_tokens\x18\x0e \x01(\x04\x12!\n\x19num_accepted_draft_tokens\x18\x0f \x01(\x04\"\xe4\x01\n\x10GetStatsResponse\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x15\n\rqueue_lengths\x18\x02 \x03(\r\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x13\n\x0bnum_swapped\x18\x05 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12\x14\n\x0cnum_finished\x18\x07 \x01(\x04\x12\x11\n\tnum_steps\x18\x08 \x01(\x04\x12(\n\x07workers\x18\t \x03(\x0b\x32\x17.seawall.v1.WorkerStats\"N\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12$\n\x04info\x18\x02 \x01(\x0b\x32\x16.seawall.v1.WorkerInfo\"A\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0cscheduler_id\x18\x02 \x01(\t2\xc8\x03\n\tScheduler\x12G\n\x08Generate\x12\x1b.seawall.v1.GenerateRequest\x1a\x1c.seawall.v1.GenerateResponse0\x01\x12V\n\rGenerateBatch\x12 .seawall.v1.GenerateBatchRequest\x1a!.seawall.v1.GenerateBatchResponse0\x01\x12<\n\x05\x45mbed\x12\x18.seawall.v1.EmbedRequest\x1a\x19.seawall.v1.EmbedResponse\x12<\n\x05\x41\x62ort\x12\x18.seawall.v1.AbortRequest\x1a\x19.seawall.v1.AbortResponse\x12\x45\n\x08GetStats\x12\x1b.seawall.v1.GetStatsRequest\x1a\x1c.seawall.v1.GetStatsResponse\x12W\n\x0eRegisterWorker\x12!.seawall.v1.RegisterWorkerRequest\x1a\".seawall.v1.RegisterWorkerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aseawall/v1/scheduler.proto\x12\nseawall.v1\x1a\x17seawall/v1/common.proto\x1a\x17seawall/v1/worker.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\">\n\rStreamOptions\x12\x18\n\x10return_token_ids\x18\x01 \x01(\x08\x12\x13\n\x0breturn_text\x18\x02 \x01(\x08\"\xa8\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.seawall.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.seawall.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x31\n\x0estream_options\x18\x07 \x01(\x0b\x32\x19.seawall.v1.StreamOptions\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x12\n\nfinal_only\x18\t \x01(\x08\x12\x12\n\ncache_salt\x18\n \x01(\tB\x08\n\x06prompt\"\xaa\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12+\n\x08logprobs\x18\x04 \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.seawall.v1.FinishReason\x12\x15\n\rfinish_detail\x18\x06 \x01(\t\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.seawall.v1.Usage\x12\x16\n\x0equeue_delay_ms\x18\x08 \x01(\x01\x12\x32\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x19.seawall.v1.TokenLogprobs\"\xb8\x01\n\x11\x42\x65\x61mSearchRequest\x12,\n\x07request\x18\x01 \x01(\x0b\x32\x1b.seawall.v1.GenerateRequest\x12\x12\n\nbeam_width\x18\x02 \x01(\r\x12\x1b\n\x0elength_penalty\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x31\n\x0e\x65\x61rly_stopping\x18\x04 \x01(\x0e\x32\x19.seawall.v1.EarlyStoppingB\x11\n\x0f_length_penalty\"\x8d\x01\n\x0e\x42\x65\x61mHypothesis\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.seawall.v1.FinishReason\x12\x1a\n\x12\x63umulative_logprob\x18\x04 \x01(\x01\x12\r\n\x05score\x18\x05 \x01(\x01\"f\n\x12\x42\x65\x61mSearchResponse\x12.\n\nhypotheses\x18\x01 \x03(\x0b\x32\x1a.seawall.v1.BeamHypothesis\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.seawall.v1.Usage\"E\n\x14GenerateBatchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.seawall.v1.GenerateRequest\"L\n\x0b\x42\x61tchOutput\x12\r\n\x05index\x18\x01 \x01(\r\x12.\n\x08response\x18\x02 \x01(\x0b\x32\x1c.seawall.v1.GenerateResponse\"A\n\x15GenerateBatchResponse\x12(\n\x07outputs\x18\x01 \x03(\x0b\x32\x17.seawall.v1.BatchOutput\"k\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12&\n\x06inputs\x18\x02 \x03(\x0b\x32\x16.seawall.v1.EmbedInput\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12\x10\n\x08priority\x18\x04 \x01(\x05\"Q\n\nEmbedInput\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.seawall.v1.TokenIdsH\x00\x42\x08\n\x06prompt\"^\n\rEmbedResponse\x12+\n\nembeddings\x18\x01 \x03(\x0b\x32\x17.seawall.v1.EmbedVector\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.seawall.v1.Usage\"\x1d\n\x0b\x45mbedVector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x11\n\x0fGetStatsRequest\"\xcc\x03\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.seawall.v1.WorkerRole\x12\x19\n\x11num_device_blocks\x18\x04 \x01(\r\x12\x1e\n\x16num_device_blocks_used\x18\x05 \x01(\r\x12 \n\x18num_device_blocks_cached\x18\x06 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x07 \x01(\r\x12\x1c\n\x14num_host_blocks_used\x18\x08 \x01(\r\x12\x13\n\x0bnum_running\x18\t \x01(\r\x12!\n\x19num_prefix_queried_blocks\x18\n \x01(\x04\x12\x1d\n\x15num_prefix_hit_blocks\x18\x0b \x01(\x04\x12\x1b\n\x13prompt_token_budget\x18\x0c \x01(\r\x12.\n\tstep_time\x18\r \x01(\x0b\x32\x1b.seawall.v1.StepTimeProfile\x12\x18\n\x10num_draft_tokens\x18\x0e \x01(\x04\x12!\n\x19num_accepted_draft_tokens\x18\x0f \x01(\x04\"\xe4\x01\n\x10GetStatsResponse\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x15\n\rqueue_lengths\x18\x02 \x03(\r\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x13\n\x0bnum_swapped\x18\x05 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12\x14\n\x0cnum_finished\x18\x07 \x01(\x04\x12\x11\n\tnum_steps\x18\x08 \x01(\x04\x12(\n\x07workers\x18\t \x03(\x0b\x32\x17.seawall.v1.WorkerStats\"N\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12$\n\x04info\x18\x02 \x01(\x0b\x32\x16.seawall.v1.WorkerInfo\"A\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0cscheduler_id\x18\x02 \x01(\t*b\n\rEarlyStopping\x12\x1e\n\x1a\x45\x41RLY_STOPPING_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45\x41RLY_STOPPING_TRUE\x10\x01\x12\x18\n\x14\x45\x41RLY_STOPPING_NEVER\x10\x02\x32\x95\x04\n\tScheduler\x12G\n\x08Generate\x12\x1b.seawall.v1.GenerateRequest\x1a\x1c.seawall.v1.GenerateResponse0\x01\x12V\n\rGenerateBatch\x12 .seawall.v1.GenerateBatchRequest\x1a!.seawall.v1.GenerateBatchResponse0\x01\x12<\n\x05\x45mbed\x12\x18.seawall.v1.EmbedRequest\x1a\x19.seawall.v1.EmbedResponse\x12K\n\nBeamSearch\x12\x1d.seawall.v1.BeamSearchRequest\x1a\x1e.seawall.v1.BeamSearchResponse\x12<\n\x05\x41\x62ort\x12\x18.seawall.v1.AbortRequest\x1a\x19.seawall.v1.AbortResponse\x12\x45\n\x08GetStats\x12\x1b.seawall.v1.GetStatsRequest\x1a\x1c.seawall.v1.GetStatsResponse\x12W\n\x0eRegisterWorker\x12!.seawall.v1.RegisterWorkerRequest\x1a\".seawall.v1.RegisterWorkerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'seawall.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_EARLYSTOPPING']._serialized_start=2679
+  _globals['_EARLYSTOPPING']._serialized_end=2777
   _globals['_TOKENIDS']._serialized_start=92
   _globals['_TOKENIDS']._serialized_end=115
   _globals['_STREAMOPTIONS']._serialized_start=117
@@ -41,34 +43,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_end=478
   _globals['_GENERATERESPONSE']._serialized_start=481
   _globals['_GENERATERESPONSE']._serialized_end=779
-  _globals['_GENERATEBATCHREQUEST']._serialized_start=781
-  _globals['_GENERATEBATCHREQUEST']._serialized_end=850
-  _globals['_BATCHOUTPUT']._serialized_start=852
-  _globals['_BATCHOUTPUT']._serialized_end=928
-  _globals['_GENERATEBATCHRESPONSE']._serialized_start=930
-  _globals['_GENERATEBATCHRESPONSE']._serialized_end=995
-  _globals['_EMBEDREQUEST']._serialized_start=997
-  _globals['_EMBEDREQUEST']._serialized_end=1104
-  _globals['_EMBEDINPUT']._serialized_start=1106
-  _globals['_EMBEDINPUT']._serialized_end=1187
-  _globals['_EMBEDRESPONSE']._serialized_start=1189
-  _globals['_EMBEDRESPONSE']._serialized_end=1283
-  _globals['_EMBEDVECTOR']._serialized_start=1285
-  _globals['_EMBEDVECTOR']._serialized_end=1314
-  _globals['_ABORTREQUEST']._serialized_start=1316
-  _globals['_ABORTREQUEST']._serialized_end=1350
-  _globals['_ABORTRESPONSE']._serialized_start=1352
-  _globals['_ABORTRESPONSE']._serialized_end=1382
-  _globals['_GETSTATSREQUEST']._serialized_start=1384
-  _globals['_GETSTATSREQUEST']._serialized_end=1401
-  _globals['_WORKERSTATS']._serialized_start=1404
-  _globals['_WORKERSTATS']._serialized_end=1864
-  _globals['_GETSTATSRESPONSE']._serialized_start=1867
-  _globals['_GETSTATSRESPONSE']._serialized_end=2095
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=2097
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=2175
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=2177
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=2242
-  _globals['_SCHEDULER']._serialized_start=2245
-  _globals['_SCHEDULER']._serialized_end=2701
+  _globals['_BEAMSEARCHREQUEST']._serialized_start=782
+  _globals['_BEAMSEARCHREQUEST']._serialized_end=966
+  _globals['_BEAMHYPOTHESIS']._serialized_start=969
+  _globals['_BEAMHYPOTHESIS']._serialized_end=1110
+  _globals['_BEAMSEARCHRESPONSE']._serialized_start=1112
+  _globals['_BEAMSEARCHRESPONSE']._serialized_end=1214
+  _globals['_GENERATEBATCHREQUEST']._serialized_start=1216
+  _globals['_GENERATEBATCHREQUEST']._serialized_end=1285
+  _globals['_BATCHOUTPUT']._serialized_start=1287
+  _globals['_BATCHOUTPUT']._serialized_end=1363
+  _globals['_GENERATEBATCHRESPONSE']._serialized_start=1365
+  _globals['_GENERATEBATCHRESPONSE']._serialized_end=1430
+  _globals['_EMBEDREQUEST']._serialized_start=1432
+  _globals['_EMBEDREQUEST']._serialized_end=1539
+  _globals['_EMBEDINPUT']._serialized_start=1541
+  _globals['_EMBEDINPUT']._serialized_end=1622
+  _globals['_EMBEDRESPONSE']._serialized_start=1624
+  _globals['_EMBEDRESPONSE']._serialized_end=1718
+  _globals['_EMBEDVECTOR']._serialized_start=1720
+  _globals['_EMBEDVECTOR']._serialized_end=1749
+  _globals['_ABORTREQUEST']._serialized_start=1751
+  _globals['_ABORTREQUEST']._serialized_end=1785
+  _globals['_ABORTRESPONSE']._serialized_start=1787
+  _globals['_ABORTRESPONSE']._serialized_end=1817
+  _globals['_GETSTATSREQUEST']._serialized_start=1819
+  _globals['_GETSTATSREQUEST']._serialized_end=1836
+  _globals['_WORKERSTATS']._serialized_start=1839
+  _globals['_WORKERSTATS']._serialized_end=2299
+  _globals['_GETSTATSRESPONSE']._serialized_start=2302
+  _globals['_GETSTATSRESPONSE']._serialized_end=2530
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=2532
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=2610
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=2612
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=2677
+  _globals['_SCHEDULER']._serialized_start=2780
+  _globals['_SCHEDULER']._serialized_end=3313
 # @@protoc_insertion_point(module_scope)

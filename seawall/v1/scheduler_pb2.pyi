@@ -1,12 +1,22 @@
 from seawall.v1 import common_pb2 as _common_pb2
 from seawall.v1 import worker_pb2 as _worker_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class EarlyStopping(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EARLY_STOPPING_UNSPECIFIED: _ClassVar[EarlyStopping]
+    EARLY_STOPPING_TRUE: _ClassVar[EarlyStopping]
+    EARLY_STOPPING_NEVER: _ClassVar[EarlyStopping]
+EARLY_STOPPING_UNSPECIFIED: EarlyStopping
+EARLY_STOPPING_TRUE: EarlyStopping
+EARLY_STOPPING_NEVER: EarlyStopping
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -67,6 +77,40 @@ class GenerateResponse(_message.Message):
     queue_delay_ms: float
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., queue_delay_ms: _Optional[float] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
+
+class BeamSearchRequest(_message.Message):
+    __slots__ = ("request", "beam_width", "length_penalty", "early_stopping")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    BEAM_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    EARLY_STOPPING_FIELD_NUMBER: _ClassVar[int]
+    request: GenerateRequest
+    beam_width: int
+    length_penalty: float
+    early_stopping: EarlyStopping
+    def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., beam_width: _Optional[int] = ..., length_penalty: _Optional[float] = ..., early_stopping: _Optional[_Union[EarlyStopping, str]] = ...) -> None: ...
+
+class BeamHypothesis(_message.Message):
+    __slots__ = ("token_ids", "text", "finish_reason", "cumulative_logprob", "score")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    CUMULATIVE_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    finish_reason: _common_pb2.FinishReason
+    cumulative_logprob: float
+    score: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., cumulative_logprob: _Optional[float] = ..., score: _Optional[float] = ...) -> None: ...
+
+class BeamSearchResponse(_message.Message):
+    __slots__ = ("hypotheses", "usage")
+    HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    hypotheses: _containers.RepeatedCompositeFieldContainer[BeamHypothesis]
+    usage: _common_pb2.Usage
+    def __init__(self, hypotheses: _Optional[_Iterable[_Union[BeamHypothesis, _Mapping]]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ...) -> None: ...
 
 class GenerateBatchRequest(_message.Message):
     __slots__ = ("requests",)

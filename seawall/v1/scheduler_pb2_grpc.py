@@ -50,6 +50,11 @@ class SchedulerStub:
                 request_serializer=seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=seawall_dot_v1_dot_scheduler__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.BeamSearch = channel.unary_unary(
+                '/seawall.v1.Scheduler/BeamSearch',
+                request_serializer=seawall_dot_v1_dot_scheduler__pb2.BeamSearchRequest.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_scheduler__pb2.BeamSearchResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/seawall.v1.Scheduler/Abort',
                 request_serializer=seawall_dot_v1_dot_scheduler__pb2.AbortRequest.SerializeToString,
@@ -100,6 +105,16 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeamSearch(self, request, context):
+        """Beam search (transformers' generate(num_beams) rules; vLLM's use_beam_search): the prompt's beam_width
+        best hypotheses, best first. Each step runs every open beam as a one-token request, their shared prefix
+        served by the prefix cache. Every step is validated and queued as GenerateBatch's requests are
+        (INVALID_ARGUMENT, RESOURCE_EXHAUSTED); cancelling the call stops the search and aborts its step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Abort a queued or running request; its Generate stream ends with FINISH_REASON_ABORT.
         """
@@ -138,6 +153,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.FromString,
                     response_serializer=seawall_dot_v1_dot_scheduler__pb2.EmbedResponse.SerializeToString,
+            ),
+            'BeamSearch': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeamSearch,
+                    request_deserializer=seawall_dot_v1_dot_scheduler__pb2.BeamSearchRequest.FromString,
+                    response_serializer=seawall_dot_v1_dot_scheduler__pb2.BeamSearchResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -237,6 +257,33 @@ class Scheduler:
             '/seawall.v1.Scheduler/Embed',
             seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.SerializeToString,
             seawall_dot_v1_dot_scheduler__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeamSearch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/seawall.v1.Scheduler/BeamSearch',
+            seawall_dot_v1_dot_scheduler__pb2.BeamSearchRequest.SerializeToString,
+            seawall_dot_v1_dot_scheduler__pb2.BeamSearchResponse.FromString,
             options,
             channel_credentials,
             insecure,

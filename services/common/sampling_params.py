@@ -437,7 +437,9 @@ _OPENAI_FIELDS = frozenset({
 # always send them work).
 _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",
                              "session_id", "priority", "metadata", "store", "service_tier", "prompt_cache_key",
-                             "safety_identifier", "truncate_prompt_tokens", "cache_salt"})
+                             "safety_identifier", "truncate_prompt_tokens", "cache_salt",
+                             # a beam search's (services/common/beam_search.py beam_from_openai)
+                             "use_beam_search", "length_penalty", "early_stopping"})
 # Accepted only with the value that means "off".
 _UNSUPPORTED_FIELDS = frozenset({"n", "best_of", "echo", "suffix"})
 # Structured output, in OpenAI's and vLLM's spellings (structured_from_openai).

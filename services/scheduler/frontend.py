@@ -98,20 +98,25 @@ class Frontend:
             raise InvalidArgument(f"a batch of {count} requests can never fit the queue ({limit} places, "
                                   "--max-queue-len): send at most that many at once")
 
-    def _prepare(self, item: Submission, trace_parent) -> TrackedRequest:
-        prompt = list(item.prompt_token_ids)
+    def validate(self, prompt: Sequence[int], params: SamplingParams, session: bool = False) -> None:
+        """Raises InvalidArgument for what the model or the policy cannot run, ResourceExhausted for what no
+        worker's pool can hold; ``session``: the request stores its turn (every block counts)."""
         links = self.mesh.live_links()
         pools = [link.core.blocks.num_blocks for link in links]
         block_size = links[0].info.kv_layout.block_size if links else 16
         # A session's turn keeps every block for kvcache (sliding_window.py): its whole context counts.
-        session = bool(item.session_id) and self.mesh.dual_path is not None
+        session = session and self.mesh.dual_path is not None
         held = [None if session else link.core.config.window_blocks(block_size) for link in links]
-        check_generates(self.checkpoint.has_lm_head, item.params)
-        validate_request(prompt, item.params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
+        check_generates(self.checkpoint.has_lm_head, params)
+        validate_request(prompt, params, self.checkpoint.config.vocab_size, self.max_model_len, block_size,
                          min(pools) if pools else None, self.mesh.config.core.whole_prompt_limit,
                          max(held) if held and None not in held else None)
-        self.grammars.validate(item.params.structured_output, item.params.free_thought)
-        bad_words_token_ids(self.tokenizer, item.params.bad_words)  # a word no token writes is refused here
+        self.grammars.validate(params.structured_output, params.free_thought)
+        bad_words_token_ids(self.tokenizer, params.bad_words)  # a word no token writes is refused here
+
+    def _prepare(self, item: Submission, trace_parent) -> TrackedRequest:
+        prompt = list(item.prompt_token_ids)
+        self.validate(prompt, item.params, bool(item.session_id))
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,
                           arrival_time=anyio.current_time(), eos_token_ids=self.checkpoint.eos_token_ids,
                           priority=item.priority, lora=item.lora, cache_salt=check_cache_salt(item.cache_salt or None),

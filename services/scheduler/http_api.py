@@ -50,6 +50,7 @@ from services.common.step import LoraRef
 from services.common.version import VERSION
 from services.scheduler.admission import check_cache_salt
 from services.scheduler.anthropic_endpoint import MessagesEndpoint
+from services.scheduler.beam_endpoint import BeamEndpoint
 from services.scheduler.chat_template import (
     load_template,
     sorted_keys,
@@ -136,6 +137,7 @@ class OpenAIApi:
         self._special_tokens = special_tokens(frontend.checkpoint.path)
         self._sort_tools = sorts_tools(frontend.checkpoint.path)
         self.texts = TokenTexts(frontend.tokenizer)
+        self.beams = BeamEndpoint(self)
 
     async def health(self, request: Request) -> Response:
         workers = len(self.frontend.mesh.live_links())
@@ -167,6 +169,8 @@ class OpenAIApi:
                      for ids, text in self._prompts(body.get("prompt"))]
             prompts = [ids for ids, _ in given]
             params, n, echo = from_openai_completion(body)
+            if bool_field(body, "use_beam_search"):
+                return await self.beams.respond(request, body, prompts, params, n, chat=False)
             tracked = self.submit(request, body, prompts, params, n)
         except SeawallError as exc:
             return error_response(exc)
@@ -179,6 +183,10 @@ class OpenAIApi:
         try:
             body = await json_body(request)
             prompt, params, n, tools = self.chat_request(body)
+            if bool_field(body, "use_beam_search"):
+                if tools is not None:
+                    raise InvalidArgument("tools cannot be used with use_beam_search: omit one of them")
+                return await self.beams.respond(request, body, [prompt], params, n, chat=True)
             tracked = self.submit(request, body, [prompt], params, n)
         except SeawallError as exc:
             return error_response(exc)

@@ -1,4 +1,4 @@
-"""The Scheduler gRPC service: Generate (streaming), GenerateBatch, Embed, Abort, GetStats, RegisterWorker. A shell
+"""The Scheduler gRPC service: Generate (streaming), GenerateBatch, Embed, BeamSearch, Abort, GetStats, RegisterWorker. A shell
 over the mesh."""
 
 from __future__ import annotations
@@ -7,15 +7,20 @@ import math
 
 from seawall.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 from services.common import tracing
+from services.common.beam_search import beam_params, hypothesis_text
 from services.common.convert import finish_reason_to_proto, params_from_proto, token_logprobs_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
+from services.scheduler.beam_driver import beam_search
 from services.scheduler.config import as_flag
 from services.scheduler.core.policies.base import chunk_budget
 from services.scheduler.core.scheduler import SchedulerConfig, StepTimeModel
 from services.scheduler.frontend import Frontend, Submission, labelled
 from services.scheduler.mesh import Mesh
 from services.scheduler.tracked import Delta, TrackedRequest
+
+_EARLY_STOPPING = {scheduler_pb2.EARLY_STOPPING_UNSPECIFIED: False, scheduler_pb2.EARLY_STOPPING_TRUE: True,
+                   scheduler_pb2.EARLY_STOPPING_NEVER: "never"}
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -61,6 +66,31 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             await abort_with(context, exc)
         return scheduler_pb2.EmbedResponse(embeddings=[scheduler_pb2.EmbedVector(values=v) for v in vectors],
                                            usage=common_pb2.Usage(prompt_tokens=sum(map(len, prompts))))
+
+    async def BeamSearch(self, request, context):
+        try:
+            item = self._submission(request.request)
+            if item.session_id:
+                raise InvalidArgument("request.session_id cannot be used with a beam search (it stores no turn): "
+                                      "leave it empty")
+            self.frontend.validate(item.prompt_token_ids, item.params)
+            self.frontend.check_batch_size(request.beam_width)
+            length_penalty = request.length_penalty if request.HasField("length_penalty") else 1.0
+            beam = beam_params(item.params, request.beam_width, length_penalty,
+                               _EARLY_STOPPING[request.early_stopping], self.frontend.checkpoint.eos_token_ids,
+                               self.frontend.max_model_len - len(item.prompt_token_ids))
+            found = await beam_search(self.frontend, item, beam,
+                                      tracing.from_grpc_metadata(context.invocation_metadata()))
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        eos, decode = self.frontend.checkpoint.eos_token_ids, self.frontend.tokenizer.decode
+        return scheduler_pb2.BeamSearchResponse(
+            hypotheses=[scheduler_pb2.BeamHypothesis(
+                token_ids=h.token_ids, text=hypothesis_text(decode, h, item.params, eos),
+                finish_reason=finish_reason_to_proto(h.finish_reason), cumulative_logprob=h.logprob, score=h.score)
+                for h in found],
+            usage=common_pb2.Usage(prompt_tokens=len(item.prompt_token_ids),
+                                   completion_tokens=sum(len(h.token_ids) for h in found)))
 
     async def _deltas(self, tracked, final_only: bool):
         if final_only:

@@ -108,3 +108,23 @@ def test_a_turn_whose_prefix_comes_from_kvcache_has_kvcache_spans_in_its_trace(t
     assert load.service == t.KVCACHE and load.attributes[t.KV_BYTES] > 0
     ids = {s.span_id for s in spans}
     assert load.parent_span_id in ids  # a child of the request's span, across processes
+
+
+def test_a_beam_search_is_one_trace_whose_steps_are_children_of_its_span(traced_mesh):
+    mesh, receiver = traced_mesh
+    trace_id = "7cf92f3577b34da6a3ce929d0e0e4712"
+    response = httpx.post(f"{mesh.http_url}/v1/completions",
+                          json={"prompt": random_prompts([20], seed=3)[0], "max_tokens": 4, "n": 3,
+                                "use_beam_search": True, "ignore_eos": True},
+                          headers={"traceparent": f"00-{trace_id}-c7ad6b7169203332-01"}, timeout=60)
+    assert response.status_code == 200 and len(response.json()["choices"]) == 3
+    spans = _wait_for(receiver, trace_id, {t.SPAN_BEAM_SEARCH, t.SPAN_REQUEST, t.SPAN_WORKER_PREFILL})
+    (search,) = [s for s in spans if s.name == t.SPAN_BEAM_SEARCH]
+    assert search.parent_span_id == "c7ad6b7169203332"
+    assert search.attributes[t.BEAM_WIDTH] == 3 and search.attributes[t.BEAM_STEPS] == 4
+    deadline = time.monotonic() + 20
+    while len(requests := [s for s in spans if s.name == t.SPAN_REQUEST]) < 10 and time.monotonic() < deadline:
+        time.sleep(0.1)  # spans leave each service in batches
+        spans = receiver.trace(trace_id)
+    assert len(requests) == 1 + 3 + 3 + 3  # the prompt, then three beams a step
+    assert {s.parent_span_id for s in requests} == {search.span_id}
