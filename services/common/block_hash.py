@@ -2,7 +2,8 @@
 
 ``hash[i] = H(hash[i-1], token ids of block i)`` with ``hash[-1]`` a seed derived from the model and the KV
 layout (see ``common.proto``), so ``hash[i]`` names the whole prefix ``[0, (i + 1) * block_size)`` and KV of
-another model or layout never matches. Only full blocks are hashed. H is BLAKE2b truncated to 64 bits: stable
+another model or layout never matches. Full blocks are hashed; the scheduler core also names a finished
+request's partly filled last block (``tail_hash``), which only it looks up. H is BLAKE2b truncated to 64 bits: stable
 across processes, machines and Python versions (Python's ``hash`` is not, for strings).
 """
 
@@ -51,10 +52,22 @@ class SwitchedSeed:
 def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int,
                   seed: int | SwitchedSeed) -> list[int]:
     """Appends the hashes of every full block of ``token_ids`` not yet in ``hashes``; returns ``hashes``."""
-    switched = seed if isinstance(seed, SwitchedSeed) else None
     for i in range(len(hashes), len(token_ids) // block_size):
-        parent = hashes[i - 1] if i else switched.seed if switched else seed
-        if switched is not None and i == switched.at:
-            parent = salted_seed(parent, switched.salt)
-        hashes.append(block_hash(parent, token_ids[i * block_size : (i + 1) * block_size]))
+        hashes.append(block_hash(_parent(hashes, i, seed), token_ids[i * block_size : (i + 1) * block_size]))
     return hashes
+
+
+def tail_hash(hashes: Sequence[int], token_ids: Sequence[int], block_size: int, seed: int | SwitchedSeed,
+              length: int) -> int:
+    """The name of the partly filled block after the full blocks ``hashes`` name, holding the next ``length``
+    (< block_size) tokens of ``token_ids``: the same chain, fewer tokens (so never a full block's name)."""
+    i = len(hashes)
+    return block_hash(_parent(hashes, i, seed), token_ids[i * block_size : i * block_size + length])
+
+
+def _parent(hashes: Sequence[int], i: int, seed: int | SwitchedSeed) -> int:
+    switched = seed if isinstance(seed, SwitchedSeed) else None
+    parent = hashes[i - 1] if i else switched.seed if switched else seed
+    if switched is not None and i == switched.at:
+        parent = salted_seed(parent, switched.salt)
+    return parent

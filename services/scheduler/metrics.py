@@ -76,6 +76,8 @@ class _MeshCollector:
         preempt = CounterMetricFamily("seawall_preemptions", "Preemptions by kind", labels=["worker", "kind"])
         hits = CounterMetricFamily("seawall_prefix_cache_blocks", "Prompt blocks looked up in the prefix cache",
                                    labels=["worker", "result"])
+        tails = CounterMetricFamily("seawall_prefix_cache_tail_tokens", "Prompt tokens copied from a finished "
+                                    "request's partly filled last block instead of computed", labels=["worker"])
         states = GaugeMetricFamily("seawall_state_checkpoints", "Recurrent states a worker keeps for prefix caching "
                                    "(models with linear attention): saved and slots on the device, saved_host "
                                    "and host_slots in host memory", labels=["worker", "state"])
@@ -94,6 +96,7 @@ class _MeshCollector:
             stats = core.prefix_stats
             hits.add_metric([w, "hit"], stats.hit_blocks)
             hits.add_metric([w, "miss"], stats.queried_blocks - stats.hit_blocks)
+            tails.add_metric([w], stats.tail_tokens)
             slots = core.checkpoints
             if slots.capacity:
                 on_host = slots.num_on_host
@@ -101,7 +104,7 @@ class _MeshCollector:
                 states.add_metric([w, "slots"], slots.capacity)
                 states.add_metric([w, "saved_host"], on_host)
                 states.add_metric([w, "host_slots"], slots.host_capacity)
-        yield from (levels, blocks, preempt, hits, states)
+        yield from (levels, blocks, preempt, hits, tails, states)
         workers = GaugeMetricFamily("seawall_workers", "Registered live workers by role", labels=["role"])
         for role in ("prefill", "decode", "hybrid"):
             workers.add_metric([role], len(self.mesh.live_links(role)))

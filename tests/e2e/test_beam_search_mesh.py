@@ -113,3 +113,15 @@ async def test_a_client_that_leaves_mid_search_stops_it_and_leaves_no_block_held
                 await anyio.sleep(0.05)
         await anyio.sleep(1.0)  # a search still running would have queued more steps by now
         assert looked_up(await sdk.stats()) == looked_up(stats)
+
+
+def test_steps_copy_the_beams_tails_and_metrics_count_them(client, default_mesh):
+    def tail_tokens() -> float:
+        text = httpx.get(f"{default_mesh.http_url}/metrics", timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("seawall_prefix_cache_tail_tokens_total"))
+
+    before = tail_tokens()
+    client.completions.create(model="", prompt=random_prompts([37], seed=9)[0], max_tokens=5, n=2,
+                              extra_body={"use_beam_search": True, "ignore_eos": True})
+    assert tail_tokens() > before  # each step after the first copied its beams' partly filled blocks

@@ -64,6 +64,10 @@ class BlockManager:
             blocks.append(b)
         return blocks
 
+    def cached_block(self, block_hash: int) -> int | None:
+        """The block cached under ``block_hash``, if any (no side effects)."""
+        return self._block_of.get(block_hash)
+
     def take_cached(self, blocks: Sequence[int]) -> None:
         """References cached ``blocks`` (from ``cached_prefix``) for one more owner."""
         for b in blocks:
@@ -105,7 +109,8 @@ class BlockManager:
                 self.freed_at[b] = self.clock
 
     def cache(self, block: int, block_hash: int) -> None:
-        """Marks a full block as holding the prefix named ``block_hash`` (first writer wins)."""
+        """Marks a block as holding the prefix named ``block_hash`` (first writer wins): a full block, or a
+        released request's partly filled last one (tail_blocks.py), which is only ever copied."""
         if block in self._hash_of or block_hash in self._block_of or block == self.null_block:
             return
         self._hash_of[block] = block_hash

@@ -35,6 +35,7 @@ from services.scheduler.core.speculative import Speculative
 from services.scheduler.core.state_checkpoints import CheckpointedPrefix
 from services.scheduler.core.state_slots import StateCheckpoints
 from services.scheduler.core.step_time import StepTimeCalibration, StepTimeModel
+from services.scheduler.core.tail_blocks import TailBlocks
 
 POLICIES = POLICY_NAMES  # the registry's names, for CLI choices
 
@@ -53,6 +54,7 @@ class TokenEvent:
 class PrefixCacheStats:
     queried_blocks: int = 0  # full prompt blocks looked up at admission
     hit_blocks: int = 0  # of those, served from the cache
+    tail_tokens: int = 0  # tokens of partly filled blocks copied from the cache after those (tail_blocks.py)
 
 
 @dataclass
@@ -61,7 +63,8 @@ class DraftStats:
     kept: int = 0  # of those, kept
 
 
-class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculative, CheckpointedPrefix):
+class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculative, CheckpointedPrefix,
+                TailBlocks):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
         """``blocks``: the worker's device pool; ``host_blocks``: its host pool, for swapping (None: no swap).
@@ -431,9 +434,12 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         req.block_ids = list(cached)
         req.num_cached_blocks = len(cached)
         req.num_computed_tokens = len(cached) * self.blocks.block_size
+        tail = self._take_tail(req, hashes) if use_cache else 0
         self._drop_behind_window(req)  # a long cached prefix: only its last window is taken
         n = int(min(req.num_uncomputed, room))
         if n < 1 or not self._reserve(req, n):
+            if tail:
+                self._copy.pop()  # its copy of a tail block: the block is freed with the rest
             self.blocks.free(req.block_ids)
             req.block_ids, req.num_computed_tokens, req.num_cached_blocks, req.num_dropped_blocks = [], 0, 0, 0
             return 0
@@ -443,6 +449,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         if req.num_preemptions == 0:
             self.prefix_stats.queried_blocks += queried
             self.prefix_stats.hit_blocks += len(cached)
+            self.prefix_stats.tail_tokens += tail
             req.num_prefix_hit_tokens = req.num_computed_tokens
         return n
 
@@ -513,6 +520,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
 
     def _release(self, req: Request) -> None:
         self._forget_computing(req)
+        if self._caches_tails:
+            self._cache_tail(req)
         self.blocks.free(req.block_ids)
         req.block_ids = []
         req.num_computed_tokens = req.num_cached_blocks = req.num_dropped_blocks = 0

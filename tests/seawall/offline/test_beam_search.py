@@ -63,8 +63,10 @@ def test_beam_search_equals_transformers(engine, hf_model, case):
     prompt = _prompt(n, seed=n)
     ends = tuple(engine.checkpoint.eos_token_ids) + ((_likely_token(engine, prompt, width, end_at),) if end_at else ())
     beam = BeamParams(width, 12, penalty, early, ends)
+    tails = engine.scheduler.prefix_stats.tail_tokens
     got = engine.beam_search(prompt, beam)
     assert len(got) == width
+    assert engine.scheduler.prefix_stats.tail_tokens > tails  # steps copied the beams' partly filled blocks
     assert_beams_match(got, hf_beams(hf_model, prompt, beam))
     if end_at:
         assert any(h.finish_reason == "stop" for h in got)  # the case exercised an end mid-search
