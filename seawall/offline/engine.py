@@ -19,7 +19,13 @@ from services.common.step import LoraRef, SampledToken, merge_prompt_scores
 from services.engine.bad_words import bad_words_token_ids
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
-from services.engine.pooling import EMBEDDING_PARAMS, check_embedding, check_generates, embedding_vector
+from services.engine.pooling import (
+    EMBEDDING_PARAMS,
+    check_classifier,
+    check_embedding,
+    check_generates,
+    embedding_vector,
+)
 from services.engine.runner import ModelRunner
 from services.scheduler.admission import validate_request
 from services.scheduler.core.block_manager import BlockManager
@@ -164,6 +170,17 @@ class OfflineEngine:
             if comp.error is not None:
                 raise comp.error
             out.append(embedding_vector(comp.hidden_state, self.checkpoint.pooling, dimensions))
+        return out
+
+    def classify(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+        """A sequence classifier's logits for each prompt (its classes', pooling.py ``Classifier``), all run
+        together; validate them first (``validate``)."""
+        check_classifier(self.checkpoint.classifier)
+        out = []
+        for comp in self.generate(prompts, [EMBEDDING_PARAMS] * len(prompts)):
+            if comp.error is not None:
+                raise comp.error
+            out.append(comp.hidden_state)
         return out
 
     def validate_embedding(self, prompt_token_ids: Sequence[int], dimensions: int | None = None) -> None:

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from services.common.errors import ModelLoadError, NotFound
 from services.engine.builtin_model import ensure_default_model
 from services.engine.model_config import ModelConfig
-from services.engine.pooling import Pooling, has_lm_head, read_pooling
+from services.engine.pooling import Classifier, Pooling, has_lm_head, read_classifier, read_pooling
 from services.engine.tiktoken_vocab import RANKS_FILE, load_tiktoken_dir
 
 
@@ -29,6 +29,7 @@ class Checkpoint:
     generation_defaults: dict
     pooling: Pooling = Pooling()  # what an embedding request returns (pooling.py)
     has_lm_head: bool = True  # False: an embedding model without an output head; it cannot generate
+    classifier: Classifier | None = None  # a sequence classifier's classes (pooling.py); None: not one
 
 
 def check_model_dir(model_dir: str | Path) -> Path:
@@ -53,8 +54,9 @@ def load_checkpoint_meta(model_dir: str | Path, max_model_len: int | None = None
         eos_ids = config.eos_token_ids
     else:
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
-    return Checkpoint(path, config, tokenizer, eos_ids, gen, read_pooling(path),
-                      has_lm_head(path, config.tie_word_embeddings))
+    return Checkpoint(path, config, tokenizer, eos_ids, gen, read_pooling(path, config.num_labels),
+                      has_lm_head(path, config.tie_word_embeddings and not config.num_labels),
+                      read_classifier(path, config.num_labels))
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

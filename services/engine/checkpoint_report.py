@@ -40,8 +40,9 @@ def report(model_dir: str | Path, max_model_len: int | None = None) -> dict[str,
     if config.recurrent:
         out["recurrent_state_bytes_per_sequence"] = {dtype: state_bytes_per_sequence(config, dtype)
                                                      for dtype in ("bfloat16", "float32")}
-    out["output"] = ("text" if has_lm_head(path, config.tie_word_embeddings) else "embeddings only")
-    pooling = read_pooling(path)
+    out["output"] = (f"classes ({config.num_labels} labels)" if config.num_labels
+                     else "text" if has_lm_head(path, config.tie_word_embeddings) else "embeddings only")
+    pooling = read_pooling(path, config.num_labels)
     out["embeddings"] = "refused: " + pooling.refused if pooling.refused else (
         "last token, normalized" if pooling.normalize else "last token")
     return out

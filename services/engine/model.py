@@ -456,6 +456,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias) if lm_head else None
         if config.tie_word_embeddings and lm_head:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # A sequence classifier's head (``score``, as transformers names it), applied to pooled hidden states.
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False) if config.num_labels else None
 
     def forward(
         self,

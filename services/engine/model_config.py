@@ -259,6 +259,10 @@ class ModelConfig:
     # Ministral 3 ("llama 4 scaling", rope_parameters' llama_4_scaling_beta): every RoPE layer's q times
     # 1 + beta * log(1 + floor(p / period)), period the pretrained context (beta, period; None: not scaled).
     q_position_scale: tuple[float, float] | None = None
+    # A sequence-classification checkpoint (``...ForSequenceClassification``: a reward model, a classifier, a
+    # cross-encoder reranker): its head's classes, scored from the last token's final hidden state, in place of
+    # the output head (pooling.py); 0 for a causal LM.
+    num_labels: int = 0
     qk_l2_norm: bool = False
     # Hunyuan: the per-head q/k norms come after RoPE rather than before it.
     qk_norm_after_rope: bool = False
@@ -703,6 +707,7 @@ class ModelConfig:
                 architecture=arch,
                 vision_language=raw.get("vision_language"),
                 q_position_scale=_q_position_scale(rope_scaling),
+                num_labels=num_labels(raw),
             )
         except (TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json has a field of the wrong type: {exc}") from exc
@@ -724,10 +729,28 @@ class ModelConfig:
 
 def _causal_lm_of(arch: str) -> str:
     """The causal LM whose base model ``arch`` names (``Qwen3Model``: embedding checkpoints saved from the base
-    model, pooling.py), else ``arch``."""
-    if arch.endswith("Model") and arch.removesuffix("Model") + "ForCausalLM" in SUPPORTED_ARCHITECTURES:
-        return arch.removesuffix("Model") + "ForCausalLM"
+    model, pooling.py) or which ``arch`` tops with a classification head (``Qwen3ForSequenceClassification``),
+    else ``arch``."""
+    for suffix in ("Model", CLASSIFIER_SUFFIX):
+        if arch.endswith(suffix) and arch.removesuffix(suffix) + "ForCausalLM" in SUPPORTED_ARCHITECTURES:
+            return arch.removesuffix(suffix) + "ForCausalLM"
     return arch
+
+
+CLASSIFIER_SUFFIX = "ForSequenceClassification"
+
+
+def num_labels(raw: dict[str, Any]) -> int:
+    """A sequence-classification checkpoint's classes, as transformers counts them (``id2label``, else
+    ``num_labels``, else 2); 0 for any other checkpoint."""
+    archs = raw.get("architectures") or []
+    if not archs or not str(archs[0]).endswith(CLASSIFIER_SUFFIX):
+        return 0
+    labels = raw.get("id2label")
+    n = len(labels) if isinstance(labels, dict) and labels else int(raw.get("num_labels") or 2)
+    if n < 1:
+        raise ModelLoadError(f"config.json: a classifier needs at least one label, got num_labels {n}")
+    return n
 
 
 def _olmo3_local_theta(arch: str, rope_scaling: Any, theta: Any) -> float | None:

@@ -63,9 +63,12 @@ def embedding_vector(hidden: list[float], pooling: Pooling, dimensions: int | No
     return [v / max(norm, 1e-12) for v in vector]  # torch.nn.functional.normalize's floor on the norm
 
 
-def read_pooling(path: Path) -> Pooling:
+def read_pooling(path: Path, num_labels: int = 0) -> Pooling:
     """The checkpoint's pooling: from its sentence-transformers ``modules.json`` when present, else last token,
-    normalized."""
+    normalized; a classifier's (``num_labels``) pooled state is its classes' scores, not an embedding."""
+    if num_labels:
+        return Pooling(False, "it is a sequence classifier: it serves /classify (and, with one label, /score and "
+                              "/rerank as a cross-encoder), not embeddings")
     modules_file = path / "modules.json"
     if not modules_file.exists():
         return Pooling()
@@ -104,3 +107,49 @@ def _tensor_names(path: Path) -> list[str]:
         weight_map = index_json.get("weight_map") if isinstance(index_json, dict) else None
         return list(weight_map) if isinstance(weight_map, dict) else []
     return [name for name, _ in tensors(path)]
+
+
+@dataclass(frozen=True)
+class Classifier:
+    """A sequence-classification checkpoint's head, as the API reports it: each class's label, and how its logits
+    become scores (transformers' ``problem_type``: softmax across single-label classes, sigmoid for multi-label
+    ones or a single class, as vLLM scores them; regression keeps the logits)."""
+
+    labels: tuple[str, ...]
+    activation: str  # "softmax", "sigmoid" or "identity"
+
+    def scores(self, logits: list[float]) -> list[float]:
+        if self.activation == "identity":
+            return list(logits)
+        if self.activation == "sigmoid":
+            return [_sigmoid(x) for x in logits]
+        top = max(logits)
+        exps = [math.exp(x - top) for x in logits]
+        total = math.fsum(exps)
+        return [e / total for e in exps]
+
+
+def read_classifier(path: Path, num_labels: int) -> Classifier | None:
+    """A classifier's labels (``id2label``, else ``LABEL_i`` as transformers names them) and activation, from its
+    ``config.json``; None for a checkpoint that is not one (``num_labels`` 0)."""
+    if not num_labels:
+        return None
+    config = read_json(path / "config.json")
+    id2label = config.get("id2label") if isinstance(config.get("id2label"), dict) else {}
+    labels = tuple(str(id2label.get(str(i), f"LABEL_{i}")) for i in range(num_labels))
+    problem = config.get("problem_type")
+    activation = ("identity" if problem == "regression" else
+                  "sigmoid" if problem == "multi_label_classification" or num_labels == 1 else "softmax")
+    return Classifier(labels, activation)
+
+
+def check_classifier(classifier: Classifier | None) -> Classifier:
+    """The checkpoint's classifier; raises InvalidArgument when it has none."""
+    if classifier is None:
+        raise InvalidArgument("this model is not a sequence classifier (its architecture is not ...ForSequence"
+                              "Classification): it has no classes to score; use /v1/embeddings or generation")
+    return classifier
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))

@@ -261,9 +261,13 @@ class ModelRunner:
 
     def _pool(self, hidden: torch.Tensor, pool_rows: list[int], seq_ids: list[str],
               result: StepResult) -> dict[str, list[SampledToken]]:
-        """The embedding requests' last hidden states into ``result.embeddings``; each "samples" token 0, which
-        ends it (max_tokens 1), so the scheduler's bookkeeping stays that of any request."""
-        vectors = hidden[pool_rows].float().tolist()
+        """The embedding requests' last hidden states (a classifier's: their classes' logits) into
+        ``result.embeddings``; each "samples" token 0, which ends it (max_tokens 1), so the scheduler's
+        bookkeeping stays that of any request."""
+        pooled = hidden[pool_rows]
+        if self.model.score is not None:  # a classifier: its classes' logits
+            pooled = self.model.score(pooled)
+        vectors = pooled.float().tolist()
         sampled = {}
         for row, vector in zip(pool_rows, vectors, strict=True):
             sid = seq_ids[row]

@@ -5,7 +5,8 @@ token there) or token ids, one or a list; all run as one batch, queued all or no
 
 And what vLLM computes from embeddings for retrieval: ``POST /score`` (``text_1`` against each ``text_2``, or
 pairwise) and ``POST /rerank`` (Jina's and Cohere's shape: ``query``, ``documents``, ``top_n``), each score the
-cosine similarity of the two vectors, as vLLM scores with an embedding model."""
+cosine similarity of the two vectors, as vLLM scores with an embedding model; with a one-class sequence
+classifier, the cross-encoder's score of each pair instead (classify_endpoint.py)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ _FORMATS = ("float", "base64")
 
 
 class EmbeddingsEndpoint:
-    def __init__(self, api) -> None:
-        """``api``: the ``OpenAIApi`` whose frontend and model checks this shares."""
+    def __init__(self, api, cross_encoder=None) -> None:
+        """``api``: the ``OpenAIApi`` whose frontend and model checks this shares; ``cross_encoder(body, request,
+        pairs)``: the scores of (query, document) pairs and their tokens, for a classifier checkpoint
+        (classify_endpoint.py), which scores pairs instead of comparing embeddings."""
         self.api = api
+        self.cross_encoder = cross_encoder
 
     async def create(self, request: Request) -> Response:
         try:
@@ -45,7 +49,7 @@ class EmbeddingsEndpoint:
             if body.get("user") is not None and not isinstance(body["user"], str):
                 raise InvalidArgument(f"user must be a string, got {body['user']!r}")
             priority = request_priority(body)
-            prompts = self._inputs(body.get("input"))
+            prompts = input_prompts(self.api.frontend, body.get("input"))
             labels = [f"input[{i}]" if len(prompts) > 1 else "" for i in range(len(prompts))]
             vectors = await self.api.frontend.embed(prompts, body.get("dimensions"), tracing.extract(request.headers),
                                                     priority, lora, labels)
@@ -67,14 +71,18 @@ class EmbeddingsEndpoint:
             if len(first) != 1 and len(first) != len(second):
                 raise InvalidArgument(f"text_1 must be one text or as many as text_2 ({len(second)}), got {len(first)}")
             pairs = [(0 if len(first) == 1 else i, len(first) + i) for i in range(len(second))]
-            vectors, tokens = await self._embed(body, request, first + second)
+            texts = first + second
+            if self.cross_encoder is not None:
+                scores, tokens = await self.cross_encoder(body, request, [(texts[a], texts[b]) for a, b in pairs])
+            else:
+                vectors, tokens = await self._embed(body, request, texts)
+                scores = [_cosine(vectors[a], vectors[b]) for a, b in pairs]
         except SeawallError as exc:
             return error_response(exc)
         return JSONResponse({
             "id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": self.api.served_name(body),
-            "data": [{"index": i, "object": "score", "score": _cosine(vectors[a], vectors[b])}
-                     for i, (a, b) in enumerate(pairs)],
+            "data": [{"index": i, "object": "score", "score": score} for i, score in enumerate(scores)],
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     async def rerank(self, request: Request) -> Response:
@@ -92,10 +100,14 @@ class EmbeddingsEndpoint:
             keep_text = body.get("return_documents", True)
             if not isinstance(keep_text, bool):
                 raise InvalidArgument(f"return_documents must be true or false, got {keep_text!r}")
-            vectors, tokens = await self._embed(body, request, [query, *texts])
+            if self.cross_encoder is not None:
+                pair_scores, tokens = await self.cross_encoder(body, request, [(query, t) for t in texts])
+            else:
+                vectors, tokens = await self._embed(body, request, [query, *texts])
+                pair_scores = [_cosine(vectors[0], vectors[i + 1]) for i in range(len(texts))]
         except SeawallError as exc:
             return error_response(exc)
-        scores = sorted(((_cosine(vectors[0], vectors[i + 1]), i) for i in range(len(texts))), key=lambda p: -p[0])
+        scores = sorted(((score, i) for i, score in enumerate(pair_scores)), key=lambda p: -p[0])
         return JSONResponse({
             "id": f"rerank-{uuid.uuid4().hex}", "model": self.api.served_name(body), "usage": {"total_tokens": tokens},
             "results": [{"index": i, "relevance_score": score, **({"document": {"text": texts[i]}} if keep_text else {})}
@@ -109,21 +121,22 @@ class EmbeddingsEndpoint:
         vectors = await self.api.frontend.embed(prompts, None, tracing.extract(request.headers), priority, lora)
         return vectors, sum(map(len, prompts))
 
-    def _inputs(self, value: Any) -> list[list[int]]:
-        """OpenAI's input shapes: a string, a list of strings, a list of token ids, a list of such lists."""
-        if isinstance(value, str) or _is_ids(value):
-            value = [value]
-        if not isinstance(value, list) or not value:
-            raise InvalidArgument("input must be a string, a list of token ids, or a non-empty list of those")
-        out = []
-        for i, item in enumerate(value):
-            if isinstance(item, str):
-                out.append(self.api.frontend.encode(item))
-            elif _is_ids(item):
-                out.append(list(item))
-            else:
-                raise InvalidArgument(f"input[{i}] must be a string or a list of token ids, got {item!r:.80}")
-        return out
+
+def input_prompts(frontend, value: Any) -> list[list[int]]:
+    """OpenAI's input shapes as prompts: a string, a list of strings, a list of token ids, a list of such lists."""
+    if isinstance(value, str) or _is_ids(value):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise InvalidArgument("input must be a string, a list of token ids, or a non-empty list of those")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            out.append(frontend.encode(item))
+        elif _is_ids(item):
+            out.append(list(item))
+        else:
+            raise InvalidArgument(f"input[{i}] must be a string or a list of token ids, got {item!r:.80}")
+    return out
 
 
 def _check_fields(body: dict, allowed: set[str], api: str) -> None:

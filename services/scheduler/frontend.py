@@ -14,7 +14,13 @@ from services.common.step import LoraRef
 from services.engine.bad_words import bad_words_token_ids
 from services.engine.checkpoint import Checkpoint
 from services.engine.grammar import GrammarCompiler
-from services.engine.pooling import EMBEDDING_PARAMS, check_embedding, check_generates, embedding_vector
+from services.engine.pooling import (
+    EMBEDDING_PARAMS,
+    check_classifier,
+    check_embedding,
+    check_generates,
+    embedding_vector,
+)
 from services.scheduler.admission import check_cache_salt, validate_request
 from services.scheduler.core.request import Request
 from services.scheduler.lora_registry import LoraRegistry
@@ -192,14 +198,26 @@ class Frontend:
         none, run as any prompt is (chunked, prefix-cached, on a prefill worker in disaggregated mode). Raises
         the first failed request's error; a caller that goes away aborts the rest."""
         check_embedding(self.checkpoint.pooling, self.checkpoint.config.hidden_size, dimensions)
+        pooled = await self._pooled(prompts, trace_parent, priority, lora, labels)
+        return [embedding_vector(hidden, self.checkpoint.pooling, dimensions) for hidden in pooled]
+
+    async def classify(self, prompts: Sequence[Sequence[int]], trace_parent=None, priority: int = 0,
+                       lora: LoraRef | None = None, labels: Sequence[str] | None = None) -> list[list[float]]:
+        """A sequence classifier's logits for each prompt (its classes', pooling.py ``Classifier``), run as
+        ``embed`` runs its prompts."""
+        check_classifier(self.checkpoint.classifier)
+        return await self._pooled(prompts, trace_parent, priority, lora, labels)
+
+    async def _pooled(self, prompts: Sequence[Sequence[int]], trace_parent, priority: int, lora: LoraRef | None,
+                      labels: Sequence[str] | None) -> list[list[float]]:
         items = [Submission(p, EMBEDDING_PARAMS, priority=priority, lora=lora) for p in prompts]
         tracked = self.submit_many(items, trace_parent, labels)
         async for done in self.stream_many(tracked, [True] * len(tracked)):
             for i, delta in done:
                 if tracked[i].hidden_state is None:  # failed (the others are aborted on the way out) or aborted
-                    raise delta.error or SeawallError(f"embedding request {tracked[i].request_id} ended "
+                    raise delta.error or SeawallError(f"pooling request {tracked[i].request_id} ended "
                                                       f"({delta.finish_reason}) without a result")
-        return [embedding_vector(t.hidden_state, self.checkpoint.pooling, dimensions) for t in tracked]
+        return [t.hidden_state for t in tracked]
 
     def queue_delay_ms(self, tracked: TrackedRequest) -> float:
         if tracked.first_scheduled is None:

@@ -59,6 +59,7 @@ from services.scheduler.chat_template import (
     template_messages,
 )
 from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
+from services.scheduler.classify_endpoint import ClassifyEndpoint
 from services.scheduler.embeddings_endpoint import EmbeddingsEndpoint
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import (
@@ -93,7 +94,8 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
     api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning)
     responses = ResponsesEndpoint(api, tasks)
     messages = MessagesEndpoint(api)
-    embeddings = EmbeddingsEndpoint(api)
+    classify = ClassifyEndpoint(api)
+    embeddings = EmbeddingsEndpoint(api, classify.pair_scores if frontend.checkpoint.classifier else None)
     routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/version", api.version, methods=["GET"]),
@@ -109,6 +111,7 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
         Route("/v1/embeddings", embeddings.create, methods=["POST"]),
         *(Route(path, embeddings.score, methods=["POST"]) for path in ("/score", "/v1/score")),
         *(Route(path, embeddings.rerank, methods=["POST"]) for path in ("/rerank", "/v1/rerank", "/v2/rerank")),
+        *(Route(path, classify.create, methods=["POST"]) for path in ("/classify", "/v1/classify")),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
     ]

@@ -1,0 +1,92 @@
+"""Sequence-classification checkpoints (``...ForSequenceClassification``: reward models, classifiers,
+cross-encoder rerankers) through the engine: each prompt's class logits equal transformers' (its ``score`` head
+on the last token's final hidden state), chunked or not, with and without the fused CPU kernels; the checkpoint
+cannot generate, and its labels and activation are read as transformers and vLLM read them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from seawall.offline.engine import OfflineEngine
+from services.common.errors import InvalidArgument
+from services.common.sampling_params import SamplingParams
+from services.engine.checkpoint import load_checkpoint_meta
+from services.engine.config import EngineConfig
+from services.engine.pooling import Classifier
+from services.scheduler.core.config import SchedulerConfig
+from tests.engine.test_embeddings import CONFIG
+
+pytestmark = pytest.mark.oracle
+transformers = pytest.importorskip("transformers")
+
+
+def write_classifier(out, tiny_model_dir, num_labels: int, config=transformers.LlamaConfig, **extra):
+    """A random-weight ``...ForSequenceClassification`` checkpoint with the built-in model's tokenizer."""
+    labels = {i: f"class-{i}" for i in range(num_labels)}
+    cfg = config(**CONFIG, num_labels=num_labels, id2label=labels, label2id={v: k for k, v in labels.items()}, **extra)
+    model = transformers.AutoModelForSequenceClassification.from_config(cfg)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0, 0.2) if "norm" in name else p.normal_(0.0, 0.3)
+    model.eval().save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, out / name)
+    return model
+
+
+@pytest.fixture(scope="module", params=[(3, transformers.LlamaConfig), (1, transformers.Qwen3Config)],
+            ids=["llama-3-classes", "qwen3-1-class"])
+def classifier(request, tmp_path_factory, tiny_model_dir):
+    num_labels, config = request.param
+    out = tmp_path_factory.mktemp("classifier")
+    return out, write_classifier(out, tiny_model_dir, num_labels, config)
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (1, 9, 33, 80)]
+
+
+@pytest.mark.parametrize("cpu_kernels,chunk_size", [(True, 8), (False, 512)], ids=["kernels-chunked", "torch"])
+def test_class_logits_match_transformers(classifier, cpu_kernels, chunk_size):
+    path, model = classifier
+    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
+                           SchedulerConfig(chunk_size=chunk_size))
+    prompts = _prompts()
+    got = engine.classify(prompts)
+    with torch.no_grad():
+        want = [model(torch.tensor([p])).logits[0] for p in prompts]
+    for row, ref in zip(got, want, strict=True):
+        assert torch.tensor(row) == pytest.approx(ref, rel=1e-4, abs=1e-4)
+    with pytest.raises(InvalidArgument, match="no output head"):
+        engine.validate(prompts[0], SamplingParams(max_tokens=2))
+    with pytest.raises(InvalidArgument, match="sequence classifier"):
+        engine.validate_embedding(prompts[0])
+
+
+def test_labels_and_activation_are_read_as_transformers_names_them(tmp_path, tiny_model_dir):
+    write_classifier(tmp_path, tiny_model_dir, 3)
+    meta = load_checkpoint_meta(tmp_path)
+    assert meta.config.num_labels == 3 and not meta.has_lm_head
+    assert meta.classifier == Classifier(("class-0", "class-1", "class-2"), "softmax")
+    config = json.loads((tmp_path / "config.json").read_text())
+    for problem, activation in (("multi_label_classification", "sigmoid"), ("regression", "identity")):
+        (tmp_path / "config.json").write_text(json.dumps({**config, "problem_type": problem}))
+        assert load_checkpoint_meta(tmp_path).classifier.activation == activation
+    (tmp_path / "config.json").write_text(json.dumps({**config, "id2label": None, "num_labels": 1,
+                                                      "problem_type": None}))
+    assert load_checkpoint_meta(tmp_path).classifier == Classifier(("LABEL_0",), "sigmoid")
+
+
+def test_scores_are_softmax_sigmoid_or_the_logits():
+    assert Classifier(("a", "b"), "softmax").scores([0.0, 0.0]) == [0.5, 0.5]
+    assert Classifier(("a",), "sigmoid").scores([0.0]) == [0.5]
+    assert Classifier(("a",), "sigmoid").scores([-800.0])[0] == pytest.approx(0.0)  # no overflow
+    assert Classifier(("a", "b"), "identity").scores([1.5, -2.0]) == [1.5, -2.0]
+    probs = Classifier(("a", "b", "c"), "softmax").scores([1000.0, 999.0, 0.0])  # no overflow either
+    assert sum(probs) == pytest.approx(1.0) and probs[0] > probs[1] > probs[2]
