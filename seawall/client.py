@@ -15,7 +15,8 @@ With ``logprobs=k`` each chunk and completion carries ``logprobs``: a ``SampledT
 rank and the top k candidates); with ``prompt_logprobs=k``, ``prompt_logprobs`` scores the prompt the same way.
 ``beam_search(prompt, beam_width, length_penalty=..., early_stopping=...)`` returns the best hypotheses of a
 beam search (``BeamHypothesis``: token ids, text, finish reason, summed logprob, score), best first.
-``embed(inputs, dimensions=...)`` returns each input's embedding (``Embed``: an embedding checkpoint's pooled
+``classify(inputs)`` returns a sequence classifier's classes for each input (``Classification``: label, probs,
+logits). ``embed(inputs, dimensions=...)`` returns each input's embedding (``Embed``: an embedding checkpoint's pooled
 vector, or a generative model's last hidden state, normalized).
 Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument``, ``ResourceExhausted``...
 """
@@ -104,6 +105,19 @@ def build_beam_search(prompt: str | Sequence[int], beam_width: int, length_penal
     return scheduler_pb2.BeamSearchRequest(request=build_request(prompt, None, sampling), beam_width=beam_width,
                                            length_penalty=length_penalty,
                                            early_stopping=_EARLY_STOPPING[early_stopping])
+
+
+@dataclass
+class Classification:
+    """One input's classes (``classify``)."""
+
+    label: str  # the best class's
+    probs: list[float]  # each class's score (softmax, or sigmoid for multi-label heads and one class)
+    logits: list[float]  # each class's logit (a reward model's reward)
+
+
+def _classifications(reply: scheduler_pb2.ClassifyResponse) -> list[Classification]:
+    return [Classification(c.label, list(c.probs), list(c.logits)) for c in reply.classifications]
 
 
 def _hypotheses(reply: scheduler_pb2.BeamSearchResponse) -> list[BeamHypothesis]:
@@ -306,6 +320,15 @@ class AsyncClient:
             raise _error(exc) from None
         return [list(v.values) for v in reply.embeddings]
 
+    async def classify(self, inputs: str | Sequence[int] | Sequence[str | Sequence[int]], model: str | None = None,
+                       priority: int = 0) -> list[Classification]:
+        """Each input's classes (``Classify``: a sequence-classification checkpoint's), in input order."""
+        try:
+            reply = await rpc(self._stub.Classify(build_embed(inputs, model, None, priority)))
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        return _classifications(reply)
+
     async def beam_search(self, prompt: str | Sequence[int], beam_width: int, *, length_penalty: float = 1.0,
                           early_stopping: bool | str = False, **sampling: Any) -> list[BeamHypothesis]:
         """The prompt's ``beam_width`` best hypotheses by beam search (``BeamSearch``; transformers' rules), best
@@ -393,6 +416,14 @@ class Client:
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return [list(v.values) for v in reply.embeddings]
+
+    def classify(self, inputs: str | Sequence[int] | Sequence[str | Sequence[int]], model: str | None = None,
+                 priority: int = 0) -> list[Classification]:
+        try:
+            reply = self._stub.Classify(build_embed(inputs, model, None, priority))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return _classifications(reply)
 
     def beam_search(self, prompt: str | Sequence[int], beam_width: int, *, length_penalty: float = 1.0,
                     early_stopping: bool | str = False, **sampling: Any) -> list[BeamHypothesis]:

@@ -166,6 +166,24 @@ class EmbedVector(_message.Message):
     values: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class ClassifyResponse(_message.Message):
+    __slots__ = ("classifications", "usage")
+    CLASSIFICATIONS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    classifications: _containers.RepeatedCompositeFieldContainer[Classification]
+    usage: _common_pb2.Usage
+    def __init__(self, classifications: _Optional[_Iterable[_Union[Classification, _Mapping]]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ...) -> None: ...
+
+class Classification(_message.Message):
+    __slots__ = ("label", "probs", "logits")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    LOGITS_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    logits: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, label: _Optional[str] = ..., probs: _Optional[_Iterable[float]] = ..., logits: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class SchedulerStub:
                 request_serializer=seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=seawall_dot_v1_dot_scheduler__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.Classify = channel.unary_unary(
+                '/seawall.v1.Scheduler/Classify',
+                request_serializer=seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_scheduler__pb2.ClassifyResponse.FromString,
+                _registered_method=True)
         self.BeamSearch = channel.unary_unary(
                 '/seawall.v1.Scheduler/BeamSearch',
                 request_serializer=seawall_dot_v1_dot_scheduler__pb2.BeamSearchRequest.SerializeToString,
@@ -105,6 +110,15 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Classify(self, request, context):
+        """Classify each input with a sequence-classification checkpoint (...ForSequenceClassification): its classes'
+        logits from the last token, their scores and the best class's label, as vLLM's /classify. The inputs run
+        as Embed's do; dimensions must be 0. A model that is not a classifier fails with INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BeamSearch(self, request, context):
         """Beam search (transformers' generate(num_beams) rules; vLLM's use_beam_search): the prompt's beam_width
         best hypotheses, best first. Each step runs every open beam as a one-token request, their shared prefix
@@ -153,6 +167,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.FromString,
                     response_serializer=seawall_dot_v1_dot_scheduler__pb2.EmbedResponse.SerializeToString,
+            ),
+            'Classify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Classify,
+                    request_deserializer=seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.FromString,
+                    response_serializer=seawall_dot_v1_dot_scheduler__pb2.ClassifyResponse.SerializeToString,
             ),
             'BeamSearch': grpc.unary_unary_rpc_method_handler(
                     servicer.BeamSearch,
@@ -257,6 +276,33 @@ class Scheduler:
             '/seawall.v1.Scheduler/Embed',
             seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.SerializeToString,
             seawall_dot_v1_dot_scheduler__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Classify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/seawall.v1.Scheduler/Classify',
+            seawall_dot_v1_dot_scheduler__pb2.EmbedRequest.SerializeToString,
+            seawall_dot_v1_dot_scheduler__pb2.ClassifyResponse.FromString,
             options,
             channel_credentials,
             insecure,

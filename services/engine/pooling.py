@@ -118,6 +118,10 @@ class Classifier:
     labels: tuple[str, ...]
     activation: str  # "softmax", "sigmoid" or "identity"
 
+    def label(self, logits: list[float]) -> str:
+        """The best class's label."""
+        return self.labels[max(range(len(logits)), key=logits.__getitem__)]
+
     def scores(self, logits: list[float]) -> list[float]:
         if self.activation == "identity":
             return list(logits)

@@ -45,11 +45,8 @@ class ClassifyEndpoint:
                                                       request_priority(body), lora, labels)
         except SeawallError as exc:
             return error_response(exc)
-        data = []
-        for i, row in enumerate(logits):
-            best = max(range(len(row)), key=row.__getitem__)
-            data.append({"index": i, "label": classifier.labels[best], "probs": classifier.scores(row),
-                         "num_classes": len(row), "logits": row})
+        data = [{"index": i, "label": classifier.label(row), "probs": classifier.scores(row), "num_classes": len(row),
+                 "logits": row} for i, row in enumerate(logits)]
         tokens = sum(len(p) for p in prompts)
         return JSONResponse({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                              "model": self.api.served_name(body), "data": data,

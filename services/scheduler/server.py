@@ -1,4 +1,4 @@
-"""The Scheduler gRPC service: Generate (streaming), GenerateBatch, Embed, BeamSearch, Abort, GetStats, RegisterWorker. A shell
+"""The Scheduler gRPC service: Generate (streaming), GenerateBatch, Embed, Classify, BeamSearch, Abort, GetStats, RegisterWorker. A shell
 over the mesh."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from services.common.beam_search import beam_params, hypothesis_text
 from services.common.convert import finish_reason_to_proto, params_from_proto, token_logprobs_to_proto
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
+from services.engine.pooling import check_classifier
 from services.scheduler.beam_driver import beam_search
 from services.scheduler.config import as_flag
 from services.scheduler.core.policies.base import chunk_budget
@@ -66,6 +67,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             await abort_with(context, exc)
         return scheduler_pb2.EmbedResponse(embeddings=[scheduler_pb2.EmbedVector(values=v) for v in vectors],
                                            usage=common_pb2.Usage(prompt_tokens=sum(map(len, prompts))))
+
+    async def Classify(self, request, context):
+        try:
+            if not request.inputs:
+                raise InvalidArgument("inputs is empty: send at least one text or token_ids")
+            if request.dimensions:
+                raise InvalidArgument("dimensions does not apply to classes: leave it 0")
+            lora = self.frontend.loras.resolve(request.model)
+            classifier = check_classifier(self.frontend.checkpoint.classifier)
+            prompts = [labelled(f"inputs[{i}]", self._prompt, x) for i, x in enumerate(request.inputs)]
+            logits = await self.frontend.classify(prompts, tracing.from_grpc_metadata(context.invocation_metadata()),
+                                                  request.priority, lora, [f"inputs[{i}]" for i in range(len(prompts))])
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        return scheduler_pb2.ClassifyResponse(
+            classifications=[scheduler_pb2.Classification(label=classifier.label(row), probs=classifier.scores(row),
+                                                          logits=row) for row in logits],
+            usage=common_pb2.Usage(prompt_tokens=sum(map(len, prompts))))
 
     async def BeamSearch(self, request, context):
         try:

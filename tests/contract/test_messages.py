@@ -19,6 +19,7 @@ EXPECTED_SERVICES = {
         "Generate": SERVER_STREAM,
         "GenerateBatch": SERVER_STREAM,
         "Embed": UNARY,
+        "Classify": UNARY,
         "BeamSearch": UNARY,
         "Abort": UNARY,
         "GetStats": UNARY,

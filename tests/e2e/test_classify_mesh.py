@@ -5,11 +5,15 @@ answers ``/score`` and ``/rerank`` with its score of each (query, document) pair
 
 from __future__ import annotations
 
+import grpc
 import httpx
 import pytest
 import torch
 from tokenizers import Tokenizer, processors
 
+from seawall import Client
+from seawall.client import build_embed
+from services.common.errors import InvalidArgument
 from tests.e2e.conftest import random_prompts, start_mesh
 from tests.engine.test_classifier import write_classifier
 
@@ -62,6 +66,22 @@ def test_classify_returns_each_input_s_classes_as_transformers_scores_them(three
         assert row["label"] == f"class-{int(ref.argmax())}" and row["num_classes"] == 3
     assert [row["index"] for row in data] == [0, 1, 2, 3]
     assert out.json()["usage"]["prompt_tokens"] == sum(map(len, prompts))
+
+
+def test_the_sdk_classifies_over_grpc_as_the_http_api_does(three_classes, default_mesh):
+    mesh, _, _ = three_classes
+    inputs = ["a burst", random_prompts([12], seed=8)[0]]
+    http = _post(mesh, "/classify", {"model": "", "input": inputs}).json()["data"]
+    with Client(mesh.grpc_address) as sdk:
+        got = sdk.classify(inputs, priority=-1)
+        with pytest.raises(grpc.RpcError) as refused:  # the SDK never sends dimensions with classify
+            sdk._stub.Classify(build_embed("x", None, 3, 0))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "leave it 0" in refused.value.details()
+    assert [c.label for c in got] == [row["label"] for row in http]
+    for c, row in zip(got, http, strict=True):  # float32 on the wire
+        assert c.logits == pytest.approx(row["logits"], abs=1e-6) and c.probs == pytest.approx(row["probs"], abs=1e-6)
+    with Client(default_mesh.grpc_address) as sdk, pytest.raises(InvalidArgument, match="not a sequence classifier"):
+        sdk.classify("x")
 
 
 def test_what_a_classifier_cannot_do_is_refused_saying_so(three_classes):
