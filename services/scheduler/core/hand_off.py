@@ -32,7 +32,11 @@ class HandOff:
         return list(held)
 
     def _hold(self: Scheduler, req: Request) -> list[int]:
-        """Moves the request's blocks to ``handed_off`` (still referenced) and tells the worker to drop it."""
+        """Moves the request's blocks to ``handed_off`` (still referenced) and tells the worker to drop it. Its
+        partly filled last block is cached now (tail_blocks.py): nothing writes it again, and a next turn on
+        this worker continues its tokens."""
+        if self._caches_tails:
+            self._cache_tail(req)
         held, req.block_ids = req.block_ids, []
         self._sent_blocks.pop(req.request_id, None)
         if req.request_id in self._on_worker:

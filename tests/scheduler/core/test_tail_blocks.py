@@ -95,3 +95,17 @@ def test_tails_are_off_without_prefix_caching_and_for_sliding_windows():
         s.add(again)
         plan, _ = step(s)
         assert not plan.copy and plan.new[0].num_computed_tokens % 4 == 0
+
+
+def test_a_handed_off_prompt_s_tail_serves_the_next_turn_on_its_worker():
+    s = create_scheduler(block_size=4)
+    first = Request("a", list(PROMPT), SamplingParams(max_tokens=4), 0.0)
+    s.add(first)
+    step(s)  # the prompt, and its first token
+    held = s.hand_off("a")  # on to a decode worker; the blocks stay referenced while their KV is sent
+    turn = Request("b", PROMPT + [7, 8, 9, 5, 6], SamplingParams(max_tokens=1), 1.0)
+    s.add(turn)
+    plan, _ = step(s)
+    assert plan.new[0].num_computed_tokens == 10 and plan.copy[0][0] == held[2]  # copied, not shared
+    s.release_handed_off("a")
+    s.check_integrity()
