@@ -1,6 +1,8 @@
 """OpenAI batch files (as ``vllm run-batch``): parse request lines, run them together, write response lines.
 
-Input line:  ``{"custom_id", "method": "POST", "url": "/v1/completions", "body": {"prompt": str | [int], ...}}``
+Input line:  ``{"custom_id", "method": "POST", "url": "/v1/completions", "body": {"prompt": str | [int], ...}}``, or
+``"url": "/v1/chat/completions"`` with ``"body": {"messages": [...], ...}`` (rendered by the chat template; tool
+calls are the live API's)
 Output line: ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`` — the body is
 an OpenAI completion whose choices also carry ``token_ids`` (vLLM's ``return_token_ids``); ``n`` choices
 (seeded ones with ``seed + j``) and ``echo`` (with ``logprobs``: the prompt's tokens scored) as the HTTP API
@@ -22,6 +24,7 @@ from services.common.beam_search import BeamParams, beam_from_openai, hypothesis
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.openai_logprobs import (
     TokenTexts,
+    chat_logprobs,
     completion_logprobs,
     echoed_completion_logprobs,
     vllm_prompt_logprobs,
@@ -29,9 +32,10 @@ from services.common.openai_logprobs import (
 from services.common.sampling_params import SamplingParams, from_openai_completion, prompt_truncation
 from services.common.step import LoraRef
 from services.scheduler.admission import check_cache_salt
+from services.scheduler.chat_prompt import ChatPrompt, chat_sampling
 from services.scheduler.lora_registry import LoraRegistry
 
-SUPPORTED_URLS = ("/v1/completions",)
+SUPPORTED_URLS = ("/v1/completions", "/v1/chat/completions")
 
 
 @dataclass
@@ -47,9 +51,11 @@ class BatchItem:
     lora: LoraRef | None = None  # the adapter body.model names; None = the base model
     cache_salt: str = ""  # body.cache_salt: only lines with the same salt share cached KV
     beam: BeamParams | None = None  # body.use_beam_search: n beams, each a choice
+    chat: bool = False  # a /v1/chat/completions line: its choices are messages
 
 
-def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegistry) -> BatchItem:
+def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegistry,
+               chat: ChatPrompt | None = None) -> BatchItem:
     try:
         raw = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -58,7 +64,7 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegist
         return BatchItem(line_no, None, error=InvalidArgument(f"line {line_no} must be a JSON object"))
     item = BatchItem(line_no, raw.get("custom_id"))
     try:
-        _parse_request(engine, raw, item)
+        _parse_request(engine, raw, item, chat)
         item.lora = loras.resolve(raw["body"].get("model"))
         item.cache_salt = check_cache_salt(raw["body"].get("cache_salt"))
         engine.validate(item.prompt_token_ids, item.params)
@@ -67,7 +73,7 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegist
     return item
 
 
-def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem) -> None:
+def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem, chat: ChatPrompt | None) -> None:
     if raw.get("method", "POST") != "POST":
         raise InvalidArgument(f"method must be POST, got {raw.get('method')!r}")
     if raw.get("url") not in SUPPORTED_URLS:
@@ -75,6 +81,9 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem) 
     body = raw.get("body")
     if not isinstance(body, dict):
         raise InvalidArgument("body must be a JSON object holding the completion request")
+    if raw["url"] == "/v1/chat/completions":
+        _parse_chat(engine, body, item, chat or ChatPrompt(engine.checkpoint.path, engine.encode))
+        return
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         ids = engine.encode(prompt)
@@ -94,11 +103,28 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem) 
                                  engine.scheduler.config.max_model_len - len(ids))
 
 
+def _parse_chat(engine: OfflineEngine, body: dict[str, Any], item: BatchItem, chat: ChatPrompt) -> None:
+    """A chat completions line: its messages rendered by the chat template; tool calls are the live API's."""
+    if body.get("tools") or body.get("tool_choice") not in (None, "none"):
+        raise InvalidArgument("tools are not supported in run-batch: send the request to the HTTP API (seawall up) "
+                              "or leave tools out")
+    if body.get("stream"):
+        raise InvalidArgument("stream cannot be used in run-batch: each line's response is written whole")
+    ids = chat.render(body)
+    keep = prompt_truncation(body, engine.scheduler.config.max_model_len)
+    item.prompt_token_ids = ids[-keep:] if keep is not None else ids
+    item.params, item.n = chat_sampling(body)
+    item.chat = True
+    item.beam = beam_from_openai(body, item.params, item.n, engine.checkpoint.eos_token_ids,
+                                 engine.scheduler.config.max_model_len - len(item.prompt_token_ids))
+
+
 def run_batch(engine: OfflineEngine, lines: list[str], model_name: str,
               loras: LoraRegistry | None = None) -> list[dict[str, Any]]:
     """``loras``: the adapters lines may name besides the base model (``base_names``); default none."""
     loras = loras or LoraRegistry(engine.checkpoint.config.lora_shape, 1, base_names(engine, model_name))
-    items = [parse_line(engine, i + 1, line, loras) for i, line in enumerate(lines) if line.strip()]
+    chat = ChatPrompt(engine.checkpoint.path, engine.encode)
+    items = [parse_line(engine, i + 1, line, loras, chat) for i, line in enumerate(lines) if line.strip()]
     good = [it for it in items if it.error is None and it.beam is None]
     runs = [(it, j) for it in good for j in range(it.n)]  # one request per choice
     completions = engine.generate([it.prompt_token_ids for it, _ in runs], [it.params.for_choice(j) for it, j in runs],
@@ -139,11 +165,16 @@ def base_names(engine: OfflineEngine, model_name: str) -> tuple[str, ...]:
 
 
 def _response_line(item: BatchItem, comps: list[Completion], engine: OfflineEngine, model: str, created: int) -> dict:
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+    request_id = f"{'chatcmpl' if item.chat else 'cmpl'}-{uuid.uuid4().hex}"
     texts = TokenTexts(engine.tokenizer)
     choices = []
     for j, comp in enumerate(comps):
         logprobs = None
+        if item.chat:
+            logprobs = chat_logprobs(comp.logprobs, texts) if item.params.logprobs is not None else None
+            choices.append({"index": j, "message": {"role": "assistant", "content": comp.text},
+                            "logprobs": logprobs, "finish_reason": comp.finish_reason, "token_ids": comp.token_ids})
+            continue
         if item.params.logprobs is not None:
             logprobs = (echoed_completion_logprobs(comp.prompt_token_ids, comp.prompt_logprobs, comp.logprobs, texts)
                         if item.echo is not None else completion_logprobs(comp.logprobs, texts))
@@ -154,7 +185,7 @@ def _response_line(item: BatchItem, comps: list[Completion], engine: OfflineEngi
     n_prompt, n_out = len(comps[0].prompt_token_ids), sum(len(c.token_ids) for c in comps)
     body = {
         "id": request_id,
-        "object": "text_completion",
+        "object": "chat.completion" if item.chat else "text_completion",
         "created": created,
         "model": model,
         "choices": choices,

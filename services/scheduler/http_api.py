@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
-import jinja2
 from anyio.abc import TaskGroup
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
@@ -39,11 +38,9 @@ from services.common.openai_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.common.sampling_params import (
-    MAX_LOGPROBS,
     SamplingParams,
     bool_field,
     from_openai_completion,
-    num_choices,
     prompt_truncation,
 )
 from services.common.step import LoraRef
@@ -51,14 +48,8 @@ from services.common.version import VERSION
 from services.scheduler.admission import check_cache_salt
 from services.scheduler.anthropic_endpoint import MessagesEndpoint
 from services.scheduler.beam_endpoint import BeamEndpoint
-from services.scheduler.chat_template import (
-    load_template,
-    sorted_keys,
-    sorts_tools,
-    special_tokens,
-    template_messages,
-)
-from services.scheduler.chat_tools import ToolCalling, chat_messages, open_final_message, tool_calling
+from services.scheduler.chat_prompt import ChatPrompt, chat_sampling
+from services.scheduler.chat_tools import ToolCalling, tool_calling
 from services.scheduler.classify_endpoint import ClassifyEndpoint
 from services.scheduler.embeddings_endpoint import EmbeddingsEndpoint
 from services.scheduler.frontend import Frontend, Submission
@@ -75,13 +66,6 @@ from services.scheduler.reasoning_parsers import AnyReasoning, AnyStream
 from services.scheduler.responses_endpoint import ResponsesEndpoint
 from services.scheduler.tool_parser_base import ToolParser
 from services.scheduler.tracked import Delta, TrackedRequest
-
-# Chat fields handled here rather than by SamplingParams.from_openai.
-_CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "tools",
-              "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n", "reasoning_effort",
-              "add_generation_prompt", "continue_final_message"}
-# OpenAI's reasoning_effort values; the chat template gets the value (gpt-oss's reads it, others ignore it).
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
 def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry | None = None,
@@ -136,9 +120,7 @@ class OpenAIApi:
         self.tool_parser = tool_parser
         self.reasoning = reasoning
         self.structured_in_reasoning = structured_in_reasoning
-        self._template = load_template(frontend.checkpoint.path)
-        self._special_tokens = special_tokens(frontend.checkpoint.path)
-        self._sort_tools = sorts_tools(frontend.checkpoint.path)
+        self.chat_prompt = ChatPrompt(frontend.checkpoint.path, frontend.encode)
         self.texts = TokenTexts(frontend.tokenizer)
         self.beams = BeamEndpoint(self)
 
@@ -200,24 +182,11 @@ class OpenAIApi:
         may answer with."""
         self._check_model(body)
         tools = tool_calling(body, self.tool_parser)
-        prompt = self._render_chat(body, _template_kwargs(body))
+        prompt = self.chat_prompt.render(body)
         keep = prompt_truncation(body, self.frontend.max_model_len)
         if keep is not None:
             prompt = prompt[-keep:]
-        sampling = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
-        if body.get("max_completion_tokens") is not None:
-            sampling["max_tokens"] = body["max_completion_tokens"]
-        top = body.get("top_logprobs")
-        logprobs = bool_field(body, "logprobs")
-        if top is not None and not logprobs:
-            raise InvalidArgument("top_logprobs needs \"logprobs\": true")
-        if logprobs:
-            top = top or 0
-            if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
-                raise InvalidArgument(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r}")
-            sampling["logprobs"] = top
-        n = num_choices(body)
-        params = SamplingParams.from_openai(sampling)
+        params, n = chat_sampling(body)
         if tools is not None and tools.structured_output is not None:
             if params.structured_output is not None:
                 raise InvalidArgument("a forced tool call constrains the output already: drop response_format "
@@ -239,7 +208,7 @@ class OpenAIApi:
             body = await json_body(request)
             self._check_model(body)
             if "messages" in body:
-                ids = self._render_chat(body, _template_kwargs(body))
+                ids = self.chat_prompt.render(body)
             elif isinstance(body.get("prompt"), str):
                 ids = self.frontend.encode(body["prompt"])
             else:
@@ -265,7 +234,7 @@ class OpenAIApi:
     def chat_prompt(self, body: dict) -> list[int]:
         """A chat body's messages (and tools) rendered by the chat template, as the token ids the model sees."""
         self._check_model(body)
-        return self._render_chat(body, _template_kwargs(body))
+        return self.chat_prompt.render(body)
 
     def _check_model(self, body: dict) -> LoraRef | None:
         """The LoRA adapter the body's ``model`` names, or None for the base model (its served name or its
@@ -309,25 +278,6 @@ class OpenAIApi:
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return prompt, None
         raise InvalidArgument(f"{name} must be a string or a list of token ids (or prompt a list of those)")
-
-    def _render_chat(self, body: dict, kwargs: dict) -> list[int]:
-        messages = chat_messages(body.get("messages"))
-        if self._template is None:
-            raise InvalidArgument("this model has no chat template; use /v1/completions")
-        add_prompt, continue_final = _turn_options(body)
-        # Tools go to the template as the client sent them (keys sorted where the tokenizer sorts them):
-        # templates that describe tools to the model do so. chat_template_kwargs come last and win, as in vLLM.
-        tools = sorted_keys(body["tools"]) if self._sort_tools and body.get("tools") else body.get("tools")
-        variables = {**self._special_tokens, "add_generation_prompt": add_prompt,
-                     **({"tools": tools} if tools else {}), **kwargs,
-                     "messages": template_messages(messages)}
-        try:
-            text = self._template.render(**variables)
-        except jinja2.TemplateError as exc:  # e.g. a template that raises on a role order it does not support
-            raise InvalidArgument(f"the model's chat template cannot render these messages: {exc}") from None
-        if continue_final:
-            text = open_final_message(text, messages[-1])
-        return self.frontend.encode(text)
 
     async def _respond(self, request: Request, body: dict, tracked: list[TrackedRequest], n: int,
                        chat: bool, echoed: list[str] | None = None, tools: ToolCalling | None = None) -> Response:
@@ -496,33 +446,6 @@ def _session(body: dict) -> str:
     if not isinstance(session, str):
         raise InvalidArgument("session_id must be a string")
     return session
-
-
-def _template_kwargs(body: dict) -> dict:
-    """What the chat template is rendered with besides the messages: ``chat_template_kwargs`` (vLLM's), and
-    OpenAI's ``reasoning_effort`` as the template variable of that name, as vLLM passes it."""
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise InvalidArgument(f"chat_template_kwargs must be an object, got {kwargs!r}")
-    if "messages" in kwargs:
-        raise InvalidArgument("chat_template_kwargs cannot hold messages: send them as the request's messages")
-    effort = body.get("reasoning_effort")
-    if effort is None:
-        return kwargs
-    if effort not in REASONING_EFFORTS:
-        raise InvalidArgument(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
-    return {"reasoning_effort": effort, **kwargs}
-
-
-def _turn_options(body: dict) -> tuple[bool, bool]:
-    """vLLM's ``add_generation_prompt`` (open the assistant's turn; default true) and ``continue_final_message``
-    (continue the final message instead, e.g. an assistant reply begun by the client; default false)."""
-    cont = bool_field(body, "continue_final_message")
-    add = bool_field(body, "add_generation_prompt") if body.get("add_generation_prompt") is not None else not cont
-    if add and cont:
-        raise InvalidArgument("add_generation_prompt and continue_final_message cannot both be true: continuing "
-                              "the final message opens no new turn")
-    return add, cont
 
 
 def _constrained_from_start(tracked: TrackedRequest) -> bool:

@@ -284,3 +284,32 @@ def test_lines_select_lora_adapters_by_model(tmp_path, tiny_model_dir, lora_dirs
     assert by_id["base"]["body"]["choices"][0]["token_ids"] == peft_greedy(tiny_model_dir, None, [prompt], 12)[0]
     assert by_id["unknown"]["status_code"] == 404
     assert "'gamma' does not exist" in by_id["unknown"]["body"]["error"]["message"]
+
+
+def test_chat_lines_are_rendered_by_the_chat_template_and_answered_as_chat_completions(tmp_path, tiny_model_dir):
+    from services.engine.checkpoint import load_checkpoint_meta
+    from services.scheduler.chat_prompt import ChatPrompt
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why bursts?"}]
+    meta = load_checkpoint_meta(tiny_model_dir)
+    rendered = ChatPrompt(tiny_model_dir, lambda text: meta.tokenizer.encode(text).ids).render({"messages": messages})
+    chat = {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": messages, "max_completion_tokens": 6, "temperature": 0, "logprobs": True,
+                     "top_logprobs": 2, "n": 2}}
+    rows = [chat, _req("same", prompt=rendered, max_tokens=6, temperature=0),
+            {**chat, "custom_id": "tools", "body": {**chat["body"], "tools": [{"type": "function",
+                                                                              "function": {"name": "f"}}]}},
+            {**chat, "custom_id": "stream", "body": {**chat["body"], "stream": True}}]
+    code, out = _run(tmp_path, tiny_model_dir, rows)
+    by_id = {line["custom_id"]: line for line in out}
+    body = by_id["chat"]["response"]["body"]
+    same = by_id["same"]["response"]["body"]["choices"][0]
+    assert code == 0 and body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    for choice in body["choices"]:  # greedy: both choices are the completion of the rendered prompt
+        assert choice["message"] == {"role": "assistant", "content": same["text"]}
+        assert choice["token_ids"] == same["token_ids"] and choice["finish_reason"] == same["finish_reason"]
+        assert [t["token"] for t in choice["logprobs"]["content"]] and len(choice["logprobs"]["content"][0]["top_logprobs"]) == 2
+    assert body["usage"]["prompt_tokens"] == len(rendered)
+    assert by_id["tools"]["response"]["status_code"] == 400 and "tools" in by_id["tools"]["error"]["message"]
+    assert by_id["stream"]["response"]["status_code"] == 400
