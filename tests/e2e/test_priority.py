@@ -55,8 +55,11 @@ async def test_a_more_important_request_runs_before_ones_that_queued_earlier(mod
                 await anyio.sleep(0.05)
                 assert "first" not in done  # all three queued behind it
         assert len(got["first"]) == 300
-        if mode == "colocated":  # the three wait as prompts; "first" keeps its slot
-            assert done == ["first", "urgent", "normal", "low"]
+        if mode == "colocated":
+            # The three wait as prompts, by priority. "first" keeps its slot while each of its steps is planned
+            # after the last one's token: one planned ahead while that token is in flight may leave the slot to
+            # the next in line (CI saw urgent and normal finish first that way), but never to a less important one.
+            assert [name for name in done if name != "first"] == ["urgent", "normal", "low"]  # the reverse of arrival
         else:
             # They are prompts on the prefill worker only briefly; on the decode worker all four are decodes, one a
             # step, by priority. A step planned ahead can leave a slot to the next in line while a decode's token
