@@ -120,7 +120,7 @@ class OpenAIApi:
         self.tool_parser = tool_parser
         self.reasoning = reasoning
         self.structured_in_reasoning = structured_in_reasoning
-        self.chat_prompt = ChatPrompt(frontend.checkpoint.path, frontend.encode)
+        self.chat_template = ChatPrompt(frontend.checkpoint.path, frontend.encode)
         self.texts = TokenTexts(frontend.tokenizer)
         self.beams = BeamEndpoint(self)
 
@@ -182,7 +182,7 @@ class OpenAIApi:
         may answer with."""
         self._check_model(body)
         tools = tool_calling(body, self.tool_parser)
-        prompt = self.chat_prompt.render(body)
+        prompt = self.chat_template.render(body)
         keep = prompt_truncation(body, self.frontend.max_model_len)
         if keep is not None:
             prompt = prompt[-keep:]
@@ -208,7 +208,7 @@ class OpenAIApi:
             body = await json_body(request)
             self._check_model(body)
             if "messages" in body:
-                ids = self.chat_prompt.render(body)
+                ids = self.chat_template.render(body)
             elif isinstance(body.get("prompt"), str):
                 ids = self.frontend.encode(body["prompt"])
             else:
@@ -234,7 +234,7 @@ class OpenAIApi:
     def chat_prompt(self, body: dict) -> list[int]:
         """A chat body's messages (and tools) rendered by the chat template, as the token ids the model sees."""
         self._check_model(body)
-        return self.chat_prompt.render(body)
+        return self.chat_template.render(body)
 
     def _check_model(self, body: dict) -> LoraRef | None:
         """The LoRA adapter the body's ``model`` names, or None for the base model (its served name or its

@@ -6,7 +6,6 @@ cannot generate, and its labels and activation are read as transformers and vLLM
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from services.engine.checkpoint import load_checkpoint_meta
 from services.engine.config import EngineConfig
 from services.engine.pooling import Classifier
 from services.scheduler.core.config import SchedulerConfig
-from tests.engine.test_embeddings import CONFIG
+from tests.engine.test_embeddings import CONFIG, _save
 
 pytestmark = pytest.mark.oracle
 transformers = pytest.importorskip("transformers")
@@ -28,15 +27,7 @@ def write_classifier(out, tiny_model_dir, num_labels: int, config=transformers.L
     """A random-weight ``...ForSequenceClassification`` checkpoint with the built-in model's tokenizer."""
     labels = {i: f"class-{i}" for i in range(num_labels)}
     cfg = config(**CONFIG, num_labels=num_labels, id2label=labels, label2id={v: k for k, v in labels.items()}, **extra)
-    model = transformers.AutoModelForSequenceClassification.from_config(cfg)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(1.0, 0.2) if "norm" in name else p.normal_(0.0, 0.3)
-    model.eval().save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny_model_dir / name, out / name)
-    return model
+    return _save(transformers.AutoModelForSequenceClassification.from_config(cfg), out, tiny_model_dir)
 
 
 @pytest.fixture(scope="module", params=[(3, transformers.LlamaConfig), (1, transformers.Qwen3Config)],
