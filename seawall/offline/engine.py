@@ -164,18 +164,16 @@ class OfflineEngine:
     def embed(self, prompts: Sequence[Sequence[int]], dimensions: int | None = None) -> list[list[float]]:
         """Each prompt's embedding (pooling.py: its last token's final hidden state, normalized as the
         checkpoint says, cut to ``dimensions``), all run together; validate them first (``validate_embedding``)."""
-        params = [EMBEDDING_PARAMS] * len(prompts)
-        out = []
-        for comp in self.generate(prompts, params):
-            if comp.error is not None:
-                raise comp.error
-            out.append(embedding_vector(comp.hidden_state, self.checkpoint.pooling, dimensions))
-        return out
+        return [embedding_vector(hidden, self.checkpoint.pooling, dimensions) for hidden in self._pooled(prompts)]
 
     def classify(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
         """A sequence classifier's logits for each prompt (its classes', pooling.py ``Classifier``), all run
         together; validate them first (``validate``)."""
         check_classifier(self.checkpoint.classifier)
+        return self._pooled(prompts)
+
+    def _pooled(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Each prompt's pooled state as the worker returns it; raises the first failed prompt's error."""
         out = []
         for comp in self.generate(prompts, [EMBEDDING_PARAMS] * len(prompts)):
             if comp.error is not None:

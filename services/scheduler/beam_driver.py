@@ -1,6 +1,6 @@
 """A beam search through the mesh (services/common/beam_search.py): each step runs every open beam as a
-one-token request asking for its best next tokens; the beams' shared prompt and history are full KV blocks the
-prefix cache serves, so a step computes little more than each beam's last partial block (vLLM's approach)."""
+one-token request asking for its best next tokens (vLLM's approach); the prefix cache serves the beams' shared
+full blocks and each beam's partly filled last block (core/tail_blocks.py), so a step computes one token a beam."""
 
 from __future__ import annotations
 

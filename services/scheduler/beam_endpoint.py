@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.common import tracing
 from services.common.beam_search import BeamParams, Hypothesis, beam_from_openai, hypothesis_text
-from services.common.errors import InvalidArgument, SeawallError
+from services.common.errors import SeawallError
 from services.common.sampling_params import SamplingParams, bool_field
 from services.scheduler.admission import check_cache_salt
 from services.scheduler.beam_driver import beam_search
@@ -98,8 +98,7 @@ class BeamEndpoint:
             labelled(label, frontend.validate, prompt, params)
             beam = labelled(label, beam_from_openai, body, params, n, frontend.checkpoint.eos_token_ids,
                             frontend.max_model_len - len(prompt))
-            if beam is None:
-                raise InvalidArgument("use_beam_search must be true here")
+            assert beam is not None, "only bodies asking for use_beam_search are routed here"
             items.append(Submission(prompt, params, priority=priority, lora=lora, cache_salt=salt))
             beams.append(beam)
         return items, beams

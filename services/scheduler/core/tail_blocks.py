@@ -7,9 +7,10 @@ is cached under the hash of its tokens so far (``block_hash.tail_hash``), free a
 block (freed first, so evicted before the full blocks it follows). A request admitted looks, right after the
 full blocks of its prefix found cached, for the longest such tail of exactly its next tokens, takes a fresh
 block, and the plan copies the tail into it (``StepPlan.copy``, applied before the forward pass, as a fork's
-copy-on-write is). What this saves: up to ``block_size - 1`` tokens per request,
-which is most of a step for a beam search's one-token steps (each continues a beam that just finished), the
-same prompt sent again, or a conversation's next turn continuing the last.
+copy-on-write is). What this saves: up to ``block_size - 1`` tokens per request, which is most of a step for a
+beam search's one-token steps (each continues a beam that just finished), or a conversation's next turn
+continuing the last. Only an exact continuation finds a tail: the same prompt sent again does not (it must run
+its last token, which the tail holds).
 
 Off for models whose blocks are not all of a prefix's state (linear attention: their saved states are at
 full blocks) and for sliding windows (blocks behind the window are dropped).
@@ -50,9 +51,9 @@ class TailBlocks:
             return 0
         bs = self.blocks.block_size
         full = len(req.block_ids)
-        seed = self.seed_of(req)
+        seed, chain = self.seed_of(req), hashes[:full]  # a long context's chain copied once, not per length
         for length in range(min(bs - 1, req.num_tokens - 1 - full * bs), 0, -1):
-            src = self.blocks.cached_block(tail_hash(hashes[:full], req.token_ids, bs, seed, length))
+            src = self.blocks.cached_block(tail_hash(chain, req.token_ids, bs, seed, length))
             if src is None:
                 continue
             got = self.blocks.allocate(1)  # may be src itself (least recently freed): it holds the tokens then
