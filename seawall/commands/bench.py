@@ -24,6 +24,7 @@ from pathlib import Path
 from seawall.commands.numbers import fraction, non_negative, positive, whole
 from seawall.commands.paths import check_output_file
 from services.common.errors import InvalidArgument
+from services.engine.config import add_kv_cache_dtype_flag
 
 
 def _csv(kind):
@@ -56,6 +57,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", help="workers' torch device (default auto)")
     add_worker_thread_flags(g)
     g.add_argument("--kv-cache-bytes", type=whole(1), default=None, help="KV pool bytes per worker")
+    add_kv_cache_dtype_flag(g)
     g.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent")
     g.add_argument("--no-cpu-kernels", action="store_true",
                    help="workers run CPU attention, norms and RoPE as plain torch ops, not the fused C kernels")
@@ -186,7 +188,7 @@ def mesh_options(args: argparse.Namespace, policy: str):
     workers = ["--device", args.device] + (["--kv-cache-bytes", str(args.kv_cache_bytes)] if args.kv_cache_bytes
                                            else []) + (["--no-nixl"] if args.no_nixl else [])
     workers += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
-    workers += worker_thread_args(args)
+    workers += ["--kv-cache-dtype", args.kv_cache_dtype] + worker_thread_args(args)
     colocated = args.mode == "colocated"
     return MeshOptions(model=args.model, mode=args.mode, num_prefill=0 if colocated else args.prefill,
                        num_decode=args.workers if colocated else args.decode, grpc_port=0,
@@ -210,6 +212,7 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
         if getattr(args, name):
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     flags += ["--no-cpu-kernels"] if args.no_cpu_kernels else []
+    flags += [f"--kv-cache-dtype {args.kv_cache_dtype}"] if args.kv_cache_dtype != "auto" else []
     flags += [f"--step-thread {args.step_thread}"] if args.step_thread != "auto" else []
     flags += [f"--lora-modules {' '.join(f'{n}={p}' for n, p in args.lora_modules)}"] if args.lora_modules else []
     return (flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])

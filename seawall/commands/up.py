@@ -28,6 +28,7 @@ from services.common.errors import InvalidArgument
 from services.common.lora import read_lora
 from services.common.step import LoraRef
 from services.engine.checkpoint import resolve_model_dir
+from services.engine.config import add_kv_cache_dtype_flag
 from services.engine.model_config import ModelConfig, add_max_model_len_flag
 from services.scheduler.main import (
     add_lora_flags,
@@ -55,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="workers' torch device: cpu, cuda, cuda:N or auto")
     add_worker_thread_flags(p)
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
+    add_kv_cache_dtype_flag(p)
     add_max_model_len_flag(p)
     p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
     p.add_argument("--no-cpu-kernels", action="store_true",
@@ -161,6 +163,7 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         workers += ["--max-model-len", str(args.max_model_len)]
     if args.kv_cache_bytes:
         workers += ["--kv-cache-bytes", str(args.kv_cache_bytes)]
+    workers += ["--kv-cache-dtype", args.kv_cache_dtype]
     if args.no_nixl:
         workers.append("--no-nixl")
     if args.no_cpu_kernels:

@@ -29,6 +29,7 @@ class KVDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KV_DTYPE_FLOAT16: _ClassVar[KVDtype]
     KV_DTYPE_BFLOAT16: _ClassVar[KVDtype]
     KV_DTYPE_FP8_E4M3: _ClassVar[KVDtype]
+    KV_DTYPE_FP8_E5M2: _ClassVar[KVDtype]
 
 class MemoryType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -65,6 +66,7 @@ KV_DTYPE_FLOAT32: KVDtype
 KV_DTYPE_FLOAT16: KVDtype
 KV_DTYPE_BFLOAT16: KVDtype
 KV_DTYPE_FP8_E4M3: KVDtype
+KV_DTYPE_FP8_E5M2: KVDtype
 MEMORY_TYPE_UNSPECIFIED: MemoryType
 MEMORY_TYPE_DRAM: MemoryType
 MEMORY_TYPE_VRAM: MemoryType

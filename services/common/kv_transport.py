@@ -124,6 +124,7 @@ _DTYPES = {
     torch.float16: common_pb2.KV_DTYPE_FLOAT16,
     torch.bfloat16: common_pb2.KV_DTYPE_BFLOAT16,
     torch.float8_e4m3fn: common_pb2.KV_DTYPE_FP8_E4M3,
+    torch.float8_e5m2: common_pb2.KV_DTYPE_FP8_E5M2,
 }
 
 

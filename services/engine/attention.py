@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from services.engine.kv_quant import quantize, widen
+
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
     from services.engine.recurrent_state import RecurrentBatch
@@ -122,6 +124,9 @@ class AttentionBatch:
     # ALiBi's float masks of the torch groups, built by the first layer and read by the rest (every layer has the
     # same slopes).
     alibi_masks: AlibiMasks | None = None
+    # A float8 e4m3 pool read by the torch ops in fp32: the fused kernels' gather, which widens as it copies
+    # (exact, so whichever ops the model runs; torch's own e4m3 conversion is ~13x slower than the gather).
+    float8_kernels: CpuKernels | None = None
 
 
 class AlibiMasks(NamedTuple):
@@ -155,7 +160,13 @@ def paged_attention(
     ``alibi_bf16``: Falcon-RW's biases (``_alibi_mask``; the slopes bf16 values)."""
     out = torch.empty_like(q)
     windowed = sliding and (batch.window is not None or batch.chunk is not None)
-    if batch.kernels is not None:
+    quantized = k_cache.element_size() == 1  # a float8 pool (kv_quant.py): written rounded, read widened
+    if quantized:
+        k, v = quantize(k, k_cache.dtype), quantize(v, v_cache.dtype)
+        k_cache[batch.slot_blocks, batch.slot_offsets] = k
+        v_cache[batch.slot_blocks, batch.slot_offsets] = v
+        k, v = k.to(q.dtype), v.to(q.dtype)  # a fresh chunk attends what the cache holds, as later steps will
+    if batch.kernels is not None:  # (never with a float8 pool: the runner leaves the kernels off)
         if scale is not None:
             q = q * (scale * q.shape[-1] ** 0.5)
         window, chunk = (batch.window, batch.chunk) if windowed else (None, None)
@@ -167,7 +178,7 @@ def paged_attention(
         if (c := batch.chunk_rows) is not None:
             batch.kernels.paged_prefill(out, q, k_cache, v_cache, c.token_starts, c.lens, c.prefix, c.block_tables,
                                         window, batch.softcap, sinks, chunk, alibi, alibi_bf16)
-    else:
+    elif not quantized:  # (a float8 pool's are written above)
         k_cache[batch.slot_blocks, batch.slot_offsets] = k
         v_cache[batch.slot_blocks, batch.slot_offsets] = v
     if alibi is not None and batch.alibi_masks is None:
@@ -177,8 +188,9 @@ def paged_attention(
         mask = g.window_mask if windowed and g.window_mask is not None else g.mask
         if alibi is not None:
             mask = batch.alibi_masks.decodes[i]
-        o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables), gather(v_cache, g.block_tables),
-                  mask, batch.softcap, sinks, scale=scale)
+        o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables, q.dtype, batch.float8_kernels),
+                  gather(v_cache, g.block_tables, q.dtype, batch.float8_kernels), mask, batch.softcap, sinks,
+                  scale=scale)
         out[span] = o.squeeze(2)
     for i, g in enumerate(batch.fresh):
         span = slice(g.token_start, g.token_start + g.count * g.length)
@@ -191,8 +203,8 @@ def paged_attention(
     for i, c in enumerate(batch.prefixed):
         span = slice(c.token_start, c.token_start + c.num_tokens)
         table = c.block_table[None]
-        keys = gather(k_cache, table)[:, :, : c.context_len]
-        values = gather(v_cache, table)[:, :, : c.context_len]
+        keys = gather(k_cache, table, q.dtype, batch.float8_kernels)[:, :, : c.context_len]
+        values = gather(v_cache, table, q.dtype, batch.float8_kernels)[:, :, : c.context_len]
         mask = c.window_mask if windowed and c.window_mask is not None else c.mask
         if alibi is not None:
             mask = batch.alibi_masks.prefixed[i]
@@ -315,9 +327,16 @@ def _per_chunk(x: torch.Tensor, g: FreshChunks) -> torch.Tensor:
     return x.view(g.count, g.length, x.shape[1], x.shape[2]).transpose(1, 2)
 
 
-def gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """``[B, n]`` block ids → ``[B, Hkv, n * block_size, D]`` keys or values of those blocks."""
+def gather(cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype | None = None,
+           float8_kernels: CpuKernels | None = None) -> torch.Tensor:
+    """``[B, n]`` block ids → ``[B, Hkv, n * block_size, D]`` keys or values of those blocks (widened to ``dtype``
+    from a float8 pool, by ``float8_kernels`` where they apply)."""
     num_blocks, block_size, heads, dim = cache.shape
     b, n = block_tables.shape
+    if float8_kernels is not None and cache.dtype == torch.float8_e4m3fn and dtype == torch.float32:
+        rows = float8_kernels.gather_e4m3(cache, block_tables.reshape(-1).contiguous())
+        return rows.view(b, n * block_size, heads, dim).transpose(1, 2)
     rows = cache.flatten(1).index_select(0, block_tables.reshape(-1))  # one contiguous row per block
+    if dtype is not None and rows.dtype != dtype:
+        rows = widen(rows, dtype)
     return rows.view(b, n * block_size, heads, dim).transpose(1, 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,14 @@ if TYPE_CHECKING:
 # Names only: the CLI and the scheduler build this config without importing torch (2-3 s), so torch is
 # imported where a device or dtype is first needed.
 _DTYPES = ("float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's names; kv_quant.py maps them to torch's
+
+
+def add_kv_cache_dtype_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="KV pool element type: auto (the model's dtype, default), or fp8 (= fp8_e4m3) / fp8_e5m2: "
+                        "one byte per key and value element, 2x the tokens of bf16 (4x of fp32) in the same memory, "
+                        "rounded")
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,10 @@ class EngineConfig:
     block_size: int = 16
     # Bytes of device memory for the KV pool; None = 256 MiB on the CPU, 90% of free memory on CUDA.
     kv_cache_bytes: int | None = None
+    # The KV pool's element type (vLLM's --kv-cache-dtype): "auto" = the model's dtype; "fp8" (= "fp8_e4m3") or
+    # "fp8_e5m2" store each key and value as one float8 byte (kv_quant.py): 2x the tokens of bf16 in the same
+    # bytes, 4x those of fp32, at the cost of rounding them.
+    kv_cache_dtype: str = "auto"
     # Bytes of host memory for swapped-out blocks.
     swap_bytes: int = 256 * 2**20
     # Fused C kernels for the CPU fp32 path: paged attention, norms, RoPE, SwiGLU, greedy argmax (built once
@@ -71,6 +84,9 @@ class EngineConfig:
             raise InvalidArgument(f"swap_bytes must be >= 0, got {self.swap_bytes}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise InvalidArgument(f"dtype must be auto or one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidArgument(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise InvalidArgument(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 

@@ -95,13 +95,14 @@ class StepInputs:
 def prepare_inputs(
     scheduled: list[tuple[SequenceState, int]], block_size: int, device: torch.device,
     kernels: CpuKernels | None = None, window: int | None = None, softcap: float | None = None,
-    chunk: int | None = None, states: RecurrentStates | None = None,
+    chunk: int | None = None, states: RecurrentStates | None = None, float8_kernels: CpuKernels | None = None,
 ) -> StepInputs:
     """``scheduled``: (sequence, number of tokens to run); with ``kernels``, attention runs the fused CPU
     kernels: the decodes form one ``DecodeRows``, the prompt chunks one ``ChunkRows``. ``window``: the
     model's sliding window (its sliding layers' masks are built too); ``softcap``: its attention soft-cap
     (Gemma 2); ``chunk``: its attention chunk (Llama 4; its chunked layers' masks are built, as the window's);
-    ``states``: its linear layers' recurrent states, which each sequence's ``state_slot`` indexes.
+    ``states``: its linear layers' recurrent states, which each sequence's ``state_slot`` indexes;
+    ``float8_kernels``: the kernels that read a float8 pool for the torch ops (``AttentionBatch.float8_kernels``).
     Raises ``ValueError`` on an inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
@@ -141,7 +142,8 @@ def prepare_inputs(
     # One tensor for the four per-token rows (each conversion from Python lists has a fixed cost).
     flat = _t2d([ids, positions, slot_blocks, [p % block_size for p in positions]], device)
     input_ids, positions_t = flat[0], flat[1]
-    attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window, softcap=softcap, chunk=chunk)
+    attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window, softcap=softcap, chunk=chunk,
+                               float8_kernels=float8_kernels)
     lora = lora_batch([(seq.lora, n, seq.lora_from - seq.num_computed) for seq, n in ordered], device)
     if states is not None:
         attention.recurrent = _recurrent_batch(states, decodes, fresh + prefixed, device)

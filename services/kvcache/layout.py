@@ -14,6 +14,7 @@ TORCH_DTYPES = {
     common_pb2.KV_DTYPE_FLOAT16: torch.float16,
     common_pb2.KV_DTYPE_BFLOAT16: torch.bfloat16,
     common_pb2.KV_DTYPE_FP8_E4M3: torch.float8_e4m3fn,
+    common_pb2.KV_DTYPE_FP8_E5M2: torch.float8_e5m2,
 }
 
 

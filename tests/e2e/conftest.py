@@ -33,8 +33,9 @@ def hf_greedy(hf_model):
     return greedy_oracle(hf_model)
 
 
-def greedy_oracle(model):
-    """``oracle(prompt, max_tokens)``: the token ids transformers ``model`` generates greedily, up to EOS."""
+def greedy_oracle(model, make_cache=None):
+    """``oracle(prompt, max_tokens)``: the token ids transformers ``model`` generates greedily, up to EOS
+    (``make_cache``: the cache class it generates with, e.g. ``tests.kv_fp8_oracle.rounding_cache``'s)."""
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
 
@@ -45,14 +46,14 @@ def greedy_oracle(model):
         # embeds generated tokens (a later turn) may hold.
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
-                                 pad_token_id=0)
+                                 pad_token_id=0, **({"cache": make_cache()} if make_cache else {}))
         ids = out[0, len(prompt):].tolist()
         return ids[: next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))]
 
     return lambda prompt, max_tokens: generate(tuple(prompt), max_tokens)
 
 
-def greedy_misses(model, prompt: list[int], output: list[int], tol: float = 1e-4) -> list[int]:
+def greedy_misses(model, prompt: list[int], output: list[int], tol: float = 1e-4, make_cache=None) -> list[int]:
     """The positions of ``output`` where transformers ``model`` would not have chosen that token greedily, from
     one forward pass over prompt + output (teacher forcing): the same verdict as generating token by token
     and comparing (the first token that differs is not the greedy choice after a prefix both share), in one
@@ -60,7 +61,8 @@ def greedy_misses(model, prompt: list[int], output: list[int], tol: float = 1e-4
     the whole sequence and one per token round differently, so a near-tie may go either way."""
     ids = torch.tensor([list(prompt) + list(output)])
     with torch.no_grad():
-        logits = model(ids, attention_mask=torch.ones_like(ids)).logits[0, len(prompt) - 1 : -1].float()
+        logits = model(ids, attention_mask=torch.ones_like(ids),
+                       **({"cache": make_cache()} if make_cache else {})).logits[0, len(prompt) - 1 : -1].float()
     chosen = logits.gather(1, torch.tensor(output)[:, None])[:, 0]
     return torch.nonzero(logits.max(-1).values - chosen > tol).flatten().tolist()
 

@@ -15,6 +15,7 @@ from services.engine.model_config import add_max_model_len_flag
     ("swap_bytes", -1, "swap_bytes must be >= 0"),
     ("cpu_kernels", "no", "cpu_kernels must be true or false"),
     ("dtype", "float8", "dtype must be auto or one of"),
+    ("kv_cache_dtype", "int8", "kv_cache_dtype must be one of auto, fp8, fp8_e4m3, fp8_e5m2"),
     ("device", "tpu", "device must be auto, cpu, cuda"),
     ("max_model_len", 0, "max_model_len must be >= 1"),
 ])

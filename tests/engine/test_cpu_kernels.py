@@ -195,6 +195,25 @@ def test_kv_write_matches_index_put(kernels):
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
 
 
+def test_gather_e4m3_widens_every_byte_exactly_from_strided_blocks(kernels):
+    """All 256 e4m3 bytes (the two NaNs too) in blocks of a middle layer's strided view, gathered in any order
+    and repeated: the floats torch converts them to, as gather()'s torch path gives them."""
+    pool = torch.arange(256, dtype=torch.uint8).repeat(6 * 3 * 2).view(6, 3, 2, 16, 2, 8).view(torch.float8_e4m3fn)
+    layer = pool[:, 1, 0]
+    ids = torch.tensor([4, 0, 5, 4, 2])
+    got = kernels.gather_e4m3(layer, ids)
+    want = layer[ids].float()
+    assert got.dtype == torch.float32 and got.shape == (5, 16, 2, 8)
+    assert torch.equal(got.isnan(), want.isnan()) and int(got.isnan().sum()) == 5 * 2
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    tables = ids.view(1, 5)
+    assert torch.equal(gather(layer, tables, torch.float32, kernels).nan_to_num(),
+                       gather(layer, tables, torch.float32).nan_to_num())
+    with pytest.raises(ValueError, match="outside the pool of 6 blocks"):
+        kernels.gather_e4m3(layer, torch.tensor([6]))
+    with pytest.raises(ValueError, match="expected a float8_e4m3fn CPU"):
+        kernels.gather_e4m3(layer.float(), ids)
+
 @pytest.mark.parametrize("rows", [1, 7, 300])
 def test_add_rms_norm_matches_torch(kernels, rows):
     g = torch.Generator().manual_seed(rows)

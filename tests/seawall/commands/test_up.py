@@ -93,6 +93,23 @@ def test_up_and_bench_pass_no_cpu_kernels_to_the_workers():
     assert "--no-cpu-kernels" in bench.mesh_flags(args)
 
 
+
+def test_up_bench_and_run_batch_take_a_kv_cache_dtype_and_refuse_an_unknown_one(capsys):
+    from seawall.cli import build_parser
+    from seawall.commands import bench, up
+
+    parser = build_parser()
+    workers = up.options_from(parser.parse_args(["up", "--kv-cache-dtype", "fp8"])).worker_args
+    assert workers[workers.index("--kv-cache-dtype") + 1] == "fp8"
+    args = parser.parse_args(["bench", "--spawn", "--kv-cache-dtype", "fp8_e5m2"])
+    workers = bench.mesh_options(args, "sarathi").worker_args
+    assert workers[workers.index("--kv-cache-dtype") + 1] == "fp8_e5m2"
+    assert "--kv-cache-dtype fp8_e5m2" in bench.mesh_flags(args)
+    assert parser.parse_args(["run-batch", "-i", "in", "-o", "out", "--kv-cache-dtype", "fp8"]).kv_cache_dtype == "fp8"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["up", "--kv-cache-dtype", "int8"])
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
+
 def test_up_passes_max_model_len_to_the_scheduler_and_every_worker_and_refuses_one_the_model_lacks():
     from seawall.cli import build_parser
     from seawall.commands import up
