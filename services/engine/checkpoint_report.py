@@ -18,7 +18,7 @@ from services.engine.safetensors_headers import read_json, tensors, weight_files
 from services.engine.tiktoken_vocab import RANKS_FILE
 
 # Bytes of one element of each dtype the KV cache may use.
-_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1}
 # Bytes per element of the dtypes safetensors headers name.
 _TENSOR_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                  "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
@@ -35,7 +35,7 @@ def report(model_dir: str | Path, max_model_len: int | None = None) -> dict[str,
     except SeawallError as exc:
         return {**out, "served": False, "reason": str(exc)}
     out.update(served=True, served_as=config.architecture, **_shape(config), **_attention(config),
-               kv_cache_bytes_per_token={dtype: kv_bytes_per_token(config, dtype) for dtype in ("bfloat16", "float32")},
+               kv_cache_bytes_per_token={dtype: kv_bytes_per_token(config, dtype) for dtype in _kv_dtypes(config)},
                weights=_weights(path), tokenizer=_tokenizer(path), quantization=_quantization(config))
     if config.recurrent:
         out["recurrent_state_bytes_per_sequence"] = {dtype: state_bytes_per_sequence(config, dtype)
@@ -46,6 +46,11 @@ def report(model_dir: str | Path, max_model_len: int | None = None) -> dict[str,
     out["embeddings"] = "refused: " + pooling.refused if pooling.refused else (
         "last token, normalized" if pooling.normalize else "last token")
     return out
+
+
+def _kv_dtypes(config: ModelConfig) -> tuple[str, ...]:
+    """The KV dtypes it may be served with: ``--kv-cache-dtype fp8`` too, except with latent attention (refused)."""
+    return ("bfloat16", "float32") if config.mla else ("bfloat16", "float32", "fp8")
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: str) -> int:

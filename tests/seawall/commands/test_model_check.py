@@ -36,6 +36,7 @@ def test_the_built_in_model_is_served_with_its_parameters_counted_from_the_heade
     per_layer = h * q * d * 2 + h * kv * d * 2 + 3 * h * i + 2 * h
     assert facts["weights"]["parameters"] == config.vocab_size * h + config.num_hidden_layers * per_layer + h
     assert facts["kv_cache_bytes_per_token"]["float32"] == config.num_hidden_layers * 2 * kv * d * 4
+    assert facts["kv_cache_bytes_per_token"]["fp8"] == config.num_hidden_layers * 2 * kv * d  # --kv-cache-dtype fp8
     assert facts["served_as"] == "LlamaForCausalLM" and facts["output"] == "text"
 
 
@@ -46,6 +47,7 @@ def test_an_alias_says_what_it_is_served_as_and_latent_attention_its_one_latent(
     deepseek = report(_dir(tmp_path / "deepseek", DEEPSEEK_V3))
     assert deepseek["attention"].startswith("latent (MLA): one 576-wide latent")
     assert deepseek["kv_cache_bytes_per_token"]["bfloat16"] == 61 * 576 * 2
+    assert "fp8" not in deepseek["kv_cache_bytes_per_token"]  # a float8 latent is refused
     assert "256 routed (8 a token" in deepseek["experts"] and "in 58 of 61 layers" in deepseek["experts"]
     assert deepseek["quantization"] == "FP8 weights, dequantized as they load"
     assert deepseek["tokenizer"].startswith("missing")
