@@ -149,6 +149,7 @@ def paged_attention(
     scale: float | None = None,
     alibi: torch.Tensor | None = None,
     alibi_bf16: bool = False,
+    kv_scale: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``.
     ``sliding``: this layer attends within ``batch.window`` or ``batch.chunk`` only (a no-op when the batch has
@@ -157,15 +158,19 @@ def paged_attention(
     head can attend to nothing. ``scale``: the scores' scale where it is not ``D ** -0.5`` (Gemma's), applied as
     transformers' attention applies it (the fused kernels take it folded into q: fp32, where that rounds alike).
     ``alibi`` ``[Hq]`` fp32: each head's ALiBi slope (``alibi_slopes``), for a model without windows, caps or sinks;
-    ``alibi_bf16``: Falcon-RW's biases (``_alibi_mask``; the slopes bf16 values)."""
+    ``alibi_bf16``: Falcon-RW's biases (``_alibi_mask``; the slopes bf16 values). ``kv_scale``: a float8 pool's
+    (key, value) scales (a checkpoint's kv_cache_scheme): keys are stored as ``k / scale`` and read back times it
+    (None: 1; an unquantized pool ignores them)."""
     out = torch.empty_like(q)
     windowed = sliding and (batch.window is not None or batch.chunk is not None)
     quantized = k_cache.element_size() == 1  # a float8 pool (kv_quant.py): written rounded, read widened
+    k_scale, v_scale = kv_scale if quantized and kv_scale is not None else (None, None)
     if quantized:
-        k, v = quantize(k, k_cache.dtype), quantize(v, v_cache.dtype)
+        k, v = quantize(k, k_cache.dtype, k_scale), quantize(v, v_cache.dtype, v_scale)
         k_cache[batch.slot_blocks, batch.slot_offsets] = k
         v_cache[batch.slot_blocks, batch.slot_offsets] = v
-        k, v = k.to(q.dtype), v.to(q.dtype)  # a fresh chunk attends what the cache holds, as later steps will
+        # A fresh chunk attends what the cache holds, as later steps will.
+        k, v = widen(k, q.dtype, k_scale), widen(v, q.dtype, v_scale)
     if batch.kernels is not None:  # (never with a float8 pool: the runner leaves the kernels off)
         if scale is not None:
             q = q * (scale * q.shape[-1] ** 0.5)
@@ -188,9 +193,9 @@ def paged_attention(
         mask = g.window_mask if windowed and g.window_mask is not None else g.mask
         if alibi is not None:
             mask = batch.alibi_masks.decodes[i]
-        o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables, q.dtype, batch.float8_kernels),
-                  gather(v_cache, g.block_tables, q.dtype, batch.float8_kernels), mask, batch.softcap, sinks,
-                  scale=scale)
+        o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables, q.dtype, batch.float8_kernels, k_scale),
+                  gather(v_cache, g.block_tables, q.dtype, batch.float8_kernels, v_scale), mask, batch.softcap,
+                  sinks, scale=scale)
         out[span] = o.squeeze(2)
     for i, g in enumerate(batch.fresh):
         span = slice(g.token_start, g.token_start + g.count * g.length)
@@ -203,8 +208,8 @@ def paged_attention(
     for i, c in enumerate(batch.prefixed):
         span = slice(c.token_start, c.token_start + c.num_tokens)
         table = c.block_table[None]
-        keys = gather(k_cache, table, q.dtype, batch.float8_kernels)[:, :, : c.context_len]
-        values = gather(v_cache, table, q.dtype, batch.float8_kernels)[:, :, : c.context_len]
+        keys = gather(k_cache, table, q.dtype, batch.float8_kernels, k_scale)[:, :, : c.context_len]
+        values = gather(v_cache, table, q.dtype, batch.float8_kernels, v_scale)[:, :, : c.context_len]
         mask = c.window_mask if windowed and c.window_mask is not None else c.mask
         if alibi is not None:
             mask = batch.alibi_masks.prefixed[i]
@@ -328,15 +333,15 @@ def _per_chunk(x: torch.Tensor, g: FreshChunks) -> torch.Tensor:
 
 
 def gather(cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype | None = None,
-           float8_kernels: CpuKernels | None = None) -> torch.Tensor:
+           float8_kernels: CpuKernels | None = None, scale: float | None = None) -> torch.Tensor:
     """``[B, n]`` block ids → ``[B, Hkv, n * block_size, D]`` keys or values of those blocks (widened to ``dtype``
-    from a float8 pool, by ``float8_kernels`` where they apply)."""
+    from a float8 pool and times its ``scale``, by ``float8_kernels`` where they apply)."""
     num_blocks, block_size, heads, dim = cache.shape
     b, n = block_tables.shape
     if float8_kernels is not None and cache.dtype == torch.float8_e4m3fn and dtype == torch.float32:
-        rows = float8_kernels.gather_e4m3(cache, block_tables.reshape(-1).contiguous())
+        rows = float8_kernels.gather_e4m3(cache, block_tables.reshape(-1).contiguous(), scale)
         return rows.view(b, n * block_size, heads, dim).transpose(1, 2)
     rows = cache.flatten(1).index_select(0, block_tables.reshape(-1))  # one contiguous row per block
     if dtype is not None and rows.dtype != dtype:
-        rows = widen(rows, dtype)
+        rows = widen(rows, dtype, scale)
     return rows.view(b, n * block_size, heads, dim).transpose(1, 2)

@@ -49,8 +49,9 @@ def report(model_dir: str | Path, max_model_len: int | None = None) -> dict[str,
 
 
 def _kv_dtypes(config: ModelConfig) -> tuple[str, ...]:
-    """The KV dtypes it may be served with: ``--kv-cache-dtype fp8`` too, except with latent attention (refused)."""
-    return ("bfloat16", "float32") if config.mla else ("bfloat16", "float32", "fp8")
+    """The KV dtypes it may be served with: ``--kv-cache-dtype fp8`` too, except with latent attention (refused)
+    or none at all (an attention-free model keeps no KV)."""
+    return ("bfloat16", "float32") if config.mla or not config.kv_layers else ("bfloat16", "float32", "fp8")
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: str) -> int:
@@ -131,13 +132,16 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
 
 
 def _quantization(config: ModelConfig) -> str:
+    kv = "calibrated FP8 KV scales (used with --kv-cache-dtype fp8)"
     if config.mxfp4:
-        return "MXFP4 experts, dequantized as they load"
-    if config.packed_int_bits:
-        return f"INT{config.packed_int_bits} weights, dequantized as they load"
-    if config.fp8_scales:
-        return "FP8 weights, dequantized as they load"
-    return "none"
+        weights = "MXFP4 experts, dequantized as they load"
+    elif config.packed_int_bits:
+        weights = f"INT{config.packed_int_bits} weights, dequantized as they load"
+    elif config.fp8_scales:
+        weights = "FP8 weights, dequantized as they load"
+    else:
+        return kv if config.kv_scales else "none"
+    return f"{weights}; {kv}" if config.kv_scales else weights
 
 
 def _weights(path: Path) -> dict[str, Any]:

@@ -32,21 +32,27 @@ def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     return model_dtype if name == "auto" else _FLOAT8[name]
 
 
-def quantize(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` rounded to ``dtype`` (a float8), saturated at its largest finite value: a cast alone may turn an
-    out-of-range value into NaN (e4m3fn has no infinity), which would then spread through every softmax."""
+def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float | None = None) -> torch.Tensor:
+    """``x`` (over ``scale``, a checkpoint's calibrated one) rounded to ``dtype`` (a float8), saturated at its
+    largest finite value: a cast alone may turn an out-of-range value into NaN (e4m3fn has no infinity), which
+    would then spread through every softmax."""
     info = torch.finfo(dtype)
+    if scale is not None:
+        x = x / scale
     return x.clamp(info.min, info.max).to(dtype)
 
 
 
-def widen(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` (a float8 pool's gathered rows) in ``dtype``. On the CPU an e4m3 tensor is looked up in a table of its
-    256 values: torch's own conversion runs ~3x slower here (2.6M elements: 5.7 ms against 1.9; e5m2's, a
-    truncated float16, is as fast as a copy)."""
+def widen(x: torch.Tensor, dtype: torch.dtype, scale: float | None = None) -> torch.Tensor:
+    """``x`` (float8: a pool's gathered rows, a step's rounded keys) in ``dtype``, times ``scale`` where the
+    checkpoint calibrated one. On the CPU an e4m3 tensor is looked up in a table of its 256 values: torch's own
+    conversion runs ~3x slower here (2.6M elements: 5.7 ms against 1.9; e5m2's, a truncated float16, is as fast
+    as a copy)."""
     if x.dtype == torch.float8_e4m3fn and x.device.type == "cpu":
-        return _table(dtype).index_select(0, x.view(torch.uint8).flatten().int()).view(x.shape)
-    return x.to(dtype)
+        wide = _table(dtype).index_select(0, x.view(torch.uint8).flatten().int()).view(x.shape)
+    else:
+        wide = x.to(dtype)
+    return wide if scale is None else wide * scale
 
 
 @functools.cache

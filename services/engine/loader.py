@@ -3,6 +3,8 @@ and tokenizer are read by ``checkpoint.py``. Every failure names the file and th
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,21 +87,57 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
                 module.alibi = slopes
     if ckpt.config.tie_word_embeddings and ckpt.has_lm_head:
         model.lm_head.weight = model.model.embed_tokens.weight
-    weights = _checkpoint_weights(ckpt)
+    kv_scales: dict[int, dict[str, float]] = {}  # layer -> "k" / "v" -> scale, filled as the weights stream by
+    weights = _checkpoint_weights(ckpt, kv_scales if ckpt.config.kv_scales else None)
     try:
         model.load_weights(weights)
     except KeyError as exc:
         raise ModelLoadError(f"{ckpt.path}: {exc.args[0]}") from exc
+    if ckpt.config.kv_scales:
+        _set_kv_scales(model, kv_scales, ckpt.path)
     return model.eval()
 
 
-def _checkpoint_weights(ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
+_KV_SCALE = re.compile(r"model\.layers\.(\d+)\.self_attn\.([kv])_scale$")
+
+
+def _kv_scales_aside(weights: Iterator[tuple[str, torch.Tensor]],
+                     into: dict[int, dict[str, float]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors but its attention layers' KV scales, which go ``into`` (layer -> "k" / "v")."""
+    for name, tensor in weights:
+        m = _KV_SCALE.match(name)
+        if m is None:
+            yield name, tensor
+            continue
+        value = float(tensor.float().reshape(-1)[0]) if tensor.numel() == 1 else float("nan")
+        if not (math.isfinite(value) and value > 0):
+            raise KeyError(f"KV scale {name!r} must be one positive finite number, got shape "
+                           f"{tuple(tensor.shape)} {tensor.reshape(-1)[:4].tolist()}")
+        into.setdefault(int(m[1]), {})[m[2]] = value
+
+
+def _set_kv_scales(model: LlamaForCausalLM, scales: dict[int, dict[str, float]], path: Path) -> None:
+    """Each attention layer's (key scale, value scale); every attention layer must have both, no other layer any."""
+    layers = {m.layer: m for m in model.modules() if isinstance(m, Attention)}
+    for layer, module in layers.items():
+        if set(scales.get(layer, ())) != {"k", "v"}:
+            raise ModelLoadError(f"{path}: config.json has a kv_cache_scheme but layer {layer}'s self_attn.k_scale "
+                                 "and v_scale are not both in the checkpoint")
+        module.kv_scale = (scales[layer]["k"], scales[layer]["v"])
+    if extra := sorted(set(scales) - set(layers)):
+        raise ModelLoadError(f"{path}: KV scales for layers {extra}, which have no attention")
+
+
+def _checkpoint_weights(ckpt: Checkpoint, kv_scales: dict[int, dict[str, float]] | None = None
+                        ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors as the model loads them: dequantized, renamed and rearranged as each
-    architecture stores them otherwise."""
+    architecture stores them otherwise; with ``kv_scales``, its KV scales set aside there."""
     weights = _under_model(iter_weights(ckpt.path))
     config = ckpt.config
     if config.vision_language:  # before the names dequantizing pairs and renaming rely on
         weights = language_model_weights(weights, config)
+    if kv_scales is not None:
+        weights = _kv_scales_aside(weights, kv_scales)
     weights = dequantize(weights, config.fp8_scales, config.fp8_block) if config.fp8_scales else _unquantized(weights)
     if config.packed_int_bits:
         weights = dequantize_packed(weights, config.packed_int_bits, config.packed_int_zero_points)

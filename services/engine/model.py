@@ -198,6 +198,9 @@ class Attention(nn.Module):
         # ALiBi's slope per head (BLOOM, MPT), fp32 whatever the weights' dtype: set as the model loads.
         self.alibi: torch.Tensor | None = None
         self.alibi_bf16 = config.alibi_bf16
+        # A checkpoint's calibrated (key, value) scales (kv_cache_scheme), set as the model loads; a float8 pool
+        # uses them (kv_quant.py), another ignores them.
+        self.kv_scale: tuple[float, float] | None = None
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None,
                 q_mult: torch.Tensor | None = None) -> torch.Tensor:
@@ -234,7 +237,7 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.kv_layer)
         o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks, self.attn_scale,
-                            self.alibi, self.alibi_bf16).reshape(t, self.q_size)
+                            self.alibi, self.alibi_bf16, self.kv_scale).reshape(t, self.q_size)
         if self.gate_proj is not None:
             gate = torch.sigmoid(adapted(self.gate_proj, x, lora, self.layer, "self_attn.gate_proj"))
             o = (o.view(t, self.heads, self.head_dim) * gate[..., None]).view(t, -1) if self.gate_per_head else o * gate

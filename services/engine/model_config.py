@@ -294,6 +294,9 @@ class ModelConfig:
     # bits, 4 or 8 (0: none), and whether they have zero points (asymmetric schemes).
     packed_int_bits: int = 0
     packed_int_zero_points: bool = False
+    # compressed-tensors' kv_cache_scheme: each attention layer's calibrated key and value scales
+    # (``self_attn.k_scale`` / ``v_scale``), used by a float8 KV pool (kv_quant.py) and set aside otherwise.
+    kv_scales: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"

@@ -19,10 +19,12 @@ def quant_fields(quant: Any) -> dict[str, Any]:
         return dict(mxfp4=True)
     if method == "fp8":
         return dict(fp8_scales="weight_scale_inv", fp8_block=_fp8_block(quant))
+    if method == "compressed-tensors" and not quant.get("config_groups") and quant.get("kv_cache_scheme"):
+        return _kv_cache_scheme(quant)  # llm-compressor's KV-only recipe: the weights as stored
     if method == "compressed-tensors" and quant.get("format") == "pack-quantized":
-        return _packed_int(quant)
+        return {**_packed_int(quant), **_kv_cache_scheme(quant)}
     if method == "compressed-tensors":
-        return dict(fp8_scales="weight_scale", fp8_block=_compressed_fp8_block(quant))
+        return dict(fp8_scales="weight_scale", fp8_block=_compressed_fp8_block(quant), **_kv_cache_scheme(quant))
     raise ModelLoadError(f"config.json: quantization {method!r} is not supported; FP8 checkpoints (quant_method fp8, "
                          "or compressed-tensors' float-quantized format), compressed-tensors' pack-quantized INT4 "
                          "and INT8 weights and MXFP4 ones (GPT-OSS) are, dequantized when they load, and unquantized "
@@ -53,8 +55,6 @@ def _compressed_fp8_block(quant: dict[str, Any]) -> tuple[int, int] | None:
     if quant.get("format") != "float-quantized":
         raise ModelLoadError(f"{where} format {quant.get('format')!r} is not supported; float-quantized (FP8 "
                              "weights) and pack-quantized (INT4 and INT8 weights) are")
-    if quant.get("kv_cache_scheme"):
-        raise ModelLoadError(f"{where} with a quantized KV cache (kv_cache_scheme) is not supported")
     groups = quant.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise ModelLoadError(f"{where} needs config_groups saying how weights are quantized")
@@ -85,8 +85,6 @@ def _packed_int(quant: dict[str, Any]) -> dict[str, Any]:
     scales (and zero points, if asymmetric) per channel or per group of inputs, in contiguous groups;
     activations unquantized (W4A16, W8A16)."""
     where = "config.json: compressed-tensors pack-quantized"
-    if quant.get("kv_cache_scheme"):
-        raise ModelLoadError(f"{where} with a quantized KV cache (kv_cache_scheme) is not supported")
     groups = quant.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise ModelLoadError(f"{where} needs config_groups saying how weights are quantized")
@@ -112,6 +110,21 @@ def _packed_int(quant: dict[str, Any]) -> dict[str, Any]:
         raise ModelLoadError(f"{where}: groups of {sorted(bits)} bits, symmetric {sorted(symmetric)}; one width "
                              "and one kind for every group is supported")
     return dict(packed_int_bits=bits.pop(), packed_int_zero_points=not symmetric.pop())
+
+
+def _kv_cache_scheme(quant: dict[str, Any]) -> dict[str, Any]:
+    """llm-compressor's FP8 KV cache: a calibrated scale per attention layer for its keys and one for its values
+    (``self_attn.k_scale`` / ``v_scale``), which a float8 pool (``--kv-cache-dtype fp8``) divides by as it writes
+    and multiplies by as it reads (kv_quant.py); other schemes are refused."""
+    scheme = quant.get("kv_cache_scheme")
+    if not scheme:
+        return {}
+    got = (scheme.get("type"), scheme.get("num_bits"), scheme.get("strategy", "tensor"),
+           bool(scheme.get("dynamic", False)), bool(scheme.get("symmetric", True)))
+    if got != ("float", 8, "tensor", False, True):
+        raise ModelLoadError(f"config.json: compressed-tensors kv_cache_scheme {scheme} is not supported; static "
+                             "symmetric 8-bit float scales per tensor (a key scale and a value scale per layer) are")
+    return {"kv_scales": True}
 
 
 def _is_block(block: Any) -> bool:

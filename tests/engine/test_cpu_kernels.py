@@ -206,9 +206,12 @@ def test_gather_e4m3_widens_every_byte_exactly_from_strided_blocks(kernels):
     assert got.dtype == torch.float32 and got.shape == (5, 16, 2, 8)
     assert torch.equal(got.isnan(), want.isnan()) and int(got.isnan().sum()) == 5 * 2
     assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    scaled = kernels.gather_e4m3(layer, ids, 0.037)  # a checkpoint's calibrated scale: torch's cast, then product
+    assert torch.equal(scaled.nan_to_num(), (want * 0.037).nan_to_num())
     tables = ids.view(1, 5)
-    assert torch.equal(gather(layer, tables, torch.float32, kernels).nan_to_num(),
-                       gather(layer, tables, torch.float32).nan_to_num())
+    for scale in (None, 0.037):
+        assert torch.equal(gather(layer, tables, torch.float32, kernels, scale).nan_to_num(),
+                           gather(layer, tables, torch.float32, None, scale).nan_to_num())
     with pytest.raises(ValueError, match="outside the pool of 6 blocks"):
         kernels.gather_e4m3(layer, torch.tensor([6]))
     with pytest.raises(ValueError, match="expected a float8_e4m3fn CPU"):

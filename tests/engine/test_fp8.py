@@ -130,6 +130,22 @@ def test_dequantized_weights_are_the_tiles_times_their_scales():
         assert torch.equal(got, q.float() * scales) and torch.allclose(got, w, rtol=0.07, atol=1e-3)
 
 
+KV_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+
+
+def test_an_fp8_kv_cache_scheme_is_read_with_or_without_quantized_weights():
+    """llm-compressor's FP8 KV cache beside FP8 or packed integer weights, or alone (a KV-only recipe: no
+    config_groups, the weights as stored): each attention layer's calibrated scales are read (kv_scales)."""
+    base = dict(CASES["llama"]().to_dict(), architectures=["LlamaForCausalLM"])
+    fp8 = ModelConfig.from_dict({**base, "quantization_config": {**compressed_tensors_config("channel"),
+                                                                 "kv_cache_scheme": KV_SCHEME}})
+    assert fp8.kv_scales and fp8.fp8_scales == "weight_scale"
+    alone = ModelConfig.from_dict({**base, "quantization_config": {
+        "quant_method": "compressed-tensors", "format": "dense", "config_groups": {}, "kv_cache_scheme": KV_SCHEME}})
+    assert alone.kv_scales and alone.fp8_scales is None and not alone.packed_int_bits
+    assert not ModelConfig.from_dict({**base, "quantization_config": compressed_tensors_config("channel")}).kv_scales
+
+
 def test_what_cannot_be_loaded_is_refused_saying_why(tmp_path, tiny_model_dir):
     base = dict(CASES["llama"]().to_dict(), architectures=["LlamaForCausalLM"])
     for quant, message in [
@@ -142,7 +158,12 @@ def test_what_cannot_be_loaded_is_refused_saying_why(tmp_path, tiny_model_dir):
          "format 'naive-quantized' is not supported; float-quantized .* and pack-quantized"),
         ({**compressed_tensors_config("channel"), "format": "pack-quantized"},  # FP8 weights declared packed
          "static 4- or 8-bit integer weights are supported"),
-        ({**compressed_tensors_config("channel"), "kv_cache_scheme": {"num_bits": 8}}, "quantized KV cache"),
+        ({**compressed_tensors_config("channel"), "kv_cache_scheme": {"num_bits": 8}},
+         "kv_cache_scheme .* is not supported; static symmetric 8-bit float scales per tensor"),
+        ({**compressed_tensors_config("channel"), "kv_cache_scheme": {**KV_SCHEME, "strategy": "attn_head"}},
+         "kv_cache_scheme .* is not supported"),
+        ({**compressed_tensors_config("channel"), "kv_cache_scheme": {**KV_SCHEME, "dynamic": True}},
+         "kv_cache_scheme .* is not supported"),
         (_static_activations(), "static activation scales are not supported; dynamic ones"),
     ]:
         with pytest.raises(ModelLoadError, match=message):

@@ -62,7 +62,7 @@ class CpuKernels:
         self._write.argtypes = [_P, _P, _I64, _P, _I64, _P, _I64, _I, _P, _P, _I]
         self._gather_e4m3 = lib.seawall_gather_e4m3
         self._gather_e4m3.restype = None
-        self._gather_e4m3.argtypes = [_P, _P, _I64, _I64, _P, _I64]
+        self._gather_e4m3.argtypes = [_P, _P, _I64, _I64, _P, _I64, ctypes.c_float]
         self._norm = lib.seawall_add_rms_norm
         self._norm.restype = None
         self._norm.argtypes = [_P, _I64, _P, _I64, _P, _I64, _P, _I, _I, ctypes.c_float]
@@ -162,9 +162,9 @@ class CpuKernels:
                     v.data_ptr(), v.stride(0), k.shape[1] * k.shape[2], slot_blocks.data_ptr(),
                     slot_offsets.data_ptr(), k.shape[0])
 
-    def gather_e4m3(self, cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def gather_e4m3(self, cache: torch.Tensor, ids: torch.Tensor, scale: float | None = None) -> torch.Tensor:
         """Blocks ``ids`` (int64, contiguous) of a float8 e4m3 pool's layer view ``[num_blocks, block_size, Hkv,
-        D]`` (contiguous inside a block) as fp32 ``[len(ids), block_size, Hkv, D]``."""
+        D]`` (contiguous inside a block) as fp32 ``[len(ids), block_size, Hkv, D]``, times ``scale``."""
         if cache.dtype is not torch.float8_e4m3fn or not cache.is_cpu or cache.dim() != 4 \
                 or not cache[0].is_contiguous():
             raise ValueError(f"expected a float8_e4m3fn CPU [blocks, block_size, kv_heads, dim] cache, got "
@@ -175,7 +175,7 @@ class CpuKernels:
             if int(ids.min()) < 0 or int(ids.max()) >= cache.shape[0]:
                 raise ValueError(f"block ids outside the pool of {cache.shape[0]} blocks")
             self._gather_e4m3(out.data_ptr(), cache.data_ptr(), cache.stride(0), cache[0].numel(), ids.data_ptr(),
-                              ids.numel())
+                              ids.numel(), 1.0 if scale is None else scale)
         return out
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

@@ -191,11 +191,12 @@ void seawall_kv_write(float *k_cache, float *v_cache, int64_t block_stride, cons
 #endif
 
 /* Blocks ids[i] of a float8 e4m3 pool's layer view (block_elems bytes each, block_stride bytes apart) widened
- * into consecutive fp32 rows of out: the gather of the torch attention path and the widening in one pass (torch
+ * into consecutive fp32 rows of out, times scale (a checkpoint's calibrated KV scale, else 1: exact), as torch's
+ * cast then product: the gather of the torch attention path and the widening in one pass (torch
  * converts e4m3 ~13x slower than a copy here). A byte s eeee mmm is 2^(e-7) * (1 + m/8), m * 2^-9 where e = 0,
  * and NaN as 0x7f / 0xff (never written: kv_quant.py saturates); branch-free, so the loop vectorises. */
 void seawall_gather_e4m3(float *out, const uint8_t *cache, int64_t block_stride, int64_t block_elems,
-                         const int64_t *ids, int64_t n) {
+                         const int64_t *ids, int64_t n, float scale) {
 #pragma omp parallel for if (n * block_elems >= 4 * PARALLEL_FLOATS)
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *src = cache + ids[i] * block_stride;
@@ -204,7 +205,7 @@ void seawall_gather_e4m3(float *out, const uint8_t *cache, int64_t block_stride,
             const uint32_t b = src[j], sign = (b & 0x80u) << 24, e = (b >> 3) & 15u, m = b & 7u;
             union { float f; uint32_t u; } sub = { .f = (float)m * 0.001953125f };
             union { float f; uint32_t u; } v = { .u = e ? sign | ((e + 120u) << 23) | (m << 20) : sign | sub.u };
-            dst[j] = (b & 0x7fu) == 0x7fu ? NAN : v.f;
+            dst[j] = ((b & 0x7fu) == 0x7fu ? NAN : v.f) * scale;
         }
     }
 }

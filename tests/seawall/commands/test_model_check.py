@@ -123,3 +123,11 @@ def test_init_where_the_model_cannot_be_written_says_so_in_one_line(tmp_path, ca
     assert main(["model", "init", str(tmp_path / "a-file" / "model")]) == 2
     err = capsys.readouterr().err
     assert "cannot write the model to" in err and "Traceback" not in err
+
+
+def test_a_checkpoint_with_calibrated_kv_scales_says_when_they_apply(tmp_path, tiny_model_dir):
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    kv = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "dense", "kv_cache_scheme": kv}
+    facts = report(_dir(tmp_path, config, tiny_model_dir))
+    assert facts["served"] and facts["quantization"] == "calibrated FP8 KV scales (used with --kv-cache-dtype fp8)"

@@ -178,6 +178,87 @@ def test_sliding_windows_and_linear_attention_layers_equal_transformers(request,
         same.append(_agrees(prompt, comp, (ids[:cut], [torch.log_softmax(x[0], -1) for x in out.logits[:cut]])))
     assert sum(same) >= len(prompts) - 1
 
+
+def _with_kv_scales(src, out, scales: dict[int, tuple[float, float]]):
+    """``src``'s checkpoint as llm-compressor writes an FP8 one with an FP8 KV cache: FP8 weights per channel,
+    ``kv_cache_scheme``, and each attention layer's calibrated ``self_attn.k_scale`` / ``v_scale``."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from tests.engine.test_fp8 import compressed_tensors_config, write_fp8
+
+    config = compressed_tensors_config("channel")
+    config["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                                 "symmetric": True}
+    path = write_fp8(src, out, config, "channel", "weight_scale")
+    tensors = load_file(str(path / "model.safetensors"))
+    for layer, (k, v) in scales.items():
+        tensors[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor(k)
+        tensors[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor([v])  # either shape, as checkpoints have
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == len(scales)
+    return path
+
+
+def test_a_checkpoints_calibrated_kv_scales_divide_what_a_float8_pool_stores(tiny_model_dir, tmp_path):
+    """llm-compressor's FP8 KV cache (kv_cache_scheme, a key and a value scale per layer): a float8 pool stores
+    k / k_scale and reads it back times k_scale, as transformers with such a rounding cache computes; an
+    unquantized pool ignores the scales, as vLLM does, and equals transformers (which ignores them too)."""
+    pytest.importorskip("compressed_tensors")
+    from tests.engine.test_architectures import CASES, save_checkpoint
+
+    save_checkpoint(CASES["qwen2"](), tmp_path / "bf16", tiny_model_dir)
+    # Scales well below 1: the rounding is finer than scale 1's, and another than it (each layer its own).
+    scales = {0: (0.031, 0.0125), 1: (0.05, 0.02), 2: (0.0625, 0.017)}
+    path = _with_kv_scales(tmp_path / "bf16", tmp_path / "fp8-kv", scales)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, quantization_config=transformers.CompressedTensorsConfig(run_compressed=False))
+    model.eval()
+    prompts = _prompts([5, 40, 120], seed=12)
+
+    def oracle(prompt, cache):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0,
+                                 output_logits=True, return_dict_in_generate=True,
+                                 **({"cache": cache} if cache is not None else {}))
+        return out.sequences[0, len(prompt):].tolist(), [torch.log_softmax(x[0], -1) for x in out.logits]
+
+    params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=5)] * len(prompts)
+    scaled = [oracle(p, rounding_cache("fp8", scales)()) for p in prompts]
+    unscaled = [oracle(p, rounding_cache("fp8")())[0] for p in prompts]
+    assert [ids for ids, _ in scaled] != unscaled  # else the test could not tell the scales were applied
+    for kernels in (True, False):
+        engine = _engine(path, "fp8", SchedulerConfig(chunk_size=16), cpu_kernels=kernels)
+        assert [m.kv_scale for m in engine.runner.model.modules() if hasattr(m, "kv_scale")] == [
+            pytest.approx(s, rel=1e-6) for s in scales.values()]
+        got = engine.generate(prompts, params)
+        same = [_agrees(p, c, ref) for p, c, ref in zip(prompts, got, scaled, strict=True)]
+        assert sum(same) >= len(prompts) - 1
+    plain = _engine(path, "auto", SchedulerConfig(chunk_size=16)).generate(prompts, params)
+    assert [c.token_ids for c in plain] == [oracle(p, None)[0] for p in prompts]
+
+
+def test_a_layer_without_its_kv_scales_or_a_bad_scale_is_refused_naming_it(tiny_model_dir, tmp_path):
+    pytest.importorskip("compressed_tensors")
+    from safetensors.torch import load_file, save_file
+
+    from services.common.errors import ModelLoadError
+    from tests.engine.test_architectures import CASES, save_checkpoint
+
+    save_checkpoint(CASES["qwen2"](), tmp_path / "bf16", tiny_model_dir)
+    path = _with_kv_scales(tmp_path / "bf16", tmp_path / "fp8-kv", {0: (0.1, 0.1), 1: (0.1, 0.1), 2: (0.1, 0.1)})
+    file = str(path / "model.safetensors")
+    tensors = load_file(file)
+    del tensors["model.layers.1.self_attn.v_scale"]
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="layer 1's self_attn.k_scale and v_scale are not both"):
+        _engine(path, "fp8")
+    tensors["model.layers.1.self_attn.v_scale"] = torch.tensor(-1.0)
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="KV scale 'model.layers.1.self_attn.v_scale' must be one positive"):
+        _engine(path, "auto")
+
 def test_latent_attention_is_refused_with_what_to_do(tiny_model_dir, tmp_path):
     """DeepSeek's cache holds a latent transformers does not keep (it caches the expanded keys and values): no
     oracle could check a rounded latent yet, so it is refused before any memory is taken."""
