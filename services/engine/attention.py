@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from services.engine.kv_quant import quantize, widen
+from services.engine.kv_quant import as_bytes, quantize, widen
 
 if TYPE_CHECKING:
     from services.engine.cpu_kernels import CpuKernels
@@ -167,8 +167,8 @@ def paged_attention(
     k_scale, v_scale = kv_scale if quantized and kv_scale is not None else (None, None)
     if quantized:
         k, v = quantize(k, k_cache.dtype, k_scale), quantize(v, v_cache.dtype, v_scale)
-        k_cache[batch.slot_blocks, batch.slot_offsets] = k
-        v_cache[batch.slot_blocks, batch.slot_offsets] = v
+        as_bytes(k_cache)[batch.slot_blocks, batch.slot_offsets] = as_bytes(k)
+        as_bytes(v_cache)[batch.slot_blocks, batch.slot_offsets] = as_bytes(v)
         # A fresh chunk attends what the cache holds, as later steps will.
         k, v = widen(k, q.dtype, k_scale), widen(v, q.dtype, v_scale)
     if batch.kernels is not None:  # (never with a float8 pool: the runner leaves the kernels off)
@@ -341,7 +341,8 @@ def gather(cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype |
     if float8_kernels is not None and cache.dtype == torch.float8_e4m3fn and dtype == torch.float32:
         rows = float8_kernels.gather_e4m3(cache, block_tables.reshape(-1).contiguous(), scale)
         return rows.view(b, n * block_size, heads, dim).transpose(1, 2)
-    rows = cache.flatten(1).index_select(0, block_tables.reshape(-1))  # one contiguous row per block
+    # One contiguous row per block (a float8 pool's as bytes: kv_quant.as_bytes).
+    rows = as_bytes(cache).flatten(1).index_select(0, block_tables.reshape(-1)).view(cache.dtype)
     if dtype is not None and rows.dtype != dtype:
         rows = widen(rows, dtype, scale)
     return rows.view(b, n * block_size, heads, dim).transpose(1, 2)

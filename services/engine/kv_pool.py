@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from services.common.errors import InvalidArgument
+from services.engine.kv_quant import as_bytes
 
 # An attention-free model's pool (no layer keeps KV: its blocks hold no bytes and only count tokens, or key the
 # states kvcache stores) has at most this many blocks, a million tokens: their owners keep a few objects per block.
@@ -101,19 +102,19 @@ class PagedKVPool:
         """Copies device blocks to host blocks: ``pairs`` of (device block id, host block id)."""
         if pairs:
             src, dst = _split(pairs, self.device)
-            self.host_kv[dst.cpu()] = self.device_kv[src].to("cpu", non_blocking=False)
+            as_bytes(self.host_kv)[dst.cpu()] = as_bytes(self.device_kv)[src].to("cpu", non_blocking=False)
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         """Copies host blocks to device blocks: ``pairs`` of (host block id, device block id)."""
         if pairs:
             src, dst = _split(pairs, self.device)
-            self.device_kv[dst] = self.host_kv[src.cpu()].to(self.device)
+            as_bytes(self.device_kv)[dst] = as_bytes(self.host_kv)[src.cpu()].to(self.device)
 
     def copy(self, pairs: list[tuple[int, int]]) -> None:
         """Copies device blocks to device blocks (copy-on-write of shared partial blocks)."""
         if pairs:
             src, dst = _split(pairs, self.device)
-            self.device_kv[dst] = self.device_kv[src]
+            as_bytes(self.device_kv)[dst] = as_bytes(self.device_kv)[src]  # a float8 pool's as bytes: kv_quant.py
 
     def memory_regions(self) -> list[MemoryRegion]:
         """The two pools as registrable regions (for a NIXL agent)."""

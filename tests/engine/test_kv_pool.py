@@ -19,6 +19,21 @@ def _pool(num_blocks=8, host=4, seed=0) -> PagedKVPool:
     return pool
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_a_float8_pool_swaps_and_copies_its_bytes_exactly(dtype):
+    """Every byte value (NaN patterns too) survives a swap out, a swap in and a copy: the pool moves bytes."""
+    layout = KVLayout(num_layers=3, block_size=16, num_kv_heads=2, head_dim=8, dtype=dtype)
+    pool = PagedKVPool(layout, 8, 4, torch.device("cpu"))
+    assert layout.bytes_per_block * 4 == LAYOUT.bytes_per_block
+    raw = torch.randint(0, 256, pool.device_kv.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    pool.device_kv.view(torch.uint8).copy_(raw)
+    pool.swap_out([(2, 0), (5, 3)])
+    pool.device_kv.view(torch.uint8)[[2, 5]] = 0
+    pool.swap_in([(0, 6), (3, 7)])
+    pool.copy([(6, 1)])
+    got = pool.device_kv.view(torch.uint8)
+    assert torch.equal(got[[6, 7]], raw[[2, 5]]) and torch.equal(got[1], raw[2])
+
 def test_a_block_is_one_contiguous_region_of_every_layer():
     pool = _pool()
     addr, nbytes = pool.block_region(3)
