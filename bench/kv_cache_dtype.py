@@ -13,14 +13,24 @@ how many requests' outputs equal fp32's (the rounding changes them: the built-in
 leave its choices near ties, so few stay equal; a trained model's stay far closer).
 
     .venv/bin/python bench/kv_cache_dtype.py [--batch 32] [--rounds 3]
+
+``--mesh``: the burst instead, through live colocated meshes (``seawall bench --spawn --workload burst --policies
+sarathi --kv-cache-bytes`` ``--mesh-pool-mib`` (4) MiB), one per setting and round, the settings alternating; per
+setting the median of the rounds: preemptions, TTFT p99, the longest gap between two tokens of any request, mean
+latency and tokens/s, with ratios to fp32 with the kernels.
+
+    .venv/bin/python bench/kv_cache_dtype.py --mesh [--mesh-pool-mib 4] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +42,8 @@ from services.engine.builtin_model import ensure_default_model  # noqa: E402
 from services.engine.config import EngineConfig  # noqa: E402
 from services.scheduler.core.scheduler import SchedulerConfig  # noqa: E402
 
+MESH_FIGURES = {"preempted": "preemptions", "TTFT p99 s": "ttft_p99", "longest gap s": "tbt_max",
+                "E2E mean s": "e2e_mean", "tok/s": "throughput_tok_s"}
 SETTINGS = {  # name: (kv_cache_dtype, cpu_kernels)
     "fp32 kernels": ("auto", True),
     "fp32 torch ops": ("auto", False),
@@ -61,6 +73,32 @@ def run(engine: OfflineEngine, prompts, params) -> tuple[float, int, int, int, l
             [c.token_ids for c in out])
 
 
+def mesh_burst(args: argparse.Namespace) -> int:
+    """The burst workload through a live mesh per setting and round (``seawall bench --spawn``)."""
+    runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for name in (list(SETTINGS) if r % 2 else list(SETTINGS)[::-1]):
+                dtype, kernels = SETTINGS[name]
+                out = Path(tmp) / "result.json"
+                cmd = [sys.executable, "-m", "seawall", "bench", "--spawn", "--mode", "colocated", "--workload",
+                       "burst", "--policies", "sarathi", "--kv-cache-bytes", str(args.mesh_pool_mib << 20),
+                       "--kv-cache-dtype", dtype, "--no-progress", "--json", str(out)]
+                subprocess.run(cmd + ([] if kernels else ["--no-cpu-kernels"]), check=True, capture_output=True)
+                runs[name].append(json.loads(out.read_text())["results"]["sarathi"])
+    print(f"(burst through a colocated mesh, sarathi, a {args.mesh_pool_mib} MiB pool; median of {args.rounds} "
+          "rounds, ratio to fp32 with the kernels)")
+    print(f"{'setting':16} " + " ".join(f"{h:>20}" for h in MESH_FIGURES))
+    base = {key: statistics.median(run[key] for run in runs["fp32 kernels"]) for key in MESH_FIGURES.values()}
+    for name, results in runs.items():
+        cells = []
+        for key in MESH_FIGURES.values():
+            value = statistics.median(run[key] for run in results)
+            cells.append(f"{value:11.4g} ({value / base[key]:5.2f}x)" if base[key] else f"{value:20.4g}")
+        print(f"{name:16} " + " ".join(f"{c:>20}" for c in cells))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=32)
@@ -70,7 +108,11 @@ def main() -> int:
     p.add_argument("--tight-mib", type=int, default=2)
     p.add_argument("--ample-mib", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--mesh", action="store_true", help="the burst workload through live meshes instead")
+    p.add_argument("--mesh-pool-mib", type=int, default=4)
     args = p.parse_args()
+    if args.mesh:
+        return mesh_burst(args)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 4000) for _ in range(args.prompt_len)] for _ in range(args.batch)]
     params = [SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)] * args.batch
