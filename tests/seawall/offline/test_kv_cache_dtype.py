@@ -113,6 +113,8 @@ CASES = {
     "block-32-chunk-64": (dict(chunk_size=64), dict(block_size=32)),
     "block-4": (dict(chunk_size=16), dict(block_size=4)),
     "decode-steps-4": (dict(chunk_size=32, num_decode_steps=4), {}),
+    # Drafts verified in the pass of the newest token: rejected ones' keys are written, then overwritten.
+    "speculative-5": (dict(chunk_size=32, num_speculative_tokens=5), {}),
     "swap-fastserve": (dict(chunk_size=32, policy="fastserve", preemption_mode="swap"), dict(pool=SMALL_POOL)),
     "recompute-sarathi": (dict(chunk_size=32, preemption_mode="recompute"), dict(pool=SMALL_POOL)),
     "swap-fastserve+sarathi-chunk-7": (dict(chunk_size=7, policy="fastserve+sarathi"), dict(pool=SMALL_POOL)),
@@ -178,6 +180,21 @@ def test_sliding_windows_and_linear_attention_layers_equal_transformers(request,
         same.append(_agrees(prompt, comp, (ids[:cut], [torch.log_softmax(x[0], -1) for x in out.logits[:cut]])))
     assert sum(same) >= len(prompts) - 1
 
+
+def test_beam_search_equals_transformers_with_a_rounding_cache(tiny_model_dir):
+    """Beams fork and copy partly filled float8 blocks (tail_blocks.py): the hypotheses equal transformers'
+    generate(num_beams=4) with a rounding cache token for token; scores to 2e-3 (the rounding turns the
+    logits' last-bit differences into ~1e-3 of a score, as it tips near-ties above)."""
+    from services.common.beam_search import BeamParams
+    from tests.beam_oracle import assert_beams_match, hf_beams
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    generate = model.generate
+    model.generate = lambda *args, **kwargs: generate(*args, cache=rounding_cache("fp8")(), **kwargs)
+    engine = _engine(tiny_model_dir, "fp8", SchedulerConfig(chunk_size=16))
+    for prompt in _prompts([5, 30, 70], seed=3):
+        beam = BeamParams(4, 12, end_token_ids=tuple(engine.checkpoint.eos_token_ids))
+        assert_beams_match(engine.beam_search(prompt, beam), hf_beams(model, prompt, beam), rel=2e-3)
 
 def _with_kv_scales(src, out, scales: dict[int, tuple[float, float]]):
     """``src``'s checkpoint as llm-compressor writes an FP8 one with an FP8 KV cache: FP8 weights per channel,
