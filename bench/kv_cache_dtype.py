@@ -31,11 +31,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.watched_run import watched_run  # noqa: E402
 from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
 from services.engine.builtin_model import ensure_default_model  # noqa: E402
@@ -49,28 +49,6 @@ SETTINGS = {  # name: (kv_cache_dtype, cpu_kernels)
     "fp32 torch ops": ("auto", False),
     "fp8 (torch ops)": ("fp8", True),  # the runner leaves the kernels off for a float8 pool
 }
-
-
-def run(engine: OfflineEngine, prompts, params) -> tuple[float, int, int, int, list[list[int]]]:
-    """tokens/s, most requests running in a step, most blocks in use, preemptions, outputs."""
-    core, schedule = engine.scheduler, engine.scheduler.schedule
-    peak = {"running": 0, "blocks": 0}
-
-    def watched(now=None):
-        plan = schedule(now)
-        peak["running"] = max(peak["running"], len(plan.num_scheduled_tokens))
-        peak["blocks"] = max(peak["blocks"], engine.blocks.num_blocks - engine.blocks.num_free)
-        return plan
-
-    core.schedule = watched
-    before = sum(core.preemptions.values())
-    t = time.perf_counter()
-    out = engine.generate(prompts, params)
-    elapsed = time.perf_counter() - t
-    del core.schedule
-    tokens = sum(len(c.token_ids) for c in out)
-    return (tokens / elapsed, peak["running"], peak["blocks"], sum(core.preemptions.values()) - before,
-            [c.token_ids for c in out])
 
 
 def mesh_burst(args: argparse.Namespace) -> int:
@@ -130,7 +108,7 @@ def main() -> int:
         outputs: dict[str, list[list[int]]] = {}
         for r in range(args.rounds + 1):  # round 0 warms up
             for name in (list(engines) if r % 2 else list(engines)[::-1]):
-                *figures, outputs[name] = run(engines[name], prompts, params)
+                *figures, outputs[name] = watched_run(engines[name], prompts, params)
                 if r:
                     results[name].append(figures)
         if outputs["fp32 kernels"] != outputs["fp32 torch ops"]:

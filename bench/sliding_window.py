@@ -21,12 +21,12 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.watched_run import watched_run  # noqa: E402
 from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.block_hash import hash_seed  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
@@ -42,28 +42,6 @@ def keep_every_block(engine: OfflineEngine) -> None:
     engine.blocks = BlockManager(engine.runner.kv.num_blocks, old.blocks.block_size)
     engine.scheduler = Scheduler(replace(old.config, sliding_window=None), engine.blocks, old.host_blocks,
                                  hash_seed=hash_seed(str(engine.checkpoint.path), old.blocks.block_size))
-
-
-def run(engine: OfflineEngine, prompts, params) -> tuple[float, int, int, int, list[list[int]]]:
-    """tokens/s, most requests running in a step, most blocks in use, preemptions, outputs."""
-    core, schedule = engine.scheduler, engine.scheduler.schedule
-    peak = {"running": 0, "blocks": 0}
-
-    def watched(now=None):
-        plan = schedule(now)
-        peak["running"] = max(peak["running"], len(plan.num_scheduled_tokens))
-        peak["blocks"] = max(peak["blocks"], engine.blocks.num_blocks - engine.blocks.num_free)
-        return plan
-
-    core.schedule = watched
-    before = sum(core.preemptions.values())
-    t = time.perf_counter()
-    out = engine.generate(prompts, params)
-    elapsed = time.perf_counter() - t
-    del core.schedule
-    tokens = sum(len(c.token_ids) for c in out)
-    return (tokens / elapsed, peak["running"], peak["blocks"], sum(core.preemptions.values()) - before,
-            [c.token_ids for c in out])
 
 
 def main() -> int:
@@ -93,7 +71,7 @@ def main() -> int:
         outputs: dict[str, list[list[int]]] = {}
         for r in range(args.rounds + 1):  # round 0 warms up
             for name in (list(engines) if r % 2 else list(engines)[::-1]):
-                *figures, outputs[name] = run(engines[name], prompts, params)
+                *figures, outputs[name] = watched_run(engines[name], prompts, params)
                 if r:
                     results[name].append(figures)
     if outputs["blocks kept"] != outputs["window freed"]:
