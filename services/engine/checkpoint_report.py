@@ -49,9 +49,9 @@ def report(model_dir: str | Path, max_model_len: int | None = None) -> dict[str,
 
 
 def _kv_dtypes(config: ModelConfig) -> tuple[str, ...]:
-    """The KV dtypes it may be served with: ``--kv-cache-dtype fp8`` too, except with latent attention (refused)
-    or none at all (an attention-free model keeps no KV)."""
-    return ("bfloat16", "float32") if config.mla or not config.kv_layers else ("bfloat16", "float32", "fp8")
+    """The KV dtypes it may be served with: ``--kv-cache-dtype fp8`` too, except with none at all (an
+    attention-free model keeps no KV)."""
+    return ("bfloat16", "float32", "fp8") if config.kv_layers else ("bfloat16", "float32")
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: str) -> int:

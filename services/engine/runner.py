@@ -47,10 +47,6 @@ class ModelRunner:
         keep_freed_heap()
         self.config = config
         self.checkpoint = checkpoint or load_checkpoint_meta(resolve_model_dir(config.model), config.max_model_len)
-        if self.checkpoint.config.mla and config.kv_cache_dtype != "auto":
-            raise InvalidArgument(
-                f"--kv-cache-dtype {config.kv_cache_dtype} is not supported for latent attention (this checkpoint's "
-                "DeepSeek-style MLA) yet: serve it with --kv-cache-dtype auto")
         self.device = config.torch_device()
         self.dtype = config.torch_dtype()
         self.model = load_model(self.checkpoint, self.device, self.dtype)

@@ -3,7 +3,7 @@ prefill in chunks on the prefill worker, their float8 blocks move to the decode 
 fp32's bytes), a session's turns are stored to kvcache and a next turn loads them. Greedy output equals
 transformers' with a cache that rounds keys and values the same way, as in
 tests/seawall/offline/test_kv_cache_dtype.py (at most one request parting at a near-tie), and each worker's
-pool holds four times the blocks of an fp32 pool of the same bytes."""
+pool holds four times the blocks of an fp32 pool of the same bytes; DeepSeek-V3's float8 latents move alike."""
 
 from __future__ import annotations
 
@@ -73,3 +73,26 @@ async def test_a_session_stores_float8_blocks_and_the_next_turn_loads_them(mesh,
     _assert_agree(oracle, [first, second], [turn1.token_ids, turn2.token_ids])
     tiers = _kv_stats(mesh.kvcache_address).tiers
     assert sum(t.num_blocks for t in tiers) >= 10  # 150 + 16 tokens: 10 full blocks stored
+
+
+async def test_latent_attention_moves_float8_latents_and_equals_transformers(tiny_model_dir, tmp_path):
+    """DeepSeek-V3's one latent a token, as float8, prefilled on one worker and decoded on the other."""
+    import torch
+
+    from tests.engine.test_architectures import CASES, save_checkpoint
+    from tests.kv_fp8_oracle import rounding_cache
+
+    model_dir = tmp_path / "deepseek-v3"
+    save_checkpoint(CASES["deepseek-v3"](), model_dir, tiny_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    cache = rounding_cache("fp8")
+    oracle = (greedy_oracle(model, cache), lambda prompt, output: greedy_misses(model, prompt, output, NEAR_TIE, cache))
+    mesh = start_mesh(model_dir, tmp_path / "logs", scheduler_args=["--chunk-size", "16"],
+                      worker_args=["--kv-cache-bytes", str(KV_BYTES), "--kv-cache-dtype", "fp8"])
+    try:
+        prompts = PROMPTS[:4]
+        async with AsyncClient(mesh.grpc_address) as client:
+            outs = await generate_all(client, prompts, max_tokens=MAX_TOKENS, temperature=0)
+        _assert_agree(oracle, prompts, [o.token_ids for o in outs])
+    finally:
+        assert all(code == 0 for code in mesh.stop().values())

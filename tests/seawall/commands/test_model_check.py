@@ -47,7 +47,7 @@ def test_an_alias_says_what_it_is_served_as_and_latent_attention_its_one_latent(
     deepseek = report(_dir(tmp_path / "deepseek", DEEPSEEK_V3))
     assert deepseek["attention"].startswith("latent (MLA): one 576-wide latent")
     assert deepseek["kv_cache_bytes_per_token"]["bfloat16"] == 61 * 576 * 2
-    assert "fp8" not in deepseek["kv_cache_bytes_per_token"]  # a float8 latent is refused
+    assert deepseek["kv_cache_bytes_per_token"]["fp8"] == 61 * 576  # a float8 latent
     assert "256 routed (8 a token" in deepseek["experts"] and "in 58 of 61 layers" in deepseek["experts"]
     assert deepseek["quantization"] == "FP8 weights, dequantized as they load"
     assert deepseek["tokenizer"].startswith("missing")

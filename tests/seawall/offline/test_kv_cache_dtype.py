@@ -276,12 +276,31 @@ def test_a_layer_without_its_kv_scales_or_a_bad_scale_is_refused_naming_it(tiny_
     with pytest.raises(ModelLoadError, match="KV scale 'model.layers.1.self_attn.v_scale' must be one positive"):
         _engine(path, "auto")
 
-def test_latent_attention_is_refused_with_what_to_do(tiny_model_dir, tmp_path):
-    """DeepSeek's cache holds a latent transformers does not keep (it caches the expanded keys and values): no
-    oracle could check a rounded latent yet, so it is refused before any memory is taken."""
-    from services.common.errors import InvalidArgument
+
+@pytest.mark.parametrize("arch", ["deepseek-v3", "deepseek-v2"])
+def test_latent_attention_caches_a_float8_latent_and_equals_transformers(tiny_model_dir, tmp_path, arch):
+    """DeepSeek's cache holds one latent a token (the normed compressed KV and the rotated key part), which
+    transformers 5 caches too: rounded alike, the tokens are the same, whole prompts or chunks."""
     from tests.engine.test_architectures import CASES, save_checkpoint
 
-    save_checkpoint(CASES["deepseek-v3"](), tmp_path, tiny_model_dir)
-    with pytest.raises(InvalidArgument, match="not supported for latent attention .* --kv-cache-dtype auto"):
-        OfflineEngine(EngineConfig(model=str(tmp_path), device="cpu", dtype="float32", kv_cache_dtype="fp8"))
+    save_checkpoint(CASES[arch](), tmp_path, tiny_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    prompts = _prompts([5, 17, 40, 100], seed=21)
+    eos = set(OfflineEngine(EngineConfig(model=str(tmp_path), kv_cache_bytes=1 << 20)).checkpoint.eos_token_ids)
+    refs, plain = [], []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0,
+                                 output_logits=True, return_dict_in_generate=True, cache=rounding_cache("fp8")())
+            unrounded = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                       pad_token_id=0)[0, len(prompt):].tolist()
+        ids = out.sequences[0, len(prompt):].tolist()
+        cut = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+        refs.append((ids[:cut], [torch.log_softmax(x[0], -1) for x in out.logits[:cut]]))
+        plain.append(unrounded[:cut])
+    assert sum(ref[0] != p for ref, p in zip(refs, plain, strict=True)) >= len(prompts) // 2
+    for chunk in (16, None):
+        engine = _engine(tmp_path, "fp8", SchedulerConfig(chunk_size=chunk))
+        assert engine.runner.layout.num_parts == 1 and engine.runner.layout.dtype == torch.float8_e4m3fn
+        got = engine.generate(prompts, [GREEDY] * len(prompts))
+        assert sum(_agrees(p, c, ref) for p, c, ref in zip(prompts, got, refs, strict=True)) >= len(prompts) - 1
