@@ -20,6 +20,7 @@ import sys
 
 from seawall.commands.numbers import non_negative, positive, whole
 from seawall.commands.paths import check_output_file, write_output_file
+from seawall.sim.models import KV_CACHE_DTYPES
 from services.common.errors import InvalidArgument
 
 
@@ -42,6 +43,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--num-gpu-blocks", type=whole(1), default=None, help="override the KV pool size (blocks)")
     g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="KV element type: auto (16-bit) or fp8 (one byte: 2x the blocks, half the bytes read)")
     g.add_argument("--prefix-caching", action="store_true", help="reuse KV of shared prefixes (mooncake-conv)")
     g.add_argument("--mlfq", choices=("paper", "code"), default="paper",
                    help="FastServe's MLFQ constants: the core's paper defaults or the released code's")
@@ -130,6 +133,8 @@ def _add_cluster(p: argparse.ArgumentParser) -> None:
     g.add_argument("--storage-gbps", type=positive, default=400.0, help="storage NIC per node, Gbit/s (default 400)")
     g.add_argument("--compute-gbps", type=positive, default=400.0, help="compute NIC per GPU, Gbit/s (default 400)")
     g.add_argument("--dram-gb", type=positive, default=320.0, help="DRAM buffer per node, GB (default 320)")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="KV element type: auto (16-bit) or fp8 (one byte: half the bytes stored, loaded and moved)")
     g.add_argument("--read-policy", nargs="+", default=["dual"], choices=READ_POLICIES, metavar="POLICY",
                    help=f"where hit KV is read: {', '.join(READ_POLICIES)} (default dual); several: one run "
                         f"each, ratios against the first")
@@ -202,7 +207,7 @@ def _dualpath(args: argparse.Namespace) -> int:
             prefill_nodes=args.prefill, decode_nodes=args.decode, storage_gbps=args.storage_gbps,
             compute_gbps=args.compute_gbps, dram_gb=args.dram_gb, read_policy=policy, placement=args.placement,
             prefill_quota_s=args.prefill_quota_s, alpha_s=args.alpha_s, beta_s=args.beta_s,
-            window_s=args.window_s, record_requests=args.per_request)
+            window_s=args.window_s, record_requests=args.per_request, kv_cache_dtype=args.kv_cache_dtype)
         runs.append(simulate_cluster(cfg, wl))
     keys = ("jct_s", "ttft_mean", "ttst_mean", "tpot_mean", "throughput_req_s", "throughput_tok_s",
             "snic_max_avg", "de_read_frac", "hit_rate")
@@ -257,7 +262,8 @@ def _configs(args: argparse.Namespace, need_qps: bool = True):
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         chunk_size=args.chunk_size, max_num_batched_tokens=args.max_num_batched_tokens,
         preemption_mode=args.preemption_mode, swap_space_gib=args.swap_space_gib,
-        enable_prefix_caching=args.prefix_caching, num_gpu_blocks=args.num_gpu_blocks, cost_model=kind,
+        enable_prefix_caching=args.prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
+        num_gpu_blocks=args.num_gpu_blocks, cost_model=kind,
         measured_file=rest[0] if rest else None, record_requests=args.per_request,
         mlfq=args.mlfq,
     )

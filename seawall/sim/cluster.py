@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from seawall.sim.cost_model import RooflineCostModel, StepShape, kv_pool_blocks
 from seawall.sim.hardware import get_gpu
-from seawall.sim.models import get_model
+from seawall.sim.models import get_model, with_kv_cache_dtype
 from seawall.workloads.multiturn import (
     AgenticConfig,
     MooncakeReplayConfig,
@@ -91,6 +91,7 @@ class ClusterConfig:
     beta_s: float = 5.0  # β: tokens one engine prefills in this long; an engine above it gets no more work
     block_size: int = 16  # HBM KV block (the decode engines' pools are sized in these)
     gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "auto"  # "fp8": one byte a KV element: half the bytes stored, read and moved, 2x the HBM tokens
     window_s: float = 10.0  # storage-NIC balance is measured in windows of this length
     record_requests: bool = False
 
@@ -208,7 +209,7 @@ class ClusterSimulation:
         if len(hits) != len(requests):
             raise InvalidArgument(f"{len(hits)} hit counts for {len(requests)} requests")
         self.cfg, self.closed_loop = cfg, closed_loop
-        self.model, gpu = get_model(cfg.model), get_gpu(cfg.gpu)
+        self.model, gpu = with_kv_cache_dtype(get_model(cfg.model), cfg.kv_cache_dtype), get_gpu(cfg.gpu)
         self.cost = RooflineCostModel(self.model, gpu, cfg.tp, block_size=cfg.block_size)
         self.kvb = float(self.model.kv_bytes_per_token)
         kv_cap = kv_pool_blocks(self.model, gpu, cfg.tp, cfg.block_size, cfg.gpu_memory_utilization) \

@@ -99,7 +99,6 @@ class RooflineCostModel:
                                   f"and {model.num_kv_heads} KV heads")
         self.model, self.gpu, self.tp, self.eff, self.block_size = model, gpu, tp, efficiency, block_size
         m = model
-        d = DTYPE_BYTES
         q_width = m.num_heads * m.head_dim // tp
         kv_width = 2 * m.num_kv_heads * m.head_dim // tp
         mlp_width = (2 if m.gated_mlp else 1) * m.intermediate_size // tp
@@ -118,7 +117,7 @@ class RooflineCostModel:
             self._gemms.append((m.hidden_size, m.num_experts))
         self._q_width = q_width
         # K and V rows of one token in one layer on one GPU (KV heads shard with tp; replicated past them).
-        self._kv_row_bytes = 2 * max(1, m.num_kv_heads // tp) * m.head_dim * d
+        self._kv_row_bytes = 2 * max(1, m.num_kv_heads // tp) * m.head_dim * m.kv_dtype_bytes
         self._lm_head = (m.hidden_size, m.vocab_size // tp)
         self.block_bytes_per_gpu = block_size * m.num_layers * self._kv_row_bytes
 

@@ -31,7 +31,7 @@ from seawall.sim.cost_model import (
 )
 from seawall.sim.hardware import GiB, get_gpu
 from seawall.sim.metrics import RequestRecord, RunTotals, summarize
-from seawall.sim.models import get_model
+from seawall.sim.models import get_model, with_kv_cache_dtype
 from seawall.sim.workloads import MOONCAKE_BLOCK, RequestSpec
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.sampling_params import SamplingParams
@@ -80,6 +80,9 @@ class SimConfig:
     # Whether KV swaps overlap compute (FastServe) or stall the step (vLLM); default: overlap for fastserve*.
     swap_overlap: bool | None = None
     enable_prefix_caching: bool = False
+    # The KV pool's element type (the workers' --kv-cache-dtype): "auto" = 16-bit, "fp8" one byte an element: twice
+    # the blocks, half the bytes a decode's attention reads and a swap moves.
+    kv_cache_dtype: str = "auto"
     num_gpu_blocks: int | None = None  # override the pool computed from GPU memory
     cost_model: str = "roofline"  # or "measured"
     measured_file: str | None = None
@@ -119,7 +122,12 @@ def build_cost_model(cfg: SimConfig):
         return MeasuredCostModel.from_file(cfg.measured_file)
     if cfg.cost_model != "roofline":
         raise InvalidArgument(f"--cost-model must be roofline or measured, got {cfg.cost_model!r}")
-    return RooflineCostModel(get_model(cfg.model), get_gpu(cfg.gpu), cfg.tp, block_size=cfg.block_size)
+    return RooflineCostModel(sim_model(cfg), get_gpu(cfg.gpu), cfg.tp, block_size=cfg.block_size)
+
+
+def sim_model(cfg: SimConfig):
+    """The model's shape with its KV as ``cfg`` stores it."""
+    return with_kv_cache_dtype(get_model(cfg.model), cfg.kv_cache_dtype)
 
 
 def fit_step_time(cost):
@@ -171,7 +179,7 @@ class Simulation:
         self.cfg = cfg
         self.specs = sorted(workload, key=lambda s: s.arrival)
         self.cost = cost or build_cost_model(cfg)
-        model = get_model(cfg.model)
+        model = sim_model(cfg)
         max_len = max(s.prompt_len + s.output_len for s in self.specs) + 1
         self.settings = cfg.resolved(max_len)
         budget = self.settings["max_num_batched_tokens"]

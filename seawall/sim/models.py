@@ -1,11 +1,12 @@
 """Model shapes the cost model knows, and the sizes derived from them (weights, KV bytes per token).
 
-Shapes are those of the Hugging Face ``config.json`` of each checkpoint. Weights and KV are 16-bit.
+Shapes are those of the Hugging Face ``config.json`` of each checkpoint. Weights are 16-bit; KV too, or one byte
+an element as a float8 cache (``with_kv_cache_dtype``: ``--kv-cache-dtype fp8``) stores it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.common.errors import InvalidArgument
 
@@ -31,6 +32,7 @@ class ModelSpec:
     num_experts: int = 0
     experts_per_token: int = 0
     expert_size: int = 0
+    kv_dtype_bytes: int = DTYPE_BYTES  # 1: a float8 KV cache
 
     @property
     def attention_params_per_layer(self) -> int:
@@ -77,7 +79,7 @@ class ModelSpec:
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of one token over all layers (all KV heads, before tensor-parallel sharding)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     def activation_bytes(self, num_tokens: int, tp: int) -> int:
         """Peak activation memory of a forward pass over ``num_tokens`` tokens, per GPU (rough: the
@@ -110,6 +112,16 @@ MODELS: dict[str, ModelSpec] = {
                   experts_per_token=4, expert_size=2880),
     )
 }
+
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # the workers' --kv-cache-dtype
+
+
+def with_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
+    """``model`` with its KV as ``--kv-cache-dtype`` stores it: 16-bit (auto) or one byte an element (fp8)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InvalidArgument(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    return model if kv_cache_dtype == "auto" else replace(model, kv_dtype_bytes=1)
 
 
 def get_model(name: str) -> ModelSpec:

@@ -25,6 +25,19 @@ def test_run_writes_the_metrics_json(tmp_path, capsys):
     assert "tbt_p99" in capsys.readouterr().out
 
 
+def test_a_float8_kv_cache_is_a_flag_of_run_and_dualpath(tmp_path, capsys):
+    """The simulated pool of a burst in fp8 (one byte a KV element) holds twice the blocks of the 16-bit one."""
+    blocks = {}
+    for dtype in ("auto", "fp8"):
+        out = tmp_path / f"{dtype}.json"
+        assert main(["sim", "run", "--model", "Llama-2-7B", "--gpu", "A100-40GB", "--workload", "fixed",
+                     "--arrival", "burst", "--num-requests", "8", "--kv-cache-dtype", dtype, "--json", str(out)]) == 0
+        blocks[dtype] = json.loads(out.read_text())["num_gpu_blocks"]
+    assert blocks["fp8"] >= 2 * blocks["auto"]
+    with pytest.raises(SystemExit):
+        main(["sim", "dualpath", "--kv-cache-dtype", "int8"])
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
+
 def test_run_replays_a_trace_with_tp(tmp_path):
     out = tmp_path / "run.json"
     assert main(["sim", "run", "--model", "Yi-34B", "--gpu", "A100-80GB", "--tp", "2", "--policy", "sarathi",

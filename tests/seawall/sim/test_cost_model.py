@@ -15,7 +15,7 @@ from seawall.sim.cost_model import (
     kv_pool_blocks,
 )
 from seawall.sim.hardware import GPUS, get_gpu
-from seawall.sim.models import MODELS, get_model
+from seawall.sim.models import MODELS, get_model, with_kv_cache_dtype
 from services.common.errors import InvalidArgument
 
 
@@ -147,3 +147,20 @@ def test_a_decode_reads_only_the_experts_its_tokens_route_to():
     with pytest.raises(InvalidArgument, match="does not fit on 1 x H100"):
         kv_pool_blocks(get_model("Mixtral-8x7B"), gpu)  # 93 GB of weights
     assert kv_pool_blocks(get_model("Mixtral-8x7B"), gpu, tp=2) > 0
+
+
+def test_a_float8_kv_cache_halves_the_bytes_a_token_keeps_reads_and_swaps():
+    """--kv-cache-dtype fp8: one byte a KV element. Twice the blocks in the memory left after the weights, a decode's
+    attention reads half the bytes (a memory-bound step is faster), swaps move half; weights are unchanged."""
+    model, gpu = get_model("Llama-3-8B"), get_gpu("A100-80GB")
+    fp8 = with_kv_cache_dtype(model, "fp8")
+    assert with_kv_cache_dtype(model, "auto") is model and with_kv_cache_dtype(model, "fp8_e5m2") == fp8
+    assert 2 * fp8.kv_bytes_per_token == model.kv_bytes_per_token and fp8.weight_bytes == model.weight_bytes
+    blocks = kv_pool_blocks(model, gpu)
+    assert kv_pool_blocks(fp8, gpu) in (2 * blocks, 2 * blocks + 1)
+    decodes = StepShape.of([(1, 4096)] * 64)
+    wide, narrow = RooflineCostModel(model, gpu), RooflineCostModel(fp8, gpu)
+    assert narrow.step_time(decodes) < 0.8 * wide.step_time(decodes)
+    assert narrow.swap_time(10) < wide.swap_time(10)
+    with pytest.raises(InvalidArgument, match="--kv-cache-dtype must be one of auto, fp8"):
+        with_kv_cache_dtype(model, "int8")
