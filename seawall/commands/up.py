@@ -218,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  note: {note}", flush=True)
         else:
             roles = ", ".join(c.name for c in mesh.children if c.name != "scheduler")
-            print(f"seawall: mesh ready ({args.mode}; {roles}; policy {args.policy})", flush=True)
+            kv = f"; KV {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else ""
+            print(f"seawall: mesh ready ({args.mode}; {roles}; policy {args.policy}{kv})", flush=True)
         print(f"  gRPC (seawall.Client):  {mesh.grpc_address}", flush=True)
         if mesh.http_url:
             print(f"  OpenAI API:             {mesh.http_url}/v1", flush=True)

@@ -201,7 +201,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "address", "role", "num_device_blocks", "num_device_blocks_used", "num_device_blocks_cached", "num_host_blocks", "num_host_blocks_used", "num_running", "num_prefix_queried_blocks", "num_prefix_hit_blocks", "prompt_token_budget", "step_time", "num_draft_tokens", "num_accepted_draft_tokens")
+    __slots__ = ("worker_id", "address", "role", "num_device_blocks", "num_device_blocks_used", "num_device_blocks_cached", "num_host_blocks", "num_host_blocks_used", "num_running", "num_prefix_queried_blocks", "num_prefix_hit_blocks", "prompt_token_budget", "step_time", "num_draft_tokens", "num_accepted_draft_tokens", "kv_layout")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,7 @@ class WorkerStats(_message.Message):
     STEP_TIME_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     role: _worker_pb2.WorkerRole
@@ -232,7 +233,8 @@ class WorkerStats(_message.Message):
     step_time: _worker_pb2.StepTimeProfile
     num_draft_tokens: int
     num_accepted_draft_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_worker_pb2.WorkerRole, str]] = ..., num_device_blocks: _Optional[int] = ..., num_device_blocks_used: _Optional[int] = ..., num_device_blocks_cached: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_blocks_used: _Optional[int] = ..., num_running: _Optional[int] = ..., num_prefix_queried_blocks: _Optional[int] = ..., num_prefix_hit_blocks: _Optional[int] = ..., prompt_token_budget: _Optional[int] = ..., step_time: _Optional[_Union[_worker_pb2.StepTimeProfile, _Mapping]] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+    kv_layout: _common_pb2.KVLayout
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_worker_pb2.WorkerRole, str]] = ..., num_device_blocks: _Optional[int] = ..., num_device_blocks_used: _Optional[int] = ..., num_device_blocks_cached: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_blocks_used: _Optional[int] = ..., num_running: _Optional[int] = ..., num_prefix_queried_blocks: _Optional[int] = ..., num_prefix_hit_blocks: _Optional[int] = ..., prompt_token_budget: _Optional[int] = ..., step_time: _Optional[_Union[_worker_pb2.StepTimeProfile, _Mapping]] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("policy", "queue_lengths", "num_running", "num_waiting", "num_swapped", "num_preemptions", "num_finished", "num_steps", "workers")

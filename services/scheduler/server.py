@@ -168,7 +168,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 num_prefix_hit_blocks=link.core.prefix_stats.hit_blocks,
                 num_draft_tokens=link.core.draft_stats.drafted,
                 num_accepted_draft_tokens=link.core.draft_stats.kept,
-                prompt_token_budget=_budget(link.core.config), step_time=_step_time(link.core.config.step_time)))
+                prompt_token_budget=_budget(link.core.config), step_time=_step_time(link.core.config.step_time),
+                kv_layout=link.info.kv_layout))
         return reply
 
     async def RegisterWorker(self, request, context):

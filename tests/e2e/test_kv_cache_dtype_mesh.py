@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from seawall import AsyncClient
+from seawall.v1 import common_pb2
 from tests.e2e.conftest import generate_all, greedy_misses, greedy_oracle, random_prompts, start_mesh
 from tests.e2e.test_dual_path import _kv_stats
 
@@ -61,6 +62,8 @@ async def test_concurrent_requests_equal_transformers_with_a_rounding_cache(mesh
     assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
     # 4 layers x (K, V) x 16 tokens x 2 heads x 32 dims x 1 byte: 8 KiB a block (fp32's: 32 KiB).
     assert all(w.num_device_blocks >= KV_BYTES // (8 << 10) - 1 for w in stats.workers)
+    assert all(w.kv_layout.dtype == common_pb2.KV_DTYPE_FP8_E4M3 and w.kv_layout.bytes_per_block == 8 << 10
+               for w in stats.workers)
 
 
 async def test_a_session_stores_float8_blocks_and_the_next_turn_loads_them(mesh, oracle):
