@@ -2,8 +2,9 @@
 or four (fp32), so the same KV memory holds two or four times the tokens — the sequences a burst can keep
 resident before the scheduler preempts, and half or a quarter of the bytes each KV transfer moves.
 
-Keys and values are rounded to float8 as they are written (saturated at its largest finite value; the scale is
-1, vLLM's default without calibrated scales) and widened back to the model's dtype where attention reads them.
+Keys and values are rounded to float8 as they are written (saturated at its largest finite value; over a scale
+that is 1, vLLM's default, unless the checkpoint calibrated one per layer: a kv_cache_scheme) and widened back to
+the model's dtype (times that scale) where attention reads them.
 Every query attends the rounded values, its own token's too (a prompt chunk's keys are rounded before it attends
 them), so what a step computes does not depend on whether a key was written by this step or an earlier one:
 chunked prefill of any size, prefix-cache hits, swaps and transfers give the same tokens as one pass — those of
@@ -48,7 +49,6 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float | None = None) ->
     if scale is not None:
         x = x / scale
     return x.clamp(info.min, info.max).to(dtype)
-
 
 
 def widen(x: torch.Tensor, dtype: torch.dtype, scale: float | None = None) -> torch.Tensor:

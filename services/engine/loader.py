@@ -93,9 +93,6 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         model.load_weights(weights)
     except KeyError as exc:
         raise ModelLoadError(f"{ckpt.path}: {exc.args[0]}") from exc
-    if ckpt.config.kv_scales and ckpt.config.mla:
-        raise ModelLoadError(f"{ckpt.path}: calibrated KV scales (kv_cache_scheme) for latent attention are not "
-                             "supported; a float8 latent cache is, with scale 1 (--kv-cache-dtype fp8)")
     if ckpt.config.kv_scales:
         _set_kv_scales(model, kv_scales, ckpt.path)
     return model.eval()

@@ -357,6 +357,10 @@ class ModelConfig:
             raise ModelLoadError(f"FP8 scales {self.fp8_scales!r} in blocks {self.fp8_block}: scales are "
                                  "weight_scale or weight_scale_inv, blocks two positive sizes")
         self._check_classic_layouts()
+        if self.kv_scales and self.mla:
+            raise ModelLoadError("calibrated KV scales (kv_cache_scheme) for latent attention are not supported; a "
+                                 "float8 latent cache is, with scale 1 (--kv-cache-dtype fp8 on a checkpoint without "
+                                 "them)")
         if self.packed_int_bits not in (0, 4, 8) or (self.packed_int_bits and self.fp8_scales):
             raise ModelLoadError(f"packed integer weights of {self.packed_int_bits} bits: 4 or 8, and not beside "
                                  "FP8 scales")

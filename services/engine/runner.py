@@ -85,8 +85,8 @@ class ModelRunner:
         self.drafter: Callable[[SequenceState, int], list[int]] = ngram_drafts
         self._mask_thread: ThreadPoolExecutor | None = None  # made by the first structured-output request
         log.info("runner ready: %s on %s/%s, KV %s, %d device blocks, %d host blocks, attention: %s",
-                 self.checkpoint.path, self.device, self.dtype, self.layout.dtype, self.kv.num_blocks, self.kv.num_host_blocks,
-                 "fused CPU kernels" if self.kernels else "gather + SDPA")
+                 self.checkpoint.path, self.device, self.dtype, self.layout.dtype, self.kv.num_blocks,
+                 self.kv.num_host_blocks, "fused CPU kernels" if self.kernels else "gather + SDPA")
 
     @property
     def max_model_len(self) -> int:

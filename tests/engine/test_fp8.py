@@ -144,6 +144,10 @@ def test_an_fp8_kv_cache_scheme_is_read_with_or_without_quantized_weights():
         "quant_method": "compressed-tensors", "format": "dense", "config_groups": {}, "kv_cache_scheme": KV_SCHEME}})
     assert alone.kv_scales and alone.fp8_scales is None and not alone.packed_int_bits
     assert not ModelConfig.from_dict({**base, "quantization_config": compressed_tensors_config("channel")}).kv_scales
+    deepseek = {**CASES["deepseek-v3"]().to_dict(), "architectures": ["DeepseekV3ForCausalLM"]}
+    with pytest.raises(ModelLoadError, match="calibrated KV scales .* for latent attention are not supported"):
+        ModelConfig.from_dict({**deepseek, "quantization_config": {**compressed_tensors_config("channel"),
+                                                                   "kv_cache_scheme": KV_SCHEME}})
 
 
 def test_what_cannot_be_loaded_is_refused_saying_why(tmp_path, tiny_model_dir):
