@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import grpc
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, Info
 
 from seawall.v1 import common_pb2, worker_pb2
 from services.common import grpc_kv
@@ -47,6 +47,9 @@ class WorkerMetrics:
         self.transfers = TransferMetrics(registry)
         self.forward_seconds = Histogram("seawall_forward_seconds", "Forward pass and sampling of one step",
                                          registry=registry, buckets=LATENCY_BUCKETS)
+        # As vLLM's cache_config_info: what the KV pool holds, for dashboards to tell a float8 pool from another.
+        self.kv_cache = Info("seawall_kv_cache", "The worker's KV pool: element type, block size and counts",
+                             registry=registry)
 
 
 class WorkerServicer(grpc_kv.KVBytesServicer):
@@ -63,6 +66,11 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         self.tracing = tracing or Tracing(trace.NoOpTracer())
         self._traces = SequenceTraces(self.tracing.tracer, f"{config.role}@{config.name or config.host}")
         self.runner = runner
+        layout = runner.kv.layout
+        self.metrics.kv_cache.info({
+            "dtype": str(layout.dtype).removeprefix("torch."), "block_size": str(layout.block_size),
+            "bytes_per_block": str(layout.bytes_per_block), "num_device_blocks": str(runner.kv.num_blocks),
+            "num_host_blocks": str(runner.kv.num_host_blocks)})
         self.step_time = step_time  # the fit of this worker's step times, reported in info()
         # Steps, and the sequence state changes between them (Free, Abort), run on the process's torch thread
         # (torch_thread.py says why), one at a time in the order they came: that thread owns the runner's

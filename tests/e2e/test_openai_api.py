@@ -770,6 +770,9 @@ def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, defau
     assert moved > 0  # the disaggregated hand-off pulled KV
     for worker in ("prefill-0", "decode-1"):
         assert "seawall_step_seconds" in families[worker] and "seawall_forward_seconds" in families[worker]
+        (pool,) = families[worker]["seawall_kv_cache_info"].samples  # the pool as vLLM's cache_config_info shows it
+        assert pool.labels["dtype"] == "float32" and pool.labels["block_size"] == "16" and pool.value == 1
+        assert int(pool.labels["bytes_per_block"]) > 0 and int(pool.labels["num_device_blocks"]) > 0
     pulled = [s for s in families["decode-1"]["seawall_kv_transfer_bytes"].samples if s.name.endswith("_total")]
     assert any(s.labels["path"] == "nixl" and s.value > 0 for s in pulled)
     for name, fams in families.items():
