@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from types import SimpleNamespace
 
 import anyio
 import grpc
 import pytest
+import torch
 
 from seawall.v1 import worker_pb2
 from services.common.step import StepResult
+from services.engine.kv_pool import KVLayout, PagedKVPool
 from services.engine.torch_thread import InlineTorch, TorchThread
 from services.worker.config import WorkerConfig
 from services.worker.servicer import WorkerServicer
@@ -42,7 +43,7 @@ class _Runner:
     def __init__(self) -> None:
         self.log: list = []
         self.seqs = _Seqs(self.log)
-        self.kv = SimpleNamespace(layout=SimpleNamespace(bytes_per_block=1))
+        self.kv = PagedKVPool(KVLayout(1, 16, 1, 1, torch.float32), 2, 0, torch.device("cpu"))  # a tiny real one
         self.hold: dict[int, threading.Event] = {}  # step id -> released when set
 
     def drop(self, seq_id: str) -> bool:

@@ -13,6 +13,8 @@ and by far more."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -29,6 +31,8 @@ LENGTHS = [1, 5, 16, 17, 40, 100, 257, 300]
 MAX_TOKENS = 16
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, logprobs=5)
 NEAR_TIE = 0.05  # logprob gap
+# The engine under test runs here (fp32; the oracle stays on the CPU): on a GPU machine, SEAWALL_TEST_DEVICE=cuda.
+DEVICE = os.environ.get("SEAWALL_TEST_DEVICE", "cpu")
 
 
 def _prompts(lengths=LENGTHS, seed=8) -> list[list[int]]:
@@ -61,7 +65,7 @@ def hf(tiny_model_dir):
 
 
 def _engine(model_dir, kv_cache_dtype, sched=None, **engine) -> OfflineEngine:
-    config = EngineConfig(model=str(model_dir), device="cpu", dtype="float32", kv_cache_dtype=kv_cache_dtype,
+    config = EngineConfig(model=str(model_dir), device=DEVICE, dtype="float32", kv_cache_dtype=kv_cache_dtype,
                           **{"kv_cache_bytes": 8 << 20, **engine})
     return OfflineEngine(config, sched or SchedulerConfig())
 
@@ -286,7 +290,7 @@ def test_latent_attention_caches_a_float8_latent_and_equals_transformers(tiny_mo
     save_checkpoint(CASES[arch](), tmp_path, tiny_model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     prompts = _prompts([5, 17, 40, 100], seed=21)
-    eos = set(OfflineEngine(EngineConfig(model=str(tmp_path), kv_cache_bytes=1 << 20)).checkpoint.eos_token_ids)
+    eos = set(_engine(tmp_path, "auto", kv_cache_bytes=1 << 20).checkpoint.eos_token_ids)
     refs, plain = [], []
     for prompt in prompts:
         with torch.no_grad():
