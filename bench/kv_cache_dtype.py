@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.watched_run import watched_run  # noqa: E402
+from bench.watched_run import alternating_rounds  # noqa: E402
 from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
 from services.engine.builtin_model import ensure_default_model  # noqa: E402
@@ -104,13 +104,7 @@ def main() -> int:
         engines = {name: OfflineEngine(EngineConfig(model=model, kv_cache_bytes=mib << 20, kv_cache_dtype=dtype,
                                                     cpu_kernels=kernels, swap_bytes=512 << 20), config)
                    for name, (dtype, kernels) in SETTINGS.items()}
-        results: dict[str, list[tuple]] = {name: [] for name in engines}
-        outputs: dict[str, list[list[int]]] = {}
-        for r in range(args.rounds + 1):  # round 0 warms up
-            for name in (list(engines) if r % 2 else list(engines)[::-1]):
-                *figures, outputs[name] = watched_run(engines[name], prompts, params)
-                if r:
-                    results[name].append(figures)
+        results, outputs = alternating_rounds(engines, prompts, params, args.rounds)
         if outputs["fp32 kernels"] != outputs["fp32 torch ops"]:
             print("fp32 outputs differ between the kernels and the torch ops", file=sys.stderr)
         base = statistics.median(f[0] for f in results["fp32 kernels"])

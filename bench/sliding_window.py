@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.watched_run import watched_run  # noqa: E402
+from bench.watched_run import alternating_rounds  # noqa: E402
 from seawall.offline.engine import OfflineEngine  # noqa: E402
 from services.common.block_hash import hash_seed  # noqa: E402
 from services.common.sampling_params import SamplingParams  # noqa: E402
@@ -67,13 +67,7 @@ def main() -> int:
         engines = {name: OfflineEngine(EngineConfig(model=str(model), kv_cache_bytes=pool), config)
                    for name in ("blocks kept", "window freed")}
         keep_every_block(engines["blocks kept"])
-        results: dict[str, list[tuple]] = {name: [] for name in engines}
-        outputs: dict[str, list[list[int]]] = {}
-        for r in range(args.rounds + 1):  # round 0 warms up
-            for name in (list(engines) if r % 2 else list(engines)[::-1]):
-                *figures, outputs[name] = watched_run(engines[name], prompts, params)
-                if r:
-                    results[name].append(figures)
+        results, outputs = alternating_rounds(engines, prompts, params, args.rounds)
     if outputs["blocks kept"] != outputs["window freed"]:
         print("outputs differ between the settings", file=sys.stderr)
         return 1
