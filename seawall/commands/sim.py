@@ -20,8 +20,8 @@ import sys
 
 from seawall.commands.numbers import non_negative, positive, whole
 from seawall.commands.paths import check_output_file, write_output_file
-from seawall.sim.models import KV_CACHE_DTYPES
 from services.common.errors import InvalidArgument
+from services.engine.config import KV_CACHE_DTYPES
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from seawall.sim.cost_model import RooflineCostModel, StepShape, kv_pool_blocks
 from seawall.sim.hardware import get_gpu
-from seawall.sim.models import get_model, with_kv_cache_dtype
+from seawall.sim.models import check_kv_cache_dtype, get_model, with_kv_cache_dtype
 from seawall.workloads.multiturn import (
     AgenticConfig,
     MooncakeReplayConfig,
@@ -101,6 +101,7 @@ class ClusterConfig:
                                   f"{self.read_policy!r}")
         if self.placement not in PLACEMENTS:
             raise InvalidArgument(f"--placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if min(self.prefill_nodes, self.decode_nodes, self.tp, self.gpus_per_node) < 1:
             raise InvalidArgument("--prefill, --decode, --tp and --gpus-per-node must be >= 1")
         if self.gpus_per_node % self.tp:

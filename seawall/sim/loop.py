@@ -31,7 +31,7 @@ from seawall.sim.cost_model import (
 )
 from seawall.sim.hardware import GiB, get_gpu
 from seawall.sim.metrics import RequestRecord, RunTotals, summarize
-from seawall.sim.models import get_model, with_kv_cache_dtype
+from seawall.sim.models import check_kv_cache_dtype, get_model, with_kv_cache_dtype
 from seawall.sim.workloads import MOONCAKE_BLOCK, RequestSpec
 from services.common.errors import InvalidArgument, SeawallError
 from services.common.sampling_params import SamplingParams
@@ -103,6 +103,7 @@ class SimConfig:
             raise InvalidArgument(f"--block-size must be >= 1, got {self.block_size}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 0:
             raise InvalidArgument(f"--num-gpu-blocks must be >= 1 (0: sized from GPU memory), got {self.num_gpu_blocks}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
 
     def resolved(self, max_model_len: int) -> dict:
         """Scheduler settings after policy defaults."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from services.common.errors import InvalidArgument
+from services.engine.config import KV_CACHE_DTYPES  # the workers' --kv-cache-dtype (no torch)
 
 DTYPE_BYTES = 2
 
@@ -114,13 +115,14 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # the workers' --kv-cache-dtype
+def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InvalidArgument(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
 
 
 def with_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
     """``model`` with its KV as ``--kv-cache-dtype`` stores it: 16-bit (auto) or one byte an element (fp8)."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise InvalidArgument(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    check_kv_cache_dtype(kv_cache_dtype)
     return model if kv_cache_dtype == "auto" else replace(model, kv_dtype_bytes=1)
 
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from services.engine.fp8 import FP8_DTYPES
 from services.engine.kv_quant import as_bytes, quantize, widen
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ def paged_attention(
     (None: 1; an unquantized pool ignores them)."""
     out = torch.empty_like(q)
     windowed = sliding and (batch.window is not None or batch.chunk is not None)
-    quantized = k_cache.element_size() == 1  # a float8 pool (kv_quant.py): written rounded, read widened
+    quantized = k_cache.dtype in FP8_DTYPES  # a float8 pool (kv_quant.py): written rounded, read widened
     k_scale, v_scale = kv_scale if quantized and kv_scale is not None else (None, None)
     if quantized:
         k, v = quantize(k, k_cache.dtype, k_scale), quantize(v, v_cache.dtype, v_scale)

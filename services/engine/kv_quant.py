@@ -23,10 +23,11 @@ import functools
 
 import torch
 
+from services.engine.fp8 import FP8_DTYPES
+
 # vLLM's names (EngineConfig.kv_cache_dtype): "fp8" is e4m3, more precision (what vLLM picks on current GPUs);
 # e5m2 has more range.
 _FLOAT8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -38,7 +39,7 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A float8 tensor as the uint8 view that indexing ops take (a view: no copy). torch's float8 support in
     indexing differs by version and device ("index_cuda" / "index_select_cuda" / "index_copy_cpu" not
     implemented for Float8 were each reported), bytes are moved the same everywhere; other dtypes as they are."""
-    return t.view(torch.uint8) if t.dtype in FLOAT8_DTYPES else t
+    return t.view(torch.uint8) if t.dtype in FP8_DTYPES else t
 
 
 def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float | None = None) -> torch.Tensor:

@@ -11,6 +11,7 @@ from seawall.sim import loop, reproduce
 from seawall.sim.cost_model import MEASURED_FORMAT
 from seawall.sim.loop import PolicyUnavailable, SimConfig, Simulation, available_policies, simulate
 from seawall.sim.workloads import RequestSpec, WorkloadConfig, make_workload
+from services.common.errors import InvalidArgument
 
 
 def _small(n=60, qps=4.0, seed=0):
@@ -54,6 +55,8 @@ def test_a_float8_kv_cache_holds_a_burst_that_a_16_bit_one_preempts():
     assert m["auto"]["num_finished"] == m["fp8"]["num_finished"] == 64
     assert m["fp8"]["preemptions"] < m["auto"]["preemptions"]
     assert m["fp8"]["ttft_p99"] < m["auto"]["ttft_p99"] and m["fp8"]["throughput_tok_s"] > m["auto"]["throughput_tok_s"]
+    with pytest.raises(InvalidArgument, match="--kv-cache-dtype must be one of auto, fp8"):
+        SimConfig(kv_cache_dtype="int8")
 
 def test_swap_preemption_moves_blocks_over_pcie():
     m = simulate(SimConfig("Mistral-7B", "A100-80GB", 1, "sarathi", num_gpu_blocks=300, preemption_mode="swap"),
