@@ -88,6 +88,7 @@ class StatsSample:
     prefix_hit_blocks: int = 0  # of those, served from a cache
     draft_tokens: int = 0  # speculative decoding: draft tokens verified since start, all workers
     accepted_draft_tokens: int = 0  # of those, kept
+    migrations: int = 0  # running requests moved with their KV to a worker with more room, since start
 
 
 def pct(values, q: float) -> float | None:
@@ -270,7 +271,7 @@ def stats_summary(stats: list[StatsSample]) -> dict:
     if not stats:
         return {"preemptions": None, "kv_blocks_peak": None, "kv_blocks_total": None, "host_blocks_peak": None,
                 "max_waiting": None, "max_swapped": None, "prefix_hit_blocks": None, "prefix_hit_rate": None,
-                "draft_tokens": None, "draft_acceptance": None}
+                "draft_tokens": None, "draft_acceptance": None, "migrations": None}
     first, last = stats[0], stats[-1]
     # Counters since the mesh started: the run's share is the difference (clamped: a worker that died takes
     # its counts with it).
@@ -283,7 +284,8 @@ def stats_summary(stats: list[StatsSample]) -> dict:
             "host_blocks_peak": max(s.host_blocks_used for s in stats),
             "max_waiting": max(s.num_waiting for s in stats), "max_swapped": max(s.num_swapped for s in stats),
             "prefix_hit_blocks": hits, "prefix_hit_rate": min(1.0, hits / queried) if queried else None,
-            "draft_tokens": drafts, "draft_acceptance": min(1.0, kept / drafts) if drafts else None}
+            "draft_tokens": drafts, "draft_acceptance": min(1.0, kept / drafts) if drafts else None,
+            "migrations": max(0, last.migrations - first.migrations)}
 
 
 def paired(records: list[RequestRecord], baseline: list[RequestRecord]) -> dict:

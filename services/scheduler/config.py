@@ -46,6 +46,10 @@ class SchedulerServiceConfig:
     # How many times a request is moved off a worker that failed while holding it; past that it ends with an
     # error: a request that fails the step of any worker it lands on must not take every worker down in turn.
     max_moves: int = 3
+    # Live migration (migrator.py): a decode or colocated worker whose free KV memory falls under this many tokens
+    # a running request (about the decode steps left before it must preempt) moves one of its decodes, with its
+    # KV, to a peer that stays above it after taking it; 0 = never. The default is two 16-token blocks.
+    migration_headroom: int = 32
     # How KV moves between workers: "nixl" (when both sides have an agent) or "grpc" (streamed chunks).
     kv_transport: str = "nixl"
     # The kvcache service (host:port) for multi-turn KV reuse; None = none.
@@ -105,7 +109,8 @@ class SchedulerServiceConfig:
         self._check_parsers()
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        for name, least in (("max_queue_len", 1), ("max_moves", 0), ("max_lora_rank", 1)):
+        for name, least in (("max_queue_len", 1), ("max_moves", 0), ("max_lora_rank", 1),
+                            ("migration_headroom", 0)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         for name in ("transfer_timeout_s", "step_timeout_s", "stall_warning_s"):

@@ -63,6 +63,10 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-len", type=int, default=1024, help="queued requests before 429 (default 1024)")
     p.add_argument("--max-moves", type=int, default=3,
                    help="times a request is moved off a failed worker before it ends with an error (default 3)")
+    p.add_argument("--migration-headroom", type=int, default=32,
+                   help="live migration: a decode (or colocated) worker whose free KV falls under this many tokens a "
+                        "running request moves a decode with its KV to a peer with room, instead of preempting "
+                        "soon (default 32; 0 = off)")
     p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
     p.add_argument("--kv-read-policy", choices=READ_POLICIES, default="dual",
                    help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")
@@ -99,7 +103,7 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
     scheduler command line."""
     flags = ["--policy", policy or args.policy, *(["--chunk-size", str(args.chunk_size)] if args.chunk_size else []),
              "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
-             "--max-moves", str(args.max_moves),
+             "--max-moves", str(args.max_moves), "--migration-headroom", str(args.migration_headroom),
              "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq,
              "--step-pipelining", args.step_pipelining, "--decode-steps", str(args.decode_steps),
              "--speculative-tokens", str(args.speculative_tokens)]
@@ -145,6 +149,7 @@ def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
                                   grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
                                   core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,
                                   kv_read_policy=args.kv_read_policy, max_moves=args.max_moves,
+                                  migration_headroom=args.migration_headroom,
                                   peer_prefix=not args.no_peer_prefix)
 
 

@@ -35,6 +35,7 @@ from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request
 from services.scheduler.dual_path import DualPath
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.migrator import Migrator
 from services.scheduler.peer_prefix import PeerPrefix
 from services.scheduler.placement import EngineLoad, pick_decode, pick_prefill
 from services.scheduler.tracked import TrackedRequest
@@ -63,6 +64,7 @@ class Mesh:
         self.tracing = tracing or Tracing(trace.NoOpTracer())
         self.dual_path: DualPath | None = None  # set when a kvcache service is configured
         self.peer = PeerPrefix(self)
+        self.migrator = Migrator(self)
         self.decode_for: dict[str, WorkerLink] = {}  # request id -> the decode worker whose cache its prefix came from
         self.links: dict[str, WorkerLink] = {}
         self.tracked: dict[str, TrackedRequest] = {}
@@ -345,6 +347,7 @@ class Mesh:
         for rid, error in result.errors.items():
             if self.where.get(rid) is link:  # else it ended meanwhile (or this is a plan sent before it failed)
                 self.abort(rid, error=error)
+        self.migrator.after_step(link)
 
     def _plan_message(self, link: WorkerLink, plan: StepPlan):
         msg = plan_to_proto(plan, link.epoch)
@@ -417,7 +420,7 @@ class Mesh:
                   and self.where.get(event.request_id) is link and event.request_id in link.core.requests):
                 # Once, though a multi-step result may hold several tokens; and not when a later token of
                 # the same result already ended the request in the core.
-                self._hand_off(link, tracked.request)
+                self.hand_off(link, tracked.request)
 
     def _observe_token(self, tracked: TrackedRequest, reason: str | None, now: float) -> None:
         m = self.metrics.requests
@@ -433,9 +436,12 @@ class Mesh:
 
     # --- disaggregated hand-off ---
 
-    def _hand_off(self, src: WorkerLink, req: Request) -> None:
-        # A DE-read staged the prefix on a decode worker: that one takes the request over.
-        dst = self.decode_for.pop(req.request_id, None)
+    def hand_off(self, src: WorkerLink, req: Request, dst: WorkerLink | None = None) -> None:
+        """Moves running ``req`` from ``src`` to ``dst`` (None: its decode worker), which pulls its KV: a
+        prompt's first token on a prefill worker, or a migration (migrator.py)."""
+        if dst is None:
+            # A DE-read staged the prefix on a decode worker: that one takes the request over.
+            dst = self.decode_for.pop(req.request_id, None)
         if dst is None or not dst.alive:
             dst = self.pick_decode_worker(req)
         if dst is None:

@@ -27,6 +27,9 @@ class SchedulerMetrics:
         self.requests_moved = Counter(
             "seawall_requests_moved", "Requests taken off a failed worker, or handed off with KV that died with "
             "one, and recomputed (their streams go on)", registry=self.registry)
+        self.migrations = Counter(
+            "seawall_migrations", "Running requests moved with their KV to a worker with more free KV memory "
+            "(live migration, --migration-headroom)", ("src", "dst"), registry=self.registry)
         # Acceptance rate = accepted / draft (vLLM's spec_decode_num_draft_tokens / _num_accepted_tokens).
         self.draft_tokens = Counter(
             "seawall_spec_decode_draft_tokens", "Draft tokens verified by speculative decoding", ("worker",),

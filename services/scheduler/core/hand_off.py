@@ -134,6 +134,7 @@ class HandOff:
         self.arriving.clear()
         self.landing.clear()
         self.handed_off.clear()
+        self.leaving.clear()
         self._expected.clear()
         self.waiting.clear()
         self.running.clear()

@@ -26,6 +26,7 @@ from services.scheduler.core.block_manager import BlockManager
 from services.scheduler.core.config import MLFQConfig, SchedulerConfig
 from services.scheduler.core.fork import Fork
 from services.scheduler.core.hand_off import HandOff
+from services.scheduler.core.migration import Migration
 from services.scheduler.core.multi_step import MultiStep
 from services.scheduler.core.policies import POLICY_NAMES, Step, make_policy
 from services.scheduler.core.request import Request, RequestStatus
@@ -63,7 +64,7 @@ class DraftStats:
     kept: int = 0  # of those, kept
 
 
-class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculative, CheckpointedPrefix,
+class Scheduler(HandOff, Migration, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculative, CheckpointedPrefix,
                 TailBlocks):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, host_blocks: BlockManager | None = None,
                  hash_seed: int = 0) -> None:
@@ -93,6 +94,8 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         # until the transfer's owner calls ``release_landing``, or a late write would land in a new owner's KV.
         self.landing: list[Request] = []
         self.handed_off: dict[str, list[int]] = {}  # blocks held while their KV is sent to another worker
+        # Running requests about to migrate (migration.py), not scheduled: the latest plan that may run each.
+        self.leaving: dict[str, int] = {}
         # Handed off with a recurrent state the transfer reads from the worker too: dropped there on release.
         self._drop_on_release: set[str] = set()
         self.requests: dict[str, Request] = {}
@@ -187,13 +190,14 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         self._swapped_in_now, self._preempted_now = set(), set()
         self._drop_out_of_window()
         step = Step(now, self.config.max_num_batched_tokens or float("inf"), self.config.max_num_seqs)
-        # Requests whose tokens in flight end them (max_tokens, the context) have nothing left to run: the
-        # policy does not see them this step.
-        ending = [r for r in self.running if r.num_pending and self._ends_with_pending(r)]
-        if ending:
-            self.running = [r for r in self.running if r not in ending]
+        # Requests whose tokens in flight end them (max_tokens, the context) have nothing left to run, and
+        # requests about to migrate hold still: the policy does not see them this step.
+        still = [r for r in self.running
+                 if r.request_id in self.leaving or (r.num_pending and self._ends_with_pending(r))]
+        if still:
+            self.running = [r for r in self.running if r not in still]
         self.policy.compose(self, step)
-        self.running.extend(ending)
+        self.running.extend(still)
         speculative = self._speculate(step)
         scheduled = self._multi_step(step.scheduled)
         # Preemptions above land in this plan's drop list, which the worker applies before adding sequences.
@@ -533,6 +537,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
     def _forget(self, req: Request) -> None:
         """The request leaves this scheduler (finished, handed off)."""
         self._forget_computing(req)
+        self.leaving.pop(req.request_id, None)
         del self.requests[req.request_id]
         self.policy.on_remove(req)
 
@@ -565,6 +570,7 @@ class Scheduler(HandOff, Fork, MultiStep, SharedPrefix, SlidingWindow, Speculati
         assert all(r.status is RequestStatus.ARRIVING for r in self.arriving.values())
         assert all(r.status is RequestStatus.WAITING and not r.block_ids for r in self.waiting)
         assert all(r.status is RequestStatus.SWAPPED and not r.block_ids for r in self.swapped)
+        assert all(self.requests[rid].status is RequestStatus.RUNNING for rid in self.leaving), "leaving, not running"
         live = len(self.running) + len(self.waiting) + len(self.swapped) + len(self.arriving)
         assert live == len(self.requests), f"{live} requests queued, {len(self.requests)} known"
         self.policy.check_integrity(self.requests)

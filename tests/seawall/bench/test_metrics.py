@@ -135,6 +135,12 @@ def test_draft_acceptance_is_the_runs_share_of_the_meshs_counters():
     assert summarize([rec(0, 0.0, [0.1])], stats=stats[:1] * 2)["draft_acceptance"] is None  # no speculation
 
 
+def test_migrations_are_the_runs_share_of_the_meshs_counter():
+    stats = [StatsSample(0.0, 0, 0, 100, 0, 0, 0, 0, migrations=3), StatsSample(0.2, 0, 0, 100, 0, 0, 0, 0, migrations=8)]
+    assert summarize([rec(0, 0.0, [0.1])], stats=stats)["migrations"] == 5
+    assert summarize([rec(0, 0.0, [0.1])])["migrations"] is None
+
+
 def test_paired_and_ratios():
     base = [rec(0, 0.0, [1.0]), rec(1, 0.0, [2.0])]
     other = [rec(0, 0.0, [2.0]), rec(1, 0.0, [1.0])]

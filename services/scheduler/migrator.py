@@ -1,0 +1,90 @@
+"""Live migration of running decodes between workers of the same kind (rebalance.py has which and why).
+
+After each step result of a decode worker (disaggregated) or a colocated worker, the migrator weighs that
+worker against its peers and may pick one of its running decodes to move. The request stops being scheduled
+there (``Scheduler.start_migration``); once no plan in flight runs it, it is handed off exactly as a prefill
+worker hands a prompt off: the receiver reserves blocks, pulls the KV by block id (NIXL or the gRPC
+fallback), and the request decodes there from its next token on. Its stream pauses for about a step and the
+transfer, against a preemption's swap out and back or recompute. A failed transfer recomputes it on the
+receiver, as any hand-off's does. One move at a time per worker, out or in.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from services.scheduler.rebalance import MemoryLoad, pick_migration
+from services.scheduler.worker_link import WorkerLink
+
+if TYPE_CHECKING:
+    from services.scheduler.mesh import Mesh
+
+log = logging.getLogger(__name__)
+
+
+class Migrator:
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.moves: dict[str, tuple[WorkerLink, WorkerLink]] = {}  # request id -> (from, to), until it landed
+        self.num_migrations = 0
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The workers that decode, between which requests move: every one when colocated (whatever role it
+        registered with), else the decode workers."""
+        return () if self.mesh.config.mode == "colocated" else ("decode", "hybrid")
+
+    def after_step(self, link: WorkerLink) -> None:
+        """``link``'s step result was applied: hand off what may leave now, then maybe start a move off it."""
+        if self.moves:
+            self._forget_landed()
+            self.hand_off_ready(link)
+        if self.mesh.config.migration_headroom > 0 and (not self.roles or link.role in self.roles):
+            self._start(link)
+
+    def hand_off_ready(self, src: WorkerLink) -> None:
+        """Hands off the requests leaving ``src`` that no plan in flight runs any more."""
+        for rid in src.core.ready_to_leave(src.in_flight[0] if src.in_flight else None):
+            _, dst = self.moves[rid]
+            if not dst.alive:
+                src.core.cancel_migration(rid)
+                del self.moves[rid]
+                src.wake()
+                continue
+            self.mesh.hand_off(src, src.core.requests[rid], dst)
+            self.mesh.metrics.migrations.labels(src.worker_id, dst.worker_id).inc()
+            self.num_migrations += 1
+
+    def _start(self, src: WorkerLink) -> None:
+        peers = [link for link in self.mesh.live_links(*self.roles)]
+        if len(peers) < 2:
+            return
+        loads = {link.worker_id: self._load(link) for link in peers}
+        pick = pick_migration(loads[src.worker_id], list(loads.values()), src.core.migratable(),
+                              self.mesh.config.migration_headroom)
+        if pick is None:
+            return
+        rid, dst_id = pick
+        dst = next(link for link in peers if link.worker_id == dst_id)
+        src.core.start_migration(rid)
+        self.moves[rid] = (src, dst)
+        log.debug("migrating %s from %s (freeness %.0f) to %s (%.0f)", rid, src.worker_id,
+                  loads[src.worker_id].freeness, dst_id, loads[dst_id].freeness)
+        self.hand_off_ready(src)  # at once when no plan in flight runs it
+
+    def _load(self, link: WorkerLink) -> MemoryLoad:
+        core = link.core
+        # Arrivals with blocks reserved (core.arriving) hold them already; those in link.arrivals wait for them.
+        waiting = [*core.waiting, *core.swapped, *(a.request for a in link.arrivals)]
+        return MemoryLoad(link.worker_id, free_tokens=core.blocks.num_free * core.blocks.block_size,
+                          demand_tokens=sum(r.num_tokens for r in waiting), running=len(core.running),
+                          busy=any(link is a or link is b for a, b in self.moves.values()))
+
+    def _forget_landed(self) -> None:
+        """Drops the moves that ended: landed (or recomputing) on the receiver, finished, or abandoned."""
+        for rid, (src, dst) in list(self.moves.items()):
+            leaving = rid in src.core.leaving
+            arriving = rid in dst.core.arriving or any(a.request.request_id == rid for a in dst.arrivals)
+            if not (leaving and src.alive) and not (arriving and dst.alive):
+                del self.moves[rid]

@@ -1,0 +1,94 @@
+"""The mesh's migrator over real cores (no worker processes): a worker short of KV memory moves a decode to the
+peer with room, only once no plan in flight runs it, and takes it back when the peer dies first."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.sampling_params import SamplingParams
+from services.common.step import SampledToken, StepResult
+from services.scheduler.config import SchedulerServiceConfig
+from services.scheduler.core.request import Request
+from services.scheduler.mesh import Mesh
+from tests.scheduler.links import add_link
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _mesh(headroom: int = 32):
+    """Worker "a" (8 blocks) holding two decodes of 37 + 1 tokens: 2 blocks free, 16 tokens a request; "b"
+    (64 blocks) empty."""
+    mesh = Mesh(SchedulerServiceConfig(mode="colocated", migration_headroom=headroom))
+    a, b = add_link(mesh, "a", "hybrid", blocks=8), add_link(mesh, "b", "hybrid", blocks=64)
+    for i, n in enumerate((37, 36)):
+        mesh.place_on(a, Request(f"r{i}", list(range(1000 * i + 3, 1000 * i + 3 + n)), SamplingParams(max_tokens=64),
+                                 0.0))
+    _run(a, _send(a))  # the prompts, each sampling its first token
+    return mesh, a, b
+
+
+def _send(link, expect=False):
+    plan = link.core.schedule()
+    link.note_sent(plan.step_id)
+    if expect:
+        link.core.expect(plan)
+    return plan
+
+
+def _run(link, plan):
+    result = StepResult(plan.step_id, sampled={rid: [SampledToken(5)] for rid in plan.num_scheduled_tokens})
+    link.core.on_result(plan, result)
+    link.note_done(plan.step_id)
+
+
+async def test_the_smallest_decode_moves_to_the_peer_with_room():
+    mesh, a, b = _mesh()
+    mesh.migrator.after_step(a)
+    (arrival,) = b.arrivals  # handed off at once: no plan in flight runs it
+    assert arrival.request.request_id == "r1" and arrival.src is a  # 37 tokens against 38
+    assert "r1" not in a.core.requests and a.core.handed_off["r1"] == arrival.src_blocks
+    assert mesh.migrator.num_migrations == 1
+    assert mesh.metrics.migrations.labels("a", "b")._value.get() == 1
+    mesh.migrator.after_step(a)
+    assert len(b.arrivals) == 1  # one move at a time: both workers are busy until it landed
+    a.core.check_integrity()
+
+
+async def test_the_move_waits_for_the_plans_in_flight_that_run_it():
+    mesh, a, b = _mesh()
+    first = _send(a, expect=True)
+    second = _send(a, expect=True)  # planned ahead, as the mesh does: both decode r0 and r1
+    _run(a, first)
+    mesh.migrator.after_step(a)
+    assert "r1" in a.core.leaving and not b.arrivals
+    assert "r1" not in _send(a).num_scheduled_tokens  # it holds still from now on
+    _run(a, second)
+    mesh.migrator.after_step(a)  # the plan still in flight was planned after the mark: it does not run r1
+    (arrival,) = b.arrivals
+    assert arrival.request.output_token_ids == [5, 5, 5] and not arrival.request.num_pending
+
+
+async def test_a_move_whose_receiver_died_is_called_off():
+    mesh, a, b = _mesh()
+    _run(a, _send(a, expect=True))
+    in_flight = _send(a, expect=True)
+    mesh.migrator._start(a)
+    assert "r1" in a.core.leaving
+    b.alive = False
+    _run(a, in_flight)
+    mesh.migrator.after_step(a)
+    assert not a.core.leaving and not mesh.migrator.moves and "r1" in _send(a).num_scheduled_tokens
+
+
+async def test_no_move_with_migration_off_or_room_left():
+    mesh, a, b = _mesh(headroom=0)
+    mesh.migrator.after_step(a)
+    assert not b.arrivals and not a.core.leaving
+    mesh, a, b = _mesh(headroom=16)  # 16 tokens a request left: not under the headroom
+    mesh.migrator.after_step(a)
+    assert not b.arrivals and not a.core.leaving

@@ -1,0 +1,54 @@
+"""Which decode moves where (Llumnix's freeness): plain numbers in, a choice out."""
+
+from __future__ import annotations
+
+from services.scheduler.rebalance import MemoryLoad, pick_migration
+
+CANDIDATES = [("long", 900), ("short", 100), ("mid", 400)]
+
+
+def test_freeness_is_free_memory_less_its_demand_per_running_request():
+    assert MemoryLoad("a", free_tokens=320, demand_tokens=0, running=10).freeness == 32
+    assert MemoryLoad("a", free_tokens=320, demand_tokens=480, running=4).freeness == -40
+    assert MemoryLoad("a", free_tokens=64, demand_tokens=0, running=0).freeness == 64
+
+
+def test_a_worker_short_of_memory_moves_its_smallest_decode_to_the_freest_peer():
+    src = MemoryLoad("a", free_tokens=64, demand_tokens=0, running=8)  # 8 tokens a request
+    peers = [src, MemoryLoad("b", 2000, 0, running=4), MemoryLoad("c", 4000, 0, running=4)]
+    assert pick_migration(src, peers, CANDIDATES, headroom=32) == ("short", "c")
+
+
+def test_no_move_while_the_worker_has_headroom_or_nothing_to_move():
+    src = MemoryLoad("a", free_tokens=640, demand_tokens=0, running=10)  # 64 a request
+    peers = [src, MemoryLoad("b", 4000, 0, running=1)]
+    assert pick_migration(src, peers, CANDIDATES, headroom=32) is None
+    short = MemoryLoad("a", free_tokens=0, demand_tokens=0, running=10)
+    assert pick_migration(short, [short, *peers[1:]], [], headroom=32) is None
+
+
+def test_requests_waiting_for_memory_count_against_it():
+    src = MemoryLoad("a", free_tokens=1000, demand_tokens=900, running=10)  # a preempted request waits
+    peers = [src, MemoryLoad("b", 4000, 0, running=1)]
+    assert pick_migration(src, peers, CANDIDATES, headroom=32) == ("short", "b")
+
+
+def test_a_receiver_must_keep_its_headroom_after_the_move_so_it_never_becomes_the_next_source():
+    src = MemoryLoad("a", free_tokens=0, demand_tokens=0, running=8)
+    tight = MemoryLoad("b", free_tokens=100 + 32 * 5, demand_tokens=0, running=4)  # just room for "short"
+    assert pick_migration(src, [src, tight], CANDIDATES, headroom=32) == ("short", "b")
+    tighter = MemoryLoad("b", free_tokens=100 + 32 * 5 - 1, demand_tokens=0, running=4)
+    assert pick_migration(src, [src, tighter], CANDIDATES, headroom=32) is None
+    # The freest peer by freeness may hold fewer free tokens than a busier one with more room in all.
+    few = MemoryLoad("c", free_tokens=120, demand_tokens=0, running=0)  # freeness 120; 100 + 32 do not fit
+    assert pick_migration(src, [src, tighter, few], CANDIDATES, headroom=32) is None
+    roomy = MemoryLoad("d", free_tokens=5000, demand_tokens=0, running=100)  # freeness 50, room for "short"
+    assert pick_migration(src, [src, few, roomy], CANDIDATES, headroom=32) == ("short", "d")
+
+
+def test_busy_workers_neither_send_nor_receive():
+    src = MemoryLoad("a", free_tokens=0, demand_tokens=0, running=8)
+    free = MemoryLoad("b", 4000, 0, running=1)
+    assert pick_migration(MemoryLoad("a", 0, 0, 8, busy=True), [free], CANDIDATES, headroom=32) is None
+    assert pick_migration(src, [src, MemoryLoad("b", 4000, 0, 1, busy=True)], CANDIDATES, headroom=32) is None
+    assert pick_migration(src, [src, free], CANDIDATES, headroom=32) == ("short", "b")
