@@ -57,20 +57,19 @@ class Migrator:
             self.num_migrations += 1
 
     def _start(self, src: WorkerLink) -> None:
-        peers = [link for link in self.mesh.live_links(*self.roles)]
-        if len(peers) < 2:
+        headroom = self.mesh.config.migration_headroom
+        load = self._load(src)
+        if load.busy or load.freeness >= headroom:  # the common case, decided without weighing the peers
             return
-        loads = {link.worker_id: self._load(link) for link in peers}
-        pick = pick_migration(loads[src.worker_id], list(loads.values()), src.core.migratable(),
-                              self.mesh.config.migration_headroom)
+        peers = {link.worker_id: link for link in self.mesh.live_links(*self.roles) if link is not src}
+        loads = [self._load(link) for link in peers.values()]
+        pick = pick_migration(load, loads, src.core.migratable(), headroom)
         if pick is None:
             return
         rid, dst_id = pick
-        dst = next(link for link in peers if link.worker_id == dst_id)
         src.core.start_migration(rid)
-        self.moves[rid] = (src, dst)
-        log.debug("migrating %s from %s (freeness %.0f) to %s (%.0f)", rid, src.worker_id,
-                  loads[src.worker_id].freeness, dst_id, loads[dst_id].freeness)
+        self.moves[rid] = (src, peers[dst_id])
+        log.debug("migrating %s from %s (freeness %.0f) to %s", rid, src.worker_id, load.freeness, dst_id)
         self.hand_off_ready(src)  # at once when no plan in flight runs it
 
     def _load(self, link: WorkerLink) -> MemoryLoad:
