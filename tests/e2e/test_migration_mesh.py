@@ -2,7 +2,8 @@
 its KV, to a peer whose requests ended sooner, instead of preempting; the outputs stay token-identical to
 transformers, and no block leaks on either worker.
 
-Two workers of 32 blocks (512 tokens of the built-in model in fp32). Requests arrive one after another, each
+Two workers of 32 blocks of 16 tokens (the built-in model, and a Qwen3-Next hybrid whose recurrent state moves
+too). Requests arrive one after another, each
 once the one before streams, so that token-load placement puts both long outputs on the first worker (the
 second holds the first short one's longer prompt when the second long one arrives): 330 + 330 tokens outgrow
 the first worker's pool, while the second idles once its short requests ended. Without
@@ -13,15 +14,17 @@ from __future__ import annotations
 
 import anyio
 import pytest
+import torch
 
 from seawall import AsyncClient
-from tests.e2e.conftest import random_prompts, start_mesh
+from services.engine.checkpoint_report import kv_bytes_per_token
+from services.engine.model_config import ModelConfig
+from tests.e2e.conftest import greedy_oracle, random_prompts, start_mesh
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
 # (prompt tokens, max tokens), in arrival order: long, short, long, short.
 REQUESTS = [(30, 300), (200, 40), (30, 300), (200, 40)]
-POOL_BYTES = 32 * 16 * 2048  # 32 blocks of 16 tokens at 2 KiB a token
 
 
 async def _run(address, prompts):
@@ -45,28 +48,38 @@ async def _run(address, prompts):
     return outputs, stats
 
 
-# (mode, KV transport, policy, migration headroom, extra scheduler flags)
+# (model, mode, KV transport, policy, migration headroom, extra scheduler flags)
 CASES = [
-    ("colocated", "nixl", "sarathi", 32, []),
-    ("disaggregated", "grpc", "fastserve", 32, []),  # fastserve swaps when it preempts
-    ("colocated", "nixl", "sarathi", 32, ["--decode-steps", "4"]),  # up to 4 tokens a request in flight
-    ("colocated", "nixl", "sarathi", 0, []),  # no migration: the control
+    ("tiny", "colocated", "nixl", "sarathi", 32, []),
+    ("tiny", "disaggregated", "grpc", "fastserve", 32, []),  # fastserve swaps when it preempts
+    ("tiny", "colocated", "nixl", "sarathi", 32, ["--decode-steps", "4"]),  # up to 4 tokens a request in flight
+    ("tiny", "colocated", "nixl", "sarathi", 0, []),  # no migration: the control
+    # A hybrid: the sequence's recurrent state moves with its blocks (read from the sender, which keeps it
+    # until the transfer ended).
+    ("qwen3-next", "disaggregated", "nixl", "sarathi", 32, []),
 ]
 
 
-@pytest.mark.parametrize(("mode", "transport", "policy", "headroom", "extra"), CASES,
-                         ids=["-".join([*map(str, c[:4]), *(f.lstrip("-") for f in c[4])]) for c in CASES])
+@pytest.mark.parametrize(("model", "mode", "transport", "policy", "headroom", "extra"), CASES,
+                         ids=["-".join([*map(str, c[:5]), *(f.lstrip("-") for f in c[5])]) for c in CASES])
 async def test_a_full_worker_moves_a_decode_to_a_peer_instead_of_preempting(
-        tiny_model_dir, tmp_path, hf_greedy, mode, transport, policy, headroom, extra):
-    mesh = start_mesh(tiny_model_dir, tmp_path, mode=mode, num_decode=2, http=False,
+        request, tmp_path, model, mode, transport, policy, headroom, extra):
+    path = request.getfixturevalue("tiny_model_dir" if model == "tiny" else "hybrid_model_dir")
+    if model == "tiny":
+        oracle = request.getfixturevalue("hf_greedy")
+    else:
+        transformers = pytest.importorskip("transformers")
+        oracle = greedy_oracle(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
+    pool = 32 * 16 * kv_bytes_per_token(ModelConfig.from_dir(path), "float32")  # 32 blocks of 16 tokens
+    mesh = start_mesh(path, tmp_path, mode=mode, num_decode=2, http=False,
                       scheduler_args=["--policy", policy, "--kv-transport", transport, "--chunk-size", "64",
                                       "--migration-headroom", str(headroom), *extra],
-                      worker_args=["--kv-cache-bytes", str(POOL_BYTES)])
+                      worker_args=["--kv-cache-bytes", str(pool)])
     try:
         prompts = random_prompts([n for n, _ in REQUESTS], seed=7)
         outputs, stats = await _run(mesh.grpc_address, prompts)
         for prompt, (_, max_tokens), got in zip(prompts, REQUESTS, outputs, strict=True):
-            assert got == hf_greedy(prompt, max_tokens)
+            assert got == oracle(prompt, max_tokens)
         if headroom:
             assert stats.num_migrations >= 1 and stats.num_preemptions == 0
         else:
