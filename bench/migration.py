@@ -41,8 +41,8 @@ from seawall import AsyncClient  # noqa: E402
 from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
 
 BYTES_PER_TOKEN = 2048  # the built-in model in fp32
-FIGURES = ("preempted", "migrated", "longest gap s", "slowest s", "mean s", "wall s")
-COUNTS = ("preempted", "migrated")
+FIGURES = ("preempted", "migrated", "queue moves", "longest gap s", "slowest s", "mean s", "wall s")
+COUNTS = ("preempted", "migrated", "queue moves")
 
 
 async def one_set(address: str, prompts: list[list[int]], max_tokens: list[int]) -> tuple[dict, list[list[int]]]:
@@ -68,7 +68,8 @@ async def one_set(address: str, prompts: list[list[int]], max_tokens: list[int])
         wall = time.perf_counter() - started
         after = await client.stats()
     figures = {"preempted": after.num_preemptions - before.num_preemptions,
-               "migrated": after.num_migrations - before.num_migrations, "longest gap s": max(gaps),
+               "migrated": after.num_migrations - before.num_migrations,
+               "queue moves": after.num_queued_moves - before.num_queued_moves, "longest gap s": max(gaps),
                "slowest s": max(latency), "mean s": statistics.mean(latency), "wall s": wall}
     return figures, outputs
 
@@ -85,7 +86,8 @@ def start(args, headroom: int, logs: Path) -> LocalMesh:
 BURSTS = ["--mode", "colocated", "--workers", "2", "--lengths", "pareto", "--prompt-len", "64", "--pareto-min", "64",
           "--pareto-alpha", "1.1", "--max-output-len", "900", "--arrival", "bursts", "--burst-size", "16",
           "--burst-interval", "3", "--num-requests", "96", "--kv-cache-bytes", str(2 << 20), "--policies", "sarathi"]
-BURST_FIGURES = {"preempted": "preemptions", "migrated": "migrations", "TBT p99 s": "tbt_p99",
+BURST_FIGURES = {"preempted": "preemptions", "migrated": "migrations", "queue moves": "queued_moves",
+                 "TBT p99 s": "tbt_p99",
                  "longest gap s": "tbt_max", "E2E mean s": "e2e_mean", "E2E p99 s": "e2e_p99", "tok/s": "throughput_tok_s"}
 
 

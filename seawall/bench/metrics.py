@@ -89,6 +89,7 @@ class StatsSample:
     draft_tokens: int = 0  # speculative decoding: draft tokens verified since start, all workers
     accepted_draft_tokens: int = 0  # of those, kept
     migrations: int = 0  # running requests moved with their KV to a worker with more room, since start
+    queued_moves: int = 0  # requests without KV yet taken over by a worker with room, since start
 
 
 def pct(values, q: float) -> float | None:
@@ -271,7 +272,7 @@ def stats_summary(stats: list[StatsSample]) -> dict:
     if not stats:
         return {"preemptions": None, "kv_blocks_peak": None, "kv_blocks_total": None, "host_blocks_peak": None,
                 "max_waiting": None, "max_swapped": None, "prefix_hit_blocks": None, "prefix_hit_rate": None,
-                "draft_tokens": None, "draft_acceptance": None, "migrations": None}
+                "draft_tokens": None, "draft_acceptance": None, "migrations": None, "queued_moves": None}
     first, last = stats[0], stats[-1]
     # Counters since the mesh started: the run's share is the difference (clamped: a worker that died takes
     # its counts with it).
@@ -285,7 +286,8 @@ def stats_summary(stats: list[StatsSample]) -> dict:
             "max_waiting": max(s.num_waiting for s in stats), "max_swapped": max(s.num_swapped for s in stats),
             "prefix_hit_blocks": hits, "prefix_hit_rate": min(1.0, hits / queried) if queried else None,
             "draft_tokens": drafts, "draft_acceptance": min(1.0, kept / drafts) if drafts else None,
-            "migrations": max(0, last.migrations - first.migrations)}
+            "migrations": max(0, last.migrations - first.migrations),
+            "queued_moves": max(0, last.queued_moves - first.queued_moves)}
 
 
 def paired(records: list[RequestRecord], baseline: list[RequestRecord]) -> dict:

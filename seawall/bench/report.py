@@ -31,7 +31,7 @@ COLUMNS = (  # (key, header, scale, format)
     ("burst_tbt_ratio_control", "burst/control", 1, "{:.2f}"),
     ("e2e_mean", "E2E mean s", 1, "{:.2f}"), ("throughput_tok_s", "tok/s", 1, "{:.0f}"),
     ("goodput", "goodput req/s", 1, "{:.2f}"), ("preemptions", "preempt", 1, "{:.0f}"),
-    ("migrations", "migrated", 1, "{:.0f}"),
+    ("migrations", "migrated", 1, "{:.0f}"), ("queued_moves", "queue moves", 1, "{:.0f}"),
     ("kv_blocks_peak", "KV peak", 1, "{:.0f}"), ("prefix_hit_rate", "prefix hits", 100, "{:.0f}%"),
     ("draft_acceptance", "drafts kept", 100, "{:.0f}%"),  # only runs with --speculative-tokens have drafts
 )

@@ -73,7 +73,7 @@ class GrpcBackend:
                            s.num_swapped, sum(w.num_prefix_queried_blocks for w in s.workers),
                            sum(w.num_prefix_hit_blocks for w in s.workers),
                            sum(w.num_draft_tokens for w in s.workers),
-                           sum(w.num_accepted_draft_tokens for w in s.workers), s.num_migrations)
+                           sum(w.num_accepted_draft_tokens for w in s.workers), s.num_migrations, s.num_queued_moves)
 
     async def policy(self) -> str:
         return (await self.client.stats()).policy

@@ -30,6 +30,10 @@ class SchedulerMetrics:
         self.migrations = Counter(
             "seawall_migrations", "Running requests moved with their KV to a worker with more free KV memory "
             "(live migration, --migration-headroom)", ("src", "dst"), registry=self.registry)
+        self.queued_moves = Counter(
+            "seawall_queued_moves", "Requests without KV yet (queued, preempted for recompute, arrivals waiting for "
+            "blocks) taken over by a worker with room from one short of KV memory (--migration-headroom)",
+            ("src", "dst"), registry=self.registry)
         # Acceptance rate = accepted / draft (vLLM's spec_decode_num_draft_tokens / _num_accepted_tokens).
         self.draft_tokens = Counter(
             "seawall_spec_decode_draft_tokens", "Draft tokens verified by speculative decoding", ("worker",),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from services.scheduler.rebalance import MemoryLoad, pick_migration
+from services.scheduler.rebalance import MemoryLoad, pick_migration, pick_queued
 from services.scheduler.worker_link import WorkerLink
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ class Migrator:
         self.mesh = mesh
         self.moves: dict[str, tuple[WorkerLink, WorkerLink]] = {}  # request id -> (from, to), until it landed
         self.num_migrations = 0
+        self.num_queued_moves = 0
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -42,6 +43,7 @@ class Migrator:
             self.hand_off_ready(link)
         if self.mesh.config.migration_headroom > 0 and (not self.roles or link.role in self.roles):
             self._start(link)
+            self._take_queued(link)
 
     def hand_off_ready(self, src: WorkerLink) -> None:
         """Hands off the requests leaving ``src`` that no plan in flight runs any more."""
@@ -71,6 +73,36 @@ class Migrator:
         self.moves[rid] = (src, peers[dst_id])
         log.debug("migrating %s from %s (freeness %.0f) to %s", rid, src.worker_id, load.freeness, dst_id)
         self.hand_off_ready(src)  # at once when no plan in flight runs it
+
+    def _take_queued(self, dst: WorkerLink) -> None:
+        """``dst`` takes over a request that waits for memory on a peer and holds no KV there yet: a queued
+        prompt or a request preempted for recompute (it starts on ``dst`` instead), or an arrival still
+        waiting for blocks (``dst`` pulls its KV from the prefill worker instead). One per step result."""
+        headroom = self.mesh.config.migration_headroom
+        load = self._load(dst)
+        if load.room(headroom) <= 0:
+            return
+        queued, sources = [], {}
+        for peer in self.mesh.live_links(*self.roles):
+            arrival = next((a for a in peer.arrivals if a.src.alive and a.request.request_id not in self.moves), None)
+            req = arrival.request if arrival is not None else peer.core.next_queued()
+            if peer is not dst and req is not None:
+                queued.append((self._load(peer), req.request_id, req.num_tokens))
+                sources[req.request_id] = (peer, arrival)
+        rid = pick_queued(load, queued, headroom)
+        if rid is None:
+            return
+        src, arrival = sources[rid]
+        if arrival is not None:
+            src.arrivals.remove(arrival)
+            dst.arrivals.append(arrival)
+        else:
+            self.mesh.where.pop(rid, None)
+            self.mesh.place_on(dst, src.core.take_queued(rid))
+            src.wake()  # a preempted request's sequence is dropped there by the next plan
+        self.mesh.metrics.queued_moves.labels(src.worker_id, dst.worker_id).inc()
+        self.num_queued_moves += 1
+        dst.wake()
 
     def _load(self, link: WorkerLink) -> MemoryLoad:
         core = link.core

@@ -31,6 +31,10 @@ class MemoryLoad:
         left before a preemption."""
         return (self.free_tokens - self.demand_tokens) / max(self.running, 1)
 
+    def room(self, headroom: float) -> float:
+        """Tokens of one more request it can take and still keep ``headroom`` tokens for each request."""
+        return self.free_tokens - self.demand_tokens - headroom * (self.running + 1)
+
 
 def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Sequence[tuple[str, int]],
                    headroom: float) -> tuple[str, str] | None:
@@ -46,6 +50,19 @@ def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Seq
         return None
     rid, tokens = min(candidates, key=lambda c: c[1])
     for dst in sorted((p for p in peers if p.name != src.name and not p.busy), key=lambda p: -p.freeness):
-        if tokens <= dst.free_tokens - dst.demand_tokens - headroom * (dst.running + 1):
+        if tokens <= dst.room(headroom):
             return rid, dst.name
     return None
+
+
+def pick_queued(receiver: MemoryLoad, queued: Sequence[tuple[MemoryLoad, str, int]], headroom: float) -> str | None:
+    """The request ``receiver`` takes over from a peer where it waits for memory, or None.
+
+    ``queued``: each peer's load with its next request that holds no KV there yet (a queued prompt, a request
+    preempted for recompute, an arrival waiting for blocks), ``(load, request id, tokens)``. A peer under
+    ``headroom`` cannot start it soon; of those the one with the least freeness gives it up, if
+    ``receiver`` keeps ``headroom`` after taking it (so it never becomes the next to give one up). Nothing
+    is copied, so this is the cheap half of rebalancing: work stealing."""
+    short = sorted((q for q in queued if q[0].name != receiver.name and q[0].freeness < headroom),
+                   key=lambda q: q[0].freeness)
+    return next((rid for _, rid, tokens in short if tokens <= receiver.room(headroom)), None)

@@ -10,6 +10,7 @@ from services.common.step import SampledToken, StepResult
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request
 from services.scheduler.mesh import Mesh
+from services.scheduler.worker_link import Arrival
 from tests.scheduler.links import add_link
 
 pytestmark = pytest.mark.anyio
@@ -20,11 +21,12 @@ def anyio_backend():
     return "asyncio"
 
 
-def _mesh(headroom: int = 32):
+def _mesh(headroom: int = 32, mode: str = "colocated"):
     """Worker "a" (8 blocks) holding two decodes of 37 + 1 tokens: 2 blocks free, 16 tokens a request; "b"
-    (64 blocks) empty."""
-    mesh = Mesh(SchedulerServiceConfig(mode="colocated", migration_headroom=headroom))
-    a, b = add_link(mesh, "a", "hybrid", blocks=8), add_link(mesh, "b", "hybrid", blocks=64)
+    (64 blocks) empty. Disaggregated, they are decode workers."""
+    mesh = Mesh(SchedulerServiceConfig(mode=mode, migration_headroom=headroom))
+    role = "hybrid" if mode == "colocated" else "decode"
+    a, b = add_link(mesh, "a", role, blocks=8), add_link(mesh, "b", role, blocks=64)
     for i, n in enumerate((37, 36)):
         mesh.place_on(a, Request(f"r{i}", list(range(1000 * i + 3, 1000 * i + 3 + n)), SamplingParams(max_tokens=64),
                                  0.0))
@@ -92,3 +94,38 @@ async def test_no_move_with_migration_off_or_room_left():
     mesh, a, b = _mesh(headroom=16)  # 16 tokens a request left: not under the headroom
     mesh.migrator.after_step(a)
     assert not b.arrivals and not a.core.leaving
+
+
+def _prompt(rid: str, n: int) -> Request:
+    return Request(rid, list(range(2000, 2000 + n)), SamplingParams(max_tokens=8), 0.0)
+
+
+async def test_a_worker_with_room_takes_a_queued_prompt_from_a_peer_short_of_memory():
+    mesh, a, b = _mesh()
+    mesh.place_on(a, _prompt("q", 100))  # 32 tokens free there, 100 wanted
+    mesh.migrator.after_step(b)
+    assert mesh.where["q"] is b and [r.request_id for r in b.core.waiting] == ["q"] and "q" not in a.core.requests
+    assert mesh.migrator.num_queued_moves == 1 and mesh.metrics.queued_moves.labels("a", "b")._value.get() == 1
+    assert not b.arrivals and not a.core.leaving  # b has no decode to give away; a's are not b's to move
+    a.core.check_integrity()
+    b.core.check_integrity()
+
+
+async def test_an_arrival_waiting_for_blocks_goes_to_the_decode_worker_with_room():
+    mesh, a, b = _mesh(mode="disaggregated")
+    prefill = add_link(mesh, "p", "prefill")
+    req = _prompt("x", 40)
+    req.output_token_ids.append(5)
+    req.num_computed_tokens = 40
+    arrival = Arrival(req, prefill, [0, 1, 2])
+    a.arrivals.append(arrival)
+    mesh.migrator.after_step(b)
+    assert list(b.arrivals) == [arrival] and not a.arrivals  # b reserves blocks and pulls from the prefill worker
+    assert mesh.migrator.num_queued_moves == 1
+
+
+async def test_nothing_is_taken_from_a_peer_that_can_start_it_soon():
+    mesh, a, b = _mesh()
+    mesh.place_on(b, _prompt("q", 100))  # b has room for it
+    mesh.migrator.after_step(a)
+    assert mesh.where["q"] is b and mesh.migrator.num_queued_moves == 0

@@ -94,3 +94,33 @@ def test_only_running_requests_migrate():
         s.start_migration("r0")
     step(s)
     assert s.migratable() == []  # still computing its prompt
+
+
+def test_a_queued_request_leaves_without_kv_the_most_important_first():
+    s = create_scheduler()
+    reqs = create_requests(3)
+    reqs[2].priority = -1
+    for r in reqs:
+        s.add(r)
+    assert s.next_queued() is reqs[2]
+    assert s.take_queued("r2") is reqs[2] and "r2" not in s.requests
+    assert s.next_queued() is reqs[0]
+    step(s)
+    with pytest.raises(ValueError, match="only a waiting request"):
+        s.take_queued("r0")  # running now
+    s.check_integrity()
+
+
+def test_a_request_preempted_for_recompute_leaves_with_its_outputs():
+    s = create_scheduler(num_blocks=8, policy="vllm")
+    r0, r1 = _decoding(s, max_tokens=40)
+    for _ in range(40):
+        plan, _ = step(s)
+        if r1.num_preemptions:
+            break
+    assert "r1" in plan.finished  # the worker dropped its sequence when it was preempted
+    assert r1.status is RequestStatus.WAITING and s.next_queued() is r1
+    moved = s.take_queued("r1")
+    assert moved.output_token_ids and not moved.block_ids and not moved.num_computed_tokens  # recomputed elsewhere
+    assert "r1" not in s.schedule().num_scheduled_tokens
+    s.check_integrity()

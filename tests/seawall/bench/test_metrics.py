@@ -136,8 +136,10 @@ def test_draft_acceptance_is_the_runs_share_of_the_meshs_counters():
 
 
 def test_migrations_are_the_runs_share_of_the_meshs_counter():
-    stats = [StatsSample(0.0, 0, 0, 100, 0, 0, 0, 0, migrations=3), StatsSample(0.2, 0, 0, 100, 0, 0, 0, 0, migrations=8)]
-    assert summarize([rec(0, 0.0, [0.1])], stats=stats)["migrations"] == 5
+    stats = [StatsSample(0.0, 0, 0, 100, 0, 0, 0, 0, migrations=3, queued_moves=1),
+             StatsSample(0.2, 0, 0, 100, 0, 0, 0, 0, migrations=8, queued_moves=4)]
+    s = summarize([rec(0, 0.0, [0.1])], stats=stats)
+    assert s["migrations"] == 5 and s["queued_moves"] == 3
     assert summarize([rec(0, 0.0, [0.1])])["migrations"] is None
 
 
