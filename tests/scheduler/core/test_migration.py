@@ -4,9 +4,13 @@ and decodes on another scheduler from the next token on."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from services.common.sampling_params import SamplingParams
 from services.common.step import SampledToken, StepResult
-from services.scheduler.core.request import RequestStatus
+from services.scheduler.core.policies import POLICY_NAMES
+from services.scheduler.core.request import Request, RequestStatus
 from tests.scheduler.core.test_scheduler import create_requests, create_scheduler, step
 
 
@@ -124,3 +128,114 @@ def test_a_request_preempted_for_recompute_leaves_with_its_outputs():
     assert moved.output_token_ids and not moved.block_ids and not moved.num_computed_tokens  # recomputed elsewhere
     assert "r1" not in s.schedule().num_scheduled_tokens
     s.check_integrity()
+
+
+migration_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 1), st.integers(1, 30), st.integers(1, 12)),
+        st.tuples(st.just("step"), st.integers(0, 1), st.integers(1, 3)),
+        st.tuples(st.just("migrate"), st.integers(0, 1), st.integers(0, 7)),
+        st.tuples(st.just("steal"), st.integers(0, 1)),
+        st.tuples(st.just("abort"), st.integers(0, 30)),
+    ),
+    min_size=1, max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(policy=st.sampled_from(POLICY_NAMES), script=migration_ops, num_blocks=st.integers(10, 24),
+       mode=st.sampled_from(["swap", "recompute"]), pipelined=st.booleans())
+def test_requests_moving_between_two_cores_lose_and_repeat_no_token_and_leak_no_block(policy, script, num_blocks,
+                                                                                      mode, pipelined):
+    """Two cores, requests moving both ways (decodes with their KV: marked, handed off once nothing in flight
+    runs them, reserved and landed on the other; waiting ones at once), aborts anywhere, plans planned ahead
+    of their results or not: every core stays consistent, every request not aborted ends with exactly its
+    max_tokens outputs, and every pool ends empty."""
+    cores = [create_scheduler(num_blocks=num_blocks, num_host_blocks=8, policy=policy, preemption_mode=mode)
+             for _ in range(2)]
+    landing: list[tuple[int, Request]] = []  # (receiving core, request) handed off, waiting for blocks there
+    in_flight: list[tuple | None] = [None, None]  # (plan, tokens it samples per request), result not applied
+    added: dict[str, Request] = {}
+    aborted: set[str] = set()
+
+    def where(rid):
+        return next((c for c in cores if rid in c.requests), None)
+
+    def hand_off_ready(i):
+        oldest = in_flight[i][0].step_id if in_flight[i] else None
+        for rid in cores[i].ready_to_leave(oldest_in_flight=oldest):
+            req = cores[i].requests[rid]
+            cores[i].hand_off(rid)
+            landing.append((1 - i, req))
+
+    def land():
+        for entry in list(landing):
+            dst, req = entry
+            if req.request_id in aborted:
+                landing.remove(entry)
+                cores[1 - dst].release_handed_off(req.request_id)
+            elif cores[dst].reserve_arrival(req) is not None:  # the KV "arrives" at once
+                landing.remove(entry)
+                cores[1 - dst].release_handed_off(req.request_id)
+                cores[dst].arrive(req.request_id)
+
+    def run(i):
+        """One step of core i; pipelined: the next plan is sent (expected) before the last one's result."""
+        land()
+        if not pipelined:
+            step(cores[i])
+        else:
+            c, behind = cores[i], in_flight[i]
+            plan = c.schedule()
+            pending = {r.request_id: r.num_pending for r in c.requests.values()}
+            c.expect(plan)
+            in_flight[i] = (plan, {rid: r.num_pending - pending.get(rid, 0) for rid, r in c.requests.items()})
+            if behind is not None:
+                done, counts = behind
+                c.on_result(done, StepResult(done.step_id, sampled={rid: [SampledToken(7)] * k
+                                                                    for rid, k in counts.items() if k > 0}))
+            c.check_integrity()
+        hand_off_ready(i)
+
+    for op in script:
+        if op[0] == "add":
+            rid = f"r{len(added)}"
+            added[rid] = Request(rid, [len(added) + 2] * op[2], SamplingParams(max_tokens=op[3]), float(len(added)),
+                                 eos_token_ids=(0,))
+            cores[op[1]].add(added[rid])
+        elif op[0] == "step":
+            for _ in range(op[2]):
+                run(op[1])
+        elif op[0] == "migrate":
+            movable = cores[op[1]].migratable()
+            if movable:
+                cores[op[1]].start_migration(movable[op[2] % len(movable)][0])
+                hand_off_ready(op[1])
+        elif op[0] == "steal":
+            req = cores[op[1]].next_queued()
+            if req is not None:
+                cores[1 - op[1]].add(cores[op[1]].take_queued(req.request_id))
+        elif op[0] == "abort" and added:
+            rid = list(added)[op[1] % len(added)]
+            if (core := where(rid)) is not None:
+                core.finish(rid)
+            aborted.add(rid)
+        for c in cores:
+            c.check_integrity()
+    for k in range(4000):
+        if not landing and not any(c.has_work or c.arriving for c in cores):
+            break
+        run(k % 2)
+    for i, c in enumerate(cores):  # the last plans' results: any token in them is of a request that ended
+        if in_flight[i] is not None:
+            done, counts = in_flight[i]
+            assert not c.on_result(done, StepResult(done.step_id, sampled={rid: [SampledToken(7)] * k
+                                                                           for rid, k in counts.items() if k > 0}))
+    assert not landing and not any(c.has_work or c.requests for c in cores)
+    for rid, req in added.items():
+        if rid not in aborted:
+            assert req.output_token_ids == [7] * req.params.max_tokens, rid
+    for c in cores:
+        c.schedule()  # host blocks read by the last swap-ins are released one plan later
+        assert c.blocks.num_free == c.blocks.num_blocks and c.host_blocks.num_free == 8
+        c.check_integrity()
