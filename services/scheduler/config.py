@@ -48,8 +48,8 @@ class SchedulerServiceConfig:
     max_moves: int = 3
     # Live migration (migrator.py): a decode or colocated worker whose free KV memory falls under this many tokens
     # a running request (about the decode steps left before it must preempt) moves one of its decodes, with its
-    # KV, to a peer that stays above it after taking it, and a peer with room takes over its next request that
-    # holds no KV yet (queued, preempted for recompute, an arrival); 0 = never. The default is two 16-token blocks.
+    # KV, to a peer that stays above it after taking it, and gives such a peer its next request that holds no KV
+    # yet (queued, preempted for recompute, an arrival); 0 = never. The default is two 16-token blocks.
     migration_headroom: int = 32
     # How KV moves between workers: "nixl" (when both sides have an agent) or "grpc" (streamed chunks).
     kv_transport: str = "nixl"

@@ -66,7 +66,7 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--migration-headroom", type=int, default=32,
                    help="live migration: a decode (or colocated) worker whose free KV falls under this many tokens a "
                         "running request moves a decode with its KV to a peer with room, instead of preempting "
-                        "soon, and a peer with room takes its queued requests (default 32; 0 = off)")
+                        "soon, and gives a queued request to such a peer (default 32; 0 = off)")
     p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
     p.add_argument("--kv-read-policy", choices=READ_POLICIES, default="dual",
                    help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")

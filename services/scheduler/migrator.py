@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from services.scheduler.rebalance import MemoryLoad, pick_migration, pick_queued
+from services.scheduler.rebalance import MemoryLoad, pick_migration
 from services.scheduler.worker_link import WorkerLink
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class Migrator:
             self.hand_off_ready(link)
         if self.mesh.config.migration_headroom > 0 and (not self.roles or link.role in self.roles):
             self._start(link)
-            self._take_queued(link)
+            self._give_queued(link)
 
     def hand_off_ready(self, src: WorkerLink) -> None:
         """Hands off the requests leaving ``src`` that no plan in flight runs any more."""
@@ -74,43 +74,45 @@ class Migrator:
         log.debug("migrating %s from %s (freeness %.0f) to %s", rid, src.worker_id, load.freeness, dst_id)
         self.hand_off_ready(src)  # at once when no plan in flight runs it
 
-    def _take_queued(self, dst: WorkerLink) -> None:
-        """``dst`` takes over a request that waits for memory on a peer and holds no KV there yet: a queued
-        prompt or a request preempted for recompute (it starts on ``dst`` instead), or an arrival still
-        waiting for blocks (``dst`` pulls its KV from the prefill worker instead). One per step result."""
+    def _give_queued(self, src: WorkerLink) -> None:
+        """``src``, short of memory, gives its next request that holds no KV there yet to the peer with the
+        most room: a queued prompt or a request preempted for recompute (it starts there instead), or an
+        arrival still waiting for blocks (the peer pulls its KV from the prefill worker instead). Nothing is
+        copied, so no move is under way after it. One per step result; an idle peer is a receiver too."""
+        arrival = next((a for a in src.arrivals if a.src.alive and a.request.request_id not in self.moves), None)
+        req = arrival.request if arrival is not None else src.core.next_queued()
+        if req is None:
+            return
         headroom = self.mesh.config.migration_headroom
-        load = self._load(dst)
-        if load.room(headroom) <= 0:
+        load = self._load(src, busy=False)
+        if load.freeness >= headroom:
             return
-        queued, sources = [], {}
-        for peer in self.mesh.live_links(*self.roles):
-            arrival = next((a for a in peer.arrivals if a.src.alive and a.request.request_id not in self.moves), None)
-            req = arrival.request if arrival is not None else peer.core.next_queued()
-            if peer is not dst and req is not None:
-                queued.append((self._load(peer), req.request_id, req.num_tokens))
-                sources[req.request_id] = (peer, arrival)
-        rid = pick_queued(load, queued, headroom)
-        if rid is None:
+        peers = {link.worker_id: link for link in self.mesh.live_links(*self.roles) if link is not src}
+        pick = pick_migration(load, [self._load(link, busy=False) for link in peers.values()],
+                              [(req.request_id, req.num_tokens)], headroom)
+        if pick is None:
             return
-        src, arrival = sources[rid]
+        dst = peers[pick[1]]
         if arrival is not None:
             src.arrivals.remove(arrival)
             dst.arrivals.append(arrival)
         else:
-            self.mesh.where.pop(rid, None)
-            self.mesh.place_on(dst, src.core.take_queued(rid))
-            src.wake()  # a preempted request's sequence is dropped there by the next plan
+            self.mesh.where.pop(req.request_id, None)
+            self.mesh.place_on(dst, src.core.take_queued(req.request_id))
+            src.wake()  # a preempted request's sequence was dropped there when it was preempted
         self.mesh.metrics.queued_moves.labels(src.worker_id, dst.worker_id).inc()
         self.num_queued_moves += 1
         dst.wake()
 
-    def _load(self, link: WorkerLink) -> MemoryLoad:
+    def _load(self, link: WorkerLink, busy: bool = True) -> MemoryLoad:
+        """``link`` as rebalancing sees it; ``busy``: marked so while a move out of it or into it is under way
+        (a move without KV leaves nothing under way, so it need not wait for one)."""
         core = link.core
         # Arrivals with blocks reserved (core.arriving) hold them already; those in link.arrivals wait for them.
         waiting = [*core.waiting, *core.swapped, *(a.request for a in link.arrivals)]
         return MemoryLoad(link.worker_id, free_tokens=core.blocks.num_free * core.blocks.block_size,
                           demand_tokens=sum(r.num_tokens for r in waiting), running=len(core.running),
-                          busy=any(link is a or link is b for a, b in self.moves.values()))
+                          busy=busy and any(link is a or link is b for a, b in self.moves.values()))
 
     def _forget_landed(self) -> None:
         """Drops the moves that ended: landed (or recomputing) on the receiver, finished, or abandoned."""

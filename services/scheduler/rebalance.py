@@ -43,8 +43,9 @@ def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Seq
     ``src`` moves a request out when its freeness is under ``headroom`` tokens a request (a preemption is
     near). The receiver is the not busy peer with the most freeness that stays at ``headroom`` or above after
     taking it, so that the move never makes a receiver the next source (no ping-pong). Of ``candidates``
-    (``(request id, tokens)``, the running decodes ``src`` could let go), the one with the fewest tokens: the
-    cheapest to move, and the shortest pause for its stream, as Llumnix prefers.
+    (``(request id, tokens)``: the running decodes ``src`` could let go, or its next request without KV), the
+    one with the fewest tokens: the cheapest to move, and the shortest pause for its stream, as Llumnix
+    prefers.
     """
     if src.busy or not candidates or src.freeness >= headroom:
         return None
@@ -54,15 +55,3 @@ def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Seq
             return rid, dst.name
     return None
 
-
-def pick_queued(receiver: MemoryLoad, queued: Sequence[tuple[MemoryLoad, str, int]], headroom: float) -> str | None:
-    """The request ``receiver`` takes over from a peer where it waits for memory, or None.
-
-    ``queued``: each peer's load with its next request that holds no KV there yet (a queued prompt, a request
-    preempted for recompute, an arrival waiting for blocks), ``(load, request id, tokens)``. A peer under
-    ``headroom`` cannot start it soon; of those the one with the least freeness gives it up, if
-    ``receiver`` keeps ``headroom`` after taking it (so it never becomes the next to give one up). Nothing
-    is copied, so this is the cheap half of rebalancing: work stealing."""
-    short = sorted((q for q in queued if q[0].name != receiver.name and q[0].freeness < headroom),
-                   key=lambda q: q[0].freeness)
-    return next((rid for _, rid, tokens in short if tokens <= receiver.room(headroom)), None)

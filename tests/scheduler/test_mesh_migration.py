@@ -100,32 +100,34 @@ def _prompt(rid: str, n: int) -> Request:
     return Request(rid, list(range(2000, 2000 + n)), SamplingParams(max_tokens=8), 0.0)
 
 
-async def test_a_worker_with_room_takes_a_queued_prompt_from_a_peer_short_of_memory():
+async def test_a_worker_short_of_memory_gives_a_queued_prompt_to_the_peer_with_room():
     mesh, a, b = _mesh()
     mesh.place_on(a, _prompt("q", 100))  # 32 tokens free there, 100 wanted
-    mesh.migrator.after_step(b)
+    mesh.migrator.after_step(a)  # b is idle: it never steps, it is given work
     assert mesh.where["q"] is b and [r.request_id for r in b.core.waiting] == ["q"] and "q" not in a.core.requests
     assert mesh.migrator.num_queued_moves == 1 and mesh.metrics.queued_moves.labels("a", "b")._value.get() == 1
-    assert not b.arrivals and not a.core.leaving  # b has no decode to give away; a's are not b's to move
+    assert [x.request.request_id for x in b.arrivals] == ["r1"]  # and a decode moves with its KV, as before
     a.core.check_integrity()
     b.core.check_integrity()
 
 
 async def test_an_arrival_waiting_for_blocks_goes_to_the_decode_worker_with_room():
-    mesh, a, b = _mesh(mode="disaggregated")
+    mesh, a, b = _mesh(mode="disaggregated", headroom=17)  # 16 tokens a request: short, but no decode moves
+    a.core.start_migration("r0")  # a move out of a under way: a queued one goes all the same
+    mesh.migrator.moves["r0"] = (a, b)
     prefill = add_link(mesh, "p", "prefill")
     req = _prompt("x", 40)
     req.output_token_ids.append(5)
     req.num_computed_tokens = 40
     arrival = Arrival(req, prefill, [0, 1, 2])
     a.arrivals.append(arrival)
-    mesh.migrator.after_step(b)
+    mesh.migrator._give_queued(a)
     assert list(b.arrivals) == [arrival] and not a.arrivals  # b reserves blocks and pulls from the prefill worker
     assert mesh.migrator.num_queued_moves == 1
 
 
-async def test_nothing_is_taken_from_a_peer_that_can_start_it_soon():
+async def test_nothing_queued_leaves_a_worker_that_can_start_it_soon():
     mesh, a, b = _mesh()
     mesh.place_on(b, _prompt("q", 100))  # b has room for it
-    mesh.migrator.after_step(a)
+    mesh.migrator.after_step(b)
     assert mesh.where["q"] is b and mesh.migrator.num_queued_moves == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.scheduler.rebalance import MemoryLoad, pick_migration, pick_queued
+from services.scheduler.rebalance import MemoryLoad, pick_migration
 
 CANDIDATES = [("long", 900), ("short", 100), ("mid", 400)]
 
@@ -54,14 +54,7 @@ def test_busy_workers_neither_send_nor_receive():
     assert pick_migration(src, [src, free], CANDIDATES, headroom=32) == ("short", "b")
 
 
-def test_a_worker_with_room_takes_the_queued_request_of_the_peer_shortest_of_memory():
-    me = MemoryLoad("me", free_tokens=2000, demand_tokens=0, running=2)
-    short = MemoryLoad("a", free_tokens=100, demand_tokens=600, running=4)  # -125 a request
-    shorter = MemoryLoad("b", free_tokens=0, demand_tokens=900, running=4)  # -225
-    fine = MemoryLoad("c", free_tokens=4000, demand_tokens=600, running=4)  # its queue starts soon there
-    queued = [(short, "qa", 600), (shorter, "qb", 900), (fine, "qc", 600), (me, "mine", 10)]
-    assert pick_queued(me, queued, headroom=32) == "qb"
-    assert pick_queued(me, [(fine, "qc", 600)], headroom=32) is None
-    # Only what it can take and keep its own headroom: 2000 - 32 * 3 = 1904 tokens.
-    assert pick_queued(me, [(shorter, "big", 1905), (short, "qa", 600)], headroom=32) == "qa"
-    assert pick_queued(me, [(shorter, "big", 1905)], headroom=32) is None
+
+def test_room_is_what_a_worker_can_take_and_keep_its_headroom():
+    assert MemoryLoad("a", free_tokens=2000, demand_tokens=100, running=2).room(32) == 2000 - 100 - 32 * 3
+    assert MemoryLoad("a", free_tokens=0, demand_tokens=0, running=0).room(32) == -32
