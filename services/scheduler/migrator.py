@@ -6,7 +6,8 @@ there (``Scheduler.start_migration``); once no plan in flight runs it, it is han
 worker hands a prompt off: the receiver reserves blocks, pulls the KV by block id (NIXL or the gRPC
 fallback), and the request decodes there from its next token on. Its stream pauses for about a step and the
 transfer, against a preemption's swap out and back or recompute. A failed transfer recomputes it on the
-receiver, as any hand-off's does. One move at a time per worker, out or in.
+receiver, as any hand-off's does. One move at a time per worker, out or in. A worker short of memory also
+gives its next request that holds no KV yet to the peer with the most room (``_give_queued``): nothing to copy.
 """
 
 from __future__ import annotations
