@@ -42,9 +42,14 @@ class Migrator:
         if self.moves:
             self._forget_landed()
             self.hand_off_ready(link)
-        if self.mesh.config.migration_headroom > 0 and (not self.roles or link.role in self.roles):
-            self._start(link)
-            self._give_queued(link)
+        headroom = self.mesh.config.migration_headroom
+        if headroom <= 0 or (self.roles and link.role not in self.roles):
+            return
+        load = self._load(link, busy=False)
+        if load.freeness >= headroom:  # the common case, decided without weighing the peers
+            return
+        self._start(link, load)
+        self._give_queued(link, load)
 
     def hand_off_ready(self, src: WorkerLink) -> None:
         """Hands off the requests leaving ``src`` that no plan in flight runs any more."""
@@ -59,11 +64,11 @@ class Migrator:
             self.mesh.metrics.migrations.labels(src.worker_id, dst.worker_id).inc()
             self.num_migrations += 1
 
-    def _start(self, src: WorkerLink) -> None:
-        headroom = self.mesh.config.migration_headroom
-        load = self._load(src)
-        if load.busy or load.freeness >= headroom:  # the common case, decided without weighing the peers
+    def _start(self, src: WorkerLink, load: MemoryLoad) -> None:
+        """Maybe starts moving one of ``src``'s running decodes (``load``: ``src``, short of memory)."""
+        if self._busy(src):
             return
+        headroom = self.mesh.config.migration_headroom
         peers = {link.worker_id: link for link in self.mesh.live_links(*self.roles) if link is not src}
         loads = [self._load(link) for link in peers.values()]
         pick = pick_migration(load, loads, src.core.migratable(), headroom)
@@ -75,7 +80,7 @@ class Migrator:
         log.debug("migrating %s from %s (freeness %.0f) to %s", rid, src.worker_id, load.freeness, dst_id)
         self.hand_off_ready(src)  # at once when no plan in flight runs it
 
-    def _give_queued(self, src: WorkerLink) -> None:
+    def _give_queued(self, src: WorkerLink, load: MemoryLoad) -> None:
         """``src``, short of memory, gives its next request that holds no KV there yet to the peer with the
         most room: a queued prompt or a request preempted for recompute (it starts there instead), or an
         arrival still waiting for blocks (the peer pulls its KV from the prefill worker instead). Nothing is
@@ -85,9 +90,6 @@ class Migrator:
         if req is None:
             return
         headroom = self.mesh.config.migration_headroom
-        load = self._load(src, busy=False)
-        if load.freeness >= headroom:
-            return
         peers = {link.worker_id: link for link in self.mesh.live_links(*self.roles) if link is not src}
         pick = pick_migration(load, [self._load(link, busy=False) for link in peers.values()],
                               [(req.request_id, req.num_tokens)], headroom)
@@ -113,7 +115,11 @@ class Migrator:
         waiting = [*core.waiting, *core.swapped, *(a.request for a in link.arrivals)]
         return MemoryLoad(link.worker_id, free_tokens=core.blocks.num_free * core.blocks.block_size,
                           demand_tokens=sum(r.num_tokens for r in waiting), running=len(core.running),
-                          busy=busy and any(link is a or link is b for a, b in self.moves.values()))
+                          busy=busy and self._busy(link))
+
+    def _busy(self, link: WorkerLink) -> bool:
+        """Whether a move with KV out of ``link`` or into it is under way."""
+        return any(link is a or link is b for a, b in self.moves.values())
 
     def _forget_landed(self) -> None:
         """Drops the moves that ended: landed (or recomputing) on the receiver, finished, or abandoned."""
