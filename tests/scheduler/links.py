@@ -16,12 +16,16 @@ from services.scheduler.worker_link import WorkerLink
 ROLES = {"prefill": worker_pb2.WORKER_ROLE_PREFILL, "decode": worker_pb2.WORKER_ROLE_DECODE,
          "hybrid": worker_pb2.WORKER_ROLE_HYBRID}
 
+# Links whose gRPC channels are still open: conftest.py closes them after each test, in its loop.
+OPEN: list[WorkerLink] = []
+
 
 def add_link(mesh: Mesh, worker_id: str, role: str, blocks: int = 64, address: str = "127.0.0.1:1") -> WorkerLink:
     """A link to a worker of ``role`` with ``blocks`` 16-token blocks, registered in ``mesh``. Nothing listens
     at ``address``: only tests that want a call to fail fast make one."""
     link = WorkerLink.connect(worker_id, address, worker_info(role, blocks), mesh.config.core)
     mesh.links[worker_id] = link
+    OPEN.append(link)
     return link
 
 

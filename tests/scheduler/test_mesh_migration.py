@@ -21,23 +21,10 @@ def anyio_backend():
     return "asyncio"
 
 
-_MESHES: list[Mesh] = []
-
-
-@pytest.fixture(autouse=True)
-async def _close_channels():
-    """Closes the links' gRPC channels in the test's own event loop: a channel left open fires its poller into
-    a later test's loop once this one is closed ("Event loop is closed" there)."""
-    yield
-    while _MESHES:
-        await _MESHES.pop().close()
-
-
 def _mesh(headroom: int = 32, mode: str = "colocated"):
     """Worker "a" (8 blocks) holding two decodes of 37 + 1 tokens: 2 blocks free, 16 tokens a request; "b"
     (64 blocks) empty. Disaggregated, they are decode workers."""
     mesh = Mesh(SchedulerServiceConfig(mode=mode, migration_headroom=headroom))
-    _MESHES.append(mesh)
     role = "hybrid" if mode == "colocated" else "decode"
     a, b = add_link(mesh, "a", role, blocks=8), add_link(mesh, "b", role, blocks=64)
     for i, n in enumerate((37, 36)):
