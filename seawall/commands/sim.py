@@ -1,7 +1,7 @@
 """``seawall sim``: simulate the scheduler core on modeled GPUs (see docs/sim.md).
 
 seawall sim run --model M --gpu G [--tp N] --policy P --workload W [--arrival A] --qps X [--num-requests N]
-                [--seed S] --json OUT
+                [--seed S] [--replicas R [--migration-headroom T ...] [--migration-gbps G]] --json OUT
 seawall sim capacity ... --slo-tbt-p99 S [--slo-sched-delay-p50 2.0] --json OUT
 seawall sim dualpath --prefill P --decode D [--storage-gbps X] [--compute-gbps Y] [--dram-gb Z]
                      --read-policy pe-read|de-read|dual|oracle [...] --workload agentic|mooncake-conv --json OUT
@@ -77,6 +77,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     run = sim_sub.add_parser("run", help="simulate one workload and write its metrics")
     _add_common(run)
+    r = run.add_argument_group("replicas")
+    r.add_argument("--replicas", type=whole(1), default=1,
+                   help="replicas behind one placement by token load (default 1)")
+    r.add_argument("--migration-headroom", type=whole(0), nargs="+", default=None, metavar="TOKENS",
+                   help="with --replicas 2+: live migration's headroom (the scheduler's flag; default 32, 0: off); "
+                        "several: one run each, ratios against the first")
+    r.add_argument("--migration-gbps", type=positive, default=200.0,
+                   help="link between replicas per GPU, Gbit/s, that a moved request's KV crosses (default 200)")
     run.add_argument("--per-request", action="store_true", help="include one record per request in the JSON")
     run.add_argument("--json", default=None, help="write the metrics here")
     run.set_defaults(func=_run)
@@ -295,10 +303,14 @@ def _run(args: argparse.Namespace) -> int:
     from seawall.sim.workloads import make_workload
 
     check_output_file(args.json, "--json")
+    if args.migration_headroom is not None and args.replicas < 2:
+        raise InvalidArgument("--migration-headroom moves requests between replicas: give --replicas 2 or more")
     sim, wl = _configs(args)
-    m = simulate(sim, make_workload(wl))
-    m["workload"] = {"lengths": wl.lengths, "arrival": wl.arrival, "qps": wl.qps, "num_requests": wl.num_requests,
-                     "seed": wl.seed}
+    workload = make_workload(wl)
+    if args.replicas > 1:
+        return _run_replicas(args, sim, wl, workload)
+    m = simulate(sim, workload)
+    m["workload"] = _workload_fields(wl)
     _write(args.json, m)
     # rejected: requests the KV pool could never hold, refused up front (else "num_finished 0" said nothing why)
     keys = ("num_finished", "rejected", "ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "e2e_p50", "e2e_p99",
@@ -306,6 +318,37 @@ def _run(args: argparse.Namespace) -> int:
             "queueing_frac", "num_steps", "sim_wall_s")
     sys.stdout.write("".join(f"{k:22s} {_fmt(m[k])}\n" for k in keys))
     return 0
+
+
+def _workload_fields(wl) -> dict:
+    return {"lengths": wl.lengths, "arrival": wl.arrival, "qps": wl.qps, "num_requests": wl.num_requests,
+            "seed": wl.seed}
+
+
+def _run_replicas(args: argparse.Namespace, sim, wl, workload) -> int:
+    from seawall.sim.replicas import ReplicaConfig, simulate_replicas
+
+    headrooms = args.migration_headroom or [ReplicaConfig.migration_headroom]
+    runs = []
+    for headroom in headrooms:
+        rc = ReplicaConfig(replicas=args.replicas, migration_headroom=headroom, migration_gbps=args.migration_gbps)
+        runs.append(simulate_replicas(sim, rc, workload))
+        runs[-1]["workload"] = _workload_fields(wl)
+    _write(args.json, runs[0] if len(runs) == 1 else {"runs": runs})
+    keys = ("num_finished", "preemptions", "migrations", "queued_moves", "migration_pause_max", "ttft_p99",
+            "tbt_p99", "tbt_max", "e2e_mean", "e2e_p99", "per_token_latency_mean", "throughput_tok_s")
+    sys.stdout.write("headroom" + "".join(f"  {k}" for k in keys) + "\n")
+    for headroom, m in zip(headrooms, runs, strict=True):
+        sys.stdout.write(f"{headroom:8d}" + "".join(f"  {_fmt(m[k]):>{len(k)}s}" for k in keys) + "\n")
+    for headroom, m in list(zip(headrooms, runs, strict=True))[1:]:
+        ratios = "  ".join(f"{k} {_ratio(m[k], runs[0][k])}" for k in ("preemptions", "ttft_p99", "tbt_max",
+                                                                        "e2e_mean", "e2e_p99"))
+        sys.stdout.write(f"headroom {headroom} / {headrooms[0]}: {ratios}\n")
+    return 0
+
+
+def _ratio(a, b) -> str:
+    return "-" if a is None or not b else f"{a / b:.3f}"
 
 
 def _capacity(args: argparse.Namespace) -> int:

@@ -42,6 +42,8 @@ GPUS: dict[str, GPU] = {
         GPU("H200", 141 * 10**9, 989e12, 4800e9, 50e9, 450e9, 15e-6),
         # A40: 149.7 TFLOP/s fp16 tensor, 48 GB GDDR6 at 696 GB/s, PCIe 4.0, NVLink bridge in pairs (112.5 GB/s).
         GPU("A40", 48 * GiB, 149.7e12, 696e9, 25e9, 56e9, 50e-6),
+        # A10: 125 TFLOP/s fp16 tensor, 24 GB GDDR6 at 600 GB/s, PCIe 4.0, no NVLink (Llumnix's testbed).
+        GPU("A10", 24 * GiB, 125e12, 600e9, 25e9, 25e9, 50e-6),
     )
 }
 

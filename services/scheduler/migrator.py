@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from services.scheduler.rebalance import MemoryLoad, pick_migration
+from services.scheduler.rebalance import MemoryLoad, core_load, pick_migration
 from services.scheduler.worker_link import WorkerLink
 
 if TYPE_CHECKING:
@@ -110,12 +110,7 @@ class Migrator:
     def _load(self, link: WorkerLink, busy: bool = True) -> MemoryLoad:
         """``link`` as rebalancing sees it; ``busy``: marked so while a move out of it or into it is under way
         (a move without KV leaves nothing under way, so it need not wait for one)."""
-        core = link.core
-        # Arrivals with blocks reserved (core.arriving) hold them already; those in link.arrivals wait for them.
-        waiting = [*core.waiting, *core.swapped, *(a.request for a in link.arrivals)]
-        return MemoryLoad(link.worker_id, free_tokens=core.blocks.num_free * core.blocks.block_size,
-                          demand_tokens=sum(r.num_tokens for r in waiting), running=len(core.running),
-                          busy=busy and self._busy(link))
+        return core_load(link.worker_id, link.core, (a.request for a in link.arrivals), busy and self._busy(link))
 
     def _busy(self, link: WorkerLink) -> bool:
         """Whether a move with KV out of ``link`` or into it is under way."""

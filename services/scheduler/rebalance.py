@@ -10,8 +10,13 @@ high on it. Pure: plain numbers in, a choice out; ``migrator.py`` feeds it the c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.scheduler.core.request import Request
+    from services.scheduler.core.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,14 @@ class MemoryLoad:
     def room(self, headroom: float) -> float:
         """Tokens of one more request it can take and still keep ``headroom`` tokens for each request."""
         return self.free_tokens - self.demand_tokens - headroom * (self.running + 1)
+
+
+def core_load(name: str, core: Scheduler, waiting_for_blocks: Iterable[Request] = (), busy: bool = False) -> MemoryLoad:
+    """A worker's ``MemoryLoad`` from its scheduler core; ``waiting_for_blocks``: requests bound for it that
+    wait for blocks outside the core (arrivals not placed yet; those in ``core.arriving`` hold theirs)."""
+    waiting = [*core.waiting, *core.swapped, *waiting_for_blocks]
+    return MemoryLoad(name, free_tokens=core.blocks.num_free * core.blocks.block_size,
+                      demand_tokens=sum(r.num_tokens for r in waiting), running=len(core.running), busy=busy)
 
 
 def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Sequence[tuple[str, int]],

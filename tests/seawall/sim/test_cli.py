@@ -108,3 +108,20 @@ def test_requests_the_pool_can_never_hold_are_counted_as_rejected(capsys):
                  "8", "--qps", "2", "--num-gpu-blocks", "1"]) == 0
     out = capsys.readouterr().out
     assert "num_finished           0" in out and "rejected               4" in out
+
+
+def test_run_compares_migration_headrooms_across_replicas(tmp_path, capsys):
+    out = tmp_path / "replicas.json"
+    assert main(["sim", "run", "--model", "Llama-2-7B", "--gpu", "A40", "--workload", "longtail", "--qps", "12",
+                 "--num-requests", "80", "--max-prompt-len", "512", "--pareto-min", "64", "--num-gpu-blocks", "200",
+                 "--replicas", "3", "--migration-headroom", "0", "32", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["replicas"], r["migration_headroom"], r["num_finished"]) for r in runs] == [(3, 0, 80), (3, 32, 80)]
+    assert runs[0]["migrations"] == 0 and runs[1]["migrations"] > 0
+    printed = capsys.readouterr().out
+    assert "migrations" in printed and "headroom 32 / 0: preemptions " in printed
+    assert main(["sim", "run", "--qps", "1", "--migration-headroom", "32"]) == 2
+    assert "give --replicas 2 or more" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["sim", "run", "--qps", "1", "--replicas", "0"])
+    assert "argument --replicas: expected a " in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""Replicas behind one placement with live migration between them: a replica short of KV memory moves a
+decode (its KV crossing the link) or a queued request to a peer with room instead of preempting, and every
+request still produces every token."""
+
+from __future__ import annotations
+
+import pytest
+
+from seawall.sim.loop import SimConfig, Simulation, simulate
+from seawall.sim.models import get_model
+from seawall.sim.replicas import GBIT, ReplicaConfig, ReplicaSimulation, simulate_replicas
+from seawall.sim.workloads import RequestSpec, WorkloadConfig, make_workload
+from services.common.errors import InvalidArgument
+
+# 20 blocks of 16 tokens a replica: two requests growing to 300 tokens each do not fit in one.
+TIGHT = SimConfig("Mistral-7B", "A100-80GB", 1, "sarathi", num_gpu_blocks=20)
+
+
+def _finished_cleanly(sim: ReplicaSimulation, specs: list[RequestSpec]) -> None:
+    for rep in sim.reps:
+        rep.core.check_integrity()
+        assert not rep.core.has_work and not rep.core.handed_off and not rep.core.arriving
+        assert rep.core.blocks.num_free == rep.core.blocks.num_blocks  # no block leaked by a move
+    assert not sim.landings and not any(sim.waiting_room) and not sim.moving
+    assert sorted(r.num_output for r in sim.records.values()) == sorted(s.output_len for s in specs)
+    assert sum(len(rep.totals.tbt) for rep in sim.reps) == sum(s.output_len - 1 for s in specs)
+
+
+def test_one_replica_is_the_single_replica_simulation():
+    specs = make_workload(WorkloadConfig("longtail", "poisson", 120, 6.0, seed=3, max_prompt_len=1024,
+                                         pareto_min=64))
+    cfg = SimConfig("Llama-2-7B", "A40", 1, "sarathi", num_gpu_blocks=300)
+    single = simulate(cfg, specs)
+    replicas = simulate_replicas(cfg, ReplicaConfig(replicas=1), specs)
+    assert {k: v for k, v in replicas.items() if k in single and k != "sim_wall_s"} == \
+        {k: v for k, v in single.items() if k != "sim_wall_s"}
+    assert single["preemptions"] > 0  # the run is not trivially empty of the events that matter
+
+
+def test_arrivals_go_to_the_replica_with_the_fewest_tokens():
+    specs = [RequestSpec(0.0, 200, 4), RequestSpec(0.0, 100, 4), RequestSpec(0.0, 50, 4)]
+    sim = ReplicaSimulation(TIGHT, ReplicaConfig(replicas=2, migration_headroom=0), specs)
+    for i, spec in enumerate(specs):
+        sim._place(i, spec)
+    assert sorted(sim.reps[0].core.requests) == ["r0"] and sorted(sim.reps[1].core.requests) == ["r1", "r2"]
+
+
+def test_a_replica_short_of_memory_moves_a_decode_to_the_peer_with_room_instead_of_preempting():
+    """Placement stacks the two long outputs on replica 0 (the short one goes to replica 1 and soon ends): 600
+    tokens in 320 preempts without migration; with it, one of them moves and neither is preempted."""
+    specs = [RequestSpec(0.0, 100, 200), RequestSpec(0.0, 100, 10), RequestSpec(0.0, 100, 200)]
+    runs = {}
+    for headroom in (0, 32):
+        sim = ReplicaSimulation(TIGHT, ReplicaConfig(replicas=2, migration_headroom=headroom), specs)
+        runs[headroom] = sim.run()
+        _finished_cleanly(sim, specs)
+    off, on = runs[0], runs[32]
+    assert off["preemptions"] > 0 and off["migrations"] == 0
+    assert on["preemptions"] == 0 and on["migrations"] == 1 and on["queued_moves"] == 0
+    # The move pauses its stream for the copy of its blocks over the link, and that pause is one of its gaps.
+    rc = ReplicaConfig()
+    block_bytes = 16 * get_model("Mistral-7B").kv_bytes_per_token
+    pause = rc.migration_latency_s + on["migrated_blocks"] * block_bytes / (rc.migration_gbps * GBIT)
+    assert 0 < on["migrated_blocks"] <= 20
+    assert on["migration_pause_max"] == pytest.approx(pause)
+    assert on["tbt_max"] >= pause
+    assert on["e2e_mean"] < off["e2e_mean"]
+
+
+def test_a_replica_short_of_memory_gives_a_queued_request_to_a_peer_with_room():
+    """r0 (290 tokens) fills replica 0, r1 is on replica 1 briefly; r2 lands on replica 0 (fewer tokens) and
+    waits there for blocks. Once replica 1 is free, r2 moves there without any copy (r0 is too big to)."""
+    specs = [RequestSpec(0.0, 290, 20), RequestSpec(0.0, 300, 2), RequestSpec(0.001, 100, 5)]
+    sim = ReplicaSimulation(TIGHT, ReplicaConfig(replicas=2), specs)
+    m = sim.run()
+    _finished_cleanly(sim, specs)
+    assert m["queued_moves"] == 1 and m["migrations"] == 0 and m["migrated_blocks"] == 0
+    # It finished before r0 did: it did not wait on replica 0 for r0's blocks.
+    assert sim.records["r2"].finish < sim.records["r0"].finish
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "fastserve", "vllm"])
+def test_replicas_under_memory_pressure_finish_every_request_and_leak_no_block(policy):
+    specs = make_workload(WorkloadConfig("longtail", "poisson", 150, 12.0, seed=1, max_prompt_len=512,
+                                         pareto_min=64, pareto_alpha=1.0))
+    cfg = SimConfig("Llama-2-7B", "A40", 1, policy, num_gpu_blocks=200)
+    sim = ReplicaSimulation(cfg, ReplicaConfig(replicas=3), specs)
+    m = sim.run()
+    _finished_cleanly(sim, specs)
+    assert m["num_finished"] == 150 and m["migrations"] > 0
+    assert m["replicas"] == 3 and 0 < m["busy_frac"] <= 1
+
+
+def test_a_replica_config_that_cannot_run_is_refused():
+    with pytest.raises(InvalidArgument, match="--replicas must be >= 1"):
+        ReplicaConfig(replicas=0)
+    with pytest.raises(InvalidArgument, match="--migration-headroom must be >= 0"):
+        ReplicaConfig(migration_headroom=-1)
+    with pytest.raises(InvalidArgument, match="--migration-gbps must be > 0"):
+        ReplicaConfig(migration_gbps=0)
+
+
+def test_each_replica_is_a_full_simulation_of_the_config():
+    sim = ReplicaSimulation(TIGHT, ReplicaConfig(replicas=3), [RequestSpec(0.0, 10, 2)])
+    assert all(isinstance(rep, Simulation) and rep.num_gpu_blocks == 20 for rep in sim.reps)
+    assert len({id(rep.core) for rep in sim.reps}) == 3 and all(rep.records is sim.records for rep in sim.reps)
