@@ -21,12 +21,12 @@ def anyio_backend():
     return "asyncio"
 
 
-def _mesh(headroom: int = 32, mode: str = "colocated"):
+def _mesh(headroom: int = 32, mode: str = "colocated", b_blocks: int = 64):
     """Worker "a" (8 blocks) holding two decodes of 37 + 1 tokens: 2 blocks free, 16 tokens a request; "b"
     (64 blocks) empty. Disaggregated, they are decode workers."""
     mesh = Mesh(SchedulerServiceConfig(mode=mode, migration_headroom=headroom))
     role = "hybrid" if mode == "colocated" else "decode"
-    a, b = add_link(mesh, "a", role, blocks=8), add_link(mesh, "b", role, blocks=64)
+    a, b = add_link(mesh, "a", role, blocks=8), add_link(mesh, "b", role, blocks=b_blocks)
     for i, n in enumerate((37, 36)):
         mesh.place_on(a, Request(f"r{i}", list(range(1000 * i + 3, 1000 * i + 3 + n)), SamplingParams(max_tokens=64),
                                  0.0))
@@ -109,6 +109,16 @@ async def test_a_worker_short_of_memory_gives_a_queued_prompt_to_the_peer_with_r
     assert [x.request.request_id for x in b.arrivals] == ["r1"]  # and a decode moves with its KV, as before
     a.core.check_integrity()
     b.core.check_integrity()
+
+
+async def test_a_queued_prompt_no_peer_has_room_for_makes_room_by_moving_a_decode_out():
+    """De-fragmentation: b (8 blocks) can take a 37-token decode but not the 100-token prompt queued on a,
+    whose tokens count against a's freeness: the decode leaves to make room for the prompt where it is."""
+    mesh, a, b = _mesh(b_blocks=8)
+    mesh.place_on(a, _prompt("q", 100))
+    mesh.migrator.after_step(a)
+    assert [x.request.request_id for x in b.arrivals] == ["r1"] and mesh.where["q"] is a
+    assert mesh.migrator.num_queued_moves == 0 and mesh.migrator.num_migrations == 1
 
 
 async def test_an_arrival_waiting_for_blocks_goes_to_the_decode_worker_with_room():

@@ -104,3 +104,20 @@ def test_each_replica_is_a_full_simulation_of_the_config():
     sim = ReplicaSimulation(TIGHT, ReplicaConfig(replicas=3), [RequestSpec(0.0, 10, 2)])
     assert all(isinstance(rep, Simulation) and rep.num_gpu_blocks == 20 for rep in sim.reps)
     assert len({id(rep.core) for rep in sim.reps}) == 3 and all(rep.records is sim.records for rep in sim.reps)
+
+
+def test_a_prompt_no_replica_has_room_for_gets_it_by_a_decode_moving_out():
+    """De-fragmentation: one 96-token decode on each replica leaves 13 free blocks on each, and a 220-token
+    prompt needs 14. The prompt's tokens count against its replica's freeness, so a decode moves out to make
+    room for it; without migration it waits for a decode to finish."""
+    specs = [RequestSpec(0.0, 96, 60), RequestSpec(0.0, 96, 60), RequestSpec(0.05, 220, 20)]
+    ttft = {}
+    for headroom in (0, 32):
+        sim = ReplicaSimulation(TIGHT, ReplicaConfig(replicas=2, migration_headroom=headroom), specs)
+        m = sim.run()
+        _finished_cleanly(sim, specs)
+        assert m["preemptions"] == 0 and m["queued_moves"] == 0 and (m["migrations"] > 0) == (headroom > 0)
+        r2 = sim.records["r2"]
+        ttft[headroom] = r2.first_token - r2.arrival
+        assert (r2.first_token < sim.records["r0"].finish) == (headroom > 0)
+    assert ttft[32] < ttft[0] / 5
