@@ -16,6 +16,10 @@ mean latency and the set's wall time; outputs must be identical (greedy, ``ignor
 
     .venv/bin/python bench/migration.py [--sets 12] [--long 4] [--short 4]
     .venv/bin/python bench/migration.py --bursts [--rounds 3]
+    .venv/bin/python bench/migration.py --precopy [--sets 12]
+
+``--precopy``: both meshes migrate; one copies a mover's full blocks ahead while it keeps decoding
+(``--migration-precopy``), the other stops it for the whole copy (the default): the longest gap is the pause.
 
 ``--bursts``: Pareto outputs arriving in bursts of 16 that fill both workers' pools (``seawall bench``), where
 a move has nowhere to go most of the time: what migration costs when it cannot help.
@@ -41,8 +45,8 @@ from seawall import AsyncClient  # noqa: E402
 from seawall.launcher import LocalMesh, MeshOptions  # noqa: E402
 
 BYTES_PER_TOKEN = 2048  # the built-in model in fp32
-FIGURES = ("preempted", "migrated", "queue moves", "longest gap s", "slowest s", "mean s", "wall s")
-COUNTS = ("preempted", "migrated", "queue moves")
+FIGURES = ("preempted", "migrated", "queue moves", "copied ahead", "longest gap s", "slowest s", "mean s", "wall s")
+COUNTS = ("preempted", "migrated", "queue moves", "copied ahead")
 
 
 async def one_set(address: str, prompts: list[list[int]], max_tokens: list[int]) -> tuple[dict, list[list[int]]]:
@@ -69,15 +73,16 @@ async def one_set(address: str, prompts: list[list[int]], max_tokens: list[int])
         after = await client.stats()
     figures = {"preempted": after.num_preemptions - before.num_preemptions,
                "migrated": after.num_migrations - before.num_migrations,
-               "queue moves": after.num_queued_moves - before.num_queued_moves, "longest gap s": max(gaps),
+               "queue moves": after.num_queued_moves - before.num_queued_moves,
+               "copied ahead": after.num_precopied_blocks - before.num_precopied_blocks, "longest gap s": max(gaps),
                "slowest s": max(latency), "mean s": statistics.mean(latency), "wall s": wall}
     return figures, outputs
 
 
-def start(args, headroom: int, logs: Path) -> LocalMesh:
+def start(args, flags: list[str], logs: Path) -> LocalMesh:
     pool = int(args.pool_longs * (args.prompt_len + args.long_output)) * BYTES_PER_TOKEN
     mesh = LocalMesh(MeshOptions(mode="colocated", num_decode=2, grpc_port=0, http_port=None, log_dir=logs,
-                                 scheduler_args=["--chunk-size", "256", "--migration-headroom", str(headroom)],
+                                 scheduler_args=["--chunk-size", "256", *flags],
                                  worker_args=["--dtype", "float32", "--kv-cache-bytes", str(pool)]))
     mesh.start()
     return mesh
@@ -91,7 +96,7 @@ BURST_FIGURES = {"preempted": "preemptions", "migrated": "migrations", "queue mo
                  "longest gap s": "tbt_max", "E2E mean s": "e2e_mean", "E2E p99 s": "e2e_p99", "tok/s": "throughput_tok_s"}
 
 
-def bursts(args, settings: dict[str, int]) -> int:
+def bursts(args, settings: dict[str, list[str]]) -> int:
     """Pareto outputs in bursts that fill both workers (``seawall bench --spawn``, one mesh per setting and
     round, alternating): where every worker is short of memory, migration has nowhere to go."""
     runs: dict[str, list[dict]] = {name: [] for name in settings}
@@ -99,8 +104,8 @@ def bursts(args, settings: dict[str, int]) -> int:
         for r in range(args.rounds):
             for name in (list(settings) if r % 2 else list(settings)[::-1]):
                 out = Path(tmp) / "result.json"
-                subprocess.run([sys.executable, "-m", "seawall", "bench", "--spawn", *BURSTS, "--migration-headroom",
-                                str(settings[name]), "--no-progress", "--json", str(out)], check=True,
+                subprocess.run([sys.executable, "-m", "seawall", "bench", "--spawn", *BURSTS, *settings[name],
+                                "--no-progress", "--json", str(out)], check=True,
                                capture_output=True)
                 runs[name].append(json.loads(out.read_text())["results"]["sarathi"])
     base = list(settings)[0]
@@ -127,14 +132,17 @@ def main() -> int:
     p.add_argument("--headroom", type=int, default=32, help="--migration-headroom of the migrating mesh")
     p.add_argument("--bursts", action="store_true", help="bursts that fill both workers instead")
     p.add_argument("--rounds", type=int, default=3, help="--bursts: rounds per setting")
+    p.add_argument("--precopy", action="store_true", help="copying ahead against stopping for the whole copy")
     args = p.parse_args()
-    settings = {"no migration": 0, f"headroom {args.headroom}": args.headroom}
+    migrate = ["--migration-headroom", str(args.headroom)]
+    settings = ({"stop-and-copy": migrate, "copy ahead": [*migrate, "--migration-precopy"]} if args.precopy
+                else {"no migration": ["--migration-headroom", "0"], f"headroom {args.headroom}": migrate})
     if args.bursts:
         return bursts(args, settings)
     runs: dict[str, list[dict]] = {name: [] for name in settings}
     same = 0
     with tempfile.TemporaryDirectory() as tmp:
-        meshes = {name: start(args, h, Path(tmp) / str(h)) for name, h in settings.items()}
+        meshes = {name: start(args, flags, Path(tmp) / str(i)) for i, (name, flags) in enumerate(settings.items())}
         try:
             for s in range(args.sets):
                 rng = random.Random(s)

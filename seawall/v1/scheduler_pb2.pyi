@@ -237,7 +237,7 @@ class WorkerStats(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_worker_pb2.WorkerRole, str]] = ..., num_device_blocks: _Optional[int] = ..., num_device_blocks_used: _Optional[int] = ..., num_device_blocks_cached: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_blocks_used: _Optional[int] = ..., num_running: _Optional[int] = ..., num_prefix_queried_blocks: _Optional[int] = ..., num_prefix_hit_blocks: _Optional[int] = ..., prompt_token_budget: _Optional[int] = ..., step_time: _Optional[_Union[_worker_pb2.StepTimeProfile, _Mapping]] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("policy", "queue_lengths", "num_running", "num_waiting", "num_swapped", "num_preemptions", "num_finished", "num_steps", "workers", "num_migrations", "num_queued_moves")
+    __slots__ = ("policy", "queue_lengths", "num_running", "num_waiting", "num_swapped", "num_preemptions", "num_finished", "num_steps", "workers", "num_migrations", "num_queued_moves", "num_precopied_blocks")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +249,7 @@ class GetStatsResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     NUM_MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_QUEUED_MOVES_FIELD_NUMBER: _ClassVar[int]
+    NUM_PRECOPIED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     queue_lengths: _containers.RepeatedScalarFieldContainer[int]
     num_running: int
@@ -260,7 +261,8 @@ class GetStatsResponse(_message.Message):
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStats]
     num_migrations: int
     num_queued_moves: int
-    def __init__(self, policy: _Optional[str] = ..., queue_lengths: _Optional[_Iterable[int]] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_steps: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., num_migrations: _Optional[int] = ..., num_queued_moves: _Optional[int] = ...) -> None: ...
+    num_precopied_blocks: int
+    def __init__(self, policy: _Optional[str] = ..., queue_lengths: _Optional[_Iterable[int]] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_steps: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., num_migrations: _Optional[int] = ..., num_queued_moves: _Optional[int] = ..., num_precopied_blocks: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("address", "info")

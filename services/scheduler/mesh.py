@@ -90,6 +90,10 @@ class Mesh:
         for link in self.links.values():
             await link.channel.close()
 
+    def spawn(self, fn, *args) -> None:
+        """Runs ``fn(*args)`` in the mesh's task group (a transfer, a copy ahead)."""
+        self._tg.start_soon(fn, *args)
+
     # --- workers ---
 
     def register(self, address: str, info: worker_pb2.WorkerInfo) -> WorkerLink:

@@ -8,6 +8,14 @@ fallback), and the request decodes there from its next token on. Its stream paus
 transfer, against a preemption's swap out and back or recompute. A failed transfer recomputes it on the
 receiver, as any hand-off's does. One move at a time per worker, out or in. A worker short of memory also
 gives its next request that holds no KV yet to the peer with the most room (``_give_queued``): nothing to copy.
+
+Copy ahead (``--migration-precopy``, Llumnix's multi-stage migration, ``_precopy``): a request with
+``PRECOPY_MIN_BLOCKS`` or more full blocks the receiver does not cache first has those copied while it keeps
+decoding. A full block is never
+written again, so the receiver keeps the copies as prefix cache, and the stop-and-copy that follows finds
+them there (``reserve_arrival``'s cached blocks are not pulled): only what the request computed since, a
+block or two, travels while its stream pauses. The sender pins the blocks (a stage request holding them, as a
+peer-prefix read does) so that a request preempted or finished meanwhile does not free them under the read.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.rebalance import MemoryLoad, core_load, pick_migration
 from services.scheduler.worker_link import WorkerLink
 
@@ -23,13 +32,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Full blocks worth copying ahead: a smaller copy costs the stream about as little as one more round trip.
+PRECOPY_MIN_BLOCKS = 4
+
 
 class Migrator:
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
         self.moves: dict[str, tuple[WorkerLink, WorkerLink]] = {}  # request id -> (from, to), until it landed
+        self.precopies: dict[str, tuple[WorkerLink, WorkerLink]] = {}  # copying ahead, the request still decoding
         self.num_migrations = 0
         self.num_queued_moves = 0
+        self.num_precopied_blocks = 0
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -75,10 +89,101 @@ class Migrator:
         if pick is None:
             return
         rid, dst_id = pick
-        src.core.start_migration(rid)
-        self.moves[rid] = (src, peers[dst_id])
+        dst, req = peers[dst_id], src.core.requests[rid]
         log.debug("migrating %s from %s (freeness %.0f) to %s", rid, src.worker_id, load.freeness, dst_id)
+        blocks = self._precopy_blocks(req, src, dst)
+        if blocks:
+            self.precopies[rid] = (src, dst)
+            self.mesh.spawn(self._precopy, req, src, dst, blocks)
+        else:
+            self._leave(req, src, dst)
+
+    def _leave(self, req: Request, src: WorkerLink, dst: WorkerLink) -> None:
+        """Stops scheduling ``req`` on ``src``: it moves to ``dst`` once no plan in flight runs it."""
+        src.core.start_migration(req.request_id)
+        self.moves[req.request_id] = (src, dst)
         self.hand_off_ready(src)  # at once when no plan in flight runs it
+
+    # --- copying ahead ---
+
+    def _precopy_blocks(self, req: Request, src: WorkerLink, dst: WorkerLink) -> int:
+        """The full blocks of ``req`` to copy ahead to ``dst`` (its cached ones on ``src``), or 0 for none: too
+        few that ``dst`` lacks, or blocks a prefix cache cannot stand for (a hybrid's state must come with the
+        blocks; a sliding window's dropped blocks have no KV)."""
+        if not self.mesh.config.migration_precopy or req.num_dropped_blocks:
+            return 0
+        if any(not c.config.caches_prefixes or c.config.recurrent_state for c in (src.core, dst.core)):
+            return 0
+        full = req.num_cached_blocks
+        there = len(dst.core.blocks.cached_prefix(req.block_hashes[:full]))
+        return full if full - there >= PRECOPY_MIN_BLOCKS else 0
+
+    async def _precopy(self, req: Request, src: WorkerLink, dst: WorkerLink, blocks: int) -> None:
+        """Copies ``req``'s first ``blocks`` (full) blocks into ``dst``'s prefix cache while it decodes on
+        ``src``, then stops it for the rest: the move proper. Called off when ``req`` left ``src`` meanwhile
+        (finished, preempted), when either worker died, or when the move is no longer wanted."""
+        rid = req.request_id
+        try:
+            ok = await self._copy_ahead(req, src, dst, blocks)
+        finally:
+            del self.precopies[rid]
+        headroom = self.mesh.config.migration_headroom
+        if (ok and src.alive and dst.alive and src.core.requests.get(rid) is req
+                and req.status is RequestStatus.WAITING and not req.num_pending
+                and self._load(dst, busy=False).room(headroom) >= req.num_tokens):
+            # Preempted for recompute while its blocks were copied (the mover, the fewest tokens, is often the
+            # victim too): it starts over there, where its copied blocks are a prefix cache hit.
+            self._take_over(src, dst, req)
+            return
+        still = (src.alive and dst.alive and src.core.requests.get(rid) is req and req in src.core.running
+                 and req.is_decoding and rid not in src.core.leaving)
+        if not still or self._load(src, busy=False).freeness >= headroom \
+                or self._load(dst, busy=False).room(headroom) < req.num_tokens:
+            why = ("it left" if not still else "room here" if self._load(src, busy=False).freeness >= headroom
+                   else "no room there")
+            log.debug("the move of %s is off after copying ahead (%s): %s", rid, "copied" if ok else "copy failed",
+                      why)
+            return
+        self._leave(req, src, dst)
+
+    async def _copy_ahead(self, req: Request, src: WorkerLink, dst: WorkerLink, blocks: int) -> bool:
+        bs = src.core.blocks.block_size
+        pin, copy = (Request(f"{req.request_id}#{tag}", req.token_ids[: blocks * bs], req.params, req.arrival_time,
+                             lora=req.lora, lora_from=req.lora_from, cache_salt=req.cache_salt,
+                             num_computed_tokens=blocks * bs, block_hashes=req.block_hashes[:blocks])
+                     for tag in ("pin", "ahead"))
+        held = src.core.reserve_arrival(pin)  # every block is cached there (the request holds them): pins them
+        if held is None or pin.num_cached_blocks < blocks:
+            self._unstage(src, pin, keep=False)
+            return False
+        ok = False
+        try:
+            staged = dst.core.reserve_arrival(copy)
+            if staged is None:
+                return False
+            try:
+                skip = copy.num_cached_blocks
+                # Their previous owners are done with the blocks on the worker before the pull writes them.
+                await dst.plans_done(dst.core.reuse_fence(staged[skip:]))
+                ok = await self.mesh.peer.pull(req, dst, src, held[skip:], staged[skip:])
+                self.num_precopied_blocks += (blocks - skip) if ok else 0
+            finally:
+                self._unstage(dst, copy, keep=ok)
+        finally:
+            self._unstage(src, pin, keep=True)
+        return ok
+
+    @staticmethod
+    def _unstage(link: WorkerLink, stage: Request, keep: bool) -> None:
+        """Lets go of a stage request's blocks: kept as prefix cache (``keep``, they hold its KV), or freed."""
+        if not link.alive or stage.request_id not in link.core.arriving:
+            return  # the worker died: its core was emptied
+        if keep:
+            link.core.cache_arrival(stage.request_id)
+        else:
+            link.core.finish(stage.request_id)
+            link.core.release_landing(stage)  # nothing writes into its blocks any more
+        link.wake()
 
     def _give_queued(self, src: WorkerLink, load: MemoryLoad) -> None:
         """``src``, short of memory, gives its next request that holds no KV there yet to the peer with the
@@ -96,13 +201,21 @@ class Migrator:
         if pick is None:
             return
         dst = peers[pick[1]]
-        if arrival is not None:
-            src.arrivals.remove(arrival)
-            dst.arrivals.append(arrival)
-        else:
-            self.mesh.where.pop(req.request_id, None)
-            self.mesh.place_on(dst, src.core.take_queued(req.request_id))
-            src.wake()  # a preempted request's sequence was dropped there when it was preempted
+        if arrival is None:
+            self._take_over(src, dst, req)
+            return
+        src.arrivals.remove(arrival)
+        dst.arrivals.append(arrival)
+        self._count_queued_move(src, dst)
+
+    def _take_over(self, src: WorkerLink, dst: WorkerLink, req: Request) -> None:
+        """``dst`` starts ``req``, waiting on ``src`` without KV there (queued, or preempted for recompute)."""
+        self.mesh.where.pop(req.request_id, None)
+        self.mesh.place_on(dst, src.core.take_queued(req.request_id))
+        src.wake()  # a preempted request's sequence was dropped there when it was preempted
+        self._count_queued_move(src, dst)
+
+    def _count_queued_move(self, src: WorkerLink, dst: WorkerLink) -> None:
         self.mesh.metrics.queued_moves.labels(src.worker_id, dst.worker_id).inc()
         self.num_queued_moves += 1
         dst.wake()
@@ -114,7 +227,7 @@ class Migrator:
 
     def _busy(self, link: WorkerLink) -> bool:
         """Whether a move with KV out of ``link`` or into it is under way."""
-        return any(link is a or link is b for a, b in self.moves.values())
+        return any(link is a or link is b for a, b in (*self.moves.values(), *self.precopies.values()))
 
     def _forget_landed(self) -> None:
         """Drops the moves that ended: landed (or recomputing) on the receiver, finished, or abandoned."""

@@ -156,7 +156,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             num_waiting=self.mesh.num_waiting, num_swapped=sum(len(c.swapped) for c in cores),
             num_preemptions=self.mesh.num_preemptions_gone + sum(sum(c.preemptions.values()) for c in cores),
             num_finished=self.mesh.num_finished, num_steps=sum(link.num_steps for link in links),
-            num_migrations=self.mesh.migrator.num_migrations, num_queued_moves=self.mesh.migrator.num_queued_moves)
+            num_migrations=self.mesh.migrator.num_migrations, num_queued_moves=self.mesh.migrator.num_queued_moves,
+            num_precopied_blocks=self.mesh.migrator.num_precopied_blocks)
         for link in links:
             blocks, host = link.core.blocks, link.core.host_blocks
             reply.workers.append(scheduler_pb2.WorkerStats(

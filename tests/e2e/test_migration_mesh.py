@@ -1,6 +1,7 @@
 """Live migration through the real mesh: a worker whose long outputs outgrow its KV pool moves a decode, with
 its KV, to a peer whose requests ended sooner, instead of preempting; the outputs stay token-identical to
-transformers, and no block leaks on either worker.
+transformers, and no block leaks on either worker. The mover's full blocks are copied ahead while it keeps
+decoding (Llumnix's multi-stage copy) where asked (``--migration-precopy``), but for the hybrid.
 
 Two workers of 32 blocks of 16 tokens (the built-in model, and a Qwen3-Next hybrid whose recurrent state moves
 too). Requests arrive one after another, each
@@ -55,13 +56,15 @@ async def _run(address, prompts):
 HEADROOM = 96
 # (model, mode, KV transport, policy, migration headroom, extra scheduler flags)
 CASES = [
-    ("tiny", "colocated", "nixl", "sarathi", HEADROOM, []),
-    ("tiny", "disaggregated", "grpc", "fastserve", HEADROOM, []),  # fastserve swaps when it preempts
-    ("tiny", "colocated", "nixl", "sarathi", HEADROOM, ["--decode-steps", "4"]),  # up to 4 tokens in flight
+    ("tiny", "colocated", "nixl", "sarathi", HEADROOM, ["--migration-precopy"]),
+    # fastserve swaps when it preempts
+    ("tiny", "disaggregated", "grpc", "fastserve", HEADROOM, ["--migration-precopy"]),
+    # Up to 4 tokens in flight; the whole copy stops the request (the default).
+    ("tiny", "colocated", "nixl", "sarathi", HEADROOM, ["--decode-steps", "4"]),
     ("tiny", "colocated", "nixl", "sarathi", 0, []),  # no migration: the control
     # A hybrid: the sequence's recurrent state moves with its blocks (read from the sender, which keeps it
     # until the transfer ended).
-    ("qwen3-next", "disaggregated", "nixl", "sarathi", HEADROOM, []),
+    ("qwen3-next", "disaggregated", "nixl", "sarathi", HEADROOM, ["--migration-precopy"]),
 ]
 
 
@@ -87,6 +90,10 @@ async def test_a_full_worker_moves_a_decode_to_a_peer_instead_of_preempting(
             assert got == oracle(prompt, max_tokens)
         if headroom:
             assert stats.num_migrations >= 1 and stats.num_preemptions == 0
+            # With --migration-precopy the mover's full blocks (~20) were copied ahead while it decoded, but a
+            # hybrid's (its state moves with them).
+            copies_ahead = model == "tiny" and "--migration-precopy" in extra
+            assert (stats.num_precopied_blocks >= 4) == copies_ahead, stats.num_precopied_blocks
         else:
             assert stats.num_migrations == 0 and stats.num_preemptions >= 1
         with anyio.fail_after(10):

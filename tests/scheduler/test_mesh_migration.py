@@ -3,6 +3,9 @@ peer with room, only once no plan in flight runs it, and takes it back when the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import anyio
 import pytest
 
 from services.common.sampling_params import SamplingParams
@@ -141,3 +144,94 @@ async def test_nothing_queued_leaves_a_worker_that_can_start_it_soon():
     mesh.place_on(b, _prompt("q", 100))  # b has room for it
     mesh.migrator.after_step(b)
     assert mesh.where["q"] is b and mesh.migrator.num_queued_moves == 0
+
+
+def _long_mesh():
+    """Worker "a" (16 blocks) holding decodes of 100 + 1 and 96 + 1 tokens (7 and 6 blocks: a sampled token has
+    no KV yet): 3 blocks free, 24 tokens a request; "b" (64 blocks) empty. r1's 6 full blocks are enough to copy
+    ahead."""
+    mesh = Mesh(SchedulerServiceConfig(mode="colocated", transfer_timeout_s=5, migration_precopy=True))
+    a, b = add_link(mesh, "a", "hybrid", blocks=16), add_link(mesh, "b", "hybrid", blocks=64)
+    for i, n in enumerate((100, 96)):
+        mesh.place_on(a, Request(f"r{i}", list(range(1000 * i + 3, 1000 * i + 3 + n)), SamplingParams(max_tokens=64),
+                                 0.0))
+    _run(a, _send(a))
+    return mesh, a, b
+
+
+async def _until_copied(mesh):
+    with anyio.fail_after(10):
+        while mesh.migrator.precopies:
+            await anyio.sleep(0.01)
+
+
+async def test_the_full_blocks_are_copied_ahead_and_a_failed_copy_still_moves_the_request():
+    mesh, a, b = _long_mesh()
+    async with anyio.create_task_group() as tg:
+        mesh._tg = tg
+        mesh.migrator.after_step(a)
+        await anyio.sleep(0)  # the copy starts
+        # r1 keeps decoding while its 6 full blocks are read: pinned on a, staged on b.
+        assert list(mesh.migrator.precopies) == ["r1"] and not a.core.leaving and not b.arrivals
+        assert "r1#pin" in a.core.arriving and "r1#ahead" in b.core.arriving
+        assert len(b.core.arriving["r1#ahead"].block_ids) == 6
+        mesh.migrator.after_step(a)  # a is busy: no second move
+        assert list(mesh.migrator.precopies) == ["r1"]
+        await _until_copied(mesh)  # nothing listens at b's address: the read fails
+    assert mesh.migrator.num_precopied_blocks == 0
+    assert not a.core.arriving and not b.core.arriving and b.core.blocks.num_free == 64  # the stages let go
+    (arrival,) = b.arrivals  # and the move goes on as a stop-and-copy of all of it
+    assert arrival.request.request_id == "r1" and mesh.migrator.num_migrations == 1
+    a.core.check_integrity()
+    b.core.check_integrity()
+
+
+async def test_a_copy_ahead_of_a_request_that_finished_meanwhile_moves_nothing_and_frees_its_blocks():
+    mesh, a, b = _long_mesh()
+    mesh.place_on(a, _prompt("q", 1500))  # too big for b: a stays short of memory throughout
+    async with anyio.create_task_group() as tg:
+        mesh._tg = tg
+        mesh.migrator.after_step(a)
+        await anyio.sleep(0)
+        free = a.core.blocks.num_free
+        a.core.finish("r1")  # an abort: its blocks stay pinned by the read until it ended
+        assert a.core.blocks.num_free == free
+        await _until_copied(mesh)
+    assert not b.arrivals and not mesh.migrator.moves and mesh.migrator.num_migrations == 0
+    assert a.core.blocks.num_free == free + 6 and b.core.blocks.num_free == 64
+    a.core.check_integrity()
+
+
+async def test_no_copy_ahead_when_switched_off_or_for_few_blocks():
+    mesh, a, b = _long_mesh()
+    mesh.config = replace(mesh.config, migration_precopy=False)
+    mesh.migrator.after_step(a)  # no task group needed: nothing is copied ahead
+    assert not mesh.migrator.precopies and [x.request.request_id for x in b.arrivals] == ["r1"]
+    mesh, a, b = _mesh()  # 2 full blocks: copied with the rest
+    mesh.config = replace(mesh.config, migration_precopy=True)
+    mesh.migrator.after_step(a)
+    assert not mesh.migrator.precopies and [x.request.request_id for x in b.arrivals] == ["r1"]
+
+
+async def test_a_mover_preempted_while_its_blocks_were_copied_starts_over_where_they_are_cached(monkeypatch):
+    """The copy ahead lands, but meanwhile the sender ran out and preempted the mover for recompute: it goes to
+    the receiver as a queued request, whose copied blocks are a prefix cache hit there."""
+    mesh, a, b = _long_mesh()
+
+    async def copy_while_a_preempts(req, dst, src, src_blocks, dst_blocks, state=None):
+        assert (dst, src, req.request_id) == (b, a, "r1") and len(dst_blocks) == 6
+        a.core._preempt(req)  # as the sender's next plan would, out of blocks
+        return True  # the worker copied the blocks (no worker runs here)
+
+    monkeypatch.setattr(mesh.peer, "pull", copy_while_a_preempts)
+    async with anyio.create_task_group() as tg:
+        mesh._tg = tg
+        mesh.migrator.after_step(a)
+        await _until_copied(mesh)
+    assert mesh.migrator.num_precopied_blocks == 6 and mesh.migrator.num_queued_moves == 1
+    assert mesh.migrator.num_migrations == 0 and not b.arrivals and mesh.where["r1"] is b
+    (moved,) = b.core.waiting
+    assert moved.request_id == "r1" and "r1" not in a.core.requests
+    assert b.cached_prefix_tokens(moved) == 96  # its 6 full blocks: only the rest runs there
+    a.core.check_integrity()
+    b.core.check_integrity()
