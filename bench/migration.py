@@ -18,8 +18,9 @@ mean latency and the set's wall time; outputs must be identical (greedy, ``ignor
     .venv/bin/python bench/migration.py --bursts [--rounds 3]
     .venv/bin/python bench/migration.py --precopy [--sets 12]
 
-``--precopy``: both meshes migrate; one copies a mover's full blocks ahead while it keeps decoding
-(``--migration-precopy``), the other stops it for the whole copy (the default): the longest gap is the pause.
+``--precopy``: both meshes migrate; one copies a mover's full blocks ahead while it keeps decoding (the
+default), the other stops it for the whole copy (``--no-migration-precopy``). Each mesh's
+``seawall_migration_pause_seconds`` says how long its moves held their requests still.
 
 ``--bursts``: Pareto outputs arriving in bursts of 16 that fill both workers' pools (``seawall bench``), where
 a move has nowhere to go most of the time: what migration costs when it cannot help.
@@ -81,7 +82,7 @@ async def one_set(address: str, prompts: list[list[int]], max_tokens: list[int])
 
 def start(args, flags: list[str], logs: Path) -> LocalMesh:
     pool = int(args.pool_longs * (args.prompt_len + args.long_output)) * BYTES_PER_TOKEN
-    mesh = LocalMesh(MeshOptions(mode="colocated", num_decode=2, grpc_port=0, http_port=None, log_dir=logs,
+    mesh = LocalMesh(MeshOptions(mode="colocated", num_decode=2, grpc_port=0, http_port=0, log_dir=logs,
                                  scheduler_args=["--chunk-size", "256", *flags],
                                  worker_args=["--dtype", "float32", "--kv-cache-bytes", str(pool)]))
     mesh.start()
@@ -135,7 +136,7 @@ def main() -> int:
     p.add_argument("--precopy", action="store_true", help="copying ahead against stopping for the whole copy")
     args = p.parse_args()
     migrate = ["--migration-headroom", str(args.headroom)]
-    settings = ({"stop-and-copy": migrate, "copy ahead": [*migrate, "--migration-precopy"]} if args.precopy
+    settings = ({"stop-and-copy": [*migrate, "--no-migration-precopy"], "copy ahead": migrate} if args.precopy
                 else {"no migration": ["--migration-headroom", "0"], f"headroom {args.headroom}": migrate})
     if args.bursts:
         return bursts(args, settings)
@@ -158,6 +159,7 @@ def main() -> int:
                                                 f"longest gap {f['longest gap s']:.2f} s"
                                                 for n, f in ((n, runs[n][-1]) for n in settings)), flush=True)
         finally:
+            pauses = {name: mesh.histogram("seawall_migration_pause_seconds") for name, mesh in meshes.items()}
             for mesh in meshes.values():
                 mesh.stop()
     base = list(settings)[0]
@@ -172,6 +174,10 @@ def main() -> int:
             value, ref = total(f[key] for f in figures), total(f[key] for f in runs[base])
             cells.append(f"{value:9.3g} ({value / ref:4.2f}x)" if ref else f"{value:18.3g}")
         print(f"{name:14} " + " ".join(f"{c:>18}" for c in cells))
+    for name, (count, total) in pauses.items():
+        if count:
+            print(f"{name}: {count:.0f} moves held their request still {1e3 * total / count:.1f} ms on average "
+                  "(seawall_migration_pause_seconds: stopped being scheduled -> KV landed)")
     print(f"outputs identical in {same} of {args.sets} sets")
     return 0 if same == args.sets else 1
 

@@ -212,6 +212,13 @@ class LocalMesh:
     def counter(self, name: str, **labels: str) -> float:
         """A counter of this mesh's scheduler (``name`` without ``_total``), summed over the samples that carry
         ``labels``; 0 before it first counts. The mesh needs its HTTP API: /metrics is served there."""
+        return self._sum_samples(name, "_total", labels)
+
+    def histogram(self, name: str, **labels: str) -> tuple[float, float]:
+        """A histogram of this mesh's scheduler: (observations, their sum), over the samples with ``labels``."""
+        return self._sum_samples(name, "_count", labels), self._sum_samples(name, "_sum", labels)
+
+    def _sum_samples(self, name: str, suffix: str, labels: dict[str, str]) -> float:
         from prometheus_client.parser import text_string_to_metric_families
 
         with urllib.request.urlopen(self.metrics_urls["scheduler"], timeout=10) as response:
@@ -220,7 +227,7 @@ class LocalMesh:
         if family is None:
             return 0.0
         return sum(s.value for s in family.samples
-                   if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in labels.items()))
+                   if s.name.endswith(suffix) and all(s.labels.get(k) == v for k, v in labels.items()))
 
     def kill(self, name: str) -> None:
         """Kills one child at once (SIGKILL): a crash, for failure tests."""

@@ -51,11 +51,10 @@ class SchedulerServiceConfig:
     # KV, to a peer that stays above it after taking it, and gives such a peer its next request that holds no KV
     # yet (queued, preempted for recompute, an arrival); 0 = never. The default is two 16-token blocks.
     migration_headroom: int = 32
-    # Whether a move copies the request's full blocks ahead while it keeps decoding (Llumnix's multi-stage
-    # copy), so that its stream pauses only for the rest; else it stops for the whole copy. Off by default: on
-    # the 2-core box the mover, still growing during the copy, was preempted in 1-3 of 12 request sets where
-    # stopping it at once preempted none, for a pause shorter by about the pull of its blocks (bench/README.md).
-    migration_precopy: bool = False
+    # Whether a worker getting short of memory copies a decode's full blocks ahead to a peer while it keeps
+    # decoding (Llumnix's multi-stage copy), so that a move pauses it only for the rest (18-25 ms against
+    # 55-93 on the 2-core box, bench/README.md); else a move stops it for the whole copy.
+    migration_precopy: bool = True
     # How KV moves between workers: "nixl" (when both sides have an agent) or "grpc" (streamed chunks).
     kv_transport: str = "nixl"
     # The kvcache service (host:port) for multi-turn KV reuse; None = none.

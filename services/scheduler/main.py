@@ -67,9 +67,9 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
                    help="live migration: a decode (or colocated) worker whose free KV falls under this many tokens a "
                         "running request moves a decode with its KV to a peer with room, instead of preempting "
                         "soon, and gives a queued request to such a peer (default 32; 0 = off)")
-    p.add_argument("--migration-precopy", action="store_true",
-                   help="live migration copies a request's full KV blocks ahead while it keeps decoding, then stops "
-                        "it only for the rest (Llumnix's multi-stage copy); default: it stops for the whole copy")
+    p.add_argument("--no-migration-precopy", action="store_true",
+                   help="live migration stops a request for the copy of all its KV, instead of copying its full "
+                        "blocks ahead while it keeps decoding and stopping it only for the rest")
     p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
     p.add_argument("--kv-read-policy", choices=READ_POLICIES, default="dual",
                    help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")
@@ -110,7 +110,7 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
              "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq,
              "--step-pipelining", args.step_pipelining, "--decode-steps", str(args.decode_steps),
              "--speculative-tokens", str(args.speculative_tokens),
-             *(["--migration-precopy"] if args.migration_precopy else [])]
+             *(["--no-migration-precopy"] if args.no_migration_precopy else [])]
     for name in ("max_num_batched_tokens", "preemption_mode", "tbt_target_s", "starvation_s", "max_wait_ratio",
                  "wait_slack_s", "wait_credit"):
         if getattr(args, name) is not None:
@@ -154,7 +154,7 @@ def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
                                   core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,
                                   kv_read_policy=args.kv_read_policy, max_moves=args.max_moves,
                                   migration_headroom=args.migration_headroom,
-                                  migration_precopy=args.migration_precopy,
+                                  migration_precopy=not args.no_migration_precopy,
                                   peer_prefix=not args.no_peer_prefix)
 
 

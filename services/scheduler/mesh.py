@@ -475,6 +475,7 @@ class Mesh:
             if req.num_cached_blocks >= len(dst_blocks) and not link.core.config.recurrent_state:
                 self._release_source(arrival)
                 link.core.arrive(req.request_id)
+                self.migrator.landed(req.request_id)
                 continue
             self._tg.start_soon(self._transfer, arrival, link, dst_blocks)
 
@@ -521,6 +522,7 @@ class Mesh:
                 self._count_move(arrival.request, f"{arrival.src.worker_id} failed sending its KV")
         else:
             dst.core.arrive(rid)
+            self.migrator.landed(rid)
         dst.wake()
 
     def _release_source(self, arrival: Arrival) -> None:

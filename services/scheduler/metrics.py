@@ -3,10 +3,10 @@ queues and block pools at scrape time."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from services.common.metrics import RequestMetrics, StepMetrics, TransferMetrics
+from services.common.metrics import LATENCY_BUCKETS, RequestMetrics, StepMetrics, TransferMetrics
 
 
 class SchedulerMetrics:
@@ -30,6 +30,10 @@ class SchedulerMetrics:
         self.migrations = Counter(
             "seawall_migrations", "Running requests moved with their KV to a worker with more free KV memory "
             "(live migration, --migration-headroom)", ("src", "dst"), registry=self.registry)
+        self.migration_pause = Histogram(
+            "seawall_migration_pause_seconds", "Time a migrating request holds still: from when it stops being "
+            "scheduled on its worker until its KV landed on the receiver (--migration-headroom)",
+            registry=self.registry, buckets=LATENCY_BUCKETS)
         self.queued_moves = Counter(
             "seawall_queued_moves", "Requests without KV yet (queued, preempted for recompute, arrivals waiting for "
             "blocks) taken over by a worker with room from one short of KV memory (--migration-headroom)",

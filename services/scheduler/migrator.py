@@ -9,19 +9,23 @@ transfer, against a preemption's swap out and back or recompute. A failed transf
 receiver, as any hand-off's does. One move at a time per worker, out or in. A worker short of memory also
 gives its next request that holds no KV yet to the peer with the most room (``_give_queued``): nothing to copy.
 
-Copy ahead (``--migration-precopy``, Llumnix's multi-stage migration, ``_precopy``): a request with
+Copy ahead (Llumnix's multi-stage migration, ``_precopy``; ``--no-migration-precopy`` turns it off): a request with
 ``PRECOPY_MIN_BLOCKS`` or more full blocks the receiver does not cache first has those copied while it keeps
-decoding. A full block is never
-written again, so the receiver keeps the copies as prefix cache, and the stop-and-copy that follows finds
-them there (``reserve_arrival``'s cached blocks are not pulled): only what the request computed since, a
-block or two, travels while its stream pauses. The sender pins the blocks (a stage request holding them, as a
-peer-prefix read does) so that a request preempted or finished meanwhile does not free them under the read.
+decoding. A full block is never written again, so the receiver keeps the copies as prefix cache, and the
+stop-and-copy that follows finds them there (``reserve_arrival``'s cached blocks are not pulled): only what
+the request computed since, a block or two, travels while its stream pauses. The sender pins the blocks (a
+stage request holding them, as a peer-prefix read does) so that a request preempted or finished meanwhile
+does not free them under the read. The copy happens while the worker is getting short, between
+``PRECOPY_LEAD`` times the headroom and the headroom; a worker short of memory moves at once, pulling only
+what was not copied ahead: waiting for a copy, the mover, still growing, could run the worker out.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
+
+import anyio
 
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.rebalance import MemoryLoad, core_load, pick_migration
@@ -34,6 +38,10 @@ log = logging.getLogger(__name__)
 
 # Full blocks worth copying ahead: a smaller copy costs the stream about as little as one more round trip.
 PRECOPY_MIN_BLOCKS = 4
+# Copying ahead starts when a worker's freeness falls under this many times the headroom. Started at the
+# headroom itself, the copy (0.2 s when a pair first meets on a loaded box) outlasted the sender's slack and
+# the mover, its preemption victim too, was preempted in 1-3 of 12 request sets (bench/README.md).
+PRECOPY_LEAD = 2
 
 
 class Migrator:
@@ -41,6 +49,7 @@ class Migrator:
         self.mesh = mesh
         self.moves: dict[str, tuple[WorkerLink, WorkerLink]] = {}  # request id -> (from, to), until it landed
         self.precopies: dict[str, tuple[WorkerLink, WorkerLink]] = {}  # copying ahead, the request still decoding
+        self.stopped_at: dict[str, float] = {}  # when each move's request stopped being scheduled, until it landed
         self.num_migrations = 0
         self.num_queued_moves = 0
         self.num_precopied_blocks = 0
@@ -60,7 +69,11 @@ class Migrator:
         if headroom <= 0 or (self.roles and link.role not in self.roles):
             return
         load = self._load(link, busy=False)
-        if load.freeness >= headroom:  # the common case, decided without weighing the peers
+        lead = PRECOPY_LEAD if self.mesh.config.migration_precopy else 1
+        if load.freeness >= headroom * lead:  # the common case, decided without weighing the peers
+            return
+        if load.freeness >= headroom:  # getting short: copy a decode ahead, move nothing yet
+            self._start(link, load, headroom * lead, copy_only=True)
             return
         self._start(link, load)
         self._give_queued(link, load)
@@ -72,36 +85,43 @@ class Migrator:
             if not dst.alive:
                 src.core.cancel_migration(rid)
                 del self.moves[rid]
+                self.stopped_at.pop(rid, None)
                 src.wake()
                 continue
             self.mesh.hand_off(src, src.core.requests[rid], dst)
             self.mesh.metrics.migrations.labels(src.worker_id, dst.worker_id).inc()
             self.num_migrations += 1
 
-    def _start(self, src: WorkerLink, load: MemoryLoad) -> None:
-        """Maybe starts moving one of ``src``'s running decodes (``load``: ``src``, short of memory)."""
-        if self._busy(src):
+    def _start(self, src: WorkerLink, load: MemoryLoad, trigger: float | None = None, copy_only: bool = False) -> None:
+        """Maybe starts moving one of ``src``'s running decodes (``load``: ``src``, under ``trigger`` tokens a
+        request, by default the headroom); ``copy_only``: only copy its blocks ahead, if there are enough."""
+        # A copy ahead under way does not hold back a worker short of memory: the request moves all the same
+        # (wherever the copy was bound, it is only a cache there).
+        if self._busy(src, copies=copy_only):
             return
-        headroom = self.mesh.config.migration_headroom
         peers = {link.worker_id: link for link in self.mesh.live_links(*self.roles) if link is not src}
-        loads = [self._load(link) for link in peers.values()]
-        pick = pick_migration(load, loads, src.core.migratable(), headroom)
+        loads = [self._load(link, copies=copy_only) for link in peers.values()]
+        pick = pick_migration(load, loads, src.core.migratable(), self.mesh.config.migration_headroom, trigger)
         if pick is None:
             return
         rid, dst_id = pick
         dst, req = peers[dst_id], src.core.requests[rid]
-        log.debug("migrating %s from %s (freeness %.0f) to %s", rid, src.worker_id, load.freeness, dst_id)
-        blocks = self._precopy_blocks(req, src, dst)
+        # A worker short of memory moves at once: a copy ahead it would wait for might outlast its room. What was
+        # copied ahead before it got short is cached on the receiver and not pulled again.
+        blocks = self._precopy_blocks(req, src, dst) if copy_only else 0
+        log.debug("%s %s from %s (freeness %.0f) to %s", "copying ahead" if blocks else "migrating", rid,
+                  src.worker_id, load.freeness, dst_id)
         if blocks:
             self.precopies[rid] = (src, dst)
             self.mesh.spawn(self._precopy, req, src, dst, blocks)
-        else:
+        elif not copy_only:
             self._leave(req, src, dst)
 
     def _leave(self, req: Request, src: WorkerLink, dst: WorkerLink) -> None:
         """Stops scheduling ``req`` on ``src``: it moves to ``dst`` once no plan in flight runs it."""
         src.core.start_migration(req.request_id)
         self.moves[req.request_id] = (src, dst)
+        self.stopped_at[req.request_id] = anyio.current_time()
         self.hand_off_ready(src)  # at once when no plan in flight runs it
 
     # --- copying ahead ---
@@ -220,14 +240,17 @@ class Migrator:
         self.num_queued_moves += 1
         dst.wake()
 
-    def _load(self, link: WorkerLink, busy: bool = True) -> MemoryLoad:
+    def _load(self, link: WorkerLink, busy: bool = True, copies: bool = True) -> MemoryLoad:
         """``link`` as rebalancing sees it; ``busy``: marked so while a move out of it or into it is under way
-        (a move without KV leaves nothing under way, so it need not wait for one)."""
-        return core_load(link.worker_id, link.core, (a.request for a in link.arrivals), busy and self._busy(link))
+        (a move without KV leaves nothing under way, so it need not wait for one); ``copies``: a copy ahead
+        counts as one."""
+        return core_load(link.worker_id, link.core, (a.request for a in link.arrivals),
+                         busy and self._busy(link, copies))
 
-    def _busy(self, link: WorkerLink) -> bool:
-        """Whether a move with KV out of ``link`` or into it is under way."""
-        return any(link is a or link is b for a, b in (*self.moves.values(), *self.precopies.values()))
+    def _busy(self, link: WorkerLink, copies: bool = True) -> bool:
+        """Whether a move with KV out of ``link`` or into it is under way (``copies``: or a copy ahead)."""
+        pairs = [*self.moves.values(), *(self.precopies.values() if copies else ())]
+        return any(link is a or link is b for a, b in pairs)
 
     def _forget_landed(self) -> None:
         """Drops the moves that ended: landed (or recomputing) on the receiver, finished, or abandoned."""
@@ -236,3 +259,10 @@ class Migrator:
             arriving = rid in dst.core.arriving or any(a.request.request_id == rid for a in dst.arrivals)
             if not (leaving and src.alive) and not (arriving and dst.alive):
                 del self.moves[rid]
+                self.stopped_at.pop(rid, None)
+
+    def landed(self, request_id: str) -> None:
+        """A request's KV landed on its receiver: if it was migrating, its pause ends (the metric's sample)."""
+        stopped = self.stopped_at.pop(request_id, None)
+        if stopped is not None:
+            self.mesh.metrics.migration_pause.observe(anyio.current_time() - stopped)

@@ -50,17 +50,17 @@ def core_load(name: str, core: Scheduler, waiting_for_blocks: Iterable[Request] 
 
 
 def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Sequence[tuple[str, int]],
-                   headroom: float) -> tuple[str, str] | None:
+                   headroom: float, trigger: float | None = None) -> tuple[str, str] | None:
     """``(request id, receiving worker)`` for one move off ``src``, or None.
 
     ``src`` moves a request out when its freeness is under ``headroom`` tokens a request (a preemption is
-    near). The receiver is the not busy peer with the most freeness that stays at ``headroom`` or above after
+    near), or under ``trigger`` when given (copying a request ahead starts earlier). The receiver is the not busy peer with the most freeness that stays at ``headroom`` or above after
     taking it, so that the move never makes a receiver the next source (no ping-pong). Of ``candidates``
     (``(request id, tokens)``: the running decodes ``src`` could let go, or its next request without KV), the
     one with the fewest tokens: the cheapest to move, and the shortest pause for its stream, as Llumnix
     prefers.
     """
-    if src.busy or not candidates or src.freeness >= headroom:
+    if src.busy or not candidates or src.freeness >= (headroom if trigger is None else trigger):
         return None
     rid, tokens = min(candidates, key=lambda c: c[1])
     for dst in sorted((p for p in peers if p.name != src.name and not p.busy), key=lambda p: -p.freeness):

@@ -1,7 +1,7 @@
 """Live migration through the real mesh: a worker whose long outputs outgrow its KV pool moves a decode, with
 its KV, to a peer whose requests ended sooner, instead of preempting; the outputs stay token-identical to
 transformers, and no block leaks on either worker. The mover's full blocks are copied ahead while it keeps
-decoding (Llumnix's multi-stage copy) where asked (``--migration-precopy``), but for the hybrid.
+decoding (Llumnix's multi-stage copy), but where switched off and for the hybrid.
 
 Two workers of 32 blocks of 16 tokens (the built-in model, and a Qwen3-Next hybrid whose recurrent state moves
 too). Requests arrive one after another, each
@@ -25,8 +25,11 @@ from tests.e2e.conftest import greedy_oracle, random_prompts, start_mesh
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
 # (prompt tokens, max tokens), in arrival order: long, short, long. A second short request could land beside
-# the long ones, be the smallest there and move instead of one of them: one move would no longer suffice.
-REQUESTS = [(30, 300), (200, 60), (30, 300)]
+# the long ones, be the smallest there and move instead of one of them: one move would no longer suffice. The
+# second long one goes beside the first while the first has generated fewer than 270 tokens (the short one's
+# prompt less the long one's): with a 200-token short prompt, a CPU hog once delayed the short one's first
+# token past 170 of them, and the long ones split.
+REQUESTS = [(30, 300), (300, 60), (30, 300)]
 
 
 async def _run(address, prompts):
@@ -56,15 +59,14 @@ async def _run(address, prompts):
 HEADROOM = 96
 # (model, mode, KV transport, policy, migration headroom, extra scheduler flags)
 CASES = [
-    ("tiny", "colocated", "nixl", "sarathi", HEADROOM, ["--migration-precopy"]),
-    # fastserve swaps when it preempts
-    ("tiny", "disaggregated", "grpc", "fastserve", HEADROOM, ["--migration-precopy"]),
-    # Up to 4 tokens in flight; the whole copy stops the request (the default).
-    ("tiny", "colocated", "nixl", "sarathi", HEADROOM, ["--decode-steps", "4"]),
+    ("tiny", "colocated", "nixl", "sarathi", HEADROOM, []),
+    ("tiny", "disaggregated", "grpc", "fastserve", HEADROOM, []),  # fastserve swaps when it preempts
+    # Up to 4 tokens in flight; the whole copy stops the request.
+    ("tiny", "colocated", "nixl", "sarathi", HEADROOM, ["--decode-steps", "4", "--no-migration-precopy"]),
     ("tiny", "colocated", "nixl", "sarathi", 0, []),  # no migration: the control
     # A hybrid: the sequence's recurrent state moves with its blocks (read from the sender, which keeps it
     # until the transfer ended).
-    ("qwen3-next", "disaggregated", "nixl", "sarathi", HEADROOM, ["--migration-precopy"]),
+    ("qwen3-next", "disaggregated", "nixl", "sarathi", HEADROOM, []),
 ]
 
 
@@ -79,7 +81,7 @@ async def test_a_full_worker_moves_a_decode_to_a_peer_instead_of_preempting(
         transformers = pytest.importorskip("transformers")
         oracle = greedy_oracle(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
     pool = 32 * 16 * kv_bytes_per_token(ModelConfig.from_dir(path), "float32")  # 32 blocks of 16 tokens
-    mesh = start_mesh(path, tmp_path, mode=mode, num_decode=2, http=False,
+    mesh = start_mesh(path, tmp_path, mode=mode, num_decode=2,
                       scheduler_args=["--policy", policy, "--kv-transport", transport, "--chunk-size", "64",
                                       "--migration-headroom", str(headroom), *extra],
                       worker_args=["--kv-cache-bytes", str(pool)])
@@ -90,10 +92,13 @@ async def test_a_full_worker_moves_a_decode_to_a_peer_instead_of_preempting(
             assert got == oracle(prompt, max_tokens)
         if headroom:
             assert stats.num_migrations >= 1 and stats.num_preemptions == 0
-            # With --migration-precopy the mover's full blocks (~20) were copied ahead while it decoded, but a
-            # hybrid's (its state moves with them).
-            copies_ahead = model == "tiny" and "--migration-precopy" in extra
+            # The mover's full blocks (~20) were copied ahead while it decoded, but a hybrid's (its state moves
+            # with them) and where asked not to.
+            copies_ahead = model == "tiny" and "--no-migration-precopy" not in extra
             assert (stats.num_precopied_blocks >= 4) == copies_ahead, stats.num_precopied_blocks
+            # Each move's pause, from when its request stopped being scheduled to its KV landing, is observed.
+            pauses, paused_s = mesh.histogram("seawall_migration_pause_seconds")
+            assert pauses == stats.num_migrations and 0 < paused_s < 10 * pauses
         else:
             assert stats.num_migrations == 0 and stats.num_preemptions >= 1
         with anyio.fail_after(10):

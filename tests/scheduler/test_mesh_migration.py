@@ -146,12 +146,12 @@ async def test_nothing_queued_leaves_a_worker_that_can_start_it_soon():
     assert mesh.where["q"] is b and mesh.migrator.num_queued_moves == 0
 
 
-def _long_mesh():
-    """Worker "a" (16 blocks) holding decodes of 100 + 1 and 96 + 1 tokens (7 and 6 blocks: a sampled token has
-    no KV yet): 3 blocks free, 24 tokens a request; "b" (64 blocks) empty. r1's 6 full blocks are enough to copy
-    ahead."""
+def _long_mesh(a_blocks: int = 17):
+    """Worker "a" (17 blocks) holding decodes of 100 + 1 and 96 + 1 tokens (7 and 6 blocks: a sampled token has
+    no KV yet): 4 blocks free, 32 tokens a request, getting short (under twice the headroom, not under it); "b"
+    (64 blocks) empty. r1's 6 full blocks are enough to copy ahead. With 16 blocks a is short."""
     mesh = Mesh(SchedulerServiceConfig(mode="colocated", transfer_timeout_s=5, migration_precopy=True))
-    a, b = add_link(mesh, "a", "hybrid", blocks=16), add_link(mesh, "b", "hybrid", blocks=64)
+    a, b = add_link(mesh, "a", "hybrid", blocks=a_blocks), add_link(mesh, "b", "hybrid", blocks=64)
     for i, n in enumerate((100, 96)):
         mesh.place_on(a, Request(f"r{i}", list(range(1000 * i + 3, 1000 * i + 3 + n)), SamplingParams(max_tokens=64),
                                  0.0))
@@ -165,7 +165,7 @@ async def _until_copied(mesh):
             await anyio.sleep(0.01)
 
 
-async def test_the_full_blocks_are_copied_ahead_and_a_failed_copy_still_moves_the_request():
+async def test_a_worker_getting_short_copies_full_blocks_ahead_and_a_failed_copy_lets_go_of_them():
     mesh, a, b = _long_mesh()
     async with anyio.create_task_group() as tg:
         mesh._tg = tg
@@ -180,19 +180,18 @@ async def test_the_full_blocks_are_copied_ahead_and_a_failed_copy_still_moves_th
         await _until_copied(mesh)  # nothing listens at b's address: the read fails
     assert mesh.migrator.num_precopied_blocks == 0
     assert not a.core.arriving and not b.core.arriving and b.core.blocks.num_free == 64  # the stages let go
-    (arrival,) = b.arrivals  # and the move goes on as a stop-and-copy of all of it
-    assert arrival.request.request_id == "r1" and mesh.migrator.num_migrations == 1
+    assert not b.arrivals and not a.core.leaving  # a is not short: nothing moves yet
     a.core.check_integrity()
     b.core.check_integrity()
 
 
 async def test_a_copy_ahead_of_a_request_that_finished_meanwhile_moves_nothing_and_frees_its_blocks():
     mesh, a, b = _long_mesh()
-    mesh.place_on(a, _prompt("q", 1500))  # too big for b: a stays short of memory throughout
     async with anyio.create_task_group() as tg:
         mesh._tg = tg
         mesh.migrator.after_step(a)
         await anyio.sleep(0)
+        mesh.place_on(a, _prompt("q", 1500))  # too big for b: a is short from now on
         free = a.core.blocks.num_free
         a.core.finish("r1")  # an abort: its blocks stay pinned by the read until it ended
         assert a.core.blocks.num_free == free
@@ -202,15 +201,20 @@ async def test_a_copy_ahead_of_a_request_that_finished_meanwhile_moves_nothing_a
     a.core.check_integrity()
 
 
+async def test_a_short_worker_moves_at_once_without_copying_ahead():
+    mesh, a, b = _long_mesh(a_blocks=16)  # short: 3 blocks free
+    mesh.migrator.after_step(a)  # no task group needed: nothing is copied ahead
+    assert not mesh.migrator.precopies and [x.request.request_id for x in b.arrivals] == ["r1"]
+
+
 async def test_no_copy_ahead_when_switched_off_or_for_few_blocks():
     mesh, a, b = _long_mesh()
     mesh.config = replace(mesh.config, migration_precopy=False)
-    mesh.migrator.after_step(a)  # no task group needed: nothing is copied ahead
-    assert not mesh.migrator.precopies and [x.request.request_id for x in b.arrivals] == ["r1"]
-    mesh, a, b = _mesh()  # 2 full blocks: copied with the rest
-    mesh.config = replace(mesh.config, migration_precopy=True)
+    mesh.migrator.after_step(a)  # getting short is not short: without copying ahead nothing happens yet
+    assert not mesh.migrator.precopies and not b.arrivals
+    mesh, a, b = _mesh(headroom=16)  # getting short, but 2 full blocks are not worth copying ahead
     mesh.migrator.after_step(a)
-    assert not mesh.migrator.precopies and [x.request.request_id for x in b.arrivals] == ["r1"]
+    assert not mesh.migrator.precopies and not b.arrivals
 
 
 async def test_a_mover_preempted_while_its_blocks_were_copied_starts_over_where_they_are_cached(monkeypatch):
@@ -233,5 +237,53 @@ async def test_a_mover_preempted_while_its_blocks_were_copied_starts_over_where_
     (moved,) = b.core.waiting
     assert moved.request_id == "r1" and "r1" not in a.core.requests
     assert b.cached_prefix_tokens(moved) == 96  # its 6 full blocks: only the rest runs there
+    a.core.check_integrity()
+    b.core.check_integrity()
+
+
+async def test_a_worker_getting_short_copies_a_decode_ahead_and_moves_it_once_short(monkeypatch):
+    """With a block more (4 free: 32 tokens a request, under twice the headroom but not under it) a copies
+    r1's full blocks to b and moves nothing; once short (a prompt queued there), r1 moves with only the rest
+    to copy: b caches its full blocks already."""
+    mesh, a, b = _long_mesh()
+
+    async def copy(req, dst, src, src_blocks, dst_blocks, state=None):
+        return True  # the worker copied the blocks (no worker runs here)
+
+    monkeypatch.setattr(mesh.peer, "pull", copy)
+    async with anyio.create_task_group() as tg:
+        mesh._tg = tg
+        mesh.migrator.after_step(a)
+        assert list(mesh.migrator.precopies) == ["r1"]
+        await _until_copied(mesh)
+        assert mesh.migrator.num_precopied_blocks == 6 and not b.arrivals and not a.core.leaving
+        r1 = a.core.requests["r1"]
+        assert b.cached_prefix_tokens(r1) == 96
+        mesh.place_on(a, _prompt("q", 1500))  # short now: too big for b, it stays queued on a
+        mesh.migrator.after_step(a)
+        assert not mesh.migrator.precopies  # nothing left worth copying ahead: the move proper at once
+        (arrival,) = b.arrivals
+        assert arrival.request is r1 and mesh.migrator.num_migrations == 1
+    a.core.check_integrity()
+    b.core.check_integrity()
+
+
+async def test_a_worker_that_gets_short_during_a_copy_ahead_moves_at_once():
+    """The copy ahead of r1 is still under way when a runs short (a prompt queued there): r1 moves now, with
+    all its blocks, instead of a waiting for the copy while its decodes grow; the copy, when it ends, is only a
+    cache on b."""
+    mesh, a, b = _long_mesh()
+    async with anyio.create_task_group() as tg:
+        mesh._tg = tg
+        mesh.migrator.after_step(a)
+        await anyio.sleep(0)
+        assert list(mesh.migrator.precopies) == ["r1"]
+        mesh.place_on(a, _prompt("q", 1500))  # too big for b: a is short from now on
+        mesh.migrator.after_step(a)
+        (arrival,) = b.arrivals
+        assert arrival.request.request_id == "r1" and mesh.migrator.num_migrations == 1
+        await _until_copied(mesh)  # the read fails (nothing listens), and the move it preceded is already made
+    assert mesh.migrator.num_migrations == 1 and not b.core.arriving and "r1#pin" not in a.core.arriving
+    assert "r1" not in a.core.requests and a.core.handed_off["r1"] == arrival.src_blocks
     a.core.check_integrity()
     b.core.check_integrity()

@@ -58,3 +58,11 @@ def test_busy_workers_neither_send_nor_receive():
 def test_room_is_what_a_worker_can_take_and_keep_its_headroom():
     assert MemoryLoad("a", free_tokens=2000, demand_tokens=100, running=2).room(32) == 2000 - 100 - 32 * 3
     assert MemoryLoad("a", free_tokens=0, demand_tokens=0, running=0).room(32) == -32
+
+
+def test_a_trigger_above_the_headroom_picks_earlier_and_still_keeps_the_receiver_above_the_headroom():
+    src = MemoryLoad("a", free_tokens=64, demand_tokens=0, running=2)  # 32 tokens a request: not under 32
+    roomy = MemoryLoad("b", free_tokens=200, demand_tokens=0, running=2)  # room: 200 - 3 x 32 = 104
+    assert pick_migration(src, [roomy], [("r1", 100)], 32) is None
+    assert pick_migration(src, [roomy], [("r1", 100)], 32, trigger=64) == ("r1", "b")
+    assert pick_migration(src, [roomy], [("r1", 110)], 32, trigger=64) is None  # b would fall under 32
