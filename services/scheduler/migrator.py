@@ -140,8 +140,10 @@ class Migrator:
 
     async def _precopy(self, req: Request, src: WorkerLink, dst: WorkerLink, blocks: int) -> None:
         """Copies ``req``'s first ``blocks`` (full) blocks into ``dst``'s prefix cache while it decodes on
-        ``src``, then stops it for the rest: the move proper. Called off when ``req`` left ``src`` meanwhile
-        (finished, preempted), when either worker died, or when the move is no longer wanted."""
+        ``src``. Then, if ``src`` is short of memory by now, moves it (only the rest is pulled); a mover
+        preempted for recompute meanwhile starts over on ``dst``. Nothing moves when ``req`` left ``src``
+        (finished, moved already), when either worker died or is moving another request, or when ``src`` has
+        room still: the copy stays cached on ``dst`` for a later move."""
         rid = req.request_id
         try:
             ok = await self._copy_ahead(req, src, dst, blocks)
@@ -156,7 +158,8 @@ class Migrator:
             self._take_over(src, dst, req)
             return
         still = (src.alive and dst.alive and src.core.requests.get(rid) is req and req in src.core.running
-                 and req.is_decoding and rid not in src.core.leaving)
+                 and req.is_decoding and rid not in src.core.leaving
+                 and not self._busy(src, copies=False) and not self._busy(dst, copies=False))
         if not still or self._load(src, busy=False).freeness >= headroom \
                 or self._load(dst, busy=False).room(headroom) < req.num_tokens:
             why = ("it left" if not still else "room here" if self._load(src, busy=False).freeness >= headroom

@@ -287,3 +287,22 @@ async def test_a_worker_that_gets_short_during_a_copy_ahead_moves_at_once():
     assert "r1" not in a.core.requests and a.core.handed_off["r1"] == arrival.src_blocks
     a.core.check_integrity()
     b.core.check_integrity()
+
+
+async def test_a_worker_short_by_the_end_of_a_copy_ahead_moves_the_request_with_only_the_rest_to_pull(monkeypatch):
+    mesh, a, b = _long_mesh()
+
+    async def copy_while_a_runs_short(req, dst, src, src_blocks, dst_blocks, state=None):
+        mesh.place_on(a, _prompt("q", 1500))  # too big for b: a is short from now on
+        return True  # the worker copied the blocks (no worker runs here)
+
+    monkeypatch.setattr(mesh.peer, "pull", copy_while_a_runs_short)
+    async with anyio.create_task_group() as tg:
+        mesh._tg = tg
+        mesh.migrator.after_step(a)
+        await _until_copied(mesh)
+    (arrival,) = b.arrivals
+    assert arrival.request.request_id == "r1" and mesh.migrator.num_migrations == 1
+    assert b.cached_prefix_tokens(arrival.request) == 96  # its 6 full blocks are not pulled again
+    a.core.check_integrity()
+    b.core.check_integrity()
