@@ -160,14 +160,16 @@ class Migrator:
         still = (src.alive and dst.alive and src.core.requests.get(rid) is req and req in src.core.running
                  and req.is_decoding and rid not in src.core.leaving
                  and not self._busy(src, copies=False) and not self._busy(dst, copies=False))
-        if not still or self._load(src, busy=False).freeness >= headroom \
-                or self._load(dst, busy=False).room(headroom) < req.num_tokens:
-            why = ("it left" if not still else "room here" if self._load(src, busy=False).freeness >= headroom
-                   else "no room there")
-            log.debug("the move of %s is off after copying ahead (%s): %s", rid, "copied" if ok else "copy failed",
-                      why)
+        if not still:
+            why = "it left, or a move is under way"
+        elif self._load(src, busy=False).freeness >= headroom:
+            why = "room here still"
+        elif self._load(dst, busy=False).room(headroom) < req.num_tokens:
+            why = "no room there"
+        else:
+            self._leave(req, src, dst)
             return
-        self._leave(req, src, dst)
+        log.debug("no move of %s after copying ahead (%s): %s", rid, "copied" if ok else "copy failed", why)
 
     async def _copy_ahead(self, req: Request, src: WorkerLink, dst: WorkerLink, blocks: int) -> bool:
         bs = src.core.blocks.block_size

@@ -165,6 +165,22 @@ async def _until_copied(mesh):
             await anyio.sleep(0.01)
 
 
+async def _copy_ahead(mesh, a, monkeypatch, meanwhile=lambda req: None):
+    """Runs ``a``'s next step result through the migrator and its copy ahead to the end. No worker runs here:
+    the read stands in for one that copied the blocks, after ``meanwhile(request)`` (what the sender did while
+    it copied)."""
+    async def copied(req, dst, src, src_blocks, dst_blocks, state=None):
+        meanwhile(req)
+        return True
+
+    monkeypatch.setattr(mesh.peer, "pull", copied)
+    async with anyio.create_task_group() as tg:
+        mesh._tg = tg
+        mesh.migrator.after_step(a)
+        assert list(mesh.migrator.precopies) == ["r1"]
+        await _until_copied(mesh)
+
+
 async def test_a_worker_getting_short_copies_full_blocks_ahead_and_a_failed_copy_lets_go_of_them():
     mesh, a, b = _long_mesh()
     async with anyio.create_task_group() as tg:
@@ -221,17 +237,7 @@ async def test_a_mover_preempted_while_its_blocks_were_copied_starts_over_where_
     """The copy ahead lands, but meanwhile the sender ran out and preempted the mover for recompute: it goes to
     the receiver as a queued request, whose copied blocks are a prefix cache hit there."""
     mesh, a, b = _long_mesh()
-
-    async def copy_while_a_preempts(req, dst, src, src_blocks, dst_blocks, state=None):
-        assert (dst, src, req.request_id) == (b, a, "r1") and len(dst_blocks) == 6
-        a.core._preempt(req)  # as the sender's next plan would, out of blocks
-        return True  # the worker copied the blocks (no worker runs here)
-
-    monkeypatch.setattr(mesh.peer, "pull", copy_while_a_preempts)
-    async with anyio.create_task_group() as tg:
-        mesh._tg = tg
-        mesh.migrator.after_step(a)
-        await _until_copied(mesh)
+    await _copy_ahead(mesh, a, monkeypatch, meanwhile=a.core._preempt)  # as a's next plan would, out of blocks
     assert mesh.migrator.num_precopied_blocks == 6 and mesh.migrator.num_queued_moves == 1
     assert mesh.migrator.num_migrations == 0 and not b.arrivals and mesh.where["r1"] is b
     (moved,) = b.core.waiting
@@ -246,24 +252,15 @@ async def test_a_worker_getting_short_copies_a_decode_ahead_and_moves_it_once_sh
     r1's full blocks to b and moves nothing; once short (a prompt queued there), r1 moves with only the rest
     to copy: b caches its full blocks already."""
     mesh, a, b = _long_mesh()
-
-    async def copy(req, dst, src, src_blocks, dst_blocks, state=None):
-        return True  # the worker copied the blocks (no worker runs here)
-
-    monkeypatch.setattr(mesh.peer, "pull", copy)
-    async with anyio.create_task_group() as tg:
-        mesh._tg = tg
-        mesh.migrator.after_step(a)
-        assert list(mesh.migrator.precopies) == ["r1"]
-        await _until_copied(mesh)
-        assert mesh.migrator.num_precopied_blocks == 6 and not b.arrivals and not a.core.leaving
-        r1 = a.core.requests["r1"]
-        assert b.cached_prefix_tokens(r1) == 96
-        mesh.place_on(a, _prompt("q", 1500))  # short now: too big for b, it stays queued on a
-        mesh.migrator.after_step(a)
-        assert not mesh.migrator.precopies  # nothing left worth copying ahead: the move proper at once
-        (arrival,) = b.arrivals
-        assert arrival.request is r1 and mesh.migrator.num_migrations == 1
+    await _copy_ahead(mesh, a, monkeypatch)
+    assert mesh.migrator.num_precopied_blocks == 6 and not b.arrivals and not a.core.leaving
+    r1 = a.core.requests["r1"]
+    assert b.cached_prefix_tokens(r1) == 96
+    mesh.place_on(a, _prompt("q", 1500))  # short now: too big for b, it stays queued on a
+    mesh.migrator.after_step(a)  # no task group needed: nothing left worth copying ahead, the move at once
+    assert not mesh.migrator.precopies
+    (arrival,) = b.arrivals
+    assert arrival.request is r1 and mesh.migrator.num_migrations == 1
     a.core.check_integrity()
     b.core.check_integrity()
 
@@ -291,16 +288,8 @@ async def test_a_worker_that_gets_short_during_a_copy_ahead_moves_at_once():
 
 async def test_a_worker_short_by_the_end_of_a_copy_ahead_moves_the_request_with_only_the_rest_to_pull(monkeypatch):
     mesh, a, b = _long_mesh()
-
-    async def copy_while_a_runs_short(req, dst, src, src_blocks, dst_blocks, state=None):
-        mesh.place_on(a, _prompt("q", 1500))  # too big for b: a is short from now on
-        return True  # the worker copied the blocks (no worker runs here)
-
-    monkeypatch.setattr(mesh.peer, "pull", copy_while_a_runs_short)
-    async with anyio.create_task_group() as tg:
-        mesh._tg = tg
-        mesh.migrator.after_step(a)
-        await _until_copied(mesh)
+    # A prompt too big for b is queued on a while r1 is copied: a is short by the copy's end.
+    await _copy_ahead(mesh, a, monkeypatch, meanwhile=lambda req: mesh.place_on(a, _prompt("q", 1500)))
     (arrival,) = b.arrivals
     assert arrival.request.request_id == "r1" and mesh.migrator.num_migrations == 1
     assert b.cached_prefix_tokens(arrival.request) == 96  # its 6 full blocks are not pulled again
