@@ -5,7 +5,7 @@ decoding (Llumnix's multi-stage copy), but where switched off and for the hybrid
 
 Two workers of 32 blocks of 16 tokens (the built-in model, and a Qwen3-Next hybrid whose recurrent state moves
 too). Requests arrive one after another, each
-once the one before streams, so that token-load placement puts both long outputs on the first worker (the
+once the one before runs on its decode worker, so that token-load placement puts both long outputs on the first worker (the
 second holds the short one's longer prompt when the second long one arrives): 330 + 330 tokens outgrow the
 first worker's pool, while the second idles once its short request ended. Without
 migration (``--migration-headroom 0``) the same run preempts, which shows the move is what avoided it.
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from seawall import AsyncClient
+from seawall.v1 import worker_pb2
 from services.engine.checkpoint_report import kv_bytes_per_token
 from services.engine.model_config import ModelConfig
 from tests.e2e.conftest import greedy_oracle, random_prompts, start_mesh
@@ -27,30 +28,36 @@ pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.ma
 # (prompt tokens, max tokens), in arrival order: long, short, long. A second short request could land beside
 # the long ones, be the smallest there and move instead of one of them: one move would no longer suffice. The
 # second long one goes beside the first while the first has generated fewer than 270 tokens (the short one's
-# prompt less the long one's): with a 200-token short prompt, a CPU hog once delayed the short one's first
-# token past 170 of them, and the long ones split.
+# prompt less the long one's): sent once the short one runs, it is far below that.
 REQUESTS = [(30, 300), (300, 60), (30, 300)]
 
 
 async def _run(address, prompts):
     outputs = [None] * len(prompts)
     async with AsyncClient(address) as client:
-        async def one(i, placed):
-            stream = client.stream(prompts[i], max_tokens=REQUESTS[i][1], temperature=0)
+        async def one(i):
             tokens = []
-            async for chunk in stream:
-                if not tokens:
-                    placed.set()
+            async for chunk in client.stream(prompts[i], max_tokens=REQUESTS[i][1], temperature=0):
                 tokens.extend(chunk.token_ids)
             outputs[i] = tokens
 
         async with anyio.create_task_group() as tg:
-            for i in range(len(prompts)):  # each placed (its first token out) before the next arrives
-                placed = anyio.Event()
-                tg.start_soon(one, i, placed)
-                await placed.wait()
+            for i in range(len(prompts)):  # each running on its decode worker before the next arrives
+                tg.start_soon(one, i)
+                if i < len(prompts) - 1:
+                    await _running_on(client, min(i + 1, 2))
         stats = await client.stats()
     return outputs, stats
+
+
+async def _running_on(client, n):
+    """Until ``n`` decode workers run a request: the request just sent is placed (and, disaggregated, handed
+    off) before the next arrives. Not its first token seen by the client: with 4 tokens a step the first long
+    request could outgrow the short one's prompt by then, and the second would land beside the short one."""
+    with anyio.fail_after(60):
+        while sum(w.num_running > 0 for w in (await client.stats()).workers
+                  if w.role != worker_pb2.WORKER_ROLE_PREFILL) < n:
+            await anyio.sleep(0.005)
 
 
 # A move starts once the first worker has fewer than 2 x HEADROOM tokens free, and the long request that stays
