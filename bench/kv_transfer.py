@@ -11,7 +11,11 @@ spawned peer holds a ``NixlKVAgent`` and a grpc.aio server with ReadKV/WriteKV; 
 * ``nixl write`` / ``nixl read`` — every block, ids in order on both sides (coalesced into one descriptor);
   ``nixl write, 1 desc/block`` — the same ids with coalescing off; ``nixl write, scattered ids`` — a random
   permutation on both sides (nothing coalesces);
-* ``grpc push`` (WriteKV) / ``grpc pull`` (ReadKV) — every block, ``--chunk-mib`` chunks.
+* ``grpc push`` (WriteKV) / ``grpc pull`` (ReadKV) — every block, ``--chunk-mib`` chunks;
+* a new pair's first transfer (``--first-trials`` fresh agents here, each writing ``--first-blocks`` blocks):
+  loading the peer and opening connections inside it (``add_peer`` then the write), as a pair that meets in
+  its first transfer, against the same write after ``meet`` (as workers that met when they registered), and
+  the pair's next write.
 
 Each method runs ``--rounds`` times (after one warm-up transfer that also opens the connection); the best and
 the median are printed, in GB/s (10^9 bytes/s) of KV moved, wall time from the call to its outcome. The
@@ -19,7 +23,8 @@ peer's pool is zeroed before a method's first round and its bytes are checked ag
 method's last round (reads are checked here).
 
     .venv/bin/python bench/kv_transfer.py [--total-mib 256] [--layers 16] [--kv-heads 8] [--head-dim 64]
-        [--block-size 16] [--dtype float16] [--rounds 5] [--chunk-mib 4] [--json OUT]
+        [--block-size 16] [--dtype float16] [--rounds 5] [--chunk-mib 4] [--first-trials 5] [--first-blocks 8]
+        [--json OUT]
 """
 
 from __future__ import annotations
@@ -185,9 +190,33 @@ async def _bench(args: argparse.Namespace, layout: KVLayout, num_blocks: int) ->
                 assert out.ok, out
                 results.setdefault("grpc pull (ReadKV)", []).append(out.seconds)
             assert await ask("digest", ids) == _digest(local, ids), "grpc pull: the local bytes differ"
+        first = await _first_transfers(args, local, meta, layout_msg, ids[: args.first_blocks])
     conn.send(("stop", None))
     await anyio.to_thread.run_sync(proc.join, 30)
-    return {"bytes": nbytes, "seconds": results}
+    return {"bytes": nbytes, "seconds": results, "first": first}
+
+
+async def _first_transfers(args: argparse.Namespace, local: PagedKVPool, meta: bytes, layout_msg: bytes,
+                           ids: list[int]) -> dict[str, list[float]]:
+    """Seconds of a new pair's first write of ``ids``: loading and connecting inside it ("in the transfer"),
+    after ``meet`` ("met before"), and its second write ("next")."""
+    peer_meta, peer_layout = common_pb2.NixlAgentMetadata.FromString(meta), common_pb2.KVLayout.FromString(layout_msg)
+    out: dict[str, list[float]] = {}
+    for t in range(args.first_trials):
+        for met in (False, True):
+            with NixlKVAgent(f"bench-first-{t}-{int(met)}", local) as agent:
+                if met:
+                    t0 = time.perf_counter()
+                    await agent.meet(peer_meta, peer_layout)
+                    out.setdefault("meeting", []).append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                agent.add_peer(peer_meta, peer_layout)  # nothing to do once met
+                first = await agent.write(f"first-{t}-{int(met)}", "bench-peer", ids, ids, timeout_s=30)
+                out.setdefault("met before" if met else "in the transfer", []).append(time.perf_counter() - t0)
+                nxt = await agent.write(f"next-{t}-{int(met)}", "bench-peer", ids, ids, timeout_s=30)
+                assert first.ok and nxt.ok, (first, nxt)
+                out.setdefault("next", []).append(nxt.seconds)
+    return out
 
 
 def main() -> int:
@@ -200,6 +229,8 @@ def main() -> int:
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--chunk-mib", type=int, default=4, help="gRPC chunk size")
+    ap.add_argument("--first-trials", type=int, default=5, help="new pairs timed for their first transfer")
+    ap.add_argument("--first-blocks", type=int, default=8, help="blocks of a new pair's first transfer")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -227,9 +258,14 @@ def main() -> int:
           f"{'OK' if nixl_min >= 0.5 * one else 'NOT MET'}")
     print(f"target gRPC >= 1 GB/s (the slower of push and pull, best runs): {grpc_min:.2f} GB/s -> "
           f"{'OK' if grpc_min >= 1 else 'NOT MET'}")
+    first = res["first"]
+    cold, met = statistics.median(first["in the transfer"]), statistics.median(first["met before"])
+    print(f"\na new pair's first transfer ({args.first_blocks} blocks, median of {args.first_trials} pairs): "
+          f"{cold * 1e3:.1f} ms meeting in it, {met * 1e3:.1f} ms met before ({met / cold:.2f}x; the meeting took "
+          f"{statistics.median(first['meeting']) * 1e3:.1f} ms), the next one {statistics.median(first['next']) * 1e3:.1f} ms")
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "bytes": nbytes,
-                                         "seconds": secs, "summary": summary}, indent=1))
+                                         "seconds": secs, "summary": summary, "first_transfer": first}, indent=1))
     return 0
 
 

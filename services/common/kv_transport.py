@@ -156,6 +156,8 @@ _THREAD_POST_BYTES = 1 << 20
 # Transfers at least this large are split across the post lanes, one part per lane, posted at once from as
 # many worker threads.
 _SPLIT_BYTES = 4 << 20
+# meet() reads this many bytes from each peer: enough for UCX to open a lane's connection, too few to cost.
+_MEET_BYTES = 64
 # How long a transfer that ended short of DONE (deadline, abort, error) waits for its NIXL requests to be
 # released before it reports: a post thread copies 256 MiB in ~80 ms here, a GPU request cancels in far less.
 _DRAIN_GRACE_S = 2.0
@@ -233,6 +235,9 @@ class NixlKVAgent:
         region = pool.memory_regions()[0]  # the device pool; the host (swap) pool is never transferred
         assert region.nbytes == pool.num_blocks * self._bytes_per_block, "device pool is not block-contiguous"
         self._region = region
+        # Where meet()'s small reads land: registered with the pool, on the pool's device (a connection to a
+        # GPU peer is opened for the memory kinds real transfers use).
+        self._scratch = torch.empty(_MEET_BYTES, dtype=torch.uint8, device=pool.device_kv.device)
         # The main agent is the one peers know: its metadata, its progress thread, its notifications.
         self._main = _Lane(_new_agent(nixl, name, list(backends)))
         # Host pools post through lanes of their own (see the module docstring); a GPU pool's transfers are
@@ -241,11 +246,13 @@ class NixlKVAgent:
         self._extra = [_Lane(nixl.nixl_agent(f"{name}.post{i}", nixl.nixl_agent_config(
             enable_prog_thread=False, backends=list(backends)))) for i in range(extra)]
         for lane in self._all_lanes:
-            lane.reg = lane.agent.register_memory([(region.addr, region.nbytes, region.device_id, "")],
+            lane.reg = lane.agent.register_memory([(region.addr, region.nbytes, region.device_id, ""),
+                                                   (self._scratch.data_ptr(), _MEET_BYTES, region.device_id, "")],
                                                   region.mem_type)
         self._lanes = self._extra or [self._main]  # where transfers are posted
         self._next_lane = 0
         self._peers: dict[str, _Peer] = {}
+        self._met: set[str] = set()  # peers every lane has a connection to (meet)
         self._transfers: dict[str, _Transfer] = {}
         self._unreleased: list[_Post] = []  # requests of ended transfers not released yet
         self._notifs: dict[str, list[bytes]] = {}
@@ -291,17 +298,83 @@ class NixlKVAgent:
         known = self._peers.get(name)
         if known is not None and known.metadata == meta.agent_metadata:
             return
+        if known is not None:
+            self._forget(name)
+        done: list[_Lane] = []
         for lane in self._all_lanes:
-            with lane.lock:
-                if known is not None:
-                    lane.agent.remove_remote_agent(name)
-                loaded = lane.agent.add_remote_agent(meta.agent_metadata)
+            try:
+                with lane.lock:
+                    loaded = lane.agent.add_remote_agent(meta.agent_metadata)
+            except Exception as e:  # UCX could not reach the peer (its process is gone, say)
+                self._forget(name, done)
+                raise Unavailable(f"NIXL could not load peer {name!r}'s metadata: {e!r}") from None
+            done.append(lane)
             loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
             if loaded != name:  # found on the main agent, before the other lanes load it
+                if loaded not in self._peers:
+                    self._forget(loaded, done)
                 raise InvalidArgument(f"agent_metadata belongs to agent {loaded!r}, not to agent_name {name!r}")
         self._peers[name] = _Peer(name, meta.agent_metadata, region.addr,
                                   region.length // layout.region_block_bytes, region.device_id,
                                   _MEM_NAMES[region.mem_type])
+
+    def _forget(self, name: str, lanes: list[_Lane] | None = None) -> None:
+        """Unloads peer ``name`` from ``lanes`` (default: all)."""
+        self._peers.pop(name, None)
+        self._met.discard(name)
+        for lane in self._all_lanes if lanes is None else lanes:
+            with lane.lock:
+                lane.agent.remove_remote_agent(name)
+
+    @property
+    def met(self) -> list[str]:
+        """Names of the peers whose connections ``meet`` opened (metadata unchanged since)."""
+        return sorted(self._met)
+
+    async def meet(self, meta: common_pb2.NixlAgentMetadata, layout: common_pb2.KVLayout,
+                   timeout_s: float = 10.0) -> bool:
+        """``add_peer``, then a read of a few bytes of the peer's pool on every lane, so that the connections
+        are open before the first transfer needs them. UCX opens a lane's connection to a peer on its first
+        request (5-20 ms here, each lane), which would otherwise fall into a hand-off's or a migration's
+        pause. Returns False when the peer was met already (same metadata); raises ``Unavailable`` when a
+        read failed or outlasted ``timeout_s`` (the first transfer meets the peer then, as without this)."""
+        self.add_peer(meta, layout)
+        name = meta.agent_name
+        if name in self._met:
+            return False
+        peer = self._peers[name]
+        with anyio.move_on_after(timeout_s):
+            states = [await self._meet_lane(lane, peer) for lane in self._all_lanes]
+            if all(state == "DONE" for state in states):
+                self._met.add(name)
+                return True
+            raise Unavailable(f"NIXL could not read from peer {name!r} to open a connection to it: {states}")
+        raise Unavailable(f"opening the NIXL connections to peer {name!r} took over {timeout_s:g} s")
+
+    async def _meet_lane(self, lane: _Lane, peer: _Peer) -> str:
+        """One read of ``_MEET_BYTES`` from the start of the peer's pool into the scratch area, on ``lane``;
+        its final state (NIXL's, "ERR (...)" when NIXL refused it)."""
+        r = self._region
+        async with self._locked(lane):
+            try:
+                local = lane.agent.get_xfer_descs(
+                    np.array([[self._scratch.data_ptr(), _MEET_BYTES, r.device_id]], dtype=np.uint64), r.mem_type)
+                remote = lane.agent.get_xfer_descs(
+                    np.array([[peer.base_addr, _MEET_BYTES, peer.device_id]], dtype=np.uint64), peer.mem_type)
+                post = _Post(lane, lane.agent.initialize_xfer("READ", local, remote, peer.name, b""))
+            except Exception as e:
+                return f"ERR ({e!r})"
+            state = self._post_locked(post)
+        try:
+            polls = 0
+            while state == "PROC":
+                await _backoff(polls)
+                polls += 1
+                state = self._poll(post)
+        finally:  # also when the deadline cancelled the wait: released now, or later by _release_ended
+            self._unreleased.append(post)
+            self._release_ended()
+        return state
 
     # ---- transfers --------------------------------------------------------------------------------------
 
@@ -390,6 +463,7 @@ class NixlKVAgent:
                     lane.agent.remove_remote_agent(name)
                 lane.agent.deregister_memory(lane.reg)
         self._peers.clear()
+        self._met.clear()
         self._closed = True
 
     def __enter__(self) -> NixlKVAgent:

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("nixl_cu12._api")
 
 from seawall.v1 import common_pb2  # noqa: E402
-from services.common.errors import InvalidArgument  # noqa: E402
+from services.common.errors import InvalidArgument, Unavailable  # noqa: E402
 from services.common.kv_transport import (  # noqa: E402
     NixlKVAgent,
     TransferState,
@@ -340,3 +340,48 @@ def test_one_lane_still_moves_large_transfers():
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_meet_reads_from_every_lane_once_per_metadata_and_writes_no_block():
+    a = NixlKVAgent(f"a{next(_names)}", _pool(seed=1))
+    b = NixlKVAgent(f"b{next(_names)}", _pool(seed=2))
+    before = a.pool.device_kv.clone(), b.pool.device_kv.clone()
+    try:
+        assert await a.meet(b.metadata(), b.kv_layout()) and a.met == [b.name]
+        # The reads landed in the scratch area, not in either pool.
+        assert a._scratch.tolist() == b.pool.device_kv.view(-1).view(torch.uint8)[: a._scratch.numel()].tolist()
+        assert torch.equal(a.pool.device_kv, before[0]) and torch.equal(b.pool.device_kv, before[1])
+        assert not await a.meet(b.metadata(), b.kv_layout())  # met already: nothing to do
+        assert b.met == []  # a meeting is one way: b has not met a
+        out = await a.read("r", b.name, [5], [6], timeout_s=10)
+        assert out.ok and torch.equal(a.pool.device_kv[6], b.pool.device_kv[5])
+
+        b.close()  # b restarts: another pool, new metadata under the same name, to be met again
+        b = NixlKVAgent(b.name, _pool(seed=3))
+        assert await a.meet(b.metadata(), b.kv_layout()) and a.met == [b.name]
+        out = await a.read("r2", b.name, [5], [7], timeout_s=10)
+        assert out.ok and torch.equal(a.pool.device_kv[7], b.pool.device_kv[5])
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_meeting_a_peer_whose_process_is_gone_is_unavailable_and_leaves_it_unknown():
+    ctx = multiprocessing.get_context("spawn")
+    conn, child_conn = ctx.Pipe()
+    proc = ctx.Process(target=_peer_process, args=(child_conn,), daemon=True)
+    proc.start()
+    meta_bytes, layout_bytes = await anyio.to_thread.run_sync(conn.recv)
+    proc.kill()
+    await anyio.to_thread.run_sync(proc.join, 10)
+    with NixlKVAgent(f"left{next(_names)}", _pool()) as agent:
+        with pytest.raises(Unavailable, match="could not load peer 'peer-process'"):
+            await agent.meet(common_pb2.NixlAgentMetadata.FromString(meta_bytes),
+                             common_pb2.KVLayout.FromString(layout_bytes), timeout_s=5)
+        assert agent.met == []
+        with pytest.raises(InvalidArgument, match="unknown NIXL peer 'peer-process'"):
+            await agent.read("r", "peer-process", [0], [0], timeout_s=1)
