@@ -218,10 +218,14 @@ class LocalMesh:
         """A histogram of this mesh's scheduler: (observations, their sum), over the samples with ``labels``."""
         return self._sum_samples(name, "_count", labels), self._sum_samples(name, "_sum", labels)
 
-    def _sum_samples(self, name: str, suffix: str, labels: dict[str, str]) -> float:
+    def gauge(self, name: str, child: str = "scheduler", **labels: str) -> float:
+        """A gauge of one child (``scheduler``, ``decode-0``...), summed over the samples with ``labels``."""
+        return self._sum_samples(name, "", labels, child)
+
+    def _sum_samples(self, name: str, suffix: str, labels: dict[str, str], child: str = "scheduler") -> float:
         from prometheus_client.parser import text_string_to_metric_families
 
-        with urllib.request.urlopen(self.metrics_urls["scheduler"], timeout=10) as response:
+        with urllib.request.urlopen(self.metrics_urls[child], timeout=10) as response:
             text = response.read().decode()
         family = next((f for f in text_string_to_metric_families(text) if f.name == name), None)
         if family is None:

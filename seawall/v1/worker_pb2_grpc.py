@@ -90,6 +90,11 @@ class WorkerStub:
                 request_serializer=seawall_dot_v1_dot_worker__pb2.StateWrite.SerializeToString,
                 response_deserializer=seawall_dot_v1_dot_worker__pb2.WriteStateResponse.FromString,
                 _registered_method=True)
+        self.MeetPeers = channel.unary_unary(
+                '/seawall.v1.Worker/MeetPeers',
+                request_serializer=seawall_dot_v1_dot_worker__pb2.MeetPeersRequest.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_worker__pb2.MeetPeersResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -177,6 +182,15 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MeetPeers(self, request, context):
+        """Meet peers before the first transfer with them: load each one's NIXL metadata and open this worker's
+        connections to it (a read of a few bytes), which the first PullKV or PushKV would pay for otherwise.
+        The scheduler calls it when a worker registers, both ways. FAILED_PRECONDITION on a worker without NIXL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +248,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.WriteState,
                     request_deserializer=seawall_dot_v1_dot_worker__pb2.StateWrite.FromString,
                     response_serializer=seawall_dot_v1_dot_worker__pb2.WriteStateResponse.SerializeToString,
+            ),
+            'MeetPeers': grpc.unary_unary_rpc_method_handler(
+                    servicer.MeetPeers,
+                    request_deserializer=seawall_dot_v1_dot_worker__pb2.MeetPeersRequest.FromString,
+                    response_serializer=seawall_dot_v1_dot_worker__pb2.MeetPeersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -534,6 +553,33 @@ class Worker:
             '/seawall.v1.Worker/WriteState',
             seawall_dot_v1_dot_worker__pb2.StateWrite.SerializeToString,
             seawall_dot_v1_dot_worker__pb2.WriteStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MeetPeers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/seawall.v1.Worker/MeetPeers',
+            seawall_dot_v1_dot_worker__pb2.MeetPeersRequest.SerializeToString,
+            seawall_dot_v1_dot_worker__pb2.MeetPeersResponse.FromString,
             options,
             channel_credentials,
             insecure,

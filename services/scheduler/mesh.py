@@ -36,6 +36,7 @@ from services.scheduler.core.request import Request
 from services.scheduler.dual_path import DualPath
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.migrator import Migrator
+from services.scheduler.peer_meeting import meet_peers
 from services.scheduler.peer_prefix import PeerPrefix
 from services.scheduler.placement import EngineLoad, pick_decode, pick_prefill
 from services.scheduler.tracked import TrackedRequest
@@ -104,6 +105,8 @@ class Mesh:
         log.info("worker %s (%s) joined at %s with %d blocks", link.worker_id, link.role, address,
                  info.num_device_blocks)
         self._tg.start_soon(self._drive, link)
+        if self.config.kv_transport == "nixl":
+            self._tg.start_soon(meet_peers, link, self.live_links(), self.config.transfer_timeout_s)
         while self.unplaced:
             self.place(self.unplaced.popleft())
         return link

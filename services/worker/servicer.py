@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import grpc
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry, Histogram, Info
+from prometheus_client import CollectorRegistry, Gauge, Histogram, Info
 
 from seawall.v1 import common_pb2, worker_pb2
 from services.common import grpc_kv
@@ -48,6 +48,8 @@ class WorkerMetrics:
         self.forward_seconds = Histogram("seawall_forward_seconds", "Forward pass and sampling of one step",
                                          registry=registry, buckets=LATENCY_BUCKETS)
         # As vLLM's cache_config_info: what the KV pool holds, for dashboards to tell a float8 pool from another.
+        self.nixl_peers = Gauge("seawall_nixl_peers", "NIXL peers this worker met (connections open)",
+                                registry=registry)
         self.kv_cache = Info("seawall_kv_cache", "The worker's KV pool: element type, block size and counts",
                              registry=registry)
 
@@ -77,6 +79,8 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         # state, so nothing else needs a lock, and a step queued behind another starts the moment it ends.
         self._torch = torch_thread or TorchThread.plain()
         self.agent = agent
+        if agent is not None:
+            self.metrics.nixl_peers.set_function(lambda: len(agent.met))
         self._scheduler_id = ""
         self._closing = False
         self._readers: set[asyncio.Task] = set()  # one per open step stream: close_streams cancels them
@@ -247,6 +251,24 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
     async def PushKV(self, request, context):
         outcome = await self._transfer(request, request.dst, "write", context)
         return worker_pb2.PushKVResponse(**outcome.response_fields())
+
+    async def MeetPeers(self, request, context):
+        if self.agent is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this worker has no NIXL agent (NIXL unavailable here): it has no peers to meet; "
+                                "its transfers go over gRPC")
+        timeout_s = request.timeout_ms / 1e3 if request.timeout_ms else 10.0
+        met = []
+        try:
+            for peer in request.peers:
+                if not (peer.HasField("agent_metadata") and peer.agent_metadata.agent_name):
+                    raise InvalidArgument("every peer to meet needs its agent_metadata (WorkerInfo.nixl) and "
+                                          "kv_layout; a peer without NIXL is reached over gRPC, with nothing to meet")
+                if await self.agent.meet(peer.agent_metadata, peer.kv_layout, timeout_s):
+                    met.append(peer.agent_metadata.agent_name)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        return worker_pb2.MeetPeersResponse(agent_names=met)
 
     def _observe_transfer(self, path: str, outcome: TransferOutcome) -> TransferOutcome:
         self.metrics.transfers.bytes.labels(path, outcome.status.name.lower()).inc(outcome.bytes)

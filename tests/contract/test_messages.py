@@ -37,6 +37,7 @@ EXPECTED_SERVICES = {
         "WriteKV": CLIENT_STREAM,
         "ReadState": SERVER_STREAM,
         "WriteState": CLIENT_STREAM,
+        "MeetPeers": UNARY,
     },
     "seawall.v1.KVCache": {
         "Lookup": UNARY,
