@@ -14,9 +14,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from services.scheduler.core.request import RequestStatus
+
 if TYPE_CHECKING:
     from services.scheduler.core.request import Request
     from services.scheduler.core.scheduler import Scheduler
+
+
+# Full blocks worth copying ahead: a smaller copy costs the stream about as little as one more round trip.
+PRECOPY_MIN_BLOCKS = 4
+# Copying ahead starts when a worker's freeness falls under this many times the headroom. Started at the
+# headroom itself, the copy (0.2 s when a pair first met on a loaded box) outlasted the sender's slack and
+# the mover, its preemption victim too, was preempted in 1-3 of 12 request sets (bench/README.md).
+PRECOPY_LEAD = 2
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,8 @@ def core_load(name: str, core: Scheduler, waiting_for_blocks: Iterable[Request] 
 
 
 def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Sequence[tuple[str, int]],
-                   headroom: float, trigger: float | None = None) -> tuple[str, str] | None:
+                   headroom: float, trigger: float | None = None,
+                   prefer: tuple[str, str] | None = None) -> tuple[str, str] | None:
     """``(request id, receiving worker)`` for one move off ``src``, or None.
 
     ``src`` moves a request out when its freeness is under ``headroom`` tokens a request (a preemption is
@@ -58,13 +69,45 @@ def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Seq
     taking it, so that the move never makes a receiver the next source (no ping-pong). Of ``candidates``
     (``(request id, tokens)``: the running decodes ``src`` could let go, or its next request without KV), the
     one with the fewest tokens: the cheapest to move, and the shortest pause for its stream, as Llumnix
-    prefers.
+    prefers. ``prefer`` (``(request id, receiver)``: a request copied ahead there) comes first while it is a
+    candidate and that receiver, not busy, has room for it: a copy ahead is only worth its bytes if the move
+    follows it, and the fewest tokens and the most freeness change from step to step.
     """
     if src.busy or not candidates or src.freeness >= (headroom if trigger is None else trigger):
         return None
+    if prefer is not None:
+        tokens = dict(candidates).get(prefer[0])
+        dst = next((p for p in peers if p.name == prefer[1] and p.name != src.name and not p.busy), None)
+        if tokens is not None and dst is not None and tokens <= dst.room(headroom):
+            return prefer
     rid, tokens = min(candidates, key=lambda c: c[1])
     for dst in sorted((p for p in peers if p.name != src.name and not p.busy), key=lambda p: -p.freeness):
         if tokens <= dst.room(headroom):
             return rid, dst.name
     return None
 
+
+
+TAKE_OVER, MOVE = "take over", "move"
+
+
+def end_of_copy_ahead(req: Request, sender: Scheduler, src: MemoryLoad, dst: MemoryLoad, headroom: float,
+                      copied: bool, busy: bool) -> str:
+    """What becomes of ``req`` once a copy ahead of its blocks from ``sender`` (``src``) to ``dst`` ended
+    (``copied``: it landed; ``busy``: either worker is moving another request now): ``TAKE_OVER`` (preempted
+    for recompute meanwhile, it starts over on ``dst``, where the copy is its prefix hit), ``MOVE`` (``src``
+    is short of memory by now: it moves, with only the rest to pull), or why nothing moves (the copy stays
+    cached on ``dst`` for a later move)."""
+    rid = req.request_id
+    if sender.requests.get(rid) is not req:
+        return "it left"
+    if (copied and req.status is RequestStatus.WAITING and not req.num_pending
+            and dst.room(headroom) >= req.num_tokens):
+        return TAKE_OVER
+    if req not in sender.running or not req.is_decoding or rid in sender.leaving or busy:
+        return "it left, or a move is under way"
+    if src.freeness >= headroom:
+        return "room here still"
+    if dst.room(headroom) < req.num_tokens:
+        return "no room there"
+    return MOVE

@@ -295,3 +295,17 @@ async def test_a_worker_short_by_the_end_of_a_copy_ahead_moves_the_request_with_
     assert b.cached_prefix_tokens(arrival.request) == 96  # its 6 full blocks are not pulled again
     a.core.check_integrity()
     b.core.check_integrity()
+
+
+async def test_a_request_copied_ahead_moves_where_its_copy_is_though_another_peer_has_more_room(monkeypatch):
+    """r1's blocks were copied ahead to b; then c, emptier, joins. Once a is short, r1 still moves to b, where
+    only the rest is to pull, not to c, where all of it would be (and the copy would have been for nothing)."""
+    mesh, a, b = _long_mesh()
+    await _copy_ahead(mesh, a, monkeypatch)
+    assert mesh.migrator.prepared == {"a": ("r1", "b")}
+    add_link(mesh, "c", "hybrid", blocks=256)
+    mesh.place_on(a, _prompt("q", 1500))  # short now
+    mesh.migrator.after_step(a)
+    (arrival,) = b.arrivals
+    assert arrival.request.request_id == "r1" and not mesh.links["c"].arrivals
+    assert b.cached_prefix_tokens(arrival.request) == 96

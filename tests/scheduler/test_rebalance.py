@@ -66,3 +66,21 @@ def test_a_trigger_above_the_headroom_picks_earlier_and_still_keeps_the_receiver
     assert pick_migration(src, [roomy], [("r1", 100)], 32) is None
     assert pick_migration(src, [roomy], [("r1", 100)], 32, trigger=64) == ("r1", "b")
     assert pick_migration(src, [roomy], [("r1", 110)], 32, trigger=64) is None  # b would fall under 32
+
+
+def test_a_request_copied_ahead_stays_the_choice_while_its_receiver_has_room_for_it():
+    src = MemoryLoad("a", free_tokens=0, demand_tokens=0, running=8)
+    roomy, roomier = MemoryLoad("b", 2000, 0, running=4), MemoryLoad("c", 4000, 0, running=1)
+    peers = [src, roomy, roomier]
+    assert pick_migration(src, peers, CANDIDATES, headroom=32) == ("short", "c")  # no copy ahead: the usual pick
+    assert pick_migration(src, peers, CANDIDATES, headroom=32, prefer=("mid", "b")) == ("mid", "b")
+    # Not preferred: gone from the candidates, a receiver without room, busy or unknown; and never when src has room.
+    assert pick_migration(src, peers, CANDIDATES, headroom=32, prefer=("left", "b")) == ("short", "c")
+    assert pick_migration(src, peers, CANDIDATES, headroom=32, prefer=("long", "b")) == ("long", "b")
+    tight = MemoryLoad("b", 500, 0, running=4)  # room 500 - 5 x 32 = 340: "mid" (400) does not fit
+    assert pick_migration(src, [src, tight, roomier], CANDIDATES, headroom=32, prefer=("mid", "b")) == ("short", "c")
+    busy = MemoryLoad("b", 2000, 0, running=4, busy=True)
+    assert pick_migration(src, [src, busy, roomier], CANDIDATES, headroom=32, prefer=("mid", "b")) == ("short", "c")
+    assert pick_migration(src, peers, CANDIDATES, headroom=32, prefer=("mid", "gone")) == ("short", "c")
+    at_ease = MemoryLoad("a", free_tokens=4000, demand_tokens=0, running=8)
+    assert pick_migration(at_ease, peers, CANDIDATES, headroom=32, prefer=("mid", "b")) is None

@@ -48,6 +48,30 @@ class Migration:
         ready = [r for r in self.waiting if not r.num_pending]
         return min(ready, key=lambda r: (r.priority, r.arrival_time)) if ready else None
 
+    # --- copying ahead (Llumnix's multi-stage copy; migrator.py and seawall/sim/replicas.py drive it) ---
+
+    def precopy_blocks(self: Scheduler, req: Request, receiver: Scheduler, min_blocks: int) -> int:
+        """The full blocks of ``req`` (running here) to copy ahead to ``receiver``: its cached ones, or 0 when
+        fewer than ``min_blocks`` of them are missing there, or when a prefix cache cannot stand for them (a
+        hybrid's state must come with its blocks; a sliding window's dropped blocks hold no KV)."""
+        if req.num_dropped_blocks or any(not c.config.caches_prefixes or c.config.recurrent_state
+                                         for c in (self, receiver)):
+            return 0
+        full = req.num_cached_blocks
+        there = len(receiver.blocks.cached_prefix(req.block_hashes[:full]))
+        return full if full - there >= min_blocks else 0
+
+    def unstage(self: Scheduler, stage: Request, keep: bool) -> None:
+        """Lets go of a stage request's blocks (see ``copy_stage``): kept as prefix cache (``keep``, they hold
+        its KV), or freed. Nothing when it is not arriving here any more (the worker was drained)."""
+        if stage.request_id not in self.arriving:
+            return
+        if keep:
+            self.cache_arrival(stage.request_id)
+        else:
+            self.finish(stage.request_id)
+            self.release_landing(stage)  # nothing writes into its blocks any more
+
     def take_queued(self: Scheduler, request_id: str) -> Request:
         """Removes waiting ``request_id`` (it holds no blocks) to start on another worker; a request preempted
         here leaves its sequence for the worker to drop, as when it was preempted."""
@@ -59,3 +83,13 @@ class Migration:
         self._forget(req)
         return req
 
+
+
+def copy_stage(req: Request, blocks: int, block_size: int, tag: str) -> Request:
+    """A stage request for ``req``'s first ``blocks`` full blocks, ``reserve_arrival``-ed on a worker: on the
+    sender it pins them (every one is cached there), on the receiver it reserves blocks for their copy, kept
+    as prefix cache once it landed (``unstage``)."""
+    n = blocks * block_size
+    return Request(f"{req.request_id}#{tag}", req.token_ids[:n], req.params, req.arrival_time, lora=req.lora,
+                   lora_from=req.lora_from, cache_salt=req.cache_salt, num_computed_tokens=n,
+                   block_hashes=req.block_hashes[:blocks])
