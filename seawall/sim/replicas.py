@@ -7,17 +7,23 @@ in time order::
     arrival    -> the replica with the fewest tokens (placement.pick_prefill, as the live mesh places prompts)
     step       -> that replica's core plans and runs one step (Simulation._step)
                   then, as the live migrator after each step result (services/scheduler/migrator.py):
+                  getting short (freeness under twice the headroom)? copy its smallest running
+                    decode's full blocks ahead to the peer with the most room, the request decoding on
                   short of memory (rebalance.core_load's freeness under the headroom)?
                     move its smallest running decode, KV and all, to the peer with the most room
                     (rebalance.pick_migration; one move at a time per replica, out or in), and
                     give its next request holding no KV (queued, preempted for recompute) to such a peer
     landing    -> the moved request runs on the receiver; the sender frees its blocks
+    copy ahead -> the copied blocks are the receiver's prefix cache: a move pulls only the rest
+      landed      (rebalance.end_of_copy_ahead: the sender short by now moves the request at once)
 
 A move copies the request's KV blocks over the replicas' link (``migration_gbps`` per GPU, each TP rank its
 shard) after a fixed ``migration_latency_s``; the request holds still meanwhile, so its stream's gap shows
 the pause in the TBT figures. The source keeps the blocks until the copy landed and the receiver reserves
-them when the move starts (or, short of room, once a step freed enough). What is not modelled: the plan in
-flight a live sender waits for (the simulated worker runs one plan at a time), Llumnix's multi-stage copy.
+them when the move starts (or, short of room, once a step freed enough). Copying ahead (Llumnix's
+multi-stage copy, ``migration_precopy``) uses the same core calls as the live migrator (``copy_stage``,
+``reserve_arrival``, ``unstage``) over the same link. What is not modelled: the plan in flight a live sender
+waits for (the simulated worker runs one plan at a time).
 
 Totals add up over replicas: ``max_concurrent_seqs`` is the sum of each replica's peak, ``busy_frac`` the
 mean over replicas.
@@ -36,9 +42,19 @@ from seawall.sim.loop import SimConfig, Simulation, SimulationStalled, build_cos
 from seawall.sim.metrics import RunTotals, summarize
 from seawall.sim.workloads import RequestSpec
 from services.common.errors import InvalidArgument
+from services.scheduler.core.migration import copy_stage
 from services.scheduler.core.request import Request
 from services.scheduler.placement import EngineLoad, pick_prefill
-from services.scheduler.rebalance import MemoryLoad, core_load, pick_migration
+from services.scheduler.rebalance import (
+    MOVE,
+    PRECOPY_LEAD,
+    PRECOPY_MIN_BLOCKS,
+    TAKE_OVER,
+    MemoryLoad,
+    core_load,
+    end_of_copy_ahead,
+    pick_migration,
+)
 
 GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 
@@ -51,6 +67,9 @@ class ReplicaConfig:
     migration_headroom: int = 32
     migration_gbps: float = 200.0  # Gbit/s per GPU between replicas (an RDMA NIC)
     migration_latency_s: float = 0.002  # a move's fixed cost: the receiver's reservation, the pull's setup
+    # Copy a decode's full blocks ahead (the live scheduler's default, --no-migration-precopy); the receiver keeps
+    # them as prefix cache, so the simulation needs prefix caching on.
+    migration_precopy: bool = False
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -59,6 +78,18 @@ class ReplicaConfig:
             raise InvalidArgument(f"--migration-headroom must be >= 0 (0: off), got {self.migration_headroom}")
         if self.migration_gbps <= 0 or self.migration_latency_s < 0:
             raise InvalidArgument("--migration-gbps must be > 0 and the migration latency >= 0")
+
+
+@dataclass
+class _Copy:
+    """A copy ahead under way: ``pin`` holds the blocks on the sender, ``stage`` reserves them on the receiver."""
+
+    request: Request
+    src: int
+    dst: int
+    pin: Request
+    stage: Request
+    blocks: int  # copied: the receiver cached the others already
 
 
 @dataclass
@@ -74,6 +105,9 @@ class ReplicaSimulation:
     """One run of a workload through ``rc.replicas`` replicas of ``cfg``. ``run()`` returns the metrics dict."""
 
     def __init__(self, cfg: SimConfig, rc: ReplicaConfig, workload: list[RequestSpec], cost=None) -> None:
+        if rc.migration_precopy and not cfg.enable_prefix_caching:
+            raise InvalidArgument("copying ahead keeps the copy in the receiver's prefix cache: turn prefix caching "
+                                  "on (--prefix-caching) with --migration-precopy")
         self.cfg, self.rc = cfg, rc
         self.cost = cost or build_cost_model(cfg)
         self.reps = [Simulation(cfg, workload, self.cost) for _ in range(rc.replicas)]
@@ -87,8 +121,10 @@ class ReplicaSimulation:
         self.landings: list[tuple[float, int, _Move]] = []  # heap of copies under way
         self._seq = itertools.count()
         self.moving: set[int] = set()  # replicas with a move with KV out of them or into them under way
+        self.precopies: dict[str, tuple[int, int]] = {}  # request id -> (from, to) of each copy ahead under way
+        self.prepared: dict[int, tuple[str, str]] = {}  # replica -> the request it copied ahead last, and where
         self.migrations = self.queued_moves = 0
-        self.moved_blocks = 0
+        self.moved_blocks = self.precopied_blocks = 0
         self.pauses: list[float] = []  # hand-off to landing of each move
 
     # --- the loop ---
@@ -121,7 +157,8 @@ class ReplicaSimulation:
                 self._place(i, specs[i])
                 i += 1
             elif t_land <= t:
-                self._land(heapq.heappop(self.landings)[2], t_land)
+                item = heapq.heappop(self.landings)[2]
+                self._copied(item, t_land) if isinstance(item, _Copy) else self._land(item, t_land)
             elif self._step(k):
                 idle_rounds = 0
         return self._metrics(time.perf_counter() - started)
@@ -154,9 +191,13 @@ class ReplicaSimulation:
 
     # --- moves ---
 
-    def _load(self, k: int, busy: bool = True) -> MemoryLoad:
+    def _load(self, k: int, busy: bool = True, copies: bool = False) -> MemoryLoad:
         return core_load(str(k), self.reps[k].core, (m.request for m in self.waiting_room[k]),
-                         busy and k in self.moving)
+                         busy and self._busy(k, copies))
+
+    def _busy(self, k: int, copies: bool) -> bool:
+        """A move with KV out of replica ``k`` or into it is under way (``copies``: or a copy ahead)."""
+        return k in self.moving or (copies and any(k in pair for pair in self.precopies.values()))
 
     def _rebalance(self, k: int, now: float) -> None:
         """What the live migrator does after a step result of replica ``k`` (migrator.Migrator.after_step)."""
@@ -164,12 +205,16 @@ class ReplicaSimulation:
         if headroom <= 0 or len(self.reps) < 2:
             return
         load = self._load(k, busy=False)
+        lead = PRECOPY_LEAD if self.rc.migration_precopy else 1
+        if load.freeness >= headroom * lead:
+            return
         if load.freeness >= headroom:
+            self._copy_ahead(k, load, headroom * lead, now)
             return
         core = self.reps[k].core
         if k not in self.moving:
             pick = pick_migration(load, [self._load(j) for j in range(len(self.reps)) if j != k],
-                                  core.migratable(), headroom)
+                                  core.migratable(), headroom, prefer=self.prepared.get(k))
             if pick is not None:
                 self._move(k, int(pick[1]), pick[0], now)
         queued = core.next_queued()
@@ -209,6 +254,54 @@ class ReplicaSimulation:
             lands = now + self.rc.migration_latency_s + copied * self.block_bytes / (self.rc.migration_gbps * GBIT)
             heapq.heappush(self.landings, (lands, next(self._seq), move))
 
+    def _copy_ahead(self, k: int, load: MemoryLoad, trigger: float, now: float) -> None:
+        """Replica ``k`` getting short copies the full blocks of the decode it would move to the peer it would
+        move it to, as ``Migrator._precopy`` does; the request keeps decoding."""
+        if self._busy(k, copies=True):
+            return
+        core = self.reps[k].core
+        pick = pick_migration(load, [self._load(j, copies=True) for j in range(len(self.reps)) if j != k],
+                              core.migratable(), self.rc.migration_headroom, trigger, prefer=self.prepared.get(k))
+        if pick is None:
+            return
+        req, dst = core.requests[pick[0]], int(pick[1])
+        blocks = core.precopy_blocks(req, self.reps[dst].core, PRECOPY_MIN_BLOCKS)
+        if not blocks:
+            return
+        bs = self.cfg.block_size
+        pin, stage = copy_stage(req, blocks, bs, "pin"), copy_stage(req, blocks, bs, "ahead")
+        if core.reserve_arrival(pin) is None or pin.num_cached_blocks < blocks:
+            core.unstage(pin, keep=False)
+            return
+        if self.reps[dst].core.reserve_arrival(stage) is None:
+            core.unstage(pin, keep=True)
+            return
+        copied = blocks - stage.num_cached_blocks
+        self.precopies[req.request_id] = (k, dst)
+        self.prepared[k] = pick
+        lands = now + self.rc.migration_latency_s + copied * self.block_bytes / (self.rc.migration_gbps * GBIT)
+        heapq.heappush(self.landings, (lands, next(self._seq), _Copy(req, k, dst, pin, stage, copied)))
+
+    def _copied(self, copy: _Copy, t: float) -> None:
+        """A copy ahead landed: the receiver keeps it as prefix cache, the sender lets go of its pin; then the
+        request moves (only the rest to pull) or starts over there, as ``Migrator._precopy`` decides."""
+        src, dst, req = copy.src, copy.dst, copy.request
+        del self.precopies[req.request_id]
+        self.reps[dst].core.unstage(copy.stage, keep=True)
+        self.reps[src].core.unstage(copy.pin, keep=True)
+        self.precopied_blocks += copy.blocks
+        self._wake(src, t)
+        self._wake(dst, t)
+        sender = self.reps[src].core
+        what = end_of_copy_ahead(req, sender, self._load(src, busy=False), self._load(dst, busy=False),
+                                 self.rc.migration_headroom, copied=True,
+                                 busy=self._busy(src, copies=False) or self._busy(dst, copies=False))
+        if what == TAKE_OVER:
+            self.reps[dst].core.add(sender.take_queued(req.request_id))
+            self.queued_moves += 1
+        elif what == MOVE:
+            self._move(src, dst, req.request_id, t)
+
     def _land(self, move: _Move, t: float) -> None:
         self.reps[move.src].core.release_handed_off(move.request.request_id)
         self.reps[move.dst].core.arrive(move.request.request_id)
@@ -237,6 +330,7 @@ class ReplicaSimulation:
         m.update(first, replicas=len(self.reps), migration_headroom=self.rc.migration_headroom,
                  migration_gbps=self.rc.migration_gbps, migrations=self.migrations,
                  queued_moves=self.queued_moves, migrated_blocks=self.moved_blocks,
+                 migration_precopy=self.rc.migration_precopy, precopied_blocks=self.precopied_blocks,
                  migration_pause_mean=sum(self.pauses) / len(self.pauses) if self.pauses else None,
                  migration_pause_max=max(self.pauses, default=None),
                  rejected=sum(len(rep.rejected) for rep in self.reps), sim_wall_s=wall_s)

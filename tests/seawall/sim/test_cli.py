@@ -122,6 +122,22 @@ def test_run_compares_migration_headrooms_across_replicas(tmp_path, capsys):
     assert "migrations" in printed and "headroom 32 / 0: preemptions " in printed
     assert main(["sim", "run", "--qps", "1", "--migration-headroom", "32"]) == 2
     assert "give --replicas 2 or more" in capsys.readouterr().err
+    assert main(["sim", "run", "--qps", "1", "--replicas", "2", "--migration-precopy"]) == 2
+    assert "add --prefix-caching" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["sim", "run", "--qps", "1", "--replicas", "0"])
     assert "argument --replicas: expected a " in capsys.readouterr().err
+
+
+def test_run_compares_each_headroom_with_copying_ahead(tmp_path, capsys):
+    out = tmp_path / "precopy.json"
+    assert main(["sim", "run", "--model", "Llama-2-7B", "--gpu", "A40", "--workload", "longtail", "--qps", "12",
+                 "--num-requests", "80", "--max-prompt-len", "512", "--pareto-min", "64", "--num-gpu-blocks", "200",
+                 "--prefix-caching", "--replicas", "3", "--migration-headroom", "0", "32", "--migration-precopy",
+                 "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["migration_headroom"], r["migration_precopy"]) for r in runs] == [(0, False), (32, False), (32, True)]
+    assert runs[2]["precopied_blocks"] > 0 and runs[1]["precopied_blocks"] == 0
+    printed = capsys.readouterr().out
+    assert "32+copy" in printed and "headroom 32+copy / 0: preemptions " in printed
+    assert "headroom 32+copy / 32: migration_pause_mean " in printed

@@ -4,6 +4,8 @@ request still produces every token."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from seawall.sim.loop import SimConfig, Simulation, simulate
@@ -67,6 +69,40 @@ def test_a_replica_short_of_memory_moves_a_decode_to_the_peer_with_room_instead_
     assert on["e2e_mean"] < off["e2e_mean"]
 
 
+def test_a_replica_getting_short_copies_a_decode_ahead_and_its_move_pulls_only_the_rest():
+    """The stacked pair again, with prefix caching (the copy is kept as the receiver's prefix cache): while
+    replica 0 is getting short the mover's full blocks cross the link with the request still decoding, so the
+    move that follows, once the replica is short, pulls only what it computed since."""
+    specs = [RequestSpec(0.0, 100, 200), RequestSpec(0.0, 100, 10), RequestSpec(0.0, 100, 200)]
+    cfg = dataclasses.replace(TIGHT, enable_prefix_caching=True)
+    runs = {}
+    for copy in (False, True):
+        sim = ReplicaSimulation(cfg, ReplicaConfig(replicas=2, migration_precopy=copy), specs)
+        runs[copy] = sim.run()
+        _finished_cleanly(sim, specs)
+        assert not sim.precopies
+    stop, ahead = runs[False], runs[True]
+    assert stop["precopied_blocks"] == 0 and ahead["precopied_blocks"] >= 4
+    assert stop["migrations"] == ahead["migrations"] == 1 and stop["preemptions"] == ahead["preemptions"] == 0
+    # What was copied ahead is not pulled again: the same blocks travel, fewer of them while the request waits.
+    assert ahead["migrated_blocks"] + ahead["precopied_blocks"] == stop["migrated_blocks"]
+    rc = ReplicaConfig()
+    block_bytes = 16 * get_model("Mistral-7B").kv_bytes_per_token
+    assert ahead["migration_pause_max"] == pytest.approx(
+        rc.migration_latency_s + ahead["migrated_blocks"] * block_bytes / (rc.migration_gbps * GBIT))
+    assert ahead["migration_pause_max"] < stop["migration_pause_max"]
+
+
+def test_copying_ahead_under_memory_pressure_finishes_every_request_and_leaks_no_block():
+    specs = make_workload(WorkloadConfig("longtail", "poisson", 150, 12.0, seed=1, max_prompt_len=512,
+                                         pareto_min=64, pareto_alpha=1.0))
+    cfg = SimConfig("Llama-2-7B", "A40", 1, "sarathi", num_gpu_blocks=200, enable_prefix_caching=True)
+    sim = ReplicaSimulation(cfg, ReplicaConfig(replicas=3, migration_precopy=True), specs)
+    m = sim.run()
+    _finished_cleanly(sim, specs)
+    assert m["num_finished"] == 150 and m["migrations"] > 0 and m["precopied_blocks"] > 0 and not sim.precopies
+
+
 def test_a_replica_short_of_memory_gives_a_queued_request_to_a_peer_with_room():
     """r0 (290 tokens) fills replica 0, r1 is on replica 1 briefly; r2 lands on replica 0 (fewer tokens) and
     waits there for blocks. Once replica 1 is free, r2 moves there without any copy (r0 is too big to)."""
@@ -98,6 +134,8 @@ def test_a_replica_config_that_cannot_run_is_refused():
         ReplicaConfig(migration_headroom=-1)
     with pytest.raises(InvalidArgument, match="--migration-gbps must be > 0"):
         ReplicaConfig(migration_gbps=0)
+    with pytest.raises(InvalidArgument, match=r"receiver's prefix cache: turn prefix caching on \(--prefix-caching\)"):
+        ReplicaSimulation(TIGHT, ReplicaConfig(replicas=2, migration_precopy=True), [])
 
 
 def test_each_replica_is_a_full_simulation_of_the_config():
