@@ -55,6 +55,11 @@ class SchedulerServiceConfig:
     # decoding (Llumnix's multi-stage copy), so that a move pauses it only for the rest (18-25 ms against
     # 55-93 on the 2-core box, bench/README.md); else a move stops it for the whole copy.
     migration_precopy: bool = True
+    # Llumnix's priorities: KV tokens a worker keeps free for each high-priority request it holds (priority < 0),
+    # beyond the migration headroom. Rebalancing and placement count them as used (Llumnix's virtual usage), so
+    # normal requests move off and keep away from such a worker, and a high-priority decode there neither
+    # moves (its stream would pause) nor runs short; 0 = off.
+    priority_headroom: int = 0
     # How KV moves between workers: "nixl" (when both sides have an agent) or "grpc" (streamed chunks).
     kv_transport: str = "nixl"
     # The kvcache service (host:port) for multi-turn KV reuse; None = none.
@@ -115,7 +120,7 @@ class SchedulerServiceConfig:
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         for name, least in (("max_queue_len", 1), ("max_moves", 0), ("max_lora_rank", 1),
-                            ("migration_headroom", 0)):
+                            ("migration_headroom", 0), ("priority_headroom", 0)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         for name in ("transfer_timeout_s", "step_timeout_s", "stall_warning_s"):

@@ -70,6 +70,10 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-migration-precopy", action="store_true",
                    help="live migration stops a request for the copy of all its KV, instead of copying its full "
                         "blocks ahead while it keeps decoding and stopping it only for the rest")
+    p.add_argument("--priority-headroom", type=int, default=0,
+                   help="Llumnix's priorities: KV tokens a worker keeps free for each high-priority request "
+                        "(priority < 0) it holds; migration and placement count them as used, so normal "
+                        "requests move off and keep away (default 0: off)")
     p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
     p.add_argument("--kv-read-policy", choices=READ_POLICIES, default="dual",
                    help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")
@@ -107,6 +111,7 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
     flags = ["--policy", policy or args.policy, *(["--chunk-size", str(args.chunk_size)] if args.chunk_size else []),
              "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
              "--max-moves", str(args.max_moves), "--migration-headroom", str(args.migration_headroom),
+             "--priority-headroom", str(args.priority_headroom),
              "--kv-transport", args.kv_transport, "--kv-read-policy", args.kv_read_policy, "--mlfq", args.mlfq,
              "--step-pipelining", args.step_pipelining, "--decode-steps", str(args.decode_steps),
              "--speculative-tokens", str(args.speculative_tokens),
@@ -155,6 +160,7 @@ def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
                                   kv_read_policy=args.kv_read_policy, max_moves=args.max_moves,
                                   migration_headroom=args.migration_headroom,
                                   migration_precopy=not args.no_migration_precopy,
+                                  priority_headroom=args.priority_headroom,
                                   peer_prefix=not args.no_peer_prefix)
 
 

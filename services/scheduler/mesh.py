@@ -39,6 +39,7 @@ from services.scheduler.migrator import Migrator
 from services.scheduler.peer_meeting import meet_peers
 from services.scheduler.peer_prefix import PeerPrefix
 from services.scheduler.placement import EngineLoad, pick_decode, pick_prefill
+from services.scheduler.rebalance import high_priority
 from services.scheduler.tracked import TrackedRequest
 from services.scheduler.worker_link import Arrival, WorkerLink
 
@@ -199,8 +200,10 @@ class Mesh:
     def engine_load(self, link: WorkerLink, req: Request | None = None) -> EngineLoad:
         """``link`` as placement sees it: its requests (queued, running, arriving, being admitted to it) and its
         node's storage reads; with ``req``, also how much of that prompt its prefix cache holds."""
-        reqs = [*link.core.requests.values(), *(a.request for a in link.arrivals)]
-        tokens = sum(r.num_tokens for r in reqs)
+        bound = [a.request for a in link.arrivals]
+        reqs = [*link.core.requests.values(), *bound]
+        # Tokens kept for its high-priority requests count as used (Llumnix's virtual usage, --priority-headroom).
+        tokens = sum(r.num_tokens for r in reqs) + self.config.priority_headroom * high_priority(link.core, bound)
         queued, queued_s = 0, None
         if self.dual_path is not None:
             tokens += self.dual_path.admitting_tokens(link)

@@ -237,7 +237,7 @@ class Migrator:
         (a move without KV leaves nothing under way, so it need not wait for one); ``copies``: a copy ahead
         counts as one."""
         return core_load(link.worker_id, link.core, (a.request for a in link.arrivals),
-                         busy and self._busy(link, copies))
+                         busy and self._busy(link, copies), self.mesh.config.priority_headroom)
 
     def _busy(self, link: WorkerLink, copies: bool = True) -> bool:
         """Whether a move with KV out of ``link`` or into it is under way (``copies``: or a copy ahead)."""

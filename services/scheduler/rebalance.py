@@ -38,25 +38,35 @@ class MemoryLoad:
     demand_tokens: int  # tokens of requests there that wait for memory: queued, preempted, arriving
     running: int  # requests holding blocks; each decode takes a token of KV a step
     busy: bool = False  # a migration out of it or into it is under way
+    reserved_tokens: int = 0  # kept free for its high-priority requests (Llumnix's headroom for them)
 
     @property
     def freeness(self) -> float:
         """Tokens of KV each running request can still grow by before the worker runs out (Llumnix's
-        freeness: free memory less what waits for it, per request in the batch), about the decode steps
-        left before a preemption."""
-        return (self.free_tokens - self.demand_tokens) / max(self.running, 1)
+        freeness: free memory less what waits for it and what is kept for high-priority requests, per
+        request in the batch), about the decode steps left before a preemption."""
+        return (self.free_tokens - self.demand_tokens - self.reserved_tokens) / max(self.running, 1)
 
     def room(self, headroom: float) -> float:
         """Tokens of one more request it can take and still keep ``headroom`` tokens for each request."""
-        return self.free_tokens - self.demand_tokens - headroom * (self.running + 1)
+        return self.free_tokens - self.demand_tokens - self.reserved_tokens - headroom * (self.running + 1)
 
 
-def core_load(name: str, core: Scheduler, waiting_for_blocks: Iterable[Request] = (), busy: bool = False) -> MemoryLoad:
+def core_load(name: str, core: Scheduler, waiting_for_blocks: Iterable[Request] = (), busy: bool = False,
+              priority_headroom: int = 0) -> MemoryLoad:
     """A worker's ``MemoryLoad`` from its scheduler core; ``waiting_for_blocks``: requests bound for it that
-    wait for blocks outside the core (arrivals not placed yet; those in ``core.arriving`` hold theirs)."""
-    waiting = [*core.waiting, *core.swapped, *waiting_for_blocks]
+    wait for blocks outside the core (arrivals not placed yet; those in ``core.arriving`` hold theirs);
+    ``priority_headroom``: tokens kept free for each high-priority request there or bound for it."""
+    bound = list(waiting_for_blocks)
+    waiting = [*core.waiting, *core.swapped, *bound]
     return MemoryLoad(name, free_tokens=core.blocks.num_free * core.blocks.block_size,
-                      demand_tokens=sum(r.num_tokens for r in waiting), running=len(core.running), busy=busy)
+                      demand_tokens=sum(r.num_tokens for r in waiting), running=len(core.running), busy=busy,
+                      reserved_tokens=priority_headroom * high_priority(core, bound))
+
+
+def high_priority(core: Scheduler, bound: Iterable[Request] = ()) -> int:
+    """High-priority requests (priority < 0) in ``core`` or bound for it (``bound``)."""
+    return sum(r.priority < 0 for r in (*core.requests.values(), *bound))
 
 
 def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Sequence[tuple[str, int]],

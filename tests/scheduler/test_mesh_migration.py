@@ -99,6 +99,28 @@ async def test_no_move_with_migration_off_or_room_left():
     assert not b.arrivals and not a.core.leaving
 
 
+async def test_a_worker_keeps_room_for_its_high_priority_request_by_moving_a_normal_one_out():
+    """With 16 tokens a request left, "a" is at ease under a 16-token headroom; made r1 high priority with a
+    priority headroom of 16, a keeps 16 of its 32 free tokens for it (8 a request left) and moves r0, the
+    normal decode, out: r1 is the smaller, the one that would move otherwise, but its stream is not paused."""
+    mesh, a, b = _mesh(headroom=16)
+    a.core.requests["r1"].priority = -1
+    mesh.migrator.after_step(a)  # no priority headroom: nothing moves
+    assert not b.arrivals
+    mesh.config = replace(mesh.config, priority_headroom=16)
+    mesh.migrator.after_step(a)
+    (arrival,) = b.arrivals
+    assert arrival.request.request_id == "r0" and "r1" in a.core.requests
+
+
+async def test_placement_counts_the_tokens_kept_for_high_priority_requests():
+    mesh, a, b = _mesh()
+    loads = {link.worker_id: mesh.engine_load(link).tokens for link in (a, b)}
+    mesh.config = replace(mesh.config, priority_headroom=1000)
+    a.core.requests["r0"].priority = -1
+    assert mesh.engine_load(a).tokens == loads["a"] + 1000 and mesh.engine_load(b).tokens == loads["b"]
+
+
 def _prompt(rid: str, n: int) -> Request:
     return Request(rid, list(range(2000, 2000 + n)), SamplingParams(max_tokens=8), 0.0)
 

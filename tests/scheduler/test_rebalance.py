@@ -84,3 +84,15 @@ def test_a_request_copied_ahead_stays_the_choice_while_its_receiver_has_room_for
     assert pick_migration(src, peers, CANDIDATES, headroom=32, prefer=("mid", "gone")) == ("short", "c")
     at_ease = MemoryLoad("a", free_tokens=4000, demand_tokens=0, running=8)
     assert pick_migration(at_ease, peers, CANDIDATES, headroom=32, prefer=("mid", "b")) is None
+
+
+def test_tokens_kept_for_high_priority_requests_count_as_used():
+    kept = MemoryLoad("a", free_tokens=640, demand_tokens=0, running=2, reserved_tokens=512)
+    assert kept.freeness == 64 and kept.room(32) == 640 - 512 - 32 * 3
+    src = MemoryLoad("a", free_tokens=640, demand_tokens=0, running=10)  # 64 a request: at ease
+    assert pick_migration(src, [MemoryLoad("b", 4000, 0, 1)], CANDIDATES, headroom=32) is None
+    held = MemoryLoad("a", free_tokens=640, demand_tokens=0, running=10, reserved_tokens=512)  # 12.8 a request
+    assert pick_migration(held, [MemoryLoad("b", 4000, 0, 1)], CANDIDATES, headroom=32) == ("short", "b")
+    # A receiver that keeps tokens for its own high-priority requests has that much less room.
+    assert pick_migration(held, [MemoryLoad("b", 200, 0, 1)], CANDIDATES, headroom=32) == ("short", "b")  # 136
+    assert pick_migration(held, [MemoryLoad("b", 200, 0, 1, reserved_tokens=100)], CANDIDATES, headroom=32) is None

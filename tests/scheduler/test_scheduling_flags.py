@@ -51,3 +51,16 @@ def test_reading_prefixes_from_decode_workers_is_on_unless_turned_off_through_th
 
     assert parse_args([]).peer_prefix and "--no-peer-prefix" not in scheduling_flags(parse([]))
     assert not parse_args(scheduling_flags(parse(["--no-peer-prefix"]))).peer_prefix
+
+
+def test_the_migration_flags_reach_the_service_config_through_the_round_trip():
+    import pytest
+
+    from services.scheduler.main import parse_args
+
+    args = parse(["--migration-headroom", "64", "--priority-headroom", "512", "--no-migration-precopy"])
+    config = parse_args(scheduling_flags(args))
+    assert (config.migration_headroom, config.priority_headroom, config.migration_precopy) == (64, 512, False)
+    assert parse_args([]).priority_headroom == 0
+    with pytest.raises(ValueError, match="priority_headroom must be >= 0, got -1"):
+        parse_args(["--priority-headroom", "-1"])

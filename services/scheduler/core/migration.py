@@ -20,8 +20,12 @@ if TYPE_CHECKING:
 
 class Migration:
     def migratable(self: Scheduler) -> list[tuple[str, int]]:
-        """Running decodes that could leave, with their tokens: ``(request id, tokens)``, not those leaving."""
-        return [(r.request_id, r.num_tokens) for r in self.running if r.is_decoding and r.request_id not in self.leaving]
+        """Running decodes that could leave, with their tokens: ``(request id, tokens)``, not those leaving. Not
+        a high-priority one (priority < 0) while another could: a move pauses its stream, and Llumnix moves
+        normal requests off the instances of high-priority ones, not those."""
+        movable = [r for r in self.running if r.is_decoding and r.request_id not in self.leaving]
+        normal = [r for r in movable if r.priority >= 0]
+        return [(r.request_id, r.num_tokens) for r in normal or movable]
 
     def start_migration(self: Scheduler, request_id: str) -> None:
         """Stops scheduling ``request_id`` (a running decode): it is about to move to another worker. Plans up

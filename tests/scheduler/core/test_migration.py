@@ -23,6 +23,19 @@ def _decoding(s, n=2, prompt_len=10, max_tokens=20):
     return reqs
 
 
+def test_a_high_priority_decode_is_not_a_candidate_to_move_while_a_normal_one_is():
+    s = create_scheduler()
+    reqs = create_requests(3, prompt_len=10, max_tokens=20)
+    reqs[0].priority = reqs[2].priority = -1
+    for r in reqs:
+        s.add(r)
+    while not all(r.output_token_ids for r in reqs):
+        step(s)
+    assert s.migratable() == [("r1", reqs[1].num_tokens)]
+    s.start_migration("r1")
+    assert sorted(s.migratable()) == [("r0", reqs[0].num_tokens), ("r2", reqs[2].num_tokens)]  # only high ones left
+
+
 def test_a_leaving_request_holds_still_keeps_its_blocks_and_leaves_once_its_plans_ran():
     s = create_scheduler()
     r0, r1 = _decoding(s)
