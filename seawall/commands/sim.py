@@ -69,6 +69,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     w.add_argument("--max-prompt-len", type=whole(1), default=None, help="sharegpt/longtail: shorter prompts only")
     w.add_argument("--pareto-alpha", type=positive, default=1.2, help="longtail: Pareto shape of output lengths")
     w.add_argument("--pareto-min", type=whole(1), default=8, help="longtail: the shortest output")
+    w.add_argument("--priority-mix", type=non_negative, default=0.0,
+                   help="the fraction of requests of high priority (-1), at random (default 0); the metrics then "
+                        "have each class's latencies")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -86,6 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "several: one run each, ratios against the first")
     r.add_argument("--migration-gbps", type=positive, default=200.0,
                    help="link between replicas per GPU, Gbit/s, that a moved request's KV crosses (default 200)")
+    r.add_argument("--priority-headroom", type=whole(0), nargs="+", default=None, metavar="TOKENS",
+                   help="Llumnix's priorities: tokens a replica keeps free for each high-priority request "
+                        "(the scheduler's flag; default 0); several: one run each (with --priority-mix)")
     r.add_argument("--migration-precopy", action="store_true",
                    help="each headroom runs again copying decodes' full blocks ahead (Llumnix's multi-stage copy, "
                         "the live scheduler's default); needs --prefix-caching")
@@ -287,6 +293,7 @@ def _configs(args: argparse.Namespace, need_qps: bool = True):
         cv=args.cv, on_s=args.on_s, off_s=args.off_s, time_scale=args.time_scale, trace_offset=args.trace_offset,
         prompt_len=args.prompt_len, output_len=args.output_len, max_total_len=args.max_total_len,
         max_prompt_len=args.max_prompt_len, pareto_alpha=args.pareto_alpha, pareto_min=args.pareto_min,
+        priority_mix=args.priority_mix,
     )
     return sim, wl
 
@@ -307,9 +314,9 @@ def _run(args: argparse.Namespace) -> int:
     from seawall.sim.workloads import make_workload
 
     check_output_file(args.json, "--json")
-    if (args.migration_headroom is not None or args.migration_precopy) and args.replicas < 2:
-        raise InvalidArgument("--migration-headroom and --migration-precopy move requests between replicas: give "
-                              "--replicas 2 or more")
+    if (args.migration_headroom is not None or args.migration_precopy or args.priority_headroom) and args.replicas < 2:
+        raise InvalidArgument("--migration-headroom, --migration-precopy and --priority-headroom move requests "
+                              "between replicas: give --replicas 2 or more")
     if args.migration_precopy and not args.prefix_caching:
         raise InvalidArgument("--migration-precopy keeps the copy in the receiver's prefix cache: add --prefix-caching")
     sim, wl = _configs(args)
@@ -329,20 +336,23 @@ def _run(args: argparse.Namespace) -> int:
 
 def _workload_fields(wl) -> dict:
     return {"lengths": wl.lengths, "arrival": wl.arrival, "qps": wl.qps, "num_requests": wl.num_requests,
-            "seed": wl.seed}
+            "seed": wl.seed, "priority_mix": wl.priority_mix}
 
 
 def _run_replicas(args: argparse.Namespace, sim, wl, workload) -> int:
     from seawall.sim.replicas import ReplicaConfig, simulate_replicas
 
     headrooms = args.migration_headroom or [ReplicaConfig.migration_headroom]
-    # Each headroom, then (with --migration-precopy) each one again copying ahead: "32" and "32+copy".
+    # Each headroom, then (with --migration-precopy) each one again copying ahead: "32" and "32+copy"; with
+    # several --priority-headroom, each of those once per value: "32 p0", "32 p512".
     setups = [(h, False) for h in headrooms] + [(h, True) for h in headrooms if h and args.migration_precopy]
-    labels = [f"{h}{'+copy' if copy else ''}" for h, copy in setups]
+    priorities = args.priority_headroom or [0]
+    setups = [(h, copy, p) for h, copy in setups for p in priorities]
+    labels = [f"{h}{'+copy' if copy else ''}{f' p{p}' if len(priorities) > 1 or p else ''}" for h, copy, p in setups]
     runs = []
-    for headroom, copy in setups:
+    for headroom, copy, priority_headroom in setups:
         rc = ReplicaConfig(replicas=args.replicas, migration_headroom=headroom, migration_gbps=args.migration_gbps,
-                           migration_precopy=copy)
+                           migration_precopy=copy, priority_headroom=priority_headroom)
         runs.append(simulate_replicas(sim, rc, workload))
         runs[-1]["workload"] = _workload_fields(wl)
     _write(args.json, runs[0] if len(runs) == 1 else {"runs": runs})
@@ -361,11 +371,18 @@ def _run_replicas(args: argparse.Namespace, sim, wl, workload) -> int:
     # Copying ahead against stopping for the whole copy, at the same headroom: the pause is what it shortens.
     by_label = dict(zip(labels, runs, strict=True))
     for label, m in by_label.items():
-        if label.endswith("+copy"):
-            base = by_label[label.removesuffix("+copy")]
-            ratios = "  ".join(f"{k} {_ratio(m[k], base[k])}" for k in ("migration_pause_mean", "migration_pause_max",
-                                                                        "tbt_max", "per_token_latency_mean"))
-            sys.stdout.write(f"headroom {label} / {label.removesuffix('+copy')}: {ratios}\n")
+        if "+copy" in label:
+            base = label.replace("+copy", "")
+            ratios = "  ".join(f"{k} {_ratio(m[k], by_label[base][k])}" for k in (
+                "migration_pause_mean", "migration_pause_max", "tbt_max", "per_token_latency_mean"))
+            sys.stdout.write(f"headroom {label} / {base}: {ratios}\n")
+    # With a --priority-mix: what each class saw (priority -1 high, 0 normal).
+    class_keys = ("ttft_p99", "e2e_mean", "per_token_latency_mean", "per_token_latency_p95", "max_gap",
+                  "preempted_requests")
+    for label, m in by_label.items():
+        for priority, c in m.get("by_priority", {}).items():
+            sys.stdout.write(f"{label:>{width}s}  priority {priority:>2s}: "
+                             + "  ".join(f"{k} {_fmt(c[k])}" for k in class_keys) + "\n")
     return 0
 
 

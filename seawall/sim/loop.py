@@ -220,8 +220,8 @@ class Simulation:
             return
         params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, temperature=0.0)
         self.records[rid] = RequestRecord(spec.arrival, spec.prompt_len, spec.output_len,
-                                          queued_since=spec.arrival)
-        self.core.add(Request(rid, self._tokens(idx, spec), params, spec.arrival))
+                                          queued_since=spec.arrival, priority=spec.priority)
+        self.core.add(Request(rid, self._tokens(idx, spec), params, spec.arrival, priority=spec.priority))
 
     # --- the loop ---
 

@@ -34,6 +34,7 @@ class RequestRecord:
     queued_since: float | None = None  # set while waiting or swapped out
     max_gap: float = 0.0  # longest gap between two of its tokens
     num_preemptions: int = 0
+    priority: int = 0
 
     def as_dict(self, rid: str) -> dict:
         return {"id": rid, "arrival": self.arrival, "prompt_len": self.prompt_len, "output_len": self.output_len,
@@ -115,4 +116,18 @@ def summarize(records: dict[str, RequestRecord], totals: RunTotals, preemptions:
         "kv_waste_frac": (max(0.0, 1.0 - totals.kv_token_time / totals.kv_used_slot_time)
                           if totals.kv_used_slot_time > 0 else 0.0),
         "num_steps": totals.num_steps,
+        **({"by_priority": {str(p): _class_summary([r for r in done if r.priority == p])
+                            for p in sorted({r.priority for r in done})}}
+           if len({r.priority for r in done}) > 1 else {}),
     }
+
+
+def _class_summary(done: list[RequestRecord]) -> dict:
+    """What one priority class of finished requests saw."""
+    ttft = [r.first_token - r.arrival for r in done]
+    e2e = [r.finish - r.arrival for r in done]
+    per_token = [(r.finish - r.arrival) / max(r.num_output, 1) for r in done]
+    return {"num_finished": len(done), "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99),
+            "e2e_mean": _mean(e2e), "per_token_latency_mean": _mean(per_token),
+            "per_token_latency_p95": _pct(per_token, 95), "max_gap": max((r.max_gap for r in done), default=None),
+            "preempted_requests": sum(r.num_preemptions > 0 for r in done)}

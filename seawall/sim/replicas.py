@@ -53,6 +53,7 @@ from services.scheduler.rebalance import (
     MemoryLoad,
     core_load,
     end_of_copy_ahead,
+    high_priority,
     pick_migration,
 )
 
@@ -70,12 +71,16 @@ class ReplicaConfig:
     # Copy a decode's full blocks ahead (the live scheduler's default, --no-migration-precopy); the receiver keeps
     # them as prefix cache, so the simulation needs prefix caching on.
     migration_precopy: bool = False
+    # Tokens each replica keeps free for each high-priority request it holds (the scheduler's --priority-headroom)
+    priority_headroom: int = 0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise InvalidArgument(f"--replicas must be >= 1, got {self.replicas}")
         if self.migration_headroom < 0:
             raise InvalidArgument(f"--migration-headroom must be >= 0 (0: off), got {self.migration_headroom}")
+        if self.priority_headroom < 0:
+            raise InvalidArgument(f"--priority-headroom must be >= 0 (0: off), got {self.priority_headroom}")
         if self.migration_gbps <= 0 or self.migration_latency_s < 0:
             raise InvalidArgument("--migration-gbps must be > 0 and the migration latency >= 0")
 
@@ -174,9 +179,11 @@ class ReplicaSimulation:
         self.reps[k]._add(idx, spec)
 
     def _tokens(self, k: int) -> int:
-        """Tokens of the requests replica ``k`` holds or is about to (the live mesh's token load)."""
-        held = sum(r.num_tokens for r in self.reps[k].core.requests.values())
-        return held + sum(m.request.num_tokens for m in self.waiting_room[k])
+        """Tokens of the requests replica ``k`` holds or is about to, and those it keeps for the high-priority
+        ones (the live mesh's token load, Mesh.engine_load)."""
+        bound = [m.request for m in self.waiting_room[k]]
+        held = sum(r.num_tokens for r in (*self.reps[k].core.requests.values(), *bound))
+        return held + self.rc.priority_headroom * high_priority(self.reps[k].core, bound)
 
     def _step(self, k: int) -> bool:
         """Runs replica ``k``'s next step; False when it planned nothing (it waits for an event then)."""
@@ -193,7 +200,7 @@ class ReplicaSimulation:
 
     def _load(self, k: int, busy: bool = True, copies: bool = False) -> MemoryLoad:
         return core_load(str(k), self.reps[k].core, (m.request for m in self.waiting_room[k]),
-                         busy and self._busy(k, copies))
+                         busy and self._busy(k, copies), self.rc.priority_headroom)
 
     def _busy(self, k: int, copies: bool) -> bool:
         """A move with KV out of replica ``k`` or into it is under way (``copies``: or a copy ahead)."""
@@ -331,6 +338,7 @@ class ReplicaSimulation:
                  migration_gbps=self.rc.migration_gbps, migrations=self.migrations,
                  queued_moves=self.queued_moves, migrated_blocks=self.moved_blocks,
                  migration_precopy=self.rc.migration_precopy, precopied_blocks=self.precopied_blocks,
+                 priority_headroom=self.rc.priority_headroom,
                  migration_pause_mean=sum(self.pauses) / len(self.pauses) if self.pauses else None,
                  migration_pause_max=max(self.pauses, default=None),
                  rejected=sum(len(rep.rejected) for rep in self.reps), sim_wall_s=wall_s)

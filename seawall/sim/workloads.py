@@ -45,6 +45,7 @@ class RequestSpec:
     output_len: int
     # Mooncake's prefix-block ids (512 tokens each): equal leading ids mean a shared prompt prefix.
     prefix_ids: tuple[int, ...] = ()
+    priority: int = 0  # the request's priority (lower runs sooner; -1: a high-priority request)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class WorkloadConfig:
     max_output_len: int = 2048  # longtail outputs are capped here
     max_total_len: int | None = None  # drop trace rows whose prompt + output exceed this
     max_prompt_len: int | None = None  # sharegpt/longtail: sample only prompts up to this long
+    priority_mix: float = 0.0  # the fraction of requests of high priority (-1), drawn at random; the rest 0
 
 
 def trace_dir() -> Path:
@@ -222,7 +224,13 @@ def make_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
         raise InvalidArgument(f"unknown workload {cfg.lengths!r}; known: {', '.join(LENGTH_SOURCES)}")
     if cfg.num_requests < 1:
         raise InvalidArgument(f"--num-requests must be >= 1, got {cfg.num_requests}")
+    if not 0 <= cfg.priority_mix <= 1:
+        raise InvalidArgument(f"--priority-mix is a fraction of the requests, in [0, 1]; got {cfg.priority_mix}")
     rng = random.Random(cfg.seed)
     rows = _lengths(cfg, rng)
     times = _arrivals(cfg, rows, rng)
-    return [RequestSpec(t, r.prompt_len, r.output_len, r.prefix_ids) for t, r in zip(times, rows, strict=True)]
+    # Drawn from a generator of their own: the same lengths and arrivals with any mix.
+    high = random.Random(f"{cfg.seed}/priority")
+    return [RequestSpec(t, r.prompt_len, r.output_len, r.prefix_ids,
+                        priority=-1 if cfg.priority_mix and high.random() < cfg.priority_mix else 0)
+            for t, r in zip(times, rows, strict=True)]

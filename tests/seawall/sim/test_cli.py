@@ -141,3 +141,19 @@ def test_run_compares_each_headroom_with_copying_ahead(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "32+copy" in printed and "headroom 32+copy / 0: preemptions " in printed
     assert "headroom 32+copy / 32: migration_pause_mean " in printed
+
+
+def test_run_compares_priority_headrooms_with_each_class_shown(tmp_path, capsys):
+    out = tmp_path / "priority.json"
+    assert main(["sim", "run", "--model", "Llama-2-7B", "--gpu", "A40", "--workload", "longtail", "--qps", "12",
+                 "--num-requests", "80", "--max-prompt-len", "512", "--pareto-min", "64", "--num-gpu-blocks", "200",
+                 "--priority-mix", "0.2", "--replicas", "3", "--migration-headroom", "32", "--priority-headroom", "0",
+                 "256", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["priority_headroom"] for r in runs] == [0, 256]
+    assert all(r["workload"]["priority_mix"] == 0.2 and set(r["by_priority"]) == {"-1", "0"} for r in runs)
+    printed = capsys.readouterr().out
+    assert "32 p256" in printed and "headroom 32 p256 / 32 p0: preemptions " in printed
+    assert "32 p256  priority -1: ttft_p99 " in printed
+    assert main(["sim", "run", "--qps", "1", "--priority-headroom", "64"]) == 2
+    assert "give --replicas 2 or more" in capsys.readouterr().err

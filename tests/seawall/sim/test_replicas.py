@@ -127,11 +127,43 @@ def test_replicas_under_memory_pressure_finish_every_request_and_leak_no_block(p
     assert m["replicas"] == 3 and 0 < m["busy_frac"] <= 1
 
 
+def test_arrivals_keep_away_from_a_replica_holding_a_high_priority_request():
+    """r0 (high priority, 100 tokens) on replica 0, r1 (200) on replica 1: r2 goes to replica 0, the fewer
+    tokens, unless replica 0 keeps 256 tokens for r0 (Llumnix's headroom for it)."""
+    specs = [RequestSpec(0.0, 100, 4, priority=-1), RequestSpec(0.0, 200, 4), RequestSpec(0.0, 50, 4)]
+    for headroom, where in ((0, 0), (256, 1)):
+        sim = ReplicaSimulation(TIGHT, ReplicaConfig(replicas=2, priority_headroom=headroom), specs)
+        for i, spec in enumerate(specs):
+            sim._place(i, spec)
+        assert "r2" in sim.reps[where].core.requests and sim.reps[0].core.requests["r0"].priority == -1
+
+
+def test_a_replica_keeps_room_for_its_high_priority_request_by_moving_a_normal_one_out():
+    """r0 (high priority) and r2 (30 + 200) grow out of replica 0 (r1's 300-token prompt keeps r2 away from
+    replica 1, and ends soon): r2 moves out, not r0; with 64 tokens kept for r0 it moves sooner, and r0 runs
+    alone sooner."""
+    specs = [RequestSpec(0.0, 100, 200, priority=-1), RequestSpec(0.0, 300, 5), RequestSpec(0.0, 30, 200)]
+    moved_at = {}
+    for headroom in (0, 64):
+        sim = ReplicaSimulation(TIGHT, ReplicaConfig(replicas=2, priority_headroom=headroom), specs)
+        moves = []
+        move = sim._move
+        sim._move = lambda src, dst, rid, now, move=move, moves=moves: (moves.append((rid, now)), move(src, dst, rid, now))
+        m = sim.run()
+        _finished_cleanly(sim, specs)
+        assert m["preemptions"] == 0 and [rid for rid, _ in moves] == ["r2"]
+        assert set(m["by_priority"]) == {"-1", "0"} and m["by_priority"]["-1"]["num_finished"] == 1
+        moved_at[headroom] = moves[0][1]
+    assert moved_at[64] < moved_at[0]
+
+
 def test_a_replica_config_that_cannot_run_is_refused():
     with pytest.raises(InvalidArgument, match="--replicas must be >= 1"):
         ReplicaConfig(replicas=0)
     with pytest.raises(InvalidArgument, match="--migration-headroom must be >= 0"):
         ReplicaConfig(migration_headroom=-1)
+    with pytest.raises(InvalidArgument, match="--priority-headroom must be >= 0"):
+        ReplicaConfig(priority_headroom=-1)
     with pytest.raises(InvalidArgument, match="--migration-gbps must be > 0"):
         ReplicaConfig(migration_gbps=0)
     with pytest.raises(InvalidArgument, match=r"receiver's prefix cache: turn prefix caching on \(--prefix-caching\)"):

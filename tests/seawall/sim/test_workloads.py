@@ -79,3 +79,14 @@ def test_bad_workloads_say_what_to_fix():
         make_workload(WorkloadConfig("nope", "poisson", 10, 1.0))
     with pytest.raises(InvalidArgument, match="qps"):
         make_workload(WorkloadConfig("fixed", "poisson", 10, None))
+
+
+def test_a_priority_mix_marks_that_fraction_high_and_changes_no_length_or_arrival():
+    plain = make_workload(WorkloadConfig("sharegpt", "poisson", 2000, 5.0, seed=4))
+    mixed = make_workload(WorkloadConfig("sharegpt", "poisson", 2000, 5.0, seed=4, priority_mix=0.1))
+    assert [(s.arrival, s.prompt_len, s.output_len) for s in mixed] == \
+        [(s.arrival, s.prompt_len, s.output_len) for s in plain]
+    assert {s.priority for s in plain} == {0} and {s.priority for s in mixed} == {-1, 0}
+    assert 0.08 < sum(s.priority == -1 for s in mixed) / 2000 < 0.12  # binomial: 0.1 +- 3 sigma (0.02)
+    with pytest.raises(InvalidArgument, match=r"--priority-mix is a fraction of the requests, in \[0, 1\]"):
+        make_workload(WorkloadConfig("sharegpt", "poisson", 10, 5.0, priority_mix=1.5))
