@@ -3,12 +3,11 @@ its KV, to a peer whose requests ended sooner, instead of preempting; the output
 transformers, and no block leaks on either worker. The mover's full blocks are copied ahead while it keeps
 decoding (Llumnix's multi-stage copy), but where switched off and for the hybrid.
 
-Two workers of 32 blocks of 16 tokens (the built-in model, and a Qwen3-Next hybrid whose recurrent state moves
-too). Requests arrive one after another, each
-once the one before runs on its decode worker, so that token-load placement puts both long outputs on the first worker (the
-second holds the short one's longer prompt when the second long one arrives): 330 + 330 tokens outgrow the
-first worker's pool, while the second idles once its short request ended. Without
-migration (``--migration-headroom 0``) the same run preempts, which shows the move is what avoided it.
+Two workers of 48 blocks of 16 tokens (the built-in model, and a Qwen3-Next hybrid whose recurrent state moves
+too). A short request with a long prompt comes first; once it streams, two long outputs arrive together, and
+token-load placement puts both on the other worker (the first holds the short one's long prompt): 530 + 530
+tokens outgrow that worker's pool, while the first idles once its short request ended. Without migration
+(``--migration-headroom 0``) the same run preempts, which shows the move is what avoided it.
 """
 
 from __future__ import annotations
@@ -18,46 +17,40 @@ import pytest
 import torch
 
 from seawall import AsyncClient
-from seawall.v1 import worker_pb2
 from services.engine.checkpoint_report import kv_bytes_per_token
 from services.engine.model_config import ModelConfig
 from tests.e2e.conftest import greedy_oracle, random_prompts, start_mesh
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
-# (prompt tokens, max tokens), in arrival order: long, short, long. A second short request could land beside
-# the long ones, be the smallest there and move instead of one of them: one move would no longer suffice. The
-# second long one goes beside the first while the first has generated fewer than 270 tokens (the short one's
-# prompt less the long one's): sent once the short one runs, it is far below that.
-REQUESTS = [(30, 300), (300, 60), (30, 300)]
+# (prompt tokens, max tokens), in arrival order: short, then the long ones together. Each long one is placed
+# beside the other while the short one decodes (119 steps left when they arrive), and their worker runs short
+# once they are ~260 tokens in, by which time the short one has ended and its worker has room: a margin of
+# about 2x each way. Sent one after another instead (long, short, long, each once the one before streamed),
+# how far the first long one had got by the second's arrival depended on how processes were scheduled under
+# a CPU hog (the long ones split, or filled their worker while the short one still held the other); with a
+# 60-token short output and 32-block pools, a hybrid's long ones arrived after the short one ended (1 of 6).
+REQUESTS = [(300, 120), (30, 500), (30, 500)]
 
 
 async def _run(address, prompts):
     outputs = [None] * len(prompts)
     async with AsyncClient(address) as client:
-        async def one(i):
+        async def one(i, placed):
             tokens = []
             async for chunk in client.stream(prompts[i], max_tokens=REQUESTS[i][1], temperature=0):
+                placed.set()
                 tokens.extend(chunk.token_ids)
             outputs[i] = tokens
 
         async with anyio.create_task_group() as tg:
-            for i in range(len(prompts)):  # each running on its decode worker before the next arrives
-                tg.start_soon(one, i)
-                if i < len(prompts) - 1:
-                    await _running_on(client, min(i + 1, 2))
+            placed = anyio.Event()
+            tg.start_soon(one, 0, placed)
+            await placed.wait()  # the short one streams: placed, its prompt ran
+            for i in range(1, len(prompts)):
+                tg.start_soon(one, i, anyio.Event())
         stats = await client.stats()
     return outputs, stats
-
-
-async def _running_on(client, n):
-    """Until ``n`` decode workers run a request: the request just sent is placed (and, disaggregated, handed
-    off) before the next arrives. Not its first token seen by the client: with 4 tokens a step the first long
-    request could outgrow the short one's prompt by then, and the second would land beside the short one."""
-    with anyio.fail_after(60):
-        while sum(w.num_running > 0 for w in (await client.stats()).workers
-                  if w.role != worker_pb2.WORKER_ROLE_PREFILL) < n:
-            await anyio.sleep(0.005)
 
 
 # A move starts once the first worker has fewer than 2 x HEADROOM tokens free, and the long request that stays
@@ -87,7 +80,7 @@ async def test_a_full_worker_moves_a_decode_to_a_peer_instead_of_preempting(
     else:
         transformers = pytest.importorskip("transformers")
         oracle = greedy_oracle(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
-    pool = 32 * 16 * kv_bytes_per_token(ModelConfig.from_dir(path), "float32")  # 32 blocks of 16 tokens
+    pool = 48 * 16 * kv_bytes_per_token(ModelConfig.from_dir(path), "float32")  # 48 blocks of 16 tokens
     mesh = start_mesh(path, tmp_path, mode=mode, num_decode=2,
                       scheduler_args=["--policy", policy, "--kv-transport", transport, "--chunk-size", "64",
                                       "--migration-headroom", str(headroom), *extra],
