@@ -247,3 +247,17 @@ class LoraAdapter(_message.Message):
     name: str
     path: str
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class MeetPeersRequest(_message.Message):
+    __slots__ = ("peers", "timeout_ms")
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.RepeatedCompositeFieldContainer[KVEndpoint]
+    timeout_ms: int
+    def __init__(self, peers: _Optional[_Iterable[_Union[KVEndpoint, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MeetPeersResponse(_message.Message):
+    __slots__ = ("agent_names",)
+    AGENT_NAMES_FIELD_NUMBER: _ClassVar[int]
+    agent_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent_names: _Optional[_Iterable[str]] = ...) -> None: ...

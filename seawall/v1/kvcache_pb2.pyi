@@ -171,7 +171,7 @@ class EndpointQueue(_message.Message):
     def __init__(self, agent_name: _Optional[str] = ..., queued_loads: _Optional[int] = ..., queued_bytes: _Optional[int] = ...) -> None: ...
 
 class KVCacheStatsResponse(_message.Message):
-    __slots__ = ("hit_blocks", "miss_blocks", "num_lookups", "tiers", "paths", "queues", "queue_depth", "num_states", "state_bytes", "state_capacity_bytes", "num_disk_states", "state_disk_bytes", "state_disk_capacity_bytes")
+    __slots__ = ("hit_blocks", "miss_blocks", "num_lookups", "tiers", "paths", "queues", "queue_depth", "num_states", "state_bytes", "state_capacity_bytes", "num_disk_states", "state_disk_bytes", "state_disk_capacity_bytes", "nixl_peers")
     HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MISS_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_LOOKUPS_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class KVCacheStatsResponse(_message.Message):
     NUM_DISK_STATES_FIELD_NUMBER: _ClassVar[int]
     STATE_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     STATE_DISK_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NIXL_PEERS_FIELD_NUMBER: _ClassVar[int]
     hit_blocks: int
     miss_blocks: int
     num_lookups: int
@@ -198,4 +199,5 @@ class KVCacheStatsResponse(_message.Message):
     num_disk_states: int
     state_disk_bytes: int
     state_disk_capacity_bytes: int
-    def __init__(self, hit_blocks: _Optional[int] = ..., miss_blocks: _Optional[int] = ..., num_lookups: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathStats, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[EndpointQueue, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., num_states: _Optional[int] = ..., state_bytes: _Optional[int] = ..., state_capacity_bytes: _Optional[int] = ..., num_disk_states: _Optional[int] = ..., state_disk_bytes: _Optional[int] = ..., state_disk_capacity_bytes: _Optional[int] = ...) -> None: ...
+    nixl_peers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, hit_blocks: _Optional[int] = ..., miss_blocks: _Optional[int] = ..., num_lookups: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathStats, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[EndpointQueue, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., num_states: _Optional[int] = ..., state_bytes: _Optional[int] = ..., state_capacity_bytes: _Optional[int] = ..., num_disk_states: _Optional[int] = ..., state_disk_bytes: _Optional[int] = ..., state_disk_capacity_bytes: _Optional[int] = ..., nixl_peers: _Optional[_Iterable[str]] = ...) -> None: ...

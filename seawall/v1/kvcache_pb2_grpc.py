@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from seawall.v1 import common_pb2 as seawall_dot_v1_dot_common__pb2
 from seawall.v1 import kvcache_pb2 as seawall_dot_v1_dot_kvcache__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -55,6 +56,11 @@ class KVCacheStub:
                 request_serializer=seawall_dot_v1_dot_kvcache__pb2.KVCacheStatsRequest.SerializeToString,
                 response_deserializer=seawall_dot_v1_dot_kvcache__pb2.KVCacheStatsResponse.FromString,
                 _registered_method=True)
+        self.MeetPeers = channel.unary_unary(
+                '/seawall.v1.KVCache/MeetPeers',
+                request_serializer=seawall_dot_v1_dot_common__pb2.MeetPeersRequest.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_common__pb2.MeetPeersResponse.FromString,
+                _registered_method=True)
 
 
 class KVCacheServicer:
@@ -89,6 +95,15 @@ class KVCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MeetPeers(self, request, context):
+        """Meet workers before the first Load or Store with them: load each one's NIXL metadata and open the
+        connections to it (fixing the store's KV layout from the first one's, as a first Store does). The
+        scheduler calls it when a worker registers. FAILED_PRECONDITION when this kvcache runs without NIXL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +126,11 @@ def add_KVCacheServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=seawall_dot_v1_dot_kvcache__pb2.KVCacheStatsRequest.FromString,
                     response_serializer=seawall_dot_v1_dot_kvcache__pb2.KVCacheStatsResponse.SerializeToString,
+            ),
+            'MeetPeers': grpc.unary_unary_rpc_method_handler(
+                    servicer.MeetPeers,
+                    request_deserializer=seawall_dot_v1_dot_common__pb2.MeetPeersRequest.FromString,
+                    response_serializer=seawall_dot_v1_dot_common__pb2.MeetPeersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +242,33 @@ class KVCache:
             '/seawall.v1.KVCache/Stats',
             seawall_dot_v1_dot_kvcache__pb2.KVCacheStatsRequest.SerializeToString,
             seawall_dot_v1_dot_kvcache__pb2.KVCacheStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MeetPeers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/seawall.v1.KVCache/MeetPeers',
+            seawall_dot_v1_dot_common__pb2.MeetPeersRequest.SerializeToString,
+            seawall_dot_v1_dot_common__pb2.MeetPeersResponse.FromString,
             options,
             channel_credentials,
             insecure,

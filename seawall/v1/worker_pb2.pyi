@@ -309,20 +309,6 @@ class PullKVResponse(_message.Message):
     error: str
     def __init__(self, status: _Optional[_Union[_common_pb2.TransferStatus, str]] = ..., bytes: _Optional[int] = ..., duration_ms: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
-class MeetPeersRequest(_message.Message):
-    __slots__ = ("peers", "timeout_ms")
-    PEERS_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
-    peers: _containers.RepeatedCompositeFieldContainer[_common_pb2.KVEndpoint]
-    timeout_ms: int
-    def __init__(self, peers: _Optional[_Iterable[_Union[_common_pb2.KVEndpoint, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
-
-class MeetPeersResponse(_message.Message):
-    __slots__ = ("agent_names",)
-    AGENT_NAMES_FIELD_NUMBER: _ClassVar[int]
-    agent_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, agent_names: _Optional[_Iterable[str]] = ...) -> None: ...
-
 class WorkerAbortRequest(_message.Message):
     __slots__ = ("seq_ids", "transfer_ids")
     SEQ_IDS_FIELD_NUMBER: _ClassVar[int]

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from seawall.v1 import common_pb2 as seawall_dot_v1_dot_common__pb2
 from seawall.v1 import worker_pb2 as seawall_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -92,8 +93,8 @@ class WorkerStub:
                 _registered_method=True)
         self.MeetPeers = channel.unary_unary(
                 '/seawall.v1.Worker/MeetPeers',
-                request_serializer=seawall_dot_v1_dot_worker__pb2.MeetPeersRequest.SerializeToString,
-                response_deserializer=seawall_dot_v1_dot_worker__pb2.MeetPeersResponse.FromString,
+                request_serializer=seawall_dot_v1_dot_common__pb2.MeetPeersRequest.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_common__pb2.MeetPeersResponse.FromString,
                 _registered_method=True)
 
 
@@ -251,8 +252,8 @@ def add_WorkerServicer_to_server(servicer, server):
             ),
             'MeetPeers': grpc.unary_unary_rpc_method_handler(
                     servicer.MeetPeers,
-                    request_deserializer=seawall_dot_v1_dot_worker__pb2.MeetPeersRequest.FromString,
-                    response_serializer=seawall_dot_v1_dot_worker__pb2.MeetPeersResponse.SerializeToString,
+                    request_deserializer=seawall_dot_v1_dot_common__pb2.MeetPeersRequest.FromString,
+                    response_serializer=seawall_dot_v1_dot_common__pb2.MeetPeersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -578,8 +579,8 @@ class Worker:
             request,
             target,
             '/seawall.v1.Worker/MeetPeers',
-            seawall_dot_v1_dot_worker__pb2.MeetPeersRequest.SerializeToString,
-            seawall_dot_v1_dot_worker__pb2.MeetPeersResponse.FromString,
+            seawall_dot_v1_dot_common__pb2.MeetPeersRequest.SerializeToString,
+            seawall_dot_v1_dot_common__pb2.MeetPeersResponse.FromString,
             options,
             channel_credentials,
             insecure,

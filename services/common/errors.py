@@ -35,6 +35,13 @@ class ResourceExhausted(SeawallError):
     http_status = 429
 
 
+class FailedPrecondition(SeawallError):
+    """The call cannot work in the service's configuration (e.g. a NIXL call where NIXL is off)."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    http_status = 400
+
+
 class ModelLoadError(SeawallError):
     """A checkpoint directory exists but cannot be loaded (missing or malformed files)."""
 

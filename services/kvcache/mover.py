@@ -26,9 +26,10 @@ import grpc.aio
 
 from seawall.v1 import common_pb2
 from services.common import grpc_kv
-from services.common.errors import InvalidArgument
+from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.kv_transport import NixlKVAgent, TransferOutcome
 from services.common.shaper import EGRESS, INGRESS, STORAGE, Shaper, TokenBucket
+from services.kvcache.layout import layout_from_proto
 from services.kvcache.store import KVStore
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,26 @@ class Mover:
             f"{what} can be reached neither over NIXL (no agent_metadata for {endpoint.agent_name!r} and not "
             f"met before{'' if self.agent is not None else '; NIXL is off here'}) nor over gRPC (no grpc_address)"
         )
+
+    async def meet(self, endpoint: common_pb2.KVEndpoint, timeout_s: float) -> bool:
+        """Meets a worker ahead of its first transfer (``NixlKVAgent.meet``), fixing the store's layout from its
+        own if none is set yet (as its first Store would); False when met already."""
+        meta = endpoint.agent_metadata if endpoint.HasField("agent_metadata") else None
+        if meta is None or not meta.agent_name:
+            raise InvalidArgument("every peer to meet needs its agent_metadata (WorkerInfo.nixl) and kv_layout; "
+                                  "a peer without NIXL is reached over gRPC, with nothing to meet")
+        self.store.ensure_layout(layout_from_proto(endpoint.kv_layout, "the peer"), f"peer {meta.agent_name!r}")
+        if self.agent is None:
+            raise FailedPrecondition("this kvcache has no NIXL agent (--no-nixl, or NIXL failed to start): it "
+                                     "has no peers to meet; its transfers go over gRPC")
+        met = await self.agent.meet(meta, endpoint.kv_layout, timeout_s)
+        self._peers.add(meta.agent_name)
+        return met
+
+    @property
+    def met(self) -> list[str]:
+        """The workers met ahead of transfers (``meet``) whose metadata is unchanged since."""
+        return self._agent.met if self._agent is not None else []
 
     async def write(self, route: Route, transfer_id: str, slots: Sequence[int], dst_ids: Sequence[int],
                     timeout_s: float, notification: bytes = b"") -> TransferOutcome:

@@ -426,7 +426,19 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                                                 state_capacity_bytes=self.store.states.capacity_bytes,
                                                 num_disk_states=self.store.states.num_on_disk,
                                                 state_disk_bytes=self.store.states.disk_used,
-                                                state_disk_capacity_bytes=self.store.states.disk_bytes)
+                                                state_disk_capacity_bytes=self.store.states.disk_bytes,
+                                                nixl_peers=self.mover.met)
+
+    async def MeetPeers(self, request, context):
+        timeout_s = request.timeout_ms / 1e3 if request.timeout_ms else 10.0
+        met = []
+        try:
+            for peer in request.peers:
+                if await self.mover.meet(peer, timeout_s):
+                    met.append(peer.agent_metadata.agent_name)
+        except SeawallError as exc:
+            await abort_with(context, exc)
+        return common_pb2.MeetPeersResponse(agent_names=met)
 
     def _timeout_s(self, timeout_ms: int) -> float:
         return timeout_ms / 1e3 if timeout_ms else self.config.default_timeout_s

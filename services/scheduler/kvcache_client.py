@@ -47,6 +47,18 @@ class KVCacheClient:
         log.warning("kvcache %s at %s failed (%s); treating it as a miss for %.0f s", what, self.address,
                     exc.code().name, self.backoff_s)
 
+    async def meet(self, worker: common_pb2.KVEndpoint) -> bool:
+        """Has kvcache meet ``worker`` ahead of its first load or store (KVCache.MeetPeers); False, logged, when it
+        could not: the first transfer meets it then. Not a failure of kvcache (no back-off)."""
+        request = common_pb2.MeetPeersRequest(peers=[worker], timeout_ms=int(self.timeout_s * 1e3))
+        try:
+            await rpc(self._stub.MeetPeers(request, timeout=self.timeout_s + 5))
+        except grpc.aio.AioRpcError as exc:
+            log.warning("kvcache at %s could not meet %s ahead of their first transfer (%s: %s); they meet in it",
+                        self.address, worker.agent_name, exc.code().name, exc.details())
+            return False
+        return True
+
     async def lookup(self, hashes: list[int], pin_ms: int = 10_000, metadata=()) -> tuple[int, int]:
         """Blocks of the longest cached prefix of ``hashes``, and of the longest one a stored recurrent state
         follows (what a hybrid resumes from); (0, 0) when kvcache is unavailable."""

@@ -107,7 +107,8 @@ class Mesh:
                  info.num_device_blocks)
         self._tg.start_soon(self._drive, link)
         if self.config.kv_transport == "nixl":
-            self._tg.start_soon(meet_peers, link, self.live_links(), self.config.transfer_timeout_s)
+            self._tg.start_soon(meet_peers, link, self.live_links(), self.config.transfer_timeout_s,
+                                self.dual_path.client if self.dual_path is not None else None)
         while self.unplaced:
             self.place(self.unplaced.popleft())
         return link

@@ -21,7 +21,7 @@ from seawall.v1 import common_pb2, worker_pb2
 from services.common import grpc_kv
 from services.common import tracing as tr
 from services.common.convert import plan_from_proto, result_to_proto
-from services.common.errors import InvalidArgument, SeawallError
+from services.common.errors import FailedPrecondition, InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
 from services.common.grpc_state import collect_state, pull_state, state_messages, state_nbytes
 from services.common.kv_transport import NixlKVAgent, TransferOutcome, TransferState, kv_layout_proto
@@ -254,9 +254,8 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
 
     async def MeetPeers(self, request, context):
         if self.agent is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "this worker has no NIXL agent (NIXL unavailable here): it has no peers to meet; "
-                                "its transfers go over gRPC")
+            await abort_with(context, FailedPrecondition("this worker has no NIXL agent (NIXL unavailable here): it "
+                                                         "has no peers to meet; its transfers go over gRPC"))
         timeout_s = request.timeout_ms / 1e3 if request.timeout_ms else 10.0
         met = []
         try:
@@ -268,7 +267,7 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
                     met.append(peer.agent_metadata.agent_name)
         except SeawallError as exc:
             await abort_with(context, exc)
-        return worker_pb2.MeetPeersResponse(agent_names=met)
+        return common_pb2.MeetPeersResponse(agent_names=met)
 
     def _observe_transfer(self, path: str, outcome: TransferOutcome) -> TransferOutcome:
         self.metrics.transfers.bytes.labels(path, outcome.status.name.lower()).inc(outcome.bytes)

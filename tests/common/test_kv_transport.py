@@ -274,18 +274,24 @@ def _peer_process(conn) -> None:
     agent.close()
 
 
-@pytest.mark.anyio
-@pytest.mark.timeout(60)
-async def test_blocks_move_between_two_processes():
+async def _start_peer_process():
+    """``_peer_process`` started: (process, its end of the pipe, its agent's metadata, its KV layout)."""
     ctx = multiprocessing.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     proc = ctx.Process(target=_peer_process, args=(child_conn,), daemon=True)
     proc.start()
+    meta_bytes, layout_bytes = await anyio.to_thread.run_sync(conn.recv)
+    return (proc, conn, common_pb2.NixlAgentMetadata.FromString(meta_bytes),
+            common_pb2.KVLayout.FromString(layout_bytes))
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_blocks_move_between_two_processes():
+    proc, conn, meta, layout = await _start_peer_process()
     try:
-        meta_bytes, layout_bytes = await anyio.to_thread.run_sync(conn.recv)
         with NixlKVAgent(f"parent{next(_names)}", _pool(seed=3)) as agent:
-            agent.add_peer(common_pb2.NixlAgentMetadata.FromString(meta_bytes),
-                           common_pb2.KVLayout.FromString(layout_bytes))
+            agent.add_peer(meta, layout)
             peer_before = _pool(seed=7).device_kv  # the same seed: what the peer holds
 
             out = await agent.write("x-w", "peer-process", [5, 6, 7, 1], [0, 1, 2, 60], timeout_s=20,
@@ -371,17 +377,12 @@ async def test_meet_reads_from_every_lane_once_per_metadata_and_writes_no_block(
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_meeting_a_peer_whose_process_is_gone_is_unavailable_and_leaves_it_unknown():
-    ctx = multiprocessing.get_context("spawn")
-    conn, child_conn = ctx.Pipe()
-    proc = ctx.Process(target=_peer_process, args=(child_conn,), daemon=True)
-    proc.start()
-    meta_bytes, layout_bytes = await anyio.to_thread.run_sync(conn.recv)
+    proc, _, meta, layout = await _start_peer_process()
     proc.kill()
     await anyio.to_thread.run_sync(proc.join, 10)
     with NixlKVAgent(f"left{next(_names)}", _pool()) as agent:
         with pytest.raises(Unavailable, match="could not load peer 'peer-process'"):
-            await agent.meet(common_pb2.NixlAgentMetadata.FromString(meta_bytes),
-                             common_pb2.KVLayout.FromString(layout_bytes), timeout_s=5)
+            await agent.meet(meta, layout, timeout_s=5)
         assert agent.met == []
         with pytest.raises(InvalidArgument, match="unknown NIXL peer 'peer-process'"):
             await agent.read("r", "peer-process", [0], [0], timeout_s=1)

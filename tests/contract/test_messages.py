@@ -44,6 +44,7 @@ EXPECTED_SERVICES = {
         "Load": UNARY,
         "Store": UNARY,
         "Stats": UNARY,
+        "MeetPeers": UNARY,
     },
 }
 

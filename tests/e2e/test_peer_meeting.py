@@ -1,16 +1,17 @@
 """Workers meet when they register (services/scheduler/peer_meeting.py): in a live mesh every NIXL worker has
-loaded every other's metadata and opened its connections to it before the first request, a restarted worker
-meets them all again, and outputs stay token-identical to transformers."""
+loaded every other's metadata and opened its connections to it before the first request, and so has the
+kvcache service; a restarted worker meets them all again, and outputs stay token-identical to transformers."""
 
 from __future__ import annotations
 
 import time
 
 import anyio
+import grpc
 import pytest
 
 from seawall import AsyncClient
-from seawall.v1 import worker_pb2
+from seawall.v1 import kvcache_pb2, kvcache_pb2_grpc, worker_pb2
 from tests.e2e.conftest import generate_all, random_prompts, start_mesh
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(240)]
@@ -24,9 +25,15 @@ def _wait_met(mesh, names, peers: int, timeout_s: float = 60) -> None:
 
 async def test_workers_meet_every_peer_before_the_first_request_and_again_after_a_restart(
         tiny_model_dir, tmp_path, hf_greedy):
-    mesh = start_mesh(tiny_model_dir, tmp_path, num_decode=2, scheduler_args=["--kv-transport", "nixl"])
+    mesh = start_mesh(tiny_model_dir, tmp_path, num_decode=2, scheduler_args=["--kv-transport", "nixl"],
+                      kvcache_args=[])
     try:
         _wait_met(mesh, list(mesh.worker_addresses), 2)  # prefill-0, decode-1, decode-2
+        async with grpc.aio.insecure_channel(mesh.kvcache_address) as channel:
+            with anyio.fail_after(30):
+                while len((await kvcache_pb2_grpc.KVCacheStub(channel).Stats(
+                        kvcache_pb2.KVCacheStatsRequest())).nixl_peers) < 3:
+                    await anyio.sleep(0.1)
         prompts = random_prompts([40, 90, 17, 64], seed=3)
         async with AsyncClient(mesh.grpc_address) as client:
             outputs = await generate_all(client, prompts, max_tokens=12, temperature=0)

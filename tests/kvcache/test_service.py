@@ -280,3 +280,44 @@ async def test_a_load_that_cannot_get_dram_times_out(make_kvcache, make_worker, 
     assert (r.status, r.num_blocks_loaded) == (common_pb2.TRANSFER_STATUS_TIMED_OUT, 0) and "DRAM" in r.error
     kv.store.release(held)
     kv.store.check_integrity()
+
+
+async def test_kvcache_meets_a_worker_before_any_transfer_and_then_needs_no_metadata(make_kvcache, make_worker):
+    kv = await make_kvcache()
+    src, dst = await make_worker(seed=1), await make_worker(seed=2)
+    assert kv.store.layout is None  # nothing stored yet
+    reply = await kv.stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[src.endpoint(), dst.endpoint()]), timeout=30)
+    assert list(reply.agent_names) == [src.agent.name, dst.agent.name] and kv.store.layout == LAYOUT
+    again = await kv.stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[dst.endpoint()]), timeout=30)
+    assert list(again.agent_names) == []
+    assert sorted((await kv.stub.Stats(kvcache_pb2.KVCacheStatsRequest(), timeout=10)).nixl_peers) == \
+        sorted([src.agent.name, dst.agent.name])
+    # Met: a store and a load over NIXL without metadata or a gRPC address to fall back on.
+    hashes = chain(2)
+    source = src.endpoint(metadata=False)
+    source.grpc_address = ""
+    r = await kv.stub.Store(kvcache_pb2.StoreRequest(transfer_id="s", source=source, source_block_ids=[0, 1],
+                                                     block_hashes=hashes, timeout_ms=20_000, transport=NIXL), timeout=30)
+    assert r.status == DONE
+    target = dst.endpoint(metadata=False)
+    target.grpc_address = ""
+    r = await kv.stub.Load(kvcache_pb2.LoadRequest(transfer_id="l", target=target, block_hashes=hashes,
+                                                   target_block_ids=[3, 4], transport=NIXL), timeout=30)
+    assert r.status == DONE and torch.equal(dst.blocks([3, 4]), src.blocks([0, 1]))
+
+
+async def test_a_peer_kvcache_cannot_meet_says_why(make_kvcache, make_worker):
+    kv = await make_kvcache()
+    worker = await make_worker(seed=1)
+    with pytest.raises(grpc.aio.AioRpcError, match="needs its agent_metadata") as err:
+        await kv.stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[worker.endpoint(metadata=False)]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    other = await make_worker(seed=2, layout=KVLayout(2, 16, 2, 32, torch.float16))
+    await kv.stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[worker.endpoint()]), timeout=10)
+    with pytest.raises(grpc.aio.AioRpcError, match="one kvcache serves one model and block size") as err:
+        await kv.stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[other.endpoint()]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    off = await make_kvcache(nixl=False)
+    with pytest.raises(grpc.aio.AioRpcError, match="no NIXL agent") as err:
+        await off.stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[worker.endpoint()]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION

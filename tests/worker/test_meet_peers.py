@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("nixl_cu12._api")
 
-from seawall.v1 import common_pb2, worker_pb2, worker_pb2_grpc  # noqa: E402
+from seawall.v1 import common_pb2, worker_pb2_grpc  # noqa: E402
 from services.common.grpc_kv import add_worker_servicer  # noqa: E402
 from services.common.kv_transport import NixlKVAgent  # noqa: E402
 from services.worker.config import WorkerConfig  # noqa: E402
@@ -59,19 +59,19 @@ async def test_a_worker_meets_its_peers_once_and_counts_them(tiny_model_dir):
     try:
         async with _serve(a) as stub:
             assert _met(a) == 0
-            reply = await stub.MeetPeers(worker_pb2.MeetPeersRequest(peers=[_endpoint(b), _endpoint(c)]))
+            reply = await stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[_endpoint(b), _endpoint(c)]))
             assert list(reply.agent_names) == ["meet-b", "meet-c"] and _met(a) == 2
-            again = await stub.MeetPeers(worker_pb2.MeetPeersRequest(peers=[_endpoint(c)], timeout_ms=5000))
+            again = await stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[_endpoint(c)], timeout_ms=5000))
             assert list(again.agent_names) == [] and _met(a) == 2  # met already
 
             bare = common_pb2.KVEndpoint(kv_layout=_endpoint(b).kv_layout, grpc_address="127.0.0.1:1")
             with pytest.raises(grpc.aio.AioRpcError, match="needs its agent_metadata") as err:
-                await stub.MeetPeers(worker_pb2.MeetPeersRequest(peers=[bare]))
+                await stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[bare]))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             other = _endpoint(b)
             other.kv_layout.block_size = 32
             with pytest.raises(grpc.aio.AioRpcError, match="different KV layout: block_size 32") as err:
-                await stub.MeetPeers(worker_pb2.MeetPeersRequest(peers=[other]))
+                await stub.MeetPeers(common_pb2.MeetPeersRequest(peers=[other]))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         for w in workers:
@@ -81,5 +81,5 @@ async def test_a_worker_meets_its_peers_once_and_counts_them(tiny_model_dir):
 async def test_a_worker_without_nixl_has_no_peers_to_meet(tiny_model_dir):
     async with _serve(WorkerServicer(WorkerConfig(), small_runner(tiny_model_dir), None)) as stub:
         with pytest.raises(grpc.aio.AioRpcError, match="no NIXL agent") as err:
-            await stub.MeetPeers(worker_pb2.MeetPeersRequest())
+            await stub.MeetPeers(common_pb2.MeetPeersRequest())
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
