@@ -53,8 +53,8 @@ from services.scheduler.rebalance import (
     MemoryLoad,
     core_load,
     end_of_copy_ahead,
-    high_priority,
     pick_migration,
+    priority_reserve,
 )
 
 GBIT = 1e9 / 8  # bytes/s in one Gbit/s
@@ -183,7 +183,7 @@ class ReplicaSimulation:
         ones (the live mesh's token load, Mesh.engine_load)."""
         bound = [m.request for m in self.waiting_room[k]]
         held = sum(r.num_tokens for r in (*self.reps[k].core.requests.values(), *bound))
-        return held + self.rc.priority_headroom * high_priority(self.reps[k].core, bound)
+        return held + priority_reserve(self.reps[k].core, bound, self.rc.priority_headroom)
 
     def _step(self, k: int) -> bool:
         """Runs replica ``k``'s next step; False when it planned nothing (it waits for an event then)."""

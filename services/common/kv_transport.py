@@ -135,6 +135,14 @@ def kv_dtype_proto(dtype: torch.dtype) -> int:
     return _DTYPES[dtype]
 
 
+def meeting_metadata(endpoint: common_pb2.KVEndpoint) -> common_pb2.NixlAgentMetadata:
+    """The NIXL metadata of a peer to ``meet`` (MeetPeers); ``InvalidArgument`` when the endpoint has none."""
+    if not (endpoint.HasField("agent_metadata") and endpoint.agent_metadata.agent_name):
+        raise InvalidArgument("every peer to meet needs its agent_metadata (WorkerInfo.nixl) and kv_layout; a peer "
+                              "without NIXL is reached over gRPC, with nothing to meet")
+    return endpoint.agent_metadata
+
+
 def kv_layout_proto(layout: KVLayout) -> common_pb2.KVLayout:
     """The ``KVLayout`` message of a block-major pool: one region per block, ``bytes_per_block`` long."""
     return common_pb2.KVLayout(

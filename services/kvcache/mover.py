@@ -27,7 +27,7 @@ import grpc.aio
 from seawall.v1 import common_pb2
 from services.common import grpc_kv
 from services.common.errors import FailedPrecondition, InvalidArgument
-from services.common.kv_transport import NixlKVAgent, TransferOutcome
+from services.common.kv_transport import NixlKVAgent, TransferOutcome, meeting_metadata
 from services.common.shaper import EGRESS, INGRESS, STORAGE, Shaper, TokenBucket
 from services.kvcache.layout import layout_from_proto
 from services.kvcache.store import KVStore
@@ -99,10 +99,7 @@ class Mover:
     async def meet(self, endpoint: common_pb2.KVEndpoint, timeout_s: float) -> bool:
         """Meets a worker ahead of its first transfer (``NixlKVAgent.meet``), fixing the store's layout from its
         own if none is set yet (as its first Store would); False when met already."""
-        meta = endpoint.agent_metadata if endpoint.HasField("agent_metadata") else None
-        if meta is None or not meta.agent_name:
-            raise InvalidArgument("every peer to meet needs its agent_metadata (WorkerInfo.nixl) and kv_layout; "
-                                  "a peer without NIXL is reached over gRPC, with nothing to meet")
+        meta = meeting_metadata(endpoint)
         self.store.ensure_layout(layout_from_proto(endpoint.kv_layout, "the peer"), f"peer {meta.agent_name!r}")
         if self.agent is None:
             raise FailedPrecondition("this kvcache has no NIXL agent (--no-nixl, or NIXL failed to start): it "

@@ -57,8 +57,9 @@ class SchedulerServiceConfig:
     migration_precopy: bool = True
     # Llumnix's priorities: KV tokens a worker keeps free for each high-priority request it holds (priority < 0),
     # beyond the migration headroom. Rebalancing and placement count them as used (Llumnix's virtual usage), so
-    # normal requests move off and keep away from such a worker, and a high-priority decode there neither
-    # moves (its stream would pause) nor runs short; 0 = off.
+    # normal requests move off and keep away from such a worker, leaving its high-priority requests a smaller
+    # batch and room to grow; 0 = off. (A high-priority decode is never the one moved while a normal one could
+    # go, whatever this is: Scheduler.migratable.)
     priority_headroom: int = 0
     # How KV moves between workers: "nixl" (when both sides have an agent) or "grpc" (streamed chunks).
     kv_transport: str = "nixl"

@@ -39,7 +39,7 @@ from services.scheduler.migrator import Migrator
 from services.scheduler.peer_meeting import meet_peers
 from services.scheduler.peer_prefix import PeerPrefix
 from services.scheduler.placement import EngineLoad, pick_decode, pick_prefill
-from services.scheduler.rebalance import high_priority
+from services.scheduler.rebalance import priority_reserve
 from services.scheduler.tracked import TrackedRequest
 from services.scheduler.worker_link import Arrival, WorkerLink
 
@@ -204,7 +204,7 @@ class Mesh:
         bound = [a.request for a in link.arrivals]
         reqs = [*link.core.requests.values(), *bound]
         # Tokens kept for its high-priority requests count as used (Llumnix's virtual usage, --priority-headroom).
-        tokens = sum(r.num_tokens for r in reqs) + self.config.priority_headroom * high_priority(link.core, bound)
+        tokens = sum(r.num_tokens for r in reqs) + priority_reserve(link.core, bound, self.config.priority_headroom)
         queued, queued_s = 0, None
         if self.dual_path is not None:
             tokens += self.dual_path.admitting_tokens(link)

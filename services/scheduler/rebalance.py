@@ -61,12 +61,16 @@ def core_load(name: str, core: Scheduler, waiting_for_blocks: Iterable[Request] 
     waiting = [*core.waiting, *core.swapped, *bound]
     return MemoryLoad(name, free_tokens=core.blocks.num_free * core.blocks.block_size,
                       demand_tokens=sum(r.num_tokens for r in waiting), running=len(core.running), busy=busy,
-                      reserved_tokens=priority_headroom * high_priority(core, bound))
+                      reserved_tokens=priority_reserve(core, bound, priority_headroom))
 
 
-def high_priority(core: Scheduler, bound: Iterable[Request] = ()) -> int:
-    """High-priority requests (priority < 0) in ``core`` or bound for it (``bound``)."""
-    return sum(r.priority < 0 for r in (*core.requests.values(), *bound))
+def priority_reserve(core: Scheduler, bound: Iterable[Request], priority_headroom: int) -> int:
+    """Tokens kept free for the high-priority requests (priority < 0) in ``core`` or bound for it (``bound``):
+    ``priority_headroom`` each; 0 without looking at them when the headroom is 0 (the default: this runs
+    after every step result)."""
+    if not priority_headroom:
+        return 0
+    return priority_headroom * sum(r.priority < 0 for r in (*core.requests.values(), *bound))
 
 
 def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Sequence[tuple[str, int]],
@@ -75,7 +79,8 @@ def pick_migration(src: MemoryLoad, peers: Sequence[MemoryLoad], candidates: Seq
     """``(request id, receiving worker)`` for one move off ``src``, or None.
 
     ``src`` moves a request out when its freeness is under ``headroom`` tokens a request (a preemption is
-    near), or under ``trigger`` when given (copying a request ahead starts earlier). The receiver is the not busy peer with the most freeness that stays at ``headroom`` or above after
+    near), or under ``trigger`` when given (copying a request ahead starts earlier). The receiver is the not
+    busy peer with the most freeness that stays at ``headroom`` or above after
     taking it, so that the move never makes a receiver the next source (no ping-pong). Of ``candidates``
     (``(request id, tokens)``: the running decodes ``src`` could let go, or its next request without KV), the
     one with the fewest tokens: the cheapest to move, and the shortest pause for its stream, as Llumnix

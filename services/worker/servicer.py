@@ -24,7 +24,13 @@ from services.common.convert import plan_from_proto, result_to_proto
 from services.common.errors import FailedPrecondition, InvalidArgument, SeawallError
 from services.common.grpc_server import abort_with
 from services.common.grpc_state import collect_state, pull_state, state_messages, state_nbytes
-from services.common.kv_transport import NixlKVAgent, TransferOutcome, TransferState, kv_layout_proto
+from services.common.kv_transport import (
+    NixlKVAgent,
+    TransferOutcome,
+    TransferState,
+    kv_layout_proto,
+    meeting_metadata,
+)
 from services.common.metrics import LATENCY_BUCKETS, StepMetrics, TransferMetrics
 from services.common.shaper import COMPUTE, EGRESS, INGRESS, Shaper, TokenBucket
 from services.common.tracing import Tracing
@@ -260,11 +266,9 @@ class WorkerServicer(grpc_kv.KVBytesServicer):
         met = []
         try:
             for peer in request.peers:
-                if not (peer.HasField("agent_metadata") and peer.agent_metadata.agent_name):
-                    raise InvalidArgument("every peer to meet needs its agent_metadata (WorkerInfo.nixl) and "
-                                          "kv_layout; a peer without NIXL is reached over gRPC, with nothing to meet")
-                if await self.agent.meet(peer.agent_metadata, peer.kv_layout, timeout_s):
-                    met.append(peer.agent_metadata.agent_name)
+                meta = meeting_metadata(peer)
+                if await self.agent.meet(meta, peer.kv_layout, timeout_s):
+                    met.append(meta.agent_name)
         except SeawallError as exc:
             await abort_with(context, exc)
         return common_pb2.MeetPeersResponse(agent_names=met)
