@@ -224,6 +224,7 @@ class Mesh:
             self.place_on(link, req)
 
     def place_on(self, link: WorkerLink, req: Request) -> None:
+        log.debug("placing %s (%d tokens) on %s", req.request_id, req.num_tokens, link.worker_id)
         link.core.add(req)
         self.where[req.request_id] = link
         link.wake()
@@ -271,6 +272,8 @@ class Mesh:
                 if not in_flight or (len(in_flight) < self._depth and in_flight[-1].expected):
                     self._place_arrivals(link)
                     plan = link.core.schedule(now=anyio.current_time())
+                    if link.core.preempted_in_plan:
+                        self._log_preemptions(link)
                     if plan.num_scheduled_tokens or plan.finished or plan.swap_out or plan.swap_in or plan.copy:
                         link.note_sent(plan.step_id)  # before any await: blocks it freed are free from now on
                         in_flight.append(await self._send(link, call, plan, pipelined=bool(in_flight)))
@@ -288,6 +291,14 @@ class Mesh:
             self._fail(link, str(exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc))
         finally:
             call.cancel()
+
+    def _log_preemptions(self, link: WorkerLink) -> None:
+        """A preemption costs its request a swap or a recompute: worth a line in the log, with what might
+        have avoided it (the blocks free, a move under way)."""
+        core, moving = link.core, self.migrator.moves.keys() | self.migrator.precopies.keys()
+        log.info("worker %s preempted %s (%d of %d blocks free, %d running, %d swapped; moving: %s)",
+                 link.worker_id, ", ".join(sorted(core.preempted_in_plan)), core.blocks.num_free,
+                 core.blocks.num_blocks, len(core.running), len(core.swapped), ", ".join(sorted(moving)) or "none")
 
     async def _idle(self, link: WorkerLink) -> None:
         """Sleeps until ``link``'s core may have something to plan (a request, a transfer or a store ended).
@@ -457,6 +468,8 @@ class Mesh:
             dst = self.pick_decode_worker(req)
         if dst is None:
             return  # no decode worker is alive: the request keeps decoding where it is
+        log.debug("handing %s (%d tokens) off from %s to %s", req.request_id, req.num_tokens, src.worker_id,
+                  dst.worker_id)
         held = src.core.hand_off(req.request_id)
         self.where.pop(req.request_id, None)
         dst.arrivals.append(Arrival(req, src, held))

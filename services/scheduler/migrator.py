@@ -120,13 +120,14 @@ class Migrator:
         # A worker short of memory moves at once: a copy ahead it would wait for might outlast its room. What was
         # copied ahead before it got short is cached on the receiver and not pulled again.
         blocks = self._precopy_blocks(req, src, dst) if copy_only else 0
-        log.debug("%s %s from %s (freeness %.0f) to %s", "copying ahead" if blocks else "migrating", rid,
-                  src.worker_id, load.freeness, dst_id)
         if blocks:
+            log.debug("copying %d blocks of %s ahead from %s (freeness %.0f) to %s", blocks, rid, src.worker_id,
+                      load.freeness, dst_id)
             self.precopies[rid] = (src, dst)
             self.prepared[src.worker_id] = pick
             self.mesh.spawn(self._precopy, req, src, dst, blocks)
         elif not copy_only:
+            log.debug("migrating %s from %s (freeness %.0f) to %s", rid, src.worker_id, load.freeness, dst_id)
             self._leave(req, src, dst)
 
     def _leave(self, req: Request, src: WorkerLink, dst: WorkerLink) -> None:
@@ -257,4 +258,5 @@ class Migrator:
         """A request's KV landed on its receiver: if it was migrating, its pause ends (the metric's sample)."""
         stopped = self.stopped_at.pop(request_id, None)
         if stopped is not None:
+            log.debug("%s landed after a pause of %.3f s", request_id, anyio.current_time() - stopped)
             self.mesh.metrics.migration_pause.observe(anyio.current_time() - stopped)

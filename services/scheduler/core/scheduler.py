@@ -340,6 +340,11 @@ class Scheduler(HandOff, Migration, Fork, MultiStep, SharedPrefix, SlidingWindow
     def preempted_now(self, req: Request) -> bool:
         return req.request_id in self._preempted_now
 
+    @property
+    def preempted_in_plan(self) -> frozenset[str]:
+        """The requests the last plan preempted (swapped out or dropped for recompute)."""
+        return frozenset(self._preempted_now)
+
     def admit(self, req: Request, room: float, step: Step, evict: bool = False) -> int:
         """Starts waiting ``req``: takes its cached prefix and blocks for up to ``room`` tokens of its first
         chunk. Returns how many tokens it runs now (it is RUNNING), or 0 with ``req`` untouched. ``evict``:

@@ -88,12 +88,14 @@ def test_block_pressure_preempts_the_newest_for_recompute():
     s.add(a)
     s.add(b)
     step(s)  # both prefill: 2 blocks each; decodes then need a 3rd and a 4th block
-    dropped = []
+    dropped, preempted = [], []
     for _ in range(6):
         plan, _ = step(s)
         dropped += plan.finished
+        preempted += s.preempted_in_plan
     assert b.num_preemptions >= 1 and a.num_preemptions == 0
     assert "r1" in dropped  # the worker was told to drop the preempted sequence's KV
+    assert preempted == ["r1"] * b.num_preemptions  # what the last plan preempted, for the mesh's log
 
 
 def test_abort_releases_blocks_and_tells_the_worker():
