@@ -3,10 +3,10 @@ its KV, to a peer whose requests ended sooner, instead of preempting; the output
 transformers, and no block leaks on either worker. The mover's full blocks are copied ahead while it keeps
 decoding (Llumnix's multi-stage copy), but where switched off and for the hybrid.
 
-Two workers of 48 blocks of 16 tokens (the built-in model, and a Qwen3-Next hybrid whose recurrent state moves
-too). A short request with a long prompt comes first; once it streams, two long outputs arrive together, and
-token-load placement puts both on the other worker (the first holds the short one's long prompt): 530 + 530
-tokens outgrow that worker's pool, while the first idles once its short request ended. Without migration
+Two workers of 60 blocks of 16 tokens (the built-in model, and a Qwen3-Next hybrid whose recurrent state moves
+too). A short request comes first; once it runs on its (decode) worker, two long outputs arrive together, and
+token-load placement puts both on the other worker: 490 + 490 tokens outgrow that worker's pool, while the
+first, even with the short request at its full length, has room for one of them. Without migration
 (``--migration-headroom 0``) the same run preempts, which shows the move is what avoided it.
 """
 
@@ -17,38 +17,44 @@ import pytest
 import torch
 
 from seawall import AsyncClient
+from seawall.v1 import worker_pb2
 from services.engine.checkpoint_report import kv_bytes_per_token
 from services.engine.model_config import ModelConfig
 from tests.e2e.conftest import greedy_oracle, random_prompts, start_mesh
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
-# (prompt tokens, max tokens), in arrival order: short, then the long ones together. Each long one is placed
-# beside the other while the short one decodes (119 steps left when they arrive), and their worker runs short
-# once they are ~260 tokens in, by which time the short one has ended and its worker has room: a margin of
-# about 2x each way. Sent one after another instead (long, short, long, each once the one before streamed),
-# how far the first long one had got by the second's arrival depended on how processes were scheduled under
-# a CPU hog (the long ones split, or filled their worker while the short one still held the other); with a
-# 60-token short output and 32-block pools, a hybrid's long ones arrived after the short one ended (1 of 6).
-REQUESTS = [(300, 120), (30, 500), (30, 500)]
+# (prompt tokens, max tokens), in arrival order: short, then the long ones together. Sizes, with pools of
+# POOL_BLOCKS and the HEADROOM below: the long ones' worker is short (under 2 x 96 tokens free) at ~400 tokens
+# each; the short one's worker, holding its 310 tokens at most (20 blocks), has room for a mover of 448 tokens
+# then, and for its 490 at the end. So no outcome hangs on which request ends first, which under a CPU hog had
+# split the long ones (the short one ended before they came) or preempted on their worker (it had not ended
+# when they ran short). The short one lasts 3 prompt chunks and 150 decode steps (38 plans of 4 tokens) once
+# it runs, by which time the long ones were placed beside each other. 490 tokens: the hybrid's context is 512.
+REQUESTS = [(160, 150), (30, 460), (30, 460)]
+POOL_BLOCKS = 60
+
+
+async def _running_on_a_decode_worker(client) -> None:
+    """Until some decode (or colocated) worker runs a request."""
+    decoding = (worker_pb2.WORKER_ROLE_DECODE, worker_pb2.WORKER_ROLE_HYBRID)
+    while not any(w.num_running for w in (await client.stats()).workers if w.role in decoding):
+        await anyio.sleep(0.002)
 
 
 async def _run(address, prompts):
     outputs = [None] * len(prompts)
     async with AsyncClient(address) as client:
-        async def one(i, placed):
-            tokens = []
-            async for chunk in client.stream(prompts[i], max_tokens=REQUESTS[i][1], temperature=0):
-                placed.set()
-                tokens.extend(chunk.token_ids)
-            outputs[i] = tokens
+        async def short():
+            outputs[0] = (await client.generate(prompts[0], max_tokens=REQUESTS[0][1], temperature=0)).token_ids
 
         async with anyio.create_task_group() as tg:
-            placed = anyio.Event()
-            tg.start_soon(one, 0, placed)
-            await placed.wait()  # the short one streams: placed, its prompt ran
-            for i in range(1, len(prompts)):
-                tg.start_soon(one, i, anyio.Event())
+            tg.start_soon(short)
+            await _running_on_a_decode_worker(client)
+            # One call for both, so that they arrive at once: sent as two, the second came ~90 ms after the
+            # first under a CPU hog, and was placed beside the short one after it ended.
+            long_ones = await client.generate_batch(prompts[1:], max_tokens=REQUESTS[1][1], temperature=0)
+        outputs[1:] = [c.token_ids for c in long_ones]
         stats = await client.stats()
     return outputs, stats
 
@@ -80,13 +86,13 @@ async def test_a_full_worker_moves_a_decode_to_a_peer_instead_of_preempting(
     else:
         transformers = pytest.importorskip("transformers")
         oracle = greedy_oracle(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
-    pool = 48 * 16 * kv_bytes_per_token(ModelConfig.from_dir(path), "float32")  # 48 blocks of 16 tokens
+    pool = POOL_BLOCKS * 16 * kv_bytes_per_token(ModelConfig.from_dir(path), "float32")
     mesh = start_mesh(path, tmp_path, mode=mode, num_decode=2,
                       scheduler_args=["--policy", policy, "--kv-transport", transport, "--chunk-size", "64",
                                       "--migration-headroom", str(headroom), *extra],
                       worker_args=["--kv-cache-bytes", str(pool)])
     try:
-        prompts = random_prompts([n for n, _ in REQUESTS], seed=7)
+        prompts = random_prompts([n for n, _ in REQUESTS], seed=0)  # no EOS before max_tokens (either model)
         outputs, stats = await _run(mesh.grpc_address, prompts)
         for prompt, (_, max_tokens), got in zip(prompts, REQUESTS, outputs, strict=True):
             assert got == oracle(prompt, max_tokens)
@@ -101,6 +107,8 @@ async def test_a_full_worker_moves_a_decode_to_a_peer_instead_of_preempting(
             assert pauses == stats.num_migrations and 0 < paused_s < 10 * pauses
         else:
             assert stats.num_migrations == 0 and stats.num_preemptions >= 1
+            # Each preemption is logged, with the room its worker had and whether a move was under way.
+            assert "preempted sdk-" in (tmp_path / "scheduler.log").read_text()
         with anyio.fail_after(10):
             while True:
                 async with AsyncClient(mesh.grpc_address) as client:
