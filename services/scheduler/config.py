@@ -63,6 +63,10 @@ class SchedulerServiceConfig:
     priority_headroom: int = 0
     # How KV moves between workers: "nixl" (when both sides have an agent) or "grpc" (streamed chunks).
     kv_transport: str = "nixl"
+    # NIXL: a worker that registers and every live one (and kvcache) meet at once (peer_meeting.py), so that a
+    # pair's first transfer does not open its connections (a new pair's first 4 MiB: ~19 ms meeting in it,
+    # ~2.3 ms met before, bench/kv_transfer.py); False = each pair meets on its first transfer.
+    peer_meeting: bool = True
     # The kvcache service (host:port) for multi-turn KV reuse; None = none.
     kvcache_address: str | None = None
     # DualPath: load a cached prefix through the prefill worker ("pe-read"), the decode worker ("de-read"), or

@@ -75,6 +75,9 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
                         "(priority < 0) it holds; migration and placement count them as used, so normal "
                         "requests move off and keep away (default 0: off)")
     p.add_argument("--kv-transport", choices=TRANSPORTS, default="nixl", help="KV between workers (default nixl)")
+    p.add_argument("--no-peer-meeting", action="store_true",
+                   help="NIXL: workers (and kvcache) do not meet when one registers; each pair opens its "
+                        "connections on its first transfer instead")
     p.add_argument("--kv-read-policy", choices=READ_POLICIES, default="dual",
                    help="DualPath: where cached prefixes are loaded (default dual: the less busy side)")
     p.add_argument("--no-prefix-caching", action="store_true", help="workers' cores cache no prefixes")
@@ -121,7 +124,8 @@ def scheduling_flags(args: argparse.Namespace, policy: str | None = None) -> lis
         if getattr(args, name) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return (flags + (["--no-prefix-caching"] if args.no_prefix_caching else [])
-            + (["--no-peer-prefix"] if args.no_peer_prefix else []))
+            + (["--no-peer-prefix"] if args.no_peer_prefix else [])
+            + (["--no-peer-meeting"] if args.no_peer_meeting else []))
 
 
 def _mlfq(args: argparse.Namespace) -> MLFQConfig:
@@ -161,7 +165,7 @@ def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
                                   migration_headroom=args.migration_headroom,
                                   migration_precopy=not args.no_migration_precopy,
                                   priority_headroom=args.priority_headroom,
-                                  peer_prefix=not args.no_peer_prefix)
+                                  peer_prefix=not args.no_peer_prefix, peer_meeting=not args.no_peer_meeting)
 
 
 def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:

@@ -106,7 +106,7 @@ class Mesh:
         log.info("worker %s (%s) joined at %s with %d blocks", link.worker_id, link.role, address,
                  info.num_device_blocks)
         self._tg.start_soon(self._drive, link)
-        if self.config.kv_transport == "nixl":
+        if self.config.kv_transport == "nixl" and self.config.peer_meeting:
             self._tg.start_soon(meet_peers, link, self.live_links(), self.config.transfer_timeout_s,
                                 self.dual_path.client if self.dual_path is not None else None)
         while self.unplaced:

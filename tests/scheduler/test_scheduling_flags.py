@@ -53,6 +53,13 @@ def test_reading_prefixes_from_decode_workers_is_on_unless_turned_off_through_th
     assert not parse_args(scheduling_flags(parse(["--no-peer-prefix"]))).peer_prefix
 
 
+def test_meeting_peers_is_on_unless_turned_off_through_the_round_trip():
+    from services.scheduler.main import parse_args
+
+    assert parse_args([]).peer_meeting and "--no-peer-meeting" not in scheduling_flags(parse([]))
+    assert not parse_args(scheduling_flags(parse(["--no-peer-meeting"]))).peer_meeting
+
+
 def test_the_migration_flags_reach_the_service_config_through_the_round_trip():
     import pytest
 
