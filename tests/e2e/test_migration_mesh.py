@@ -59,7 +59,7 @@ async def _run(address, prompts):
     return outputs, stats
 
 
-# A move starts once the first worker has fewer than 2 x HEADROOM tokens free, and the long request that stays
+# A move starts once the long ones' worker has fewer than 2 x HEADROOM tokens free, and the long request that stays
 # there grows into them while the other is moved: 96 (six blocks) leaves it 192 steps for the move where the
 # default 32 leaves 48, which a first transfer on a loaded 2-core box has outlasted.
 HEADROOM = 96
@@ -98,7 +98,7 @@ async def test_a_full_worker_moves_a_decode_to_a_peer_instead_of_preempting(
             assert got == oracle(prompt, max_tokens)
         if headroom:
             assert stats.num_migrations >= 1 and stats.num_preemptions == 0
-            # The mover's full blocks (~20) were copied ahead while it decoded, but a hybrid's (its state moves
+            # The mover's full blocks (~24) were copied ahead while it decoded, but a hybrid's (its state moves
             # with them) and where asked not to.
             copies_ahead = model == "tiny" and "--no-migration-precopy" not in extra
             assert (stats.num_precopied_blocks >= 4) == copies_ahead, stats.num_precopied_blocks
