@@ -294,8 +294,9 @@ class Mesh:
 
     def _log_preemptions(self, link: WorkerLink) -> None:
         """A preemption costs its request a swap or a recompute: worth a line in the log, with what might
-        have avoided it (the blocks free, a move under way)."""
-        core, moving = link.core, self.migrator.moves.keys() | self.migrator.precopies.keys()
+        have avoided it (the blocks free, a move off or onto this worker under way)."""
+        core, migrator = link.core, self.migrator
+        moving = [rid for rid, pair in (*migrator.moves.items(), *migrator.precopies.items()) if link in pair]
         log.info("worker %s preempted %s (%d of %d blocks free, %d running, %d swapped; moving: %s)",
                  link.worker_id, ", ".join(sorted(core.preempted_in_plan)), core.blocks.num_free,
                  core.blocks.num_blocks, len(core.running), len(core.swapped), ", ".join(sorted(moving)) or "none")

@@ -258,5 +258,6 @@ class Migrator:
         """A request's KV landed on its receiver: if it was migrating, its pause ends (the metric's sample)."""
         stopped = self.stopped_at.pop(request_id, None)
         if stopped is not None:
-            log.debug("%s landed after a pause of %.3f s", request_id, anyio.current_time() - stopped)
-            self.mesh.metrics.migration_pause.observe(anyio.current_time() - stopped)
+            paused = anyio.current_time() - stopped
+            log.debug("%s landed after a pause of %.3f s", request_id, paused)
+            self.mesh.metrics.migration_pause.observe(paused)

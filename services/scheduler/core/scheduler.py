@@ -17,6 +17,7 @@ plan, so callers that never pass time still get deterministic MLFQ quanta and st
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from services.common.block_hash import SwitchedSeed, extend_hashes, salted_seed
@@ -341,9 +342,10 @@ class Scheduler(HandOff, Migration, Fork, MultiStep, SharedPrefix, SlidingWindow
         return req.request_id in self._preempted_now
 
     @property
-    def preempted_in_plan(self) -> frozenset[str]:
-        """The requests the last plan preempted (swapped out or dropped for recompute)."""
-        return frozenset(self._preempted_now)
+    def preempted_in_plan(self) -> AbstractSet[str]:
+        """The requests the last plan preempted (swapped out or dropped for recompute); read it, do not keep
+        it (the next plan starts a new one). Looked at after every plan: no copy."""
+        return self._preempted_now
 
     def admit(self, req: Request, room: float, step: Step, evict: bool = False) -> int:
         """Starts waiting ``req``: takes its cached prefix and blocks for up to ``room`` tokens of its first
