@@ -310,7 +310,11 @@ class OpenAIApi:
             extras.fill(choice, tracked[i], out)
             choices.append(choice)
         obj = "chat.completion" if chat else "text_completion"
-        return JSONResponse({**head, "object": obj, "choices": choices, "usage": self._usage(tracked, n, chat)})
+        # TGI's header: how long the request queued before its first step (the longest of its choices), which
+        # the client cannot tell from its own clock.
+        queued = max(self.frontend.queue_delay_ms(t) for t in tracked)
+        return JSONResponse({**head, "object": obj, "choices": choices, "usage": self._usage(tracked, n, chat)},
+                            headers={"x-queue-time": f"{queued:.3f}"})
 
     async def collect(self, request: Request, tracked: list[TrackedRequest]) -> list[Delta]:
         """Every choice's whole output; aborts them all if the client disconnects first."""

@@ -43,9 +43,11 @@ def test_models_and_health(http):
 def test_completion_with_token_ids_matches_transformers_and_the_grpc_api(http, default_mesh, hf_greedy):
     prompt = random_prompts([37], seed=3)[0]
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 9, "temperature": 0, "return_token_ids": True}
-    reply = http.post("/v1/completions", json=body).json()
+    response = http.post("/v1/completions", json=body)
+    reply = response.json()
     choice = reply["choices"][0]
     assert reply["object"] == "text_completion" and choice["token_ids"] == hf_greedy(prompt, 9)
+    assert float(response.headers["x-queue-time"]) >= 0  # test_priority.py checks it orders requests as they ran
     assert reply["usage"]["prompt_tokens"] == 37 and reply["usage"]["completion_tokens"] == len(choice["token_ids"])
     with Client(default_mesh.grpc_address) as client:
         out = client.generate(prompt, max_tokens=9, temperature=0)
