@@ -69,6 +69,9 @@ class Mesh:
         self.migrator = Migrator(self)
         self.decode_for: dict[str, WorkerLink] = {}  # request id -> the decode worker whose cache its prefix came from
         self.links: dict[str, WorkerLink] = {}
+        # Failed links whose channels are closing: close() closes them too, should the mesh stop first (a
+        # channel left open fires its poller into a loop that ended).
+        self._closing: dict[int, WorkerLink] = {}
         self.tracked: dict[str, TrackedRequest] = {}
         self.where: dict[str, WorkerLink] = {}  # the core each live request is in (absent while arriving)
         self.unplaced: deque[Request] = deque()  # submitted before any worker registered
@@ -89,7 +92,7 @@ class Mesh:
                            "worker is driven any more")
 
     async def close(self) -> None:
-        for link in self.links.values():
+        for link in [*self.links.values(), *self._closing.values()]:
             await link.channel.close()
 
     def spawn(self, fn, *args) -> None:
@@ -574,7 +577,12 @@ class Mesh:
             self.where.pop(req.request_id, None)
             if self._count_move(req, why):
                 self.place(req)
-        self._tg.start_soon(link.channel.close)
+        self._closing[id(link)] = link
+        self._tg.start_soon(self._close_channel, link)
+
+    async def _close_channel(self, link: WorkerLink) -> None:
+        await link.channel.close()
+        del self._closing[id(link)]
 
     def _count_move(self, req: Request, why: str) -> bool:
         """Counts ``req`` as moved off a worker that failed holding it or its KV, to be recomputed elsewhere;

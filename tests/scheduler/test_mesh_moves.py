@@ -68,6 +68,31 @@ async def test_a_request_that_breaks_every_worker_is_moved_at_most_max_moves_tim
             await server.stop(None)
 
 
+async def test_closing_the_mesh_closes_the_channels_of_workers_that_failed():
+    # A failed worker's channel closes in the mesh's task group, which may end first (a close that waits for calls
+    # to cancel, cancelled with it): then the mesh's close closes it. Left open, a channel fired its poller into
+    # the next test's loop after this one's had ended ("Event loop is closed" in CI).
+    mesh = Mesh(SchedulerServiceConfig(mode="colocated"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mesh.run)
+        while mesh._tg is None:
+            await anyio.sleep(0.01)
+        link = mesh.register("127.0.0.1:1", worker_info("hybrid"))
+        closed, close = [], link.channel.close
+
+        async def waiting_close(grace=None):
+            await anyio.sleep(0)  # a close waits for the channel's calls to be cancelled
+            await close(grace)
+            closed.append(link)
+
+        link.channel.close = waiting_close
+        mesh._fail(link, "gone")
+        tg.cancel_scope.cancel()
+    assert not closed  # the mesh's task group ended first
+    await mesh.close()
+    assert closed
+
+
 @pytest.mark.parametrize("max_moves", [1, 0])
 async def test_a_hand_off_whose_prefill_worker_died_counts_as_a_move(max_moves):
     # Its KV died with the worker that computed it: the decode worker recomputes the prompt, a move off a failed
