@@ -14,8 +14,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
 async def _queued(client, n: int) -> None:
     """Until ``n`` requests are on the scheduler's workers, running or waiting (not on their way to one)."""
-    while (stats := await client.stats()).num_running + stats.num_waiting + stats.num_swapped < n:
-        await anyio.sleep(0.002)
+    with anyio.fail_after(60):
+        while (stats := await client.stats()).num_running + stats.num_waiting + stats.num_swapped < n:
+            await anyio.sleep(0.002)
 
 
 @pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
@@ -58,7 +59,8 @@ async def test_a_more_important_request_runs_before_ones_that_queued_earlier(mod
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(first)
-                await started.wait()
+                with anyio.fail_after(60):
+                    await started.wait()
                 for n, (run, name, prompt, priority) in enumerate([(over_http, "low", prompts[1], 5),
                                                                    (sdk, "normal", prompts[2], 0),
                                                                    (sdk, "urgent", prompts[3], -3)]):
