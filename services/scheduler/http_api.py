@@ -310,11 +310,13 @@ class OpenAIApi:
             extras.fill(choice, tracked[i], out)
             choices.append(choice)
         obj = "chat.completion" if chat else "text_completion"
-        # TGI's header: how long the request queued before its first step (the longest of its choices), which
-        # the client cannot tell from its own clock.
-        queued = max(self.frontend.queue_delay_ms(t) for t in tracked)
         return JSONResponse({**head, "object": obj, "choices": choices, "usage": self._usage(tracked, n, chat)},
-                            headers={"x-queue-time": f"{queued:.3f}"})
+                            headers=self.queue_time(tracked))
+
+    def queue_time(self, tracked: Sequence[TrackedRequest]) -> dict[str, str]:
+        """TGI's ``x-queue-time`` header of a reply not streamed: how long its request queued before its first
+        step, in ms (its longest-waiting choice's), which the client cannot tell from its own clock."""
+        return {"x-queue-time": f"{max(self.frontend.queue_delay_ms(t) for t in tracked):.3f}"}
 
     async def collect(self, request: Request, tracked: list[TrackedRequest]) -> list[Delta]:
         """Every choice's whole output; aborts them all if the client disconnects first."""

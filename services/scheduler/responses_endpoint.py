@@ -75,7 +75,8 @@ class ResponsesEndpoint:
         items.feed({"reasoning": thought, "content": message["content"], "tool_calls": calls},
                    self._output_logprobs(req, out))
         items.close(_item_status(finish))
-        return JSONResponse(self._finish_response(head, req, tracked, items, finish, out.detail, out.error))
+        return JSONResponse(self._finish_response(head, req, tracked, items, finish, out.detail, out.error),
+                            headers=self.api.queue_time([tracked]))
 
     def _start_background(self, head: dict, req: ResponsesRequest, tracked: TrackedRequest,
                           tools: ToolCalling | None, stream: bool) -> Response:

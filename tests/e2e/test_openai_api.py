@@ -43,15 +43,27 @@ def test_models_and_health(http):
 def test_completion_with_token_ids_matches_transformers_and_the_grpc_api(http, default_mesh, hf_greedy):
     prompt = random_prompts([37], seed=3)[0]
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 9, "temperature": 0, "return_token_ids": True}
-    response = http.post("/v1/completions", json=body)
-    reply = response.json()
+    reply = http.post("/v1/completions", json=body).json()
     choice = reply["choices"][0]
     assert reply["object"] == "text_completion" and choice["token_ids"] == hf_greedy(prompt, 9)
-    assert float(response.headers["x-queue-time"]) >= 0  # test_priority.py checks it orders requests as they ran
     assert reply["usage"]["prompt_tokens"] == 37 and reply["usage"]["completion_tokens"] == len(choice["token_ids"])
     with Client(default_mesh.grpc_address) as client:
         out = client.generate(prompt, max_tokens=9, temperature=0)
     assert out.token_ids == choice["token_ids"] and out.text == choice["text"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 2}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+])
+def test_a_reply_not_streamed_says_how_long_its_request_queued(http, path, body):
+    # test_priority.py checks that the header orders requests as they ran.
+    reply = http.post(path, json=body)
+    assert reply.status_code == 200 and float(reply.headers["x-queue-time"]) >= 0
+    streamed = http.post(path, json={**body, "stream": True})  # its headers go out before the first step
+    assert streamed.status_code == 200 and "x-queue-time" not in streamed.headers
 
 
 def test_streamed_completion_of_a_text_prompt_equals_the_unstreamed_one(http):
