@@ -74,8 +74,10 @@ async def test_a_more_important_request_runs_before_ones_that_queued_earlier(mod
             # client's clock does not (normal's reply reached it after low's under a CPU hog, 30 steps later).
             assert delays["urgent"] < delays["normal"] < delays["low"]
         else:
-            # The delays are the prefill worker's, where none queued; they wait as decodes on the decode worker.
-            # Whether the normal or the low one came next is too close to tell from the client.
+            # The delays are the prefill worker's, where none queued; they wait as decodes on the decode worker,
+            # so only the client's clock tells the order, and only the part that matters most is asserted: the
+            # urgent one, sent last, ran first (96 steps ahead of the next; replies came 30 steps out of order
+            # under a hog). Normal before low rests on the same margin and is left to the colocated case.
             assert done[0] == "urgent"
         assert 0 < len(got["first"]) < 2000
         assert got["first"] == hf_greedy(prompts[0], len(got["first"]))
