@@ -7,7 +7,8 @@ blocks) every ``poll_s`` while the run lasts, when the backend can. A ``--durati
 (it holds only the requests arriving before it); every request sent runs to the end.
 
 Backends: ``GrpcBackend`` (the SDK's ``AsyncClient``; reports the server's queueing delay and stats) and
-``HttpBackend`` (the OpenAI ``/v1/completions`` API with ``stream: true`` and token-id prompts; needs httpx).
+``HttpBackend`` (the OpenAI ``/v1/completions`` API with ``stream: true`` and token-id prompts; needs httpx;
+the queueing delay from the ``x-queue-time`` header, stats over gRPC when given its address).
 """
 
 from __future__ import annotations
@@ -107,11 +108,15 @@ class HttpBackend:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 raise RuntimeError(f"HTTP {resp.status_code}: {text[:200]}")
+            # The server's queueing delay (its headers wait for the first token), on the first piece.
+            queued = resp.headers.get("x-queue-time")
+            delay_ms = float(queued) if queued is not None else None
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 choice = (json.loads(line[6:]).get("choices") or [{}])[0]
-                yield Piece(len(choice.get("token_ids") or []), None, choice.get("finish_reason"))
+                yield Piece(len(choice.get("token_ids") or []), delay_ms, choice.get("finish_reason"))
+                delay_ms = None
 
     async def stats(self) -> StatsSample | None:
         return await self.grpc.stats() if self.grpc else None

@@ -157,7 +157,7 @@ class Frontend:
                 if delta.finish_reason is not None:
                     return
         finally:
-            self._abort_unless_done(tracked)
+            self.abort_unless_done(tracked)
 
     async def collect(self, tracked: TrackedRequest) -> Delta:
         """All of the request's output, once it finished: one wake-up instead of one per step. If the caller
@@ -166,7 +166,7 @@ class Frontend:
             await tracked.done.wait()
             return tracked.take()
         finally:
-            self._abort_unless_done(tracked)
+            self.abort_unless_done(tracked)
 
     async def stream_many(self, tracked: Sequence[TrackedRequest],
                           final_only: Sequence[bool]) -> AsyncIterator[list[tuple[int, Delta]]]:
@@ -185,9 +185,9 @@ class Frontend:
         finally:
             for t in tracked:
                 t.on_arrive = None
-                self._abort_unless_done(t)
+                self.abort_unless_done(t)
 
-    def _abort_unless_done(self, tracked: TrackedRequest) -> None:
+    def abort_unless_done(self, tracked: TrackedRequest) -> None:
         if not tracked.finished or tracked.request_id in self.mesh.tracked:
             self.mesh.abort(tracked.request_id, FinishReason.ABORT)
 

@@ -288,8 +288,10 @@ class OpenAIApi:
         extras = _Extras(bool_field(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts)
         stream, include_usage = streaming(body)
         if stream:
+            if not await self.started(request, tracked):
+                return Response(status_code=499)  # nobody reads it: the client went away while queued
             return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed, tools),
-                                     media_type="text/event-stream")
+                                     media_type="text/event-stream", headers=self.queue_time(tracked))
         merged = await self.collect(request, tracked)
         failed = next((out.error for out in merged if out.error is not None), None)
         if failed is not None:  # a choice that failed fails the response, as in vLLM
@@ -317,6 +319,27 @@ class OpenAIApi:
         """TGI's ``x-queue-time`` header of a reply not streamed: how long its request queued before its first
         step, in ms (its longest-waiting choice's), which the client cannot tell from its own clock."""
         return {"x-queue-time": f"{max(self.frontend.queue_delay_ms(t) for t in tracked):.3f}"}
+
+    async def started(self, request: Request, tracked: list[TrackedRequest]) -> bool:
+        """Waits until each choice produced its first token (or ended), so that a stream's headers can carry
+        ``x-queue-time`` as a whole reply's do: the first event would not go out sooner. False when the client
+        disconnected first, and the requests are aborted then (no reader of theirs has begun to free them)."""
+        async with anyio.create_task_group() as tg:
+            async def watch() -> None:
+                while not await request.is_disconnected():
+                    await anyio.sleep(0.25)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            try:
+                for t in tracked:
+                    await t.arrived.wait()
+            except BaseException:  # the watch found the client gone, or the server is stopping
+                for t in tracked:
+                    self.frontend.abort_unless_done(t)
+                raise
+            tg.cancel_scope.cancel()
+        return all(t.arrived.is_set() for t in tracked)
 
     async def collect(self, request: Request, tracked: list[TrackedRequest]) -> list[Delta]:
         """Every choice's whole output; aborts them all if the client disconnects first."""

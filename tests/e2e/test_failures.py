@@ -75,6 +75,38 @@ async def test_an_http_client_that_disconnects_mid_stream_frees_every_block(defa
         await _wait_all_blocks_free(client, timeout_s=5.0)
 
 
+async def test_an_http_stream_given_up_while_it_queues_leaves_the_queue(tiny_model_dir, tmp_path):
+    # A stream's headers wait for its first token (they carry x-queue-time), so no response is under way to
+    # notice the client leaving: the wait for that token must. One sequence at a time: the stream queues
+    # behind a 3900-token request (over 10 s here) and must be gone from the queue while that one still runs.
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated",
+                   scheduler_args=["--max-num-seqs", "1"])
+    try:
+        prompt = random_prompts([20])[0]
+        async with AsyncClient(m.grpc_address) as client:
+            async def hog():
+                async for _ in client.stream(prompt, request_id="hog", max_tokens=3900, ignore_eos=True):
+                    pass
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hog)
+                with anyio.fail_after(30):
+                    while (await client.stats()).num_running != 1:
+                        await anyio.sleep(0.02)
+                body = {"prompt": prompt, "max_tokens": 10, "stream": True}
+                async with httpx.AsyncClient(base_url=m.http_url, timeout=1.0) as http:
+                    with pytest.raises(httpx.ReadTimeout):  # no headers: it queues
+                        async with http.stream("POST", "/v1/completions", json=body):
+                            pass
+                with anyio.fail_after(5):
+                    while (stats := await client.stats()).num_waiting:
+                        await anyio.sleep(0.05)
+                assert stats.num_running == 1 and await client.abort("hog")  # gone while the hog still ran
+            await _wait_all_blocks_free(client)
+    finally:
+        m.stop()
+
+
 @pytest.mark.parametrize("n", [1, 3])
 async def test_an_http_client_that_gives_up_on_a_non_streaming_completion_frees_every_block(default_mesh, n):
     # 3900 tokens take over 10 s here: blocks free within 5 s only if the disconnect aborted the request.

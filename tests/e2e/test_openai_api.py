@@ -52,18 +52,21 @@ def test_completion_with_token_ids_matches_transformers_and_the_grpc_api(http, d
     assert out.token_ids == choice["token_ids"] and out.text == choice["text"]
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
-    ("/v1/responses", {"input": "Hi", "max_output_tokens": 2}),
-    ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+@pytest.mark.parametrize("path, body, streamed_too", [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "n": 2}, True),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}, True),
+    # Their streams open with events sent before the first step (response.created, message_start).
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 2}, False),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}, False),
 ])
-def test_a_reply_not_streamed_says_how_long_its_request_queued(http, path, body):
+def test_a_reply_says_how_long_its_request_queued(http, path, body, streamed_too):
     # test_priority.py checks that the header orders requests as they ran.
     reply = http.post(path, json=body)
     assert reply.status_code == 200 and float(reply.headers["x-queue-time"]) >= 0
-    streamed = http.post(path, json={**body, "stream": True})  # its headers go out before the first step
-    assert streamed.status_code == 200 and "x-queue-time" not in streamed.headers
+    streamed = http.post(path, json={**body, "stream": True})
+    assert streamed.status_code == 200 and ("x-queue-time" in streamed.headers) == streamed_too
+    if streamed_too:
+        assert float(streamed.headers["x-queue-time"]) >= 0 and streamed.text.endswith("data: [DONE]\n\n")
 
 
 def test_streamed_completion_of_a_text_prompt_equals_the_unstreamed_one(http):

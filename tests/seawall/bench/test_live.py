@@ -52,6 +52,7 @@ def test_http_api_with_a_concurrency_cap(tmp_path):
     assert name == "sarathi"  # the policy the mesh reports
     assert res["num_finished"] == 6 and res["output_tokens"] == 36
     assert res["kv_blocks_total"] > 0  # stats come over gRPC beside the HTTP load
+    assert res["queue_delay_p50"] >= 0  # from the stream's x-queue-time header
     sent = sorted(r["sent"] for r in report["requests"]["sarathi"])
     assert sent[2] > sent[1]  # the third waited for a slot
     # One 64-token system prompt (4 blocks) in front of every prompt: the requests that waited for a slot
