@@ -316,30 +316,34 @@ class OpenAIApi:
                             headers=self.queue_time(tracked))
 
     def queue_time(self, tracked: Sequence[TrackedRequest]) -> dict[str, str]:
-        """TGI's ``x-queue-time`` header of a reply not streamed: how long its request queued before its first
-        step, in ms (its longest-waiting choice's), which the client cannot tell from its own clock."""
+        """TGI's ``x-queue-time`` header: how long the request queued before its first step, in ms (its
+        longest-waiting choice's of those begun: a stream's headers go out with its first token), which the
+        client cannot tell from its own clock."""
         return {"x-queue-time": f"{max(self.frontend.queue_delay_ms(t) for t in tracked):.3f}"}
 
     async def started(self, request: Request, tracked: list[TrackedRequest]) -> bool:
-        """Waits until each choice produced its first token (or ended), so that a stream's headers can carry
-        ``x-queue-time`` as a whole reply's do: the first event would not go out sooner. False when the client
+        """Waits until a choice produced its first token (or ended), so that a stream's headers can carry
+        ``x-queue-time`` as a whole reply's do: its first event would not go out sooner. False when the client
         disconnected first, and the requests are aborted then (no reader of theirs has begun to free them)."""
-        async with anyio.create_task_group() as tg:
-            async def watch() -> None:
-                while not await request.is_disconnected():
-                    await anyio.sleep(0.25)
-                tg.cancel_scope.cancel()
+        async def first(t: TrackedRequest) -> None:
+            await t.arrived.wait()
+            tg.cancel_scope.cancel()
 
-            tg.start_soon(watch)
-            try:
+        async def watch() -> None:
+            while not await request.is_disconnected():
+                await anyio.sleep(0.25)
+            tg.cancel_scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
                 for t in tracked:
-                    await t.arrived.wait()
-            except BaseException:  # the watch found the client gone, or the server is stopping
+                    tg.start_soon(first, t)
+        finally:  # also when the server stops meanwhile
+            if not any(t.arrived.is_set() for t in tracked):
                 for t in tracked:
                     self.frontend.abort_unless_done(t)
-                raise
-            tg.cancel_scope.cancel()
-        return all(t.arrived.is_set() for t in tracked)
+        return any(t.arrived.is_set() for t in tracked)
 
     async def collect(self, request: Request, tracked: list[TrackedRequest]) -> list[Delta]:
         """Every choice's whole output; aborts them all if the client disconnects first."""

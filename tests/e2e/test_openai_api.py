@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from seawall import Client
 from services.common.errors import InvalidArgument
 from services.common.version import VERSION
-from tests.e2e.conftest import random_prompts
+from tests.e2e.conftest import random_prompts, start_mesh
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -67,6 +67,20 @@ def test_a_reply_says_how_long_its_request_queued(http, path, body, streamed_too
     assert streamed.status_code == 200 and ("x-queue-time" in streamed.headers) == streamed_too
     if streamed_too:
         assert float(streamed.headers["x-queue-time"]) >= 0 and streamed.text.endswith("data: [DONE]\n\n")
+
+
+def test_a_stream_of_choices_run_one_after_another_streams_the_first_while_the_next_waits(tiny_model_dir, tmp_path):
+    # The headers (x-queue-time) wait for a first token, not for every choice's: with one sequence at a time,
+    # waiting for all would hold choice 0's tokens back until it finished and send them as one event.
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated", scheduler_args=["--max-num-seqs", "1"])
+    try:
+        body = {"prompt": random_prompts([20])[0], "max_tokens": 200, "ignore_eos": True, "stream": True, "n": 2}
+        reply = httpx.post(f"{m.http_url}/v1/completions", json=body, timeout=60)
+        assert reply.status_code == 200 and float(reply.headers["x-queue-time"]) >= 0
+        order = [e["choices"][0]["index"] for e in _sse(reply)]
+        assert order == sorted(order) and order.count(0) >= 10 and order.count(1) >= 10
+    finally:
+        m.stop()
 
 
 def test_streamed_completion_of_a_text_prompt_equals_the_unstreamed_one(http):
