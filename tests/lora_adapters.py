@@ -40,6 +40,31 @@ def make_adapter(model_dir, out_dir, seed: int, **config) -> Path:
     return Path(out_dir)
 
 
+def make_classifier_adapter(model_dir, out_dir, seed: int) -> Path:
+    """A random adapter for the sequence classifier in ``model_dir`` as PEFT's task_type SEQ_CLS saves one: LoRA
+    weights and the classifier head saved whole, here unlike the base model's (as training leaves it)."""
+    import peft
+    import transformers
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    tuned = peft.get_peft_model(model, peft.LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8, init_lora_weights=False,
+                                                       target_modules=["q_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        tuned.base_model.model.score.modules_to_save["default"].weight.normal_(0.0, 0.3)
+    tuned.save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def peft_classifier(model_dir, adapter_dir):
+    """The sequence classifier in ``model_dir`` with the adapter, as ``peft`` runs it (fp32, eval)."""
+    import peft
+    import transformers
+
+    base = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
+    return peft.PeftModel.from_pretrained(base, adapter_dir).eval()
+
+
 def peft_greedy(model_dir, adapter_dir, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy continuations of up to ``max_tokens`` tokens, each ending at its first end-of-sequence token (the
     checkpoint's generation config names them), with the adapter, or with the base model when ``adapter_dir``

@@ -161,21 +161,25 @@ class OfflineEngine:
                 invocations[lora] = ()
         return activation_start(prompt, invocations[lora])
 
-    def embed(self, prompts: Sequence[Sequence[int]], dimensions: int | None = None) -> list[list[float]]:
+    def embed(self, prompts: Sequence[Sequence[int]], dimensions: int | None = None,
+              lora: LoraRef | None = None) -> list[list[float]]:
         """Each prompt's embedding (pooling.py: its last token's final hidden state, normalized as the
-        checkpoint says, cut to ``dimensions``), all run together; validate them first (``validate_embedding``)."""
-        return [embedding_vector(hidden, self.checkpoint.pooling, dimensions) for hidden in self._pooled(prompts)]
+        checkpoint says, cut to ``dimensions``), all run together (with ``lora``'s adapter); validate them first
+        (``validate_embedding``)."""
+        pooled = self._pooled(prompts, lora)
+        return [embedding_vector(hidden, self.checkpoint.pooling, dimensions) for hidden in pooled]
 
-    def classify(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+    def classify(self, prompts: Sequence[Sequence[int]], lora: LoraRef | None = None) -> list[list[float]]:
         """A sequence classifier's logits for each prompt (its classes', pooling.py ``Classifier``), all run
-        together; validate them first (``validate``)."""
+        together (with ``lora``'s adapter, and its own head where it saved one); validate them first
+        (``validate``)."""
         check_classifier(self.checkpoint.classifier)
-        return self._pooled(prompts)
+        return self._pooled(prompts, lora)
 
-    def _pooled(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+    def _pooled(self, prompts: Sequence[Sequence[int]], lora: LoraRef | None) -> list[list[float]]:
         """Each prompt's pooled state as the worker returns it; raises the first failed prompt's error."""
         out = []
-        for comp in self.generate(prompts, [EMBEDDING_PARAMS] * len(prompts)):
+        for comp in self.generate(prompts, [EMBEDDING_PARAMS] * len(prompts), [lora] * len(prompts)):
             if comp.error is not None:
                 raise comp.error
             out.append(comp.hidden_state)

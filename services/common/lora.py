@@ -4,8 +4,10 @@ loads the same files by the path a sequence names (``services/engine/lora.py``).
 
 An adapter adds ``scaling * B(A(x))`` to some of each layer's projections: A is ``[r, in]``, B ``[out, r]``,
 ``scaling = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA), per module where ``rank_pattern`` / ``alpha_pattern``
-say so. What PEFT can save beyond that (DoRA, biases, embedding or lm_head adapters, modules saved whole, variants
-whose forward is not ``B(A(x))``) is refused with what was found. Projections the model holds as checkpoints do
+say so. An adapter of a sequence classifier (PEFT's ``task_type: SEQ_CLS``) also saves the classifier's head
+whole (``modules_to_save``: ``score``), which replaces the base model's for its requests. What PEFT can save
+beyond that (DoRA, biases, embedding or lm_head adapters, other modules saved whole, variants whose forward is
+not ``B(A(x))``) is refused with what was found. Projections the model holds as checkpoints do
 (a linear-attention mixer's, an output gate, latent attention's: ``ModelShape.projections``) are adapted as
 they are, each in the layers that have it.
 
@@ -51,6 +53,10 @@ from services.common.step import LoraRef
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 _KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$")
+# A module saved whole (modules_to_save): its tensors under the module's own path.
+_WHOLE = re.compile(r"^(?:base_model\.model\.)?(.+)\.(weight|bias)$")
+# The classifier head's name in ...ForSequenceClassification checkpoints (the model holds it as ``score``).
+HEAD = "score"
 # A stacked experts module wrapped by PEFT once per adapted parameter: its path and how deep this wrapper is.
 _WRAPPED_EXPERTS = re.compile(r"^(.+\.experts)((?:\.base_layer)*)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -70,6 +76,8 @@ class LoraSpec:
     scalings: dict[tuple[int, str], float] = field(default_factory=dict)
     # An activated LoRA's invocation tokens (empty: a plain LoRA, applied to every token).
     invocation_tokens: tuple[int, ...] = ()
+    # The tensor name of a classifier head saved whole (modules_to_save ``score``), [num_labels, hidden].
+    head: str | None = None
 
     @property
     def weights_path(self) -> Path:
@@ -132,7 +140,11 @@ def read_lora(ref: LoraRef, shape: ModelShape, max_rank: int) -> LoraSpec:
     def rank_of(module: str) -> int:
         return _by_pattern(ranks, module, rank)
 
-    tensors = _tensor_names(root / WEIGHTS_FILE, where, rank_of, shape, cfg.get("target_parameters") or [])
+    saved = cfg.get("modules_to_save") or []
+    if not isinstance(saved, list) or not all(isinstance(name, str) for name in saved):
+        raise InvalidArgument(f"{where}: modules_to_save must be a list of module names, got {saved!r}")
+    tensors, whole = _tensor_names(root / WEIGHTS_FILE, where, rank_of, shape, cfg.get("target_parameters") or [],
+                                   saved)
     scaling = scaling_of(rank, alpha)
     scalings = {}
     for key, (_, _, module) in tensors.items():
@@ -141,8 +153,33 @@ def read_lora(ref: LoraRef, shape: ModelShape, max_rank: int) -> LoraSpec:
     invocation = cfg.get("alora_invocation_tokens") or []
     if not isinstance(invocation, list) or not all(isinstance(t, int) and t >= 0 for t in invocation):
         raise InvalidArgument(f"{where}: alora_invocation_tokens must be a list of token ids")
+    head = _head(where, whole, shape)
+    if head is not None and invocation:
+        raise InvalidArgument(f"{where}: an activated LoRA (alora_invocation_tokens) with its own classifier head "
+                              "is not supported; a plain LoRA's head is")
     return LoraSpec(ref, rank, scaling, {key: (a, b) for key, (a, b, _) in tensors.items()}, scalings,
-                    tuple(invocation))
+                    tuple(invocation), head)
+
+
+def _head(where: str, whole: dict[str, tuple[int, ...]], shape: ModelShape) -> str | None:
+    """The tensor of the classifier head an adapter saved whole, checked; raises ``InvalidArgument`` for any
+    other module saved whole (vLLM serves none either: an lm_head or embeddings per adapter is a copy of the
+    vocabulary's weights per adapter)."""
+    head = next((key for key in whole if _WHOLE.match(key)[1] == HEAD and key.endswith(".weight")), None)
+    others = [key for key in whole if key != head]
+    if others:
+        raise InvalidArgument(f"{where}: modules saved whole (modules_to_save) are supported for a sequence "
+                              f"classifier's head ({HEAD}.weight) only; found {', '.join(others)}")
+    if head is None:
+        return None
+    if not shape.num_labels:
+        raise InvalidArgument(f"{where}: saves a classifier head ({head}) whole, but the model is no sequence "
+                              "classifier (an adapter for a ...ForSequenceClassification checkpoint?)")
+    want = (shape.num_labels, shape.hidden_size)
+    if whole[head] != want:
+        raise InvalidArgument(f"{where}: {head} has shape {whole[head]}; this classifier's head is {want} "
+                              f"({shape.num_labels} labels)")
+    return head
 
 
 def _pattern(cfg: dict, name: str, where: str, kind) -> dict[str, int | float]:
@@ -171,8 +208,7 @@ def _refuse_extras(cfg: dict, where: str) -> None:
     # fan_in_fan_out (PEFT sets it for GPT-2's Conv1D layers) says how to merge B·A into the base weight; the
     # adapter's own tensors are [r, in] and [out, r] either way, and merging is not how they are applied here.
     unsupported = {
-        "use_dora": "DoRA adapters", "modules_to_save": "modules saved whole (modules_to_save)",
-        "lora_bias": "LoRA biases (lora_bias)",
+        "use_dora": "DoRA adapters", "lora_bias": "LoRA biases (lora_bias)",
         "trainable_token_indices": "trainable token indices", "layer_replication": "layer replication",
         # Variants whose forward pass is not B(A(x)): a diagonal between A and B over a truncated base weight,
         # inputs pooled by group, sampled factors, adapters routed per token.
@@ -239,9 +275,11 @@ def _check_module(where: str, layer: int, module: str, shape: ModelShape, shared
 
 
 def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: ModelShape, targets: list[str],
-                  ) -> dict[tuple[int, str], tuple[str, str, str]]:
-    """(layer, module) -> (A's name, B's name, the module's name for PEFT's patterns); experts' modules are
-    named ``experts.<parameter>``."""
+                  saved: list[str]) -> tuple[dict[tuple[int, str], tuple[str, str, str]], dict[str, tuple[int, ...]]]:
+    """(layer, module) -> (A's name, B's name, the module's name for PEFT's patterns), experts' modules named
+    ``experts.<parameter>``; and the tensors of modules saved whole (those ``saved`` names, as PEFT matches
+    them: the module's path or its end) -> their shapes."""
+    whole: dict[str, tuple[int, ...]] = {}
     parts: dict[tuple[int, str], dict[str, str]] = {}
     wrapped: dict[str, dict[int, dict[str, str]]] = {}  # experts module -> wrapper depth -> A/B -> key
     names: dict[tuple[int, str], str] = {}
@@ -249,6 +287,9 @@ def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: 
         with safe_open(str(path), framework="numpy") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 m = _KEY.match(key)
+                if m is None and (w := _WHOLE.match(key)) and any(w[1] == n or w[1].endswith(f".{n}") for n in saved):
+                    whole[key] = tuple(f.get_slice(key).get_shape())
+                    continue
                 experts = _WRAPPED_EXPERTS.match(m[1]) if m is not None else None
                 if experts is not None:
                     wrapped.setdefault(experts[1], {}).setdefault(experts[2].count(".base_layer"), {})[m[2]] = key
@@ -278,7 +319,7 @@ def _tensor_names(path: Path, where: str, rank_of: Callable[[str], int], shape: 
     except Exception as exc:  # safetensors raises its own error types for a damaged file
         raise InvalidArgument(f"{where}: {WEIGHTS_FILE} is not a readable safetensors file: {exc}") from None
     _check_pairs(where, parts)
-    return {k: (ab["A"], ab["B"], names[k]) for k, ab in sorted(parts.items())}
+    return {k: (ab["A"], ab["B"], names[k]) for k, ab in sorted(parts.items())}, whole
 
 
 def _check_pairs(where: str, parts: dict[tuple[int, str], dict[str, str]]) -> None:

@@ -61,6 +61,8 @@ class ModelShape:
     latent_attention: bool = False
     # False: MLPs without a gate (GPT-2's, Arcee's): up_proj and down_proj only.
     gated_mlp: bool = True
+    # A sequence classifier's classes (its ``score`` head's rows, which an adapter may save whole); 0: none.
+    num_labels: int = 0
     # The name the model holds a checkpoint's tensor by (weight_names.model_name for its config).
     names: Callable[[str], str] | None = field(default=None, compare=False)
 

@@ -146,6 +146,11 @@ class LoraWeights:
                     bt[row:row + part_a.shape[0], col:col + b.shape[0]] = block
                 row += part_a.shape[0]
             self.layers[layer][fused] = ProjectionLora(on_device(a), on_device(bt), scaling)
+        # A classifier head saved whole (modules_to_save): the adapter's requests are scored by it.
+        self.head: torch.Tensor | None = None
+        if spec.head is not None:
+            with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
+                self.head = on_device(f.get_tensor(spec.head))
 
 
 class LoraBatch:

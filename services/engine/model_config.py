@@ -580,7 +580,8 @@ class ModelConfig:
                           self.moe_intermediate_size, experts_swapped=self.architecture == LLAMA4,
                           shared_intermediate=self.shared_expert_intermediate_size,
                           projections=self._lora_projections(), query_gates=self.attn_output_gate == "in_query",
-                          latent_attention=self.mla, gated_mlp=self.mlp_gated, names=partial(model_name, config=self))
+                          latent_attention=self.mla, gated_mlp=self.mlp_gated, num_labels=self.num_labels,
+                          names=partial(model_name, config=self))
 
     def _lora_projections(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
         """The projections LoRA adapts as the model holds them: (name in the layer, in, out, layers)."""

@@ -271,8 +271,14 @@ class ModelRunner:
         ``result.embeddings``; each "samples" token 0, which ends it (max_tokens 1), so the scheduler's
         bookkeeping stays that of any request."""
         pooled = hidden[pool_rows]
-        if self.model.score is not None:  # a classifier: its classes' logits
-            pooled = self.model.score(pooled)
+        if self.model.score is not None:  # a classifier: its classes' logits, by its adapter's head where it has one
+            heads = [self.seqs[seq_ids[row]].lora for row in pool_rows]
+            heads = [lora.head if lora is not None else None for lora in heads]
+            logits = self.model.score(pooled)
+            for i, head in enumerate(heads):
+                if head is not None:
+                    logits[i] = pooled[i] @ head.T
+            pooled = logits
         vectors = pooled.float().tolist()
         sampled = {}
         for row, vector in zip(pool_rows, vectors, strict=True):

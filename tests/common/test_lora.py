@@ -47,7 +47,7 @@ def _copy(lora_dirs, tmp_path, **config):
     ({"use_dora": True}, "DoRA adapters not supported"),
     ({"use_qalora": True, "kasa_config": {}}, "QALoRA adapters not supported"),
     ({"bias": "all"}, "bias 'all' not supported"),
-    ({"modules_to_save": ["lm_head"]}, "modules saved whole"),
+    ({"modules_to_save": "score"}, "modules_to_save must be a list of module names, got 'score'"),
     ({"rank_pattern": {"q_proj": 4}}, "q_proj.lora_A.weight has shape (8, 128); this model needs (4, 128)"),
     ({"rank_pattern": {"q_proj": 32}}, "rank 32 is above --max-lora-rank 16"),
     ({"alpha_pattern": {"q_(proj": 4}}, "alpha_pattern key 'q_(proj' is not a regular expression"),
@@ -59,6 +59,44 @@ def _copy(lora_dirs, tmp_path, **config):
 def test_what_the_engine_cannot_run_is_refused_saying_what(lora_dirs, shape, tmp_path, config, message):
     with pytest.raises(InvalidArgument, match=f"LoRA 'x'.*{re.escape(message)}"):
         read_lora(LoraRef("x", str(_copy(lora_dirs, tmp_path, **config))), shape, max_rank=16)
+
+
+def _saving_whole(lora_dirs, tmp_path, saved: dict[str, tuple[int, int]], **config) -> LoraRef:
+    """The alpha adapter with tensors of modules saved whole (``saved``: name -> shape) and ``config``."""
+    out = _copy(lora_dirs, tmp_path, **config)
+    tensors = load_file(out / WEIGHTS_FILE)
+    tensors.update({f"base_model.model.{name}": np.ones(dims, np.float32) for name, dims in saved.items()})
+    save_file(tensors, str(out / WEIGHTS_FILE))
+    return LoraRef("x", str(out))
+
+
+def test_an_adapter_of_a_classifier_brings_its_head_saved_whole(lora_dirs, shape, tmp_path):
+    # PEFT's task_type SEQ_CLS lists both names transformers gives a classifier head and saves the one there is.
+    classifier = dataclasses.replace(shape, num_labels=3)
+    ref = _saving_whole(lora_dirs, tmp_path, {"score.weight": (3, shape.hidden_size)},
+                        modules_to_save=["classifier", "score"])
+    spec = read_lora(ref, classifier, max_rank=16)
+    assert spec.head == "base_model.model.score.weight" and len(spec.tensors) == 7 * shape.num_layers
+    # Listed but not saved (nothing was trained whole): a plain adapter, for a model with no head too.
+    plain = read_lora(LoraRef("x", str(_copy(lora_dirs, tmp_path / "plain", modules_to_save=["lm_head"]))), shape,
+                      max_rank=16)
+    assert plain.head is None
+
+
+@pytest.mark.parametrize("saved, config, classes, message", [
+    ({"lm_head.weight": (4096, 128)}, {}, 0,
+     "supported for a sequence classifier's head (score.weight) only; found base_model.model.lm_head.weight"),
+    ({"score.weight": (3, 128), "score.bias": (3,)}, {}, 3, "found base_model.model.score.bias"),
+    ({"score.weight": (3, 128)}, {}, 0, "the model is no sequence classifier"),
+    ({"score.weight": (2, 128)}, {}, 3, "has shape (2, 128); this classifier's head is (3, 128) (3 labels)"),
+    ({"score.weight": (3, 128)}, {"alora_invocation_tokens": [5, 6]}, 3, "an activated LoRA"),
+])
+def test_modules_saved_whole_that_the_engine_cannot_serve_are_refused(lora_dirs, shape, tmp_path, saved, config,
+                                                                     classes, message):
+    names = sorted({name.split(".")[0] for name in saved})
+    ref = _saving_whole(lora_dirs, tmp_path, saved, modules_to_save=names, **config)
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        read_lora(ref, dataclasses.replace(shape, num_labels=classes), max_rank=16)
 
 
 def test_missing_damaged_or_foreign_files_are_refused(lora_dirs, shape, tmp_path):

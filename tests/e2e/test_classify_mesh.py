@@ -16,6 +16,7 @@ from seawall.client import build_embed
 from services.common.errors import InvalidArgument
 from tests.e2e.conftest import random_prompts, start_mesh
 from tests.engine.test_classifier import write_classifier
+from tests.lora_adapters import make_classifier_adapter, peft_classifier
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -26,7 +27,8 @@ transformers = pytest.importorskip("transformers")
 def three_classes(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("classifier")
     model = write_classifier(out, tiny_model_dir, 3)
-    mesh = start_mesh(out, tmp_path_factory.mktemp("logs"), scheduler_args=["--chunk-size", "16"])
+    mesh = start_mesh(out, tmp_path_factory.mktemp("logs"),
+                      scheduler_args=["--chunk-size", "16", "--allow-runtime-lora-updating"])
     yield mesh, model, out
     assert all(code == 0 for code in mesh.stop().values())
 
@@ -66,6 +68,25 @@ def test_classify_returns_each_input_s_classes_as_transformers_scores_them(three
         assert row["label"] == f"class-{int(ref.argmax())}" and row["num_classes"] == 3
     assert [row["index"] for row in data] == [0, 1, 2, 3]
     assert out.json()["usage"]["prompt_tokens"] == sum(map(len, prompts))
+
+
+def test_an_adapter_trained_to_classify_scores_with_its_own_head(three_classes, tmp_path):
+    # Loaded at run time; its requests run on the prefill worker (disaggregated), with the base model's.
+    pytest.importorskip("peft")
+    mesh, model, path = three_classes
+    adapter = make_classifier_adapter(path, tmp_path / "adapter", seed=4)
+    loaded = _post(mesh, "/v1/load_lora_adapter", {"lora_name": "tuned", "lora_path": str(adapter)})
+    assert loaded.status_code == 200, loaded.text
+    ids = random_prompts([7, 40, 19], seed=6)
+    with httpx.Client(base_url=mesh.http_url, timeout=60) as http:
+        tuned, plain = (http.post("/classify", json={"model": name, "input": ids}) for name in ("tuned", ""))
+    oracle = peft_classifier(path, adapter)
+    with torch.no_grad():
+        for got, run in ((tuned, oracle), (plain, model)):
+            assert got.status_code == 200, got.text
+            for row, p in zip(got.json()["data"], ids, strict=True):
+                assert torch.tensor(row["logits"]) == pytest.approx(run(torch.tensor([p])).logits[0], rel=1e-4,
+                                                                    abs=1e-4)
 
 
 def test_the_sdk_classifies_over_grpc_as_the_http_api_does(three_classes, default_mesh):

@@ -13,11 +13,13 @@ import torch
 from seawall.offline.engine import OfflineEngine
 from services.common.errors import InvalidArgument
 from services.common.sampling_params import SamplingParams
+from services.common.step import LoraRef
 from services.engine.checkpoint import load_checkpoint_meta
 from services.engine.config import EngineConfig
-from services.engine.pooling import Classifier
+from services.engine.pooling import EMBEDDING_PARAMS, Classifier
 from services.scheduler.core.config import SchedulerConfig
 from tests.engine.test_embeddings import CONFIG, _save
+from tests.lora_adapters import make_classifier_adapter, peft_classifier
 
 pytestmark = pytest.mark.oracle
 transformers = pytest.importorskip("transformers")
@@ -81,3 +83,24 @@ def test_scores_are_softmax_sigmoid_or_the_logits():
     assert Classifier(("a", "b"), "identity").scores([1.5, -2.0]) == [1.5, -2.0]
     probs = Classifier(("a", "b", "c"), "softmax").scores([1000.0, 999.0, 0.0])  # no overflow either
     assert sum(probs) == pytest.approx(1.0) and probs[0] > probs[1] > probs[2]
+
+
+def test_an_adapter_trained_to_classify_scores_with_its_own_head_as_peft_does(classifier, tmp_path):
+    # PEFT's task_type SEQ_CLS saves the classifier head whole beside the LoRA weights: the adapter's requests
+    # are scored by its head, the base model's by the checkpoint's, in one batch.
+    pytest.importorskip("peft")
+    path, base = classifier
+    ref = LoraRef("tuned", str(make_classifier_adapter(path, tmp_path / "adapter", seed=3)))
+    engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32"), SchedulerConfig(chunk_size=16))
+    prompts = _prompts()
+    loras = [ref if i % 2 == 0 else None for i in range(len(prompts))]
+    got = [c.hidden_state for c in engine.generate(prompts, [EMBEDDING_PARAMS] * len(prompts), loras)]
+    oracle = peft_classifier(path, ref.path)
+    with torch.no_grad():
+        want = [(oracle if lora else base)(torch.tensor([p])).logits[0] for p, lora in zip(prompts, loras, strict=True)]
+        without_head = oracle.base_model.model.score.original_module(
+            oracle.base_model.model.model(torch.tensor([prompts[0]])).last_hidden_state[0, -1])
+    for row, ref_row in zip(got, want, strict=True):
+        assert torch.tensor(row) == pytest.approx(ref_row, rel=1e-4, abs=1e-4)
+    assert torch.tensor(got[0]) != pytest.approx(without_head, rel=1e-2, abs=1e-2)  # the head made a difference
+    assert engine.classify(prompts[:1], lora=ref)[0] == pytest.approx(got[0], rel=1e-4, abs=1e-4)
