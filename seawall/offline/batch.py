@@ -29,7 +29,12 @@ from services.common.openai_logprobs import (
     echoed_completion_logprobs,
     vllm_prompt_logprobs,
 )
-from services.common.sampling_params import SamplingParams, from_openai_completion, prompt_truncation
+from services.common.sampling_params import (
+    SamplingParams,
+    bool_field,
+    from_openai_completion,
+    prompt_truncation,
+)
 from services.common.step import LoraRef
 from services.scheduler.admission import check_cache_salt
 from services.scheduler.chat_prompt import ChatPrompt, chat_sampling
@@ -52,6 +57,7 @@ class BatchItem:
     cache_salt: str = ""  # body.cache_salt: only lines with the same salt share cached KV
     beam: BeamParams | None = None  # body.use_beam_search: n beams, each a choice
     chat: bool = False  # a /v1/chat/completions line: its choices are messages
+    as_ids: bool = False  # body.return_tokens_as_token_ids: logprobs name tokens "token_id:ID"
 
 
 def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegistry,
@@ -81,6 +87,7 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem, 
     body = raw.get("body")
     if not isinstance(body, dict):
         raise InvalidArgument("body must be a JSON object holding the completion request")
+    item.as_ids = bool_field(body, "return_tokens_as_token_ids")
     if raw["url"] == "/v1/chat/completions":
         _parse_chat(engine, body, item, chat or ChatPrompt(engine.checkpoint.path, engine.encode))
         return
@@ -171,13 +178,14 @@ def _response_line(item: BatchItem, comps: list[Completion], engine: OfflineEngi
     for j, comp in enumerate(comps):
         logprobs = None
         if item.chat:
-            logprobs = chat_logprobs(comp.logprobs, texts) if item.params.logprobs is not None else None
+            logprobs = chat_logprobs(comp.logprobs, texts, item.as_ids) if item.params.logprobs is not None else None
             choices.append({"index": j, "message": {"role": "assistant", "content": comp.text},
                             "logprobs": logprobs, "finish_reason": comp.finish_reason, "token_ids": comp.token_ids})
             continue
         if item.params.logprobs is not None:
-            logprobs = (echoed_completion_logprobs(comp.prompt_token_ids, comp.prompt_logprobs, comp.logprobs, texts)
-                        if item.echo is not None else completion_logprobs(comp.logprobs, texts))
+            logprobs = (echoed_completion_logprobs(comp.prompt_token_ids, comp.prompt_logprobs, comp.logprobs, texts,
+                                                   item.as_ids)
+                        if item.echo is not None else completion_logprobs(comp.logprobs, texts, as_ids=item.as_ids))
         choices.append({"index": j, "text": (item.echo or "") + comp.text, "logprobs": logprobs,
                         "finish_reason": comp.finish_reason, "token_ids": comp.token_ids})
         if item.prompt_scores:

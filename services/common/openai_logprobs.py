@@ -3,7 +3,9 @@ API's list of token objects. Shared by the HTTP API (also per streamed chunk) an
 
 ``text`` turns one token id into its text (``TokenTexts``). A token that holds part of a multi-byte character
 decodes to U+FFFD on its own, as in vLLM and OpenAI's own responses; the chat shape's ``bytes`` carry what
-that text encodes to.
+that text encodes to. With ``as_ids`` (vLLM's ``return_tokens_as_token_ids``) tokens are named
+``token_id:ID`` instead, which says exactly which token where texts cannot (part of a character, several
+tokens with one text); offsets and ``bytes`` still follow the texts.
 """
 
 from __future__ import annotations
@@ -30,44 +32,57 @@ class TokenTexts:
         return text
 
 
-def completion_logprobs(tokens: Sequence[SampledToken], text: Callable[[int], str], offset: int = 0) -> dict[str, Any]:
+def token_id_name(token_id: int) -> str:
+    """A token as vLLM's ``return_tokens_as_token_ids`` names it."""
+    return f"token_id:{token_id}"
+
+
+def completion_logprobs(tokens: Sequence[SampledToken], text: Callable[[int], str], offset: int = 0,
+                        as_ids: bool = False) -> dict[str, Any]:
     """``/v1/completions``' ``logprobs`` object. ``offset``: characters of the choice's text before these tokens
     (a streamed chunk continues its choice's ``text_offset``). ``top_logprobs_ids`` (Seawall's, as
     ``return_token_ids``) keeps the candidates' ids, which texts alone can confuse."""
-    texts = [text(t.token_id) for t in tokens]
+    name = token_id_name if as_ids else text
     offsets = []
-    for piece in texts:
+    for t in tokens:
         offsets.append(offset)
-        offset += len(piece)
+        offset += len(text(t.token_id))
     return {
-        "tokens": texts,
+        "tokens": [name(t.token_id) for t in tokens],
         "token_logprobs": [t.logprob for t in tokens],
-        "top_logprobs": [{text(tid): lp for tid, lp in t.top_logprobs} for t in tokens],
+        "top_logprobs": [{name(tid): lp for tid, lp in t.top_logprobs} for t in tokens],
         "text_offset": offsets,
         "top_logprobs_ids": [[[tid, lp] for tid, lp in t.top_logprobs] for t in tokens],
     }
 
 
-def chat_logprobs(tokens: Sequence[SampledToken], text: Callable[[int], str]) -> dict[str, Any]:
+def chat_logprobs(tokens: Sequence[SampledToken], text: Callable[[int], str], as_ids: bool = False) -> dict[str, Any]:
     """``/v1/chat/completions``' ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
     def entry(token_id: int, logprob: float | None) -> dict[str, Any]:
         piece = text(token_id)
-        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+        return {"token": token_id_name(token_id) if as_ids else piece, "logprob": logprob,
+                "bytes": list(piece.encode())}
 
     return {"content": [{**entry(t.token_id, t.logprob),
                          "top_logprobs": [entry(tid, lp) for tid, lp in t.top_logprobs]} for t in tokens]}
 
 
 def echoed_completion_logprobs(prompt_ids: Sequence[int], scores: Sequence[SampledToken],
-                               tokens: Sequence[SampledToken], text: Callable[[int], str]) -> dict[str, Any]:
+                               tokens: Sequence[SampledToken], text: Callable[[int], str],
+                               as_ids: bool = False) -> dict[str, Any]:
     """``completion_logprobs`` of an echoed completion: the prompt's tokens first, then ``tokens``. The prompt's
     first token has no score (nothing comes before it: null entries, as OpenAI has them), the others ``scores``
     (positions 1, 2, ...)."""
-    head = completion_logprobs([SampledToken(prompt_ids[0]), *scores] if prompt_ids else [], text)
+    head = completion_logprobs([SampledToken(prompt_ids[0]), *scores] if prompt_ids else [], text, as_ids=as_ids)
     if prompt_ids:
         head["top_logprobs"][0] = head["top_logprobs_ids"][0] = None
-    tail = completion_logprobs(tokens, text, sum(len(t) for t in head["tokens"]))
+    tail = completion_logprobs(tokens, text, sum(len(text(t)) for t in echoed_ids(prompt_ids, scores)), as_ids)
     return {key: head[key] + tail[key] for key in head}
+
+
+def echoed_ids(prompt_ids: Sequence[int], scores: Sequence[SampledToken]) -> list[int]:
+    """The prompt tokens an echoed completion's logprobs list: its first, then those ``scores`` score."""
+    return [prompt_ids[0], *(s.token_id for s in scores)] if prompt_ids else []
 
 
 def vllm_prompt_logprobs(prompt_ids: Sequence[int], scores: Sequence[SampledToken],

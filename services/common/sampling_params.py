@@ -436,6 +436,7 @@ _OPENAI_FIELDS = frozenset({
 # server that keeps nothing for later (``store``, ``metadata``: accepted, as vLLM accepts them, so clients that
 # always send them work).
 _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",
+                             "return_tokens_as_token_ids",
                              "session_id", "priority", "metadata", "store", "service_tier", "prompt_cache_key",
                              "safety_identifier", "truncate_prompt_tokens", "cache_salt",
                              # a beam search's (services/common/beam_search.py beam_from_openai)

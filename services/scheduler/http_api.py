@@ -35,6 +35,7 @@ from services.common.openai_logprobs import (
     chat_logprobs,
     completion_logprobs,
     echoed_completion_logprobs,
+    echoed_ids,
     vllm_prompt_logprobs,
 )
 from services.common.sampling_params import (
@@ -255,6 +256,7 @@ class OpenAIApi:
         # Checked here, before anything is queued; read when the response is written.
         streaming(body)
         bool_field(body, "return_token_ids")
+        bool_field(body, "return_tokens_as_token_ids")
         parent = tracing.extract(request.headers)
         if len(prompts) == 1 and n == 1:
             return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session,
@@ -285,7 +287,8 @@ class OpenAIApi:
         output is a forced tool call, returned as ``tool_calls``."""
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.served_name(body)}
-        extras = _Extras(bool_field(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts)
+        extras = _Extras(bool_field(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts,
+                         bool_field(body, "return_tokens_as_token_ids"))
         stream, include_usage = streaming(body)
         if stream:
             if not await self.started(request, tracked):
@@ -299,7 +302,8 @@ class OpenAIApi:
         choices = []
         for i, out in enumerate(merged):
             choice: dict[str, Any] = {"index": i, "finish_reason": out.finish_reason,
-                                      "logprobs": self._logprobs(tracked[i], out, chat, echo=echoed is not None)}
+                                      "logprobs": self._logprobs(tracked[i], out, chat, extras.as_ids,
+                                                                 echo=echoed is not None)}
             if chat:
                 thought, text = self.split_reasoning(tracked[i], out.text)
                 choice["message"], choice["finish_reason"] = (
@@ -379,9 +383,12 @@ class OpenAIApi:
                     thought, answer = thoughts[i].feed(merged.text, final=merged.finish_reason is not None)
                     merged = replace(merged, text=answer)
                 echo = echoed is not None and first[i]  # the prompt goes out with the choice's first chunk
-                logprobs = self._logprobs(tracked[i], merged, chat, offsets[i], echo=echo)
-                if logprobs is not None and not chat:
-                    offsets[i] += sum(len(t) for t in logprobs["tokens"])
+                logprobs = self._logprobs(tracked[i], merged, chat, extras.as_ids, offsets[i], echo=echo)
+                if logprobs is not None and not chat:  # the texts' characters, whatever names the tokens
+                    shown = [t.token_id for t in merged.logprobs]
+                    if echo:
+                        shown[:0] = echoed_ids(tracked[i].request.prompt_token_ids, merged.prompt_logprobs)
+                    offsets[i] += sum(len(self.texts(t)) for t in shown)
                 choice: dict[str, Any] = {"index": i, "finish_reason": merged.finish_reason, "logprobs": logprobs}
                 if calls is not None:
                     choice["delta"], choice["finish_reason"] = calls[i].delta(merged)
@@ -434,18 +441,18 @@ class OpenAIApi:
             return None
         return self.reasoning.stream(constrained=_constrained_from_start(tracked))
 
-    def _logprobs(self, tracked: TrackedRequest, delta: Delta, chat: bool, offset: int = 0,
+    def _logprobs(self, tracked: TrackedRequest, delta: Delta, chat: bool, as_ids: bool, offset: int = 0,
                   echo: bool = False) -> dict | None:
         """The delta's tokens' logprobs in the endpoint's shape, when the request asked for them; ``echo``: the
-        prompt's tokens and scores first (completions)."""
+        prompt's tokens and scores first (completions); ``as_ids``: tokens named ``token_id:ID``."""
         if tracked.request.params.logprobs is None:
             return None
         if chat:
-            return chat_logprobs(delta.logprobs, self.texts)
+            return chat_logprobs(delta.logprobs, self.texts, as_ids)
         if not echo:
-            return completion_logprobs(delta.logprobs, self.texts, offset)
+            return completion_logprobs(delta.logprobs, self.texts, offset, as_ids)
         return echoed_completion_logprobs(tracked.request.prompt_token_ids, delta.prompt_logprobs, delta.logprobs,
-                                          self.texts)
+                                          self.texts, as_ids)
 
     async def stream(self, tracked: list[TrackedRequest]) -> AsyncIterator[list[tuple[int, Delta]]]:
         if len(tracked) == 1:
@@ -459,11 +466,13 @@ class OpenAIApi:
 @dataclass(frozen=True)
 class _Extras:
     """Seawall's and vLLM's additions to a choice: ``token_ids`` (``return_token_ids``) and the prompt's scores
-    (``prompt_logprobs: k``, in the delta with the first token)."""
+    (``prompt_logprobs: k``, in the delta with the first token); and vLLM's ``return_tokens_as_token_ids``
+    (``as_ids``: logprobs name tokens ``token_id:ID``)."""
 
     token_ids: bool
     prompt_logprobs: bool
     texts: TokenTexts
+    as_ids: bool = False
 
     def fill(self, choice: dict[str, Any], tracked: TrackedRequest, delta: Delta) -> None:
         if self.token_ids:

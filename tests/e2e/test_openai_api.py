@@ -237,6 +237,35 @@ def test_chat_logprobs_are_token_objects(http):
     assert bad.status_code == 400 and "top_logprobs must be an integer" in bad.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Hello", "logprobs": 2}),
+    ("/v1/completions", {"prompt": "Hello", "logprobs": 2, "echo": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2}),
+])
+def test_logprobs_name_tokens_by_id_when_asked_as_vllm_does(http, path, body):
+    body = {**body, "max_tokens": 5, "temperature": 0, "return_token_ids": True}
+    plain = http.post(path, json=body).json()["choices"][0]
+    named = http.post(path, json={**body, "return_tokens_as_token_ids": True}).json()["choices"][0]
+    assert named["token_ids"] == plain["token_ids"]
+    if path == "/v1/completions":
+        lp, ref = named["logprobs"], plain["logprobs"]
+        shown = [int(t.removeprefix("token_id:")) for t in lp["tokens"]]
+        assert shown[len(shown) - len(named["token_ids"]):] == named["token_ids"]
+        assert lp["text_offset"] == ref["text_offset"] and lp["token_logprobs"] == ref["token_logprobs"]
+        assert [list(top) if top else top for top in lp["top_logprobs"]] == [
+            [f"token_id:{tid}" for tid, _ in ids] if ids else ids for ids in ref["top_logprobs_ids"]]
+        events = _sse(http.post(path, json={**body, "return_tokens_as_token_ids": True, "stream": True}))
+        for key in ("tokens", "text_offset"):
+            assert [x for e in events for x in e["choices"][0]["logprobs"][key]] == lp[key], key
+    else:
+        content = named["logprobs"]["content"]
+        assert [e["token"] for e in content] == [f"token_id:{t}" for t in named["token_ids"]]
+        assert [e["bytes"] for e in content] == [e["bytes"] for e in plain["logprobs"]["content"]]
+        assert all(top["token"].startswith("token_id:") for e in content for top in e["top_logprobs"])
+    bad = http.post(path, json={**body, "return_tokens_as_token_ids": "yes"})
+    assert bad.status_code == 400 and "return_tokens_as_token_ids" in bad.json()["error"]["message"]
+
+
 def test_chat_with_n_seeded_choices_gives_different_reproducible_answers(http):
     body = {"messages": [{"role": "user", "content": "Tell me a story"}], "n": 3, "max_tokens": 8,
             "temperature": 1.0, "seed": 11}

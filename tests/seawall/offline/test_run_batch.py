@@ -227,7 +227,9 @@ def test_n_choices_and_an_echo_scored_as_transformers_scores_it(tmp_path, tiny_m
             _req("echo", prompt=prompt, echo=True, logprobs=2, max_tokens=3, temperature=0),
             _req("echo-text", prompt="Hello there", echo=True, max_tokens=2),
             _req("bad-n", prompt="x", n=0),
-            _req("scored", prompt=prompt, prompt_logprobs=0, max_tokens=1, temperature=0)]
+            _req("scored", prompt=prompt, prompt_logprobs=0, max_tokens=1, temperature=0),
+            _req("echo-ids", prompt=prompt, echo=True, logprobs=2, max_tokens=3, temperature=0,
+                 return_tokens_as_token_ids=True)]
     code, out = _run(tmp_path, tiny_model_dir, rows, "--chunk-size", "16")  # the prompt scored in 3 chunks
     assert code == 0
     by_id = {r["custom_id"]: r["response"] for r in out}
@@ -240,6 +242,8 @@ def test_n_choices_and_an_echo_scored_as_transformers_scores_it(tmp_path, tiny_m
     echo = by_id["echo"]["body"]["choices"][0]
     ids, lp = echo["token_ids"], echo["logprobs"]
     assert len(lp["tokens"]) == len(prompt) + len(ids) and lp["token_logprobs"][0] is None
+    named = by_id["echo-ids"]["body"]["choices"][0]["logprobs"]  # vLLM's return_tokens_as_token_ids
+    assert named["tokens"] == [f"token_id:{t}" for t in prompt + ids] and named["text_offset"] == lp["text_offset"]
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     everything = prompt + ids
     with torch.no_grad():
@@ -299,7 +303,8 @@ def test_chat_lines_are_rendered_by_the_chat_template_and_answered_as_chat_compl
     rows = [chat, _req("same", prompt=rendered, max_tokens=6, temperature=0),
             {**chat, "custom_id": "tools", "body": {**chat["body"], "tools": [{"type": "function",
                                                                               "function": {"name": "f"}}]}},
-            {**chat, "custom_id": "stream", "body": {**chat["body"], "stream": True}}]
+            {**chat, "custom_id": "stream", "body": {**chat["body"], "stream": True}},
+            {**chat, "custom_id": "ids", "body": {**chat["body"], "return_tokens_as_token_ids": True}}]
     code, out = _run(tmp_path, tiny_model_dir, rows)
     by_id = {line["custom_id"]: line for line in out}
     body = by_id["chat"]["response"]["body"]
@@ -311,5 +316,7 @@ def test_chat_lines_are_rendered_by_the_chat_template_and_answered_as_chat_compl
         assert choice["token_ids"] == same["token_ids"] and choice["finish_reason"] == same["finish_reason"]
         assert [t["token"] for t in choice["logprobs"]["content"]] and len(choice["logprobs"]["content"][0]["top_logprobs"]) == 2
     assert body["usage"]["prompt_tokens"] == len(rendered)
+    named = by_id["ids"]["response"]["body"]["choices"][0]
+    assert [t["token"] for t in named["logprobs"]["content"]] == [f"token_id:{t}" for t in named["token_ids"]]
     assert by_id["tools"]["response"]["status_code"] == 400 and "tools" in by_id["tools"]["error"]["message"]
     assert by_id["stream"]["response"]["status_code"] == 400
