@@ -64,6 +64,15 @@ class RequestMetrics:
                                registry=registry, buckets=LATENCY_BUCKETS)
         self.finished = Counter("seawall_requests_finished", "Requests finished, by reason", ("reason",),
                                 registry=registry)
+        # vLLM's prompt_tokens_total and generation_tokens_total: rate() of these is the mesh's throughput.
+        self.prompt_tokens = Counter("seawall_prompt_tokens", "Prompt tokens of requests that got their first "
+                                     "token (cached ones too)", registry=registry)
+        self.generation_tokens = Counter("seawall_generation_tokens", "Tokens generated and streamed",
+                                         registry=registry)
+        self.request_prompt_tokens = Histogram("seawall_request_prompt_tokens", "Prompt length of a finished "
+                                               "request", registry=registry, buckets=TOKEN_BUCKETS)
+        self.request_generation_tokens = Histogram("seawall_request_generation_tokens", "Tokens a finished request "
+                                                   "generated", registry=registry, buckets=TOKEN_BUCKETS)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int):

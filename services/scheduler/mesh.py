@@ -245,7 +245,11 @@ class Mesh:
     def _forget(self, request_id: str) -> None:
         tracked = self.tracked.pop(request_id, None)
         if tracked is not None:
-            self.metrics.requests.finished.labels(tracked.finish_reason or "abort").inc()
+            m = self.metrics.requests
+            m.finished.labels(tracked.finish_reason or "abort").inc()
+            if not tracked.request.params.pooling:  # an embedding's one "token" stands in for its vector
+                m.request_prompt_tokens.observe(len(tracked.request.prompt_token_ids))
+                m.request_generation_tokens.observe(tracked.num_emitted)
             if tracked.trace is not None:
                 tracked.trace.finish(tracked.request, tracked.finish_reason)
         self.where.pop(request_id, None)
@@ -452,8 +456,12 @@ class Mesh:
         m = self.metrics.requests
         if tracked.last_token_at is None:
             m.ttft.labels(priority_class(tracked.request.priority)).observe(now - tracked.arrival)
+            if not tracked.request.params.pooling:
+                m.prompt_tokens.inc(len(tracked.request.prompt_token_ids))
         else:
             m.tbt.observe(now - tracked.last_token_at)
+        if not tracked.request.params.pooling:
+            m.generation_tokens.inc()
         tracked.last_token_at = now
         if reason is not None:
             m.e2e.labels(priority_class(tracked.request.priority)).observe(now - tracked.arrival)

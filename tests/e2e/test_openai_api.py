@@ -808,16 +808,31 @@ def test_malformed_json_and_bad_chat_messages_get_400(http):
     assert response.status_code == 400 and "logprobs must be true or false" in response.json()["error"]["message"]
 
 
-def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, default_mesh):
+def _scrape(mesh) -> dict[str, dict]:
+    """Each service's metric families by name."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    http.post("/v1/completions", json={"prompt": random_prompts([40], seed=8)[0], "max_tokens": 5})
-    http.post("/v1/completions", json={"prompt": random_prompts([40], seed=9)[0], "max_tokens": 5, "priority": -2})
-    families = {}
-    for name, url in default_mesh.metrics_urls.items():
-        text = httpx.get(url, timeout=10).text
-        families[name] = {f.name: f for f in text_string_to_metric_families(text)}
+    return {name: {f.name: f for f in text_string_to_metric_families(httpx.get(url, timeout=10).text)}
+            for name, url in mesh.metrics_urls.items()}
+
+
+def _total(families: dict, name: str, suffix: str = "_total") -> float:
+    return sum(s.value for s in families[name].samples if s.name.endswith(suffix))
+
+
+def test_every_service_serves_prometheus_metrics_a_scraper_can_parse(http, default_mesh):
+    before = _scrape(default_mesh)["scheduler"]
+    http.post("/v1/completions", json={"prompt": random_prompts([40], seed=8)[0], "max_tokens": 5, "ignore_eos": True})
+    http.post("/v1/completions", json={"prompt": random_prompts([40], seed=9)[0], "max_tokens": 5, "priority": -2,
+                                       "ignore_eos": True})
+    families = _scrape(default_mesh)
     sched = families["scheduler"]
+    # vLLM's throughput counters and per-request lengths: these two requests' 80 prompt and 10 output tokens.
+    for name, suffix, grew in (("seawall_prompt_tokens", "_total", 80), ("seawall_generation_tokens", "_total", 10),
+                               ("seawall_request_prompt_tokens", "_sum", 80),
+                               ("seawall_request_generation_tokens", "_sum", 10),
+                               ("seawall_request_generation_tokens", "_count", 2)):
+        assert _total(sched, name, suffix) - _total(before, name, suffix) == grew, name
     for name in ("seawall_request_ttft_seconds", "seawall_request_tbt_seconds", "seawall_request_e2e_seconds",
                  "seawall_step_seconds", "seawall_kv_blocks", "seawall_requests", "seawall_queue_length",
                  "seawall_preemptions", "seawall_kv_transfer_bytes"):
