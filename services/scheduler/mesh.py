@@ -433,11 +433,15 @@ class Mesh:
 
     def _dispatch(self, link: WorkerLink, events, now: float) -> None:
         """Streams a result's tokens; ``now`` is when it arrived (every token in it arrived then)."""
+        generated = 0  # counted once per result: a counter's lock per token is a visible share of a short step
         for event in events:
             tracked = self.tracked.get(event.request_id)
             if tracked is None:
                 continue
+            emitted = tracked.num_emitted
             reason = tracked.emit(event.token, event.finish_reason)
+            if not tracked.request.params.pooling:
+                generated += tracked.num_emitted - emitted
             self._observe_token(tracked, reason, now)
             if reason is not None:
                 if event.finish_reason is None:  # a stop string, seen only in the text
@@ -451,6 +455,7 @@ class Mesh:
                 # Once, though a multi-step result may hold several tokens; and not when a later token of
                 # the same result already ended the request in the core.
                 self.hand_off(link, tracked.request)
+        self.metrics.requests.generation_tokens.inc(generated)
 
     def _observe_token(self, tracked: TrackedRequest, reason: str | None, now: float) -> None:
         m = self.metrics.requests
@@ -460,8 +465,6 @@ class Mesh:
                 m.prompt_tokens.inc(len(tracked.request.prompt_token_ids))
         else:
             m.tbt.observe(now - tracked.last_token_at)
-        if not tracked.request.params.pooling:
-            m.generation_tokens.inc()
         tracked.last_token_at = now
         if reason is not None:
             m.e2e.labels(priority_class(tracked.request.priority)).observe(now - tracked.arrival)
