@@ -19,10 +19,12 @@ beam search (``BeamHypothesis``: token ids, text, finish reason, summed logprob,
 logits). ``embed(inputs, dimensions=...)`` returns each input's embedding (``Embed``: an embedding checkpoint's pooled
 vector, or a generative model's last hidden state, normalized).
 Server errors arrive as ``services.common.errors`` exceptions: ``InvalidArgument``, ``ResourceExhausted``...
+A mesh started with an API key needs it: ``Client(address, api_key=...)``, or ``$SEAWALL_API_KEY``.
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -34,6 +36,7 @@ import grpc
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
 from services.common.convert import finish_reason_from_proto, params_to_proto, sampled_token_from_proto
+from services.common.credentials import api_key_or_env, bearer_metadata
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.rpc import rpc, rpc_stream
 from services.common.sampling_params import SamplingParams, logit_bias_pairs
@@ -260,10 +263,28 @@ def _error(exc: grpc.RpcError) -> errors.SeawallError:
     return errors.error_for_code(exc.code().name, exc.details() or str(exc.code()))
 
 
+class _Keyed:
+    """A stub whose every call carries the API key."""
+
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, key: str) -> None:
+        self._stub, self._metadata = stub, bearer_metadata(key)
+
+    def __getattr__(self, name: str):
+        return functools.partial(getattr(self._stub, name), metadata=self._metadata)
+
+
+def _stub(channel, api_key: str | None) -> scheduler_pb2_grpc.SchedulerStub:
+    key = api_key_or_env(api_key)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    return _Keyed(stub, key) if key else stub
+
+
 class AsyncClient:
-    def __init__(self, address: str = DEFAULT_ADDRESS) -> None:
+    """``api_key``: the mesh's key, if it asks for one (default: ``$SEAWALL_API_KEY``)."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, api_key: str | None = None) -> None:
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._stub = _stub(self._channel, api_key)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -358,9 +379,9 @@ class AsyncClient:
 class Client:
     """The blocking twin of ``AsyncClient``."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS) -> None:
+    def __init__(self, address: str = DEFAULT_ADDRESS, api_key: str | None = None) -> None:
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._open_stub: scheduler_pb2_grpc.SchedulerStub | None = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._open_stub: scheduler_pb2_grpc.SchedulerStub | None = _stub(self._channel, api_key)
 
     @property
     def _stub(self) -> scheduler_pb2_grpc.SchedulerStub:

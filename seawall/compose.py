@@ -39,12 +39,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
 
 from seawall.launcher import Child, LocalMesh, MeshOptions, free_port
+from services.common.credentials import API_KEY_ENV
 from services.common.errors import InvalidArgument, Unavailable
 
 LOOPBACK = "127.0.0.1"
@@ -586,6 +587,10 @@ class ComposeMesh(LocalMesh):
     def _find_endpoints(self) -> None:
         for svc in self.plan.services:
             if svc.module == "services.scheduler":
+                # Waiting for the workers asks the scheduler, which wants its key if it has one.
+                environ = os.environ if self.compose.environ is None else self.compose.environ
+                key = {**environ, **svc.env}.get(API_KEY_ENV)  # what _spawn_service gave it
+                self.options = replace(self.options, api_key=key or None)
                 grpc_port, http_port = svc.flag("--grpc-port"), svc.flag("--http-port")
                 self.grpc_address = f"{LOOPBACK}:{grpc_port}" if grpc_port else ""
                 if http_port and http_port != "0":

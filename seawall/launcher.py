@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.credentials import API_KEY_ENV, bearer_metadata
 from services.common.errors import EXIT_PORT_IN_USE, InvalidArgument, Unavailable
 from services.engine.checkpoint import resolve_model_dir
 
@@ -49,6 +50,9 @@ class MeshOptions:
     # to other work on the box (scheduler, clients, other services); bench/README.md, "Worker threads", has
     # what that did on 2 cores.
     torch_threads: int = 0
+    # The key clients must send (services/scheduler/api_key.py); None = none. Given to the scheduler in its
+    # environment, not as a flag that the process list shows.
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # Refused here, before any process starts: a mesh without a worker came up "ready" and held every
@@ -83,6 +87,7 @@ class Child:
     proc: subprocess.Popen
     log_path: Path | None
     module_args: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = field(default=None, repr=False)  # None: this process's
 
 
 class LocalMesh:
@@ -140,9 +145,12 @@ class LocalMesh:
             self.kvcache_address = f"{o.host}:{kv_port}"
             self._spawn("kvcache", ["services.kvcache", "--host", o.host, "--port", str(kv_port), *o.kvcache_args])
             mode_args += ["--kvcache", self.kvcache_address]
+        # The key only from the options: one this process's environment holds is not the mesh's unless asked.
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | ({API_KEY_ENV: o.api_key} if o.api_key
+                                                                             else {})
         self._spawn("scheduler", ["services.scheduler", "--model", model, "--host", o.host, "--grpc-port",
                                   str(grpc_port), "--http-port", str(http_port or 0), *mode_args,
-                                  *o.scheduler_args])
+                                  *o.scheduler_args], env)
         threads = worker_threads(o, os.cpu_count() or 1)
         for i, role in enumerate(o.worker_roles):
             port, metrics_port = free_port(o.host), free_port(o.host)
@@ -156,7 +164,7 @@ class LocalMesh:
         n = len(o.worker_roles)
         self._wait(lambda stats: len(stats.workers) >= n, f"{n} workers to register")
 
-    def _spawn(self, name: str, module_args: list[str]) -> None:
+    def _spawn(self, name: str, module_args: list[str], env: dict[str, str] | None = None) -> None:
         log_path = None
         out = None
         if self.options.log_dir is not None:
@@ -164,10 +172,10 @@ class LocalMesh:
             log_path = self.options.log_dir / f"{name}.log"
             out = log_path.open("ab")
         proc = subprocess.Popen([sys.executable, "-m", *module_args], stdout=out, stderr=subprocess.STDOUT if out
-                                else None, stdin=subprocess.DEVNULL, start_new_session=True)
+                                else None, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         if out is not None:
             out.close()
-        self.children.append(Child(name, proc, log_path, module_args))
+        self.children.append(Child(name, proc, log_path, module_args, env))
 
     def _wait(self, ready, what: str) -> None:
         deadline = time.monotonic() + self.options.startup_timeout_s
@@ -176,7 +184,8 @@ class LocalMesh:
             while time.monotonic() < deadline:
                 self._check_children()
                 try:
-                    if ready(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=2.0)):
+                    if ready(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=2.0,
+                                           metadata=bearer_metadata(self.options.api_key))):
                         return
                 except grpc.RpcError:
                     pass
@@ -246,7 +255,7 @@ class LocalMesh:
         old = self.child(name)
         assert old.proc.poll() is not None, f"{name} is still running"
         self.children.remove(old)
-        self._spawn(name, old.module_args)
+        self._spawn(name, old.module_args, old.env)
         if address is not None and not _wait_healthy(address, self.options.startup_timeout_s, self._check_children):
             raise Unavailable(f"{name} did not become healthy again{self._log_hint()}")
 

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from seawall.bench.metrics import RequestRecord, StatsSample
 from seawall.bench.workload import BenchRequest, Workload
+from services.common.credentials import api_key_or_env
 from services.common.errors import InvalidArgument
 
 
@@ -96,8 +97,10 @@ class HttpBackend:
         # No pool cap: a capped pool holds a burst's requests back on this side, and their wait would count as
         # the server's TTFT (httpx allows 100 connections by default). Idle connections are dropped after 2 s,
         # before the server's keep-alive timeout (uvicorn: 5 s) could close one as it is reused.
+        key = api_key_or_env(None)  # a mesh with an API key: $SEAWALL_API_KEY, as the SDK reads it
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=httpx.Limits(
-            max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0))
+            max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0),
+            headers={"Authorization": f"Bearer {key}"} if key else None)
         self.grpc = GrpcBackend(stats_address) if stats_address else None
 
     async def stream(self, req: BenchRequest, tag: str) -> AsyncIterator[Piece]:

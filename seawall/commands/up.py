@@ -31,6 +31,7 @@ from services.engine.checkpoint import resolve_model_dir
 from services.engine.config import add_kv_cache_dtype_flag
 from services.engine.model_config import ModelConfig, add_max_model_len_flag
 from services.scheduler.main import (
+    add_api_key_flag,
     add_lora_flags,
     add_scheduling_flags,
     core_config_from,
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address every service listens on (default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=50051, help="scheduler gRPC port (default 50051; 0 = free)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port (default 8000; 0 = free)")
+    add_api_key_flag(p)
     p.add_argument("--prefill", type=int, default=1, help="prefill workers when disaggregated (default 1)")
     p.add_argument("--decode", type=int, default=1, help="decode workers when disaggregated (default 1)")
     p.add_argument("--workers", type=int, default=1, help="hybrid workers when colocated (default 1)")
@@ -191,7 +193,7 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
                        num_decode=args.workers if colocated else args.decode, host=args.host,
                        grpc_port=args.grpc_port, http_port=args.http_port, scheduler_args=sched,
                        worker_args=workers, kvcache=not args.no_kvcache, kvcache_args=kvcache,
-                       torch_threads=args.torch_threads)
+                       torch_threads=args.torch_threads, api_key=args.api_key or None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,6 +222,9 @@ def run(args: argparse.Namespace) -> int:
             roles = ", ".join(c.name for c in mesh.children if c.name != "scheduler")
             kv = f"; KV {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else ""
             print(f"seawall: mesh ready ({args.mode}; {roles}; policy {args.policy}{kv})", flush=True)
+        if mesh.options.api_key:
+            print("  clients must send the API key (Authorization: Bearer KEY; the SDK reads $SEAWALL_API_KEY)",
+                  flush=True)
         print(f"  gRPC (seawall.Client):  {mesh.grpc_address}", flush=True)
         if mesh.http_url:
             print(f"  OpenAI API:             {mesh.http_url}/v1", flush=True)

@@ -49,6 +49,13 @@ class ModelLoadError(SeawallError):
     http_status = 400
 
 
+class Unauthenticated(SeawallError):
+    """The mesh asks for an API key and the call carried none, or another."""
+
+    grpc_code = "UNAUTHENTICATED"
+    http_status = 401
+
+
 class Unavailable(SeawallError):
     """A worker or service cannot be reached; the request may be retried elsewhere."""
 
@@ -68,6 +75,6 @@ EXIT_PORT_IN_USE = 3
 def error_for_code(grpc_code: str, message: str) -> SeawallError:
     """The error a ``grpc.StatusCode`` name stands for (``SeawallError`` itself for codes without a class of
     their own): how an error that crossed the wire as a status becomes one again."""
-    kinds = (InvalidArgument, NotFound, ResourceExhausted, ModelLoadError, Unavailable)
+    kinds = (InvalidArgument, NotFound, ResourceExhausted, ModelLoadError, Unauthenticated, Unavailable)
     kind = next((k for k in kinds if k.grpc_code == grpc_code), SeawallError)
     return kind(message)

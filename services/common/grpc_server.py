@@ -6,7 +6,7 @@ import asyncio
 import importlib.util
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import anyio
@@ -38,8 +38,8 @@ class Server:
     ``add`` registers a servicer; ``start`` binds (port 0 picks a free one) and marks every service SERVING.
     """
 
-    def __init__(self) -> None:
-        self.grpc = grpc.aio.server(options=SERVER_OPTIONS)
+    def __init__(self, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
+        self.grpc = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors) or None)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         self._names: list[str] = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]

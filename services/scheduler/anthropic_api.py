@@ -26,7 +26,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, SeawallError, Unavailable
+from services.common.errors import (
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SeawallError,
+    Unauthenticated,
+    Unavailable,
+)
 from services.scheduler.chat_tools import join_text_parts
 
 # Fields read here; anything else is refused, naming it (a field silently dropped changes what the client
@@ -368,7 +375,8 @@ def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[st
 
 
 _ERROR_TYPES = ((InvalidArgument, "invalid_request_error"), (NotFound, "not_found_error"),
-                (ResourceExhausted, "rate_limit_error"), (Unavailable, "overloaded_error"))
+                (ResourceExhausted, "rate_limit_error"), (Unavailable, "overloaded_error"),
+                (Unauthenticated, "authentication_error"))
 
 
 def error_body(exc: SeawallError) -> dict[str, Any]:

@@ -28,6 +28,8 @@ class SchedulerServiceConfig:
     # The longest context served (--max-model-len); None = the model's. Workers must serve the same.
     max_model_len: int | None = None
     host: str = "127.0.0.1"
+    # The key every client-facing call must carry (api_key.py); None = none. Not in the repr: configs are logged.
+    api_key: str | None = field(default=None, repr=False)
     # The Scheduler gRPC service (clients, workers registering). 0 picks a free port.
     grpc_port: int = 50051
     # The OpenAI-compatible HTTP API (it also serves /metrics); None turns it off.

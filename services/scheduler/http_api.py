@@ -24,6 +24,7 @@ import anyio
 from anyio.abc import TaskGroup
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -48,6 +49,7 @@ from services.common.step import LoraRef
 from services.common.version import VERSION
 from services.scheduler.admission import check_cache_salt
 from services.scheduler.anthropic_endpoint import MessagesEndpoint
+from services.scheduler.api_key import ApiKey, ApiKeyMiddleware
 from services.scheduler.beam_endpoint import BeamEndpoint
 from services.scheduler.chat_prompt import ChatPrompt, chat_sampling
 from services.scheduler.chat_tools import ToolCalling, tool_calling
@@ -71,11 +73,13 @@ from services.scheduler.tracked import Delta, TrackedRequest
 
 def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry | None = None,
                tool_parser: ToolParser | None = None, reasoning: AnyReasoning | None = None,
-               structured_in_reasoning: bool = False, lora_updating: bool = False) -> Starlette:
+               structured_in_reasoning: bool = False, lora_updating: bool = False,
+               api_key: ApiKey | None = None) -> Starlette:
     """The API's routes; ``tasks`` runs background responses; with ``registry``, also Prometheus text at
     ``/metrics``; ``tool_parser`` reads tool calls in the model's own syntax (``tool_choice: "auto"``),
     ``reasoning`` a chat reply's thinking, whose structured output applies after the thought unless
-    ``structured_in_reasoning``; ``lora_updating`` serves the endpoints that load and unload LoRA adapters."""
+    ``structured_in_reasoning``; ``lora_updating`` serves the endpoints that load and unload LoRA adapters;
+    with ``api_key``, requests without it are refused (api_key.py)."""
     api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning)
     responses = ResponsesEndpoint(api, tasks)
     messages = MessagesEndpoint(api)
@@ -109,7 +113,8 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
         routes.append(Route("/metrics", metrics, methods=["GET"]))
-    return Starlette(routes=routes, exception_handlers={Exception: internal_error})
+    middleware = [Middleware(ApiKeyMiddleware, key=api_key)] if api_key is not None else []
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={Exception: internal_error})
 
 
 class OpenAIApi:

@@ -17,6 +17,7 @@ import uvicorn
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import gc_pauses
+from services.common.credentials import API_KEY_ENV
 from services.common.errors import InvalidArgument
 from services.common.grpc_server import Server, run_service, wait_for_shutdown_signal
 from services.common.metrics import serve_metrics
@@ -25,6 +26,7 @@ from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
 from services.common.tracing import setup_tracing
 from services.engine.checkpoint import load_checkpoint_meta, resolve_model_dir
 from services.engine.model_config import add_max_model_len_flag
+from services.scheduler.api_key import ApiKey, ApiKeyInterceptor
 from services.scheduler.config import (
     DEFAULT_CHUNK_SIZE,
     MODES,
@@ -176,6 +178,7 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--host", default=os.environ.get("SEAWALL_HOST", "127.0.0.1"), help="listen address")
     p.add_argument("--grpc-port", type=int, default=50051, help="Scheduler gRPC port (default 50051)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port, 0 = off (default 8000)")
+    add_api_key_flag(p)
     p.add_argument("--kvcache", default=os.environ.get("SEAWALL_KVCACHE"),
                    help="kvcache service host:port for multi-turn KV reuse (env SEAWALL_KVCACHE; default none)")
     p.add_argument("--otlp-endpoint", default=None,
@@ -199,7 +202,14 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                    structured_output_in_reasoning=args.structured_output_in_reasoning,
                    lora_modules=tuple(args.lora_modules or env_lora_modules()), max_lora_rank=args.max_lora_rank,
-                   allow_runtime_lora_updating=args.allow_runtime_lora_updating)
+                   allow_runtime_lora_updating=args.allow_runtime_lora_updating, api_key=args.api_key or None)
+
+
+def add_api_key_flag(p: argparse.ArgumentParser) -> None:
+    # The environment is the way to give it: a flag's value shows in the process list.
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"clients must send this key (Authorization: Bearer KEY); default ${API_KEY_ENV}, unset = "
+                        "no key; /health, /version and /metrics stay open")
 
 
 def add_lora_flags(p: argparse.ArgumentParser, runtime: bool = True) -> None:
@@ -265,7 +275,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
     for name, path in config.lora_modules:
         frontend.loras.add(name, path)  # a bad adapter stops the start, saying why
         log.info("serving LoRA adapter %r from %s", name, path)
-    server = Server()
+    key = ApiKey(config.api_key) if config.api_key else None
+    server = Server([ApiKeyInterceptor(key)] if key is not None else ())
     server.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                SchedulerServicer(frontend, mesh, config.core.policy),
                scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name)
@@ -275,11 +286,12 @@ async def serve(config: SchedulerServiceConfig) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(mesh.run)
         port = await server.start(config.host, config.grpc_port)
-        log.info("scheduler gRPC on %s:%d (%s, policy %s)", config.host, port, config.mode, config.core.policy)
+        log.info("scheduler gRPC on %s:%d (%s, policy %s)%s", config.host, port, config.mode, config.core.policy,
+                 ", clients need the API key" if key is not None else "")
         if http_socket is not None:
             app = create_app(frontend, tg, metrics.registry, tool_parser(config.tool_call_parser),
                              reasoning_parser(config.reasoning_parser), config.structured_output_in_reasoning,
-                             lora_updating=config.allow_runtime_lora_updating)
+                             lora_updating=config.allow_runtime_lora_updating, api_key=key)
             http = _Uvicorn(uvicorn.Config(app, host=config.host, port=config.http_port, log_level="warning",
                                            lifespan="off"))
             tg.start_soon(http.serve, [http_socket])

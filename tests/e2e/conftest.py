@@ -68,7 +68,7 @@ def greedy_misses(model, prompt: list[int], output: list[int], tol: float = 1e-4
 
 
 def start_mesh(model_dir, log_dir, mode="disaggregated", num_prefill=1, num_decode=1, scheduler_args=(),
-               worker_args=(), http=True, kvcache_args=None) -> LocalMesh:
+               worker_args=(), http=True, kvcache_args=None, api_key=None) -> LocalMesh:
     """A mesh on free ports with small KV pools (so several fit in memory), logs under ``log_dir``."""
     options = MeshOptions(model=str(model_dir), mode=mode, num_prefill=num_prefill if mode != "colocated" else 0,
                           num_decode=num_decode, grpc_port=0, http_port=0 if http else None,
@@ -76,7 +76,7 @@ def start_mesh(model_dir, log_dir, mode="disaggregated", num_prefill=1, num_deco
                           worker_args=["--device", DEVICE, "--dtype", "float32", "--kv-cache-bytes", str(16 * 2**20),
                                        "--swap-bytes", str(16 * 2**20), *worker_args],
                           log_dir=log_dir, startup_timeout_s=180, kvcache=kvcache_args is not None,
-                          kvcache_args=list(kvcache_args or ()))
+                          kvcache_args=list(kvcache_args or ()), api_key=api_key)
     mesh = LocalMesh(options)
     mesh.start()
     return mesh

@@ -1,0 +1,67 @@
+"""A mesh started with an API key (``seawall up --api-key`` / ``$SEAWALL_API_KEY``), with real processes: every
+client-facing call needs the key, over HTTP (OpenAI's Bearer header, Anthropic's x-api-key) and gRPC (the SDK
+sends it); health, version and metrics stay open, and the workers register without it."""
+
+from __future__ import annotations
+
+import grpc
+import httpx
+import pytest
+
+from seawall import Client
+from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.errors import Unauthenticated
+from tests.e2e.conftest import start_mesh
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+KEY = "sk-seawall-test"
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_model_dir, tmp_path_factory):
+    mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), mode="colocated", api_key=KEY)
+    yield mesh
+    mesh.stop()
+
+
+def test_http_calls_need_the_key_and_operators_endpoints_do_not(keyed):
+    completion = {"prompt": "Hi", "max_tokens": 2}
+    with httpx.Client(base_url=keyed.http_url, timeout=60) as http:
+        for headers, status in (({}, 401), ({"Authorization": "Bearer nope"}, 401),
+                                ({"Authorization": f"Bearer {KEY}"}, 200), ({"authorization": f"bearer {KEY}"}, 200),
+                                ({"x-api-key": KEY}, 200)):
+            reply = http.post("/v1/completions", json=completion, headers=headers)
+            assert reply.status_code == status, (headers, reply.text)
+        missing = http.get("/v1/models")
+        assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+        assert "Authorization: Bearer KEY" in missing.json()["error"]["message"]
+        wrong = http.post("/v1/messages", headers={"x-api-key": "nope"},
+                          json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        for path in ("/health", "/version", "/metrics"):
+            assert http.get(path).status_code == 200, path
+        streamed = http.post("/v1/chat/completions", headers={"x-api-key": KEY}, json={
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True})
+        assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+
+
+def test_grpc_calls_need_the_key_and_the_sdk_sends_it(keyed, monkeypatch):
+    monkeypatch.delenv("SEAWALL_API_KEY", raising=False)
+    with Client(keyed.grpc_address) as client, pytest.raises(Unauthenticated, match="needs an API key"):
+        client.generate("Hi", max_tokens=2)
+    with Client(keyed.grpc_address, api_key="nope") as client, pytest.raises(Unauthenticated, match="not this"):
+        client.stats()
+    with Client(keyed.grpc_address, api_key=KEY) as client:
+        assert len(client.generate("Hi", max_tokens=3, ignore_eos=True).token_ids) == 3
+        assert len(client.stats().workers) == 1  # it registered without the key
+    monkeypatch.setenv("SEAWALL_API_KEY", KEY)
+    with Client(keyed.grpc_address) as client:
+        assert sum(len(c.token_ids) for c in client.stream("Hi", max_tokens=2, ignore_eos=True)) == 2
+    with grpc.insecure_channel(keyed.grpc_address) as channel:  # health is open (compose's healthcheck)
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as refused:  # a streaming call is refused before it starts, too
+            list(scheduler_pb2_grpc.SchedulerStub(channel).Generate(scheduler_pb2.GenerateRequest()))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
