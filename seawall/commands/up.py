@@ -31,6 +31,7 @@ from services.engine.checkpoint import resolve_model_dir
 from services.engine.config import add_kv_cache_dtype_flag
 from services.engine.model_config import ModelConfig, add_max_model_len_flag
 from services.scheduler.main import (
+    access_flags,
     add_api_key_flag,
     add_lora_flags,
     add_scheduling_flags,
@@ -158,6 +159,7 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
     sched = scheduling_flags(args)
     sched += _parser_flags(args)
     sched += checked_lora_flags(args)
+    sched += access_flags(args)
     workers = ["--device", args.device]
     if args.max_model_len is not None:  # refused here when the model cannot serve it, before any process starts
         ModelConfig.from_dir(resolve_model_dir(args.model)).with_max_model_len(args.max_model_len)

@@ -30,6 +30,9 @@ class SchedulerServiceConfig:
     host: str = "127.0.0.1"
     # The key every client-facing call must carry (api_key.py); None = none. Not in the repr: configs are logged.
     api_key: str | None = field(default=None, repr=False)
+    # Web origins whose browser pages may call the HTTP API (CORS; "*" = any); none = browsers allow only pages
+    # the API itself serves (vLLM allows any origin by default: opt-in here, as the API may hold a key).
+    allowed_origins: tuple[str, ...] = ()
     # The Scheduler gRPC service (clients, workers registering). 0 picks a free port.
     grpc_port: int = 50051
     # The OpenAI-compatible HTTP API (it also serves /metrics); None turns it off.

@@ -25,6 +25,7 @@ from anyio.abc import TaskGroup
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -74,12 +75,13 @@ from services.scheduler.tracked import Delta, TrackedRequest
 def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry | None = None,
                tool_parser: ToolParser | None = None, reasoning: AnyReasoning | None = None,
                structured_in_reasoning: bool = False, lora_updating: bool = False,
-               api_key: ApiKey | None = None) -> Starlette:
+               api_key: ApiKey | None = None, allowed_origins: Sequence[str] = ()) -> Starlette:
     """The API's routes; ``tasks`` runs background responses; with ``registry``, also Prometheus text at
     ``/metrics``; ``tool_parser`` reads tool calls in the model's own syntax (``tool_choice: "auto"``),
     ``reasoning`` a chat reply's thinking, whose structured output applies after the thought unless
     ``structured_in_reasoning``; ``lora_updating`` serves the endpoints that load and unload LoRA adapters;
-    with ``api_key``, requests without it are refused (api_key.py)."""
+    with ``api_key``, requests without it are refused (api_key.py); browser pages from ``allowed_origins`` may
+    call it (CORS)."""
     api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning)
     responses = ResponsesEndpoint(api, tasks)
     messages = MessagesEndpoint(api)
@@ -113,7 +115,12 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
         routes.append(Route("/metrics", metrics, methods=["GET"]))
-    middleware = [Middleware(ApiKeyMiddleware, key=api_key)] if api_key is not None else []
+    middleware = []
+    if allowed_origins:  # outside the key check: a browser's preflight request carries no credentials
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                                     allow_headers=["*"], expose_headers=["x-queue-time"]))
+    if api_key is not None:
+        middleware.append(Middleware(ApiKeyMiddleware, key=api_key))
     return Starlette(routes=routes, middleware=middleware, exception_handlers={Exception: internal_error})
 
 

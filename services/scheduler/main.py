@@ -202,7 +202,8 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                    structured_output_in_reasoning=args.structured_output_in_reasoning,
                    lora_modules=tuple(args.lora_modules or env_lora_modules()), max_lora_rank=args.max_lora_rank,
-                   allow_runtime_lora_updating=args.allow_runtime_lora_updating, api_key=args.api_key or None)
+                   allow_runtime_lora_updating=args.allow_runtime_lora_updating, api_key=args.api_key or None,
+                   allowed_origins=tuple(args.allowed_origins))
 
 
 def add_api_key_flag(p: argparse.ArgumentParser) -> None:
@@ -210,6 +211,14 @@ def add_api_key_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                    help=f"clients must send this key (Authorization: Bearer KEY); default ${API_KEY_ENV}, unset = "
                         "no key; /health, /version and /metrics stay open")
+    p.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                   help="web origins (https://ui.example, or *) whose pages may call the HTTP API from a browser "
+                        "(CORS); default none")
+
+
+def access_flags(args: argparse.Namespace) -> list[str]:
+    """The scheduler flags ``add_api_key_flag`` adds, but the key: a launcher passes that in the environment."""
+    return ["--allowed-origins", *args.allowed_origins] if args.allowed_origins else []
 
 
 def add_lora_flags(p: argparse.ArgumentParser, runtime: bool = True) -> None:
@@ -291,7 +300,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
         if http_socket is not None:
             app = create_app(frontend, tg, metrics.registry, tool_parser(config.tool_call_parser),
                              reasoning_parser(config.reasoning_parser), config.structured_output_in_reasoning,
-                             lora_updating=config.allow_runtime_lora_updating, api_key=key)
+                             lora_updating=config.allow_runtime_lora_updating, api_key=key,
+                             allowed_origins=config.allowed_origins)
             http = _Uvicorn(uvicorn.Config(app, host=config.host, port=config.http_port, log_level="warning",
                                            lifespan="off"))
             tg.start_soon(http.serve, [http_socket])

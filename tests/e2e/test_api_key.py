@@ -1,6 +1,7 @@
-"""A mesh started with an API key (``seawall up --api-key`` / ``$SEAWALL_API_KEY``), with real processes: every
-client-facing call needs the key, over HTTP (OpenAI's Bearer header, Anthropic's x-api-key) and gRPC (the SDK
-sends it); health, version and metrics stay open, and the workers register without it."""
+"""Who may call a mesh, with real processes. Started with an API key (``seawall up --api-key`` /
+``$SEAWALL_API_KEY``), every client-facing call needs the key, over HTTP (OpenAI's Bearer header, Anthropic's
+x-api-key) and gRPC (the SDK sends it); health, version and metrics stay open, and the workers register without
+it. With ``--allowed-origins``, browser pages from those origins may call the HTTP API (CORS)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from tests.e2e.conftest import start_mesh
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 KEY = "sk-seawall-test"
+UI = "http://ui.example:3000"
 
 
 @pytest.fixture(scope="module")
 def keyed(tiny_model_dir, tmp_path_factory):
-    mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), mode="colocated", api_key=KEY)
+    mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), mode="colocated", api_key=KEY,
+                      scheduler_args=["--allowed-origins", UI])
     yield mesh
     mesh.stop()
 
@@ -65,3 +68,21 @@ def test_grpc_calls_need_the_key_and_the_sdk_sends_it(keyed, monkeypatch):
         with pytest.raises(grpc.RpcError) as refused:  # a streaming call is refused before it starts, too
             list(scheduler_pb2_grpc.SchedulerStub(channel).Generate(scheduler_pb2.GenerateRequest()))
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_pages_from_an_allowed_origin_may_call_the_api_from_a_browser(keyed):
+    with httpx.Client(base_url=keyed.http_url, timeout=60) as http:
+        # The preflight carries no key (browsers send none with it); the call after it does.
+        preflight = http.options("/v1/chat/completions", headers={
+            "Origin": UI, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == UI
+        reply = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                          headers={"Origin": UI, "Authorization": f"Bearer {KEY}"})
+        assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == UI
+        assert "x-queue-time" in reply.headers["access-control-expose-headers"]
+        refused = http.post("/v1/completions", json={"prompt": "Hi"}, headers={"Origin": UI})
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == UI  # readable
+        other = http.options("/v1/completions", headers={"Origin": "http://elsewhere.example",
+                                                          "Access-Control-Request-Method": "POST"})
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
