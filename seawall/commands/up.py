@@ -35,6 +35,7 @@ from services.scheduler.main import (
     add_api_key_flag,
     add_lora_flags,
     add_scheduling_flags,
+    add_served_model_name_flag,
     core_config_from,
     lora_flags,
     scheduling_flags,
@@ -52,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=int, default=50051, help="scheduler gRPC port (default 50051; 0 = free)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port (default 8000; 0 = free)")
     add_api_key_flag(p)
+    add_served_model_name_flag(p)
     p.add_argument("--prefill", type=int, default=1, help="prefill workers when disaggregated (default 1)")
     p.add_argument("--decode", type=int, default=1, help="decode workers when disaggregated (default 1)")
     p.add_argument("--workers", type=int, default=1, help="hybrid workers when colocated (default 1)")

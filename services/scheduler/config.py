@@ -23,8 +23,9 @@ DEFAULT_CHUNK_SIZE = 256
 class SchedulerServiceConfig:
     # Model directory the workers serve: the scheduler reads its tokenizer and config (None = built-in model).
     model: str | None = None
-    # Name clients use in the OpenAI API's "model" field; None = the model directory's name.
-    served_model_name: str | None = None
+    # Names clients may use in the OpenAI API's "model" field, the first the one replies give (vLLM's
+    # --served-model-name); none = the model directory's name.
+    served_model_name: tuple[str, ...] = ()
     # The longest context served (--max-model-len); None = the model's. Workers must serve the same.
     max_model_len: int | None = None
     host: str = "127.0.0.1"

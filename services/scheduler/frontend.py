@@ -43,13 +43,17 @@ class Submission:
 
 
 class Frontend:
-    def __init__(self, checkpoint: Checkpoint, mesh: Mesh, served_model_name: str | None = None,
+    def __init__(self, checkpoint: Checkpoint, mesh: Mesh, served_model_names: Sequence[str] = (),
                  max_lora_rank: int = 16) -> None:
+        """``served_model_names``: what the ``model`` field may call the base model besides its path, the first
+        the name replies give (default: the model directory's name)."""
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer
         self.mesh = mesh
-        self.model_name = served_model_name or checkpoint.path.name
-        self.loras = LoraRegistry(checkpoint.config.lora_shape, max_lora_rank, (self.model_name, str(checkpoint.path)))
+        self.model_names = tuple(served_model_names) or (checkpoint.path.name,)
+        self.model_name = self.model_names[0]
+        self.loras = LoraRegistry(checkpoint.config.lora_shape, max_lora_rank,
+                                  (*self.model_names, str(checkpoint.path)))
         # Structured-output specs are compiled here once, so a bad schema is refused before it is queued.
         self.grammars = GrammarCompiler(checkpoint.tokenizer, checkpoint.config.vocab_size, checkpoint.eos_token_ids)
 

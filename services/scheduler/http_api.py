@@ -147,12 +147,12 @@ class OpenAIApi:
         return JSONResponse({"version": VERSION})
 
     async def models(self, request: Request) -> Response:
-        """The base model, then each LoRA adapter (its ``parent`` the base model, its ``root`` its directory), as
-        vLLM lists them."""
+        """The base model (under each of its served names), then each LoRA adapter (its ``parent`` the base
+        model, its ``root`` its directory), as vLLM lists them."""
         base = self.frontend.model_name
-        data = [{"id": base, "object": "model", "created": 0, "owned_by": "seawall",
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "seawall",
                  "root": str(self.frontend.checkpoint.path), "parent": None,
-                 "max_model_len": self.frontend.max_model_len}]
+                 "max_model_len": self.frontend.max_model_len} for name in self.frontend.model_names]
         data += [{"id": spec.ref.name, "object": "model", "created": 0, "owned_by": "seawall", "root": spec.ref.path,
                   "parent": base, "max_model_len": self.frontend.max_model_len} for spec in self.frontend.loras]
         return JSONResponse({"object": "list", "data": data})

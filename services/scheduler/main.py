@@ -159,7 +159,7 @@ def chunk_size(args: argparse.Namespace) -> int | None:
 
 def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
     core = core_config_from(args)
-    return SchedulerServiceConfig(model=args.model, served_model_name=args.served_model_name,
+    return SchedulerServiceConfig(model=args.model, served_model_name=tuple(args.served_model_name or ()),
                                   max_model_len=args.max_model_len, host=args.host,
                                   grpc_port=args.grpc_port, http_port=args.http_port or None, mode=args.mode,
                                   core=core, max_queue_len=args.max_queue_len, kv_transport=args.kv_transport,
@@ -173,7 +173,7 @@ def config_from(args: argparse.Namespace) -> SchedulerServiceConfig:
 def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p = argparse.ArgumentParser(prog="python -m services.scheduler", description=__doc__)
     p.add_argument("--model", default=None, help="Hugging Face checkpoint dir (default: the built-in model)")
-    p.add_argument("--served-model-name", default=None, help="model name in the API (default: the dir's name)")
+    add_served_model_name_flag(p)
     add_max_model_len_flag(p)
     p.add_argument("--host", default=os.environ.get("SEAWALL_HOST", "127.0.0.1"), help="listen address")
     p.add_argument("--grpc-port", type=int, default=50051, help="Scheduler gRPC port (default 50051)")
@@ -206,6 +206,11 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    allowed_origins=tuple(args.allowed_origins))
 
 
+def add_served_model_name_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model's names in the API, the first the one replies give (default: the dir's name)")
+
+
 def add_api_key_flag(p: argparse.ArgumentParser) -> None:
     # The environment is the way to give it: a flag's value shows in the process list.
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
@@ -217,8 +222,10 @@ def add_api_key_flag(p: argparse.ArgumentParser) -> None:
 
 
 def access_flags(args: argparse.Namespace) -> list[str]:
-    """The scheduler flags ``add_api_key_flag`` adds, but the key: a launcher passes that in the environment."""
-    return ["--allowed-origins", *args.allowed_origins] if args.allowed_origins else []
+    """The scheduler flags ``add_api_key_flag`` and ``add_served_model_name_flag`` add, but the key: a launcher
+    passes that in the environment."""
+    flags = ["--allowed-origins", *args.allowed_origins] if args.allowed_origins else []
+    return flags + (["--served-model-name", *args.served_model_name] if args.served_model_name else [])
 
 
 def add_lora_flags(p: argparse.ArgumentParser, runtime: bool = True) -> None:

@@ -1,7 +1,8 @@
 """Who may call a mesh, with real processes. Started with an API key (``seawall up --api-key`` /
 ``$SEAWALL_API_KEY``), every client-facing call needs the key, over HTTP (OpenAI's Bearer header, Anthropic's
 x-api-key) and gRPC (the SDK sends it); health, version and metrics stay open, and the workers register without
-it. With ``--allowed-origins``, browser pages from those origins may call the HTTP API (CORS)."""
+it. With ``--allowed-origins``, browser pages from those origins may call the HTTP API (CORS). With
+``--served-model-name``, requests may name the model by any of its names."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ UI = "http://ui.example:3000"
 @pytest.fixture(scope="module")
 def keyed(tiny_model_dir, tmp_path_factory):
     mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), mode="colocated", api_key=KEY,
-                      scheduler_args=["--allowed-origins", UI])
+                      scheduler_args=["--allowed-origins", UI, "--served-model-name", "tiny-chat", "tiny"])
     yield mesh
     mesh.stop()
 
@@ -86,3 +87,15 @@ def test_pages_from_an_allowed_origin_may_call_the_api_from_a_browser(keyed):
         other = http.options("/v1/completions", headers={"Origin": "http://elsewhere.example",
                                                           "Access-Control-Request-Method": "POST"})
         assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+
+
+def test_the_model_answers_to_each_of_its_served_names(keyed, tiny_model_dir):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=keyed.http_url, timeout=60, headers=auth) as http:
+        listed = [m["id"] for m in http.get("/v1/models").json()["data"]]
+        assert listed == ["tiny-chat", "tiny"]
+        for name in ("tiny-chat", "tiny", str(tiny_model_dir), ""):  # the first name answers for all of them
+            reply = http.post("/v1/completions", json={"model": name, "prompt": "Hi", "max_tokens": 1})
+            assert reply.status_code == 200 and reply.json()["model"] == "tiny-chat", name
+        unknown = http.post("/v1/completions", json={"model": tiny_model_dir.name + "-x", "prompt": "Hi"})
+        assert unknown.status_code == 404 and "serves 'tiny-chat'" in unknown.json()["error"]["message"]
