@@ -58,6 +58,7 @@ from services.scheduler.classify_endpoint import ClassifyEndpoint
 from services.scheduler.embeddings_endpoint import EmbeddingsEndpoint
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import (
+    continuous_usage,
     error_body,
     error_response,
     internal_error,
@@ -299,9 +300,9 @@ class OpenAIApi:
         output is a forced tool call, returned as ``tool_calls``."""
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.served_name(body)}
-        extras = _Extras(bool_field(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts,
-                         bool_field(body, "return_tokens_as_token_ids"))
         stream, include_usage = streaming(body)
+        extras = _Extras(bool_field(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts,
+                         bool_field(body, "return_tokens_as_token_ids"), continuous_usage(body))
         if stream:
             if not await self.started(request, tracked):
                 return Response(status_code=499)  # nobody reads it: the client went away while queued
@@ -386,6 +387,7 @@ class OpenAIApi:
         obj = "chat.completion.chunk" if chat else "text_completion"
         first = [True] * len(tracked)
         offsets = [0] * len(tracked)  # characters of each choice's token texts so far (completions' text_offset)
+        produced = [0] * len(tracked)  # each choice's tokens so far (vLLM's continuous_usage_stats)
         calls = [tools.stream() for _ in tracked] if tools is not None else None
         thoughts = [self.reasoning_stream(t) for t in tracked] if chat else None
         async for ready in self.stream(tracked):
@@ -413,7 +415,13 @@ class OpenAIApi:
                     choice["delta"]["reasoning_content"] = thought
                 extras.fill(choice, tracked[i], merged)
                 first[i] = False
-                yield _event({**head, "object": obj, "choices": [choice]})
+                event = {**head, "object": obj, "choices": [choice]}
+                if extras.usage_so_far:
+                    produced[i] += len(merged.token_ids)
+                    prompt = len(tracked[i].request.prompt_token_ids)
+                    event["usage"] = {"prompt_tokens": prompt, "completion_tokens": produced[i],
+                                      "total_tokens": prompt + produced[i]}
+                yield _event(event)
                 if merged.error is not None:
                     # The status line went out with the first event: the error comes as an event (vLLM's and
                     # OpenAI's shape, which OpenAI's clients raise), and the other choices are cut short.
@@ -479,12 +487,14 @@ class OpenAIApi:
 class _Extras:
     """Seawall's and vLLM's additions to a choice: ``token_ids`` (``return_token_ids``) and the prompt's scores
     (``prompt_logprobs: k``, in the delta with the first token); and vLLM's ``return_tokens_as_token_ids``
-    (``as_ids``: logprobs name tokens ``token_id:ID``)."""
+    (``as_ids``: logprobs name tokens ``token_id:ID``) and ``continuous_usage_stats`` (``usage_so_far``: each
+    streamed chunk carries its choice's usage so far)."""
 
     token_ids: bool
     prompt_logprobs: bool
     texts: TokenTexts
     as_ids: bool = False
+    usage_so_far: bool = False
 
     def fill(self, choice: dict[str, Any], tracked: TrackedRequest, delta: Delta) -> None:
         if self.token_ids:

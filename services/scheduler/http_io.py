@@ -38,14 +38,23 @@ def error_response(exc: SeawallError, body: dict | None = None) -> JSONResponse:
 
 def streaming(body: dict) -> tuple[bool, bool]:
     """OpenAI's ``stream`` and ``stream_options.include_usage``, type-checked: a number as ``stream`` used to
-    stream (truthy), and a ``stream_options`` that was no object then failed the response, a 500."""
+    stream (truthy), and a ``stream_options`` that was no object then failed the response, a 500. vLLM's
+    ``stream_options.continuous_usage_stats`` is checked too (``continuous_usage`` reads it)."""
     stream, options = bool_field(body, "stream"), body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidArgument(f"stream_options must be an object such as {{\"include_usage\": true}}, got {options!r}")
-    usage = (options or {}).get("include_usage")
-    if usage is not None and not isinstance(usage, bool):
-        raise InvalidArgument(f"stream_options.include_usage must be true or false, got {usage!r}")
-    return stream, bool(usage)
+    for name in ("include_usage", "continuous_usage_stats"):
+        value = (options or {}).get(name)
+        if value is not None and not isinstance(value, bool):
+            raise InvalidArgument(f"stream_options.{name} must be true or false, got {value!r}")
+    return stream, bool((options or {}).get("include_usage"))
+
+
+def continuous_usage(body: dict) -> bool:
+    """vLLM's ``stream_options.continuous_usage_stats`` (with ``include_usage``): every chunk carries its
+    choice's usage so far. Call ``streaming`` first, which checks the fields."""
+    options = body.get("stream_options") or {}
+    return bool(options.get("include_usage") and options.get("continuous_usage_stats"))
 
 
 # The largest request body read (bytes), as gRPC's message limit (grpc_server.MAX_MESSAGE_BYTES): a prompt at the

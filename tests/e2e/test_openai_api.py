@@ -83,6 +83,24 @@ def test_a_stream_of_choices_run_one_after_another_streams_the_first_while_the_n
         m.stop()
 
 
+def test_continuous_usage_stats_put_each_choice_s_usage_so_far_in_every_chunk(http):
+    options = {"include_usage": True, "continuous_usage_stats": True}  # vLLM's
+    body = {"prompt": random_prompts([12], seed=21)[0], "max_tokens": 6, "ignore_eos": True, "n": 2, "stream": True,
+            "stream_options": options, "return_token_ids": True}
+    events = _sse(http.post("/v1/completions", json=body))
+    for i in (0, 1):
+        got = 0
+        for e in (e for e in events if e["choices"] and e["choices"][0]["index"] == i):
+            got += len(e["choices"][0]["token_ids"])
+            assert e["usage"] == {"prompt_tokens": 12, "completion_tokens": got, "total_tokens": 12 + got}
+        assert got == 6
+    assert not events[-1]["choices"] and events[-1]["usage"]["completion_tokens"] == 12  # include_usage's total
+    plain = _sse(http.post("/v1/completions", json={**body, "stream_options": {"include_usage": True}}))
+    assert all("usage" not in e for e in plain if e["choices"])
+    bad = http.post("/v1/completions", json={**body, "stream_options": {**options, "continuous_usage_stats": 1}})
+    assert bad.status_code == 400 and "continuous_usage_stats must be true or false" in bad.text
+
+
 def test_streamed_completion_of_a_text_prompt_equals_the_unstreamed_one(http):
     body = {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0, "return_token_ids": True}
     whole = http.post("/v1/completions", json=body).json()["choices"][0]
