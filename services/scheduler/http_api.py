@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from services.common import tracing
-from services.common.errors import InvalidArgument, SeawallError
+from services.common.errors import InvalidArgument, NotFound, SeawallError
 from services.common.openai_logprobs import (
     TokenTexts,
     chat_logprobs,
@@ -92,6 +92,7 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
         Route("/health", api.health, methods=["GET"]),
         Route("/version", api.version, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{name:path}", api.model, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
@@ -148,6 +149,18 @@ class OpenAIApi:
         return JSONResponse({"version": VERSION})
 
     async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": self._model_cards()})
+
+    async def model(self, request: Request) -> Response:
+        """OpenAI's retrieve-model call (the SDK's ``models.retrieve``): one card of ``/v1/models``, or 404."""
+        name = request.path_params["name"]
+        card = next((c for c in self._model_cards() if c["id"] == name), None)
+        if card is None:
+            served = ", ".join(repr(c["id"]) for c in self._model_cards())
+            return error_response(NotFound(f"the model {name!r} does not exist here; this server serves {served}"))
+        return JSONResponse(card)
+
+    def _model_cards(self) -> list[dict[str, Any]]:
         """The base model (under each of its served names), then each LoRA adapter (its ``parent`` the base
         model, its ``root`` its directory), as vLLM lists them."""
         base = self.frontend.model_name
@@ -156,7 +169,7 @@ class OpenAIApi:
                  "max_model_len": self.frontend.max_model_len} for name in self.frontend.model_names]
         data += [{"id": spec.ref.name, "object": "model", "created": 0, "owned_by": "seawall", "root": spec.ref.path,
                   "parent": base, "max_model_len": self.frontend.max_model_len} for spec in self.frontend.loras]
-        return JSONResponse({"object": "list", "data": data})
+        return data
 
     async def completions(self, request: Request) -> Response:
         try:

@@ -94,6 +94,7 @@ def test_the_model_answers_to_each_of_its_served_names(keyed, tiny_model_dir):
     with httpx.Client(base_url=keyed.http_url, timeout=60, headers=auth) as http:
         listed = [m["id"] for m in http.get("/v1/models").json()["data"]]
         assert listed == ["tiny-chat", "tiny"]
+        assert http.get("/v1/models/tiny").json()["id"] == "tiny"  # each name's card, as OpenAI retrieves one
         for name in ("tiny-chat", "tiny", str(tiny_model_dir), ""):  # the first name answers for all of them
             reply = http.post("/v1/completions", json={"model": name, "prompt": "Hi", "max_tokens": 1})
             assert reply.status_code == 200 and reply.json()["model"] == "tiny-chat", name

@@ -35,6 +35,13 @@ def model(client):
     return client.models.list().data[0].id
 
 
+def test_a_model_is_retrieved_by_its_id_and_an_unknown_one_is_not_found(client, model):
+    card = client.models.retrieve(model)
+    assert card.id == model and card.object == "model" and card.max_model_len > 0
+    with pytest.raises(openai.NotFoundError, match=f"serves '{model}'"):
+        client.models.retrieve("org/not-here")
+
+
 def test_a_completion_of_token_ids_matches_transformers(client, model, hf_greedy):
     prompt = random_prompts([29], seed=11)[0]
     out = client.completions.create(model=model, prompt=prompt, max_tokens=7, temperature=0,
