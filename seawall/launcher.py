@@ -148,9 +148,10 @@ class LocalMesh:
         # The key only from the options: one this process's environment holds is not the mesh's unless asked.
         env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | ({API_KEY_ENV: o.api_key} if o.api_key
                                                                              else {})
+        # No drain on stop: the workers stop first (stop()), so none would be left to finish a request.
         self._spawn("scheduler", ["services.scheduler", "--model", model, "--host", o.host, "--grpc-port",
-                                  str(grpc_port), "--http-port", str(http_port or 0), *mode_args,
-                                  *o.scheduler_args], env)
+                                  str(grpc_port), "--http-port", str(http_port or 0), "--drain-timeout-s", "0",
+                                  *mode_args, *o.scheduler_args], env)
         threads = worker_threads(o, os.cpu_count() or 1)
         for i, role in enumerate(o.worker_roles):
             port, metrics_port = free_port(o.host), free_port(o.host)

@@ -58,13 +58,17 @@ class Server:
         if self.port == 0:
             raise PortInUse(f"cannot listen on {host}:{port}: in use by another process (pick another port)")
         await self.grpc.start()
-        for name in ["", *self._names]:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.set_serving(True)
         return self.port
 
-    async def stop(self, grace_s: float = 5.0) -> None:
+    async def set_serving(self, serving: bool) -> None:
+        """What the health service says of every service: NOT_SERVING tells a load balancer to send elsewhere."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self._names]:
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.set_serving(False)
         await self.grpc.stop(grace_s)
 
 

@@ -31,6 +31,9 @@ class SchedulerServiceConfig:
     host: str = "127.0.0.1"
     # The key every client-facing call must carry (api_key.py); None = none. Not in the repr: configs are logged.
     api_key: str | None = field(default=None, repr=False)
+    # On SIGTERM/SIGINT, how long requests in flight may take to finish (new ones refused, health NOT_SERVING)
+    # before the scheduler stops: a rolling restart loses no stream that ends in time; 0 = stop at once.
+    drain_timeout_s: float = 30.0
     # Web origins whose browser pages may call the HTTP API (CORS; "*" = any); none = browsers allow only pages
     # the API itself serves (vLLM allows any origin by default: opt-in here, as the API may hold a key).
     allowed_origins: tuple[str, ...] = ()
@@ -125,6 +128,8 @@ class SchedulerServiceConfig:
             port = getattr(self, name)
             if port is not None and not 0 <= port < 65536:
                 raise ValueError(f"{name} must be in [0, 65535], got {port}")
+        if not self.drain_timeout_s >= 0:  # NaN too
+            raise ValueError(f"drain_timeout_s must be >= 0 (0 = stop at once), got {self.drain_timeout_s}")
         if self.kvcache_address is not None and ":" not in self.kvcache_address:
             raise ValueError(f"kvcache_address must be host:port, got {self.kvcache_address!r}")
         self._check_parsers()

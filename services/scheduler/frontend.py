@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError
+from services.common.errors import InvalidArgument, ResourceExhausted, SeawallError, Unavailable
 from services.common.sampling_params import FinishReason, SamplingParams
 from services.common.step import LoraRef
 from services.engine.bad_words import bad_words_token_ids
@@ -50,6 +50,7 @@ class Frontend:
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer
         self.mesh = mesh
+        self.draining = False  # shutting down: requests in flight finish, new ones are refused (main.drain)
         self.model_names = tuple(served_model_names) or (checkpoint.path.name,)
         self.model_name = self.model_names[0]
         self.loras = LoraRegistry(checkpoint.config.lora_shape, max_lora_rank,
@@ -125,6 +126,9 @@ class Frontend:
         bad_words_token_ids(self.tokenizer, params.bad_words)  # a word no token writes is refused here
 
     def _prepare(self, item: Submission, trace_parent) -> TrackedRequest:
+        if self.draining:
+            raise Unavailable("this scheduler is shutting down and finishes only the requests it holds; send the "
+                              "request to another replica, or again once it is back")
         prompt = list(item.prompt_token_ids)
         self.validate(prompt, item.params, bool(item.session_id))
         request = Request(item.request_id or f"req-{uuid.uuid4().hex[:16]}", prompt, item.params,

@@ -141,8 +141,8 @@ class OpenAIApi:
 
     async def health(self, request: Request) -> Response:
         workers = len(self.frontend.mesh.live_links())
-        return JSONResponse({"status": "ok" if workers else "no workers", "workers": workers},
-                            status_code=200 if workers else 503)
+        status = "draining" if self.frontend.draining else "ok" if workers else "no workers"
+        return JSONResponse({"status": status, "workers": workers}, status_code=200 if status == "ok" else 503)
 
     async def version(self, request: Request) -> Response:
         """The running Seawall's version (vLLM serves the same shape at the same path)."""

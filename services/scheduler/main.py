@@ -185,6 +185,9 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    help="export traces over OTLP/gRPC here (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset = off)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="Prometheus text on this port too (0 = off; the HTTP API always serves /metrics)")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM, how long requests in flight may take to finish while new ones are refused "
+                        "(default 30; 0 = stop at once)")
     add_scheduling_flags(p)
     p.add_argument("--tool-call-parser", choices=tuple(PARSERS), default=None,
                    help="read tool calls in the model's own syntax, for tool_choice \"auto\" (default: none)")
@@ -203,7 +206,7 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    structured_output_in_reasoning=args.structured_output_in_reasoning,
                    lora_modules=tuple(args.lora_modules or env_lora_modules()), max_lora_rank=args.max_lora_rank,
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating, api_key=args.api_key or None,
-                   allowed_origins=tuple(args.allowed_origins))
+                   allowed_origins=tuple(args.allowed_origins), drain_timeout_s=args.drain_timeout_s)
 
 
 def add_served_model_name_flag(p: argparse.ArgumentParser) -> None:
@@ -315,6 +318,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
             log.info("OpenAI API on http://%s:%d/v1", config.host, config.http_port)
         gc_metrics = gc_pauses.after_startup(metrics.registry)
         await wait_for_shutdown_signal()
+        await drain(frontend, mesh, server, config.drain_timeout_s)
         gc_metrics.close()
         if http is not None:
             http.should_exit = True
@@ -324,6 +328,29 @@ async def serve(config: SchedulerServiceConfig) -> None:
             await kvcache.close()
         tracing.shutdown()
         tg.cancel_scope.cancel()
+
+
+async def drain(frontend: Frontend, mesh: Mesh, server: Server, timeout_s: float) -> None:
+    """Lets the requests in flight finish before the scheduler stops (a rolling restart's SIGTERM), for up to
+    ``timeout_s``: new ones are refused (UNAVAILABLE, HTTP 503) and health says NOT_SERVING, so a balancer sends
+    them elsewhere. Ends early once none is left, or no worker to finish them; a second signal ends it at once."""
+    if timeout_s <= 0 or not mesh.tracked or not mesh.live_links():
+        return
+    frontend.draining = True
+    await server.set_serving(False)
+    log.info("draining %d requests in flight (up to %g s; signal again to stop now)", len(mesh.tracked), timeout_s)
+    async with anyio.create_task_group() as tg:
+        async def again() -> None:
+            await wait_for_shutdown_signal()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(again)
+        with anyio.move_on_after(timeout_s):
+            while mesh.tracked and mesh.live_links():
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    if mesh.tracked:
+        log.warning("stopping with %d requests unfinished", len(mesh.tracked))
 
 
 def main(argv: list[str] | None = None) -> int:

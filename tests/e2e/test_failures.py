@@ -3,13 +3,15 @@ prefill worker's requests finish exactly on the workers left, overload is refuse
 
 from __future__ import annotations
 
+import signal
+
 import anyio
 import httpx
 import pytest
 
 from seawall import AsyncClient
 from seawall.v1 import worker_pb2
-from services.common.errors import ResourceExhausted
+from services.common.errors import ResourceExhausted, Unavailable
 from tests.e2e.conftest import generate_all, greedy_misses, random_prompts, start_mesh
 from tests.lora_adapters import peft_greedy
 
@@ -103,6 +105,45 @@ async def test_an_http_stream_given_up_while_it_queues_leaves_the_queue(tiny_mod
                         await anyio.sleep(0.05)
                 assert stats.num_running == 1 and await client.abort("hog")  # gone while the hog still ran
             await _wait_all_blocks_free(client)
+    finally:
+        m.stop()
+
+
+async def test_a_scheduler_told_to_stop_finishes_the_streams_it_holds_and_refuses_new_ones(tiny_model_dir, tmp_path):
+    # A rolling restart's SIGTERM: the stream in flight ends whole, new requests are refused with UNAVAILABLE
+    # (another replica's to take), health says so, and the scheduler exits cleanly once the stream is done.
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated", scheduler_args=["--drain-timeout-s", "120"])
+    try:
+        prompt = random_prompts([20])[0]
+        scheduler = m.child("scheduler").proc
+        got, finish, streaming = [], [], anyio.Event()
+        async with AsyncClient(m.grpc_address) as client:
+            async def long():
+                async for chunk in client.stream(prompt, max_tokens=1500, ignore_eos=True):
+                    got.extend(chunk.token_ids)
+                    finish.append(chunk.finish_reason)
+                    streaming.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(long)
+                await streaming.wait()
+                scheduler.send_signal(signal.SIGTERM)
+                with anyio.fail_after(30):  # a request sent as the signal lands may still be taken
+                    while True:
+                        try:
+                            await client.generate(prompt, max_tokens=1)
+                        except Unavailable as exc:
+                            assert "shutting down" in str(exc)
+                            break
+                        await anyio.sleep(0.05)
+                async with httpx.AsyncClient(base_url=m.http_url, timeout=10) as http:
+                    health = await http.get("/health")
+                    refused = await http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+                assert health.status_code == 503 and health.json()["status"] == "draining"
+                assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+                assert len(got) < 1500  # all of that while the stream still ran
+        assert len(got) == 1500 and finish[-1] == "length"
+        assert await anyio.to_thread.run_sync(scheduler.wait, 60) == 0
     finally:
         m.stop()
 
