@@ -26,6 +26,8 @@ from seawall.bench.targets import HEADLINE
 
 COLUMNS = (  # (key, header, scale, format)
     ("ttft_p50", "TTFT p50 ms", 1e3, "{:.0f}"), ("ttft_p99", "TTFT p99 ms", 1e3, "{:.0f}"),
+    # the server's own queueing delay (its part of TTFT); "-" where the server does not report it
+    ("queue_delay_p99", "queue p99 ms", 1e3, "{:.0f}"),
     ("tbt_p50", "TBT p50 ms", 1e3, "{:.1f}"), ("tbt_p99", "TBT p99 ms", 1e3, "{:.1f}"),
     ("max_stall", "max stall ms", 1e3, "{:.0f}"), ("burst_tbt_ratio", "burst/steady", 1, "{:.2f}"),
     ("burst_tbt_ratio_control", "burst/control", 1, "{:.2f}"),

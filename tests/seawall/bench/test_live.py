@@ -26,6 +26,7 @@ def test_spawn_two_policies_writes_json_and_html(tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "ratio to vllm" in printed and "target sarathi_burst_tbt_p99_vs_steady" in printed
+    assert "queue p99 ms" in printed  # the server's queueing delay
     report = json.loads(out.read_text())
     assert list(report["results"]) == ["vllm", "sarathi"]
     for res in report["results"].values():
