@@ -31,11 +31,11 @@ from services.engine.checkpoint import resolve_model_dir
 from services.engine.config import add_kv_cache_dtype_flag
 from services.engine.model_config import ModelConfig, add_max_model_len_flag
 from services.scheduler.main import (
-    access_flags,
-    add_api_key_flag,
+    add_api_flags,
     add_lora_flags,
     add_scheduling_flags,
     add_served_model_name_flag,
+    api_flags,
     core_config_from,
     lora_flags,
     scheduling_flags,
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address every service listens on (default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=50051, help="scheduler gRPC port (default 50051; 0 = free)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port (default 8000; 0 = free)")
-    add_api_key_flag(p)
+    add_api_flags(p)
     add_served_model_name_flag(p)
     p.add_argument("--prefill", type=int, default=1, help="prefill workers when disaggregated (default 1)")
     p.add_argument("--decode", type=int, default=1, help="decode workers when disaggregated (default 1)")
@@ -161,7 +161,7 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
     sched = scheduling_flags(args)
     sched += _parser_flags(args)
     sched += checked_lora_flags(args)
-    sched += access_flags(args)
+    sched += api_flags(args)
     workers = ["--device", args.device]
     if args.max_model_len is not None:  # refused here when the model cannot serve it, before any process starts
         ModelConfig.from_dir(resolve_model_dir(args.model)).with_max_model_len(args.max_model_len)

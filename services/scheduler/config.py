@@ -34,6 +34,9 @@ class SchedulerServiceConfig:
     # On SIGTERM/SIGINT, how long requests in flight may take to finish (new ones refused, health NOT_SERVING)
     # before the scheduler stops: a rolling restart loses no stream that ends in time; 0 = stop at once.
     drain_timeout_s: float = 30.0
+    # Logprobs name tokens "token_id:ID" unless a request's return_tokens_as_token_ids says otherwise (vLLM's
+    # --return-tokens-as-token-ids).
+    return_tokens_as_token_ids: bool = False
     # Web origins whose browser pages may call the HTTP API (CORS; "*" = any); none = browsers allow only pages
     # the API itself serves (vLLM allows any origin by default: opt-in here, as the API may hold a key).
     allowed_origins: tuple[str, ...] = ()

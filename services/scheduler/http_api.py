@@ -76,14 +76,15 @@ from services.scheduler.tracked import Delta, TrackedRequest
 def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry | None = None,
                tool_parser: ToolParser | None = None, reasoning: AnyReasoning | None = None,
                structured_in_reasoning: bool = False, lora_updating: bool = False,
-               api_key: ApiKey | None = None, allowed_origins: Sequence[str] = ()) -> Starlette:
+               api_key: ApiKey | None = None, allowed_origins: Sequence[str] = (),
+               tokens_as_ids: bool = False) -> Starlette:
     """The API's routes; ``tasks`` runs background responses; with ``registry``, also Prometheus text at
     ``/metrics``; ``tool_parser`` reads tool calls in the model's own syntax (``tool_choice: "auto"``),
     ``reasoning`` a chat reply's thinking, whose structured output applies after the thought unless
     ``structured_in_reasoning``; ``lora_updating`` serves the endpoints that load and unload LoRA adapters;
     with ``api_key``, requests without it are refused (api_key.py); browser pages from ``allowed_origins`` may
-    call it (CORS)."""
-    api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning)
+    call it (CORS); ``tokens_as_ids``: logprobs name tokens ``token_id:ID`` unless a request says otherwise."""
+    api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning, tokens_as_ids)
     responses = ResponsesEndpoint(api, tasks)
     messages = MessagesEndpoint(api)
     classify = ClassifyEndpoint(api)
@@ -130,8 +131,10 @@ class OpenAIApi:
     """The completions and chat endpoints, and the request plumbing the Responses endpoint runs on."""
 
     def __init__(self, frontend: Frontend, tool_parser: ToolParser | None = None,
-                 reasoning: AnyReasoning | None = None, structured_in_reasoning: bool = False) -> None:
+                 reasoning: AnyReasoning | None = None, structured_in_reasoning: bool = False,
+                 tokens_as_ids: bool = False) -> None:
         self.frontend = frontend
+        self.tokens_as_ids = tokens_as_ids  # vLLM's --return-tokens-as-token-ids: the requests' default
         self.tool_parser = tool_parser
         self.reasoning = reasoning
         self.structured_in_reasoning = structured_in_reasoning
@@ -314,8 +317,10 @@ class OpenAIApi:
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.served_name(body)}
         stream, include_usage = streaming(body)
+        as_ids = (self.tokens_as_ids if body.get("return_tokens_as_token_ids") is None
+                  else bool_field(body, "return_tokens_as_token_ids"))
         extras = _Extras(bool_field(body, "return_token_ids"), body.get("prompt_logprobs") is not None, self.texts,
-                         bool_field(body, "return_tokens_as_token_ids"), continuous_usage(body))
+                         as_ids, continuous_usage(body))
         if stream:
             if not await self.started(request, tracked):
                 return Response(status_code=499)  # nobody reads it: the client went away while queued

@@ -178,7 +178,7 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--host", default=os.environ.get("SEAWALL_HOST", "127.0.0.1"), help="listen address")
     p.add_argument("--grpc-port", type=int, default=50051, help="Scheduler gRPC port (default 50051)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API port, 0 = off (default 8000)")
-    add_api_key_flag(p)
+    add_api_flags(p)
     p.add_argument("--kvcache", default=os.environ.get("SEAWALL_KVCACHE"),
                    help="kvcache service host:port for multi-turn KV reuse (env SEAWALL_KVCACHE; default none)")
     p.add_argument("--otlp-endpoint", default=None,
@@ -206,7 +206,8 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    structured_output_in_reasoning=args.structured_output_in_reasoning,
                    lora_modules=tuple(args.lora_modules or env_lora_modules()), max_lora_rank=args.max_lora_rank,
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating, api_key=args.api_key or None,
-                   allowed_origins=tuple(args.allowed_origins), drain_timeout_s=args.drain_timeout_s)
+                   allowed_origins=tuple(args.allowed_origins), drain_timeout_s=args.drain_timeout_s,
+                   return_tokens_as_token_ids=args.return_tokens_as_token_ids)
 
 
 def add_served_model_name_flag(p: argparse.ArgumentParser) -> None:
@@ -214,20 +215,25 @@ def add_served_model_name_flag(p: argparse.ArgumentParser) -> None:
                    help="the model's names in the API, the first the one replies give (default: the dir's name)")
 
 
-def add_api_key_flag(p: argparse.ArgumentParser) -> None:
-    # The environment is the way to give it: a flag's value shows in the process list.
+def add_api_flags(p: argparse.ArgumentParser) -> None:
+    """Who may call the client-facing API, and how its replies name tokens."""
+    # The environment is the way to give the key: a flag's value shows in the process list.
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                    help=f"clients must send this key (Authorization: Bearer KEY); default ${API_KEY_ENV}, unset = "
                         "no key; /health, /version and /metrics stay open")
     p.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
                    help="web origins (https://ui.example, or *) whose pages may call the HTTP API from a browser "
                         "(CORS); default none")
+    p.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="logprobs name tokens token_id:ID unless a request's return_tokens_as_token_ids says "
+                        "otherwise (vLLM's flag)")
 
 
-def access_flags(args: argparse.Namespace) -> list[str]:
-    """The scheduler flags ``add_api_key_flag`` and ``add_served_model_name_flag`` add, but the key: a launcher
+def api_flags(args: argparse.Namespace) -> list[str]:
+    """The scheduler flags ``add_api_flags`` and ``add_served_model_name_flag`` add, but the key: a launcher
     passes that in the environment."""
     flags = ["--allowed-origins", *args.allowed_origins] if args.allowed_origins else []
+    flags += ["--return-tokens-as-token-ids"] if args.return_tokens_as_token_ids else []
     return flags + (["--served-model-name", *args.served_model_name] if args.served_model_name else [])
 
 
@@ -311,7 +317,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
             app = create_app(frontend, tg, metrics.registry, tool_parser(config.tool_call_parser),
                              reasoning_parser(config.reasoning_parser), config.structured_output_in_reasoning,
                              lora_updating=config.allow_runtime_lora_updating, api_key=key,
-                             allowed_origins=config.allowed_origins)
+                             allowed_origins=config.allowed_origins,
+                             tokens_as_ids=config.return_tokens_as_token_ids)
             http = _Uvicorn(uvicorn.Config(app, host=config.host, port=config.http_port, log_level="warning",
                                            lifespan="off"))
             tg.start_soon(http.serve, [http_socket])

@@ -2,7 +2,8 @@
 ``$SEAWALL_API_KEY``), every client-facing call needs the key, over HTTP (OpenAI's Bearer header, Anthropic's
 x-api-key) and gRPC (the SDK sends it); health, version and metrics stay open, and the workers register without
 it. With ``--allowed-origins``, browser pages from those origins may call the HTTP API (CORS). With
-``--served-model-name``, requests may name the model by any of its names."""
+``--served-model-name``, requests may name the model by any of its names; with ``--return-tokens-as-token-ids``,
+logprobs name tokens by id unless a request says otherwise."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ UI = "http://ui.example:3000"
 @pytest.fixture(scope="module")
 def keyed(tiny_model_dir, tmp_path_factory):
     mesh = start_mesh(tiny_model_dir, tmp_path_factory.mktemp("logs"), mode="colocated", api_key=KEY,
-                      scheduler_args=["--allowed-origins", UI, "--served-model-name", "tiny-chat", "tiny"])
+                      scheduler_args=["--allowed-origins", UI, "--served-model-name", "tiny-chat", "tiny",
+                                      "--return-tokens-as-token-ids"])
     yield mesh
     mesh.stop()
 
@@ -100,3 +102,12 @@ def test_the_model_answers_to_each_of_its_served_names(keyed, tiny_model_dir):
             assert reply.status_code == 200 and reply.json()["model"] == "tiny-chat", name
         unknown = http.post("/v1/completions", json={"model": tiny_model_dir.name + "-x", "prompt": "Hi"})
         assert unknown.status_code == 404 and "serves 'tiny-chat'" in unknown.json()["error"]["message"]
+
+
+def test_the_server_wide_token_names_are_a_default_a_request_may_override(keyed):
+    body = {"prompt": "Hi", "max_tokens": 3, "logprobs": 1, "return_token_ids": True}
+    with httpx.Client(base_url=keyed.http_url, timeout=60, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        named = http.post("/v1/completions", json=body).json()["choices"][0]
+        texts = http.post("/v1/completions", json={**body, "return_tokens_as_token_ids": False}).json()["choices"][0]
+    assert named["logprobs"]["tokens"] == [f"token_id:{t}" for t in named["token_ids"]]
+    assert not any(t.startswith("token_id:") for t in texts["logprobs"]["tokens"])
