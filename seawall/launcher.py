@@ -146,8 +146,9 @@ class LocalMesh:
             self._spawn("kvcache", ["services.kvcache", "--host", o.host, "--port", str(kv_port), *o.kvcache_args])
             mode_args += ["--kvcache", self.kvcache_address]
         # The key only from the options: one this process's environment holds is not the mesh's unless asked.
-        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | ({API_KEY_ENV: o.api_key} if o.api_key
-                                                                             else {})
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+        if o.api_key:
+            env[API_KEY_ENV] = o.api_key
         # No drain on stop: the workers stop first (stop()), so none would be left to finish a request.
         self._spawn("scheduler", ["services.scheduler", "--model", model, "--host", o.host, "--grpc-port",
                                   str(grpc_port), "--http-port", str(http_port or 0), "--drain-timeout-s", "0",

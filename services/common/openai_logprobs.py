@@ -42,13 +42,14 @@ def completion_logprobs(tokens: Sequence[SampledToken], text: Callable[[int], st
     """``/v1/completions``' ``logprobs`` object. ``offset``: characters of the choice's text before these tokens
     (a streamed chunk continues its choice's ``text_offset``). ``top_logprobs_ids`` (Seawall's, as
     ``return_token_ids``) keeps the candidates' ids, which texts alone can confuse."""
-    name = token_id_name if as_ids else text
+    texts = [text(t.token_id) for t in tokens]
     offsets = []
-    for t in tokens:
+    for piece in texts:
         offsets.append(offset)
-        offset += len(text(t.token_id))
+        offset += len(piece)
+    name = token_id_name if as_ids else text
     return {
-        "tokens": [name(t.token_id) for t in tokens],
+        "tokens": [token_id_name(t.token_id) for t in tokens] if as_ids else texts,
         "token_logprobs": [t.logprob for t in tokens],
         "top_logprobs": [{name(tid): lp for tid, lp in t.top_logprobs} for t in tokens],
         "text_offset": offsets,

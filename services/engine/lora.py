@@ -106,7 +106,11 @@ class LoraWeights:
         widths: dict[tuple[int, str], int] = {}
         # Projections held as the checkpoint holds them (a mixer's, the attention's output gate) and the experts'.
         unfused: dict[tuple[int, str], ExpertsLora | ProjectionLora] = {}
+        # A classifier head saved whole (modules_to_save): the adapter's requests are scored by it.
+        self.head: torch.Tensor | None = None
         with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
+            if spec.head is not None:
+                self.head = on_device(f.get_tensor(spec.head))
             for key, (a_name, b_name) in spec.tensors.items():
                 layer, scaling, b = key[0], spec.scalings.get(key, spec.scaling), f.get_tensor(b_name)
                 if key[1] in UNAPPLIED:
@@ -146,11 +150,6 @@ class LoraWeights:
                     bt[row:row + part_a.shape[0], col:col + b.shape[0]] = block
                 row += part_a.shape[0]
             self.layers[layer][fused] = ProjectionLora(on_device(a), on_device(bt), scaling)
-        # A classifier head saved whole (modules_to_save): the adapter's requests are scored by it.
-        self.head: torch.Tensor | None = None
-        if spec.head is not None:
-            with safe_open(str(spec.weights_path), framework="pt", device="cpu") as f:
-                self.head = on_device(f.get_tensor(spec.head))
 
 
 class LoraBatch:

@@ -272,12 +272,11 @@ class ModelRunner:
         bookkeeping stays that of any request."""
         pooled = hidden[pool_rows]
         if self.model.score is not None:  # a classifier: its classes' logits, by its adapter's head where it has one
-            heads = [self.seqs[seq_ids[row]].lora for row in pool_rows]
-            heads = [lora.head if lora is not None else None for lora in heads]
             logits = self.model.score(pooled)
-            for i, head in enumerate(heads):
-                if head is not None:
-                    logits[i] = pooled[i] @ head.T
+            for i, row in enumerate(pool_rows):
+                lora = self.seqs[seq_ids[row]].lora
+                if lora is not None and lora.head is not None:
+                    logits[i] = pooled[i] @ lora.head.T
             pooled = logits
         vectors = pooled.float().tolist()
         sampled = {}

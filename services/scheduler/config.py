@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from services.scheduler.core.scheduler import SchedulerConfig
@@ -131,8 +132,7 @@ class SchedulerServiceConfig:
             port = getattr(self, name)
             if port is not None and not 0 <= port < 65536:
                 raise ValueError(f"{name} must be in [0, 65535], got {port}")
-        if not self.drain_timeout_s >= 0:  # NaN too
-            raise ValueError(f"drain_timeout_s must be >= 0 (0 = stop at once), got {self.drain_timeout_s}")
+        self._check_front_door()
         if self.kvcache_address is not None and ":" not in self.kvcache_address:
             raise ValueError(f"kvcache_address must be host:port, got {self.kvcache_address!r}")
         self._check_parsers()
@@ -145,6 +145,22 @@ class SchedulerServiceConfig:
         for name in ("transfer_timeout_s", "step_timeout_s", "stall_warning_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+    def _check_front_door(self) -> None:
+        """The client-facing API's names, key and origins, and the drain."""
+        names = self.served_model_name
+        if any(not name or name != name.strip() for name in names) or len(set(names)) < len(names):
+            raise ValueError(f"served_model_name must be distinct names without surrounding spaces, got {list(names)}")
+        if self.api_key is not None and (not self.api_key or self.api_key != self.api_key.strip()):
+            raise ValueError("api_key must be non-empty without surrounding spaces (clients' headers are read "
+                             "stripped, so such a key could never match)")
+        for origin in self.allowed_origins:
+            # Browsers send "scheme://host[:port]"; an origin without a scheme would never match one.
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise ValueError(f"allowed_origins: {origin!r} is no origin; use scheme://host[:port], such as "
+                                 "https://ui.example, or *")
+        if not self.drain_timeout_s >= 0:  # NaN too
+            raise ValueError(f"drain_timeout_s must be >= 0 (0 = stop at once), got {self.drain_timeout_s}")
 
     def _check_parsers(self) -> None:
         if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:

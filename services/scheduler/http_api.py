@@ -156,10 +156,10 @@ class OpenAIApi:
 
     async def model(self, request: Request) -> Response:
         """OpenAI's retrieve-model call (the SDK's ``models.retrieve``): one card of ``/v1/models``, or 404."""
-        name = request.path_params["name"]
-        card = next((c for c in self._model_cards() if c["id"] == name), None)
+        name, cards = request.path_params["name"], self._model_cards()
+        card = next((c for c in cards if c["id"] == name), None)
         if card is None:
-            served = ", ".join(repr(c["id"]) for c in self._model_cards())
+            served = ", ".join(repr(c["id"]) for c in cards)
             return error_response(NotFound(f"the model {name!r} does not exist here; this server serves {served}"))
         return JSONResponse(card)
 

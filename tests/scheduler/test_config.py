@@ -21,10 +21,24 @@ from services.worker.config import WorkerConfig
     ({"tool_call_parser": "xlam"}, "tool_call_parser must be one of hermes, llama3_json"),
     ({"reasoning_parser": "o1"}, "reasoning_parser must be one of deepseek_r1, qwen3"),
     ({"structured_output_in_reasoning": True}, "structured_output_in_reasoning needs a reasoning_parser"),
+    ({"served_model_name": ("a", "a")}, "served_model_name must be distinct names"),
+    ({"served_model_name": ("",)}, "served_model_name must be distinct names"),
+    ({"api_key": " k"}, "api_key must be non-empty without surrounding spaces"),
+    ({"api_key": ""}, "api_key must be non-empty"),
+    ({"allowed_origins": ("ui.example",)}, "'ui.example' is no origin"),
+    ({"allowed_origins": ("https://ui.example/app",)}, "is no origin"),
+    ({"drain_timeout_s": -1.0}, "drain_timeout_s must be >= 0"),
+    ({"drain_timeout_s": float("nan")}, "drain_timeout_s must be >= 0"),
 ])
 def test_scheduler_service_config_rejects_what_cannot_work(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         SchedulerServiceConfig(**kwargs)
+
+
+def test_origins_and_names_that_can_work_are_taken():
+    config = SchedulerServiceConfig(allowed_origins=("*", "http://localhost:3000", "https://ui.example"),
+                                    served_model_name=("tiny-chat", "org/tiny"), api_key="sk-1")
+    assert "sk-1" not in repr(config)  # configs are logged
 
 
 def test_defaults_are_valid_and_the_http_api_may_be_off():
