@@ -149,7 +149,8 @@ class LocalMesh:
         env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
         if o.api_key:
             env[API_KEY_ENV] = o.api_key
-        # No drain on stop: the workers stop first (stop()), so none would be left to finish a request.
+        # No drain on stop, for the scheduler or the workers: stop() ends the whole mesh, so no worker would be
+        # left to take a draining one's requests, nor to finish the scheduler's.
         self._spawn("scheduler", ["services.scheduler", "--model", model, "--host", o.host, "--grpc-port",
                                   str(grpc_port), "--http-port", str(http_port or 0), "--drain-timeout-s", "0",
                                   *mode_args, *o.scheduler_args], env)
@@ -158,7 +159,8 @@ class LocalMesh:
             port, metrics_port = free_port(o.host), free_port(o.host)
             self._spawn(f"{role}-{i}", [f"services.{role}", "--model", model, "--host", o.host, "--port", str(port),
                                         "--scheduler", self.grpc_address, "--torch-threads", str(threads),
-                                        "--metrics-port", str(metrics_port), *o.worker_args])
+                                        "--metrics-port", str(metrics_port), "--drain-timeout-s", "0",
+                                        *o.worker_args])
             self.metrics_urls[f"{role}-{i}"] = f"http://{o.host}:{metrics_port}/metrics"
             self.worker_addresses[f"{role}-{i}"] = f"{o.host}:{port}"
         if o.kvcache and not _wait_healthy(self.kvcache_address, o.startup_timeout_s, self._check_children):

@@ -201,7 +201,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "address", "role", "num_device_blocks", "num_device_blocks_used", "num_device_blocks_cached", "num_host_blocks", "num_host_blocks_used", "num_running", "num_prefix_queried_blocks", "num_prefix_hit_blocks", "prompt_token_budget", "step_time", "num_draft_tokens", "num_accepted_draft_tokens", "kv_layout")
+    __slots__ = ("worker_id", "address", "role", "num_device_blocks", "num_device_blocks_used", "num_device_blocks_cached", "num_host_blocks", "num_host_blocks_used", "num_running", "num_prefix_queried_blocks", "num_prefix_hit_blocks", "prompt_token_budget", "step_time", "num_draft_tokens", "num_accepted_draft_tokens", "kv_layout", "draining")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +218,7 @@ class WorkerStats(_message.Message):
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     role: _worker_pb2.WorkerRole
@@ -234,7 +235,8 @@ class WorkerStats(_message.Message):
     num_draft_tokens: int
     num_accepted_draft_tokens: int
     kv_layout: _common_pb2.KVLayout
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_worker_pb2.WorkerRole, str]] = ..., num_device_blocks: _Optional[int] = ..., num_device_blocks_used: _Optional[int] = ..., num_device_blocks_cached: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_blocks_used: _Optional[int] = ..., num_running: _Optional[int] = ..., num_prefix_queried_blocks: _Optional[int] = ..., num_prefix_hit_blocks: _Optional[int] = ..., prompt_token_budget: _Optional[int] = ..., step_time: _Optional[_Union[_worker_pb2.StepTimeProfile, _Mapping]] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...
+    draining: bool
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_worker_pb2.WorkerRole, str]] = ..., num_device_blocks: _Optional[int] = ..., num_device_blocks_used: _Optional[int] = ..., num_device_blocks_cached: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_host_blocks_used: _Optional[int] = ..., num_running: _Optional[int] = ..., num_prefix_queried_blocks: _Optional[int] = ..., num_prefix_hit_blocks: _Optional[int] = ..., prompt_token_budget: _Optional[int] = ..., step_time: _Optional[_Union[_worker_pb2.StepTimeProfile, _Mapping]] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_draft_tokens: _Optional[int] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("policy", "queue_lengths", "num_running", "num_waiting", "num_swapped", "num_preemptions", "num_finished", "num_steps", "workers", "num_migrations", "num_queued_moves", "num_precopied_blocks")
@@ -271,6 +273,20 @@ class RegisterWorkerRequest(_message.Message):
     address: str
     info: _worker_pb2.WorkerInfo
     def __init__(self, address: _Optional[str] = ..., info: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ...) -> None: ...
+
+class DrainWorkerRequest(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class DrainWorkerResponse(_message.Message):
+    __slots__ = ("num_moved", "num_finished")
+    NUM_MOVED_FIELD_NUMBER: _ClassVar[int]
+    NUM_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    num_moved: int
+    num_finished: int
+    def __init__(self, num_moved: _Optional[int] = ..., num_finished: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("worker_id", "scheduler_id")

@@ -75,6 +75,11 @@ class SchedulerStub:
                 request_serializer=seawall_dot_v1_dot_scheduler__pb2.RegisterWorkerRequest.SerializeToString,
                 response_deserializer=seawall_dot_v1_dot_scheduler__pb2.RegisterWorkerResponse.FromString,
                 _registered_method=True)
+        self.DrainWorker = channel.unary_unary(
+                '/seawall.v1.Scheduler/DrainWorker',
+                request_serializer=seawall_dot_v1_dot_scheduler__pb2.DrainWorkerRequest.SerializeToString,
+                response_deserializer=seawall_dot_v1_dot_scheduler__pb2.DrainWorkerResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -150,6 +155,17 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainWorker(self, request, context):
+        """A worker about to stop (its SIGTERM: a rolling update, a scale-in) leaves without losing work: it takes no
+        new request, its queued ones and running decodes move to workers that stay (a running decode with its KV,
+        as a live migration), and those that cannot move finish there. Returns once the worker holds nothing the
+        mesh needs, and the scheduler forgets it; a call ended by its deadline leaves the rest to the worker's exit
+        (recomputed elsewhere, as when a worker dies). NOT_FOUND when no worker registered at that address.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -192,6 +208,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.RegisterWorker,
                     request_deserializer=seawall_dot_v1_dot_scheduler__pb2.RegisterWorkerRequest.FromString,
                     response_serializer=seawall_dot_v1_dot_scheduler__pb2.RegisterWorkerResponse.SerializeToString,
+            ),
+            'DrainWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainWorker,
+                    request_deserializer=seawall_dot_v1_dot_scheduler__pb2.DrainWorkerRequest.FromString,
+                    response_serializer=seawall_dot_v1_dot_scheduler__pb2.DrainWorkerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -411,6 +432,33 @@ class Scheduler:
             '/seawall.v1.Scheduler/RegisterWorker',
             seawall_dot_v1_dot_scheduler__pb2.RegisterWorkerRequest.SerializeToString,
             seawall_dot_v1_dot_scheduler__pb2.RegisterWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/seawall.v1.Scheduler/DrainWorker',
+            seawall_dot_v1_dot_scheduler__pb2.DrainWorkerRequest.SerializeToString,
+            seawall_dot_v1_dot_scheduler__pb2.DrainWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,7 +4,7 @@ key, as vLLM's ``--api-key`` asks. HTTP takes it as ``Authorization: Bearer KEY`
 
 Left open: what operators and the mesh itself call (HTTP ``/health``, ``/version``, ``/metrics``, which a
 Prometheus server scrapes without credentials, as vLLM leaves them; gRPC health and reflection, and the workers'
-``RegisterWorker``).
+``RegisterWorker`` and ``DrainWorker``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from services.scheduler.http_io import error_body
 
 OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
 _SCHEDULER = "/seawall.v1.Scheduler/"
-_OPEN_METHODS = frozenset({f"{_SCHEDULER}RegisterWorker"})
+_OPEN_METHODS = frozenset({f"{_SCHEDULER}RegisterWorker", f"{_SCHEDULER}DrainWorker"})
 _MISSING = ("this mesh needs an API key: send it as 'Authorization: Bearer KEY' (or, over HTTP, 'x-api-key: KEY'); "
             "the SDK sends $SEAWALL_API_KEY or api_key=...")
 _WRONG = "the API key sent is not this mesh's (--api-key / $SEAWALL_API_KEY of the scheduler)"

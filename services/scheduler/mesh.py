@@ -41,6 +41,7 @@ from services.scheduler.peer_prefix import PeerPrefix
 from services.scheduler.placement import EngineLoad, pick_decode, pick_prefill
 from services.scheduler.rebalance import priority_reserve
 from services.scheduler.tracked import TrackedRequest
+from services.scheduler.worker_drain import WorkerDrains
 from services.scheduler.worker_link import Arrival, WorkerLink
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Mesh:
         self.dual_path: DualPath | None = None  # set when a kvcache service is configured
         self.peer = PeerPrefix(self)
         self.migrator = Migrator(self)
+        self.drains = WorkerDrains(self)
         self.decode_for: dict[str, WorkerLink] = {}  # request id -> the decode worker whose cache its prefix came from
         self.links: dict[str, WorkerLink] = {}
         # Failed links whose channels are closing: close() closes them too, should the mesh stop first (a
@@ -119,6 +121,10 @@ class Mesh:
     def live_links(self, *roles: str) -> list[WorkerLink]:
         return [link for link in self.links.values() if link.alive and (not roles or link.role in roles)]
 
+    def serving_links(self, *roles: str) -> list[WorkerLink]:
+        """The live workers that take new requests (not draining), of ``roles`` (none: all)."""
+        return [link for link in self.live_links(*roles) if link.drain is None]
+
     # --- requests ---
 
     def submit(self, tracked: TrackedRequest) -> None:
@@ -148,7 +154,7 @@ class Mesh:
         """Places ``req`` on ``link`` with the prefix a decode worker caches (peer_prefix.py)."""
         if req.request_id not in self.tracked:
             return  # aborted before this task ran
-        if not link.alive:
+        if not link.serving:
             self.place(req)
         elif not await self.peer.admit(req, link):
             self.place_on(link, req)
@@ -184,8 +190,8 @@ class Mesh:
         unfinished requests, less what its prefix cache holds of this prompt, preferring nodes whose storage
         reads drain soon. No token cap (the paper's β): a request is queued on a worker at once, there is no
         shared queue a later fetch would take it from."""
-        roles = ("prefill",) if self.config.mode == "disaggregated" and self.live_links("prefill") else ()
-        links = {link.worker_id: link for link in self.live_links(*roles)}
+        roles = ("prefill",) if self.config.mode == "disaggregated" and self.serving_links("prefill") else ()
+        links = {link.worker_id: link for link in self.serving_links(*roles)}
         if len(links) == 1:  # nothing to weigh; a load sums every request the worker holds
             return next(iter(links.values()))
         pick = pick_prefill([self.engine_load(link, req) for link in links.values()])
@@ -194,7 +200,7 @@ class Mesh:
     def pick_decode_worker(self, req: Request, roles: tuple[str, ...] = ("decode", "hybrid")) -> WorkerLink | None:
         """The worker to decode ``req``, by token load (``placement.pick_decode``); when none has room for it
         now, the one with the fewest tokens (the request waits there for blocks)."""
-        links = {link.worker_id: link for link in self.live_links(*roles)}
+        links = {link.worker_id: link for link in self.serving_links(*roles)}
         if not links:
             return None
         loads = [self.engine_load(link) for link in links.values()]
@@ -274,6 +280,8 @@ class Mesh:
         in_flight: deque[_InFlight] = deque()
         try:
             while link.alive:
+                if link.drain is not None and self.drains.step(link):
+                    break  # drained and retired
                 if call.done() and not in_flight:
                     raise ConnectionError(f"the worker's step stream ended ({await call.code()})")
                 if not in_flight or (len(in_flight) < self._depth and in_flight[-1].expected):
@@ -444,6 +452,8 @@ class Mesh:
                 generated += tracked.num_emitted - emitted
             self._observe_token(tracked, reason, now)
             if reason is not None:
+                if link.drain is not None:
+                    link.drain.finished += 1
                 if event.finish_reason is None:  # a stop string, seen only in the text
                     link.core.finish(event.request_id, reason, num_outputs=tracked.num_emitted)
                 if event.request_id in link.core.handed_off and self.dual_path is not None:
@@ -479,7 +489,7 @@ class Mesh:
         if dst is None:
             # A DE-read staged the prefix on a decode worker: that one takes the request over.
             dst = self.decode_for.pop(req.request_id, None)
-        if dst is None or not dst.alive:
+        if dst is None or not dst.serving:
             dst = self.pick_decode_worker(req)
         if dst is None:
             return  # no decode worker is alive: the request keeps decoding where it is
@@ -566,15 +576,28 @@ class Mesh:
             src.core.release_handed_off(rid)
             src.wake()
 
-    # --- failures ---
+    # --- workers leaving ---
 
-    def _fail(self, link: WorkerLink, why: str) -> None:
-        if not link.alive:
-            return
+    def retire(self, link: WorkerLink) -> None:
+        """Forgets a drained worker (worker_drain.py): it holds nothing the mesh needs any more."""
+        self._remove(link)
+        log.info("worker %s at %s drained and left: %d requests moved, %d finished there", link.worker_id,
+                 link.address, link.drain.moved, link.drain.finished)
+
+    def _remove(self, link: WorkerLink) -> None:
         link.alive = False
         link.release_fences()
         self.links.pop(link.worker_id, None)
         self.num_preemptions_gone += sum(link.core.preemptions.values())
+        self._closing[id(link)] = link
+        self._tg.start_soon(self._close_channel, link)
+        if link.drain is not None:
+            link.drain.done.set()
+
+    def _fail(self, link: WorkerLink, why: str) -> None:
+        if not link.alive:
+            return
+        self._remove(link)
         log.warning("worker %s at %s failed (%s): moving its requests to live workers", link.worker_id,
                     link.address, why)
         orphans = link.core.drain()
@@ -588,8 +611,6 @@ class Mesh:
             self.where.pop(req.request_id, None)
             if self._count_move(req, why):
                 self.place(req)
-        self._closing[id(link)] = link
-        self._tg.start_soon(self._close_channel, link)
 
     async def _close_channel(self, link: WorkerLink) -> None:
         await link.channel.close()

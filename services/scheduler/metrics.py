@@ -55,6 +55,16 @@ class _MeshCollector:
     def __init__(self, mesh) -> None:
         self.mesh = mesh
 
+    def _workers(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        workers = GaugeMetricFamily("seawall_workers", "Registered live workers by role", labels=["role"])
+        draining = GaugeMetricFamily("seawall_workers_draining", "Of those, workers leaving (DrainWorker): they take "
+                                     "no new request", labels=["role"])
+        for role in ("prefill", "decode", "hybrid"):
+            live = self.mesh.live_links(role)
+            workers.add_metric([role], len(live))
+            draining.add_metric([role], sum(link.drain is not None for link in live))
+        return workers, draining
+
     def _lora_requests(self, cores) -> GaugeMetricFamily:
         """Live requests per LoRA adapter, as ``seawall_requests`` counts them (vLLM's lora_requests_info, as one
         series per adapter and state); adapters with no live request have none."""
@@ -116,10 +126,7 @@ class _MeshCollector:
                 states.add_metric([w, "saved_host"], on_host)
                 states.add_metric([w, "host_slots"], slots.host_capacity)
         yield from (levels, blocks, preempt, hits, tails, states)
-        workers = GaugeMetricFamily("seawall_workers", "Registered live workers by role", labels=["role"])
-        for role in ("prefill", "decode", "hybrid"):
-            workers.add_metric([role], len(self.mesh.live_links(role)))
-        yield workers
+        yield from self._workers()
         peer = self.mesh.peer
         reads = CounterMetricFamily("seawall_peer_prefix_reads", "Prompts whose cached prefix a prefill worker read "
                                     "from a decode worker's prefix cache (disaggregated), by outcome",

@@ -76,9 +76,9 @@ class Migrator:
             self._forget_landed()
             self.hand_off_ready(link)
         headroom = self.mesh.config.migration_headroom
-        if headroom <= 0 or (self.roles and link.role not in self.roles):
-            return
-        load = self._load(link, busy=False)
+        if headroom <= 0 or (self.roles and link.role not in self.roles) or link.drain is not None:
+            return  # a draining worker's requests move out by worker_drain.py's rules
+        load = self.load(link, busy=False)
         lead = PRECOPY_LEAD if self.mesh.config.migration_precopy else 1
         if load.freeness >= headroom * lead:  # the common case, decided without weighing the peers
             return
@@ -92,7 +92,7 @@ class Migrator:
         """Hands off the requests leaving ``src`` that no plan in flight runs any more."""
         for rid in src.core.ready_to_leave(src.in_flight[0] if src.in_flight else None):
             _, dst = self.moves[rid]
-            if not dst.alive:
+            if not dst.serving:  # gone, or draining since the move started: picked afresh (or not)
                 src.core.cancel_migration(rid)
                 del self.moves[rid]
                 self.stopped_at.pop(rid, None)
@@ -109,8 +109,8 @@ class Migrator:
         # (wherever the copy was bound, it is only a cache there).
         if self._busy(src, copies=copy_only):
             return
-        peers = {link.worker_id: link for link in self.mesh.live_links(*self.roles) if link is not src}
-        loads = [self._load(link, copies=copy_only) for link in peers.values()]
+        peers = {link.worker_id: link for link in self.mesh.serving_links(*self.roles) if link is not src}
+        loads = [self.load(link, copies=copy_only) for link in peers.values()]
         pick = pick_migration(load, loads, src.core.migratable(), self.mesh.config.migration_headroom, trigger,
                               prefer=self.prepared.get(src.worker_id))
         if pick is None:
@@ -128,9 +128,9 @@ class Migrator:
             self.mesh.spawn(self._precopy, req, src, dst, blocks)
         elif not copy_only:
             log.debug("migrating %s from %s (freeness %.0f) to %s", rid, src.worker_id, load.freeness, dst_id)
-            self._leave(req, src, dst)
+            self.leave(req, src, dst)
 
-    def _leave(self, req: Request, src: WorkerLink, dst: WorkerLink) -> None:
+    def leave(self, req: Request, src: WorkerLink, dst: WorkerLink) -> None:
         """Stops scheduling ``req`` on ``src``: it moves to ``dst`` once no plan in flight runs it."""
         src.core.start_migration(req.request_id)
         self.moves[req.request_id] = (src, dst)
@@ -157,13 +157,13 @@ class Migrator:
             del self.precopies[req.request_id]
         if not (src.alive and dst.alive):
             return
-        what = end_of_copy_ahead(req, src.core, self._load(src, busy=False), self._load(dst, busy=False),
+        what = end_of_copy_ahead(req, src.core, self.load(src, busy=False), self.load(dst, busy=False),
                                  self.mesh.config.migration_headroom, copied=ok,
                                  busy=self._busy(src, copies=False) or self._busy(dst, copies=False))
         if what == TAKE_OVER:
-            self._take_over(src, dst, req)
+            self.take_over(src, dst, req)
         elif what == MOVE:
-            self._leave(req, src, dst)
+            self.leave(req, src, dst)
         else:
             log.debug("no move of %s after copying ahead (%s): %s", req.request_id,
                       "copied" if ok else "copy failed", what)
@@ -208,20 +208,20 @@ class Migrator:
         if req is None:
             return
         headroom = self.mesh.config.migration_headroom
-        peers = {link.worker_id: link for link in self.mesh.live_links(*self.roles) if link is not src}
-        pick = pick_migration(load, [self._load(link, busy=False) for link in peers.values()],
+        peers = {link.worker_id: link for link in self.mesh.serving_links(*self.roles) if link is not src}
+        pick = pick_migration(load, [self.load(link, busy=False) for link in peers.values()],
                               [(req.request_id, req.num_tokens)], headroom)
         if pick is None:
             return
         dst = peers[pick[1]]
         if arrival is None:
-            self._take_over(src, dst, req)
+            self.take_over(src, dst, req)
             return
         src.arrivals.remove(arrival)
         dst.arrivals.append(arrival)
         self._count_queued_move(src, dst)
 
-    def _take_over(self, src: WorkerLink, dst: WorkerLink, req: Request) -> None:
+    def take_over(self, src: WorkerLink, dst: WorkerLink, req: Request) -> None:
         """``dst`` starts ``req``, waiting on ``src`` without KV there (queued, or preempted for recompute)."""
         self.mesh.where.pop(req.request_id, None)
         self.mesh.place_on(dst, src.core.take_queued(req.request_id))
@@ -233,7 +233,7 @@ class Migrator:
         self.num_queued_moves += 1
         dst.wake()
 
-    def _load(self, link: WorkerLink, busy: bool = True, copies: bool = True) -> MemoryLoad:
+    def load(self, link: WorkerLink, busy: bool = True, copies: bool = True) -> MemoryLoad:
         """``link`` as rebalancing sees it; ``busy``: marked so while a move out of it or into it is under way
         (a move without KV leaves nothing under way, so it need not wait for one); ``copies``: a copy ahead
         counts as one."""

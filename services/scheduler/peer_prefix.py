@@ -50,7 +50,7 @@ class PeerPrefix:
         config = self.mesh.config
         if config.mode != "disaggregated" or not config.peer_prefix or not prefill.core.config.caches_prefixes:
             return None
-        best = max(((link, link.cached_prefix_tokens(req)) for link in self.mesh.live_links("decode")),
+        best = max(((link, link.cached_prefix_tokens(req)) for link in self.mesh.serving_links("decode")),
                    key=lambda pair: pair[1], default=None)
         if best is None or best[1] <= max(beyond, prefill.cached_prefix_tokens(req)):
             return None

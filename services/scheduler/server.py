@@ -1,5 +1,5 @@
-"""The Scheduler gRPC service: Generate (streaming), GenerateBatch, Embed, Classify, BeamSearch, Abort, GetStats, RegisterWorker. A shell
-over the mesh."""
+"""The Scheduler gRPC service: Generate (streaming), GenerateBatch, Embed, Classify, BeamSearch, Abort, GetStats,
+RegisterWorker, DrainWorker. A shell over the mesh."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from seawall.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 from services.common import tracing
 from services.common.beam_search import beam_params, hypothesis_text
 from services.common.convert import finish_reason_to_proto, params_from_proto, token_logprobs_to_proto
-from services.common.errors import InvalidArgument, SeawallError
+from services.common.errors import InvalidArgument, NotFound, SeawallError
 from services.common.grpc_server import abort_with
 from services.engine.pooling import check_classifier
 from services.scheduler.beam_driver import beam_search
@@ -161,7 +161,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for link in links:
             blocks, host = link.core.blocks, link.core.host_blocks
             reply.workers.append(scheduler_pb2.WorkerStats(
-                worker_id=link.worker_id, address=link.address, role=link.info.role,
+                worker_id=link.worker_id, address=link.address, role=link.info.role, draining=link.drain is not None,
                 num_device_blocks=blocks.num_blocks, num_device_blocks_used=blocks.num_blocks - blocks.num_free,
                 num_device_blocks_cached=blocks.num_cached, num_host_blocks=host.num_blocks if host else 0,
                 num_host_blocks_used=(host.num_blocks - host.num_free) if host else 0,
@@ -183,6 +183,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             await abort_with(context, InvalidArgument(f"worker {request.address} cannot serve this scheduler: "
                                                       f"{as_flag(str(exc))}"))
         return scheduler_pb2.RegisterWorkerResponse(worker_id=link.worker_id, scheduler_id=link.epoch)
+
+    async def DrainWorker(self, request, context):
+        link = next((w for w in self.mesh.live_links() if w.address == request.address), None)
+        if link is None:
+            await abort_with(context, NotFound(f"no live worker registered at {request.address!r}: drain the "
+                                               "address a worker registered with (its --advertise host and port)"))
+        drain = await self.mesh.drains.drain(link)
+        return scheduler_pb2.DrainWorkerResponse(num_moved=drain.moved, num_finished=drain.finished)
 
 
 def _budget(config: SchedulerConfig) -> int:

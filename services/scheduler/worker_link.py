@@ -6,6 +6,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import grpc
@@ -16,6 +17,9 @@ from services.common.grpc_server import CHANNEL_OPTIONS
 from services.scheduler.core.block_manager import BlockManager
 from services.scheduler.core.request import Request
 from services.scheduler.core.scheduler import Scheduler, SchedulerConfig, StepTimeModel
+
+if TYPE_CHECKING:
+    from services.scheduler.worker_drain import Drain
 
 ROLE_NAMES = {worker_pb2.WORKER_ROLE_PREFILL: "prefill", worker_pb2.WORKER_ROLE_DECODE: "decode",
               worker_pb2.WORKER_ROLE_HYBRID: "hybrid"}
@@ -42,6 +46,7 @@ class WorkerLink:
     # every sequence it holds (after a reconnect, or a new scheduler).
     epoch: str = field(default_factory=lambda: uuid.uuid4().hex)
     alive: bool = True
+    drain: Drain | None = None  # leaving on purpose (worker_drain.py): it takes no new request
     num_steps: int = 0
     last_result_at: float = 0.0  # scheduler clock: when the worker's latest step result came back
     arrivals: deque[Arrival] = field(default_factory=deque)
@@ -76,6 +81,11 @@ class WorkerLink:
                          hash_seed=hash_seed(Path(info.model).name, block_size))
         channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         return cls(worker_id, address, info, core, channel, worker_pb2_grpc.WorkerStub(channel))
+
+    @property
+    def serving(self) -> bool:
+        """Whether it takes new requests: alive, and not draining."""
+        return self.alive and self.drain is None
 
     @property
     def role(self) -> str:

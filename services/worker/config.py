@@ -42,6 +42,9 @@ class WorkerConfig:
     # Time a few steps before registering and report the fit (services/engine/step_profile.py), so the
     # scheduler's step-time model is this worker's. False: the scheduler assumes its default model.
     profile_steps: bool = True
+    # On SIGTERM, leave the mesh without losing work for up to this long (DrainWorker: requests move to
+    # workers that stay or finish here) before stopping; 0 = stop at once (the scheduler recomputes them).
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -53,6 +56,8 @@ class WorkerConfig:
             raise ValueError(f"torch_threads must be >= 0 (0 = torch's default), got {self.torch_threads}")
         if self.step_thread not in STEP_THREADS:
             raise ValueError(f"step_thread must be one of {', '.join(STEP_THREADS)}, got {self.step_thread!r}")
+        if not self.drain_timeout_s >= 0:  # NaN too
+            raise ValueError(f"drain_timeout_s must be >= 0 (0 = stop at once), got {self.drain_timeout_s}")
         if self.compute_gbps < 0:
             raise ValueError(f"compute_gbps must be >= 0 GB/s (0 = not shaped), got {self.compute_gbps}")
 

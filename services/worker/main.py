@@ -92,6 +92,10 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
                         "direction (default 0 = not shaped)")
     p.add_argument("--no-step-profile", action="store_true",
                    help="do not time steps at start-up (the scheduler then assumes its default step-time model)")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM, first leave the mesh without losing work for up to this long: its requests "
+                        "move to the workers that stay, or finish here (default 30; 0 = stop at once, and the "
+                        "scheduler recomputes them elsewhere)")
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -100,7 +104,7 @@ def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:
                         step_thread=args.step_thread,
                         name=args.advertise or "", metrics_port=args.metrics_port,
                         otlp_endpoint=args.otlp_endpoint, compute_gbps=args.compute_gbps,
-                        profile_steps=not args.no_step_profile)
+                        profile_steps=not args.no_step_profile, drain_timeout_s=args.drain_timeout_s)
 
 
 async def serve(config: WorkerConfig) -> None:
@@ -133,7 +137,9 @@ async def serve(config: WorkerConfig) -> None:
                 await register(config.scheduler_address, address, servicer.info())
                 tg.start_soon(stay_registered, config.scheduler_address, address, servicer)
             await wait_for_shutdown_signal()
-            tg.cancel_scope.cancel()
+            tg.cancel_scope.cancel()  # draining, it must not register again when the scheduler lets it go
+        if config.scheduler_address and config.drain_timeout_s > 0:
+            await drain(config.scheduler_address, address, server, config.drain_timeout_s)
     finally:
         gc_metrics.close()
         servicer.close_streams()
@@ -189,6 +195,31 @@ async def stay_registered(scheduler: str, address: str, servicer: WorkerServicer
         log.warning("the scheduler's step stream ended; registering with %s again", scheduler)
         await anyio.sleep(pause_s)  # a worker the scheduler keeps dropping rejoins at this pace, not in a loop
         await register(scheduler, address, servicer.info(), timeout_s=math.inf)
+
+
+async def drain(scheduler: str, address: str, server: Server, timeout_s: float) -> None:
+    """Leaves the mesh without losing work (``Scheduler.DrainWorker``): returns once the scheduler moved or
+    finished every request this worker held, after ``timeout_s``, or at a second signal. Meanwhile the worker
+    runs the steps it is sent and serves its KV to the peers taking its requests; health says NOT_SERVING."""
+    await server.set_serving(False)
+    log.info("draining: moving this worker's requests to others or finishing them here (up to %g s; signal "
+             "again to stop now)", timeout_s)
+    async with anyio.create_task_group() as tg:
+        async def again() -> None:
+            await wait_for_shutdown_signal()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(again)
+        try:
+            async with grpc.aio.insecure_channel(scheduler, options=CHANNEL_OPTIONS) as channel:
+                reply = await rpc(scheduler_pb2_grpc.SchedulerStub(channel).DrainWorker(
+                    scheduler_pb2.DrainWorkerRequest(address=address), timeout=timeout_s))
+            log.info("drained: %d requests moved to other workers, %d finished here", reply.num_moved,
+                     reply.num_finished)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("stopping undrained (%s: %s): the scheduler recomputes what this worker held elsewhere",
+                        exc.code().name, exc.details())
+        tg.cancel_scope.cancel()
 
 
 def main(argv: list[str] | None = None, role: str | None = None) -> int:

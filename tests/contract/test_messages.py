@@ -24,6 +24,7 @@ EXPECTED_SERVICES = {
         "Abort": UNARY,
         "GetStats": UNARY,
         "RegisterWorker": UNARY,
+        "DrainWorker": UNARY,
     },
     "seawall.v1.Worker": {
         "Describe": UNARY,

@@ -95,6 +95,13 @@ def test_workers_register_with_the_scheduler_and_advertise_their_service_name(se
         assert (config.port, None) in container_ports(name, services[name])
 
 
+@pytest.mark.parametrize("name", ["scheduler", *sorted(WORKERS)])
+def test_compose_waits_for_a_drain_before_it_kills(services, configs, name):
+    # compose's default grace is 10 s: a service draining for longer would be killed mid-drain.
+    grace = services[name]["stop_grace_period"]
+    assert grace.endswith("s") and float(grace[:-1]) > configs[name].drain_timeout_s > 0, name
+
+
 def test_every_long_running_seawall_service_has_a_grpc_healthcheck_on_its_own_port(services, configs):
     assert importlib.util.find_spec("seawall.healthcheck") is not None
     for name, field in GRPC_PORT_FIELD.items():

@@ -71,6 +71,9 @@ def test_grpc_calls_need_the_key_and_the_sdk_sends_it(keyed, monkeypatch):
         with pytest.raises(grpc.RpcError) as refused:  # a streaming call is refused before it starts, too
             list(scheduler_pb2_grpc.SchedulerStub(channel).Generate(scheduler_pb2.GenerateRequest()))
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as unknown:  # open, as RegisterWorker: the workers call it on SIGTERM
+            scheduler_pb2_grpc.SchedulerStub(channel).DrainWorker(scheduler_pb2.DrainWorkerRequest(address="nowhere:1"))
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND and "no live worker" in unknown.value.details()
 
 
 def test_pages_from_an_allowed_origin_may_call_the_api_from_a_browser(keyed):

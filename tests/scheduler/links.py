@@ -36,8 +36,12 @@ def worker_info(role: str = "decode", blocks: int = 64) -> worker_pb2.WorkerInfo
     return info
 
 
+def tokenizer() -> Tokenizer:
+    """The built-in model's tokenizer."""
+    return Tokenizer.from_file(str(ensure_default_model() / "tokenizer.json"))
+
+
 def tracked_request(request_id: str, max_tokens: int = 4) -> TrackedRequest:
     """A live request of a 37-token prompt, as the frontend hands it to the mesh."""
-    tokenizer = Tokenizer.from_file(str(ensure_default_model() / "tokenizer.json"))
     return TrackedRequest(Request(request_id, list(range(3, 40)), SamplingParams(max_tokens=max_tokens), 0.0),
-                          tokenizer, 0.0)
+                          tokenizer(), 0.0)

@@ -82,7 +82,7 @@ async def test_a_move_whose_receiver_died_is_called_off():
     mesh, a, b = _mesh()
     _run(a, _send(a, expect=True))
     in_flight = _send(a, expect=True)
-    mesh.migrator._start(a, mesh.migrator._load(a, busy=False))
+    mesh.migrator._start(a, mesh.migrator.load(a, busy=False))
     assert "r1" in a.core.leaving
     b.alive = False
     _run(a, in_flight)
@@ -156,7 +156,7 @@ async def test_an_arrival_waiting_for_blocks_goes_to_the_decode_worker_with_room
     req.num_computed_tokens = 40
     arrival = Arrival(req, prefill, [0, 1, 2])
     a.arrivals.append(arrival)
-    mesh.migrator._give_queued(a, mesh.migrator._load(a, busy=False))
+    mesh.migrator._give_queued(a, mesh.migrator.load(a, busy=False))
     assert list(b.arrivals) == [arrival] and not a.arrivals  # b reserves blocks and pulls from the prefill worker
     assert mesh.migrator.num_queued_moves == 1
 

@@ -10,6 +10,7 @@ from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.core.request import Request
 from services.scheduler.mesh import Mesh
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.worker_drain import Drain
 from tests.scheduler.links import add_link
 
 
@@ -35,3 +36,19 @@ async def test_live_requests_are_counted_per_lora_adapter_and_state():
     assert (value("sql", "running"), value("sql", "waiting"), value("chat", "waiting")) == (1, 1, 1)
     assert value("chat", "running") is None
     assert metrics.registry.get_sample_value("seawall_requests", {"state": "waiting"}) == 3
+
+
+@pytest.mark.anyio
+async def test_draining_workers_are_counted_among_the_live_ones():
+    mesh = Mesh(SchedulerServiceConfig())
+    add_link(mesh, "p", "prefill")
+    add_link(mesh, "d0", "decode").drain = Drain()
+    add_link(mesh, "d1", "decode")
+    metrics = SchedulerMetrics()
+    metrics.watch(mesh)
+
+    def value(name: str, role: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"role": role})
+
+    assert (value("seawall_workers", "decode"), value("seawall_workers_draining", "decode")) == (2, 1)
+    assert (value("seawall_workers", "prefill"), value("seawall_workers_draining", "prefill")) == (1, 0)
