@@ -149,13 +149,13 @@ class Migrator:
         """Copies ``req``'s first ``blocks`` (full) blocks into ``dst``'s prefix cache while it decodes on
         ``src``. Then, if ``src`` is short of memory by now, moves it (only the rest is pulled); a mover
         preempted for recompute meanwhile starts over on ``dst``. Nothing moves when ``req`` left ``src``
-        (finished, moved already), when either worker died or is moving another request, or when ``src`` has
-        room still: the copy stays cached on ``dst`` for a later move."""
+        (finished, moved already), when either worker died, drains or is moving another request, or when
+        ``src`` has room still: the copy stays cached on ``dst`` for a later move."""
         try:
             ok = await self._copy_ahead(req, src, dst, blocks)
         finally:
             del self.precopies[req.request_id]
-        if not (src.alive and dst.alive):
+        if not (src.serving and dst.serving):  # a draining sender's requests move by worker_drain.py's rules
             return
         what = end_of_copy_ahead(req, src.core, self.load(src, busy=False), self.load(dst, busy=False),
                                  self.mesh.config.migration_headroom, copied=ok,
