@@ -93,7 +93,7 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem, 
         return
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        ids = engine.encode(prompt)
+        ids = engine.encode(prompt, bool_field(body, "add_special_tokens", default=True))
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
     else:

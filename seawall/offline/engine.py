@@ -69,8 +69,9 @@ class OfflineEngine:
         self.scheduler = Scheduler(config, self.blocks, self.host_blocks, hash_seed=seed)
         self._ids = itertools.count()
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """``text`` as token ids; ``add_special_tokens``: with those the tokenizer adds (a BOS, for many)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raises InvalidArgument for what the model or the policy cannot run, ResourceExhausted for what the pool

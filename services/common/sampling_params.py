@@ -438,7 +438,7 @@ _OPENAI_FIELDS = frozenset({
 _IGNORED_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "user", "return_token_ids",
                              "return_tokens_as_token_ids",
                              "session_id", "priority", "metadata", "store", "service_tier", "prompt_cache_key",
-                             "safety_identifier", "truncate_prompt_tokens", "cache_salt",
+                             "safety_identifier", "truncate_prompt_tokens", "cache_salt", "add_special_tokens",
                              # a beam search's (services/common/beam_search.py beam_from_openai)
                              "use_beam_search", "length_penalty", "early_stopping"})
 # Accepted only with the value that means "off".
@@ -473,13 +473,13 @@ def num_choices(body: dict[str, Any]) -> int:
     return n
 
 
-def bool_field(body: dict[str, Any], name: str) -> bool:
-    """A true/false field of a request body (absent or null: false), such as OpenAI's ``echo``; anything else is
-    refused rather than read as truthy."""
+def bool_field(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    """A true/false field of a request body (absent or null: ``default``), such as OpenAI's ``echo``; anything
+    else is refused rather than read as truthy."""
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
         raise InvalidArgument(f"{name} must be true or false, got {value!r}")
-    return bool(value)
+    return default if value is None else value
 
 
 def prompt_truncation(body: dict[str, Any], max_model_len: int) -> int | None:

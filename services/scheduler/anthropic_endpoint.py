@@ -51,7 +51,7 @@ class MessagesEndpoint:
                      "tool_calls": [{"index": k, **c} for k, c in enumerate(message.get("tool_calls") or [])]})
         blocks.close()
         return JSONResponse({**head, "content": blocks.blocks, **stop_reason(finish, _stop_string(tracked)),
-                             "usage": _usage(tracked)}, headers=self.api.queue_time([tracked]))
+                             "usage": _usage(tracked)}, headers=self.api.reply_headers([tracked]))
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: the prompt tokens a Messages request would be sent as."""

@@ -25,21 +25,24 @@ from services.scheduler.chat_tools import chat_messages, open_final_message
 # Chat fields handled here or by the API layer rather than by SamplingParams.from_openai.
 CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "tools",
              "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n", "reasoning_effort",
-             "add_generation_prompt", "continue_final_message"}
+             "add_generation_prompt", "continue_final_message", "add_special_tokens"}
 # OpenAI's reasoning_effort values; the chat template gets the value (gpt-oss's reads it, others ignore it).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
 class ChatPrompt:
-    def __init__(self, path: Path, encode: Callable[[str], list[int]]) -> None:
-        """``path``: the checkpoint (its template, special tokens and tokenizer class); ``encode``: its tokenizer."""
+    def __init__(self, path: Path, encode: Callable[[str, bool], list[int]]) -> None:
+        """``path``: the checkpoint (its template, special tokens and tokenizer class); ``encode(text,
+        add_special_tokens)``: its tokenizer."""
         self._template = load_template(path)
         self._special_tokens = special_tokens(path)
         self._sort_tools = sorts_tools(path)
         self._encode = encode
 
     def render(self, body: dict) -> list[int]:
-        """The body's messages and tools as the token ids the model sees."""
+        """The body's messages and tools as the token ids the model sees. The template writes the special tokens
+        (a Llama's ``{{ bos_token }}``), so the tokenizer adds none unless vLLM's ``add_special_tokens`` asks:
+        transformers' ``apply_chat_template`` does the same (a tokenizer adding a BOS of its own made it two)."""
         messages = chat_messages(body.get("messages"))
         if self._template is None:
             raise InvalidArgument("this model has no chat template; use /v1/completions")
@@ -56,7 +59,7 @@ class ChatPrompt:
             raise InvalidArgument(f"the model's chat template cannot render these messages: {exc}") from None
         if continue_final:
             text = open_final_message(text, messages[-1])
-        return self._encode(text)
+        return self._encode(text, bool_field(body, "add_special_tokens"))
 
 
 def chat_sampling(body: dict) -> tuple[SamplingParams, int]:

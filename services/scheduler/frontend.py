@@ -62,8 +62,9 @@ class Frontend:
     def max_model_len(self) -> int:
         return self.checkpoint.config.max_model_len
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """``text`` as token ids; ``add_special_tokens``: with those the tokenizer adds (a BOS, for many)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str = "",
                trace_parent=None, session_id: str = "", priority: int = 0, lora: LoraRef | None = None,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -58,11 +57,13 @@ from services.scheduler.classify_endpoint import ClassifyEndpoint
 from services.scheduler.embeddings_endpoint import EmbeddingsEndpoint
 from services.scheduler.frontend import Frontend, Submission
 from services.scheduler.http_io import (
+    REQUEST_ID_HEADER,
     continuous_usage,
     error_body,
     error_response,
     internal_error,
     json_body,
+    request_id,
     request_priority,
     streaming,
 )
@@ -121,7 +122,7 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
     middleware = []
     if allowed_origins:  # outside the key check: a browser's preflight request carries no credentials
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
-                                     allow_headers=["*"], expose_headers=["x-queue-time"]))
+                                     allow_headers=["*"], expose_headers=["x-queue-time", REQUEST_ID_HEADER]))
     if api_key is not None:
         middleware.append(Middleware(ApiKeyMiddleware, key=api_key))
     return Starlette(routes=routes, middleware=middleware, exception_handlers={Exception: internal_error})
@@ -181,18 +182,19 @@ class OpenAIApi:
             keep = prompt_truncation(body, self.frontend.max_model_len)
             # A truncated prompt is echoed as what ran: its tokens decoded.
             given = [(ids[-keep:], None) if keep is not None and len(ids) > keep else (ids, text)
-                     for ids, text in self._prompts(body.get("prompt"))]
+                     for ids, text in self._prompts(body.get("prompt"), bool_field(body, "add_special_tokens", True))]
             prompts = [ids for ids, _ in given]
             params, n, echo = from_openai_completion(body)
             if bool_field(body, "use_beam_search"):
                 return await self.beams.respond(request, body, prompts, params, n, chat=False)
-            tracked = self.submit(request, body, prompts, params, n)
+            rid = request_id(request)
+            tracked = self.submit(request, body, prompts, params, n, rid)
         except SeawallError as exc:
             return error_response(exc)
         # Echo the prompt as it was given: its text, or its token ids decoded.
         echoed = [text if text is not None else self.frontend.tokenizer.decode(ids, skip_special_tokens=False)
                   for ids, text in given for _ in range(n)] if echo else None
-        return await self._respond(request, body, tracked, n, chat=False, echoed=echoed)
+        return await self._respond(request, body, tracked, n, rid, chat=False, echoed=echoed)
 
     async def chat(self, request: Request) -> Response:
         try:
@@ -202,10 +204,11 @@ class OpenAIApi:
                 if tools is not None:
                     raise InvalidArgument("tools cannot be used with use_beam_search: omit one of them")
                 return await self.beams.respond(request, body, [prompt], params, n, chat=True)
-            tracked = self.submit(request, body, [prompt], params, n)
+            rid = request_id(request)
+            tracked = self.submit(request, body, [prompt], params, n, rid)
         except SeawallError as exc:
             return error_response(exc)
-        return await self._respond(request, body, tracked, n, chat=True, tools=tools)
+        return await self._respond(request, body, tracked, n, rid, chat=True, tools=tools)
 
     def chat_request(self, body: dict) -> tuple[list[int], SamplingParams, int, ToolCalling | None]:
         """A chat body as what runs: the rendered prompt, its sampling, choices per prompt, and the tool calls it
@@ -233,14 +236,15 @@ class OpenAIApi:
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's ``/tokenize``: a ``prompt`` (text) or chat ``messages`` (rendered by the chat template, as
-        ``/v1/chat/completions`` would) as the token ids the model would see."""
+        ``/v1/chat/completions`` would) as the token ids the model would see; ``add_special_tokens`` as there
+        (default true for a prompt, false for messages, whose template writes them)."""
         try:
             body = await json_body(request)
             self._check_model(body)
             if "messages" in body:
                 ids = self.chat_template.render(body)
             elif isinstance(body.get("prompt"), str):
-                ids = self.frontend.encode(body["prompt"])
+                ids = self.frontend.encode(body["prompt"], bool_field(body, "add_special_tokens", default=True))
             else:
                 raise InvalidArgument("send \"prompt\" (a string) or chat \"messages\"")
         except SeawallError as exc:
@@ -277,9 +281,9 @@ class OpenAIApi:
         return self.frontend.model_name if lora is None else lora.name
 
     def submit(self, request: Request, body: dict, prompts: list[list[int]], params: SamplingParams,
-                n: int) -> list[TrackedRequest]:
+               n: int, rid: str = "") -> list[TrackedRequest]:
         """One request per choice, all queued or none; an error names the prompt it is about when there are
-        several."""
+        several. ``rid``: their id (``rid-K`` for choice K of several; empty: new ones)."""
         session, priority, lora = _session(body), request_priority(body), self._check_model(body)
         salt = check_cache_salt(body.get("cache_salt"))
         # Checked here, before anything is queued; read when the response is written.
@@ -288,33 +292,35 @@ class OpenAIApi:
         bool_field(body, "return_tokens_as_token_ids")
         parent = tracing.extract(request.headers)
         if len(prompts) == 1 and n == 1:
-            return [self.frontend.submit(prompts[0], params, trace_parent=parent, session_id=session,
+            return [self.frontend.submit(prompts[0], params, rid, trace_parent=parent, session_id=session,
                                          priority=priority, lora=lora, cache_salt=salt)]
         self.frontend.check_batch_size(len(prompts) * n)
-        items = [Submission(p, params.for_choice(j), session_id=session, priority=priority, lora=lora, cache_salt=salt)
-                 for p in prompts for j in range(n)]
+        items = [Submission(p, params.for_choice(j), f"{rid}-{k * n + j}" if rid else "", session_id=session,
+                            priority=priority, lora=lora, cache_salt=salt)
+                 for k, p in enumerate(prompts) for j in range(n)]
         labels = [f"prompt[{k // n}]" if len(prompts) > 1 else "" for k in range(len(items))]
         return self.frontend.submit_many(items, parent, labels)
 
-    def _prompts(self, prompt: Any) -> list[tuple[list[int], str | None]]:
+    def _prompts(self, prompt: Any, special: bool) -> list[tuple[list[int], str | None]]:
         """The prompts of a completion request, each as token ids and the text it was given as (None for ids):
-        one text or token-id list, or a non-empty list of them."""
+        one text or token-id list, or a non-empty list of them; ``special``: texts get the special tokens their
+        tokenizer adds (vLLM's ``add_special_tokens``, default true for completions)."""
         if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-            return [self._prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
-        return [self._prompt(prompt, "prompt")]
+            return [self._prompt(p, f"prompt[{i}]", special) for i, p in enumerate(prompt)]
+        return [self._prompt(prompt, "prompt", special)]
 
-    def _prompt(self, prompt: Any, name: str) -> tuple[list[int], str | None]:
+    def _prompt(self, prompt: Any, name: str, special: bool) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
-            return self.frontend.encode(prompt), prompt
+            return self.frontend.encode(prompt, special), prompt
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return prompt, None
         raise InvalidArgument(f"{name} must be a string or a list of token ids (or prompt a list of those)")
 
-    async def _respond(self, request: Request, body: dict, tracked: list[TrackedRequest], n: int,
+    async def _respond(self, request: Request, body: dict, tracked: list[TrackedRequest], n: int, rid: str,
                        chat: bool, echoed: list[str] | None = None, tools: ToolCalling | None = None) -> Response:
         """``echoed``: per choice, the prompt text its output follows (completions' ``echo``); ``tools``: the
         output is a forced tool call, returned as ``tool_calls``."""
-        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": int(time.time()),
                 "model": self.served_name(body)}
         stream, include_usage = streaming(body)
         as_ids = (self.tokens_as_ids if body.get("return_tokens_as_token_ids") is None
@@ -325,7 +331,7 @@ class OpenAIApi:
             if not await self.started(request, tracked):
                 return Response(status_code=499)  # nobody reads it: the client went away while queued
             return StreamingResponse(self._sse(head, tracked, n, chat, extras, include_usage, echoed, tools),
-                                     media_type="text/event-stream", headers=self.queue_time(tracked))
+                                     media_type="text/event-stream", headers=self.reply_headers(tracked, rid))
         merged = await self.collect(request, tracked)
         failed = next((out.error for out in merged if out.error is not None), None)
         if failed is not None:  # a choice that failed fails the response, as in vLLM
@@ -348,13 +354,16 @@ class OpenAIApi:
             choices.append(choice)
         obj = "chat.completion" if chat else "text_completion"
         return JSONResponse({**head, "object": obj, "choices": choices, "usage": self._usage(tracked, n, chat)},
-                            headers=self.queue_time(tracked))
+                            headers=self.reply_headers(tracked, rid))
 
-    def queue_time(self, tracked: Sequence[TrackedRequest]) -> dict[str, str]:
+    def reply_headers(self, tracked: Sequence[TrackedRequest], rid: str = "") -> dict[str, str]:
         """TGI's ``x-queue-time`` header: how long the request queued before its first step, in ms (its
         longest-waiting choice's of those begun: a stream's headers go out with its first token), which the
-        client cannot tell from its own clock."""
-        return {"x-queue-time": f"{max(self.frontend.queue_delay_ms(t) for t in tracked):.3f}"}
+        client cannot tell from its own clock; and vLLM's ``x-request-id`` with ``rid``."""
+        headers = {"x-queue-time": f"{max(self.frontend.queue_delay_ms(t) for t in tracked):.3f}"}
+        if rid:
+            headers[REQUEST_ID_HEADER] = rid
+        return headers
 
     async def started(self, request: Request, tracked: list[TrackedRequest]) -> bool:
         """Waits until a choice produced its first token (or ended), so that a stream's headers can carry

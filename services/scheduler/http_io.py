@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
@@ -34,6 +35,21 @@ def error_response(exc: SeawallError, body: dict | None = None) -> JSONResponse:
     """``exc`` with its status (and ``Retry-After`` on overload), as ``body`` (default: OpenAI's shape)."""
     headers = {"Retry-After": "1"} if exc.http_status == 429 else None
     return JSONResponse(error_body(exc) if body is None else body, status_code=exc.http_status, headers=headers)
+
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+def request_id(request: Request) -> str:
+    """The id of a request and of its reply: the client's ``X-Request-Id`` (vLLM's header: the same id in the
+    client's logs, the scheduler's, the trace and ``Abort``), else a new one."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given is None:
+        return uuid.uuid4().hex
+    if not 0 < len(given) <= 256 or not given.isprintable() or given != given.strip():
+        raise InvalidArgument(f"X-Request-Id must be 1 to 256 printable characters without surrounding spaces, "
+                              f"got {given[:300]!r}")
+    return given
 
 
 def streaming(body: dict) -> tuple[bool, bool]:

@@ -76,7 +76,7 @@ class ResponsesEndpoint:
                    self._output_logprobs(req, out))
         items.close(_item_status(finish))
         return JSONResponse(self._finish_response(head, req, tracked, items, finish, out.detail, out.error),
-                            headers=self.api.queue_time([tracked]))
+                            headers=self.api.reply_headers([tracked]))
 
     def _start_background(self, head: dict, req: ResponsesRequest, tracked: TrackedRequest,
                           tools: ToolCalling | None, stream: bool) -> Response:

@@ -659,6 +659,30 @@ def test_reasoning_effort_reaches_the_chat_template(tiny_model_dir, tmp_path):
         mesh.stop()
 
 
+def test_the_clients_request_id_names_the_request_and_its_reply(http, default_mesh):
+    # vLLM's X-Request-Id: the client's id is the reply's (header and body), and the mesh's, so that a stream
+    # can be aborted by it from elsewhere (gRPC Abort), and found in the logs and traces.
+    reply = http.post("/v1/completions", headers={"X-Request-Id": "batch-7/item 3"},
+                      json={"prompt": "Hi", "max_tokens": 2})
+    assert reply.status_code == 200 and reply.headers["x-request-id"] == "batch-7/item 3"
+    assert reply.json()["id"] == "cmpl-batch-7/item 3"
+    plain = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert plain.json()["id"] == f"chatcmpl-{plain.headers['x-request-id']}"  # a new one when none is sent
+    body = {"prompt": random_prompts([20])[0], "max_tokens": 3000, "ignore_eos": True, "stream": True, "n": 2}
+    with Client(default_mesh.grpc_address) as client:
+        with http.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": "long"}) as stream:
+            assert stream.headers["x-request-id"] == "long"
+            twice = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "n": 2},
+                              headers={"X-Request-Id": "long"})
+            assert twice.status_code == 400 and "already in use" in twice.json()["error"]["message"]
+            assert client.abort("long-0") and client.abort("long-1")  # choice K of several is ID-K
+            events = [json.loads(line[6:]) for line in stream.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+    assert {e["choices"][0]["finish_reason"] for e in events if e["choices"][0]["finish_reason"]} == {"abort"}
+    bad = http.post("/v1/completions", json={"prompt": "Hi"}, headers={"X-Request-Id": "x" * 257})
+    assert bad.status_code == 400 and "X-Request-Id must be 1 to 256 printable" in bad.json()["error"]["message"]
+
+
 def test_a_chat_continues_the_final_message_as_transformers_renders_it(http, hf_greedy, tiny_model_dir):
     transformers = pytest.importorskip("transformers")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -925,3 +949,45 @@ def test_the_scheduler_serves_without_torch(http, default_mesh):
     (scheduler,) = [c for c in default_mesh.children if c.name == "scheduler"]
     maps = Path(f"/proc/{scheduler.proc.pid}/maps").read_text()
     assert "libtorch" not in maps
+
+
+def test_special_tokens_are_added_once_as_vllm_adds_them(tiny_model_dir, tmp_path, hf_greedy):
+    """A copy of the built-in model whose tokenizer adds a BOS, as Llama's does: a completion's text prompt gets
+    it (unless ``add_special_tokens`` is false), a chat prompt only the one its template writes (unless true)."""
+    import shutil
+
+    from tests.bos_tokenizer import add_bos_to_every_text
+
+    transformers = pytest.importorskip("transformers")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    bos = add_bos_to_every_text(model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    text_ids = tokenizer("Name a colour.").input_ids
+    assert chat_ids.count(bos) == 1 and text_ids[0] == bos
+    mesh = start_mesh(model, tmp_path / "logs", mode="colocated")
+    try:
+        with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
+            def tokens(body):
+                return client.post("/tokenize", json=body).json()["tokens"]
+
+            assert tokens({"messages": messages}) == chat_ids
+            assert tokens({"messages": messages, "add_special_tokens": True}) == [bos, *chat_ids]
+            assert tokens({"prompt": "Name a colour."}) == text_ids
+            assert tokens({"prompt": "Name a colour.", "add_special_tokens": False}) == text_ids[1:]
+            chat = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4,
+                                                              "temperature": 0, "return_token_ids": True}).json()
+            assert chat["usage"]["prompt_tokens"] == len(chat_ids)
+            assert chat["choices"][0]["token_ids"] == hf_greedy(chat_ids, 4)
+            for special, want in ((None, text_ids), (False, text_ids[1:])):
+                body = {"prompt": "Name a colour.", "max_tokens": 4, "temperature": 0, "return_token_ids": True,
+                        **({} if special is None else {"add_special_tokens": special})}
+                reply = client.post("/v1/completions", json=body).json()
+                assert reply["usage"]["prompt_tokens"] == len(want)
+                assert reply["choices"][0]["token_ids"] == hf_greedy(want, 4)
+            usage = client.post("/v1/messages", json={"messages": messages, "max_tokens": 2}).json()["usage"]
+            assert usage["input_tokens"] + usage["cache_read_input_tokens"] == len(chat_ids)  # Anthropic's split
+    finally:
+        mesh.stop()

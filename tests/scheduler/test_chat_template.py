@@ -9,7 +9,10 @@ import shutil
 
 import jinja2
 import pytest
+from tokenizers import Tokenizer
 
+from services.common.errors import InvalidArgument
+from services.scheduler.chat_prompt import ChatPrompt
 from services.scheduler.chat_template import (
     load_template,
     sorted_keys,
@@ -17,6 +20,7 @@ from services.scheduler.chat_template import (
     special_tokens,
     template_messages,
 )
+from tests.bos_tokenizer import add_bos_to_every_text
 
 transformers = pytest.importorskip("transformers")
 
@@ -97,3 +101,19 @@ def test_kimi_k2s_tokenizer_sorts_the_tools_keys_at_every_depth_and_others_keep_
                                              "name": "f"}}
     assert json.dumps(sorted_keys([tool])) == json.dumps([{"function": {"name": "f", "parameters": {
         "properties": {"a": {}, "b": {}}, "required": ["b", "a"]}}, "type": "function"}])  # lists keep their order
+
+
+def test_a_chat_prompt_has_the_one_bos_its_template_writes_as_transformers_tokenizes_it(checkpoint):
+    # A tokenizer adding a BOS of its own to the rendered text made it two (Llama 3, Gemma, Mistral).
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    bos = add_bos_to_every_text(checkpoint)
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    chat = ChatPrompt(checkpoint, lambda text, special: tokenizer.encode(text, add_special_tokens=special).ids)
+    theirs = transformers.AutoTokenizer.from_pretrained(checkpoint).apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert chat.render({"messages": MESSAGES}) == theirs and theirs.count(bos) == 1
+    # vLLM's add_special_tokens asks for the tokenizer's too.
+    assert chat.render({"messages": MESSAGES, "add_special_tokens": True}) == [bos, *theirs]
+    with pytest.raises(InvalidArgument, match="add_special_tokens must be true or false"):
+        chat.render({"messages": MESSAGES, "add_special_tokens": "no"})

@@ -296,7 +296,8 @@ def test_chat_lines_are_rendered_by_the_chat_template_and_answered_as_chat_compl
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why bursts?"}]
     meta = load_checkpoint_meta(tiny_model_dir)
-    rendered = ChatPrompt(tiny_model_dir, lambda text: meta.tokenizer.encode(text).ids).render({"messages": messages})
+    encode = lambda text, special: meta.tokenizer.encode(text, add_special_tokens=special).ids  # noqa: E731
+    rendered = ChatPrompt(tiny_model_dir, encode).render({"messages": messages})
     chat = {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
             "body": {"messages": messages, "max_completion_tokens": 6, "temperature": 0, "logprobs": True,
                      "top_logprobs": 2, "n": 2}}
@@ -320,3 +321,27 @@ def test_chat_lines_are_rendered_by_the_chat_template_and_answered_as_chat_compl
     assert [t["token"] for t in named["logprobs"]["content"]] == [f"token_id:{t}" for t in named["token_ids"]]
     assert by_id["tools"]["response"]["status_code"] == 400 and "tools" in by_id["tools"]["error"]["message"]
     assert by_id["stream"]["response"]["status_code"] == 400
+
+
+def test_special_tokens_are_added_as_the_http_api_adds_them(tmp_path, tiny_model_dir):
+    # A tokenizer adding a BOS (Llama's): a text prompt gets it unless add_special_tokens is false, a chat
+    # prompt only the one its template writes.
+    import shutil
+
+    from tests.bos_tokenizer import add_bos_to_every_text
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    add_bos_to_every_text(model)
+    messages = [{"role": "user", "content": "Why bursts?"}]
+    rows = [_req("text", prompt="Why bursts?", max_tokens=1), _req("bare", prompt="Why bursts?", max_tokens=1,
+                                                                  add_special_tokens=False),
+            {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": messages, "max_tokens": 1}}]
+    code, out = _run(tmp_path, model, rows)
+    used = {line["custom_id"]: line["response"]["body"]["usage"]["prompt_tokens"] for line in out}
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model)
+    want = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert code == 0 and used == {"text": len(tokenizer("Why bursts?").input_ids),
+                                  "bare": len(tokenizer("Why bursts?").input_ids) - 1, "chat": len(want)}
