@@ -22,9 +22,10 @@ async def _worker_holding_requests(m, client, role: str) -> str | None:
                  if name.startswith(role) and address in holding), None)
 
 
-async def _stream_and_stop_a_worker(m, prompts, max_tokens: int, role: str):
-    """Streams every prompt greedily; once all are decoding, SIGTERMs a ``role`` worker holding some. Returns
-    (tokens, finish reasons, the worker's name, its exit code, whether it exited before the last stream ended)."""
+async def _stream_and_stop_a_worker(m, prompts, max_tokens: int, role: str, decoding: bool = True):
+    """Streams every prompt greedily; once all are decoding (or at once, ``decoding`` false), SIGTERMs a
+    ``role`` worker holding some. Returns (tokens, finish reasons, what became of the worker: its name, its exit
+    code, whether it exited before the last stream ended), and the reply to a request sent after."""
     got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     finish: dict[int, str] = {}
     stopped: dict[str, object] = {}
@@ -37,8 +38,8 @@ async def _stream_and_stop_a_worker(m, prompts, max_tokens: int, role: str):
 
         async def stopper():
             with anyio.fail_after(60):
-                while min(len(v) for v in got.values()) < 5 or not (victim := await _worker_holding_requests(
-                        m, client, role)):
+                while (decoding and min(len(v) for v in got.values()) < 5) or not (
+                        victim := await _worker_holding_requests(m, client, role)):
                     if len(finish) == len(prompts) and all(finish.values()):
                         pytest.fail("every request finished before a worker was seen holding one")
                     await anyio.sleep(0.01)
@@ -101,6 +102,30 @@ async def test_a_stopped_worker_with_no_peer_of_its_kind_finishes_its_requests_t
         assert stopped["code"] == 0 and not stopped["early"]
         moved, finished = _drained(m, stopped["name"])
         assert moved == 0 and finished >= 1
+        assert m.counter("seawall_worker_failures") == 0 and m.counter("seawall_requests_moved") == 0
+        for i, prompt in enumerate(prompts):
+            assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
+        assert after.token_ids == hf_greedy(prompts[0], 8)
+    finally:
+        m.stop()
+
+
+async def test_a_stopped_prefill_worker_gives_its_queued_prompts_to_the_other_and_hands_off_the_rest(
+        tiny_model_dir, tmp_path, hf_greedy):
+    # Small chunks: the prompts take several steps each, so the worker is stopped with one mid-prompt and others
+    # queued behind it (one sequence at a time). The queued ones start on the other prefill worker; the one it
+    # runs finishes its prompt there and its KV goes to the decode worker before the worker exits.
+    m = start_mesh(tiny_model_dir, tmp_path / "logs", num_prefill=2,
+                   scheduler_args=["--chunk-size", "32", "--max-num-seqs", "1"],
+                   worker_args=["--drain-timeout-s", "120"])
+    try:
+        prompts = random_prompts([300, 310, 320, 330, 340, 350], seed=9)
+        max_tokens = 40
+        got, finish, stopped, after = await _stream_and_stop_a_worker(m, prompts, max_tokens, "prefill",
+                                                                      decoding=False)
+        assert stopped["code"] == 0
+        moved, _ = _drained(m, stopped["name"])
+        assert moved >= 1
         assert m.counter("seawall_worker_failures") == 0 and m.counter("seawall_requests_moved") == 0
         for i, prompt in enumerate(prompts):
             assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
