@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--no-cpu-kernels", action="store_true",
                    help="CPU fp32 attention, norms and RoPE as plain torch ops instead of the fused C kernels")
+    p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                   help="the chat template (a Jinja file, or the template itself) in place of the checkpoint's "
+                        "(vLLM's flag)")
     p.set_defaults(func=run)
 
 
@@ -72,9 +75,15 @@ def run(args: argparse.Namespace) -> int:
     from seawall.offline.batch import base_names, run_batch
     from seawall.offline.engine import OfflineEngine
     from services.engine.config import EngineConfig
+    from services.scheduler.chat_prompt import ChatPrompt
+    from services.scheduler.chat_template import checked_template
     from services.scheduler.config import as_flag
     from services.scheduler.lora_registry import LoraRegistry
 
+    try:
+        template = None if args.chat_template is None else checked_template(args.chat_template)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
     lines = _read_lines(args.input)
     check_output_file(args.output, "-o")
     try:
@@ -96,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     loras = LoraRegistry(engine.checkpoint.config.lora_shape, args.max_lora_rank, base_names(engine, model_name))
     for name, path in args.lora_modules:
         loras.add(name, path)
-    results = run_batch(engine, lines, model_name, loras)
+    results = run_batch(engine, lines, model_name, loras, ChatPrompt(engine.checkpoint.path, engine.encode, template))
     text = "".join(json.dumps(r) + "\n" for r in results)
     if args.output == "-":
         sys.stdout.write(text)

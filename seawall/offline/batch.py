@@ -126,11 +126,12 @@ def _parse_chat(engine: OfflineEngine, body: dict[str, Any], item: BatchItem, ch
                                  engine.scheduler.config.max_model_len - len(item.prompt_token_ids))
 
 
-def run_batch(engine: OfflineEngine, lines: list[str], model_name: str,
-              loras: LoraRegistry | None = None) -> list[dict[str, Any]]:
-    """``loras``: the adapters lines may name besides the base model (``base_names``); default none."""
+def run_batch(engine: OfflineEngine, lines: list[str], model_name: str, loras: LoraRegistry | None = None,
+              chat: ChatPrompt | None = None) -> list[dict[str, Any]]:
+    """``loras``: the adapters lines may name besides the base model (``base_names``); default none; ``chat``
+    renders chat lines (default: the checkpoint's template)."""
     loras = loras or LoraRegistry(engine.checkpoint.config.lora_shape, 1, base_names(engine, model_name))
-    chat = ChatPrompt(engine.checkpoint.path, engine.encode)
+    chat = chat or ChatPrompt(engine.checkpoint.path, engine.encode)
     items = [parse_line(engine, i + 1, line, loras, chat) for i, line in enumerate(lines) if line.strip()]
     good = [it for it in items if it.error is None and it.beam is None]
     runs = [(it, j) for it in good for j in range(it.n)]  # one request per choice

@@ -6,6 +6,7 @@ calls and reasoning) and ``seawall run-batch``."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import jinja2
 from services.common.errors import InvalidArgument
 from services.common.sampling_params import MAX_LOGPROBS, SamplingParams, bool_field, num_choices
 from services.scheduler.chat_template import (
+    compile_template,
     load_template,
     sorted_keys,
     sorts_tools,
@@ -25,16 +27,22 @@ from services.scheduler.chat_tools import chat_messages, open_final_message
 # Chat fields handled here or by the API layer rather than by SamplingParams.from_openai.
 CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "tools",
              "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n", "reasoning_effort",
-             "add_generation_prompt", "continue_final_message", "add_special_tokens"}
+             "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template"}
 # OpenAI's reasoning_effort values; the chat template gets the value (gpt-oss's reads it, others ignore it).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
 class ChatPrompt:
-    def __init__(self, path: Path, encode: Callable[[str, bool], list[int]]) -> None:
+    def __init__(self, path: Path, encode: Callable[[str, bool], list[int]], template: str | None = None,
+                 trust_request_templates: bool = False) -> None:
         """``path``: the checkpoint (its template, special tokens and tokenizer class); ``encode(text,
-        add_special_tokens)``: its tokenizer."""
-        self._template = load_template(path)
+        add_special_tokens)``: its tokenizer; ``template``: the server's own (vLLM's ``--chat-template``), in
+        place of the checkpoint's; ``trust_request_templates``: a request may bring its own (vLLM's
+        ``--trust-request-chat-template``: the server then renders whatever a client sends)."""
+        self._template = compile_template(template) if template is not None else load_template(path)
+        self._trust_requests = trust_request_templates
+        # A client sending its template with every request has it compiled once.
+        self._compile = functools.lru_cache(maxsize=16)(compile_template)
         self._special_tokens = special_tokens(path)
         self._sort_tools = sorts_tools(path)
         self._encode = encode
@@ -44,8 +52,10 @@ class ChatPrompt:
         (a Llama's ``{{ bos_token }}``), so the tokenizer adds none unless vLLM's ``add_special_tokens`` asks:
         transformers' ``apply_chat_template`` does the same (a tokenizer adding a BOS of its own made it two)."""
         messages = chat_messages(body.get("messages"))
-        if self._template is None:
-            raise InvalidArgument("this model has no chat template; use /v1/completions")
+        template = self._request_template(body) or self._template
+        if template is None:
+            raise InvalidArgument("this model has no chat template: use /v1/completions, or start the server with "
+                                  "--chat-template")
         add_prompt, continue_final = turn_options(body)
         # Tools go to the template as the client sent them (keys sorted where the tokenizer sorts them):
         # templates that describe tools to the model do so. chat_template_kwargs come last and win, as in vLLM.
@@ -54,12 +64,28 @@ class ChatPrompt:
                      **({"tools": tools} if tools else {}), **template_kwargs(body),
                      "messages": template_messages(messages)}
         try:
-            text = self._template.render(**variables)
+            text = template.render(**variables)
         except jinja2.TemplateError as exc:  # e.g. a template that raises on a role order it does not support
             raise InvalidArgument(f"the model's chat template cannot render these messages: {exc}") from None
         if continue_final:
             text = open_final_message(text, messages[-1])
         return self._encode(text, bool_field(body, "add_special_tokens"))
+
+    def _request_template(self, body: dict) -> jinja2.Template | None:
+        """The request's own ``chat_template`` (vLLM's field), compiled; None when it brings none."""
+        source = body.get("chat_template")
+        if source is None:
+            return None
+        if not self._trust_requests:
+            raise InvalidArgument("chat_template in a request needs a server started with "
+                                  "--trust-request-chat-template; omit it to use the model's")
+        if not isinstance(source, str) or not source.strip():
+            raise InvalidArgument(f"chat_template must be a Jinja template (a non-empty string), got {source!r}")
+        try:
+            return self._compile(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise InvalidArgument(f"chat_template does not compile: {exc}") from None
+
 
 
 def chat_sampling(body: dict) -> tuple[SamplingParams, int]:

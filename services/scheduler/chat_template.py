@@ -79,6 +79,29 @@ def load_template(checkpoint_dir: Path) -> jinja2.Template | None:
     return compile_template(source) if source else None
 
 
+def template_source(value: str) -> str:
+    """vLLM's ``--chat-template``: a file's path (its text), or the template itself (with its ``\\n`` escapes
+    read as newlines, as a shell passes them); a value that looks like a path but names no file is refused."""
+    try:
+        return Path(value).read_text()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in it
+        if not any(c in value for c in "{}\n"):
+            raise ValueError(f"--chat-template {value!r} looks like a file's path, but it cannot be read "
+                             f"({exc})") from None
+    # Characters past latin-1 go through as escapes, so that only the escapes written in the value are read.
+    return value.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
+def checked_template(value: str) -> str:
+    """``--chat-template``'s text (``template_source``), refused at start when it does not compile."""
+    source = template_source(value)
+    try:
+        compile_template(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"--chat-template does not compile: {exc}") from None
+    return source
+
+
 def tokenizer_config(checkpoint_dir: Path) -> dict[str, Any]:
     path = checkpoint_dir / "tokenizer_config.json"
     return json.loads(path.read_text()) if path.exists() else {}

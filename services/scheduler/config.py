@@ -41,6 +41,10 @@ class SchedulerServiceConfig:
     # Web origins whose browser pages may call the HTTP API (CORS; "*" = any); none = browsers allow only pages
     # the API itself serves (vLLM allows any origin by default: opt-in here, as the API may hold a key).
     allowed_origins: tuple[str, ...] = ()
+    # The chat template's text in place of the checkpoint's (vLLM's --chat-template); None = the checkpoint's.
+    chat_template: str | None = field(default=None, repr=False)
+    # A chat request may bring its own template (vLLM's --trust-request-chat-template).
+    trust_request_chat_template: bool = False
     # The Scheduler gRPC service (clients, workers registering). 0 picks a free port.
     grpc_port: int = 50051
     # The OpenAI-compatible HTTP API (it also serves /metrics); None turns it off.

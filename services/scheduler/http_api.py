@@ -78,14 +78,15 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
                tool_parser: ToolParser | None = None, reasoning: AnyReasoning | None = None,
                structured_in_reasoning: bool = False, lora_updating: bool = False,
                api_key: ApiKey | None = None, allowed_origins: Sequence[str] = (),
-               tokens_as_ids: bool = False) -> Starlette:
+               tokens_as_ids: bool = False, chat: ChatPrompt | None = None) -> Starlette:
     """The API's routes; ``tasks`` runs background responses; with ``registry``, also Prometheus text at
     ``/metrics``; ``tool_parser`` reads tool calls in the model's own syntax (``tool_choice: "auto"``),
     ``reasoning`` a chat reply's thinking, whose structured output applies after the thought unless
     ``structured_in_reasoning``; ``lora_updating`` serves the endpoints that load and unload LoRA adapters;
     with ``api_key``, requests without it are refused (api_key.py); browser pages from ``allowed_origins`` may
-    call it (CORS); ``tokens_as_ids``: logprobs name tokens ``token_id:ID`` unless a request says otherwise."""
-    api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning, tokens_as_ids)
+    call it (CORS); ``tokens_as_ids``: logprobs name tokens ``token_id:ID`` unless a request says otherwise;
+    ``chat`` renders chat requests (default: the checkpoint's template)."""
+    api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning, tokens_as_ids, chat)
     responses = ResponsesEndpoint(api, tasks)
     messages = MessagesEndpoint(api)
     classify = ClassifyEndpoint(api)
@@ -133,13 +134,13 @@ class OpenAIApi:
 
     def __init__(self, frontend: Frontend, tool_parser: ToolParser | None = None,
                  reasoning: AnyReasoning | None = None, structured_in_reasoning: bool = False,
-                 tokens_as_ids: bool = False) -> None:
+                 tokens_as_ids: bool = False, chat: ChatPrompt | None = None) -> None:
         self.frontend = frontend
         self.tokens_as_ids = tokens_as_ids  # vLLM's --return-tokens-as-token-ids: the requests' default
         self.tool_parser = tool_parser
         self.reasoning = reasoning
         self.structured_in_reasoning = structured_in_reasoning
-        self.chat_template = ChatPrompt(frontend.checkpoint.path, frontend.encode)
+        self.chat_template = chat or ChatPrompt(frontend.checkpoint.path, frontend.encode)
         self.texts = TokenTexts(frontend.tokenizer)
         self.beams = BeamEndpoint(self)
 

@@ -27,6 +27,8 @@ from services.common.tracing import setup_tracing
 from services.engine.checkpoint import load_checkpoint_meta, resolve_model_dir
 from services.engine.model_config import add_max_model_len_flag
 from services.scheduler.api_key import ApiKey, ApiKeyInterceptor
+from services.scheduler.chat_prompt import ChatPrompt
+from services.scheduler.chat_template import checked_template
 from services.scheduler.config import (
     DEFAULT_CHUNK_SIZE,
     MODES,
@@ -200,6 +202,10 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        template = None if args.chat_template is None else checked_template(args.chat_template)
+    except ValueError as exc:
+        p.error(str(exc))
     return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
                    kvcache_address=args.kvcache, step_pipelining=args.step_pipelining,
                    tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
@@ -207,7 +213,8 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    lora_modules=tuple(args.lora_modules or env_lora_modules()), max_lora_rank=args.max_lora_rank,
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating, api_key=args.api_key or None,
                    allowed_origins=tuple(args.allowed_origins), drain_timeout_s=args.drain_timeout_s,
-                   return_tokens_as_token_ids=args.return_tokens_as_token_ids)
+                   return_tokens_as_token_ids=args.return_tokens_as_token_ids, chat_template=template,
+                   trust_request_chat_template=args.trust_request_chat_template)
 
 
 def add_served_model_name_flag(p: argparse.ArgumentParser) -> None:
@@ -227,6 +234,11 @@ def add_api_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--return-tokens-as-token-ids", action="store_true",
                    help="logprobs name tokens token_id:ID unless a request's return_tokens_as_token_ids says "
                         "otherwise (vLLM's flag)")
+    p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                   help="the chat template (a Jinja file, or the template itself) in place of the checkpoint's "
+                        "(vLLM's flag; default: the checkpoint's)")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="a chat request may bring its own chat_template (vLLM's flag; default: refused)")
 
 
 def api_flags(args: argparse.Namespace) -> list[str]:
@@ -234,6 +246,10 @@ def api_flags(args: argparse.Namespace) -> list[str]:
     passes that in the environment."""
     flags = ["--allowed-origins", *args.allowed_origins] if args.allowed_origins else []
     flags += ["--return-tokens-as-token-ids"] if args.return_tokens_as_token_ids else []
+    if args.chat_template is not None:  # a file by its absolute path: the scheduler may run elsewhere
+        template = args.chat_template
+        flags += ["--chat-template", os.path.abspath(template) if os.path.isfile(template) else template]
+    flags += ["--trust-request-chat-template"] if args.trust_request_chat_template else []
     return flags + (["--served-model-name", *args.served_model_name] if args.served_model_name else [])
 
 
@@ -318,7 +334,9 @@ async def serve(config: SchedulerServiceConfig) -> None:
                              reasoning_parser(config.reasoning_parser), config.structured_output_in_reasoning,
                              lora_updating=config.allow_runtime_lora_updating, api_key=key,
                              allowed_origins=config.allowed_origins,
-                             tokens_as_ids=config.return_tokens_as_token_ids)
+                             tokens_as_ids=config.return_tokens_as_token_ids,
+                             chat=ChatPrompt(checkpoint.path, frontend.encode, config.chat_template,
+                                             config.trust_request_chat_template))
             http = _Uvicorn(uvicorn.Config(app, host=config.host, port=config.http_port, log_level="warning",
                                            lifespan="off"))
             tg.start_soon(http.serve, [http_socket])

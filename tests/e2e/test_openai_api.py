@@ -991,3 +991,29 @@ def test_special_tokens_are_added_once_as_vllm_adds_them(tiny_model_dir, tmp_pat
             assert usage["input_tokens"] + usage["cache_read_input_tokens"] == len(chat_ids)  # Anthropic's split
     finally:
         mesh.stop()
+
+
+def test_the_server_and_a_trusted_request_may_bring_their_own_chat_template(tiny_model_dir, tmp_path, hf_greedy):
+    # vLLM's --chat-template (a file here) and --trust-request-chat-template.
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    messages = [{"role": "user", "content": "Name a colour."}]
+    want = tokenizer.encode("user: Name a colour.\nassistant:", add_special_tokens=False).ids
+    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated",
+                      scheduler_args=["--chat-template", str(template), "--trust-request-chat-template"])
+    try:
+        with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
+            assert client.post("/tokenize", json={"messages": messages}).json()["tokens"] == want
+            chat = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0,
+                                                              "return_token_ids": True}).json()
+            assert chat["usage"]["prompt_tokens"] == len(want)
+            assert chat["choices"][0]["token_ids"] == hf_greedy(want, 4)
+            reply = client.post("/v1/responses", json={"input": "Name a colour.", "max_output_tokens": 2}).json()
+            assert reply["usage"]["input_tokens"] == len(want)
+            own = client.post("/tokenize", json={"messages": messages, "chat_template": "<{{ messages[0].content }}>"})
+            assert own.json()["tokens"] == tokenizer.encode("<Name a colour.>", add_special_tokens=False).ids
+            bad = client.post("/v1/chat/completions", json={"messages": messages, "chat_template": "{% if %}"})
+            assert bad.status_code == 400 and "chat_template does not compile" in bad.json()["error"]["message"]
+    finally:
+        mesh.stop()

@@ -14,11 +14,13 @@ from tokenizers import Tokenizer
 from services.common.errors import InvalidArgument
 from services.scheduler.chat_prompt import ChatPrompt
 from services.scheduler.chat_template import (
+    checked_template,
     load_template,
     sorted_keys,
     sorts_tools,
     special_tokens,
     template_messages,
+    template_source,
 )
 from tests.bos_tokenizer import add_bos_to_every_text
 
@@ -117,3 +119,34 @@ def test_a_chat_prompt_has_the_one_bos_its_template_writes_as_transformers_token
     assert chat.render({"messages": MESSAGES, "add_special_tokens": True}) == [bos, *theirs]
     with pytest.raises(InvalidArgument, match="add_special_tokens must be true or false"):
         chat.render({"messages": MESSAGES, "add_special_tokens": "no"})
+
+
+def test_a_server_template_is_a_file_or_the_template_itself(tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ messages[0].content }}\n")
+    assert template_source(str(path)) == "{{ messages[0].content }}\n"
+    # Written on a command line: its escapes are read, its other characters kept.
+    assert template_source("«{{ messages[0].content }}»\\n中") == "«{{ messages[0].content }}»\n中"
+    with pytest.raises(ValueError, match="looks like a file's path, but it cannot be read"):
+        template_source(str(tmp_path / "missing.jinja"))
+    with pytest.raises(ValueError, match="--chat-template does not compile"):
+        checked_template("{% for m in %}")
+
+
+def test_the_server_template_replaces_the_checkpoints_and_a_request_brings_its_own_only_if_trusted(checkpoint):
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+
+    def encode(text, special):
+        return tokenizer.encode(text, add_special_tokens=special).ids
+
+    messages = [{"role": "user", "content": "Hi"}]
+    served = ChatPrompt(checkpoint, encode, "Q: {{ messages[0].content }}")
+    assert served.render({"messages": messages}) == encode("Q: Hi", False)
+    with pytest.raises(InvalidArgument, match="needs a server started with --trust-request-chat-template"):
+        served.render({"messages": messages, "chat_template": "R: {{ messages[0].content }}"})
+    trusting = ChatPrompt(checkpoint, encode, trust_request_templates=True)
+    assert trusting.render({"messages": messages, "chat_template": "R: {{ messages[0].content }}"}) == encode(
+        "R: Hi", False)
+    for bad, message in (("{% if %}", "chat_template does not compile"), (7, "must be a Jinja template")):
+        with pytest.raises(InvalidArgument, match=message):
+            trusting.render({"messages": messages, "chat_template": bad})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from services.engine.config import EngineConfig
@@ -64,3 +66,21 @@ def test_a_cpu_worker_runs_its_steps_on_the_event_loop_thread_unless_told_otherw
     # A GPU's launches are asynchronous: its steps keep a thread of their own, and the loop stays free meanwhile.
     assert not WorkerConfig(engine=EngineConfig(device="cuda")).steps_on_loop()
     assert WorkerConfig(engine=EngineConfig(device="cuda"), step_thread="loop").steps_on_loop()
+
+
+def test_the_chat_template_flags_reach_the_config_and_seawall_up_passes_them(tmp_path, monkeypatch):
+    from services.scheduler.main import add_api_flags, add_served_model_name_flag, api_flags, parse_args
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jinja").write_text("{{ messages[0].content }}")
+    config = parse_args(["--chat-template", "t.jinja", "--trust-request-chat-template"])
+    assert config.chat_template == "{{ messages[0].content }}" and config.trust_request_chat_template
+    assert parse_args([]).chat_template is None and not parse_args([]).trust_request_chat_template
+    with pytest.raises(SystemExit):  # a path that names no file, refused at start
+        parse_args(["--chat-template", "missing.jinja"])
+    up = argparse.ArgumentParser()
+    add_api_flags(up)
+    add_served_model_name_flag(up)
+    args = up.parse_args(["--chat-template", "t.jinja", "--trust-request-chat-template"])
+    # The file by its absolute path: the scheduler may run in another directory.
+    assert api_flags(args) == ["--chat-template", str(tmp_path / "t.jinja"), "--trust-request-chat-template"]

@@ -345,3 +345,15 @@ def test_special_tokens_are_added_as_the_http_api_adds_them(tmp_path, tiny_model
     want = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert code == 0 and used == {"text": len(tokenizer("Why bursts?").input_ids),
                                   "bare": len(tokenizer("Why bursts?").input_ids) - 1, "chat": len(want)}
+
+
+def test_chat_lines_are_rendered_by_the_template_given_on_the_command_line(tmp_path, tiny_model_dir):
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    chat = {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "Why bursts?"}], "max_tokens": 1}}
+    code, out = _run(tmp_path, tiny_model_dir, [chat], "--chat-template", str(template))
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    want = tokenizer.encode("user: Why bursts?\nassistant:", add_special_tokens=False).ids
+    assert code == 0 and out[0]["response"]["body"]["usage"]["prompt_tokens"] == len(want)
+    assert main(["run-batch", "-i", "-", "-o", "-", "--chat-template", str(tmp_path / "none.jinja")]) != 0
