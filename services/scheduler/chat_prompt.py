@@ -27,7 +27,7 @@ from services.scheduler.chat_tools import chat_messages, open_final_message
 # Chat fields handled here or by the API layer rather than by SamplingParams.from_openai.
 CHAT_ONLY = {"session_id", "messages", "max_completion_tokens", "top_logprobs", "logprobs", "tools",
              "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "n", "reasoning_effort",
-             "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template"}
+             "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template", "documents"}
 # OpenAI's reasoning_effort values; the chat template gets the value (gpt-oss's reads it, others ignore it).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
@@ -61,7 +61,7 @@ class ChatPrompt:
         # templates that describe tools to the model do so. chat_template_kwargs come last and win, as in vLLM.
         tools = sorted_keys(body["tools"]) if self._sort_tools and body.get("tools") else body.get("tools")
         variables = {**self._special_tokens, "add_generation_prompt": add_prompt,
-                     **({"tools": tools} if tools else {}), **template_kwargs(body),
+                     **({"tools": tools} if tools else {}), **_documents(body), **template_kwargs(body),
                      "messages": template_messages(messages)}
         try:
             text = template.render(**variables)
@@ -103,6 +103,19 @@ def chat_sampling(body: dict) -> tuple[SamplingParams, int]:
             raise InvalidArgument(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r}")
         sampling["logprobs"] = top
     return SamplingParams.from_openai(sampling), num_choices(body)
+
+
+def _documents(body: dict) -> dict:
+    """vLLM's ``documents`` (transformers' ``apply_chat_template(documents=...)``): objects of strings a RAG
+    model's template lays out, such as ``{"title": ..., "text": ...}``."""
+    docs = body.get("documents")
+    if docs is None:
+        return {}
+    if not isinstance(docs, list) or not all(
+            isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in docs):
+        raise InvalidArgument(f"documents must be a list of objects of strings (such as {{\"title\": ..., "
+                              f"\"text\": ...}}), got {docs!r:.200}")
+    return {"documents": docs}
 
 
 def template_kwargs(body: dict) -> dict:

@@ -150,3 +150,19 @@ def test_the_server_template_replaces_the_checkpoints_and_a_request_brings_its_o
     for bad, message in (("{% if %}", "chat_template does not compile"), (7, "must be a Jinja template")):
         with pytest.raises(InvalidArgument, match=message):
             trusting.render({"messages": messages, "chat_template": bad})
+
+
+def test_documents_reach_the_template_as_transformers_passes_them(checkpoint):
+    rag = ("{% for d in documents %}[{{ loop.index }}] {{ d.title }}: {{ d.text }}\n{% endfor %}"
+           "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": rag}))
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    chat = ChatPrompt(checkpoint, lambda text, special: tokenizer.encode(text, add_special_tokens=special).ids)
+    docs = [{"title": "Bursts", "text": "They come in waves."}, {"title": "Queues", "text": "They grow."}]
+    messages = [{"role": "user", "content": "Why?"}]
+    theirs = transformers.AutoTokenizer.from_pretrained(checkpoint).apply_chat_template(
+        messages, documents=docs, tokenize=True, return_dict=False)
+    assert chat.render({"messages": messages, "documents": docs}) == theirs
+    with pytest.raises(InvalidArgument, match="documents must be a list of objects of strings"):
+        chat.render({"messages": messages, "documents": [{"title": 1}]})
