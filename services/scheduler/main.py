@@ -50,6 +50,7 @@ from services.scheduler.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.scheduler.reasoning_parsers import reasoning_parser
 from services.scheduler.server import SchedulerServicer
 from services.scheduler.tool_parsers import PARSERS, tool_parser
+from services.scheduler.vllm_metrics import VllmMetrics
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +317,9 @@ async def serve(config: SchedulerServiceConfig) -> None:
     for name, path in config.lora_modules:
         frontend.loras.add(name, path)  # a bad adapter stops the start, saying why
         log.info("serving LoRA adapter %r from %s", name, path)
+    adapters = config.lora_modules or config.allow_runtime_lora_updating
+    metrics.registry.register(VllmMetrics(mesh, frontend.model_name, metrics.requests, (
+        lambda: [spec.ref.name for spec in frontend.loras]) if adapters else None))
     key = ApiKey(config.api_key) if config.api_key else None
     server = Server([ApiKeyInterceptor(key)] if key is not None else ())
     server.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,

@@ -93,3 +93,11 @@ def test_prometheus_sees_a_burst_counted_and_every_block_returned(default_mesh, 
     # Every block is free again (the scheduler's view, per worker pool).
     _until(lambda: _query(prometheus, "sum(seawall_kv_blocks{state='used'}) == 0"), "all blocks free")
     assert _value(prometheus, "sum(seawall_requests{state='running'})") == 0
+    # The same under vLLM's names (vllm_metrics.py), which the Gateway API Inference Extension's endpoint
+    # picker reads: a real Prometheus takes them as they are.
+    _until(lambda: _query(prometheus, "vllm:kv_cache_usage_perc{job='scheduler'} == 0"), "vLLM's KV usage at 0")
+    assert _value(prometheus, "vllm:num_requests_running") == 0 == _value(prometheus, "vllm:num_requests_waiting")
+    (info,) = _query(prometheus, "vllm:cache_config_info{job='scheduler'}")
+    assert info["metric"]["block_size"] == "16" and int(info["metric"]["num_gpu_blocks"]) > 0
+    assert _value(prometheus, "vllm:time_to_first_token_seconds_count{job='scheduler'}") >= 6
+    assert _value(prometheus, "vllm:generation_tokens_total{job='scheduler'}") >= 6 * 8
