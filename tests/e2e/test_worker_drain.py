@@ -61,6 +61,15 @@ async def _stream_and_stop_a_worker(m, prompts, max_tokens: int, role: str, deco
     return got, finish, stopped, after
 
 
+def _exact_and_nothing_recomputed(m, prompts, max_tokens: int, got, after, hf_greedy) -> None:
+    """Every stream, and the request sent after, as transformers generates it; no worker failed, no request
+    was recomputed."""
+    assert m.counter("seawall_worker_failures") == 0 and m.counter("seawall_requests_moved") == 0
+    for i, prompt in enumerate(prompts):
+        assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
+    assert after.token_ids == hf_greedy(prompts[0], 8)
+
+
 def _drained(m, name: str) -> tuple[int, int]:
     """(moved, finished there) from the worker's log line once its drain ended."""
     found = re.search(r"drained: (\d+) requests moved to other workers, (\d+) finished here",
@@ -80,12 +89,9 @@ async def test_a_stopped_worker_moves_its_decodes_to_the_worker_that_stays_and_e
         assert stopped["code"] == 0 and stopped["early"]  # it did not wait for its requests to end
         moved, _ = _drained(m, stopped["name"])
         assert moved >= 1
-        assert m.counter("seawall_worker_failures") == 0 and m.counter("seawall_requests_moved") == 0  # no recompute
         assert m.counter("seawall_migrations") >= 1
-        for i, prompt in enumerate(prompts):
-            assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
-            assert finish[i] in ("stop", "length")
-        assert after.token_ids == hf_greedy(prompts[0], 8)
+        _exact_and_nothing_recomputed(m, prompts, max_tokens, got, after, hf_greedy)
+        assert all(finish[i] in ("stop", "length") for i in range(len(prompts)))
     finally:
         m.stop()
 
@@ -102,10 +108,7 @@ async def test_a_stopped_worker_with_no_peer_of_its_kind_finishes_its_requests_t
         assert stopped["code"] == 0 and not stopped["early"]
         moved, finished = _drained(m, stopped["name"])
         assert moved == 0 and finished >= 1
-        assert m.counter("seawall_worker_failures") == 0 and m.counter("seawall_requests_moved") == 0
-        for i, prompt in enumerate(prompts):
-            assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
-        assert after.token_ids == hf_greedy(prompts[0], 8)
+        _exact_and_nothing_recomputed(m, prompts, max_tokens, got, after, hf_greedy)
     finally:
         m.stop()
 
@@ -126,9 +129,6 @@ async def test_a_stopped_prefill_worker_gives_its_queued_prompts_to_the_other_an
         assert stopped["code"] == 0
         moved, _ = _drained(m, stopped["name"])
         assert moved >= 1
-        assert m.counter("seawall_worker_failures") == 0 and m.counter("seawall_requests_moved") == 0
-        for i, prompt in enumerate(prompts):
-            assert got[i] == hf_greedy(prompt, max_tokens), f"request {i}"
-        assert after.token_ids == hf_greedy(prompts[0], 8)
+        _exact_and_nothing_recomputed(m, prompts, max_tokens, got, after, hf_greedy)
     finally:
         m.stop()
