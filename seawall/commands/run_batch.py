@@ -58,6 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--no-cpu-kernels", action="store_true",
                    help="CPU fp32 attention, norms and RoPE as plain torch ops instead of the fused C kernels")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                   help="what lines that leave temperature, top_p, top_k, min_p, repetition_penalty or max_tokens "
+                        "out sample with: auto (the model's generation_config.json), vllm (none) or a directory "
+                        "holding one (vLLM's flag; default auto)")
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                    help="the chat template (a Jinja file, or the template itself) in place of the checkpoint's "
                         "(vLLM's flag)")
@@ -74,6 +78,7 @@ def _decode_steps(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from seawall.offline.batch import base_names, run_batch
     from seawall.offline.engine import OfflineEngine
+    from services.engine.checkpoint import sampling_defaults
     from services.engine.config import EngineConfig
     from services.scheduler.chat_prompt import ChatPrompt
     from services.scheduler.chat_template import checked_template
@@ -105,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     loras = LoraRegistry(engine.checkpoint.config.lora_shape, args.max_lora_rank, base_names(engine, model_name))
     for name, path in args.lora_modules:
         loras.add(name, path)
-    results = run_batch(engine, lines, model_name, loras, ChatPrompt(engine.checkpoint.path, engine.encode, template))
+    results = run_batch(engine, lines, model_name, loras, ChatPrompt(engine.checkpoint.path, engine.encode, template),
+                        sampling_defaults(engine.checkpoint, args.generation_config))
     text = "".join(json.dumps(r) + "\n" for r in results)
     if args.output == "-":
         sys.stdout.write(text)

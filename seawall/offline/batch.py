@@ -34,6 +34,7 @@ from services.common.sampling_params import (
     bool_field,
     from_openai_completion,
     prompt_truncation,
+    with_defaults,
 )
 from services.common.step import LoraRef
 from services.scheduler.admission import check_cache_salt
@@ -61,7 +62,8 @@ class BatchItem:
 
 
 def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegistry,
-               chat: ChatPrompt | None = None) -> BatchItem:
+               chat: ChatPrompt | None = None, defaults: dict | None = None) -> BatchItem:
+    """``defaults``: the sampling fields a line leaves out (``sampling_params.generation_defaults``)."""
     try:
         raw = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -70,7 +72,7 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegist
         return BatchItem(line_no, None, error=InvalidArgument(f"line {line_no} must be a JSON object"))
     item = BatchItem(line_no, raw.get("custom_id"))
     try:
-        _parse_request(engine, raw, item, chat)
+        _parse_request(engine, raw, item, chat, defaults or {})
         item.lora = loras.resolve(raw["body"].get("model"))
         item.cache_salt = check_cache_salt(raw["body"].get("cache_salt"))
         engine.validate(item.prompt_token_ids, item.params)
@@ -79,7 +81,8 @@ def parse_line(engine: OfflineEngine, line_no: int, line: str, loras: LoraRegist
     return item
 
 
-def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem, chat: ChatPrompt | None) -> None:
+def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem, chat: ChatPrompt | None,
+                   defaults: dict) -> None:
     if raw.get("method", "POST") != "POST":
         raise InvalidArgument(f"method must be POST, got {raw.get('method')!r}")
     if raw.get("url") not in SUPPORTED_URLS:
@@ -89,7 +92,7 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem, 
         raise InvalidArgument("body must be a JSON object holding the completion request")
     item.as_ids = bool_field(body, "return_tokens_as_token_ids")
     if raw["url"] == "/v1/chat/completions":
-        _parse_chat(engine, body, item, chat or ChatPrompt(engine.checkpoint.path, engine.encode))
+        _parse_chat(engine, body, item, chat or ChatPrompt(engine.checkpoint.path, engine.encode), defaults)
         return
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -98,7 +101,7 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem, 
         ids = list(prompt)
     else:
         raise InvalidArgument("body.prompt must be a string or a list of token ids (one prompt per line)")
-    item.params, item.n, echo = from_openai_completion(body)
+    item.params, item.n, echo = from_openai_completion(with_defaults(body, defaults))
     keep = prompt_truncation(body, engine.scheduler.config.max_model_len)
     if keep is not None and len(ids) > keep:
         ids, prompt = ids[-keep:], None  # echoed as what ran: its tokens decoded
@@ -110,7 +113,8 @@ def _parse_request(engine: OfflineEngine, raw: dict[str, Any], item: BatchItem, 
                                  engine.scheduler.config.max_model_len - len(ids))
 
 
-def _parse_chat(engine: OfflineEngine, body: dict[str, Any], item: BatchItem, chat: ChatPrompt) -> None:
+def _parse_chat(engine: OfflineEngine, body: dict[str, Any], item: BatchItem, chat: ChatPrompt,
+                defaults: dict) -> None:
     """A chat completions line: its messages rendered by the chat template; tool calls are the live API's."""
     if body.get("tools") or body.get("tool_choice") not in (None, "none"):
         raise InvalidArgument("tools are not supported in run-batch: send the request to the HTTP API (seawall up) "
@@ -120,19 +124,19 @@ def _parse_chat(engine: OfflineEngine, body: dict[str, Any], item: BatchItem, ch
     ids = chat.render(body)
     keep = prompt_truncation(body, engine.scheduler.config.max_model_len)
     item.prompt_token_ids = ids[-keep:] if keep is not None else ids
-    item.params, item.n = chat_sampling(body)
+    item.params, item.n = chat_sampling(with_defaults(body, defaults))
     item.chat = True
     item.beam = beam_from_openai(body, item.params, item.n, engine.checkpoint.eos_token_ids,
                                  engine.scheduler.config.max_model_len - len(item.prompt_token_ids))
 
 
 def run_batch(engine: OfflineEngine, lines: list[str], model_name: str, loras: LoraRegistry | None = None,
-              chat: ChatPrompt | None = None) -> list[dict[str, Any]]:
+              chat: ChatPrompt | None = None, defaults: dict | None = None) -> list[dict[str, Any]]:
     """``loras``: the adapters lines may name besides the base model (``base_names``); default none; ``chat``
-    renders chat lines (default: the checkpoint's template)."""
+    renders chat lines (default: the checkpoint's template); ``defaults``: the sampling fields lines leave out."""
     loras = loras or LoraRegistry(engine.checkpoint.config.lora_shape, 1, base_names(engine, model_name))
     chat = chat or ChatPrompt(engine.checkpoint.path, engine.encode)
-    items = [parse_line(engine, i + 1, line, loras, chat) for i, line in enumerate(lines) if line.strip()]
+    items = [parse_line(engine, i + 1, line, loras, chat, defaults) for i, line in enumerate(lines) if line.strip()]
     good = [it for it in items if it.error is None and it.beam is None]
     runs = [(it, j) for it in good for j in range(it.n)]  # one request per choice
     completions = engine.generate([it.prompt_token_ids for it, _ in runs], [it.params.for_choice(j) for it, j in runs],

@@ -462,6 +462,32 @@ def from_openai_completion(body: dict[str, Any]) -> tuple[SamplingParams, int, b
     return params, n, echo
 
 
+# generation_config.json's sampling fields a request falls back on (vLLM's --generation-config auto), under the
+# API's names.
+_GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                        "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+def generation_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """The sampling a model's creator recommends (its ``generation_config.json``) as request fields: what an
+    OpenAI request that leaves them out samples with, as vLLM serves it (``do_sample`` is not read, as vLLM
+    does not). Checked as a request's would be, so a bad file stops the start rather than every request."""
+    out = {api: config[key] for key, api in _GENERATION_DEFAULTS.items() if config.get(key) is not None}
+    try:
+        SamplingParams.from_openai(out)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"generation_config.json: {exc}") from None
+    return out
+
+
+def with_defaults(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with ``defaults`` for the fields it leaves out (or sends null); a beam search takes none of them
+    (it ranks beams by their logprobs, which sampling options would change)."""
+    if not defaults or bool_field(body, "use_beam_search"):
+        return body
+    return {**defaults, **{k: v for k, v in body.items() if v is not None}}
+
+
 def num_choices(body: dict[str, Any]) -> int:
     """OpenAI's ``n``: completions per prompt (default 1). The API layer fans them out; ``from_openai`` takes
     a body without it."""

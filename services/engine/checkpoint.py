@@ -12,6 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from services.common.errors import ModelLoadError, NotFound
+from services.common.sampling_params import generation_defaults
 from services.engine.builtin_model import ensure_default_model
 from services.engine.model_config import ModelConfig
 from services.engine.pooling import Classifier, Pooling, has_lm_head, read_classifier, read_pooling
@@ -76,6 +77,25 @@ def load_tokenizer(path: Path) -> Tokenizer:
 def resolve_model_dir(model: str | None) -> str:
     """The model directory to load: the given one, or the built-in model (created on first use)."""
     return model or str(ensure_default_model())
+
+
+GENERATION_CONFIG_CHOICES = "auto (the model's generation_config.json), vllm (none) or a directory holding one"
+
+
+def sampling_defaults(checkpoint: Checkpoint, source: str = "auto") -> dict:
+    """What requests leaving sampling fields out sample with (vLLM's ``--generation-config``): ``auto``, the
+    checkpoint's ``generation_config.json``; ``vllm``, nothing (the API's own defaults); else a directory's
+    ``generation_config.json``."""
+    if source == "vllm":
+        return {}
+    if source == "auto":
+        config = checkpoint.generation_defaults
+    else:
+        path = Path(source).expanduser() / "generation_config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"--generation-config {source!r}: no {path}; give {GENERATION_CONFIG_CHOICES}")
+        config = read_json(path)
+    return generation_defaults(config)
 
 
 def read_json(path: Path) -> dict:

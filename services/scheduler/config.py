@@ -45,6 +45,9 @@ class SchedulerServiceConfig:
     chat_template: str | None = field(default=None, repr=False)
     # A chat request may bring its own template (vLLM's --trust-request-chat-template).
     trust_request_chat_template: bool = False
+    # Where requests' default sampling comes from (vLLM's --generation-config): "auto", the checkpoint's
+    # generation_config.json; "vllm", the API's own defaults; or a directory holding a generation_config.json.
+    generation_config: str = "auto"
     # The Scheduler gRPC service (clients, workers registering). 0 picks a free port.
     grpc_port: int = 50051
     # The OpenAI-compatible HTTP API (it also serves /metrics); None turns it off.

@@ -44,6 +44,7 @@ from services.common.sampling_params import (
     bool_field,
     from_openai_completion,
     prompt_truncation,
+    with_defaults,
 )
 from services.common.step import LoraRef
 from services.common.version import VERSION
@@ -78,15 +79,18 @@ def create_app(frontend: Frontend, tasks: TaskGroup, registry: CollectorRegistry
                tool_parser: ToolParser | None = None, reasoning: AnyReasoning | None = None,
                structured_in_reasoning: bool = False, lora_updating: bool = False,
                api_key: ApiKey | None = None, allowed_origins: Sequence[str] = (),
-               tokens_as_ids: bool = False, chat: ChatPrompt | None = None) -> Starlette:
+               tokens_as_ids: bool = False, chat: ChatPrompt | None = None,
+               sampling_defaults: dict | None = None) -> Starlette:
     """The API's routes; ``tasks`` runs background responses; with ``registry``, also Prometheus text at
     ``/metrics``; ``tool_parser`` reads tool calls in the model's own syntax (``tool_choice: "auto"``),
     ``reasoning`` a chat reply's thinking, whose structured output applies after the thought unless
     ``structured_in_reasoning``; ``lora_updating`` serves the endpoints that load and unload LoRA adapters;
     with ``api_key``, requests without it are refused (api_key.py); browser pages from ``allowed_origins`` may
     call it (CORS); ``tokens_as_ids``: logprobs name tokens ``token_id:ID`` unless a request says otherwise;
-    ``chat`` renders chat requests (default: the checkpoint's template)."""
-    api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning, tokens_as_ids, chat)
+    ``chat`` renders chat requests (default: the checkpoint's template); ``sampling_defaults``: the sampling
+    fields requests leave out (``sampling_params.generation_defaults``)."""
+    api = OpenAIApi(frontend, tool_parser, reasoning, structured_in_reasoning, tokens_as_ids, chat,
+                    sampling_defaults)
     responses = ResponsesEndpoint(api, tasks)
     messages = MessagesEndpoint(api)
     classify = ClassifyEndpoint(api)
@@ -134,8 +138,10 @@ class OpenAIApi:
 
     def __init__(self, frontend: Frontend, tool_parser: ToolParser | None = None,
                  reasoning: AnyReasoning | None = None, structured_in_reasoning: bool = False,
-                 tokens_as_ids: bool = False, chat: ChatPrompt | None = None) -> None:
+                 tokens_as_ids: bool = False, chat: ChatPrompt | None = None,
+                 sampling_defaults: dict | None = None) -> None:
         self.frontend = frontend
+        self.sampling_defaults = sampling_defaults or {}
         self.tokens_as_ids = tokens_as_ids  # vLLM's --return-tokens-as-token-ids: the requests' default
         self.tool_parser = tool_parser
         self.reasoning = reasoning
@@ -185,7 +191,7 @@ class OpenAIApi:
             given = [(ids[-keep:], None) if keep is not None and len(ids) > keep else (ids, text)
                      for ids, text in self._prompts(body.get("prompt"), bool_field(body, "add_special_tokens", True))]
             prompts = [ids for ids, _ in given]
-            params, n, echo = from_openai_completion(body)
+            params, n, echo = from_openai_completion(with_defaults(body, self.sampling_defaults))
             if bool_field(body, "use_beam_search"):
                 return await self.beams.respond(request, body, prompts, params, n, chat=False)
             rid = request_id(request)
@@ -220,7 +226,7 @@ class OpenAIApi:
         keep = prompt_truncation(body, self.frontend.max_model_len)
         if keep is not None:
             prompt = prompt[-keep:]
-        params, n = chat_sampling(body)
+        params, n = chat_sampling(with_defaults(body, self.sampling_defaults))
         if tools is not None and tools.structured_output is not None:
             if params.structured_output is not None:
                 raise InvalidArgument("a forced tool call constrains the output already: drop response_format "

@@ -24,7 +24,12 @@ from services.common.metrics import serve_metrics
 from services.common.ports import listen_tcp
 from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
 from services.common.tracing import setup_tracing
-from services.engine.checkpoint import load_checkpoint_meta, resolve_model_dir
+from services.engine.checkpoint import (
+    GENERATION_CONFIG_CHOICES,
+    load_checkpoint_meta,
+    resolve_model_dir,
+    sampling_defaults,
+)
 from services.engine.model_config import add_max_model_len_flag
 from services.scheduler.api_key import ApiKey, ApiKeyInterceptor
 from services.scheduler.chat_prompt import ChatPrompt
@@ -215,7 +220,8 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    allow_runtime_lora_updating=args.allow_runtime_lora_updating, api_key=args.api_key or None,
                    allowed_origins=tuple(args.allowed_origins), drain_timeout_s=args.drain_timeout_s,
                    return_tokens_as_token_ids=args.return_tokens_as_token_ids, chat_template=template,
-                   trust_request_chat_template=args.trust_request_chat_template)
+                   trust_request_chat_template=args.trust_request_chat_template,
+                   generation_config=args.generation_config)
 
 
 def add_served_model_name_flag(p: argparse.ArgumentParser) -> None:
@@ -240,6 +246,9 @@ def add_api_flags(p: argparse.ArgumentParser) -> None:
                         "(vLLM's flag; default: the checkpoint's)")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="a chat request may bring its own chat_template (vLLM's flag; default: refused)")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                   help="what requests that leave temperature, top_p, top_k, min_p, repetition_penalty or "
+                        f"max_tokens out sample with: {GENERATION_CONFIG_CHOICES} (vLLM's flag; default auto)")
 
 
 def api_flags(args: argparse.Namespace) -> list[str]:
@@ -251,6 +260,10 @@ def api_flags(args: argparse.Namespace) -> list[str]:
         template = args.chat_template
         flags += ["--chat-template", os.path.abspath(template) if os.path.isfile(template) else template]
     flags += ["--trust-request-chat-template"] if args.trust_request_chat_template else []
+    if args.generation_config not in ("auto", "vllm"):
+        flags += ["--generation-config", os.path.abspath(args.generation_config)]
+    elif args.generation_config == "vllm":
+        flags += ["--generation-config", "vllm"]
     return flags + (["--served-model-name", *args.served_model_name] if args.served_model_name else [])
 
 
@@ -318,6 +331,10 @@ async def serve(config: SchedulerServiceConfig) -> None:
         frontend.loras.add(name, path)  # a bad adapter stops the start, saying why
         log.info("serving LoRA adapter %r from %s", name, path)
     adapters = config.lora_modules or config.allow_runtime_lora_updating
+    defaults = sampling_defaults(checkpoint, config.generation_config)
+    if defaults:
+        log.info("requests that leave them out sample with %s (the model's generation config; "
+                 "--generation-config vllm: the API's defaults)", defaults)
     metrics.registry.register(VllmMetrics(mesh, frontend.model_name, metrics.requests, (
         lambda: [spec.ref.name for spec in frontend.loras]) if adapters else None))
     key = ApiKey(config.api_key) if config.api_key else None
@@ -340,7 +357,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
                              allowed_origins=config.allowed_origins,
                              tokens_as_ids=config.return_tokens_as_token_ids,
                              chat=ChatPrompt(checkpoint.path, frontend.encode, config.chat_template,
-                                             config.trust_request_chat_template))
+                                             config.trust_request_chat_template), sampling_defaults=defaults)
             http = _Uvicorn(uvicorn.Config(app, host=config.host, port=config.http_port, log_level="warning",
                                            lifespan="off"))
             tg.start_soon(http.serve, [http_socket])

@@ -12,7 +12,14 @@ import pytest
 
 from services.common import sampling_params as sp_module
 from services.common.errors import InvalidArgument
-from services.common.sampling_params import FinishReason, SamplingParams, check_stop, from_openai_completion
+from services.common.sampling_params import (
+    FinishReason,
+    SamplingParams,
+    check_stop,
+    from_openai_completion,
+    generation_defaults,
+    with_defaults,
+)
 
 # (field, bad value, text the message must contain besides the field name and the value)
 BAD_VALUES = [
@@ -282,3 +289,17 @@ def test_a_completion_body_hands_n_and_echo_to_the_api_layer_and_echo_scores_the
     assert (n, echo, plain.prompt_logprobs) == (1, True, None)  # echo without logprobs scores nothing
     with pytest.raises(InvalidArgument, match="echo must be true or false"):
         from_openai_completion({"echo": "yes"})
+
+
+def test_a_models_generation_config_gives_the_fields_a_request_leaves_out():
+    defaults = generation_defaults({"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20,
+                                    "repetition_penalty": 1.05, "max_new_tokens": 512, "eos_token_id": [1, 2],
+                                    "min_p": None})
+    assert defaults == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05,
+                        "max_tokens": 512}
+    assert with_defaults({"prompt": "Hi", "temperature": 0, "top_p": None}, defaults) == {
+        "prompt": "Hi", "temperature": 0, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05, "max_tokens": 512}
+    beams = {"prompt": "Hi", "use_beam_search": True, "n": 2}
+    assert with_defaults(beams, defaults) is beams  # a beam search samples nothing
+    with pytest.raises(InvalidArgument, match="generation_config.json: top_p must be"):
+        generation_defaults({"top_p": 1.5})

@@ -1017,3 +1017,35 @@ def test_the_server_and_a_trusted_request_may_bring_their_own_chat_template(tiny
             assert bad.status_code == 400 and "chat_template does not compile" in bad.json()["error"]["message"]
     finally:
         mesh.stop()
+
+
+def test_requests_that_leave_sampling_out_take_the_models_generation_config(tiny_model_dir, tmp_path):
+    """vLLM's --generation-config auto: the model's generation_config.json (here top_k 1, greedy, and
+    max_new_tokens 5) fills what a request leaves out, in every API; a beam search takes none of it."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "top_k": 1, "max_new_tokens": 5}))
+    mesh = start_mesh(model, tmp_path / "logs", mode="colocated")
+    prompt = random_prompts([30], seed=51)[0]
+    try:
+        with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
+            def completion(**body):
+                reply = client.post("/v1/completions", json={"prompt": prompt, "ignore_eos": True, **body}).json()
+                return reply["choices"][0]["token_ids"]
+
+            greedy = completion(temperature=0, max_tokens=8, return_token_ids=True)
+            assert completion(seed=5, return_token_ids=True) == greedy[:5]
+            assert len(completion(max_tokens=8, return_token_ids=True)) == 8  # its own max_tokens
+            messages = [{"role": "user", "content": "Hi"}]
+            chat = client.post("/v1/chat/completions", json={"messages": messages, "ignore_eos": True}).json()
+            assert chat["usage"]["completion_tokens"] == 5
+            reply = client.post("/v1/responses", json={"input": "Hi"}).json()
+            assert reply["usage"]["output_tokens"] == 5
+            beams = client.post("/v1/completions", json={"prompt": prompt, "use_beam_search": True, "n": 2,
+                                                         "max_tokens": 3})
+            assert beams.status_code == 200 and len(beams.json()["choices"]) == 2
+    finally:
+        mesh.stop()

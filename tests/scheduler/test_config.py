@@ -81,6 +81,10 @@ def test_the_chat_template_flags_reach_the_config_and_seawall_up_passes_them(tmp
     up = argparse.ArgumentParser()
     add_api_flags(up)
     add_served_model_name_flag(up)
-    args = up.parse_args(["--chat-template", "t.jinja", "--trust-request-chat-template"])
-    # The file by its absolute path: the scheduler may run in another directory.
-    assert api_flags(args) == ["--chat-template", str(tmp_path / "t.jinja"), "--trust-request-chat-template"]
+    args = up.parse_args(["--chat-template", "t.jinja", "--trust-request-chat-template", "--generation-config", "."])
+    # Files by their absolute paths: the scheduler may run in another directory.
+    assert api_flags(args) == ["--chat-template", str(tmp_path / "t.jinja"), "--trust-request-chat-template",
+                               "--generation-config", str(tmp_path)]
+    assert api_flags(up.parse_args(["--generation-config", "vllm"])) == ["--generation-config", "vllm"]
+    assert api_flags(up.parse_args([])) == []  # auto: the scheduler's default
+    assert parse_args(["--generation-config", "vllm"]).generation_config == "vllm"

@@ -357,3 +357,23 @@ def test_chat_lines_are_rendered_by_the_template_given_on_the_command_line(tmp_p
     want = tokenizer.encode("user: Why bursts?\nassistant:", add_special_tokens=False).ids
     assert code == 0 and out[0]["response"]["body"]["usage"]["prompt_tokens"] == len(want)
     assert main(["run-batch", "-i", "-", "-o", "-", "--chat-template", str(tmp_path / "none.jinja")]) != 0
+
+
+def test_lines_that_leave_sampling_out_take_the_models_generation_config(tmp_path, tiny_model_dir):
+    # vLLM's --generation-config auto: top_k 1 makes sampling greedy, max_new_tokens is max_tokens' default.
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "top_k": 1, "max_new_tokens": 5}))
+    prompt = list(range(40, 70))
+    rows = [_req("defaults", prompt=prompt, ignore_eos=True, seed=3),
+            _req("own", prompt=prompt, ignore_eos=True, seed=3, top_k=-1, max_tokens=7),
+            _req("greedy", prompt=prompt, ignore_eos=True, temperature=0, max_tokens=7)]
+    code, out = _run(tmp_path, model, rows)
+    got = {line["custom_id"]: line["response"]["body"]["choices"][0]["token_ids"] for line in out}
+    assert code == 0 and got["defaults"] == got["greedy"][:5] and len(got["own"]) == 7
+    assert got["own"] != got["greedy"]  # its own top_k: sampled (seeded) from the whole vocabulary
+    code, out = _run(tmp_path, model, rows[:1], "--generation-config", "vllm")
+    assert code == 0 and len(out[0]["response"]["body"]["choices"][0]["token_ids"]) == 16  # the API's default
