@@ -62,6 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="what lines that leave temperature, top_p, top_k, min_p, repetition_penalty or max_tokens "
                         "out sample with: auto (the model's generation_config.json), vllm (none) or a directory "
                         "holding one (vLLM's flag; default auto)")
+    p.add_argument("--override-generation-config", default="", metavar="JSON",
+                   help="sampling fields over that, as '{\"temperature\": 0.5}' (vLLM's flag)")
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                    help="the chat template (a Jinja file, or the template itself) in place of the checkpoint's "
                         "(vLLM's flag)")
@@ -78,7 +80,7 @@ def _decode_steps(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from seawall.offline.batch import base_names, run_batch
     from seawall.offline.engine import OfflineEngine
-    from services.engine.checkpoint import sampling_defaults
+    from services.engine.checkpoint import generation_override, sampling_defaults
     from services.engine.config import EngineConfig
     from services.scheduler.chat_prompt import ChatPrompt
     from services.scheduler.chat_template import checked_template
@@ -87,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         template = None if args.chat_template is None else checked_template(args.chat_template)
+        override = generation_override(args.override_generation_config) if args.override_generation_config else None
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     lines = _read_lines(args.input)
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     for name, path in args.lora_modules:
         loras.add(name, path)
     results = run_batch(engine, lines, model_name, loras, ChatPrompt(engine.checkpoint.path, engine.encode, template),
-                        sampling_defaults(engine.checkpoint, args.generation_config))
+                        sampling_defaults(engine.checkpoint, args.generation_config, override))
     text = "".join(json.dumps(r) + "\n" for r in results)
     if args.output == "-":
         sys.stdout.write(text)

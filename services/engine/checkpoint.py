@@ -82,20 +82,36 @@ def resolve_model_dir(model: str | None) -> str:
 GENERATION_CONFIG_CHOICES = "auto (the model's generation_config.json), vllm (none) or a directory holding one"
 
 
-def sampling_defaults(checkpoint: Checkpoint, source: str = "auto") -> dict:
+def sampling_defaults(checkpoint: Checkpoint, source: str = "auto", override: dict | None = None) -> dict:
     """What requests leaving sampling fields out sample with (vLLM's ``--generation-config``): ``auto``, the
     checkpoint's ``generation_config.json``; ``vllm``, nothing (the API's own defaults); else a directory's
-    ``generation_config.json``."""
+    ``generation_config.json``; ``override`` (vLLM's ``--override-generation-config``, the file's names) over it."""
     if source == "vllm":
-        return {}
-    if source == "auto":
+        config: dict = {}
+    elif source == "auto":
         config = checkpoint.generation_defaults
     else:
         path = Path(source).expanduser() / "generation_config.json"
         if not path.is_file():
             raise ModelLoadError(f"--generation-config {source!r}: no {path}; give {GENERATION_CONFIG_CHOICES}")
         config = read_json(path)
-    return generation_defaults(config)
+    return generation_defaults({**config, **(override or {})})
+
+
+def generation_override(text: str) -> dict:
+    """``--override-generation-config``'s JSON object of generation_config.json's sampling fields; a name it
+    would not read is refused (a typo would otherwise change nothing, silently)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--override-generation-config is not JSON ({exc}); give an object such as "
+                         '\'{"temperature": 0.5}\'') from None
+    known = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+    unknown = sorted(set(value) - set(known)) if isinstance(value, dict) else None
+    if unknown is None or unknown:
+        raise ValueError(f"--override-generation-config takes an object of {', '.join(known)}; got "
+                         f"{', '.join(unknown) if unknown else repr(value)}")
+    return value
 
 
 def read_json(path: Path) -> dict:

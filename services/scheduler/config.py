@@ -48,6 +48,8 @@ class SchedulerServiceConfig:
     # Where requests' default sampling comes from (vLLM's --generation-config): "auto", the checkpoint's
     # generation_config.json; "vllm", the API's own defaults; or a directory holding a generation_config.json.
     generation_config: str = "auto"
+    # Sampling fields over it, as JSON under generation_config.json's names (vLLM's --override-generation-config).
+    override_generation_config: str = ""
     # The Scheduler gRPC service (clients, workers registering). 0 picks a free port.
     grpc_port: int = 50051
     # The OpenAI-compatible HTTP API (it also serves /metrics); None turns it off.

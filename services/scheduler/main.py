@@ -26,6 +26,7 @@ from services.common.tracing import SCHEDULER as SCHEDULER_SERVICE
 from services.common.tracing import setup_tracing
 from services.engine.checkpoint import (
     GENERATION_CONFIG_CHOICES,
+    generation_override,
     load_checkpoint_meta,
     resolve_model_dir,
     sampling_defaults,
@@ -210,6 +211,8 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         template = None if args.chat_template is None else checked_template(args.chat_template)
+        if args.override_generation_config:
+            generation_override(args.override_generation_config)
     except ValueError as exc:
         p.error(str(exc))
     return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
@@ -221,7 +224,8 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
                    allowed_origins=tuple(args.allowed_origins), drain_timeout_s=args.drain_timeout_s,
                    return_tokens_as_token_ids=args.return_tokens_as_token_ids, chat_template=template,
                    trust_request_chat_template=args.trust_request_chat_template,
-                   generation_config=args.generation_config)
+                   generation_config=args.generation_config,
+                   override_generation_config=args.override_generation_config)
 
 
 def add_served_model_name_flag(p: argparse.ArgumentParser) -> None:
@@ -249,6 +253,9 @@ def add_api_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
                    help="what requests that leave temperature, top_p, top_k, min_p, repetition_penalty or "
                         f"max_tokens out sample with: {GENERATION_CONFIG_CHOICES} (vLLM's flag; default auto)")
+    p.add_argument("--override-generation-config", default="", metavar="JSON",
+                   help="sampling fields over that, as '{\"temperature\": 0.5}' (generation_config.json's names: "
+                        "max_new_tokens for max_tokens; vLLM's flag)")
 
 
 def api_flags(args: argparse.Namespace) -> list[str]:
@@ -264,6 +271,8 @@ def api_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--generation-config", os.path.abspath(args.generation_config)]
     elif args.generation_config == "vllm":
         flags += ["--generation-config", "vllm"]
+    flags += ["--override-generation-config", args.override_generation_config] if args.override_generation_config \
+        else []
     return flags + (["--served-model-name", *args.served_model_name] if args.served_model_name else [])
 
 
@@ -331,7 +340,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
         frontend.loras.add(name, path)  # a bad adapter stops the start, saying why
         log.info("serving LoRA adapter %r from %s", name, path)
     adapters = config.lora_modules or config.allow_runtime_lora_updating
-    defaults = sampling_defaults(checkpoint, config.generation_config)
+    defaults = sampling_defaults(checkpoint, config.generation_config, generation_override(
+        config.override_generation_config) if config.override_generation_config else None)
     if defaults:
         log.info("requests that leave them out sample with %s (the model's generation config; "
                  "--generation-config vllm: the API's defaults)", defaults)

@@ -85,6 +85,9 @@ def test_the_chat_template_flags_reach_the_config_and_seawall_up_passes_them(tmp
     # Files by their absolute paths: the scheduler may run in another directory.
     assert api_flags(args) == ["--chat-template", str(tmp_path / "t.jinja"), "--trust-request-chat-template",
                                "--generation-config", str(tmp_path)]
-    assert api_flags(up.parse_args(["--generation-config", "vllm"])) == ["--generation-config", "vllm"]
+    assert api_flags(up.parse_args(["--generation-config", "vllm", "--override-generation-config", '{"top_k": 1}'])) \
+        == ["--generation-config", "vllm", "--override-generation-config", '{"top_k": 1}']
+    with pytest.raises(SystemExit):  # a name generation_config.json does not have, refused at start
+        parse_args(["--override-generation-config", '{"topk": 1}'])
     assert api_flags(up.parse_args([])) == []  # auto: the scheduler's default
     assert parse_args(["--generation-config", "vllm"]).generation_config == "vllm"

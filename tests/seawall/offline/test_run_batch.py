@@ -377,3 +377,5 @@ def test_lines_that_leave_sampling_out_take_the_models_generation_config(tmp_pat
     assert got["own"] != got["greedy"]  # its own top_k: sampled (seeded) from the whole vocabulary
     code, out = _run(tmp_path, model, rows[:1], "--generation-config", "vllm")
     assert code == 0 and len(out[0]["response"]["body"]["choices"][0]["token_ids"]) == 16  # the API's default
+    code, out = _run(tmp_path, model, rows[:1], "--override-generation-config", '{"max_new_tokens": 3}')
+    assert code == 0 and out[0]["response"]["body"]["choices"][0]["token_ids"] == got["greedy"][:3]
