@@ -37,7 +37,7 @@ from services.common.sampling_params import (
     with_defaults,
 )
 from services.common.step import LoraRef
-from services.scheduler.admission import check_cache_salt
+from services.scheduler.admission import check_cache_salt, room
 from services.scheduler.chat_prompt import ChatPrompt, chat_sampling
 from services.scheduler.lora_registry import LoraRegistry
 
@@ -124,7 +124,10 @@ def _parse_chat(engine: OfflineEngine, body: dict[str, Any], item: BatchItem, ch
     ids = chat.render(body)
     keep = prompt_truncation(body, engine.scheduler.config.max_model_len)
     item.prompt_token_ids = ids[-keep:] if keep is not None else ids
-    item.params, item.n = chat_sampling(with_defaults(body, defaults))
+    config, block_size = engine.scheduler.config, engine.blocks.block_size
+    pool = engine.blocks.num_blocks * block_size if config.window_blocks(block_size) is None else None
+    item.params, item.n = chat_sampling(with_defaults(body, defaults),
+                                        room(len(item.prompt_token_ids), config.max_model_len, pool))
     item.chat = True
     item.beam = beam_from_openai(body, item.params, item.n, engine.checkpoint.eos_token_ids,
                                  engine.scheduler.config.max_model_len - len(item.prompt_token_ids))

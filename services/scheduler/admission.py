@@ -8,6 +8,15 @@ from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling_params import SamplingParams
 
 
+def room(prompt_len: int, max_model_len: int, pool_tokens: int | None) -> int:
+    """What a request may generate when it sets no limit (a chat's default, as vLLM's): the context left after
+    the prompt, or, where less, what the pool holds after it (``pool_tokens``, the smallest pool it may land
+    in; None where any context fits, as a sliding window's pool): a larger default would be refused as never
+    fitting. At least 1: a prompt with no room left is refused by ``validate_request``, saying so."""
+    limit = max_model_len if pool_tokens is None else min(max_model_len, pool_tokens)
+    return max(limit - prompt_len, 1)
+
+
 def validate_request(prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int, max_model_len: int,
                      block_size: int, pool_blocks: int | None, whole_prompt_limit: int | None = None,
                      window_blocks: int | None = None) -> None:

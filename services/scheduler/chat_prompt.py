@@ -88,11 +88,15 @@ class ChatPrompt:
 
 
 
-def chat_sampling(body: dict) -> tuple[SamplingParams, int]:
-    """A chat body's sampling (before tool calls and reasoning shape it) and ``n``."""
+def chat_sampling(body: dict, room: int | None = None) -> tuple[SamplingParams, int]:
+    """A chat body's sampling (before tool calls and reasoning shape it) and ``n``; ``room``: the ``max_tokens``
+    of a body that sets none (OpenAI's chat has no limit but the context; vLLM's default is what is left of it),
+    else the completions API's 16."""
     sampling = {k: v for k, v in body.items() if k not in CHAT_ONLY}
     if body.get("max_completion_tokens") is not None:
         sampling["max_tokens"] = body["max_completion_tokens"]
+    elif sampling.get("max_tokens") is None and room is not None:
+        sampling["max_tokens"] = room
     top = body.get("top_logprobs")
     logprobs = bool_field(body, "logprobs")
     if top is not None and not logprobs:

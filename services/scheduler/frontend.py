@@ -21,7 +21,7 @@ from services.engine.pooling import (
     check_generates,
     embedding_vector,
 )
-from services.scheduler.admission import check_cache_salt, validate_request
+from services.scheduler.admission import check_cache_salt, room, validate_request
 from services.scheduler.core.request import Request
 from services.scheduler.lora_registry import LoraRegistry
 from services.scheduler.mesh import Mesh
@@ -61,6 +61,16 @@ class Frontend:
     @property
     def max_model_len(self) -> int:
         return self.checkpoint.config.max_model_len
+
+    def room(self, prompt_len: int) -> int:
+        """``admission.room`` over the live workers' pools."""
+        links = self.mesh.live_links()
+        pool = None
+        if links:
+            block_size = links[0].info.kv_layout.block_size
+            if all(link.core.config.window_blocks(block_size) is None for link in links):
+                pool = min(link.core.blocks.num_blocks for link in links) * block_size
+        return room(prompt_len, self.max_model_len, pool)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """``text`` as token ids; ``add_special_tokens``: with those the tokenizer adds (a BOS, for many)."""

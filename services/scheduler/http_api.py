@@ -226,7 +226,7 @@ class OpenAIApi:
         keep = prompt_truncation(body, self.frontend.max_model_len)
         if keep is not None:
             prompt = prompt[-keep:]
-        params, n = chat_sampling(with_defaults(body, self.sampling_defaults))
+        params, n = chat_sampling(with_defaults(body, self.sampling_defaults), self.frontend.room(len(prompt)))
         if tools is not None and tools.structured_output is not None:
             if params.structured_output is not None:
                 raise InvalidArgument("a forced tool call constrains the output already: drop response_format "

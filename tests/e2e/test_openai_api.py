@@ -1049,3 +1049,21 @@ def test_requests_that_leave_sampling_out_take_the_models_generation_config(tiny
             assert beams.status_code == 200 and len(beams.json()["choices"]) == 2
     finally:
         mesh.stop()
+
+
+def test_a_chat_without_a_limit_generates_to_the_end_of_the_context(tiny_model_dir, tmp_path):
+    # OpenAI's chat and Responses APIs set no default limit; vLLM's is what the context leaves, as here (a
+    # 96-token context keeps it short). Completions keep OpenAI's 16.
+    mesh = start_mesh(tiny_model_dir, tmp_path / "logs", mode="colocated", scheduler_args=["--max-model-len", "96"],
+                      worker_args=["--max-model-len", "96"])
+    try:
+        with httpx.Client(base_url=mesh.http_url, timeout=60) as client:
+            chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                              "ignore_eos": True}).json()
+            assert chat["usage"]["total_tokens"] == 96 and chat["choices"][0]["finish_reason"] == "length"
+            reply = client.post("/v1/responses", json={"input": "Hi", "ignore_eos": True}).json()
+            assert reply["usage"]["total_tokens"] == 96
+            text = client.post("/v1/completions", json={"prompt": "Hi", "ignore_eos": True}).json()
+            assert text["usage"]["completion_tokens"] == 16
+    finally:
+        mesh.stop()

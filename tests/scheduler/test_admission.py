@@ -6,7 +6,7 @@ import pytest
 
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling_params import SamplingParams
-from services.scheduler.admission import validate_request
+from services.scheduler.admission import room, validate_request
 from services.scheduler.core.config import SchedulerConfig
 
 
@@ -56,3 +56,9 @@ def test_a_policy_that_runs_prompts_whole_refuses_what_could_never_fit_one_step(
             check(20, 13)
     else:
         check(40, 20)
+
+
+def test_a_request_without_a_limit_may_generate_what_the_context_and_the_pool_leave():
+    assert room(100, 4096, None) == 3996  # the context left: vLLM's chat default
+    assert room(100, 4096, 1024) == 924  # a pool smaller than the context: what it holds
+    assert room(5000, 4096, None) == 1  # no room: validate_request refuses the prompt, saying so

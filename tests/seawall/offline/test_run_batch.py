@@ -379,3 +379,15 @@ def test_lines_that_leave_sampling_out_take_the_models_generation_config(tmp_pat
     assert code == 0 and len(out[0]["response"]["body"]["choices"][0]["token_ids"]) == 16  # the API's default
     code, out = _run(tmp_path, model, rows[:1], "--override-generation-config", '{"max_new_tokens": 3}')
     assert code == 0 and out[0]["response"]["body"]["choices"][0]["token_ids"] == got["greedy"][:3]
+
+
+def test_a_chat_line_without_a_limit_generates_to_the_end_of_the_context(tmp_path, tiny_model_dir):
+    # OpenAI's chat sets no default max_tokens; vLLM's is what the context leaves (completions keep 16).
+    messages = [{"role": "user", "content": "Why bursts?"}]
+    rows = [{"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": messages, "ignore_eos": True}},
+            _req("text", prompt="Why bursts?", ignore_eos=True)]
+    code, out = _run(tmp_path, tiny_model_dir, rows, "--max-model-len", "64")
+    usage = {line["custom_id"]: line["response"]["body"]["usage"] for line in out}
+    assert code == 0 and usage["chat"]["prompt_tokens"] + usage["chat"]["completion_tokens"] == 64
+    assert usage["text"]["completion_tokens"] == 16
