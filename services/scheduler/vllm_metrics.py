@@ -20,8 +20,8 @@ from services.common.metrics import RequestMetrics
 
 class VllmMetrics:
     """``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` (and its
-    older name ``vllm:gpu_cache_usage_perc``), ``vllm:cache_config_info`` and, where adapters are served,
-    ``vllm:lora_requests_info``."""
+    older name ``vllm:gpu_cache_usage_perc``), ``vllm:num_preemptions_total``, ``vllm:prefix_cache_queries_total``
+    and ``_hits_total``, ``vllm:cache_config_info`` and, where adapters are served, ``vllm:lora_requests_info``."""
 
     def __init__(self, mesh, model_name: str, requests: RequestMetrics | None = None,
                  loras: Callable[[], list[str]] | None = None, clock: Callable[[], float] = time.time) -> None:
@@ -44,6 +44,13 @@ class VllmMetrics:
         for metric in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
             yield _gauge(metric, "KV cache usage, 1 = full (Seawall: over every worker's device pool; cached "
                          "blocks no request holds count as free, as in vLLM)", name, usage)
+        yield _counter("vllm:num_preemptions", "Preemptions (a swap or a recompute)", self.model_name,
+                       self.mesh.num_preemptions_gone + sum(sum(c.preemptions.values()) for c in cores))
+        bs = [c.blocks.block_size for c in cores]
+        yield _counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache (full blocks)",
+                       self.model_name, sum(c.prefix_stats.queried_blocks * b for c, b in zip(cores, bs, strict=True)))
+        yield _counter("vllm:prefix_cache_hits", "Of those, tokens served from it", self.model_name,
+                       sum(c.prefix_stats.hit_blocks * b for c, b in zip(cores, bs, strict=True)))
         config = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache (Seawall: the mesh's "
                                    "pools together)", labels=["block_size", "num_gpu_blocks"])
         if links:
@@ -67,7 +74,7 @@ class VllmMetrics:
             yield _histogram(metric, doc, name, source)
         for metric, source, doc in (("vllm:prompt_tokens", m.prompt_tokens, "Prompt tokens processed"),
                                     ("vllm:generation_tokens", m.generation_tokens, "Generation tokens processed")):
-            yield _counter(metric, doc, name, source)
+            yield _counter(metric, doc, name, sum(s.value for s in _samples(source, "_total")))
         success = CounterMetricFamily("vllm:request_success", "Requests finished, by reason",
                                       labels=["model_name", "finished_reason"])
         for sample in _samples(m.finished, "_total"):
@@ -104,9 +111,9 @@ def _histogram(metric: str, documentation: str, model_name: str, source: Histogr
     return family
 
 
-def _counter(metric: str, documentation: str, model_name: str, source: Counter) -> CounterMetricFamily:
+def _counter(metric: str, documentation: str, model_name: str, value: float) -> CounterMetricFamily:
     family = CounterMetricFamily(metric, documentation, labels=["model_name"])
-    family.add_metric([model_name], sum(s.value for s in _samples(source, "_total")))
+    family.add_metric([model_name], value)
     return family
 
 

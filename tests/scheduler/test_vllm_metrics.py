@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from services.common.sampling_params import SamplingParams
 from services.common.step import LoraRef
@@ -46,6 +46,10 @@ async def test_the_queue_the_running_requests_and_the_kv_pools_read_as_vllm_name
     assert registry.get_sample_value("vllm:lora_requests_info", {
         "max_lora": "3", "running_lora_adapters": "sql", "waiting_lora_adapters": "chat"}) == 1234.5
     assert b.core.blocks.num_free == 12  # the idle worker's pool counts as free
+    assert value("vllm:num_preemptions_total") == 0
+    # r0's 40-token prompt: two full blocks looked up, none cached yet (as vLLM counts them: tokens).
+    assert value("vllm:prefix_cache_queries_total") == 32 and value("vllm:prefix_cache_hits_total") == 0
+    assert b'vllm:lora_requests_info{max_lora="3"' in generate_latest(registry)  # the whole scrape renders
 
 
 async def test_no_lora_series_without_adapters_and_no_pool_without_workers():
