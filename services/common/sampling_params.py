@@ -466,6 +466,7 @@ def from_openai_completion(body: dict[str, Any]) -> tuple[SamplingParams, int, b
 # API's names.
 _GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                         "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+GENERATION_CONFIG_FIELDS = tuple(_GENERATION_DEFAULTS)
 
 
 def generation_defaults(config: dict[str, Any]) -> dict[str, Any]:

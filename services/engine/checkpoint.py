@@ -12,7 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from services.common.errors import ModelLoadError, NotFound
-from services.common.sampling_params import generation_defaults
+from services.common.sampling_params import GENERATION_CONFIG_FIELDS, generation_defaults
 from services.engine.builtin_model import ensure_default_model
 from services.engine.model_config import ModelConfig
 from services.engine.pooling import Classifier, Pooling, has_lm_head, read_classifier, read_pooling
@@ -106,10 +106,9 @@ def generation_override(text: str) -> dict:
     except json.JSONDecodeError as exc:
         raise ValueError(f"--override-generation-config is not JSON ({exc}); give an object such as "
                          '\'{"temperature": 0.5}\'') from None
-    known = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
-    unknown = sorted(set(value) - set(known)) if isinstance(value, dict) else None
+    unknown = sorted(set(value) - set(GENERATION_CONFIG_FIELDS)) if isinstance(value, dict) else None
     if unknown is None or unknown:
-        raise ValueError(f"--override-generation-config takes an object of {', '.join(known)}; got "
+        raise ValueError(f"--override-generation-config takes an object of {', '.join(GENERATION_CONFIG_FIELDS)}; got "
                          f"{', '.join(unknown) if unknown else repr(value)}")
     return value
 

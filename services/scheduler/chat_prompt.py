@@ -87,7 +87,6 @@ class ChatPrompt:
             raise InvalidArgument(f"chat_template does not compile: {exc}") from None
 
 
-
 def chat_sampling(body: dict, room: int | None = None) -> tuple[SamplingParams, int]:
     """A chat body's sampling (before tool calls and reasoning shape it) and ``n``; ``room``: the ``max_tokens``
     of a body that sets none (OpenAI's chat has no limit but the context; vLLM's default is what is left of it),

@@ -95,11 +95,16 @@ def template_source(value: str) -> str:
 def checked_template(value: str) -> str:
     """``--chat-template``'s text (``template_source``), refused at start when it does not compile."""
     source = template_source(value)
+    check_compiles(source)
+    return source
+
+
+def check_compiles(source: str) -> None:
+    """Raises ValueError unless ``source`` is a template ``compile_template`` takes."""
     try:
         compile_template(source)
     except jinja2.TemplateSyntaxError as exc:
         raise ValueError(f"--chat-template does not compile: {exc}") from None
-    return source
 
 
 def tokenizer_config(checkpoint_dir: Path) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from services.engine.checkpoint import generation_override
+from services.scheduler.chat_template import check_compiles
 from services.scheduler.core.scheduler import SchedulerConfig
 from services.scheduler.reasoning_parsers import PARSERS as REASONING_PARSERS
 from services.scheduler.tool_parsers import PARSERS
@@ -156,7 +158,7 @@ class SchedulerServiceConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
     def _check_front_door(self) -> None:
-        """The client-facing API's names, key and origins, and the drain."""
+        """The client-facing API's names, key, origins, chat template and default sampling, and the drain."""
         names = self.served_model_name
         if any(not name or name != name.strip() for name in names) or len(set(names)) < len(names):
             raise ValueError(f"served_model_name must be distinct names without surrounding spaces, got {list(names)}")
@@ -170,6 +172,12 @@ class SchedulerServiceConfig:
                                  "https://ui.example, or *")
         if not self.drain_timeout_s >= 0:  # NaN too
             raise ValueError(f"drain_timeout_s must be >= 0 (0 = stop at once), got {self.drain_timeout_s}")
+        if self.chat_template is not None:
+            check_compiles(self.chat_template)
+        if not self.generation_config:
+            raise ValueError("generation_config must be auto, vllm or a directory holding a generation_config.json")
+        if self.override_generation_config:
+            generation_override(self.override_generation_config)
 
     def _check_parsers(self) -> None:
         if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:

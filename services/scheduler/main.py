@@ -209,12 +209,8 @@ def parse_args(argv: list[str] | None) -> SchedulerServiceConfig:
     p.add_argument("--log-level", default=os.environ.get("SEAWALL_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        template = None if args.chat_template is None else checked_template(args.chat_template)
-        if args.override_generation_config:
-            generation_override(args.override_generation_config)
-    except ValueError as exc:
-        p.error(str(exc))
+    # A ValueError here (a template that does not compile, a bad config) is one line and exit 2 (run_service).
+    template = None if args.chat_template is None else checked_template(args.chat_template)
     return replace(config_from(args), metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint,
                    kvcache_address=args.kvcache, step_pipelining=args.step_pipelining,
                    tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,

@@ -123,7 +123,7 @@ class Mesh:
 
     def serving_links(self, *roles: str) -> list[WorkerLink]:
         """The live workers that take new requests (not draining), of ``roles`` (none: all)."""
-        return [link for link in self.live_links(*roles) if link.drain is None]
+        return [link for link in self.live_links(*roles) if link.serving]
 
     # --- requests ---
 

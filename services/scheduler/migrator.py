@@ -43,7 +43,7 @@ from services.scheduler.rebalance import (
     end_of_copy_ahead,
     pick_migration,
 )
-from services.scheduler.worker_link import WorkerLink
+from services.scheduler.worker_link import Arrival, WorkerLink
 
 if TYPE_CHECKING:
     from services.scheduler.mesh import Mesh
@@ -216,7 +216,12 @@ class Migrator:
         dst = peers[pick[1]]
         if arrival is None:
             self.take_over(src, dst, req)
-            return
+        else:
+            self.redirect(src, dst, arrival)
+
+    def redirect(self, src: WorkerLink, dst: WorkerLink, arrival: Arrival) -> None:
+        """``arrival``, waiting on ``src`` for blocks, waits on ``dst`` instead (its KV is pulled from its
+        sender there)."""
         src.arrivals.remove(arrival)
         dst.arrivals.append(arrival)
         self._count_queued_move(src, dst)

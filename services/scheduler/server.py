@@ -132,8 +132,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _submission(self, request) -> Submission:
         lora = self.frontend.loras.resolve(request.model)
         prompt = self._prompt(request)
-        room = max(self.frontend.max_model_len - len(prompt), 1)
-        params = params_from_proto(request.sampling, default_max_tokens=room)
+        params = params_from_proto(request.sampling, default_max_tokens=self.frontend.room(len(prompt)))
         if params.pooling:  # Generate's responses have no place for a vector
             raise InvalidArgument("sampling.pooling asks for an embedding: call Embed, which returns the vectors")
         return Submission(prompt, params, request.request_id, request.session_id, request.priority, lora,

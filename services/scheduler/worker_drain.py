@@ -64,9 +64,7 @@ class WorkerDrains:
             dst = mesh.pick_decode_worker(arrival.request, roles=mesh.migrator.roles)
             if dst is None:
                 break
-            link.arrivals.remove(arrival)
-            dst.arrivals.append(arrival)
-            dst.wake()
+            mesh.migrator.redirect(link, dst, arrival)
             drain.moved += 1
         disaggregated_decode = link.role == "decode" and mesh.config.mode == "disaggregated"
         while (req := link.core.next_queued()) is not None:
@@ -88,9 +86,8 @@ class WorkerDrains:
             return
         peers = {p.worker_id: p for p in mesh.serving_links(*migrator.roles) if p is not link}
         loads = {name: migrator.load(p, busy=False) for name, p in peers.items()}
-        headroom = max(mesh.config.migration_headroom, 0)
         for rid, tokens in candidates:
-            fits = [load for load in loads.values() if tokens <= load.room(headroom)]
+            fits = [load for load in loads.values() if tokens <= load.room(mesh.config.migration_headroom)]
             if not fits:
                 return
             dst = max(fits, key=lambda load: load.freeness)

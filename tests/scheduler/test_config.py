@@ -31,6 +31,9 @@ from services.worker.config import WorkerConfig
     ({"allowed_origins": ("https://ui.example/app",)}, "is no origin"),
     ({"drain_timeout_s": -1.0}, "drain_timeout_s must be >= 0"),
     ({"drain_timeout_s": float("nan")}, "drain_timeout_s must be >= 0"),
+    ({"chat_template": "{% if %}"}, "--chat-template does not compile"),
+    ({"generation_config": ""}, "generation_config must be auto, vllm or a directory"),
+    ({"override_generation_config": '{"temprature": 1}'}, "got temprature"),
 ])
 def test_scheduler_service_config_rejects_what_cannot_work(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
@@ -76,7 +79,7 @@ def test_the_chat_template_flags_reach_the_config_and_seawall_up_passes_them(tmp
     config = parse_args(["--chat-template", "t.jinja", "--trust-request-chat-template"])
     assert config.chat_template == "{{ messages[0].content }}" and config.trust_request_chat_template
     assert parse_args([]).chat_template is None and not parse_args([]).trust_request_chat_template
-    with pytest.raises(SystemExit):  # a path that names no file, refused at start
+    with pytest.raises(ValueError, match="looks like a file's path"):  # refused at start (exit 2)
         parse_args(["--chat-template", "missing.jinja"])
     up = argparse.ArgumentParser()
     add_api_flags(up)
@@ -87,7 +90,7 @@ def test_the_chat_template_flags_reach_the_config_and_seawall_up_passes_them(tmp
                                "--generation-config", str(tmp_path)]
     assert api_flags(up.parse_args(["--generation-config", "vllm", "--override-generation-config", '{"top_k": 1}'])) \
         == ["--generation-config", "vllm", "--override-generation-config", '{"top_k": 1}']
-    with pytest.raises(SystemExit):  # a name generation_config.json does not have, refused at start
+    with pytest.raises(ValueError, match="got topk"):  # a name generation_config.json does not have
         parse_args(["--override-generation-config", '{"topk": 1}'])
     assert api_flags(up.parse_args([])) == []  # auto: the scheduler's default
     assert parse_args(["--generation-config", "vllm"]).generation_config == "vllm"
