@@ -21,6 +21,9 @@ machine without Docker. What changes between a container and a local process:
     depends_on conditions                    started in dependency order; service_healthy runs the
                                              service's healthcheck command locally until it passes,
                                              service_completed_successfully waits for exit code 0
+    stop (Ctrl-C)                            as `docker compose down`: dependents first, those that can
+                                             stop together at once, each with its stop_signal, SIGKILL
+                                             after its stop_grace_period (a second Ctrl-C: at once)
 
 So a compose file keeps working here when every port a service listens on is in its ``ports:`` or
 ``expose:`` and commands name other services as SERVICE:PORT. Not supported: replicas, ``extends``,
@@ -34,6 +37,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -94,6 +98,9 @@ class LocalService:
     depends_on: dict[str, str]  # service -> condition, skipped services left out
     # Others wait for it to exit 0 (service_completed_successfully): its exit is not a failure.
     one_shot: bool = False
+    # stop_signal and stop_grace_period: how it is stopped (SIGKILL once the grace period is over).
+    stop_signal: int = signal.SIGTERM
+    stop_grace_s: float = 10.0
 
     @property
     def module(self) -> str | None:
@@ -464,7 +471,18 @@ def _local_service(name: str, program: list[str], ctx: _Context) -> LocalService
         if dep not in ctx.services:
             raise InvalidArgument(f"{name} depends on {dep}, which is not a service of {ctx.path.name}")
     return LocalService(name, argv, env, ports, check, tcp, timeout_s,
-                        {d: c for d, c in deps.items() if d in rewriter.ports})
+                        {d: c for d, c in deps.items() if d in rewriter.ports},
+                        stop_signal=_stop_signal(name, svc.get("stop_signal", "SIGTERM")),
+                        stop_grace_s=_duration_s(svc.get("stop_grace_period"), 10.0))
+
+
+def _stop_signal(name: str, value: object) -> int:
+    """A compose ``stop_signal``: a name (``SIGINT``, ``INT``) or a number."""
+    text = str(value).strip().upper()
+    try:
+        return signal.Signals(int(text)) if text.isdigit() else signal.Signals["SIG" + text.removeprefix("SIG")]
+    except (KeyError, ValueError):
+        raise InvalidArgument(f"{name}: stop_signal {value!r} is not a signal (e.g. SIGTERM, SIGINT, 15)") from None
 
 
 def _free_port(used: set[int]) -> int:
@@ -613,7 +631,22 @@ class ComposeMesh(LocalMesh):
                                 start_new_session=True)
         if out is not None:
             out.close()
-        self.children.append(Child(svc.name, proc, log_path))
+        self.children.append(Child(svc.name, proc, log_path, stop_signal=svc.stop_signal,
+                                   stop_grace_s=svc.stop_grace_s))
+
+    def _stop_groups(self) -> list[list[Child]]:
+        """As ``docker compose down``: each service once every service that depends on it has stopped, those
+        that can stop together at once (a draining worker's grace period is not spent one worker at a time)."""
+        if self.plan is None:
+            return [list(reversed(self.children))]
+        left = list(self.children)
+        groups = []
+        while left:
+            needed = {d for c in left for d in self.plan.service(c.name).depends_on}
+            group = [c for c in left if c.name not in needed] or left  # cannot be empty: depends_on has no cycle
+            groups.append(group)
+            left = [c for c in left if c not in group]
+        return groups
 
     def _holds(self, svc: LocalService, condition: str) -> bool:
         """Whether ``condition`` holds for ``svc`` now (a started service's healthcheck runs once per call)."""

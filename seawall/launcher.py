@@ -1,8 +1,8 @@
 """Runs the mesh as local processes on loopback: what ``seawall up`` and the end-to-end tests use.
 
 Starts the scheduler, waits until its gRPC health check passes, starts the workers (which register with
-it), waits until every worker has registered, and on ``stop()`` sends SIGTERM to each child (SIGKILL after
-a grace period), workers first.
+it), waits until every worker has registered, and on ``stop()`` sends SIGTERM to the workers at once, then
+to the scheduler and the kvcache (each SIGKILL after a grace period).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -88,6 +89,9 @@ class Child:
     log_path: Path | None
     module_args: list[str] = field(default_factory=list)
     env: dict[str, str] | None = field(default=None, repr=False)  # None: this process's
+    # How ``stop`` ends it: this signal, then SIGKILL after this many seconds (None = ``stop``'s grace).
+    stop_signal: int = signal.SIGTERM
+    stop_grace_s: float | None = None
 
 
 class LocalMesh:
@@ -263,20 +267,46 @@ class LocalMesh:
         if address is not None and not _wait_healthy(address, self.options.startup_timeout_s, self._check_children):
             raise Unavailable(f"{name} did not become healthy again{self._log_hint()}")
 
-    def stop(self, grace_s: float = 10.0) -> dict[str, int]:
-        """Stops workers, then the scheduler; returns each child's exit code."""
+    def stop(self, grace_s: float = 10.0, force: threading.Event | None = None) -> dict[str, int]:
+        """Stops every child and returns each one's exit code.
+
+        The children stop group by group (``_stop_groups``), each group's at once: each gets its stop signal
+        and, once its grace period is over or ``force`` is set (a second Ctrl-C), SIGKILL.
+        """
         codes = {}
-        for child in reversed(self.children):  # workers first: the scheduler sees them leave
-            if child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
-                try:
-                    child.proc.wait(grace_s)
-                except subprocess.TimeoutExpired:
-                    os.killpg(child.proc.pid, signal.SIGKILL)
-                    child.proc.wait()
-            codes[child.name] = child.proc.returncode
+        for group in self._stop_groups():
+            _stop_together(group, grace_s, force)
+            codes.update((child.name, child.proc.returncode) for child in group)
         self.children.clear()
         return codes
+
+    def _stop_groups(self) -> list[list[Child]]:
+        """The workers together first (the scheduler sees them leave), then the rest one by one, newest first."""
+        workers = [c for c in self.children if c.name in self.worker_addresses]
+        return [workers] + [[c] for c in reversed(self.children) if c not in workers]
+
+
+def _stop_together(children: list[Child], grace_s: float, force: threading.Event | None) -> None:
+    """Signals every child at once, then waits for each until its own deadline (or ``force``), then kills it."""
+    now = time.monotonic()
+    deadlines = {}
+    for child in children:
+        if child.proc.poll() is None:
+            if force is None or not force.is_set():  # forced: killed below without a chance to finish
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(child.stop_signal)
+            deadlines[child.name] = now + (grace_s if child.stop_grace_s is None else child.stop_grace_s)
+    for child in children:
+        if child.name not in deadlines:
+            continue
+        while child.proc.poll() is None:
+            if (force is not None and force.is_set()) or time.monotonic() >= deadlines[child.name]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait()
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(0.05)
 
 
 def _wait_healthy(address: str, timeout_s: float, check) -> bool:

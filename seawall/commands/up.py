@@ -200,10 +200,22 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
                        torch_threads=args.torch_threads, api_key=args.api_key or None)
 
 
-def run(args: argparse.Namespace) -> int:
-    stop = threading.Event()
+def _stop_events() -> tuple[threading.Event, threading.Event]:
+    """Set by Ctrl-C (or SIGTERM): the first to stop, a second to stop without waiting for the children."""
+    stop, force = threading.Event(), threading.Event()
+
+    def on_signal(*_: object) -> None:
+        if stop.is_set():
+            force.set()
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
+    return stop, force
+
+
+def run(args: argparse.Namespace) -> int:
+    stop, force = _stop_events()
     mesh = ComposeMesh(ComposeOptions(args.compose)) if args.compose else LocalMesh(options_from(args))
     receiver = None
     if args.trace:
@@ -242,7 +254,9 @@ def run(args: argparse.Namespace) -> int:
                     return 1
         return 0
     finally:
-        codes = mesh.stop()
+        if stop.is_set():
+            print("seawall: stopping (Ctrl-C again to kill at once)", flush=True)
+        codes = mesh.stop(force=force)
         if receiver is not None:
             receiver.stop()
         if codes:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from seawall import Client
-from seawall.compose import ComposeOptions, image_repository, interpolate, plan, read_env_file
+from seawall.compose import ComposeMesh, ComposeOptions, image_repository, interpolate, plan, read_env_file
 from seawall.launcher import free_port
 from services.common.errors import InvalidArgument
 from tests.deploy.commands import COMPOSE_FILE, runnable_compose_file
@@ -173,6 +174,118 @@ def test_the_repository_compose_file_plans_every_seawall_service(tmp_path):
         assert worker.env["SEAWALL_CACHE_DIR"] == str(tmp_path / "volumes" / "seawall-cache")
     ports = [port for s in p.services for port in s.ports.values()]
     assert len(ports) == len(set(ports))  # two workers' container port 50061 -> two local ports
+
+
+# --- stopping ------------------------------------------------------------------------------------------------
+
+SERVICE = """\
+import signal, sys, time
+from pathlib import Path
+
+name, on_stop = sys.argv[1].removeprefix("the-"), sys.argv[2]  # the name alone would be read as a host
+
+def stopping(sig, _):
+    with open("stops.log", "a") as log:
+        log.write(f"{name} {signal.Signals(sig).name} {time.time()}\\n")
+    if on_stop == "exit":
+        sys.exit(0)
+
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, stopping)
+Path(f"{name}.ready").touch()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _stopping_project(tmp_path: Path, slow_grace: str) -> Path:
+    """base; fast and slow depend on it. fast exits on its SIGINT; slow ignores its signal (killed at its grace)."""
+    (tmp_path / "service.py").write_text(SERVICE)
+    (tmp_path / "Dockerfile").write_text('FROM python:3.11-slim\nENTRYPOINT ["python", "service.py"]\n')
+    ready = "healthcheck: {{test: [CMD, test, -e, {}/{}.ready], interval: 1s}}"
+    (tmp_path / "docker-compose.yml").write_text(f"""
+services:
+  base:
+    build: .
+    command: [the-base, exit]
+    stop_grace_period: 1m
+    {ready.format(tmp_path, "base")}
+  fast:
+    build: .
+    command: [the-fast, exit]
+    stop_signal: SIGINT
+    depends_on: {{base: {{condition: service_healthy}}}}
+    {ready.format(tmp_path, "fast")}
+  slow:
+    build: .
+    command: [the-slow, hold]
+    stop_grace_period: {slow_grace}
+    depends_on: {{base: {{condition: service_healthy}}}}
+    {ready.format(tmp_path, "slow")}
+""")
+    return tmp_path / "docker-compose.yml"
+
+
+def _stops(project: Path) -> dict[str, tuple[str, float]]:
+    lines = (project / "stops.log").read_text().split("\n")
+    return {name: (sig, float(t)) for name, sig, t in (line.split() for line in lines if line)}
+
+
+@pytest.mark.timeout(120)
+def test_stop_goes_as_compose_down_dependents_together_each_with_its_signal_and_grace(tmp_path):
+    compose = _stopping_project(tmp_path, slow_grace="1500ms")
+    mesh = ComposeMesh(ComposeOptions(compose, state_dir=tmp_path / "state", environ=dict(os.environ)))
+    mesh.start()
+    codes = mesh.stop(grace_s=60)
+    assert codes == {"fast": 0, "slow": -signal.SIGKILL, "base": 0}
+    stops = _stops(tmp_path)
+    assert stops["fast"][0] == "SIGINT" and stops["slow"][0] == stops["base"][0] == "SIGTERM"
+    assert abs(stops["fast"][1] - stops["slow"][1]) < 1.0  # together, not one after the other
+    assert stops["base"][1] - stops["slow"][1] >= 1.4  # base only once slow is gone: killed at its grace
+
+
+@pytest.mark.timeout(120)
+def test_a_forced_stop_kills_what_is_still_within_its_grace_period(tmp_path):
+    compose = _stopping_project(tmp_path, slow_grace="10m")
+    mesh = ComposeMesh(ComposeOptions(compose, state_dir=tmp_path / "state", environ=dict(os.environ)))
+    mesh.start()
+    force = threading.Event()
+    threading.Timer(1.0, force.set).start()  # the second Ctrl-C
+    codes = mesh.stop(force=force)
+    assert codes == {"fast": 0, "slow": -signal.SIGKILL, "base": -signal.SIGKILL}
+    assert set(_stops(tmp_path)) == {"fast", "slow"}  # base: killed without waiting for its signal's handler
+
+
+@pytest.mark.timeout(120)
+def test_up_stops_on_ctrl_c_and_a_second_ctrl_c_stops_without_waiting(tmp_path):
+    compose = _stopping_project(tmp_path, slow_grace="10m")
+    env = {**os.environ, "SEAWALL_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "seawall", "up", "--compose", str(compose)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _read_until(proc, "press Ctrl-C to stop", 60)
+        os.killpg(proc.pid, signal.SIGINT)
+        _read_until(proc, "Ctrl-C again to kill at once", 30)
+        log = tmp_path / "stops.log"
+        while "slow" not in (log.read_text() if log.exists() else ""):  # slow holds on (10 min grace)
+            time.sleep(0.1)
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and "stopped (" in rest, rest
+    codes = dict(item.split("=") for item in rest.split("stopped (")[1].split(")")[0].split(", "))
+    assert codes["slow"] == codes["base"] == "-9" and "fast" in codes  # base: not even signalled first
+
+
+def test_a_stop_signal_that_is_not_one_is_refused(tmp_path):
+    compose = _stopping_project(tmp_path, slow_grace="1s")
+    compose.write_text(compose.read_text().replace("SIGINT", "SIGNOPE"))
+    with pytest.raises(InvalidArgument, match="fast: stop_signal 'SIGNOPE' is not a signal"):
+        plan(ComposeOptions(compose, state_dir=tmp_path / "state", environ={}))
 
 
 def test_up_with_a_missing_compose_file_says_so(tmp_path):
