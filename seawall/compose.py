@@ -678,6 +678,7 @@ class ComposeMesh(LocalMesh):
         return True
 
     def _check_children(self) -> None:
+        self._check_stopping()
         one_shot = {s.name for s in self.plan.services if s.one_shot} if self.plan else set()
         for child in self.children:
             code = child.proc.poll()

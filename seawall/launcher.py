@@ -103,6 +103,10 @@ class LocalMesh:
         self.metrics_urls: dict[str, str] = {}  # child name -> its Prometheus endpoint
         self.worker_addresses: dict[str, str] = {}  # worker child name -> its Worker service's host:port
         self.kvcache_address = ""
+        # Set by a Ctrl-C: ``stopping`` gives up a start in progress (it raises KeyboardInterrupt once what it
+        # started is stopped); ``forced`` (a second one) kills the children without waiting for them to finish.
+        self.stopping = threading.Event()
+        self.forced = threading.Event()
 
     def __enter__(self) -> LocalMesh:
         self.start()
@@ -202,6 +206,8 @@ class LocalMesh:
                           f"{self._log_hint()}")
 
     def _check_children(self) -> None:
+        """Raises if a child exited during start-up, or KeyboardInterrupt if the start was given up."""
+        self._check_stopping()
         for child in self.children:
             if child.proc.poll() is not None:
                 message = (f"{child.name} exited with code {child.proc.returncode} during start-up"
@@ -209,6 +215,10 @@ class LocalMesh:
                 if child.proc.returncode == EXIT_PORT_IN_USE:
                     raise _PortTaken(message, child)
                 raise Unavailable(message)
+
+    def _check_stopping(self) -> None:
+        if self.stopping.is_set():
+            raise KeyboardInterrupt
 
     def _picked_all_ports_of(self, child: Child) -> bool:
         """Whether every port ``child`` listens on was picked here (a port the caller fixed is not retried)."""
@@ -267,15 +277,15 @@ class LocalMesh:
         if address is not None and not _wait_healthy(address, self.options.startup_timeout_s, self._check_children):
             raise Unavailable(f"{name} did not become healthy again{self._log_hint()}")
 
-    def stop(self, grace_s: float = 10.0, force: threading.Event | None = None) -> dict[str, int]:
+    def stop(self, grace_s: float = 10.0) -> dict[str, int]:
         """Stops every child and returns each one's exit code.
 
         The children stop group by group (``_stop_groups``), each group's at once: each gets its stop signal
-        and, once its grace period is over or ``force`` is set (a second Ctrl-C), SIGKILL.
+        and, once its grace period is over or ``forced`` is set, SIGKILL.
         """
         codes = {}
         for group in self._stop_groups():
-            _stop_together(group, grace_s, force)
+            _stop_together(group, grace_s, self.forced)
             codes.update((child.name, child.proc.returncode) for child in group)
         self.children.clear()
         return codes
@@ -286,13 +296,13 @@ class LocalMesh:
         return [workers] + [[c] for c in reversed(self.children) if c not in workers]
 
 
-def _stop_together(children: list[Child], grace_s: float, force: threading.Event | None) -> None:
+def _stop_together(children: list[Child], grace_s: float, force: threading.Event) -> None:
     """Signals every child at once, then waits for each until its own deadline (or ``force``), then kills it."""
     now = time.monotonic()
     deadlines = {}
     for child in children:
         if child.proc.poll() is None:
-            if force is None or not force.is_set():  # forced: killed below without a chance to finish
+            if not force.is_set():  # forced: killed below without a chance to finish
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.send_signal(child.stop_signal)
             deadlines[child.name] = now + (grace_s if child.stop_grace_s is None else child.stop_grace_s)
@@ -300,7 +310,7 @@ def _stop_together(children: list[Child], grace_s: float, force: threading.Event
         if child.name not in deadlines:
             continue
         while child.proc.poll() is None:
-            if (force is not None and force.is_set()) or time.monotonic() >= deadlines[child.name]:
+            if force.is_set() or time.monotonic() >= deadlines[child.name]:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.proc.pid, signal.SIGKILL)
                 child.proc.wait()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import threading
 from pathlib import Path
 
 from seawall.commands.trace import default_trace_file
@@ -200,23 +199,20 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
                        torch_threads=args.torch_threads, api_key=args.api_key or None)
 
 
-def _stop_events() -> tuple[threading.Event, threading.Event]:
-    """Set by Ctrl-C (or SIGTERM): the first to stop, a second to stop without waiting for the children."""
-    stop, force = threading.Event(), threading.Event()
-
+def _stop_on_signals(mesh: LocalMesh) -> None:
+    """Ctrl-C (or SIGTERM) stops the mesh, a start in progress too; a second one without waiting for children."""
     def on_signal(*_: object) -> None:
-        if stop.is_set():
-            force.set()
-        stop.set()
+        if mesh.stopping.is_set():
+            mesh.forced.set()
+        mesh.stopping.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    return stop, force
 
 
 def run(args: argparse.Namespace) -> int:
-    stop, force = _stop_events()
     mesh = ComposeMesh(ComposeOptions(args.compose)) if args.compose else LocalMesh(options_from(args))
+    _stop_on_signals(mesh)
     receiver = None
     if args.trace:
         path = args.trace_file or default_trace_file()
@@ -247,16 +243,16 @@ def run(args: argparse.Namespace) -> int:
         for name, url in mesh.metrics_urls.items():
             print(f"  metrics ({name}):{' ' * max(1, 13 - len(name))}{url}", flush=True)
         print("press Ctrl-C to stop", flush=True)
-        while not stop.wait(0.5):
+        while not mesh.stopping.wait(0.5):
             for child in mesh.children:
                 if child.proc.poll() is not None and child.name == "scheduler":
                     print("seawall: the scheduler exited; stopping", flush=True)
                     return 1
         return 0
     finally:
-        if stop.is_set():
+        if mesh.stopping.is_set():
             print("seawall: stopping (Ctrl-C again to kill at once)", flush=True)
-        codes = mesh.stop(force=force)
+        codes = mesh.stop()
         if receiver is not None:
             receiver.stop()
         if codes:

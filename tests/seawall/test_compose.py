@@ -249,9 +249,8 @@ def test_a_forced_stop_kills_what_is_still_within_its_grace_period(tmp_path):
     compose = _stopping_project(tmp_path, slow_grace="10m")
     mesh = ComposeMesh(ComposeOptions(compose, state_dir=tmp_path / "state", environ=dict(os.environ)))
     mesh.start()
-    force = threading.Event()
-    threading.Timer(1.0, force.set).start()  # the second Ctrl-C
-    codes = mesh.stop(force=force)
+    threading.Timer(1.0, mesh.forced.set).start()  # the second Ctrl-C
+    codes = mesh.stop()
     assert codes == {"fast": 0, "slow": -signal.SIGKILL, "base": -signal.SIGKILL}
     assert set(_stops(tmp_path)) == {"fast", "slow"}  # base: killed without waiting for its signal's handler
 
@@ -279,6 +278,27 @@ def test_up_stops_on_ctrl_c_and_a_second_ctrl_c_stops_without_waiting(tmp_path):
     assert proc.returncode == 0 and "stopped (" in rest, rest
     codes = dict(item.split("=") for item in rest.split("stopped (")[1].split(")")[0].split(", "))
     assert codes["slow"] == codes["base"] == "-9" and "fast" in codes  # base: not even signalled first
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_during_start_up_stops_what_started(tmp_path):
+    compose = _stopping_project(tmp_path, slow_grace="1s")
+    compose.write_text(compose.read_text().replace("base.ready]", "never.ready]"))  # base never gets healthy
+    env = {**os.environ, "SEAWALL_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "seawall", "up", "--compose", str(compose)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        while not (tmp_path / "base.ready").exists():
+            assert proc.poll() is None
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "Traceback" not in out, out
+    assert set(_stops(tmp_path)) == {"base"}  # stopped with its signal; what depends on it never started
 
 
 def test_a_stop_signal_that_is_not_one_is_refused(tmp_path):
