@@ -10,7 +10,8 @@
 Sampling options are ``SamplingParams`` fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop,
 stop_token_ids, ignore_eos, min_tokens, logprobs, penalties, logit_bias as {token id: bias},
 allowed_token_ids, structured_output as (kind, spec), e.g. ("json", schema text) or ("regex", pattern)); they
-are validated before anything is sent.
+are validated before anything is sent. Of those, temperature, top_k, top_p, min_p and repetition_penalty, when
+left out, take the model's generation config (as an OpenAI API request's do), else their neutral values.
 With ``logprobs=k`` each chunk and completion carries ``logprobs``: a ``SampledToken`` per token (its logprob,
 rank and the top k candidates); with ``prompt_logprobs=k``, ``prompt_logprobs`` scores the prompt the same way.
 ``beam_search(prompt, beam_width, length_penalty=..., early_stopping=...)`` returns the best hypotheses of a
@@ -35,7 +36,12 @@ import grpc
 
 from seawall.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
-from services.common.convert import finish_reason_from_proto, params_to_proto, sampled_token_from_proto
+from services.common.convert import (
+    UNSET_TAKES_MODEL_DEFAULT,
+    finish_reason_from_proto,
+    params_to_proto,
+    sampled_token_from_proto,
+)
 from services.common.credentials import api_key_or_env, bearer_metadata
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.rpc import rpc, rpc_stream
@@ -153,10 +159,13 @@ def build_request(prompt: str | Sequence[int], request_id: str | None, sampling:
             sampling[key] = tuple(sampling[key])
     if isinstance(sampling.get("logit_bias"), dict):
         sampling["logit_bias"] = logit_bias_pairs(sampling["logit_bias"])
+    params = params_to_proto(SamplingParams(**sampling))
+    for name in UNSET_TAKES_MODEL_DEFAULT:  # what the caller left out: the model's generation config says
+        if name not in sampling:
+            params.ClearField(name)
     msg = scheduler_pb2.GenerateRequest(request_id=request_id or f"sdk-{uuid.uuid4().hex[:16]}",
-                                        sampling=params_to_proto(SamplingParams(**sampling)), session_id=session_id,
-                                        final_only=final_only, priority=priority, model=model,
-                                        cache_salt=cache_salt)
+                                        sampling=params, session_id=session_id, final_only=final_only,
+                                        priority=priority, model=model, cache_salt=cache_salt)
     if isinstance(prompt, str):
         msg.text = prompt
     else:

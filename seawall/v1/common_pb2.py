@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seawall/v1/common.proto\x12\nseawall.v1\"\xb6\x05\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x01\x88\x01\x01\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x15\n\x08logprobs\x18\x0e \x01(\rH\x02\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\rH\x03\x88\x01\x01\x12=\n\nlogit_bias\x18\x11 \x03(\x0b\x32).seawall.v1.SamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x12 \x03(\r\x12\x37\n\x11structured_output\x18\x13 \x01(\x0b\x32\x1c.seawall.v1.StructuredOutput\x12\x1b\n\x13keep_special_tokens\x18\x14 \x01(\x08\x12\x11\n\tbad_words\x18\x15 \x03(\t\x12\x0f\n\x07pooling\x18\x16 \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xb1\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x13.seawall.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12-\n\x0c\x66ree_thought\x18\x05 \x01(\x0e\x32\x17.seawall.v1.FreeThoughtB\x0c\n\nconstraint\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"?\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\"a\n\rTokenLogprobs\x12)\n\x07sampled\x18\x01 \x01(\x0b\x32\x18.seawall.v1.TokenLogprob\x12%\n\x03top\x18\x02 \x03(\x0b\x32\x18.seawall.v1.TokenLogprob\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\xe0\x01\n\x08KVLayout\x12\x12\n\nblock_size\x18\x01 \x01(\r\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\"\n\x05\x64type\x18\x05 \x01(\x0e\x32\x13.seawall.v1.KVDtype\x12\x17\n\x0f\x62ytes_per_block\x18\x06 \x01(\x04\x12\x19\n\x11regions_per_block\x18\x07 \x01(\r\x12\x1a\n\x12region_block_bytes\x18\x08 \x01(\x04\x12\x10\n\x08kv_parts\x18\t \x01(\r\"i\n\x0cMemoryRegion\x12\x0c\n\x04\x61\x64\x64r\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\r\x12(\n\x08mem_type\x18\x04 \x01(\x0e\x32\x16.seawall.v1.MemoryType\"j\n\x11NixlAgentMetadata\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12)\n\x07regions\x18\x03 \x03(\x0b\x32\x18.seawall.v1.MemoryRegion\"\x96\x01\n\nKVEndpoint\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x35\n\x0e\x61gent_metadata\x18\x02 \x01(\x0b\x32\x1d.seawall.v1.NixlAgentMetadata\x12\'\n\tkv_layout\x18\x03 \x01(\x0b\x32\x14.seawall.v1.KVLayout\x12\x14\n\x0cgrpc_address\x18\x04 \x01(\t\")\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"M\n\x10MeetPeersRequest\x12%\n\x05peers\x18\x01 \x03(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\"(\n\x11MeetPeersResponse\x12\x13\n\x0b\x61gent_names\x18\x01 \x03(\t*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*{\n\x0b\x46reeThought\x12\x1c\n\x18\x46REE_THOUGHT_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46REE_THOUGHT_REQUIRED\x10\x01\x12\x19\n\x15\x46REE_THOUGHT_OPTIONAL\x10\x02\x12\x18\n\x14\x46REE_THOUGHT_HARMONY\x10\x03*\x94\x01\n\x07KVDtype\x12\x18\n\x14KV_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10KV_DTYPE_FLOAT32\x10\x01\x12\x14\n\x10KV_DTYPE_FLOAT16\x10\x02\x12\x15\n\x11KV_DTYPE_BFLOAT16\x10\x03\x12\x15\n\x11KV_DTYPE_FP8_E4M3\x10\x04\x12\x15\n\x11KV_DTYPE_FP8_E5M2\x10\x05*k\n\nMemoryType\x12\x1b\n\x17MEMORY_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_TYPE_DRAM\x10\x01\x12\x14\n\x10MEMORY_TYPE_VRAM\x10\x02\x12\x14\n\x10MEMORY_TYPE_FILE\x10\x03*Y\n\x0bKVTransport\x12\x1c\n\x18KV_TRANSPORT_UNSPECIFIED\x10\x00\x12\x15\n\x11KV_TRANSPORT_NIXL\x10\x01\x12\x15\n\x11KV_TRANSPORT_GRPC\x10\x02*\xc2\x01\n\x0eTransferStatus\x12\x1f\n\x1bTRANSFER_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TRANSFER_STATUS_DONE\x10\x01\x12\x1a\n\x16TRANSFER_STATUS_FAILED\x10\x02\x12\x1d\n\x19TRANSFER_STATUS_TIMED_OUT\x10\x03\x12\x1b\n\x17TRANSFER_STATUS_ABORTED\x10\x04\x12\x1d\n\x19TRANSFER_STATUS_NOT_FOUND\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17seawall/v1/common.proto\x12\nseawall.v1\"\xff\x05\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x04\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x02H\x05\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x15\n\x08logprobs\x18\x0e \x01(\rH\x06\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\rH\x07\x88\x01\x01\x12=\n\nlogit_bias\x18\x11 \x03(\x0b\x32).seawall.v1.SamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x12 \x03(\r\x12\x37\n\x11structured_output\x18\x13 \x01(\x0b\x32\x1c.seawall.v1.StructuredOutput\x12\x1b\n\x13keep_special_tokens\x18\x14 \x01(\x08\x12\x11\n\tbad_words\x18\x15 \x03(\t\x12\x0f\n\x07pooling\x18\x16 \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xb1\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x13.seawall.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12-\n\x0c\x66ree_thought\x18\x05 \x01(\x0e\x32\x17.seawall.v1.FreeThoughtB\x0c\n\nconstraint\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"?\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\"a\n\rTokenLogprobs\x12)\n\x07sampled\x18\x01 \x01(\x0b\x32\x18.seawall.v1.TokenLogprob\x12%\n\x03top\x18\x02 \x03(\x0b\x32\x18.seawall.v1.TokenLogprob\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\xe0\x01\n\x08KVLayout\x12\x12\n\nblock_size\x18\x01 \x01(\r\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\"\n\x05\x64type\x18\x05 \x01(\x0e\x32\x13.seawall.v1.KVDtype\x12\x17\n\x0f\x62ytes_per_block\x18\x06 \x01(\x04\x12\x19\n\x11regions_per_block\x18\x07 \x01(\r\x12\x1a\n\x12region_block_bytes\x18\x08 \x01(\x04\x12\x10\n\x08kv_parts\x18\t \x01(\r\"i\n\x0cMemoryRegion\x12\x0c\n\x04\x61\x64\x64r\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\r\x12(\n\x08mem_type\x18\x04 \x01(\x0e\x32\x16.seawall.v1.MemoryType\"j\n\x11NixlAgentMetadata\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12)\n\x07regions\x18\x03 \x03(\x0b\x32\x18.seawall.v1.MemoryRegion\"\x96\x01\n\nKVEndpoint\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x35\n\x0e\x61gent_metadata\x18\x02 \x01(\x0b\x32\x1d.seawall.v1.NixlAgentMetadata\x12\'\n\tkv_layout\x18\x03 \x01(\x0b\x32\x14.seawall.v1.KVLayout\x12\x14\n\x0cgrpc_address\x18\x04 \x01(\t\")\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"M\n\x10MeetPeersRequest\x12%\n\x05peers\x18\x01 \x03(\x0b\x32\x16.seawall.v1.KVEndpoint\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\"(\n\x11MeetPeersResponse\x12\x13\n\x0b\x61gent_names\x18\x01 \x03(\t*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*{\n\x0b\x46reeThought\x12\x1c\n\x18\x46REE_THOUGHT_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46REE_THOUGHT_REQUIRED\x10\x01\x12\x19\n\x15\x46REE_THOUGHT_OPTIONAL\x10\x02\x12\x18\n\x14\x46REE_THOUGHT_HARMONY\x10\x03*\x94\x01\n\x07KVDtype\x12\x18\n\x14KV_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10KV_DTYPE_FLOAT32\x10\x01\x12\x14\n\x10KV_DTYPE_FLOAT16\x10\x02\x12\x15\n\x11KV_DTYPE_BFLOAT16\x10\x03\x12\x15\n\x11KV_DTYPE_FP8_E4M3\x10\x04\x12\x15\n\x11KV_DTYPE_FP8_E5M2\x10\x05*k\n\nMemoryType\x12\x1b\n\x17MEMORY_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_TYPE_DRAM\x10\x01\x12\x14\n\x10MEMORY_TYPE_VRAM\x10\x02\x12\x14\n\x10MEMORY_TYPE_FILE\x10\x03*Y\n\x0bKVTransport\x12\x1c\n\x18KV_TRANSPORT_UNSPECIFIED\x10\x00\x12\x15\n\x11KV_TRANSPORT_NIXL\x10\x01\x12\x15\n\x11KV_TRANSPORT_GRPC\x10\x02*\xc2\x01\n\x0eTransferStatus\x12\x1f\n\x1bTRANSFER_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TRANSFER_STATUS_DONE\x10\x01\x12\x1a\n\x16TRANSFER_STATUS_FAILED\x10\x02\x12\x1d\n\x19TRANSFER_STATUS_TIMED_OUT\x10\x03\x12\x1b\n\x17TRANSFER_STATUS_ABORTED\x10\x04\x12\x1d\n\x19TRANSFER_STATUS_NOT_FOUND\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,44 +33,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1957
-  _globals['_FINISHREASON']._serialized_end=2102
-  _globals['_FREETHOUGHT']._serialized_start=2104
-  _globals['_FREETHOUGHT']._serialized_end=2227
-  _globals['_KVDTYPE']._serialized_start=2230
-  _globals['_KVDTYPE']._serialized_end=2378
-  _globals['_MEMORYTYPE']._serialized_start=2380
-  _globals['_MEMORYTYPE']._serialized_end=2487
-  _globals['_KVTRANSPORT']._serialized_start=2489
-  _globals['_KVTRANSPORT']._serialized_end=2578
-  _globals['_TRANSFERSTATUS']._serialized_start=2581
-  _globals['_TRANSFERSTATUS']._serialized_end=2775
+  _globals['_FINISHREASON']._serialized_start=2030
+  _globals['_FINISHREASON']._serialized_end=2175
+  _globals['_FREETHOUGHT']._serialized_start=2177
+  _globals['_FREETHOUGHT']._serialized_end=2300
+  _globals['_KVDTYPE']._serialized_start=2303
+  _globals['_KVDTYPE']._serialized_end=2451
+  _globals['_MEMORYTYPE']._serialized_start=2453
+  _globals['_MEMORYTYPE']._serialized_end=2560
+  _globals['_KVTRANSPORT']._serialized_start=2562
+  _globals['_KVTRANSPORT']._serialized_end=2651
+  _globals['_TRANSFERSTATUS']._serialized_start=2654
+  _globals['_TRANSFERSTATUS']._serialized_end=2848
   _globals['_SAMPLINGPARAMS']._serialized_start=40
-  _globals['_SAMPLINGPARAMS']._serialized_end=734
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=628
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=676
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=737
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=914
-  _globals['_CHOICES']._serialized_start=916
-  _globals['_CHOICES']._serialized_end=942
-  _globals['_TOKENLOGPROB']._serialized_start=944
-  _globals['_TOKENLOGPROB']._serialized_end=1007
-  _globals['_TOKENLOGPROBS']._serialized_start=1009
-  _globals['_TOKENLOGPROBS']._serialized_end=1106
-  _globals['_USAGE']._serialized_start=1108
-  _globals['_USAGE']._serialized_end=1195
-  _globals['_KVLAYOUT']._serialized_start=1198
-  _globals['_KVLAYOUT']._serialized_end=1422
-  _globals['_MEMORYREGION']._serialized_start=1424
-  _globals['_MEMORYREGION']._serialized_end=1529
-  _globals['_NIXLAGENTMETADATA']._serialized_start=1531
-  _globals['_NIXLAGENTMETADATA']._serialized_end=1637
-  _globals['_KVENDPOINT']._serialized_start=1640
-  _globals['_KVENDPOINT']._serialized_end=1790
-  _globals['_LORAADAPTER']._serialized_start=1792
-  _globals['_LORAADAPTER']._serialized_end=1833
-  _globals['_MEETPEERSREQUEST']._serialized_start=1835
-  _globals['_MEETPEERSREQUEST']._serialized_end=1912
-  _globals['_MEETPEERSRESPONSE']._serialized_start=1914
-  _globals['_MEETPEERSRESPONSE']._serialized_end=1954
+  _globals['_SAMPLINGPARAMS']._serialized_end=807
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=648
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=696
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=810
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=987
+  _globals['_CHOICES']._serialized_start=989
+  _globals['_CHOICES']._serialized_end=1015
+  _globals['_TOKENLOGPROB']._serialized_start=1017
+  _globals['_TOKENLOGPROB']._serialized_end=1080
+  _globals['_TOKENLOGPROBS']._serialized_start=1082
+  _globals['_TOKENLOGPROBS']._serialized_end=1179
+  _globals['_USAGE']._serialized_start=1181
+  _globals['_USAGE']._serialized_end=1268
+  _globals['_KVLAYOUT']._serialized_start=1271
+  _globals['_KVLAYOUT']._serialized_end=1495
+  _globals['_MEMORYREGION']._serialized_start=1497
+  _globals['_MEMORYREGION']._serialized_end=1602
+  _globals['_NIXLAGENTMETADATA']._serialized_start=1604
+  _globals['_NIXLAGENTMETADATA']._serialized_end=1710
+  _globals['_KVENDPOINT']._serialized_start=1713
+  _globals['_KVENDPOINT']._serialized_end=1863
+  _globals['_LORAADAPTER']._serialized_start=1865
+  _globals['_LORAADAPTER']._serialized_end=1906
+  _globals['_MEETPEERSREQUEST']._serialized_start=1908
+  _globals['_MEETPEERSREQUEST']._serialized_end=1985
+  _globals['_MEETPEERSRESPONSE']._serialized_start=1987
+  _globals['_MEETPEERSRESPONSE']._serialized_end=2027
 # @@protoc_insertion_point(module_scope)

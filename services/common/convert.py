@@ -86,19 +86,31 @@ def _free_thought_from_proto(msg: common_pb2.SamplingParams) -> str:
     return _FREE_THOUGHT_FROM_PROTO[value]
 
 
-def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 16) -> SamplingParams:
+# Fields a request may leave unset to take the model's generation config (its API names are the same), each
+# with what it means where the model has none.
+_DEFAULTED_FIELDS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+UNSET_TAKES_MODEL_DEFAULT = tuple(_DEFAULTED_FIELDS)
+
+
+def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 16,
+                      defaults: dict | None = None) -> SamplingParams:
     """Raises InvalidArgument (from SamplingParams) for values out of range.
 
-    ``default_max_tokens`` stands in for ``max_tokens == 0`` ("until the context is full").
+    ``default_max_tokens`` stands in for ``max_tokens == 0`` ("until the context is full"); ``defaults``
+    (``sampling_params.generation_defaults``: the model's generation config) for the fields left unset.
     """
+    defaults = defaults or {}
+    given = {name: getattr(msg, name) if msg.HasField(name) else defaults.get(name, neutral)
+             for name, neutral in _DEFAULTED_FIELDS.items()}
+    max_tokens = msg.max_tokens or min(default_max_tokens, defaults.get("max_tokens", default_max_tokens))
     return SamplingParams(
-        max_tokens=msg.max_tokens or default_max_tokens,
-        temperature=msg.temperature if msg.HasField("temperature") else 1.0,
-        top_k=msg.top_k,
-        top_p=msg.top_p or 1.0,  # 0 is the field's default: disabled; out of (0, 1] is refused
-        min_p=msg.min_p,
+        max_tokens=max_tokens,
+        temperature=given["temperature"],
+        top_k=given["top_k"],
+        top_p=given["top_p"] or 1.0,  # 0: disabled, as 1; out of (0, 1] is refused
+        min_p=given["min_p"],
         seed=msg.seed if msg.HasField("seed") else None,
-        repetition_penalty=msg.repetition_penalty or 1.0,
+        repetition_penalty=given["repetition_penalty"] or 1.0,
         presence_penalty=msg.presence_penalty,
         frequency_penalty=msg.frequency_penalty,
         stop=tuple(msg.stop),

@@ -346,7 +346,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     key = ApiKey(config.api_key) if config.api_key else None
     server = Server([ApiKeyInterceptor(key)] if key is not None else ())
     server.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
-               SchedulerServicer(frontend, mesh, config.core.policy),
+               SchedulerServicer(frontend, mesh, config.core.policy, defaults),
                scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name)
     http = None
     http_socket = None if config.http_port is None else listen_tcp(config.host, config.http_port,

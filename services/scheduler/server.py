@@ -25,10 +25,12 @@ _EARLY_STOPPING = {scheduler_pb2.EARLY_STOPPING_UNSPECIFIED: False, scheduler_pb
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, frontend: Frontend, mesh: Mesh, policy: str) -> None:
+    def __init__(self, frontend: Frontend, mesh: Mesh, policy: str, sampling_defaults: dict | None = None) -> None:
+        """``sampling_defaults``: the sampling fields a request leaves unset (``generation_defaults``)."""
         self.frontend = frontend
         self.mesh = mesh
         self.policy = policy
+        self.sampling_defaults = sampling_defaults or {}
 
     async def Generate(self, request, context):
         try:
@@ -88,7 +90,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def BeamSearch(self, request, context):
         try:
-            item = self._submission(request.request)
+            item = self._submission(request.request, beam=True)
             if item.session_id:
                 raise InvalidArgument("request.session_id cannot be used with a beam search (it stores no turn): "
                                       "leave it empty")
@@ -129,10 +131,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument("set the prompt: text or token_ids")
         return self.frontend.encode(request.text) if which == "text" else list(request.token_ids.ids)
 
-    def _submission(self, request) -> Submission:
+    def _submission(self, request, beam: bool = False) -> Submission:
         lora = self.frontend.loras.resolve(request.model)
         prompt = self._prompt(request)
-        params = params_from_proto(request.sampling, default_max_tokens=self.frontend.room(len(prompt)))
+        # A beam search takes no defaults: it ranks beams by their logprobs, which sampling options would change.
+        params = params_from_proto(request.sampling, self.frontend.room(len(prompt)),
+                                   None if beam else self.sampling_defaults)
         if params.pooling:  # Generate's responses have no place for a vector
             raise InvalidArgument("sampling.pooling asks for an embedding: call Embed, which returns the vectors")
         return Submission(prompt, params, request.request_id, request.session_id, request.priority, lora,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from seawall.v1 import worker_pb2
+from seawall.v1 import common_pb2, worker_pb2
 from services.common.convert import (
     params_from_proto,
     params_to_proto,
@@ -95,6 +95,26 @@ def test_a_top_p_out_of_range_on_the_wire_is_refused_not_ignored(top_p):
         params_from_proto(msg)
     msg.top_p = 0.0  # the field's default: disabled
     assert params_from_proto(msg).top_p == 1.0
+
+
+_DEFAULTED = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_tokens")
+
+
+def test_fields_a_request_leaves_unset_take_the_models_generation_config():
+    model = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1,
+             "max_tokens": 7}
+    unset = _wire(common_pb2.SamplingParams())
+    got = params_from_proto(unset, 100, model)
+    assert tuple(getattr(got, f) for f in _DEFAULTED) == pytest.approx((0.6, 20, 0.95, 0.05, 1.1, 7))
+    assert params_from_proto(unset, 5, model).max_tokens == 5  # the room left is less than the config's
+    # Set, even to the value that means "off", a field keeps it.
+    off = _wire(common_pb2.SamplingParams(temperature=0, top_k=0, top_p=0, min_p=0, repetition_penalty=0,
+                                          max_tokens=9))
+    got = params_from_proto(off, 100, model)
+    assert tuple(getattr(got, f) for f in _DEFAULTED) == (0.0, 0, 1.0, 0.0, 1.0, 9)
+    # Without a generation config: the neutral values.
+    neutral = SamplingParams(max_tokens=100)
+    assert params_from_proto(unset, 100) == neutral and params_from_proto(unset, 100, {}) == neutral
 
 
 def test_a_result_of_one_token_each_round_trips():

@@ -7,12 +7,14 @@ import re
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 import torch
 from tokenizers import Tokenizer
 
 from seawall import Client
+from seawall.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import InvalidArgument
 from services.common.version import VERSION
 from tests.e2e.conftest import random_prompts, start_mesh
@@ -1047,6 +1049,18 @@ def test_requests_that_leave_sampling_out_take_the_models_generation_config(tiny
             beams = client.post("/v1/completions", json={"prompt": prompt, "use_beam_search": True, "n": 2,
                                                          "max_tokens": 3})
             assert beams.status_code == 200 and len(beams.json()["choices"]) == 2
+        # gRPC: a field left unset takes the model's; one set, even to its "off" value, keeps it.
+        with Client(mesh.grpc_address) as sdk:
+            assert sdk.generate(prompt, seed=5, max_tokens=8, ignore_eos=True).token_ids == greedy
+            sampled = sdk.generate(prompt, seed=5, max_tokens=8, ignore_eos=True, top_k=0).token_ids
+            assert sampled != greedy
+            assert len(sdk.beam_search(prompt, 2, max_tokens=3)) == 2
+        with grpc.insecure_channel(mesh.grpc_address) as channel:
+            request = scheduler_pb2.GenerateRequest(request_id="unset", token_ids=scheduler_pb2.TokenIds(ids=prompt),
+                                                    sampling=common_pb2.SamplingParams(seed=5, ignore_eos=True),
+                                                    final_only=True)
+            (reply,) = scheduler_pb2_grpc.SchedulerStub(channel).Generate(request, timeout=60)
+            assert list(reply.token_ids) == greedy[:5]  # max_tokens 0: the config's max_new_tokens
     finally:
         mesh.stop()
 

@@ -22,6 +22,14 @@ def test_stop_takes_a_string_or_a_list_as_the_openai_api_does():
     assert list(many.sampling.stop) == ["END", "\n\n"]
 
 
+def test_sampling_left_out_is_left_unset_for_the_models_generation_config():
+    unset = build_request([1, 2], "r", {"max_tokens": 4}).sampling
+    assert not any(unset.HasField(f) for f in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty"))
+    given = build_request([1, 2], "r", {"temperature": 0, "top_k": 0, "top_p": 1.0}).sampling
+    assert all(given.HasField(f) for f in ("temperature", "top_k", "top_p"))  # "off", said so: kept
+    assert not given.HasField("min_p")
+
+
 def test_bad_sampling_is_refused_before_anything_is_sent():
     with pytest.raises(InvalidArgument, match="stop must contain only non-empty strings"):
         build_request([1, 2], "r", {"stop": [""]})
