@@ -292,7 +292,7 @@ class LocalMesh:
 
     def _stop_groups(self) -> list[list[Child]]:
         """The workers together first (the scheduler sees them leave), then the rest one by one, newest first."""
-        workers = [c for c in self.children if c.name in self.worker_addresses]
+        workers = [c for c in reversed(self.children) if c.name in self.worker_addresses]
         return [workers] + [[c] for c in reversed(self.children) if c not in workers]
 
 

@@ -10,6 +10,7 @@ and swapped, and per worker its role, state (serving or draining), sequences, KV
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -41,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         if args.watch is None:
             print(fetch_text(client, args.address, args.json))
             return 0
+        # Ctrl-C ends a watch even where it was started with SIGINT ignored (from a non-interactive shell's
+        # background job), where Python installs no handler of its own.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             while True:
                 text = fetch_text(client, args.address, args.json)
