@@ -117,6 +117,8 @@ def read_lora(ref: LoraRef, shape: ModelShape, max_rank: int) -> LoraSpec:
     """Reads and checks an adapter's config and tensor shapes (no tensor data is read); raises
     ``InvalidArgument`` saying what does not fit."""
     where = f"LoRA {ref.name!r} ({ref.path})"
+    if shape.no_adapters:
+        raise InvalidArgument(f"{where}: {shape.no_adapters}")
     root = Path(ref.path)
     try:
         cfg = json.loads((root / CONFIG_FILE).read_text())

@@ -65,6 +65,8 @@ class ModelShape:
     num_labels: int = 0
     # The name the model holds a checkpoint's tensor by (weight_names.model_name for its config).
     names: Callable[[str], str] | None = field(default=None, compare=False)
+    # Why this model takes no adapter at all, where it takes none; "": it takes them.
+    no_adapters: str = ""
 
     def in_out(self, module: str, layer: int) -> tuple[int, int]:
         """``module`` of ``layer``, as LoraSpec names it (a shared expert's ``shared_expert.gate_proj``)."""

@@ -30,6 +30,7 @@ from services.engine import (
     mpt,
     nemotron_h,
     opt,
+    zamba2,
 )
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
 
@@ -402,6 +403,10 @@ ALIASES = {
     # or experts), each behind its own norm; Llama's fields under its names, its own read by nemotron_h.py.
     nemotron_h.ARCH: Alias(
         "LlamaForCausalLM", nemotron_h.NAMES, defaults=nemotron_h.DEFAULTS, ignored=nemotron_h.IGNORED, rewrite=nemotron_h.rewrite, fields=nemotron_h.fields),
+    # Zamba2 (zamba2.py): Mamba-2 in every layer, a shared transformer block (attention over the stream and the
+    # embeddings, a GELU-gated MLP, per-layer adapters) before it in the hybrid layers.
+    zamba2.ARCH: Alias("LlamaForCausalLM", zamba2.NAMES, defaults=zamba2.DEFAULTS, ignored=zamba2.IGNORED,
+                       rewrite=zamba2.rewrite, fields=zamba2.fields),
     # Qwen3.5 (the text model of Qwen3_5ForConditionalGeneration; vision_language.py): Qwen3-Next's layers over
     # a dense MLP, its linear layers' projections stored apart (in_proj_qkv, _z, _b, _a) rather than grouped.
     "Qwen3_5ForCausalLM": Alias(

@@ -84,6 +84,8 @@ class Mamba2Shape:
     gated_norm: str = "gate_then_norm"
     # The norm's weight applied in fp32 before the cast back (Falcon-H1's), or after it (Granite's).
     norm_weight_in_fp32: bool = False
+    # The gated norm's epsilon where it is not the model's rms_norm_eps (Zamba2's fixed 1e-5).
+    norm_eps: float | None = None
 
     def __post_init__(self) -> None:
         if self.gated_norm not in GATED_NORMS:

@@ -24,6 +24,7 @@ from services.engine import (
     mamba,
     nemotron_h,
     opt,
+    zamba2,
 )
 from services.engine.attention import alibi_slopes, falcon_alibi_slopes
 from services.engine.checkpoint import Checkpoint, read_json
@@ -39,6 +40,7 @@ from services.engine.mxfp4 import pair_packed
 from services.engine.rope import deinterleave_rope, inverse_frequencies
 from services.engine.vision_language import language_model_weights
 from services.engine.weight_names import ernie_weights, split_query_gates, split_query_key_value
+from services.engine.zamba2_layer import tie_shared_blocks
 
 
 def iter_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -87,6 +89,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
                 module.alibi = slopes
     if ckpt.config.tie_word_embeddings and ckpt.has_lm_head:
         model.lm_head.weight = model.model.embed_tokens.weight
+    if ckpt.config.shared_blocks is not None:  # to_empty gave each of a block's layers tensors of its own
+        tie_shared_blocks(model.model.layers, ckpt.config.shared_blocks)
     kv_scales: dict[int, dict[str, float]] = {}  # layer -> "k" / "v" -> scale, filled as the weights stream by
     weights = _checkpoint_weights(ckpt, kv_scales if ckpt.config.kv_scales else None)
     try:
@@ -169,6 +173,8 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
         weights = lfm3.checkpoint_names(weights, config.sandwich_norms)
     if config.architecture in (nemotron_h.ARCH, *mamba.ARCHS):
         weights = nemotron_h.checkpoint_names(weights, config.sublayers, config.linear_layers)
+    if config.shared_blocks is not None:
+        weights = zamba2.checkpoint_names(weights, config.shared_blocks)
     if config.architecture in ("Ernie4_5_MoeForCausalLM", "ExaoneMoeForCausalLM"):
         weights = ernie_weights(weights)
     if config.attn_output_gate == "in_query":

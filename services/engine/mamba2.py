@@ -55,8 +55,9 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(s.num_heads))
         self.D = nn.Parameter(torch.ones(s.num_heads))
         # Falcon-H1 without mamba_rms_norm gates the scan's output with no norm (and has no norm weight).
+        eps = config.rms_norm_eps if s.norm_eps is None else s.norm_eps
         self.norm = silu_gate if s.gated_norm == "gate" else GatedRMSNorm(
-            s.intermediate, config.rms_norm_eps, s.n_groups, norm_first=s.gated_norm == "norm_then_gate",
+            s.intermediate, eps, s.n_groups, norm_first=s.gated_norm == "norm_then_gate",
             weight_in_fp32=s.norm_weight_in_fp32)
         self.out_proj = nn.Linear(s.intermediate, config.hidden_size, bias=s.out_bias)
 

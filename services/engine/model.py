@@ -206,10 +206,15 @@ class Attention(nn.Module):
                 q_mult: torch.Tensor | None = None) -> torch.Tensor:
         """``q_mult`` (``[T, 1, 1]``): each token's query scale by position, where the model has one for this layer
         (``query_scales``)."""
-        t = x.shape[0]
         qkv = self.qkv_proj(x)
         if lora is not None:
             lora.add(qkv, x, self.layer, "qkv")
+        return self.attend(qkv, x, cos, sin, batch, kv, lora, q_mult)
+
+    def attend(self, qkv, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora: LoraBatch | None,
+               q_mult: torch.Tensor | None = None) -> torch.Tensor:
+        """The rest of ``forward`` from the fused q/k/v projection of ``x`` (Zamba2 adds its adapters' first)."""
+        t = x.shape[0]
         if self.clip_qkv is not None:  # OLMo
             qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         # q and k rotate in one pass: they are adjacent in the fused projection's output.
@@ -429,7 +434,13 @@ class LlamaModel(nn.Module):
             config.max_position_embeddings + config.learned_positions, config.hidden_size,
             _weight=torch.empty(config.max_position_embeddings + config.learned_positions, config.hidden_size))
         self.embed_norm = _norm(config, config.hidden_size) if config.embed_norm else None  # BLOOM's
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        if config.shared_blocks is None:
+            self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        else:  # Zamba2's; its module builds on this one's attention, MLP and norm
+            from services.engine.zamba2_layer import Zamba2Layer, tie_shared_blocks
+
+            self.layers = nn.ModuleList(Zamba2Layer(config, i) for i in range(config.num_hidden_layers))
+            tie_shared_blocks(self.layers, config.shared_blocks)
         self.norm = _norm(config, config.hidden_size, final=True)
 
 
@@ -491,10 +502,14 @@ class LlamaForCausalLM(nn.Module):
         local = self.local_rotary.cos_sin(positions, rope_dtype) if self.local_rotary is not None else rope
         nope_scale, rope_scale = query_scales(c, positions, x.dtype)
         residual = None
+        embeddings = x if c.shared_blocks is not None else None  # Zamba2's shared blocks read them again
         for i, layer in enumerate(self.model.layers):
             nope = i in c.nope_layers
             cos, sin = (None, None) if nope else local if c.slides(i) else rope
-            x, residual = layer(x, residual, cos, sin, batch, kv, lora, nope_scale if nope else rope_scale)
+            if embeddings is not None:
+                x, residual = layer(x, residual, cos, sin, batch, kv, embeddings)
+            else:
+                x, residual = layer(x, residual, cos, sin, batch, kv, lora, nope_scale if nope else rope_scale)
         x, _ = self.model.norm(x[logits_index], residual[logits_index])
         return x if hidden else self.head(x)
 
@@ -658,7 +673,8 @@ class LlamaForCausalLM(nn.Module):
         if self.config.tie_word_embeddings and self.lm_head is not None:
             loaded.add("lm_head.weight")
             self._retie_head()
-        absent = sorted(set(params) - loaded)
+        tied = {id(params[name]) for name in loaded if name in params}  # Zamba2's shared blocks: one tensor, many names
+        absent = sorted(name for name in set(params) - loaded if id(params[name]) not in tied)
         if absent:
             raise KeyError(f"checkpoint lacks weights: {', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}")
 

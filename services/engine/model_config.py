@@ -58,6 +58,7 @@ from services.engine.nemotron_h import ARCH as NEMOTRON_H
 from services.engine.quant_config import quant_fields
 from services.engine.vision_language import VISION_LANGUAGE, text_model_config
 from services.engine.weight_names import model_name
+from services.engine.zamba2 import SharedBlocks
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
@@ -322,6 +323,9 @@ class ModelConfig:
     # folds into the weights (None: none but 1).
     parallel_mixers: bool = False
     multipliers: Multipliers | None = None
+    # Zamba2 (zamba2.py): the shared transformer blocks its hybrid layers run before their Mamba-2 mixer (each
+    # of those layers keeps KV and a recurrent state; every other layer, only a state); None: none.
+    shared_blocks: SharedBlocks | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -482,6 +486,8 @@ class ModelConfig:
         """The layers that keep KV (all but linear-attention layers; all of Falcon-H1's), in order: the KV pool
         has one slot per token for each, and layer ``kv_layers[i]`` reads the pool's layer ``i``."""
         linear = set() if self.parallel_mixers else set(self.linear_layers)
+        if self.shared_blocks is not None:  # Zamba2's hybrid layers attend in their shared block
+            linear -= set(self.shared_blocks.layers)
         return tuple(i for i in range(self.num_hidden_layers) if i not in linear and self.has_mixer(i))
 
     @property
@@ -538,7 +544,8 @@ class ModelConfig:
                 and not self.moe_biases and self.swiglu_limit is None and self.nope_temperature is None
                 and self.q_position_scale is None and not self.layer_norm and not self.parallel_block
                 and not self.mlp_bias and not self.lm_head_bias and not self.sublayers
-                and self.learned_positions is None and self.alibi_bias_max is None and not self.embed_norm)
+                and self.learned_positions is None and self.alibi_bias_max is None and not self.embed_norm
+                and self.shared_blocks is None)
 
     @property
     def plain_attention(self) -> bool:
@@ -581,7 +588,9 @@ class ModelConfig:
                           shared_intermediate=self.shared_expert_intermediate_size,
                           projections=self._lora_projections(), query_gates=self.attn_output_gate == "in_query",
                           latent_attention=self.mla, gated_mlp=self.mlp_gated, num_labels=self.num_labels,
-                          names=partial(model_name, config=self))
+                          names=partial(model_name, config=self),
+                          no_adapters="Zamba2 takes no LoRA adapters here (nor in vLLM): its layers run shared "
+                                      "blocks with adapters of their own" if self.shared_blocks else "")
 
     def _lora_projections(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
         """The projections LoRA adapts as the model holds them: (name in the layer, in, out, layers)."""

@@ -227,7 +227,8 @@ def test_phi_3_5_moe_as_published():
     ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"), ("Lfm2MoeForCausalLM", "Lfm2MoeConfig"),
     ("NemotronHForCausalLM", "NemotronHConfig"), ("JambaForCausalLM", "JambaConfig"),
     ("GPTNeoXForCausalLM", "GPTNeoXConfig"), ("FalconForCausalLM", "FalconConfig"), ("OPTForCausalLM", "OPTConfig"),
-    ("GPT2LMHeadModel", "GPT2Config"), ("GPTBigCodeForCausalLM", "GPTBigCodeConfig"), ("GPTJForCausalLM", "GPTJConfig")])
+    ("GPT2LMHeadModel", "GPT2Config"), ("GPTBigCodeForCausalLM", "GPTBigCodeConfig"), ("GPTJForCausalLM", "GPTJConfig"),
+    ("Zamba2ForCausalLM", "Zamba2Config")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""

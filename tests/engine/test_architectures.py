@@ -40,6 +40,7 @@ _FALCON = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "
 _ABSOLUTE = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "intermediate_size")}
 _BLOOM = dict(n_embed=64, n_layer=3, n_head=4, vocab_size=4096, bos_token_id=1, eos_token_id=2)
 _MPT = dict(d_model=64, n_layers=3, n_heads=4, max_seq_len=512, vocab_size=4096, bos_token_id=1, eos_token_id=2)
+_ZAMBA2 = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "num_hidden_layers")}
 _GPT2_SHAPE = dict(n_embd=64, n_layer=3, n_head=4, n_positions=512, vocab_size=4096, bos_token_id=1, eos_token_id=2)
 CASES = {
     "llama": lambda: transformers.LlamaConfig(
@@ -442,6 +443,17 @@ CASES = {
         mamba_head_dim=16, n_groups=1, ssm_state_size=8, chunk_size=16, n_routed_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, moe_latent_size=32, n_group=2, topk_group=1,
         routed_scaling_factor=2.5, **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"}),
+    # Zamba2: Mamba-2 in every layer (in 2 groups, biases on its projections), two shared transformer blocks taking
+    # turns over three hybrid layers (attention over the stream and the embeddings with RoPE, adapters on q, k, v
+    # and the gated MLP, whose biases add_bias_linear sets too), the head tied to the embeddings.
+    "zamba2": lambda: transformers.Zamba2Config(
+        layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid", "mamba"], num_mem_blocks=2,
+        use_shared_attention_adapter=True, adapter_rank=8, use_mem_rope=True, n_mamba_heads=8, mamba_ngroups=2,
+        mamba_d_state=16, chunk_size=32, add_bias_linear=True, time_step_min=0.01, num_hidden_layers=6, **_ZAMBA2),
+    # Zamba2-1.2B's layout: one block, no RoPE, adapters on the MLP only, grouped-query attention.
+    "zamba2-1.2b": lambda: transformers.Zamba2Config(
+        layers_block_type=["mamba", "mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=4, mamba_d_state=16,
+        chunk_size=32, num_key_value_heads=2, num_hidden_layers=5, **_ZAMBA2),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -469,10 +481,13 @@ def save_checkpoint(config, out, tiny_model_dir, auto=None):
     except ValueError:  # a causal LM transformers maps for pretraining only (Mistral 4 in 5.25): its class
         name = type(config).__name__.removesuffix("Config") + "ForCausalLM"
         model = getattr(transformers, name)._from_config(config).eval()
+    # Zamba2's Mamba-2 layers without MLPs, and its shared blocks' wide attention, amplify rounding several-fold
+    # a layer at 0.3: transformers' own fp32 and fp64 logprobs then differ by 1e-2, at 0.1 by 1e-5 (as others' at 0.3).
+    std = 0.1 if config.model_type == "zamba2" else 0.3
     with torch.no_grad():  # weights that give decisive logits, so greedy choices are not near-ties
         for name, p in model.named_parameters():
             # Sinks (GPT-OSS) near the scores' scale, so that they change the attention.
-            p.normal_(1.0, 0.2) if "norm" in name else p.normal_(4.0, 2.0) if "sinks" in name else p.normal_(0.0, 0.3)
+            p.normal_(1.0, 0.2) if "norm" in name else p.normal_(4.0, 2.0) if "sinks" in name else p.normal_(0.0, std)
         for name, b in model.named_buffers():  # GLM-4.5's routing bias: enough to change which experts are chosen
             if "e_score_correction_bias" in name or name.endswith(".expert_bias"):  # LFM2-MoE's
                 b.normal_(0.0, 0.3)
@@ -1025,6 +1040,9 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
                                      "mpt"):  # no RoPE
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(_decoder_layers(model))))
+    elif model.config.model_type == "zamba2":  # its shared blocks' attention rotates only with use_mem_rope
+        assert hasattr(model.model, "rotary_emb") == model.config.use_mem_rope
+        want = () if model.config.use_mem_rope else tuple(model.config.hybrid_layer_ids)
     elif model.config.model_type == "falcon" and model.config.alibi:  # its rotary module applied nowhere
         want = tuple(range(len(_decoder_layers(model))))
     else:
@@ -1041,7 +1059,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
-                                  "opt", "gpt2", "gpt-bigcode", "gptj"])
+                                  "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
@@ -1064,7 +1082,8 @@ def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir)
     layer = engine.runner.model.model.layers[1]  # an attention layer in each
     if name in ("qwen3-next", "gemma3"):
         assert layer.input_layernorm.weight.dtype == layer.self_attn.q_norm.weight.dtype == torch.float32
-    assert layer.self_attn.qkv_proj.weight.dtype == torch.bfloat16
+    attn = getattr(layer, "shared_transformer", layer).self_attn  # Zamba2's attends in its shared block
+    assert attn.qkv_proj.weight.dtype == torch.bfloat16
     g = torch.Generator().manual_seed(50)
     prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (40, 150)]
     got = engine.generate(prompts, [SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=5)] * 2)

@@ -2,7 +2,8 @@
 4.0-H: Mamba-2 in two of three; LFM2: gated short convolutions in two of three; Nemotron 3: Mamba-2 and attention
 between expert layers; Jamba: the first Mamba in three layers of four; Falcon-H1: attention and Mamba-2 side by
 side in every layer; LFM3: LFM2's convolutions beside sliding and full attention; Kimi Linear: Kimi Delta Attention beside latent
-attention and experts; Mamba, Falcon Mamba and Mamba-2 without attention) under every scheduling path that must carry their recurrent state: prompt chunks of any size (a state resumed chunk after
+attention and experts; Zamba2: Mamba-2 in every layer, shared transformer blocks before it in some; Mamba, Falcon
+Mamba and Mamba-2 without attention) under every scheduling path that must carry their recurrent state: prompt chunks of any size (a state resumed chunk after
 chunk), whole prompts, multi-step decoding, MLFQ order, preemption by swap (the state stays on the worker) and by
 recompute (it starts again from zeros). A prefix is never taken from the cache (the blocks do not hold the
 state); every state slot is back in the pool at the end."""
@@ -31,7 +32,7 @@ MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module", params=["qwen3-next", "granite4-h", "lfm2", "nemotron-h-moe", "jamba", "falcon-h1",
-                                                "lfm3", "kimi-linear", "mamba", "falcon-mamba", "mamba2"])
+                                                "lfm3", "kimi-linear", "mamba", "falcon-mamba", "mamba2", "zamba2"])
 def model_dir(request, hybrid_model_dir, tiny_model_dir, tmp_path_factory):
     if request.param == "qwen3-next":
         return hybrid_model_dir
