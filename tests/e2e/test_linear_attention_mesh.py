@@ -1,7 +1,8 @@
 """Hybrid models (Qwen3-Next: Gated DeltaNet linear attention in two layers of three; Granite 4.0-H: Mamba-2 in
 two of three; LFM2: gated short convolutions, whose state is their window alone; Nemotron 3: Mamba-2 and
 attention layers between expert layers; Falcon-H1: both in every layer; LFM3: convolutions beside sliding and
-full attention; Kimi Linear: Kimi Delta Attention beside latent attention) through the live mesh: in
+full attention; Kimi Linear: Kimi Delta Attention beside latent attention; Zamba2: Mamba-2 everywhere, shared
+attention blocks in some layers) through the live mesh: in
 the disaggregated topology each sequence's recurrent state follows its KV blocks from the prefill to the decode
 worker (ReadState after the blocks, over NIXL or the gRPC fallback), with no request recomputed; colocated,
 prompt chunks and decodes share steps. Greedy output equals transformers' for every request, and the pools end
@@ -33,7 +34,8 @@ CASES = [("qwen3-next", "disaggregated", "nixl", False), ("qwen3-next", "disaggr
          ("lfm2", "disaggregated", "grpc", False), ("nemotron-h-moe", "disaggregated", "nixl", False),
          ("falcon-h1", "disaggregated", "nixl", True), ("lfm3", "colocated", "nixl", False),
          ("kimi-linear", "disaggregated", "grpc", False), ("mamba2", "disaggregated", "nixl", True),
-         ("falcon-mamba", "disaggregated", "grpc", False), ("mamba", "colocated", "nixl", False)]
+         ("falcon-mamba", "disaggregated", "grpc", False), ("mamba", "colocated", "nixl", False),
+         ("zamba2", "disaggregated", "nixl", True)]
 
 
 @pytest.fixture(scope="module", params=CASES,
