@@ -23,6 +23,7 @@ from services.engine import (
     gpt_bigcode,
     gpt_neox,
     gptj,
+    granite_swa,
     jamba,
     kimi_linear,
     lfm3,
@@ -403,6 +404,11 @@ ALIASES = {
     # or experts), each behind its own norm; Llama's fields under its names, its own read by nemotron_h.py.
     nemotron_h.ARCH: Alias(
         "LlamaForCausalLM", nemotron_h.NAMES, defaults=nemotron_h.DEFAULTS, ignored=nemotron_h.IGNORED, rewrite=nemotron_h.rewrite, fields=nemotron_h.fields),
+    # Granite with sliding windows and attention sinks (granite_swa.py), dense or over GraniteMoeShared's experts.
+    granite_swa.SWA: Alias("GraniteForCausalLM", defaults=granite_swa.SWA_DEFAULTS, rewrite=granite_swa.rewrite,
+                           fields=granite_swa.fields),
+    granite_swa.MOE_SWA: Alias("GraniteMoeSharedForCausalLM", defaults=granite_swa.MOE_SWA_DEFAULTS,
+                               rewrite=granite_swa.rewrite, fields=granite_swa.fields),
     # Zamba2 (zamba2.py): Mamba-2 in every layer, a shared transformer block (attention over the stream and the
     # embeddings, a GELU-gated MLP, per-layer adapters) before it in the hybrid layers.
     zamba2.ARCH: Alias("LlamaForCausalLM", zamba2.NAMES, defaults=zamba2.DEFAULTS, ignored=zamba2.IGNORED,

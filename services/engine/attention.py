@@ -151,6 +151,7 @@ def paged_attention(
     alibi: torch.Tensor | None = None,
     alibi_bf16: bool = False,
     kv_scale: tuple[float, float] | None = None,
+    sink_scaled: bool = False,
 ) -> torch.Tensor:
     """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``; caches ``[num_blocks, block_size, Hkv, D]``. Returns ``[T, Hq, D]``.
     ``sliding``: this layer attends within ``batch.window`` or ``batch.chunk`` only (a no-op when the batch has
@@ -161,7 +162,9 @@ def paged_attention(
     ``alibi`` ``[Hq]`` fp32: each head's ALiBi slope (``alibi_slopes``), for a model without windows, caps or sinks;
     ``alibi_bf16``: Falcon-RW's biases (``_alibi_mask``; the slopes bf16 values). ``kv_scale``: a float8 pool's
     (key, value) scales (a checkpoint's kv_cache_scheme): keys are stored as ``k / scale`` and read back times it
-    (None: 1; an unquantized pool ignores them)."""
+    (None: 1; an unquantized pool ignores them). ``sink_scaled``: the sinks as GraniteSWA's transformers applies
+    them, the softmax's output times ``sigmoid(logsumexp(scores) - sink)`` (the same in exact arithmetic; the fused
+    kernels, fp32, take GPT-OSS's form)."""
     out = torch.empty_like(q)
     windowed = sliding and (batch.window is not None or batch.chunk is not None)
     quantized = k_cache.dtype in FP8_DTYPES  # a float8 pool (kv_quant.py): written rounded, read widened
@@ -196,7 +199,7 @@ def paged_attention(
             mask = batch.alibi_masks.decodes[i]
         o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables, q.dtype, batch.float8_kernels, k_scale),
                   gather(v_cache, g.block_tables, q.dtype, batch.float8_kernels, v_scale), mask, batch.softcap,
-                  sinks, scale=scale)
+                  sinks, scale=scale, sink_scaled=sink_scaled)
         out[span] = o.squeeze(2)
     for i, g in enumerate(batch.fresh):
         span = slice(g.token_start, g.token_start + g.count * g.length)
@@ -204,7 +207,7 @@ def paged_attention(
         if alibi is not None:
             mask = batch.alibi_masks.fresh[i]
         o = _sdpa(_per_chunk(q[span], g), _per_chunk(k[span], g), _per_chunk(v[span], g), mask, batch.softcap,
-                  sinks, causal=mask is None, scale=scale)
+                  sinks, causal=mask is None, scale=scale, sink_scaled=sink_scaled)
         out[span] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
     for i, c in enumerate(batch.prefixed):
         span = slice(c.token_start, c.token_start + c.num_tokens)
@@ -214,7 +217,8 @@ def paged_attention(
         mask = c.window_mask if windowed and c.window_mask is not None else c.mask
         if alibi is not None:
             mask = batch.alibi_masks.prefixed[i]
-        o = _sdpa(q[span].transpose(0, 1).unsqueeze(0), keys, values, mask, batch.softcap, sinks, scale=scale)
+        o = _sdpa(q[span].transpose(0, 1).unsqueeze(0), keys, values, mask, batch.softcap, sinks, scale=scale,
+                  sink_scaled=sink_scaled)
         out[span] = o.squeeze(0).transpose(0, 1)
     return out
 
@@ -284,7 +288,8 @@ EAGER_SCORES = 1 << 28
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, softcap: float | None,
-          sinks: torch.Tensor | None = None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+          sinks: torch.Tensor | None = None, causal: bool = False, scale: float | None = None,
+          sink_scaled: bool = False) -> torch.Tensor:
     """SDPA with grouped KV heads (``mask`` True where a key is seen; ``causal`` instead of a mask); with
     ``softcap`` or ``sinks``, written out as transformers' eager attention (SDPA can neither cap scores nor
     add a sink to the softmax), in tiles of queries."""
@@ -296,17 +301,19 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     rows = q.shape[-2]
     tile = max(1, EAGER_SCORES // (q.numel() // (rows * q.shape[-1]) * k.shape[-2]))
     if tile >= rows:
-        return _eager(q, k, v, mask, softcap, sinks, causal, scale=scale)
+        return _eager(q, k, v, mask, softcap, sinks, causal, scale=scale, sink_scaled=sink_scaled)
     out = torch.empty_like(q)
     for start in range(0, rows, tile):
         end = min(rows, start + tile)
         part = mask[..., start:end, :] if mask is not None and mask.shape[-2] == rows else mask
-        out[..., start:end, :] = _eager(q[..., start:end, :], k, v, part, softcap, sinks, causal, start, scale)
+        out[..., start:end, :] = _eager(q[..., start:end, :], k, v, part, softcap, sinks, causal, start, scale,
+                                        sink_scaled)
     return out
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, softcap: float | None,
-           sinks: torch.Tensor | None, causal: bool, first_row: int = 0, scale: float | None = None) -> torch.Tensor:
+           sinks: torch.Tensor | None, causal: bool, first_row: int = 0, scale: float | None = None,
+           sink_scaled: bool = False) -> torch.Tensor:
     """Attention of query rows ``[first_row, first_row + rows)`` (causal: row i sees keys up to i), k and v with
     as many heads as q."""
     scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
@@ -319,6 +326,10 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is None:
         return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    if sink_scaled:  # GraniteSWA's: the output scaled by the share the sink leaves, in fp32, as transformers has it
+        share = (torch.logsumexp(scores, dim=-1) - sinks.to(scores.dtype).view(-1, 1)).float().sigmoid()
+        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+        return out * share[..., None].to(out.dtype)
     # The sink is one more column of the softmax, dropped after it: it only adds to the denominator. As
     # transformers' GPT-OSS computes it: shifted by the row's max and the softmax taken in the scores' dtype.
     sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)

@@ -180,6 +180,7 @@ class Attention(nn.Module):
             bias=config.attn_output_gate == "in_query" and config.attention_bias)
         # GPT-OSS: a learned logit per head that joins its softmax (attention.py).
         self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks else None
+        self.sink_scaled = config.sinks_scale_output  # GraniteSWA's form of them
         self.q_norm = self.k_norm = None
         self.qk_norm_whole = config.qk_norm_whole
         self.norm_after_rope = config.qk_norm_after_rope  # Hunyuan
@@ -242,7 +243,7 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(self.kv_layer)
         o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks, self.attn_scale,
-                            self.alibi, self.alibi_bf16, self.kv_scale).reshape(t, self.q_size)
+                            self.alibi, self.alibi_bf16, self.kv_scale, self.sink_scaled).reshape(t, self.q_size)
         if self.gate_proj is not None:
             gate = torch.sigmoid(adapted(self.gate_proj, x, lora, self.layer, "self_attn.gate_proj"))
             o = (o.view(t, self.heads, self.head_dim) * gate[..., None]).view(t, -1) if self.gate_per_head else o * gate

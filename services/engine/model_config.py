@@ -128,6 +128,9 @@ class ModelConfig:
     attention_bias: bool = False
     o_proj_bias: bool = False
     attention_sinks: bool = False
+    # GraniteSWA's sinks: the softmax's output scaled by sigmoid(logsumexp(scores) - sink), as transformers computes
+    # them (GPT-OSS's softmax with one more logit in exact arithmetic; rounded otherwise in bf16).
+    sinks_scale_output: bool = False
     # Attention's output times the sigmoid of a projection of the layer's input, per feature, before o_proj:
     # "own" (AFMoE: its self_attn.gate_proj, no bias), "in_query" (MiniCPM5-MoE: q_proj stores each head's
     # query rows then its gate's, with q's bias; split as they load), "per_head" (LFM3: one sigmoid gate per head,

@@ -49,6 +49,10 @@ _RENAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".mlp.shared_experts.", 
             (".block_sparse_moe.input_linear.weight", ".mlp.experts.gate_up_proj"),
             (".block_sparse_moe.output_linear.weight", ".mlp.experts.down_proj"),
             (".block_sparse_moe.router.layer.", ".mlp.gate."),
+            # GraniteMoe's experts as transformers >= 5 saves a model it has no legacy layout for (GraniteMoeSWA)
+            (".block_sparse_moe.experts.gate_up_proj", ".mlp.experts.gate_up_proj"),
+            (".block_sparse_moe.experts.down_proj", ".mlp.experts.down_proj"),
+            (".block_sparse_moe.router.weight", ".mlp.gate.weight"),
             (".shared_mlp.input_linear.", ".mlp.shared_expert.gate_up_proj."),
             (".shared_mlp.output_linear.", ".mlp.shared_expert.down_proj."))
 # GLM-4 (dense): its sandwich norms under the names Gemma's have here; one rename per name (they overlap).

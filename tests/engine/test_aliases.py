@@ -228,7 +228,8 @@ def test_phi_3_5_moe_as_published():
     ("NemotronHForCausalLM", "NemotronHConfig"), ("JambaForCausalLM", "JambaConfig"),
     ("GPTNeoXForCausalLM", "GPTNeoXConfig"), ("FalconForCausalLM", "FalconConfig"), ("OPTForCausalLM", "OPTConfig"),
     ("GPT2LMHeadModel", "GPT2Config"), ("GPTBigCodeForCausalLM", "GPTBigCodeConfig"), ("GPTJForCausalLM", "GPTJConfig"),
-    ("Zamba2ForCausalLM", "Zamba2Config")])
+    ("Zamba2ForCausalLM", "Zamba2Config"), ("GraniteSWAForCausalLM", "GraniteSWAConfig"),
+    ("GraniteMoeSWAForCausalLM", "GraniteMoeSWAConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -418,3 +419,25 @@ def test_bloom_and_mpt_named_alone_take_transformers_defaults(arch, hf_config):
         hf.tie_word_embeddings, hf.layer_norm_epsilon)
     assert config.intermediate_size == 4 * hf.hidden_size
     assert config.max_position_embeddings == getattr(hf, "max_seq_len", 2048)
+
+
+def test_granite_swa_reads_its_windows_sinks_and_bases_as_transformers_does():
+    """Named alone: every fourth layer from layer 0 attends in full, the rest within 128 tokens, all with sinks;
+    layer_rope_theta's zeros are layers without RoPE, the sliding layers' base their own; a mix the engine cannot
+    compute is refused."""
+    hf = transformers.GraniteSWAConfig()
+    config = ModelConfig.from_dict({"architectures": ["GraniteSWAForCausalLM"]})
+    assert config.sliding_window == hf.sliding_window == 128 and config.attention_sinks
+    assert config.sliding_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "sliding_attention")
+    assert config.nope_layers == () and config.local_rope_theta is None
+    types = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    raw = {"architectures": ["GraniteMoeSWAForCausalLM"], "num_hidden_layers": 4, "layer_types": types,
+           "rope_theta": 10000.0, "layer_rope_theta": [0, 1e6, 1e6, 10000.0]}
+    config = ModelConfig.from_dict(raw)
+    assert (config.nope_layers, config.rope_theta, config.local_rope_theta) == ((0,), 10000.0, 1e6)
+    assert config.num_experts == transformers.GraniteMoeSWAConfig().num_local_experts
+    with pytest.raises(ModelLoadError, match="gives the full layers the bases \\[10000.0\\] and the sliding ones "
+                                             "\\[1000.0, 1000000.0\\]"):
+        ModelConfig.from_dict({**raw, "layer_rope_theta": [0, 1e6, 1e3, 10000.0]})
+    with pytest.raises(ModelLoadError, match="layer_types must list full_attention or sliding_attention"):
+        ModelConfig.from_dict({**raw, "layer_types": ["full_attention"] * 3})

@@ -41,6 +41,7 @@ _ABSOLUTE = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads",
 _BLOOM = dict(n_embed=64, n_layer=3, n_head=4, vocab_size=4096, bos_token_id=1, eos_token_id=2)
 _MPT = dict(d_model=64, n_layers=3, n_heads=4, max_seq_len=512, vocab_size=4096, bos_token_id=1, eos_token_id=2)
 _ZAMBA2 = {k: v for k, v in COMMON.items() if k not in ("num_key_value_heads", "num_hidden_layers")}
+_NO_LAYERS = {k: v for k, v in COMMON.items() if k != "num_hidden_layers"}
 _GPT2_SHAPE = dict(n_embd=64, n_layer=3, n_head=4, n_positions=512, vocab_size=4096, bos_token_id=1, eos_token_id=2)
 CASES = {
     "llama": lambda: transformers.LlamaConfig(
@@ -443,6 +444,16 @@ CASES = {
         mamba_head_dim=16, n_groups=1, ssm_state_size=8, chunk_size=16, n_routed_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, moe_latent_size=32, n_group=2, topk_group=1,
         routed_scaling_factor=2.5, **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"}),
+    # Granite with sliding windows (shorter than most prompts) in the layers layer_types names, a learned sink per
+    # head, a layer without RoPE and the sliding layers' own base, Granite's multipliers; and over experts beside
+    # a shared MLP.
+    "granite-swa": lambda: transformers.GraniteSWAConfig(
+        sliding_window=24, layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        layer_rope_theta=[10000.0, 0, 500000.0, 10000.0], embedding_multiplier=2.0, attention_multiplier=0.2,
+        residual_multiplier=0.5, logits_scaling=4.0, num_hidden_layers=4, **_NO_LAYERS),
+    "granitemoe-swa": lambda: transformers.GraniteMoeSWAConfig(
+        sliding_window=24, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
+        attention_multiplier=0.2, num_hidden_layers=5, **_NO_LAYERS),
     # Zamba2: Mamba-2 in every layer (in 2 groups, biases on its projections), two shared transformer blocks taking
     # turns over three hybrid layers (attention over the stream and the embeddings with RoPE, adapters on q, k, v
     # and the gated MLP, whose biases add_bias_linear sets too), the head tied to the embeddings.
@@ -1040,6 +1051,8 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
                                      "mpt"):  # no RoPE
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(_decoder_layers(model))))
+    elif model.config.model_type in ("granite_swa", "granitemoe_swa"):  # a base of 0: no RoPE there
+        want = tuple(i for i, theta in enumerate(model.config.layer_rope_theta) if not theta)
     elif model.config.model_type == "zamba2":  # its shared blocks' attention rotates only with use_mem_rope
         assert hasattr(model.model, "rotary_emb") == model.config.use_mem_rope
         want = () if model.config.use_mem_rope else tuple(model.config.hybrid_layer_ids)
@@ -1059,7 +1072,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
-                                  "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2"])
+                                  "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
