@@ -16,8 +16,10 @@ LFM3's (convolutions 7 wide in 5 layers of 8, sliding attention with a window of
 one; heads gated, sandwich norms); ``--arch kimi-linear`` Kimi Linear's (Kimi Delta Attention in 6 layers of 8: 4 heads
 of 64; latent attention without positions in two; 16 experts, 4 a token, beside a shared MLP from layer 1);
 ``--arch mamba`` the attention-free Mamba's (8 layers of a 512-wide mixer, a state of 16 per channel, as
-state-spaces' checkpoints have) and ``--arch mamba2`` Mamba-2's (8 layers of 8 heads of 64, a state of 128 in 8
-groups, as Mamba-Codestral has).
+state-spaces' checkpoints have), ``--arch mamba2`` Mamba-2's (8 layers of 8 heads of 64, a state of 128 in 8
+groups, as Mamba-Codestral has) and ``--arch zamba2`` Zamba2's (Mamba-2 in all 8 layers, 8 heads of 64 with a
+state of 64; two shared blocks taking turns over three of them, attention of 8 heads of 64 over 512 features with
+RoPE, adapters of rank 64 on q, k, v and the MLP).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="directory to write (must not exist)")
     p.add_argument("--moe", action="store_true", help="Qwen3.5-MoE's experts instead of the dense MLP")
-    p.add_argument("--arch", choices=("qwen3.5", "granite4-h", "falcon-h1", "lfm3", "kimi-linear", "mamba", "mamba2"),
-                   default="qwen3.5")
+    p.add_argument("--arch", choices=("qwen3.5", "granite4-h", "falcon-h1", "lfm3", "kimi-linear", "mamba", "mamba2",
+                                      "zamba2"), default="qwen3.5")
     args = p.parse_args()
     import transformers
 
@@ -80,6 +82,13 @@ def main() -> int:
         common = {k: SHAPE[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id")}
         config = (transformers.MambaConfig(state_size=16, **common) if args.arch == "mamba" else
                   transformers.Mamba2Config(num_heads=8, head_dim=64, state_size=128, n_groups=8, chunk_size=256, **common))
+    elif args.arch == "zamba2":
+        common = {k: SHAPE[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                        "max_position_embeddings", "bos_token_id", "eos_token_id")}
+        config = transformers.Zamba2Config(
+            layers_block_type=["mamba", "mamba", "hybrid", "mamba", "mamba", "hybrid", "mamba", "hybrid"],
+            num_mem_blocks=2, use_shared_attention_adapter=True, adapter_rank=64, use_mem_rope=True,
+            num_attention_heads=8, n_mamba_heads=8, mamba_d_state=64, chunk_size=256, **common)
     elif args.moe:
         config = transformers.Qwen3_5MoeTextConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                                                    shared_expert_intermediate_size=512,
