@@ -242,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  OpenAI API:             {mesh.http_url}/v1", flush=True)
         for name, url in mesh.metrics_urls.items():
             print(f"  metrics ({name}):{' ' * max(1, 13 - len(name))}{url}", flush=True)
+        if mesh.grpc_address:
+            print(f"  watch it:               seawall stats --address {mesh.grpc_address} --watch 1", flush=True)
         print("press Ctrl-C to stop", flush=True)
         while not mesh.stopping.wait(0.5):
             for child in mesh.children:

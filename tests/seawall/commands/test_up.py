@@ -43,6 +43,7 @@ def test_up_starts_the_mesh_on_the_builtin_model_serves_and_stops_cleanly(tmp_pa
         text = "".join(lines)
         assert "mesh ready (disaggregated; kvcache, prefill-0, decode-1" in text
         assert f"127.0.0.1:{grpc_port}" in text and f"http://127.0.0.1:{http_port}/v1" in text
+        assert f"seawall stats --address 127.0.0.1:{grpc_port} --watch 1" in text
         assert (tmp_path / "cache" / "models").is_dir()
         with Client(f"127.0.0.1:{grpc_port}") as client:
             out = client.generate("Burst traffic is", max_tokens=5, temperature=0)
