@@ -46,6 +46,10 @@ from services.scheduler.worker_link import Arrival, WorkerLink
 
 log = logging.getLogger(__name__)
 
+
+class WorkerLeft(ConnectionError):
+    """A worker ended its step stream itself (OK status or end of stream): it stopped, rather than failed."""
+
 # Plans a worker holds at most: the one it runs and one queued behind it.
 _PIPELINE_DEPTH = 2
 
@@ -283,7 +287,10 @@ class Mesh:
                 if link.drain is not None and self.drains.step(link):
                     break  # drained and retired
                 if call.done() and not in_flight:
-                    raise ConnectionError(f"the worker's step stream ended ({await call.code()})")
+                    code = await call.code()
+                    if code == grpc.StatusCode.OK:
+                        raise WorkerLeft("it closed its step stream")
+                    raise ConnectionError(f"the worker's step stream ended ({code})")
                 if not in_flight or (len(in_flight) < self._depth and in_flight[-1].expected):
                     self._place_arrivals(link)
                     plan = link.core.schedule(now=anyio.current_time())
@@ -299,11 +306,12 @@ class Mesh:
                 with anyio.fail_after(self.config.step_timeout_s):
                     msg = await rpc(call.read())
                 if msg is grpc.aio.EOF:
-                    raise ConnectionError("the worker closed its step stream")
+                    raise WorkerLeft("it closed its step stream")
                 self._finish_step(link, in_flight.popleft(), msg)
         except (grpc.aio.AioRpcError, ConnectionError, TimeoutError, InvalidArgument) as exc:
             # InvalidArgument: a result that does not parse (result_from_proto); the worker is not trusted.
-            self._fail(link, str(exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc))
+            self._fail(link, str(exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc),
+                       left=isinstance(exc, WorkerLeft))
         finally:
             call.cancel()
 
@@ -594,18 +602,23 @@ class Mesh:
         if link.drain is not None:
             link.drain.done.set()
 
-    def _fail(self, link: WorkerLink, why: str) -> None:
+    def _fail(self, link: WorkerLink, why: str, left: bool = False) -> None:
+        """Drops ``link`` and places what it held elsewhere. ``left``: the worker ended its stream itself (it was
+        stopped without a drain): no failure when it held nothing, as when a whole mesh stops."""
         if not link.alive:
             return
         self._remove(link)
-        log.warning("worker %s at %s failed (%s): moving its requests to live workers", link.worker_id,
-                    link.address, why)
         orphans = link.core.drain()
         for arrival in link.arrivals:
             self._release_source(arrival)
             arrival.request.reset_for_recompute()
             orphans.append(arrival.request)
         link.arrivals.clear()
+        if left and not orphans:
+            log.info("worker %s at %s left (%s) holding no request", link.worker_id, link.address, why)
+            return
+        log.warning("worker %s at %s failed (%s): moving its requests to live workers", link.worker_id,
+                    link.address, why)
         self.metrics.worker_failures.labels(link.role).inc()
         for req in orphans:
             self.where.pop(req.request_id, None)

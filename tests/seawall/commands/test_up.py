@@ -57,6 +57,7 @@ def test_up_starts_the_mesh_on_the_builtin_model_serves_and_stops_cleanly(tmp_pa
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, rest
     assert "stopped (decode-1=0, prefill-0=0, scheduler=0, kvcache=0)" in rest
+    assert " failed (" not in rest  # workers that stop on purpose, holding nothing, are not failures
     assert "Traceback" not in rest
 
 
