@@ -115,14 +115,16 @@ async def test_a_stopped_worker_with_no_peer_of_its_kind_finishes_its_requests_t
 
 async def test_a_stopped_prefill_worker_gives_its_queued_prompts_to_the_other_and_hands_off_the_rest(
         tiny_model_dir, tmp_path, hf_greedy):
-    # Small chunks: the prompts take several steps each, so the worker is stopped with one mid-prompt and others
-    # queued behind it (one sequence at a time). The queued ones start on the other prefill worker; the one it
-    # runs finishes its prompt there and its KV goes to the decode worker before the worker exits.
+    # Small chunks: the prompts take dozens of steps each, so the worker is stopped with one mid-prompt and others
+    # queued behind it (one sequence at a time) for seconds: with 6 prompts of ~300 tokens in chunks of 32 a
+    # loaded box's SIGTERM and DrainWorker once came after the queue had run dry. The queued ones start on the
+    # other prefill worker; the one it runs finishes its prompt there and its KV goes to the decode worker
+    # before the worker exits.
     m = start_mesh(tiny_model_dir, tmp_path / "logs", num_prefill=2,
-                   scheduler_args=["--chunk-size", "32", "--max-num-seqs", "1"],
+                   scheduler_args=["--chunk-size", "16", "--max-num-seqs", "1"],
                    worker_args=["--drain-timeout-s", "120"])
     try:
-        prompts = random_prompts([300, 310, 320, 330, 340, 350], seed=9)
+        prompts = random_prompts([600, 620, 640, 660, 680, 700, 720, 740], seed=9)
         max_tokens = 40
         got, finish, stopped, after = await _stream_and_stop_a_worker(m, prompts, max_tokens, "prefill",
                                                                       decoding=False)
