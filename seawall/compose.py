@@ -637,8 +637,6 @@ class ComposeMesh(LocalMesh):
     def _stop_groups(self) -> list[list[Child]]:
         """As ``docker compose down``: each service once every service that depends on it has stopped, those
         that can stop together at once (a draining worker's grace period is not spent one worker at a time)."""
-        if self.plan is None:
-            return [list(reversed(self.children))]
         left = list(self.children)
         groups = []
         while left:

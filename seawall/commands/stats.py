@@ -18,7 +18,7 @@ from google.protobuf import json_format
 
 from seawall.client import DEFAULT_ADDRESS, Client
 from seawall.v1 import scheduler_pb2, worker_pb2
-from services.common.errors import InvalidArgument, SeawallError, Unavailable
+from services.common.errors import InvalidArgument, Unavailable
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: each --watch frame replaces the last
 _HEADER = ("worker", "role", "address", "state", "running", "KV used", "cached", "host used", "prefix hits",
@@ -61,8 +61,6 @@ def fetch_text(client: Client, address: str, as_json: bool) -> str:
         stats = client.stats()
     except Unavailable as exc:
         raise Unavailable(f"no scheduler answered at {address} ({exc}); is the mesh up (`seawall up`)?") from None
-    except SeawallError:
-        raise
     if as_json:
         return json_format.MessageToJson(stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     return "\n".join(render(stats, address))

@@ -438,6 +438,11 @@ class ModelConfig:
             raise ModelLoadError(f"ALiBi (alibi_bias_max {self.alibi_bias_max}) is for attention without other "
                                  "positions (no RoPE in any layer, no learned positions), windows, chunks, soft caps, "
                                  "sinks, latent or linear layers, with alibi_bias_max > 0 (alibi_bf16 with it)")
+        if self.sinks_scale_output and not self.attention_sinks:
+            raise ModelLoadError("sinks_scale_output is a form of attention sinks: set attention_sinks too")
+        if self.shared_blocks is not None and not set(self.shared_blocks.layers) <= set(self.linear_layers):
+            raise ModelLoadError(f"shared blocks run before a layer's Mamba-2 mixer: their layers "
+                                 f"{self.shared_blocks.layers} must be linear layers ({self.linear_layers})")
 
     def _check_rope(self) -> None:
         rope_type = self.rope_type

@@ -3,7 +3,8 @@ read from its config as transformers reads it. No torch (the scheduler reads con
 zamba2_layer.py.
 
 * Every layer is a pre-norm Mamba-2 mixer added to the stream, with no MLP (mamba2.py; gated, then normed in
-  ``mamba_ngroups`` groups; ``dt`` at least ``time_step_min``).
+  ``mamba_ngroups`` groups; a prompt's ``dt`` at least ``time_step_min``, a decode's not: transformers clamps it
+  in its chunked scan only).
 * Before the mixer, each "hybrid" layer runs a shared transformer block: attention and a GELU-gated MLP, on the
   stream concatenated with the token embeddings (``2 * hidden_size`` wide, so ``2 * hidden_size / heads`` per
   head, scores scaled by ``(head_dim / 2) ** -0.5``), RoPE only with ``use_mem_rope``. There are

@@ -46,12 +46,12 @@ from services.scheduler.worker_link import Arrival, WorkerLink
 
 log = logging.getLogger(__name__)
 
+# Plans a worker holds at most: the one it runs and one queued behind it.
+_PIPELINE_DEPTH = 2
+
 
 class WorkerLeft(ConnectionError):
     """A worker ended its step stream itself (OK status or end of stream): it stopped, rather than failed."""
-
-# Plans a worker holds at most: the one it runs and one queued behind it.
-_PIPELINE_DEPTH = 2
 
 
 @dataclass

@@ -5,6 +5,7 @@ test_architectures.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -441,3 +442,5 @@ def test_granite_swa_reads_its_windows_sinks_and_bases_as_transformers_does():
         ModelConfig.from_dict({**raw, "layer_rope_theta": [0, 1e6, 1e3, 10000.0]})
     with pytest.raises(ModelLoadError, match="layer_types must list full_attention or sliding_attention"):
         ModelConfig.from_dict({**raw, "layer_types": ["full_attention"] * 3})
+    with pytest.raises(ModelLoadError, match="sinks_scale_output is a form of attention sinks"):
+        dataclasses.replace(config, attention_sinks=False)

@@ -5,6 +5,8 @@ scheduling path, tests/seawall/offline/test_linear_attention.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -83,6 +85,12 @@ def test_checkpoint_names_put_each_adapter_under_its_layer():
                      "model.layers.4.shared_transformer.self_attn.k_adapter.1.weight",
                      "model.layers.3.shared_transformer.feed_forward.gate_up_adapter.0.weight",
                      "model.layers.3.mamba.in_proj.weight", "model.layers.3.linear.weight", "model.norm.weight"]
+
+
+def test_shared_blocks_outside_the_mamba_layers_are_refused():
+    config, _ = _read(layers_block_type=["mamba", "hybrid"], num_hidden_layers=2, hidden_size=64, num_attention_heads=4)
+    with pytest.raises(ModelLoadError, match="must be linear layers"):
+        dataclasses.replace(config, linear_layers=(0,))
 
 
 def test_a_lora_adapter_is_refused_saying_why(tmp_path):
