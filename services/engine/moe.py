@@ -111,41 +111,10 @@ class SparseMoE(nn.Module):
         CPU kernel; default: torch ops); ``lora``: the batch's adapters of the experts."""
         act_mul = self.act or act_mul or silu_mul
         weights, chosen = self._route(x)
-        # Each (token, slot) pair as a row, grouped by expert (a stable sort keeps a token's rows in expert
-        # order), then every expert's rows in one grouped GEMM per projection: no loop over experts and no
-        # device-to-host sync, which matters with 128 experts on a GPU.
-        flat = chosen.flatten()
-        order = torch.argsort(flat, stable=True)
-        tokens = order // self.top_k
-        offsets = torch.bincount(flat, minlength=self.experts.down_proj.shape[0]).cumsum(0).to(torch.int32)
         inputs = x if self.fc1_latent_proj is None else adapted(self.fc1_latent_proj, x, lora, self.layer,
                                                                  "mlp.fc1_latent_proj")
-        rows = inputs[tokens]
-        scaled_inputs = self.routing == "sigmoid_input"
-        if scaled_inputs:  # a token goes into its expert scaled, and the expert's output adds as it is
-            rows = rows * weights.flatten()[order, None]
-        experts = self.experts
-        gate_up = grouped_mm(rows, (experts.gate_up_proj if experts.gated else experts.up_proj).transpose(1, 2),
-                             offsets)
-        masks = lora.expert_masks(tokens) if lora is not None else None
-        if lora is not None:
-            lora.add_experts(gate_up, rows, self.layer, "experts.gate_up", offsets, masks)
-        if experts.gate_up_proj_bias is not None:  # each row plus its expert's biases
-            expert_of_row = flat[order]
-            gate_up += experts.gate_up_proj_bias.index_select(0, expert_of_row)
-        act = act_mul(gate_up)
-        h = grouped_mm(act, experts.down_proj.transpose(1, 2), offsets)
-        if lora is not None:
-            lora.add_experts(h, act, self.layer, "experts.down", offsets, masks)
-        if experts.down_proj_bias is not None:
-            h += experts.down_proj_bias.index_select(0, expert_of_row)
-        # Each token's k rows weighed (in the weights' dtype: fp32 where the model keeps them so) and summed in the
-        # token's slot order, then cast, as transformers' grouped experts do: rounded row by row into a
-        # low-precision sum instead, the result rounds otherwise.
-        weighted = h if scaled_inputs else h * weights.flatten()[order, None]
-        by_slot = torch.empty_like(weighted)
-        by_slot[order] = weighted
-        out = by_slot.view(-1, self.top_k, by_slot.shape[-1]).sum(dim=1).to(inputs.dtype)
+        out = run_experts(self.experts, inputs, weights, chosen, act_mul, self.routing == "sigmoid_input", lora,
+                          self.layer)
         if self.fc2_latent_proj is not None:
             out = adapted(self.fc2_latent_proj, out, lora, self.layer, "mlp.fc2_latent_proj")
         if self.shared_expert is not None:
@@ -239,6 +208,46 @@ class SparseMoE(nn.Module):
             choice = scores.masked_fill(~keep.repeat_interleave(scores.shape[1] // self.groups, dim=1), 0.0)
         weights, chosen = choice.topk(self.top_k, dim=-1)
         return weights * self.scaling, chosen
+
+
+def run_experts(experts: Experts, inputs: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor,
+                act_mul: Callable[[torch.Tensor], torch.Tensor], scaled_inputs: bool = False,
+                lora: LoraBatch | None = None, layer: int = 0) -> torch.Tensor:
+    """Each token of ``inputs`` ``[T, H]`` through its ``chosen`` experts ``[T, k]``, their outputs weighed by
+    ``weights`` ``[T, k]`` and summed (``scaled_inputs``: the inputs scaled by them instead); ``act_mul`` maps a
+    gate/up projection ``[n, 2I]`` to act(gate) * up."""
+    top_k = chosen.shape[1]
+    # Each (token, slot) pair as a row, grouped by expert (a stable sort keeps a token's rows in expert
+    # order), then every expert's rows in one grouped GEMM per projection: no loop over experts and no
+    # device-to-host sync, which matters with 128 experts on a GPU.
+    flat = chosen.flatten()
+    order = torch.argsort(flat, stable=True)
+    tokens = order // top_k
+    offsets = torch.bincount(flat, minlength=experts.down_proj.shape[0]).cumsum(0).to(torch.int32)
+    rows = inputs[tokens]
+    if scaled_inputs:  # a token goes into its expert scaled, and the expert's output adds as it is
+        rows = rows * weights.flatten()[order, None]
+    gate_up = grouped_mm(rows, (experts.gate_up_proj if experts.gated else experts.up_proj).transpose(1, 2),
+                         offsets)
+    masks = lora.expert_masks(tokens) if lora is not None else None
+    if lora is not None:
+        lora.add_experts(gate_up, rows, layer, "experts.gate_up", offsets, masks)
+    if experts.gate_up_proj_bias is not None:  # each row plus its expert's biases
+        expert_of_row = flat[order]
+        gate_up += experts.gate_up_proj_bias.index_select(0, expert_of_row)
+    act = act_mul(gate_up)
+    h = grouped_mm(act, experts.down_proj.transpose(1, 2), offsets)
+    if lora is not None:
+        lora.add_experts(h, act, layer, "experts.down", offsets, masks)
+    if experts.down_proj_bias is not None:
+        h += experts.down_proj_bias.index_select(0, expert_of_row)
+    # Each token's k rows weighed (in the weights' dtype: fp32 where the model keeps them so) and summed in the
+    # token's slot order, then cast, as transformers' grouped experts do: rounded row by row into a
+    # low-precision sum instead, the result rounds otherwise.
+    weighted = h if scaled_inputs else h * weights.flatten()[order, None]
+    by_slot = torch.empty_like(weighted)
+    by_slot[order] = weighted
+    return by_slot.view(-1, top_k, by_slot.shape[-1]).sum(dim=1).to(inputs.dtype)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
