@@ -19,6 +19,7 @@ from services.engine import (
     bloom,
     falcon,
     falcon_h1,
+    gemma4,
     gpt2,
     gpt_bigcode,
     gpt_neox,
@@ -409,6 +410,10 @@ ALIASES = {
                            fields=granite_swa.fields),
     granite_swa.MOE_SWA: Alias("GraniteMoeSharedForCausalLM", defaults=granite_swa.MOE_SWA_DEFAULTS,
                                rewrite=granite_swa.rewrite, fields=granite_swa.fields),
+    # Gemma 4 (gemma4.py): Gemma 3's block with plain norm weights, wide full-attention heads, KV shared by its
+    # last layers, per-layer inputs and experts beside the MLP; read as LFM3 is, for its per-type RoPE and q/k norms.
+    gemma4.ARCH: Alias("Qwen3ForCausalLM", defaults=gemma4.DEFAULTS, ignored=gemma4.IGNORED, rewrite=gemma4.rewrite,
+                       fields=gemma4.fields),
     # Zamba2 (zamba2.py): Mamba-2 in every layer, a shared transformer block (attention over the stream and the
     # embeddings, a GELU-gated MLP, per-layer adapters) before it in the hybrid layers.
     zamba2.ARCH: Alias("LlamaForCausalLM", zamba2.NAMES, defaults=zamba2.DEFAULTS, ignored=zamba2.IGNORED,

@@ -58,7 +58,8 @@ def kv_bytes_per_token(config: ModelConfig, dtype: str) -> int:
     """What one token's keys and values take in every layer that keeps them (latent attention: its one
     latent; linear-attention layers keep none)."""
     parts = 1 if config.mla else 2
-    return len(config.kv_layers) * parts * config.num_key_value_heads * config.head_dim * _BYTES[dtype]
+    heads, head_dim = config.kv_slot
+    return len(config.kv_layers) * parts * heads * head_dim * _BYTES[dtype]
 
 
 def state_bytes_per_sequence(config: ModelConfig, dtype: str) -> int:
@@ -128,6 +129,17 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
         rope = "none: no layer rotates (attention without positions)"
     elif config.nope_layers:
         rope += f"; {len(config.nope_layers)} layers without positions"
+    if config.gemma4 is not None:  # the full-attention layers' heads, RoPE and the layers that keep no KV
+        g, full = config.gemma4, config.full_attention
+        heads = full.num_key_value_heads
+        kind += (f"; the full layers' {heads} KV head{'s' * (heads > 1)} of {full.head_dim}"
+                 + (", values their keys' projection" if g.k_eq_v else "")
+                 + (f"; the last {config.num_hidden_layers - len(config.kv_layers)} layers read earlier layers' KV"
+                    if len(config.kv_layers) < config.num_hidden_layers else ""))
+        share = float((config.rope_scaling or {}).get("partial_rotary_factor", 1.0))
+        rope = (f"RoPE: sliding layers' base {config.local_rope_theta:g} over all {config.head_dim} features; full "
+                f"layers' {config.rope_type} (base {config.rope_theta:g}) over {int(share * full.head_dim)} of their "
+                f"{full.head_dim}")
     return {"attention": kind, "positions": rope}
 
 

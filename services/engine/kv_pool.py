@@ -5,7 +5,9 @@ Layout (block-major)::
     device_kv[num_blocks, num_layers, 2 (k|v), block_size, kv_heads, head_dim]
 
 (with ``num_parts`` 1, one tensor per layer instead of two: DeepSeek-V3's latent, which serves as both; the
-layer's K and V views are then the same view).
+layer's K and V views are then the same view). Where layers' heads differ (Gemma 4's full-attention layers are
+wider), each layer's slot is as wide as the widest and a narrower layer uses the start of it, viewed with its own
+``(kv_heads, head_dim)`` (``KVLayout.layer_shapes``).
 
 One block — every layer's K and V for ``block_size`` tokens — is one contiguous region, so a swap, a copy or
 a NIXL transfer of ``n`` blocks costs ``n`` descriptors rather than ``n * 2 * num_layers``. Attention reads a
@@ -15,7 +17,7 @@ gathering whole blocks from that view costs within ~10% of a layer-major tensor 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +39,9 @@ class KVLayout:
     head_dim: int
     dtype: torch.dtype
     num_parts: int = 2  # keys and values, or 1 latent serving as both
+    # Each layer's (kv_heads, head_dim) where they differ (the widest is num_kv_heads x head_dim), else None. A
+    # worker's own: kvcache and transfers move whole blocks and never see it.
+    layer_shapes: tuple[tuple[int, int], ...] | None = field(default=None, compare=False)
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -84,7 +89,17 @@ class PagedKVPool:
         self.host_kv = torch.zeros((num_host_blocks, *layout.block_shape), dtype=layout.dtype, pin_memory=pin)
         # Made once: a view costs a few microseconds, and every layer of every pass asks for its pair.
         last = layout.num_parts - 1  # a latent-only pool hands out its one view as K and as V
-        self._layers = [(self.device_kv[:, i, 0], self.device_kv[:, i, last]) for i in range(layout.num_layers)]
+        self._layers = [(self._view(i, 0), self._view(i, last)) for i in range(layout.num_layers)]
+
+    def _view(self, layer: int, part: int) -> torch.Tensor:
+        """One layer's K or V: the pool's slot, or the start of it in that layer's own shape (contiguous inside
+        each block, as attention's kernels and gathers read it)."""
+        view = self.device_kv[:, layer, part]
+        if self.layout.layer_shapes is None:
+            return view
+        heads, dim = self.layout.layer_shapes[layer]
+        blocks, size = view.shape[0], self.layout.block_size
+        return view.flatten(1)[:, : size * heads * dim].view(blocks, size, heads, dim)
 
     @property
     def num_blocks(self) -> int:

@@ -77,7 +77,7 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
     if ckpt.config.norm_unit_offset and not ckpt.config.layer_norm:
         norms_in_fp32(model)
     # RoPE frequencies stay fp32 whatever the weights' dtype, as in transformers.
-    model.rotary.inv_freq = inverse_frequencies(ckpt.config).to(device)
+    model.rotary.inv_freq = inverse_frequencies(ckpt.config.full_attention).to(device)
     if model.local_rotary is not None:
         model.local_rotary.inv_freq = inverse_frequencies(ckpt.config, local=True).to(device)
     if ckpt.config.alibi_bias_max is not None:  # fp32 too, one tensor every layer shares

@@ -435,7 +435,13 @@ class LlamaModel(nn.Module):
             config.max_position_embeddings + config.learned_positions, config.hidden_size,
             _weight=torch.empty(config.max_position_embeddings + config.learned_positions, config.hidden_size))
         self.embed_norm = _norm(config, config.hidden_size) if config.embed_norm else None  # BLOOM's
-        if config.shared_blocks is None:
+        if config.gemma4 is not None:  # Gemma 4's layers build on this module's MLP and norm
+            from services.engine.gemma4_layer import Gemma4Layer, add_per_layer_inputs
+
+            self.layers = nn.ModuleList(Gemma4Layer(config, i) for i in range(config.num_hidden_layers))
+            if config.gemma4.per_layer_input:
+                add_per_layer_inputs(self, config)
+        elif config.shared_blocks is None:
             self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         else:  # Zamba2's; its module builds on this one's attention, MLP and norm
             from services.engine.zamba2_layer import Zamba2Layer, tie_shared_blocks
@@ -466,7 +472,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.rotary = RotaryEmbedding(config)
+        self.rotary = RotaryEmbedding(config.full_attention)
         self.local_rotary = RotaryEmbedding(config, local=True) if config.local_rope_theta is not None else None
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias) if lm_head else None
         if config.tie_word_embeddings and lm_head:
@@ -488,6 +494,11 @@ class LlamaForCausalLM(nn.Module):
         with ``hidden`` their final hidden states (after the last norm; ``head`` makes logits of them);
         ``lora``: the adapters of the batch's sequences (lora.py)."""
         c = self.config
+        if c.gemma4 is not None:
+            from services.engine import gemma4_layer
+
+            x = gemma4_layer.forward(self, input_ids, positions, batch, kv, logits_index)
+            return x if hidden else self.head(x)
         if batch.kernels is not None and c.fused_blocks:
             x = self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels, lora)
             return x if hidden else self.head(x)

@@ -44,6 +44,8 @@ from services.engine.afmoe import afmoe_fields
 from services.engine.aliases import ALIASES, aliased
 from services.engine.falcon import ARCH as FALCON
 from services.engine.falcon_h1 import Multipliers
+from services.engine.gemma4 import ARCH as GEMMA4
+from services.engine.gemma4 import Gemma4Shape
 from services.engine.gpt_neox import ARCH as GPT_NEOX
 from services.engine.gptj import ARCH as GPTJ
 from services.engine.hunyuan import ARCHS as HUNYUANS
@@ -329,6 +331,9 @@ class ModelConfig:
     # Zamba2 (zamba2.py): the shared transformer blocks its hybrid layers run before their Mamba-2 mixer (each
     # of those layers keeps KV and a recurrent state; every other layer, only a state); None: none.
     shared_blocks: SharedBlocks | None = None
+    # Gemma 4 (gemma4.py): its wider full-attention heads, KV shared by its last layers, per-layer inputs and
+    # experts beside the MLP; None: not Gemma 4.
+    gemma4: Gemma4Shape | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -496,7 +501,34 @@ class ModelConfig:
         linear = set() if self.parallel_mixers else set(self.linear_layers)
         if self.shared_blocks is not None:  # Zamba2's hybrid layers attend in their shared block
             linear -= set(self.shared_blocks.layers)
-        return tuple(i for i in range(self.num_hidden_layers) if i not in linear and self.has_mixer(i))
+        shares = self.gemma4.shares_kv if self.gemma4 is not None else lambda _: False  # reads another's KV
+        return tuple(i for i in range(self.num_hidden_layers)
+                     if i not in linear and self.has_mixer(i) and not shares(i))
+
+    def layer_attention(self, layer: int) -> ModelConfig:
+        """The config ``layer``'s attention is built from: the model's, or ``full_attention``."""
+        return self if self.slides(layer) else self.full_attention
+
+    @property
+    def full_attention(self) -> ModelConfig:
+        """The config of the full-attention layers (and their RoPE): the model's, or Gemma 4's with those layers'
+        own head width and KV heads."""
+        g = self.gemma4
+        if g is None:
+            return self
+        return replace(self, head_dim=g.full_head_dim, num_key_value_heads=g.full_kv_heads)
+
+    @property
+    def kv_layer_shapes(self) -> tuple[tuple[int, int], ...] | None:
+        """Each KV pool layer's (KV heads, head_dim) where they may differ between layers (Gemma 4), else None."""
+        if self.gemma4 is None:
+            return None
+        return tuple((c.num_key_value_heads, c.head_dim) for c in map(self.layer_attention, self.kv_layers))
+
+    @property
+    def kv_slot(self) -> tuple[int, int]:
+        """(KV heads, head_dim) of the KV pool's layer slots: the widest layer's."""
+        return max(self.kv_layer_shapes or [(self.num_key_value_heads, self.head_dim)], key=lambda s: s[0] * s[1])
 
     @property
     def attention_free(self) -> bool:
@@ -580,7 +612,7 @@ class ModelConfig:
         """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's, OLMo 2's and GPT-OSS's
         order)."""
         return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "FlexOlmoForCausalLM",
-                                                              "GptOssForCausalLM", AFMOE, NEMOTRON_H)
+                                                              "GptOssForCausalLM", AFMOE, NEMOTRON_H, GEMMA4)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -598,7 +630,9 @@ class ModelConfig:
                           latent_attention=self.mla, gated_mlp=self.mlp_gated, num_labels=self.num_labels,
                           names=partial(model_name, config=self),
                           no_adapters="Zamba2 takes no LoRA adapters here (nor in vLLM): its layers run shared "
-                                      "blocks with adapters of their own" if self.shared_blocks else "")
+                                      "blocks with adapters of their own" if self.shared_blocks else
+                                      "Gemma 4 takes no LoRA adapters here yet: its attention's widths differ by layer "
+                                      "type" if self.gemma4 else "")
 
     def _lora_projections(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
         """The projections LoRA adapts as the model holds them: (name in the layer, in, out, layers)."""

@@ -51,9 +51,10 @@ class ModelRunner:
         self.dtype = config.torch_dtype()
         self.model = load_model(self.checkpoint, self.device, self.dtype)
         mc = self.checkpoint.config
-        self.layout = KVLayout(len(mc.kv_layers), config.block_size, mc.num_key_value_heads, mc.head_dim,
+        self.layout = KVLayout(len(mc.kv_layers), config.block_size, *mc.kv_slot,
                                kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype),
-                               num_parts=1 if mc.mla else 2)  # latent attention caches one latent
+                               num_parts=1 if mc.mla else 2,  # latent attention caches one latent
+                               layer_shapes=mc.kv_layer_shapes)
         # Linear-attention layers keep a recurrent state per sequence instead of KV (recurrent_state.py), and
         # some more for prefix caching (the scheduler assigns them: StepPlan.state_saves); on CUDA their slots
         # are taken before the KV pool sizes itself by the memory left.

@@ -1,4 +1,4 @@
-"""Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Mistral Small 3.x (Mistral3),
+"""Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Gemma 4 (and its audio), Mistral Small 3.x (Mistral3),
 LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 (dense and MoE), GLM-4.1V, GLM-4.5V, GLM-4.6V, Llama 4, Aya Vision and
 Command A Vision.
 Text in, text out; the vision tower is not loaded (the chat API refuses image parts, naming them).
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the scheduler reads configs without torch
 # Checkpoint architecture → its language model's (None: named by text_config's model_type).
 VISION_LANGUAGE = {
     "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+    "Gemma4ForConditionalGeneration": "Gemma4ForCausalLM",
     "Mistral3ForConditionalGeneration": None,
     "LlavaForConditionalGeneration": None,
     "LlavaNextForConditionalGeneration": None,
@@ -57,7 +58,7 @@ _MROPE = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration
           "Glm46VForConditionalGeneration", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 # Whose configs tie the output head to the embeddings unless they say otherwise (transformers' defaults; the
 # others tie when their text_config says so, as transformers reads configs saved before v5).
-_TIED_BY_DEFAULT = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+_TIED_BY_DEFAULT = ("Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                     "AyaVisionForConditionalGeneration", "Cohere2VisionForConditionalGeneration")
 # transformers' defaults for the shape fields of each text model type (tests/engine/test_vision_language.py
 # checks them against its config classes).
@@ -67,6 +68,7 @@ TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(zip(_SHAPE, (32000, 4096, 11008, 32, 32, 32, 2048, 1e-6), strict=True)),
     "mistral": dict(zip(_SHAPE, (32000, 4096, 14336, 32, 32, 8, 131072, 1e-6), strict=True)),
     "gemma3_text": dict(zip(_SHAPE, (262208, 2304, 9216, 26, 8, 4, 131072, 1e-6), strict=True), head_dim=256),
+    "gemma4_text": dict(zip(_SHAPE, (262144, 2304, 9216, 30, 8, 4, 131072, 1e-6), strict=True), head_dim=256),
 }
 # Fields of the checkpoint's own config its language model takes when text_config lacks them.
 _INHERITED = ("torch_dtype", "dtype", "quantization_config", "bos_token_id", "eos_token_id")

@@ -465,6 +465,21 @@ CASES = {
     "zamba2-1.2b": lambda: transformers.Zamba2Config(
         layers_block_type=["mamba", "mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=4, mamba_d_state=16,
         chunk_size=32, num_key_value_heads=2, num_hidden_layers=5, **_ZAMBA2),
+    # Gemma 4 (26B-A4B's and 31B's layout): wider full-attention heads with fewer KV heads whose values are their
+    # keys' projection, experts beside every dense MLP, the last two layers reading earlier layers' KV (their MLPs
+    # twice as wide), per-layer inputs, soft-capped logits; and E2B's: values of their own, no experts.
+    "gemma4": lambda: transformers.Gemma4TextConfig(
+        head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=24,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "sliding_attention", "full_attention"], hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=4096, num_kv_shared_layers=2, use_double_wide_mlp=True, enable_moe_block=True,
+        num_experts=4, top_k_experts=2, moe_intermediate_size=32, final_logit_softcapping=30.0, num_hidden_layers=6,
+        **_NO_LAYERS),
+    "gemma4-e2b": lambda: transformers.Gemma4TextConfig(
+        head_dim=16, global_head_dim=32, sliding_window=24, hidden_size_per_layer_input=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"], vocab_size_per_layer_input=4096, num_kv_shared_layers=2, num_hidden_layers=5,
+        **_NO_LAYERS),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -502,6 +517,8 @@ def save_checkpoint(config, out, tiny_model_dir, auto=None):
         for name, b in model.named_buffers():  # GLM-4.5's routing bias: enough to change which experts are chosen
             if "e_score_correction_bias" in name or name.endswith(".expert_bias"):  # LFM2-MoE's
                 b.normal_(0.0, 0.3)
+            if name.endswith(".layer_scalar"):  # Gemma 4's scale of each layer's output (1 as initialized)
+                b.uniform_(0.5, 1.5)
         for name, p in model.named_parameters():  # AFMoE's routing bias is a parameter
             if name.endswith("expert_bias"):
                 p.normal_(0.0, 0.3)
@@ -1072,7 +1089,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
-                                  "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa"])
+                                  "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
@@ -1096,7 +1113,7 @@ def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir)
     if name in ("qwen3-next", "gemma3"):
         assert layer.input_layernorm.weight.dtype == layer.self_attn.q_norm.weight.dtype == torch.float32
     attn = getattr(layer, "shared_transformer", layer).self_attn  # Zamba2's attends in its shared block
-    assert attn.qkv_proj.weight.dtype == torch.bfloat16
+    assert getattr(attn, "qkv_proj", getattr(attn, "q_proj", None)).weight.dtype == torch.bfloat16  # Gemma 4's apart
     g = torch.Generator().manual_seed(50)
     prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (40, 150)]
     got = engine.generate(prompts, [SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=5)] * 2)

@@ -43,6 +43,26 @@ def test_a_block_is_one_contiguous_region_of_every_layer():
     assert k.shape == (8, 16, 2, 8) and k[3].data_ptr() > addr and v[3].data_ptr() < addr + nbytes
 
 
+def test_layers_of_other_widths_use_the_start_of_their_slot():
+    """Gemma 4's full-attention layers are wider than its sliding ones: every slot is the widest layer's (2 x 8),
+    a 1 x 8 layer's K and V views are the first half of its K and V slots, contiguous in each block as attention's
+    kernels read them, and writing them touches nothing else; a block still moves as one region."""
+    layout = KVLayout(num_layers=2, block_size=16, num_kv_heads=2, head_dim=8, dtype=torch.float32,
+                      layer_shapes=((1, 8), (2, 8)))
+    assert layout == KVLayout(2, 16, 2, 8, torch.float32)  # as kvcache and a peer describe it: whole blocks
+    pool = PagedKVPool(layout, 4, 2, torch.device("cpu"))
+    (k0, v0), (k1, v1) = pool.layer(0), pool.layer(1)
+    assert v1.shape == k1.shape
+    assert k0.shape == v0.shape == (4, 16, 1, 8) and k1.shape == (4, 16, 2, 8)
+    assert all(view[0].is_contiguous() and view.stride(0) == pool.device_kv.stride(0) for view in (k0, v0, k1))
+    k0.fill_(1.0)
+    v0.fill_(2.0)
+    slots = pool.device_kv.view(4, 2, 2, 16 * 2 * 8)  # each layer's K and V slots, flat
+    assert torch.equal(slots[:, 0, 0, : 16 * 8], torch.ones(4, 16 * 8))
+    assert torch.equal(slots[:, 0, 1, : 16 * 8], torch.full((4, 16 * 8), 2.0))
+    assert not slots[:, 0, :, 16 * 8 :].any() and not slots[:, 1].any()
+
+
 def test_swap_out_in_and_copy_move_whole_blocks():
     pool = _pool()
     before = pool.device_kv[[2, 5]].clone()

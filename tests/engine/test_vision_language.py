@@ -37,6 +37,17 @@ CASES = {
         text_config=dict(head_dim=32, query_pre_attn_scalar=24, sliding_window=24, sliding_window_pattern=2,
                          rope_scaling={"rope_type": "linear", "factor": 8.0}, **COMMON),
         vision_config=_VISION, mm_tokens_per_image=4),
+    # Gemma 4 (E2B's layout, with its audio tower): wider full-attention heads, KV shared by the last layers, their
+    # MLPs twice as wide, per-layer inputs.
+    "gemma4": lambda: transformers.Gemma4Config(
+        text_config=dict(head_dim=16, global_head_dim=32, sliding_window=24, hidden_size_per_layer_input=8,
+                         vocab_size_per_layer_input=4096, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                                      "full_attention"], **{**COMMON, "num_hidden_layers": 5}),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=16),
+        audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, output_proj_dims=32,
+                          subsampling_conv_channels=[8, 4])),
     # Mistral Small 3.x: Mistral's text model; tied (no head stored), as the config says by default.
     "mistral3": lambda: transformers.Mistral3Config(
         text_config=dict(model_type="mistral", sliding_window=None, **COMMON),
@@ -273,10 +284,10 @@ def test_llama4s_layers_are_read_as_transformers_builds_them():
 
 def test_text_defaults_are_transformers_defaults():
     classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-               "gemma3_text": transformers.Gemma3TextConfig}
+               "gemma3_text": transformers.Gemma3TextConfig, "gemma4_text": transformers.Gemma4TextConfig}
     for model_type, defaults in TEXT_DEFAULTS.items():
-        hf = classes[model_type]()
-        assert {k: getattr(hf, k) for k in defaults} == defaults, model_type
+        hf = classes[model_type]().to_dict()  # (Gemma 4's head_dim is per layer as an attribute)
+        assert {k: hf[k] for k in defaults} == defaults, model_type
 
 
 def test_weights_outside_the_language_model_are_skipped():

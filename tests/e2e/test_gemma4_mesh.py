@@ -1,0 +1,50 @@
+"""Gemma 4 (services/engine/gemma4.py; E2B's layout) through the live disaggregated mesh: its KV pool's layers are
+of two widths (the sliding layers' heads take the first half of slots as wide as the full-attention layers'), and
+its last layers keep none (they read earlier layers' blocks). Blocks still move whole: the prefill worker sends them to the decode worker
+over NIXL, and the kvcache service stores and loads them for a session's next turn, with no code of its own.
+Greedy output equals transformers' for every request."""
+
+from __future__ import annotations
+
+import pytest
+
+from seawall import AsyncClient
+from tests.e2e.conftest import generate_all, greedy_oracle, random_prompts, start_mesh
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
+
+transformers = pytest.importorskip("transformers")
+
+MAX_TOKENS = 16
+PROMPTS = random_prompts([3, 17, 40, 90], seed=44)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_model_dir, tmp_path_factory):
+    from tests.engine.test_architectures import CASES, save_checkpoint
+
+    out = tmp_path_factory.mktemp("gemma4")
+    return out, save_checkpoint(CASES["gemma4-e2b"](), out, tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def mesh(checkpoint, tmp_path_factory):
+    m = start_mesh(checkpoint[0], tmp_path_factory.mktemp("logs"), http=False,
+                   scheduler_args=["--chunk-size", "16", "--kv-transport", "nixl"], kvcache_args=[])
+    yield m
+    assert all(code == 0 for code in m.stop().values())
+
+
+async def test_blocks_of_two_widths_move_between_workers_and_through_kvcache(mesh, checkpoint):
+    greedy = greedy_oracle(checkpoint[1])
+    async with AsyncClient(mesh.grpc_address) as client:
+        outs = await generate_all(client, PROMPTS, max_tokens=MAX_TOKENS, temperature=0)
+        stats = await client.stats()  # before the session, whose blocks stay held until kvcache stores them
+        first = PROMPTS[3]
+        turn1 = await client.generate(first, session_id="s-gemma4", max_tokens=MAX_TOKENS, temperature=0)
+        second = first + turn1.token_ids + [7, 8, 9]
+        turn2 = await client.generate(second, session_id="s-gemma4", max_tokens=8, temperature=0)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == greedy(prompt, MAX_TOKENS), f"the {len(prompt)}-token prompt diverged"
+    assert turn2.token_ids == greedy(second, 8) and turn2.cached_prompt_tokens >= 96  # turn 1's blocks, loaded
+    assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)

@@ -1,0 +1,253 @@
+"""Gemma 4 (services/engine/gemma4.py, gemma4_layer.py): configs read as transformers reads them (E2B's as published,
+the MoE layout, the per-layer config transformers saves), what is refused, and a checkpoint against transformers under
+every scheduling path: chunks of any size, whole prompts, multi-step decoding, preemption by swap and by recompute,
+prefix-cache hits. The plain oracle runs (fp32 both paths, bf16) are in test_architectures.py ("gemma4",
+"gemma4-e2b"), the vision-language checkpoint's in test_vision_language.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from seawall.offline.engine import OfflineEngine
+from services.common.errors import InvalidArgument, ModelLoadError
+from services.common.lora import read_lora
+from services.common.sampling_params import SamplingParams
+from services.common.step import LoraRef
+from services.engine.checkpoint_report import kv_bytes_per_token, report
+from services.engine.config import EngineConfig
+from services.engine.model_config import ModelConfig
+from services.scheduler.core.scheduler import SchedulerConfig
+
+pytestmark = [pytest.mark.oracle]
+
+transformers = pytest.importorskip("transformers")
+
+_S, _F = "sliding_attention", "full_attention"
+# gemma-4-E2B-it's text_config as published (its tokens' and heads' fields; the rest are transformers' defaults).
+E2B_TEXT = dict(hidden_size=1536, num_hidden_layers=35, num_attention_heads=8, num_key_value_heads=1, head_dim=256,
+                global_head_dim=512, num_global_key_value_heads=None, attention_k_eq_v=False, sliding_window=512,
+                vocab_size=262144, vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256,
+                num_kv_shared_layers=20, use_double_wide_mlp=True, intermediate_size=6144,
+                max_position_embeddings=131072, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                final_logit_softcapping=30.0, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+                layer_types=([_S] * 4 + [_F]) * 7, model_type="gemma4_text")
+
+
+def _text(**fields) -> tuple[ModelConfig, object]:
+    hf = transformers.Gemma4TextConfig(**fields)
+    return ModelConfig.from_dict({**hf.to_dict(), "architectures": ["Gemma4ForCausalLM"]}), hf
+
+
+def _heads(hf, layer: int) -> tuple[int, int]:
+    c = hf.per_layer_config[layer]
+    return c.num_key_value_heads, c.head_dim
+
+
+def test_e2b_as_published_reads_as_transformers_reads_it():
+    """Its language model: the first 15 layers keep KV, the last 20 read the last sliding (13) and full (14) ones';
+    full-attention heads 512 wide; the sharing layers' MLPs twice as wide; per-layer inputs of 256."""
+    raw = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "eos_token_id": [1, 106],
+           "text_config": E2B_TEXT, "vision_config": {}, "audio_config": {}}
+    config = ModelConfig.from_dict(raw)
+    hf = transformers.Gemma4TextConfig(**{k: v for k, v in E2B_TEXT.items() if k != "model_type"})
+    g = config.gemma4
+    assert config.architecture == "Gemma4ForCausalLM" and config.vision_language == "Gemma4ForConditionalGeneration"
+    assert config.kv_layers == tuple(range(15))
+    modes = hf.kv_sharing_modes
+    for i in range(35):
+        source = g.kv_source[i]
+        if modes[i] == "reuse":  # the last earlier layer of its type that keeps ("stores") its KV
+            assert modes[source] == "store" and hf.layer_types[source] == hf.layer_types[i] and source < 15
+        else:
+            assert source == i
+        attention = config.layer_attention(i)
+        assert (attention.num_key_value_heads, attention.head_dim) == _heads(hf, i)
+        assert g.mlp_width(i, config.intermediate_size) == 6144 * (2 if i >= 15 else 1)
+    assert (g.per_layer_input, g.per_layer_vocab, g.num_experts, g.k_eq_v) == (256, 262144, 0, False)
+    assert [config.slides(i) for i in range(35)] == [t == _S for t in hf.layer_types]
+    assert config.sliding_window == 512 and config.final_softcap == 30.0 and config.tie_word_embeddings
+    assert (config.rope_theta, config.local_rope_theta, config.rope_type) == (1e6, 1e4, "proportional")
+    assert config.full_attention.rotary_dim == 512  # proportional RoPE spans the wide head (a quarter rotates)
+    assert config.attn_scale == 1.0 and config.embed_scale == 1536**0.5 and not config.norm_unit_offset
+    # 15 layers' KV, each slot as wide as the widest (1 x 512: the sliding layers use its first half).
+    assert config.kv_slot == (1, 512) and kv_bytes_per_token(config, "bfloat16") == 15 * 2 * 512 * 2
+    assert config.eos_token_ids == (1,)
+
+
+def test_named_alone_it_takes_transformers_defaults():
+    config = ModelConfig.from_dict({"architectures": ["Gemma4ForCausalLM"]})
+    hf = transformers.Gemma4TextConfig()
+    saved = hf.to_dict()
+    assert (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.max_position_embeddings,
+            config.rms_norm_eps, config.sliding_window, config.hidden_act, config.tie_word_embeddings) == tuple(
+        saved[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                           "rms_norm_eps", "sliding_window", "hidden_activation", "tie_word_embeddings"))
+    assert [config.slides(i) for i in range(30)] == [t == _S for t in hf.layer_types]
+    assert all(config.layer_attention(i).head_dim == _heads(hf, i)[1] for i in range(30))
+    g = config.gemma4
+    assert (g.per_layer_input, g.per_layer_vocab) == (hf.hidden_size_per_layer_input, hf.vocab_size_per_layer_input)
+    assert config.kv_layers == tuple(range(30)) and not g.num_experts and config.final_softcap is None
+
+
+def test_model_check_says_what_its_layers_keep(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma4ForConditionalGeneration"],
+                                                      "text_config": E2B_TEXT}))
+    facts = report(tmp_path)
+    assert facts["served"] and facts["served_as"] == "Gemma4ForCausalLM"
+    assert facts["attention"] == ("window of 512 in 28 of 35 layers, full in the rest; the full layers' 1 KV head of "
+                                  "512; the last 20 layers read earlier layers' KV")
+    assert facts["positions"] == ("RoPE: sliding layers' base 10000 over all 256 features; full layers' proportional "
+                                  "(base 1e+06) over 128 of their 512")
+    assert facts["kv_cache_bytes_per_token"]["bfloat16"] == 15 * 2 * 512 * 2
+
+
+def test_the_moe_layout_and_keys_as_values():
+    """26B-A4B's kind: fewer, wider KV heads in the full layers (their values are their keys' projection), experts
+    beside each dense MLP, no per-layer inputs, every layer keeping KV."""
+    config, hf = _text(hidden_size=2816, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=256, global_head_dim=512, num_global_key_value_heads=2, attention_k_eq_v=True,
+                       enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
+                       intermediate_size=2112, hidden_size_per_layer_input=0, sliding_window=1024)
+    g = config.gemma4
+    assert (g.num_experts, g.top_k, g.moe_intermediate, g.k_eq_v, g.per_layer_input) == (128, 8, 704, True, 0)
+    assert config.kv_layers == tuple(range(12)) and g.kv_source == tuple(range(12))
+    assert [config.slides(i) for i in range(12)] == [t == _S for t in hf.layer_types]  # every sixth full, the last
+    shapes = config.kv_layer_shapes
+    assert shapes == tuple(_heads(hf, i) for i in range(12)) and set(shapes) == {(8, 256), (2, 512)}
+    assert config.kv_slot == (8, 256)  # the sliding layers' 2048 features; the full layers' 1024 fit in the slot
+    assert not config.is_moe(0)  # the experts are Gemma 4's own block, beside the MLP (gemma4_layer.py)
+
+
+def test_the_per_layer_config_transformers_saves_reads_alike():
+    """transformers 5 saves the full layers' widths as per_layer_config (no global_head_dim)."""
+    fields = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+                  layer_types=[_S, _F, _S, _F])
+    config, hf = _text(**fields)
+    saved = hf.to_dict()
+    assert "global_head_dim" not in saved and saved["per_layer_config"]
+    assert config.kv_layer_shapes == ((2, 16), (1, 32), (2, 16), (1, 32))
+    legacy = ModelConfig.from_dict({**{k: v for k, v in saved.items() if k != "per_layer_config"},
+                                    "architectures": ["Gemma4ForCausalLM"], "global_head_dim": 32,
+                                    "num_global_key_value_heads": 1})
+    assert legacy == config
+    uneven = {**saved, "architectures": ["Gemma4ForCausalLM"], "per_layer_config": {"1": {"head_dim": 32}}}
+    with pytest.raises(ModelLoadError, match="every full_attention layer the same head_dim"):
+        ModelConfig.from_dict(uneven)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention is 'all'"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 5, "moe_intermediate_size": 8},
+     "top_k_experts in 1..num_experts"),
+    ({"num_kv_shared_layers": 4}, "num_kv_shared_layers must be in 0..3"),
+    ({"layer_types": [_S, "chunked_attention", _S, _F]}, "layer_types must name each of the 4 layers"),
+    ({"num_kv_shared_layers": 2, "layer_types": [_S, _S, _F, _F]}, "layer 2 \\(full_attention\\) shares KV"),
+    ({"rope_parameters": {_S: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                          _F: {"rope_type": "default", "rope_theta": 1e6}}}, "sliding layers are served with default"),
+    ({"hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 256}, "must cover vocab_size \\(512\\)"),
+    ({"global_head_dim": 32, "num_global_key_value_heads": 3, "attention_k_eq_v": True},
+     "full-attention layers' 3 KV heads must divide"),
+])
+def test_what_cannot_run_is_refused_saying_why(fields, message):
+    raw = {"architectures": ["Gemma4ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
+           "num_hidden_layers": 4, "layer_types": [_S, _F, _S, _F], **fields}
+    with pytest.raises(ModelLoadError, match=message):
+        ModelConfig.from_dict(raw)
+
+
+def test_a_lora_adapter_is_refused_saying_why(tmp_path):
+    config, _ = _text(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, head_dim=16)
+    with pytest.raises(InvalidArgument, match="Gemma 4 takes no LoRA adapters"):
+        read_lora(LoraRef("sql", str(tmp_path)), config.lora_shape, 64)
+
+
+# ---- a checkpoint under every scheduling path (its KV-sharing layers read blocks another layer wrote) ----
+
+PROMPT_LENS = [1, 20, 63, 64, 65, 150]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def gemma4(tiny_model_dir, tmp_path_factory):
+    from tests.engine.test_architectures import CASES, save_checkpoint
+
+    out = tmp_path_factory.mktemp("gemma4")
+    model = save_checkpoint(CASES["gemma4"](), out, tiny_model_dir)
+    g = torch.Generator().manual_seed(50)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in PROMPT_LENS]
+    refs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0,
+                                 eos_token_id=None)
+            refs.append(ids[0, len(prompt):].tolist())
+    return out, model, prompts, refs
+
+
+def _engine(path, config: SchedulerConfig, blocks: int = 256, cpu_kernels: bool = True) -> OfflineEngine:
+    block_bytes = 16 * kv_bytes_per_token(ModelConfig.from_dir(path), "float32")
+    return OfflineEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_bytes=blocks * block_bytes,
+                                      swap_bytes=200 * block_bytes, cpu_kernels=cpu_kernels), config)
+
+
+def _params(n: int) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)] * n
+
+
+SCHEDULES = {
+    "sarathi-chunk1": (SchedulerConfig(chunk_size=1), True),
+    "sarathi-chunk7-torch-ops": (SchedulerConfig(chunk_size=7), False),
+    "vllm-whole-prompts": (SchedulerConfig(policy="vllm"), True),
+    "sarathi-decode-steps-4": (SchedulerConfig(chunk_size=32, num_decode_steps=4), True),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_greedy_output_matches_transformers(gemma4, name):
+    path, _, prompts, refs = gemma4
+    config, kernels = SCHEDULES[name]
+    engine = _engine(path, config, cpu_kernels=kernels)
+    got = engine.generate(prompts, _params(len(prompts)))
+    for n, comp, ref in zip(PROMPT_LENS, got, refs, strict=True):
+        assert comp.token_ids == ref, f"the {n}-token prompt diverged"
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preemption_matches_transformers(gemma4, mode):
+    """A pool of 16 blocks for prompts of up to 174 tokens' KV: requests are preempted and resumed."""
+    path, _, prompts, refs = gemma4
+    engine = _engine(path, SchedulerConfig(chunk_size=16, preemption_mode=mode, policy="fastserve+sarathi"),
+                     blocks=16)
+    got = engine.generate(prompts, _params(len(prompts)))
+    assert engine.scheduler.preemptions[mode] > 0
+    assert [c.token_ids for c in got] == refs
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+@pytest.mark.slow
+def test_prefix_cache_hits_match_transformers(gemma4):
+    """Next turns extend the 150-token prompt and its reply: their prefix's KV comes from the cache (every layer's
+    that keeps KV: the sharing layers read their sources' blocks)."""
+    path, model, prompts, refs = gemma4
+    engine = _engine(path, SchedulerConfig(chunk_size=16))
+    first = prompts[-1] + refs[-1]
+    turns = [first + [5, 6, 7], first + list(range(100, 140))]
+    got = engine.generate([prompts[-1]], _params(1))
+    assert got[0].token_ids == refs[-1]
+    got = engine.generate(turns, _params(2))
+    with torch.no_grad():
+        want = [model.generate(torch.tensor([t]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0,
+                               eos_token_id=None)[0, len(t):].tolist() for t in turns]
+    assert [c.token_ids for c in got] == want
+    # Every token whose KV the first turn computed (its last, sampled token has none yet).
+    assert [c.num_cached_prompt_tokens for c in got] == [len(first) - 1] * 2
