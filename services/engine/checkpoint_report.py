@@ -59,7 +59,7 @@ def kv_bytes_per_token(config: ModelConfig, dtype: str) -> int:
     latent; linear-attention layers keep none)."""
     parts = 1 if config.mla else 2
     heads, head_dim = config.kv_slot
-    return len(config.kv_layers) * parts * heads * head_dim * _BYTES[dtype]
+    return config.kv_slots * parts * heads * head_dim * _BYTES[dtype]
 
 
 def state_bytes_per_sequence(config: ModelConfig, dtype: str) -> int:

@@ -6,8 +6,10 @@ Layout (block-major)::
 
 (with ``num_parts`` 1, one tensor per layer instead of two: DeepSeek-V3's latent, which serves as both; the
 layer's K and V views are then the same view). Where layers' heads differ (Gemma 4's full-attention layers are
-wider), each layer's slot is as wide as the widest and a narrower layer uses the start of it, viewed with its own
-``(kv_heads, head_dim)`` (``KVLayout.layer_shapes``).
+wider), the pool's "layers" are slots of the narrowest layer's width and each model layer takes as many
+consecutive ones as its K and V fill, its K the first half of that region and its V the second, viewed in its own
+``(kv_heads, head_dim)`` (``KVLayout.layer_shapes``): nothing is wasted, and to kvcache and a peer the pool is
+one of more, equal layers.
 
 One block — every layer's K and V for ``block_size`` tokens — is one contiguous region, so a swap, a copy or
 a NIXL transfer of ``n`` blocks costs ``n`` descriptors rather than ``n * 2 * num_layers``. Attention reads a
@@ -39,9 +41,19 @@ class KVLayout:
     head_dim: int
     dtype: torch.dtype
     num_parts: int = 2  # keys and values, or 1 latent serving as both
-    # Each layer's (kv_heads, head_dim) where they differ (the widest is num_kv_heads x head_dim), else None. A
-    # worker's own: kvcache and transfers move whole blocks and never see it.
+    # Each model layer's (kv_heads, head_dim) where they differ, else None: ``num_layers`` then counts slots of
+    # ``num_kv_heads x head_dim``, a layer taking ``heads * dim`` / that of them. A worker's own: kvcache and
+    # transfers move whole blocks and never see it.
     layer_shapes: tuple[tuple[int, int], ...] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.layer_shapes is None:
+            return
+        slot = self.num_kv_heads * self.head_dim
+        if self.num_parts != 2 or any(h * d % slot for h, d in self.layer_shapes) \
+                or sum(h * d // slot for h, d in self.layer_shapes) != self.num_layers:
+            raise ValueError(f"layers of {self.layer_shapes} (heads, dim) must fill {self.num_layers} slots of "
+                             f"{self.num_kv_heads} x {self.head_dim} keys and values exactly")
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -89,17 +101,20 @@ class PagedKVPool:
         self.host_kv = torch.zeros((num_host_blocks, *layout.block_shape), dtype=layout.dtype, pin_memory=pin)
         # Made once: a view costs a few microseconds, and every layer of every pass asks for its pair.
         last = layout.num_parts - 1  # a latent-only pool hands out its one view as K and as V
-        self._layers = [(self._view(i, 0), self._view(i, last)) for i in range(layout.num_layers)]
+        self._layers = [(self.device_kv[:, i, 0], self.device_kv[:, i, last]) for i in range(layout.num_layers)] \
+            if layout.layer_shapes is None else self._packed_layers()
 
-    def _view(self, layer: int, part: int) -> torch.Tensor:
-        """One layer's K or V: the pool's slot, or the start of it in that layer's own shape (contiguous inside
-        each block, as attention's kernels and gathers read it)."""
-        view = self.device_kv[:, layer, part]
-        if self.layout.layer_shapes is None:
-            return view
-        heads, dim = self.layout.layer_shapes[layer]
-        blocks, size = view.shape[0], self.layout.block_size
-        return view.flatten(1)[:, : size * heads * dim].view(blocks, size, heads, dim)
+    def _packed_layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each model layer's K and V over its run of slots, in its own shape: contiguous inside each block, as
+        attention's kernels and gathers read them."""
+        layout, pairs, start = self.layout, [], 0
+        for heads, dim in layout.layer_shapes:
+            n = heads * dim // (layout.num_kv_heads * layout.head_dim)
+            region = self.device_kv[:, start : start + n].flatten(1)
+            size, shape = layout.block_size * heads * dim, (self.device_kv.shape[0], layout.block_size, heads, dim)
+            pairs.append((region[:, :size].view(shape), region[:, size:].view(shape)))
+            start += n
+        return pairs
 
     @property
     def num_blocks(self) -> int:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import dataclass, replace
 from functools import partial
@@ -527,8 +528,24 @@ class ModelConfig:
 
     @property
     def kv_slot(self) -> tuple[int, int]:
-        """(KV heads, head_dim) of the KV pool's layer slots: the widest layer's."""
-        return max(self.kv_layer_shapes or [(self.num_key_value_heads, self.head_dim)], key=lambda s: s[0] * s[1])
+        """(KV heads, head_dim) of the KV pool's slots: each layer's, or where they differ the narrowest layer's
+        (one KV head as wide as their greatest common width where that one does not divide the others); a layer
+        fills ``kv_slots_of`` of them."""
+        shapes = self.kv_layer_shapes
+        if shapes is None:
+            return self.num_key_value_heads, self.head_dim
+        narrowest = min(shapes, key=lambda s: s[0] * s[1])
+        width = math.gcd(*(h * d for h, d in shapes))
+        return narrowest if narrowest[0] * narrowest[1] == width else (1, width)
+
+    @property
+    def kv_slots(self) -> int:
+        """The KV pool's slots a block holds per token: one per KV layer, or where their widths differ as many
+        as their keys and values fill."""
+        if self.kv_layer_shapes is None:
+            return len(self.kv_layers)
+        heads, dim = self.kv_slot
+        return sum(h * d // (heads * dim) for h, d in self.kv_layer_shapes)
 
     @property
     def attention_free(self) -> bool:

@@ -51,7 +51,7 @@ class ModelRunner:
         self.dtype = config.torch_dtype()
         self.model = load_model(self.checkpoint, self.device, self.dtype)
         mc = self.checkpoint.config
-        self.layout = KVLayout(len(mc.kv_layers), config.block_size, *mc.kv_slot,
+        self.layout = KVLayout(mc.kv_slots, config.block_size, *mc.kv_slot,
                                kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype),
                                num_parts=1 if mc.mla else 2,  # latent attention caches one latent
                                layer_shapes=mc.kv_layer_shapes)

@@ -1,6 +1,6 @@
-"""Gemma 4 (services/engine/gemma4.py; E2B's layout) through the live disaggregated mesh: its KV pool's layers are
-of two widths (the sliding layers' heads take the first half of slots as wide as the full-attention layers'), and
-its last layers keep none (they read earlier layers' blocks). Blocks still move whole: the prefill worker sends them to the decode worker
+"""Gemma 4 (services/engine/gemma4.py; E2B's layout) through the live disaggregated mesh: its layers' KV is of two
+widths (a full-attention layer fills two of the pool's slots, a sliding one one), and its last layers keep none
+(they read earlier layers' blocks). Blocks still move whole: the prefill worker sends them to the decode worker
 over NIXL, and the kvcache service stores and loads them for a session's next turn, with no code of its own.
 Greedy output equals transformers' for every request."""
 

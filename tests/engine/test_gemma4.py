@@ -72,8 +72,9 @@ def test_e2b_as_published_reads_as_transformers_reads_it():
     assert (config.rope_theta, config.local_rope_theta, config.rope_type) == (1e6, 1e4, "proportional")
     assert config.full_attention.rotary_dim == 512  # proportional RoPE spans the wide head (a quarter rotates)
     assert config.attn_scale == 1.0 and config.embed_scale == 1536**0.5 and not config.norm_unit_offset
-    # 15 layers' KV, each slot as wide as the widest (1 x 512: the sliding layers use its first half).
-    assert config.kv_slot == (1, 512) and kv_bytes_per_token(config, "bfloat16") == 15 * 2 * 512 * 2
+    # 15 layers' KV: 12 sliding of 1 x 256 and 3 full of 1 x 512, each of those in two of the pool's slots.
+    assert (config.kv_slot, config.kv_slots) == ((1, 256), 18)
+    assert kv_bytes_per_token(config, "bfloat16") == (12 * 256 + 3 * 512) * 2 * 2
     assert config.eos_token_ids == (1,)
 
 
@@ -103,7 +104,7 @@ def test_model_check_says_what_its_layers_keep(tmp_path):
                                   "512; the last 20 layers read earlier layers' KV")
     assert facts["positions"] == ("RoPE: sliding layers' base 10000 over all 256 features; full layers' proportional "
                                   "(base 1e+06) over 128 of their 512")
-    assert facts["kv_cache_bytes_per_token"]["bfloat16"] == 15 * 2 * 512 * 2
+    assert facts["kv_cache_bytes_per_token"]["bfloat16"] == (12 * 256 + 3 * 512) * 2 * 2
 
 
 def test_the_moe_layout_and_keys_as_values():
@@ -119,7 +120,8 @@ def test_the_moe_layout_and_keys_as_values():
     assert [config.slides(i) for i in range(12)] == [t == _S for t in hf.layer_types]  # every sixth full, the last
     shapes = config.kv_layer_shapes
     assert shapes == tuple(_heads(hf, i) for i in range(12)) and set(shapes) == {(8, 256), (2, 512)}
-    assert config.kv_slot == (8, 256)  # the sliding layers' 2048 features; the full layers' 1024 fit in the slot
+    # Slots of the full layers' 2 x 512; a sliding layer's 8 x 256 fill two.
+    assert (config.kv_slot, config.kv_slots) == ((2, 512), 10 * 2 + 2)
     assert not config.is_moe(0)  # the experts are Gemma 4's own block, beside the MLP (gemma4_layer.py)
 
 
@@ -139,6 +141,13 @@ def test_the_per_layer_config_transformers_saves_reads_alike():
     uneven = {**saved, "architectures": ["Gemma4ForCausalLM"], "per_layer_config": {"1": {"head_dim": 32}}}
     with pytest.raises(ModelLoadError, match="every full_attention layer the same head_dim"):
         ModelConfig.from_dict(uneven)
+
+
+def test_widths_the_narrowest_does_not_divide_share_slots_of_their_common_width():
+    config, _ = _text(num_hidden_layers=2, hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_dim=16,
+                      global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, layer_types=[_S, _F])
+    assert config.kv_layer_shapes == ((3, 16), (1, 32))
+    assert (config.kv_slot, config.kv_slots) == ((1, 16), 3 + 2)
 
 
 @pytest.mark.parametrize(("fields", "message"), [

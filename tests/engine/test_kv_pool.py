@@ -43,24 +43,25 @@ def test_a_block_is_one_contiguous_region_of_every_layer():
     assert k.shape == (8, 16, 2, 8) and k[3].data_ptr() > addr and v[3].data_ptr() < addr + nbytes
 
 
-def test_layers_of_other_widths_use_the_start_of_their_slot():
-    """Gemma 4's full-attention layers are wider than its sliding ones: every slot is the widest layer's (2 x 8),
-    a 1 x 8 layer's K and V views are the first half of its K and V slots, contiguous in each block as attention's
-    kernels read them, and writing them touches nothing else; a block still moves as one region."""
-    layout = KVLayout(num_layers=2, block_size=16, num_kv_heads=2, head_dim=8, dtype=torch.float32,
+def test_layers_of_other_widths_fill_runs_of_slots():
+    """Gemma 4's full-attention layers are wider than its sliding ones: the pool's slots are the narrowest layer's
+    (1 x 8 keys and values), a 2 x 8 layer takes two of them, its K the first half of that run and its V the second;
+    each view is contiguous in each block, as attention's kernels read it, and writing one touches nothing else. A
+    block is still one region, and to kvcache or a peer the pool is one of 3 equal layers."""
+    layout = KVLayout(num_layers=3, block_size=16, num_kv_heads=1, head_dim=8, dtype=torch.float32,
                       layer_shapes=((1, 8), (2, 8)))
-    assert layout == KVLayout(2, 16, 2, 8, torch.float32)  # as kvcache and a peer describe it: whole blocks
+    assert layout == KVLayout(3, 16, 1, 8, torch.float32) and layout.bytes_per_block == (8 + 16) * 2 * 16 * 4
     pool = PagedKVPool(layout, 4, 2, torch.device("cpu"))
     (k0, v0), (k1, v1) = pool.layer(0), pool.layer(1)
-    assert v1.shape == k1.shape
-    assert k0.shape == v0.shape == (4, 16, 1, 8) and k1.shape == (4, 16, 2, 8)
-    assert all(view[0].is_contiguous() and view.stride(0) == pool.device_kv.stride(0) for view in (k0, v0, k1))
-    k0.fill_(1.0)
-    v0.fill_(2.0)
-    slots = pool.device_kv.view(4, 2, 2, 16 * 2 * 8)  # each layer's K and V slots, flat
-    assert torch.equal(slots[:, 0, 0, : 16 * 8], torch.ones(4, 16 * 8))
-    assert torch.equal(slots[:, 0, 1, : 16 * 8], torch.full((4, 16 * 8), 2.0))
-    assert not slots[:, 0, :, 16 * 8 :].any() and not slots[:, 1].any()
+    assert k0.shape == v0.shape == (4, 16, 1, 8) and k1.shape == v1.shape == (4, 16, 2, 8)
+    assert all(view[0].is_contiguous() and view.stride(0) == pool.device_kv.stride(0) for view in (k0, v0, k1, v1))
+    flat = pool.device_kv.view(4, -1)  # per block: layer 0's K, its V, then layer 1's K and V
+    for i, view in enumerate((k0, v0, k1, v1)):
+        view.fill_(i + 1.0)
+    assert [torch.unique(part).tolist() for part in flat.split([128, 128, 256, 256], dim=1)] == [[1.0], [2.0], [3.0],
+                                                                                                [4.0]]
+    with pytest.raises(ValueError, match="must fill 3 slots of 1 x 8"):
+        KVLayout(3, 16, 1, 8, torch.float32, layer_shapes=((1, 8), (1, 8)))
 
 
 def test_swap_out_in_and_copy_move_whole_blocks():
