@@ -19,7 +19,9 @@ of 64; latent attention without positions in two; 16 experts, 4 a token, beside 
 state-spaces' checkpoints have), ``--arch mamba2`` Mamba-2's (8 layers of 8 heads of 64, a state of 128 in 8
 groups, as Mamba-Codestral has) and ``--arch zamba2`` Zamba2's (Mamba-2 in all 8 layers, 8 heads of 64 with a
 state of 64; two shared blocks taking turns over three of them, attention of 8 heads of 64 over 512 features with
-RoPE, adapters of rank 64 on q, k, v and the MLP).
+RoPE, adapters of rank 64 on q, k, v and the MLP). ``--arch gemma4`` writes Gemma 4 E2B's layout at that scale (no
+linear layers: sliding attention with a window of 256 in three layers of four, 4 heads of 64 on 1 KV head, the full
+layers' heads 128 wide; the last 3 layers reading earlier layers' KV with MLPs twice as wide; per-layer inputs of 64).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def main() -> int:
     p.add_argument("out", type=Path, help="directory to write (must not exist)")
     p.add_argument("--moe", action="store_true", help="Qwen3.5-MoE's experts instead of the dense MLP")
     p.add_argument("--arch", choices=("qwen3.5", "granite4-h", "falcon-h1", "lfm3", "kimi-linear", "mamba", "mamba2",
-                                      "zamba2"), default="qwen3.5")
+                                      "zamba2", "gemma4"), default="qwen3.5")
     args = p.parse_args()
     import transformers
 
@@ -89,6 +91,14 @@ def main() -> int:
             layers_block_type=["mamba", "mamba", "hybrid", "mamba", "mamba", "hybrid", "mamba", "hybrid"],
             num_mem_blocks=2, use_shared_attention_adapter=True, adapter_rank=64, use_mem_rope=True,
             num_attention_heads=8, n_mamba_heads=8, mamba_d_state=64, chunk_size=256, **common)
+    elif args.arch == "gemma4":
+        common = {k: SHAPE[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                        "num_attention_heads", "head_dim", "max_position_embeddings", "bos_token_id",
+                                        "eos_token_id")}
+        config = transformers.Gemma4TextConfig(
+            layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 2, sliding_window=256, num_key_value_heads=1,
+            global_head_dim=128, num_kv_shared_layers=3, use_double_wide_mlp=True, hidden_size_per_layer_input=64,
+            vocab_size_per_layer_input=SHAPE["vocab_size"], final_logit_softcapping=30.0, **common)
     elif args.moe:
         config = transformers.Qwen3_5MoeTextConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                                                    shared_expert_intermediate_size=512,
