@@ -9,6 +9,8 @@ vLLM's field), the Responses API as a reasoning item; tool calls are read from t
   it (``"chat_template_kwargs": {"enable_thinking": false}``) is all answer;
 * ``seed_oss`` (Seed-OSS): as ``qwen3``, inside ``<seed:think>...</seed:think>``; decoded with special tokens
   (the markers reach the splitter however the tokenizer lists them);
+* ``gemma4`` (Gemma 4): as ``seed_oss``, inside ``<|channel>thought\n...<channel|>``; ``thought`` and its
+  newline name the channel and are neither thinking nor answer;
 * ``harmony`` (gpt-oss): the ``analysis`` channel's messages are the thinking, ``final``'s the answer
   (services/scheduler/harmony.py).
 
@@ -40,6 +42,7 @@ class ReasoningParser:
     special_tokens: bool = False  # the markers are plain text: the reply is decoded as the request asks
     open_tag: str = OPEN
     close_tag: str = CLOSE
+    header: str = ""  # written right after open_tag, before the thinking (Gemma 4's channel name): dropped
 
     def stream(self, constrained: bool = False) -> ReasoningStream:
         """A splitter of one reply as it streams."""
@@ -84,8 +87,8 @@ class ReasoningStream:
 
     def __init__(self, parser: ReasoningParser, constrained: bool = False) -> None:
         self.open_optional = parser.open_optional and not constrained
-        self.open, self.close = parser.open_tag, parser.close_tag
-        self.state = "start"  # start -> thinking -> answer, or start -> answer
+        self.open, self.close, self.header = parser.open_tag, parser.close_tag, parser.header
+        self.state = "start"  # start -> header -> thinking -> answer, or start -> (thinking ->) answer
         self.pending = ""  # text not yet sent: a possible start of a marker
 
     def feed(self, text: str, final: bool = False) -> tuple[str, str]:
@@ -94,11 +97,17 @@ class ReasoningStream:
         if self.state == "start":
             head = self.pending.lstrip()
             if head.startswith(self.open):
-                self.state, self.pending = "thinking", head[len(self.open):]
+                self.state, self.pending = "header", head[len(self.open):]
             elif self.open.startswith(head) and not final:
                 return "", ""  # blanks, or a start of <think>: not decided yet
             else:
                 self.state = "thinking" if self.open_optional else "answer"
+        if self.state == "header":
+            if self.pending.startswith(self.header):
+                self.pending = self.pending[len(self.header):]
+            elif self.header.startswith(self.pending) and not final:
+                return "", ""  # a start of the header: not decided yet
+            self.state = "thinking"  # without its header the thought is kept as written
         if self.state == "thinking":
             at = self.pending.find(self.close)
             if at < 0:
@@ -119,6 +128,8 @@ PARSERS: dict[str, AnyReasoning] = {
                         ReasoningParser("qwen3", open_optional=False),
                         ReasoningParser("seed_oss", open_optional=False, special_tokens=True,
                                         open_tag="<seed:think>", close_tag="</seed:think>"),
+                        ReasoningParser("gemma4", open_optional=False, special_tokens=True,
+                                        open_tag="<|channel>", close_tag="<channel|>", header="thought\n"),
                         HarmonyReasoning())}
 
 

@@ -11,14 +11,19 @@
   JSON arguments (V3: ``function<｜tool▁sep｜>NAME`` and the JSON in a ```` ```json ```` fence)
   ``<｜tool▁call▁end｜>``;
 * ``kimi_k2`` (Kimi K2): the same shape with Kimi's markers, each call headed by its id,
-  ``functions.NAME:INDEX``, which becomes the call's id (its chat template writes the ids back in later turns).
+  ``functions.NAME:INDEX``, which becomes the call's id (its chat template writes the ids back in later turns);
+* ``gemma4`` (Gemma 4): ``<|tool_call>call:NAME{KEY:VALUE,...}<tool_call|>`` per call, keys bare, a string
+  between two ``<|"|>`` (verbatim: nothing in it is escaped), numbers, ``true``, ``false`` and ``null`` bare,
+  objects and arrays nested in ``{...}`` and ``[...]``.
 
 The first three write each argument as a key and a raw value: a call's ``arguments`` are the JSON object of
 its values, each read as JSON where it is JSON (``2``, ``true``, ``{"a": 1}``) and as a string otherwise; where
 the request's tool declares the parameter's type, a value whose JSON reading is not of that type stays the
 text written when the type admits a string (a ``string`` parameter keeps ``"007"``, ``"12"`` and ``"true"``
 as written, as vLLM's parsers type them by the schema); a streamed call sends that object's text up to its
-last complete argument, so the pieces join to the whole call's. DeepSeek's are the JSON text the model wrote. Values and
+last complete argument, so the pieces join to the whole call's. DeepSeek's are the JSON text the model wrote.
+Gemma 4's are its values rewritten as JSON, which its syntax types (no schema needed), streamed as far as they
+are read (a string piece by piece, a number once it ended), so they too join to the whole call's. Values and
 names are cut at their closing tags; text before the first call is the reply's content.
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,3 +264,124 @@ class KimiK2Parser(DeepSeekV31Parser):
 
     def _id(self, head: str) -> str | None:
         return head.strip()
+
+
+class Gemma4Parser(_BlockParser):
+    """``<|tool_call>call:NAME{...}<tool_call|>``: the arguments are Gemma 4's own notation, rewritten as JSON as
+    far as they are read (``_gemma_arguments``)."""
+
+    name = "gemma4"
+    special_tokens = True  # its tokenizer lists the markers (and the string quote) as special tokens
+    OPEN, CLOSE = "<|tool_call>", "<tool_call|>"
+    _HEAD = re.compile(r"\s*call:([\w.-]+)\{")
+
+    def _calls(self, text: str) -> list[_Call]:
+        out = []
+        for body, _ in _blocks(text, self.OPEN, self.CLOSE):
+            head = self._HEAD.match(body)
+            if head is None:
+                break  # the name is still being written, or the block is not a call
+            args, end = _gemma_arguments(body, head.end() - 1)
+            # Whole once its object closed: a last block may lack <tool_call|> where a stop token ate it.
+            out.append(_Call(head[1], args=args, complete=end is not None and not body[end:].strip()))
+            if not out[-1].complete:
+                break
+        return out
+
+    def split(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        at = text.find(self.OPEN)
+        if at >= 0 and len(self._calls(text[at:])) < len(_blocks(text[at:], self.OPEN, self.CLOSE)):
+            return text, []  # a block that is not a call (the base class would drop it): the reply stays text
+        return super().split(text)
+
+
+_QUOTE = '<|"|>'  # Gemma 4 writes a string between two of these
+_BLANKS = re.compile(r"\s*")
+_GEMMA_KEY = re.compile(r'([^\s:,{}\[\]<>"]+)\s*:')
+_GEMMA_SCALAR = re.compile(r"[^\s,}\]]+")
+
+
+class _Unread(Exception):
+    """Gemma 4's notation stops being readable here: the text ends inside a value, or is not the notation."""
+
+
+def _gemma_arguments(text: str, at: int) -> tuple[str, int | None]:
+    """The arguments object at ``text[at]`` (its ``{``) as JSON text, as far as it can be read, and where the
+    object ends (None while it is unfinished, or where it is not the notation). What is read is written at once
+    and never revised, so the text of a call still being written is a prefix of the whole call's."""
+    out: list[str] = []
+    try:
+        end = _gemma_value(text, at, out)
+    except (_Unread, RecursionError):  # a nesting too deep to read is no call either
+        return "".join(out), None
+    return "".join(out), end
+
+
+def _gemma_value(text: str, at: int, out: list[str]) -> int:
+    """Writes the value at ``at`` (after blanks) to ``out`` as JSON; returns where it ends."""
+    at = _BLANKS.match(text, at).end()
+    if text.startswith(_QUOTE, at):
+        return _gemma_string(text, at + len(_QUOTE), out)
+    if text.startswith("{", at):
+        return _gemma_items(text, at, out, _gemma_pair)
+    if text.startswith("[", at):
+        return _gemma_items(text, at, out, _gemma_value)
+    return _gemma_scalar(text, at, out)
+
+
+def _gemma_string(text: str, at: int, out: list[str]) -> int:
+    """A string's text from ``at`` to the next quote. Unfinished, what is written of it (short of what could
+    begin the closing quote) goes out without its closing ``"``, as a prefix of the whole string's JSON."""
+    end = text.find(_QUOTE, at)
+    if end >= 0:
+        out.append(json.dumps(text[at:end], ensure_ascii=False))
+        return end + len(_QUOTE)
+    written = text[at:]
+    out.append(json.dumps(written[: len(written) - partial_suffix(written, _QUOTE)], ensure_ascii=False)[:-1])
+    raise _Unread
+
+
+def _gemma_scalar(text: str, at: int, out: list[str]) -> int:
+    """A bare number, ``true``, ``false`` or ``null``: read once something follows it (``2`` may become ``25``)."""
+    token = _GEMMA_SCALAR.match(text, at)
+    if token is None or token.end() == len(text):
+        raise _Unread
+    try:
+        value = json.loads(token[0], parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise _Unread from exc
+    if isinstance(value, str):
+        raise _Unread  # a string must be quoted with <|"|>
+    out.append(json.dumps(value))
+    return token.end()
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _gemma_pair(text: str, at: int, out: list[str]) -> int:
+    key = _GEMMA_KEY.match(text, at)
+    if key is None:
+        raise _Unread
+    out.append(json.dumps(key[1], ensure_ascii=False) + ": ")
+    return _gemma_value(text, key.end(), out)
+
+
+def _gemma_items(text: str, at: int, out: list[str], read_item: Callable[[str, int, list[str]], int]) -> int:
+    """The object or array opening at ``text[at]``: its comma-separated items, each written by ``read_item``
+    (which returns where the item ends); returns where the closing bracket ends."""
+    close = "}" if text[at] == "{" else "]"
+    out.append(text[at])
+    at = _BLANKS.match(text, at + 1).end()
+    if not text.startswith(close, at):
+        while True:
+            at = _BLANKS.match(text, read_item(text, at, out)).end()
+            if not text.startswith(",", at):
+                break
+            out.append(", ")
+            at = _BLANKS.match(text, at + 1).end()
+    if not text.startswith(close, at):
+        raise _Unread
+    out.append(close)
+    return at + 1

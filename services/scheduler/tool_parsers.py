@@ -12,7 +12,10 @@ parser finds it in the text. As vLLM's parsers of the same names:
 * ``mistral`` (Mistral 7B v0.3, Nemo, Small): ``[TOOL_CALLS]`` then a JSON array of ``{"name", "arguments"}``
   objects, or (tokenizers v11 on) ``NAME[ARGS]{...}`` after each ``[TOOL_CALLS]``;
 * ``granite`` (Granite 3.x): the whole reply is such an array, after ``<|tool_call|>`` (or ``<tool_call>``);
-* ``phi4_mini_json`` (Phi-4-mini): the whole reply is ``functools`` and such an array.
+* ``phi4_mini_json`` (Phi-4-mini): the whole reply is ``functools`` and such an array;
+* ``pythonic`` (Llama 3.2, Llama 4): services/scheduler/tool_pythonic.py; the newer families' syntaxes
+  (``qwen3_coder``, ``seed_oss``, ``glm45``, ``minimax_m2``, ``deepseek_v3``, ``deepseek_v31``, ``kimi_k2``,
+  ``gemma4``): services/scheduler/tool_formats.py.
 
 A parser also says where in a reply so far the tool calls begin, and how much of its end could still be the
 start of one, so that streaming sends text as text and holds back what may turn out to be a call; and which
@@ -33,6 +36,7 @@ from services.common.errors import InvalidArgument
 from services.scheduler.tool_formats import (
     DeepSeekV3Parser,
     DeepSeekV31Parser,
+    Gemma4Parser,
     Glm45Parser,
     KimiK2Parser,
     MiniMaxM2Parser,
@@ -361,7 +365,8 @@ def mistral_call_id() -> str:
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
     HermesParser, Llama3JsonParser, HarmonyParser, Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser, DeepSeekV3Parser,
-    DeepSeekV31Parser, KimiK2Parser, PythonicParser, MistralParser, GraniteParser, SeedOssParser, Phi4MiniJsonParser)}
+    DeepSeekV31Parser, KimiK2Parser, PythonicParser, MistralParser, GraniteParser, SeedOssParser, Phi4MiniJsonParser,
+    Gemma4Parser)}
 
 
 def tool_parser(name: str | None) -> ToolParser | None:

@@ -100,3 +100,58 @@ def test_seed_oss_thinks_inside_its_own_markers_decoded_with_special_tokens():
     with pytest.raises(InvalidArgument, match="--structured-output-in-reasoning"):
         SEED.free_thought()
     assert SEED.split("<seed:think>x</seed:think>{}", constrained=True) == ("x", "{}")
+
+
+GEMMA4 = PARSERS["gemma4"]
+
+
+@pytest.mark.parametrize("text, want", [
+    ("<|channel>thought\nplan\nmore<channel|>Answer.", ("plan\nmore", "Answer.")),
+    ("\n<|channel>thought\nplan<channel|>\nAnswer.", ("plan", "\nAnswer.")),
+    ("Answer without thinking.", (None, "Answer without thinking.")),  # the template did not enable thinking
+    ("<|channel>thought\n<channel|>Answer.", (None, "Answer.")),  # an empty thought
+    ("<|channel>thought\nstill thinking when cut", ("still thinking when cut", None)),
+    ("<|channel>thoug", ("thoug", None)),  # cut inside the channel name: what there is, kept as written
+    ("<|channel>plan<channel|>x", ("plan", "x")),  # no channel name: the thought as written
+    ("<think>not its marker</think>x", (None, "<think>not its marker</think>x")),
+    ("<|chan", (None, "<|chan")),
+])
+def test_gemma4_thinks_in_its_thought_channel_whose_name_is_neither_thinking_nor_answer(text, want):
+    assert GEMMA4.special_tokens and not GEMMA4.open_optional
+    assert GEMMA4.split(text) == want
+
+
+def test_gemma4_holds_back_markers_and_the_channel_name_cut_across_pieces():
+    stream = ReasoningStream(GEMMA4)
+    assert stream.feed("<|chan") == ("", "") and stream.feed("nel>") == ("", "")
+    assert stream.feed("thou") == ("", "") and stream.feed("ght") == ("", "")  # may still be the channel name
+    assert stream.feed("\npl") == ("pl", "")
+    assert stream.feed("an<chan") == ("an", "")  # "<chan" could close the thought
+    assert stream.feed("nel|>An") == ("", "An")
+    assert stream.feed("swer", final=True) == ("", "swer")
+
+
+@given(st.lists(st.sampled_from(["<|channel>", "<channel|>", "<|chan", "nel>", "<chan", "nel|>", "thought", "thou",
+                                 "ght", "\n", "a", " ", "<"]), max_size=12),
+       st.lists(st.integers(0, 60), max_size=6))
+def test_a_gemma4_stream_cut_anywhere_splits_as_the_whole_reply_does(parts, cuts):
+    text = "".join(parts)
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    stream = ReasoningStream(GEMMA4)
+    pieces = [stream.feed(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)] + [stream.feed("", final=True)]
+    thought, answer = "".join(t for t, _ in pieces), "".join(a for _, a in pieces)
+    assert (thought or None, answer or None) == GEMMA4.split(text)
+
+
+def test_gemma4_thought_tokens_and_a_structured_answer_after_its_thought():
+    ids, decode = _pieces("<|channel>", "thought", "\n", "plan", "<channel|>", "Answer.")
+    assert GEMMA4.thought_tokens(ids, decode) == 5  # through the token closing it, its channel name included
+    ids, decode = _pieces("<|channel>", "thought", "\n", "<channel|>", "Answer.")
+    assert GEMMA4.thought_tokens(ids, decode) == 4  # an empty thought still costs its markers
+    ids, decode = _pieces("Just", " an", " answer")
+    assert GEMMA4.thought_tokens(ids, decode) == 0
+    # The grammar's thought is written with <think> markers: a structured answer after this one is refused.
+    with pytest.raises(InvalidArgument, match="after a <\\|channel> thought is not supported"):
+        GEMMA4.free_thought()
+    assert GEMMA4.split("<|channel>thought\nx<channel|>{}", constrained=True) == ("x", "{}")
+    assert GEMMA4.split("{}", constrained=True) == (None, "{}")

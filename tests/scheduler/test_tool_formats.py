@@ -1,4 +1,4 @@
-"""The tool-call syntaxes of Qwen3-Coder, GLM-4.5, MiniMax-M2, DeepSeek-V3 / V3.1 and Kimi K2
+"""The tool-call syntaxes of Qwen3-Coder, GLM-4.5, MiniMax-M2, DeepSeek-V3 / V3.1, Kimi K2 and Gemma 4
 (services/scheduler/tool_formats.py), as plain data: whole replies split into text and calls, and every cut of a reply giving
 calls whose arguments are prefixes of the whole reply's (what the stream sends joins to what it returns)."""
 
@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.scheduler.tool_parsers import tool_parser
 from tests.scheduler.test_tool_parsers import streamed_calls
@@ -43,6 +45,9 @@ REPLIES = {
         "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.weather:3<|tool_call_argument_begin|>"
         + json.dumps(WEATHER) + "<|tool_call_end|><|tool_call_begin|>functions.clock:4<|tool_call_argument_begin|>"
         "{}<|tool_call_end|><|tool_calls_section_end|>"),
+    "gemma4": (
+        'Checking.<|tool_call>call:weather{city:<|"|>Oslo<|"|>,days:2,metric:true,where:{lat:59.9}}<tool_call|>'
+        "<|tool_call>call:clock{}<tool_call|>"),
 }
 
 
@@ -123,3 +128,80 @@ def test_raw_argument_values_are_typed_by_the_tools_schema_where_it_declares_the
     shared = tool_parser(name)  # the server's parser: typing is per request and leaves it as it was
     shared.for_tools(TYPED)
     assert json.loads(shared.split(numeric)[1][0]["function"]["arguments"])["city"] == 1234
+
+
+GEMMA4 = ('Let me look.\n<|tool_call>call:get_weather{location:<|"|>Paris, FR: {"old"} [town]\nline 2<|"|>,days:3,'
+          'units:{temp:<|"|>C<|"|>,wind:null},tags:[<|"|>a,b<|"|>,2,-1.5e3,[],{}],ok:false}<tool_call|>'
+          '<|tool_call>call:maps.route-v2{ from : <|"|>Orsay<|"|> , to:<|"|>Lyon<|"|> }<tool_call|>')
+GEMMA4_CALLS = [
+    ("get_weather", {"location": 'Paris, FR: {"old"} [town]\nline 2', "days": 3,
+                     "units": {"temp": "C", "wind": None}, "tags": ["a,b", 2, -1500.0, [], {}], "ok": False}),
+    ("maps.route-v2", {"from": "Orsay", "to": "Lyon"})]
+
+
+def test_gemma4_reads_its_notation_as_json_arguments_after_optional_text():
+    """Strings sit between two <|"|> verbatim (commas, colons, braces, quotes and newlines included), keys are
+    bare, the rest is as JSON writes it; the arguments are the JSON text of those values."""
+    parser = tool_parser("gemma4")
+    content, calls = parser.split(GEMMA4)
+    assert content == "Let me look.\n" and parser.special_tokens
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == GEMMA4_CALLS
+    assert all(c["function"]["arguments"] == json.dumps(json.loads(c["function"]["arguments"]), ensure_ascii=False)
+               for c in calls)
+    example = ('<|tool_call>call:get_weather{location:<|"|>Paris, FR<|"|>,days:3,units:{temp:<|"|>C<|"|>},'
+               'tags:[<|"|>a<|"|>,2]}<tool_call|>')
+    content, calls = parser.split(example)
+    assert content is None and [c["function"] for c in calls] == [{
+        "name": "get_weather", "arguments": '{"location": "Paris, FR", "days": 3, "units": {"temp": "C"}, '
+                                            '"tags": ["a", 2]}'}]
+    # A stop token may eat the last block's <tool_call|>: a whole object is still the call.
+    assert [c["function"]["arguments"] for c in parser.split("<|tool_call>call:clock{tz:<|\"|>UTC<|\"|>}")[1]] == [
+        '{"tz": "UTC"}']
+    assert parser.start(GEMMA4) == len("Let me look.\n") and parser.held('Look.<|tool_c') == len("<|tool_c")
+
+
+@pytest.mark.parametrize("reply", [
+    '<|tool_call>call:f{city:Oslo}<tool_call|>',  # a bare word: strings are quoted
+    '<|tool_call>call:f{city:"Oslo"}<tool_call|>',  # ... with <|"|>, not JSON's quotes
+    '<|tool_call>call:f{n:NaN}<tool_call|>',
+    '<|tool_call>call:f{n:1,}<tool_call|>',
+    '<|tool_call>call:f{n 1}<tool_call|>',
+    '<|tool_call>call:f{n:[1 2]}<tool_call|>',
+    '<|tool_call>call:f{s:<|"|>open}<tool_call|>',  # a string never closed
+    '<|tool_call>call:f{n:1} and more<tool_call|>',
+    '<|tool_call>call:f{n:1',  # the object never closed
+    '<|tool_call>f{n:1}<tool_call|>',
+    '<|tool_call>call:f{}<tool_call|><|tool_call>not a call<tool_call|>',  # one bad block spoils the reply
+    '<|tool_call>call:f{n:1}<tool_call|><|tool_call>call:g{n:',  # cut short by max_tokens
+])
+def test_a_gemma4_block_that_is_not_a_whole_call_leaves_the_reply_text(reply):
+    assert tool_parser("gemma4").split(reply) == (reply, [])
+
+
+def test_gemma4_arguments_stream_as_they_are_read_and_join_to_the_whole():
+    """Every cut of a reply gives prefixes of the whole calls' arguments: a string goes out character by
+    character (short of what could begin its closing quote), a number once something follows it."""
+    parser = tool_parser("gemma4")
+    whole = [(c["function"]["name"], c["function"]["arguments"]) for c in parser.split(GEMMA4)[1]]
+    for cut in range(len(GEMMA4) + 1):
+        for (name, args), (want_name, want_args) in zip(parser.partial(GEMMA4[:cut]), whole, strict=False):
+            assert name == want_name and want_args.startswith(args), (cut, args)
+    at = GEMMA4.index("Paris")
+    assert parser.partial(GEMMA4[: at + 3]) == [("get_weather", '{"location": "Par')]
+    assert parser.partial(GEMMA4[: at + 3] + "<|") == [("get_weather", '{"location": "Par')]  # maybe its quote
+    days = GEMMA4.index("days:3") + len("days:3")
+    assert parser.partial(GEMMA4[:days])[0][1].endswith('"days": ')  # 3 may go on to 30
+    assert parser.partial(GEMMA4[: days + 1])[0][1].endswith('"days": 3, ')
+    content, calls, pieces, finish = streamed_calls(parser, list(GEMMA4))  # one character a step
+    assert content == "Let me look.\n" and finish == "tool_calls" and pieces[0] > 20
+    assert [(c["name"], c["arguments"]) for c in calls] == whole
+
+
+@given(st.lists(st.integers(0, len(GEMMA4)), max_size=10))
+def test_a_gemma4_reply_cut_anywhere_streams_the_whole_replys_text_and_calls(cuts):
+    """Cuts fall inside the markers and the string quotes too: what could begin one is held back."""
+    bounds = sorted({0, *cuts, len(GEMMA4)})
+    pieces = [GEMMA4[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    content, calls, _, finish = streamed_calls(tool_parser("gemma4"), pieces)
+    assert content == "Let me look.\n" and finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == GEMMA4_CALLS
