@@ -29,6 +29,7 @@ from services.engine import (
     kimi_linear,
     lfm3,
     mamba,
+    mimo_v2,
     mpt,
     nemotron_h,
     opt,
@@ -414,6 +415,10 @@ ALIASES = {
     # last layers, per-layer inputs and experts beside the MLP; read as LFM3 is, for its per-type RoPE and q/k norms.
     gemma4.ARCH: Alias("Qwen3ForCausalLM", defaults=gemma4.DEFAULTS, ignored=gemma4.IGNORED, rewrite=gemma4.rewrite,
                        fields=gemma4.fields),
+    # MiMo-V2-Flash (mimo_v2.py): GLM-4.5's routing under Llama's attention, its sliding layers with twice the KV
+    # heads and sinks, values narrower than keys and scaled, RoPE over a third of each head.
+    mimo_v2.ARCH: Alias("Glm4MoeForCausalLM", defaults=mimo_v2.DEFAULTS, mlp_layers="mlp_layer_types",
+                        ignored=("use_qk_norm", "partial_rotary_factor"), rewrite=mimo_v2.rewrite, fields=mimo_v2.fields),
     # Zamba2 (zamba2.py): Mamba-2 in every layer, a shared transformer block (attention over the stream and the
     # embeddings, a GELU-gated MLP, per-layer adapters) before it in the hybrid layers.
     zamba2.ARCH: Alias("LlamaForCausalLM", zamba2.NAMES, defaults=zamba2.DEFAULTS, ignored=zamba2.IGNORED,

@@ -44,10 +44,9 @@ _LAYER_OVERRIDES = ("head_dim", "num_key_value_heads")
 
 @dataclass(frozen=True)
 class Gemma4Shape:
-    """What a Gemma 4 model adds to the decoder ``ModelConfig`` describes (its sliding layers' heads)."""
+    """What a Gemma 4 model adds to the decoder ``ModelConfig`` describes (its full layers' wider heads are
+    ``ModelConfig.full_layer_heads``)."""
 
-    full_head_dim: int  # the full-attention layers' head width
-    full_kv_heads: int  # and their KV heads
     k_eq_v: bool  # full-attention layers take their values from the key projection (no v_proj)
     kv_source: tuple[int, ...]  # each layer's KV: its own index, or the earlier layer whose KV it reads
     per_layer_input: int  # hidden_size_per_layer_input; 0: no per-layer inputs
@@ -97,7 +96,7 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
         raise ModelLoadError(f"config.json: num_kv_shared_layers must be in 0..{layers - 1}, got {shared}")
     experts = int(raw.get("num_experts") or 0) if raw.get("enable_moe_block") else 0
     shape = Gemma4Shape(
-        full_head_dim=full_dim, full_kv_heads=full_kv, k_eq_v=bool(raw.get("attention_k_eq_v")),
+        k_eq_v=bool(raw.get("attention_k_eq_v")),
         kv_source=kv_sources(types, shared), per_layer_input=int(raw.get("hidden_size_per_layer_input", 256) or 0),
         per_layer_vocab=int(raw.get("vocab_size_per_layer_input") or 262144),
         double_wide_mlp=bool(raw.get("use_double_wide_mlp")), num_experts=experts,
@@ -116,7 +115,8 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
         raise ModelLoadError(f"config.json: vocab_size_per_layer_input ({shape.per_layer_vocab}) must cover "
                              f"vocab_size ({raw['vocab_size']}): every token looks up its per-layer inputs")
     softcap = raw.get("final_logit_softcapping")
-    return {"gemma4": shape, "architecture": ARCH, "sandwich_norms": True, "attn_scale": 1.0,
+    return {"gemma4": shape, "full_layer_heads": (full_kv, full_dim), "architecture": ARCH, "sandwich_norms": True,
+            "attn_scale": 1.0,
             "embed_scale": float(raw["hidden_size"]) ** 0.5, "embed_scale_rounded": True,
             "final_softcap": None if softcap is None else float(softcap),
             "tie_word_embeddings": bool(raw.get("tie_word_embeddings", True)),

@@ -165,12 +165,17 @@ class Attention(nn.Module):
         self.sliding = config.attends_locally(layer)
         # Llama 4: RoPE layers L2-norm q and k after rotating them.
         self.l2_norm_eps = config.rms_norm_eps if config.qk_l2_norm and layer not in config.nope_layers else None
-        self.q_size = config.num_attention_heads * config.head_dim
-        self.kv_size = config.num_key_value_heads * config.head_dim
-        self.heads, self.kv_heads, self.head_dim = (
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        own = config.layer_attention(layer)  # MiMo-V2-Flash's sliding layers have more KV heads
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, own.num_key_value_heads, own.head_dim
+        self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        # MiMo-V2-Flash's values are narrower than its keys: cached padded to head_dim with zeros, which weigh
+        # nothing in attention's output (its first value_dim features, exactly as unpadded).
+        self.value_dim = config.value_head_dim or self.head_dim
+        self.value_scale = config.value_scale
+        self.v_size = self.kv_heads * self.value_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + self.kv_size + self.v_size,
+                                  bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.heads * self.value_dim, config.hidden_size, bias=config.o_proj_bias)
         self.clip_qkv = config.clip_qkv
         # AFMoE, MiniCPM5-MoE: the output gated per feature by the sigmoid of a projection of the input; LFM3: per
         # head.
@@ -179,7 +184,12 @@ class Attention(nn.Module):
             config.hidden_size, self.heads if self.gate_per_head else self.q_size,
             bias=config.attn_output_gate == "in_query" and config.attention_bias)
         # GPT-OSS: a learned logit per head that joins its softmax (attention.py).
-        self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks else None
+        self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks and (
+            config.sink_layers is None or layer in config.sink_layers) else None
+        # MiMo-V2-Flash's layers without sinks take their softmax as those with them do (max-shifted, in the
+        # scores' dtype: transformers runs its eager attention in every layer): a sink of -inf, which weighs
+        # nothing, gives that form.
+        self.sinkless_eager = config.attention_sinks and self.sinks is None
         self.sink_scaled = config.sinks_scale_output  # GraniteSWA's form of them
         self.q_norm = self.k_norm = None
         self.qk_norm_whole = config.qk_norm_whole
@@ -240,15 +250,29 @@ class Attention(nn.Module):
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         if q_mult is not None:
             q = (q * q_mult).to(q.dtype)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.value_dim)
+        if self.value_scale != 1.0:  # MiMo-V2-Flash
+            v = v * self.value_scale
+        if self.value_dim < self.head_dim:
+            v = F.pad(v, (0, self.head_dim - self.value_dim))
         k_cache, v_cache = kv.layer(self.kv_layer)
-        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, self.sinks, self.attn_scale,
-                            self.alibi, self.alibi_bf16, self.kv_scale, self.sink_scaled).reshape(t, self.q_size)
+        sinks = self.sinks if not self.sinkless_eager else self._no_sinks(q.device)
+        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.sliding, sinks, self.attn_scale,
+                            self.alibi, self.alibi_bf16, self.kv_scale, self.sink_scaled)
+        o = o.reshape(t, self.q_size) if self.value_dim == self.head_dim else o[..., : self.value_dim].reshape(t, -1)
         if self.gate_proj is not None:
             gate = torch.sigmoid(adapted(self.gate_proj, x, lora, self.layer, "self_attn.gate_proj"))
-            o = (o.view(t, self.heads, self.head_dim) * gate[..., None]).view(t, -1) if self.gate_per_head else o * gate
+            o = (o.view(t, self.heads, -1) * gate[..., None]).view(t, -1) if self.gate_per_head else o * gate
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
+
+
+    def _no_sinks(self, device: torch.device) -> torch.Tensor:
+        """A sink of -inf per head (fp32, as the fused kernels take sinks), made once."""
+        cached = self.__dict__.get("_no_sinks_cache")
+        if cached is None or cached.device != device:
+            cached = self.__dict__["_no_sinks_cache"] = torch.full((self.heads,), float("-inf"), device=device)
+        return cached
 
 
 def query_scales(config: ModelConfig, positions: torch.Tensor, dtype: torch.dtype,
@@ -633,9 +657,10 @@ class LlamaForCausalLM(nn.Module):
         streams by. Raises ``KeyError`` naming what is missing."""
         params = dict(self.named_parameters(remove_duplicate=False))
         c = self.config
-        q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        # Where each part of a fused projection goes (gate/up: halves of whatever width the target has).
-        rows = {"q": (0, q_size), "k": (q_size, q_size + kv_size), "v": (q_size + kv_size, q_size + 2 * kv_size)}
+        # Where each part of a fused q/k/v projection goes, by its attention's widths (a layer's own where layer
+        # types have their own); gate/up: halves of whatever width the target has.
+        widths = {f"{name}.qkv_proj": (m.q_size, m.kv_size, m.v_size) for name, m in self.named_modules()
+                  if isinstance(m, Attention)}
         fused_parts: dict[str, set[str]] = {}  # fused parameter -> parts copied into it
         experts: dict[str, set[tuple[int, str]]] = {}  # stacked expert parameter -> (expert, part) copied
         loaded: set[str] = set()
@@ -668,9 +693,8 @@ class LlamaForCausalLM(nn.Module):
             # Each part straight into its rows of the fused parameter, as it streams by: holding the parts until
             # the end held most of the model's weights twice.
             target, part = fused
-            half = params[target].shape[0] // 2
-            start, end = rows[part] if part in rows else (0, half) if part == "gate" else (half, 2 * half)
-            _copy_rows(params[target], name, start, end, tensor)
+            _copy_rows(params[target], name, *_rows(part, params[target].shape[0], widths.get(target.rsplit(".", 1)[0])),
+                       tensor)
             fused_parts.setdefault(target, set()).add(part)
         for target, parts in fused_parts.items():
             missing = [p for p in (("q", "k", "v") if "qkv" in target else ("gate", "up")) if p not in parts]
@@ -744,6 +768,16 @@ def _fused_target(name: str) -> tuple[str, str] | None:
         if f".{src}." in name:
             return name.replace(src, dst), part
     return None
+
+
+def _rows(part: str, width: int, attention: tuple[int, int, int] | None) -> tuple[int, int]:
+    """Where ``part`` of a fused projection ``width`` rows wide goes: q, k or v by its attention's (q, k, v) widths;
+    gate or up, a half."""
+    if part in ("gate", "up"):
+        half = width // 2
+        return (0, half) if part == "gate" else (half, 2 * half)
+    q, k, v = attention
+    return {"q": (0, q), "k": (q, q + k), "v": (q + k, q + k + v)}[part]
 
 
 def _copy_rows(param: nn.Parameter, name: str, start: int, end: int, tensor: torch.Tensor) -> None:

@@ -332,8 +332,17 @@ class ModelConfig:
     # Zamba2 (zamba2.py): the shared transformer blocks its hybrid layers run before their Mamba-2 mixer (each
     # of those layers keeps KV and a recurrent state; every other layer, only a state); None: none.
     shared_blocks: SharedBlocks | None = None
-    # Gemma 4 (gemma4.py): its wider full-attention heads, KV shared by its last layers, per-layer inputs and
-    # experts beside the MLP; None: not Gemma 4.
+    # (KV heads, head_dim) of the full-attention and of the sliding layers where they are not the model's: Gemma
+    # 4's wider full layers, MiMo-V2-Flash's sliding layers with twice the KV heads (layer_attention).
+    full_layer_heads: tuple[int, int] | None = None
+    sliding_layer_heads: tuple[int, int] | None = None
+    # MiMo-V2-Flash: values narrower than keys (the KV pool holds them padded to head_dim) and scaled by this.
+    value_head_dim: int | None = None
+    value_scale: float = 1.0
+    # With attention_sinks, the layers that have them (MiMo-V2-Flash's sliding ones); None: every layer.
+    sink_layers: tuple[int, ...] | None = None
+    # Gemma 4 (gemma4.py): KV shared by its last layers, per-layer inputs and experts beside the MLP; None: not
+    # Gemma 4.
     gemma4: Gemma4Shape | None = None
 
     def __post_init__(self) -> None:
@@ -507,22 +516,26 @@ class ModelConfig:
                      if i not in linear and self.has_mixer(i) and not shares(i))
 
     def layer_attention(self, layer: int) -> ModelConfig:
-        """The config ``layer``'s attention is built from: the model's, or ``full_attention``."""
-        return self if self.slides(layer) else self.full_attention
+        """The config ``layer``'s attention is built from: the model's, or with the KV heads and head width of its
+        type where those are its own (``full_layer_heads``, ``sliding_layer_heads``)."""
+        own = self.sliding_layer_heads if self.slides(layer) else self.full_layer_heads
+        if own is None:
+            return self
+        return replace(self, num_key_value_heads=own[0], head_dim=own[1], full_layer_heads=None,
+                       sliding_layer_heads=None)
 
     @property
     def full_attention(self) -> ModelConfig:
-        """The config of the full-attention layers (and their RoPE): the model's, or Gemma 4's with those layers'
-        own head width and KV heads."""
-        g = self.gemma4
-        if g is None:
+        """The config of the full-attention layers (and their RoPE: Gemma 4's over its wider heads)."""
+        if self.full_layer_heads is None:
             return self
-        return replace(self, head_dim=g.full_head_dim, num_key_value_heads=g.full_kv_heads)
+        return replace(self, num_key_value_heads=self.full_layer_heads[0], head_dim=self.full_layer_heads[1],
+                       full_layer_heads=None, sliding_layer_heads=None)
 
     @property
     def kv_layer_shapes(self) -> tuple[tuple[int, int], ...] | None:
-        """Each KV pool layer's (KV heads, head_dim) where they may differ between layers (Gemma 4), else None."""
-        if self.gemma4 is None:
+        """Each KV pool layer's (KV heads, head_dim) where layer types have their own, else None."""
+        if self.full_layer_heads is None and self.sliding_layer_heads is None:
             return None
         return tuple((c.num_key_value_heads, c.head_dim) for c in map(self.layer_attention, self.kv_layers))
 
@@ -608,7 +621,8 @@ class ModelConfig:
     def plain_attention(self) -> bool:
         """Attention layers the fused CPU forward computes inline (Llama's, with Qwen3's q/k norms or OLMoE's)."""
         return (not self.norm_unit_offset and not self.o_proj_bias and not self.attention_sinks and not self.mla
-                and not self.qk_l2_norm and self.attn_output_gate is None and self.clip_qkv is None)
+                and not self.qk_l2_norm and self.attn_output_gate is None and self.clip_qkv is None
+                and self.kv_layer_shapes is None and self.value_head_dim is None and self.value_scale == 1.0)
 
     @property
     def parallel_outputs_first(self) -> bool:
@@ -648,8 +662,8 @@ class ModelConfig:
                           names=partial(model_name, config=self),
                           no_adapters="Zamba2 takes no LoRA adapters here (nor in vLLM): its layers run shared "
                                       "blocks with adapters of their own" if self.shared_blocks else
-                                      "Gemma 4 takes no LoRA adapters here yet: its attention's widths differ by layer "
-                                      "type" if self.gemma4 else "")
+                                      f"{self.architecture} takes no LoRA adapters here yet: its attention's widths "
+                                      "differ by layer type" if self.kv_layer_shapes or self.value_head_dim else "")
 
     def _lora_projections(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
         """The projections LoRA adapts as the model holds them: (name in the layer, in, out, layers)."""

@@ -103,7 +103,8 @@ def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
         return dict(num_experts=int(raw.get("n_routed_experts") or experts),
                     num_experts_per_tok=int(raw.get("num_experts_per_tok") or top_k), moe_intermediate_size=width,
                     norm_topk_prob=bool(raw.get("norm_topk_prob", normalize)), moe_layers=tuple(range(first, layers)),
-                    shared_expert_intermediate_size=width * int(raw.get("n_shared_experts") or shared),
+                    shared_expert_intermediate_size=width * int(  # 0: none (MiMo-V2-Flash), as transformers reads it
+                        shared if raw.get("n_shared_experts") is None else raw["n_shared_experts"]),
                     shared_expert_gated=False, moe_routing="sigmoid", moe_groups=int(raw.get("n_group") or 1),
                     moe_topk_groups=int(raw.get("topk_group") or 1),
                     routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)), routing_weights_fp32=True) | (

@@ -1,6 +1,6 @@
 """Checkpoint tensors the model holds under other names: EXAONE 3's GPT-2-style names, Mixtral's and MiniMax-M2's
 routers and routing bias, Apertus's and AFMoE's norms, AFMoE's router and routing bias, Hunyuan's q/k norms, router and shared MLP, GLM-4.5's shared experts, Granite MoE's stacked experts, router and shared MLP, ERNIE
-4.5's routing bias, LFM2's attention, MLP and norms, and GLM-4's four norms, which transformers names by where they sit rather than by what
+4.5's routing bias, MiMo-V2-Flash's sinks, LFM2's attention, MLP and norms, and GLM-4's four norms, which transformers names by where they sit rather than by what
 they norm (its ``post_attention_layernorm`` is the MLP's input norm)."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from services.engine.kimi_linear import ARCH as KIMI_LINEAR
 from services.engine.kimi_linear import RENAMES as KIMI_LINEAR_RENAMES
 from services.engine.llama4 import ARCH as LLAMA4
 from services.engine.llama4 import RENAMES as LLAMA4_RENAMES
+from services.engine.mimo_v2 import ARCH as MIMO_V2
 from services.engine.mpt import ARCH as MPT
 from services.engine.mpt import RENAMES as MPT_RENAMES
 from services.engine.opt import ARCH as OPT
@@ -107,6 +108,7 @@ _BY_ARCHITECTURE = {
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
+    MIMO_V2: ((".self_attn.attention_sink_bias", ".self_attn.sinks"),),  # its sliding layers' sinks
 }
 
 

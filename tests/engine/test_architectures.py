@@ -480,6 +480,13 @@ CASES = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
                      "full_attention"], vocab_size_per_layer_input=4096, num_kv_shared_layers=2, num_hidden_layers=5,
         **_NO_LAYERS),
+    # MiMo-V2-Flash: sliding layers (a window shorter than most prompts) with twice the KV heads and sinks, values
+    # narrower than keys and scaled, a third of each head rotated at a base per layer type; DeepSeek-V3's routing in
+    # two groups after a dense first layer, no shared experts.
+    "mimo-v2-flash": lambda: transformers.MiMoV2FlashConfig(
+        head_dim=24, v_head_dim=16, num_key_value_heads=1, sliding_window=24, moe_intermediate_size=32,
+        num_experts_per_tok=2, n_routed_experts=8, n_group=2, topk_group=1, num_hidden_layers=4,
+        **{k: v for k, v in _NO_LAYERS.items() if k != "num_key_value_heads"}),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -1089,7 +1096,8 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
-                                  "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4"])
+                                  "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4",
+                                  "mimo-v2-flash"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the

@@ -1,25 +1,20 @@
 """Gemma 4 (services/engine/gemma4.py, gemma4_layer.py): configs read as transformers reads them (E2B's as published,
-the MoE layout, the per-layer config transformers saves), what is refused, and a checkpoint against transformers under
-every scheduling path: chunks of any size, whole prompts, multi-step decoding, preemption by swap and by recompute,
-prefix-cache hits. The plain oracle runs (fp32 both paths, bf16) are in test_architectures.py ("gemma4",
-"gemma4-e2b"), the vision-language checkpoint's in test_vision_language.py."""
+the MoE layout, the per-layer config transformers saves) and what is refused. The oracle runs are in
+test_architectures.py ("gemma4", "gemma4-e2b": fp32 both paths, bf16), tests/seawall/offline/test_layer_kv_shapes.py
+(every scheduling path), test_vision_language.py (the vision-language checkpoint) and
+tests/e2e/test_layer_kv_shapes_mesh.py (the disaggregated mesh)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import torch
 
-from seawall.offline.engine import OfflineEngine
 from services.common.errors import InvalidArgument, ModelLoadError
 from services.common.lora import read_lora
-from services.common.sampling_params import SamplingParams
 from services.common.step import LoraRef
 from services.engine.checkpoint_report import kv_bytes_per_token, report
-from services.engine.config import EngineConfig
 from services.engine.model_config import ModelConfig
-from services.scheduler.core.scheduler import SchedulerConfig
 
 pytestmark = [pytest.mark.oracle]
 
@@ -173,90 +168,5 @@ def test_what_cannot_run_is_refused_saying_why(fields, message):
 
 def test_a_lora_adapter_is_refused_saying_why(tmp_path):
     config, _ = _text(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, head_dim=16)
-    with pytest.raises(InvalidArgument, match="Gemma 4 takes no LoRA adapters"):
+    with pytest.raises(InvalidArgument, match="Gemma4ForCausalLM takes no LoRA adapters"):
         read_lora(LoraRef("sql", str(tmp_path)), config.lora_shape, 64)
-
-
-# ---- a checkpoint under every scheduling path (its KV-sharing layers read blocks another layer wrote) ----
-
-PROMPT_LENS = [1, 20, 63, 64, 65, 150]
-MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def gemma4(tiny_model_dir, tmp_path_factory):
-    from tests.engine.test_architectures import CASES, save_checkpoint
-
-    out = tmp_path_factory.mktemp("gemma4")
-    model = save_checkpoint(CASES["gemma4"](), out, tiny_model_dir)
-    g = torch.Generator().manual_seed(50)
-    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in PROMPT_LENS]
-    refs = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0,
-                                 eos_token_id=None)
-            refs.append(ids[0, len(prompt):].tolist())
-    return out, model, prompts, refs
-
-
-def _engine(path, config: SchedulerConfig, blocks: int = 256, cpu_kernels: bool = True) -> OfflineEngine:
-    block_bytes = 16 * kv_bytes_per_token(ModelConfig.from_dir(path), "float32")
-    return OfflineEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_bytes=blocks * block_bytes,
-                                      swap_bytes=200 * block_bytes, cpu_kernels=cpu_kernels), config)
-
-
-def _params(n: int) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)] * n
-
-
-SCHEDULES = {
-    "sarathi-chunk1": (SchedulerConfig(chunk_size=1), True),
-    "sarathi-chunk7-torch-ops": (SchedulerConfig(chunk_size=7), False),
-    "vllm-whole-prompts": (SchedulerConfig(policy="vllm"), True),
-    "sarathi-decode-steps-4": (SchedulerConfig(chunk_size=32, num_decode_steps=4), True),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", SCHEDULES)
-def test_greedy_output_matches_transformers(gemma4, name):
-    path, _, prompts, refs = gemma4
-    config, kernels = SCHEDULES[name]
-    engine = _engine(path, config, cpu_kernels=kernels)
-    got = engine.generate(prompts, _params(len(prompts)))
-    for n, comp, ref in zip(PROMPT_LENS, got, refs, strict=True):
-        assert comp.token_ids == ref, f"the {n}-token prompt diverged"
-    assert engine.blocks.num_free == engine.blocks.num_blocks
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["swap", "recompute"])
-def test_preemption_matches_transformers(gemma4, mode):
-    """A pool of 16 blocks for prompts of up to 174 tokens' KV: requests are preempted and resumed."""
-    path, _, prompts, refs = gemma4
-    engine = _engine(path, SchedulerConfig(chunk_size=16, preemption_mode=mode, policy="fastserve+sarathi"),
-                     blocks=16)
-    got = engine.generate(prompts, _params(len(prompts)))
-    assert engine.scheduler.preemptions[mode] > 0
-    assert [c.token_ids for c in got] == refs
-    assert engine.blocks.num_free == engine.blocks.num_blocks
-
-
-@pytest.mark.slow
-def test_prefix_cache_hits_match_transformers(gemma4):
-    """Next turns extend the 150-token prompt and its reply: their prefix's KV comes from the cache (every layer's
-    that keeps KV: the sharing layers read their sources' blocks)."""
-    path, model, prompts, refs = gemma4
-    engine = _engine(path, SchedulerConfig(chunk_size=16))
-    first = prompts[-1] + refs[-1]
-    turns = [first + [5, 6, 7], first + list(range(100, 140))]
-    got = engine.generate([prompts[-1]], _params(1))
-    assert got[0].token_ids == refs[-1]
-    got = engine.generate(turns, _params(2))
-    with torch.no_grad():
-        want = [model.generate(torch.tensor([t]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0,
-                               eos_token_id=None)[0, len(t):].tolist() for t in turns]
-    assert [c.token_ids for c in got] == want
-    # Every token whose KV the first turn computed (its last, sampled token has none yet).
-    assert [c.num_cached_prompt_tokens for c in got] == [len(first) - 1] * 2

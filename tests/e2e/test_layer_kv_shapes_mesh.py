@@ -1,8 +1,9 @@
-"""Gemma 4 (services/engine/gemma4.py; E2B's layout) through the live disaggregated mesh: its layers' KV is of two
-widths (a full-attention layer fills two of the pool's slots, a sliding one one), and its last layers keep none
-(they read earlier layers' blocks). Blocks still move whole: the prefill worker sends them to the decode worker
-over NIXL, and the kvcache service stores and loads them for a session's next turn, with no code of its own.
-Greedy output equals transformers' for every request."""
+"""Models whose layers' KV differ in shape through the live disaggregated mesh: Gemma 4 (E2B's layout: a
+full-attention layer fills two of the pool's slots, a sliding one one, and its last layers keep no KV, reading
+earlier layers' blocks) and MiMo-V2-Flash (its sliding layers twice the KV heads, values cached padded to the keys'
+width). Blocks still move whole: the prefill worker sends them to the decode worker over NIXL, and the kvcache
+service stores and loads them for a session's next turn, with no code of its own. Greedy output equals
+transformers' for every request."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ MAX_TOKENS = 16
 PROMPTS = random_prompts([3, 17, 40, 90], seed=44)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tiny_model_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["gemma4-e2b", "mimo-v2-flash"])
+def checkpoint(request, tiny_model_dir, tmp_path_factory):
     from tests.engine.test_architectures import CASES, save_checkpoint
 
-    out = tmp_path_factory.mktemp("gemma4")
-    return out, save_checkpoint(CASES["gemma4-e2b"](), out, tiny_model_dir)
+    out = tmp_path_factory.mktemp(request.param)
+    return out, save_checkpoint(CASES[request.param](), out, tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +36,15 @@ def mesh(checkpoint, tmp_path_factory):
     assert all(code == 0 for code in m.stop().values())
 
 
-async def test_blocks_of_two_widths_move_between_workers_and_through_kvcache(mesh, checkpoint):
+async def test_blocks_move_between_workers_and_through_kvcache(mesh, checkpoint):
     greedy = greedy_oracle(checkpoint[1])
     async with AsyncClient(mesh.grpc_address) as client:
         outs = await generate_all(client, PROMPTS, max_tokens=MAX_TOKENS, temperature=0)
         stats = await client.stats()  # before the session, whose blocks stay held until kvcache stores them
         first = PROMPTS[3]
-        turn1 = await client.generate(first, session_id="s-gemma4", max_tokens=MAX_TOKENS, temperature=0)
+        turn1 = await client.generate(first, session_id="s-shapes", max_tokens=MAX_TOKENS, temperature=0)
         second = first + turn1.token_ids + [7, 8, 9]
-        turn2 = await client.generate(second, session_id="s-gemma4", max_tokens=8, temperature=0)
+        turn2 = await client.generate(second, session_id="s-shapes", max_tokens=8, temperature=0)
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert out.token_ids == greedy(prompt, MAX_TOKENS), f"the {len(prompt)}-token prompt diverged"
     assert turn2.token_ids == greedy(second, 8) and turn2.cached_prompt_tokens >= 96  # turn 1's blocks, loaded
