@@ -5,7 +5,6 @@ request and the reply back into content blocks; this module submits, streams and
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -16,8 +15,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from services.common.errors import SeawallError
 from services.scheduler.anthropic_api import ContentBlocks, error_body, parse_request, stop_reason, usage
 from services.scheduler.chat_tools import ToolCalling
+from services.scheduler.http_io import REQUEST_ID_HEADER, json_body, request_id
 from services.scheduler.http_io import error_response as http_error_response
-from services.scheduler.http_io import json_body
 from services.scheduler.tracked import TrackedRequest
 
 if TYPE_CHECKING:
@@ -32,15 +31,15 @@ class MessagesEndpoint:
         """A Messages request, run as the chat request it translates to."""
         try:
             req = parse_request(await json_body(request))
+            base = request_id(request)  # the client's X-Request-Id names the request and the message (msg_ID)
             prompt, params, _, tools = self.api.chat_request(req.chat)
-            (tracked,) = self.api.submit(request, req.chat, [prompt], params, 1)
+            (tracked,) = self.api.submit(request, req.chat, [prompt], params, 1, base)
         except SeawallError as exc:
             return error_response(exc)
-        head = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
-                "model": self.api.served_name(req.chat)}
+        head = {"id": f"msg_{base}", "type": "message", "role": "assistant", "model": self.api.served_name(req.chat)}
         if req.stream:
             return StreamingResponse(_sse(self._events(head, tracked, tools, req.show_thinking)),
-                                     media_type="text/event-stream")
+                                     media_type="text/event-stream", headers={REQUEST_ID_HEADER: base})
         (out,) = await self.api.collect(request, [tracked])
         if out.error is not None:
             return error_response(out.error)
@@ -51,7 +50,7 @@ class MessagesEndpoint:
                      "tool_calls": [{"index": k, **c} for k, c in enumerate(message.get("tool_calls") or [])]})
         blocks.close()
         return JSONResponse({**head, "content": blocks.blocks, **stop_reason(finish, _stop_string(tracked)),
-                             "usage": _usage(tracked)}, headers=self.api.reply_headers([tracked]))
+                             "usage": _usage(tracked)}, headers=self.api.reply_headers([tracked], base))
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: the prompt tokens a Messages request would be sent as."""

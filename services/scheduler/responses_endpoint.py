@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -22,7 +21,7 @@ from services.common.errors import InvalidArgument, SeawallError
 from services.common.openai_logprobs import chat_logprobs
 from services.common.sampling_params import FinishReason
 from services.scheduler.chat_tools import ToolCalling
-from services.scheduler.http_io import error_response, json_body, streaming
+from services.scheduler.http_io import REQUEST_ID_HEADER, error_response, json_body, request_id, streaming
 from services.scheduler.responses_api import (
     OutputItems,
     ResponsesRequest,
@@ -51,22 +50,26 @@ class ResponsesEndpoint:
         """OpenAI's Responses API, run as the chat request it translates to (services/scheduler/responses_api.py)."""
         try:
             body = await json_body(request)
-            previous, rid = body.get("previous_response_id"), f"resp_{uuid.uuid4().hex}"
+            # The client's X-Request-Id names the request in the mesh (its traces, Abort) and the response, as
+            # vLLM names it (resp_ID).
+            base = request_id(request)
+            previous, rid = body.get("previous_response_id"), f"resp_{base}"
             stream, _ = streaming(body)
             req = parse_request(body, self.store.get(previous) if previous is not None else None, rid)
             prompt, params, _, tools = self.api.chat_request(req.chat)
             (tracked,) = self.api.submit(request, {"session_id": req.session_id, "priority": body.get("priority"),
                                                    "model": body.get("model"), "cache_salt": body.get("cache_salt")},
-                                         [prompt], params, 1)
+                                         [prompt], params, 1, base)
         except SeawallError as exc:
             return error_response(exc)
+        headers = {REQUEST_ID_HEADER: base}
         head = {"id": rid, "object": "response", "created_at": int(time.time()),
                 "model": self.api.served_name(body), **req.echoed}
         if req.background:
-            return self._start_background(head, req, tracked, tools, stream=stream)
+            return self._start_background(head, req, tracked, tools, stream=stream, headers=headers)
         if stream:
             return StreamingResponse(_sse(self._response_events(head, req, tracked, tools)),
-                                     media_type="text/event-stream")
+                                     media_type="text/event-stream", headers=headers)
         (out,) = await self.api.collect(request, [tracked])
         thought, text = self.api.split_reasoning(tracked, out.text)
         message, finish = tools.message(text, out.finish_reason) if tools else ({"content": text}, out.finish_reason)
@@ -76,10 +79,10 @@ class ResponsesEndpoint:
                    self._output_logprobs(req, out))
         items.close(_item_status(finish))
         return JSONResponse(self._finish_response(head, req, tracked, items, finish, out.detail, out.error),
-                            headers=self.api.reply_headers([tracked]))
+                            headers=self.api.reply_headers([tracked], base))
 
     def _start_background(self, head: dict, req: ResponsesRequest, tracked: TrackedRequest,
-                          tools: ToolCalling | None, stream: bool) -> Response:
+                          tools: ToolCalling | None, stream: bool, headers: dict[str, str]) -> Response:
         """Answers at once with the queued response (or its event stream, which the client may leave and come
         back to); the response runs on, stored, until it ends or is cancelled."""
         queued = _snapshot(head, "queued")
@@ -101,8 +104,8 @@ class ResponsesEndpoint:
 
         run = self.background.start(head["id"], tracked.request_id, events(), failed)
         if stream:
-            return StreamingResponse(_sse(run.follow()), media_type="text/event-stream")
-        return JSONResponse(queued)
+            return StreamingResponse(_sse(run.follow()), media_type="text/event-stream", headers=headers)
+        return JSONResponse(queued, headers=headers)
 
     async def _response_events(self, head: dict, req: ResponsesRequest, tracked: TrackedRequest,
                                tools: ToolCalling | None) -> AsyncIterator[dict]:

@@ -683,6 +683,21 @@ def test_the_clients_request_id_names_the_request_and_its_reply(http, default_me
     assert {e["choices"][0]["finish_reason"] for e in events if e["choices"][0]["finish_reason"]} == {"abort"}
     bad = http.post("/v1/completions", json={"prompt": "Hi"}, headers={"X-Request-Id": "x" * 257})
     assert bad.status_code == 400 and "X-Request-Id must be 1 to 256 printable" in bad.json()["error"]["message"]
+    # The Responses and Messages APIs name theirs by it too (resp_ID, msg_ID), streamed or not.
+    response = http.post("/v1/responses", headers={"X-Request-Id": "r-1"}, json={"input": "Hi", "max_output_tokens": 2})
+    assert response.headers["x-request-id"] == "r-1" and response.json()["id"] == "resp_r-1"
+    assert http.get("/v1/responses/resp_r-1").json()["id"] == "resp_r-1"  # stored under it
+    message = {"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    reply = http.post("/v1/messages", headers={"X-Request-Id": "m-1"}, json=message)
+    assert reply.headers["x-request-id"] == "m-1" and reply.json()["id"] == "msg_m-1"
+    with http.stream("POST", "/v1/messages", headers={"X-Request-Id": "m-2"}, json={**message, "stream": True}) as s:
+        assert s.headers["x-request-id"] == "m-2" and any('"id": "msg_m-2"' in line or '"id":"msg_m-2"' in line
+                                                          for line in s.iter_lines())
+    with http.stream("POST", "/v1/responses", headers={"X-Request-Id": "r-2"},
+                     json={"input": "Hi", "max_output_tokens": 2, "stream": True}) as s:
+        assert s.headers["x-request-id"] == "r-2" and any("resp_r-2" in line for line in s.iter_lines())
+    bad = http.post("/v1/messages", json=message, headers={"X-Request-Id": "x" * 300})
+    assert bad.status_code == 400 and "X-Request-Id must be" in bad.text
 
 
 def test_a_chat_continues_the_final_message_as_transformers_renders_it(http, hf_greedy, tiny_model_dir):
