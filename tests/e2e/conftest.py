@@ -108,3 +108,24 @@ async def generate_all(client, prompts: list[list[int]], **kwargs) -> list:
         for i in range(len(prompts)):
             tg.start_soon(one, i)
     return outs
+
+
+async def assert_blocks_move_through_kvcache(mesh, model, prompts: list[list[int]], max_tokens: int,
+                                              session: str) -> None:
+    """Greedy outputs of ``prompts`` through ``mesh`` (disaggregated, with a kvcache) equal ``model``'s, every
+    block freed after; then a session's next turn after the last prompt equals it too, with turn 1's blocks
+    (stored by kvcache) loaded for it."""
+    from seawall import AsyncClient
+
+    greedy = greedy_oracle(model)
+    async with AsyncClient(mesh.grpc_address) as client:
+        outs = await generate_all(client, prompts, max_tokens=max_tokens, temperature=0)
+        stats = await client.stats()  # before the session, whose blocks stay held until kvcache stores them
+        first = prompts[-1]
+        turn1 = await client.generate(first, session_id=session, max_tokens=max_tokens, temperature=0)
+        second = first + turn1.token_ids + [7, 8, 9]
+        turn2 = await client.generate(second, session_id=session, max_tokens=8, temperature=0)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == greedy(prompt, max_tokens), f"the {len(prompt)}-token prompt diverged"
+    assert turn2.token_ids == greedy(second, 8) and turn2.cached_prompt_tokens >= 96  # turn 1's blocks, loaded
+    assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from seawall import AsyncClient
-from tests.e2e.conftest import generate_all, greedy_oracle, random_prompts, start_mesh
+from tests.e2e.conftest import (
+    assert_blocks_move_through_kvcache,
+    random_prompts,
+    start_mesh,
+)
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -37,15 +40,4 @@ def mesh(checkpoint, tmp_path_factory):
 
 
 async def test_blocks_move_between_workers_and_through_kvcache(mesh, checkpoint):
-    greedy = greedy_oracle(checkpoint[1])
-    async with AsyncClient(mesh.grpc_address) as client:
-        outs = await generate_all(client, PROMPTS, max_tokens=MAX_TOKENS, temperature=0)
-        stats = await client.stats()  # before the session, whose blocks stay held until kvcache stores them
-        first = PROMPTS[3]
-        turn1 = await client.generate(first, session_id="s-shapes", max_tokens=MAX_TOKENS, temperature=0)
-        second = first + turn1.token_ids + [7, 8, 9]
-        turn2 = await client.generate(second, session_id="s-shapes", max_tokens=8, temperature=0)
-    for prompt, out in zip(PROMPTS, outs, strict=True):
-        assert out.token_ids == greedy(prompt, MAX_TOKENS), f"the {len(prompt)}-token prompt diverged"
-    assert turn2.token_ids == greedy(second, 8) and turn2.cached_prompt_tokens >= 96  # turn 1's blocks, loaded
-    assert stats.num_running == 0 and all(w.num_device_blocks_used == 0 for w in stats.workers)
+    await assert_blocks_move_through_kvcache(mesh, checkpoint[1], PROMPTS, MAX_TOKENS, "s-shapes")
