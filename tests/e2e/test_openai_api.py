@@ -687,6 +687,9 @@ def test_the_clients_request_id_names_the_request_and_its_reply(http, default_me
     response = http.post("/v1/responses", headers={"X-Request-Id": "r-1"}, json={"input": "Hi", "max_output_tokens": 2})
     assert response.headers["x-request-id"] == "r-1" and response.json()["id"] == "resp_r-1"
     assert http.get("/v1/responses/resp_r-1").json()["id"] == "resp_r-1"  # stored under it
+    queued = http.post("/v1/responses", headers={"X-Request-Id": "r-3"},
+                       json={"input": "Hi", "max_output_tokens": 2, "background": True})
+    assert queued.headers["x-request-id"] == "r-3" and queued.json()["id"] == "resp_r-3"
     message = {"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
     reply = http.post("/v1/messages", headers={"X-Request-Id": "m-1"}, json=message)
     assert reply.headers["x-request-id"] == "m-1" and reply.json()["id"] == "msg_m-1"
