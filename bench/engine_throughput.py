@@ -93,15 +93,11 @@ def dense_floor_runner(model, chunk: int = 512) -> Runner:
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             if hasattr(attn, "qkv_proj"):
-                attn.qkv_proj(x)
-                x = x + attn.o_proj(x[:, : attn.q_size])
-            else:  # Gemma 4's projections apart (none for k and v in its KV-sharing layers), and per-layer inputs
-                for proj in (getattr(attn, "k_proj", None), getattr(attn, "v_proj", None)):
-                    if proj is not None:
-                        proj(x)
+                x = x + attn.o_proj(attn.qkv_proj(x)[:, : attn.q_size])
+            else:  # Gemma 4's KV-sharing layers: a query projection only
                 x = x + attn.o_proj(attn.q_proj(x))
-                if layer.per_layer:
-                    x = x + layer.per_layer_projection(layer.per_layer_input_gate(x))
+            if getattr(layer, "per_layer", False):  # Gemma 4's per-layer inputs
+                x = x + layer.per_layer_projection(layer.per_layer_input_gate(x))
             if mlp.gated:
                 gate, up = mlp.gate_up_proj(x).split(mlp.intermediate, dim=-1)
                 x = x + mlp.down_proj(torch.nn.functional.silu(gate) * up)

@@ -50,25 +50,27 @@ class Gemma4Attention(nn.Module):
         self.kv_layer = config.kv_layers.index(g.kv_source[layer])
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.eps = eps
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
+        self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.q_norm = _norm(config, self.head_dim)
-        if not self.shares:
-            self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
-            self.v_proj = None if g.k_eq_v and not self.sliding else nn.Linear(hidden, self.kv_heads * self.head_dim,
-                                                                              bias=False)
+        if self.shares:
+            self.q_proj = nn.Linear(hidden, self.q_size, bias=False)
+        else:  # q, k and v in one matmul (model.load_weights fills its rows by these widths); k as v: no v rows
+            self.v_size = 0 if g.k_eq_v and not self.sliding else self.kv_size
+            self.qkv_proj = nn.Linear(hidden, self.q_size + self.kv_size + self.v_size, bias=False)
             self.k_norm = _norm(config, self.head_dim)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
                 kv: PagedKVPool, shared: SharedKV) -> torch.Tensor:
         t, kernels = x.shape[0], batch.kernels
-        q = self._rotated(_normed(self.q_norm, self.q_proj(x).view(t, self.heads, self.head_dim), kernels), cos, sin,
-                          kernels)
+        qkv = self.q_proj(x) if self.shares else self.qkv_proj(x)
+        q = self._rotated(_normed(self.q_norm, qkv[:, : self.q_size].view(t, self.heads, self.head_dim), kernels),
+                          cos, sin, kernels)
         if self.shares:
             k, v = shared[self.kv_layer]
         else:
-            raw_k = self.k_proj(x).view(t, self.kv_heads, self.head_dim)
-            raw_v = raw_k if self.v_proj is None else self.v_proj(x).view(t, self.kv_heads, self.head_dim)
+            raw_k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.kv_heads, self.head_dim)
+            raw_v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim) if self.v_size else raw_k
             k = self._rotated(_normed(self.k_norm, raw_k, kernels), cos, sin, kernels)
             v = weightless_rms_norm(raw_v, self.eps)
             shared[self.kv_layer] = k, v

@@ -660,7 +660,7 @@ class LlamaForCausalLM(nn.Module):
         # Where each part of a fused q/k/v projection goes, by its attention's widths (a layer's own where layer
         # types have their own); gate/up: halves of whatever width the target has.
         widths = {f"{name}.qkv_proj": (m.q_size, m.kv_size, m.v_size) for name, m in self.named_modules()
-                  if isinstance(m, Attention)}
+                  if hasattr(m, "qkv_proj") and hasattr(m, "v_size")}  # Gemma 4's too, v_size 0 where k is v
         fused_parts: dict[str, set[str]] = {}  # fused parameter -> parts copied into it
         experts: dict[str, set[tuple[int, str]]] = {}  # stacked expert parameter -> (expert, part) copied
         loaded: set[str] = set()
@@ -697,7 +697,9 @@ class LlamaForCausalLM(nn.Module):
                        tensor)
             fused_parts.setdefault(target, set()).add(part)
         for target, parts in fused_parts.items():
-            missing = [p for p in (("q", "k", "v") if "qkv" in target else ("gate", "up")) if p not in parts]
+            wide = widths.get(target.rsplit(".", 1)[0], (1, 1, 1))
+            missing = [p for p, width in (zip("qkv", wide, strict=True) if "qkv" in target else (("gate", 1), ("up", 1)))
+                       if width and p not in parts]
             if missing:
                 raise KeyError(f"{target}: missing {missing} projection weights")
             loaded.add(target)
