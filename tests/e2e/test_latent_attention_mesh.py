@@ -10,11 +10,7 @@ import anyio
 import pytest
 
 from seawall import AsyncClient
-from tests.e2e.conftest import (
-    assert_blocks_move_through_kvcache,
-    random_prompts,
-    start_mesh,
-)
+from tests.e2e.conftest import assert_blocks_move_through_kvcache, random_prompts, start_mesh
 from tests.lora_adapters import make_adapter, peft_greedy
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import (
-    assert_blocks_move_through_kvcache,
-    random_prompts,
-    start_mesh,
-)
+from tests.e2e.conftest import assert_blocks_move_through_kvcache, random_prompts, start_mesh
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 
