@@ -7,6 +7,7 @@ import pytest
 from services.engine.config import EngineConfig
 from services.engine.runner import ModelRunner
 from services.engine.step_profile import (
+    PROFILE_CONTEXT,
     PROFILE_SHAPES,
     Planner,
     StepTimeFit,
@@ -70,12 +71,25 @@ def test_a_profile_without_a_cost_per_token_is_measured_again_with_more_repeats(
     assert calls == [1] + [1] * len(PROFILE_SHAPES) + [2] * len(PROFILE_SHAPES) + [4] * len(PROFILE_SHAPES)
 
 
-def test_shapes_larger_than_the_pool_are_left_out(tiny_model_dir):
+def test_shapes_larger_than_the_pool_are_left_out(tiny_model_dir, monkeypatch):
     # 24 blocks of 16 tokens: the 256-token prompt (16 blocks) fits, 32 decodes at 64 tokens (160) do not.
     small = ModelRunner(EngineConfig(model=str(tiny_model_dir), kv_cache_bytes=24 * 4 * 2 * 16 * 2 * 32 * 4))
     assert small.kv.num_blocks == 24
+    timed, time = [], Planner.time
+
+    def recorded(planner, chunks, decodes, repeats):
+        timed.append((list(chunks), len(decodes)))
+        return time(planner, chunks, decodes, repeats)
+
+    monkeypatch.setattr(Planner, "time", recorded)
     fit = profile_step_time(small, repeats=1)
-    assert fit.base_s > 0 and small.seqs == {}
+    planner = Planner(small)
+    need = {shape: planner.blocks_needed([(shape[0], 0)] if shape[0] else [], [PROFILE_CONTEXT] * shape[1])
+            for shape in PROFILE_SHAPES}
+    measured = {(chunks[0][0] if chunks else 0, decodes) for chunks, decodes in timed[1:]}  # after the warm-up
+    assert measured == {shape for shape, blocks in need.items() if blocks <= 24} != set(PROFILE_SHAPES)
+    # A fit of what was measured (its split between base and per token is the machine's noise at one repeat).
+    assert fit.base_s + fit.per_token_s > 0 and small.seqs == {}
 
 
 def test_the_worker_reports_its_profile_in_its_info(runner):
