@@ -43,9 +43,9 @@ class Gemma4Attention(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        g, c = config.gemma4, config.layer_attention(layer)
+        g = config.gemma4
         self.sliding = config.attends_locally(layer)
-        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.heads, (self.kv_heads, self.head_dim) = config.num_attention_heads, config.layer_heads(layer)
         self.shares = g.shares_kv(layer)
         self.kv_layer = config.kv_layers.index(g.kv_source[layer])
         hidden, eps = config.hidden_size, config.rms_norm_eps

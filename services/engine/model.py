@@ -165,8 +165,8 @@ class Attention(nn.Module):
         self.sliding = config.attends_locally(layer)
         # Llama 4: RoPE layers L2-norm q and k after rotating them.
         self.l2_norm_eps = config.rms_norm_eps if config.qk_l2_norm and layer not in config.nope_layers else None
-        own = config.layer_attention(layer)  # MiMo-V2-Flash's sliding layers have more KV heads
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, own.num_key_value_heads, own.head_dim
+        # MiMo-V2-Flash's sliding layers have more KV heads.
+        self.heads, (self.kv_heads, self.head_dim) = config.num_attention_heads, config.layer_heads(layer)
         self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         # MiMo-V2-Flash's values are narrower than its keys: cached padded to head_dim with zeros, which weigh
         # nothing in attention's output (its first value_dim features, exactly as unpadded).
@@ -265,7 +265,6 @@ class Attention(nn.Module):
             o = (o.view(t, self.heads, -1) * gate[..., None]).view(t, -1) if self.gate_per_head else o * gate
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
-
 
     def _no_sinks(self, device: torch.device) -> torch.Tensor:
         """A sink of -inf per head (fp32, as the fused kernels take sinks), made once."""

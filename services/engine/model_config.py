@@ -333,7 +333,7 @@ class ModelConfig:
     # of those layers keeps KV and a recurrent state; every other layer, only a state); None: none.
     shared_blocks: SharedBlocks | None = None
     # (KV heads, head_dim) of the full-attention and of the sliding layers where they are not the model's: Gemma
-    # 4's wider full layers, MiMo-V2-Flash's sliding layers with twice the KV heads (layer_attention).
+    # 4's wider full layers, MiMo-V2-Flash's sliding layers with twice the KV heads (layer_heads).
     full_layer_heads: tuple[int, int] | None = None
     sliding_layer_heads: tuple[int, int] | None = None
     # MiMo-V2-Flash: values narrower than keys (the KV pool holds them padded to head_dim) and scaled by this.
@@ -455,9 +455,31 @@ class ModelConfig:
                                  "sinks, latent or linear layers, with alibi_bias_max > 0 (alibi_bf16 with it)")
         if self.sinks_scale_output and not self.attention_sinks:
             raise ModelLoadError("sinks_scale_output is a form of attention sinks: set attention_sinks too")
+        self._check_layer_shapes()
         if self.shared_blocks is not None and not set(self.shared_blocks.layers) <= set(self.linear_layers):
             raise ModelLoadError(f"shared blocks run before a layer's Mamba-2 mixer: their layers "
                                  f"{self.shared_blocks.layers} must be linear layers ({self.linear_layers})")
+
+    def _check_layer_shapes(self) -> None:
+        """The fields that give layers attention shapes of their own (Gemma 4's, MiMo-V2-Flash's)."""
+        layers = range(self.num_hidden_layers)
+        for name in ("full_layer_heads", "sliding_layer_heads"):
+            heads = getattr(self, name)
+            if heads is not None and (min(heads) < 1 or self.num_attention_heads % heads[0]):
+                raise ModelLoadError(f"{name} {heads}: (KV heads, head_dim), both >= 1, the KV heads dividing "
+                                     f"num_attention_heads ({self.num_attention_heads})")
+        widths = [d for _, d in map(self.layer_heads, layers)]
+        if self.value_head_dim is not None and not 0 < self.value_head_dim <= min(widths):
+            raise ModelLoadError(f"value_head_dim {self.value_head_dim} must be in 1..head_dim: values are cached "
+                                 "padded to the keys' width")
+        if not (math.isfinite(self.value_scale) and self.value_scale > 0):
+            raise ModelLoadError(f"value_scale must be a positive number, got {self.value_scale}")
+        if self.sink_layers is not None and (not self.attention_sinks or not set(self.sink_layers) <= set(layers)):
+            raise ModelLoadError(f"sink_layers {self.sink_layers} are layers with attention sinks: set attention_sinks "
+                                 f"and name layers of the {self.num_hidden_layers}")
+        if self.gemma4 is not None and len(self.gemma4.kv_source) != self.num_hidden_layers:
+            raise ModelLoadError(f"Gemma 4's KV sources name {len(self.gemma4.kv_source)} layers of "
+                                 f"{self.num_hidden_layers}")
 
     def _check_rope(self) -> None:
         rope_type = self.rope_type
@@ -515,14 +537,11 @@ class ModelConfig:
         return tuple(i for i in range(self.num_hidden_layers)
                      if i not in linear and self.has_mixer(i) and not shares(i))
 
-    def layer_attention(self, layer: int) -> ModelConfig:
-        """The config ``layer``'s attention is built from: the model's, or with the KV heads and head width of its
-        type where those are its own (``full_layer_heads``, ``sliding_layer_heads``)."""
+    def layer_heads(self, layer: int) -> tuple[int, int]:
+        """``layer``'s (KV heads, head_dim): its type's where it has its own (``full_layer_heads``,
+        ``sliding_layer_heads``), else the model's."""
         own = self.sliding_layer_heads if self.slides(layer) else self.full_layer_heads
-        if own is None:
-            return self
-        return replace(self, num_key_value_heads=own[0], head_dim=own[1], full_layer_heads=None,
-                       sliding_layer_heads=None)
+        return own or (self.num_key_value_heads, self.head_dim)
 
     @property
     def full_attention(self) -> ModelConfig:
@@ -537,13 +556,13 @@ class ModelConfig:
         """Each KV pool layer's (KV heads, head_dim) where layer types have their own, else None."""
         if self.full_layer_heads is None and self.sliding_layer_heads is None:
             return None
-        return tuple((c.num_key_value_heads, c.head_dim) for c in map(self.layer_attention, self.kv_layers))
+        return tuple(map(self.layer_heads, self.kv_layers))
 
     @property
     def kv_slot(self) -> tuple[int, int]:
         """(KV heads, head_dim) of the KV pool's slots: each layer's, or where they differ the narrowest layer's
         (one KV head as wide as their greatest common width where that one does not divide the others); a layer
-        fills ``kv_slots_of`` of them."""
+        fills ``heads * head_dim`` / that of them (``kv_slots``: how many in all)."""
         shapes = self.kv_layer_shapes
         if shapes is None:
             return self.num_key_value_heads, self.head_dim

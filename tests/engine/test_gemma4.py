@@ -58,8 +58,7 @@ def test_e2b_as_published_reads_as_transformers_reads_it():
             assert modes[source] == "store" and hf.layer_types[source] == hf.layer_types[i] and source < 15
         else:
             assert source == i
-        attention = config.layer_attention(i)
-        assert (attention.num_key_value_heads, attention.head_dim) == _heads(hf, i)
+        assert config.layer_heads(i) == _heads(hf, i)
         assert g.mlp_width(i, config.intermediate_size) == 6144 * (2 if i >= 15 else 1)
     assert (g.per_layer_input, g.per_layer_vocab, g.num_experts, g.k_eq_v) == (256, 262144, 0, False)
     assert [config.slides(i) for i in range(35)] == [t == _S for t in hf.layer_types]
@@ -84,7 +83,7 @@ def test_named_alone_it_takes_transformers_defaults():
                            "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
                            "rms_norm_eps", "sliding_window", "hidden_activation", "tie_word_embeddings"))
     assert [config.slides(i) for i in range(30)] == [t == _S for t in hf.layer_types]
-    assert all(config.layer_attention(i).head_dim == _heads(hf, i)[1] for i in range(30))
+    assert all(config.layer_heads(i) == _heads(hf, i) for i in range(30))
     g = config.gemma4
     assert (g.per_layer_input, g.per_layer_vocab) == (hf.hidden_size_per_layer_input, hf.vocab_size_per_layer_input)
     assert config.kv_layers == tuple(range(30)) and not g.num_experts and config.final_softcap is None

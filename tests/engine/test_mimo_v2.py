@@ -5,6 +5,8 @@ tests/seawall/offline/test_layer_kv_shapes.py (every scheduling path) and tests/
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from services.common.errors import InvalidArgument, ModelLoadError
@@ -33,8 +35,7 @@ def test_named_alone_it_takes_transformers_defaults():
     sliding = tuple(i for i, t in enumerate(hf.layer_types) if t == "sliding_attention")
     assert config.sliding_layers == sliding and config.sliding_window == hf.sliding_window
     assert config.sink_layers == sliding and config.attention_sinks
-    assert all((config.layer_attention(i).num_key_value_heads, config.layer_attention(i).head_dim)
-               == ((8 if i in sliding else 4), 192) for i in range(48))
+    assert all(config.layer_heads(i) == ((8 if i in sliding else 4), 192) for i in range(48))
     assert (config.value_head_dim, config.value_scale) == (hf.v_head_dim, hf.attention_value_scale)
     assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (
         hf.n_routed_experts, hf.num_experts_per_tok, hf.moe_intermediate_size)
@@ -82,3 +83,19 @@ def test_a_lora_adapter_is_refused_saying_why(tmp_path):
                                     "v_head_dim": 16})
     with pytest.raises(InvalidArgument, match="MiMoV2FlashForCausalLM takes no LoRA adapters"):
         read_lora(LoraRef("sql", str(tmp_path)), config.lora_shape, 96)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"sliding_layer_heads": (3, 24)}, "sliding_layer_heads \\(3, 24\\): .* dividing num_attention_heads \\(4\\)"),
+    ({"full_layer_heads": (0, 24)}, "full_layer_heads \\(0, 24\\)"),
+    ({"value_head_dim": 25}, "value_head_dim 25 must be in 1..head_dim"),
+    ({"value_scale": 0.0}, "value_scale must be a positive number"),
+    ({"sink_layers": (5,)}, "sink_layers \\(5,\\) are layers with attention sinks"),
+    ({"attention_sinks": False}, "sink_layers \\(1,\\) are layers with attention sinks: set attention_sinks"),
+])
+def test_layer_shape_fields_are_checked(fields, message):
+    config = ModelConfig.from_dict({"architectures": [ARCH], "num_hidden_layers": 2, "hidden_size": 96,
+                                    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 24,
+                                    "v_head_dim": 16})
+    with pytest.raises(ModelLoadError, match=message):
+        dataclasses.replace(config, **fields)
