@@ -67,10 +67,11 @@ Runner = Callable[[Prompts, list[int]], list[list[int]]]  # (prompts, output len
 
 
 def seawall_runner(model_dir: str, scheduler: SchedulerConfig, kv_bytes: int, device: str = "cpu",
-                   dtype: str = "float32", cpu_kernels: bool = True) -> tuple[Runner, OfflineEngine]:
+                   dtype: str = "float32", cpu_kernels: bool = True,
+                   kv_sharing_fast_prefill: bool = True) -> tuple[Runner, OfflineEngine]:
     engine = OfflineEngine(
         EngineConfig(model=model_dir, device=device, dtype=dtype, block_size=16, kv_cache_bytes=kv_bytes,
-                     cpu_kernels=cpu_kernels),
+                     cpu_kernels=cpu_kernels, kv_sharing_fast_prefill=kv_sharing_fast_prefill),
         scheduler,
     )
 
@@ -85,10 +86,12 @@ def dense_floor_runner(model, chunk: int = 512) -> Runner:
     """Only the dense work every system here does: each layer's projections and MLP and the ``lm_head`` on the
     sampled rows, for the prompts (in chunks of ``chunk`` tokens) and every decode step, on random activations.
     No attention, norms, RoPE, sampling or bookkeeping: its time bounds what any engine computing the same
-    fp32 matmuls on this CPU could reach."""
+    fp32 matmuls on this CPU could reach. Gemma 4's KV-sharing layers take only the prompts' last rows, as
+    Seawall's fast prefill runs them (transformers runs them over every prompt token)."""
     layers, hidden = model.model.layers, model.config.hidden_size
+    tail = model.config.kv_free_tail or len(layers)
 
-    def dense(rows: int) -> None:
+    def dense(rows: int, layers=layers) -> None:
         x = torch.randn(rows, hidden)
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -108,7 +111,8 @@ def dense_floor_runner(model, chunk: int = 512) -> Runner:
     def run(prompts: Prompts, output_lens: list[int]) -> list[list[int]]:
         total = sum(len(p) for p in prompts)
         for start in range(0, total, chunk):
-            dense(min(chunk, total - start))
+            dense(min(chunk, total - start), layers[:tail])
+        dense(len(prompts), layers[tail:])
         model.lm_head(torch.randn(len(prompts), hidden))
         for step in range(1, max(output_lens)):
             rows = sum(n > step for n in output_lens)
@@ -311,6 +315,9 @@ def main() -> int:  # noqa: C901, PLR0915
         # The same engine without the fused CPU kernels: what they are worth, in this run.
         systems["seawall (torch ops)"], _ = seawall_runner(model_dir, SchedulerConfig(), kv, args.device, args.dtype,
                                                            cpu_kernels=False)
+    if engine.runner.model.config.kv_free_tail is not None:  # Gemma 4 E2B/E4B: what its fast prefill is worth
+        systems["seawall (every row shared)"], _ = seawall_runner(model_dir, SchedulerConfig(), kv, args.device,
+                                                                  args.dtype, kv_sharing_fast_prefill=False)
     if args.device == "cpu" and not engine.runner.checkpoint.config.recurrent:  # the floor is attention layers'
         systems["floor: dense ops only"] = dense_floor_runner(engine.runner.model)
     hf_model = load_hf(model_dir, device=args.device, dtype=args.dtype)

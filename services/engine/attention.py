@@ -128,6 +128,20 @@ class AttentionBatch:
     # A float8 e4m3 pool read by the torch ops in fp32: the fused kernels' gather, which widens as it copies
     # (exact, so whichever ops the model runs; torch's own e4m3 conversion is ~13x slower than the gather).
     float8_kernels: CpuKernels | None = None
+    # The rows logits are taken from, as a batch of their own, where the model's last layers write no KV
+    # (Gemma 4's KV-sharing layers: no later token reads their output, so those layers need no other rows).
+    sampled: SampledRows | None = None
+
+
+@dataclass
+class SampledRows:
+    """The rows of a flat batch that logits are taken from (``StepInputs.logits_index``'s), each sequence's as
+    the suffix of its rows from its first such row (the rows it samples or scores, and any between), attending
+    as they do in the whole batch: over the KV the batch's earlier layers wrote."""
+
+    rows: torch.Tensor  # [R] rows of the whole batch, in this batch's order
+    logits_index: torch.Tensor  # the step's logits_index, as rows of this batch
+    batch: AttentionBatch | None  # None when no row is sampled (every chunk stops short of its sequence's end)
 
 
 class AlibiMasks(NamedTuple):

@@ -193,7 +193,19 @@ def forward(lm: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, bat
     full = lm.rotary.cos_sin(positions, s.dtype)
     local = lm.local_rotary.cos_sin(positions, s.dtype) if lm.local_rotary is not None else full
     shared: SharedKV = {}
+    tail = c.kv_free_tail
     for i, layer in enumerate(model.layers):
+        if i == tail and (sampled := batch.sampled) is not None:
+            # The KV-sharing layers write no KV: only the rows logits are taken from go on (none: none do).
+            if sampled.batch is None:
+                break
+            rows, batch, logits_index = sampled.rows, sampled.batch, sampled.logits_index
+            s = s[rows]
+            inputs = None if inputs is None else inputs[rows]
+            shared = {layer: (k[rows], v[rows]) for layer, (k, v) in shared.items()}
+            # The batch's rows of cos and sin, not computed again: cos of one position rounds otherwise than of
+            # many at a last bit (vectorized), which bf16 shows.
+            full, local = ((cos[rows], sin[rows]) for cos, sin in (full, local))
         cos, sin = local if c.slides(i) else full
         s = layer(s, None if inputs is None else inputs[:, i], cos, sin, batch, kv, shared)
     s, _ = model.norm(s[logits_index])

@@ -11,7 +11,7 @@ sampled (a sequence samples when this step reaches the end of the tokens it know
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ from services.engine.attention import (
     DecodeRows,
     FreshChunks,
     PrefixChunk,
+    SampledRows,
 )
 from services.engine.lora import LoraBatch, lora_batch
 from services.engine.recurrent_state import RecurrentBatch, RecurrentStates, SpanGroup
@@ -96,21 +97,46 @@ def prepare_inputs(
     scheduled: list[tuple[SequenceState, int]], block_size: int, device: torch.device,
     kernels: CpuKernels | None = None, window: int | None = None, softcap: float | None = None,
     chunk: int | None = None, states: RecurrentStates | None = None, float8_kernels: CpuKernels | None = None,
+    sampled_rows: bool = False,
 ) -> StepInputs:
     """``scheduled``: (sequence, number of tokens to run); with ``kernels``, attention runs the fused CPU
     kernels: the decodes form one ``DecodeRows``, the prompt chunks one ``ChunkRows``. ``window``: the
     model's sliding window (its sliding layers' masks are built too); ``softcap``: its attention soft-cap
     (Gemma 2); ``chunk``: its attention chunk (Llama 4; its chunked layers' masks are built, as the window's);
     ``states``: its linear layers' recurrent states, which each sequence's ``state_slot`` indexes;
-    ``float8_kernels``: the kernels that read a float8 pool for the torch ops (``AttentionBatch.float8_kernels``).
-    Raises ``ValueError`` on an inconsistent plan."""
+    ``float8_kernels``: the kernels that read a float8 pool for the torch ops (``AttentionBatch.float8_kernels``);
+    ``sampled_rows``: also the batch of the rows logits are taken from (``AttentionBatch.sampled``), where they
+    are fewer than all. Raises ``ValueError`` on an inconsistent plan."""
     for seq, n in scheduled:
         _check(seq, n, block_size)
-    decodes = _decode_order([s for s, n in scheduled if n == 1], kernels is not None)
+    groups = _groups(scheduled, kernels is not None)
+    inputs = _prepare(groups, block_size, device, kernels, window, softcap, chunk, states, float8_kernels)
+    if sampled_rows:
+        inputs.attention.sampled = _sampled(inputs, groups, block_size, device, kernels, window, softcap, chunk,
+                                            float8_kernels)
+    return inputs
+
+
+_Groups = tuple[list[SequenceState], list[tuple[SequenceState, int]], list[tuple[SequenceState, int]]]
+
+
+def _groups(scheduled: list[tuple[SequenceState, int]], any_order: bool) -> _Groups:
+    """The flat batch's three parts, each in its order: decodes, fresh chunks, chunks after a prefix."""
+    decodes = _decode_order([s for s, n in scheduled if n == 1], any_order)
     fresh = sorted(((s, n) for s, n in scheduled if n > 1 and s.num_computed == 0), key=lambda sn: sn[1])
     prefixed = [(s, n) for s, n in scheduled if n > 1 and s.num_computed > 0]
-    ordered = [(s, 1) for s in decodes] + fresh + prefixed
+    return decodes, fresh, prefixed
 
+
+def _ordered(groups: _Groups) -> list[tuple[SequenceState, int]]:
+    return [(s, 1) for s in groups[0]] + groups[1] + groups[2]
+
+
+def _prepare(groups: _Groups, block_size: int, device: torch.device, kernels: CpuKernels | None,
+             window: int | None, softcap: float | None, chunk: int | None, states: RecurrentStates | None,
+             float8_kernels: CpuKernels | None) -> StepInputs:
+    decodes, fresh, prefixed = groups
+    ordered = _ordered(groups)
     ids: list[int] = []
     positions: list[int] = []
     logits_index: list[int] = []
@@ -164,6 +190,33 @@ def prepare_inputs(
     _chunk_groups(attention, fresh, prefixed, offset, block_size, device, span)
     return StepInputs(input_ids, positions_t, attention, _t(logits_index, device), sample_ids, scored, verified,
                       lora)
+
+
+def _sampled(inputs: StepInputs, groups: _Groups, block_size: int, device: torch.device,
+             kernels: CpuKernels | None, window: int | None, softcap: float | None, chunk: int | None,
+             float8_kernels: CpuKernels | None) -> SampledRows | None:
+    """``inputs``' sampled rows as a batch of their own (``SampledRows``), or None where that is every row. Each
+    sequence keeps the suffix of its rows from its first row in ``logits_index``: run as the same sequence
+    with the rows before that counted as computed, whose KV the batch's earlier layers have written."""
+    wanted = set(inputs.logits_index.tolist())
+    narrowed: list[tuple[SequenceState, int]] = []
+    ends: dict[str, int] = {}  # each kept sequence's end row in the whole batch
+    end = 0
+    for seq, n in _ordered(groups):
+        end += n
+        first = next((row for row in range(end - n, end) if row in wanted), end)
+        if first < end:
+            narrowed.append((replace(seq, num_computed=seq.num_computed + first - (end - n)), end - first))
+            ends[seq.seq_id] = end
+    if sum(m for _, m in narrowed) == end:
+        return None
+    if not narrowed:
+        return SampledRows(inputs.logits_index, inputs.logits_index, None)
+    groups = _groups(narrowed, kernels is not None)
+    batch = _prepare(groups, block_size, device, kernels, window, softcap, chunk, None, float8_kernels).attention
+    rows = [row for seq, m in _ordered(groups) for row in range(ends[seq.seq_id] - m, ends[seq.seq_id])]
+    at = {row: i for i, row in enumerate(rows)}
+    return SampledRows(_t(rows, device), _t([at[row] for row in inputs.logits_index.tolist()], device), batch)
 
 
 def _chunk_groups(attention: AttentionBatch, fresh: list[tuple[SequenceState, int]],

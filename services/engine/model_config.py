@@ -537,6 +537,14 @@ class ModelConfig:
         return tuple(i for i in range(self.num_hidden_layers)
                      if i not in linear and self.has_mixer(i) and not shares(i))
 
+    @property
+    def kv_free_tail(self) -> int | None:
+        """The first of the last layers that write no KV (Gemma 4's KV-sharing layers), or None: no later token
+        reads what they compute, so from there on only the rows logits are taken from need running."""
+        if self.gemma4 is None or not self.gemma4.shares_kv(self.num_hidden_layers - 1):
+            return None
+        return next(i for i in range(self.num_hidden_layers) if self.gemma4.shares_kv(i))
+
     def layer_heads(self, layer: int) -> tuple[int, int]:
         """``layer``'s (KV heads, head_dim): its type's where it has its own (``full_layer_heads``,
         ``sliding_layer_heads``), else the model's."""

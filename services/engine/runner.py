@@ -199,7 +199,8 @@ class ModelRunner:
         token, or for a sequence verifying drafts, the drafts kept and the token after them."""
         arch = self.model.config
         inputs = prepare_inputs(scheduled, self.config.block_size, self.device, self.kernels, arch.sliding_window,
-                                arch.attn_softcap, arch.attention_chunk, self.states, self.float8_kernels)
+                                arch.attn_softcap, arch.attention_chunk, self.states, self.float8_kernels,
+                                sampled_rows=self.config.kv_sharing_fast_prefill and arch.kv_free_tail is not None)
         # Embedding requests whose prompt ends here take their last token's hidden state instead of a sample.
         pool_rows = [i for i, sid in enumerate(inputs.sample_seq_ids) if self.seqs[sid].params.pooling]
         sample_ids = [sid for sid in inputs.sample_seq_ids if not self.seqs[sid].params.pooling]

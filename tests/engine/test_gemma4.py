@@ -169,3 +169,65 @@ def test_a_lora_adapter_is_refused_saying_why(tmp_path):
     config, _ = _text(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, head_dim=16)
     with pytest.raises(InvalidArgument, match="Gemma4ForCausalLM takes no LoRA adapters"):
         read_lora(LoraRef("sql", str(tmp_path)), config.lora_shape, 64)
+
+
+def _engine(path, fast: bool, dtype: str = "float32", **scheduler):
+    from seawall.offline.engine import OfflineEngine
+    from services.engine.config import EngineConfig
+    from services.scheduler.core.scheduler import SchedulerConfig
+
+    return OfflineEngine(EngineConfig(model=str(path), dtype=dtype, kv_sharing_fast_prefill=fast),
+                         SchedulerConfig(**scheduler))
+
+
+def _rows_through(layer) -> list[int]:
+    """The rows each call of ``layer`` is given, as it runs."""
+    rows: list[int] = []
+    layer.register_forward_hook(lambda _module, _args, out: rows.append(out.shape[0]))
+    return rows
+
+
+def test_kv_sharing_layers_run_only_the_rows_sampled_from(tmp_path, tiny_model_dir):
+    """The fast prefill (default): the KV-sharing layers, which write no KV, run the rows logits are taken from
+    and no other: a token sampled, one row. Tokens, logprobs and prompt logprobs are those of every row run
+    (through chunks of 7, a prompt scored, drafts verified); bf16's first token within a rounding of
+    transformers' whole-prompt pass (test_architectures has it bit for bit with the fast prefill off)."""
+    import torch
+
+    from services.common.sampling_params import SamplingParams
+    from tests.engine.test_architectures import CASES, save_checkpoint
+
+    model = save_checkpoint(CASES["gemma4-e2b"](), tmp_path, tiny_model_dir)
+    g = torch.Generator().manual_seed(50)
+    prompts = [torch.randint(3, 4096, (n,), generator=g).tolist() for n in (40, 150)]
+    rows = {}
+    for fast in (True, False):
+        engine = _engine(tmp_path, fast, chunk_size=7)
+        layers = engine.runner.model.model.layers
+        first, last = _rows_through(layers[0]), _rows_through(layers[-1])
+        engine.generate(prompts, [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)] * 2)
+        rows[fast] = [sum(first), sum(last)]
+    assert rows == {True: [204, 16], False: [204, 204]}  # 190 prompt tokens and 14 decodes; 16 tokens sampled
+
+    repeating = [*range(10, 30)] * 3  # n-gram drafts find matches in it
+    params = [SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3, prompt_logprobs=2),
+              SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)]
+    runs = [_engine(tmp_path, fast, chunk_size=7, num_speculative_tokens=3).generate([repeating, prompts[1]], params)
+            for fast in (True, False)]
+    for on, off in zip(*runs, strict=True):
+        assert on.token_ids == off.token_ids
+        for a, b in zip(on.logprobs + on.prompt_logprobs, off.logprobs + off.prompt_logprobs, strict=True):
+            assert a.token_id == b.token_id and a.logprob == pytest.approx(b.logprob, abs=1e-5)
+    assert len(runs[0][0].prompt_logprobs) == len(repeating) - 1
+
+    bf16 = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    got = _engine(tmp_path, True, "bfloat16").generate(
+        prompts, [SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=5)] * 2)
+    for prompt, comp in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            want = torch.log_softmax(bf16(torch.tensor([prompt])).logits[0, -1].float(), -1)
+        top = comp.logprobs[0].top_logprobs
+        # bf16 logits near 4 are 2 ** -6 apart: a few such steps (the 150-token prompt: at most 2 of them).
+        assert [lp for _, lp in top] == pytest.approx([want[t].item() for t, _ in top], abs=3 * 2 ** -6)
+        assert want[comp.token_ids[0]] >= want.max() - 3 * 2 ** -6
+    del model

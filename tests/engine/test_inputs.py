@@ -84,6 +84,39 @@ def test_no_decodes_no_rows():
     assert inputs.attention.chunk_rows is None and inputs.attention.decode_rows.size == 1
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "kernels"])
+def test_sampled_rows_are_each_sequences_rows_from_its_first_one_logits_read(fused):
+    """``sampled_rows``: the rows logits are taken from as a batch of their own (Gemma 4's KV-sharing layers run
+    only those), each sequence's from its first such row to its end, over the context before it. A sequence
+    scoring its prompt keeps all its rows; a chunk with tokens left, none."""
+    kernels = cpu_kernels.load() if fused else None
+    if fused and kernels is None:
+        pytest.skip("no C compiler: the fused kernels cannot be built here")
+    scoring = SequenceState("p", list(range(200, 212)), 12, 4, [60, 61, 62], SamplingParams(prompt_logprobs=1))
+    inputs = prepare_inputs([*_step(), (scoring, 5)], BLOCK, CPU, kernels, sampled_rows=True)
+    # ds, dm, dl decode; f1 and f2 sample their last rows; c has tokens left; p scores rows 19-23.
+    assert inputs.logits_index.tolist() == [0, 1, 2, 8, 14, 19, 20, 21, 22, 23]
+    sampled = inputs.attention.sampled
+    # Their own layout: one-row sequences by context (ds, f1, f2, dm, dl), then p's chunk after its 4 tokens.
+    assert sampled.rows.tolist() == [0, 8, 14, 1, 2, 19, 20, 21, 22, 23]
+    assert sampled.rows[sampled.logits_index].tolist() == inputs.logits_index.tolist()
+    batch, whole = sampled.batch, inputs.attention
+    assert batch.slot_blocks.tolist() == whole.slot_blocks[sampled.rows].tolist()
+    assert batch.slot_offsets.tolist() == whole.slot_offsets[sampled.rows].tolist()
+    assert batch.sampled is None and batch.kernels is kernels
+    if fused:
+        assert batch.decode_rows.context_lens.tolist() == [3, 6, 6, 9, 30]
+        assert batch.chunk_rows.prefix.tolist() == [4] and batch.chunk_rows.lens.tolist() == [5]
+    else:
+        assert sum(g.size for g in batch.decodes) == 5 and batch.fresh == []
+        assert [(p.token_start, p.num_tokens, p.context_len) for p in batch.prefixed] == [(5, 5, 9)]
+    # Every row sampled (decodes only): no batch of its own; none sampled (a chunk with tokens left): no rows.
+    assert prepare_inputs([(_seq("d", 6, 5, 0), 1)], BLOCK, CPU, kernels, sampled_rows=True).attention.sampled is None
+    none = prepare_inputs([(_seq("c", 20, 8, 0), 4)], BLOCK, CPU, kernels, sampled_rows=True).attention.sampled
+    assert none.batch is None and none.rows.tolist() == none.logits_index.tolist() == []
+    assert prepare_inputs(_step(), BLOCK, CPU, kernels).attention.sampled is None  # not asked for
+
+
 def test_recurrent_states_are_grouped_as_the_flat_batch_lays_sequences_out():
     """A hybrid model's layers run the decodes as one group and each run of equal-length prompt chunks as
     another, with the state slots of their sequences in token order."""
