@@ -9,7 +9,7 @@ from pathlib import Path
 
 from seawall.commands.paths import check_output_file, write_output_file
 from services.common.errors import InvalidArgument, NotFound
-from services.engine.config import add_kv_cache_dtype_flag, add_kv_sharing_flag
+from services.engine.config import add_kv_cache_dtype_flag
 from services.engine.model_config import add_max_model_len_flag
 from services.scheduler.core.config import MLFQ_PRESETS, SchedulerConfig
 from services.scheduler.core.policies import POLICY_NAMES
@@ -30,7 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step (default 256)")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size in bytes")
     add_kv_cache_dtype_flag(p)
-    add_kv_sharing_flag(p)
     add_max_model_len_flag(p)
     p.add_argument("--swap-bytes", type=int, default=256 * 2**20, help="host memory for swapped-out KV, bytes")
     p.add_argument("--policy", choices=POLICY_NAMES, default="sarathi",
@@ -107,8 +106,7 @@ def run(args: argparse.Namespace) -> int:
     engine = OfflineEngine(
         EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
                      kv_cache_bytes=args.kv_cache_bytes, kv_cache_dtype=args.kv_cache_dtype,
-                     swap_bytes=args.swap_bytes, cpu_kernels=not args.no_cpu_kernels, max_model_len=args.max_model_len,
-                     kv_sharing_fast_prefill=not args.no_kv_sharing_fast_prefill),
+                     swap_bytes=args.swap_bytes, cpu_kernels=not args.no_cpu_kernels, max_model_len=args.max_model_len),
         sched,
     )
     model_name = args.model or "seawall-builtin-tiny"

@@ -27,7 +27,7 @@ from services.common.errors import InvalidArgument
 from services.common.lora import read_lora
 from services.common.step import LoraRef
 from services.engine.checkpoint import resolve_model_dir
-from services.engine.config import add_kv_cache_dtype_flag, add_kv_sharing_flag
+from services.engine.config import add_kv_cache_dtype_flag
 from services.engine.model_config import ModelConfig, add_max_model_len_flag
 from services.scheduler.main import (
     add_api_flags,
@@ -61,7 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_worker_thread_flags(p)
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool bytes per worker")
     add_kv_cache_dtype_flag(p)
-    add_kv_sharing_flag(p)
     add_max_model_len_flag(p)
     p.add_argument("--no-nixl", action="store_true", help="workers start no NIXL agent (gRPC KV fallback)")
     p.add_argument("--no-cpu-kernels", action="store_true",
@@ -174,8 +173,6 @@ def options_from(args: argparse.Namespace) -> MeshOptions:
         workers.append("--no-nixl")
     if args.no_cpu_kernels:
         workers.append("--no-cpu-kernels")
-    if args.no_kv_sharing_fast_prefill:
-        workers.append("--no-kv-sharing-fast-prefill")
     # A model with linear-attention layers: each worker makes room for a recurrent state per sequence a step runs.
     workers += worker_thread_args(args) + ["--max-cpu-loras", str(args.max_cpu_loras),
                                            "--state-checkpoints", str(args.state_checkpoints),

@@ -51,7 +51,10 @@ class DecodeGroup:
     token_start: int
     size: int
     block_tables: torch.Tensor  # [size, max_blocks], padded with block 0 (masked out)
-    mask: torch.Tensor  # [size, 1, 1, max_blocks * block_size] bool: key is inside the context
+    # [size, 1, 1, keys] bool: key is inside the context; keys = the longest context, whose sequence attends
+    # over exactly its keys (in bf16, SDPA over keys padded to a whole block rounds otherwise: a decode of a
+    # lone sequence is then transformers' own, and so is Gemma 4's fast prefill's first token).
+    mask: torch.Tensor
     # The same, inside the last ``AttentionBatch.window`` keys only; None where the window cuts nothing off.
     window_mask: torch.Tensor | None = None
 
@@ -211,9 +214,11 @@ def paged_attention(
         mask = g.window_mask if windowed and g.window_mask is not None else g.mask
         if alibi is not None:
             mask = batch.alibi_masks.decodes[i]
-        o = _sdpa(q[span].unsqueeze(2), gather(k_cache, g.block_tables, q.dtype, batch.float8_kernels, k_scale),
-                  gather(v_cache, g.block_tables, q.dtype, batch.float8_kernels, v_scale), mask, batch.softcap,
-                  sinks, scale=scale, sink_scaled=sink_scaled)
+        keys = g.mask.shape[-1]
+        o = _sdpa(q[span].unsqueeze(2),
+                  gather(k_cache, g.block_tables, q.dtype, batch.float8_kernels, k_scale)[:, :, :keys],
+                  gather(v_cache, g.block_tables, q.dtype, batch.float8_kernels, v_scale)[:, :, :keys], mask,
+                  batch.softcap, sinks, scale=scale, sink_scaled=sink_scaled)
         out[span] = o.squeeze(2)
     for i, g in enumerate(batch.fresh):
         span = slice(g.token_start, g.token_start + g.count * g.length)

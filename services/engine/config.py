@@ -24,13 +24,6 @@ def add_kv_cache_dtype_flag(p: argparse.ArgumentParser) -> None:
                         "rounded")
 
 
-def add_kv_sharing_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-kv-sharing-fast-prefill", action="store_true",
-                   help="a model whose last layers read earlier layers' KV (Gemma 4 E2B, E4B): run them over every "
-                        "prompt token, not only the rows sampled from (slower; in bf16 the first token's logprobs "
-                        "then round as transformers' whole-prompt pass, bit for bit)")
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     # Hugging Face checkpoint directory; None means the built-in model (created once in the cache dir).
@@ -71,8 +64,8 @@ class EngineConfig:
     # their slot (0: they are dropped). On a GPU these cost host RAM only (64 of Qwen3-Next-80B's: 4.7 GiB).
     host_state_checkpoints: int = 64
     # A model whose last layers write no KV of their own (Gemma 4's KV-sharing layers): those layers run only
-    # the rows logits are taken from (vLLM's kv_sharing_fast_prefill; YOCO's): no later token reads the others.
-    # A prompt's first token is then attended as a decode is, which in bf16 rounds otherwise at a last bit.
+    # the rows logits are taken from (vLLM's kv_sharing_fast_prefill, transformers' generate): no later token
+    # reads the others. False: every row, as a forward pass without logits_to_keep (the bench's baseline).
     kv_sharing_fast_prefill: bool = True
 
     def __post_init__(self) -> None:

@@ -306,7 +306,7 @@ def _decode_group(seqs: list[SequenceState], token_start: int, block_size: int, 
     context_lens = [s.num_computed + 1 for s in seqs]
     max_blocks = -(-max(context_lens) // block_size)
     tables = [(s.block_ids + [0] * max_blocks)[:max_blocks] for s in seqs]
-    keys = torch.arange(max_blocks * block_size, device=device)[None, :]
+    keys = torch.arange(max(context_lens), device=device)[None, :]
     ends = _t(context_lens, device)[:, None]
     mask = keys < ends
     cut = span.cuts(max(context_lens))

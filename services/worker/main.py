@@ -24,7 +24,7 @@ from services.common.grpc_server import CHANNEL_OPTIONS, Server, run_service, wa
 from services.common.metrics import serve_metrics
 from services.common.rpc import rpc
 from services.common.tracing import setup_tracing
-from services.engine.config import EngineConfig, add_kv_cache_dtype_flag, add_kv_sharing_flag
+from services.engine.config import EngineConfig, add_kv_cache_dtype_flag
 from services.engine.model_config import add_max_model_len_flag
 from services.engine.runner import ModelRunner
 from services.engine.step_profile import profile_step_time
@@ -42,7 +42,6 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="bytes of KV pool (default: see docs)")
     add_kv_cache_dtype_flag(p)
-    add_kv_sharing_flag(p)
     p.add_argument("--swap-bytes", type=int, default=256 * 2**20, help="bytes of host swap pool")
     p.add_argument("--no-cpu-kernels", action="store_true",
                    help="CPU fp32 attention, norms and RoPE as plain torch ops instead of the fused C kernels")
@@ -66,8 +65,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
                         swap_bytes=args.swap_bytes,
                         cpu_kernels=not args.no_cpu_kernels, max_idle_loras=args.max_cpu_loras,
                         max_model_len=args.max_model_len, state_slots=args.state_slots,
-                        state_checkpoints=args.state_checkpoints, host_state_checkpoints=args.host_state_checkpoints,
-                        kv_sharing_fast_prefill=not args.no_kv_sharing_fast_prefill)
+                        state_checkpoints=args.state_checkpoints, host_state_checkpoints=args.host_state_checkpoints)
 
 
 def parse_args(argv: list[str] | None, role: str | None) -> WorkerConfig:

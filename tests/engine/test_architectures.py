@@ -1116,9 +1116,7 @@ def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir)
     save_checkpoint(CASES[name](), tmp_path, tiny_model_dir)
     # Loaded in bf16 (a model cast with .to() would round its RoPE frequencies too).
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
-    # Gemma 4's KV-sharing layers over every prompt token, as there (test_gemma4 has the fast prefill's bf16).
-    engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="bfloat16", kv_sharing_fast_prefill=False),
-                           SchedulerConfig(chunk_size=512))
+    engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="bfloat16"), SchedulerConfig(chunk_size=512))
     layer = engine.runner.model.model.layers[1]  # an attention layer in each
     if name in ("qwen3-next", "gemma3"):
         assert layer.input_layernorm.weight.dtype == layer.self_attn.q_norm.weight.dtype == torch.float32
