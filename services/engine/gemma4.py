@@ -10,7 +10,8 @@ reads configs); the layers are in gemma4_layer.py.
   and no value projection: a value is its key's projection before the key's norm and RoPE. Their RoPE is
   "proportional" (rope.py) over the whole wide head.
 * The last ``num_kv_shared_layers`` layers keep no KV: each reads the keys and values of the last earlier layer
-  of its type (transformers' "store" layers); with ``use_double_wide_mlp`` their MLPs are twice as wide.
+  of its type (transformers' "store" layers); with ``use_double_wide_mlp`` their MLPs are twice as wide. No later
+  token reads what they compute: they run the rows sampled from only (``ModelConfig.kv_free_tail``).
 * Per-layer inputs (``hidden_size_per_layer_input`` > 0): a second embedding table gives each token a small
   vector per layer, averaged with a projection of its embedding; each layer gates its output by it, projects it
   back and adds it, normed, to the stream.
