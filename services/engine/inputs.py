@@ -199,6 +199,8 @@ def _sampled(inputs: StepInputs, groups: _Groups, block_size: int, device: torch
     sequence keeps the suffix of its rows from its first row in ``logits_index``: run as the same sequence
     with the rows before that counted as computed, whose KV the batch's earlier layers have written."""
     wanted = set(inputs.logits_index.tolist())
+    if len(wanted) == len(inputs.input_ids):  # every row (decodes only)
+        return None
     narrowed: list[tuple[SequenceState, int]] = []
     ends: dict[str, int] = {}  # each kept sequence's end row in the whole batch
     end = 0
@@ -208,8 +210,6 @@ def _sampled(inputs: StepInputs, groups: _Groups, block_size: int, device: torch
         if first < end:
             narrowed.append((replace(seq, num_computed=seq.num_computed + first - (end - n)), end - first))
             ends[seq.seq_id] = end
-    if sum(m for _, m in narrowed) == end:
-        return None
     if not narrowed:
         return SampledRows(inputs.logits_index, inputs.logits_index, None)
     groups = _groups(narrowed, kernels is not None)
