@@ -17,6 +17,7 @@ from typing import Any
 from services.common.errors import ModelLoadError
 from services.engine import (
     bloom,
+    cohere2_moe,
     falcon,
     falcon_h1,
     gemma4,
@@ -419,6 +420,10 @@ ALIASES = {
     # heads and sinks, values narrower than keys and scaled, RoPE over a third of each head.
     mimo_v2.ARCH: Alias("Glm4MoeForCausalLM", defaults=mimo_v2.DEFAULTS, mlp_layers="mlp_layer_types",
                         ignored=("use_qk_norm", "partial_rotary_factor"), rewrite=mimo_v2.rewrite, fields=mimo_v2.fields),
+    # Command A MoE (cohere2_moe.py): Cohere 2's block over experts after a dense prefix of its own width and window
+    # pattern (rotating in every layer with a pattern of 1), top-k softmax or sigmoid routing, the shared MLP averaged in.
+    cohere2_moe.ARCH: Alias("Cohere2ForCausalLM", defaults=cohere2_moe.DEFAULTS, rewrite=cohere2_moe.rewrite,
+                            fields=cohere2_moe.fields),
     # Zamba2 (zamba2.py): Mamba-2 in every layer, a shared transformer block (attention over the stream and the
     # embeddings, a GELU-gated MLP, per-layer adapters) before it in the hybrid layers.
     zamba2.ARCH: Alias("LlamaForCausalLM", zamba2.NAMES, defaults=zamba2.DEFAULTS, ignored=zamba2.IGNORED,

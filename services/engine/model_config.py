@@ -235,6 +235,8 @@ class ModelConfig:
     # "sparsemixer" (Phi-3.5-MoE, top 2): the best expert weighed by its softmax over the experts whose logits
     # are within sparsemixer_eps (relatively, doubled) of it; then the best of the rest, by the same rule.
     # "softmax_fp32" (Hunyuan): "softmax" over an fp32 router on fp32 inputs, its weights kept fp32.
+    # "topk_sigmoid" (Cohere2-MoE's sigmoid): the top k logits' sigmoids, renormalized with norm_topk_prob, in the
+    # router's dtype.
     moe_routing: str = "softmax"
     sparsemixer_eps: float = 0.01
     moe_groups: int = 1
@@ -249,6 +251,8 @@ class ModelConfig:
     router_fp32: bool = True
     # Qwen2-MoE scales its shared expert by a sigmoid gate of its own; GLM-4.5 adds it as it is.
     shared_expert_gated: bool = True
+    # Cohere2-MoE's "average": the routed and shared experts' outputs averaged, not summed.
+    shared_expert_averaged: bool = False
     # GPT-OSS's experts: the router and each expert have biases; experts have a clamped SwiGLU,
     # (up + 1) * gate * sigmoid(swiglu_alpha * gate) with gate <= swiglu_limit and |up| <= swiglu_limit
     # (None: plain SwiGLU).

@@ -12,6 +12,7 @@ any dtype, and adds an ungated shared expert; DeepSeek-V2 routes by softmax with
 (``_group_softmax_routing``), its router in fp32 too. Llama 4 scales each token by the sigmoid of its chosen
 expert's logit on the way into the expert rather than weighing the output (``sigmoid_input``). ERNIE 4.5
 chooses by softmax probability plus a correction bias and weighs by the probability (``softmax_biased``).
+Command A MoE weighs its top-k logits' softmax or sigmoids (``topk_sigmoid``) and averages a shared MLP in.
 Nemotron-H routes as DeepSeek-V3 to ungated ReLU² experts, which Nemotron 3 runs in a latent space (its
 hidden state projected down before them and their sum up after).
 
@@ -102,6 +103,7 @@ class SparseMoE(nn.Module):
         if not config.mlp_gated:  # Nemotron-H: the activation alone (ReLU²), no gate
             self.act = ACTIVATIONS[config.hidden_act]
         self.shared_expert = shared_expert
+        self.shared_averaged = config.shared_expert_averaged
         self.shared_expert_gate = (nn.Linear(config.hidden_size, 1, bias=False)
                                    if shared_expert is not None and config.shared_expert_gated else None)
 
@@ -122,6 +124,8 @@ class SparseMoE(nn.Module):
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * shared
             out = out + shared
+            if self.shared_averaged:  # Cohere2-MoE's "average"
+                out = out / 2
         return out
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,6 +148,11 @@ class SparseMoE(nn.Module):
         elif self.routing == "sigmoid_input":  # Llama 4: the chosen logits' sigmoids, applied to the inputs below
             top, chosen = torch.topk(F.linear(x, self.gate.weight), self.top_k, dim=-1)
             weights = torch.sigmoid(top.float()).to(x.dtype)
+        elif self.routing == "topk_sigmoid":  # Cohere2-MoE's: chosen by logit, in the router's dtype
+            top, chosen = torch.topk(F.linear(x, self.gate.weight), self.top_k, dim=-1)
+            weights = torch.sigmoid(top)
+            if self.normalize:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
         elif self.routing == "topk_softmax":  # as transformers computes it: GPT-OSS's in the model's dtype
             top, chosen = torch.topk(F.linear(x, self.gate.weight, self.gate.bias), self.top_k, dim=-1)
             weights = (torch.softmax(top.float(), dim=-1).to(x.dtype) if self.router_fp32

@@ -306,6 +306,19 @@ CASES = {
                                                         **{**COMMON, "pad_token_id": 0}),
     "cohere2": lambda: transformers.Cohere2Config(sliding_window=24, logit_scale=0.3,
                                                   **{**COMMON, "num_hidden_layers": 4, "pad_token_id": 0}),
+    # Command A MoE: Cohere 2's block; two dense layers of their own width, full attention rotating anyway; then
+    # experts by the softmax of the top 2 logits, the shared MLP averaged in; three of four routed layers sliding.
+    "cohere2-moe": lambda: transformers.Cohere2MoeConfig(
+        sliding_window=24, logit_scale=0.3, head_dim=16, prefix_dense_intermediate_size=96,
+        first_k_dense_replace=2, num_experts=4, num_shared_experts=1, num_hidden_layers=6,
+        **{**_NO_LAYERS, "intermediate_size": 48, "pad_token_id": 0}),
+    # Its sigmoid routing renormalized, two experts' worth of shared MLP added, RMSNorms, a dense layer sliding
+    # (a window pattern of 2 for the prefix: without RoPE where full).
+    "cohere2-moe-sigmoid": lambda: transformers.Cohere2MoeConfig(
+        sliding_window=24, logit_scale=0.3, head_dim=16, expert_selection_fn="sigmoid", rms_norm_eps=1e-6,
+        shared_expert_combination_strategy="sum", num_shared_experts=2, first_k_dense_replace=2,
+        prefix_dense_sliding_window_pattern=2, sliding_window_pattern=2, num_experts=4, num_hidden_layers=4,
+        **{**_NO_LAYERS, "intermediate_size": 48, "pad_token_id": 0}),
     # Apertus: an ungated MLP whose xIELU activation has learned slopes per layer, Qwen3's q/k norms, norms named
     # for what they feed, transformers' default RoPE (llama3 scaling, a 12M base).
     "apertus": lambda: transformers.ApertusConfig(**{**COMMON, "pad_token_id": 0}),
@@ -1069,6 +1082,9 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
     if model.config.model_type in ("exaone4", "cohere2", "afmoe", "exaone_moe"):  # global layers take no positions
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
+    elif model.config.model_type == "cohere2_moe":  # nor Command A MoE's, but a dense prefix's forced to rotate
+        want = tuple(i for i, layer in enumerate(model.model.layers) if layer.self_attn.sliding_window is None
+                     and not layer.self_attn.force_rope)
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
     elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear", "opt", "gpt2", "gpt_bigcode", "bloom",
