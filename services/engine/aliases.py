@@ -30,6 +30,7 @@ from services.engine import (
     kimi_linear,
     lfm3,
     mamba,
+    mellum,
     mimo_v2,
     mpt,
     nemotron_h,
@@ -420,6 +421,10 @@ ALIASES = {
     # heads and sinks, values narrower than keys and scaled, RoPE over a third of each head.
     mimo_v2.ARCH: Alias("Glm4MoeForCausalLM", defaults=mimo_v2.DEFAULTS, mlp_layers="mlp_layer_types",
                         ignored=("use_qk_norm", "partial_rotary_factor"), rewrite=mimo_v2.rewrite, fields=mimo_v2.fields),
+    # Mellum 2 (mellum.py): Qwen3-MoE with sliding layers and a RoPE base per layer type, dense layers by
+    # mlp_layer_types, its multi-token-prediction layer skipped.
+    mellum.ARCH: Alias("Qwen3MoeForCausalLM", defaults=mellum.DEFAULTS, ignored=mellum.IGNORED, rewrite=mellum.rewrite,
+                       fields=mellum.fields),
     # Command A MoE (cohere2_moe.py): Cohere 2's block over experts after a dense prefix of its own width and window
     # pattern (rotating in every layer with a pattern of 1), top-k softmax or sigmoid routing, the shared MLP averaged in.
     cohere2_moe.ARCH: Alias("Cohere2ForCausalLM", defaults=cohere2_moe.DEFAULTS, rewrite=cohere2_moe.rewrite,

@@ -500,6 +500,14 @@ CASES = {
         head_dim=24, v_head_dim=16, num_key_value_heads=1, sliding_window=24, moe_intermediate_size=32,
         num_experts_per_tok=2, n_routed_experts=8, n_group=2, topk_group=1, num_hidden_layers=4,
         **{k: v for k, v in _NO_LAYERS.items() if k != "num_key_value_heads"}),
+    # Mellum 2: Qwen3-MoE's attention and experts, sliding layers and a RoPE base per layer type, a dense first
+    # layer (mlp_layer_types).
+    "mellum": lambda: transformers.MellumConfig(
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"], sliding_window=24, head_dim=16, num_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, num_hidden_layers=4,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}, **_NO_LAYERS),
     # Qwen3-MoE: q/k norms, top-2 of 8 renormalized, only every other layer routing (decoder_sparse_step).
     "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
@@ -1113,7 +1121,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
                                   "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4",
-                                  "mimo-v2-flash"])
+                                  "mimo-v2-flash", "mellum"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
