@@ -33,6 +33,7 @@ from services.engine import (
     mellum,
     mimo_v2,
     mpt,
+    nanochat,
     nemotron_h,
     opt,
     zamba2,
@@ -425,6 +426,9 @@ ALIASES = {
     # mlp_layer_types, its multi-token-prediction layer skipped.
     mellum.ARCH: Alias("Qwen3MoeForCausalLM", defaults=mellum.DEFAULTS, ignored=mellum.IGNORED, rewrite=mellum.rewrite,
                        fields=mellum.fields),
+    # nanochat (nanochat.py): Llama with weightless RMSNorms (the embeddings normed too), q/k normed after a RoPE
+    # turning the other way, an ungated ReLU² MLP and soft-capped logits.
+    nanochat.ARCH: Alias("LlamaForCausalLM", defaults=nanochat.DEFAULTS, fields=nanochat.fields),
     # Command A MoE (cohere2_moe.py): Cohere 2's block over experts after a dense prefix of its own width and window
     # pattern (rotating in every layer with a pattern of 1), top-k softmax or sigmoid routing, the shared MLP averaged in.
     cohere2_moe.ARCH: Alias("Cohere2ForCausalLM", defaults=cohere2_moe.DEFAULTS, rewrite=cohere2_moe.rewrite,

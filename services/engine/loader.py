@@ -22,6 +22,7 @@ from services.engine import (
     kimi_linear,
     lfm3,
     mamba,
+    nanochat,
     nemotron_h,
     opt,
     zamba2,
@@ -171,6 +172,8 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
         weights = kimi_linear.checkpoint_names(weights, config.linear_layers)
     if config.architecture == lfm3.ARCH:
         weights = lfm3.checkpoint_names(weights, config.sandwich_norms)
+    if config.architecture == nanochat.ARCH:
+        weights = nanochat.rope_rows(weights, config)
     if config.architecture in (nemotron_h.ARCH, *mamba.ARCHS):
         weights = nemotron_h.checkpoint_names(weights, config.sublayers, config.linear_layers)
     if config.shared_blocks is not None:

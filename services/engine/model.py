@@ -121,6 +121,13 @@ class WeightlessLayerNorm(nn.Module):
         return F.layer_norm(x.float(), self.shape, None, None, self.eps).to(x.dtype)
 
 
+class WeightlessRMSNorm(WeightlessLayerNorm):
+    """nanochat's RMSNorm: no weight, in fp32 and cast back; RMSNorm's interface."""
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        return weightless_rms_norm(x, self.eps)
+
+
 class BiasedLayerNorm(RMSNorm):
     """StarCoder2's LayerNorm: torch's, with a bias, in the model's dtype; RMSNorm's interface."""
 
@@ -482,7 +489,7 @@ def _norm(config: ModelConfig, size: int, final: bool = False) -> RMSNorm | Weig
     if config.norm_bias:
         return BiasedLayerNorm(size, config.rms_norm_eps)
     if not config.norm_affine:
-        return WeightlessLayerNorm(size, config.rms_norm_eps)
+        return (WeightlessLayerNorm if config.layer_norm else WeightlessRMSNorm)(size, config.rms_norm_eps)
     if config.layer_norm:
         return LayerNorm(size, config.rms_norm_eps)
     return RMSNorm(size, config.rms_norm_eps, config.norm_scale_in_fp32)

@@ -168,12 +168,12 @@ class ModelConfig:
     # Falcon-RW's ALiBi as transformers runs it: each bias bf16(bf16(slope) * key position) / sqrt(head_dim), by the
     # key's absolute position (attention._alibi_mask, and the C kernels' alibi_bias).
     alibi_bf16: bool = False
-    # BLOOM: a norm (with a bias) of the token embeddings before the first layer.
+    # BLOOM, nanochat: a norm (BLOOM's with a bias) of the token embeddings before the first layer.
     embed_norm: bool = False
     logit_scale: float = 1.0
     # StarCoder2: torch's LayerNorm, with a bias, in the model's dtype (layer_norm set too).
     norm_bias: bool = False
-    # OLMo (1): LayerNorms without weights or biases, in fp32 (layer_norm set too).
+    # Norms without weights, in fp32: OLMo (1)'s LayerNorms without biases (layer_norm set too), nanochat's RMSNorms.
     norm_affine: bool = True
     # OLMo (1): q, k and v clamped to [-clip_qkv, clip_qkv] as they are projected.
     clip_qkv: float | None = None
@@ -621,8 +621,8 @@ class ModelConfig:
         return self.sliding_window if all(self.slides(i) for i in range(self.num_hidden_layers)) else None
 
     def _check_norm_and_bias_fields(self) -> None:
-        if (self.norm_bias or not self.norm_affine) and not self.layer_norm:
-            raise ModelLoadError("norm_bias and norm_affine are a LayerNorm's: set layer_norm too")
+        if self.norm_bias and not self.layer_norm:
+            raise ModelLoadError("norm_bias is a LayerNorm's: set layer_norm too")
         if self.clip_qkv is not None and not self.clip_qkv > 0:
             raise ModelLoadError(f"config.json: clip_qkv must be > 0, got {self.clip_qkv}")
         if self.mlp_bias and self.num_experts:
@@ -646,7 +646,7 @@ class ModelConfig:
                 and self.q_position_scale is None and not self.layer_norm and not self.parallel_block
                 and not self.mlp_bias and not self.lm_head_bias and not self.sublayers
                 and self.learned_positions is None and self.alibi_bias_max is None and not self.embed_norm
-                and self.shared_blocks is None)
+                and self.shared_blocks is None and self.norm_affine)
 
     @property
     def plain_attention(self) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from services.engine import lfm3, mamba, nemotron_h
+from services.engine import lfm3, mamba, nanochat, nemotron_h
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
 from services.engine.bloom import ARCH as BLOOM
@@ -109,6 +109,7 @@ _BY_ARCHITECTURE = {
                          ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
     MIMO_V2: ((".self_attn.attention_sink_bias", ".self_attn.sinks"),),  # its sliding layers' sinks
+    nanochat.ARCH: nanochat.RENAMES,
 }
 
 

@@ -500,6 +500,9 @@ CASES = {
         head_dim=24, v_head_dim=16, num_key_value_heads=1, sliding_window=24, moe_intermediate_size=32,
         num_experts_per_tok=2, n_routed_experts=8, n_group=2, topk_group=1, num_hidden_layers=4,
         **{k: v for k, v in _NO_LAYERS.items() if k != "num_key_value_heads"}),
+    # nanochat: weightless RMSNorms (embeddings too), q/k normed after a RoPE turning the other way, ReLU² without
+    # a gate, soft-capped logits.
+    "nanochat": lambda: transformers.NanoChatConfig(final_logit_softcapping=3.0, **COMMON),
     # Mellum 2: Qwen3-MoE's attention and experts, sliding layers and a RoPE base per layer type, a dense first
     # layer (mlp_layer_types).
     "mellum": lambda: transformers.MellumConfig(
@@ -757,6 +760,7 @@ _FAMILY_ADAPTERS = {
     "llama4": {"target_modules": ["q_proj", "k_proj", "gate_proj", "up_proj", "down_proj"], "layers_to_transform": [0]},
     "nemotron-h": ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
     "lfm3": ["q_proj", "k_proj", "v_proj", "g_proj", "w1", "w2", "w3"],  # g_proj: its output gate, per head
+    "nanochat": ["q_proj", "k_proj", "fc1", "fc2"],  # q's and k's B rows negated as their weights' (RoPE's direction)
     # Latent attention's projections, kv_b_proj's absorbed into the query and output as its weight is; the
     # output gate's rows in MiniCPM5's q_gate_proj.
     "deepseek-v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
@@ -1121,7 +1125,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
                                   "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4",
-                                  "mimo-v2-flash", "mellum"])
+                                  "mimo-v2-flash", "mellum", "nanochat"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
