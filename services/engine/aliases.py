@@ -56,6 +56,7 @@ class Alias:
     rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
+HY_V3 = "HYV3ForCausalLM"
 # transformers' DeepSeek-V3 routing fields, which Youtu's config (dense MLPs only) does not have.
 _ROUTING = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group",
             "topk_group", "routed_scaling_factor", "norm_topk_prob", "first_k_dense_replace", "topk_method",
@@ -306,6 +307,23 @@ ALIASES = {
         ignored=("use_qk_norm", "intermediate_size"),
         # No dense layer: the width transformers leaves out is unused.
         rewrite=lambda raw: {**raw, "intermediate_size": raw["moe_intermediate_size"]}),
+    # Tencent's Hy3: GLM-4.5's routing (an fp32 sigmoid router with a correction bias, its weights scaled) beside a
+    # shared expert after a dense first layer (mlp_layer_types), under Qwen3's attention (q/k norms, RoPE over the
+    # whole head); its multi-token-prediction layer after the model's own skipped.
+    HY_V3: Alias(
+        "Glm4MoeForCausalLM",
+        {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts",
+         "router_scaling_factor": "routed_scaling_factor"},
+        defaults={"vocab_size": 120832, "hidden_size": 4096, "intermediate_size": 13312, "num_hidden_layers": 80,
+                  "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+                  "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 11_158_840.0,
+                  "n_routed_experts": 192, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                  "moe_intermediate_size": 1536, "routed_scaling_factor": 2.826, "n_group": 1, "topk_group": 1,
+                  "norm_topk_prob": True, "partial_rotary_factor": 1.0, "attention_bias": False,
+                  "tie_word_embeddings": False},
+        ignored=("use_qk_norm",), mlp_layers="mlp_layer_types",
+        rewrite=lambda raw: {**raw, "use_qk_norm": True},
+        fields=lambda raw: {"architecture": HY_V3, "mtp_layers": 1}),
     # Mistral 4 (Mistral Small 4): DeepSeek-V3's latent attention with Ministral 3's query scale by position
     # (llama_4_scaling_beta), routed by softmax scores within DeepSeek-V3's groups, no correction bias.
     "Mistral4ForCausalLM": Alias(

@@ -230,7 +230,9 @@ def test_phi_3_5_moe_as_published():
     ("GPTNeoXForCausalLM", "GPTNeoXConfig"), ("FalconForCausalLM", "FalconConfig"), ("OPTForCausalLM", "OPTConfig"),
     ("GPT2LMHeadModel", "GPT2Config"), ("GPTBigCodeForCausalLM", "GPTBigCodeConfig"), ("GPTJForCausalLM", "GPTJConfig"),
     ("Zamba2ForCausalLM", "Zamba2Config"), ("GraniteSWAForCausalLM", "GraniteSWAConfig"),
-    ("GraniteMoeSWAForCausalLM", "GraniteMoeSWAConfig")])
+    ("GraniteMoeSWAForCausalLM", "GraniteMoeSWAConfig"), ("HYV3ForCausalLM", "HYV3Config"),
+    ("MellumForCausalLM", "MellumConfig"), ("NanoChatForCausalLM", "NanoChatConfig"),
+    ("Cohere2MoeForCausalLM", "Cohere2MoeConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""

@@ -500,6 +500,10 @@ CASES = {
         head_dim=24, v_head_dim=16, num_key_value_heads=1, sliding_window=24, moe_intermediate_size=32,
         num_experts_per_tok=2, n_routed_experts=8, n_group=2, topk_group=1, num_hidden_layers=4,
         **{k: v for k, v in _NO_LAYERS.items() if k != "num_key_value_heads"}),
+    # Hy3: GLM-4.5's fp32 sigmoid routing with a correction bias, scaled, beside a shared expert, after a dense first
+    # layer; Qwen3's q/k norms, RoPE over the whole head.
+    "hy3": lambda: transformers.HYV3Config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16,
+                                           router_scaling_factor=2.5, **COMMON),
     # nanochat: weightless RMSNorms (embeddings too), q/k normed after a RoPE turning the other way, ReLU² without
     # a gate, soft-capped logits.
     "nanochat": lambda: transformers.NanoChatConfig(final_logit_softcapping=3.0, **COMMON),
@@ -1125,7 +1129,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
                                   "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4",
-                                  "mimo-v2-flash", "mellum", "nanochat"])
+                                  "mimo-v2-flash", "mellum", "nanochat", "hy3"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
