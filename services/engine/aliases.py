@@ -358,6 +358,18 @@ ALIASES = {
                   "tie_word_embeddings": False, "rope_interleave": True},
         ignored=("first_k_dense_replace", "topk_method", "scoring_func", "moe_layer_freq"),
         mlp_layers="mlp_layer_types"),
+    # SKT's A.X K1: DeepSeek-V3 with its MoE blocks' output (experts plus shared expert) RMS-normed, the dense and
+    # routed layers by mlp_layer_types (from first_k_dense_replace, default 1, as transformers derives it).
+    "AXK1ForCausalLM": Alias(
+        "DeepseekV3ForCausalLM",
+        defaults={"vocab_size": 163840, "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
+                  "num_attention_heads": 64, "num_key_value_heads": 64, "moe_intermediate_size": 2048,
+                  "n_shared_experts": 1, "n_routed_experts": 192, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+                  "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+                  "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "max_position_embeddings": 32768,
+                  "rms_norm_eps": 1e-6, "bos_token_id": 163691, "eos_token_id": 163691, "rope_interleave": True},
+        names={"num_local_experts": "n_routed_experts"}, mlp_layers="mlp_layer_types",
+        rewrite=lambda raw: _axk1(raw), fields=lambda raw: {"architecture": "AXK1ForCausalLM", "moe_output_norm": True}),
     # transformers' YoutuConfig defaults (Youtu-LLM-2B's shape); the rest are DeepSeek-V3's.
     "YoutuForCausalLM": Alias(
         "DeepseekV3ForCausalLM",
@@ -636,6 +648,15 @@ def aliased(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if alias.mlp_layers is not None:
         out["first_k_dense_replace"] = _dense_layers(out, alias.mlp_layers, arch)
     return out, alias.fields(out) if alias.fields else {}
+
+
+def _axk1(raw: dict[str, Any]) -> dict[str, Any]:
+    """A.X K1's layer layout as its transformers config derives it from the legacy fields: routed from
+    first_k_dense_replace on, every moe_layer_freq-th (only 1 is served: its dense layers first)."""
+    if raw.get("mlp_layer_types") is None and int(raw.get("moe_layer_freq") or 1) != 1:
+        raise ModelLoadError(f"config.json: moe_layer_freq {raw['moe_layer_freq']}; A.X K1 is served with its dense "
+                             "layers first, every later layer routed (moe_layer_freq 1)")
+    return {k: v for k, v in raw.items() if k != "moe_layer_freq"}
 
 
 def _dense_layers(raw: dict[str, Any], layout: str, arch: str) -> int:

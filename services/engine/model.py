@@ -445,11 +445,24 @@ class DecoderLayer(nn.Module):
         return self.mlp(h, lora), residual
 
 
+class NormedSparseMoE(SparseMoE):
+    """A.X K1's MoE block: its output (experts plus shared expert) RMS-normed."""
+
+    def __init__(self, config: ModelConfig, shared_expert: nn.Module | None, layer: int) -> None:
+        super().__init__(config, shared_expert, layer)
+        self.post_mlp_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None = None,
+                act_mul: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        return self.post_mlp_layernorm._norm(super().forward(x, lora, act_mul))
+
+
 def _mlp(config: ModelConfig, layer: int) -> MLP | SparseMoE:
     """The layer's MLP: experts (beside a shared MLP where the model has one) or a dense MLP."""
     if config.is_moe(layer):
         shared = config.shared_expert_intermediate_size
-        return SparseMoE(config, MLP(config, layer, shared) if shared else None, layer)
+        return (NormedSparseMoE if config.moe_output_norm else SparseMoE)(
+            config, MLP(config, layer, shared) if shared else None, layer)
     return MLP(config, layer)
 
 

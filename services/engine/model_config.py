@@ -253,6 +253,8 @@ class ModelConfig:
     shared_expert_gated: bool = True
     # Cohere2-MoE's "average": the routed and shared experts' outputs averaged, not summed.
     shared_expert_averaged: bool = False
+    # A.X K1: each MoE block's output (routed plus shared experts) RMS-normed (its post_mlp_layernorm).
+    moe_output_norm: bool = False
     # GPT-OSS's experts: the router and each expert have biases; experts have a clamped SwiGLU,
     # (up + 1) * gate * sigmoid(swiglu_alpha * gate) with gate <= swiglu_limit and |up| <= swiglu_limit
     # (None: plain SwiGLU).

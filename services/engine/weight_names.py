@@ -110,6 +110,8 @@ _BY_ARCHITECTURE = {
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
     MIMO_V2: ((".self_attn.attention_sink_bias", ".self_attn.sinks"),),  # its sliding layers' sinks
     nanochat.ARCH: nanochat.RENAMES,
+    # A.X K1: its MoE blocks' output norm, stored on the layer (transformers renames it so too).
+    "AXK1ForCausalLM": ((".post_mlp_layernorm.", ".mlp.post_mlp_layernorm."),),
     # Hy3: its router, routing bias and shared MLP as released (transformers' names for them too).
     "HYV3ForCausalLM": ((".mlp.router.gate.", ".mlp.gate."), (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
                         (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),

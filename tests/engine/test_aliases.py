@@ -44,6 +44,19 @@ def test_deepseek_v3_aliases_read_their_defaults_as_transformers_does(arch):
         assert config.num_experts == 0
 
 
+def test_a_x_k1_routes_after_its_dense_layers_and_refuses_other_layouts():
+    """Its legacy fields read as its transformers config derives mlp_layer_types: dense first_k_dense_replace
+    layers (default 1), then every layer routed; an interleaved layout (moe_layer_freq > 1) is refused."""
+    hf = transformers.AXK1Config(num_hidden_layers=5, first_k_dense_replace=2)
+    config = ModelConfig.from_dict({**hf.to_dict(), "architectures": ["AXK1ForCausalLM"]})
+    assert config.moe_layers == (2, 3, 4) == tuple(i for i, t in enumerate(hf.mlp_layer_types) if t == "sparse")
+    assert config.moe_output_norm and config.mla and config.architecture == "AXK1ForCausalLM"
+    legacy = ModelConfig.from_dict({"architectures": ["AXK1ForCausalLM"], "num_hidden_layers": 4})
+    assert legacy.moe_layers == (1, 2, 3)
+    with pytest.raises(ModelLoadError, match="moe_layer_freq 2; A.X K1 is served with its dense layers first"):
+        ModelConfig.from_dict({"architectures": ["AXK1ForCausalLM"], "num_hidden_layers": 4, "moe_layer_freq": 2})
+
+
 def test_glm_4_7_flash_as_published():
     """GLM-4.7-Flash's config.json fields (DeepSeek-V3's names, topk_method beside them, an MTP layer after its
     47): read as transformers' Glm4MoeLiteConfig reads them; mlp_layer_types that interleave dense layers refused."""
@@ -232,7 +245,7 @@ def test_phi_3_5_moe_as_published():
     ("Zamba2ForCausalLM", "Zamba2Config"), ("GraniteSWAForCausalLM", "GraniteSWAConfig"),
     ("GraniteMoeSWAForCausalLM", "GraniteMoeSWAConfig"), ("HYV3ForCausalLM", "HYV3Config"),
     ("MellumForCausalLM", "MellumConfig"), ("NanoChatForCausalLM", "NanoChatConfig"),
-    ("Cohere2MoeForCausalLM", "Cohere2MoeConfig")])
+    ("Cohere2MoeForCausalLM", "Cohere2MoeConfig"), ("AXK1ForCausalLM", "AXK1Config")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""

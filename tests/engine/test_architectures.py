@@ -274,6 +274,11 @@ CASES = {
                                              "original_max_position_embeddings": 128, "mscale": 1.0,
                                              "mscale_all_dim": 1.0},
         **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # A.X K1: DeepSeek-V3 whose MoE blocks' output is RMS-normed (stored on the layer), a dense first layer.
+    "axk1": lambda: transformers.AXK1Config(
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32, n_shared_experts=1,
+        routed_scaling_factor=1.5, **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
     # DeepSeek-V2-Lite's attention shape: one query projection, no bottleneck; rotated features not interleaved.
     "deepseek-v3-no-q-lora": lambda: transformers.DeepseekV3Config(
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
