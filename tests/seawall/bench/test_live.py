@@ -17,10 +17,10 @@ pytestmark = pytest.mark.slow
 
 def test_spawn_two_policies_writes_json_and_html(tmp_path, capsys):
     out, html = tmp_path / "bench.json", tmp_path / "bench.html"
-    # 600 tokens each keep the steady users decoding well past the burst at 0.4 s on a fast box too (at ~2 ms a
-    # step, 200 were done by then).
+    # 400 tokens each keep the steady users decoding past the burst at 0.4 s on a fast box too (at ~2 ms a step,
+    # 200 were done by then, and the burst's 2 x 200 tokens take 7 chunked steps).
     code = main(["bench", "--spawn", "--policies", "vllm,sarathi", "--workload", "burst", "--steady-users", "3",
-                 "--steady-output-len", "600", "--burst-at", "0.4", "--steady-ramp-s", "0.1", "--burst-size", "2",
+                 "--steady-output-len", "400", "--burst-at", "0.4", "--steady-ramp-s", "0.1", "--burst-size", "2",
                  "--burst-prompt-len", "200", "--burst-output-len", "4", "--chunk-size", "64", "--warmup", "1",
                  "--slo-ttft", "5", "--slo-tbt", "1", "--json", str(out), "--html", str(html), "--no-progress"])
     assert code == 0
@@ -31,7 +31,7 @@ def test_spawn_two_policies_writes_json_and_html(tmp_path, capsys):
     assert list(report["results"]) == ["vllm", "sarathi"]
     for res in report["results"].values():
         assert res["num_finished"] == res["num_requests"] == 5
-        assert res["output_tokens"] == 3 * 600 + 2 * 4
+        assert res["output_tokens"] == 3 * 400 + 2 * 4
         assert res["num_decoding_at_burst"] >= 1
         assert res["kv_blocks_peak"] > 0 and res["preemptions"] == 0
         assert res["ttft_p50"] > 0 and res["tbt_p99"] > 0 and res["goodput"] > 0
