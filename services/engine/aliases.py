@@ -56,7 +56,7 @@ class Alias:
     rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
-HY_V3 = "HYV3ForCausalLM"
+HY_V3, KOLIBRI1 = "HYV3ForCausalLM", "Kolibri1ForCausalLM"
 # transformers' DeepSeek-V3 routing fields, which Youtu's config (dense MLPs only) does not have.
 _ROUTING = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group",
             "topk_group", "routed_scaling_factor", "norm_topk_prob", "first_k_dense_replace", "topk_method",
@@ -358,6 +358,21 @@ ALIASES = {
                   "tie_word_embeddings": False, "rope_interleave": True},
         ignored=("first_k_dense_replace", "topk_method", "scoring_func", "moe_layer_freq"),
         mlp_layers="mlp_layer_types"),
+    # Aleph Alpha's Kolibri-1: K-EXAONE's attention (q/k norms, RoPE in its sliding layers only) under GLM-4's four
+    # norms, experts in every layer chosen by logit plus a correction bias and weighed by the chosen logits'
+    # sigmoids (fp32), beside a shared expert of its own width.
+    KOLIBRI1: Alias(
+        "ExaoneMoeForCausalLM", {"num_local_experts": "num_experts"},
+        defaults={"vocab_size": 128000, "hidden_size": 2560, "num_hidden_layers": 50, "num_attention_heads": 48,
+                  "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+                  "sliding_window": 513, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                  "num_experts_per_tok": 6, "num_experts": 384, "norm_topk_prob": False, "tie_word_embeddings": False},
+        ignored=("first_k_dense_replace", "num_shared_experts", "routed_scaling_factor", "n_group", "topk_group",
+                 "sliding_window_pattern", "intermediate_size"),
+        rewrite=lambda raw: _kolibri1(raw),
+        fields=lambda raw: {"architecture": KOLIBRI1, "sandwich_norms": True, "moe_routing": "logit_biased_sigmoid",
+                            "shared_expert_intermediate_size": int(raw["shared_expert_intermediate_size"]),
+                            "routed_scaling_factor": 1.0}),
     # SKT's A.X K1: DeepSeek-V3 with its MoE blocks' output (experts plus shared expert) RMS-normed, the dense and
     # routed layers by mlp_layer_types (from first_k_dense_replace, default 1, as transformers derives it).
     "AXK1ForCausalLM": Alias(
@@ -648,6 +663,16 @@ def aliased(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if alias.mlp_layers is not None:
         out["first_k_dense_replace"] = _dense_layers(out, alias.mlp_layers, arch)
     return out, alias.fields(out) if alias.fields else {}
+
+
+def _kolibri1(raw: dict[str, Any]) -> dict[str, Any]:
+    """Kolibri-1's layers as its transformers config lays them out (full attention in every fifth, the rest
+    sliding), all routed; its experts' width as the target's intermediate_size (no dense layer reads it)."""
+    layers = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types") or ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention"
+                                       for i in range(layers)]
+    return {**raw, "layer_types": types, "mlp_layer_types": ["sparse"] * layers,
+            "intermediate_size": raw["moe_intermediate_size"]}
 
 
 def _axk1(raw: dict[str, Any]) -> dict[str, Any]:

@@ -236,7 +236,8 @@ class ModelConfig:
     # are within sparsemixer_eps (relatively, doubled) of it; then the best of the rest, by the same rule.
     # "softmax_fp32" (Hunyuan): "softmax" over an fp32 router on fp32 inputs, its weights kept fp32.
     # "topk_sigmoid" (Cohere2-MoE's sigmoid): the top k logits' sigmoids, renormalized with norm_topk_prob, in the
-    # router's dtype.
+    # router's dtype. "logit_biased_sigmoid" (Kolibri-1): the top k by fp32 logit plus a correction bias, weighed by
+    # their logits' sigmoids, renormalized with norm_topk_prob, kept fp32.
     moe_routing: str = "softmax"
     sparsemixer_eps: float = 0.01
     moe_groups: int = 1

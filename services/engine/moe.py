@@ -91,7 +91,7 @@ class SparseMoE(nn.Module):
         self.norm_eps = config.routing_norm_eps
         self.router_fp32 = config.router_fp32
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)  # the router
-        if self.routing in ("sigmoid", "softmax_biased"):  # added to the scores when experts are chosen only
+        if self.routing in ("sigmoid", "softmax_biased", "logit_biased_sigmoid"):  # added when experts are chosen only
             self.gate.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts))
         # Nemotron 3: the routed experts work in a latent space, projected down before them and up after.
         latent = config.moe_latent_size
@@ -148,6 +148,12 @@ class SparseMoE(nn.Module):
         elif self.routing == "sigmoid_input":  # Llama 4: the chosen logits' sigmoids, applied to the inputs below
             top, chosen = torch.topk(F.linear(x, self.gate.weight), self.top_k, dim=-1)
             weights = torch.sigmoid(top.float()).to(x.dtype)
+        elif self.routing == "logit_biased_sigmoid":  # Kolibri-1's, in fp32: chosen by logit plus bias
+            logits = F.linear(x.float(), self.gate.weight.float())
+            chosen = (logits + self.gate.e_score_correction_bias.float()).topk(self.top_k, dim=-1)[1]
+            weights = logits.gather(1, chosen).sigmoid()
+            if self.normalize:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
         elif self.routing == "topk_sigmoid":  # Cohere2-MoE's: chosen by logit, in the router's dtype
             top, chosen = torch.topk(F.linear(x, self.gate.weight), self.top_k, dim=-1)
             weights = torch.sigmoid(top)
@@ -303,6 +309,6 @@ def routers_in_fp32(model: nn.Module) -> None:
     a bf16 router would pick other experts."""
     for module in model.modules():
         if isinstance(module, SparseMoE) and module.routing in ("sigmoid", "group_softmax", "softmax_biased",
-                                                                "softmax_fp32") \
+                                                                "softmax_fp32", "logit_biased_sigmoid") \
                 and module.router_fp32:
             module.gate.float()

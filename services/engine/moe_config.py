@@ -28,7 +28,7 @@ MOE_DEFAULTS = {"MixtralForCausalLM": (8, 2, None, 0), "Qwen2MoeForCausalLM": (6
 _DEEPSEEK_STYLE = {"Glm4MoeForCausalLM": (True, 1, 1), "Dots1ForCausalLM": (False, 0, 0),
                    "DeepseekV2ForCausalLM": (False, 0, 2), "DeepseekV3ForCausalLM": (True, 3, 1)}
 MOE_ROUTINGS = ("softmax", "softmax_fp32", "topk_softmax", "sigmoid", "group_softmax", "sigmoid_input", "softmax_biased",
-                "sparsemixer", "softmax_grouped", "topk_sigmoid")
+                "sparsemixer", "softmax_grouped", "topk_sigmoid", "logit_biased_sigmoid")
 
 
 def moe_fields(raw: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:

@@ -112,6 +112,9 @@ _BY_ARCHITECTURE = {
     nanochat.ARCH: nanochat.RENAMES,
     # A.X K1: its MoE blocks' output norm, stored on the layer (transformers renames it so too).
     "AXK1ForCausalLM": ((".post_mlp_layernorm.", ".mlp.post_mlp_layernorm."),),
+    # Kolibri-1: its routing bias and output norms as released, under GLM-4's names (renamed on from there).
+    "Kolibri1ForCausalLM": ((".moe.router.expert_bias", ".mlp.gate.e_score_correction_bias"),
+                            (".post_attn_norm.", ".post_self_attn_layernorm."), (".post_ffn_norm.", ".post_mlp_layernorm.")),
     # Hy3: its router, routing bias and shared MLP as released (transformers' names for them too).
     "HYV3ForCausalLM": ((".mlp.router.gate.", ".mlp.gate."), (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
                         (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
@@ -133,8 +136,8 @@ def checkpoint_name(name: str, architecture: str = "") -> str:
             name = name.replace(old, new)
     for old, new in (*_RENAMES, *_BY_ARCHITECTURE.get(architecture, ())):
         name = name.replace(old, new)
-    if architecture in ("Glm4ForCausalLM", "HyperCLOVAXForCausalLM"):
-        renames = _GLM4 if architecture == "Glm4ForCausalLM" else _HYPERCLOVAX
+    if architecture in ("Glm4ForCausalLM", "HyperCLOVAXForCausalLM", "Kolibri1ForCausalLM"):  # four norms a layer
+        renames = _HYPERCLOVAX if architecture == "HyperCLOVAXForCausalLM" else _GLM4
         old, new = next(((o, n) for o, n in renames if o in name), ("", ""))
         name = name.replace(old, new) if old else name
     return name

@@ -505,6 +505,12 @@ CASES = {
         head_dim=24, v_head_dim=16, num_key_value_heads=1, sliding_window=24, moe_intermediate_size=32,
         num_experts_per_tok=2, n_routed_experts=8, n_group=2, topk_group=1, num_hidden_layers=4,
         **{k: v for k, v in _NO_LAYERS.items() if k != "num_key_value_heads"}),
+    # Kolibri-1: K-EXAONE's attention (RoPE in the sliding layers only) under GLM-4's four norms; experts chosen by
+    # logit plus a correction bias, weighed by sigmoids, renormalized, beside a shared expert of its own width.
+    "kolibri1": lambda: transformers.Kolibri1Config(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        head_dim=16, sliding_window=24, norm_topk_prob=True, num_hidden_layers=5,
+        **{k: v for k, v in _NO_LAYERS.items() if k != "intermediate_size"}),
     # Hy3: GLM-4.5's fp32 sigmoid routing with a correction bias, scaled, beside a shared expert, after a dense first
     # layer; Qwen3's q/k norms, RoPE over the whole head.
     "hy3": lambda: transformers.HYV3Config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16,
@@ -1101,7 +1107,7 @@ def test_a_checkpoint_missing_an_expert_is_refused_naming_it(tmp_path, tiny_mode
 
 def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     path, model, _ = checkpoint
-    if model.config.model_type in ("exaone4", "cohere2", "afmoe", "exaone_moe"):  # global layers take no positions
+    if model.config.model_type in ("exaone4", "cohere2", "afmoe", "exaone_moe", "kolibri1"):  # global layers: no positions
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "cohere2_moe":  # nor Command A MoE's, but a dense prefix's forced to rotate
         want = tuple(i for i, layer in enumerate(model.model.layers) if layer.self_attn.sliding_window is None
