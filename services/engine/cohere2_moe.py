@@ -18,9 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.errors import ModelLoadError
+from services.engine.layer_types import FULL as _FULL
+from services.engine.layer_types import SLIDING as _SLIDING
+from services.engine.layer_types import attention_types, mlp_types
 
 ARCH = "Cohere2MoeForCausalLM"
-_FULL, _SLIDING = "full_attention", "sliding_attention"
 # transformers' Cohere2MoeConfig defaults where Cohere 2's differ.
 DEFAULTS = {"vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528, "num_hidden_layers": 40,
             "num_attention_heads": 64, "head_dim": 128, "max_position_embeddings": 8192, "bos_token_id": 5,
@@ -38,12 +40,8 @@ def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
         types = [_SLIDING if (i + 1) % prefix else _FULL for i in range(dense)] + [
             _SLIDING if (i + 1) % pattern else _FULL for i in range(layers - dense)]
     mlp = raw.get("mlp_layer_types") or ["dense" if i < dense else "sparse" for i in range(layers)]
-    if not isinstance(types, list) or len(types) != layers or set(types) - {_FULL, _SLIDING}:
-        raise ModelLoadError(f"config.json: layer_types must name each of the {layers} layers full_attention or "
-                             f"sliding_attention; got {types!r}")
-    if not isinstance(mlp, list) or len(mlp) != layers or set(mlp) - {"dense", "sparse"}:
-        raise ModelLoadError(f"config.json: mlp_layer_types must name each of the {layers} layers dense or sparse; "
-                             f"got {mlp!r}")
+    attention_types(types, layers)
+    mlp_types(mlp, layers)
     out = {**raw, "layer_types": types, "mlp_layer_types": mlp, "expert_intermediate_size": raw["intermediate_size"],
            "intermediate_size": raw.get("prefix_dense_intermediate_size") or raw["intermediate_size"]}
     if raw.get("rms_norm_eps") is not None:

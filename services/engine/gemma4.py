@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import ModelLoadError
+from services.engine.layer_types import FULL as _FULL
+from services.engine.layer_types import SLIDING as _SLIDING
+from services.engine.layer_types import attention_types, rope_by_type
 
 ARCH = "Gemma4ForCausalLM"
-_FULL, _SLIDING = "full_attention", "sliding_attention"
 # transformers' Gemma4TextConfig defaults.
 DEFAULTS = {"vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
             "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
@@ -68,19 +70,10 @@ def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
     """Its layer types (default: every sixth full, the last always full, as transformers forces it) and per-type
     RoPE with transformers' defaults, read by the target as LFM3's are."""
     layers = int(raw["num_hidden_layers"])
-    types = raw.get("layer_types") or [_SLIDING if (i + 1) % 6 else _FULL for i in range(layers)]
-    unknown = sorted({str(t) for t in types if t not in (_FULL, _SLIDING)}) if isinstance(types, list) else []
-    if not isinstance(types, list) or len(types) != layers or unknown:
-        raise ModelLoadError(f"config.json: layer_types must name each of the {layers} layers full_attention or "
-                             f"sliding_attention; got {', '.join(unknown) or repr(types)}")
+    types = attention_types(raw.get("layer_types") or [_SLIDING if (i + 1) % 6 else _FULL for i in range(layers)],
+                            layers)
     types = [*types[:-1], _FULL]
-    rope = raw.get("rope_parameters") or _ROPE
-    if not isinstance(rope, dict) or not all(isinstance(rope.get(t, _ROPE[t]), dict) for t in (_FULL, _SLIDING)):
-        raise ModelLoadError(f"config.json: rope_parameters must give RoPE per layer type, got {rope!r}")
-    rope = {t: rope.get(t) or _ROPE[t] for t in (_FULL, _SLIDING)}
-    if rope[_SLIDING].get("rope_type", "default") != "default":
-        raise ModelLoadError(f"config.json: Gemma 4's sliding layers are served with default RoPE only, got "
-                             f"{rope[_SLIDING]!r}")
+    rope = rope_by_type(raw, _ROPE, "Gemma 4")
     if raw.get("use_bidirectional_attention") == "all":
         raise ModelLoadError("config.json: use_bidirectional_attention is 'all' (an encoder); only causal "
                              "attention is served")

@@ -13,9 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.errors import ModelLoadError
+from services.engine.layer_types import FULL as _FULL
+from services.engine.layer_types import SLIDING as _SLIDING
+from services.engine.layer_types import attention_types, mlp_types, rope_by_type
 
 ARCH = "MellumForCausalLM"
-_FULL, _SLIDING = "full_attention", "sliding_attention"
 # transformers' MellumConfig defaults where Qwen3-MoE's differ (its expert count saved as num_local_experts).
 DEFAULTS = {"vocab_size": 98304, "hidden_size": 2304, "intermediate_size": 7168, "num_hidden_layers": 28,
             "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 131072,
@@ -33,22 +35,9 @@ def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
     layers = int(raw["num_hidden_layers"])
     types = raw.get("layer_types") or [_FULL] * layers
     mlp = raw.get("mlp_layer_types") or ["sparse"] * layers
-    if not isinstance(types, list) or len(types) != layers or set(types) - {_FULL, _SLIDING}:
-        raise ModelLoadError(f"config.json: layer_types must name each of the {layers} layers full_attention or "
-                             f"sliding_attention; got {types!r}")
-    if not isinstance(mlp, list) or len(mlp) != layers or set(mlp) - {"dense", "sparse"}:
-        raise ModelLoadError(f"config.json: mlp_layer_types must name each of the {layers} layers dense or sparse; "
-                             f"got {mlp!r}")
-    rope = raw.get("rope_parameters") or _ROPE
-    if not isinstance(rope, dict) or not all(isinstance(rope.get(t, _ROPE[t]), dict) for t in (_FULL, _SLIDING)):
-        raise ModelLoadError(f"config.json: rope_parameters must give RoPE per layer type, got {rope!r}")
-    rope = {t: rope.get(t) or _ROPE[t] for t in (_FULL, _SLIDING)}
-    if rope[_SLIDING].get("rope_type", "default") != "default":
-        raise ModelLoadError(f"config.json: Mellum's sliding layers are served with default RoPE only, got "
-                             f"{rope[_SLIDING]!r}")
-    if (rope[_FULL].get("partial_rotary_factor") or 1.0) != (rope[_SLIDING].get("partial_rotary_factor") or 1.0):
-        raise ModelLoadError("config.json: both layer types must rotate the same share of each head, got "
-                             f"{rope[_FULL].get('partial_rotary_factor')} and {rope[_SLIDING].get('partial_rotary_factor')}")
+    attention_types(types, layers)
+    mlp_types(mlp, layers)
+    rope = rope_by_type(raw, _ROPE, "Mellum", same_share=True)
     return {**raw, "layer_types": types, "rope_parameters": rope, "decoder_sparse_step": 1,
             "mlp_only_layers": [i for i, kind in enumerate(mlp) if kind == "dense"]}
 

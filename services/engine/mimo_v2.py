@@ -13,9 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.errors import ModelLoadError
+from services.engine.layer_types import FULL as _FULL
+from services.engine.layer_types import SLIDING as _SLIDING
+from services.engine.layer_types import attention_types, rope_by_type
 
 ARCH = "MiMoV2FlashForCausalLM"
-_FULL, _SLIDING = "full_attention", "sliding_attention"
 # transformers' MiMoV2FlashConfig defaults (MiMo-V2-Flash's shape); no shared experts.
 DEFAULTS = {"vocab_size": 152576, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 48,
             "num_attention_heads": 64, "num_key_value_heads": 4, "max_position_embeddings": 131072,
@@ -30,20 +32,11 @@ def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
     """Its layer types (full in the first and every sixth layer), per-type RoPE and window as transformers
     defaults and reads them (``sliding_window_size``: the keys before the query, one fewer than the window)."""
     layers = int(raw["num_hidden_layers"])
-    types = raw.get("layer_types") or [_FULL if i == 0 or not (i + 1) % 6 else _SLIDING for i in range(layers)]
-    if not isinstance(types, list) or len(types) != layers or set(types) - {_FULL, _SLIDING}:
-        raise ModelLoadError(f"config.json: layer_types must name each of the {layers} layers full_attention or "
-                             f"sliding_attention; got {types!r}")
-    rope = raw.get("rope_parameters") or _ROPE
-    if not isinstance(rope, dict) or not all(isinstance(rope.get(t, _ROPE[t]), dict) for t in (_FULL, _SLIDING)):
-        raise ModelLoadError(f"config.json: rope_parameters must give RoPE per layer type, got {rope!r}")
-    rope = {t: rope.get(t) or _ROPE[t] for t in (_FULL, _SLIDING)}
-    for t in (_FULL, _SLIDING):
-        if rope[t].get("rope_type", "default") != "default":
-            raise ModelLoadError(f"config.json: MiMo-V2-Flash is served with default RoPE only, got {rope[t]!r}")
-    if rope[_FULL].get("partial_rotary_factor") != rope[_SLIDING].get("partial_rotary_factor"):
-        raise ModelLoadError("config.json: both layer types must rotate the same share of each head, got "
-                             f"{rope[_FULL].get('partial_rotary_factor')} and {rope[_SLIDING].get('partial_rotary_factor')}")
+    types = attention_types(
+        raw.get("layer_types") or [_FULL if i == 0 or not (i + 1) % 6 else _SLIDING for i in range(layers)], layers)
+    rope = rope_by_type(raw, _ROPE, "MiMo-V2-Flash", same_share=True)
+    if rope[_FULL].get("rope_type", "default") != "default":
+        raise ModelLoadError(f"config.json: MiMo-V2-Flash is served with default RoPE only, got {rope[_FULL]!r}")
     out = {**raw, "layer_types": types, "rope_parameters": rope,
            "routed_scaling_factor": raw.get("routed_scaling_factor") or 1.0}  # the hub's config says null
     if raw.get("sliding_window_size") is not None:
