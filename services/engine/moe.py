@@ -306,9 +306,12 @@ def missing_experts(target: str, seen: set[tuple[int, str]], num_experts: int) -
 
 def routers_in_fp32(model: nn.Module) -> None:
     """Sigmoid routers (and Hunyuan's softmax one) stay fp32 in a low-precision model, as transformers keeps them:
-    a bf16 router would pick other experts."""
+    a bf16 router would pick other experts. Kolibri-1's keeps only its correction bias fp32, as transformers does
+    (its weight rounded to the model's dtype, widened for the product)."""
     for module in model.modules():
-        if isinstance(module, SparseMoE) and module.routing in ("sigmoid", "group_softmax", "softmax_biased",
-                                                                "softmax_fp32", "logit_biased_sigmoid") \
-                and module.router_fp32:
+        if isinstance(module, SparseMoE) and module.routing == "logit_biased_sigmoid":
+            # Kolibri-1's: only the bias; its weight stays in the model's dtype, widened for each product.
+            module.gate.e_score_correction_bias.data = module.gate.e_score_correction_bias.data.float()
+        elif isinstance(module, SparseMoE) and module.routing in ("sigmoid", "group_softmax", "softmax_biased",
+                                                                  "softmax_fp32") and module.router_fp32:
             module.gate.float()
