@@ -10,6 +10,7 @@ values, fields the target would refuse set aside). No torch: the scheduler reads
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -392,6 +393,16 @@ ALIASES = {
                   "num_attention_heads": 16, "max_position_embeddings": 131072, "bos_token_id": 128000,
                   "eos_token_id": 128001, "tie_word_embeddings": True},
         ignored=_ROUTING, mlp_layers="dense"),
+    # MiniCPM3: DeepSeek-V2's latent attention (RoPE not interleaved) over dense MLPs, with MiniCPM's µP scales: the
+    # embeddings times scale_emb (rounded to the weights' dtype), each sublayer's output times
+    # scale_depth / sqrt(layers), the final hidden states divided by hidden_size / dim_model_base (as the logits).
+    "MiniCPM3ForCausalLM": Alias(
+        "DeepseekV3ForCausalLM",
+        defaults={"vocab_size": 73448, "hidden_size": 2560, "intermediate_size": 6400, "num_hidden_layers": 62,
+                  "num_attention_heads": 40, "num_key_value_heads": 40, "max_position_embeddings": 32768,
+                  "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "kv_lora_rank": 256, "q_lora_rank": 768,
+                  "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "bos_token_id": 1, "eos_token_id": 2},
+        ignored=_ROUTING, mlp_layers="dense", rewrite=lambda raw: _minicpm3(raw), fields=lambda raw: _minicpm3_fields(raw)),
     # transformers' MiniCPM5MoeConfig defaults; its rotary embedding ignores partial_rotary_factor (GLM-4.5's default
     # of a half included), and LlamaAttention's o_proj has a bias with attention_bias.
     "MiniCPM5MoeForCausalLM": Alias(
@@ -663,6 +674,22 @@ def aliased(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if alias.mlp_layers is not None:
         out["first_k_dense_replace"] = _dense_layers(out, alias.mlp_layers, arch)
     return out, alias.fields(out) if alias.fields else {}
+
+
+def _minicpm3(raw: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM3's values as wide as hidden_size / heads where it leaves them out, its RoPE not interleaved."""
+    width = raw.get("v_head_dim") or int(raw["hidden_size"]) // int(raw["num_attention_heads"])
+    return {**raw, "v_head_dim": width, "rope_interleave": False}
+
+
+def _minicpm3_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    layers, hidden = int(raw["num_hidden_layers"]), int(raw["hidden_size"])
+    depth = raw.get("scale_depth", 1.4)
+    depth = math.sqrt(layers) if depth is None else float(depth)
+    base = raw.get("dim_model_base", 256)
+    return {"architecture": "MiniCPM3ForCausalLM", "embed_scale": float(raw.get("scale_emb", 12)),
+            "embed_scale_rounded": True, "residual_scale": depth / math.sqrt(layers),
+            "logits_divisor": hidden / (hidden if base is None else int(base))}
 
 
 def _kolibri1(raw: dict[str, Any]) -> dict[str, Any]:

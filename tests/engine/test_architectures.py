@@ -274,6 +274,11 @@ CASES = {
                                              "original_max_position_embeddings": 128, "mscale": 1.0,
                                              "mscale_all_dim": 1.0},
         **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # MiniCPM3: DeepSeek-V2's latent attention (RoPE not interleaved) over dense MLPs, with MiniCPM's µP scales of
+    # the embeddings, each sublayer's output and the final hidden states.
+    "minicpm3": lambda: transformers.MiniCPM3Config(
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, scale_emb=3.0,
+        scale_depth=1.2, dim_model_base=32, **{**COMMON, "num_key_value_heads": 4}),
     # A.X K1: DeepSeek-V3 whose MoE blocks' output is RMS-normed (stored on the layer), a dense first layer.
     "axk1": lambda: transformers.AXK1Config(
         kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=8,
