@@ -24,6 +24,7 @@ from services.engine import (
     gemma4,
     gpt2,
     gpt_bigcode,
+    gpt_neo,
     gpt_neox,
     gptj,
     granite_swa,
@@ -177,6 +178,9 @@ ALIASES = {
     opt.ARCH: Alias("LlamaForCausalLM", opt.NAMES, opt.DEFAULTS, opt.IGNORED, rewrite=opt.rewrite, fields=opt.fields),
     gpt2.ARCH: Alias("LlamaForCausalLM", gpt2.NAMES, gpt2.DEFAULTS, gpt2.IGNORED, rewrite=gpt2.rewrite,
                      fields=gpt2.fields),
+    # GPT-Neo (gpt_neo.py): GPT-2's block with unscaled scores, global and local (windowed) layers alternating.
+    gpt_neo.ARCH: Alias("LlamaForCausalLM", gpt_neo.NAMES, gpt_neo.DEFAULTS, gpt_neo.IGNORED, rewrite=gpt_neo.rewrite,
+                        fields=gpt_neo.fields),
     # GPTBigCode (gpt_bigcode.py: StarCoder, SantaCoder): GPT-2's block with multi-query attention.
     gpt_bigcode.ARCH: Alias("LlamaForCausalLM", gpt_bigcode.NAMES, gpt_bigcode.DEFAULTS, gpt_bigcode.IGNORED,
                             rewrite=gpt_bigcode.rewrite, fields=gpt_bigcode.fields),

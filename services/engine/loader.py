@@ -17,6 +17,7 @@ from services.engine import (
     falcon_h1,
     gpt2,
     gpt_bigcode,
+    gpt_neo,
     gpt_neox,
     gptj,
     kimi_linear,
@@ -187,7 +188,7 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
     return weights
 
 
-_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom)}
+_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo)}
 
 
 def lora_rows(ckpt: Checkpoint) -> Rows:

@@ -21,6 +21,8 @@ from services.engine.gpt2 import ARCH as GPT2
 from services.engine.gpt2 import RENAMES as GPT2_RENAMES
 from services.engine.gpt_bigcode import ARCH as GPT_BIGCODE
 from services.engine.gpt_bigcode import RENAMES as GPT_BIGCODE_RENAMES
+from services.engine.gpt_neo import ARCH as GPT_NEO
+from services.engine.gpt_neo import RENAMES as GPT_NEO_RENAMES
 from services.engine.gpt_neox import ARCH as GPT_NEOX
 from services.engine.gpt_neox import RENAMES as GPT_NEOX_RENAMES
 from services.engine.gptj import ARCH as GPTJ
@@ -103,7 +105,7 @@ _BY_ARCHITECTURE = {
     "PhiForCausalLM": _PHI,
     JAMBA: JAMBA_RENAMES, KIMI_LINEAR: KIMI_LINEAR_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
     OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES, BLOOM: BLOOM_RENAMES,
-    MPT: MPT_RENAMES,
+    MPT: MPT_RENAMES, GPT_NEO: GPT_NEO_RENAMES,
     LLAMA4: LLAMA4_RENAMES,  # llama4_weights renames its tensors first: these are for adapters' names
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
@@ -123,7 +125,7 @@ _BY_ARCHITECTURE = {
 
 
 # Architectures whose tensors are under ``transformer.`` by names of their own, not EXAONE's.
-_OWN_TRANSFORMER_NAMES = (FALCON, GPT2, GPT_BIGCODE, GPTJ, BLOOM, MPT)
+_OWN_TRANSFORMER_NAMES = (FALCON, GPT2, GPT_BIGCODE, GPTJ, BLOOM, MPT, GPT_NEO)
 
 
 def checkpoint_name(name: str, architecture: str = "") -> str:

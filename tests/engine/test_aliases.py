@@ -57,6 +57,21 @@ def test_a_x_k1_routes_after_its_dense_layers_and_refuses_other_layouts():
         ModelConfig.from_dict({"architectures": ["AXK1ForCausalLM"], "num_hidden_layers": 4, "moe_layer_freq": 2})
 
 
+def test_gpt_neo_reads_its_layer_kinds_and_skips_its_old_mask_buffers():
+    """attention_types expanded as transformers expands them; a layout that does not cover the layers, refused; the
+    causal-mask buffers old checkpoints saved are left out as they load."""
+    from services.engine.gpt_neo import checkpoint_weights
+
+    config = ModelConfig.from_dict({"architectures": ["GPTNeoForCausalLM"], "num_layers": 6,
+                                    "attention_types": [[["global"], 2], [["local", "global"], 2]]})
+    assert config.sliding_layers == (2, 4) and config.sliding_window == 256
+    with pytest.raises(ModelLoadError, match="attention_types must give each of the 4 layers global or local"):
+        ModelConfig.from_dict({"architectures": ["GPTNeoForCausalLM"], "num_layers": 4})
+    names = ["transformer.h.0.attn.attention.bias", "transformer.h.0.attn.attention.masked_bias",
+             "transformer.h.0.attn.attention.q_proj.weight", "transformer.h.0.attn.attention.out_proj.bias"]
+    assert [n for n, _ in checkpoint_weights(iter((n, None) for n in names))] == names[2:]
+
+
 def test_glm_4_7_flash_as_published():
     """GLM-4.7-Flash's config.json fields (DeepSeek-V3's names, topk_method beside them, an MTP layer after its
     47): read as transformers' Glm4MoeLiteConfig reads them; mlp_layer_types that interleave dense layers refused."""
@@ -246,7 +261,8 @@ def test_phi_3_5_moe_as_published():
     ("GraniteMoeSWAForCausalLM", "GraniteMoeSWAConfig"), ("HYV3ForCausalLM", "HYV3Config"),
     ("MellumForCausalLM", "MellumConfig"), ("NanoChatForCausalLM", "NanoChatConfig"),
     ("Cohere2MoeForCausalLM", "Cohere2MoeConfig"), ("AXK1ForCausalLM", "AXK1Config"),
-    ("Kolibri1ForCausalLM", "Kolibri1Config"), ("MiniCPM3ForCausalLM", "MiniCPM3Config")])
+    ("Kolibri1ForCausalLM", "Kolibri1Config"), ("MiniCPM3ForCausalLM", "MiniCPM3Config"),
+    ("GPTNeoForCausalLM", "GPTNeoConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""

@@ -103,6 +103,11 @@ CASES = {
     "opt": lambda: transformers.OPTConfig(ffn_dim=128, **_ABSOLUTE),
     "gpt2": lambda: transformers.GPT2Config(**_GPT2_SHAPE),
     "gpt2-unscaled": lambda: transformers.GPT2Config(n_inner=96, scale_attn_weights=False, **_GPT2_SHAPE),
+    # GPT-Neo: GPT-2's block (plain Linear projections, q/k/v without biases) with unscaled scores, global and local
+    # layers alternating (a window shorter than most prompts).
+    "gpt-neo": lambda: transformers.GPTNeoConfig(
+        hidden_size=64, num_layers=4, num_heads=4, attention_types=[[["global", "local"], 2]], window_size=24,
+        vocab_size=4096, max_position_embeddings=512, bos_token_id=1, eos_token_id=2),
     # GPTBigCode (StarCoder): GPT-2's block with multi-query attention (one key/value head at the end of c_attn),
     # and without (per head); GPT-J: interleaved RoPE over part of each head (and all of it), attention and MLP in
     # parallel on one norm, an output head with a bias.
@@ -672,8 +677,12 @@ def test_sliding_windows_are_read_as_transformers_reads_them(checkpoint):
     types = getattr(model.config, "layer_types", None) or ["full_attention"] * layers
     if model.config.model_type in ("mistral", "phi3", "starcoder2") and model.config.sliding_window:
         types = ["sliding_attention"] * layers  # transformers' Mistral, Phi-3 and StarCoder2 slide in every layer
+    window = getattr(model.config, "sliding_window", None)
+    if model.config.model_type == "gpt_neo":  # its local layers, over window_size keys
+        types = ["sliding_attention" if kind == "local" else "full_attention" for kind in model.config.attention_layers]
+        window = model.config.window_size
     assert [config.slides(i) for i in range(layers)] == [t == "sliding_attention" for t in types]
-    assert config.sliding_window == (model.config.sliding_window if "sliding_attention" in types else None)
+    assert config.sliding_window == (window if "sliding_attention" in types else None)
     assert config.max_model_len == (2048 if model.config.model_type == "bloom" else 512)  # BLOOM has none: 2048
 
 
@@ -773,6 +782,7 @@ _FAMILY_ADAPTERS = {
     "falcon-new": ["query_key_value", "dense_4h_to_h"],
     "mpt": ["Wqkv", "out_proj", "up_proj", "down_proj"],
     "gptj": ["q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out"],
+    "gpt-neo": ["q_proj", "v_proj", "out_proj", "c_fc", "c_proj"],
     "glm4": ["q_proj", "k_proj", "gate_up_proj", "down_proj"],
     "falcon-h1": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "opt": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"],
@@ -1120,7 +1130,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
     elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear", "opt", "gpt2", "gpt_bigcode", "bloom",
-                                     "mpt"):  # no RoPE
+                                     "mpt", "gpt_neo"):  # no RoPE
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(_decoder_layers(model))))
     elif model.config.model_type in ("granite_swa", "granitemoe_swa"):  # a base of 0: no RoPE there
