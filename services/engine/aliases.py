@@ -19,6 +19,7 @@ from services.common.errors import ModelLoadError
 from services.engine import (
     bloom,
     cohere2_moe,
+    dbrx,
     falcon,
     falcon_h1,
     gemma4,
@@ -178,6 +179,9 @@ ALIASES = {
     opt.ARCH: Alias("LlamaForCausalLM", opt.NAMES, opt.DEFAULTS, opt.IGNORED, rewrite=opt.rewrite, fields=opt.fields),
     gpt2.ARCH: Alias("LlamaForCausalLM", gpt2.NAMES, gpt2.DEFAULTS, gpt2.IGNORED, rewrite=gpt2.rewrite,
                      fields=gpt2.fields),
+    # DBRX (dbrx.py): Mixtral's experts under nested config fields and names of its own, LayerNorms, clamped q/k/v.
+    dbrx.ARCH: Alias("MixtralForCausalLM", dbrx.NAMES, dbrx.DEFAULTS, dbrx.IGNORED, rewrite=dbrx.rewrite,
+                     fields=dbrx.fields),
     # GPT-Neo (gpt_neo.py): GPT-2's block with unscaled scores, global and local (windowed) layers alternating.
     gpt_neo.ARCH: Alias("LlamaForCausalLM", gpt_neo.NAMES, gpt_neo.DEFAULTS, gpt_neo.IGNORED, rewrite=gpt_neo.rewrite,
                         fields=gpt_neo.fields),

@@ -72,6 +72,23 @@ def test_gpt_neo_reads_its_layer_kinds_and_skips_its_old_mask_buffers():
     assert [n for n, _ in checkpoint_weights(iter((n, None) for n in names))] == names[2:]
 
 
+def test_dbrx_reads_its_nested_fields_as_transformers_does():
+    """dbrx-instruct's config.json as published (its attention and experts' fields nested, RoPE's base among the
+    attention's); a routing renormalized other than to sum 1 is refused."""
+    raw = {"architectures": ["DbrxForCausalLM"], "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768,
+           "vocab_size": 100352, "attn_config": {"clip_qkv": 8, "kv_n_heads": 8, "rope_theta": 500000},
+           "ffn_config": {"ffn_act_fn": {"name": "silu"}, "ffn_hidden_size": 10752, "moe_jitter_eps": 0.01,
+                          "moe_loss_weight": 0.05, "moe_num_experts": 16, "moe_top_k": 4}}
+    config = ModelConfig.from_dict(raw)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.num_hidden_layers,
+            config.max_position_embeddings, config.rope_theta, config.clip_qkv) == (6144, 48, 8, 40, 32768, 500000.0, 8.0)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size, config.moe_layers) == (
+        16, 4, 10752, tuple(range(40)))
+    assert config.layer_norm and config.norm_topk_prob and not config.tie_word_embeddings
+    with pytest.raises(ModelLoadError, match="moe_normalize_expert_weights is 2.0"):
+        ModelConfig.from_dict({**raw, "ffn_config": {**raw["ffn_config"], "moe_normalize_expert_weights": 2.0}})
+
+
 def test_glm_4_7_flash_as_published():
     """GLM-4.7-Flash's config.json fields (DeepSeek-V3's names, topk_method beside them, an MTP layer after its
     47): read as transformers' Glm4MoeLiteConfig reads them; mlp_layer_types that interleave dense layers refused."""
@@ -262,7 +279,7 @@ def test_phi_3_5_moe_as_published():
     ("MellumForCausalLM", "MellumConfig"), ("NanoChatForCausalLM", "NanoChatConfig"),
     ("Cohere2MoeForCausalLM", "Cohere2MoeConfig"), ("AXK1ForCausalLM", "AXK1Config"),
     ("Kolibri1ForCausalLM", "Kolibri1Config"), ("MiniCPM3ForCausalLM", "MiniCPM3Config"),
-    ("GPTNeoForCausalLM", "GPTNeoConfig")])
+    ("GPTNeoForCausalLM", "GPTNeoConfig"), ("DbrxForCausalLM", "DbrxConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""

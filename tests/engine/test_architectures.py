@@ -528,6 +528,12 @@ CASES = {
     # nanochat: weightless RMSNorms (embeddings too), q/k normed after a RoPE turning the other way, ReLU² without
     # a gate, soft-capped logits.
     "nanochat": lambda: transformers.NanoChatConfig(final_logit_softcapping=3.0, **COMMON),
+    # DBRX: Mixtral-style experts stored stacked (w1, v1, w2), a softmax router renormalized, LayerNorms without
+    # biases, q/k/v in one Wqkv clamped to clip_qkv (small enough to bite), nested config fields.
+    "dbrx": lambda: transformers.DbrxConfig(
+        d_model=64, n_heads=4, n_layers=3, max_seq_len=512, vocab_size=4096, bos_token_id=1, eos_token_id=2,
+        attn_config={"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 5000.0},
+        ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
     # Mellum 2: Qwen3-MoE's attention and experts, sliding layers and a RoPE base per layer type, a dense first
     # layer (mlp_layer_types).
     "mellum": lambda: transformers.MellumConfig(
@@ -741,10 +747,13 @@ def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoi
     path, model, _ = checkpoint
     config = ModelConfig.from_dir(path)
     routed = [any(hasattr(getattr(layer, n, None), "experts") for n in ("mlp", "block_sparse_moe", "feed_forward",
-                                                                         "mixer"))
+                                                                         "mixer", "ffn"))
               for layer in _decoder_layers(model)]  # OPT's MLP is fc1 and fc2 on the layer
     assert [config.is_moe(i) for i in range(len(routed))] == routed
-    if any(routed):
+    if model.config.model_type == "dbrx":  # its experts' fields nested in ffn_config
+        ffn = model.config.ffn_config
+        assert (config.num_experts, config.num_experts_per_tok) == (ffn.moe_num_experts, ffn.moe_top_k)
+    elif any(routed):
         names = ("num_experts", "num_local_experts", "n_routed_experts")  # as each architecture names it
         assert config.num_experts == next(getattr(model.config, n) for n in names if hasattr(model.config, n))
         assert config.num_experts_per_tok == model.config.num_experts_per_tok
