@@ -18,6 +18,7 @@ from typing import Any
 from services.common.errors import ModelLoadError
 from services.engine import (
     bloom,
+    codegen,
     cohere2_moe,
     dbrx,
     falcon,
@@ -189,6 +190,9 @@ ALIASES = {
     gpt_bigcode.ARCH: Alias("LlamaForCausalLM", gpt_bigcode.NAMES, gpt_bigcode.DEFAULTS, gpt_bigcode.IGNORED,
                             rewrite=gpt_bigcode.rewrite, fields=gpt_bigcode.fields),
     # GPT-J (gptj.py): interleaved RoPE over part of each head, attention and MLP in parallel on one norm.
+    # CodeGen (codegen.py): GPT-J with q, k and v in one projection laid out by model-parallel shard.
+    codegen.ARCH: Alias("LlamaForCausalLM", codegen.NAMES, codegen.DEFAULTS, codegen.IGNORED, rewrite=codegen.rewrite,
+                        fields=codegen.fields),
     gptj.ARCH: Alias("LlamaForCausalLM", gptj.NAMES, gptj.DEFAULTS, gptj.IGNORED, rewrite=gptj.rewrite,
                      fields=gptj.fields),
     # BLOOM (bloom.py) and MPT (mpt.py): ALiBi instead of RoPE, LayerNorms and ungated GELU MLPs; BLOOM's

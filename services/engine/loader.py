@@ -14,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 from services.common.errors import ModelLoadError
 from services.engine import (
     bloom,
+    codegen,
     dbrx,
     falcon_h1,
     gpt2,
@@ -189,7 +190,7 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
     return weights
 
 
-_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo, dbrx)}
+_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo, dbrx, codegen)}
 
 
 def lora_rows(ckpt: Checkpoint) -> Rows:

@@ -663,7 +663,7 @@ class ModelConfig:
         """With ``parallel_block``: whether attention's and the MLP's outputs are summed before they join the
         stream (Phi-2's, GPT-NeoX's, Falcon's and GPT-J's order), rather than the stream plus attention, then the MLP (Cohere's,
         StableLM's)."""
-        return self.architecture in ("PhiForCausalLM", GPT_NEOX, FALCON, GPTJ)
+        return self.architecture in ("PhiForCausalLM", GPT_NEOX, FALCON, GPTJ, "CodeGenForCausalLM")
 
     @property
     def rope_in_fp32(self) -> bool:

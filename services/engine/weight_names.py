@@ -13,6 +13,7 @@ from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
 from services.engine.bloom import ARCH as BLOOM
 from services.engine.bloom import RENAMES as BLOOM_RENAMES
+from services.engine.codegen import ARCH as CODEGEN
 from services.engine.dbrx import ARCH as DBRX
 from services.engine.dbrx import RENAMES as DBRX_RENAMES
 from services.engine.falcon import ARCH as FALCON
@@ -107,7 +108,7 @@ _BY_ARCHITECTURE = {
     "PhiForCausalLM": _PHI,
     JAMBA: JAMBA_RENAMES, KIMI_LINEAR: KIMI_LINEAR_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
     OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES, BLOOM: BLOOM_RENAMES,
-    MPT: MPT_RENAMES, GPT_NEO: GPT_NEO_RENAMES, DBRX: DBRX_RENAMES,
+    MPT: MPT_RENAMES, GPT_NEO: GPT_NEO_RENAMES, DBRX: DBRX_RENAMES, CODEGEN: GPTJ_RENAMES,
     LLAMA4: LLAMA4_RENAMES,  # llama4_weights renames its tensors first: these are for adapters' names
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
@@ -127,7 +128,7 @@ _BY_ARCHITECTURE = {
 
 
 # Architectures whose tensors are under ``transformer.`` by names of their own, not EXAONE's.
-_OWN_TRANSFORMER_NAMES = (FALCON, GPT2, GPT_BIGCODE, GPTJ, BLOOM, MPT, GPT_NEO, DBRX)
+_OWN_TRANSFORMER_NAMES = (FALCON, GPT2, GPT_BIGCODE, GPTJ, BLOOM, MPT, GPT_NEO, DBRX, CODEGEN)
 
 
 def checkpoint_name(name: str, architecture: str = "") -> str:

@@ -114,6 +114,8 @@ CASES = {
     "gpt-bigcode": lambda: transformers.GPTBigCodeConfig(**_GPT2_SHAPE),
     "gpt-bigcode-mha": lambda: transformers.GPTBigCodeConfig(multi_query=False, n_inner=96, **_GPT2_SHAPE),
     "gptj": lambda: transformers.GPTJConfig(rotary_dim=8, **_GPT2_SHAPE),
+    # CodeGen: GPT-J with q, k and v in one projection by model-parallel shard ([q | v | k] each; 2 heads a shard).
+    "codegen": lambda: transformers.CodeGenConfig(rotary_dim=4, **{**_GPT2_SHAPE, "n_head": 8}),
     # BLOOM and MPT: ALiBi instead of RoPE (four heads: slopes of the power-of-two series; six: with BLOOM's
     # extra ones in between), LayerNorms and ungated GELU MLPs; BLOOM's embeddings normed and everything biased,
     # its query_key_value per head; MPT without biases, its Wqkv [q | k | v], clamped and rescaled as configured.
@@ -792,6 +794,7 @@ _FAMILY_ADAPTERS = {
     "mpt": ["Wqkv", "out_proj", "up_proj", "down_proj"],
     "gptj": ["q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out"],
     "gpt-neo": ["q_proj", "v_proj", "out_proj", "c_fc", "c_proj"],
+    "codegen": ["qkv_proj", "out_proj", "fc_in", "fc_out"],  # B's rows split by shard as the weight's
     "glm4": ["q_proj", "k_proj", "gate_up_proj", "down_proj"],
     "falcon-h1": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "opt": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"],
