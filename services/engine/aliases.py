@@ -17,6 +17,7 @@ from typing import Any
 
 from services.common.errors import ModelLoadError
 from services.engine import (
+    biogpt,
     bloom,
     codegen,
     cohere2_moe,
@@ -178,6 +179,9 @@ ALIASES = {
     # OPT (opt.py) and GPT-2 (gpt2.py): learned absolute positions instead of RoPE, biased LayerNorms and
     # projections, an ungated MLP (ReLU; gelu_new).
     opt.ARCH: Alias("LlamaForCausalLM", opt.NAMES, opt.DEFAULTS, opt.IGNORED, rewrite=opt.rewrite, fields=opt.fields),
+    # BioGPT (biogpt.py): OPT's block under its own names, GELU, its embeddings scaled by sqrt(hidden_size).
+    biogpt.ARCH: Alias("LlamaForCausalLM", biogpt.NAMES, biogpt.DEFAULTS, biogpt.IGNORED, rewrite=biogpt.rewrite,
+                       fields=biogpt.fields),
     gpt2.ARCH: Alias("LlamaForCausalLM", gpt2.NAMES, gpt2.DEFAULTS, gpt2.IGNORED, rewrite=gpt2.rewrite,
                      fields=gpt2.fields),
     # DBRX (dbrx.py): Mixtral's experts under nested config fields and names of its own, LayerNorms, clamped q/k/v.

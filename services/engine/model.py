@@ -546,10 +546,10 @@ class LlamaForCausalLM(nn.Module):
             x = self._forward_fused(input_ids, positions, batch, kv, logits_index, batch.kernels, lora)
             return x if hidden else self.head(x)
         x = self.model.embed_tokens(input_ids)
-        if self.model.embed_positions is not None:
-            x = x + self.model.embed_positions(positions + c.learned_positions)
         if c.embed_scale != 1.0:  # Gemma's rounded to the weights' dtype first, as transformers scales
             x = x * (torch.tensor(c.embed_scale, dtype=x.dtype) if c.embed_scale_rounded else c.embed_scale)
+        if self.model.embed_positions is not None:  # after the tokens' scale (BioGPT's), as transformers adds them
+            x = x + self.model.embed_positions(positions + c.learned_positions)
         if self.model.embed_norm is not None:
             x, _ = self.model.embed_norm(x)
         rope_dtype = torch.float32 if c.rope_in_fp32 else x.dtype

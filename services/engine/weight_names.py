@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from services.engine import lfm3, mamba, nanochat, nemotron_h
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
+from services.engine.biogpt import ARCH as BIOGPT
+from services.engine.biogpt import RENAMES as BIOGPT_RENAMES
 from services.engine.bloom import ARCH as BLOOM
 from services.engine.bloom import RENAMES as BLOOM_RENAMES
 from services.engine.codegen import ARCH as CODEGEN
@@ -108,7 +110,7 @@ _BY_ARCHITECTURE = {
     "PhiForCausalLM": _PHI,
     JAMBA: JAMBA_RENAMES, KIMI_LINEAR: KIMI_LINEAR_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
     OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES, BLOOM: BLOOM_RENAMES,
-    MPT: MPT_RENAMES, GPT_NEO: GPT_NEO_RENAMES, DBRX: DBRX_RENAMES, CODEGEN: GPTJ_RENAMES,
+    MPT: MPT_RENAMES, GPT_NEO: GPT_NEO_RENAMES, DBRX: DBRX_RENAMES, CODEGEN: GPTJ_RENAMES, BIOGPT: BIOGPT_RENAMES,
     LLAMA4: LLAMA4_RENAMES,  # llama4_weights renames its tensors first: these are for adapters' names
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),

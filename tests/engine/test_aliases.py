@@ -280,7 +280,7 @@ def test_phi_3_5_moe_as_published():
     ("Cohere2MoeForCausalLM", "Cohere2MoeConfig"), ("AXK1ForCausalLM", "AXK1Config"),
     ("Kolibri1ForCausalLM", "Kolibri1Config"), ("MiniCPM3ForCausalLM", "MiniCPM3Config"),
     ("GPTNeoForCausalLM", "GPTNeoConfig"), ("DbrxForCausalLM", "DbrxConfig"),
-    ("CodeGenForCausalLM", "CodeGenConfig")])
+    ("CodeGenForCausalLM", "CodeGenConfig"), ("BioGptForCausalLM", "BioGptConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""

@@ -103,6 +103,8 @@ CASES = {
     "opt": lambda: transformers.OPTConfig(ffn_dim=128, **_ABSOLUTE),
     "gpt2": lambda: transformers.GPT2Config(**_GPT2_SHAPE),
     "gpt2-unscaled": lambda: transformers.GPT2Config(n_inner=96, scale_attn_weights=False, **_GPT2_SHAPE),
+    # BioGPT: OPT's block under its own names, GELU, embeddings scaled by sqrt(hidden_size), LayerNorm eps 1e-12.
+    "biogpt": lambda: transformers.BioGptConfig(**{**COMMON, "pad_token_id": 0}),
     # GPT-Neo: GPT-2's block (plain Linear projections, q/k/v without biases) with unscaled scores, global and local
     # layers alternating (a window shorter than most prompts).
     "gpt-neo": lambda: transformers.GPTNeoConfig(
@@ -795,6 +797,7 @@ _FAMILY_ADAPTERS = {
     "gptj": ["q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out"],
     "gpt-neo": ["q_proj", "v_proj", "out_proj", "c_fc", "c_proj"],
     "codegen": ["qkv_proj", "out_proj", "fc_in", "fc_out"],  # B's rows split by shard as the weight's
+    "biogpt": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"],
     "glm4": ["q_proj", "k_proj", "gate_up_proj", "down_proj"],
     "falcon-h1": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "opt": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"],
@@ -1142,7 +1145,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
     elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear", "opt", "gpt2", "gpt_bigcode", "bloom",
-                                     "mpt", "gpt_neo"):  # no RoPE
+                                     "mpt", "gpt_neo", "biogpt"):  # no RoPE
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(_decoder_layers(model))))
     elif model.config.model_type in ("granite_swa", "granitemoe_swa"):  # a base of 0: no RoPE there
@@ -1167,7 +1170,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
                                   "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4",
-                                  "mimo-v2-flash", "mellum", "nanochat", "hy3", "kolibri1"])
+                                  "mimo-v2-flash", "mellum", "nanochat", "hy3", "kolibri1", "biogpt"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
