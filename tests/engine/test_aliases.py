@@ -299,6 +299,8 @@ def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, h
             getattr(hf, "head_dim", None) or hf.hidden_size // heads)
     eps = next((getattr(hf, name) for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps")
                 if getattr(hf, name, None)), 1e-5)  # OLMo's norms take none: 1e-5
+    if arch == "BioGptForCausalLM":  # its LayerNorms take torch's default, whatever layer_norm_eps says
+        eps = 1e-5
     assert config.rms_norm_eps == pytest.approx(eps)
     if not config.num_experts:
         # Falcon's ffn_hidden_size, OPT's ffn_dim, GPT-2's n_inner (None: four times the hidden size)
