@@ -12,7 +12,8 @@ any dtype, and adds an ungated shared expert; DeepSeek-V2 routes by softmax with
 (``_group_softmax_routing``), its router in fp32 too. Llama 4 scales each token by the sigmoid of its chosen
 expert's logit on the way into the expert rather than weighing the output (``sigmoid_input``). ERNIE 4.5
 chooses by softmax probability plus a correction bias and weighs by the probability (``softmax_biased``).
-Command A MoE weighs its top-k logits' softmax or sigmoids (``topk_sigmoid``) and averages a shared MLP in.
+Command A MoE weighs its top-k logits' softmax or sigmoids (``topk_sigmoid``) and averages a shared MLP in;
+Kolibri-1 chooses by logit plus a correction bias and weighs by the logits' sigmoids (``logit_biased_sigmoid``).
 Nemotron-H routes as DeepSeek-V3 to ungated ReLU² experts, which Nemotron 3 runs in a latent space (its
 hidden state projected down before them and their sum up after).
 
