@@ -68,6 +68,7 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
             "moe_layers": tuple(i for i, kind in enumerate(mlp) if kind == "sparse"),
             "moe_routing": "topk_softmax" if routing == "softmax" else "topk_sigmoid",
             "shared_expert_intermediate_size": width * int(raw.get("num_shared_experts") or 0),
-            "shared_expert_gated": False, "shared_expert_averaged": combine == "average",
+            "shared_expert_gated": False,  # (averaged only with a shared expert, as transformers combines them)
+            "shared_expert_averaged": combine == "average" and bool(raw.get("num_shared_experts")),
             "nope_layers": tuple(i for i in range(len(types)) if i not in rotated),
             "layer_norm": raw.get("rms_norm_eps") is None}

@@ -73,8 +73,9 @@ class EngineConfig:
             raise InvalidArgument(f"block_size must be a power of two >= 1, got {self.block_size}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise InvalidArgument(f"kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
-        if not isinstance(self.cpu_kernels, bool):
-            raise InvalidArgument(f"cpu_kernels must be true or false, got {self.cpu_kernels!r}")
+        for name in ("cpu_kernels", "kv_sharing_fast_prefill"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgument(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.max_idle_loras < 0:
             raise InvalidArgument(f"max_idle_loras must be >= 0, got {self.max_idle_loras}")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -34,7 +34,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -377,8 +377,7 @@ class ModelConfig:
         if self.mla:  # before the RoPE checks, which read its rotated block
             check_mla(self)
         self._check_rope()
-        if self.num_experts:
-            check_moe(self)
+        check_moe(self)
         self._check_position_fields()
         self._check_layer_lists()
         if self.fp8_scales not in (None, "weight_scale", "weight_scale_inv") or (
@@ -544,7 +543,7 @@ class ModelConfig:
         return tuple(i for i in range(self.num_hidden_layers)
                      if i not in linear and self.has_mixer(i) and not shares(i))
 
-    @property
+    @cached_property  # read each forward pass
     def kv_free_tail(self) -> int | None:
         """The first of the last layers that write no KV (Gemma 4's KV-sharing layers), or None: no later token
         reads what they compute, so from there on only the rows logits are taken from need running."""

@@ -198,6 +198,13 @@ def _deepseek_v2_routing(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_moe(config: ModelConfig) -> None:
+    """The mixture-of-experts fields of ``config`` (none to check without experts but those that need them)."""
+    if (config.shared_expert_averaged and not config.shared_expert_intermediate_size) or (
+            config.moe_output_norm and not config.moe_layers):
+        raise ModelLoadError("shared_expert_averaged needs a shared expert (shared_expert_intermediate_size > 0), "
+                             "moe_output_norm layers that route (moe_layers)")
+    if not config.num_experts:
+        return
     if not 1 <= config.num_experts_per_tok <= config.num_experts:
         raise ModelLoadError(f"config.json: num_experts_per_tok must be between 1 and the number of experts "
                              f"({config.num_experts}), got {config.num_experts_per_tok}")

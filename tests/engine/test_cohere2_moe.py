@@ -68,6 +68,18 @@ def test_a_dense_prefix_has_its_width_window_pattern_and_rope():
         assert config.shared_expert_averaged == (hf.shared_expert_combination_strategy == "average")
 
 
+def test_the_new_moe_fields_are_refused_where_they_have_nothing_to_act_on():
+    """An average with no shared expert to average in, an output norm with no layer that routes."""
+    import dataclasses
+
+    config, _ = _read(num_hidden_layers=2, num_shared_experts=1, head_dim=16, hidden_size=64, num_attention_heads=4,
+                      intermediate_size=32)
+    with pytest.raises(ModelLoadError, match="shared_expert_averaged needs a shared expert"):
+        dataclasses.replace(config, shared_expert_intermediate_size=0)
+    with pytest.raises(ModelLoadError, match="moe_output_norm layers that route"):
+        dataclasses.replace(config, moe_output_norm=True, shared_expert_averaged=False, moe_layers=())
+
+
 def test_without_a_window_only_a_forced_prefix_rotates():
     config, hf = _read(num_hidden_layers=4, first_k_dense_replace=1, sliding_window=None, head_dim=16,
                        hidden_size=64, num_attention_heads=4, intermediate_size=32)

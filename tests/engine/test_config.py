@@ -14,6 +14,7 @@ from services.engine.model_config import add_max_model_len_flag
     ("kv_cache_bytes", 0, "kv_cache_bytes must be > 0"),
     ("swap_bytes", -1, "swap_bytes must be >= 0"),
     ("cpu_kernels", "no", "cpu_kernels must be true or false"),
+    ("kv_sharing_fast_prefill", 1, "kv_sharing_fast_prefill must be true or false"),
     ("dtype", "float8", "dtype must be auto or one of"),
     ("kv_cache_dtype", "int8", "kv_cache_dtype must be one of auto, fp8, fp8_e4m3, fp8_e5m2"),
     ("device", "tpu", "device must be auto, cpu, cuda"),
