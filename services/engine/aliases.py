@@ -41,6 +41,7 @@ from services.engine import (
     nanochat,
     nemotron_h,
     opt,
+    persimmon,
     zamba2,
 )
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
@@ -172,6 +173,10 @@ ALIASES = {
     # attention and the MLP side by side on norms of their own.
     gpt_neox.ARCH: Alias("LlamaForCausalLM", gpt_neox.NAMES, gpt_neox.DEFAULTS, gpt_neox.IGNORED,
                          rewrite=lambda raw: gpt_neox.rewrite(_partial_rotary_aside(raw, 0.25)), fields=gpt_neox.fields),
+    # Persimmon (persimmon.py): GPT-NeoX's pre-norm block of squared ReLUs, each head of q and k LayerNormed.
+    persimmon.ARCH: Alias("LlamaForCausalLM", persimmon.NAMES, persimmon.DEFAULTS, persimmon.IGNORED,
+                          rewrite=lambda raw: persimmon.rewrite(_partial_rotary_aside(raw, 0.5)),
+                          fields=persimmon.fields),
     # Falcon (falcon.py): biased LayerNorms, an ungated MLP, attention and MLP side by side on one norm or two, and
     # a fused query_key_value laid out by architecture.
     falcon.ARCH: Alias("LlamaForCausalLM", falcon.NAMES, falcon.DEFAULTS, falcon.IGNORED, rewrite=falcon.rewrite,

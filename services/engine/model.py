@@ -202,7 +202,10 @@ class Attention(nn.Module):
         self.qk_norm_whole = config.qk_norm_whole
         self.norm_after_rope = config.qk_norm_after_rope  # Hunyuan
         self.qk_layer_norm = config.qk_norm and config.layer_norm
-        if self.qk_layer_norm:  # Cohere (Command R+): a LayerNorm weight per head
+        if self.qk_layer_norm and config.norm_bias:  # Persimmon: torch's, with a bias, one for every head
+            self.q_norm = BiasedLayerNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = BiasedLayerNorm(config.head_dim, config.rms_norm_eps)
+        elif self.qk_layer_norm:  # Cohere (Command R+): a LayerNorm weight per head
             self.q_norm = LayerNorm((self.heads, config.head_dim), config.rms_norm_eps)
             self.k_norm = LayerNorm((self.kv_heads, config.head_dim), config.rms_norm_eps)
         elif config.qk_norm:
@@ -242,8 +245,7 @@ class Attention(nn.Module):
         else:
             qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
             if self.qk_layer_norm:
-                qk = torch.cat([layer_norm(qk[:, : self.heads], self.q_norm.weight, self.q_norm.eps),
-                                layer_norm(qk[:, self.heads :], self.k_norm.weight, self.k_norm.eps)], dim=1)
+                qk = torch.cat([self.q_norm._norm(qk[:, : self.heads]), self.k_norm._norm(qk[:, self.heads :])], dim=1)
             elif self.q_norm is not None and not self.norm_after_rope:
                 qk = norm_heads(qk, self.heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                 self.q_norm.scale_in_fp32)

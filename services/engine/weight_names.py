@@ -45,6 +45,8 @@ from services.engine.mpt import ARCH as MPT
 from services.engine.mpt import RENAMES as MPT_RENAMES
 from services.engine.opt import ARCH as OPT
 from services.engine.opt import RENAMES as OPT_RENAMES
+from services.engine.persimmon import ARCH as PERSIMMON
+from services.engine.persimmon import RENAMES as PERSIMMON_RENAMES
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +113,7 @@ _BY_ARCHITECTURE = {
     JAMBA: JAMBA_RENAMES, KIMI_LINEAR: KIMI_LINEAR_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
     OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES, BLOOM: BLOOM_RENAMES,
     MPT: MPT_RENAMES, GPT_NEO: GPT_NEO_RENAMES, DBRX: DBRX_RENAMES, CODEGEN: GPTJ_RENAMES, BIOGPT: BIOGPT_RENAMES,
+    PERSIMMON: PERSIMMON_RENAMES,
     LLAMA4: LLAMA4_RENAMES,  # llama4_weights renames its tensors first: these are for adapters' names
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),

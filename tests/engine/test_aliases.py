@@ -280,7 +280,8 @@ def test_phi_3_5_moe_as_published():
     ("Cohere2MoeForCausalLM", "Cohere2MoeConfig"), ("AXK1ForCausalLM", "AXK1Config"),
     ("Kolibri1ForCausalLM", "Kolibri1Config"), ("MiniCPM3ForCausalLM", "MiniCPM3Config"),
     ("GPTNeoForCausalLM", "GPTNeoConfig"), ("DbrxForCausalLM", "DbrxConfig"),
-    ("CodeGenForCausalLM", "CodeGenConfig"), ("BioGptForCausalLM", "BioGptConfig")])
+    ("CodeGenForCausalLM", "CodeGenConfig"), ("BioGptForCausalLM", "BioGptConfig"),
+    ("PersimmonForCausalLM", "PersimmonConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -496,3 +497,17 @@ def test_granite_swa_reads_its_windows_sinks_and_bases_as_transformers_does():
         ModelConfig.from_dict({**raw, "layer_types": ["full_attention"] * 3})
     with pytest.raises(ModelLoadError, match="sinks_scale_output is a form of attention sinks"):
         dataclasses.replace(config, attention_sinks=False)
+
+
+def test_persimmon_reads_its_released_config():
+    """adept/persimmon-8b-base's config.json as published: RoPE's base and share at the top level."""
+    config = ModelConfig.from_dict({
+        "architectures": ["PersimmonForCausalLM"], "hidden_act": "relu2", "hidden_size": 4096,
+        "intermediate_size": 16384, "layer_norm_eps": 1e-05, "max_position_embeddings": 16384,
+        "num_attention_heads": 64, "num_hidden_layers": 36, "partial_rotary_factor": 0.5, "qk_layernorm": True,
+        "rope_theta": 25000.0, "vocab_size": 262144, "tie_word_embeddings": False, "bos_token_id": 71013,
+        "eos_token_id": 71013})
+    assert (config.head_dim, config.num_key_value_heads, config.rotary_dim, config.rope_theta, config.qk_norm,
+            config.norm_bias, config.qkv_layout, config.hidden_act, config.mlp_gated) == (
+        64, 64, 32, 25000.0, True, True, "per_head", "relu2", False)
+    assert not ModelConfig.from_dict({"architectures": ["PersimmonForCausalLM"], "qk_layernorm": False}).qk_norm

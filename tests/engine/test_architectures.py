@@ -81,6 +81,8 @@ CASES = {
     "gpt-neox": lambda: transformers.GPTNeoXConfig(**{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
     "gpt-neox-sequential": lambda: transformers.GPTNeoXConfig(
         use_parallel_residual=False, rotary_pct=0.5, **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
+    # Persimmon: GPT-NeoX's pre-norm block of squared ReLUs, each head of q and k through a biased LayerNorm.
+    "persimmon": lambda: transformers.PersimmonConfig(**{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
     # Falcon: attention and an ungated GELU MLP side by side, their fused query_key_value laid out by architecture:
     # the new one's (40B, 180B: grouped per key/value head, a norm each), Falcon-7B's (multi-query, one norm),
     # per head (neither); and a pre-norm block with biases.
@@ -791,6 +793,7 @@ _FAMILY_ADAPTERS = {
     "gpt2": ["c_attn", "c_proj", "c_fc"],
     "gpt-bigcode-mha": ["c_attn", "c_proj", "c_fc"],
     "bloom": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+    "persimmon": ["query_key_value", "dense", "dense_h_to_4h"],
     "falcon-7b": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
     "falcon-new": ["query_key_value", "dense_4h_to_h"],
     "mpt": ["Wqkv", "out_proj", "up_proj", "down_proj"],
@@ -1170,7 +1173,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
                                   "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4",
-                                  "mimo-v2-flash", "mellum", "nanochat", "hy3", "kolibri1", "biogpt"])
+                                  "mimo-v2-flash", "mellum", "nanochat", "hy3", "kolibri1", "biogpt", "persimmon"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
