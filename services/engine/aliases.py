@@ -24,6 +24,7 @@ from services.engine import (
     dbrx,
     falcon,
     falcon_h1,
+    flint,
     gemma4,
     gpt2,
     gpt_bigcode,
@@ -33,6 +34,7 @@ from services.engine import (
     granite_swa,
     jamba,
     kimi_linear,
+    laguna,
     lfm3,
     mamba,
     mellum,
@@ -42,6 +44,7 @@ from services.engine import (
     nemotron_h,
     opt,
     persimmon,
+    xglm,
     zamba2,
 )
 from services.engine.linear_attention_config import linear_attention_fields, mamba2_fields, short_conv_fields
@@ -187,6 +190,9 @@ ALIASES = {
     # BioGPT (biogpt.py): OPT's block under its own names, GELU, its embeddings scaled by sqrt(hidden_size).
     biogpt.ARCH: Alias("LlamaForCausalLM", biogpt.NAMES, biogpt.DEFAULTS, biogpt.IGNORED, rewrite=biogpt.rewrite,
                        fields=biogpt.fields),
+    # XGLM (xglm.py): OPT's block under its own names, GELU, scaled embeddings, sinusoidal positions.
+    xglm.ARCH: Alias("LlamaForCausalLM", xglm.NAMES, xglm.DEFAULTS, xglm.IGNORED, rewrite=xglm.rewrite,
+                     fields=xglm.fields),
     gpt2.ARCH: Alias("LlamaForCausalLM", gpt2.NAMES, gpt2.DEFAULTS, gpt2.IGNORED, rewrite=gpt2.rewrite,
                      fields=gpt2.fields),
     # DBRX (dbrx.py): Mixtral's experts under nested config fields and names of its own, LayerNorms, clamped q/k/v.
@@ -407,6 +413,20 @@ ALIASES = {
                   "rms_norm_eps": 1e-6, "bos_token_id": 163691, "eos_token_id": 163691, "rope_interleave": True},
         names={"num_local_experts": "n_routed_experts"}, mlp_layers="mlp_layer_types",
         rewrite=lambda raw: _axk1(raw), fields=lambda raw: {"architecture": "AXK1ForCausalLM", "moe_output_norm": True}),
+    # DeepSeek-V3.2: DeepSeek-V3 whose queries attend only the keys its indexer ranks highest (dsa.py), its
+    # rotated features always interleaved; dense layers first by mlp_layer_types (3 by default).
+    "DeepseekV32ForCausalLM": Alias(
+        "DeepseekV3ForCausalLM",
+        defaults={"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
+                  "num_attention_heads": 128, "num_key_value_heads": 128, "moe_intermediate_size": 2048,
+                  "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+                  "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+                  "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "norm_topk_prob": True,
+                  "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": 1,
+                  "first_k_dense_replace": 3, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64},
+        names={"num_local_experts": "n_routed_experts", "num_experts": "n_routed_experts"},
+        ignored=("layer_types", "head_dim"), mlp_layers="mlp_layer_types",
+        rewrite=lambda raw: {**raw, "rope_interleave": True}, fields=lambda raw: _sparse_attention(raw)),
     # transformers' YoutuConfig defaults (Youtu-LLM-2B's shape); the rest are DeepSeek-V3's.
     "YoutuForCausalLM": Alias(
         "DeepseekV3ForCausalLM",
@@ -497,8 +517,16 @@ ALIASES = {
                        fields=gemma4.fields),
     # MiMo-V2-Flash (mimo_v2.py): GLM-4.5's routing under Llama's attention, its sliding layers with twice the KV
     # heads and sinks, values narrower than keys and scaled, RoPE over a third of each head.
+    # Laguna (laguna.py): GLM-4.5's routing (soft-capped logits) beside a wider shared expert, under attention with
+    # query heads per layer and a softplus output gate, sliding layers with RoPE of their own.
+    laguna.ARCH: Alias("Glm4MoeForCausalLM", laguna.NAMES, laguna.DEFAULTS, laguna.IGNORED, mlp_layers="mlp_layer_types",
+                       rewrite=laguna.rewrite, fields=laguna.fields),
     mimo_v2.ARCH: Alias("Glm4MoeForCausalLM", defaults=mimo_v2.DEFAULTS, mlp_layers="mlp_layer_types",
                         ignored=("use_qk_norm", "partial_rotary_factor"), rewrite=mimo_v2.rewrite, fields=mimo_v2.fields),
+    # Flint (flint.py): Qwen3-MoE with sinks in every layer, sliding layers that rotate beside full ones that do
+    # not, the top k of an fp32 router's sigmoids beside an ungated shared expert.
+    flint.ARCH: Alias("Qwen3MoeForCausalLM", defaults=flint.DEFAULTS, ignored=flint.IGNORED, rewrite=flint.rewrite,
+                      fields=flint.fields),
     # Mellum 2 (mellum.py): Qwen3-MoE with sliding layers and a RoPE base per layer type, dense layers by
     # mlp_layer_types, its multi-token-prediction layer skipped.
     mellum.ARCH: Alias("Qwen3MoeForCausalLM", defaults=mellum.DEFAULTS, ignored=mellum.IGNORED, rewrite=mellum.rewrite,
@@ -695,6 +723,14 @@ def aliased(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if alias.mlp_layers is not None:
         out["first_k_dense_replace"] = _dense_layers(out, alias.mlp_layers, arch)
     return out, alias.fields(out) if alias.fields else {}
+
+
+def _sparse_attention(raw: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3.2's indexer (dsa.py): its keys widen the cached latent."""
+    index_dim = int(raw["index_head_dim"])
+    return {"architecture": "DeepseekV32ForCausalLM", "index_topk": int(raw["index_topk"]),
+            "index_head_dim": index_dim, "index_n_heads": int(raw["index_n_heads"]),
+            "head_dim": int(raw["kv_lora_rank"]) + int(raw["qk_rope_head_dim"]) + index_dim}
 
 
 def _minicpm3(raw: dict[str, Any]) -> dict[str, Any]:

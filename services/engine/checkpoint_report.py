@@ -16,6 +16,7 @@ from services.engine.model_config import ModelConfig
 from services.engine.pooling import has_lm_head, read_pooling
 from services.engine.safetensors_headers import read_json, tensors, weight_files
 from services.engine.tiktoken_vocab import RANKS_FILE
+from services.engine.xglm import ARCH as XGLM
 
 # Bytes of one element of each dtype the KV cache may use.
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1}
@@ -72,7 +73,8 @@ def state_bytes_per_sequence(config: ModelConfig, dtype: str) -> int:
 
 def _shape(config: ModelConfig) -> dict[str, Any]:
     shape = {"layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-             "query_heads": config.num_attention_heads, "kv_heads": config.num_key_value_heads,
+             "query_heads": list(config.layer_query_heads) if config.layer_query_heads else config.num_attention_heads,
+             "kv_heads": config.num_key_value_heads,
              "head_dim": config.head_dim, "mlp": f"{'gated ' if config.mlp_gated else ''}{config.hidden_act}, "
                                                  f"{config.intermediate_size} wide",
              "context": config.max_model_len, "vocab_size": config.vocab_size}
@@ -121,7 +123,8 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
              else f"{config.rotary_dim} of each head's {config.head_dim} features")
     rope = f"RoPE ({config.rope_type}, base {config.rope_theta:g}) over {share}"
     if config.learned_positions is not None:
-        rope = f"learned, absolute: a table of {config.max_position_embeddings} added to the embeddings"
+        made = "sinusoidal" if config.architecture == XGLM else "learned"
+        rope = f"{made}, absolute: a table of {config.max_position_embeddings} added to the embeddings"
     elif config.alibi_bias_max is not None:
         rope = f"ALiBi: each head's scores biased by distance (slopes 2^-({config.alibi_bias_max:g}i/n))" + (
             ", rounded to bf16 as transformers' Falcon rounds them" if config.alibi_bf16 else "")

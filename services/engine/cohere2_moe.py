@@ -67,6 +67,7 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
             "norm_topk_prob": bool(raw.get("norm_topk_prob", True)),
             "moe_layers": tuple(i for i, kind in enumerate(mlp) if kind == "sparse"),
             "moe_routing": "topk_softmax" if routing == "softmax" else "topk_sigmoid",
+            "router_fp32": routing == "softmax",  # its softmax in fp32, its sigmoid in the router's dtype
             "shared_expert_intermediate_size": width * int(raw.get("num_shared_experts") or 0),
             "shared_expert_gated": False,  # (averaged only with a shared expert, as transformers combines them)
             "shared_expert_averaged": combine == "average" and bool(raw.get("num_shared_experts")),

@@ -3,6 +3,7 @@ and tokenizer are read by ``checkpoint.py``. Every failure names the file and th
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from services.engine import (
     nanochat,
     nemotron_h,
     opt,
+    xglm,
     zamba2,
 )
 from services.engine.attention import alibi_slopes, falcon_alibi_slopes
@@ -97,6 +99,8 @@ def load_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Ll
         tie_shared_blocks(model.model.layers, ckpt.config.shared_blocks)
     kv_scales: dict[int, dict[str, float]] = {}  # layer -> "k" / "v" -> scale, filled as the weights stream by
     weights = _checkpoint_weights(ckpt, kv_scales if ckpt.config.kv_scales else None)
+    if ckpt.config.architecture == xglm.ARCH:  # its positions' table, which no checkpoint holds
+        weights = itertools.chain(weights, [xglm.position_table(ckpt.config)])
     try:
         model.load_weights(weights)
     except KeyError as exc:
@@ -190,7 +194,7 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
     return weights
 
 
-_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo, dbrx, codegen)}
+_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo, dbrx, codegen, xglm)}
 
 
 def lora_rows(ckpt: Checkpoint) -> Rows:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from services.engine.attention import AttentionBatch, paged_attention
+from services.engine.dsa import Indexer, indexed_attention
 from services.engine.kv_pool import PagedKVPool
 from services.engine.lora import adapted
 from services.engine.model_config import ModelConfig
@@ -55,6 +56,10 @@ class LatentAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.rank, self.heads * (self.nope + self.v), bias=False)
         self.o_proj = nn.Linear(self.heads * self.v, config.hidden_size, bias=bias)
         self.q_scale = softmax_scale(config) * math.sqrt(self.rank + self.rope)
+        # DeepSeek-V3.2's sparse attention (dsa.py): its indexer's keys cached after the latent.
+        self.index_topk = config.index_topk
+        self.indexer = Indexer(config.hidden_size, config.q_lora_rank, config.index_n_heads, config.index_head_dim) \
+            if config.index_topk else None
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora,
                 q_mult: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,8 +70,8 @@ class LatentAttention(nn.Module):
         def linear(name: str, inputs: torch.Tensor) -> torch.Tensor:
             return adapted(getattr(self, name), inputs, lora, self.layer, f"self_attn.{name}")
 
-        q = linear("q_b_proj", self.q_a_layernorm._norm(linear("q_a_proj", x))) if hasattr(self, "q_b_proj") \
-            else linear("q_proj", x)
+        q_resid = self.q_a_layernorm._norm(linear("q_a_proj", x)) if hasattr(self, "q_b_proj") else None
+        q = linear("q_b_proj", q_resid) if q_resid is not None else linear("q_proj", x)
         q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope], dim=-1)
         c, k_rope = linear("kv_a_proj_with_mqa", x).split([self.rank, self.rope], dim=-1)
         c = self.kv_a_layernorm._norm(c)
@@ -83,9 +88,14 @@ class LatentAttention(nn.Module):
         query = torch.cat([q_lat, rotated[:, : self.heads]], dim=-1) * self.q_scale
         if q_mult is not None:
             query = (query * q_mult).to(query.dtype)
-        key = torch.cat([c, rotated[:, self.heads]], dim=-1)[:, None]  # [T, 1, rank + rope]: the cache entry
         cache, _ = kv.layer(self.kv_layer)  # one latent per token: the pool's K and V views are the same
-        o = paged_attention(query, key, key, cache, cache, batch)  # the latents are the values too
+        if self.indexer is not None:
+            index_q, index_k, index_weights = self.indexer(x, q_resid, cos, sin)
+            key = torch.cat([c, rotated[:, self.heads], index_k], dim=-1)[:, None]  # [T, 1, rank + rope + index]
+            o = indexed_attention(query, key, index_q, index_weights, cache, batch, self.index_topk)
+        else:
+            key = torch.cat([c, rotated[:, self.heads]], dim=-1)[:, None]  # [T, 1, rank + rope]: the cache entry
+            o = paged_attention(query, key, key, cache, cache, batch)  # the latents are the values too
         out = torch.einsum("thr,hvr->thv", o[..., : self.rank], w[:, self.nope :])  # W_UV
         for rows, kv_b in adapters:  # and s·B_UV·A's
             b = kv_b.bt.T.unflatten(0, (self.heads, -1))[:, self.nope :]

@@ -33,9 +33,20 @@ def mla_fields(raw: dict[str, Any], arch: str) -> dict[str, Any]:
 
 
 def check_mla(config: ModelConfig) -> None:
-    if config.num_key_value_heads != 1 or config.head_dim != config.kv_lora_rank + config.qk_rope_head_dim \
+    if not config.mla:
+        raise ModelLoadError("sparse attention (index_topk) is latent attention's: set kv_lora_rank too")
+    width = config.kv_lora_rank + config.qk_rope_head_dim + config.index_head_dim
+    if config.num_key_value_heads != 1 or config.head_dim != width \
             or config.qk_rope_head_dim % 2 or min(config.qk_nope_head_dim, config.v_head_dim) < 1:
         raise ModelLoadError(f"config.json: latent attention needs an even qk_rope_head_dim and positive "
                              f"qk_nope_head_dim and v_head_dim (got {config.qk_rope_head_dim}, "
                              f"{config.qk_nope_head_dim}, {config.v_head_dim}), cached as one head of "
-                             "kv_lora_rank + qk_rope_head_dim")
+                             "kv_lora_rank + qk_rope_head_dim (+ index_head_dim with sparse attention)")
+    if config.index_topk and (config.index_topk < 1 or config.index_n_heads < 1 or not config.q_lora_rank
+                              or config.index_head_dim < config.qk_rope_head_dim):
+        raise ModelLoadError(f"config.json: sparse attention needs index_topk >= 1, index_n_heads >= 1, a "
+                             f"q_lora_rank and index_head_dim >= qk_rope_head_dim ({config.qk_rope_head_dim}); got "
+                             f"{config.index_topk}, {config.index_n_heads}, {config.q_lora_rank}, "
+                             f"{config.index_head_dim}")
+    if not config.index_topk and (config.index_head_dim or config.index_n_heads):
+        raise ModelLoadError("index_head_dim and index_n_heads are sparse attention's: set index_topk too")

@@ -173,7 +173,7 @@ class Attention(nn.Module):
         # Llama 4: RoPE layers L2-norm q and k after rotating them.
         self.l2_norm_eps = config.rms_norm_eps if config.qk_l2_norm and layer not in config.nope_layers else None
         # MiMo-V2-Flash's sliding layers have more KV heads.
-        self.heads, (self.kv_heads, self.head_dim) = config.num_attention_heads, config.layer_heads(layer)
+        self.heads, (self.kv_heads, self.head_dim) = config.query_heads(layer), config.layer_heads(layer)
         self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         # MiMo-V2-Flash's values are narrower than its keys: cached padded to head_dim with zeros, which weigh
         # nothing in attention's output (its first value_dim features, exactly as unpadded).
@@ -187,6 +187,7 @@ class Attention(nn.Module):
         # AFMoE, MiniCPM5-MoE: the output gated per feature by the sigmoid of a projection of the input; LFM3: per
         # head.
         self.gate_per_head = config.attn_output_gate == "per_head"
+        self.gate_softplus = config.attn_gate_softplus  # Laguna's
         self.gate_proj = None if config.attn_output_gate is None else nn.Linear(
             config.hidden_size, self.heads if self.gate_per_head else self.q_size,
             bias=config.attn_output_gate == "in_query" and config.attention_bias)
@@ -270,7 +271,8 @@ class Attention(nn.Module):
                             self.alibi, self.alibi_bf16, self.kv_scale, self.sink_scaled)
         o = o.reshape(t, self.q_size) if self.value_dim == self.head_dim else o[..., : self.value_dim].reshape(t, -1)
         if self.gate_proj is not None:
-            gate = torch.sigmoid(adapted(self.gate_proj, x, lora, self.layer, "self_attn.gate_proj"))
+            gate = adapted(self.gate_proj, x, lora, self.layer, "self_attn.gate_proj")
+            gate = F.softplus(gate.float()).to(gate.dtype) if self.gate_softplus else torch.sigmoid(gate)
             o = (o.view(t, self.heads, -1) * gate[..., None]).view(t, -1) if self.gate_per_head else o * gate
         out = self.o_proj(o)
         return out if lora is None else lora.add(out, o, self.layer, "o")

@@ -139,6 +139,8 @@ class ModelConfig:
     # query rows then its gate's, with q's bias; split as they load), "per_head" (LFM3: one sigmoid gate per head,
     # its g_proj); None: not gated.
     attn_output_gate: str | None = None
+    # Laguna: that gate is the softplus of the projection (in fp32, cast back), not its sigmoid.
+    attn_gate_softplus: bool = False
     # Qwen3 normalizes each head of q and k (RMSNorm over head_dim) before RoPE; OLMo 2 and OLMoE normalize
     # the whole q and k projections instead (qk_norm_whole).
     qk_norm: bool = False
@@ -161,6 +163,9 @@ class ModelConfig:
     # Learned absolute positions (OPT, GPT-2): a table of max_position_embeddings + this offset rows whose row
     # position + offset is added to each token's embedding (OPT's 2, GPT-2's 0); None: none (RoPE or no positions).
     learned_positions: int | None = None
+    # XGLM: the row of its sinusoidal positions' table (computed as it loads: xglm.py) that transformers zeroes,
+    # pad_token_id's (a live position's where that is 2 or more); None: none.
+    sinusoidal_padding_row: int | None = None
     # ALiBi (BLOOM, MPT): no position encoding in q or k; each head adds slope * (key - query position) to its
     # scores instead, its slope from a geometric series set by this (attention.alibi_slopes: BLOOM's and MPT's
     # formulas agree; both run with 8). None: no ALiBi.
@@ -208,6 +213,9 @@ class ModelConfig:
     # RoPE base of the sliding layers when it differs from rope_theta (Gemma 3's rope_local_base_freq); they
     # rotate without rope_scaling.
     local_rope_theta: float | None = None
+    # Laguna: the share of each head the sliding layers rotate where it is not partial_rotary_factor (with
+    # local_rope_theta); None: the same.
+    local_partial_rotary_factor: float | None = None
     # Gemma 2: attention scores and final logits become cap * tanh(x / cap) (None: not capped).
     attn_softcap: float | None = None
     final_softcap: float | None = None
@@ -235,8 +243,8 @@ class ModelConfig:
     # "sparsemixer" (Phi-3.5-MoE, top 2): the best expert weighed by its softmax over the experts whose logits
     # are within sparsemixer_eps (relatively, doubled) of it; then the best of the rest, by the same rule.
     # "softmax_fp32" (Hunyuan): "softmax" over an fp32 router on fp32 inputs, its weights kept fp32.
-    # "topk_sigmoid" (Cohere2-MoE's sigmoid): the top k logits' sigmoids, renormalized with norm_topk_prob, in the
-    # router's dtype. "logit_biased_sigmoid" (Kolibri-1): the top k by fp32 logit plus a correction bias, weighed by
+    # "topk_sigmoid" (Cohere2-MoE's sigmoid, Flint's): the top k logits' sigmoids, renormalized with norm_topk_prob,
+    # in fp32 with router_fp32 (Flint), else in the router's dtype. "logit_biased_sigmoid" (Kolibri-1): the top k by fp32 logit plus a correction bias, weighed by
     # their logits' sigmoids, renormalized with norm_topk_prob, kept fp32.
     moe_routing: str = "softmax"
     sparsemixer_eps: float = 0.01
@@ -246,6 +254,8 @@ class ModelConfig:
     # What a sigmoid router adds to the sum of the chosen weights it renormalizes by (transformers' DeepSeek-V3:
     # 1e-20; LFM2-MoE: 1e-6).
     routing_norm_eps: float = 1e-20
+    # Laguna: a sigmoid router's fp32 logits soft-capped, tanh(logit / cap) * cap, before their sigmoids; None: not.
+    router_softcap: float | None = None
     # Whether a sigmoid router computes its logits in fp32 with fp32 weights (GLM-4.5, dots.llm1; transformers
     # keeps them fp32), or in the model's dtype (MiniMax-M2; the scores are fp32 either way); a top-k-softmax
     # router's softmax in fp32, cast back (Granite MoE), or in the model's dtype (GPT-OSS).
@@ -293,6 +303,12 @@ class ModelConfig:
     # DeepSeek's checkpoints store the rotated features in interleaved pairs (transformers' rope_interleave):
     # mla.py reorders those rows as they load.
     rope_interleaved: bool = False
+    # DeepSeek-V3.2's sparse attention (dsa.py; with latent attention): each query attends only the index_topk
+    # keys its indexer (index_n_heads heads of index_head_dim) scores highest, the indexer's key cached after the
+    # latent (head_dim kv_lora_rank + qk_rope_head_dim + index_head_dim); 0: every key (plain latent attention).
+    index_topk: int = 0
+    index_head_dim: int = 0
+    index_n_heads: int = 0
     # Multi-token-prediction layers the checkpoint holds after the model's own (GLM-4.5, DeepSeek-V3:
     # num_nextn_predict_layers): not served, their weights skipped.
     mtp_layers: int = 0
@@ -343,6 +359,8 @@ class ModelConfig:
     # 4's wider full layers, MiMo-V2-Flash's sliding layers with twice the KV heads (layer_heads).
     full_layer_heads: tuple[int, int] | None = None
     sliding_layer_heads: tuple[int, int] | None = None
+    # Laguna: each layer's query heads (num_attention_heads_per_layer); None: num_attention_heads in every layer.
+    layer_query_heads: tuple[int, ...] | None = None
     # MiMo-V2-Flash: values narrower than keys (the KV pool holds them padded to head_dim) and scaled by this.
     value_head_dim: int | None = None
     value_scale: float = 1.0
@@ -363,18 +381,16 @@ class ModelConfig:
                 raise ModelLoadError(f"config.json: {name} must be >= 1, got {getattr(self, name)}")
         for name in ("embed_scale", "attn_scale", "local_rope_theta", "attn_softcap", "final_softcap",
                      "residual_scale", "logits_divisor", "swiglu_limit", "routed_scaling_factor", "logit_scale",
-                     "routing_norm_eps"):
+                     "routing_norm_eps", "router_softcap"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0, got {value}")
         self._check_norm_and_bias_fields()
-        if self.attn_output_gate not in (None, "own", "in_query", "per_head"):
-            raise ModelLoadError(f"attn_output_gate must be 'own', 'in_query', 'per_head' or None, got "
-                                 f"{self.attn_output_gate!r}")
+        self._check_output_gate()
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"config.json: hidden activation {self.hidden_act!r} is not supported; supported: "
                                  f"{', '.join(SUPPORTED_ACTIVATIONS)}")
-        if self.mla:  # before the RoPE checks, which read its rotated block
+        if self.mla or self.index_topk:  # before the RoPE checks, which read its rotated block
             check_mla(self)
         self._check_rope()
         check_moe(self)
@@ -466,6 +482,13 @@ class ModelConfig:
             raise ModelLoadError(f"shared blocks run before a layer's Mamba-2 mixer: their layers "
                                  f"{self.shared_blocks.layers} must be linear layers ({self.linear_layers})")
 
+    def _check_output_gate(self) -> None:
+        if self.attn_output_gate not in (None, "own", "in_query", "per_head"):
+            raise ModelLoadError(f"attn_output_gate must be 'own', 'in_query', 'per_head' or None, got "
+                                 f"{self.attn_output_gate!r}")
+        if self.attn_gate_softplus and self.attn_output_gate not in ("own", "per_head"):
+            raise ModelLoadError("attn_gate_softplus is a gate's: set attn_output_gate 'own' or 'per_head' too")
+
     def _check_layer_shapes(self) -> None:
         """The fields that give layers attention shapes of their own (Gemma 4's, MiMo-V2-Flash's)."""
         layers = range(self.num_hidden_layers)
@@ -474,6 +497,11 @@ class ModelConfig:
             if heads is not None and (min(heads) < 1 or self.num_attention_heads % heads[0]):
                 raise ModelLoadError(f"{name} {heads}: (KV heads, head_dim), both >= 1, the KV heads dividing "
                                      f"num_attention_heads ({self.num_attention_heads})")
+        if self.layer_query_heads is not None and (
+                len(self.layer_query_heads) != self.num_hidden_layers
+                or any(q < 1 or q % self.layer_heads(i)[0] for i, q in enumerate(self.layer_query_heads))):
+            raise ModelLoadError(f"layer_query_heads {list(self.layer_query_heads)} must give each of the "
+                                 f"{self.num_hidden_layers} layers a number of query heads its KV heads divide")
         widths = [d for _, d in map(self.layer_heads, layers)]
         if self.value_head_dim is not None and not 0 < self.value_head_dim <= min(widths):
             raise ModelLoadError(f"value_head_dim {self.value_head_dim} must be in 1..head_dim: values are cached "
@@ -497,6 +525,11 @@ class ModelConfig:
         if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
             raise ModelLoadError(f"config.json: partial_rotary_factor {self.partial_rotary_factor} must leave an even "
                                  f"number of rotated features per head, at least 2 (head_dim {self.head_dim})")
+        local = self.local_partial_rotary_factor
+        if local is not None and (self.local_rope_theta is None or not 0 < local <= 1 or self.local_rotary_dim < 2
+                                  or self.local_rotary_dim % 2):
+            raise ModelLoadError(f"local_partial_rotary_factor {local} must leave the sliding layers (local_rope_theta "
+                                 f"set) an even number of rotated features per head, at least 2")
         if rope_type == "longrope":
             _check_longrope(self.rope_scaling or {}, self.rotary_dim)
 
@@ -518,6 +551,12 @@ class ModelConfig:
         """The features of each head that RoPE rotates (the first ones), as transformers rounds them; latent
         attention's rotated block."""
         return self.qk_rope_head_dim if self.mla else int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def local_rotary_dim(self) -> int:
+        """The features of each head the sliding layers rotate where they have a base of their own."""
+        share = self.local_partial_rotary_factor
+        return self.rotary_dim if share is None else int(self.head_dim * share)
 
     @property
     def mla(self) -> bool:
@@ -550,6 +589,10 @@ class ModelConfig:
         if self.gemma4 is None or not self.gemma4.shares_kv(self.num_hidden_layers - 1):
             return None
         return next(i for i in range(self.num_hidden_layers) if self.gemma4.shares_kv(i))
+
+    def query_heads(self, layer: int) -> int:
+        """``layer``'s query heads: its own where layers have their own (``layer_query_heads``)."""
+        return self.num_attention_heads if self.layer_query_heads is None else self.layer_query_heads[layer]
 
     def layer_heads(self, layer: int) -> tuple[int, int]:
         """``layer``'s (KV heads, head_dim): its type's where it has its own (``full_layer_heads``,
@@ -676,7 +719,8 @@ class ModelConfig:
         """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's, OLMo 2's and GPT-OSS's
         order)."""
         return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "FlexOlmoForCausalLM",
-                                                              "GptOssForCausalLM", AFMOE, NEMOTRON_H, GEMMA4)
+                                                              "GptOssForCausalLM", AFMOE, NEMOTRON_H, GEMMA4,
+                                                              "FlintForCausalLM")
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -696,7 +740,9 @@ class ModelConfig:
                           no_adapters="Zamba2 takes no LoRA adapters here (nor in vLLM): its layers run shared "
                                       "blocks with adapters of their own" if self.shared_blocks else
                                       f"{self.architecture} takes no LoRA adapters here yet: its attention's widths "
-                                      "differ by layer type" if self.kv_layer_shapes or self.value_head_dim else "")
+                                      "differ by layer type" if self.kv_layer_shapes or self.value_head_dim else
+                                      f"{self.architecture} takes no LoRA adapters here yet: its layers have query heads "
+                                      "of their own" if self.layer_query_heads else "")
 
     def _lora_projections(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
         """The projections LoRA adapts as the model holds them: (name in the layer, in, out, layers)."""

@@ -91,6 +91,7 @@ class SparseMoE(nn.Module):
         self.scaling = config.routed_scaling_factor
         self.norm_eps = config.routing_norm_eps
         self.router_fp32 = config.router_fp32
+        self.router_softcap = config.router_softcap
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)  # the router
         if self.routing in ("sigmoid", "softmax_biased", "logit_biased_sigmoid"):  # added when experts are chosen only
             self.gate.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts))
@@ -155,8 +156,9 @@ class SparseMoE(nn.Module):
             weights = logits.gather(1, chosen).sigmoid()
             if self.normalize:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
-        elif self.routing == "topk_sigmoid":  # Cohere2-MoE's: chosen by logit, in the router's dtype
-            top, chosen = torch.topk(F.linear(x, self.gate.weight), self.top_k, dim=-1)
+        elif self.routing == "topk_sigmoid":  # chosen by logit: Cohere2-MoE's in the router's dtype, Flint's fp32
+            logits = F.linear(x.float(), self.gate.weight.float()) if self.router_fp32 else F.linear(x, self.gate.weight)
+            top, chosen = torch.topk(logits, self.top_k, dim=-1)
             weights = torch.sigmoid(top)
             if self.normalize:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -196,6 +198,8 @@ class SparseMoE(nn.Module):
         score plus bias among the ``topk_groups`` best groups; weighed by their scores (no bias), renormalized
         and scaled. Mistral 4's ("softmax_grouped") is the same over softmax scores without a bias."""
         logits = F.linear(x.float(), self.gate.weight.float()) if self.router_fp32 else F.linear(x, self.gate.weight)
+        if self.router_softcap is not None:  # Laguna's
+            logits = torch.tanh(logits / self.router_softcap) * self.router_softcap
         if self.routing == "softmax_grouped":  # Mistral 4: softmax scores, in the router's dtype, and no bias
             scores = choice = torch.softmax(logits, dim=-1)
         else:  # in the router's dtype where the weights stay in it (LFM2-MoE's), as transformers computes them
@@ -314,5 +318,5 @@ def routers_in_fp32(model: nn.Module) -> None:
             # Kolibri-1's: only the bias; its weight stays in the model's dtype, widened for each product.
             module.gate.e_score_correction_bias.data = module.gate.e_score_correction_bias.data.float()
         elif isinstance(module, SparseMoE) and module.routing in ("sigmoid", "group_softmax", "softmax_biased",
-                                                                  "softmax_fp32") and module.router_fp32:
+                                                                  "softmax_fp32", "topk_sigmoid") and module.router_fp32:
             module.gate.float()

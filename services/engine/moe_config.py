@@ -219,6 +219,8 @@ def check_moe(config: ModelConfig) -> None:
     if config.moe_routing == "sparsemixer" and (config.num_experts_per_tok != 2 or not config.sparsemixer_eps >= 0):
         raise ModelLoadError(f"config.json: sparse-mixer routing picks 2 experts with a jitter margin >= 0, got "
                              f"num_experts_per_tok {config.num_experts_per_tok}, margin {config.sparsemixer_eps}")
+    if config.router_softcap is not None and config.moe_routing != "sigmoid":
+        raise ModelLoadError(f"router_softcap caps a sigmoid router's logits; moe_routing is {config.moe_routing!r}")
     groups, chosen = config.moe_groups, config.moe_topk_groups
     if groups < 1 or config.num_experts % groups or not 1 <= chosen <= groups or (
             groups > 1 and config.num_experts // groups < 2) or config.num_experts_per_tok > chosen * (

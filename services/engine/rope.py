@@ -23,7 +23,7 @@ def inverse_frequencies(config: ModelConfig, local: bool = False) -> torch.Tenso
 
 
 def _inverse_frequencies(config: ModelConfig, local: bool) -> torch.Tensor:
-    dim = config.rotary_dim
+    dim = config.local_rotary_dim if local else config.rotary_dim
     theta = config.local_rope_theta if local else config.rope_theta
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if local:

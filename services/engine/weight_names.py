@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from services.engine import lfm3, mamba, nanochat, nemotron_h
+from services.engine import flint, laguna, lfm3, mamba, nanochat, nemotron_h
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
 from services.engine.biogpt import ARCH as BIOGPT
@@ -47,6 +47,8 @@ from services.engine.opt import ARCH as OPT
 from services.engine.opt import RENAMES as OPT_RENAMES
 from services.engine.persimmon import ARCH as PERSIMMON
 from services.engine.persimmon import RENAMES as PERSIMMON_RENAMES
+from services.engine.xglm import ARCH as XGLM
+from services.engine.xglm import RENAMES as XGLM_RENAMES
 
 if TYPE_CHECKING:
     import torch
@@ -113,13 +115,13 @@ _BY_ARCHITECTURE = {
     JAMBA: JAMBA_RENAMES, KIMI_LINEAR: KIMI_LINEAR_RENAMES, FALCON_H1: FALCON_H1_RENAMES, GPT_NEOX: GPT_NEOX_RENAMES, FALCON: FALCON_RENAMES,
     OPT: OPT_RENAMES, GPT2: GPT2_RENAMES, GPT_BIGCODE: GPT_BIGCODE_RENAMES, GPTJ: GPTJ_RENAMES, BLOOM: BLOOM_RENAMES,
     MPT: MPT_RENAMES, GPT_NEO: GPT_NEO_RENAMES, DBRX: DBRX_RENAMES, CODEGEN: GPTJ_RENAMES, BIOGPT: BIOGPT_RENAMES,
-    PERSIMMON: PERSIMMON_RENAMES,
+    PERSIMMON: PERSIMMON_RENAMES, XGLM: XGLM_RENAMES,
     LLAMA4: LLAMA4_RENAMES,  # llama4_weights renames its tensors first: these are for adapters' names
     "BambaForCausalLM": ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                          ("model.final_layernorm.", "model.norm.")),
     "Starcoder2ForCausalLM": ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")),  # GPT-2's
     MIMO_V2: ((".self_attn.attention_sink_bias", ".self_attn.sinks"),),  # its sliding layers' sinks
-    nanochat.ARCH: nanochat.RENAMES,
+    nanochat.ARCH: nanochat.RENAMES, laguna.ARCH: laguna.RENAMES, flint.ARCH: flint.RENAMES,
     # A.X K1: its MoE blocks' output norm, stored on the layer (transformers renames it so too).
     "AXK1ForCausalLM": ((".post_mlp_layernorm.", ".mlp.post_mlp_layernorm."),),
     # Kolibri-1: its routing bias and output norms as released, under GLM-4's names (renamed on from there).

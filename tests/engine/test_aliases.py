@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from services.common.errors import ModelLoadError
+from services.common.errors import InvalidArgument, ModelLoadError
+from services.common.lora import read_lora
+from services.common.step import LoraRef
 from services.engine.model_config import ModelConfig
 
 pytestmark = [pytest.mark.oracle]
@@ -281,7 +283,9 @@ def test_phi_3_5_moe_as_published():
     ("Kolibri1ForCausalLM", "Kolibri1Config"), ("MiniCPM3ForCausalLM", "MiniCPM3Config"),
     ("GPTNeoForCausalLM", "GPTNeoConfig"), ("DbrxForCausalLM", "DbrxConfig"),
     ("CodeGenForCausalLM", "CodeGenConfig"), ("BioGptForCausalLM", "BioGptConfig"),
-    ("PersimmonForCausalLM", "PersimmonConfig")])
+    ("PersimmonForCausalLM", "PersimmonConfig"), ("XGLMForCausalLM", "XGLMConfig"),
+    ("LagunaForCausalLM", "LagunaConfig"), ("FlintForCausalLM", "FlintConfig"),
+    ("DeepseekV32ForCausalLM", "DeepseekV32Config")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -511,3 +515,36 @@ def test_persimmon_reads_its_released_config():
             config.norm_bias, config.qkv_layout, config.hidden_act, config.mlp_gated) == (
         64, 64, 32, 25000.0, True, True, "per_head", "relu2", False)
     assert not ModelConfig.from_dict({"architectures": ["PersimmonForCausalLM"], "qk_layernorm": False}).qk_norm
+
+
+def test_laguna_reads_heads_gates_rope_and_router_per_its_config(tmp_path):
+    config = ModelConfig.from_dict({"architectures": ["LagunaForCausalLM"], "num_hidden_layers": 4,
+                                    "num_attention_heads_per_layer": [48, 64, 48, 64], "gating": "per-element",
+                                    "layer_types": ["sliding_attention", "full_attention"] * 2,
+                                    "moe_router_logit_softcapping": 30.0})
+    assert [config.query_heads(i) for i in range(4)] == [48, 64, 48, 64]
+    assert (config.attn_output_gate, config.attn_gate_softplus, config.router_softcap, config.moe_routing) == (
+        "own", True, 30.0, "sigmoid")
+    assert (config.rotary_dim, config.rope_theta, config.local_rotary_dim, config.local_rope_theta) == (
+        64, 500000.0, 128, 10000.0)
+    assert config.sliding_layers == (0, 2) and config.moe_layers == (1, 2, 3)
+    assert (config.shared_expert_intermediate_size, config.moe_intermediate_size) == (512, 512)
+    with pytest.raises(InvalidArgument, match="LagunaForCausalLM takes no LoRA adapters here yet: its layers have query"):
+        read_lora(LoraRef("sql", str(tmp_path)), config.lora_shape, 64)
+    named_alone = ModelConfig.from_dict({"architectures": ["LagunaForCausalLM"]})
+    assert (named_alone.attn_output_gate, named_alone.router_softcap, named_alone.sliding_layers,
+            named_alone.local_rope_theta) == ("per_head", None, None, None)
+    with pytest.raises(ModelLoadError, match="num_attention_heads_per_layer must give each of the 2 layers"):
+        ModelConfig.from_dict({"architectures": ["LagunaForCausalLM"], "num_hidden_layers": 2,
+                               "num_attention_heads_per_layer": [8]})
+    with pytest.raises(ModelLoadError, match=r"layer_query_heads \[8, 12\] must give each"):
+        ModelConfig.from_dict({"architectures": ["LagunaForCausalLM"], "num_hidden_layers": 2,
+                               "num_attention_heads_per_layer": [8, 12]})  # 8 KV heads
+    with pytest.raises(ModelLoadError, match="moe_apply_router_weight_on_input"):
+        ModelConfig.from_dict({"architectures": ["LagunaForCausalLM"], "moe_apply_router_weight_on_input": True})
+    with pytest.raises(ModelLoadError, match="router_softcap caps a sigmoid router"):
+        dataclasses.replace(named_alone, router_softcap=5.0, moe_routing="softmax")
+    with pytest.raises(ModelLoadError, match="attn_gate_softplus is a gate's"):
+        dataclasses.replace(named_alone, attn_output_gate=None)
+    with pytest.raises(ModelLoadError, match="local_partial_rotary_factor 0.5 must leave the sliding layers"):
+        dataclasses.replace(named_alone, local_partial_rotary_factor=0.5)

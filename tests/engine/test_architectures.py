@@ -107,6 +107,10 @@ CASES = {
     "gpt2-unscaled": lambda: transformers.GPT2Config(n_inner=96, scale_attn_weights=False, **_GPT2_SHAPE),
     # BioGPT: OPT's block under its own names, GELU, embeddings scaled by sqrt(hidden_size), LayerNorm eps 1e-12.
     "biogpt": lambda: transformers.BioGptConfig(**{**COMMON, "pad_token_id": 0}),
+    # XGLM: OPT's block under its own names, GELU, scaled embeddings, sinusoidal positions (the padding row zeroed
+    # is position 1's here: pad_token_id 3).
+    "xglm": lambda: transformers.XGLMConfig(d_model=64, ffn_dim=128, num_layers=3, attention_heads=4, vocab_size=4096,
+                                            max_position_embeddings=512, pad_token_id=3, bos_token_id=1, eos_token_id=2),
     # GPT-Neo: GPT-2's block (plain Linear projections, q/k/v without biases) with unscaled scores, global and local
     # layers alternating (a window shorter than most prompts).
     "gpt-neo": lambda: transformers.GPTNeoConfig(
@@ -295,6 +299,12 @@ CASES = {
         kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=8,
         num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32, n_shared_experts=1,
         routed_scaling_factor=1.5, **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # DeepSeek-V3.2: each query attends only the 12 keys its indexer (8 heads) ranks highest, fewer than most
+    # prompts' keys.
+    "deepseek-v3.2": lambda: transformers.DeepseekV32Config(
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, moe_intermediate_size=32,
+        index_topk=12, index_head_dim=16, index_n_heads=8, **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
     # DeepSeek-V2-Lite's attention shape: one query projection, no bottleneck; rotated features not interleaved.
     "deepseek-v3-no-q-lora": lambda: transformers.DeepseekV3Config(
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
@@ -531,6 +541,23 @@ CASES = {
     # layer; Qwen3's q/k norms, RoPE over the whole head.
     "hy3": lambda: transformers.HYV3Config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16,
                                            router_scaling_factor=2.5, **COMMON),
+    # Laguna: query heads per layer (4, 8, 4 over 2 KV heads), a softplus gate per head (per feature below), sliding
+    # layers rotating whole heads at a base of their own beside full ones rotating half, a soft-capped sigmoid
+    # router (a cap low enough to bite) with a correction bias, a shared expert wider than the routed ones.
+    "laguna": lambda: transformers.LagunaConfig(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        head_dim=16, num_attention_heads_per_layer=[4, 8, 4], sliding_window=24,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], moe_router_logit_softcapping=0.5,
+        moe_routed_scaling_factor=2.5, **COMMON),
+    "laguna-per-element": lambda: transformers.LagunaConfig(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16, gating="per-element",
+        mlp_layer_types=["dense", "dense", "sparse"], **COMMON),
+    # Flint: sinks in every layer, sliding layers rotating beside a full one that does not, the top k of an fp32
+    # router's sigmoids beside an ungated shared expert, the first layer dense.
+    "flint": lambda: transformers.FlintConfig(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        head_dim=16, sliding_window=24, mlp_only_layers=[0],
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], **COMMON),
     # nanochat: weightless RMSNorms (embeddings too), q/k normed after a RoPE turning the other way, ReLU² without
     # a gate, soft-capped logits.
     "nanochat": lambda: transformers.NanoChatConfig(final_logit_softcapping=3.0, **COMMON),
@@ -580,8 +607,10 @@ def save_checkpoint(config, out, tiny_model_dir, auto=None):
     std = 0.1 if config.model_type == "zamba2" else 0.3
     with torch.no_grad():  # weights that give decisive logits, so greedy choices are not near-ties
         for name, p in model.named_parameters():
-            # Sinks (GPT-OSS) near the scores' scale, so that they change the attention.
-            p.normal_(1.0, 0.2) if "norm" in name else p.normal_(4.0, 2.0) if "sinks" in name else p.normal_(0.0, std)
+            # Sinks (GPT-OSS) near the scores' scale, so that they change the attention. A LayerNorm's bias as any
+            # bias: near 1 in the final norm, it made the tied head's logits of every position alike (XGLM's).
+            norm = "norm" in name and not name.endswith("norm.bias")
+            p.normal_(1.0, 0.2) if norm else p.normal_(4.0, 2.0) if "sinks" in name else p.normal_(0.0, std)
         for name, b in model.named_buffers():  # GLM-4.5's routing bias: enough to change which experts are chosen
             if "e_score_correction_bias" in name or name.endswith(".expert_bias"):  # LFM2-MoE's
                 b.normal_(0.0, 0.3)
@@ -801,6 +830,7 @@ _FAMILY_ADAPTERS = {
     "gpt-neo": ["q_proj", "v_proj", "out_proj", "c_fc", "c_proj"],
     "codegen": ["qkv_proj", "out_proj", "fc_in", "fc_out"],  # B's rows split by shard as the weight's
     "biogpt": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"],
+    "xglm": ["q_proj", "k_proj", "out_proj", "fc1", "fc2"],
     "glm4": ["q_proj", "k_proj", "gate_up_proj", "down_proj"],
     "falcon-h1": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "opt": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"],
@@ -1145,10 +1175,12 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     elif model.config.model_type == "cohere2_moe":  # nor Command A MoE's, but a dense prefix's forced to rotate
         want = tuple(i for i, layer in enumerate(model.model.layers) if layer.self_attn.sliding_window is None
                      and not layer.self_attn.force_rope)
+    elif model.config.model_type == "flint":  # only its sliding layers rotate
+        want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
     elif model.config.model_type in ("nemotron_h", "jamba", "kimi_linear", "opt", "gpt2", "gpt_bigcode", "bloom",
-                                     "mpt", "gpt_neo", "biogpt"):  # no RoPE
+                                     "mpt", "gpt_neo", "biogpt", "xglm"):  # no RoPE
         assert not any("rotary" in name for name, _ in model.named_modules())
         want = tuple(range(len(_decoder_layers(model))))
     elif model.config.model_type in ("granite_swa", "granitemoe_swa"):  # a base of 0: no RoPE there

@@ -1,0 +1,97 @@
+"""DeepSeek Sparse Attention (DSA: DeepSeek-V3.2, GLM-5): latent attention (mla.py) in which each query attends
+only the ``index_topk`` keys its indexer scores highest, as transformers' ``DeepseekV32Indexer`` selects them.
+
+The indexer has heads of its own (``index_n_heads`` of ``index_head_dim``): a query's head h scores key j as
+``relu(q_h . k_j) / sqrt(index_head_dim)`` against one shared, LayerNormed key per token, and the heads' scores are
+summed weighed by a projection of the query token's input (``weights_proj``, over sqrt(index_n_heads)); both q's
+and k's first ``qk_rope_head_dim`` features rotate (halves, not interleaved). The top k of the keys a query sees
+are its keys: the others are masked, as transformers masks them (a query seeing no more than k keys sees them all).
+
+The indexer's keys are cached after the latent, in the same row of the pool (``head_dim`` is ``kv_lora_rank +
+qk_rope_head_dim + index_head_dim``), so prefix caching, swapping and KV transfers carry them with it; attention
+reads the latent's part only. Sequences are scored one at a time (a [rows, keys] score matrix each): the torch
+path, with or without the fused kernels' batch layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from services.engine.attention import AttentionBatch, _sdpa, gather
+from services.engine.fp8 import FP8_DTYPES
+from services.engine.kv_quant import as_bytes, quantize, widen
+
+
+def indexed_attention(query: torch.Tensor, key: torch.Tensor, index_q: torch.Tensor, index_weights: torch.Tensor,
+                      cache: torch.Tensor, batch: AttentionBatch, topk: int) -> torch.Tensor:
+    """``query`` ``[T, H, W]`` (W the latent's width, scaled for W ** -0.5), ``key`` ``[T, 1, W + I]`` (the latent
+    then the indexer's key: the cache rows), ``index_q`` ``[T, Hi, I]`` (rotated), ``index_weights`` ``[T, Hi]``
+    fp32 (over sqrt(Hi)); ``cache`` ``[num_blocks, block_size, 1, W + I]``. Returns ``[T, H, W]``: each query's
+    attention over the latents of its top ``topk`` keys."""
+    width = query.shape[-1]
+    if cache.dtype in FP8_DTYPES:  # a float8 pool: written rounded, read widened (fresh rows too, as later steps)
+        stored = quantize(key, cache.dtype, None)
+        as_bytes(cache)[batch.slot_blocks, batch.slot_offsets] = as_bytes(stored)
+        key = widen(stored, query.dtype, None)
+    else:
+        cache[batch.slot_blocks, batch.slot_offsets] = key
+    scale = index_q.shape[-1] ** -0.5
+    out = torch.empty_like(query)
+    for start, rows, table, keys in _sequences(batch):
+        span = slice(start, start + rows)
+        k = key[span, 0] if table is None else gather(cache, table[None], query.dtype, batch.float8_kernels)[0, 0, :keys]
+        seen = torch.arange(keys, device=k.device)[None, :] <= torch.arange(keys - rows, keys, device=k.device)[:, None]
+        scores = F.relu(index_q[span].float() @ k[:, width:].float().T * scale)  # [rows, Hi, keys]
+        ranked = (index_weights[span].unsqueeze(-2) @ scores).squeeze(-2).masked_fill(~seen, float("-inf"))
+        chosen = ranked.topk(min(topk, keys), dim=-1).indices
+        mask = torch.zeros_like(seen).scatter_(1, chosen, True) & seen
+        latents = k[None, None, :, :width]
+        out[span] = _sdpa(query[span].transpose(0, 1)[None], latents, latents, mask, None)[0].transpose(0, 1)
+    return out
+
+
+def _sequences(batch: AttentionBatch) -> Iterator[tuple[int, int, torch.Tensor | None, int]]:
+    """Each sequence of the batch as (first row, rows, block table or None where its keys are its rows, keys): from
+    the torch groups or the fused kernels' layout, whichever the batch holds."""
+    for g in batch.decodes:
+        lens = g.mask.reshape(g.size, -1).sum(-1).tolist()
+        for i in range(g.size):
+            yield g.token_start + i, 1, g.block_tables[i], int(lens[i])
+    for f in batch.fresh:
+        for j in range(f.count):
+            yield f.token_start + j * f.length, f.length, None, f.length
+    for c in batch.prefixed:
+        yield c.token_start, c.num_tokens, c.block_table, c.context_len
+    if (d := batch.decode_rows) is not None:
+        for i, n in enumerate(d.context_lens.tolist()):
+            yield d.token_start + i, 1, d.block_tables[i], n
+    if (c := batch.chunk_rows) is not None:
+        for j, (s, n, p) in enumerate(zip(c.token_starts.tolist(), c.lens.tolist(), c.prefix.tolist(), strict=True)):
+            yield s, n, c.block_tables[j], p + n
+
+
+class Indexer(torch.nn.Module):
+    """transformers' ``DeepseekV32Indexer``'s weights (``self_attn.indexer.*``) and what it computes of a step's
+    tokens: the indexer's rotated queries ``[T, Hi, I]``, its rotated keys ``[T, I]`` and each head's weight
+    ``[T, Hi]`` (fp32, over sqrt(Hi))."""
+
+    def __init__(self, hidden_size: int, q_lora_rank: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.wq_b = torch.nn.Linear(q_lora_rank, heads * head_dim, bias=False)
+        self.wk = torch.nn.Linear(hidden_size, head_dim, bias=False)
+        self.k_norm = torch.nn.LayerNorm(head_dim, eps=1e-6)
+        self.weights_proj = torch.nn.Linear(hidden_size, heads, bias=False)
+
+    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from services.engine.rope import RotaryEmbedding
+
+        t = x.shape[0]
+        qk = torch.cat([self.wq_b(q_resid).view(t, self.heads, self.head_dim), self.k_norm(self.wk(x))[:, None]], dim=1)
+        qk = RotaryEmbedding.apply(qk, cos, sin)  # the first qk_rope_head_dim features of each: cos is that wide
+        weights = F.linear(x.to(self.weights_proj.weight.dtype), self.weights_proj.weight).float() * self.heads ** -0.5
+        return qk[:, : self.heads], qk[:, self.heads], weights

@@ -1,0 +1,58 @@
+"""DeepSeek-V3.2's sparse attention (services/engine/dsa.py): its selection under other prompt chunks and a cached
+prefix (the indexer's keys read back from the pool's rows), and its config fields' checks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from seawall.offline.engine import OfflineEngine
+from services.common.errors import ModelLoadError
+from services.common.sampling_params import SamplingParams
+from services.engine.config import EngineConfig
+from services.engine.model_config import ModelConfig
+from services.scheduler.core.scheduler import SchedulerConfig
+from tests.engine.test_architectures import CASES, MAX_TOKENS, assert_matches_transformers, save_checkpoint
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_top_keys_are_chosen_alike_under_other_chunks_and_a_cached_prefix(tmp_path, tiny_model_dir):
+    """Prompt chunks of 5 tokens (the torch groups) and of 64 (the fused kernels' batch layout), and a request
+    whose first 48 tokens' latents and indexer keys come from the cache: each query attends the same 12 keys as
+    transformers' (the same tokens and logprobs)."""
+    model = save_checkpoint(CASES["deepseek-v3.2"](), tmp_path, tiny_model_dir)
+    g = torch.Generator().manual_seed(9)
+    shared = torch.randint(3, 4096, (50,), generator=g).tolist()
+    prompts = [shared + torch.randint(3, 4096, (n,), generator=g).tolist() for n in (3, 61)]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=0)
+    for chunk, cpu_kernels in ((5, False), (64, True)):
+        engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32", cpu_kernels=cpu_kernels),
+                               SchedulerConfig(chunk_size=chunk))
+        first = engine.generate(prompts[:1], [params])
+        second = engine.generate(prompts[1:], [params])
+        assert second[0].num_cached_prompt_tokens >= 48
+        assert_matches_transformers(model, prompts, first + second)
+
+
+def test_the_indexer_widens_the_cached_latent_and_its_fields_are_checked():
+    config = ModelConfig.from_dict({"architectures": ["DeepseekV32ForCausalLM"], "num_hidden_layers": 4,
+                                    "index_topk": 1024, "index_head_dim": 64, "index_n_heads": 16})
+    assert (config.head_dim, config.num_key_value_heads, config.index_topk, config.index_n_heads) == (
+        512 + 64 + 64, 1, 1024, 16)
+    assert config.moe_layers == (3,) and config.rope_interleaved  # 3 dense layers first, as transformers lays them
+    with pytest.raises(ModelLoadError, match="index_head_dim >= qk_rope_head_dim"):
+        ModelConfig.from_dict({"architectures": ["DeepseekV32ForCausalLM"], "index_head_dim": 32})
+    with pytest.raises(ModelLoadError, match="sparse attention needs .* a q_lora_rank"):
+        ModelConfig.from_dict({"architectures": ["DeepseekV32ForCausalLM"], "q_lora_rank": None})
+    with pytest.raises(ModelLoadError, match="set index_topk too"):
+        dataclasses.replace(config, index_topk=0)
+    plain = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 64,
+                                   "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+                                   "max_position_embeddings": 64})
+    with pytest.raises(ModelLoadError, match="sparse attention .* is latent attention's"):
+        dataclasses.replace(plain, index_topk=8)
