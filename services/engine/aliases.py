@@ -427,6 +427,22 @@ ALIASES = {
         names={"num_local_experts": "n_routed_experts", "num_experts": "n_routed_experts"},
         ignored=("layer_types", "head_dim"), mlp_layers="mlp_layer_types",
         rewrite=lambda raw: {**raw, "rope_interleave": True}, fields=lambda raw: _sparse_attention(raw)),
+    # GLM-5 (GlmMoeDsaForCausalLM): DeepSeek-V3.2 whose indexer rotates interleaved pairs and whose layers may
+    # share the last indexing layer's choice of keys (indexer_types, or the pattern they are derived from).
+    "GlmMoeDsaForCausalLM": Alias(
+        "DeepseekV3ForCausalLM",
+        defaults={"vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288, "num_hidden_layers": 78,
+                  "num_attention_heads": 64, "num_key_value_heads": 64, "moe_intermediate_size": 2048,
+                  "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+                  "q_lora_rank": 2048, "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192,
+                  "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8, "norm_topk_prob": True,
+                  "max_position_embeddings": 202752, "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 1,
+                  "first_k_dense_replace": 3, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32},
+        names={"num_local_experts": "n_routed_experts", "num_experts": "n_routed_experts"},
+        ignored=("layer_types", "head_dim"), mlp_layers="mlp_layer_types",
+        rewrite=lambda raw: {**raw, "rope_interleave": True},
+        fields=lambda raw: {**_sparse_attention(raw), "architecture": "GlmMoeDsaForCausalLM",
+                            "index_rope_interleaved": True, "index_shared_layers": _shared_indexers(raw)}),
     # transformers' YoutuConfig defaults (Youtu-LLM-2B's shape); the rest are DeepSeek-V3's.
     "YoutuForCausalLM": Alias(
         "DeepseekV3ForCausalLM",
@@ -731,6 +747,23 @@ def _sparse_attention(raw: dict[str, Any]) -> dict[str, Any]:
     return {"architecture": "DeepseekV32ForCausalLM", "index_topk": int(raw["index_topk"]),
             "index_head_dim": index_dim, "index_n_heads": int(raw["index_n_heads"]),
             "head_dim": int(raw["kv_lora_rank"]) + int(raw["qk_rope_head_dim"]) + index_dim}
+
+
+def _shared_indexers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """GLM-5's layers that reuse the last indexing layer's choice of keys, as transformers reads them:
+    ``indexer_types`` ("full" or "shared" per layer), else ``index_topk_pattern`` ("F" / "S" per layer, or such a
+    list), else every ``index_topk_freq``-th layer from ``index_skip_topk_offset`` - 1 indexes (all by default)."""
+    layers = int(raw["num_hidden_layers"])
+    types, pattern = raw.get("indexer_types"), raw.get("index_topk_pattern")
+    if types is None and pattern is not None:
+        types = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
+    if types is None:
+        freq, offset = max(int(raw.get("index_topk_freq") or 1), 1), int(raw.get("index_skip_topk_offset", 2))
+        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or set(types) - {"full", "shared"}:
+        raise ModelLoadError(f"config.json: indexer_types must name each of the {layers} layers full or shared, got "
+                             f"{types!r}")
+    return tuple(i for i, kind in enumerate(types) if kind == "shared")
 
 
 def _minicpm3(raw: dict[str, Any]) -> dict[str, Any]:

@@ -134,6 +134,9 @@ class AttentionBatch:
     # The rows logits are taken from, as a batch of their own, where the model's last layers write no KV
     # (Gemma 4's KV-sharing layers: no later token reads their output, so those layers need no other rows).
     sampled: SampledRows | None = None
+    # Sparse attention (dsa.py): each sequence's chosen keys ([rows, keys] bool) by the last layer with an indexer,
+    # which the layers sharing its choice (GLM-5's) read.
+    index_masks: list[torch.Tensor] | None = None
 
 
 @dataclass

@@ -25,12 +25,14 @@ from services.engine.fp8 import FP8_DTYPES
 from services.engine.kv_quant import as_bytes, quantize, widen
 
 
-def indexed_attention(query: torch.Tensor, key: torch.Tensor, index_q: torch.Tensor, index_weights: torch.Tensor,
-                      cache: torch.Tensor, batch: AttentionBatch, topk: int) -> torch.Tensor:
+def indexed_attention(query: torch.Tensor, key: torch.Tensor, index_q: torch.Tensor | None,
+                      index_weights: torch.Tensor | None, cache: torch.Tensor, batch: AttentionBatch,
+                      topk: int) -> torch.Tensor:
     """``query`` ``[T, H, W]`` (W the latent's width, scaled for W ** -0.5), ``key`` ``[T, 1, W + I]`` (the latent
     then the indexer's key: the cache rows), ``index_q`` ``[T, Hi, I]`` (rotated), ``index_weights`` ``[T, Hi]``
     fp32 (over sqrt(Hi)); ``cache`` ``[num_blocks, block_size, 1, W + I]``. Returns ``[T, H, W]``: each query's
-    attention over the latents of its top ``topk`` keys."""
+    attention over the latents of its top ``topk`` keys. ``index_q`` None: a layer without an indexer (GLM-5's
+    shared ones), whose queries attend the keys the batch's last indexing layer chose (``batch.index_masks``)."""
     width = query.shape[-1]
     if cache.dtype in FP8_DTYPES:  # a float8 pool: written rounded, read widened (fresh rows too, as later steps)
         stored = quantize(key, cache.dtype, None)
@@ -38,19 +40,32 @@ def indexed_attention(query: torch.Tensor, key: torch.Tensor, index_q: torch.Ten
         key = widen(stored, query.dtype, None)
     else:
         cache[batch.slot_blocks, batch.slot_offsets] = key
-    scale = index_q.shape[-1] ** -0.5
+    if index_q is None and batch.index_masks is None:
+        raise RuntimeError("a layer sharing an earlier layer's choice of keys ran before any layer chose")
     out = torch.empty_like(query)
-    for start, rows, table, keys in _sequences(batch):
+    masks = []
+    for i, (start, rows, table, keys) in enumerate(_sequences(batch)):
         span = slice(start, start + rows)
         k = key[span, 0] if table is None else gather(cache, table[None], query.dtype, batch.float8_kernels)[0, 0, :keys]
-        seen = torch.arange(keys, device=k.device)[None, :] <= torch.arange(keys - rows, keys, device=k.device)[:, None]
-        scores = F.relu(index_q[span].float() @ k[:, width:].float().T * scale)  # [rows, Hi, keys]
-        ranked = (index_weights[span].unsqueeze(-2) @ scores).squeeze(-2).masked_fill(~seen, float("-inf"))
-        chosen = ranked.topk(min(topk, keys), dim=-1).indices
-        mask = torch.zeros_like(seen).scatter_(1, chosen, True) & seen
+        mask = batch.index_masks[i] if index_q is None else _chosen(index_q[span], index_weights[span], k[:, width:],
+                                                                    topk)
+        masks.append(mask)
         latents = k[None, None, :, :width]
         out[span] = _sdpa(query[span].transpose(0, 1)[None], latents, latents, mask, None)[0].transpose(0, 1)
+    batch.index_masks = masks
     return out
+
+
+def _chosen(index_q: torch.Tensor, index_weights: torch.Tensor, index_k: torch.Tensor, topk: int) -> torch.Tensor:
+    """One sequence's chosen keys, ``[rows, keys]`` bool: of the keys each of its last ``rows`` queries sees, the
+    ``topk`` its indexer ranks highest (all of them where it sees no more)."""
+    rows, keys = index_q.shape[0], index_k.shape[0]
+    seen = torch.arange(keys, device=index_k.device)[None, :] <= torch.arange(keys - rows, keys,
+                                                                               device=index_k.device)[:, None]
+    scores = F.relu(index_q.float() @ index_k.float().T * index_q.shape[-1] ** -0.5)  # [rows, Hi, keys]
+    ranked = (index_weights.unsqueeze(-2) @ scores).squeeze(-2).masked_fill(~seen, float("-inf"))
+    chosen = ranked.topk(min(topk, keys), dim=-1).indices
+    return torch.zeros_like(seen).scatter_(1, chosen, True) & seen
 
 
 def _sequences(batch: AttentionBatch) -> Iterator[tuple[int, int, torch.Tensor | None, int]]:

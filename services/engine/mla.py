@@ -58,8 +58,9 @@ class LatentAttention(nn.Module):
         self.q_scale = softmax_scale(config) * math.sqrt(self.rank + self.rope)
         # DeepSeek-V3.2's sparse attention (dsa.py): its indexer's keys cached after the latent.
         self.index_topk = config.index_topk
+        self.index_head_dim = config.index_head_dim
         self.indexer = Indexer(config.hidden_size, config.q_lora_rank, config.index_n_heads, config.index_head_dim) \
-            if config.index_topk else None
+            if config.index_topk and layer not in config.index_shared_layers else None  # GLM-5's shared ones: none
 
     def forward(self, x, cos, sin, batch: AttentionBatch, kv: PagedKVPool, lora,
                 q_mult: torch.Tensor | None = None) -> torch.Tensor:
@@ -89,8 +90,9 @@ class LatentAttention(nn.Module):
         if q_mult is not None:
             query = (query * q_mult).to(query.dtype)
         cache, _ = kv.layer(self.kv_layer)  # one latent per token: the pool's K and V views are the same
-        if self.indexer is not None:
-            index_q, index_k, index_weights = self.indexer(x, q_resid, cos, sin)
+        if self.index_topk:
+            index_q, index_k, index_weights = self.indexer(x, q_resid, cos, sin) if self.indexer is not None else (
+                None, c.new_zeros(t, self.index_head_dim), None)  # a layer sharing another's choice: no index key
             key = torch.cat([c, rotated[:, self.heads], index_k], dim=-1)[:, None]  # [T, 1, rank + rope + index]
             o = indexed_attention(query, key, index_q, index_weights, cache, batch, self.index_topk)
         else:

@@ -48,5 +48,11 @@ def check_mla(config: ModelConfig) -> None:
                              f"q_lora_rank and index_head_dim >= qk_rope_head_dim ({config.qk_rope_head_dim}); got "
                              f"{config.index_topk}, {config.index_n_heads}, {config.q_lora_rank}, "
                              f"{config.index_head_dim}")
-    if not config.index_topk and (config.index_head_dim or config.index_n_heads):
-        raise ModelLoadError("index_head_dim and index_n_heads are sparse attention's: set index_topk too")
+    if not config.index_topk and (config.index_head_dim or config.index_n_heads or config.index_shared_layers
+                                  or config.index_rope_interleaved):
+        raise ModelLoadError("index_head_dim, index_n_heads, index_shared_layers and index_rope_interleaved are "
+                             "sparse attention's: set index_topk too")
+    if config.index_shared_layers and (0 in config.index_shared_layers
+                                       or not set(config.index_shared_layers) < set(range(config.num_hidden_layers))):
+        raise ModelLoadError(f"layers sharing an earlier layer's choice of keys {config.index_shared_layers} must be "
+                             f"among the {config.num_hidden_layers} layers, after the first (which chooses)")

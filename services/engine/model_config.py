@@ -309,6 +309,10 @@ class ModelConfig:
     index_topk: int = 0
     index_head_dim: int = 0
     index_n_heads: int = 0
+    # GLM-5: its indexer rotates interleaved pairs (reordered as they load, as the latent's are), and these layers
+    # attend the keys the last layer with an indexer chose (they have none of their own).
+    index_rope_interleaved: bool = False
+    index_shared_layers: tuple[int, ...] = ()
     # Multi-token-prediction layers the checkpoint holds after the model's own (GLM-4.5, DeepSeek-V3:
     # num_nextn_predict_layers): not served, their weights skipped.
     mtp_layers: int = 0

@@ -188,6 +188,14 @@ def deinterleave_rope(name: str, tensor: torch.Tensor, config: ModelConfig) -> t
             return _deinterleave(tensor, config.num_attention_heads, nope, rope)
         if name.endswith(("self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_proj_with_mqa.bias")):
             return _deinterleave(tensor, 1, config.kv_lora_rank, rope)  # the latent, then its rotated block
+        if config.index_rope_interleaved and name.endswith("self_attn.indexer.wq_b.weight"):  # GLM-5's indexer
+            return _deinterleave(tensor, config.index_n_heads, 0, rope)
+        if config.index_rope_interleaved and name.endswith(("self_attn.indexer.wk.weight",
+                                                            "self_attn.indexer.k_norm.weight",
+                                                            "self_attn.indexer.k_norm.bias")):
+            # its key's rotated features, and the LayerNorm's weight and bias over them (a LayerNorm's mean and
+            # variance do not depend on the features' order)
+            return _deinterleave(tensor, 1, 0, rope)
         return tensor
     for proj, heads in (("q_proj", config.num_attention_heads), ("k_proj", config.num_key_value_heads)):
         if name.endswith((f"self_attn.{proj}.weight", f"self_attn.{proj}.bias")):

@@ -56,3 +56,18 @@ def test_the_indexer_widens_the_cached_latent_and_its_fields_are_checked():
                                    "max_position_embeddings": 64})
     with pytest.raises(ModelLoadError, match="sparse attention .* is latent attention's"):
         dataclasses.replace(plain, index_topk=8)
+
+
+def test_glm5_reads_which_layers_share_a_choice_of_keys_as_transformers_derives_them():
+    def shared(**raw):
+        return ModelConfig.from_dict({"architectures": ["GlmMoeDsaForCausalLM"], "num_hidden_layers": 6, **raw})
+
+    assert shared().index_shared_layers == () and shared().index_rope_interleaved  # every layer indexes by default
+    for raw in ({"index_topk_freq": 2, "index_skip_topk_offset": 1}, {"index_topk_pattern": "FSFSFS"},
+                {"indexer_types": ["full", "shared"] * 3}):
+        want = transformers.GlmMoeDsaConfig(num_hidden_layers=6, **raw).indexer_types
+        assert shared(**raw).index_shared_layers == tuple(i for i, t in enumerate(want) if t == "shared") == (1, 3, 5)
+    with pytest.raises(ModelLoadError, match="indexer_types must name each of the 6 layers full or shared"):
+        shared(indexer_types=["full"] * 5)
+    with pytest.raises(ModelLoadError, match=r"sharing an earlier layer's choice of keys \(0,\)"):
+        shared(indexer_types=["shared"] + ["full"] * 5)
