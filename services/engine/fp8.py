@@ -3,7 +3,7 @@ compressed-tensors' ``float-quantized`` format (the "-FP8", "-FP8-dynamic" and "
 llm-compressor writes).
 
 Each quantized ``*.weight`` is float8 (e4m3) beside its scales, ``*.weight_scale_inv`` (fp8) or
-``*.weight_scale`` (compressed-tensors): one per tile of ``block`` (a grid of ceil(rows / bm) x ceil(cols / bn)),
+``*.weight_scale`` (compressed-tensors; float, or a ue8m0 exponent byte): one per tile of ``block`` (a grid of ceil(rows / bm) x ceil(cols / bn)),
 or, without a block, one per output row (``[rows, 1]``) or one for the whole weight; the real weight is the
 fp8 value times its scale. That product is computed in fp32 and the model casts it to its dtype, as
 transformers does when it dequantizes such a checkpoint, so outputs match transformers loading the same files.
@@ -51,7 +51,8 @@ def dequantize(weights: Iterable[tuple[str, torch.Tensor]], scale_name: str, blo
 def _dequantize_one(name: str, weight: torch.Tensor, scales: torch.Tensor, block: tuple[int, int] | None
                     ) -> torch.Tensor:
     rows, cols = weight.shape
-    s = scales.float()
+    # ue8m0 scales saved as bytes (MXFP8 checkpoints): each the exponent of a power of two, 2 ** (byte - 127).
+    s = (scales.view(torch.float8_e8m0fnu) if scales.dtype == torch.uint8 else scales).float()
     if block is not None:
         grid = (-(-rows // block[0]), -(-cols // block[1]))
         if tuple(s.shape) != grid:

@@ -35,12 +35,14 @@ def _fp8_block(quant: dict[str, Any]) -> tuple[int, int]:
     # MiniMax-M2 writes the format as torch names it (float8_e4m3fn), DeepSeek-V3 as e4m3.
     fmt = str(quant.get("fmt", "e4m3")).lower()
     fmt = {"float8_e4m3fn": "e4m3"}.get(fmt, fmt)
-    unsupported = [f"{key} {quant[key]!r}" for key, ok in (("activation_scheme", "dynamic"), ("fmt", "e4m3"),
-                                                            ("scale_fmt", "float"), ("expert_dtype", "fp8"))
-                   if (fmt if key == "fmt" else str(quant.get(key, ok)).lower()) != ok]
+    # scale_fmt "ue8m0" (DeepSeek-V3.1/V3.2, MXFP8 checkpoints): each scale a power of two, stored as a float or
+    # as its 8-bit exponent (fp8.py reads both).
+    unsupported = [f"{key} {quant[key]!r}" for key, ok in (("activation_scheme", ("dynamic",)), ("fmt", ("e4m3",)),
+                                                            ("scale_fmt", ("float", "ue8m0")), ("expert_dtype", ("fp8",)))
+                   if (fmt if key == "fmt" else str(quant.get(key, ok[0])).lower()) not in ok]
     if unsupported:
         raise ModelLoadError(f"config.json: FP8 with {', '.join(unsupported)} is not supported; dynamic activation "
-                             "scales, e4m3 weights and float scales are")
+                             "scales, e4m3 weights and float or ue8m0 scales are")
     block = quant.get("weight_block_size")
     if not _is_block(block):
         raise ModelLoadError(f"config.json: FP8 weight_block_size must list two positive integers, got {block!r} "

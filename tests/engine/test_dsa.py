@@ -71,3 +71,24 @@ def test_glm5_reads_which_layers_share_a_choice_of_keys_as_transformers_derives_
         shared(indexer_types=["full"] * 5)
     with pytest.raises(ModelLoadError, match=r"sharing an earlier layer's choice of keys \(0,\)"):
         shared(indexer_types=["shared"] + ["full"] * 5)
+
+
+def test_deepseek_v32_reads_its_released_config():
+    """DeepSeek-V3.2's config.json as released (FP8 weights with ue8m0 scales, one multi-token-prediction layer,
+    which is skipped, YaRN)."""
+    config = ModelConfig.from_dict({
+        "architectures": ["DeepseekV32ForCausalLM"], "bos_token_id": 0, "eos_token_id": 1, "first_k_dense_replace": 3,
+        "hidden_size": 7168, "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048, "intermediate_size": 18432,
+        "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v32",
+        "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+        "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128, "num_experts_per_tok": 8,
+        "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "weight_block_size": [128, 128], "scale_fmt": "ue8m0"},
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096, "type": "yarn"},
+        "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": False, "topk_group": 4,
+        "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 129280})
+    assert (config.head_dim, config.index_topk, config.index_n_heads, config.moe_layers[0], config.mtp_layers,
+            config.fp8_block, config.rope_type, config.moe_groups) == (704, 2048, 64, 3, 1, (128, 128), "yarn", 8)

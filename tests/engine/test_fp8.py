@@ -34,11 +34,18 @@ transformers = pytest.importorskip("transformers")
 
 BLOCK = [32, 16]  # not square; divides every projection, as transformers needs (the unit test covers partial tiles)
 FP8_MAX = 448.0  # e4m3's largest value
+FP8_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": BLOCK}
 
 
 def quantize(weight: torch.Tensor, block=BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 e4m3 weight and its scales (per tile; "channel": per row; "tensor": one), each scaled to use e4m3's
-    whole range."""
+    whole range; "ue8m0": per tile, each scale the power of two at or above that one, saved as its exponent byte."""
+    if block == "ue8m0":
+        q, scales = quantize(weight)
+        exponents = torch.ceil(torch.log2(scales)).clamp(-127, 127)
+        tiles = torch.exp2(exponents).repeat_interleave(BLOCK[0], 0).repeat_interleave(BLOCK[1], 1)
+        q = (weight / tiles[: weight.shape[0], : weight.shape[1]]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        return q, (exponents + 127).to(torch.uint8)
     if block in ("channel", "tensor"):
         scales = (weight.abs().amax(dim=1, keepdim=True) if block == "channel" else weight.abs().amax()) / FP8_MAX
         return (weight / scales).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scales.reshape(-1, 1)[
@@ -64,8 +71,7 @@ def write_fp8(src, out, quant_config=None, strategy=BLOCK, scale_name="weight_sc
             tensors[name] = t
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = quant_config or {"quant_method": "fp8", "activation_scheme": "dynamic",
-                                                     "fmt": "e4m3", "weight_block_size": BLOCK}
+    config["quantization_config"] = quant_config or FP8_CONFIG
     (out / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (src / name).exists():
@@ -80,6 +86,16 @@ def test_fp8_checkpoints_match_transformers_loading_the_same_files(tmp_path, tin
     path = write_fp8(tmp_path / "bf16", tmp_path / "fp8")
     ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engine_matches_transformers(path, ref, cpu_kernels)
+
+
+def test_ue8m0_scales_saved_as_bytes_match_transformers_loading_the_same_files(tmp_path, tiny_model_dir):
+    """scale_fmt ue8m0 (DeepSeek-V3.2's, MXFP8's): each tile's scale a power of two, saved as its exponent byte."""
+    save_checkpoint(CASES["llama"](), tmp_path / "bf16", tiny_model_dir)
+    path = write_fp8(tmp_path / "bf16", tmp_path / "fp8", {**FP8_CONFIG, "scale_fmt": "ue8m0"}, "ue8m0")
+    assert load_file(str(path / "model.safetensors"))["model.layers.0.mlp.down_proj.weight_scale_inv"].dtype == \
+        torch.uint8
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    engine_matches_transformers(path, ref, cpu_kernels=False)
 
 
 def compressed_tensors_config(strategy) -> dict:
@@ -124,6 +140,10 @@ def test_dequantized_weights_are_the_tiles_times_their_scales():
     assert torch.equal(got[32, 48], q[32, 48].float() * scales[1, 1])
     assert torch.equal(got[69, 99], q[69, 99].float() * scales[2, 2])  # the partial corner tile
     assert torch.allclose(got, w, rtol=0.07, atol=1e-3)  # e4m3 keeps 3 mantissa bits
+    q, exponents = quantize(w[:64, :96], "ue8m0")  # ue8m0's: 2 ** (byte - 127)
+    ((_, got),) = list(dequantize([("x.weight", q), ("x.weight_scale_inv", exponents)], "weight_scale_inv", BLOCK))
+    assert torch.equal(got[40, 20], q[40, 20].float() * 2.0 ** (int(exponents[1, 1]) - 127))
+    assert torch.allclose(got, w[:64, :96], rtol=0.07, atol=1e-3)
     for strategy in ("channel", "tensor"):  # compressed-tensors' scales, after the weight or before it
         q, scales = quantize(w, strategy)
         ((_, got),) = list(dequantize([("x.weight_scale", scales), ("x.weight", q)], "weight_scale", None))
@@ -158,6 +178,7 @@ def test_what_cannot_be_loaded_is_refused_saying_why(tmp_path, tiny_model_dir):
         ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": BLOCK},
          "activation_scheme 'static' is not supported"),
         ({"quant_method": "fp8", "weight_block_size": None}, "per-tensor FP8 scales are not supported"),
+        ({**FP8_CONFIG, "scale_fmt": "e5m2"}, "scale_fmt 'e5m2' is not supported; .* float or ue8m0 scales are"),
         ({**compressed_tensors_config("channel"), "format": "naive-quantized"},
          "format 'naive-quantized' is not supported; float-quantized .* and pack-quantized"),
         ({**compressed_tensors_config("channel"), "format": "pack-quantized"},  # FP8 weights declared packed
