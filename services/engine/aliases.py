@@ -17,6 +17,7 @@ from typing import Any
 
 from services.common.errors import ModelLoadError
 from services.engine import (
+    axk2,
     biogpt,
     bloom,
     codegen,
@@ -443,6 +444,9 @@ ALIASES = {
         rewrite=lambda raw: {**raw, "rope_interleave": True},
         fields=lambda raw: {**_sparse_attention(raw), "architecture": "GlmMoeDsaForCausalLM",
                             "index_rope_interleaved": True, "index_shared_layers": _shared_indexers(raw)}),
+    # A.X K2 (axk2.py): DeepSeek-V3.2 with each head's output gated by rows of q_b_proj and self-gated norms.
+    axk2.ARCH: Alias("DeepseekV3ForCausalLM", {"num_local_experts": "n_routed_experts"}, axk2.DEFAULTS, axk2.IGNORED,
+                     rewrite=axk2.rewrite, fields=lambda raw: {**_sparse_attention(raw), **axk2.fields(raw)}),
     # transformers' YoutuConfig defaults (Youtu-LLM-2B's shape); the rest are DeepSeek-V3's.
     "YoutuForCausalLM": Alias(
         "DeepseekV3ForCausalLM",

@@ -45,10 +45,13 @@ class LatentAttention(nn.Module):
         self.nope, self.rope, self.rank, self.v = (config.qk_nope_head_dim, config.qk_rope_head_dim,
                                                    config.kv_lora_rank, config.v_head_dim)
         q_out, bias = self.heads * (self.nope + self.rope), config.attention_bias
+        # A.X K2: q_b_proj reads the bottleneck normed and not, and gives each head an output gate after its query.
+        self.gated = config.mla_query_gate
         if config.q_lora_rank:
             self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=bias)
             self.q_a_layernorm = norm(config.q_lora_rank, _LATENT_NORM_EPS)
-            self.q_b_proj = nn.Linear(config.q_lora_rank, q_out, bias=False)
+            self.q_b_proj = nn.Linear(config.q_lora_rank * (2 if self.gated else 1),
+                                      q_out + (self.heads * self.v if self.gated else 0), bias=False)
         else:
             self.q_proj = nn.Linear(config.hidden_size, q_out, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(config.hidden_size, self.rank + self.rope, bias=bias)
@@ -71,9 +74,14 @@ class LatentAttention(nn.Module):
         def linear(name: str, inputs: torch.Tensor) -> torch.Tensor:
             return adapted(getattr(self, name), inputs, lora, self.layer, f"self_attn.{name}")
 
-        q_resid = self.q_a_layernorm._norm(linear("q_a_proj", x)) if hasattr(self, "q_b_proj") else None
-        q = linear("q_b_proj", q_resid) if q_resid is not None else linear("q_proj", x)
-        q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope], dim=-1)
+        q_compressed = linear("q_a_proj", x) if hasattr(self, "q_b_proj") else None
+        q_resid = self.q_a_layernorm._norm(q_compressed) if q_compressed is not None else None
+        if self.gated:
+            q_nope, q_rope, gate = self.q_b_proj(torch.cat([q_resid, q_compressed], dim=-1)).view(
+                t, self.heads, -1).split([self.nope, self.rope, self.v], dim=-1)
+        else:
+            q = linear("q_b_proj", q_resid) if q_resid is not None else linear("q_proj", x)
+            q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope], dim=-1)
         c, k_rope = linear("kv_a_proj_with_mqa", x).split([self.rank, self.rope], dim=-1)
         c = self.kv_a_layernorm._norm(c)
         rotated = torch.cat([q_rope, k_rope[:, None]], dim=1)
@@ -103,6 +111,8 @@ class LatentAttention(nn.Module):
             b = kv_b.bt.T.unflatten(0, (self.heads, -1))[:, self.nope :]
             _add_rows(out, rows, o[..., : self.rank],
                       lambda lat, b=b, kv_b=kv_b: torch.einsum("thk,hvk->thv", lat @ kv_b.a.T, b), kv_b.scaling)
+        if self.gated:
+            out = (out * torch.sigmoid(gate.float())).to(out.dtype)
         return linear("o_proj", out.reshape(t, self.heads * self.v))
 
 

@@ -85,6 +85,20 @@ def norms_in_fp32(model: nn.Module) -> None:
             module.float()
 
 
+class SelfGatedRMSNorm(RMSNorm):
+    """A.X K2's gated norm: the RMSNorm's output ``y`` times ``sigmoid(fc2(silu(fc1(y))))`` (a low-rank MLP of it,
+    the sigmoid in fp32, the product cast back), as transformers' ``AXK2GatedRMSNorm`` computes it."""
+
+    def __init__(self, size: int, eps: float, rank: int) -> None:
+        super().__init__(size, eps)
+        self.fc1 = nn.Linear(size, rank, bias=False)
+        self.fc2 = nn.Linear(rank, size, bias=False)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        y = super()._norm(x)
+        return (y * torch.sigmoid(self.fc2(F.silu(self.fc1(y))).float())).to(y.dtype)
+
+
 class Fp32StreamRMSNorm(RMSNorm):
     """Mamba's norms with ``residual_in_fp32``: the stream adds up in float32 (the mixer's output promoted), a
     layer's norm reads it cast to the model's dtype, and the final norm reads it as it is, its weight applied in
@@ -374,7 +388,7 @@ class DecoderLayer(nn.Module):
             return
         self.pre_norms = config.pre_norms
         if self.pre_norms:
-            self.input_layernorm = norm()
+            self.input_layernorm = _gated_norm(config) if config.self_gated_norm_rank else norm()
         else:  # OLMo 2, EXAONE 4: the MLP's output is normed, and no sublayer's input
             self.post_feedforward_layernorm = norm()
         # DeepSeek-V2's and -V3's latent attention, the others' grouped-query attention, or in a hybrid's linear
@@ -384,7 +398,8 @@ class DecoderLayer(nn.Module):
         self.parallel_outputs_first = config.parallel_outputs_first
         self.parallel_mlp_norm = config.parallel_mlp_norm
         if not self.parallel or self.parallel_mlp_norm:  # Cohere: one norm per layer, which the MLP reads too
-            self.post_attention_layernorm = norm()
+            self.post_attention_layernorm = _gated_norm(config) if config.self_gated_norm_rank and config.is_moe(layer) \
+                else norm()
         self.mlp = _mlp(config, layer)
         self.sandwich = config.sandwich_norms
         self.residual_scale = config.residual_scale
@@ -496,6 +511,10 @@ class LlamaModel(nn.Module):
             self.layers = nn.ModuleList(Zamba2Layer(config, i) for i in range(config.num_hidden_layers))
             tie_shared_blocks(self.layers, config.shared_blocks)
         self.norm = _norm(config, config.hidden_size, final=True)
+
+
+def _gated_norm(config: ModelConfig) -> SelfGatedRMSNorm:
+    return SelfGatedRMSNorm(config.hidden_size, config.rms_norm_eps, config.self_gated_norm_rank)
 
 
 def _norm(config: ModelConfig, size: int, final: bool = False) -> RMSNorm | WeightlessLayerNorm:

@@ -254,6 +254,9 @@ class ModelConfig:
     # What a sigmoid router adds to the sum of the chosen weights it renormalizes by (transformers' DeepSeek-V3:
     # 1e-20; LFM2-MoE: 1e-6).
     routing_norm_eps: float = 1e-20
+    # A.X K2: experts outside the chosen groups are scored 0 for the top k (transformers' A.X K2 fills them so),
+    # not -inf as DeepSeek-V3's: they are chosen over experts whose score plus bias is negative.
+    moe_groups_masked_to_zero: bool = False
     # Laguna: a sigmoid router's fp32 logits soft-capped, tanh(logit / cap) * cap, before their sigmoids; None: not.
     router_softcap: float | None = None
     # Whether a sigmoid router computes its logits in fp32 with fp32 weights (GLM-4.5, dots.llm1; transformers
@@ -313,6 +316,12 @@ class ModelConfig:
     # attend the keys the last layer with an indexer chose (they have none of their own).
     index_rope_interleaved: bool = False
     index_shared_layers: tuple[int, ...] = ()
+    # A.X K2: q_b_proj reads the query bottleneck normed and not (q_lora_rank each) and gives each head its query
+    # and a gate of v_head_dim, whose sigmoid scales the head's output before o_proj.
+    mla_query_gate: bool = False
+    # A.X K2: each layer's input norm, and its MLP's where it routes, scaled by the sigmoid of a SiLU MLP of this
+    # rank of the normed stream (model.SelfGatedRMSNorm); 0: plain norms.
+    self_gated_norm_rank: int = 0
     # Multi-token-prediction layers the checkpoint holds after the model's own (GLM-4.5, DeepSeek-V3:
     # num_nextn_predict_layers): not served, their weights skipped.
     mtp_layers: int = 0
@@ -695,7 +704,7 @@ class ModelConfig:
                 and self.q_position_scale is None and not self.layer_norm and not self.parallel_block
                 and not self.mlp_bias and not self.lm_head_bias and not self.sublayers
                 and self.learned_positions is None and self.alibi_bias_max is None and not self.embed_norm
-                and self.shared_blocks is None and self.norm_affine)
+                and self.shared_blocks is None and self.norm_affine and not self.self_gated_norm_rank)
 
     @property
     def plain_attention(self) -> bool:
@@ -740,13 +749,16 @@ class ModelConfig:
                           shared_intermediate=self.shared_expert_intermediate_size,
                           projections=self._lora_projections(), query_gates=self.attn_output_gate == "in_query",
                           latent_attention=self.mla, gated_mlp=self.mlp_gated, num_labels=self.num_labels,
-                          names=partial(model_name, config=self),
-                          no_adapters="Zamba2 takes no LoRA adapters here (nor in vLLM): its layers run shared "
-                                      "blocks with adapters of their own" if self.shared_blocks else
-                                      f"{self.architecture} takes no LoRA adapters here yet: its attention's widths "
-                                      "differ by layer type" if self.kv_layer_shapes or self.value_head_dim else
-                                      f"{self.architecture} takes no LoRA adapters here yet: its layers have query heads "
-                                      "of their own" if self.layer_query_heads else "")
+                          names=partial(model_name, config=self), no_adapters=self._no_adapters())
+
+    def _no_adapters(self) -> str:
+        """Why this model takes no LoRA adapter, where it takes none; "" where it takes them."""
+        if self.shared_blocks:
+            return "Zamba2 takes no LoRA adapters here (nor in vLLM): its layers run shared blocks with adapters of their own"
+        why = ("its attention's widths differ by layer type" if self.kv_layer_shapes or self.value_head_dim else
+               "its layers have query heads of their own" if self.layer_query_heads else
+               "its query projection reads two latents and gates each head's output" if self.mla_query_gate else "")
+        return f"{self.architecture} takes no LoRA adapters here yet: {why}" if why else ""
 
     def _lora_projections(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
         """The projections LoRA adapts as the model holds them: (name in the layer, in, out, layers)."""

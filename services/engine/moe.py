@@ -92,6 +92,7 @@ class SparseMoE(nn.Module):
         self.norm_eps = config.routing_norm_eps
         self.router_fp32 = config.router_fp32
         self.router_softcap = config.router_softcap
+        self.groups_masked_to_zero = config.moe_groups_masked_to_zero
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)  # the router
         if self.routing in ("sigmoid", "softmax_biased", "logit_biased_sigmoid"):  # added when experts are chosen only
             self.gate.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts))
@@ -208,7 +209,8 @@ class SparseMoE(nn.Module):
         if self.groups > 1:
             best = choice.view(x.shape[0], self.groups, -1).topk(2, dim=-1)[0].sum(dim=-1)
             keep = torch.zeros_like(best).scatter_(1, best.topk(self.topk_groups, dim=-1)[1], 1.0).bool()
-            choice = choice.masked_fill(~keep.repeat_interleave(choice.shape[1] // self.groups, dim=1), float("-inf"))
+            choice = choice.masked_fill(~keep.repeat_interleave(choice.shape[1] // self.groups, dim=1),
+                                        0.0 if self.groups_masked_to_zero else float("-inf"))
         chosen = choice.topk(self.top_k, dim=-1)[1]
         weights = scores.gather(1, chosen)
         if self.normalize:

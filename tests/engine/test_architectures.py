@@ -312,6 +312,12 @@ CASES = {
         num_experts_per_tok=2, first_k_dense_replace=1, moe_intermediate_size=32, index_topk=12, index_head_dim=16,
         index_n_heads=8, indexer_types=["full", "shared", "full"],
         **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
+    # A.X K2: DeepSeek-V3.2 with each head's output gated by its own rows of q_b_proj, self-gated norms (the MLP's on
+    # its routed layers), experts in 2 groups scored 0 outside the chosen one.
+    "axk2": lambda: transformers.AXK2Config(
+        kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32, index_topk=12, index_head_dim=16,
+        index_n_heads=8, gated_norm_rank=4, **{**COMMON, "num_key_value_heads": 4, "pad_token_id": 0}),
     # DeepSeek-V2-Lite's attention shape: one query projection, no bottleneck; rotated features not interleaved.
     "deepseek-v3-no-q-lora": lambda: transformers.DeepseekV3Config(
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,

@@ -92,3 +92,22 @@ def test_deepseek_v32_reads_its_released_config():
         "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 129280})
     assert (config.head_dim, config.index_topk, config.index_n_heads, config.moe_layers[0], config.mtp_layers,
             config.fp8_block, config.rope_type, config.moe_groups) == (704, 2048, 64, 3, 1, (128, 128), "yarn", 8)
+
+
+def test_axk2_lays_out_its_experts_as_transformers_derives_them_and_takes_no_adapters(tmp_path):
+    from services.common.errors import InvalidArgument
+    from services.common.lora import read_lora
+    from services.common.step import LoraRef
+
+    raw = {"architectures": ["AXK2ForCausalLM"], "num_hidden_layers": 6, "first_k_dense_replace": 2,
+           "moe_layer_freq": 2}
+    want = transformers.AXK2Config(num_hidden_layers=6, first_k_dense_replace=2, moe_layer_freq=2).mlp_layer_types
+    config = ModelConfig.from_dict(raw)
+    assert config.moe_layers == tuple(i for i, kind in enumerate(want) if kind == "sparse") == (2, 4)
+    assert (config.mla_query_gate, config.self_gated_norm_rank, config.head_dim) == (True, 16, 128 + 32 + 128)
+    with pytest.raises(InvalidArgument, match="AXK2ForCausalLM takes no LoRA adapters here yet: its query"):
+        read_lora(LoraRef("sql", str(tmp_path)), config.lora_shape, 64)
+    with pytest.raises(ModelLoadError, match="n_group and topk_group must be set together"):
+        ModelConfig.from_dict({**raw, "n_group": 2})
+    with pytest.raises(ModelLoadError, match="A.X K2 needs a q_lora_rank"):
+        ModelConfig.from_dict({**raw, "q_lora_rank": None})
