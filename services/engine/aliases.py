@@ -36,15 +36,18 @@ from services.engine import (
     jamba,
     kimi_linear,
     laguna,
+    lara_mini,
     lfm3,
     mamba,
     mellum,
     mimo_v2,
+    minimax,
     mpt,
     nanochat,
     nemotron_h,
     opt,
     persimmon,
+    recurrent_gemma,
     xglm,
     zamba2,
 )
@@ -73,6 +76,15 @@ _ROUTING = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_
             "scoring_func", "moe_layer_freq")
 # Qwen2/3's window fields, which the hybrids served as Qwen2-MoE or Qwen3 do not read (they attend in full).
 _NO_WINDOW = ("use_sliding_window", "sliding_window", "max_window_layers")
+def _sparse_attention_alias(defaults: dict[str, Any],
+                            fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Alias:
+    """DeepSeek-V3.2's sparse attention over DeepSeek-V3 (dsa.py) with a model's defaults: its rotated features
+    always interleaved, its dense layers first by mlp_layer_types, ``fields`` beyond the indexer's."""
+    return Alias("DeepseekV3ForCausalLM", {"num_local_experts": "n_routed_experts", "num_experts": "n_routed_experts"},
+                 defaults, ("layer_types", "head_dim"), mlp_layers="mlp_layer_types",
+                 rewrite=lambda raw: {**raw, "rope_interleave": True}, fields=fields or (lambda raw: _sparse_attention(raw)))
+
+
 ALIASES = {
     # InternLM3: its qkv_bias and bias are Llama's attention_bias (o_proj's too) and mlp_bias, which transformers
     # requires equal.
@@ -181,6 +193,11 @@ ALIASES = {
     persimmon.ARCH: Alias("LlamaForCausalLM", persimmon.NAMES, persimmon.DEFAULTS, persimmon.IGNORED,
                           rewrite=lambda raw: persimmon.rewrite(_partial_rotary_aside(raw, 0.5)),
                           fields=persimmon.fields),
+    # RecurrentGemma (recurrent_gemma.py): Griffin's recurrent blocks beside local attention, Gemma's norms.
+    recurrent_gemma.ARCH: Alias("LlamaForCausalLM", recurrent_gemma.NAMES, recurrent_gemma.DEFAULTS,
+                                recurrent_gemma.IGNORED,
+                                rewrite=lambda raw: recurrent_gemma.rewrite(_partial_rotary_aside(raw, 0.5)),
+                                fields=recurrent_gemma.fields),
     # Falcon (falcon.py): biased LayerNorms, an ungated MLP, attention and MLP side by side on one norm or two, and
     # a fused query_key_value laid out by architecture.
     falcon.ARCH: Alias("LlamaForCausalLM", falcon.NAMES, falcon.DEFAULTS, falcon.IGNORED, rewrite=falcon.rewrite,
@@ -416,34 +433,26 @@ ALIASES = {
         rewrite=lambda raw: _axk1(raw), fields=lambda raw: {"architecture": "AXK1ForCausalLM", "moe_output_norm": True}),
     # DeepSeek-V3.2: DeepSeek-V3 whose queries attend only the keys its indexer ranks highest (dsa.py), its
     # rotated features always interleaved; dense layers first by mlp_layer_types (3 by default).
-    "DeepseekV32ForCausalLM": Alias(
-        "DeepseekV3ForCausalLM",
-        defaults={"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
-                  "num_attention_heads": 128, "num_key_value_heads": 128, "moe_intermediate_size": 2048,
-                  "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
-                  "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
-                  "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "norm_topk_prob": True,
-                  "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": 1,
-                  "first_k_dense_replace": 3, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64},
-        names={"num_local_experts": "n_routed_experts", "num_experts": "n_routed_experts"},
-        ignored=("layer_types", "head_dim"), mlp_layers="mlp_layer_types",
-        rewrite=lambda raw: {**raw, "rope_interleave": True}, fields=lambda raw: _sparse_attention(raw)),
+    "DeepseekV32ForCausalLM": _sparse_attention_alias(
+        {"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
+         "num_attention_heads": 128, "num_key_value_heads": 128, "moe_intermediate_size": 2048, "n_shared_experts": 1,
+         "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+         "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4,
+         "num_experts_per_tok": 8, "norm_topk_prob": True, "max_position_embeddings": 163840, "rms_norm_eps": 1e-6,
+         "bos_token_id": 0, "eos_token_id": 1, "first_k_dense_replace": 3, "index_topk": 2048, "index_head_dim": 128,
+         "index_n_heads": 64}),
     # GLM-5 (GlmMoeDsaForCausalLM): DeepSeek-V3.2 whose indexer rotates interleaved pairs and whose layers may
     # share the last indexing layer's choice of keys (indexer_types, or the pattern they are derived from).
-    "GlmMoeDsaForCausalLM": Alias(
-        "DeepseekV3ForCausalLM",
-        defaults={"vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288, "num_hidden_layers": 78,
-                  "num_attention_heads": 64, "num_key_value_heads": 64, "moe_intermediate_size": 2048,
-                  "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
-                  "q_lora_rank": 2048, "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192,
-                  "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8, "norm_topk_prob": True,
-                  "max_position_embeddings": 202752, "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 1,
-                  "first_k_dense_replace": 3, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32},
-        names={"num_local_experts": "n_routed_experts", "num_experts": "n_routed_experts"},
-        ignored=("layer_types", "head_dim"), mlp_layers="mlp_layer_types",
-        rewrite=lambda raw: {**raw, "rope_interleave": True},
-        fields=lambda raw: {**_sparse_attention(raw), "architecture": "GlmMoeDsaForCausalLM",
-                            "index_rope_interleaved": True, "index_shared_layers": _shared_indexers(raw)}),
+    "GlmMoeDsaForCausalLM": _sparse_attention_alias(
+        {"vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288, "num_hidden_layers": 78,
+         "num_attention_heads": 64, "num_key_value_heads": 64, "moe_intermediate_size": 2048, "n_shared_experts": 1,
+         "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 2048,
+         "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1,
+         "num_experts_per_tok": 8, "norm_topk_prob": True, "max_position_embeddings": 202752, "rms_norm_eps": 1e-5,
+         "bos_token_id": 0, "eos_token_id": 1, "first_k_dense_replace": 3, "index_topk": 2048, "index_head_dim": 128,
+         "index_n_heads": 32},
+        lambda raw: {**_sparse_attention(raw), "architecture": "GlmMoeDsaForCausalLM", "index_rope_interleaved": True,
+                     "index_shared_layers": _shared_indexers(raw)}),
     # A.X K2 (axk2.py): DeepSeek-V3.2 with each head's output gated by rows of q_b_proj and self-gated norms.
     axk2.ARCH: Alias("DeepseekV3ForCausalLM", {"num_local_experts": "n_routed_experts"}, axk2.DEFAULTS, axk2.IGNORED,
                      rewrite=axk2.rewrite, fields=lambda raw: {**_sparse_attention(raw), **axk2.fields(raw)}),
@@ -547,6 +556,9 @@ ALIASES = {
     # not, the top k of an fp32 router's sigmoids beside an ungated shared expert.
     flint.ARCH: Alias("Qwen3MoeForCausalLM", defaults=flint.DEFAULTS, ignored=flint.IGNORED, rewrite=flint.rewrite,
                       fields=flint.fields),
+    # MiniMax-Text-01, MiniMax-M1 (minimax.py): Mixtral beside lightning-attention layers, a stream of norms.
+    minimax.ARCH: Alias("MixtralForCausalLM", defaults=minimax.DEFAULTS, ignored=minimax.IGNORED,
+                        rewrite=minimax.rewrite, fields=minimax.fields),
     # Mellum 2 (mellum.py): Qwen3-MoE with sliding layers and a RoPE base per layer type, dense layers by
     # mlp_layer_types, its multi-token-prediction layer skipped.
     mellum.ARCH: Alias("Qwen3MoeForCausalLM", defaults=mellum.DEFAULTS, ignored=mellum.IGNORED, rewrite=mellum.rewrite,
@@ -587,6 +599,13 @@ ALIASES = {
                              "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
                              "intermediate_size": raw["moe_intermediate_size"]},  # no dense layer to size
         fields=lambda raw: _qwen3_next_fields(raw, grouped_projections=False)),
+    # Lara Mini (lara_mini.py): Qwen3.5-MoE's linear layers beside Qwen3's attention (sliding layers rotate, full ones
+    # do not), plain norms, an ungated shared expert.
+    lara_mini.ARCH: Alias(
+        "Qwen2MoeForCausalLM", defaults=lara_mini.DEFAULTS,
+        ignored=("use_sliding_window", "max_window_layers", "qkv_bias", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+                 "intermediate_size"),
+        rewrite=lambda raw: lara_mini.rewrite(_partial_rotary_aside(raw, 1.0)), fields=lara_mini.fields),
     # Mamba, Falcon Mamba and Mamba-2 (mamba.py): attention-free, a Mamba or Mamba-2 mixer behind a norm in every
     # layer and nothing else; Llama's reading only for what they share (embeddings, final norm, head).
     **{arch: Alias("LlamaForCausalLM", mamba.NAMES, defaults=mamba.DEFAULTS[arch], ignored=mamba.IGNORED,

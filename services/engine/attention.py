@@ -137,6 +137,9 @@ class AttentionBatch:
     # Sparse attention (dsa.py): each sequence's chosen keys ([rows, keys] bool) by the last layer with an indexer,
     # which the layers sharing its choice (GLM-5's) read.
     index_masks: list[torch.Tensor] | None = None
+    # Each token's position in its sequence ([T]), for the mixers that start a sequence otherwise than they go on
+    # (RecurrentGemma's RG-LRU at position 0).
+    positions: torch.Tensor | None = None
 
 
 @dataclass

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import SeawallError
-from services.engine.linear_attention_config import KdaShape, Mamba1Shape, Mamba2Shape, ShortConvShape
+from services.engine.linear_attention_config import (
+    KdaShape,
+    LightningShape,
+    Mamba1Shape,
+    Mamba2Shape,
+    RgLruShape,
+    ShortConvShape,
+)
 from services.engine.model_config import ModelConfig
 from services.engine.pooling import has_lm_head, read_pooling
 from services.engine.safetensors_headers import read_json, tensors, weight_files
@@ -101,6 +108,9 @@ def _shape(config: ModelConfig) -> dict[str, Any]:
 def _attention(config: ModelConfig) -> dict[str, Any]:
     if config.mla:
         kind = f"latent (MLA): one {config.head_dim}-wide latent a token and layer"
+        if config.index_topk:  # DeepSeek-V3.2's sparse attention (dsa.py)
+            kind += (f" (with its indexer's {config.index_head_dim}-wide key); each query attends the "
+                     f"{config.index_topk} keys its indexer ranks highest")
     elif config.sliding_window is not None:
         sliding = sum(config.slides(i) for i in range(config.num_hidden_layers))
         kind = f"window of {config.sliding_window} in {sliding} of {config.num_hidden_layers} layers, full in the rest"
@@ -113,6 +123,8 @@ def _attention(config: ModelConfig) -> dict[str, Any]:
                  f"Mamba ({s.intermediate} channels, a {s.state_size}-wide state each" if isinstance(s, Mamba1Shape) else
                  f"gated short convolution ({s.conv_kernel} tokens wide" if isinstance(s, ShortConvShape) else
                  f"Kimi Delta Attention ({s.num_heads} heads of {s.head_dim}" if isinstance(s, KdaShape) else
+                 f"lightning attention ({s.num_heads} heads of {s.head_dim}" if isinstance(s, LightningShape) else
+                 f"Griffin's RG-LRU ({s.width} channels" if isinstance(s, RgLruShape) else
                  f"Gated DeltaNet linear attention ({s.num_value_heads} value heads on {s.num_key_heads} key heads")
         rest = "beside it in every layer" if config.parallel_mixers else "in the rest" if not config.sublayers \
             else f"in {len(config.linear_layers)}"

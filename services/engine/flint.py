@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.errors import ModelLoadError
 from services.engine.layer_types import FULL as _FULL
 from services.engine.layer_types import SLIDING as _SLIDING
-from services.engine.layer_types import attention_types
+from services.engine.layer_types import attention_types, window_where_sliding
 
 ARCH = "FlintForCausalLM"
 # transformers' FlintConfig defaults where Qwen3-MoE's differ (Flint's shape).
@@ -45,10 +44,8 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
     """The ``ModelConfig`` fields only Flint sets (``rewrite`` has run)."""
     types = raw["layer_types"]
     sliding = tuple(i for i, t in enumerate(types) if t == _SLIDING)
-    window = raw.get("sliding_window")
-    if sliding and not (isinstance(window, int) and window >= 1):
-        raise ModelLoadError(f"config.json: sliding_window must be >= 1 where layers slide, got {window!r}")
-    return {"architecture": ARCH, "attention_sinks": True, "sliding_window": window if sliding else None,
+    window = window_where_sliding(raw, sliding)
+    return {"architecture": ARCH, "attention_sinks": True, "sliding_window": window,
             "sliding_layers": sliding if 0 < len(sliding) < len(types) else None,
             "nope_layers": tuple(i for i, t in enumerate(types) if t == _FULL),
             "moe_routing": "topk_sigmoid", "router_fp32": True, "shared_expert_gated": False,

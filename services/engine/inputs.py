@@ -169,7 +169,7 @@ def _prepare(groups: _Groups, block_size: int, device: torch.device, kernels: Cp
     flat = _t2d([ids, positions, slot_blocks, [p % block_size for p in positions]], device)
     input_ids, positions_t = flat[0], flat[1]
     attention = AttentionBatch(flat[2], flat[3], kernels=kernels, window=window, softcap=softcap, chunk=chunk,
-                               float8_kernels=float8_kernels)
+                               float8_kernels=float8_kernels, positions=positions_t)
     lora = lora_batch([(seq.lora, n, seq.lora_from - seq.num_computed) for seq, n in ordered], device)
     if states is not None:
         attention.recurrent = _recurrent_batch(states, decodes, fresh + prefixed, device)

@@ -20,7 +20,7 @@ from typing import Any
 from services.common.errors import ModelLoadError
 from services.engine.layer_types import FULL as _FULL
 from services.engine.layer_types import SLIDING as _SLIDING
-from services.engine.layer_types import attention_types, mlp_types, rope_by_type
+from services.engine.layer_types import attention_types, mlp_types, rope_by_type, window_where_sliding
 
 ARCH = "LagunaForCausalLM"
 NAMES = {"num_experts": "n_routed_experts", "moe_routed_scaling_factor": "routed_scaling_factor"}
@@ -65,9 +65,7 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
         raise ModelLoadError(f"config.json: num_attention_heads_per_layer must give each of the {layers} layers its "
                              f"query heads, got {heads!r}")
     sliding = tuple(i for i, t in enumerate(raw["layer_types"]) if t == _SLIDING)
-    window = raw.get("sliding_window")
-    if sliding and not (isinstance(window, int) and window >= 1):
-        raise ModelLoadError(f"config.json: sliding_window must be >= 1 where layers slide, got {window!r}")
+    window = window_where_sliding(raw, sliding)
     gating = raw["gating"]
     if gating not in (True, False, "per-head", "per-element"):
         raise ModelLoadError(f"config.json: gating must be true, 'per-head' or 'per-element', got {gating!r}")
@@ -79,7 +77,7 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
             # transformers gates per head with gating true or "per-head"; otherwise (false too) per feature
             "attn_output_gate": "per_head" if gating in (True, "per-head") else "own", "attn_gate_softplus": True,
             "attention_bias": biased, "o_proj_bias": biased,
-            "sliding_window": window if sliding else None,
+            "sliding_window": window,
             "sliding_layers": sliding if 0 < len(sliding) < layers else None,
             "local_rope_theta": float(local.get("rope_theta") or 10000.0) if sliding else None,
             "local_partial_rotary_factor": float(local.get("partial_rotary_factor") or 1.0) if sliding else None,

@@ -45,3 +45,11 @@ def rope_by_type(raw: dict[str, Any], defaults: dict[str, dict[str, Any]], model
         raise ModelLoadError(f"config.json: both layer types must rotate the same share of each head, got {shares[0]} "
                              f"and {shares[1]}")
     return rope
+
+
+def window_where_sliding(raw: dict[str, Any], sliding: tuple[int, ...]) -> int | None:
+    """``sliding_window`` where some layer slides (a window of at least 1, else refused), None where none does."""
+    window = raw.get("sliding_window")
+    if sliding and not (isinstance(window, int) and window >= 1):
+        raise ModelLoadError(f"config.json: sliding_window must be >= 1 where layers slide, got {window!r}")
+    return window if sliding else None

@@ -201,8 +201,61 @@ class KdaShape:
                 "self_attn.g_a_proj": (hidden, d), "self_attn.g_b_proj": (d, width), "self_attn.o_proj": (width, hidden)}
 
 
+@dataclass(frozen=True)
+class LightningShape:
+    """MiniMax's lightning attention: ``num_heads`` heads of ``head_dim`` for q, k and v alike, each with a
+    ``[head_dim, head_dim]`` state that decays by a rate of its own per token (no convolution); prompts in
+    blocks of ``block_size``."""
+
+    num_heads: int
+    head_dim: int
+    block_size: int
+
+    @property
+    def conv_kernel(self) -> int:  # no short convolution: an empty window
+        return 1
+
+    @property
+    def conv_dim(self) -> int:
+        return 0
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.num_heads, self.head_dim, self.head_dim)
+
+    def projections(self, hidden: int) -> dict[str, tuple[int, int]]:
+        """The mixer's linear projections, (in, out) each, named as the model holds them in a layer."""
+        width = self.num_heads * self.head_dim
+        return {"self_attn.qkv_proj": (hidden, 3 * width), "self_attn.output_gate": (hidden, width),
+                "self_attn.out_proj": (width, hidden)}
+
+
+@dataclass(frozen=True)
+class RgLruShape:
+    """Griffin's recurrent block (RecurrentGemma): ``width`` channels through a short causal convolution, then a
+    real-gated linear recurrence (RG-LRU) whose gates are block-diagonal in ``num_heads`` blocks; the state is one
+    number a channel."""
+
+    width: int
+    num_heads: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        return self.width
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.width,)
+
+    def projections(self, hidden: int) -> dict[str, tuple[int, int]]:
+        """The mixer's linear projections, (in, out) each, named as the model holds them in a layer."""
+        w = self.width
+        return {"self_attn.linear_x": (hidden, w), "self_attn.linear_y": (hidden, w), "self_attn.linear_out": (w, hidden)}
+
+
 # Any linear layer's shape.
-LinearShape = LinearAttentionShape | Mamba2Shape | Mamba1Shape | ShortConvShape | KdaShape
+LinearShape = LinearAttentionShape | Mamba2Shape | Mamba1Shape | ShortConvShape | KdaShape | LightningShape | RgLruShape
 
 def short_conv_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """``ModelConfig``'s ``linear_layers`` and ``linear_attention`` from an LFM2 config: its "conv" layers (or those

@@ -24,8 +24,10 @@ from services.engine import (
     gpt_neox,
     gptj,
     kimi_linear,
+    lara_mini,
     lfm3,
     mamba,
+    minimax,
     nanochat,
     nemotron_h,
     opt,
@@ -194,7 +196,8 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
     return weights
 
 
-_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo, dbrx, codegen, xglm)}
+_RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo, dbrx, codegen, xglm,
+                                            minimax, lara_mini)}
 
 
 def lora_rows(ckpt: Checkpoint) -> Rows:

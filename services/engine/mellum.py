@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.errors import ModelLoadError
 from services.engine.layer_types import FULL as _FULL
 from services.engine.layer_types import SLIDING as _SLIDING
-from services.engine.layer_types import attention_types, mlp_types, rope_by_type
+from services.engine.layer_types import attention_types, mlp_types, rope_by_type, window_where_sliding
 
 ARCH = "MellumForCausalLM"
 # transformers' MellumConfig defaults where Qwen3-MoE's differ (its expert count saved as num_local_experts).
@@ -46,10 +45,8 @@ def fields(raw: dict[str, Any]) -> dict[str, Any]:
     """The ``ModelConfig`` fields only Mellum sets (``rewrite`` has run): its window where layers slide (set here:
     Qwen3-MoE's own config is served without one)."""
     sliding = tuple(i for i, t in enumerate(raw["layer_types"]) if t == _SLIDING)
-    window = raw.get("sliding_window")
-    if sliding and not (isinstance(window, int) and window >= 1):
-        raise ModelLoadError(f"config.json: sliding_window must be >= 1 where layers slide, got {window!r}")
-    return {"architecture": ARCH, "sliding_window": window if sliding else None,
+    window = window_where_sliding(raw, sliding)
+    return {"architecture": ARCH, "sliding_window": window,
             "sliding_layers": sliding if 0 < len(sliding) < len(raw["layer_types"]) else None,
             "local_rope_theta": float(raw["rope_parameters"][_SLIDING].get("rope_theta") or 10000.0) if sliding
             else None}

@@ -30,11 +30,14 @@ from services.engine.attention import AttentionBatch, paged_attention
 from services.engine.gated_delta_net import GatedDeltaNet
 from services.engine.kda import KimiDeltaAttention
 from services.engine.kv_pool import PagedKVPool
+from services.engine.lightning import LightningAttention
 from services.engine.linear_attention_config import (
     KdaShape,
+    LightningShape,
     LinearAttentionShape,
     Mamba1Shape,
     Mamba2Shape,
+    RgLruShape,
     ShortConvShape,
 )
 from services.engine.lora import LoraBatch, adapted
@@ -43,6 +46,7 @@ from services.engine.mamba2 import Mamba2Mixer
 from services.engine.mla import LatentAttention
 from services.engine.model_config import ModelConfig
 from services.engine.moe import SparseMoE, copy_expert, expert_target, missing_experts
+from services.engine.rglru import RecurrentBlock
 from services.engine.rope import RotaryEmbedding
 from services.engine.short_conv import GatedShortConv
 from services.engine.weight_names import checkpoint_name
@@ -369,7 +373,8 @@ class MLP(nn.Module):
 # A linear layer's mixer by its shape: the attribute it is held by (the name checkpoints give it) and its class.
 _LINEAR_MIXERS = {LinearAttentionShape: ("linear_attn", GatedDeltaNet), Mamba2Shape: ("mamba", Mamba2Mixer),
                   Mamba1Shape: ("mamba", Mamba1Mixer), ShortConvShape: ("conv", GatedShortConv),
-                  KdaShape: ("self_attn", KimiDeltaAttention)}
+                  KdaShape: ("self_attn", KimiDeltaAttention), LightningShape: ("self_attn", LightningAttention),
+                  RgLruShape: ("self_attn", RecurrentBlock)}
 
 
 class DecoderLayer(nn.Module):
@@ -403,6 +408,10 @@ class DecoderLayer(nn.Module):
         self.mlp = _mlp(config, layer)
         self.sandwich = config.sandwich_norms
         self.residual_scale = config.residual_scale
+        # MiniMax-Text-01: (attention's alpha, beta, the MLP's alpha, beta) of its normed stream, by the layer's kind.
+        factors = config.normed_stream
+        self.normed_stream = None if factors is None else (
+            (*factors[2:4], *factors[4:]) if layer in config.linear_layers else (*factors[:2], *factors[4:]))
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
@@ -440,6 +449,8 @@ class DecoderLayer(nn.Module):
             residual = residual + self.post_attention_layernorm._norm(attn(residual, cos, sin, batch, kv,
                                                                                     lora))
             return self.post_feedforward_layernorm._norm(self.mlp(residual, lora)), residual
+        if self.normed_stream is not None:
+            return self._normed_stream(x, residual, attn, cos, sin, batch, kv, lora)
         h, residual = self.input_layernorm(x, residual)
         if self.parallel:  # in transformers' order: the MLP's output (or both outputs' sum) is the next x
             out = attn(h, cos, sin, batch, kv, lora)
@@ -462,6 +473,17 @@ class DecoderLayer(nn.Module):
             return self.mlp(h, lora) * self.residual_scale, residual
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h, lora), residual
+
+
+    def _normed_stream(self, x, residual, attn, cos, sin, batch: AttentionBatch, kv, lora: LoraBatch | None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MiniMax-Text-01's block, in transformers' order: ``h = norm(stream)``, ``a = alpha * h + beta *
+        attn(h)``, ``h2 = norm(a)``, the next stream ``alpha' * h2 + beta' * mlp(h2)``; returned as the pair the next
+        norm adds (``beta' * mlp(h2)``, ``alpha' * h2``)."""
+        attn_alpha, attn_beta, mlp_alpha, mlp_beta = self.normed_stream
+        h = self.input_layernorm._norm(x if residual is None else x + residual)
+        h = self.post_attention_layernorm._norm(h * attn_alpha + attn(h, cos, sin, batch, kv, lora) * attn_beta)
+        return self.mlp(h, lora) * mlp_beta, h * mlp_alpha
 
 
 class NormedSparseMoE(SparseMoE):

@@ -322,6 +322,10 @@ class ModelConfig:
     # A.X K2: each layer's input norm, and its MLP's where it routes, scaled by the sigmoid of a SiLU MLP of this
     # rank of the normed stream (model.SelfGatedRMSNorm); 0: plain norms.
     self_gated_norm_rank: int = 0
+    # MiniMax-Text-01: each sublayer reads the norm of the stream and the stream becomes alpha * that norm + beta *
+    # the sublayer's output (the un-normed stream is not kept): (softmax attention's alpha, beta, lightning
+    # attention's alpha, beta, the MLP's alpha, beta); None: a pre-norm residual stream.
+    normed_stream: tuple[float, float, float, float, float, float] | None = None
     # Multi-token-prediction layers the checkpoint holds after the model's own (GLM-4.5, DeepSeek-V3:
     # num_nextn_predict_layers): not served, their weights skipped.
     mtp_layers: int = 0
@@ -704,7 +708,8 @@ class ModelConfig:
                 and self.q_position_scale is None and not self.layer_norm and not self.parallel_block
                 and not self.mlp_bias and not self.lm_head_bias and not self.sublayers
                 and self.learned_positions is None and self.alibi_bias_max is None and not self.embed_norm
-                and self.shared_blocks is None and self.norm_affine and not self.self_gated_norm_rank)
+                and self.shared_blocks is None and self.norm_affine and not self.self_gated_norm_rank
+                and self.normed_stream is None)
 
     @property
     def plain_attention(self) -> bool:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from services.engine import opt
+from services.engine import biogpt, opt
 
 if TYPE_CHECKING:
     import torch
@@ -37,15 +37,13 @@ RENAMES = (("model.layer_norm.", "model.norm."), *opt.RENAMES[4:])
 
 
 def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
-    """Its norms' epsilon is torch's LayerNorm default: transformers' XGLM reads none."""
-    return {**raw, "num_key_value_heads": raw["num_attention_heads"], "rms_norm_eps": 1e-5}
+    """Its norms' epsilon is torch's LayerNorm default, as BioGPT's: transformers' XGLM reads none."""
+    return biogpt.rewrite(raw)
 
 
 def fields(raw: dict[str, Any]) -> dict[str, Any]:
-    return {"layer_norm": True, "norm_bias": True, "mlp_gated": False, "mlp_bias": True, "attention_bias": True,
-            "o_proj_bias": True, "learned_positions": opt.POSITION_OFFSET,
-            "nope_layers": tuple(range(int(raw["num_hidden_layers"]))), "architecture": ARCH,
-            "embed_scale": math.sqrt(int(raw["hidden_size"])) if raw["scale_embedding"] else 1.0,
+    """BioGPT's (OPT's block, scaled embeddings, positions from index 2), its positions' table sinusoidal."""
+    return {**biogpt.fields(raw), "architecture": ARCH,
             "sinusoidal_padding_row": None if raw.get("pad_token_id") is None else int(raw["pad_token_id"])}
 
 

@@ -286,15 +286,17 @@ def test_phi_3_5_moe_as_published():
     ("PersimmonForCausalLM", "PersimmonConfig"), ("XGLMForCausalLM", "XGLMConfig"),
     ("LagunaForCausalLM", "LagunaConfig"), ("FlintForCausalLM", "FlintConfig"),
     ("DeepseekV32ForCausalLM", "DeepseekV32Config"), ("GlmMoeDsaForCausalLM", "GlmMoeDsaConfig"),
-    ("AXK2ForCausalLM", "AXK2Config")])
+    ("AXK2ForCausalLM", "AXK2Config"), ("MiniMaxForCausalLM", "MiniMaxConfig"),
+    ("RecurrentGemmaForCausalLM", "RecurrentGemmaConfig"), ("LaraMiniForCausalLM", "LaraMiniConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
     config, hf = ModelConfig.from_dict({"architectures": [arch]}), getattr(transformers, hf_config)()
     heads = hf.num_attention_heads
+    context = getattr(hf, "max_position_embeddings", 8192)  # RecurrentGemma names none: served at its training 8K
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
             config.max_position_embeddings, config.tie_word_embeddings) == (
-        hf.vocab_size, hf.hidden_size, hf.num_hidden_layers, heads, hf.max_position_embeddings, hf.tie_word_embeddings)
+        hf.vocab_size, hf.hidden_size, hf.num_hidden_layers, heads, context, hf.tie_word_embeddings)
     if config.mla:  # the cache holds one latent: its widths are the shape
         assert (config.kv_lora_rank, config.q_lora_rank, config.qk_rope_head_dim, config.qk_nope_head_dim,
                 config.v_head_dim) == (hf.kv_lora_rank, hf.q_lora_rank, hf.qk_rope_head_dim, hf.qk_nope_head_dim,
@@ -312,6 +314,8 @@ def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, h
         # Falcon's ffn_hidden_size, OPT's ffn_dim, GPT-2's n_inner (None: four times the hidden size)
         width = next(getattr(hf, n) for n in ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner")
                      if hasattr(hf, n))
+        if arch == "RecurrentGemmaForCausalLM":  # its MLP is half intermediate_size wide
+            width //= 2
         assert config.intermediate_size == (width or 4 * hf.hidden_size)
 
 
@@ -549,3 +553,21 @@ def test_laguna_reads_heads_gates_rope_and_router_per_its_config(tmp_path):
         dataclasses.replace(named_alone, attn_output_gate=None)
     with pytest.raises(ModelLoadError, match="local_partial_rotary_factor 0.5 must leave the sliding layers"):
         dataclasses.replace(named_alone, local_partial_rotary_factor=0.5)
+
+
+def test_recurrent_gemma_reads_its_blocks_and_scales_as_transformers():
+    import torch
+
+    config = ModelConfig.from_dict({"architectures": ["RecurrentGemmaForCausalLM"], "num_hidden_layers": 5,
+                                    "hidden_size": 96, "num_attention_heads": 4, "intermediate_size": 300,
+                                    "block_types": ["recurrent", "attention"], "lru_width": 128})
+    hf = transformers.RecurrentGemmaConfig(num_hidden_layers=5, hidden_size=96, num_attention_heads=4,
+                                           block_types=["recurrent", "attention"])
+    assert config.linear_layers == tuple(i for i, t in enumerate(hf.layers_block_type) if t == "linear_attention")
+    assert config.sliding_layers == (1, 3) and config.sliding_window == hf.attention_window_size
+    # the embeddings' scale as transformers' normalizer buffer holds it: sqrt(hidden_size) in bf16
+    assert config.embed_scale == torch.tensor(96 ** 0.5, dtype=torch.bfloat16).item() != 96 ** 0.5
+    assert (config.intermediate_size, config.linear_attention.width, config.rotary_dim, config.final_softcap) == (
+        150, 128, 12, 30.0)
+    with pytest.raises(ModelLoadError, match="lru_width .* must be a multiple of num_attention_heads"):
+        ModelConfig.from_dict({"architectures": ["RecurrentGemmaForCausalLM"], "lru_width": 2561})

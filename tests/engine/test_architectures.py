@@ -571,6 +571,24 @@ CASES = {
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
         head_dim=16, sliding_window=24, mlp_only_layers=[0],
         layer_types=["sliding_attention", "full_attention", "sliding_attention"], **COMMON),
+    # MiniMax-Text-01: Mixtral's attention and experts beside lightning-attention layers (blocks of 24 tokens, fewer
+    # than most prompts), a stream of norms with factors of their own.
+    "minimax": lambda: transformers.MiniMaxConfig(
+        num_local_experts=4, num_experts_per_tok=2, block_size=24, head_dim=16, full_attn_alpha_factor=0.7,
+        full_attn_beta_factor=1.3, linear_attn_alpha_factor=1.2, linear_attn_beta_factor=0.8, mlp_alpha_factor=0.9,
+        mlp_beta_factor=1.1, **COMMON),
+    # RecurrentGemma (Griffin): recurrent blocks (a conv, then the RG-LRU) beside local attention (a window shorter
+    # than most prompts, one KV head, RoPE over half of each head), Gemma's norms, capped logits, embeddings times
+    # sqrt(96) rounded to bf16.
+    "recurrent-gemma": lambda: transformers.RecurrentGemmaConfig(
+        hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
+        vocab_size=4096, attention_window_size=24, logits_soft_cap=3.0, bos_token_id=1, eos_token_id=2),
+    # Lara Mini: Gated DeltaNet, sliding (rotating) and full (unrotated) attention layers, every layer routed beside an
+    # ungated shared expert; its linear layers' in_proj saved fused.
+    "lara-mini": lambda: transformers.LaraMiniConfig(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        head_dim=16, sliding_window=24, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, num_hidden_layers=4, **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"}),
     # nanochat: weightless RMSNorms (embeddings too), q/k normed after a RoPE turning the other way, ReLU² without
     # a gate, soft-capped logits.
     "nanochat": lambda: transformers.NanoChatConfig(final_logit_softcapping=3.0, **COMMON),
@@ -617,7 +635,9 @@ def save_checkpoint(config, out, tiny_model_dir, auto=None):
         model = getattr(transformers, name)._from_config(config).eval()
     # Zamba2's Mamba-2 layers without MLPs, and its shared blocks' wide attention, amplify rounding several-fold
     # a layer at 0.3: transformers' own fp32 and fp64 logprobs then differ by 1e-2, at 0.1 by 1e-5 (as others' at 0.3).
-    std = 0.1 if config.model_type == "zamba2" else 0.3
+    # MiniMax's lightning attention sums k ⊗ v over every token without a normalizer: at 0.3 a 150-token prompt's
+    # last logprobs were 3e-4 from transformers' (the same sums in another order; its tokens the same).
+    std = 0.1 if config.model_type in ("zamba2", "minimax") else 0.3
     with torch.no_grad():  # weights that give decisive logits, so greedy choices are not near-ties
         for name, p in model.named_parameters():
             # Sinks (GPT-OSS) near the scores' scale, so that they change the attention. A LayerNorm's bias as any
@@ -737,7 +757,8 @@ def test_sliding_windows_are_read_as_transformers_reads_them(checkpoint):
         window = model.config.window_size
     assert [config.slides(i) for i in range(layers)] == [t == "sliding_attention" for t in types]
     assert config.sliding_window == (window if "sliding_attention" in types else None)
-    assert config.max_model_len == (2048 if model.config.model_type == "bloom" else 512)  # BLOOM has none: 2048
+    # BLOOM and RecurrentGemma name none: their training contexts
+    assert config.max_model_len == {"bloom": 2048, "recurrent_gemma": 8192}.get(model.config.model_type, 512)
 
 
 def test_qwen_windows_follow_use_sliding_window_and_max_window_layers():
@@ -1188,7 +1209,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     elif model.config.model_type == "cohere2_moe":  # nor Command A MoE's, but a dense prefix's forced to rotate
         want = tuple(i for i, layer in enumerate(model.model.layers) if layer.self_attn.sliding_window is None
                      and not layer.self_attn.force_rope)
-    elif model.config.model_type == "flint":  # only its sliding layers rotate
+    elif model.config.model_type in ("flint", "lara_mini"):  # only their sliding layers rotate
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
