@@ -21,22 +21,21 @@ pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 transformers = pytest.importorskip("transformers")
 
 
-def test_top_keys_are_chosen_alike_under_other_chunks_and_a_cached_prefix(tmp_path, tiny_model_dir):
-    """Prompt chunks of 5 tokens (the torch groups) and of 64 (the fused kernels' batch layout), and a request
-    whose first 48 tokens' latents and indexer keys come from the cache: each query attends the same 12 keys as
-    transformers' (the same tokens and logprobs)."""
+def test_top_keys_are_chosen_alike_under_small_chunks_and_a_cached_prefix(tmp_path, tiny_model_dir):
+    """Prompt chunks of 5 tokens, and a request whose first 48 tokens' latents and indexer keys come from the cache:
+    each query attends the same 12 keys as transformers' (the same tokens and logprobs). (Both batch layouts, the
+    torch groups' and the fused kernels', are in test_architectures.)"""
     model = save_checkpoint(CASES["deepseek-v3.2"](), tmp_path, tiny_model_dir)
     g = torch.Generator().manual_seed(9)
     shared = torch.randint(3, 4096, (50,), generator=g).tolist()
     prompts = [shared + torch.randint(3, 4096, (n,), generator=g).tolist() for n in (3, 61)]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=0)
-    for chunk, cpu_kernels in ((5, False), (64, True)):
-        engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32", cpu_kernels=cpu_kernels),
-                               SchedulerConfig(chunk_size=chunk))
-        first = engine.generate(prompts[:1], [params])
-        second = engine.generate(prompts[1:], [params])
-        assert second[0].num_cached_prompt_tokens >= 48
-        assert_matches_transformers(model, prompts, first + second)
+    engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="float32", cpu_kernels=False),
+                           SchedulerConfig(chunk_size=5))
+    first = engine.generate(prompts[:1], [params])
+    second = engine.generate(prompts[1:], [params])
+    assert second[0].num_cached_prompt_tokens >= 48
+    assert_matches_transformers(model, prompts, first + second)
 
 
 def test_the_indexer_widens_the_cached_latent_and_its_fields_are_checked():
