@@ -890,6 +890,10 @@ _FAMILY_ADAPTERS = {
     "lfm2": ["in_proj", "out_proj", "q_proj"],
     "granite4-h": ["in_proj", "out_proj", "q_proj"],
     "jamba": ["in_proj", "x_proj", "dt_proj", "out_proj", "q_proj"],
+    # Lightning attention's projections (its qkv_proj held as the checkpoint holds it) beside softmax attention's,
+    # Griffin's recurrent block's beside local attention's.
+    "minimax": ["qkv_proj", "output_gate", "out_proj", "q_proj", "o_proj"],
+    "recurrent-gemma": ["linear_x", "linear_y", "linear_out", "k_proj", "gate_proj"],
 }
 
 
