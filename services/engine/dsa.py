@@ -44,7 +44,9 @@ def indexed_attention(query: torch.Tensor, key: torch.Tensor, index_q: torch.Ten
         raise RuntimeError("a layer sharing an earlier layer's choice of keys ran before any layer chose")
     out = torch.empty_like(query)
     masks = []
-    for i, (start, rows, table, keys) in enumerate(_sequences(batch)):
+    if batch.index_sequences is None:
+        batch.index_sequences = list(_sequences(batch))
+    for i, (start, rows, table, keys) in enumerate(batch.index_sequences):
         span = slice(start, start + rows)
         k = key[span, 0] if table is None else gather(cache, table[None], query.dtype, batch.float8_kernels)[0, 0, :keys]
         mask = batch.index_masks[i] if index_q is None else _chosen(index_q[span], index_weights[span], k[:, width:],

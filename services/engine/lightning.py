@@ -48,7 +48,9 @@ class LightningAttention(nn.Module):
         t = x.shape[0]
         qkv = self.act(adapted(self.qkv_proj, x, lora, self.layer, "self_attn.qkv_proj"))
         q, k, v = qkv.view(t, self.heads, 3 * self.head_dim).split(self.head_dim, dim=-1)
-        slope = self.slope.to(x.device)
+        if self.slope.device != x.device:  # made on the CPU with the module; moved once
+            self.slope = self.slope.to(x.device)
+        slope = self.slope
         out = by_groups(batch.recurrent, self.state_index, lambda *a: _step(*a, slope),
                         lambda *a: _blocks(*a, slope, self.block), q, k, v).to(x.dtype)
         out = self.norm._norm(out.reshape(t, -1))

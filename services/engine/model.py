@@ -474,7 +474,6 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h, lora), residual
 
-
     def _normed_stream(self, x, residual, attn, cos, sin, batch: AttentionBatch, kv, lora: LoraBatch | None,
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """MiniMax-Text-01's block, in transformers' order: ``h = norm(stream)``, ``a = alpha * h + beta *

@@ -463,6 +463,11 @@ class ModelConfig:
                                     or not all(0 <= i < self.num_hidden_layers for i in self.chunked_layers)):
             raise ModelLoadError(f"chunked attention in layers {self.chunked_layers} needs attention_chunk >= 1 "
                                  f"(got {self.attention_chunk}), layers of the model, and no sliding window")
+        row = self.sinusoidal_padding_row
+        if row is not None and (self.learned_positions is None
+                                or not 0 <= row < self.max_position_embeddings + self.learned_positions):
+            raise ModelLoadError(f"config.json: pad_token_id {row} must name a row of the sinusoidal positions' table "
+                                 f"(0 to {self.max_position_embeddings + (self.learned_positions or 0) - 1})")
         periods = {"floor_scale": self.nope_temperature and self.nope_temperature[0],
                    "original_max_position_embeddings": self.q_position_scale and self.q_position_scale[1]}
         for name, period in periods.items():
@@ -505,6 +510,9 @@ class ModelConfig:
                                  f"{self.attn_output_gate!r}")
         if self.attn_gate_softplus and self.attn_output_gate not in ("own", "per_head"):
             raise ModelLoadError("attn_gate_softplus is a gate's: set attn_output_gate 'own' or 'per_head' too")
+        if self.mla_query_gate and not (self.mla and self.q_lora_rank):
+            raise ModelLoadError("mla_query_gate gates latent attention's heads from its query bottleneck: set "
+                                 "kv_lora_rank and q_lora_rank too")
 
     def _check_layer_shapes(self) -> None:
         """The fields that give layers attention shapes of their own (Gemma 4's, MiMo-V2-Flash's)."""
@@ -689,6 +697,12 @@ class ModelConfig:
             raise ModelLoadError(f"config.json: clip_qkv must be > 0, got {self.clip_qkv}")
         if self.mlp_bias and self.num_experts:
             raise ModelLoadError("config.json: biases on the MLP are set; experts with biases are not supported")
+        if self.self_gated_norm_rank < 0:
+            raise ModelLoadError(f"config.json: gated_norm_rank must be >= 1, got {self.self_gated_norm_rank}")
+        if self.normed_stream is not None and (len(self.normed_stream) != 6 or not self.pre_norms
+                                               or self.parallel_block or self.sandwich_norms):
+            raise ModelLoadError(f"normed_stream {self.normed_stream} needs six factors (softmax attention's, "
+                                 "lightning attention's and the MLP's alpha and beta) and a plain pre-norm block")
 
     @property
     def is_llama_like(self) -> bool:

@@ -571,3 +571,19 @@ def test_recurrent_gemma_reads_its_blocks_and_scales_as_transformers():
         150, 128, 12, 30.0)
     with pytest.raises(ModelLoadError, match="lru_width .* must be a multiple of num_attention_heads"):
         ModelConfig.from_dict({"architectures": ["RecurrentGemmaForCausalLM"], "lru_width": 2561})
+
+
+def test_the_new_fields_of_xglm_minimax_and_axk2_are_checked():
+    xglm = ModelConfig.from_dict({"architectures": ["XGLMForCausalLM"], "pad_token_id": 1})
+    assert xglm.sinusoidal_padding_row == 1
+    for row in (5000, -1):  # outside the 2048 + 2 rows of its table
+        with pytest.raises(ModelLoadError, match="must name a row of the sinusoidal positions' table"):
+            dataclasses.replace(xglm, sinusoidal_padding_row=row)
+    minimax = ModelConfig.from_dict({"architectures": ["MiniMaxForCausalLM"]})
+    with pytest.raises(ModelLoadError, match="normed_stream .* needs six factors"):
+        dataclasses.replace(minimax, normed_stream=(1.0, 1.0))
+    axk2 = ModelConfig.from_dict({"architectures": ["AXK2ForCausalLM"]})
+    with pytest.raises(ModelLoadError, match="gated_norm_rank must be >= 1"):
+        dataclasses.replace(axk2, self_gated_norm_rank=-1)
+    with pytest.raises(ModelLoadError, match="mla_query_gate gates latent attention's heads"):
+        dataclasses.replace(xglm, mla_query_gate=True)
