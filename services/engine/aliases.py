@@ -126,6 +126,18 @@ ALIASES = {
                   "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 128,
                   "max_position_embeddings": 4096, "rms_norm_eps": 1e-8, "bos_token_id": 1, "eos_token_id": 2},
         fields=lambda raw: {"rope_interleaved": True, "o_proj_bias": False}),
+    # BitNet b1.58 (Microsoft's 2B4T, and its bf16 master weights): Llama with squared ReLUs, an RMSNorm of
+    # attention's output before o_proj and of the MLP's product before down_proj (sub_norms); its released ternary
+    # weights, packed four to a byte, with activations rounded to 8 bits per token, are bitnet.py's.
+    "BitNetForCausalLM": Alias(
+        "LlamaForCausalLM",
+        defaults={"vocab_size": 128256, "hidden_size": 2560, "intermediate_size": 6912, "num_hidden_layers": 30,
+                  "num_attention_heads": 20, "num_key_value_heads": 5, "hidden_act": "relu2",
+                  "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 128000,
+                  "eos_token_id": 128001},
+        ignored=("attention_dropout",),
+        fields=lambda raw: {"sub_norms": True, "o_proj_bias": False, "mlp_bias": False,
+                            "architecture": "BitNetForCausalLM"}),
     # StarCoder2: Mistral's attention (a window in every layer where set) with biases on every projection
     # (use_bias), torch's LayerNorms with biases, and an MLP without a gate (c_fc, c_proj: weight_names.py).
     "Starcoder2ForCausalLM": Alias(

@@ -35,6 +35,7 @@ from services.engine import (
     zamba2,
 )
 from services.engine.attention import alibi_slopes, falcon_alibi_slopes
+from services.engine.bitnet import ternary_weights
 from services.engine.checkpoint import Checkpoint, read_json
 from services.engine.fp8 import FP8_DTYPES, dequantize
 from services.engine.gpt_oss_weights import gate_then_up, gpt_oss_weights
@@ -157,6 +158,8 @@ def _checkpoint_weights(ckpt: Checkpoint, kv_scales: dict[int, dict[str, float]]
         weights = dequantize_packed(weights, config.packed_int_bits, config.packed_int_zero_points)
     if config.mxfp4:
         weights = pair_packed(weights)
+    if config.ternary_weights:
+        weights = ternary_weights(weights, config.ternary_weights)
     return _arranged(weights, ckpt)
 
 

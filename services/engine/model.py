@@ -27,6 +27,7 @@ from torch import nn
 
 from services.engine.activations import ACTIVATIONS, rms_norm, weightless_rms_norm
 from services.engine.attention import AttentionBatch, paged_attention
+from services.engine.bitnet import quantize_activations
 from services.engine.gated_delta_net import GatedDeltaNet
 from services.engine.kda import KimiDeltaAttention
 from services.engine.kv_pool import PagedKVPool
@@ -201,6 +202,10 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + self.kv_size + self.v_size,
                                   bias=config.attention_bias)
         self.o_proj = nn.Linear(self.heads * self.value_dim, config.hidden_size, bias=config.o_proj_bias)
+        # BitNet: o_proj reads attention's output RMS-normed.
+        self.attn_sub_norm = RMSNorm(self.heads * self.value_dim, config.rms_norm_eps) if config.sub_norms else None
+        # BitNet's ternary projections read their inputs rounded per token to 8 bits (bitnet.py).
+        self.ternary = config.ternary_weights is not None
         self.clip_qkv = config.clip_qkv
         # AFMoE, MiniCPM5-MoE: the output gated per feature by the sigmoid of a projection of the input; LFM3: per
         # head.
@@ -246,7 +251,7 @@ class Attention(nn.Module):
                 q_mult: torch.Tensor | None = None) -> torch.Tensor:
         """``q_mult`` (``[T, 1, 1]``): each token's query scale by position, where the model has one for this layer
         (``query_scales``)."""
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj(quantize_activations(x) if self.ternary else x)
         if lora is not None:
             lora.add(qkv, x, self.layer, "qkv")
         return self.attend(qkv, x, cos, sin, batch, kv, lora, q_mult)
@@ -292,7 +297,9 @@ class Attention(nn.Module):
             gate = adapted(self.gate_proj, x, lora, self.layer, "self_attn.gate_proj")
             gate = F.softplus(gate.float()).to(gate.dtype) if self.gate_softplus else torch.sigmoid(gate)
             o = (o.view(t, self.heads, -1) * gate[..., None]).view(t, -1) if self.gate_per_head else o * gate
-        out = self.o_proj(o)
+        if self.attn_sub_norm is not None:
+            o = self.attn_sub_norm._norm(o)
+        out = self.o_proj(quantize_activations(o) if self.ternary else o)
         return out if lora is None else lora.add(out, o, self.layer, "o")
 
     def _no_sinks(self, device: torch.device) -> torch.Tensor:
@@ -350,6 +357,9 @@ class MLP(nn.Module):
         else:  # GPT-2, Arcee, StarCoder2: no gate
             self.up_proj = nn.Linear(config.hidden_size, self.intermediate, bias=bias)
         self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=bias)
+        # BitNet: down_proj reads the gated product RMS-normed.
+        self.ffn_sub_norm = RMSNorm(self.intermediate, config.rms_norm_eps) if config.sub_norms else None
+        self.ternary = config.ternary_weights is not None  # BitNet's (bitnet.py)
         if config.hidden_act == "xielu":  # Apertus: an activation with learned parameters, per layer
             self.act_fn = XIELU()
             self.act = self.act_fn.forward  # a bound method: the module is registered once, as act_fn
@@ -357,16 +367,19 @@ class MLP(nn.Module):
             self.act = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        x_in = quantize_activations(x) if self.ternary else x
         if not self.gated:
-            up = self.up_proj(x)
+            up = self.up_proj(x_in)
             h = self.act(up if lora is None else lora.add(up, x, self.layer, "gate_up"))
         else:
-            gate_up = self.gate_up_proj(x)
+            gate_up = self.gate_up_proj(x_in)
             if lora is not None:
                 lora.add(gate_up, x, self.layer, "gate_up")
             gate, up = gate_up.split(self.intermediate, dim=-1)
             h = self.act(gate) * up
-        out = self.down_proj(h)
+        if self.ffn_sub_norm is not None:
+            h = self.ffn_sub_norm._norm(h)
+        out = self.down_proj(quantize_activations(h) if self.ternary else h)
         return out if lora is None else lora.add(out, h, self.layer, "down")
 
 

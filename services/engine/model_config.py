@@ -322,6 +322,9 @@ class ModelConfig:
     # A.X K2: each layer's input norm, and its MLP's where it routes, scaled by the sigmoid of a SiLU MLP of this
     # rank of the normed stream (model.SelfGatedRMSNorm); 0: plain norms.
     self_gated_norm_rank: int = 0
+    # BitNet b1.58: an RMSNorm of attention's output before o_proj (attn_sub_norm) and one of the MLP's gated product
+    # before down_proj (ffn_sub_norm), as its ternary layers were trained to read.
+    sub_norms: bool = False
     # MiniMax-Text-01: each sublayer reads the norm of the stream and the stream becomes alpha * that norm + beta *
     # the sublayer's output (the un-normed stream is not kept): (softmax attention's alpha, beta, lightning
     # attention's alpha, beta, the MLP's alpha, beta); None: a pre-norm residual stream.
@@ -341,6 +344,9 @@ class ModelConfig:
     # bits, 4 or 8 (0: none), and whether they have zero points (asymmetric schemes).
     packed_int_bits: int = 0
     packed_int_zero_points: bool = False
+    # BitNet b1.58's ternary projections (bitnet.py; quant_method bitnet): how their weights are stored ("packed",
+    # "scaled" or "online"; None: not ternary). Each projection's input is rounded per token to 8-bit levels.
+    ternary_weights: str | None = None
     # compressed-tensors' kv_cache_scheme: each attention layer's calibrated key and value scales
     # (``self_attn.k_scale`` / ``v_scale``), used by a float8 KV pool (kv_quant.py) and set aside otherwise.
     kv_scales: bool = False
@@ -699,6 +705,12 @@ class ModelConfig:
             raise ModelLoadError("config.json: biases on the MLP are set; experts with biases are not supported")
         if self.self_gated_norm_rank < 0:
             raise ModelLoadError(f"config.json: gated_norm_rank must be >= 1, got {self.self_gated_norm_rank}")
+        for name in ("sub_norms", "ternary_weights"):  # BitNet's: in Attention and MLP alone
+            if getattr(self, name) and (self.mla or self.num_experts or self.linear_layers or self.sublayers):
+                raise ModelLoadError(f"{name} (BitNet's) are served in grouped-query attention and dense MLPs; not "
+                                     "with latent attention, experts or linear-attention layers")
+        if self.ternary_weights not in (None, "packed", "scaled", "online"):
+            raise ModelLoadError(f"ternary_weights must be packed, scaled or online, got {self.ternary_weights!r}")
         if self.normed_stream is not None and (len(self.normed_stream) != 6 or not self.pre_norms
                                                or self.parallel_block or self.sandwich_norms):
             raise ModelLoadError(f"normed_stream {self.normed_stream} needs six factors (softmax attention's, "
@@ -723,7 +735,7 @@ class ModelConfig:
                 and not self.mlp_bias and not self.lm_head_bias and not self.sublayers
                 and self.learned_positions is None and self.alibi_bias_max is None and not self.embed_norm
                 and self.shared_blocks is None and self.norm_affine and not self.self_gated_norm_rank
-                and self.normed_stream is None)
+                and self.normed_stream is None and not self.sub_norms and self.ternary_weights is None)
 
     @property
     def plain_attention(self) -> bool:
@@ -776,7 +788,9 @@ class ModelConfig:
             return "Zamba2 takes no LoRA adapters here (nor in vLLM): its layers run shared blocks with adapters of their own"
         why = ("its attention's widths differ by layer type" if self.kv_layer_shapes or self.value_head_dim else
                "its layers have query heads of their own" if self.layer_query_heads else
-               "its query projection reads two latents and gates each head's output" if self.mla_query_gate else "")
+               "its query projection reads two latents and gates each head's output" if self.mla_query_gate else
+               "its ternary projections round their inputs to 8 bits, which adapters would read unrounded"
+               if self.ternary_weights else "")
         return f"{self.architecture} takes no LoRA adapters here yet: {why}" if why else ""
 
     def _lora_projections(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:

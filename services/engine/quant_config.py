@@ -1,6 +1,7 @@
 """The ``quantization_config`` of a ``config.json``: how an FP8 checkpoint's weights are scaled (fp8.py
 dequantizes them), whether its experts are MXFP4 (mxfp4.py), how many bits its packed integer weights have
-(int_packed.py), every other quantization refused saying what is served; no torch."""
+(int_packed.py), whether its projections are BitNet's ternary ones (bitnet.py), every other quantization
+refused saying what is served; no torch."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def quant_fields(quant: Any) -> dict[str, Any]:
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if method == "mxfp4":  # GPT-OSS: the experts in 4 bits; the rest of the model as stored
         return dict(mxfp4=True)
+    if method == "bitnet":
+        return _bitnet(quant)
     if method == "fp8":
         return dict(fp8_scales="weight_scale_inv", fp8_block=_fp8_block(quant))
     if method == "compressed-tensors" and not quant.get("config_groups") and quant.get("kv_cache_scheme"):
@@ -27,8 +30,8 @@ def quant_fields(quant: Any) -> dict[str, Any]:
         return dict(fp8_scales="weight_scale", fp8_block=_compressed_fp8_block(quant), **_kv_cache_scheme(quant))
     raise ModelLoadError(f"config.json: quantization {method!r} is not supported; FP8 checkpoints (quant_method fp8, "
                          "or compressed-tensors' float-quantized format), compressed-tensors' pack-quantized INT4 "
-                         "and INT8 weights and MXFP4 ones (GPT-OSS) are, dequantized when they load, and unquantized "
-                         "ones")
+                         "and INT8 weights, MXFP4 ones (GPT-OSS) and BitNet's ternary ones are, dequantized when they "
+                         "load, and unquantized ones")
 
 
 def _fp8_block(quant: dict[str, Any]) -> tuple[int, int]:
@@ -112,6 +115,23 @@ def _packed_int(quant: dict[str, Any]) -> dict[str, Any]:
         raise ModelLoadError(f"{where}: groups of {sorted(bits)} bits, symmetric {sorted(symmetric)}; one width "
                              "and one kind for every group is supported")
     return dict(packed_int_bits=bits.pop(), packed_int_zero_points=not symmetric.pop())
+
+
+def _bitnet(quant: dict[str, Any]) -> dict[str, Any]:
+    """BitNet b1.58's ternary projections (bitnet.py), by transformers' ``linear_class`` and
+    ``quantization_mode``: ``bitlinear`` packed (whatever the mode), ``autobitlinear`` offline (scaled ternary
+    weights) or online (float weights rounded as they load); every decoder projection, not the output head."""
+    linear, mode = quant.get("linear_class", "bitlinear"), quant.get("quantization_mode", "offline")
+    if linear not in ("bitlinear", "autobitlinear") or mode not in ("offline", "online"):
+        raise ModelLoadError(f"config.json: bitnet linear_class {linear!r} with quantization_mode {mode!r} is not "
+                             "supported; bitlinear, and autobitlinear offline or online, are")
+    if quant.get("use_rms_norm"):
+        raise ModelLoadError("config.json: bitnet use_rms_norm (a norm inside each ternary layer) is not supported")
+    skip = quant.get("modules_to_not_convert")
+    if skip is not None and set(skip) != {"lm_head"}:
+        raise ModelLoadError(f"config.json: bitnet modules_to_not_convert {skip!r} is not supported; every decoder "
+                             "projection ternary and the output head not (None or [\"lm_head\"]) is")
+    return dict(ternary_weights="packed" if linear == "bitlinear" else "scaled" if mode == "offline" else "online")
 
 
 def _kv_cache_scheme(quant: dict[str, Any]) -> dict[str, Any]:

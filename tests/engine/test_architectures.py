@@ -82,6 +82,8 @@ CASES = {
     "gpt-neox-sequential": lambda: transformers.GPTNeoXConfig(
         use_parallel_residual=False, rotary_pct=0.5, **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
     # Persimmon: GPT-NeoX's pre-norm block of squared ReLUs, each head of q and k through a biased LayerNorm.
+    # BitNet b1.58: squared ReLUs, RMSNorms before o_proj and down_proj (its unpacked bf16 weights' form).
+    "bitnet": lambda: transformers.BitNetConfig(**COMMON),
     "persimmon": lambda: transformers.PersimmonConfig(**{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
     # Falcon: attention and an ungated GELU MLP side by side, their fused query_key_value laid out by architecture:
     # the new one's (40B, 180B: grouped per key/value head, a norm each), Falcon-7B's (multi-query, one norm),
@@ -692,12 +694,12 @@ def engine_matches_transformers(path, model, cpu_kernels: bool, lengths=(3, 40))
     assert_matches_transformers(model, prompts, got)
 
 
-def assert_matches_transformers(model, prompts, got):
+def assert_matches_transformers(model, prompts, got, logprob_tol: float = 1e-4):
     for prompt, comp in zip(prompts, got, strict=True):
         tokens, logprobs = _reference(model, prompt)
         assert comp.token_ids == tokens
         want = [step[t].item() for step, t in zip(logprobs, comp.token_ids, strict=True)]
-        assert [lp.logprob for lp in comp.logprobs] == pytest.approx(want, abs=1e-4)
+        assert [lp.logprob for lp in comp.logprobs] == pytest.approx(want, abs=logprob_tol)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -712,14 +714,14 @@ def checkpoint(request, tmp_path_factory, tiny_model_dir):
     return out, model, prompts
 
 
-def greedy_matches_transformers(path, model, prompts, cpu_kernels: bool) -> OfflineEngine:
-    """The checkpoint at ``path`` served greedily in fp32 (chunks of 16) gives ``model``'s tokens and logprobs for
-    ``prompts``; returns the engine."""
+def greedy_matches_transformers(path, model, prompts, cpu_kernels: bool, logprob_tol: float = 1e-4) -> OfflineEngine:
+    """The checkpoint at ``path`` served greedily in fp32 (chunks of 16) gives ``model``'s tokens and logprobs (within
+    ``logprob_tol``) for ``prompts``; returns the engine."""
     engine = OfflineEngine(EngineConfig(model=str(path), dtype="float32", cpu_kernels=cpu_kernels),
                            SchedulerConfig(chunk_size=16))
     got = engine.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
                                                    logprobs=0)] * len(prompts))
-    assert_matches_transformers(model, prompts, got)
+    assert_matches_transformers(model, prompts, got, logprob_tol)
     return engine
 
 
@@ -1243,7 +1245,8 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
 @pytest.mark.parametrize("name", ["qwen3-next", "gemma3", "mixtral", "glm4-moe", "olmo2", "lfm3", "ernie4_5-moe",
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
                                   "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4",
-                                  "mimo-v2-flash", "mellum", "nanochat", "hy3", "kolibri1", "biogpt", "persimmon"])
+                                  "mimo-v2-flash", "mellum", "nanochat", "hy3", "kolibri1", "biogpt", "persimmon",
+                                  "bitnet"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
