@@ -45,6 +45,7 @@ from services.engine import (
     mpt,
     nanochat,
     nemotron_h,
+    olmo_hybrid,
     opt,
     persimmon,
     recurrent_gemma,
@@ -205,6 +206,9 @@ ALIASES = {
     persimmon.ARCH: Alias("LlamaForCausalLM", persimmon.NAMES, persimmon.DEFAULTS, persimmon.IGNORED,
                           rewrite=lambda raw: persimmon.rewrite(_partial_rotary_aside(raw, 0.5)),
                           fields=persimmon.fields),
+    # OLMo Hybrid (olmo_hybrid.py): OLMo 2's post-norm attention layers beside pre-norm Gated DeltaNet layers.
+    olmo_hybrid.ARCH: Alias("Olmo2ForCausalLM", defaults=olmo_hybrid.DEFAULTS, ignored=olmo_hybrid.IGNORED,
+                            rewrite=olmo_hybrid.rewrite, fields=olmo_hybrid.fields),
     # RecurrentGemma (recurrent_gemma.py): Griffin's recurrent blocks beside local attention, Gemma's norms.
     recurrent_gemma.ARCH: Alias("LlamaForCausalLM", recurrent_gemma.NAMES, recurrent_gemma.DEFAULTS,
                                 recurrent_gemma.IGNORED,

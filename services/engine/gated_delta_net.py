@@ -61,7 +61,7 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(s.num_value_heads))
         self.A_log = nn.Parameter(torch.zeros(s.num_value_heads))
-        self.norm = GatedRMSNorm(s.value_head_dim, config.rms_norm_eps)
+        self.norm = GatedRMSNorm(s.value_head_dim, s.norm_eps or config.rms_norm_eps)
         self.out_proj = nn.Linear(s.value_dim, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cos, sin, batch: AttentionBatch, kv, lora, q_mult=None) -> torch.Tensor:
@@ -73,7 +73,7 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(t, s.num_key_heads, s.key_head_dim)
         k = k.reshape(t, s.num_key_heads, s.key_head_dim)
         v = v.reshape(t, s.num_value_heads, s.value_head_dim)
-        beta = b.sigmoid()
+        beta = b.sigmoid() if s.beta_scale == 1.0 else b.sigmoid() * s.beta_scale
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         if batch.kernels is not None and max(s.key_head_dim, s.value_head_dim) <= MAX_HEAD_DIM:
             out = self._fused_delta_rule(batch.kernels, q, k, v, g, beta, rb)
@@ -92,7 +92,11 @@ class GatedDeltaNet(nn.Module):
         """(q|k|v ``[T, conv_dim]``, z ``[T, value heads, value dim]``, b, a ``[T, value heads]``)."""
         s, t = self.shape, x.shape[0]
         if not self.grouped:
-            return (self._linear("in_proj_qkv", x, lora),
+            qkv = self._linear("in_proj_qkv", x, lora)
+            if lora is not None and s.separate_qkv:  # OLMo Hybrid's adapters, one per part of the fused projection
+                for part, cols in zip("qkv", qkv.split(s.qkv_widths, dim=-1), strict=True):
+                    lora.add(cols, x, self.layer, f"linear_attn.{part}_proj")
+            return (qkv,
                     self._linear("in_proj_z", x, lora).view(t, s.num_value_heads, s.value_head_dim),
                     self._linear("in_proj_b", x, lora), self._linear("in_proj_a", x, lora))
         r = s.num_value_heads // s.num_key_heads

@@ -30,6 +30,12 @@ class LinearAttentionShape:
     # Qwen3-Next stores q, k, v and the output gate z as one projection grouped by key head (in_proj_qkvz), and
     # b and a as another (in_proj_ba); Qwen3.5 stores the four as separate projections, each in head order.
     grouped_projections: bool
+    # OLMo Hybrid: beta doubled (its delta rule's eigenvalues may be negative), and its gated output norm's epsilon
+    # (None: the model's rms_norm_eps).
+    beta_scale: float = 1.0
+    norm_eps: float | None = None
+    # OLMo Hybrid stores q, k and v as projections of their own (loaded into in_proj_qkv, adapted apart).
+    separate_qkv: bool = False
 
     @property
     def key_dim(self) -> int:
@@ -55,8 +61,15 @@ class LinearAttentionShape:
         if self.grouped_projections:
             return {"linear_attn.in_proj_qkvz": (hidden, 2 * self.key_dim + 2 * self.value_dim),
                     "linear_attn.in_proj_ba": (hidden, 2 * heads), **out}
-        return {"linear_attn.in_proj_qkv": (hidden, self.conv_dim), "linear_attn.in_proj_z": (hidden, self.value_dim),
-                "linear_attn.in_proj_b": (hidden, heads), "linear_attn.in_proj_a": (hidden, heads), **out}
+        qkv = {f"linear_attn.{p}_proj": (hidden, width) for p, width in zip("qkv", self.qkv_widths, strict=True)} \
+            if self.separate_qkv else {"linear_attn.in_proj_qkv": (hidden, self.conv_dim)}
+        return {**qkv, "linear_attn.in_proj_z": (hidden, self.value_dim), "linear_attn.in_proj_b": (hidden, heads),
+                "linear_attn.in_proj_a": (hidden, heads), **out}
+
+    @property
+    def qkv_widths(self) -> tuple[int, int, int]:
+        """q's, k's and v's widths, side by side in in_proj_qkv."""
+        return self.key_dim, self.key_dim, self.value_dim
 
 
 GATED_NORMS = ("gate_then_norm", "norm_then_gate", "gate")

@@ -30,6 +30,7 @@ from services.engine import (
     minimax,
     nanochat,
     nemotron_h,
+    olmo_hybrid,
     opt,
     xglm,
     zamba2,
@@ -200,7 +201,7 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
 
 
 _RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo, dbrx, codegen, xglm,
-                                            minimax, lara_mini)}
+                                            minimax, lara_mini, olmo_hybrid)}
 
 
 def lora_rows(ckpt: Checkpoint) -> Rows:

@@ -404,7 +404,7 @@ class DecoderLayer(nn.Module):
             if self.sublayer == "mlp":
                 self.mlp = _mlp(config, layer)
             return
-        self.pre_norms = config.pre_norms
+        self.pre_norms = config.pre_norms or layer in config.pre_norm_layers
         if self.pre_norms:
             self.input_layernorm = _gated_norm(config) if config.self_gated_norm_rank else norm()
         else:  # OLMo 2, EXAONE 4: the MLP's output is normed, and no sublayer's input
@@ -737,6 +737,8 @@ class LlamaForCausalLM(nn.Module):
         # types have their own); gate/up: halves of whatever width the target has.
         widths = {f"{name}.qkv_proj": (m.q_size, m.kv_size, m.v_size) for name, m in self.named_modules()
                   if hasattr(m, "qkv_proj") and hasattr(m, "v_size")}  # Gemma 4's too, v_size 0 where k is v
+        widths.update({f"{name}.in_proj_qkv": (m.shape.key_dim, m.shape.key_dim, m.shape.value_dim)
+                       for name, m in self.named_modules() if isinstance(m, GatedDeltaNet) and not m.grouped})
         fused_parts: dict[str, set[str]] = {}  # fused parameter -> parts copied into it
         experts: dict[str, set[tuple[int, str]]] = {}  # stacked expert parameter -> (expert, part) copied
         loaded: set[str] = set()
@@ -774,7 +776,8 @@ class LlamaForCausalLM(nn.Module):
             fused_parts.setdefault(target, set()).add(part)
         for target, parts in fused_parts.items():
             wide = widths.get(target.rsplit(".", 1)[0], (1, 1, 1))
-            missing = [p for p, width in (zip("qkv", wide, strict=True) if "qkv" in target else (("gate", 1), ("up", 1)))
+            qkv = bool(parts & {"q", "k", "v"})
+            missing = [p for p, width in (zip("qkv", wide, strict=True) if qkv else (("gate", 1), ("up", 1)))
                        if width and p not in parts]
             if missing:
                 raise KeyError(f"{target}: missing {missing} projection weights")
@@ -828,6 +831,9 @@ _FUSED = {
     "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
     "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
     "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
+    "linear_attn.q_proj": ("linear_attn.in_proj_qkv", "q"),  # OLMo Hybrid's Gated DeltaNet
+    "linear_attn.k_proj": ("linear_attn.in_proj_qkv", "k"),
+    "linear_attn.v_proj": ("linear_attn.in_proj_qkv", "v"),
     "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
     "mlp.up_proj": ("mlp.gate_up_proj", "up"),
     "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", "gate"),  # Qwen2-MoE

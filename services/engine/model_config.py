@@ -75,7 +75,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Ministral3ForCausalLM", AFMOE, "ExaoneMoeForCausalLM", *HUNYUANS)
 _OLMOS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 # RoPE in fp32, cast back after (transformers' cos and sin stay fp32 for these; Llama 4 rotates by complex fp32).
-_ROPE_IN_FP32 = ("OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "FlexOlmoForCausalLM", "Lfm3ForCausalLM",
+_ROPE_IN_FP32 = ("OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoHybridForCausalLM", "FlexOlmoForCausalLM", "Lfm3ForCausalLM",
                  "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "Llama4ForCausalLM")
 _POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # norms on sublayer outputs only
 # EXAONE 4 and K-EXAONE (its MoE, with pre-norms): local layers with RoPE and a window, global ones without.
@@ -148,6 +148,9 @@ class ModelConfig:
     # False: no norms on sublayer inputs, only on their outputs before the residual add (OLMo 2's
     # post_attention_layernorm and post_feedforward_layernorm).
     pre_norms: bool = True
+    # OLMo Hybrid: layers that take pre-norms where pre_norms is off (its linear layers; its attention layers
+    # post-norm as OLMo 2's).
+    pre_norm_layers: tuple[int, ...] = ()
     # Cohere (Command R, R+, R7B, A): LayerNorms (mean subtracted, no bias, in fp32) where the others have
     # RMSNorms (its q/k norms, with use_qk_norm, have a weight per head); one norm per layer, whose output both
     # attention and the MLP read, both adding to the stream (parallel_block); logits times logit_scale.
@@ -709,6 +712,9 @@ class ModelConfig:
             if getattr(self, name) and (self.mla or self.num_experts or self.linear_layers or self.sublayers):
                 raise ModelLoadError(f"{name} (BitNet's) are served in grouped-query attention and dense MLPs; not "
                                      "with latent attention, experts or linear-attention layers")
+        if self.pre_norm_layers and (self.pre_norms or self.parallel_block or self.sublayers
+                                     or not set(self.pre_norm_layers) <= set(range(self.num_hidden_layers))):
+            raise ModelLoadError(f"pre_norm_layers {self.pre_norm_layers} are layers of a post-norm model's")
         if self.ternary_weights not in (None, "packed", "scaled", "online"):
             raise ModelLoadError(f"ternary_weights must be packed, scaled or online, got {self.ternary_weights!r}")
         if self.normed_stream is not None and (len(self.normed_stream) != 6 or not self.pre_norms
@@ -763,6 +769,7 @@ class ModelConfig:
         """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's, OLMo 2's and GPT-OSS's
         order)."""
         return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "FlexOlmoForCausalLM",
+                                                              "OlmoHybridForCausalLM",
                                                               "GptOssForCausalLM", AFMOE, NEMOTRON_H, GEMMA4,
                                                               "FlintForCausalLM")
 

@@ -8,7 +8,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from services.engine import axk2, flint, laguna, lara_mini, lfm3, mamba, nanochat, nemotron_h, recurrent_gemma
+from services.engine import (
+    axk2,
+    flint,
+    laguna,
+    lara_mini,
+    lfm3,
+    mamba,
+    nanochat,
+    nemotron_h,
+    olmo_hybrid,
+    recurrent_gemma,
+)
 from services.engine.afmoe import ARCH as AFMOE
 from services.engine.afmoe import RENAMES as AFMOE_RENAMES
 from services.engine.biogpt import ARCH as BIOGPT
@@ -123,6 +134,7 @@ _BY_ARCHITECTURE = {
     MIMO_V2: ((".self_attn.attention_sink_bias", ".self_attn.sinks"),),  # its sliding layers' sinks
     nanochat.ARCH: nanochat.RENAMES, laguna.ARCH: laguna.RENAMES, flint.ARCH: flint.RENAMES,
     axk2.ARCH: axk2.RENAMES, recurrent_gemma.ARCH: recurrent_gemma.RENAMES, lara_mini.ARCH: lara_mini.RENAMES,
+    olmo_hybrid.ARCH: olmo_hybrid.RENAMES,
     # A.X K1: its MoE blocks' output norm, stored on the layer (transformers renames it so too).
     "AXK1ForCausalLM": ((".post_mlp_layernorm.", ".mlp.post_mlp_layernorm."),),
     # Kolibri-1: its routing bias and output norms as released, under GLM-4's names (renamed on from there).

@@ -82,6 +82,9 @@ CASES = {
     "gpt-neox-sequential": lambda: transformers.GPTNeoXConfig(
         use_parallel_residual=False, rotary_pct=0.5, **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
     # Persimmon: GPT-NeoX's pre-norm block of squared ReLUs, each head of q and k through a biased LayerNorm.
+    # OLMo Hybrid: OLMo 2's post-norm attention (the last layer) after pre-norm Gated DeltaNet layers of separate
+    # q/k/v/g/a/b projections, beta doubled, 12-wide keys and 24-wide values.
+    "olmo-hybrid": lambda: transformers.OlmoHybridConfig(pad_token_id=0, **COMMON),
     # BitNet b1.58: squared ReLUs, RMSNorms before o_proj and down_proj (its unpacked bf16 weights' form).
     "bitnet": lambda: transformers.BitNetConfig(**COMMON),
     "persimmon": lambda: transformers.PersimmonConfig(**{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
@@ -896,6 +899,8 @@ _FAMILY_ADAPTERS = {
     # Griffin's recurrent block's beside local attention's.
     "minimax": ["qkv_proj", "output_gate", "out_proj", "q_proj", "o_proj"],
     "recurrent-gemma": ["linear_x", "linear_y", "linear_out", "k_proj", "gate_proj"],
+    # OLMo Hybrid: q/k/v name attention's projections and Gated DeltaNet's alike (the latter loaded fused).
+    "olmo-hybrid": ["q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "o_proj", "up_proj"],
 }
 
 
