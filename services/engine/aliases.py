@@ -127,6 +127,15 @@ ALIASES = {
                   "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 128,
                   "max_position_embeddings": 4096, "rms_norm_eps": 1e-8, "bos_token_id": 1, "eos_token_id": 2},
         fields=lambda raw: {"rope_interleaved": True, "o_proj_bias": False}),
+    # Apertus 1.5's language model: Apertus over a vocabulary extended with image and audio codes, its output head
+    # pruned to the text tokens before them where output_vocab_size says so (head_vocab_size).
+    "Apertus1p5TextForCausalLM": Alias(
+        "ApertusForCausalLM",
+        defaults={"vocab_size": 266752, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "max_position_embeddings": 65536, "rms_norm_eps": 1e-5,
+                  "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3, "tie_word_embeddings": False},
+        fields=lambda raw: {"head_vocab_size": None if raw.get("output_vocab_size") in (None, raw["vocab_size"])
+                            else int(raw["output_vocab_size"])}),
     # BitNet b1.58 (Microsoft's 2B4T, and its bf16 master weights): Llama with squared ReLUs, an RMSNorm of
     # attention's output before o_proj and of the MLP's product before down_proj (sub_norms); its released ternary
     # weights, packed four to a byte, with activations rounded to 8 bits per token, are bitnet.py's.

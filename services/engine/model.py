@@ -574,7 +574,8 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config)
         self.rotary = RotaryEmbedding(config.full_attention)
         self.local_rotary = RotaryEmbedding(config, local=True) if config.local_rope_theta is not None else None
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias) if lm_head else None
+        self.lm_head = nn.Linear(config.hidden_size, config.head_vocab_size or config.vocab_size,
+                                 bias=config.lm_head_bias) if lm_head else None
         if config.tie_word_embeddings and lm_head:
             self.lm_head.weight = self.model.embed_tokens.weight
         # A sequence classifier's head (``score``, as transformers names it), applied to pooled hidden states.
@@ -637,6 +638,8 @@ class LlamaForCausalLM(nn.Module):
             logits = logits * c.logit_scale
         if c.final_softcap is not None:  # Gemma 2
             logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
+        if logits.shape[-1] < c.vocab_size:  # Apertus 1.5's pruned head: the other tokens never sampled
+            return F.pad(logits.float(), (0, c.vocab_size - logits.shape[-1]), value=float("-inf"))
         return logits.float()
 
     def _forward_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,

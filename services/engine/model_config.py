@@ -353,6 +353,9 @@ class ModelConfig:
     # compressed-tensors' kv_cache_scheme: each attention layer's calibrated key and value scales
     # (``self_attn.k_scale`` / ``v_scale``), used by a float8 KV pool (kv_quant.py) and set aside otherwise.
     kv_scales: bool = False
+    # Apertus 1.5 (output_vocab_size): its output head's rows, the vocabulary's first tokens (its image and audio
+    # codes past them are inputs only, never sampled: their logits -inf); None: every token.
+    head_vocab_size: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
@@ -712,6 +715,10 @@ class ModelConfig:
             if getattr(self, name) and (self.mla or self.num_experts or self.linear_layers or self.sublayers):
                 raise ModelLoadError(f"{name} (BitNet's) are served in grouped-query attention and dense MLPs; not "
                                      "with latent attention, experts or linear-attention layers")
+        if self.head_vocab_size is not None and not (0 < self.head_vocab_size <= self.vocab_size
+                                                     and not self.tie_word_embeddings):
+            raise ModelLoadError(f"config.json: output_vocab_size {self.head_vocab_size} must be between 1 and "
+                                 f"vocab_size ({self.vocab_size}), with an output head of its own (not tied)")
         if self.pre_norm_layers and (self.pre_norms or self.parallel_block or self.sublayers
                                      or not set(self.pre_norm_layers) <= set(range(self.num_hidden_layers))):
             raise ModelLoadError(f"pre_norm_layers {self.pre_norm_layers} are layers of a post-norm model's")
@@ -900,7 +907,7 @@ class ModelConfig:
                 sliding_window=window if sliding_layers != () else None,
                 sliding_layers=sliding_layers or None,
                 hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act")
-                               or ("relu2" if arch == "ArceeForCausalLM" else "silu")),
+                               or {"ArceeForCausalLM": "relu2", "ApertusForCausalLM": "xielu"}.get(arch, "silu")),
                 mlp_gated=arch not in ("ArceeForCausalLM", "ApertusForCausalLM"),
                 mlp_bias=mlp_bias,
                 embed_scale=float(raw["hidden_size"]) ** 0.5 if gemma or (arch == AFMOE and raw.get("mup_enabled"))

@@ -288,7 +288,7 @@ def test_phi_3_5_moe_as_published():
     ("DeepseekV32ForCausalLM", "DeepseekV32Config"), ("GlmMoeDsaForCausalLM", "GlmMoeDsaConfig"),
     ("AXK2ForCausalLM", "AXK2Config"), ("MiniMaxForCausalLM", "MiniMaxConfig"),
     ("RecurrentGemmaForCausalLM", "RecurrentGemmaConfig"), ("LaraMiniForCausalLM", "LaraMiniConfig"), ("BitNetForCausalLM", "BitNetConfig"),
-    ("OlmoHybridForCausalLM", "OlmoHybridConfig")])
+    ("OlmoHybridForCausalLM", "OlmoHybridConfig"), ("Apertus1p5TextForCausalLM", "Apertus1p5TextConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -588,3 +588,14 @@ def test_the_new_fields_of_xglm_minimax_and_axk2_are_checked():
         dataclasses.replace(axk2, self_gated_norm_rank=-1)
     with pytest.raises(ModelLoadError, match="mla_query_gate gates latent attention's heads"):
         dataclasses.replace(xglm, mla_query_gate=True)
+
+
+def test_apertus_1_5_reads_its_pruned_head_and_refuses_one_it_cannot_hold():
+    """output_vocab_size: the output head's rows (the text tokens); image and audio codes past them are inputs only."""
+    raw = {"architectures": ["Apertus1p5TextForCausalLM"], "output_vocab_size": 131072}
+    config = ModelConfig.from_dict(raw)
+    assert (config.head_vocab_size, config.vocab_size, config.hidden_act) == (131072, 266752, "xielu")
+    assert ModelConfig.from_dict({**raw, "output_vocab_size": None}).head_vocab_size is None
+    for bad in ({"output_vocab_size": 300000}, {"output_vocab_size": 0}, {"tie_word_embeddings": True}):
+        with pytest.raises(ModelLoadError, match="output_vocab_size"):
+            ModelConfig.from_dict({**raw, **bad})

@@ -82,6 +82,9 @@ CASES = {
     "gpt-neox-sequential": lambda: transformers.GPTNeoXConfig(
         use_parallel_residual=False, rotary_pct=0.5, **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
     # Persimmon: GPT-NeoX's pre-norm block of squared ReLUs, each head of q and k through a biased LayerNorm.
+    # Apertus 1.5's language model: Apertus with its output head pruned to the first 3000 tokens (the others,
+    # image and audio codes, are inputs only).
+    "apertus1.5": lambda: transformers.Apertus1p5TextConfig(output_vocab_size=3000, **COMMON),
     # OLMo Hybrid: OLMo 2's post-norm attention (the last layer) after pre-norm Gated DeltaNet layers of separate
     # q/k/v/g/a/b projections, beta doubled, 12-wide keys and 24-wide values.
     "olmo-hybrid": lambda: transformers.OlmoHybridConfig(pad_token_id=0, **COMMON),
