@@ -17,6 +17,7 @@ from typing import Any
 
 from services.common.errors import ModelLoadError
 from services.engine import (
+    aria,
     axk2,
     biogpt,
     bloom,
@@ -127,6 +128,8 @@ ALIASES = {
                   "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 128,
                   "max_position_embeddings": 4096, "rms_norm_eps": 1e-8, "bos_token_id": 1, "eos_token_id": 2},
         fields=lambda raw: {"rope_interleaved": True, "o_proj_bias": False}),
+    # Aria's language model (aria.py): Mixtral with a shared MLP beside its experts, stacked as released.
+    aria.ARCH: Alias("MixtralForCausalLM", aria.NAMES, aria.DEFAULTS, aria.IGNORED, fields=aria.fields),
     # Apertus 1.5's language model: Apertus over a vocabulary extended with image and audio codes, its output head
     # pruned to the text tokens before them where output_vocab_size says so (head_vocab_size).
     "Apertus1p5TextForCausalLM": Alias(

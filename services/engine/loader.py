@@ -14,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 
 from services.common.errors import ModelLoadError
 from services.engine import (
+    aria,
     bloom,
     codegen,
     dbrx,
@@ -201,7 +202,7 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
 
 
 _RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo, dbrx, codegen, xglm,
-                                            minimax, lara_mini, olmo_hybrid)}
+                                            minimax, lara_mini, olmo_hybrid, aria)}
 
 
 def lora_rows(ckpt: Checkpoint) -> Rows:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from services.engine import (
+    aria,
     axk2,
     flint,
     laguna,
@@ -134,7 +135,7 @@ _BY_ARCHITECTURE = {
     MIMO_V2: ((".self_attn.attention_sink_bias", ".self_attn.sinks"),),  # its sliding layers' sinks
     nanochat.ARCH: nanochat.RENAMES, laguna.ARCH: laguna.RENAMES, flint.ARCH: flint.RENAMES,
     axk2.ARCH: axk2.RENAMES, recurrent_gemma.ARCH: recurrent_gemma.RENAMES, lara_mini.ARCH: lara_mini.RENAMES,
-    olmo_hybrid.ARCH: olmo_hybrid.RENAMES,
+    olmo_hybrid.ARCH: olmo_hybrid.RENAMES, aria.ARCH: aria.RENAMES,
     # A.X K1: its MoE blocks' output norm, stored on the layer (transformers renames it so too).
     "AXK1ForCausalLM": ((".post_mlp_layernorm.", ".mlp.post_mlp_layernorm."),),
     # Kolibri-1: its routing bias and output norms as released, under GLM-4's names (renamed on from there).

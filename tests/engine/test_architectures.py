@@ -82,6 +82,10 @@ CASES = {
     "gpt-neox-sequential": lambda: transformers.GPTNeoXConfig(
         use_parallel_residual=False, rotary_pct=0.5, **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
     # Persimmon: GPT-NeoX's pre-norm block of squared ReLUs, each head of q and k through a biased LayerNorm.
+    # Aria's language model: experts by the softmax of the top-2 logits beside an ungated shared MLP two experts
+    # wide, its experts stacked [experts, in, out] (transposed as they load).
+    "aria-text": lambda: transformers.AriaTextConfig(moe_num_experts=4, moe_topk=2, moe_num_shared_experts=2,
+                                                     **{**COMMON, "intermediate_size": 32}),
     # Apertus 1.5's language model: Apertus with its output head pruned to the first 3000 tokens (the others,
     # image and audio codes, are inputs only).
     "apertus1.5": lambda: transformers.Apertus1p5TextConfig(output_vocab_size=3000, **COMMON),
@@ -831,9 +835,10 @@ def test_mixture_of_experts_layers_are_read_as_transformers_builds_them(checkpoi
         ffn = model.config.ffn_config
         assert (config.num_experts, config.num_experts_per_tok) == (ffn.moe_num_experts, ffn.moe_top_k)
     elif any(routed):
-        names = ("num_experts", "num_local_experts", "n_routed_experts")  # as each architecture names it
+        names = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")  # as each names it
         assert config.num_experts == next(getattr(model.config, n) for n in names if hasattr(model.config, n))
-        assert config.num_experts_per_tok == model.config.num_experts_per_tok
+        top_k = getattr(model.config, "moe_topk", None) or model.config.num_experts_per_tok  # Aria's moe_topk
+        assert config.num_experts_per_tok == top_k
 
 
 def test_attention_adapters_on_a_mixture_of_experts_model_match_peft(tmp_path, tiny_model_dir):
@@ -904,6 +909,7 @@ _FAMILY_ADAPTERS = {
     "recurrent-gemma": ["linear_x", "linear_y", "linear_out", "k_proj", "gate_proj"],
     # OLMo Hybrid: q/k/v name attention's projections and Gated DeltaNet's alike (the latter loaded fused).
     "olmo-hybrid": ["q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "o_proj", "up_proj"],
+    "aria-text": ["q_proj", "o_proj", "gate_proj", "down_proj"],  # the shared MLP's (shared_experts)
 }
 
 

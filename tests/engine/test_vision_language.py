@@ -122,6 +122,12 @@ CASES = {
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                            image_size=28, patch_size=14, vision_output_dim=32, projector_input_dim=32,
                            projector_output_dim=32)),
+    # Aria: its language model's experts as released (mlp.experts.fc1 / fc2, [experts, in, out]).
+    "aria": lambda: transformers.AriaConfig(
+        text_config=dict(model_type="aria_text", moe_num_experts=4, moe_topk=2, moe_num_shared_experts=2,
+                         **{**COMMON, "intermediate_size": 32}),
+        vision_config=dict(_VISION, model_type="idefics3_vision"), projector_patch_to_query_dict={1: 4, 4: 4},
+        image_token_id=5),
     # Apertus 1.5: images and audio come in as tokens (from tokenizers of their own, skipped here); its output head
     # pruned to the text tokens, the first 3000.
     "apertus1.5": lambda: transformers.Apertus1p5Config(
