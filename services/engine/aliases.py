@@ -128,6 +128,14 @@ ALIASES = {
                   "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 128,
                   "max_position_embeddings": 4096, "rms_norm_eps": 1e-8, "bos_token_id": 1, "eos_token_id": 2},
         fields=lambda raw: {"rope_interleaved": True, "o_proj_bias": False}),
+    # Emu3's language model (BAAI's Emu3-Chat and -Gen, whose images are tokens of its vocabulary): Llama.
+    "Emu3ForCausalLM": Alias(
+        "LlamaForCausalLM",
+        defaults={"vocab_size": 184622, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 9216,
+                  "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "bos_token_id": 151849, "eos_token_id": 151850,
+                  "pad_token_id": 151643, "tie_word_embeddings": False},
+        ignored=("attention_dropout",)),
     # Aria's language model (aria.py): Mixtral with a shared MLP beside its experts, stacked as released.
     aria.ARCH: Alias("MixtralForCausalLM", aria.NAMES, aria.DEFAULTS, aria.IGNORED, fields=aria.fields),
     # Apertus 1.5's language model: Apertus over a vocabulary extended with image and audio codes, its output head

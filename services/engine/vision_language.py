@@ -1,6 +1,6 @@
 """Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Gemma 4 (and its audio), Mistral Small 3.x (Mistral3),
 LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 (dense and MoE), GLM-4.1V, GLM-4.5V, GLM-4.6V, Llama 4, Aya Vision,
-Command A Vision, Aria and Apertus 1.5 (whose image and audio tokenizers are skipped alike).
+Command A Vision, Aria, Emu3 and Apertus 1.5 (whose image and audio tokenizers are skipped alike).
 Text in, text out; the vision tower is not loaded (the chat API refuses image parts, naming them).
 
 Why this is exact: with no image in the prompt, each of these models runs its language model alone on the
@@ -11,8 +11,9 @@ interleaving.
 The config is ``text_config`` (or the top level, in Qwen2-VL's older flat configs) read as the text
 architecture's, with that architecture's transformers defaults for the shape fields a published config
 leaves out (gemma-3-4b-it names neither its vocabulary nor its heads). The weights live under
-``language_model.model.`` (as transformers saves most of these), ``model.language_model.`` (Qwen3-VL) or
-``model.`` (Qwen2.5-VL); ``language_model.lm_head.`` or ``lm_head.`` hold the output head. Everything else
+``language_model.model.`` (as transformers saves most of these), ``model.language_model.`` (Qwen3-VL),
+``text_model.model.`` (Emu3) or ``model.`` (Qwen2.5-VL); ``language_model.lm_head.``, ``text_model.lm_head.`` or
+``lm_head.`` hold the output head. Everything else
 (``vision_tower.``, ``visual.``, ``multi_modal_projector.``, ``image_newline``) is the vision side, skipped.
 """
 
@@ -48,6 +49,8 @@ VISION_LANGUAGE = {
     "AyaVisionForConditionalGeneration": None,
     "Cohere2VisionForConditionalGeneration": None,
     "AriaForConditionalGeneration": "AriaTextForCausalLM",
+    # Emu3: images are tokens of its vocabulary (its VQ-VAE, which makes them, is skipped).
+    "Emu3ForConditionalGeneration": "Emu3ForCausalLM",
     # Apertus 1.5: images and audio come in as tokens of the vocabulary (their tokenizers are not loaded).
     "Apertus1p5ForConditionalGeneration": "Apertus1p5TextForCausalLM",
 }
@@ -76,7 +79,8 @@ TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
 # Fields of the checkpoint's own config its language model takes when text_config lacks them.
 _INHERITED = ("torch_dtype", "dtype", "quantization_config", "bos_token_id", "eos_token_id")
 _TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-                  ("model.language_model.", "model."))
+                  ("model.language_model.", "model."), ("text_model.model.", "model."),  # Emu3's
+                  ("text_model.lm_head.", "lm_head."))
 _TEXT_NAMES = ("model.embed_tokens.", "model.layers.", "model.norm.", "lm_head.")
 
 

@@ -128,6 +128,12 @@ CASES = {
                          **{**COMMON, "intermediate_size": 32}),
         vision_config=dict(_VISION, model_type="idefics3_vision"), projector_patch_to_query_dict={1: 4, 4: 4},
         image_token_id=5),
+    # Emu3: Llama under text_model (its VQ-VAE, which turns images into tokens, skipped).
+    "emu3": lambda: transformers.Emu3Config(
+        text_config={**COMMON, "pad_token_id": 0},
+        vq_config=dict(codebook_size=64, base_channels=32, channel_multiplier=[1, 1], num_res_blocks=1,
+                       attn_resolutions=[], hidden_size=32, embed_dim=4, latent_channels=4),
+        vocabulary_map={"<image>": 5, "<|visual token 000000|>": 6}),
     # Apertus 1.5: images and audio come in as tokens (from tokenizers of their own, skipped here); its output head
     # pruned to the text tokens, the first 3000.
     "apertus1.5": lambda: transformers.Apertus1p5Config(
