@@ -19,6 +19,7 @@ from services.common.errors import ModelLoadError
 from services.engine import (
     aria,
     axk2,
+    beam,
     biogpt,
     bloom,
     codegen,
@@ -136,6 +137,10 @@ ALIASES = {
                   "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "bos_token_id": 151849, "eos_token_id": 151850,
                   "pad_token_id": 151643, "tie_word_embeddings": False},
         ignored=("attention_dropout",)),
+    # Beam (beam.py): GLM-4.5's routing under Qwen3-MoE's attention, sandwich norms joined by depth-scaled adds,
+    # RoPE in sliding layers only, gated attention.
+    beam.ARCH: Alias("Glm4MoeForCausalLM", beam.NAMES, beam.DEFAULTS, beam.IGNORED, mlp_layers="mlp_layer_types",
+                     rewrite=beam.rewrite, fields=beam.fields),
     # Aria's language model (aria.py): Mixtral with a shared MLP beside its experts, stacked as released.
     aria.ARCH: Alias("MixtralForCausalLM", aria.NAMES, aria.DEFAULTS, aria.IGNORED, fields=aria.fields),
     # Apertus 1.5's language model: Apertus over a vocabulary extended with image and audio codes, its output head

@@ -17,6 +17,7 @@ tiny model a 64-decode pass is ~1.6 ms, and the modules' calls and attribute loo
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
@@ -214,6 +215,7 @@ class Attention(nn.Module):
         self.gate_proj = None if config.attn_output_gate is None else nn.Linear(
             config.hidden_size, self.heads if self.gate_per_head else self.q_size,
             bias=config.attn_output_gate == "in_query" and config.attention_bias)
+        self.gate_bias = nn.Parameter(torch.zeros(self.heads)) if config.attn_gate_head_bias else None  # Beam's
         # GPT-OSS: a learned logit per head that joins its softmax (attention.py).
         self.sinks = nn.Parameter(torch.empty(self.heads)) if config.attention_sinks and (
             config.sink_layers is None or layer in config.sink_layers) else None
@@ -295,6 +297,8 @@ class Attention(nn.Module):
         o = o.reshape(t, self.q_size) if self.value_dim == self.head_dim else o[..., : self.value_dim].reshape(t, -1)
         if self.gate_proj is not None:
             gate = adapted(self.gate_proj, x, lora, self.layer, "self_attn.gate_proj")
+            if self.gate_bias is not None:  # one per head, over its features
+                gate = (gate.view(t, self.heads, -1) + self.gate_bias[:, None]).view(t, -1)
             gate = F.softplus(gate.float()).to(gate.dtype) if self.gate_softplus else torch.sigmoid(gate)
             o = (o.view(t, self.heads, -1) * gate[..., None]).view(t, -1) if self.gate_per_head else o * gate
         if self.attn_sub_norm is not None:
@@ -321,6 +325,9 @@ def query_scales(config: ModelConfig, positions: torch.Tensor, dtype: torch.dtyp
     if config.nope_temperature is not None:
         floor_scale, attn_scale = config.nope_temperature
         nope = (torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None, None]
+    if config.nope_query_power is not None:  # Beam's
+        power, scale = config.nope_query_power
+        nope = torch.exp(power * torch.log1p((positions.float() + 1) / scale))[:, None, None]
     if config.q_position_scale is not None:
         beta, period = config.q_position_scale
         rope = (1 + beta * torch.log(1 + torch.floor(positions.float() / period)))[:, None, None].to(dtype)
@@ -420,6 +427,9 @@ class DecoderLayer(nn.Module):
                 else norm()
         self.mlp = _mlp(config, layer)
         self.sandwich = config.sandwich_norms
+        # Beam: (out's, the stream's) factors of attention's and of the MLP's depth-scaled adds.
+        self.depth_scales = None if not config.depth_scaled_residuals else tuple(
+            (1 / math.sqrt(n), math.sqrt((n - 1) / n)) for n in (2 * (layer + 1), 2 * (layer + 1) + 1))
         self.residual_scale = config.residual_scale
         # MiniMax-Text-01: (attention's alpha, beta, the MLP's alpha, beta) of its normed stream, by the layer's kind.
         factors = config.normed_stream
@@ -476,6 +486,11 @@ class DecoderLayer(nn.Module):
             h, cos, sin, batch, kv, lora, q_mult)
         if self.sandwich:  # the attention's output is normed before it joins the stream, the MLP's too
             h, _ = self.post_attention_layernorm(h)
+            if self.depth_scales is not None:  # Beam: each add weighs the output and the stream by depth
+                (attn_out, attn_stream), (mlp_out, mlp_stream) = self.depth_scales
+                stream = h * attn_out + residual * attn_stream
+                h, _ = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm._norm(stream), lora))
+                return h * mlp_out, stream * mlp_stream
             if self.residual_scale != 1.0:  # HyperCLOVA X: Granite's scale after the norm
                 h = h * self.residual_scale
             h, residual = self.pre_feedforward_layernorm(h, residual)

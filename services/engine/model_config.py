@@ -297,6 +297,14 @@ class ModelConfig:
     # Hunyuan: the per-head q/k norms come after RoPE rather than before it.
     qk_norm_after_rope: bool = False
     nope_temperature: tuple[float, float] | None = None
+    # Beam: its NoPE layers' queries times exp(power * log1p((p + 1) / scale)), in fp32 ((power, scale); None: not
+    # scaled).
+    nope_query_power: tuple[float, float] | None = None
+    # Beam: each sublayer's (sandwich-normed) output joins the stream as out / sqrt(n) + stream * sqrt((n - 1) / n),
+    # n = 2(l + 1) for layer l's attention, one more for its MLP.
+    depth_scaled_residuals: bool = False
+    # Beam: a bias per head added to the output gate's projection (self_attn.gate_bias) before its sigmoid.
+    attn_gate_head_bias: bool = False
     # Multi-head latent attention (DeepSeek-V3, Kimi K2; mla.py), when kv_lora_rank > 0: the KV cache holds one
     # latent per token (kv_lora_rank features, then qk_rope_head_dim rotated ones: head_dim, one KV head);
     # queries go through a q_lora_rank bottleneck (None: one projection); each head's key has
@@ -520,6 +528,14 @@ class ModelConfig:
         if self.attn_output_gate not in (None, "own", "in_query", "per_head"):
             raise ModelLoadError(f"attn_output_gate must be 'own', 'in_query', 'per_head' or None, got "
                                  f"{self.attn_output_gate!r}")
+        if self.attn_gate_head_bias and self.attn_output_gate != "own":
+            raise ModelLoadError("attn_gate_head_bias is a gate's: set attn_output_gate 'own' too")
+        if self.depth_scaled_residuals and not self.sandwich_norms:
+            raise ModelLoadError("depth_scaled_residuals join sandwich-normed outputs: set sandwich_norms too")
+        if self.nope_query_power is not None and (self.nope_temperature is not None or len(self.nope_query_power) != 2
+                                                  or not self.nope_query_power[1] > 0):
+            raise ModelLoadError(f"nope_query_power {self.nope_query_power} must be (power, scale > 0), and not beside "
+                                 "nope_temperature")
         if self.attn_gate_softplus and self.attn_output_gate not in ("own", "per_head"):
             raise ModelLoadError("attn_gate_softplus is a gate's: set attn_output_gate 'own' or 'per_head' too")
         if self.mla_query_gate and not (self.mla and self.q_lora_rank):
@@ -744,6 +760,7 @@ class ModelConfig:
                 and self.pre_norms and self.attn_scale is None
                 and self.final_softcap is None and self.residual_scale == 1.0 and self.logits_divisor == 1.0
                 and not self.moe_biases and self.swiglu_limit is None and self.nope_temperature is None
+                and self.nope_query_power is None and not self.depth_scaled_residuals
                 and self.q_position_scale is None and not self.layer_norm and not self.parallel_block
                 and not self.mlp_bias and not self.lm_head_bias and not self.sublayers
                 and self.learned_positions is None and self.alibi_bias_max is None and not self.embed_norm
@@ -776,7 +793,7 @@ class ModelConfig:
         """RMSNorm weights applied before the cast back to a low-precision dtype (Gemma's, OLMo 2's and GPT-OSS's
         order)."""
         return self.norm_unit_offset or self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "FlexOlmoForCausalLM",
-                                                              "OlmoHybridForCausalLM",
+                                                              "OlmoHybridForCausalLM", "BeamForCausalLM",
                                                               "GptOssForCausalLM", AFMOE, NEMOTRON_H, GEMMA4,
                                                               "FlintForCausalLM")
 

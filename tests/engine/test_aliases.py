@@ -289,7 +289,8 @@ def test_phi_3_5_moe_as_published():
     ("AXK2ForCausalLM", "AXK2Config"), ("MiniMaxForCausalLM", "MiniMaxConfig"),
     ("RecurrentGemmaForCausalLM", "RecurrentGemmaConfig"), ("LaraMiniForCausalLM", "LaraMiniConfig"), ("BitNetForCausalLM", "BitNetConfig"),
     ("OlmoHybridForCausalLM", "OlmoHybridConfig"), ("Apertus1p5TextForCausalLM", "Apertus1p5TextConfig"),
-    ("AriaTextForCausalLM", "AriaTextConfig"), ("Emu3ForCausalLM", "Emu3TextConfig")])
+    ("AriaTextForCausalLM", "AriaTextConfig"), ("Emu3ForCausalLM", "Emu3TextConfig"),
+    ("BeamForCausalLM", "BeamConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""

@@ -82,6 +82,13 @@ CASES = {
     "gpt-neox-sequential": lambda: transformers.GPTNeoXConfig(
         use_parallel_residual=False, rotary_pct=0.5, **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
     # Persimmon: GPT-NeoX's pre-norm block of squared ReLUs, each head of q and k through a biased LayerNorm.
+    # Beam: sandwich norms joined by depth-scaled adds, a sliding layer that rotates around a full one that does not
+    # (its queries scaled by position), gated attention with a bias per head, GLM-4.5's grouped sigmoid routing
+    # after a dense layer, soft-capped logits.
+    "beam": lambda: transformers.BeamConfig(
+        head_dim=16, sliding_window=24, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, n_group=2,
+        topk_group=1, mlp_layer_types=["dense", "sparse", "sparse"],
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], **COMMON),
     # Aria's language model: experts by the softmax of the top-2 logits beside an ungated shared MLP two experts
     # wide, its experts stacked [experts, in, out] (transposed as they load).
     "aria-text": lambda: transformers.AriaTextConfig(moe_num_experts=4, moe_topk=2, moe_num_shared_experts=2,
@@ -1229,7 +1236,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
     elif model.config.model_type == "cohere2_moe":  # nor Command A MoE's, but a dense prefix's forced to rotate
         want = tuple(i for i, layer in enumerate(model.model.layers) if layer.self_attn.sliding_window is None
                      and not layer.self_attn.force_rope)
-    elif model.config.model_type in ("flint", "lara_mini"):  # only their sliding layers rotate
+    elif model.config.model_type in ("flint", "lara_mini", "beam"):  # only their sliding layers rotate
         want = tuple(i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention")
     elif model.config.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type "rope"
         want = () if model.config.position_embedding_type == "rope" else tuple(range(3))
