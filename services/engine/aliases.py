@@ -33,6 +33,7 @@ from services.engine import (
     gpt_bigcode,
     gpt_neo,
     gpt_neox,
+    gpt_neox_japanese,
     gptj,
     granite_swa,
     jamba,
@@ -227,6 +228,12 @@ ALIASES = {
     # attention and the MLP side by side on norms of their own.
     gpt_neox.ARCH: Alias("LlamaForCausalLM", gpt_neox.NAMES, gpt_neox.DEFAULTS, gpt_neox.IGNORED,
                          rewrite=lambda raw: gpt_neox.rewrite(_partial_rotary_aside(raw, 0.25)), fields=gpt_neox.fields),
+    # GPT-NeoX Japanese (gpt_neox_japanese.py): GPT-NeoX's pre-norm block without biases but the last layer's
+    # attention output's.
+    gpt_neox_japanese.ARCH: Alias("LlamaForCausalLM", gpt_neox_japanese.NAMES, gpt_neox_japanese.DEFAULTS,
+                                  gpt_neox_japanese.IGNORED,
+                                  rewrite=lambda raw: _partial_rotary_aside(gpt_neox_japanese.rewrite(raw), 1.0),
+                                  fields=gpt_neox_japanese.fields),
     # Persimmon (persimmon.py): GPT-NeoX's pre-norm block of squared ReLUs, each head of q and k LayerNormed.
     persimmon.ARCH: Alias("LlamaForCausalLM", persimmon.NAMES, persimmon.DEFAULTS, persimmon.IGNORED,
                           rewrite=lambda raw: persimmon.rewrite(_partial_rotary_aside(raw, 0.5)),

@@ -23,6 +23,7 @@ from services.engine import (
     gpt_bigcode,
     gpt_neo,
     gpt_neox,
+    gpt_neox_japanese,
     gptj,
     kimi_linear,
     lara_mini,
@@ -202,7 +203,7 @@ def _arranged(weights: Iterator[tuple[str, torch.Tensor]], ckpt: Checkpoint) -> 
 
 
 _RELEASED_LAYOUTS = {m.ARCH: m for m in (gpt_neox, opt, gpt2, gptj, gpt_bigcode, bloom, gpt_neo, dbrx, codegen, xglm,
-                                            minimax, lara_mini, olmo_hybrid, aria)}
+                                            minimax, lara_mini, olmo_hybrid, aria, gpt_neox_japanese)}
 
 
 def lora_rows(ckpt: Checkpoint) -> Rows:

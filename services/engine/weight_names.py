@@ -12,6 +12,7 @@ from services.engine import (
     aria,
     axk2,
     flint,
+    gpt_neox_japanese,
     laguna,
     lara_mini,
     lfm3,
@@ -135,7 +136,7 @@ _BY_ARCHITECTURE = {
     MIMO_V2: ((".self_attn.attention_sink_bias", ".self_attn.sinks"),),  # its sliding layers' sinks
     nanochat.ARCH: nanochat.RENAMES, laguna.ARCH: laguna.RENAMES, flint.ARCH: flint.RENAMES,
     axk2.ARCH: axk2.RENAMES, recurrent_gemma.ARCH: recurrent_gemma.RENAMES, lara_mini.ARCH: lara_mini.RENAMES,
-    olmo_hybrid.ARCH: olmo_hybrid.RENAMES, aria.ARCH: aria.RENAMES,
+    olmo_hybrid.ARCH: olmo_hybrid.RENAMES, aria.ARCH: aria.RENAMES, gpt_neox_japanese.ARCH: gpt_neox_japanese.RENAMES,
     # A.X K1: its MoE blocks' output norm, stored on the layer (transformers renames it so too).
     "AXK1ForCausalLM": ((".post_mlp_layernorm.", ".mlp.post_mlp_layernorm."),),
     # Kolibri-1: its routing bias and output norms as released, under GLM-4's names (renamed on from there).

@@ -290,7 +290,7 @@ def test_phi_3_5_moe_as_published():
     ("RecurrentGemmaForCausalLM", "RecurrentGemmaConfig"), ("LaraMiniForCausalLM", "LaraMiniConfig"), ("BitNetForCausalLM", "BitNetConfig"),
     ("OlmoHybridForCausalLM", "OlmoHybridConfig"), ("Apertus1p5TextForCausalLM", "Apertus1p5TextConfig"),
     ("AriaTextForCausalLM", "AriaTextConfig"), ("Emu3ForCausalLM", "Emu3TextConfig"),
-    ("BeamForCausalLM", "BeamConfig")])
+    ("BeamForCausalLM", "BeamConfig"), ("GPTNeoXJapaneseForCausalLM", "GPTNeoXJapaneseConfig")])
 def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, hf_config):
     """A config.json naming only the architecture reads with the shape transformers' config class defaults to
     (the aliases' defaults tables checked against transformers')."""
@@ -315,8 +315,10 @@ def test_an_aliased_architecture_named_alone_takes_transformers_defaults(arch, h
     assert config.rms_norm_eps == pytest.approx(eps)
     if not config.num_experts:
         # Falcon's ffn_hidden_size, OPT's ffn_dim, GPT-2's n_inner (None: four times the hidden size)
-        width = next(getattr(hf, n) for n in ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner")
-                     if hasattr(hf, n))
+        width = next((getattr(hf, n) for n in ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner")
+                      if hasattr(hf, n)), "multiple")
+        if width == "multiple":  # GPT-NeoX Japanese's: a multiple of the hidden size
+            width = hf.hidden_size * hf.intermediate_multiple_size
         if arch == "RecurrentGemmaForCausalLM":  # its MLP is half intermediate_size wide
             width //= 2
         assert config.intermediate_size == (width or 4 * hf.hidden_size)

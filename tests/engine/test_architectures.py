@@ -99,6 +99,11 @@ CASES = {
     # OLMo Hybrid: OLMo 2's post-norm attention (the last layer) after pre-norm Gated DeltaNet layers of separate
     # q/k/v/g/a/b projections, beta doubled, 12-wide keys and 24-wide values.
     "olmo-hybrid": lambda: transformers.OlmoHybridConfig(pad_token_id=0, **COMMON),
+    # GPT-NeoX Japanese: GPT-NeoX's pre-norm block without biases but the last layer's attention output's, RoPE over
+    # half of each head here, tied embeddings.
+    "gpt-neox-japanese": lambda: transformers.GPTNeoXJapaneseConfig(
+        rotary_pct=0.5, intermediate_multiple_size=2, **{k: v for k, v in COMMON.items()
+                                                        if k not in ("num_key_value_heads", "intermediate_size")}),
     # BitNet b1.58: squared ReLUs, RMSNorms before o_proj and down_proj (its unpacked bf16 weights' form).
     "bitnet": lambda: transformers.BitNetConfig(**COMMON),
     "persimmon": lambda: transformers.PersimmonConfig(**{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),
