@@ -1272,7 +1272,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
                                   "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4",
                                   "mimo-v2-flash", "mellum", "nanochat", "hy3", "kolibri1", "biogpt", "persimmon",
-                                  "bitnet"])
+                                  "bitnet", "qwen3.5"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
@@ -1292,7 +1292,9 @@ def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir)
     # Loaded in bf16 (a model cast with .to() would round its RoPE frequencies too).
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
     engine = OfflineEngine(EngineConfig(model=str(tmp_path), dtype="bfloat16"), SchedulerConfig(chunk_size=512))
-    layer = engine.runner.model.model.layers[1]  # an attention layer in each
+    layers = engine.runner.model.model.layers  # an attention layer: the second, or the first there is
+    layer = layers[1] if hasattr(layers[1], "self_attn") or hasattr(layers[1], "shared_transformer") else next(
+        x for x in layers if hasattr(x, "self_attn"))
     if name in ("qwen3-next", "gemma3"):
         assert layer.input_layernorm.weight.dtype == layer.self_attn.q_norm.weight.dtype == torch.float32
     attn = getattr(layer, "shared_transformer", layer).self_attn  # Zamba2's attends in its shared block
