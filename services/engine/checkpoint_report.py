@@ -166,6 +166,9 @@ def _quantization(config: ModelConfig) -> str:
         weights = f"INT{config.packed_int_bits} weights, dequantized as they load"
     elif config.fp8_scales:
         weights = "FP8 weights, dequantized as they load"
+    elif config.ternary_weights:
+        weights = (f"BitNet ternary weights ({config.ternary_weights}), dequantized as they load; each projection's "
+                   "input rounded to 8 bits per token")
     else:
         return kv if config.kv_scales else "none"
     return f"{weights}; {kv}" if config.kv_scales else weights

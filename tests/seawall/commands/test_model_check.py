@@ -131,3 +131,11 @@ def test_a_checkpoint_with_calibrated_kv_scales_says_when_they_apply(tmp_path, t
     config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "dense", "kv_cache_scheme": kv}
     facts = report(_dir(tmp_path, config, tiny_model_dir))
     assert facts["served"] and facts["quantization"] == "calibrated FP8 KV scales (used with --kv-cache-dtype fp8)"
+
+
+def test_a_ternary_checkpoint_says_how_it_is_served(tmp_path, tiny_model_dir):
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitnet", "linear_class": "bitlinear"}
+    facts = report(_dir(tmp_path, config, tiny_model_dir))
+    assert facts["quantization"] == ("BitNet ternary weights (packed), dequantized as they load; each projection's "
+                                     "input rounded to 8 bits per token")
