@@ -24,6 +24,7 @@ from services.engine import (
     bloom,
     codegen,
     cohere2_moe,
+    cohere_compass,
     dbrx,
     falcon,
     falcon_h1,
@@ -142,6 +143,9 @@ ALIASES = {
     # RoPE in sliding layers only, gated attention.
     beam.ARCH: Alias("Glm4MoeForCausalLM", beam.NAMES, beam.DEFAULTS, beam.IGNORED, mlp_layers="mlp_layer_types",
                      rewrite=beam.rewrite, fields=beam.fields),
+    # Cohere's Compass (cohere_compass.py): Cohere 2 with RoPE per layer type, halves rotated.
+    cohere_compass.ARCH: Alias("Cohere2ForCausalLM", cohere_compass.NAMES, cohere_compass.DEFAULTS,
+                               cohere_compass.IGNORED, rewrite=cohere_compass.rewrite, fields=cohere_compass.fields),
     # Aria's language model (aria.py): Mixtral with a shared MLP beside its experts, stacked as released.
     aria.ARCH: Alias("MixtralForCausalLM", aria.NAMES, aria.DEFAULTS, aria.IGNORED, fields=aria.fields),
     # Apertus 1.5's language model: Apertus over a vocabulary extended with image and audio codes, its output head

@@ -1,6 +1,6 @@
 """Vision-language checkpoints served as their language model: Gemma 3 from 4B up, Gemma 4 (and its audio), Mistral Small 3.x (Mistral3),
 LLaVA and LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 (dense and MoE), GLM-4.1V, GLM-4.5V, GLM-4.6V, Llama 4, Aya Vision,
-Command A Vision, Aria, Emu3 and Apertus 1.5 (whose image and audio tokenizers are skipped alike).
+Command A Vision, Cohere's Compass (North-Micro-Vision), Aria, Emu3 and Apertus 1.5 (whose image and audio tokenizers are skipped alike).
 Text in, text out; the vision tower is not loaded (the chat API refuses image parts, naming them).
 
 Why this is exact: with no image in the prompt, each of these models runs its language model alone on the
@@ -49,6 +49,7 @@ VISION_LANGUAGE = {
     "AyaVisionForConditionalGeneration": None,
     "Cohere2VisionForConditionalGeneration": None,
     "AriaForConditionalGeneration": "AriaTextForCausalLM",
+    "CohereCompassForConditionalGeneration": "CohereCompassForCausalLM",
     # Emu3: images are tokens of its vocabulary (its VQ-VAE, which makes them, is skipped).
     "Emu3ForConditionalGeneration": "Emu3ForCausalLM",
     # Apertus 1.5: images and audio come in as tokens of the vocabulary (their tokenizers are not loaded).

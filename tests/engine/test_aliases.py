@@ -603,3 +603,19 @@ def test_apertus_1_5_reads_its_pruned_head_and_refuses_one_it_cannot_hold():
     for bad in ({"output_vocab_size": 300000}, {"output_vocab_size": 0}, {"tie_word_embeddings": True}):
         with pytest.raises(ModelLoadError, match="output_vocab_size"):
             ModelConfig.from_dict({**raw, **bad})
+
+
+def test_cohere_compass_reads_rope_per_layer_type_and_refuses_a_type_without_its_own():
+    """transformers builds no Compass model whose rope_parameters leave a layer type out (named alone, its
+    defaults do): refused, saying so. A null entry is a type without positions."""
+    with pytest.raises(ModelLoadError, match="rope_parameters must give each layer type in use"):
+        ModelConfig.from_dict({"architectures": ["CohereCompassForCausalLM"]})
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": None}
+    config = ModelConfig.from_dict({"architectures": ["CohereCompassForCausalLM"], "num_hidden_layers": 4,
+                                    "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+                                    "rope_parameters": rope})
+    assert (config.nope_layers, config.sliding_layers, config.rope_interleaved, config.logit_scale,
+            config.vocab_size) == ((3,), (0, 1, 2), False, 1.0, 256000)
+    with pytest.raises(ModelLoadError, match="default RoPE with a rope_theta"):
+        ModelConfig.from_dict({"architectures": ["CohereCompassForCausalLM"], "rope_parameters": {
+            "full_attention": {"rope_type": "yarn", "rope_theta": 1.0, "factor": 2.0}}})

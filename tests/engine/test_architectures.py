@@ -89,6 +89,12 @@ CASES = {
         head_dim=16, sliding_window=24, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, n_group=2,
         topk_group=1, mlp_layer_types=["dense", "sparse", "sparse"],
         layer_types=["sliding_attention", "full_attention", "sliding_attention"], **COMMON),
+    # Cohere's Compass: Cohere 2's parallel block, a full layer between sliding ones, each type rotating halves
+    # (not Cohere's pairs) at a base of its own, scaled logits.
+    "cohere-compass": lambda: transformers.CohereCompassTextConfig(
+        sliding_window=24, logit_scale=0.5, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 50000.0}}, **{**COMMON, "pad_token_id": 0}),
     # Aria's language model: experts by the softmax of the top-2 logits beside an ungated shared MLP two experts
     # wide, its experts stacked [experts, in, out] (transposed as they load).
     "aria-text": lambda: transformers.AriaTextConfig(moe_num_experts=4, moe_topk=2, moe_num_shared_experts=2,

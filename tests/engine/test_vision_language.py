@@ -128,6 +128,16 @@ CASES = {
                          **{**COMMON, "intermediate_size": 32}),
         vision_config=dict(_VISION, model_type="idefics3_vision"), projector_patch_to_query_dict={1: 4, 4: 4},
         image_token_id=5),
+    # Cohere's Compass (North-Micro-Vision): Qwen3-VL's wrapper around Cohere 2's block; full layers without
+    # positions here, the sliding ones' multimodal RoPE plain for text.
+    "cohere-compass": lambda: transformers.CohereCompassConfig(
+        text_config=dict(model_type="cohere_compass_text", sliding_window=24,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+                         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+                                          "full_attention": None},
+                         **{**COMMON, "num_hidden_layers": 4, "head_dim": 16, "pad_token_id": 0}),
+        vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0])),
     # Emu3: Llama under text_model (its VQ-VAE, which turns images into tokens, skipped).
     "emu3": lambda: transformers.Emu3Config(
         text_config={**COMMON, "pad_token_id": 0},
