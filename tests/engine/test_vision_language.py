@@ -180,9 +180,11 @@ def _prompts(seed=3, lengths=(1, 17, 40, 150)):
     return [torch.randint(3, 4096, (n,), generator=g).tolist() for n in lengths]
 
 
-# Apertus 1.5's on one path (its image and audio tokenizers take seconds to build): its language model runs both
-# in test_architectures ("apertus1.5").
-@pytest.mark.parametrize(("name", "cpu_kernels"), [(n, k) for n in CASES for k in (True, False) if k or n != "apertus1.5"],
+# The wrappers change which weights and config fields the language model reads, not how it attends: each runs on
+# the fused kernels here; both attention paths of each language model are in test_architectures (Qwen3-VL's and
+# Llama 4's both here too).
+@pytest.mark.parametrize(("name", "cpu_kernels"), [(n, k) for n in CASES for k in (True, False)
+                                                   if k or n in ("qwen3-vl", "llama4")],
                          ids=lambda v: v if isinstance(v, str) else ("kernels" if v else "torch"))
 def test_language_model_matches_transformers_on_text(name, cpu_kernels, tmp_path, tiny_model_dir):
     model = _save(name, tmp_path, tiny_model_dir)
