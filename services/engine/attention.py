@@ -137,9 +137,10 @@ class AttentionBatch:
     # Sparse attention (dsa.py): each sequence's chosen keys ([rows, keys] bool) by the last layer with an indexer,
     # which the layers sharing its choice (GLM-5's) read.
     index_masks: list[torch.Tensor] | None = None
-    # Its sequences as (first row, rows, block table, keys), listed by the first such layer for the others (their
+    # Its sequences as (first row, rows, block table, keys), a group of decodes as one (first row, decodes, block
+    # tables, [decodes, keys] mask of their contexts), listed by the first such layer for the others (their
     # lengths read from the device once a step, not once a layer).
-    index_sequences: list[tuple[int, int, torch.Tensor | None, int]] | None = None
+    index_sequences: list[tuple[int, int, torch.Tensor | None, int | torch.Tensor]] | None = None
     # Each token's position in its sequence ([T]), for the mixers that start a sequence otherwise than they go on
     # (RecurrentGemma's RG-LRU at position 0).
     positions: torch.Tensor | None = None

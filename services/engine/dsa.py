@@ -9,8 +9,9 @@ are its keys: the others are masked, as transformers masks them (a query seeing 
 
 The indexer's keys are cached after the latent, in the same row of the pool (``head_dim`` is ``kv_lora_rank +
 qk_rope_head_dim + index_head_dim``), so prefix caching, swapping and KV transfers carry them with it; attention
-reads the latent's part only. Sequences are scored one at a time (a [rows, keys] score matrix each): the torch
-path, with or without the fused kernels' batch layout.
+reads the latent's part only. A step's decodes are scored and attend together (their keys gathered once, a
+[decodes, keys] score matrix, padded keys masked); prompt chunks one sequence at a time ([rows, keys] each): the
+torch path, with or without the fused kernels' batch layout.
 """
 
 from __future__ import annotations
@@ -48,12 +49,20 @@ def indexed_attention(query: torch.Tensor, key: torch.Tensor, index_q: torch.Ten
         batch.index_sequences = list(_sequences(batch))
     for i, (start, rows, table, keys) in enumerate(batch.index_sequences):
         span = slice(start, start + rows)
-        k = key[span, 0] if table is None else gather(cache, table[None], query.dtype, batch.float8_kernels)[0, 0, :keys]
-        mask = batch.index_masks[i] if index_q is None else _chosen(index_q[span], index_weights[span], k[:, width:],
-                                                                    topk)
+        if isinstance(keys, torch.Tensor):  # decodes: one query each, keys [rows, longest] (True: in its context)
+            k = gather(cache, table, query.dtype, batch.float8_kernels)[:, 0, : keys.shape[1]]
+            mask = batch.index_masks[i] if index_q is None else _chosen_batched(
+                index_q[span], index_weights[span], k[..., width:], keys, topk)
+            latents = k[:, None, :, :width]
+            out[span] = _sdpa(query[span][:, :, None], latents, latents, mask[:, None, None], None)[:, :, 0]
+        else:
+            k = key[span, 0] if table is None else gather(cache, table[None], query.dtype,
+                                                          batch.float8_kernels)[0, 0, :keys]
+            mask = batch.index_masks[i] if index_q is None else _chosen(index_q[span], index_weights[span],
+                                                                        k[:, width:], topk)
+            latents = k[None, None, :, :width]
+            out[span] = _sdpa(query[span].transpose(0, 1)[None], latents, latents, mask, None)[0].transpose(0, 1)
         masks.append(mask)
-        latents = k[None, None, :, :width]
-        out[span] = _sdpa(query[span].transpose(0, 1)[None], latents, latents, mask, None)[0].transpose(0, 1)
     batch.index_masks = masks
     return out
 
@@ -70,21 +79,31 @@ def _chosen(index_q: torch.Tensor, index_weights: torch.Tensor, index_k: torch.T
     return torch.zeros_like(seen).scatter_(1, chosen, True) & seen
 
 
-def _sequences(batch: AttentionBatch) -> Iterator[tuple[int, int, torch.Tensor | None, int]]:
-    """Each sequence of the batch as (first row, rows, block table or None where its keys are its rows, keys): from
-    the torch groups or the fused kernels' layout, whichever the batch holds."""
+def _chosen_batched(index_q: torch.Tensor, index_weights: torch.Tensor, index_k: torch.Tensor, seen: torch.Tensor,
+                    topk: int) -> torch.Tensor:
+    """``_chosen`` of one query each of many sequences: ``index_k`` ``[B, keys, I]`` padded to the longest,
+    ``seen`` ``[B, keys]`` True inside each one's context. Returns ``[B, keys]`` bool."""
+    scores = F.relu(index_q.float() @ index_k.float().transpose(-1, -2) * index_q.shape[-1] ** -0.5)  # [B, Hi, keys]
+    ranked = (index_weights.unsqueeze(1) @ scores).squeeze(1).masked_fill(~seen, float("-inf"))
+    chosen = ranked.topk(min(topk, seen.shape[1]), dim=-1).indices  # a short context's padding is never True
+    return torch.zeros_like(seen).scatter_(1, chosen, True) & seen
+
+
+def _sequences(batch: AttentionBatch) -> Iterator[tuple[int, int, torch.Tensor | None, int | torch.Tensor]]:
+    """The batch's decodes (first row, decodes, block tables, ``[decodes, keys]`` True inside each context), and
+    each other sequence as (first row, rows, block table or None where its keys are its rows, keys): from the torch
+    groups or the fused kernels' layout, whichever the batch holds."""
     for g in batch.decodes:
-        lens = g.mask.reshape(g.size, -1).sum(-1).tolist()
-        for i in range(g.size):
-            yield g.token_start + i, 1, g.block_tables[i], int(lens[i])
+        yield g.token_start, g.size, g.block_tables, g.mask.reshape(g.size, -1)
     for f in batch.fresh:
         for j in range(f.count):
             yield f.token_start + j * f.length, f.length, None, f.length
     for c in batch.prefixed:
         yield c.token_start, c.num_tokens, c.block_table, c.context_len
-    if (d := batch.decode_rows) is not None:
-        for i, n in enumerate(d.context_lens.tolist()):
-            yield d.token_start + i, 1, d.block_tables[i], n
+    if (d := batch.decode_rows) is not None and d.size:
+        keys = int(d.context_lens.max())
+        seen = torch.arange(keys, device=d.context_lens.device)[None, :] < d.context_lens[:, None]
+        yield d.token_start, d.size, d.block_tables, seen
     if (c := batch.chunk_rows) is not None:
         for j, (s, n, p) in enumerate(zip(c.token_starts.tolist(), c.lens.tolist(), c.prefix.tolist(), strict=True)):
             yield s, n, c.block_tables[j], p + n
