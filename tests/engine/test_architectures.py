@@ -1278,7 +1278,7 @@ def test_layers_without_rope_are_read_as_transformers_reads_them(checkpoint):
                                   "llama4", "gpt-oss", "lfm2-moe", "hunyuan-moe", "phi", "gpt-neox", "falcon-new",
                                   "opt", "gpt2", "gpt-bigcode", "gptj", "zamba2", "granite-swa", "gemma4",
                                   "mimo-v2-flash", "mellum", "nanochat", "hy3", "kolibri1", "biogpt", "persimmon",
-                                  "bitnet", "qwen3.5"])
+                                  "bitnet", "qwen3.5", "aria-text", "cohere-compass", "apertus1.5"])
 def test_bf16_first_tokens_round_as_transformers(name, tmp_path, tiny_model_dir):
     """Gemma's and Qwen3-Next's RMSNorms scale by 1 + w, which transformers computes in fp32 from w in the model's
     dtype each time: their weights stay fp32 here (rounded to bf16, Qwen3-Next's logprobs were 0.26 apart on the
