@@ -28,8 +28,7 @@ DEFAULTS = {"vocab_size": 151936, "hidden_size": 5120, "intermediate_size": 2048
             "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 8192,
             "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "sliding_window": 512, "moe_intermediate_size": 2560,
             "n_routed_experts": 256, "num_experts_per_tok": 8, "norm_topk_prob": True, "n_group": 8, "topk_group": 4,
-            "routed_scaling_factor": 2.5, "final_logit_softcapping": 30.0, "attention_bias": False,
-            "n_shared_experts": 0}
+            "routed_scaling_factor": 2.5, "final_logit_softcapping": 30.0, "attention_bias": False}
 # GLM-4.5's fields Beam does not read (its own say it all).
 IGNORED = ("first_k_dense_replace", "partial_rotary_factor", "use_qk_norm", "output_router_logits",
            "router_aux_loss_coef", "decoder_sparse_step", "mlp_only_layers", "use_sliding_window", "max_window_layers",

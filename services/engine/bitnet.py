@@ -30,8 +30,9 @@ _VALUES_PER_BYTE = 4
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     """Each token's features rounded to 255 levels of its largest magnitude (transformers' ``ActQuant``: in fp32,
     the result cast back)."""
-    scale = 127.0 / x.float().abs().amax(dim=-1, keepdim=True).clamp_(min=1e-5)
-    return ((x.float() * scale).round_().clamp_(-128, 127) / scale).to(x.dtype)
+    wide = x.float()
+    scale = 127.0 / wide.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-5)
+    return ((wide * scale).round_().clamp_(-128, 127) / scale).to(x.dtype)
 
 
 def ternary_weights(weights: Iterable[tuple[str, torch.Tensor]], layout: str) -> Iterator[tuple[str, torch.Tensor]]:

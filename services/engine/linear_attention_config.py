@@ -37,6 +37,12 @@ class LinearAttentionShape:
     # OLMo Hybrid stores q, k and v as projections of their own (loaded into in_proj_qkv, adapted apart).
     separate_qkv: bool = False
 
+    def __post_init__(self) -> None:
+        if not (self.beta_scale > 0 and (self.norm_eps is None or self.norm_eps > 0)) \
+                or (self.separate_qkv and self.grouped_projections):
+            raise ModelLoadError(f"linear attention: beta_scale and norm_eps must be > 0, and q/k/v stored apart "
+                                 f"(separate_qkv) are not Qwen3-Next's grouped projections; got {self}")
+
     @property
     def key_dim(self) -> int:
         return self.num_key_heads * self.key_head_dim

@@ -12,6 +12,7 @@ config as transformers reads it. No torch at import (the scheduler reads configs
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -59,10 +60,9 @@ def rewrite(raw: dict[str, Any]) -> dict[str, Any]:
 
 def fields(raw: dict[str, Any]) -> dict[str, Any]:
     linear = linear_attention_fields(raw, grouped_projections=False)
-    shape = linear["linear_attention"]
     beta = 2.0 if raw["linear_allow_neg_eigval"] else 1.0
-    return {**linear, "linear_attention": type(shape)(**{**shape.__dict__, "beta_scale": beta, "norm_eps": NORM_EPS,
-                                                                    "separate_qkv": True}),
+    shape = dataclasses.replace(linear["linear_attention"], beta_scale=beta, norm_eps=NORM_EPS, separate_qkv=True)
+    return {**linear, "linear_attention": shape,
             "pre_norm_layers": linear["linear_layers"], "sliding_window": None, "sliding_layers": None,
             "architecture": ARCH}
 

@@ -3,6 +3,8 @@ in test_architectures.py ("olmo-hybrid")."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,6 +27,9 @@ def test_configs_read_with_transformers_defaults_and_refuse_a_model_of_one_kind(
     three = ModelConfig.from_dict({**SMALL, "num_hidden_layers": 3})
     assert three.linear_layers == (0, 1)  # the last layer attends when no fourth one would
     assert ModelConfig.from_dict({**SMALL, "linear_allow_neg_eigval": False}).linear_attention.beta_scale == 1.0
+    for bad in (dict(beta_scale=0.0), dict(norm_eps=0.0), dict(grouped_projections=True)):
+        with pytest.raises(ModelLoadError, match="beta_scale and norm_eps must be > 0"):
+            dataclasses.replace(s, **bad)
     for kinds in (["linear_attention"] * 6, ["full_attention"] * 6):
         with pytest.raises(ModelLoadError, match="linear_attention and full_attention layers both"):
             ModelConfig.from_dict({**SMALL, "layer_types": kinds})
